@@ -1,0 +1,208 @@
+"""The small, versioned, frozen records that the pipeline's steps exchange.
+
+``BatchPlan``: what to read (made by the planner, before Spark starts; Spark never decides offsets).
+``BatchManifest``: what was written (made by the Spark job; read by validation and the committer).
+Both are JSON documents in the staging directory; XCom carries only their paths and a summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tidewater.errors import TerminalError
+
+PLAN_VERSION = 1
+MANIFEST_VERSION = 1
+
+TopicPartition = tuple[str, int]
+Offsets = dict[str, dict[int, int]]  # topic -> partition -> next offset to read
+
+
+@dataclass(frozen=True, order=True)
+class PartitionRange:
+    """Records [start, end) of one topic-partition. ``end`` is exclusive."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def split(self, max_records: int) -> list[PartitionRange]:
+        """Contiguous sub-ranges of at most ``max_records`` offsets each."""
+        return [
+            PartitionRange(self.topic, self.partition, s, min(s + max_records, self.end))
+            for s in range(self.start, self.end, max_records)
+        ]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    batch_id: str
+    pipeline: str
+    table: str
+    pipeline_path: str
+    ranges: tuple[PartitionRange, ...]
+    base_offsets: Offsets  # committed offsets of every known partition when the plan was made
+    created_at: str
+    base_snapshot_id: int | None = None
+    version: int = PLAN_VERSION
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(r.size for r in self.ranges)
+
+    @property
+    def record_span(self) -> int:
+        """Offsets covered (an upper bound on records: compaction and transaction markers leave gaps)."""
+        return sum(r.size for r in self.ranges)
+
+    def end_offsets(self) -> Offsets:
+        """The cumulative offsets the table will hold once this batch is committed."""
+        out: Offsets = {t: dict(ps) for t, ps in self.base_offsets.items()}
+        for r in self.ranges:
+            out.setdefault(r.topic, {})[r.partition] = r.end
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ranges"] = [asdict(r) for r in self.ranges]
+        d["base_offsets"] = offsets_to_json(self.base_offsets)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> BatchPlan:
+        if d.get("version") != PLAN_VERSION:
+            raise TerminalError(f"batch plan version {d.get('version')!r} is not supported (expected {PLAN_VERSION})")
+        return cls(
+            batch_id=d["batch_id"],
+            pipeline=d["pipeline"],
+            table=d["table"],
+            pipeline_path=d["pipeline_path"],
+            ranges=tuple(PartitionRange(**r) for r in d["ranges"]),
+            base_offsets=offsets_from_json(d["base_offsets"]),
+            created_at=d["created_at"],
+            base_snapshot_id=d.get("base_snapshot_id"),
+            version=d["version"],
+        )
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    """What one sub-range read produced."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    records: int
+    first_offset: int | None
+    last_offset: int | None
+    min_timestamp_ms: int | None
+    max_timestamp_ms: int | None
+
+
+@dataclass(frozen=True)
+class BatchManifest:
+    batch_id: str
+    table: str
+    data_files: tuple[dict[str, Any], ...]  # serialized DataFiles (see writing.py)
+    partitions: tuple[PartitionStats, ...]
+    schema_id: int
+    written_at: str
+    version: int = MANIFEST_VERSION
+
+    @property
+    def records(self) -> int:
+        return sum(p.records for p in self.partitions)
+
+    @property
+    def rows_in_files(self) -> int:
+        return sum(int(f["record_count"]) for f in self.data_files)
+
+    def next_offsets(self) -> Offsets:
+        """Per topic-partition the end of the highest sub-range read."""
+        out: Offsets = {}
+        for p in self.partitions:
+            cur = out.setdefault(p.topic, {}).get(p.partition)
+            out[p.topic][p.partition] = p.end if cur is None else max(cur, p.end)
+        return out
+
+    def valid_through_ms(self) -> int | None:
+        """Minimum over partitions of the maximum record timestamp (partitions with records only)."""
+        per_tp: dict[TopicPartition, int] = {}
+        for p in self.partitions:
+            if p.max_timestamp_ms is None:
+                continue
+            key = (p.topic, p.partition)
+            per_tp[key] = max(per_tp.get(key, p.max_timestamp_ms), p.max_timestamp_ms)
+        return min(per_tp.values()) if per_tp else None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["partitions"] = [asdict(p) for p in self.partitions]
+        d["data_files"] = list(self.data_files)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> BatchManifest:
+        if d.get("version") != MANIFEST_VERSION:
+            raise TerminalError(
+                f"batch manifest version {d.get('version')!r} is not supported (expected {MANIFEST_VERSION})"
+            )
+        return cls(
+            batch_id=d["batch_id"],
+            table=d["table"],
+            data_files=tuple(d["data_files"]),
+            partitions=tuple(PartitionStats(**p) for p in d["partitions"]),
+            schema_id=d["schema_id"],
+            written_at=d["written_at"],
+            version=d["version"],
+        )
+
+
+def offsets_to_json(offsets: Offsets) -> dict[str, dict[str, int]]:
+    return {t: {str(p): int(o) for p, o in sorted(ps.items())} for t, ps in sorted(offsets.items())}
+
+
+def offsets_from_json(d: dict[str, dict[str, Any]]) -> Offsets:
+    return {t: {int(p): int(o) for p, o in ps.items()} for t, ps in d.items()}
+
+
+def new_batch_id(now: datetime | None = None) -> str:
+    now = now or datetime.now(timezone.utc)
+    return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
+
+
+def utc_now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def batch_dir(staging_dir: Path, pipeline: str, batch_id: str) -> Path:
+    return staging_dir / pipeline / batch_id
+
+
+def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    """Write a JSON document so readers see either nothing or the whole file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    with open(path) as fh:
+        return json.load(fh)

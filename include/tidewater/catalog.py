@@ -1,0 +1,110 @@
+"""The Iceberg catalog: loading it from a pipeline, creating and evolving tables.
+
+Creation and evolution are metadata-only operations, safe to race: creating an existing table loads
+it, and adding columns that already exist is a no-op (``union_by_name``). Conflicting catalog updates
+are retried after a refresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from tidewater.config import PipelineSpec
+from tidewater.errors import ConfigError, TerminalError, TransientError
+
+log = logging.getLogger(__name__)
+
+
+def load_catalog(spec: PipelineSpec) -> Any:
+    from pyiceberg.catalog import load_catalog as _load
+
+    props = spec.catalog_properties()
+    if props.get("type") == "sql" and str(props.get("uri", "")).startswith("sqlite:///"):
+        from pathlib import Path
+
+        Path(props["uri"][len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        warehouse = str(props.get("warehouse", ""))
+        if warehouse.startswith("file://"):
+            Path(warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
+    try:
+        return _load(spec.catalog.name, **props)
+    except Exception as e:
+        raise ConfigError(f"catalog.properties: cannot load catalog {spec.catalog.name!r}: {e}") from None
+
+
+def load_table(catalog: Any, identifier: str) -> Any | None:
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
+
+
+def arrow_paths(t: pa.DataType, prefix: str = "") -> set[str]:
+    """Dotted names of every field inside a (struct) type; list elements as ``name.element``."""
+    out: set[str] = set()
+    if pa.types.is_struct(t):
+        for f in t:
+            p = f"{prefix}.{f.name}" if prefix else f.name
+            out.add(p)
+            out |= arrow_paths(f.type, p)
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        out |= arrow_paths(t.value_type, f"{prefix}.element")
+    elif pa.types.is_map(t):
+        out |= arrow_paths(t.key_type, f"{prefix}.key") | arrow_paths(t.item_type, f"{prefix}.value")
+    return out
+
+
+def table_arrow_schema(table: Any) -> pa.Schema:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    return schema_to_pyarrow(table.schema(), include_field_ids=False)
+
+
+def new_fields(table: Any, decoded: pa.Schema) -> list[str]:
+    have = arrow_paths(pa.struct(list(table_arrow_schema(table))))
+    return sorted(arrow_paths(pa.struct(list(decoded))) - have)
+
+
+def ensure_table(catalog: Any, spec: PipelineSpec, table: Any | None, decoded: pa.Schema) -> Any:
+    """A table that has every field of ``decoded`` (creating or evolving it), or an error."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    ident = spec.table.identifier
+    if table is None:
+        if not spec.table.auto_create:
+            raise TerminalError(f"table {ident} does not exist and table.auto_create is off", table=ident)
+        if len(decoded) == 0:
+            raise TerminalError("cannot create a table from records without any typed field", table=ident)
+        namespace = tuple(ident.split(".")[:-1])
+        catalog.create_namespace_if_not_exists(namespace)
+        props = {"format-version": "2", **spec.table.properties}
+        table = catalog.create_table_if_not_exists(ident, schema=decoded, properties=props)
+        log.info("table %s ready (schema id %s)", ident, table.schema().schema_id)
+    missing = new_fields(table, decoded)
+    if not missing:
+        return table
+    if not spec.table.evolve_schema:
+        raise TerminalError(
+            f"records have fields the table does not have ({', '.join(missing)}) and table.evolve_schema is off",
+            table=ident,
+        )
+    for attempt in range(10):
+        try:
+            with table.update_schema() as upd:
+                upd.union_by_name(decoded)
+            log.info("table %s: added columns %s", ident, ", ".join(missing))
+            return table
+        except CommitFailedException:
+            time.sleep(0.2 * (attempt + 1))
+            table = catalog.load_table(ident)
+            if not new_fields(table, decoded):
+                return table
+        except ValueError as e:
+            raise TerminalError(f"cannot evolve the schema with fields {', '.join(missing)}: {e}", table=ident) from e
+    raise TransientError("schema evolution kept conflicting with other writers", table=ident)

@@ -1,0 +1,192 @@
+"""The ``tidewater`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from tidewater.errors import TidewaterError
+
+
+def _pipeline_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pipeline", required=True, metavar="FILE", help="pipeline specification (YAML)")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from tidewater.config import load_pipeline
+
+    spec = load_pipeline(args.pipeline)
+    print(f"{args.pipeline}: ok (pipeline {spec.name}, DAG {spec.dag_id}, {len(spec.topics)} topic(s) -> {spec.table.identifier})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tidewater.pipeline import run_once
+
+    result = run_once(args.pipeline, master=args.master)
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from tidewater.config import load_pipeline
+    from tidewater.pipeline import status
+
+    st = status(load_pipeline(args.pipeline))
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    print(f"pipeline {st['pipeline']} -> {st['table']}")
+    print(f"  last snapshot: {st['last_snapshot_id']} at {st['last_snapshot_at']} (batch {st['last_batch_id']})")
+    print(f"  valid through: {st['valid_through']}")
+    print(f"  total lag:     {st['total_lag']}")
+    print(f"  {'topic':<30} {'part':>4} {'committed':>12} {'end':>12} {'lag':>10}")
+    for p in st["partitions"]:
+        committed = "-" if p["committed"] is None else p["committed"]
+        print(f"  {p['topic']:<30} {p['partition']:>4} {committed:>12} {p['end']:>12} {p['lag']:>10}")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from tidewater.config import load_pipeline
+    from tidewater.pipeline import history
+
+    rows = history(load_pipeline(args.pipeline))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'snapshot':>20} {'at':<26} {'op':<8} {'records':>8} {'files':>5}  batch / offsets")
+    for r in rows:
+        print(f"{r['snapshot_id']:>20} {r['at']:<26} {r['operation'] or '':<8} {r['records'] or '':>8} "
+              f"{r['added_files'] or '':>5}  {r['batch_id'] or ''}")
+        if r["offsets"]:
+            print(f"{'':>63}offsets {r['offsets']}  valid-through {r['valid_through']}")
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from tidewater import spark_session
+    from tidewater.config import load_pipeline
+
+    spec = load_pipeline(args.pipeline)
+    spark = spark_session.session(spec, app_name="tidewater-sql", master=args.master)
+    try:
+        spark.sql(f"USE {spec.catalog.name}")
+        spark.sql(args.query).show(args.limit, truncate=False)
+    finally:
+        spark.stop()
+    return 0
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from tidewater import broker
+
+    if args.action == "start":
+        b = broker.start_background(args.port)
+        print(f"embedded broker running: pid {b.pid}, bootstrap {b.bootstrap}, log {b.log_path}")
+    elif args.action == "stop":
+        print("embedded broker stopped" if broker.stop_background() else "no embedded broker was recorded")
+    else:
+        b = broker.read_state()
+        if b is None or not b.alive():
+            print("embedded broker: not running")
+            return 1
+        print(f"embedded broker: pid {b.pid}, bootstrap {b.bootstrap}")
+    return 0
+
+
+def cmd_produce_sample(args: argparse.Namespace) -> int:
+    from tidewater.sample_data import pizza_events, produce
+
+    counts = produce(args.bootstrap, args.topic, pizza_events(args.count, seed=args.seed), partitions=args.partitions)
+    print(f"produced {sum(counts.values())} pizza events to {args.topic} ({args.partitions} partitions)")
+    return 0
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    from tidewater.config import reference_markdown
+
+    text = reference_markdown()
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tidewater", description="Exactly-once Kafka to Iceberg micro-batches.")
+    ap.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="check a pipeline file")
+    _pipeline_arg(p)
+    p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("run", help="run one batch (plan, write, validate, commit) without Airflow")
+    _pipeline_arg(p)
+    p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("status", help="committed offsets, end offsets and lag per partition")
+    _pipeline_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("history", help="the table's snapshots with batch ids and offsets")
+    _pipeline_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_history)
+
+    p = sub.add_parser("sql", help="run a Spark SQL query on the pipeline's catalog")
+    _pipeline_arg(p)
+    p.add_argument("query")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--master", default=None)
+    p.set_defaults(fn=cmd_sql)
+
+    p = sub.add_parser("broker", help="the embedded Kafka-compatible broker (demo and tests)")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--port", type=int, default=19092)
+    p.set_defaults(fn=cmd_broker)
+
+    p = sub.add_parser("produce-sample", help="produce Scenario 1 pizza events")
+    p.add_argument("--bootstrap", default="127.0.0.1:19092")
+    p.add_argument("--topic", default="completed-pizzas")
+    p.add_argument("--count", type=int, default=1000)
+    p.add_argument("--partitions", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_produce_sample)
+
+    p = sub.add_parser("docs", help="print (or write) the configuration reference")
+    p.add_argument("--output", default=None)
+    p.set_defaults(fn=cmd_docs)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tidewater.logs import configure_logging
+
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level or ("WARNING" if args.command in ("status", "history", "docs") else None))
+    try:
+        return int(args.fn(args) or 0)
+    except TidewaterError as e:
+        kind = "transient" if e.transient else "error"
+        print(f"tidewater: {kind}: {e}", file=sys.stderr)
+        return 75 if e.transient else 2
+
+
+def entry() -> Any:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,151 @@
+"""Where the one commit happens: a single Iceberg fast append per table per batch.
+
+Semantics:
+- Idempotent: if a snapshot already carries this batch id, the commit is a no-op.
+- Exactly-once: the append is made only if the table's committed offsets for every planned partition
+  are still those the plan started from; otherwise another writer moved them and committing would
+  duplicate or skip records, so the commit is refused (OffsetsMovedError) and the batch must be re-planned.
+- The catalog's compare-and-swap on the table's current snapshot makes the check and the append
+  atomic: a commit that lost a race fails with CommitFailedException and is retried after a refresh
+  (which then finds the batch committed, or the offsets moved).
+- Unknown outcome (the catalog call failed without saying whether it applied): refresh, look for the
+  batch id, and retry only if it is not there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tidewater.batch import BatchManifest, BatchPlan, Offsets
+from tidewater.catalog import load_table
+from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
+from tidewater.offsets import committed_state, find_batch_snapshot, summary_properties
+from tidewater.planning import merge_offsets
+from tidewater.writing import deserialize_data_file
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    status: str  # "committed" | "already-committed" | "nothing-to-commit"
+    batch_id: str
+    table: str
+    snapshot_id: int | None
+    records: int
+    data_files: int
+    offsets: Offsets
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "batch_id": self.batch_id,
+            "table": self.table,
+            "snapshot_id": self.snapshot_id,
+            "records": self.records,
+            "data_files": self.data_files,
+        }
+
+
+def check_manifest(plan: BatchPlan, manifest: BatchManifest) -> None:
+    """The manifest must be this plan's and cover every planned range completely."""
+    if manifest.batch_id != plan.batch_id:
+        raise TerminalError(f"manifest is for batch {manifest.batch_id}, not {plan.batch_id}", batch_id=plan.batch_id)
+    got = manifest.next_offsets()
+    for r in plan.ranges:
+        reached = got.get(r.topic, {}).get(r.partition)
+        if reached != r.end:
+            raise TerminalError(
+                f"manifest does not cover the planned range [{r.start}, {r.end}) (reached {reached})",
+                batch_id=plan.batch_id,
+                topic=r.topic,
+                partition=r.partition,
+            )
+    if manifest.rows_in_files != manifest.records:
+        raise TerminalError(
+            f"data files hold {manifest.rows_in_files} rows but {manifest.records} records were read",
+            batch_id=plan.batch_id,
+        )
+
+
+def _offsets_moved(plan: BatchPlan, current: Offsets) -> list[str]:
+    moved = []
+    for r in plan.ranges:
+        was = plan.base_offsets.get(r.topic, {}).get(r.partition)
+        now = current.get(r.topic, {}).get(r.partition)
+        if was != now:
+            moved.append(f"{r.topic}[{r.partition}] planned from {was if was is not None else r.start}, table now at {now}")
+    return moved
+
+
+def commit_batch(
+    catalog: Any,
+    plan: BatchPlan,
+    manifest: BatchManifest,
+    *,
+    dag_run_id: str | None = None,
+    max_attempts: int = 8,
+) -> CommitResult:
+    """Append the manifest's files in one snapshot stamped with offsets and the batch id."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    check_manifest(plan, manifest)
+    ident = plan.table
+    for attempt in range(1, max_attempts + 1):
+        table = load_table(catalog, ident)
+        if table is None:
+            if manifest.data_files:
+                raise TerminalError("table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
+            return CommitResult("nothing-to-commit", plan.batch_id, ident, None, 0, 0, {})
+        existing = find_batch_snapshot(table, plan.batch_id)
+        if existing is not None:
+            log.info("batch %s already committed to %s as snapshot %s: nothing to do", plan.batch_id, ident, existing.snapshot_id)
+            return CommitResult(
+                "already-committed", plan.batch_id, ident, existing.snapshot_id, manifest.records, len(manifest.data_files),
+                plan.end_offsets(),
+            )
+        state = committed_state(table)
+        moved = _offsets_moved(plan, state.offsets)
+        if moved:
+            raise OffsetsMovedError(
+                "the table's offsets moved since this batch was planned (another writer committed); refusing to "
+                "commit to avoid duplicates. Re-plan the batch: " + "; ".join(moved),
+                table=ident,
+                batch_id=plan.batch_id,
+            )
+        offsets = merge_offsets(state.offsets, plan.ranges)
+        props = summary_properties(
+            offsets=offsets,
+            batch_id=plan.batch_id,
+            pipeline=plan.pipeline,
+            records=manifest.records,
+            valid_through_ms=manifest.valid_through_ms(),
+            dag_run_id=dag_run_id,
+        )
+        files = [deserialize_data_file(d, table.format_version) for d in manifest.data_files]
+        try:
+            with table.transaction() as tx:
+                with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+                    for f in files:
+                        append.append_data_file(f)
+        except CommitFailedException as e:
+            log.warning("batch %s: commit conflict on %s (attempt %d): %s; refreshing", plan.batch_id, ident, attempt, e)
+            time.sleep(min(0.1 * 2**attempt, 5))
+            continue
+        except Exception as e:
+            # Outcome unknown: the next attempt refreshes and looks for the batch id first.
+            log.warning("batch %s: commit outcome unknown on %s (attempt %d): %r; checking", plan.batch_id, ident, attempt, e)
+            time.sleep(min(0.1 * 2**attempt, 5))
+            continue
+        snap = table.current_snapshot()
+        log.info(
+            "batch %s committed to %s: snapshot %s, %d records, %d files",
+            plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(files),
+        )
+        return CommitResult(
+            "committed", plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(files), offsets
+        )
+    raise TransientError(f"commit did not succeed after {max_attempts} attempts", table=ident, batch_id=plan.batch_id)

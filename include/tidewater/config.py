@@ -1,0 +1,468 @@
+"""Pipeline specifications: one YAML file per pipeline.
+
+A specification is parsed into frozen dataclasses. Every field has a default (or is marked required)
+and a ``doc`` string; ``docs/configuration.md`` is generated from these (``tidewater docs``) and a test
+checks that the page matches the code.
+
+Strings may reference the environment as ``${NAME}`` or ``${NAME:-default}``; a reference to an unset
+variable without a default is an error naming the key. Secrets (keys that look like passwords, tokens,
+JAAS configs or private keys) are never logged: use :func:`redact` on anything that leaves the process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tidewater.errors import ConfigError
+
+PIPELINES_DIR_ENV = "TIDEWATER_PIPELINES_DIR"
+HOME_ENV = "TIDEWATER_HOME"
+KAFKA_CONFIG_ENV = "TIDEWATER_KAFKA_CONFIG"
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_SECRET_KEY = re.compile(r"(password|secret|jaas|token|credential|private|ssl\.key\.pem|api[._-]?key)", re.I)
+REDACTED = "***"
+
+
+def home_dir() -> Path:
+    """The data directory for embedded defaults (catalog, warehouse, staging, repaired jars)."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".tidewater").resolve()
+
+
+def pipelines_dir() -> Path:
+    """Where pipeline specifications live: ``$TIDEWATER_PIPELINES_DIR`` or ``include/pipelines``."""
+    env = os.environ.get(PIPELINES_DIR_ENV)
+    if env:
+        return Path(env).resolve()
+    return Path(__file__).resolve().parent.parent / "pipelines"
+
+
+def _doc(text: str, **kw: Any) -> Any:
+    return field(metadata={"doc": text}, **kw)
+
+
+@dataclass(frozen=True)
+class KafkaSpec:
+    """How to reach Kafka. Either ``conn_id`` or ``bootstrap_servers``."""
+
+    bootstrap_servers: str | None = _doc(
+        "Comma-separated host:port list (librdkafka `bootstrap.servers`). Required unless `conn_id` is set.",
+        default=None,
+    )
+    conn_id: str | None = _doc(
+        "Airflow connection id holding the brokers (host[:port], comma-separated hosts allowed) and, in its "
+        "extra JSON, librdkafka settings; its password becomes `sasl.password`.",
+        default=None,
+    )
+    settings: dict[str, str] = _doc(
+        "Any librdkafka consumer setting passed through as-is (SASL/SSL included), e.g. "
+        "`security.protocol: SASL_SSL`, `sasl.password: ${KAFKA_PASSWORD}`. Secrets are redacted in logs.",
+        default_factory=dict,
+    )
+    read_timeout_seconds: float = _doc(
+        "Fail a partition read (transient error naming the partition and position) when no progress is made "
+        "for this long.",
+        default=60.0,
+    )
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """How record values are decoded."""
+
+    value: str = _doc("Value format. Supported: `json` (one JSON object per record, no schema).", default="json")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """The target Iceberg table."""
+
+    identifier: str = _doc("Table identifier `namespace.name` (nested namespaces allowed: `a.b.name`).", default="")
+    auto_create: bool = _doc(
+        "Create the namespace and table when missing, with the schema inferred from the data.", default=True
+    )
+    evolve_schema: bool = _doc(
+        "Add columns for new top-level or nested fields found in the data. When off, a record with an unknown "
+        "field fails the batch with an error naming the field.",
+        default=True,
+    )
+    properties: dict[str, str] = _doc(
+        "Iceberg table properties used when the table is auto-created (e.g. `write.target-file-size-bytes`).",
+        default_factory=dict,
+    )
+
+
+@dataclass(frozen=True)
+class CatalogSpec:
+    """The Iceberg catalog (pyiceberg properties). Spark uses the same catalog under the same name."""
+
+    name: str = _doc("Catalog name. Spark's catalog gets the same name (it is stored in the catalog tables).", default="tidewater")
+    properties: dict[str, str] = _doc(
+        "pyiceberg catalog properties (`type: sql|rest|glue|hive`, `uri`, `warehouse`, ...). Default: a SQLite "
+        "SqlCatalog at `$TIDEWATER_HOME/catalog.db` with the warehouse at `$TIDEWATER_HOME/warehouse`.",
+        default_factory=dict,
+    )
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """Limits of one micro-batch."""
+
+    max_records: int = _doc(
+        "Cap on records per batch over all partitions; shared fairly between partitions with a backlog.",
+        default=1_000_000,
+    )
+    records_per_task: int = _doc(
+        "A partition range longer than this is split into sub-ranges read by separate Spark tasks.",
+        default=250_000,
+    )
+    chunk_records: int = _doc(
+        "Records decoded and written at a time inside one Spark task (bounds memory per task).", default=50_000
+    )
+    staging_dir: str | None = _doc(
+        "Where batch plans and manifests are staged. Default: `$TIDEWATER_HOME/staging`.", default=None
+    )
+
+
+@dataclass(frozen=True)
+class ValidationSpec:
+    """The data-quality gate that runs on a staged batch before it is committed."""
+
+    not_null: list[str] = _doc("Columns that must be non-null in every row of the batch.", default_factory=list)
+    suite: str | None = _doc(
+        "A great-expectations suite file (JSON, `{\"expectations\": [{\"type\": ..., \"kwargs\": {...}}]}`), "
+        "relative to the pipeline file, whose expectations are added to the built-in ones.",
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class SparkSpec:
+    """How the write step's Spark job is submitted."""
+
+    master: str = _doc("Spark master for `tidewater run` (the DAG uses the Airflow connection).", default="local[*]")
+    conn_id: str = _doc(
+        "Airflow Spark connection used by the ingest DAG's SparkSubmitOperator.", default="tidewater_spark"
+    )
+    conf: dict[str, str] = _doc("Extra Spark configuration passed to spark-submit.", default_factory=dict)
+    iceberg_packages: str | None = _doc(
+        "Maven coordinates for the Iceberg Spark runtime (production). Unset: the bundled offline jar is "
+        "repaired and used.",
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class AirflowSpec:
+    """DAG settings."""
+
+    retries: int = _doc("Task retries.", default=2)
+    retry_delay_seconds: int = _doc("Delay between task retries.", default=60)
+    owner: str = _doc("DAG owner shown in the UI.", default="tidewater")
+    tags: list[str] = _doc("Extra DAG tags (`tidewater` and `ingest` are always set).", default_factory=list)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """One pipeline: Kafka topics into one Iceberg table."""
+
+    name: str = _doc("Pipeline name: lower-case letters, digits and `_`. The DAG id is `ingest_<name>`.", default="")
+    topics: list[str] = _doc("Kafka topics to ingest.", default_factory=list)
+    table: TableSpec = _doc("Target table.", default_factory=TableSpec)
+    schedule: str | None = _doc("Airflow schedule (cron or preset). `null`: triggered only.", default="*/5 * * * *")
+    description: str = _doc("Shown as the DAG's documentation.", default="")
+    kafka: KafkaSpec = _doc("Kafka connection.", default_factory=KafkaSpec)
+    format: FormatSpec = _doc("Record format.", default_factory=FormatSpec)
+    catalog: CatalogSpec = _doc("Iceberg catalog.", default_factory=CatalogSpec)
+    batch: BatchSpec = _doc("Batch limits.", default_factory=BatchSpec)
+    validation: ValidationSpec = _doc("Data-quality gate.", default_factory=ValidationSpec)
+    spark: SparkSpec = _doc("Spark job submission.", default_factory=SparkSpec)
+    airflow: AirflowSpec = _doc("Airflow DAG settings.", default_factory=AirflowSpec)
+    source_path: str | None = field(default=None, metadata={"internal": True})
+
+    # ---- derived values -------------------------------------------------------------------------
+    @property
+    def dag_id(self) -> str:
+        return f"ingest_{self.name}"
+
+    def catalog_properties(self) -> dict[str, str]:
+        props = dict(self.catalog.properties)
+        if not props:
+            home = home_dir()
+            props = {
+                "type": "sql",
+                "uri": f"sqlite:///{home / 'catalog.db'}",
+                "warehouse": f"file://{home / 'warehouse'}",
+            }
+        return props
+
+    def staging_dir(self) -> Path:
+        return Path(self.batch.staging_dir) if self.batch.staging_dir else home_dir() / "staging"
+
+    def suite_path(self) -> Path | None:
+        if not self.validation.suite:
+            return None
+        base = Path(self.source_path).parent if self.source_path else pipelines_dir()
+        return (base / self.validation.suite).resolve()
+
+
+# ---- parsing -------------------------------------------------------------------------------------
+
+
+def _interpolate(value: Any, path: str) -> Any:
+    if isinstance(value, str):
+
+        def repl(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            env = os.environ.get(name)
+            if env is not None:
+                return env
+            if default is not None:
+                return default
+            raise ConfigError(f"{path}: environment variable {name} is not set (use ${{{name}:-default}} for a default)")
+
+        return _ENV_REF.sub(repl, value)
+    if isinstance(value, list):
+        return [_interpolate(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    return value
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, path)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if origin is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__}")
+        return [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
+        return {str(k): _scalar_to_str(v, f"{path}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"{path}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}") from None
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: expected a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)) or value is None:
+            raise ConfigError(f"{path}: expected a string, got {type(value).__name__}")
+        return str(value)
+    raise ConfigError(f"{path}: unsupported type {_type_name(tp)}")
+
+
+def _scalar_to_str(value: Any, path: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise ConfigError(f"{path}: expected a string, number or boolean, got {type(value).__name__}")
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path or 'pipeline'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        key = unknown[0]
+        near = difflib.get_close_matches(str(key), list(fields), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else f" (known keys: {', '.join(fields)})"
+        raise ConfigError(f"{path + '.' if path else ''}{key}: unknown key{hint}")
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _coerce(hints[name], value, f"{path}.{name}" if path else name)
+    return cls(**kwargs)
+
+
+def parse_pipeline(data: Any, source_path: str | None = None) -> PipelineSpec:
+    """Parse and validate a pipeline specification from already-loaded YAML data."""
+    data = _interpolate(data, "")
+    if isinstance(data, Mapping) and isinstance(data.get("table"), str):
+        data = {**data, "table": {"identifier": data["table"]}}
+    spec: PipelineSpec = _build(PipelineSpec, data, "")
+    spec = dataclasses.replace(spec, source_path=source_path)
+    validate(spec)
+    return spec
+
+
+def load_pipeline(path: str | os.PathLike[str]) -> PipelineSpec:
+    """Load one pipeline file. Errors name the file and the key at fault."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read pipeline file: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    try:
+        return parse_pipeline(data, source_path=str(p.resolve()))
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e.message}") from None
+
+
+def discover_pipelines(directory: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Pipeline files (``*.yaml``/``*.yml``) in the pipelines directory, sorted."""
+    d = Path(directory) if directory else pipelines_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def validate(spec: PipelineSpec) -> None:
+    """Checks across fields. Raises ConfigError naming the key."""
+    if not spec.name:
+        raise ConfigError("name: required")
+    if not _NAME.match(spec.name):
+        raise ConfigError(f"name: {spec.name!r} must be lower-case letters, digits and '_', starting with a letter")
+    if not spec.topics:
+        raise ConfigError("topics: at least one topic is required")
+    for i, t in enumerate(spec.topics):
+        if not re.match(r"^[A-Za-z0-9._-]{1,249}$", t):
+            raise ConfigError(f"topics[{i}]: {t!r} is not a valid Kafka topic name")
+    if len(set(spec.topics)) != len(spec.topics):
+        raise ConfigError("topics: a topic is listed twice")
+    if not spec.table.identifier:
+        raise ConfigError("table.identifier: required (namespace.name)")
+    parts = spec.table.identifier.split(".")
+    if len(parts) < 2 or not all(_IDENTIFIER_PART.match(p) for p in parts):
+        raise ConfigError(
+            f"table.identifier: {spec.table.identifier!r} must be namespace.name made of letters, digits and '_'"
+        )
+    if not spec.kafka.bootstrap_servers and not spec.kafka.conn_id:
+        raise ConfigError("kafka: set either bootstrap_servers or conn_id")
+    for key in ("group.id", "enable.auto.commit", "isolation.level", "enable.partition.eof"):
+        if key in spec.kafka.settings:
+            raise ConfigError(f"kafka.settings.{key}: managed by Tidewater (offsets live in the table); remove it")
+    if spec.kafka.read_timeout_seconds <= 0:
+        raise ConfigError("kafka.read_timeout_seconds: must be positive")
+    if spec.format.value != "json":
+        raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: json)")
+    if spec.batch.max_records < 1:
+        raise ConfigError("batch.max_records: must be at least 1")
+    if spec.batch.records_per_task < 1:
+        raise ConfigError("batch.records_per_task: must be at least 1")
+    if spec.batch.chunk_records < 1:
+        raise ConfigError("batch.chunk_records: must be at least 1")
+    props = spec.catalog_properties()
+    if "type" not in props and "uri" not in props:
+        raise ConfigError("catalog.properties: set at least `type` (sql, rest, glue, hive) or `uri`")
+    if spec.airflow.retries < 0:
+        raise ConfigError("airflow.retries: must be zero or more")
+    suite = spec.suite_path()
+    if suite is not None and not suite.is_file():
+        raise ConfigError(f"validation.suite: file {suite} does not exist")
+
+
+def is_secret_key(key: str) -> bool:
+    return bool(_SECRET_KEY.search(key))
+
+
+def redact(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy with secret-looking values replaced, safe for logs, XCom and snapshot properties."""
+    return {k: (REDACTED if is_secret_key(k) else v) for k, v in settings.items()}
+
+
+# ---- reference documentation -----------------------------------------------------------------------
+
+
+def reference_markdown() -> str:
+    """The configuration reference page, generated from the dataclasses above."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated by `tidewater docs` from include/tidewater/config.py; a test checks it is current. -->",
+        "",
+        "One YAML file per pipeline in `include/pipelines/` (override the directory with "
+        f"`{PIPELINES_DIR_ENV}`). Strings may use `${{NAME}}` or `${{NAME:-default}}` to read the "
+        "environment. Check a file with `tidewater validate --pipeline FILE`.",
+        "",
+        "## Environment",
+        "",
+        "| variable | meaning |",
+        "| --- | --- |",
+        f"| `{HOME_ENV}` | Data directory for the embedded defaults (catalog, warehouse, staging, repaired jars). Default `~/.tidewater`; the Makefile uses `.data/` in the checkout. |",
+        f"| `{PIPELINES_DIR_ENV}` | Directory of pipeline files. Default `include/pipelines`. |",
+        f"| `{KAFKA_CONFIG_ENV}` | Set by the ingest DAG for its Spark job: resolved librdkafka settings (JSON). Not for people. |",
+        "",
+    ]
+
+    def section(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        lines.append(f"## `{prefix or 'top level'}`")
+        lines.append("")
+        lines.append((cls.__doc__ or "").strip())
+        lines.append("")
+        lines.append("| key | type | default | meaning |")
+        lines.append("| --- | --- | --- | --- |")
+        nested = []
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("internal"):
+                continue
+            tp = hints[f.name]
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            if dataclasses.is_dataclass(tp):
+                nested.append((tp, key))
+                lines.append(f"| `{key}` | section | | {f.metadata['doc']} See below. |")
+                continue
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                default = f.default_factory()  # type: ignore[misc]
+            else:
+                default = None
+            shown = "required" if default in ("", []) and f.name in ("name", "topics", "identifier") else f"`{default!r}`"
+            type_shown = str(tp).replace("typing.", "")
+            lines.append(f"| `{key}` | `{type_shown}` | {shown} | {f.metadata['doc']} |")
+        lines.append("")
+        for tp, key in nested:
+            section(tp, key)
+
+    section(PipelineSpec, "")
+    lines.append("A bare string is accepted for `table` as a shorthand for `table.identifier`.")
+    lines.append("")
+    return "\n".join(lines)

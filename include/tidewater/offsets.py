@@ -1,0 +1,101 @@
+"""Offsets and batch identity recorded in Iceberg snapshot summaries.
+
+The table is the source of truth: every Tidewater commit stamps the NEXT offset to read for every
+topic-partition the table has ever ingested (cumulative), so the latest Tidewater snapshot alone tells
+where each partition stands. Snapshots made by others (compaction, expiry, manual writes) carry no such
+keys; readers walk back through the snapshot's ancestors to the newest one that does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from tidewater.batch import Offsets, offsets_from_json, offsets_to_json
+
+PREFIX = "tidewater."
+OFFSETS = PREFIX + "offsets"
+BATCH_ID = PREFIX + "batch-id"
+PIPELINE = PREFIX + "pipeline"
+DAG_RUN_ID = PREFIX + "dag-run-id"
+VALID_THROUGH_MS = PREFIX + "valid-through-ms"
+VALID_THROUGH = PREFIX + "valid-through"
+RECORDS = PREFIX + "records"
+FORMAT_VERSION = PREFIX + "summary-version"
+SUMMARY_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class CommittedState:
+    """What the table says about ingestion: offsets and the Tidewater snapshot they came from."""
+
+    offsets: Offsets
+    snapshot_id: int | None  # newest snapshot of the branch (None: empty table)
+    tidewater_snapshot_id: int | None  # newest ancestor that carries offsets
+    batch_id: str | None
+    valid_through_ms: int | None
+    committed_at_ms: int | None
+
+
+def summary_properties(
+    *,
+    offsets: Offsets,
+    batch_id: str,
+    pipeline: str,
+    records: int,
+    valid_through_ms: int | None,
+    dag_run_id: str | None,
+) -> dict[str, str]:
+    props = {
+        OFFSETS: json.dumps(offsets_to_json(offsets), separators=(",", ":")),
+        BATCH_ID: batch_id,
+        PIPELINE: pipeline,
+        RECORDS: str(records),
+        FORMAT_VERSION: SUMMARY_VERSION,
+    }
+    if valid_through_ms is not None:
+        props[VALID_THROUGH_MS] = str(valid_through_ms)
+        props[VALID_THROUGH] = datetime.fromtimestamp(valid_through_ms / 1000, tz=timezone.utc).isoformat()
+    if dag_run_id:
+        props[DAG_RUN_ID] = dag_run_id
+    return props
+
+
+def _summary_dict(snapshot: Any) -> dict[str, str]:
+    summary = snapshot.summary
+    if summary is None:
+        return {}
+    return dict(summary.additional_properties) if hasattr(summary, "additional_properties") else dict(summary)
+
+
+def committed_state(table: Any) -> CommittedState:
+    """Read committed offsets from the current snapshot of ``main``, walking back through ancestors."""
+    meta = table.metadata
+    current = meta.current_snapshot_id
+    snap_id = current
+    by_id = {s.snapshot_id: s for s in meta.snapshots}
+    while snap_id is not None and snap_id in by_id:
+        snap = by_id[snap_id]
+        props = _summary_dict(snap)
+        if OFFSETS in props:
+            vt = props.get(VALID_THROUGH_MS)
+            return CommittedState(
+                offsets=offsets_from_json(json.loads(props[OFFSETS])),
+                snapshot_id=current,
+                tidewater_snapshot_id=snap.snapshot_id,
+                batch_id=props.get(BATCH_ID),
+                valid_through_ms=int(vt) if vt else None,
+                committed_at_ms=snap.timestamp_ms,
+            )
+        snap_id = snap.parent_snapshot_id
+    return CommittedState({}, current, None, None, None, None)
+
+
+def find_batch_snapshot(table: Any, batch_id: str) -> Any | None:
+    """The snapshot that committed ``batch_id``, if the table still has it."""
+    for snap in table.metadata.snapshots:
+        if _summary_dict(snap).get(BATCH_ID) == batch_id:
+            return snap
+    return None

@@ -1,0 +1,216 @@
+"""The write step as a Spark job: one Spark task per partition sub-range, files written, never committed.
+
+The plan is made before Spark starts and passed in; Spark never decides offsets. Each task reads its
+exact range with confluent-kafka inside the Python worker, decodes with Arrow, and writes Parquet data
+files with the table's field ids; record data never crosses between the JVM and Python. The driver
+collects what each task wrote into a batch manifest in the staging directory.
+
+A task that fails on a record (or cannot read Kafka) deletes the files it wrote (nothing can have
+landed: only the commit step makes files visible) and reports the error; the driver writes it to
+``error.json`` next to the plan and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tidewater.batch import (
+    BatchManifest,
+    BatchPlan,
+    PartitionRange,
+    PartitionStats,
+    read_json,
+    utc_now_iso,
+    write_json_atomic,
+)
+from tidewater.config import PipelineSpec, load_pipeline
+from tidewater.errors import TerminalError, TidewaterError
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+ERROR_NAME = "error.json"
+
+
+def subranges(plan: BatchPlan, records_per_task: int) -> list[PartitionRange]:
+    return [s for r in plan.ranges for s in r.split(records_per_task)]
+
+
+def write_subrange(
+    spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange
+) -> dict[str, Any]:
+    """Read ``rng``, decode, write data files. Returns files and stats, or an error document."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidewater.catalog import ensure_table, load_catalog, load_table, new_fields, table_arrow_schema
+    from tidewater.decoding import decode_json
+    from tidewater.kafka_source import read_range
+    from tidewater.writing import DataFileWriter, to_table_schema
+
+    started = time.monotonic()
+    catalog = load_catalog(spec)
+    table = load_table(catalog, spec.table.identifier)
+    writer: DataFileWriter | None = None
+    files: list[dict[str, Any]] = []
+    records = 0
+    first = last = tmin = tmax = None
+    prefix = f"{batch_id}-{task_id:05d}"
+    try:
+        for chunk in read_range(
+            settings,
+            rng,
+            chunk_records=spec.batch.chunk_records,
+            read_timeout=spec.kafka.read_timeout_seconds,
+            client_id=f"{spec.name}-{task_id}",
+        ):
+            explicit = table_arrow_schema(table) if table is not None else None
+            decoded = decode_json(chunk, explicit)
+            if table is None or new_fields(table, decoded.schema):
+                table = ensure_table(catalog, spec, table, decoded.schema)
+                if writer is not None:  # schema changed: finish the file written with the old schema
+                    files.extend(writer.close())
+                    writer = None
+            if writer is None:
+                writer = DataFileWriter(table, prefix + f"-s{table.schema().schema_id}")
+            writer.write(to_table_schema(table, decoded))
+            records += len(chunk)
+            first = chunk.offsets[0] if first is None else first
+            last = chunk.offsets[-1]
+            ts = pa.array(chunk.timestamps, pa.int64())
+            ts = pc.filter(ts, pc.greater_equal(ts, 0))
+            if len(ts):
+                mm = pc.min_max(ts)
+                lo, hi = mm["min"].as_py(), mm["max"].as_py()
+                tmin = lo if tmin is None else min(tmin, lo)
+                tmax = hi if tmax is None else max(tmax, hi)
+        if writer is not None:
+            files.extend(writer.close())
+    except Exception as e:
+        if writer is not None:
+            writer.abort()
+            files.extend(writer.files)
+        _delete_files(table, files, writer)
+        return {"task_id": task_id, "error": error_document(e)}
+    stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, records, first, last, tmin, tmax)
+    return {"task_id": task_id, "files": files, "stats": asdict(stats), "seconds": time.monotonic() - started}
+
+
+def _delete_files(table: Any, files: list[dict[str, Any]], writer: Any) -> None:
+    if table is None:
+        return
+    paths = [f["file_path"] for f in files]
+    if writer is not None and getattr(writer, "_path", None):
+        paths.append(writer._path)
+    for p in paths:
+        try:
+            table.io.delete(p)
+        except Exception:  # best effort: an undeleted file is an orphan that is never committed
+            log.warning("could not delete uncommitted file %s", p)
+
+
+def error_document(e: BaseException) -> dict[str, Any]:
+    doc: dict[str, Any] = {"class": type(e).__name__, "message": str(e)}
+    if isinstance(e, TidewaterError):
+        doc.update(
+            transient=e.transient,
+            detail=e.message,
+            topic=e.topic,
+            partition=e.partition,
+            offset=e.offset,
+            table=e.table,
+        )
+    else:
+        doc.update(transient=False, traceback=traceback.format_exc(limit=5))
+    return doc
+
+
+def run(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
+    """Run the write step on ``spark`` and return the manifest (raises on the first task error)."""
+    from tidewater.catalog import load_catalog, load_table
+
+    ranges = subranges(plan, spec.batch.records_per_task)
+    log.info("batch %s: %d sub-ranges over %d partitions", plan.batch_id, len(ranges), len(plan.ranges))
+    batch_id = plan.batch_id
+    work = list(enumerate(ranges))
+    if work:
+        rdd = spark.sparkContext.parallelize(work, numSlices=len(work))
+        results = rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1])).collect()
+    else:
+        results = []
+    errors = [r for r in results if "error" in r]
+    if errors:
+        first = errors[0]["error"]
+        raise BatchWriteError(first, len(errors))
+    results.sort(key=lambda r: r["task_id"])
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    return BatchManifest(
+        batch_id=plan.batch_id,
+        table=plan.table,
+        data_files=tuple(f for r in results for f in r["files"]),
+        partitions=tuple(PartitionStats(**r["stats"]) for r in results),
+        schema_id=table.schema().schema_id if table is not None else -1,
+        written_at=utc_now_iso(),
+    )
+
+
+class BatchWriteError(TerminalError):
+    """A Spark task failed; carries the task's error document."""
+
+    def __init__(self, doc: dict[str, Any], count: int) -> None:
+        self.doc = doc
+        self.transient = bool(doc.get("transient"))
+        more = f" ({count - 1} more task(s) failed)" if count > 1 else ""
+        super().__init__(
+            f"{doc.get('class')}: {doc.get('detail') or doc.get('message')}{more}",
+            topic=doc.get("topic"),
+            partition=doc.get("partition"),
+            offset=doc.get("offset"),
+            table=doc.get("table"),
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """spark-submit entry point: ``ingest_batch.py --plan PLAN.json``."""
+    from pyspark.sql import SparkSession
+
+    from tidewater.kafka_source import kafka_settings
+    from tidewater.logs import configure_logging
+
+    configure_logging()
+    ap = argparse.ArgumentParser(prog="ingest_batch.py", description="Write one Tidewater batch (never commits).")
+    ap.add_argument("--plan", required=True, help="path of the batch plan JSON")
+    args = ap.parse_args(argv)
+    plan_path = Path(args.plan)
+    plan = BatchPlan.from_json(read_json(plan_path))
+    spec = load_pipeline(plan.pipeline_path)
+    settings = kafka_settings(spec)
+    out_dir = plan_path.parent
+    (out_dir / ERROR_NAME).unlink(missing_ok=True)
+    spark = SparkSession.builder.appName(f"tidewater-{plan.pipeline}-{plan.batch_id}").getOrCreate()
+    try:
+        started = time.monotonic()
+        manifest = run(spark, plan, spec, settings)
+        write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
+        log.info(
+            "batch %s: wrote %d records in %d files in %.1fs; manifest %s",
+            plan.batch_id,
+            manifest.records,
+            len(manifest.data_files),
+            time.monotonic() - started,
+            out_dir / MANIFEST_NAME,
+        )
+        return 0
+    except BatchWriteError as e:
+        write_json_atomic(out_dir / ERROR_NAME, e.doc)
+        print(f"TIDEWATER-ERROR: {e}", file=sys.stderr)
+        return 3
+    finally:
+        spark.stop()
