@@ -1,0 +1,93 @@
+# Tidewater: `make demo` and `make test` set everything up from a fresh clone (idempotent).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+ROOT     := $(abspath .)
+VENV     := $(ROOT)/.venv
+PY       := $(VENV)/bin/python
+DATA     := $(ROOT)/.data
+PORT     ?= 19092
+PYTEST_ARGS ?=
+
+export TIDEWATER_HOME := $(DATA)
+export TIDEWATER_KAFKA_BOOTSTRAP ?= 127.0.0.1:$(PORT)
+export PATH := $(VENV)/bin:$(PATH)
+export AIRFLOW_HOME := $(DATA)/airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(ROOT)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(ROOT)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__CORE__PARALLELISM := 4
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN ?= sqlite:///$(DATA)/airflow/airflow.db
+export AIRFLOW_CONN_TIDEWATER_SPARK ?= {"conn_type": "spark", "host": "local[*]"}
+export JAVA_HOME ?= $(shell dirname $$(dirname $$(readlink -f $$(command -v java 2>/dev/null || echo /usr/lib/jvm/java-17-openjdk-amd64/bin/java))))
+export GX_ANALYTICS_ENABLED := false
+export PYTHONWARNINGS := ignore::DeprecationWarning
+
+.PHONY: airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+
+help:
+	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
+	@echo "make test   - set up and run the test suite"
+	@echo "make ui     - start the Airflow UI (api-server, scheduler, ...) on http://127.0.0.1:8080"
+	@echo "make docs   - regenerate docs/configuration.md from the code"
+
+# --- set-up (idempotent) -------------------------------------------------------------------------
+system-deps: $(DATA)/.system-deps
+$(DATA)/.system-deps:
+	@mkdir -p $(DATA)
+	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/sqlite-jdbc.jar ]; then \
+	  echo "installing Java 17 and JDBC drivers (apt-get)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
+	    openjdk-17-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java >/dev/null; \
+	fi
+	@touch $@
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
+	$(PY) -m pip install -q --no-deps -e .
+	@touch $@
+
+airflow-db: $(DATA)/airflow/.migrated
+$(DATA)/airflow/.migrated: $(VENV)/.installed
+	@mkdir -p $(DATA)/airflow
+	airflow db migrate >/dev/null
+	@touch $@
+
+setup: system-deps venv airflow-db
+
+# --- the two commands ----------------------------------------------------------------------------
+demo: setup
+	@bash scripts/demo.sh
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest tests/unit tests/dags $(PYTEST_ARGS)
+
+# --- more ----------------------------------------------------------------------------------------
+ui: setup broker-start
+	@echo "Airflow UI on http://127.0.0.1:8080 (user admin, password in $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated)"
+	AIRFLOW__API__PORT=8080 airflow standalone
+
+broker-start: venv
+	tidewater broker start --port $(PORT)
+
+broker-stop: venv
+	tidewater broker stop
+
+docs: venv
+	tidewater docs --output docs/configuration.md
+
+clean:
+	-tidewater broker stop 2>/dev/null
+	rm -rf $(DATA)
+
+# Run any airflow or tidewater command with this project's environment, e.g.
+#   make airflow ARGS="dags list"      make tidewater ARGS="status --pipeline include/pipelines/pizzas.yaml"
+airflow tidewater: setup
+	$@ $(ARGS)

@@ -1,0 +1,114 @@
+"""Airflow task bodies and the write step's operator. Imported by dags/ at run time only.
+
+XCom carries a small document (batch id, plan path, counts), never data or secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from tidewater.config import KAFKA_CONFIG_ENV, load_pipeline
+from tidewater.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def plan_task(pipeline_path: str) -> dict[str, Any] | None:
+    """Plan the next batch. Returns None (skipping write/validate/commit) when there is nothing to do."""
+    from tidewater.pipeline import plan_batch
+
+    spec = load_pipeline(pipeline_path)
+    plan, path = plan_batch(spec)
+    if path is None:
+        return None
+    return {
+        "batch_id": plan.batch_id,
+        "plan_path": str(path),
+        "table": plan.table,
+        "offsets": plan.record_span,
+        "partitions": len(plan.ranges),
+    }
+
+
+def validate_task(pipeline_path: str, planned: dict[str, Any]) -> dict[str, Any]:
+    from tidewater.pipeline import load_manifest, load_plan, validate_step
+
+    spec = load_pipeline(pipeline_path)
+    plan = load_plan(planned["plan_path"])
+    manifest = load_manifest(planned["plan_path"])
+    report = validate_step(spec, plan, manifest)
+    return {"batch_id": plan.batch_id, **report.summary()}
+
+
+def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | None) -> dict[str, Any]:
+    from tidewater.pipeline import commit_step, load_manifest, load_plan
+
+    spec = load_pipeline(pipeline_path)
+    plan = load_plan(planned["plan_path"])
+    manifest = load_manifest(planned["plan_path"])
+    return commit_step(spec, plan, manifest, dag_run_id=dag_run_id).summary()
+
+
+class IngestSparkSubmitOperator(SparkSubmitOperator):
+    """spark-submit of ``spark_apps/ingest_batch.py`` for the batch the ``plan`` task staged.
+
+    Spark settings (Iceberg runtime jars, catalog) are computed when the task runs, not when the DAG
+    file is parsed. Kafka settings from an Airflow connection reach the job through the process
+    environment only (never XCom, logs or rendered templates).
+    """
+
+    ui_color = "#d8f3ff"
+
+    def __init__(self, *, pipeline_path: str, plan_task_id: str = "plan", **kwargs: Any) -> None:
+        from tidewater.pipeline import spark_app_path
+
+        super().__init__(application=str(spark_app_path()), **kwargs)
+        self.pipeline_path = pipeline_path
+        self.plan_task_id = plan_task_id
+
+    def execute(self, context: Any) -> None:
+        from airflow.sdk import BaseHook
+
+        from tidewater.kafka_source import kafka_settings
+        from tidewater.spark_session import submit_settings
+
+        planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
+        if not planned:
+            raise ConfigError("write: the plan task returned no batch")
+        spec = load_pipeline(self.pipeline_path)
+        try:
+            BaseHook.get_connection(self._conn_id)
+        except Exception:
+            raise ConfigError(
+                f"spark.conn_id: Airflow connection {self._conn_id!r} is not defined; e.g. "
+                f"AIRFLOW_CONN_{self._conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[*]\"}}'"
+            ) from None
+        settings = submit_settings(spec)
+        self.conf = {**settings["conf"], **(self.conf or {})}
+        self.jars = settings["jars"] or None
+        self.packages = settings["packages"]
+        self.application_args = ["--plan", planned["plan_path"]]
+        self.name = f"tidewater-{spec.name}-{planned['batch_id']}"
+        import os
+        import sys
+
+        env = {k: v for k, v in os.environ.items() if k.startswith(("TIDEWATER_", "PATH", "JAVA_HOME", "HOME"))}
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        if spec.kafka.conn_id:
+            from airflow.sdk.log import mask_secret
+
+            resolved = kafka_settings(spec)
+            for k, v in resolved.items():
+                from tidewater.config import is_secret_key
+
+                if is_secret_key(k):
+                    mask_secret(v)
+            env[KAFKA_CONFIG_ENV] = json.dumps(resolved)
+        self.env_vars = env
+        self._hook = None
+        log.info("batch %s: submitting the write job for %s", planned["batch_id"], spec.table.identifier)
+        super().execute(context)
