@@ -71,6 +71,21 @@ def check_manifest(plan: BatchPlan, manifest: BatchManifest) -> None:
         )
 
 
+def _without_commit_retries(table: Any) -> Any:
+    """A view of ``table`` whose commits are not retried by pyiceberg itself.
+
+    pyiceberg rebases a conflicting append onto the new snapshot and retries it (table property
+    ``commit.retry.num-retries``). For us a conflict means the offsets may have moved: the retry must
+    come back here, re-read the offsets and look for the batch id. The property is changed in this
+    local view only; nothing is written to the table's properties.
+    """
+    from pyiceberg.table import Table, TableProperties
+
+    props = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    meta = table.metadata.model_copy(update={"properties": props})
+    return Table(table.name(), metadata=meta, metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
+
+
 def _offsets_moved(plan: BatchPlan, current: Offsets) -> list[str]:
     moved = []
     for r in plan.ranges:
@@ -126,6 +141,7 @@ def commit_batch(
             dag_run_id=dag_run_id,
         )
         files = [deserialize_data_file(d, table.format_version) for d in manifest.data_files]
+        table = _without_commit_retries(table)
         try:
             with table.transaction() as tx:
                 with tx.update_snapshot(snapshot_properties=props).fast_append() as append:

@@ -98,6 +98,8 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None) -> pa.Table:
         settled = settle_schema(table.schema, explicit)
         if settled != table.schema:
             table = _parse(buf, settled, block_size)
+            if table.schema != settled:  # null-only fields come back as inferred nulls: drop them
+                table = table.select(settled.names).cast(settled)
     except pa.ArrowInvalid as e:
         _raise_bad_record(chunk, values, explicit, block_size, e)  # type: ignore[arg-type]
         raise  # pragma: no cover - _raise_bad_record always raises

@@ -133,24 +133,36 @@ def error_document(e: BaseException) -> dict[str, Any]:
 
 
 def run(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
-    """Run the write step on ``spark`` and return the manifest (raises on the first task error)."""
-    from tidewater.catalog import load_catalog, load_table
-
+    """Run the write step on ``spark`` (one Spark task per sub-range) and return the manifest."""
     ranges = subranges(plan, spec.batch.records_per_task)
     log.info("batch %s: %d sub-ranges over %d partitions", plan.batch_id, len(ranges), len(plan.ranges))
     batch_id = plan.batch_id
     work = list(enumerate(ranges))
+    results: list[dict[str, Any]] = []
     if work:
         rdd = spark.sparkContext.parallelize(work, numSlices=len(work))
         results = rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1])).collect()
-    else:
-        results = []
+    return collect_manifest(plan, spec, results)
+
+
+def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
+    """The same write step without Spark: sub-ranges one after another in this process."""
+    work = list(enumerate(subranges(plan, spec.batch.records_per_task)))
+    results = [write_subrange(spec, settings, plan.batch_id, i, r) for i, r in work]
+    return collect_manifest(plan, spec, results)
+
+
+def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]]) -> BatchManifest:
+    """Gather the tasks' results; raise the first task error (all tasks' files are then uncommitted)."""
+    from tidewater.catalog import load_catalog, load_table
+
     errors = [r for r in results if "error" in r]
-    if errors:
-        first = errors[0]["error"]
-        raise BatchWriteError(first, len(errors))
-    results.sort(key=lambda r: r["task_id"])
     table = load_table(load_catalog(spec), spec.table.identifier)
+    if errors:
+        # No manifest will exist, so no commit can reference these files: remove them.
+        _delete_files(table, [f for r in results if "files" in r for f in r["files"]], None)
+        raise BatchWriteError(errors[0]["error"], len(errors))
+    results = sorted(results, key=lambda r: r["task_id"])
     return BatchManifest(
         batch_id=plan.batch_id,
         table=plan.table,

@@ -92,7 +92,7 @@ def _read_columns(table: Any, manifest: BatchManifest, columns: list[str]) -> An
             pieces.append(t)
     if not pieces:
         return pa.table({c: pa.array([], pa.null()) for c in columns} or {"__row": pa.array([], pa.int8())})
-    return pa.concat_tables(pieces, promote_options="default")
+    return pa.concat_tables(pieces, promote_options="permissive")
 
 
 def validate_batch(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> ValidationReport:

@@ -24,7 +24,7 @@ TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
 def to_table_schema(table: Any, decoded: pa.Table) -> pa.Table:
     """Reorder, fill, promote and tag ``decoded`` with the table schema's field ids."""
     from pyiceberg.io.fileformat import FileFormatFactory
-    from pyiceberg.io.pyarrow import _to_requested_schema, pyarrow_to_schema
+    from pyiceberg.io.pyarrow import _to_requested_schema, pyarrow_to_schema, schema_to_pyarrow
     from pyiceberg.manifest import FileFormat
 
     fmt = FileFormatFactory.get(FileFormat.PARQUET)
@@ -36,7 +36,8 @@ def to_table_schema(table: Any, decoded: pa.Table) -> pa.Table:
         )
         for b in decoded.to_batches()
     ]
-    return pa.Table.from_batches(batches)
+    target = schema_to_pyarrow(schema, include_field_ids=True)
+    return pa.Table.from_batches(batches).cast(target)  # one physical layout for every file
 
 
 class DataFileWriter:

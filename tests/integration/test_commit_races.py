@@ -1,0 +1,125 @@
+"""Concurrent and uncertain commits, against the real catalog and broker.
+
+The write step runs in-process here (``spark_job.run_inline``: the same per-range task code that
+Spark runs) so that several batches can be staged quickly; the Spark path is covered in
+test_exactly_once.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.conftest import table_of
+from tidewater.catalog import load_catalog
+from tidewater.committing import commit_batch
+from tidewater.config import load_pipeline
+from tidewater.errors import OffsetsMovedError
+from tidewater.kafka_source import kafka_settings
+from tidewater.offsets import committed_state
+from tidewater.pipeline import plan_batch
+from tidewater.sample_data import pizza_events, produce
+from tidewater.spark_job import run_inline
+
+pytestmark = [pytest.mark.integration]
+
+
+def stage(spec):  # noqa: ANN001, ANN201
+    plan, _ = plan_batch(spec)
+    return plan, run_inline(plan, spec, kafka_settings(spec))
+
+
+def race(*calls):  # noqa: ANN002, ANN201
+    """Run the calls in threads released together; return each call's result or exception."""
+    barrier = threading.Barrier(len(calls))
+    out: list[object] = [None] * len(calls)
+
+    def runner(i, fn):  # noqa: ANN001
+        barrier.wait()
+        try:
+            out[i] = fn()
+        except Exception as e:  # collected for the assertions
+            out[i] = e
+
+    threads = [threading.Thread(target=runner, args=(i, fn)) for i, fn in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+def test_two_committers_of_one_batch_race_one_commits_the_other_finds_it(broker, pipeline_file, topic):
+    """Two committers (separate catalog connections) commit the same staged batch at once.
+
+    Expected: exactly one 'committed', the other 'already-committed'; 300 rows, one snapshot."""
+    spec = load_pipeline(pipeline_file)
+    produce(broker.bootstrap, topic, pizza_events(300, seed=11), partitions=3)
+    plan, manifest = stage(spec)
+    results = race(
+        lambda: commit_batch(load_catalog(spec), plan, manifest),
+        lambda: commit_batch(load_catalog(spec), plan, manifest),
+    )
+    statuses = sorted(r.status for r in results)  # type: ignore[union-attr]
+    assert statuses == ["already-committed", "committed"]
+    table = table_of(pipeline_file)
+    assert table.scan().to_arrow().num_rows == 300
+    assert len(table.snapshots()) == 1
+    assert committed_state(table).offsets == {topic: {0: 100, 1: 100, 2: 100}}
+
+
+def test_two_batches_planned_from_the_same_offsets_race_one_wins_no_duplicates(broker, pipeline_file, topic):
+    """Two independent runs planned the same offsets (two batch ids) and commit together, three rounds.
+
+    Expected per round: one commits, the other is refused with OffsetsMovedError naming the moved
+    partitions; rows always equal records produced, offsets exact."""
+    spec = load_pipeline(pipeline_file)
+    produced = 0
+    for rnd in range(3):
+        produce(broker.bootstrap, topic, pizza_events(150, seed=20 + rnd), partitions=3)
+        produced += 150
+        a, b = stage(spec), stage(spec)
+        assert a[0].batch_id != b[0].batch_id and a[0].ranges == b[0].ranges
+        results = race(
+            lambda: commit_batch(load_catalog(spec), *a),
+            lambda: commit_batch(load_catalog(spec), *b),
+        )
+        won = [r for r in results if not isinstance(r, Exception)]
+        lost = [r for r in results if isinstance(r, Exception)]
+        assert len(won) == 1 and won[0].status == "committed"  # type: ignore[union-attr]
+        assert len(lost) == 1 and isinstance(lost[0], OffsetsMovedError)
+        assert f"{topic}[0]" in str(lost[0])
+        table = table_of(pipeline_file)
+        assert table.scan().to_arrow().num_rows == produced
+        assert committed_state(table).offsets == {topic: {p: produced // 3 for p in range(3)}}
+    assert len(table_of(pipeline_file).snapshots()) == 3
+
+
+def test_commit_landed_but_the_caller_saw_an_error(broker, pipeline_file, topic, monkeypatch):
+    """The catalog applies the commit, then the connection fails before the answer arrives.
+
+    Fault injection: the real SqlCatalog commit runs, then an error is raised in its place. Expected:
+    the committer refreshes, finds its batch id and reports 'already-committed'; one snapshot, no duplicates."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    spec = load_pipeline(pipeline_file)
+    produce(broker.bootstrap, topic, pizza_events(90, seed=31), partitions=3)
+    plan, manifest = stage(spec)
+    real_commit = SqlCatalog.commit_table
+    calls = []
+
+    def commit_then_lose_the_answer(self, table, requirements, updates):  # noqa: ANN001
+        calls.append(1)
+        real_commit(self, table, requirements, updates)
+        if len(calls) == 1:
+            raise ConnectionError("connection reset after the commit was applied")
+        raise AssertionError("the committer must not commit twice")
+
+    monkeypatch.setattr(SqlCatalog, "commit_table", commit_then_lose_the_answer)
+    result = commit_batch(load_catalog(spec), plan, manifest)
+    assert result.status == "already-committed"
+    assert len(calls) == 1
+    table = table_of(pipeline_file)
+    assert table.scan().to_arrow().num_rows == 90
+    assert len(table.snapshots()) == 1

@@ -1,0 +1,148 @@
+"""Exactly-once with the real embedded broker, real Spark (spark-submit) and the real SQLite catalog.
+
+Every test counts rows and checks the offsets stamped in the table's snapshots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from tests.conftest import produce_to_partition, quiet, table_of
+from tidewater.config import load_pipeline
+from tidewater.errors import OffsetGapError
+from tidewater.offsets import DAG_RUN_ID, OFFSETS, committed_state
+from tidewater.pipeline import commit_step, plan_batch, run_once, run_write_step, validate_step
+from tidewater.sample_data import pizza_events, produce
+from tidewater.spark_job import BatchWriteError
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def unique_ids(table) -> int:  # noqa: ANN001
+    ids = table.scan(selected_fields=("order_id",)).to_arrow().column("order_id")
+    return len(pc.unique(ids))
+
+
+def test_three_batches_with_new_data_between_land_every_record_once(broker, pipeline_file, topic):
+    """Three batches, 300 new records before each: 900 rows, 3 snapshots, offsets 100/200/300 per partition."""
+    for i in range(3):
+        produce(broker.bootstrap, topic, pizza_events(300, seed=100 + i), partitions=3)
+        result = run_once(pipeline_file, out=quiet)
+        assert result["status"] == "committed"
+        assert result["records"] == 300
+    table = table_of(pipeline_file)
+    assert table.scan().to_arrow().num_rows == 900
+    assert unique_ids(table) == 900
+    snaps = sorted(table.snapshots(), key=lambda s: s.sequence_number)
+    assert len(snaps) == 3
+    for n, snap in enumerate(snaps, start=1):
+        offsets = json.loads(snap.summary.additional_properties[OFFSETS])
+        assert offsets == {topic: {"0": 100 * n, "1": 100 * n, "2": 100 * n}}
+    assert committed_state(table).offsets == {topic: {0: 300, 1: 300, 2: 300}}
+    # caught up: the next run plans nothing and makes no snapshot
+    assert run_once(pipeline_file, out=quiet)["status"] == "empty"
+    assert len(table_of(pipeline_file).snapshots()) == 3
+
+
+def test_killed_after_write_before_commit_then_rerun_commits_each_record_once(broker, pipeline_file, topic, home):
+    """`tidewater run` is SIGKILLed once the write step's manifest exists (before validation and commit).
+
+    Expected: no snapshot and the offsets unmoved after the kill; the rerun plans the same offsets under a
+    new batch id and commits all 600 records exactly once. The killed batch's files stay uncommitted.
+    """
+    produce(broker.bootstrap, topic, pizza_events(600, seed=7), partitions=3)
+    env = {**os.environ, "TIDEWATER_HOME": str(home)}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "tidewater"), "run", "--pipeline", str(pipeline_file)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 240
+    manifests: list[Path] = []
+    while time.monotonic() < deadline and not manifests:
+        manifests = list((home / "staging").glob("*/*/manifest.json"))
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert manifests, "the write step finished before the kill"
+    table = table_of(pipeline_file)
+    assert table is not None and table.snapshots() == [], "nothing was committed before the kill"
+    killed_batch = manifests[0].parent.name
+
+    result = run_once(pipeline_file, out=quiet)
+    assert result["status"] == "committed" and result["batch_id"] != killed_batch
+    table = table_of(pipeline_file)
+    assert table.scan().to_arrow().num_rows == 600
+    assert unique_ids(table) == 600
+    assert committed_state(table).offsets == {topic: {0: 200, 1: 200, 2: 200}}
+    committed_files = {f.file_path for f in table.scan().plan_files() for f in [f.file]}
+    assert not any(killed_batch in p for p in committed_files)
+
+
+def test_commit_step_run_twice_for_one_batch_is_a_no_op(broker, pipeline_file, topic):
+    """Retrying the commit after it succeeded (Airflow retry, a person re-running it): no duplicate rows."""
+    produce(broker.bootstrap, topic, pizza_events(240, seed=3), partitions=2)
+    spec = load_pipeline(pipeline_file)
+    plan, path = plan_batch(spec)
+    manifest = run_write_step(spec, path)
+    validate_step(spec, plan, manifest)
+    first = commit_step(spec, plan, manifest, dag_run_id="manual__1")
+    second = commit_step(spec, plan, manifest, dag_run_id="manual__1")
+    assert (first.status, second.status) == ("committed", "already-committed")
+    assert second.snapshot_id == first.snapshot_id
+    table = table_of(pipeline_file)
+    assert table.scan().to_arrow().num_rows == 240
+    assert len(table.snapshots()) == 1
+    assert table.current_snapshot().summary.additional_properties[DAG_RUN_ID] == "manual__1"
+    assert committed_state(table).offsets == {topic: {0: 120, 1: 120}}
+
+
+def test_malformed_json_fails_the_batch_naming_topic_partition_offset(broker, pipeline_file, topic):
+    """One truncated JSON value at partition 1 offset 25: the batch fails naming it; nothing is committed,
+    the offsets do not move and no data file of the batch remains."""
+    good = pizza_events(60, seed=5)
+    produce_to_partition(broker.bootstrap, topic, 0, good[:30], partitions=2)
+    produce_to_partition(broker.bootstrap, topic, 1, good[30:55] + [b'{"order_id": "x", "store_id": '] + good[55:])
+    with pytest.raises(BatchWriteError) as e:
+        run_once(pipeline_file, out=quiet)
+    assert (e.value.topic, e.value.partition, e.value.offset) == (topic, 1, 25)
+    assert f"topic={topic}, partition=1, offset=25" in str(e.value)
+    table = table_of(pipeline_file)
+    assert table is None or table.snapshots() == []
+    if table is not None:
+        data_dir = Path(table.location().removeprefix("file://")) / "data"
+        assert list(data_dir.rglob("*.parquet")) == [], "the failed batch's files were removed"
+
+
+def test_committed_offset_below_log_start_is_a_clear_error(broker, pipeline_file, topic, monkeypatch):
+    """Retention deleted records that were never ingested: planning fails naming the partition and the gap.
+
+    Stand-in: the embedded broker implements neither retention nor DeleteRecords, so only the log start
+    offset that the broker reports is replaced (committed offsets come from the real table).
+    """
+    produce(broker.bootstrap, topic, pizza_events(40, seed=9), partitions=2)
+    assert run_once(pipeline_file, out=quiet)["records"] == 40
+    import tidewater.kafka_source as ks
+
+    real = ks.watermarks
+
+    def retention_moved_log_start(settings, partitions, timeout=15.0):  # noqa: ANN001
+        wm = real(settings, partitions, timeout)
+        return {tp: ((75, hi + 60) if tp == (topic, 1) else (lo, hi)) for tp, (lo, hi) in wm.items()}
+
+    monkeypatch.setattr(ks, "watermarks", retention_moved_log_start)
+    with pytest.raises(OffsetGapError) as e:
+        plan_batch(load_pipeline(pipeline_file))
+    msg = str(e.value)
+    assert f"topic={topic}, partition=1" in msg
+    assert "committed offset 20 is below the log start offset 75" in msg and "55 records" in msg
+    assert committed_state(table_of(pipeline_file)).offsets == {topic: {0: 20, 1: 20}}

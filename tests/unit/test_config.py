@@ -1,0 +1,79 @@
+"""Pipeline files: parsing, errors that name the key, environment interpolation, secrets, reference page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidewater.config import load_pipeline, parse_pipeline, redact, reference_markdown
+from tidewater.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = {"name": "p", "topics": ["a"], "kafka": {"bootstrap_servers": "h:9092"}, "table": "ns.t"}
+
+
+def test_shipped_pipelines_are_valid():
+    files = sorted((REPO / "include" / "pipelines").glob("*.yaml"))
+    assert files, "the repo ships at least the demo pipeline"
+    for f in files:
+        spec = load_pipeline(f)
+        assert spec.dag_id == f"ingest_{spec.name}"
+
+
+def test_defaults_and_shorthand():
+    spec = parse_pipeline(BASE)
+    assert spec.table.identifier == "ns.t"
+    assert spec.batch.max_records == 1_000_000
+    assert spec.catalog_properties()["type"] == "sql"
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"topcs": ["a"]}, "topcs: unknown key (did you mean 'topics'?)"),
+        ({"batch": {"max_records": "lots"}}, "batch.max_records: expected an integer, got 'lots'"),
+        ({"batch": {"max_records": 0}}, "batch.max_records: must be at least 1"),
+        ({"table": "nonamespace"}, "table.identifier"),
+        ({"kafka": {}}, "kafka: set either bootstrap_servers or conn_id"),
+        ({"kafka": {"bootstrap_servers": "h", "settings": {"group.id": "x"}}}, "kafka.settings.group.id: managed by Tidewater"),
+        ({"format": {"value": "protobuf"}}, "format.value: 'protobuf' is not supported"),
+        ({"name": "Bad-Name"}, "name: 'Bad-Name' must be lower-case"),
+        ({"topics": []}, "topics: at least one topic"),
+        ({"validation": {"suite": "missing.json"}}, "validation.suite: file"),
+    ],
+)
+def test_errors_name_the_key(patch, message):
+    with pytest.raises(ConfigError) as e:
+        parse_pipeline({**BASE, **patch})
+    assert message in str(e.value)
+
+
+def test_env_interpolation(monkeypatch):
+    monkeypatch.setenv("KAFKA_PW", "s3cret")
+    spec = parse_pipeline({**BASE, "kafka": {"bootstrap_servers": "${BROKERS:-b:1}", "settings": {"sasl.password": "${KAFKA_PW}"}}})
+    assert spec.kafka.bootstrap_servers == "b:1"
+    assert spec.kafka.settings["sasl.password"] == "s3cret"
+    monkeypatch.delenv("KAFKA_PW")
+    with pytest.raises(ConfigError, match=r"kafka.settings.sasl.password: environment variable KAFKA_PW is not set"):
+        parse_pipeline({**BASE, "kafka": {"bootstrap_servers": "h", "settings": {"sasl.password": "${KAFKA_PW}"}}})
+
+
+def test_file_errors_name_the_file(tmp_path):
+    p = tmp_path / "x.yaml"
+    p.write_text("name: [unclosed")
+    with pytest.raises(ConfigError, match="x.yaml: not valid YAML"):
+        load_pipeline(p)
+
+
+def test_redact_hides_secrets():
+    r = redact({"sasl.password": "pw", "sasl.jaas.config": "j", "ssl.key.pem": "k", "bootstrap.servers": "h:1"})
+    assert r == {"sasl.password": "***", "sasl.jaas.config": "***", "ssl.key.pem": "***", "bootstrap.servers": "h:1"}
+
+
+def test_reference_page_matches_the_code():
+    """docs/configuration.md is generated from config.py: regenerate with `make docs`."""
+    page = (REPO / "docs" / "configuration.md").read_text()
+    assert page == reference_markdown()
+    for key in ("batch.max_records", "kafka.settings", "table.identifier", "validation.suite", "catalog.properties"):
+        assert f"`{key}`" in page

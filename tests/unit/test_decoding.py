@@ -1,0 +1,69 @@
+"""JSON decoding into Arrow: types, deferred nulls, timestamps kept as strings, bad records named."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from tidewater.decoding import decode_json
+from tidewater.errors import RecordError
+from tidewater.kafka_source import Chunk
+
+
+def chunk(values, start=100):
+    return Chunk("pizzas", 2, list(values), list(range(start, start + len(values))), [0] * len(values))
+
+
+PIZZA = {"order_id": "af69865f", "store_id": 42, "sauce": "extra", "date_ordered": "2024-01-04 12:28:13"}
+
+
+def test_types_inferred_and_date_strings_kept():
+    vals = [json.dumps({**PIZZA, "price": 9.5, "hot": True, "tags": ["a"], "addr": {"zip": 1}}).encode()] * 3
+    t = decode_json(chunk(vals), None)
+    s = t.schema
+    assert t.num_rows == 3
+    assert s.field("store_id").type == pa.int64()
+    assert s.field("price").type == pa.float64()
+    assert s.field("hot").type == pa.bool_()
+    assert s.field("date_ordered").type == pa.string()  # not silently parsed into a timestamp
+    assert t.column("date_ordered")[0].as_py() == "2024-01-04 12:28:13"
+    assert pa.types.is_list(s.field("tags").type)
+    assert pa.types.is_struct(s.field("addr").type)
+
+
+def test_null_only_fields_are_deferred_and_explicit_types_win():
+    vals = [b'{"a": 1, "n": null}', b'{"a": 2, "n": null}']
+    t = decode_json(chunk(vals), None)
+    assert t.schema.names == ["a"]
+    t2 = decode_json(chunk([b'{"a": 3}']), pa.schema([("a", pa.float64()), ("b", pa.string())]))
+    assert t2.schema.field("a").type == pa.float64()
+
+
+def test_pretty_printed_values():
+    vals = [json.dumps(PIZZA, indent=2).encode(), b'{"order_id": "x",\r\n "store_id": 1}']
+    t = decode_json(chunk(vals), None)
+    assert t.num_rows == 2 and t.column("store_id").to_pylist() == [42, 1]
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (b'{"order_id": "x", "store_id": ', "not a valid JSON object"),
+        (b"not json at all", "not a valid JSON object"),
+        (b"42", "not a valid JSON object"),
+        (b'{"order_id": "x", "store_id": "forty-two"}', "not a valid JSON object"),
+        (b"   ", "empty or whitespace"),
+        (None, "tombstone"),
+    ],
+)
+def test_bad_record_is_named_by_topic_partition_offset(bad, reason):
+    good = json.dumps(PIZZA).encode()
+    vals = [good] * 37 + [bad] + [good] * 20
+    with pytest.raises(RecordError) as e:
+        decode_json(chunk(vals, start=1000), None)
+    assert e.value.offset == 1037
+    assert e.value.topic == "pizzas" and e.value.partition == 2
+    assert reason in str(e.value)
+    assert "offset=1037" in str(e.value)

@@ -1,0 +1,104 @@
+"""The planner is pure: committed offsets + watermarks + cap in, ranges out. No broker needed."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidewater.batch import BatchPlan, PartitionRange
+from tidewater.errors import OffsetGapError
+from tidewater.planning import allocate, merge_offsets, plan_ranges
+
+
+@st.composite
+def partition_states(draw):
+    """Topic-partitions with (log start, end) watermarks and a committed offset inside them (or none)."""
+    n_topics = draw(st.integers(1, 3))
+    watermarks, committed = {}, {}
+    for t in range(n_topics):
+        for p in range(draw(st.integers(1, 6))):
+            low = draw(st.integers(0, 1_000))
+            high = low + draw(st.integers(0, 5_000))
+            watermarks[(f"topic{t}", p)] = (low, high)
+            c = draw(st.one_of(st.none(), st.integers(low, high)))
+            if c is not None:
+                committed.setdefault(f"topic{t}", {})[p] = c
+    return watermarks, committed
+
+
+@given(partition_states(), st.integers(1, 20_000))
+@settings(max_examples=300, deadline=None)
+def test_ranges_start_at_committed_respect_end_and_cap(state, cap):
+    watermarks, committed = state
+    ranges = plan_ranges(committed, watermarks, cap)
+    seen = set()
+    for r in ranges:
+        key = (r.topic, r.partition)
+        assert key not in seen, "one range per partition"
+        seen.add(key)
+        low, high = watermarks[key]
+        expected_start = committed.get(r.topic, {}).get(r.partition, low)
+        assert r.start == expected_start, "starts exactly at the committed offset (log start if none)"
+        assert r.start < r.end <= high, "non-empty and never beyond the end offset"
+    total = sum(r.size for r in ranges)
+    backlog = sum(high - committed.get(t, {}).get(p, low) for (t, p), (low, high) in watermarks.items())
+    assert total == min(cap, backlog), "uses the cap fully when there is enough backlog"
+
+
+@given(partition_states(), st.integers(1, 3_000), st.integers(1, 8))
+@settings(max_examples=200, deadline=None)
+def test_consecutive_batches_are_contiguous_and_non_overlapping(state, cap, batches):
+    """Committing each plan and re-planning yields contiguous ranges that never overlap."""
+    watermarks, committed = state
+    covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for _ in range(batches):
+        ranges = plan_ranges(committed, watermarks, cap)
+        for r in ranges:
+            covered.setdefault((r.topic, r.partition), []).append((r.start, r.end))
+        committed = merge_offsets(committed, ranges)
+    for key, spans in covered.items():
+        for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+            assert e1 == s2, f"{key}: batch ranges are contiguous"
+    # Replaying a fully committed state plans nothing.
+    caught_up = {t: {p: high for (tt, p), (_, high) in watermarks.items() if tt == t} for t, _ in watermarks}
+    assert plan_ranges(caught_up, watermarks, cap) == []
+
+
+@given(st.dictionaries(st.tuples(st.just("t"), st.integers(0, 50)), st.integers(0, 10_000), max_size=30),
+       st.integers(0, 50_000))
+def test_allocate_is_fair_and_bounded(available, cap):
+    grant = allocate(available, cap)
+    assert sum(grant.values()) == min(cap, sum(available.values()))
+    for tp, g in grant.items():
+        assert 0 <= g <= available[tp]
+    # fairness: a partition short of its backlog got at least as much as any other partition
+    starved = [g for tp, g in grant.items() if g < available[tp]]
+    if starved:
+        assert min(starved) >= max(grant.values()) - 1
+
+
+def test_committed_offset_below_log_start_is_a_gap_error_naming_partition_and_gap():
+    with pytest.raises(OffsetGapError) as e:
+        plan_ranges({"pizzas": {3: 100}}, {("pizzas", 3): (250, 900)}, 1000)
+    msg = str(e.value)
+    assert "partition=3" in msg and "topic=pizzas" in msg
+    assert "100..249" in msg and "150 records" in msg
+
+
+def test_committed_offset_beyond_end_is_an_error():
+    with pytest.raises(OffsetGapError, match="beyond the end offset 40"):
+        plan_ranges({"pizzas": {0: 50}}, {("pizzas", 0): (0, 40)}, 1000)
+
+
+def test_vanished_partition_is_an_error():
+    with pytest.raises(OffsetGapError, match="no longer exists"):
+        plan_ranges({"pizzas": {0: 5, 7: 9}}, {("pizzas", 0): (0, 40)}, 1000)
+
+
+def test_split_and_end_offsets():
+    r = PartitionRange("t", 0, 10, 35)
+    assert [(s.start, s.end) for s in r.split(10)] == [(10, 20), (20, 30), (30, 35)]
+    plan = BatchPlan("b", "p", "ns.t", "/x.yaml", (r,), {"t": {0: 10, 1: 7}, "u": {0: 3}}, "now")
+    assert plan.end_offsets() == {"t": {0: 35, 1: 7}, "u": {0: 3}}
+    assert BatchPlan.from_json(plan.to_json()) == plan
