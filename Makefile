@@ -21,6 +21,7 @@ export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN ?= sqlite:///$(DATA)/airflow/airflow.
 export AIRFLOW_CONN_TIDEWATER_SPARK ?= {"conn_type": "spark", "host": "local[*]"}
 export JAVA_HOME ?= $(shell dirname $$(dirname $$(readlink -f $$(command -v java 2>/dev/null || echo /usr/lib/jvm/java-17-openjdk-amd64/bin/java))))
 export GX_ANALYTICS_ENABLED := false
+export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
 .PHONY: airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
