@@ -5,18 +5,39 @@ XCom carries a small document (batch id, plan path, counts), never data or secre
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from tidewater.config import KAFKA_CONFIG_ENV, load_pipeline
-from tidewater.errors import ConfigError
+from tidewater.errors import ConfigError, TidewaterError
 
 log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
+def fail_fast(fn: F) -> F:
+    """Terminal errors fail the task at once (retrying cannot help); transient ones keep Airflow's retries."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from airflow.exceptions import AirflowFailException
+
+        try:
+            return fn(*args, **kwargs)
+        except TidewaterError as e:
+            if e.transient:
+                raise
+            raise AirflowFailException(f"{type(e).__name__}: {e}") from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+@fail_fast
 def plan_task(pipeline_path: str) -> dict[str, Any] | None:
     """Plan the next batch. Returns None (skipping write/validate/commit) when there is nothing to do."""
     from tidewater.pipeline import plan_batch
@@ -34,6 +55,7 @@ def plan_task(pipeline_path: str) -> dict[str, Any] | None:
     }
 
 
+@fail_fast
 def validate_task(pipeline_path: str, planned: dict[str, Any]) -> dict[str, Any]:
     from tidewater.pipeline import load_manifest, load_plan, validate_step
 
@@ -44,6 +66,7 @@ def validate_task(pipeline_path: str, planned: dict[str, Any]) -> dict[str, Any]
     return {"batch_id": plan.batch_id, **report.summary()}
 
 
+@fail_fast
 def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | None) -> dict[str, Any]:
     from tidewater.pipeline import commit_step, load_manifest, load_plan
 
@@ -111,4 +134,26 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         self.env_vars = env
         self._hook = None
         log.info("batch %s: submitting the write job for %s", planned["batch_id"], spec.table.identifier)
-        super().execute(context)
+        try:
+            super().execute(context)
+        except Exception:
+            self._raise_batch_error(planned["plan_path"])
+            raise
+
+    @staticmethod
+    def _raise_batch_error(plan_path: str) -> None:
+        """Turn the job's error.json (a record or Kafka error) into a readable task failure."""
+        from pathlib import Path
+
+        from airflow.exceptions import AirflowFailException
+
+        from tidewater.batch import read_json
+        from tidewater.spark_job import ERROR_NAME, BatchWriteError
+
+        err = Path(plan_path).parent / ERROR_NAME
+        if not err.is_file():
+            return
+        e = BatchWriteError(read_json(err), 1)
+        if e.transient:
+            raise e
+        raise AirflowFailException(f"write failed: {e}") from e

@@ -33,6 +33,23 @@ def _parse(buf: bytes, explicit: pa.Schema | None, block_size: int) -> pa.Table:
     return pj.read_json(io.BytesIO(buf), read_options=pj.ReadOptions(block_size=block_size), parse_options=opts)
 
 
+def _readable_type(t: pa.DataType) -> pa.DataType:
+    """The table's type as Arrow's JSON reader can produce it (no large_* layouts); cast back on write."""
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(_readable_type(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _readable_type(f.type)) for f in t])
+    return t
+
+
+def readable_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, _readable_type(f.type)) for f in schema])
+
+
 def _inferred_type(t: pa.DataType) -> pa.DataType | None:
     """The type to keep for an inferred field: timestamps become strings, null-only fields are dropped."""
     if pa.types.is_null(t):
@@ -75,6 +92,8 @@ def settle_schema(decoded: pa.Schema, explicit: pa.Schema | None) -> pa.Schema:
 
 def decode_json(chunk: Chunk, explicit: pa.Schema | None) -> pa.Table:
     """Parse a chunk of JSON object values. Raises RecordError naming the first bad record."""
+    if explicit is not None:
+        explicit = readable_schema(explicit)
     values = chunk.values
     n = len(values)
     if n == 0:

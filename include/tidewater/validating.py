@@ -104,7 +104,6 @@ def validate_batch(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> V
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     expectations: list[dict[str, Any]] = [
         {"type": "expect_table_row_count_to_equal", "kwargs": {"value": manifest.records}},
-        *({"type": "expect_column_to_exist", "kwargs": {"column": c}} for c in spec.validation.not_null),
         *({"type": "expect_column_values_to_not_be_null", "kwargs": {"column": c}} for c in spec.validation.not_null),
         *load_suite_file(spec),
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,26 @@ def test_reference_page_matches_the_code():
     assert page == reference_markdown()
     for key in ("batch.max_records", "kafka.settings", "table.identifier", "validation.suite", "catalog.properties"):
         assert f"`{key}`" in page
+
+
+def test_kafka_settings_from_an_airflow_connection(monkeypatch, tmp_path):
+    """`kafka.conn_id` resolves hosts, SASL credentials and librdkafka extras; spec settings win."""
+    from tidewater.kafka_source import kafka_settings
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KAFKA_PROD",
+        json.dumps({"conn_type": "generic", "host": "b1:9092,b2:9092", "login": "svc", "password": "s3cret-pw",
+                    "extra": {"security.protocol": "SASL_SSL", "sasl.mechanisms": "PLAIN"}}),
+    )
+    spec = parse_pipeline({**BASE, "kafka": {"conn_id": "kafka_prod", "settings": {"sasl.mechanisms": "SCRAM-SHA-512"}}})
+    assert kafka_settings(spec) == {
+        "bootstrap.servers": "b1:9092,b2:9092",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanisms": "SCRAM-SHA-512",
+        "sasl.username": "svc",
+        "sasl.password": "s3cret-pw",
+    }
+    missing = parse_pipeline({**BASE, "kafka": {"conn_id": "nope"}})
+    with pytest.raises(ConfigError, match="kafka.conn_id: Airflow connection 'nope' not found"):
+        kafka_settings(missing)

@@ -1,0 +1,13 @@
+# Airflow image with Tidewater, Java 17 (Spark) and the JDBC drivers. Used by docker-compose.yml.
+FROM apache/airflow:3.3.2-python3.11
+USER root
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java \
+ && rm -rf /var/lib/apt/lists/*
+ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
+USER airflow
+COPY --chown=airflow requirements.txt constraints.txt pyproject.toml /opt/tidewater/
+COPY --chown=airflow include /opt/tidewater/include
+COPY --chown=airflow spark_apps /opt/tidewater/spark_apps
+RUN pip install --no-cache-dir -r /opt/tidewater/requirements.txt -c /opt/tidewater/constraints.txt \
+ && pip install --no-cache-dir --no-deps -e /opt/tidewater

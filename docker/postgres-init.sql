@@ -1,0 +1,2 @@
+-- A database for the Iceberg SQL catalog next to Airflow's metadata database.
+CREATE DATABASE iceberg OWNER airflow;

@@ -1,0 +1,60 @@
+"""Tables created from the data keep nested structs and lists, and Spark reads them through the same catalog."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import produce_to_partition, write_pipeline
+from tidewater import spark_session
+from tidewater.catalog import load_catalog, load_table
+from tidewater.config import load_pipeline
+from tidewater.kafka_source import kafka_settings
+from tidewater.pipeline import commit_step, plan_batch, validate_step
+from tidewater.spark_job import run_inline
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def ingest(spec):  # noqa: ANN001, ANN201
+    plan, _ = plan_batch(spec)
+    manifest = run_inline(plan, spec, kafka_settings(spec))
+    validate_step(spec, plan, manifest)
+    return commit_step(spec, plan, manifest)
+
+
+def test_nested_types_evolution_and_spark_read(broker, home, topic):
+    """Batch 1 creates the table (long, double, boolean, string, struct, list); batch 2 adds a top-level
+    field and a field inside the struct. Spark SQL on the JDBC catalog sees every row and the new fields."""
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"not_null": ["id"]})
+    spec = load_pipeline(path)
+    first = [json.dumps({"id": i, "amount": i * 1.5, "paid": i % 2 == 0, "payer": f"p{i}",
+                         "address": {"city": "Oslo", "zip": 1000 + i}, "items": [{"sku": "a", "qty": i}]}).encode()
+             for i in range(10)]
+    produce_to_partition(broker.bootstrap, topic, 0, first)
+    assert ingest(spec).records == 10
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    types = {f.name: str(f.field_type) for f in table.schema().fields}
+    assert types["id"] == "long" and types["amount"] == "double" and types["paid"] == "boolean"
+    assert types["payer"] == "string"
+    assert types["address"].startswith("struct<") and "city: optional string" in types["address"]
+    assert types["items"].startswith("list<struct<")
+
+    second = [json.dumps({"id": 10 + i, "payer": "q", "channel": "web", "address": {"city": "Rome", "country": "IT"}}).encode()
+              for i in range(5)]
+    produce_to_partition(broker.bootstrap, topic, 0, second)
+    assert ingest(spec).records == 5
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert table.schema().find_field("channel") and table.schema().find_field("address.country")
+
+    spark = spark_session.session(spec, app_name="tidewater-test", master="local[1]")
+    try:
+        rows = spark.sql(
+            f"SELECT count(*) AS n, count(channel) AS web, count(address.country) AS countries, "
+            f"sum(size(items)) AS items FROM {spec.catalog.name}.rpc.orders"
+        ).collect()[0]
+    finally:
+        spark.stop()
+    assert (rows["n"], rows["web"], rows["countries"], rows["items"]) == (15, 5, 5, 10)

@@ -1,0 +1,92 @@
+"""The data-quality gate and the status command, on the real broker and catalog.
+
+Files are staged in-process (``spark_job.run_inline``, the same task code Spark runs); validation and
+commit are exactly what the DAG and `tidewater run` call."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import produce_to_partition, table_of, write_pipeline
+from tidewater.config import load_pipeline
+from tidewater.errors import ValidationFailedError
+from tidewater.kafka_source import kafka_settings
+from tidewater.offsets import committed_state
+from tidewater.pipeline import commit_step, plan_batch, validate_step
+from tidewater.sample_data import pizza_events, produce
+from tidewater.spark_job import run_inline
+
+pytestmark = [pytest.mark.integration]
+
+
+def stage(spec):  # noqa: ANN001, ANN201
+    plan, _ = plan_batch(spec)
+    return plan, run_inline(plan, spec, kafka_settings(spec))
+
+
+def test_failing_suite_blocks_the_commit_with_a_readable_report(broker, home, topic):
+    """A suite expecting store_id <= 5 fails on pizza data: ValidationFailedError listing the failed
+    expectation with its unexpected count; no snapshot, offsets unchanged."""
+    (home / "strict.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
+    ]}))
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"not_null": ["order_id"], "suite": "strict.json"})
+    spec = load_pipeline(path)
+    produce(broker.bootstrap, topic, pizza_events(200, seed=41), partitions=2)
+    plan, manifest = stage(spec)
+    with pytest.raises(ValidationFailedError) as e:
+        validate_step(spec, plan, manifest)
+    report = str(e.value)
+    assert "FAIL expect_column_values_to_be_between(column='store_id'" in report
+    assert "unexpected_count=" in report
+    assert "ok   expect_table_row_count_to_equal(value=200)" in report
+    assert "Nothing was committed" in report
+    table = table_of(path)
+    assert table.snapshots() == []
+    assert committed_state(table).offsets == {}
+
+
+def test_null_in_required_column_fails_the_gate(broker, home, topic):
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"not_null": ["order_id", "store_id"]})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, [b'{"order_id": "a", "store_id": 1}', b'{"order_id": "b"}'])
+    plan, manifest = stage(spec)
+    with pytest.raises(ValidationFailedError, match=r"FAIL expect_column_values_to_not_be_null\(column='store_id'\)"):
+        validate_step(spec, plan, manifest)
+
+
+def test_status_reports_committed_end_and_lag(broker, pipeline_file, topic):
+    spec = load_pipeline(pipeline_file)
+    produce(broker.bootstrap, topic, pizza_events(90, seed=43), partitions=3)
+    plan, manifest = stage(spec)
+    validate_step(spec, plan, manifest)
+    result = commit_step(spec, plan, manifest)
+    produce(broker.bootstrap, topic, pizza_events(30, seed=44), partitions=3)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "tidewater"), "status", "--pipeline", str(pipeline_file), "--json"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    st = json.loads(out)
+    assert st["last_snapshot_id"] == result.snapshot_id
+    assert st["last_batch_id"] == plan.batch_id
+    assert st["valid_through"] is not None
+    assert st["total_lag"] == 30
+    assert [(p["partition"], p["committed"], p["end"], p["lag"]) for p in st["partitions"]] == [
+        (0, 30, 40, 10), (1, 30, 40, 10), (2, 30, 40, 10)
+    ]
+
+
+def test_validate_command_exit_codes(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntopics: [a]\ntable: ns.t\nkafka: {bootstrap_servers: h}\nbatch: {max_record: 5}\n")
+    proc = subprocess.run([str(Path(sys.executable).parent / "tidewater"), "validate", "--pipeline", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "batch.max_record: unknown key (did you mean 'max_records'?)" in proc.stderr
