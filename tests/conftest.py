@@ -103,3 +103,13 @@ def table_of(pipeline_path: Path):  # noqa: ANN201
 
 def quiet(_: str) -> None:
     """Swallow run_once's progress lines."""
+
+
+def stage_inline(spec):  # noqa: ANN001, ANN201
+    """Plan and write a batch in this process (``spark_job.run_inline``: the task code Spark runs)."""
+    from tidewater.kafka_source import kafka_settings
+    from tidewater.pipeline import plan_batch
+    from tidewater.spark_job import run_inline
+
+    plan, _ = plan_batch(spec)
+    return plan, run_inline(plan, spec, kafka_settings(spec))

@@ -11,23 +11,16 @@ import threading
 
 import pytest
 
-from tests.conftest import table_of
+from tests.conftest import stage_inline, table_of
 from tidewater.catalog import load_catalog
 from tidewater.committing import commit_batch
 from tidewater.config import load_pipeline
 from tidewater.errors import OffsetsMovedError
-from tidewater.kafka_source import kafka_settings
 from tidewater.offsets import committed_state
-from tidewater.pipeline import plan_batch
 from tidewater.sample_data import pizza_events, produce
-from tidewater.spark_job import run_inline
 
 pytestmark = [pytest.mark.integration]
 
-
-def stage(spec):  # noqa: ANN001, ANN201
-    plan, _ = plan_batch(spec)
-    return plan, run_inline(plan, spec, kafka_settings(spec))
 
 
 def race(*calls):  # noqa: ANN002, ANN201
@@ -56,7 +49,7 @@ def test_two_committers_of_one_batch_race_one_commits_the_other_finds_it(broker,
     Expected: exactly one 'committed', the other 'already-committed'; 300 rows, one snapshot."""
     spec = load_pipeline(pipeline_file)
     produce(broker.bootstrap, topic, pizza_events(300, seed=11), partitions=3)
-    plan, manifest = stage(spec)
+    plan, manifest = stage_inline(spec)
     results = race(
         lambda: commit_batch(load_catalog(spec), plan, manifest),
         lambda: commit_batch(load_catalog(spec), plan, manifest),
@@ -79,7 +72,7 @@ def test_two_batches_planned_from_the_same_offsets_race_one_wins_no_duplicates(b
     for rnd in range(3):
         produce(broker.bootstrap, topic, pizza_events(150, seed=20 + rnd), partitions=3)
         produced += 150
-        a, b = stage(spec), stage(spec)
+        a, b = stage_inline(spec), stage_inline(spec)
         assert a[0].batch_id != b[0].batch_id and a[0].ranges == b[0].ranges
         results = race(
             lambda: commit_batch(load_catalog(spec), *a),
@@ -105,7 +98,7 @@ def test_commit_landed_but_the_caller_saw_an_error(broker, pipeline_file, topic,
 
     spec = load_pipeline(pipeline_file)
     produce(broker.bootstrap, topic, pizza_events(90, seed=31), partitions=3)
-    plan, manifest = stage(spec)
+    plan, manifest = stage_inline(spec)
     real_commit = SqlCatalog.commit_table
     calls = []
 

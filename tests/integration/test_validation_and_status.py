@@ -12,21 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import produce_to_partition, table_of, write_pipeline
+from tests.conftest import stage_inline, produce_to_partition, table_of, write_pipeline
 from tidewater.config import load_pipeline
 from tidewater.errors import ValidationFailedError
-from tidewater.kafka_source import kafka_settings
 from tidewater.offsets import committed_state
-from tidewater.pipeline import commit_step, plan_batch, validate_step
+from tidewater.pipeline import commit_step, validate_step
 from tidewater.sample_data import pizza_events, produce
-from tidewater.spark_job import run_inline
 
 pytestmark = [pytest.mark.integration]
 
-
-def stage(spec):  # noqa: ANN001, ANN201
-    plan, _ = plan_batch(spec)
-    return plan, run_inline(plan, spec, kafka_settings(spec))
 
 
 def test_failing_suite_blocks_the_commit_with_a_readable_report(broker, home, topic):
@@ -39,7 +33,7 @@ def test_failing_suite_blocks_the_commit_with_a_readable_report(broker, home, to
                           validation={"not_null": ["order_id"], "suite": "strict.json"})
     spec = load_pipeline(path)
     produce(broker.bootstrap, topic, pizza_events(200, seed=41), partitions=2)
-    plan, manifest = stage(spec)
+    plan, manifest = stage_inline(spec)
     with pytest.raises(ValidationFailedError) as e:
         validate_step(spec, plan, manifest)
     report = str(e.value)
@@ -57,7 +51,7 @@ def test_null_in_required_column_fails_the_gate(broker, home, topic):
                           validation={"not_null": ["order_id", "store_id"]})
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, [b'{"order_id": "a", "store_id": 1}', b'{"order_id": "b"}'])
-    plan, manifest = stage(spec)
+    plan, manifest = stage_inline(spec)
     with pytest.raises(ValidationFailedError, match=r"FAIL expect_column_values_to_not_be_null\(column='store_id'\)"):
         validate_step(spec, plan, manifest)
 
@@ -65,7 +59,7 @@ def test_null_in_required_column_fails_the_gate(broker, home, topic):
 def test_status_reports_committed_end_and_lag(broker, pipeline_file, topic):
     spec = load_pipeline(pipeline_file)
     produce(broker.bootstrap, topic, pizza_events(90, seed=43), partitions=3)
-    plan, manifest = stage(spec)
+    plan, manifest = stage_inline(spec)
     validate_step(spec, plan, manifest)
     result = commit_step(spec, plan, manifest)
     produce(broker.bootstrap, topic, pizza_events(30, seed=44), partitions=3)
