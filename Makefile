@@ -24,7 +24,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: bench airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -92,3 +92,7 @@ clean:
 #   make airflow ARGS="dags list"      make tidewater ARGS="status --pipeline include/pipelines/pizzas.yaml"
 airflow tidewater: setup
 	$@ $(ARGS)
+
+# Benchmarks (several minutes): writes BENCHMARKS.md. BENCH_ARGS="--sizes 1000000 --single 0" for a short run.
+bench: setup
+	$(PY) scripts/bench.py $(BENCH_ARGS)

@@ -120,6 +120,7 @@ class BatchManifest:
     partitions: tuple[PartitionStats, ...]
     schema_id: int
     written_at: str
+    task_timings: tuple[dict[str, Any], ...] = ()  # per Spark task: started_at, finished_at (epoch s), records
     version: int = MANIFEST_VERSION
 
     @property
@@ -129,6 +130,12 @@ class BatchManifest:
     @property
     def rows_in_files(self) -> int:
         return sum(int(f["record_count"]) for f in self.data_files)
+
+    def data_path_seconds(self) -> float | None:
+        """Wall time from the first task's start (first read) to the last task's end (last file written)."""
+        if not self.task_timings:
+            return None
+        return max(t["finished_at"] for t in self.task_timings) - min(t["started_at"] for t in self.task_timings)
 
     def next_offsets(self) -> Offsets:
         """Per topic-partition the end of the highest sub-range read."""
@@ -152,6 +159,7 @@ class BatchManifest:
         d = asdict(self)
         d["partitions"] = [asdict(p) for p in self.partitions]
         d["data_files"] = list(self.data_files)
+        d["task_timings"] = list(self.task_timings)
         return d
 
     @classmethod
@@ -167,6 +175,7 @@ class BatchManifest:
             partitions=tuple(PartitionStats(**p) for p in d["partitions"]),
             schema_id=d["schema_id"],
             written_at=d["written_at"],
+            task_timings=tuple(d.get("task_timings", ())),
             version=d["version"],
         )
 

@@ -21,7 +21,7 @@ import pyarrow.json as pj
 from tidewater.errors import RecordError
 from tidewater.kafka_source import Chunk
 
-MIN_BLOCK_SIZE = 1 << 24
+MIN_BLOCK_SIZE = 1 << 20  # small blocks let Arrow parse one chunk on several threads
 
 
 def _parse(buf: bytes, explicit: pa.Schema | None, block_size: int) -> pa.Table:
@@ -111,7 +111,7 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None) -> pa.Table:
         # Pretty-printed values: raw line breaks can only be whitespace between JSON tokens.
         values = [v.replace(b"\r", b" ").replace(b"\n", b" ") for v in values]  # type: ignore[union-attr]
         buf = b"\n".join(values)  # type: ignore[arg-type]
-    block_size = max(MIN_BLOCK_SIZE, max(map(len, values)) + 1)  # type: ignore[arg-type]
+    block_size = max(MIN_BLOCK_SIZE, 2 * max(map(len, values)) + 1)  # type: ignore[arg-type]
     try:
         table = _parse(buf, explicit, block_size)
         settled = settle_schema(table.schema, explicit)

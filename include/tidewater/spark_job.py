@@ -56,6 +56,7 @@ def write_subrange(
     from tidewater.writing import DataFileWriter, to_table_schema
 
     started = time.monotonic()
+    started_at = time.time()
     catalog = load_catalog(spec)
     table = load_table(catalog, spec.table.identifier)
     writer: DataFileWriter | None = None
@@ -100,7 +101,13 @@ def write_subrange(
         _delete_files(table, files, writer)
         return {"task_id": task_id, "error": error_document(e)}
     stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, records, first, last, tmin, tmax)
-    return {"task_id": task_id, "files": files, "stats": asdict(stats), "seconds": time.monotonic() - started}
+    return {
+        "task_id": task_id,
+        "files": files,
+        "stats": asdict(stats),
+        "timing": {"task_id": task_id, "started_at": started_at, "finished_at": time.time(),
+                   "seconds": time.monotonic() - started, "records": records},
+    }
 
 
 def _delete_files(table: Any, files: list[dict[str, Any]], writer: Any) -> None:
@@ -170,6 +177,7 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
         partitions=tuple(PartitionStats(**r["stats"]) for r in results),
         schema_id=table.schema().schema_id if table is not None else -1,
         written_at=utc_now_iso(),
+        task_timings=tuple(r["timing"] for r in results),
     )
 
 

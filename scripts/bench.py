@@ -1,0 +1,410 @@
+"""`make bench`: throughput, memory and fixed costs of Tidewater against raw librdkafka and a naive loop.
+
+Everything runs in one invocation on the embedded broker, so the ratios compare like with like on this
+machine at this moment. Results go to BENCHMARKS.md with the command, machine and date.
+
+Cases: pizza events (Scenario 1), 6 partitions x 1M and 5M records, and 1 partition x 5M.
+For each case:
+  limit     - raw librdkafka consumption of the whole topic in one Python process (values read, nothing decoded)
+  naive     - confluent-kafka loop, json.loads per record, pyiceberg append every 100k records
+  tidewater - `tidewater run` of one batch covering the topic (plan, Spark job, validate, commit), and
+              the Spark job's data path (first record read to last file written, from the manifest)
+Peak RSS is sampled (every 0.2 s) for every process of a run: the CLI, spark-submit's JVM, the Spark
+driver's Python and the Python workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+ANALYSIS_MARK = "<!-- analysis: kept by scripts/bench.py -->"
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Result:
+    case: str
+    method: str
+    records: int
+    seconds: float
+    bytes: int = 0
+    rss_mb: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+    @property
+    def mbps(self) -> float:
+        return self.bytes / self.seconds / 1e6 if self.seconds else 0.0
+
+
+class RssSampler:
+    """Peak RSS per process kind in the tree under ``pid`` (sampled)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def kind(p: psutil.Process) -> str:
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            return "other"
+        if "java" in p.name() or "java" in cmd.split(" ")[0]:
+            return "jvm (spark driver)"
+        if "pyspark.daemon" in cmd or "pyspark/daemon" in cmd or "pyspark.worker" in cmd:
+            return "python worker"
+        if "ingest_batch.py" in cmd:
+            return "python driver"
+        if "tidewater" in cmd:
+            return "tidewater cli"
+        return "other"
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                break
+            for p in procs:
+                try:
+                    rss = p.memory_info().rss / 2**20
+                except psutil.Error:
+                    continue
+                k = self.kind(p)
+                self.peak[k] = max(self.peak.get(k, 0.0), rss)
+            time.sleep(0.2)
+
+    def __enter__(self) -> RssSampler:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join(2)
+
+
+# ---- data ---------------------------------------------------------------------------------------------
+
+
+def produce_topic(bootstrap: str, topic: str, n: int, partitions: int) -> int:
+    """Produce n pizza events; returns total value bytes."""
+    from tidewater.sample_data import pizza_events, produce
+
+    total = 0
+    chunk = 500_000
+    for i, start in enumerate(range(0, n, chunk)):
+        vals = pizza_events(min(chunk, n - start), seed=1000 + i)
+        total += sum(map(len, vals))
+        produce(bootstrap, topic, vals, partitions=partitions, create=(i == 0))
+    return total
+
+
+def watermarks(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench"})
+    md = c.list_topics(topic, timeout=10).topics[topic]
+    out = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in md.partitions}
+    c.close()
+    return out
+
+
+# ---- limit and naive ----------------------------------------------------------------------------------
+
+
+LIMIT_CODE = r"""
+import sys, time, json
+from confluent_kafka import Consumer, TopicPartition
+from tidewater.kafka_source import THROUGHPUT_DEFAULTS
+bootstrap, topic = sys.argv[1], sys.argv[2]
+ends = {int(k): v for k, v in json.loads(sys.argv[3]).items()}
+c = Consumer({**THROUGHPUT_DEFAULTS, "bootstrap.servers": bootstrap, "group.id": "bench-limit",
+              "enable.auto.commit": False, "isolation.level": "read_committed"})
+c.assign([TopicPartition(topic, p, 0) for p in ends])
+n = nbytes = 0
+target = sum(ends.values())
+t0 = time.monotonic()
+first = None
+while n < target:
+    msgs = c.consume(num_messages=10000, timeout=1.0)
+    if msgs and first is None:
+        first = time.monotonic()
+    for m in msgs:
+        v = m.value()
+        if v is not None:
+            n += 1
+            nbytes += len(v)
+t1 = time.monotonic()
+c.close()
+print(json.dumps({"records": n, "bytes": nbytes, "seconds": t1 - t0}))
+"""
+
+NAIVE_CODE = r"""
+import sys, time, json
+import pyarrow as pa
+from confluent_kafka import Consumer, TopicPartition
+from pyiceberg.catalog import load_catalog
+bootstrap, topic, catalog_uri, warehouse, ident = sys.argv[1:6]
+ends = {int(k): v for k, v in json.loads(sys.argv[6]).items()}
+catalog = load_catalog("naive", type="sql", uri=catalog_uri, warehouse=warehouse)
+catalog.create_namespace_if_not_exists("bench")
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-naive", "enable.auto.commit": False})
+c.assign([TopicPartition(topic, p, 0) for p in ends])
+target = sum(ends.values())
+rows, n, nbytes, table = [], 0, 0, None
+t0 = time.monotonic()
+def flush():
+    global rows, table
+    if not rows:
+        return
+    batch = pa.Table.from_pylist(rows)
+    if table is None:
+        table = catalog.create_table_if_not_exists(ident, schema=batch.schema)
+    table.append(batch)
+    rows = []
+while n < target:
+    for m in c.consume(num_messages=1000, timeout=1.0):
+        if m.error():
+            continue
+        rows.append(json.loads(m.value()))
+        n += 1
+        nbytes += len(m.value())
+        if len(rows) >= 100_000:
+            flush()
+flush()
+t1 = time.monotonic()
+print(json.dumps({"records": n, "bytes": nbytes, "seconds": t1 - t0,
+                  "files": len(table.inspect.files()) if table is not None else 0}))
+"""
+
+
+def run_python(code: str, args: list[str], env: dict[str, str]) -> tuple[dict, dict[str, float]]:
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, env=env)
+    with RssSampler(proc.pid) as s:
+        out, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark helper failed ({proc.returncode})")
+    return json.loads(out.strip().splitlines()[-1]), {"process": round(max(s.peak.values()), 1)}
+
+
+# ---- tidewater ----------------------------------------------------------------------------------------
+
+
+def pipeline_file(directory: Path, name: str, topic: str, bootstrap: str, table: str, master: str) -> Path:
+    doc = {
+        "name": name,
+        "topics": [topic],
+        "kafka": {"bootstrap_servers": bootstrap, "read_timeout_seconds": 60},
+        "table": {"identifier": table},
+        "batch": {"max_records": 100_000_000},
+        "validation": {"not_null": ["order_id", "store_id"]},
+        "spark": {"master": master},
+        "schedule": None,
+    }
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def tidewater_run(path: Path, env: dict[str, str], master: str | None = None) -> tuple[dict, dict[str, float], float]:
+    cmd = [str(BIN / "tidewater"), "run", "--pipeline", str(path), "--json"]
+    if master:
+        cmd += ["--master", master]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    with RssSampler(proc.pid) as s:
+        out, _ = proc.communicate()
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"tidewater run failed ({proc.returncode}): {out[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1]), {k: round(v, 1) for k, v in s.peak.items()}, wall
+
+
+def manifest_of(home: Path, pipeline: str, batch_id: str) -> dict:
+    return json.loads((home / "staging" / pipeline / batch_id / "manifest.json").read_text())
+
+
+def data_path(manifest: dict) -> tuple[float, int, int, int]:
+    t = manifest["task_timings"]
+    secs = max(x["finished_at"] for x in t) - min(x["started_at"] for x in t)
+    files = manifest["data_files"]
+    return secs, len(files), sum(f["file_size_in_bytes"] for f in files), len(t)
+
+
+# ---- report -------------------------------------------------------------------------------------------
+
+
+def fmt_rate(r: float) -> str:
+    return f"{r / 1000:,.0f}k"
+
+
+def write_report(results: list[Result], fixed: dict[str, float], args: argparse.Namespace, started: str) -> str:
+    by = {(r.case, r.method): r for r in results}
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Produced by `{args.command_line}` on {started} (UTC).",
+        f"Machine: {platform.node()}, {os.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}, "
+        f"embedded broker (Tansu, in memory) on 127.0.0.1. Shared, noisy machine: compare ratios within one run.",
+        "",
+        "Records are Scenario 1 pizza events (~200 B of JSON each).",
+        "",
+        "## Throughput",
+        "",
+        "| case | method | records | seconds | records/s | MB/s | vs limit | vs naive | peak RSS MB per process |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in results:
+        lim = by.get((r.case, "limit"))
+        nai = by.get((r.case, "naive"))
+        vs_lim = f"{r.rate / lim.rate:.2f}" if lim and r.method != "limit" else ""
+        vs_nai = f"{r.rate / nai.rate:.2f}" if nai and r.method not in ("limit", "naive") else ""
+        rss = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(r.rss_mb.items()) if k != "other")
+        lines.append(
+            f"| {r.case} | {r.method} | {r.records:,} | {r.seconds:.1f} | {fmt_rate(r.rate)} | {r.mbps:.1f} | "
+            f"{vs_lim} | {vs_nai} | {rss} |"
+        )
+    lines += ["", "`tidewater run` is end to end (plan, Spark start, write, validate, commit). The data path is the",
+              "Spark job from the first record read to the last file written (from the tasks' timings).", ""]
+    lines += ["## Files written", "", "| case | method | data files | MB | Spark tasks |", "| --- | --- | ---: | ---: | ---: |"]
+    for r in results:
+        if "files" in r.extra:
+            lines.append(f"| {r.case} | {r.method} | {r.extra['files']} | {r.extra.get('file_mb', '')} | {r.extra.get('tasks', '')} |")
+    lines += ["", "## Fixed cost of a batch", "", "| what | seconds |", "| --- | ---: |"]
+    for k, v in fixed.items():
+        lines.append(f"| {k} | {v:.1f} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000000,5000000", help="records for the 6-partition cases")
+    ap.add_argument("--single", type=int, default=5_000_000, help="records for the 1-partition case (0: skip)")
+    ap.add_argument("--cores", default="1,2", help="local Spark cores to compare on the smallest case")
+    ap.add_argument("--no-naive", action="store_true")
+    ap.add_argument("--no-dag", action="store_true", help="skip the empty-batch run through Airflow")
+    ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
+    args = ap.parse_args()
+    args.command_line = "make bench" if os.environ.get("MAKELEVEL") else " ".join(["python", *sys.argv])
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+    from tidewater import broker as embedded
+
+    work = Path(os.environ.get("TIDEWATER_HOME", REPO / ".data")) / "bench"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    home = work / "home"
+    home.mkdir()
+    (home / "jars").symlink_to(REPO / ".data" / "jars") if (REPO / ".data" / "jars").is_dir() else None
+    env = {**os.environ, "TIDEWATER_HOME": str(home), "TIDEWATER_LOG_LEVEL": "WARNING"}
+    b = embedded.start(log_path=work / "broker.log")
+    results: list[Result] = []
+    fixed: dict[str, float] = {}
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s]
+        cases = [(f"6 partitions x {n / 1e6:g}M", n, 6) for n in sizes]
+        if args.single:
+            cases.append((f"1 partition x {args.single / 1e6:g}M", args.single, 1))
+        cores = [int(c) for c in args.cores.split(",") if c]
+        for ci, (case, n, parts) in enumerate(cases):
+            topic = f"bench-{ci}"
+            print(f"== {case}: producing", flush=True)
+            nbytes = produce_topic(b.bootstrap, topic, n, parts)
+            ends = {p: hi for p, (lo, hi) in watermarks(b.bootstrap, topic).items()}
+            assert sum(ends.values()) == n, f"broker shows {sum(ends.values())} of {n} records"
+            print(f"   limit", flush=True)
+            out, rss = run_python(LIMIT_CODE, [b.bootstrap, topic, json.dumps(ends)], env)
+            results.append(Result(case, "limit", out["records"], out["seconds"], out["bytes"], rss))
+            if not args.no_naive:
+                print(f"   naive", flush=True)
+                out, rss = run_python(
+                    NAIVE_CODE,
+                    [b.bootstrap, topic, f"sqlite:///{work / 'naive.db'}", f"file://{work / 'naive-wh'}",
+                     f"bench.naive_{ci}", json.dumps(ends)],
+                    env,
+                )
+                results.append(Result(case, "naive", out["records"], out["seconds"], out["bytes"], rss,
+                                      {"files": out["files"]}))
+            masters = [f"local[{c}]" for c in cores] if ci == 0 else ["local[2]"]
+            for master in masters:
+                name = f"b{ci}_{master[6:-1]}"
+                path = pipeline_file(work, name, topic, b.bootstrap, f"bench.t{ci}_{master[6:-1]}", master)
+                print(f"   tidewater run ({master})", flush=True)
+                res, rss, wall = tidewater_run(path, env)
+                assert res["records"] == n, res
+                m = manifest_of(home, name, res["batch_id"])
+                secs, files, fbytes, tasks = data_path(m)
+                extra = {"files": files, "file_mb": round(fbytes / 1e6, 1), "tasks": tasks}
+                results.append(Result(case, f"tidewater run, {master}", n, wall, nbytes, rss, extra))
+                results.append(Result(case, f"tidewater data path, {master}", n, secs, nbytes, {}, extra))
+                if ci == 0 and master == masters[-1]:
+                    print("   fixed costs", flush=True)
+                    t0 = time.monotonic()
+                    tidewater_run(path, env)
+                    fixed["empty batch, `tidewater run` (no Spark start)"] = time.monotonic() - t0
+                    from tidewater.sample_data import produce
+
+                    produce(b.bootstrap, topic, [b'{"order_id": "one", "store_id": 1}'], partitions=parts, create=False)
+                    _, _, wall1 = tidewater_run(path, env)
+                    fixed["one-record batch, `tidewater run`"] = wall1
+                    if not args.no_dag:
+                        fixed["empty batch, ingest DAG (`airflow dags test`)"] = dag_empty_run(work, path, env)
+    finally:
+        b.stop()
+    report = write_report(results, fixed, args, started)
+    out = Path(args.output)
+    if out.is_file() and ANALYSIS_MARK in out.read_text():  # keep the hand-written analysis below the figures
+        report += "\n" + ANALYSIS_MARK + out.read_text().split(ANALYSIS_MARK, 1)[1]
+    out.write_text(report)
+    print(report)
+    return 0
+
+
+def dag_empty_run(work: Path, path: Path, env: dict[str, str]) -> float:
+    pipelines = work / "pipelines"
+    pipelines.mkdir(exist_ok=True)
+    shutil.copy(path, pipelines / path.name)
+    af = work / "airflow"
+    af.mkdir(exist_ok=True)
+    aenv = {
+        **env,
+        "AIRFLOW_HOME": str(af),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{af / 'airflow.db'}",
+        "TIDEWATER_PIPELINES_DIR": str(pipelines),
+    }
+    subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=aenv, check=True, capture_output=True)
+    name = yaml.safe_load(path.read_text())["name"]
+    t0 = time.monotonic()
+    proc = subprocess.run([str(BIN / "airflow"), "dags", "test", f"ingest_{name}"], env=aenv, capture_output=True, text=True)
+    took = time.monotonic() - t0
+    if proc.returncode != 0 or "Skipping downstream tasks" not in proc.stdout + proc.stderr:
+        raise RuntimeError("empty DAG run did not short-circuit:\n" + (proc.stdout + proc.stderr)[-3000:])
+    return took
+
+
+if __name__ == "__main__":
+    sys.exit(main())
