@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = str(Path(sys.executable).parent)
 os.environ["PATH"] = VENV_BIN + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+# py4j logs at INFO while the interpreter exits, after pytest has closed the streams it captured.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 _topic_counter = itertools.count()
 
