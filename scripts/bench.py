@@ -336,11 +336,11 @@ def main() -> int:
             nbytes = produce_topic(b.bootstrap, topic, n, parts)
             ends = {p: hi for p, (lo, hi) in watermarks(b.bootstrap, topic).items()}
             assert sum(ends.values()) == n, f"broker shows {sum(ends.values())} of {n} records"
-            print(f"   limit", flush=True)
+            print("   limit", flush=True)
             out, rss = run_python(LIMIT_CODE, [b.bootstrap, topic, json.dumps(ends)], env)
             results.append(Result(case, "limit", out["records"], out["seconds"], out["bytes"], rss))
             if not args.no_naive:
-                print(f"   naive", flush=True)
+                print("   naive", flush=True)
                 out, rss = run_python(
                     NAIVE_CODE,
                     [b.bootstrap, topic, f"sqlite:///{work / 'naive.db'}", f"file://{work / 'naive-wh'}",

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from tidewater.config import KAFKA_CONFIG_ENV, load_pipeline
+from tidewater.config import KAFKA_CONFIG_ENV, is_secret_key, load_pipeline
 from tidewater.errors import ConfigError, TidewaterError
 
 log = logging.getLogger(__name__)
@@ -55,24 +55,26 @@ def plan_task(pipeline_path: str) -> dict[str, Any] | None:
     }
 
 
+def _staged(pipeline_path: str, planned: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The pipeline, and the plan and manifest the plan and write tasks staged."""
+    from tidewater.pipeline import load_manifest, load_plan
+
+    return load_pipeline(pipeline_path), load_plan(planned["plan_path"]), load_manifest(planned["plan_path"])
+
+
 @fail_fast
 def validate_task(pipeline_path: str, planned: dict[str, Any]) -> dict[str, Any]:
-    from tidewater.pipeline import load_manifest, load_plan, validate_step
+    from tidewater.pipeline import validate_step
 
-    spec = load_pipeline(pipeline_path)
-    plan = load_plan(planned["plan_path"])
-    manifest = load_manifest(planned["plan_path"])
-    report = validate_step(spec, plan, manifest)
-    return {"batch_id": plan.batch_id, **report.summary()}
+    spec, plan, manifest = _staged(pipeline_path, planned)
+    return {"batch_id": plan.batch_id, **validate_step(spec, plan, manifest).summary()}
 
 
 @fail_fast
 def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | None) -> dict[str, Any]:
-    from tidewater.pipeline import commit_step, load_manifest, load_plan
+    from tidewater.pipeline import commit_step
 
-    spec = load_pipeline(pipeline_path)
-    plan = load_plan(planned["plan_path"])
-    manifest = load_manifest(planned["plan_path"])
+    spec, plan, manifest = _staged(pipeline_path, planned)
     return commit_step(spec, plan, manifest, dag_run_id=dag_run_id).summary()
 
 
@@ -116,22 +118,16 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         self.packages = settings["packages"]
         self.application_args = ["--plan", planned["plan_path"]]
         self.name = f"tidewater-{spec.name}-{planned['batch_id']}"
-        import os
-        import sys
-
-        env = {k: v for k, v in os.environ.items() if k.startswith(("TIDEWATER_", "PATH", "JAVA_HOME", "HOME"))}
-        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        # spark-submit inherits this process's environment; only connection-resolved Kafka settings are added.
+        self.env_vars = None
         if spec.kafka.conn_id:
             from airflow.sdk.log import mask_secret
 
             resolved = kafka_settings(spec)
             for k, v in resolved.items():
-                from tidewater.config import is_secret_key
-
                 if is_secret_key(k):
                     mask_secret(v)
-            env[KAFKA_CONFIG_ENV] = json.dumps(resolved)
-        self.env_vars = env
+            self.env_vars = {KAFKA_CONFIG_ENV: json.dumps(resolved)}
         self._hook = None
         log.info("batch %s: submitting the write job for %s", planned["batch_id"], spec.table.identifier)
         try:
@@ -147,13 +143,11 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
 
         from airflow.exceptions import AirflowFailException
 
-        from tidewater.batch import read_json
-        from tidewater.spark_job import ERROR_NAME, BatchWriteError
+        from tidewater.spark_job import read_error
 
-        err = Path(plan_path).parent / ERROR_NAME
-        if not err.is_file():
+        e = read_error(Path(plan_path).parent)
+        if e is None:
             return
-        e = BatchWriteError(read_json(err), 1)
         if e.transient:
             raise e
         raise AirflowFailException(f"write failed: {e}") from e

@@ -28,7 +28,7 @@ from tidewater.batch import (
 from tidewater.catalog import load_catalog, load_table
 from tidewater.committing import CommitResult, commit_batch
 from tidewater.config import PipelineSpec, load_pipeline
-from tidewater.errors import TerminalError, TidewaterError, TransientError
+from tidewater.errors import TerminalError, TransientError
 from tidewater.offsets import committed_state
 from tidewater.planning import plan_ranges
 from tidewater.validating import ValidationReport, require_valid, validate_batch
@@ -102,27 +102,21 @@ def manifest_path(plan_path: str | Path) -> Path:
 
 
 def load_manifest(plan_path: str | Path) -> BatchManifest:
-    from tidewater.spark_job import ERROR_NAME
+    """The write step's manifest; raises the write step's own error if it failed."""
+    from tidewater.spark_job import read_error
 
     mpath = manifest_path(plan_path)
     if not mpath.is_file():
-        err = Path(plan_path).parent / ERROR_NAME
-        if err.is_file():
-            raise write_error(read_json(err))
+        err = read_error(Path(plan_path).parent)
+        if err is not None:
+            raise err
         raise TerminalError(f"no manifest at {mpath}: the write step has not completed")
     return BatchManifest.from_json(read_json(mpath))
 
 
-def write_error(doc: dict[str, Any]) -> TidewaterError:
-    from tidewater.spark_job import BatchWriteError
-
-    err = BatchWriteError(doc, 1)
-    return err
-
-
 def run_write_step(spec: PipelineSpec, plan_path: Path, master: str | None = None, progress: Any = None) -> BatchManifest:
     """Run the Spark job with spark-submit (as the DAG does) and return its manifest."""
-    from tidewater.spark_job import ERROR_NAME
+    from tidewater.spark_job import ERROR_NAME, read_error
     from tidewater.spark_session import spark_submit_command
 
     (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
@@ -137,9 +131,9 @@ def run_write_step(spec: PipelineSpec, plan_path: Path, master: str | None = Non
             if progress is not None:
                 progress(time.monotonic() - started)
     if proc.returncode != 0:
-        err = plan_path.parent / ERROR_NAME
-        if err.is_file():
-            raise write_error(read_json(err))
+        err = read_error(plan_path.parent)
+        if err is not None:
+            raise err
         tail = log_path.read_text()[-3000:]
         raise TransientError(f"spark-submit exited with {proc.returncode}; log {log_path}:\n{tail}")
     return load_manifest(plan_path)
@@ -263,9 +257,12 @@ def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) 
     say(f"      batch {plan.batch_id}: {plan.record_span} offsets over {len(plan.ranges)} partition(s)")
     t1 = time.monotonic()
 
+    next_tick = [10.0]
+
     def tick(elapsed: float) -> None:
-        if int(elapsed * 2) % 20 == 0:
+        if elapsed >= next_tick[0]:
             say(f"      ... spark job running, {elapsed:.0f}s")
+            next_tick[0] += 10.0
 
     say("[2/4] write    spark-submit " + str(spark_app_path().name))
     manifest = run_write_step(spec, plan_path, master=master, progress=tick)

@@ -95,10 +95,8 @@ def write_subrange(
         if writer is not None:
             files.extend(writer.close())
     except Exception as e:
-        if writer is not None:
-            writer.abort()
-            files.extend(writer.files)
-        _delete_files(table, files, writer)
+        paths = [f["file_path"] for f in files] + (writer.abort() if writer is not None else [])
+        _delete_files(table, paths)
         return {"task_id": task_id, "error": error_document(e)}
     stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, records, first, last, tmin, tmax)
     return {
@@ -110,12 +108,10 @@ def write_subrange(
     }
 
 
-def _delete_files(table: Any, files: list[dict[str, Any]], writer: Any) -> None:
+def _delete_files(table: Any, paths: list[str]) -> None:
+    """Delete data files of a batch that can never be committed (no manifest references them)."""
     if table is None:
         return
-    paths = [f["file_path"] for f in files]
-    if writer is not None and getattr(writer, "_path", None):
-        paths.append(writer._path)
     for p in paths:
         try:
             table.io.delete(p)
@@ -167,7 +163,7 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
     table = load_table(load_catalog(spec), spec.table.identifier)
     if errors:
         # No manifest will exist, so no commit can reference these files: remove them.
-        _delete_files(table, [f for r in results if "files" in r for f in r["files"]], None)
+        _delete_files(table, [f["file_path"] for r in results if "files" in r for f in r["files"]])
         raise BatchWriteError(errors[0]["error"], len(errors))
     results = sorted(results, key=lambda r: r["task_id"])
     return BatchManifest(
@@ -195,6 +191,12 @@ class BatchWriteError(TerminalError):
             offset=doc.get("offset"),
             table=doc.get("table"),
         )
+
+
+def read_error(batch_dir: Path) -> BatchWriteError | None:
+    """The error the write step left next to the plan, if it failed on a record or on Kafka."""
+    path = batch_dir / ERROR_NAME
+    return BatchWriteError(read_json(path), 1) if path.is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:

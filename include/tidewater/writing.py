@@ -109,15 +109,18 @@ class DataFileWriter:
             self._roll()
         return self.files
 
-    def abort(self) -> None:
-        """Close without recording the open file (it stays as an uncommitted orphan)."""
+    def abort(self) -> list[str]:
+        """Stop writing; returns every path this writer created (finished files and the open one)."""
+        paths = [f["file_path"] for f in self.files]
         if self._writer is not None:
+            paths.append(self._path)  # type: ignore[arg-type]
             try:
                 self._writer.close()
                 self._stream.close()
-            except Exception:
+            except Exception:  # the partial file is deleted or left as an orphan either way
                 pass
             self._writer = None
+        return paths
 
 
 def _enc(d: dict[int, bytes]) -> dict[str, str]:
