@@ -30,10 +30,17 @@ def load_catalog(spec: PipelineSpec) -> Any:
         warehouse = str(props.get("warehouse", ""))
         if warehouse.startswith("file://"):
             Path(warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
-    try:
-        return _load(spec.catalog.name, **props)
-    except Exception as e:
-        raise ConfigError(f"catalog.properties: cannot load catalog {spec.catalog.name!r}: {e}") from None
+    for attempt in range(5):
+        try:
+            return _load(spec.catalog.name, **props)
+        except Exception as e:
+            # A new SQL catalog creates its own tables on first load; concurrent first loads collide
+            # ("already exists"), and the next attempt finds the tables in place.
+            if "already exists" in str(e) and attempt < 4:
+                time.sleep(0.1 * (attempt + 1))
+                continue
+            raise ConfigError(f"catalog.properties: cannot load catalog {spec.catalog.name!r}: {e}") from None
+    raise AssertionError("unreachable")
 
 
 def load_table(catalog: Any, identifier: str) -> Any | None:
@@ -82,9 +89,20 @@ def ensure_table(catalog: Any, spec: PipelineSpec, table: Any | None, decoded: p
         if len(decoded) == 0:
             raise TerminalError("cannot create a table from records without any typed field", table=ident)
         namespace = tuple(ident.split(".")[:-1])
-        catalog.create_namespace_if_not_exists(namespace)
         props = {"format-version": "2", **spec.table.properties}
-        table = catalog.create_table_if_not_exists(ident, schema=decoded, properties=props)
+        # Several Spark tasks may create the same namespace and table at once; a catalog's check-then-insert
+        # lets the loser fail with a raw database error, so a failure counts only if the object is still missing.
+        try:
+            catalog.create_namespace_if_not_exists(namespace)
+        except Exception:
+            if not catalog.namespace_exists(namespace):
+                raise
+        try:
+            table = catalog.create_table_if_not_exists(ident, schema=decoded, properties=props)
+        except Exception:
+            table = load_table(catalog, ident)
+            if table is None:
+                raise
         log.info("table %s ready (schema id %s)", ident, table.schema().schema_id)
     missing = new_fields(table, decoded)
     if not missing:

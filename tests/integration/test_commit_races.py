@@ -116,3 +116,23 @@ def test_commit_landed_but_the_caller_saw_an_error(broker, pipeline_file, topic,
     table = table_of(pipeline_file)
     assert table.scan().to_arrow().num_rows == 90
     assert len(table.snapshots()) == 1
+
+
+def test_concurrent_first_writers_create_the_namespace_and_table_once(home):
+    """Eight writers find the table missing at the same moment (as parallel Spark tasks of a first batch do).
+
+    Expected: every writer gets the table, none fails on the catalog's unique constraints; the table
+    has the union of the fields they saw."""
+    import pyarrow as pa
+
+    from tidewater.catalog import ensure_table
+    from tidewater.config import parse_pipeline
+
+    spec = parse_pipeline({"name": "race", "topics": ["t"], "table": "fresh_ns.orders",
+                           "kafka": {"bootstrap_servers": "127.0.0.1:1"}})
+    schemas = [pa.schema([("id", pa.int64()), (f"f{i % 2}", pa.string())]) for i in range(8)]
+    results = race(*[lambda s=s: ensure_table(load_catalog(spec), spec, None, s) for s in schemas])
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert errors == []
+    table = load_catalog(spec).load_table("fresh_ns.orders")
+    assert {f.name for f in table.schema().fields} == {"id", "f0", "f1"}
