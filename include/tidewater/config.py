@@ -143,8 +143,14 @@ class ValidationSpec:
     not_null: list[str] = _doc("Columns that must be non-null in every row of the batch.", default_factory=list)
     suite: str | None = _doc(
         "A great-expectations suite file (JSON, `{\"expectations\": [{\"type\": ..., \"kwargs\": {...}}]}`), "
-        "relative to the pipeline file, whose expectations are added to the built-in ones.",
+        "relative to the pipeline file, whose expectations are added to the built-in ones. Row-wise "
+        "expectations (`expect_column_values_to_*`, column pairs) run chunk by chunk; whole-column ones "
+        "(uniqueness, means, ...) read their columns for the whole batch.",
         default=None,
+    )
+    chunk_rows: int = _doc(
+        "Rows of the checked columns held in memory at a time while validating (bounds the gate's memory).",
+        default=500_000,
     )
 
 
@@ -388,6 +394,8 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError("batch.records_per_task: must be at least 1")
     if spec.batch.chunk_records < 1:
         raise ConfigError("batch.chunk_records: must be at least 1")
+    if spec.validation.chunk_rows < 1:
+        raise ConfigError("validation.chunk_rows: must be at least 1")
     props = spec.catalog_properties()
     if "type" not in props and "uri" not in props:
         raise ConfigError("catalog.properties: set at least `type` (sql, rest, glue, hive) or `uri`")

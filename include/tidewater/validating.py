@@ -1,8 +1,8 @@
 """The data-quality gate: a great-expectations suite run on a staged batch before it is committed.
 
 Built-in expectations: the staged files hold exactly as many rows as records were read, and the
-configured ``validation.not_null`` columns have no nulls. A per-pipeline suite file adds more.
-Only the columns the expectations name are read from the staged files.
+configured ``validation.not_null`` columns have no nulls (both from the counts in the manifest). A
+per-pipeline suite file adds more; only the columns its expectations name are read, in chunks.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from tidewater.batch import BatchManifest
 from tidewater.config import PipelineSpec
@@ -77,78 +77,216 @@ def load_suite_file(spec: PipelineSpec) -> list[dict[str, Any]]:
     return exps
 
 
-def _read_columns(table: Any, manifest: BatchManifest, columns: list[str]) -> Any:
+# Expectations that judge each row on its own: exact when run chunk by chunk and the counts summed.
+_ROW_WISE_EXCLUDED = {
+    "expect_column_values_to_be_unique",
+    "expect_column_values_to_be_increasing",
+    "expect_column_values_to_be_decreasing",
+}
+_ROW_WISE_OTHER = {
+    "expect_column_pair_values_to_be_equal",
+    "expect_column_pair_values_a_to_be_greater_than_b",
+    "expect_column_pair_values_to_be_in_set",
+    "expect_multicolumn_sum_to_equal",
+    "expect_select_column_values_to_be_unique_within_record",
+}
+
+
+def is_row_wise(expectation_type: str) -> bool:
+    return expectation_type in _ROW_WISE_OTHER or (
+        expectation_type.startswith("expect_column_values_to_") and expectation_type not in _ROW_WISE_EXCLUDED
+    )
+
+
+def _columns_of(expectations: list[dict[str, Any]]) -> list[str]:
+    columns: list[str] = []
+    for e in expectations:
+        kwargs = e.get("kwargs", {})
+        for c in [*(kwargs.get(k) for k in _COLUMN_KWARGS), *(kwargs.get("column_list") or [])]:
+            if isinstance(c, str) and c not in columns:
+                columns.append(c)
+    return columns
+
+
+def _chunks(table: Any, manifest: BatchManifest, columns: list[str], chunk_rows: int) -> Iterator[Any]:
+    """The named columns of the staged files, as Arrow tables of at most ``chunk_rows`` rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pieces = []
+    pending: list[Any] = []
+    size = 0
     for f in manifest.data_files:
         with table.io.new_input(f["file_path"]).open() as fh:
             pf = pq.ParquetFile(fh)
             present = [c for c in columns if c in pf.schema_arrow.names]
-            t = pf.read(columns=present)
-            if not present:
-                t = pa.table({"__row": pa.nulls(pf.metadata.num_rows, pa.int8())})
-            pieces.append(t)
+            for rb in pf.iter_batches(batch_size=chunk_rows, columns=present):
+                t = pa.Table.from_batches([rb]) if present else pa.table({"__row": pa.nulls(rb.num_rows, pa.int8())})
+                pending.append(t)
+                size += t.num_rows
+                if size >= chunk_rows:
+                    full = pa.concat_tables(pending, promote_options="permissive")
+                    cut = size - size % chunk_rows
+                    for at in range(0, cut, chunk_rows):
+                        yield full.slice(at, chunk_rows)
+                    pending = [full.slice(cut)] if cut < size else []
+                    size -= cut
+    if pending:
+        yield pa.concat_tables(pending, promote_options="permissive")
+
+
+def _whole(table: Any, manifest: BatchManifest, columns: list[str]) -> Any:
+    import pyarrow as pa
+
+    pieces = list(_chunks(table, manifest, columns, 1 << 30))
     if not pieces:
         return pa.table({c: pa.array([], pa.null()) for c in columns} or {"__row": pa.array([], pa.int8())})
     return pa.concat_tables(pieces, promote_options="permissive")
 
 
-def validate_batch(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> ValidationReport:
-    """Run the suite on the staged files. Returns the report; does not raise on failure."""
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    import great_expectations as gx
-    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+def builtin_checks(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> list[CheckResult]:
+    """Row count and not-null, from the row and null counts the writer put in the manifest: no data is read.
 
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    expectations: list[dict[str, Any]] = [
-        {"type": "expect_table_row_count_to_equal", "kwargs": {"value": manifest.records}},
-        *({"type": "expect_column_values_to_not_be_null", "kwargs": {"column": c}} for c in spec.validation.not_null),
-        *load_suite_file(spec),
+    A not-null column without a null count in some file (a struct or list column, or metrics switched
+    off) is counted by reading that column in chunks.
+    """
+    rows = manifest.rows_in_files
+    checks = [
+        CheckResult(
+            "expect_table_row_count_to_equal", {"value": manifest.records}, rows == manifest.records,
+            {"observed_value": rows},
+        )
     ]
-    columns: list[str] = []
-    for e in expectations:
-        for k in _COLUMN_KWARGS:
-            c = e.get("kwargs", {}).get(k)
-            if isinstance(c, str) and c not in columns:
-                columns.append(c)
-        for c in e.get("kwargs", {}).get("column_list", []) or []:
-            if c not in columns:
-                columns.append(c)
-    df = _read_columns(table, manifest, columns).to_pandas()
+    schema = table.schema()
+    for column in spec.validation.not_null:
+        try:
+            field = schema.find_field(column)
+        except ValueError:
+            checks.append(CheckResult("expect_column_values_to_not_be_null", {"column": column}, False,
+                                      {"error": f"column {column!r} is not in table {spec.table.identifier}"}))
+            continue
+        nulls = 0
+        for f in manifest.data_files:
+            counted = f["null_value_counts"].get(str(field.field_id))
+            if counted is None or not field.field_type.is_primitive:
+                nulls += _count_nulls(table, f, column, spec.validation.chunk_rows)
+            else:
+                nulls += int(counted)
+        observed = {"unexpected_count": nulls} if nulls else {}
+        checks.append(CheckResult("expect_column_values_to_not_be_null", {"column": column}, nulls == 0, observed))
+    return checks
 
-    ctx = gx.get_context(mode="ephemeral")
-    try:
-        from great_expectations.data_context.types.base import ProgressBarsConfig
 
-        ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
-    except Exception:  # progress bars are cosmetic
-        pass
-    asset = ctx.data_sources.add_pandas("tidewater").add_dataframe_asset(name="staged_batch")
-    definition = asset.add_batch_definition_whole_dataframe("batch")
-    suite_name = f"{spec.name}.{os.path.basename(str(spec.suite_path()))}" if spec.suite_path() else f"{spec.name}.builtin"
-    suite = gx.ExpectationSuite(name=suite_name)
-    for e in expectations:
-        suite.add_expectation_configuration(ExpectationConfiguration(type=e["type"], kwargs=e.get("kwargs", {})))
-    suite = ctx.suites.add(suite)
-    vd = ctx.validation_definitions.add(gx.ValidationDefinition(name=f"{spec.name}-batch", data=definition, suite=suite))
-    try:
-        result = vd.run(batch_parameters={"dataframe": df}, result_format="SUMMARY")
-    except Exception as e:
-        raise ConfigError(f"validation.suite: great-expectations could not run the suite: {e}") from e
-    checks = []
-    for r in result.results:
-        res = r.result or {}
-        observed = {
-            k: res[k]
-            for k in ("observed_value", "unexpected_count", "unexpected_percent", "partial_unexpected_list")
-            if k in res and res[k] not in (None, [])
-        }
-        if r.exception_info and r.exception_info.get("raised_exception"):
-            observed["error"] = r.exception_info.get("exception_message")
-        checks.append(CheckResult(r.expectation_config.type, dict(r.expectation_config.kwargs), bool(r.success), observed))
-    report = ValidationReport(manifest.batch_id, suite_name, bool(result.success), len(df), tuple(checks))
+def _count_nulls(table: Any, data_file: dict[str, Any], column: str, chunk_rows: int) -> int:
+    import pyarrow.parquet as pq
+
+    with table.io.new_input(data_file["file_path"]).open() as fh:
+        pf = pq.ParquetFile(fh)
+        if column not in pf.schema_arrow.names:
+            return pf.metadata.num_rows
+        return sum(rb.column(0).null_count for rb in pf.iter_batches(batch_size=chunk_rows, columns=[column]))
+
+
+class _Runner:
+    """One ephemeral great-expectations context and suite, run on any number of dataframes."""
+
+    def __init__(self, name: str, expectations: list[dict[str, Any]]) -> None:
+        os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+        import great_expectations as gx
+        from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+        logging.getLogger("great_expectations").setLevel(logging.WARNING)
+        ctx = gx.get_context(mode="ephemeral")
+        try:
+            from great_expectations.data_context.types.base import ProgressBarsConfig
+
+            ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
+        except Exception:  # progress bars are cosmetic
+            pass
+        asset = ctx.data_sources.add_pandas("tidewater").add_dataframe_asset(name="staged_batch")
+        definition = asset.add_batch_definition_whole_dataframe("batch")
+        suite = gx.ExpectationSuite(name=name)
+        for e in expectations:
+            suite.add_expectation_configuration(ExpectationConfiguration(type=e["type"], kwargs=e.get("kwargs", {})))
+        suite = ctx.suites.add(suite)
+        self._vd = ctx.validation_definitions.add(gx.ValidationDefinition(name=name, data=definition, suite=suite))
+        self._expectations = expectations
+
+    def run(self, df: Any) -> list[CheckResult]:
+        try:
+            result = self._vd.run(batch_parameters={"dataframe": df}, result_format="SUMMARY")
+        except Exception as e:
+            raise ConfigError(f"validation.suite: great-expectations could not run the suite: {e}") from e
+        checks = []
+        for r in result.results:
+            res = r.result or {}
+            observed = {
+                k: res[k]
+                for k in ("observed_value", "element_count", "unexpected_count", "partial_unexpected_list")
+                if k in res and res[k] not in (None, [])
+            }
+            if r.exception_info and r.exception_info.get("raised_exception"):
+                observed["error"] = r.exception_info.get("exception_message")
+            kwargs = {k: v for k, v in dict(r.expectation_config.kwargs).items() if k != "batch_id"}
+            checks.append(CheckResult(r.expectation_config.type, kwargs, bool(r.success), observed))
+        return [_pop_match(checks, e) for e in self._expectations]
+
+
+def _pop_match(checks: list[CheckResult], e: dict[str, Any]) -> CheckResult:
+    """The result of expectation ``e`` (great-expectations adds default kwargs, so match on a subset)."""
+    for i, c in enumerate(checks):
+        if c.expectation == e["type"] and all(c.kwargs.get(k) == v for k, v in e.get("kwargs", {}).items()):
+            return checks.pop(i)
+    raise ConfigError(f"validation.suite: great-expectations returned no result for {e['type']} {e.get('kwargs')}")
+
+
+def _merge(per_chunk: list[list[CheckResult]]) -> list[CheckResult]:
+    """Sum the counts of row-wise checks run chunk by chunk; a check passes when it passed on every chunk."""
+    merged = []
+    for runs in zip(*per_chunk):
+        first = runs[0]
+        observed: dict[str, Any] = {}
+        for k in ("element_count", "unexpected_count"):
+            if any(k in r.observed for r in runs):
+                observed[k] = sum(int(r.observed.get(k, 0)) for r in runs)
+        samples = [v for r in runs for v in r.observed.get("partial_unexpected_list", [])][:20]
+        if samples:
+            observed["partial_unexpected_list"] = samples
+        errors = [r.observed["error"] for r in runs if "error" in r.observed]
+        if errors:
+            observed["error"] = errors[0]
+        merged.append(CheckResult(first.expectation, first.kwargs, all(r.success for r in runs), observed))
+    return merged
+
+
+def validate_batch(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> ValidationReport:
+    """Run the gate on the staged files. Returns the report; does not raise on failure.
+
+    Memory stays bounded by ``validation.chunk_rows``: built-in checks use the manifest's counts,
+    row-wise expectations run chunk by chunk on the columns they name, and only whole-column
+    expectations (uniqueness, means, ...) read their columns for the whole batch.
+    """
+    suite_path = spec.suite_path()
+    suite_name = f"{spec.name}.{suite_path.name}" if suite_path else f"{spec.name}.builtin"
+    checks = builtin_checks(spec, table, manifest)
+    user = load_suite_file(spec)
+    row_wise = [e for e in user if is_row_wise(e["type"])]
+    whole = [e for e in user if not is_row_wise(e["type"])]
+    results: dict[int, CheckResult] = {}
+    if row_wise:
+        runner = _Runner(f"{suite_name}.row-wise", row_wise)
+        per_chunk = [runner.run(t.to_pandas()) for t in _chunks(table, manifest, _columns_of(row_wise), spec.validation.chunk_rows)]
+        if per_chunk:
+            for e, c in zip(row_wise, _merge(per_chunk)):
+                results[id(e)] = c
+        else:  # no rows: judge an empty frame so the report still lists every expectation
+            for e, c in zip(row_wise, runner.run(_whole(table, manifest, _columns_of(row_wise)).to_pandas())):
+                results[id(e)] = c
+    if whole:
+        runner = _Runner(f"{suite_name}.whole", whole)
+        for e, c in zip(whole, runner.run(_whole(table, manifest, _columns_of(whole)).to_pandas())):
+            results[id(e)] = c
+    checks += [results[id(e)] for e in user]
+    report = ValidationReport(manifest.batch_id, suite_name, all(c.success for c in checks), manifest.rows_in_files, tuple(checks))
     log.info("%s", report.text())
     return report
 

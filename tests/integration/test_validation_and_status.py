@@ -46,6 +46,39 @@ def test_failing_suite_blocks_the_commit_with_a_readable_report(broker, home, to
     assert committed_state(table).offsets == {}
 
 
+def test_row_wise_expectations_run_in_chunks_with_exact_counts(broker, home, topic):
+    """validation.chunk_rows=30 over 200 rows in several files: the row-wise expectation runs chunk by
+    chunk (no chunk above 30 rows) and the report's counts are the exact totals over the batch; a
+    whole-column expectation (uniqueness) sees the whole batch."""
+    from tidewater.catalog import load_catalog, load_table
+    from tidewater.validating import _chunks
+
+    (home / "mixed.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 20}},
+        {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "order_id"}},
+    ]}))
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          batch={"records_per_task": 45},
+                          validation={"not_null": ["order_id"], "suite": "mixed.json", "chunk_rows": 30})
+    spec = load_pipeline(path)
+    events = pizza_events(200, seed=45)
+    produce(broker.bootstrap, topic, events, partitions=2)
+    expected_bad = sum(1 for e in events if not 1 <= json.loads(e)["store_id"] <= 20)
+    assert 0 < expected_bad < 200
+    plan, manifest = stage_inline(spec)
+    assert len(manifest.data_files) > 1
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    sizes = [t.num_rows for t in _chunks(table, manifest, ["store_id"], 30)]
+    assert sum(sizes) == 200 and max(sizes) <= 30 and len(sizes) >= 7
+    with pytest.raises(ValidationFailedError) as e:
+        validate_step(spec, plan, manifest)
+    report = str(e.value)
+    assert f"unexpected_count={expected_bad}" in report
+    assert "element_count=200" in report
+    assert "ok   expect_column_values_to_be_unique(column='order_id')" in report
+    assert "ok   expect_column_values_to_not_be_null(column='order_id')" in report
+
+
 def test_null_in_required_column_fails_the_gate(broker, home, topic):
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           validation={"not_null": ["order_id", "store_id"]})
