@@ -46,6 +46,7 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
             "owner": spec.airflow.owner,
             "retries": spec.airflow.retries,
             "retry_delay": timedelta(seconds=spec.airflow.retry_delay_seconds),
+            "execution_timeout": timedelta(minutes=spec.airflow.task_timeout_minutes),
         },
     )
     def ingest():

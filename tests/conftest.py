@@ -114,5 +114,20 @@ def stage_inline(spec):  # noqa: ANN001, ANN201
     from tidewater.pipeline import plan_batch
     from tidewater.spark_job import run_inline
 
-    plan, _ = plan_batch(spec)
-    return plan, run_inline(plan, spec, kafka_settings(spec))
+    from tidewater.batch import write_json_atomic
+    from tidewater.pipeline import manifest_path
+
+    plan, path = plan_batch(spec)
+    manifest = run_inline(plan, spec, kafka_settings(spec))
+    if path is not None:  # staged like the write step does: the manifest next to the plan
+        write_json_atomic(manifest_path(path), manifest.to_json())
+    return plan, manifest
+
+
+def ingest_inline(spec):  # noqa: ANN001, ANN201
+    """One whole batch in this process: stage (the Spark task code, inline), validate, commit."""
+    from tidewater.pipeline import commit_step, validate_step
+
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    return commit_step(spec, plan, manifest)

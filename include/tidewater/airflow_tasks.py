@@ -151,3 +151,31 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         if e.transient:
             raise e
         raise AirflowFailException(f"write failed: {e}") from e
+
+
+def _spark_master(conn_id: str, default: str) -> str:
+    """The master of the Airflow Spark connection the ingest DAG submits to, else the pipeline's."""
+    try:
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # no such connection: the pipeline's spark.master
+        return default
+    host = conn.host or ""
+    if host and conn.port and "://" in host:
+        host = f"{host}:{conn.port}"
+    return host or default
+
+
+@fail_fast
+def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None, asset: Any = None) -> dict[str, Any]:
+    """One maintenance action on the pipeline's table; its report goes to the log, XCom and the asset event."""
+    from tidewater.maintenance import maintain
+
+    spec = load_pipeline(pipeline_path)
+    [report] = maintain(spec, actions=[action], master=_spark_master(spec.spark.conn_id, spec.spark.master))
+    log.info("%s", report.text())
+    meta = json.loads(json.dumps(report.metadata(), default=str))
+    if outlet_events is not None and asset is not None:
+        outlet_events[asset].extra = meta
+    return meta

@@ -119,6 +119,27 @@ def cmd_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from tidewater.config import load_pipeline
+    from tidewater.errors import ConfigError
+    from tidewater.maintenance import ACTIONS, maintain, reports_json
+
+    spec = load_pipeline(args.pipeline)
+    if args.table and args.table != spec.table.identifier:
+        raise ConfigError(f"--table: pipeline {spec.name} writes {spec.table.identifier}, not {args.table}")
+    actions = [a.strip() for a in args.actions.split(",")] if args.actions else None
+    for a in actions or []:
+        if a not in ACTIONS:
+            raise ConfigError(f"--actions: {a!r} is not one of {', '.join(ACTIONS)}")
+    reports = maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master)
+    if args.json:
+        print(reports_json(reports))
+    else:
+        for r in reports:
+            print(r.text())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tidewater", description="Exactly-once Kafka to Iceberg micro-batches.")
     ap.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
@@ -150,6 +171,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--master", default=None)
     p.set_defaults(fn=cmd_sql)
+
+    p = sub.add_parser("maintain", help="compact, rewrite manifests, expire snapshots, remove orphan files")
+    _pipeline_arg(p)
+    p.add_argument("--table", default=None, help="the table to maintain (default: the pipeline's table)")
+    p.add_argument("--actions", default=None, metavar="A,B",
+                   help="comma-separated subset of rewrite_data_files, rewrite_manifests, expire_snapshots, "
+                        "remove_orphan_files (default: those enabled in the pipeline's maintenance section)")
+    p.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
+    p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_maintain)
 
     p = sub.add_parser("broker", help="the embedded Kafka-compatible broker (demo and tests)")
     p.add_argument("action", choices=["start", "stop", "status"])

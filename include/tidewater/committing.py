@@ -86,6 +86,13 @@ def _without_commit_retries(table: Any) -> Any:
     return Table(table.name(), metadata=meta, metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
 
 
+def _drop_connections(catalog: Any) -> None:
+    """Close a SQL catalog's pooled connections (rolling back whatever they left open)."""
+    engine = getattr(catalog, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
 def _offsets_moved(plan: BatchPlan, current: Offsets) -> list[str]:
     moved = []
     for r in plan.ranges:
@@ -152,8 +159,11 @@ def commit_batch(
             time.sleep(min(0.1 * 2**attempt, 5))
             continue
         except Exception as e:
-            # Outcome unknown: the next attempt refreshes and looks for the batch id first.
+            # Outcome unknown: the next attempt refreshes and looks for the batch id first, on fresh
+            # connections (a SQLite COMMIT refused with "database is locked" leaves its transaction open,
+            # and that connection would see its own uncommitted pointer update).
             log.warning("batch %s: commit outcome unknown on %s (attempt %d): %r; checking", plan.batch_id, ident, attempt, e)
+            _drop_connections(catalog)
             time.sleep(min(0.1 * 2**attempt, 5))
             continue
         snap = table.current_snapshot()

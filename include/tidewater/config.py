@@ -178,6 +178,64 @@ class AirflowSpec:
     retry_delay_seconds: int = _doc("Delay between task retries.", default=60)
     owner: str = _doc("DAG owner shown in the UI.", default="tidewater")
     tags: list[str] = _doc("Extra DAG tags (`tidewater` and `ingest` are always set).", default_factory=list)
+    task_timeout_minutes: int = _doc(
+        "Execution timeout of each ingest task. With retries it bounds the longest possible batch, which "
+        "`maintenance.remove_orphan_files.older_than_hours` may never undercut.",
+        default=60,
+    )
+
+
+@dataclass(frozen=True)
+class CompactionSpec:
+    """Rewrite data files (Spark `rewrite_data_files`): small files into files near the target size."""
+
+    enabled: bool = _doc("Run this task.", default=True)
+    strategy: str = _doc(
+        "`auto` (sort when the table has a sort order, else bin-pack), `binpack`, `sort`, or `zorder`.",
+        default="auto",
+    )
+    zorder_columns: list[str] = _doc("Columns for `strategy: zorder`.", default_factory=list)
+    target_file_size_bytes: int | None = _doc(
+        "Target size of rewritten files. Default: the table's `write.target-file-size-bytes`.", default=None
+    )
+    min_input_files: int = _doc("A file group is rewritten only when it has at least this many files.", default=5)
+    partial_progress: bool = _doc(
+        "Commit file groups as they finish (big tables make progress even if the task dies).", default=True
+    )
+    partial_progress_max_commits: int = _doc("Most commits one run makes with partial progress.", default=10)
+
+
+@dataclass(frozen=True)
+class ExpirySpec:
+    """Expire old snapshots (Spark `expire_snapshots`). The newest snapshot carrying the committed
+    offsets, and every snapshot after it, are always kept."""
+
+    enabled: bool = _doc("Run this task.", default=True)
+    older_than_hours: float = _doc("Expire snapshots older than this.", default=120.0)
+    retain_last: int = _doc("Always keep at least this many of the newest snapshots.", default=10)
+
+
+@dataclass(frozen=True)
+class OrphanSpec:
+    """Delete files in the table's location that no snapshot references (Spark `remove_orphan_files`)."""
+
+    enabled: bool = _doc("Run this task.", default=True)
+    older_than_hours: float = _doc(
+        "Only files older than this are removed. Must exceed the longest possible batch (see "
+        "`airflow.task_timeout_minutes`); files of a batch still in flight are never removed.",
+        default=72.0,
+    )
+
+
+@dataclass(frozen=True)
+class MaintenanceSpec:
+    """The `maintain_<name>` DAG and `tidewater maintain`."""
+
+    schedule: str | None = _doc("Airflow schedule of the maintenance DAG. `null`: triggered only.", default="@daily")
+    rewrite_data_files: CompactionSpec = _doc("Compaction.", default_factory=CompactionSpec)
+    rewrite_manifests: bool = _doc("Rewrite manifests (Spark `rewrite_manifests`).", default=True)
+    expire_snapshots: ExpirySpec = _doc("Snapshot expiry.", default_factory=ExpirySpec)
+    remove_orphan_files: OrphanSpec = _doc("Orphan file removal.", default_factory=OrphanSpec)
 
 
 @dataclass(frozen=True)
@@ -196,6 +254,7 @@ class PipelineSpec:
     validation: ValidationSpec = _doc("Data-quality gate.", default_factory=ValidationSpec)
     spark: SparkSpec = _doc("Spark job submission.", default_factory=SparkSpec)
     airflow: AirflowSpec = _doc("Airflow DAG settings.", default_factory=AirflowSpec)
+    maintenance: MaintenanceSpec = _doc("Table maintenance.", default_factory=MaintenanceSpec)
     source_path: str | None = field(default=None, metadata={"internal": True})
 
     # ---- derived values -------------------------------------------------------------------------
@@ -213,6 +272,12 @@ class PipelineSpec:
                 "warehouse": f"file://{home / 'warehouse'}",
             }
         return props
+
+    def longest_batch_seconds(self) -> int:
+        """Upper bound on a batch's life: plan, write, validate and commit, each with every retry."""
+        a = self.airflow
+        per_task = a.task_timeout_minutes * 60 * (a.retries + 1) + a.retry_delay_seconds * a.retries
+        return 4 * per_task
 
     def staging_dir(self) -> Path:
         return Path(self.batch.staging_dir) if self.batch.staging_dir else home_dir() / "staging"
@@ -396,6 +461,28 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError("batch.chunk_records: must be at least 1")
     if spec.validation.chunk_rows < 1:
         raise ConfigError("validation.chunk_rows: must be at least 1")
+    if spec.airflow.task_timeout_minutes < 1:
+        raise ConfigError("airflow.task_timeout_minutes: must be at least 1")
+    m = spec.maintenance
+    if m.rewrite_data_files.strategy not in ("auto", "binpack", "sort", "zorder"):
+        raise ConfigError(
+            f"maintenance.rewrite_data_files.strategy: {m.rewrite_data_files.strategy!r} is not one of auto, binpack, sort, zorder"
+        )
+    if m.rewrite_data_files.strategy == "zorder" and not m.rewrite_data_files.zorder_columns:
+        raise ConfigError("maintenance.rewrite_data_files.zorder_columns: needed for strategy zorder")
+    if m.rewrite_data_files.min_input_files < 1:
+        raise ConfigError("maintenance.rewrite_data_files.min_input_files: must be at least 1")
+    if m.expire_snapshots.retain_last < 1:
+        raise ConfigError("maintenance.expire_snapshots.retain_last: must be at least 1")
+    if m.expire_snapshots.older_than_hours < 0:
+        raise ConfigError("maintenance.expire_snapshots.older_than_hours: must not be negative")
+    longest_h = spec.longest_batch_seconds() / 3600
+    if m.remove_orphan_files.older_than_hours < max(longest_h, 24):
+        raise ConfigError(
+            f"maintenance.remove_orphan_files.older_than_hours: {m.remove_orphan_files.older_than_hours:g} is less than "
+            f"the longest possible batch ({longest_h:g} h from airflow.task_timeout_minutes, retries and "
+            "retry_delay_seconds) or 24 h; a younger file may belong to a batch still being written"
+        )
     props = spec.catalog_properties()
     if "type" not in props and "uri" not in props:
         raise ConfigError("catalog.properties: set at least `type` (sql, rest, glue, hive) or `uri`")

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tidewater.batch import Offsets, offsets_from_json, offsets_to_json
+from tidewater.errors import TerminalError
 
 PREFIX = "tidewater."
 OFFSETS = PREFIX + "offsets"
@@ -90,6 +91,16 @@ def committed_state(table: Any) -> CommittedState:
                 committed_at_ms=snap.timestamp_ms,
             )
         snap_id = snap.parent_snapshot_id
+    if current is not None:
+        # The table has history but none of it carries offsets: they were expired (another tool removed
+        # the snapshot that held them) or the table was filled by something else. Planning from nothing
+        # would re-read everything into a table that already has data.
+        raise TerminalError(
+            f"committed offsets are unreadable: no snapshot in the history of the current snapshot {current} "
+            f"carries {OFFSETS} (expired by another tool, or the table was written by something else); "
+            "refusing to plan from the start of the log into a table that has history",
+            table=".".join(table.name()) if hasattr(table, "name") else None,
+        )
     return CommittedState({}, current, None, None, None, None)
 
 

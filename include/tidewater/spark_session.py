@@ -174,6 +174,8 @@ def catalog_conf(spec: PipelineSpec) -> dict[str, str]:
         raise ConfigError(f"catalog.properties.type: {ctype!r} has no Spark equivalent")
     if warehouse:
         conf[f"{pre}.warehouse"] = warehouse
+    # Other processes commit to these tables all the time (ingest): never serve a cached table.
+    conf[f"{pre}.cache-enabled"] = "false"
     return conf
 
 
@@ -195,6 +197,7 @@ def spark_conf(spec: PipelineSpec) -> dict[str, str]:
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
     }
@@ -227,6 +230,22 @@ def session(spec: PipelineSpec, app_name: str = "tidewater", master: str | None 
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def release_catalog(spark: Any, spec: PipelineSpec) -> None:
+    """Close the pipeline catalog's connections in this SparkSession; the next query reopens them.
+
+    Iceberg's JDBC catalog keeps a transaction open on its pooled connections: on SQLite that is a read
+    lock, and every other writer (ingest commits) gets "database is locked" until the pool is closed.
+    """
+    manager = spark._jsparkSession.sessionState().catalogManager()
+    try:
+        catalog = manager.catalog(spec.catalog.name).icebergCatalog()
+    except Exception:  # catalog never initialised in this session: nothing is open
+        return
+    if hasattr(catalog, "close"):
+        catalog.close()
+    manager.reset()
 
 
 def spark_submit_command(spec: PipelineSpec, application: str, args: list[str], master: str | None = None) -> list[str]:

@@ -22,9 +22,10 @@ def dagbag(pipelines_dir: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN20
 def test_shipped_pipelines_import_without_errors(monkeypatch):
     bag = dagbag(REPO / "include" / "pipelines", monkeypatch)
     assert bag.import_errors == {}
-    assert "ingest_pizzas" in bag.dags
+    assert {"ingest_pizzas", "maintain_pizzas"} <= set(bag.dags)
     for dag_id, dag in bag.dags.items():
-        assert {"tidewater", "ingest"} <= set(dag.tags), dag_id
+        kind = "ingest" if dag_id.startswith("ingest_") else "maintenance"
+        assert {"tidewater", kind} <= set(dag.tags), dag_id
         assert dag.max_active_runs == 1
         assert dag.doc_md
         assert all(t.retries >= 1 for t in dag.tasks), f"{dag_id}: every task has retries"
@@ -36,6 +37,22 @@ def test_task_chain(monkeypatch):
     assert dag.get_task("write").downstream_task_ids == {"validate"}
     assert dag.get_task("validate").downstream_task_ids == {"commit"}
     assert type(dag.get_task("write")).__name__ == "IngestSparkSubmitOperator"
+
+
+def test_maintenance_dag_chain_schedule_and_asset(tmp_path, monkeypatch):
+    """maintain_<name>: the enabled actions in order, on the pipeline's maintenance schedule, each task
+    updating the table's asset and bounded by the task timeout; a disabled action has no task."""
+    spec = (REPO / "include" / "pipelines" / "pizzas.yaml").read_text()
+    (tmp_path / "pizzas.yaml").write_text(spec + "\nmaintenance:\n  schedule: '0 3 * * *'\n  rewrite_manifests: false\n")
+    shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
+    dag = dagbag(tmp_path, monkeypatch).dags["maintain_pizzas"]
+    assert [t.task_id for t in dag.topological_sort()] == ["rewrite_data_files", "expire_snapshots", "remove_orphan_files"]
+    assert dag.get_task("rewrite_data_files").downstream_task_ids == {"expire_snapshots"}
+    assert dag.get_task("expire_snapshots").downstream_task_ids == {"remove_orphan_files"}
+    assert dag.schedule == "0 3 * * *"
+    for t in dag.tasks:
+        assert [o.uri for o in t.outlets] == ["iceberg://tidewater/rpc/pizzas"]
+        assert t.execution_timeout is not None
 
 
 def test_broken_pipeline_file_shows_as_a_failing_dag(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, table_of, write_pipeline
-from tidewater.offsets import DAG_RUN_ID, OFFSETS
+from tidewater.offsets import DAG_RUN_ID, OFFSETS, committed_state
 from tidewater.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -49,9 +49,11 @@ def dags_test(env: dict[str, str], dag_id: str) -> str:
 
 def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topic, airflow_env):
     """Two DAG runs with 240 new events before each: 480 rows, two snapshots stamped with the DAG run id
-    and exact offsets; a third run with nothing new skips write/validate/commit and adds no snapshot."""
+    and exact offsets; a third run with nothing new skips write/validate/commit and adds no snapshot.
+    Then the maintenance DAG compacts the 4 files into 1: same rows, same offsets."""
     pipeline = write_pipeline(
-        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}
+        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+        maintenance={"rewrite_data_files": {"min_input_files": 2}},
     )
     for i in range(2):
         produce(broker.bootstrap, topic, pizza_events(240, seed=50 + i), partitions=2)
@@ -67,3 +69,10 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
     out = dags_test(airflow_env, "ingest_orders")
     assert "Skipping downstream tasks" in out
     assert len(table_of(pipeline).snapshots()) == 2
+
+    out = dags_test(airflow_env, "maintain_orders")
+    assert "rewrite_data_files on rpc.orders: data files 4 -> 1" in out
+    table = table_of(pipeline)
+    assert len(table.inspect.files()) == 1
+    assert table.scan().to_arrow().num_rows == 480
+    assert committed_state(table).offsets == {topic: {0: 240, 1: 240}}

@@ -136,3 +136,33 @@ def test_concurrent_first_writers_create_the_namespace_and_table_once(home):
     assert errors == []
     table = load_catalog(spec).load_table("fresh_ns.orders")
     assert {f.name for f in table.schema().fields} == {"id", "f0", "f1"}
+
+
+def test_catalog_locked_by_a_reader_during_commit_is_never_reported_as_committed(broker, pipeline_file, topic, home):
+    """Another process holds a read transaction on the SQLite catalog (as Spark's JDBC catalog does)
+    while the batch commits: every attempt gets "database is locked". The committer must not mistake its
+    own rolled-back pointer update for a landed commit: it keeps retrying, and commits once the lock is
+    released. Before the fix it returned "already-committed" and the batch was lost."""
+    import sqlite3
+    import time
+
+    spec = load_pipeline(pipeline_file)
+    produce(broker.bootstrap, topic, pizza_events(30, seed=81), partitions=3)
+    plan, manifest = stage_inline(spec)
+    holder = sqlite3.connect(str(home / "catalog.db"), isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN")
+    holder.execute("SELECT count(*) FROM iceberg_tables").fetchall()  # SHARED lock until COMMIT
+    release = threading.Timer(8, lambda: holder.execute("COMMIT"))
+    release.start()
+    started = time.monotonic()
+    try:
+        result = commit_batch(load_catalog(spec), plan, manifest)
+    finally:
+        release.join()
+        holder.close()
+    assert time.monotonic() - started >= 8  # it did wait for the lock instead of giving up or pretending
+    assert result.status == "committed"
+    table = table_of(pipeline_file)
+    assert len(table.scan().to_arrow()) == 30
+    assert committed_state(table).offsets == {topic: {0: 10, 1: 10, 2: 10}}
+    assert committed_state(table).batch_id == plan.batch_id

@@ -6,22 +6,12 @@ import json
 
 import pytest
 
-from tests.conftest import produce_to_partition, write_pipeline
+from tests.conftest import ingest_inline, produce_to_partition, write_pipeline
 from tidewater import spark_session
 from tidewater.catalog import load_catalog, load_table
 from tidewater.config import load_pipeline
-from tidewater.kafka_source import kafka_settings
-from tidewater.pipeline import commit_step, plan_batch, validate_step
-from tidewater.spark_job import run_inline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def ingest(spec):  # noqa: ANN001, ANN201
-    plan, _ = plan_batch(spec)
-    manifest = run_inline(plan, spec, kafka_settings(spec))
-    validate_step(spec, plan, manifest)
-    return commit_step(spec, plan, manifest)
 
 
 def test_nested_types_evolution_and_spark_read(broker, home, topic):
@@ -34,7 +24,7 @@ def test_nested_types_evolution_and_spark_read(broker, home, topic):
                          "address": {"city": "Oslo", "zip": 1000 + i}, "items": [{"sku": "a", "qty": i}]}).encode()
              for i in range(10)]
     produce_to_partition(broker.bootstrap, topic, 0, first)
-    assert ingest(spec).records == 10
+    assert ingest_inline(spec).records == 10
     table = load_table(load_catalog(spec), spec.table.identifier)
     types = {f.name: str(f.field_type) for f in table.schema().fields}
     assert types["id"] == "long" and types["amount"] == "double" and types["paid"] == "boolean"
@@ -45,7 +35,7 @@ def test_nested_types_evolution_and_spark_read(broker, home, topic):
     second = [json.dumps({"id": 10 + i, "payer": "q", "channel": "web", "address": {"city": "Rome", "country": "IT"}}).encode()
               for i in range(5)]
     produce_to_partition(broker.bootstrap, topic, 0, second)
-    assert ingest(spec).records == 5
+    assert ingest_inline(spec).records == 5
     table = load_table(load_catalog(spec), spec.table.identifier)
     assert table.schema().find_field("channel") and table.schema().find_field("address.country")
 

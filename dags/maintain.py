@@ -1,0 +1,83 @@
+"""Maintenance DAGs: one ``maintain_<name>`` DAG per pipeline file, on the pipeline's maintenance schedule.
+
+rewrite_data_files -> rewrite_manifests -> expire_snapshots -> remove_orphan_files (the enabled ones),
+each an Iceberg Spark procedure on the pipeline's table, safe beside the ingest DAG (see
+``tidewater.maintenance``). Each task logs what it did and attaches it to the table's asset event.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from airflow.sdk import Asset, dag, task
+
+from tidewater.config import PipelineSpec, discover_pipelines, load_pipeline
+from tidewater.errors import ConfigError
+
+log = logging.getLogger(__name__)
+START = datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+
+def table_asset(spec: PipelineSpec) -> Asset:
+    return Asset(
+        name=f"{spec.catalog.name}.{spec.table.identifier}",
+        uri=f"iceberg://{spec.catalog.name}/{spec.table.identifier.replace('.', '/')}",
+    )
+
+
+def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+    from tidewater.maintenance import enabled_actions
+
+    pipeline_path = str(path)
+    asset = table_asset(spec)
+    m = spec.maintenance
+
+    @dag(
+        dag_id=f"maintain_{spec.name}",
+        schedule=m.schedule,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=sorted({"tidewater", "maintenance", *spec.airflow.tags}),
+        doc_md=(
+            f"### maintenance of `{spec.table.identifier}`\n\n"
+            f"* compaction: {m.rewrite_data_files.strategy}, at least {m.rewrite_data_files.min_input_files} files per group\n"
+            f"* expire snapshots older than {m.expire_snapshots.older_than_hours:g} h, keep {m.expire_snapshots.retain_last}; "
+            "the snapshot holding the committed offsets and every later one are always kept\n"
+            f"* remove orphan files older than {m.remove_orphan_files.older_than_hours:g} h; staged files of batches "
+            "in flight are never removed\n* pipeline file: `" + pipeline_path + "`"
+        ),
+        default_args={
+            "owner": spec.airflow.owner,
+            "retries": spec.airflow.retries,
+            "retry_delay": timedelta(seconds=spec.airflow.retry_delay_seconds),
+            "execution_timeout": timedelta(minutes=spec.airflow.task_timeout_minutes),
+        },
+    )
+    def maintain():
+        previous = None
+        for action in enabled_actions(spec):
+
+            @task(task_id=action, outlets=[asset])
+            def run(action: str = action, **context) -> dict:
+                from tidewater.airflow_tasks import maintenance_task
+
+                return maintenance_task(pipeline_path, action, context.get("outlet_events"), asset)
+
+            current = run()
+            if previous is not None:
+                previous >> current
+            previous = current
+
+    return maintain()
+
+
+for _path in discover_pipelines():
+    try:
+        _spec = load_pipeline(_path)
+    except ConfigError:  # shown by the ingest_invalid_<file> DAG of dags/ingest.py
+        continue
+    _dag = build_maintain_dag(_path, _spec)
+    globals()[_dag.dag_id] = _dag
