@@ -480,7 +480,7 @@ def validate(spec: PipelineSpec) -> None:
     if m.remove_orphan_files.older_than_hours < max(longest_h, 24):
         raise ConfigError(
             f"maintenance.remove_orphan_files.older_than_hours: {m.remove_orphan_files.older_than_hours:g} is less than "
-            f"the longest possible batch ({longest_h:g} h from airflow.task_timeout_minutes, retries and "
+            f"the longest possible batch ({longest_h:.1f} h from airflow.task_timeout_minutes, retries and "
             "retry_delay_seconds) or 24 h; a younger file may belong to a batch still being written"
         )
     props = spec.catalog_properties()

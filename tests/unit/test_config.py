@@ -42,6 +42,14 @@ def test_defaults_and_shorthand():
         ({"name": "Bad-Name"}, "name: 'Bad-Name' must be lower-case"),
         ({"topics": []}, "topics: at least one topic"),
         ({"validation": {"suite": "missing.json"}}, "validation.suite: file"),
+        ({"validation": {"chunk_rows": 0}}, "validation.chunk_rows: must be at least 1"),
+        ({"maintenance": {"remove_orphan_files": {"older_than_hours": 2}}},
+         "maintenance.remove_orphan_files.older_than_hours: 2 is less than the longest possible batch (12.1 h"),
+        ({"airflow": {"task_timeout_minutes": 600}},
+         "maintenance.remove_orphan_files.older_than_hours: 72 is less than the longest possible batch (120.1 h"),
+        ({"maintenance": {"rewrite_data_files": {"strategy": "zorder"}}}, "maintenance.rewrite_data_files.zorder_columns"),
+        ({"maintenance": {"rewrite_data_files": {"strategy": "fast"}}}, "maintenance.rewrite_data_files.strategy: 'fast'"),
+        ({"maintenance": {"expire_snapshots": {"retain_last": 0}}}, "maintenance.expire_snapshots.retain_last"),
     ],
 )
 def test_errors_name_the_key(patch, message):
