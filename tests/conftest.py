@@ -78,7 +78,8 @@ def pipeline_file(home: Path, broker: object, topic: str) -> Path:
     return write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})  # type: ignore[attr-defined]
 
 
-def produce_to_partition(bootstrap: str, topic: str, partition: int, values: list[bytes | None], partitions: int = 1) -> None:
+def produce_to_partition(bootstrap: str, topic: str, partition: int, values: list[bytes | None], partitions: int = 1,
+                         producer_settings: dict | None = None) -> None:
     """Produce ``values`` to one partition in order (creating the topic), last record in its own request."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -87,7 +88,7 @@ def produce_to_partition(bootstrap: str, topic: str, partition: int, values: lis
     admin = AdminClient(conf)
     if topic not in admin.list_topics(timeout=10).topics:
         admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(timeout=15)
-    p = Producer({**conf, "linger.ms": 5})
+    p = Producer({**conf, "linger.ms": 5, **(producer_settings or {})})
     for v in values[:-1]:
         p.produce(topic, v, partition=partition)
     p.flush(30)

@@ -110,6 +110,8 @@ class PartitionStats:
     last_offset: int | None
     min_timestamp_ms: int | None
     max_timestamp_ms: int | None
+    dead_letters: int = 0  # records written to the dead-letter table
+    skipped: int = 0  # records dropped by the `skip` policy
 
 
 @dataclass(frozen=True)
@@ -121,11 +123,31 @@ class BatchManifest:
     schema_id: int
     written_at: str
     task_timings: tuple[dict[str, Any], ...] = ()  # per Spark task: started_at, finished_at (epoch s), records
+    dead_letter_table: str | None = None
+    dead_letter_files: tuple[dict[str, Any], ...] = ()
     version: int = MANIFEST_VERSION
 
     @property
     def records(self) -> int:
+        """Records read."""
         return sum(p.records for p in self.partitions)
+
+    @property
+    def dead_letters(self) -> int:
+        return sum(p.dead_letters for p in self.partitions)
+
+    @property
+    def skipped(self) -> int:
+        return sum(p.skipped for p in self.partitions)
+
+    @property
+    def rows_expected(self) -> int:
+        """Rows the data files must hold: records read minus dead letters and skipped records."""
+        return self.records - self.dead_letters - self.skipped
+
+    @property
+    def dead_letters_in_files(self) -> int:
+        return sum(int(f["record_count"]) for f in self.dead_letter_files)
 
     @property
     def rows_in_files(self) -> int:
@@ -160,6 +182,7 @@ class BatchManifest:
         d["partitions"] = [asdict(p) for p in self.partitions]
         d["data_files"] = list(self.data_files)
         d["task_timings"] = list(self.task_timings)
+        d["dead_letter_files"] = list(self.dead_letter_files)
         return d
 
     @classmethod
@@ -176,6 +199,8 @@ class BatchManifest:
             schema_id=d["schema_id"],
             written_at=d["written_at"],
             task_timings=tuple(d.get("task_timings", ())),
+            dead_letter_table=d.get("dead_letter_table"),
+            dead_letter_files=tuple(d.get("dead_letter_files", ())),
             version=d["version"],
         )
 

@@ -78,6 +78,47 @@ def new_fields(table: Any, decoded: pa.Schema) -> list[str]:
     return sorted(arrow_paths(pa.struct(list(decoded))) - have)
 
 
+def create_table(catalog: Any, ident: str, schema: pa.Schema, properties: dict[str, str]) -> Any:
+    """Create the namespace and table if missing; safe when several writers do it at once."""
+    namespace = tuple(ident.split(".")[:-1])
+    # Several Spark tasks may create the same namespace and table at once; a catalog's check-then-insert
+    # lets the loser fail with a raw database error, so a failure counts only if the object is still missing.
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+    except Exception:
+        if not catalog.namespace_exists(namespace):
+            raise
+    try:
+        table = catalog.create_table_if_not_exists(ident, schema=schema, properties=properties)
+    except Exception:
+        table = load_table(catalog, ident)
+        if table is None:
+            raise
+    log.info("table %s ready (schema id %s)", ident, table.schema().schema_id)
+    return table
+
+
+DEAD_LETTER_SCHEMA = pa.schema([
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("headers", pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))),
+    pa.field("error_class", pa.string()),
+    pa.field("error_message", pa.string()),
+    pa.field("batch_id", pa.string()),
+    pa.field("pipeline", pa.string()),
+])
+
+
+def ensure_dead_letter_table(catalog: Any, spec: PipelineSpec) -> Any:
+    """The pipeline's dead-letter table (raw records that could not be decoded), created when missing."""
+    ident = spec.dead_letter_table()
+    return load_table(catalog, ident) or create_table(catalog, ident, DEAD_LETTER_SCHEMA, {"format-version": "2"})
+
+
 def ensure_table(catalog: Any, spec: PipelineSpec, table: Any | None, decoded: pa.Schema) -> Any:
     """A table that has every field of ``decoded`` (creating or evolving it), or an error."""
     from pyiceberg.exceptions import CommitFailedException
@@ -88,22 +129,7 @@ def ensure_table(catalog: Any, spec: PipelineSpec, table: Any | None, decoded: p
             raise TerminalError(f"table {ident} does not exist and table.auto_create is off", table=ident)
         if len(decoded) == 0:
             raise TerminalError("cannot create a table from records without any typed field", table=ident)
-        namespace = tuple(ident.split(".")[:-1])
-        props = {"format-version": "2", **spec.table.properties}
-        # Several Spark tasks may create the same namespace and table at once; a catalog's check-then-insert
-        # lets the loser fail with a raw database error, so a failure counts only if the object is still missing.
-        try:
-            catalog.create_namespace_if_not_exists(namespace)
-        except Exception:
-            if not catalog.namespace_exists(namespace):
-                raise
-        try:
-            table = catalog.create_table_if_not_exists(ident, schema=decoded, properties=props)
-        except Exception:
-            table = load_table(catalog, ident)
-            if table is None:
-                raise
-        log.info("table %s ready (schema id %s)", ident, table.schema().schema_id)
+        table = create_table(catalog, ident, decoded, {"format-version": "2", **spec.table.properties})
     missing = new_fields(table, decoded)
     if not missing:
         return table

@@ -44,6 +44,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  last snapshot: {st['last_snapshot_id']} at {st['last_snapshot_at']} (batch {st['last_batch_id']})")
     print(f"  valid through: {st['valid_through']}")
     print(f"  total lag:     {st['total_lag']}")
+    print(f"  dead letters:  {st['dead_letters']} in {st['dead_letter_table']} (last batch: "
+          f"{st['last_batch_dead_letters']} dead-lettered, {st['last_batch_skipped']} skipped)")
     print(f"  {'topic':<30} {'part':>4} {'committed':>12} {'end':>12} {'lag':>10}")
     for p in st["partitions"]:
         committed = "-" if p["committed"] is None else p["committed"]

@@ -22,7 +22,7 @@ from typing import Any
 from tidewater.batch import BatchManifest, BatchPlan, Offsets
 from tidewater.catalog import load_table
 from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
-from tidewater.offsets import committed_state, find_batch_snapshot, summary_properties
+from tidewater.offsets import BATCH_ID, PIPELINE, RECORDS, committed_state, find_batch_snapshot, summary_properties
 from tidewater.planning import merge_offsets
 from tidewater.writing import deserialize_data_file
 
@@ -38,6 +38,7 @@ class CommitResult:
     records: int
     data_files: int
     offsets: Offsets
+    dead_letters: int = 0
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -47,6 +48,7 @@ class CommitResult:
             "snapshot_id": self.snapshot_id,
             "records": self.records,
             "data_files": self.data_files,
+            "dead_letters": self.dead_letters,
         }
 
 
@@ -64,9 +66,11 @@ def check_manifest(plan: BatchPlan, manifest: BatchManifest) -> None:
                 topic=r.topic,
                 partition=r.partition,
             )
-    if manifest.rows_in_files != manifest.records:
+    if manifest.rows_in_files != manifest.rows_expected or manifest.dead_letters_in_files != manifest.dead_letters:
         raise TerminalError(
-            f"data files hold {manifest.rows_in_files} rows but {manifest.records} records were read",
+            f"accounting does not add up: {manifest.records} records read, but data files hold {manifest.rows_in_files} "
+            f"rows and dead-letter files {manifest.dead_letters_in_files} records ({manifest.dead_letters} dead letters, "
+            f"{manifest.skipped} skipped)",
             batch_id=plan.batch_id,
         )
 
@@ -121,13 +125,22 @@ def commit_batch(
         if table is None:
             if manifest.data_files:
                 raise TerminalError("table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
-            return CommitResult("nothing-to-commit", plan.batch_id, ident, None, 0, 0, {})
+            if not manifest.records:
+                return CommitResult("nothing-to-commit", plan.batch_id, ident, None, 0, 0, {})
+            # Every record of the first batch was dead-lettered or skipped: the offsets still have to move,
+            # so the table is created without columns (they come with the first good record).
+            import pyarrow as pa
+
+            from tidewater.catalog import create_table
+
+            table = create_table(catalog, ident, pa.schema([]), {"format-version": "2"})
         existing = find_batch_snapshot(table, plan.batch_id)
         if existing is not None:
             log.info("batch %s already committed to %s as snapshot %s: nothing to do", plan.batch_id, ident, existing.snapshot_id)
+            commit_dead_letters(catalog, plan, manifest)
             return CommitResult(
                 "already-committed", plan.batch_id, ident, existing.snapshot_id, manifest.records, len(manifest.data_files),
-                plan.end_offsets(),
+                plan.end_offsets(), manifest.dead_letters,
             )
         state = committed_state(table)
         moved = _offsets_moved(plan, state.offsets)
@@ -146,6 +159,8 @@ def commit_batch(
             records=manifest.records,
             valid_through_ms=manifest.valid_through_ms(),
             dag_run_id=dag_run_id,
+            dead_letters=manifest.dead_letters,
+            skipped=manifest.skipped,
         )
         files = [deserialize_data_file(d, table.format_version) for d in manifest.data_files]
         table = _without_commit_retries(table)
@@ -168,10 +183,50 @@ def commit_batch(
             continue
         snap = table.current_snapshot()
         log.info(
-            "batch %s committed to %s: snapshot %s, %d records, %d files",
+            "batch %s committed to %s: snapshot %s, %d records, %d files%s",
             plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(files),
+            f", {manifest.dead_letters} dead letters" if manifest.dead_letters else "",
         )
+        commit_dead_letters(catalog, plan, manifest)
         return CommitResult(
-            "committed", plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(files), offsets
+            "committed", plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(files), offsets,
+            manifest.dead_letters,
         )
     raise TransientError(f"commit did not succeed after {max_attempts} attempts", table=ident, batch_id=plan.batch_id)
+
+
+def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest, max_attempts: int = 8) -> None:
+    """Append the batch's dead-letter files, once: after the batch's own commit, idempotent by batch id.
+
+    Called on every commit attempt of the batch (also when the batch was already committed), so a
+    failure between the two commits is repaired by retrying the commit step.
+    """
+    from pyiceberg.exceptions import CommitFailedException
+
+    if not manifest.dead_letter_files:
+        return
+    ident = manifest.dead_letter_table
+    for attempt in range(1, max_attempts + 1):
+        table = load_table(catalog, ident)
+        if table is None:
+            raise TerminalError("dead-letter table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
+        if find_batch_snapshot(table, plan.batch_id) is not None:
+            return
+        files = [deserialize_data_file(d, table.format_version) for d in manifest.dead_letter_files]
+        props = {BATCH_ID: plan.batch_id, PIPELINE: plan.pipeline, RECORDS: str(manifest.dead_letters)}
+        try:
+            with _without_commit_retries(table).transaction() as tx:
+                with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+                    for f in files:
+                        append.append_data_file(f)
+            log.info("batch %s: %d dead letters committed to %s", plan.batch_id, manifest.dead_letters, ident)
+            return
+        except CommitFailedException as e:
+            log.warning("batch %s: dead-letter commit conflict on %s (attempt %d): %s", plan.batch_id, ident, attempt, e)
+        except Exception as e:
+            log.warning("batch %s: dead-letter commit outcome unknown on %s (attempt %d): %r", plan.batch_id, ident, attempt, e)
+            _drop_connections(catalog)
+        time.sleep(min(0.1 * 2**attempt, 5))
+    raise TransientError(
+        "the batch is committed but its dead letters are not yet; retry the commit step", table=ident, batch_id=plan.batch_id
+    )

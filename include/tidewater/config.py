@@ -86,6 +86,24 @@ class FormatSpec:
 
 
 @dataclass(frozen=True)
+class DeadLetterSpec:
+    """What happens to records that cannot be decoded (invalid JSON, wrong types, tombstones, ...)."""
+
+    policy: str = _doc(
+        "`dead_letter`: written to the dead-letter table in the same batch (records read = rows + dead "
+        "letters); `fail`: the batch fails naming the first bad record (topic, partition, offset); `skip`: "
+        "dropped and counted in the snapshot summary (`tidewater.skipped`).",
+        default="dead_letter",
+    )
+    table: str | None = _doc(
+        "Dead-letter table identifier. Default: the target table's name with `_dead_letters` appended, in "
+        "the same namespace. Columns: topic, partition, offset, timestamp, key, value, headers, "
+        "error_class, error_message, batch_id, pipeline.",
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """The target Iceberg table."""
 
@@ -249,6 +267,7 @@ class PipelineSpec:
     description: str = _doc("Shown as the DAG's documentation.", default="")
     kafka: KafkaSpec = _doc("Kafka connection.", default_factory=KafkaSpec)
     format: FormatSpec = _doc("Record format.", default_factory=FormatSpec)
+    dead_letter: DeadLetterSpec = _doc("Records that cannot be decoded.", default_factory=DeadLetterSpec)
     catalog: CatalogSpec = _doc("Iceberg catalog.", default_factory=CatalogSpec)
     batch: BatchSpec = _doc("Batch limits.", default_factory=BatchSpec)
     validation: ValidationSpec = _doc("Data-quality gate.", default_factory=ValidationSpec)
@@ -272,6 +291,9 @@ class PipelineSpec:
                 "warehouse": f"file://{home / 'warehouse'}",
             }
         return props
+
+    def dead_letter_table(self) -> str:
+        return self.dead_letter.table or f"{self.table.identifier}_dead_letters"
 
     def longest_batch_seconds(self) -> int:
         """Upper bound on a batch's life: plan, write, validate and commit, each with every retry."""
@@ -459,6 +481,13 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError("batch.records_per_task: must be at least 1")
     if spec.batch.chunk_records < 1:
         raise ConfigError("batch.chunk_records: must be at least 1")
+    if spec.dead_letter.policy not in ("dead_letter", "fail", "skip"):
+        raise ConfigError(f"dead_letter.policy: {spec.dead_letter.policy!r} is not one of dead_letter, fail, skip")
+    dlq = spec.dead_letter.table
+    if dlq is not None and (
+        dlq == spec.table.identifier or len(dlq.split(".")) < 2 or not all(_IDENTIFIER_PART.match(p) for p in dlq.split("."))
+    ):
+        raise ConfigError(f"dead_letter.table: {dlq!r} must be `namespace.name` (letters, digits, '_'), not the target table")
     if spec.validation.chunk_rows < 1:
         raise ConfigError("validation.chunk_rows: must be at least 1")
     if spec.airflow.task_timeout_minutes < 1:

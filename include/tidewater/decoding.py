@@ -14,6 +14,7 @@ of a chunk are left out until a record gives them a type.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.json as pj
@@ -31,6 +32,17 @@ def _parse(buf: bytes, explicit: pa.Schema | None, block_size: int) -> pa.Table:
         newlines_in_values=False,
     )
     return pj.read_json(io.BytesIO(buf), read_options=pj.ReadOptions(block_size=block_size), parse_options=opts)
+
+
+def _parse_settled(buf: bytes, explicit: pa.Schema | None, block_size: int) -> pa.Table:
+    """Parse, then parse again with the settled schema if inferred fields need their final types."""
+    table = _parse(buf, explicit, block_size)
+    settled = settle_schema(table.schema, explicit)
+    if settled != table.schema:
+        table = _parse(buf, settled, block_size)
+        if table.schema != settled:  # null-only fields come back as inferred nulls: drop them
+            table = table.select(settled.names).cast(settled)
+    return table
 
 
 def _readable_type(t: pa.DataType) -> pa.DataType:
@@ -113,12 +125,7 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None) -> pa.Table:
         buf = b"\n".join(values)  # type: ignore[arg-type]
     block_size = max(MIN_BLOCK_SIZE, 2 * max(map(len, values)) + 1)  # type: ignore[arg-type]
     try:
-        table = _parse(buf, explicit, block_size)
-        settled = settle_schema(table.schema, explicit)
-        if settled != table.schema:
-            table = _parse(buf, settled, block_size)
-            if table.schema != settled:  # null-only fields come back as inferred nulls: drop them
-                table = table.select(settled.names).cast(settled)
+        table = _parse_settled(buf, explicit, block_size)
     except pa.ArrowInvalid as e:
         _raise_bad_record(chunk, values, explicit, block_size, e)  # type: ignore[arg-type]
         raise  # pragma: no cover - _raise_bad_record always raises
@@ -141,10 +148,7 @@ def _raise_bad_record(
 
     def fails(k: int) -> bool:
         try:
-            t = _parse(b"\n".join(values[:k]), explicit, block_size)
-            settled = settle_schema(t.schema, explicit)
-            if settled != t.schema:
-                _parse(b"\n".join(values[:k]), settled, block_size)
+            _parse_settled(b"\n".join(values[:k]), explicit, block_size)
             return False
         except pa.ArrowInvalid:
             return True
@@ -176,3 +180,99 @@ def _raise_bad_record(
         partition=chunk.partition,
         offset=chunk.offsets[bad],
     ) from error
+
+
+# ---- error path: separate the records that cannot be decoded -------------------------------------
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A record of a chunk that could not be decoded, by its index in the chunk."""
+
+    index: int
+    error_class: str
+    message: str
+
+
+def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
+    """Like :func:`decode_json`, but records that cannot be decoded are returned apart, not raised.
+
+    Success path: one parse of the whole chunk, as ``decode_json``. Error path only: tombstones and
+    empty values are set aside, the rest is split in halves until every failing piece is a single
+    record (a few parses per bad record, not one per record). Returns the good records' table, in
+    chunk order, and the bad records.
+    """
+    try:
+        return decode_json(chunk, explicit), []
+    except RecordError:
+        pass
+    readable = readable_schema(explicit) if explicit is not None else None
+    values = chunk.values
+    bad: dict[int, BadRecord] = {}
+    candidates: list[int] = []
+    for i, v in enumerate(values):
+        if v is None:
+            bad[i] = BadRecord(i, "Tombstone", "record has a null value (tombstone); JSON pipelines need an object per record")
+        elif not v.strip():
+            bad[i] = BadRecord(i, "EmptyValue", "record value is empty or whitespace; expected a JSON object")
+        else:
+            candidates.append(i)
+    clean = {i: v.replace(b"\r", b" ").replace(b"\n", b" ") for i in candidates if (v := values[i]) is not None}
+    block_size = max([MIN_BLOCK_SIZE, *(2 * len(v) + 1 for v in clean.values())])
+    schema = readable
+    for _ in range(8):  # each round fixes the types of fields the table does not have yet
+        good, failed = _isolate(candidates, clean, schema, block_size)
+        if not good:
+            table = pa.table({})
+            bad.update(failed)
+            break
+        buf = b"\n".join(clean[i] for i in good)
+        try:
+            table = _parse_settled(buf, schema, block_size)
+        except pa.ArrowInvalid:
+            # Good pieces disagree on a field's type (first seen wins): take the first piece's types.
+            first = _parse_settled(clean[good[0]], schema, block_size)
+            schema = settle_schema(first.schema, schema)
+            continue
+        if table.num_rows != len(good):
+            raise RecordError(f"chunk of {len(values)} records decoded to {table.num_rows} rows",
+                              topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[0])
+        bad.update(failed)
+        break
+    else:
+        raise RecordError(f"chunk of {len(values)} records: field types could not be settled",
+                          topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[0])
+    return table, [bad[i] for i in sorted(bad)]
+
+
+def _isolate(
+    indices: list[int], values: dict[int, bytes], schema: pa.Schema | None, block_size: int
+) -> tuple[list[int], dict[int, BadRecord]]:
+    """Split ``indices`` until each failing piece is one record. Returns good indices (in order) and bad ones."""
+    if not indices:
+        return [], {}
+    try:
+        _parse_settled(b"\n".join(values[i] for i in indices), schema, block_size)
+        return indices, {}
+    except pa.ArrowInvalid as e:
+        if len(indices) == 1:
+            i = indices[0]
+            preview = values[i][:120]
+            if _not_utf8(values[i]):
+                kind, reason = "InvalidUtf8", "value is not valid UTF-8"
+            else:
+                reason = str(e).splitlines()[0].replace(" in row 0", "")
+                kind = "TypeMismatch" if "changed from" in reason or "conversion" in reason.lower() else "InvalidJson"
+            return [], {i: BadRecord(i, kind, f"{reason}; value starts with {preview!r}")}
+    mid = len(indices) // 2
+    good_a, bad_a = _isolate(indices[:mid], values, schema, block_size)
+    good_b, bad_b = _isolate(indices[mid:], values, schema, block_size)
+    return good_a + good_b, {**bad_a, **bad_b}
+
+
+def _not_utf8(v: bytes) -> bool:
+    try:
+        v.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True

@@ -13,7 +13,7 @@ import os
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tidewater.batch import PartitionRange, TopicPartition
@@ -157,6 +157,7 @@ class Chunk:
     values: list[bytes | None]
     offsets: list[int]
     timestamps: list[int]
+    messages: list[Any] = field(default_factory=list)  # librdkafka's messages: keys and headers on the error path
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -192,6 +193,7 @@ def read_range(
         values: list[bytes | None] = []
         offsets: list[int] = []
         stamps: list[int] = []
+        messages: list[Any] = []
         last_progress = time.monotonic()
         while pos < rng.end:
             msgs = consumer.consume(num_messages=CONSUME_BATCH, timeout=1.0)
@@ -217,11 +219,12 @@ def read_range(
                     values.extend(map(_value, msgs))
                     stamps.extend(map(_stamp, map(_timestamp, msgs)))
                     offsets.extend(offs)
+                    messages.extend(msgs)
                     pos = offs[-1] + 1
                     last_progress = time.monotonic()
                 if len(offsets) >= chunk_records:
-                    yield Chunk(rng.topic, rng.partition, values, offsets, stamps)
-                    values, offsets, stamps = [], [], []
+                    yield Chunk(rng.topic, rng.partition, values, offsets, stamps, messages)
+                    values, offsets, stamps, messages = [], [], [], []
             if pos >= rng.end or past_end:
                 break
             if at_eof or not msgs:
@@ -239,6 +242,6 @@ def read_range(
                     offset=pos,
                 )
         if offsets:
-            yield Chunk(rng.topic, rng.partition, values, offsets, stamps)
+            yield Chunk(rng.topic, rng.partition, values, offsets, stamps, messages)
     finally:
         consumer.close()

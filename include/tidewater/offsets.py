@@ -23,7 +23,9 @@ PIPELINE = PREFIX + "pipeline"
 DAG_RUN_ID = PREFIX + "dag-run-id"
 VALID_THROUGH_MS = PREFIX + "valid-through-ms"
 VALID_THROUGH = PREFIX + "valid-through"
-RECORDS = PREFIX + "records"
+RECORDS = PREFIX + "records"  # records read
+DEAD_LETTERS = PREFIX + "dead-letters"  # of which written to the dead-letter table
+SKIPPED = PREFIX + "skipped"  # of which dropped by the skip policy
 FORMAT_VERSION = PREFIX + "summary-version"
 SUMMARY_VERSION = "1"
 
@@ -48,12 +50,16 @@ def summary_properties(
     records: int,
     valid_through_ms: int | None,
     dag_run_id: str | None,
+    dead_letters: int = 0,
+    skipped: int = 0,
 ) -> dict[str, str]:
     props = {
         OFFSETS: json.dumps(offsets_to_json(offsets), separators=(",", ":")),
         BATCH_ID: batch_id,
         PIPELINE: pipeline,
         RECORDS: str(records),
+        DEAD_LETTERS: str(dead_letters),
+        SKIPPED: str(skipped),
         FORMAT_VERSION: SUMMARY_VERSION,
     }
     if valid_through_ms is not None:
@@ -64,7 +70,7 @@ def summary_properties(
     return props
 
 
-def _summary_dict(snapshot: Any) -> dict[str, str]:
+def summary_dict(snapshot: Any) -> dict[str, str]:
     summary = snapshot.summary
     if summary is None:
         return {}
@@ -79,7 +85,7 @@ def committed_state(table: Any) -> CommittedState:
     by_id = {s.snapshot_id: s for s in meta.snapshots}
     while snap_id is not None and snap_id in by_id:
         snap = by_id[snap_id]
-        props = _summary_dict(snap)
+        props = summary_dict(snap)
         if OFFSETS in props:
             vt = props.get(VALID_THROUGH_MS)
             return CommittedState(
@@ -107,6 +113,6 @@ def committed_state(table: Any) -> CommittedState:
 def find_batch_snapshot(table: Any, batch_id: str) -> Any | None:
     """The snapshot that committed ``batch_id``, if the table still has it."""
     for snap in table.metadata.snapshots:
-        if _summary_dict(snap).get(BATCH_ID) == batch_id:
+        if summary_dict(snap).get(BATCH_ID) == batch_id:
             return snap
     return None

@@ -55,6 +55,7 @@ def plan_batch(spec: PipelineSpec) -> tuple[BatchPlan, Path | None]:
     An empty plan is not staged (returns path None): nothing to do, no Spark start.
     """
     from tidewater.kafka_source import kafka_settings, list_partitions, watermarks
+    from tidewater.offsets import DEAD_LETTERS, SKIPPED, summary_dict
 
     catalog = load_catalog(spec)
     table = load_table(catalog, spec.table.identifier)
@@ -154,8 +155,15 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
     catalog = load_catalog(spec)
     table = load_table(catalog, spec.table.identifier)
     if table is None:
-        if manifest.records:
+        if manifest.data_files:
             raise TerminalError("staged files exist but the table does not", table=spec.table.identifier)
+        if manifest.records:  # every record dead-lettered or skipped: only the accounting to check
+            from tidewater.validating import builtin_checks
+
+            checks = tuple(builtin_checks(spec, None, manifest))
+            report = ValidationReport(plan.batch_id, "builtin", all(c.success for c in checks), 0, checks)
+            require_valid(report)
+            return report
         from tidewater.validating import CheckResult
 
         return ValidationReport(plan.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))
@@ -187,6 +195,7 @@ class PartitionStatus:
 def status(spec: PipelineSpec) -> dict[str, Any]:
     """Committed offset, end offset and lag per partition; last snapshot; valid-through."""
     from tidewater.kafka_source import kafka_settings, list_partitions, watermarks
+    from tidewater.offsets import DEAD_LETTERS, SKIPPED, summary_dict
 
     catalog = load_catalog(spec)
     table = load_table(catalog, spec.table.identifier)
@@ -198,6 +207,9 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
         for (t, p), (lo, hi) in sorted(wm.items())
     ]
     snap = table.current_snapshot() if table is not None else None
+    dlq = load_table(catalog, spec.dead_letter_table())
+    dlq_snap = dlq.current_snapshot() if dlq is not None else None
+    last_props = summary_dict(table.metadata.snapshot_by_id(state.tidewater_snapshot_id)) if state and state.tidewater_snapshot_id else {}
 
     def iso(ms: int | None) -> str | None:
         return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat() if ms is not None else None
@@ -211,6 +223,10 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
         "last_batch_id": state.batch_id if state else None,
         "valid_through": iso(state.valid_through_ms) if state else None,
         "total_lag": sum(p.lag for p in parts),
+        "dead_letter_table": spec.dead_letter_table(),
+        "dead_letters": int(dlq_snap.summary.get("total-records", 0)) if dlq_snap and dlq_snap.summary else 0,
+        "last_batch_dead_letters": int(last_props.get(DEAD_LETTERS, 0)),
+        "last_batch_skipped": int(last_props.get(SKIPPED, 0)),
         "partitions": [
             {"topic": p.topic, "partition": p.partition, "committed": p.committed, "log_start": p.log_start,
              "end": p.end, "lag": p.lag}
@@ -221,14 +237,14 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
 
 def history(spec: PipelineSpec) -> list[dict[str, Any]]:
     """The table's snapshots, oldest first, with the Tidewater properties of each."""
-    from tidewater.offsets import BATCH_ID, OFFSETS, RECORDS, VALID_THROUGH, _summary_dict
+    from tidewater.offsets import BATCH_ID, OFFSETS, RECORDS, VALID_THROUGH, summary_dict
 
     table = load_table(load_catalog(spec), spec.table.identifier)
     if table is None:
         return []
     out = []
     for s in sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0):
-        props = _summary_dict(s)
+        props = summary_dict(s)
         out.append(
             {
                 "snapshot_id": s.snapshot_id,

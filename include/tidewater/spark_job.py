@@ -50,8 +50,9 @@ def write_subrange(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tidewater.catalog import ensure_table, load_catalog, load_table, new_fields, table_arrow_schema
-    from tidewater.decoding import decode_json
+    from tidewater.catalog import ensure_dead_letter_table, ensure_table, load_catalog, load_table, new_fields, table_arrow_schema
+    from tidewater.dead_letters import dead_letter_rows
+    from tidewater.decoding import decode_json, decode_json_lenient
     from tidewater.kafka_source import read_range
     from tidewater.writing import DataFileWriter, to_table_schema
 
@@ -59,9 +60,12 @@ def write_subrange(
     started_at = time.time()
     catalog = load_catalog(spec)
     table = load_table(catalog, spec.table.identifier)
+    policy = spec.dead_letter.policy
     writer: DataFileWriter | None = None
+    dlq_writer: DataFileWriter | None = None
+    dlq_table: Any = None
     files: list[dict[str, Any]] = []
-    records = 0
+    records = dead = skipped = 0
     first = last = tmin = tmax = None
     prefix = f"{batch_id}-{task_id:05d}"
     try:
@@ -73,15 +77,29 @@ def write_subrange(
             client_id=f"{spec.name}-{task_id}",
         ):
             explicit = table_arrow_schema(table) if table is not None else None
-            decoded = decode_json(chunk, explicit)
-            if table is None or new_fields(table, decoded.schema):
-                table = ensure_table(catalog, spec, table, decoded.schema)
-                if writer is not None:  # schema changed: finish the file written with the old schema
-                    files.extend(writer.close())
-                    writer = None
-            if writer is None:
-                writer = DataFileWriter(table, prefix + f"-s{table.schema().schema_id}")
-            writer.write(to_table_schema(table, decoded))
+            if policy == "fail":
+                decoded, bad = decode_json(chunk, explicit), []
+            else:
+                decoded, bad = decode_json_lenient(chunk, explicit)
+            if bad and policy == "dead_letter":
+                if dlq_writer is None:
+                    dlq_table = ensure_dead_letter_table(catalog, spec)
+                    dlq_writer = DataFileWriter(dlq_table, prefix + "-dlq")
+                dlq_writer.write(to_table_schema(dlq_table, dead_letter_rows(chunk, bad, batch_id, spec.name)))
+                dead += len(bad)
+            elif bad:
+                skipped += len(bad)
+                log.warning("batch %s: skipped %d undecodable records of %s[%d], first at offset %d: %s", batch_id,
+                            len(bad), chunk.topic, chunk.partition, chunk.offsets[bad[0].index], bad[0].message)
+            if decoded.num_rows:
+                if table is None or new_fields(table, decoded.schema):
+                    table = ensure_table(catalog, spec, table, decoded.schema)
+                    if writer is not None:  # schema changed: finish the file written with the old schema
+                        files.extend(writer.close())
+                        writer = None
+                if writer is None:
+                    writer = DataFileWriter(table, prefix + f"-s{table.schema().schema_id}")
+                writer.write(to_table_schema(table, decoded))
             records += len(chunk)
             first = chunk.offsets[0] if first is None else first
             last = chunk.offsets[-1]
@@ -94,14 +112,20 @@ def write_subrange(
                 tmax = hi if tmax is None else max(tmax, hi)
         if writer is not None:
             files.extend(writer.close())
+        dlq_files = dlq_writer.close() if dlq_writer is not None else []
     except Exception as e:
         paths = [f["file_path"] for f in files] + (writer.abort() if writer is not None else [])
         _delete_files(table, paths)
+        if dlq_writer is not None:
+            _delete_files(dlq_table, dlq_writer.abort())
         return {"task_id": task_id, "error": error_document(e)}
-    stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, records, first, last, tmin, tmax)
+    # Python workers are reused across tasks: hand Arrow's cached buffers back so memory stays per task.
+    pa.default_memory_pool().release_unused()
+    stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, records, first, last, tmin, tmax, dead, skipped)
     return {
         "task_id": task_id,
         "files": files,
+        "dead_letter_files": dlq_files,
         "stats": asdict(stats),
         "timing": {"task_id": task_id, "started_at": started_at, "finished_at": time.time(),
                    "seconds": time.monotonic() - started, "records": records},
@@ -164,6 +188,9 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
     if errors:
         # No manifest will exist, so no commit can reference these files: remove them.
         _delete_files(table, [f["file_path"] for r in results if "files" in r for f in r["files"]])
+        dlq = [f["file_path"] for r in results for f in r.get("dead_letter_files", [])]
+        if dlq:
+            _delete_files(load_table(load_catalog(spec), spec.dead_letter_table()), dlq)
         raise BatchWriteError(errors[0]["error"], len(errors))
     results = sorted(results, key=lambda r: r["task_id"])
     return BatchManifest(
@@ -174,6 +201,8 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
         schema_id=table.schema().schema_id if table is not None else -1,
         written_at=utc_now_iso(),
         task_timings=tuple(r["timing"] for r in results),
+        dead_letter_table=spec.dead_letter_table(),
+        dead_letter_files=tuple(f for r in results for f in r.get("dead_letter_files", [])),
     )
 
 

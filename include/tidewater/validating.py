@@ -152,12 +152,21 @@ def builtin_checks(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> l
     rows = manifest.rows_in_files
     checks = [
         CheckResult(
-            "expect_table_row_count_to_equal", {"value": manifest.records}, rows == manifest.records,
+            "expect_table_row_count_to_equal", {"value": manifest.rows_expected}, rows == manifest.rows_expected,
             {"observed_value": rows},
-        )
+        ),
+        CheckResult(
+            "accounting: records read = rows + dead letters + skipped",
+            {"read": manifest.records, "dead_letters": manifest.dead_letters, "skipped": manifest.skipped},
+            manifest.records == rows + manifest.dead_letters_in_files + manifest.skipped,
+            {"observed_value": f"{rows} rows + {manifest.dead_letters_in_files} dead letters + {manifest.skipped} skipped"},
+        ),
     ]
-    schema = table.schema()
+    schema = table.schema() if table is not None else None
     for column in spec.validation.not_null:
+        if not manifest.data_files:  # no rows (every record dead-lettered or skipped): nothing can be null
+            checks.append(CheckResult("expect_column_values_to_not_be_null", {"column": column}, True, {}))
+            continue
         try:
             field = schema.find_field(column)
         except ValueError:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from tests.conftest import produce_to_partition, quiet, table_of
+from tests.conftest import produce_to_partition, quiet, table_of, write_pipeline
 from tidewater.config import load_pipeline
 from tidewater.errors import OffsetGapError
 from tidewater.offsets import DAG_RUN_ID, OFFSETS, committed_state
@@ -106,9 +106,11 @@ def test_commit_step_run_twice_for_one_batch_is_a_no_op(broker, pipeline_file, t
     assert committed_state(table).offsets == {topic: {0: 120, 1: 120}}
 
 
-def test_malformed_json_fails_the_batch_naming_topic_partition_offset(broker, pipeline_file, topic):
-    """One truncated JSON value at partition 1 offset 25: the batch fails naming it; nothing is committed,
-    the offsets do not move and no data file of the batch remains."""
+def test_malformed_json_fails_the_batch_naming_topic_partition_offset(broker, home, topic):
+    """dead_letter.policy fail, one truncated JSON value at partition 1 offset 25: the batch fails naming
+    it; nothing is committed, the offsets do not move and no data file of the batch remains."""
+    pipeline_file = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                   dead_letter={"policy": "fail"})
     good = pizza_events(60, seed=5)
     produce_to_partition(broker.bootstrap, topic, 0, good[:30], partitions=2)
     produce_to_partition(broker.bootstrap, topic, 1, good[30:55] + [b'{"order_id": "x", "store_id": '] + good[55:])

@@ -67,3 +67,46 @@ def test_bad_record_is_named_by_topic_partition_offset(bad, reason):
     assert e.value.topic == "pizzas" and e.value.partition == 2
     assert reason in str(e.value)
     assert "offset=1037" in str(e.value)
+
+
+# ---- lenient decoding (dead letters) ---------------------------------------------------------------
+
+
+def test_lenient_sets_bad_records_apart_and_keeps_the_good_in_order():
+    from tidewater.decoding import decode_json_lenient
+
+    values = [b'{"a": 1}', b'{"a": 2', None, b"", b'\xff{"a": 3}', b'{"a": 4}', b"[1]", b'{"a": 5}']
+    table, bad = decode_json_lenient(chunk(values), None)
+    assert table.column("a").to_pylist() == [1, 4, 5]
+    assert [(b.index, b.error_class) for b in bad] == [
+        (1, "InvalidJson"), (2, "Tombstone"), (3, "EmptyValue"), (4, "InvalidUtf8"), (6, "TypeMismatch")
+    ]
+    assert table.num_rows + len(bad) == len(values)
+
+
+def test_lenient_first_seen_type_wins_without_a_table_and_the_table_type_wins_with_one():
+    from tidewater.decoding import decode_json_lenient
+
+    table, bad = decode_json_lenient(chunk([b'{"a": 1}', b'{"a": "x"}', b'{"a": 2, "b": true}']), None)
+    assert table.column("a").to_pylist() == [1, 2] and [b.index for b in bad] == [1]
+    explicit = pa.schema([pa.field("a", pa.string())])
+    table, bad = decode_json_lenient(chunk([b'{"a": "x"}', b'{"a": {"k": 1}}', b'{"a": "y"}']), explicit)
+    assert table.column("a").to_pylist() == ["x", "y"]
+    assert [(b.index, b.error_class) for b in bad] == [(1, "TypeMismatch")]
+
+
+def test_lenient_finds_every_bad_record_among_many():
+    """Every 7th of 3000 records is broken: all 429 are found, the 2571 others decode, nothing is lost."""
+    from tidewater.decoding import decode_json_lenient
+
+    values = [b"{broken" if i % 7 == 0 else f'{{"i": {i}}}'.encode() for i in range(3000)]
+    table, bad = decode_json_lenient(chunk(values), None)
+    assert [b.index for b in bad] == list(range(0, 3000, 7))
+    assert table.column("i").to_pylist() == [i for i in range(3000) if i % 7]
+
+
+def test_lenient_success_path_is_the_plain_decoder():
+    from tidewater.decoding import decode_json_lenient
+
+    table, bad = decode_json_lenient(chunk([b'{"a": 1}', b'{"a": 2}']), None)
+    assert bad == [] and table.column("a").to_pylist() == [1, 2]
