@@ -108,14 +108,16 @@ class RssSampler:
 # ---- data ---------------------------------------------------------------------------------------------
 
 
-def produce_topic(bootstrap: str, topic: str, n: int, partitions: int) -> int:
-    """Produce n pizza events; returns total value bytes."""
+def produce_topic(bootstrap: str, topic: str, n: int, partitions: int, bad_every: int = 0) -> int:
+    """Produce n pizza events (every ``bad_every``-th one truncated, if set); returns total value bytes."""
     from tidewater.sample_data import pizza_events, produce
 
     total = 0
     chunk = 500_000
     for i, start in enumerate(range(0, n, chunk)):
         vals = pizza_events(min(chunk, n - start), seed=1000 + i)
+        if bad_every:
+            vals = [v[: len(v) // 2] if (start + j) % bad_every == 0 else v for j, v in enumerate(vals)]
         total += sum(map(len, vals))
         produce(bootstrap, topic, vals, partitions=partitions, create=(i == 0))
     return total
@@ -305,6 +307,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="1000000,5000000", help="records for the 6-partition cases")
     ap.add_argument("--single", type=int, default=5_000_000, help="records for the 1-partition case (0: skip)")
     ap.add_argument("--cores", default="1,2", help="local Spark cores to compare on the smallest case")
+    ap.add_argument("--bad-percent", type=float, default=1.0,
+                    help="extra case: the first size with this share of truncated records (dead letters); 0: skip")
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--no-dag", action="store_true", help="skip the empty-batch run through Airflow")
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
@@ -326,20 +330,23 @@ def main() -> int:
     fixed: dict[str, float] = {}
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s]
-        cases = [(f"6 partitions x {n / 1e6:g}M", n, 6) for n in sizes]
+        cases = [(f"6 partitions x {n / 1e6:g}M", n, 6, 0) for n in sizes]
         if args.single:
-            cases.append((f"1 partition x {args.single / 1e6:g}M", args.single, 1))
+            cases.append((f"1 partition x {args.single / 1e6:g}M", args.single, 1, 0))
+        if args.bad_percent:
+            n = sizes[0]
+            cases.append((f"6 partitions x {n / 1e6:g}M, {args.bad_percent:g}% undecodable", n, 6, round(100 / args.bad_percent)))
         cores = [int(c) for c in args.cores.split(",") if c]
-        for ci, (case, n, parts) in enumerate(cases):
+        for ci, (case, n, parts, bad_every) in enumerate(cases):
             topic = f"bench-{ci}"
             print(f"== {case}: producing", flush=True)
-            nbytes = produce_topic(b.bootstrap, topic, n, parts)
+            nbytes = produce_topic(b.bootstrap, topic, n, parts, bad_every)
             ends = {p: hi for p, (lo, hi) in watermarks(b.bootstrap, topic).items()}
             assert sum(ends.values()) == n, f"broker shows {sum(ends.values())} of {n} records"
             print("   limit", flush=True)
             out, rss = run_python(LIMIT_CODE, [b.bootstrap, topic, json.dumps(ends)], env)
             results.append(Result(case, "limit", out["records"], out["seconds"], out["bytes"], rss))
-            if not args.no_naive:
+            if not args.no_naive and not bad_every:  # the naive loop has no answer to bad records
                 print("   naive", flush=True)
                 out, rss = run_python(
                     NAIVE_CODE,
@@ -356,6 +363,7 @@ def main() -> int:
                 print(f"   tidewater run ({master})", flush=True)
                 res, rss, wall = tidewater_run(path, env)
                 assert res["records"] == n, res
+                assert res.get("dead_letters", 0) == (len(range(0, n, bad_every)) if bad_every else 0), res
                 m = manifest_of(home, name, res["batch_id"])
                 secs, files, fbytes, tasks = data_path(m)
                 extra = {"files": files, "file_mb": round(fbytes / 1e6, 1), "tasks": tasks}

@@ -83,6 +83,16 @@ class FormatSpec:
     """How record values are decoded."""
 
     value: str = _doc("Value format. Supported: `json` (one JSON object per record, no schema).", default="json")
+    key: str = _doc(
+        "Message key as a column `_kafka_key`: `none` (default), `string` (UTF-8; invalid bytes replaced) or `bytes`.",
+        default="none",
+    )
+    headers: bool = _doc("Message headers as a column `_kafka_headers` (map of string to bytes).", default=False)
+    metadata: str = _doc(
+        "Kafka metadata columns: `none` (default), `prefixed` (`_kafka_topic`, `_kafka_partition`, `_kafka_offset`, "
+        "`_kafka_timestamp`) or `struct` (one column `_kafka` with fields topic, partition, offset, timestamp).",
+        default="none",
+    )
 
 
 @dataclass(frozen=True)
@@ -475,6 +485,10 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError("kafka.read_timeout_seconds: must be positive")
     if spec.format.value != "json":
         raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: json)")
+    if spec.format.key not in ("none", "string", "bytes"):
+        raise ConfigError(f"format.key: {spec.format.key!r} is not one of none, string, bytes")
+    if spec.format.metadata not in ("none", "prefixed", "struct"):
+        raise ConfigError(f"format.metadata: {spec.format.metadata!r} is not one of none, prefixed, struct")
     if spec.batch.max_records < 1:
         raise ConfigError("batch.max_records: must be at least 1")
     if spec.batch.records_per_task < 1:

@@ -282,7 +282,9 @@ def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) 
 
     say("[2/4] write    spark-submit " + str(spark_app_path().name))
     manifest = run_write_step(spec, plan_path, master=master, progress=tick)
-    say(f"      {manifest.records} records -> {len(manifest.data_files)} data file(s) ({time.monotonic() - t1:.1f}s)")
+    extra = f", {manifest.dead_letters} dead letter(s)" if manifest.dead_letters else ""
+    extra += f", {manifest.skipped} skipped" if manifest.skipped else ""
+    say(f"      {manifest.records} records -> {len(manifest.data_files)} data file(s){extra} ({time.monotonic() - t1:.1f}s)")
     t2 = time.monotonic()
     say("[3/4] validate great-expectations on the staged files")
     report = validate_step(spec, plan, manifest)

@@ -54,6 +54,7 @@ def write_subrange(
     from tidewater.dead_letters import dead_letter_rows
     from tidewater.decoding import decode_json, decode_json_lenient
     from tidewater.kafka_source import read_range
+    from tidewater.source_columns import add_source_columns, without_source_columns
     from tidewater.writing import DataFileWriter, to_table_schema
 
     started = time.monotonic()
@@ -76,11 +77,12 @@ def write_subrange(
             read_timeout=spec.kafka.read_timeout_seconds,
             client_id=f"{spec.name}-{task_id}",
         ):
-            explicit = table_arrow_schema(table) if table is not None else None
+            explicit = without_source_columns(table_arrow_schema(table), spec.format) if table is not None else None
             if policy == "fail":
                 decoded, bad = decode_json(chunk, explicit), []
             else:
                 decoded, bad = decode_json_lenient(chunk, explicit)
+            decoded = add_source_columns(spec.format, chunk, decoded, [b.index for b in bad])
             if bad and policy == "dead_letter":
                 if dlq_writer is None:
                     dlq_table = ensure_dead_letter_table(catalog, spec)

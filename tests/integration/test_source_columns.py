@@ -1,0 +1,69 @@
+"""Message keys, headers and Kafka coordinates as columns (format.key, format.headers, format.metadata),
+from the real broker through the write step, with a dead letter in the middle of the chunk."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.conftest import ingest_inline, table_of, write_pipeline
+from tidewater.config import load_pipeline
+
+pytestmark = [pytest.mark.integration]
+
+
+def _produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes, list | None]]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the topic exists
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(15)
+    p = Producer({"bootstrap.servers": bootstrap})
+    for key, value, headers in records[:-1]:
+        p.produce(topic, value, key=key, headers=headers, partition=0, timestamp=1_700_000_000_000)
+    p.flush(30)
+    key, value, headers = records[-1]
+    p.produce(topic, value, key=key, headers=headers, partition=0, timestamp=1_700_000_000_000)
+    p.flush(30)
+
+
+def test_key_headers_and_prefixed_metadata_columns_skip_the_dead_letter(broker, home, topic):
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"key": "string", "headers": True, "metadata": "prefixed"})
+    records = [(f"k{i}".encode(), json.dumps({"order_id": f"o{i}", "n": i}).encode(), [("src", f"h{i}".encode())])
+               for i in range(6)]
+    records[3] = (b"k3", b"{broken", [("src", b"h3")])
+    records[4] = (None, records[4][1], None)
+    _produce(broker.bootstrap, topic, records)
+    result = ingest_inline(load_pipeline(path))
+    assert (result.records, result.dead_letters) == (6, 1)
+    t = table_of(path).scan().to_arrow().sort_by("_kafka_offset")
+    assert t.column("_kafka_offset").to_pylist() == [0, 1, 2, 4, 5]
+    assert t.column("_kafka_key").to_pylist() == ["k0", "k1", "k2", None, "k5"]
+    assert t.column("_kafka_headers").to_pylist() == [[("src", b"h0")], [("src", b"h1")], [("src", b"h2")], None,
+                                                       [("src", b"h5")]]
+    assert set(t.column("_kafka_topic").to_pylist()) == {topic} and set(t.column("_kafka_partition").to_pylist()) == {0}
+    assert t.column("_kafka_timestamp").type == pa.timestamp("us", tz="UTC")
+    assert t.column("_kafka_timestamp")[0].as_py().timestamp() == 1_700_000_000
+    assert t.column("order_id").to_pylist() == ["o0", "o1", "o2", "o4", "o5"]
+    schema = table_of(path).schema()
+    assert str(schema.find_field("_kafka_headers").field_type).startswith("map<string, binary>")
+
+    # a second batch decodes against the table schema that now has the source columns
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    p.produce(topic, json.dumps({"order_id": "o6", "n": 6}).encode(), key=b"k6", partition=0)
+    p.flush(30)
+    assert ingest_inline(load_pipeline(path)).records == 1
+    t = table_of(path).scan().to_arrow()
+    assert t.num_rows == 6 and sorted(t.column("_kafka_offset").to_pylist()) == [0, 1, 2, 4, 5, 6]
+
+
+def test_metadata_struct_column(broker, home, topic):
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"metadata": "struct"})
+    _produce(broker.bootstrap, topic, [(None, json.dumps({"order_id": f"o{i}"}).encode(), None) for i in range(3)])
+    ingest_inline(load_pipeline(path))
+    t = table_of(path).scan().to_arrow()
+    assert [r["offset"] for r in t.column("_kafka").to_pylist()] == [0, 1, 2]
+    assert str(table_of(path).schema().find_field("_kafka").field_type).startswith("struct<")
