@@ -82,7 +82,11 @@ class KafkaSpec:
 class FormatSpec:
     """How record values are decoded."""
 
-    value: str = _doc("Value format. Supported: `json` (one JSON object per record, no schema).", default="json")
+    value: str = _doc(
+        "Value format: `json` (one JSON object per record, no schema; fields become columns), `string` (the "
+        "value as one UTF-8 column `value`; invalid UTF-8 is a dead letter) or `bytes` (one binary column `value`).",
+        default="json",
+    )
     key: str = _doc(
         "Message key as a column `_kafka_key`: `none` (default), `string` (UTF-8; invalid bytes replaced) or `bytes`.",
         default="none",
@@ -483,8 +487,8 @@ def validate(spec: PipelineSpec) -> None:
             raise ConfigError(f"kafka.settings.{key}: managed by Tidewater (offsets live in the table); remove it")
     if spec.kafka.read_timeout_seconds <= 0:
         raise ConfigError("kafka.read_timeout_seconds: must be positive")
-    if spec.format.value != "json":
-        raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: json)")
+    if spec.format.value not in ("json", "string", "bytes"):
+        raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: json, string, bytes)")
     if spec.format.key not in ("none", "string", "bytes"):
         raise ConfigError(f"format.key: {spec.format.key!r} is not one of none, string, bytes")
     if spec.format.metadata not in ("none", "prefixed", "struct"):

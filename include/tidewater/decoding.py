@@ -276,3 +276,26 @@ def _not_utf8(v: bytes) -> bool:
         return False
     except UnicodeDecodeError:
         return True
+
+
+# ---- plain string and raw bytes values ----------------------------------------------------------------
+
+
+def decode_raw(chunk: Chunk, kind: str) -> tuple[pa.Table, list[BadRecord]]:
+    """``bytes``: the value as a binary column ``value``; ``string``: as UTF-8 text (invalid bytes are
+    dead letters). Tombstones land as null values: for raw formats they are records like any other."""
+    values = pa.array(chunk.values, pa.binary())
+    if kind == "bytes":
+        return pa.table({"value": values}), []
+    try:
+        text = values.cast(pa.string())
+        text.validate(full=True)
+        return pa.table({"value": text}), []
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        pass
+    bad = [BadRecord(i, "InvalidUtf8", f"value is not valid UTF-8; value starts with {v[:120]!r}")
+           for i, v in enumerate(chunk.values) if v is not None and _not_utf8(v)]
+    mask = [True] * len(values)
+    for b in bad:
+        mask[b.index] = False
+    return pa.table({"value": values.filter(pa.array(mask)).cast(pa.string())}), bad

@@ -52,7 +52,8 @@ def write_subrange(
 
     from tidewater.catalog import ensure_dead_letter_table, ensure_table, load_catalog, load_table, new_fields, table_arrow_schema
     from tidewater.dead_letters import dead_letter_rows
-    from tidewater.decoding import decode_json, decode_json_lenient
+    from tidewater.decoding import decode_json, decode_json_lenient, decode_raw
+    from tidewater.errors import RecordError
     from tidewater.kafka_source import read_range
     from tidewater.source_columns import add_source_columns, without_source_columns
     from tidewater.writing import DataFileWriter, to_table_schema
@@ -78,7 +79,12 @@ def write_subrange(
             client_id=f"{spec.name}-{task_id}",
         ):
             explicit = without_source_columns(table_arrow_schema(table), spec.format) if table is not None else None
-            if policy == "fail":
+            if spec.format.value != "json":
+                decoded, bad = decode_raw(chunk, spec.format.value)
+                if bad and policy == "fail":
+                    raise RecordError(bad[0].message, topic=chunk.topic, partition=chunk.partition,
+                                      offset=chunk.offsets[bad[0].index])
+            elif policy == "fail":
                 decoded, bad = decode_json(chunk, explicit), []
             else:
                 decoded, bad = decode_json_lenient(chunk, explicit)

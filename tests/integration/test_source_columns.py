@@ -67,3 +67,26 @@ def test_metadata_struct_column(broker, home, topic):
     t = table_of(path).scan().to_arrow()
     assert [r["offset"] for r in t.column("_kafka").to_pylist()] == [0, 1, 2]
     assert str(table_of(path).schema().find_field("_kafka").field_type).startswith("struct<")
+
+
+@pytest.mark.parametrize("kind", ["string", "bytes"])
+def test_plain_string_and_raw_bytes_values(broker, home, topic, kind):
+    """`string`: invalid UTF-8 is a dead letter, a tombstone lands as a null value; `bytes`: everything lands."""
+    from tidewater.catalog import load_catalog, load_table
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": kind, "metadata": "prefixed"}, validation={"not_null": []})
+    _produce(broker.bootstrap, topic, [(None, b"line one", None), (None, b"\xff\xfe bad", None),
+                                       (None, None, None), (None, "línea".encode(), None)])
+    spec = load_pipeline(path)
+    result = ingest_inline(spec)
+    t = table_of(path).scan().to_arrow().sort_by("_kafka_offset")
+    if kind == "string":
+        assert result.dead_letters == 1
+        assert t.column("value").to_pylist() == ["line one", None, "línea"]
+        assert t.column("_kafka_offset").to_pylist() == [0, 2, 3]
+        dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow()
+        assert dlq.column("value").to_pylist() == [b"\xff\xfe bad"] and dlq.column("error_class").to_pylist() == ["InvalidUtf8"]
+    else:
+        assert result.dead_letters == 0
+        assert t.column("value").to_pylist() == [b"line one", b"\xff\xfe bad", None, "línea".encode()]
