@@ -83,7 +83,10 @@ class FormatSpec:
     """How record values are decoded."""
 
     value: str = _doc(
-        "Value format: `json` (one JSON object per record, no schema; fields become columns), `string` (the "
+        "Value format: `json` (one JSON object per record, no schema; fields become columns), `connect_json` "
+        "(Kafka Connect JsonConverter with schemas: the payload's fields, typed by the declared schema; Timestamp and "
+        "Date logical types converted), `debezium` (change events, plain or Connect-enveloped: the `after` image, "
+        "or `before` for deletes, plus an `_op` column c/u/d/r; tombstones are counted as skipped), `string` (the "
         "value as one UTF-8 column `value`; invalid UTF-8 is a dead letter) or `bytes` (one binary column `value`).",
         default="json",
     )
@@ -487,8 +490,9 @@ def validate(spec: PipelineSpec) -> None:
             raise ConfigError(f"kafka.settings.{key}: managed by Tidewater (offsets live in the table); remove it")
     if spec.kafka.read_timeout_seconds <= 0:
         raise ConfigError("kafka.read_timeout_seconds: must be positive")
-    if spec.format.value not in ("json", "string", "bytes"):
-        raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: json, string, bytes)")
+    formats = ("json", "connect_json", "debezium", "string", "bytes")
+    if spec.format.value not in formats:
+        raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: {', '.join(formats)})")
     if spec.format.key not in ("none", "string", "bytes"):
         raise ConfigError(f"format.key: {spec.format.key!r} is not one of none, string, bytes")
     if spec.format.metadata not in ("none", "prefixed", "struct"):

@@ -43,6 +43,36 @@ def subranges(plan: BatchPlan, records_per_task: int) -> list[PartitionRange]:
     return [s for r in plan.ranges for s in r.split(records_per_task)]
 
 
+def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any) -> tuple[Any, list[Any], list[Any]]:
+    """Decode a chunk in the pipeline's value format: (rows, bad records, records ignored by design).
+
+    Ignored: Debezium tombstones (they follow deletes and carry no row), counted as skipped.
+    With ``dead_letter.policy: fail`` the first bad record raises RecordError naming it.
+    """
+    from tidewater.decoding import decode_json, decode_json_lenient, decode_raw
+    from tidewater.envelopes import decode_connect, decode_debezium
+    from tidewater.errors import RecordError
+
+    fmt = spec.format.value
+    fail = spec.dead_letter.policy == "fail"
+    if fmt == "json" and fail:
+        return decode_json(chunk, explicit), [], []
+    if fmt in ("string", "bytes"):
+        decoded, bad = decode_raw(chunk, fmt)
+    elif fmt == "connect_json":
+        decoded, bad = decode_connect(chunk, explicit)
+    elif fmt == "debezium":
+        decoded, bad = decode_debezium(chunk, explicit)
+    else:
+        decoded, bad = decode_json_lenient(chunk, explicit)
+    ignored = [b for b in bad if fmt == "debezium" and b.error_class == "Tombstone"]
+    bad = [b for b in bad if not (fmt == "debezium" and b.error_class == "Tombstone")]
+    if bad and fail:
+        raise RecordError(f"{bad[0].error_class}: {bad[0].message}", topic=chunk.topic, partition=chunk.partition,
+                          offset=chunk.offsets[bad[0].index])
+    return decoded, bad, ignored
+
+
 def write_subrange(
     spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange
 ) -> dict[str, Any]:
@@ -52,8 +82,6 @@ def write_subrange(
 
     from tidewater.catalog import ensure_dead_letter_table, ensure_table, load_catalog, load_table, new_fields, table_arrow_schema
     from tidewater.dead_letters import dead_letter_rows
-    from tidewater.decoding import decode_json, decode_json_lenient, decode_raw
-    from tidewater.errors import RecordError
     from tidewater.kafka_source import read_range
     from tidewater.source_columns import add_source_columns, without_source_columns
     from tidewater.writing import DataFileWriter, to_table_schema
@@ -79,16 +107,9 @@ def write_subrange(
             client_id=f"{spec.name}-{task_id}",
         ):
             explicit = without_source_columns(table_arrow_schema(table), spec.format) if table is not None else None
-            if spec.format.value != "json":
-                decoded, bad = decode_raw(chunk, spec.format.value)
-                if bad and policy == "fail":
-                    raise RecordError(bad[0].message, topic=chunk.topic, partition=chunk.partition,
-                                      offset=chunk.offsets[bad[0].index])
-            elif policy == "fail":
-                decoded, bad = decode_json(chunk, explicit), []
-            else:
-                decoded, bad = decode_json_lenient(chunk, explicit)
-            decoded = add_source_columns(spec.format, chunk, decoded, [b.index for b in bad])
+            decoded, bad, ignored = decode_chunk(spec, chunk, explicit)
+            skipped += len(ignored)
+            decoded = add_source_columns(spec.format, chunk, decoded, sorted(b.index for b in bad + ignored))
             if bad and policy == "dead_letter":
                 if dlq_writer is None:
                     dlq_table = ensure_dead_letter_table(catalog, spec)

@@ -1,0 +1,196 @@
+"""Envelope formats on top of the JSON decoder: Kafka Connect JSON (``schema`` + ``payload``) and
+Debezium change events (``before``, ``after``, ``op``, ``source``).
+
+Both stay vectorized: the chunk is parsed once by Arrow's JSON reader (the Connect schema of the
+chunk's first record gives the payload's declared types), then columns are picked and converted
+with Arrow compute. Records whose envelope does not fit are set apart like any undecodable record.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tidewater.decoding import BadRecord, decode_json_lenient
+from tidewater.kafka_source import Chunk
+
+TIMESTAMP = "org.apache.kafka.connect.data.Timestamp"
+DATE = "org.apache.kafka.connect.data.Date"
+_PRIMITIVES = {
+    "int8": pa.int32(), "int16": pa.int32(), "int32": pa.int32(), "int64": pa.int64(),
+    "float32": pa.float32(), "float64": pa.float64(), "boolean": pa.bool_(), "string": pa.string(),
+    "bytes": pa.string(),  # base64 text in Connect JSON; kept as text
+}
+OPS = ("c", "u", "d", "r")
+
+
+def connect_type(schema: dict[str, Any]) -> pa.DataType | None:
+    """Arrow type the JSON reader should produce for a Connect schema (None: let the reader infer it)."""
+    t = schema.get("type")
+    if t == "struct":
+        fields = []
+        for f in schema.get("fields", []):
+            ft = connect_type(f)
+            if ft is not None:
+                fields.append(pa.field(f["field"], ft))
+        return pa.struct(fields)
+    if t == "array":
+        vt = connect_type(schema.get("items", {}))
+        return pa.list_(vt) if vt is not None else None
+    if t == "map":
+        return None  # JSON objects with free keys: inferred
+    return _PRIMITIVES.get(t)
+
+
+def _logical_conversions(schema: dict[str, Any]) -> dict[str, str]:
+    """Top-level payload fields with a Connect logical type we convert (Timestamp, Date)."""
+    out = {}
+    for f in schema.get("fields", []) if schema.get("type") == "struct" else []:
+        if f.get("name") in (TIMESTAMP, DATE):
+            out[f["field"]] = f["name"]
+    return out
+
+
+def _convert_logical(table: pa.Table, conversions: dict[str, str]) -> pa.Table:
+    for name, logical in conversions.items():
+        if name not in table.column_names:
+            continue
+        col = table.column(name)
+        if logical == TIMESTAMP:
+            new = pc.multiply(col.cast(pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
+        else:
+            new = col.cast(pa.int32()).cast(pa.date32())
+        table = table.set_column(table.column_names.index(name), name, new)
+    return table
+
+
+def _first_schema(chunk: Chunk) -> dict[str, Any] | None:
+    """The Connect schema of the chunk's first record that has one (one Python parse per chunk)."""
+    for v in chunk.values:
+        if not v:
+            continue
+        try:
+            doc = json.loads(v)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("schema"), dict):
+            return doc["schema"]
+    return None
+
+
+def _flatten(struct_col: Any) -> pa.Table:
+    arr = struct_col.combine_chunks() if isinstance(struct_col, pa.ChunkedArray) else struct_col
+    if not pa.types.is_struct(arr.type):
+        return pa.table({})
+    return pa.Table.from_arrays(arr.flatten(), names=[f.name for f in arr.type])
+
+
+def _drop(table: pa.Table, keep: list[bool]) -> pa.Table:
+    return table.filter(pa.array(keep))
+
+
+def _envelope_failures(chunk: Chunk, good: list[int], missing: Any, kind: str, message: str) -> list[BadRecord]:
+    miss = missing.to_pylist()
+    return [BadRecord(good[i], kind, message) for i, m in enumerate(miss) if m]
+
+
+def _good_indices(n: int, bad: list[BadRecord]) -> list[int]:
+    gone = {b.index for b in bad}
+    return [i for i in range(n) if i not in gone]
+
+
+def decode_connect(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
+    """Kafka Connect JSON with schemas: rows are the payloads, typed by the declared schema."""
+    schema = _first_schema(chunk)
+    declared = connect_type(schema) if schema else None
+    envelope = pa.schema([pa.field("payload", declared)]) if isinstance(declared, pa.StructType) else None
+    if explicit is not None and envelope is not None:
+        # the table's types win for columns it already has
+        have = {f.name: f.type for f in explicit}
+        envelope = pa.schema([pa.field("payload", pa.struct([pa.field(f.name, have.get(f.name, f.type)) for f in declared]))])
+    parsed, bad = decode_json_lenient(chunk, envelope)
+    good = _good_indices(len(chunk), bad)
+    if "payload" not in parsed.column_names:
+        return pa.table({}), sorted(bad + [BadRecord(i, "EnvelopeMissing", "no `payload` in the Connect JSON envelope")
+                                           for i in good], key=lambda b: b.index)
+    payload = parsed.column("payload")
+    missing = pc.is_null(payload)
+    failures = _envelope_failures(chunk, good, missing, "EnvelopeMissing", "`payload` is null or missing in the Connect JSON envelope")
+    table = _flatten(_drop(pa.table({"p": payload}), pc.invert(missing).to_pylist()).column("p"))
+    table = _convert_logical(table, _logical_conversions(schema or {}))
+    return table, sorted(bad + failures, key=lambda b: b.index)
+
+
+def decode_debezium(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
+    """Debezium change events (plain JSON or inside a Connect envelope): the row image plus ``_op``.
+
+    ``after`` for c/u/r, ``before`` for d. Tombstones (null values after a delete) come back as bad
+    records of class ``Tombstone``: the caller counts them as skipped (they carry no row).
+    """
+    enveloped = _first_schema(chunk) is not None
+    if enveloped:
+        outer, bad = decode_connect(chunk, None)
+    else:
+        outer, bad = decode_json_lenient(chunk, None)
+    good = _good_indices(len(chunk), bad)
+    if "op" not in outer.column_names:
+        return pa.table({}), sorted(bad + [BadRecord(i, "NotDebezium", "no `op` field in the change event") for i in good],
+                                    key=lambda b: b.index)
+    op = outer.column("op").cast(pa.string())
+    valid = pc.fill_null(pc.is_in(op, value_set=pa.array(OPS)), False)
+    failures = _envelope_failures(chunk, good, pc.invert(valid), "NotDebezium",
+                                  f"`op` is not one of {', '.join(OPS)}")
+    outer = outer.filter(valid)
+    op = op.filter(valid)
+    before = outer.column("before") if "before" in outer.column_names else None
+    after = outer.column("after") if "after" in outer.column_names else None
+    before, after = _same_type(before, after)
+    if after is None and before is None:
+        image = pa.table({})
+    elif before is None:
+        image = _flatten(after)
+    elif after is None:
+        image = _flatten(before)
+    else:
+        picked = pc.if_else(pc.equal(op, "d"), before.combine_chunks(), after.combine_chunks())
+        image = _flatten(picked)
+    if explicit is not None:
+        want = {f.name: f.type for f in explicit}
+        for i, name in enumerate(image.column_names):
+            if name in want and image.column(i).type != want[name]:
+                try:
+                    image = image.set_column(i, name, image.column(i).cast(want[name]))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    pass  # the writer's cast names the column if it really cannot be converted
+    image = image.append_column("_op", op)
+    return image, sorted(bad + failures, key=lambda b: b.index)
+
+
+def _same_type(before: Any, after: Any) -> tuple[Any, Any]:
+    """Before and after images as one struct type (an all-null image takes the other's type)."""
+    def null_only(c: Any) -> bool:
+        return c is None or pa.types.is_null(c.type)
+
+    if null_only(before) and null_only(after):
+        return None, None
+    if null_only(before):
+        return (pa.nulls(len(after), after.type) if before is not None else None), after
+    if null_only(after):
+        return before, (pa.nulls(len(before), before.type) if after is not None else None)
+    if before.type != after.type:
+        merged = pa.unify_schemas([pa.schema(list(before.type)), pa.schema(list(after.type))], promote_options="permissive")
+        t = pa.struct(list(merged))
+        return _cast_struct(before, t), _cast_struct(after, t)
+    return before, after
+
+
+def _cast_struct(col: Any, t: pa.StructType) -> Any:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    children = []
+    for f in t:
+        idx = arr.type.get_field_index(f.name)
+        children.append(arr.field(idx).cast(f.type) if idx >= 0 else pa.nulls(len(arr), f.type))
+    return pa.StructArray.from_arrays(children, fields=list(t), mask=arr.is_null())
