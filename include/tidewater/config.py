@@ -86,9 +86,14 @@ class FormatSpec:
         "Value format: `json` (one JSON object per record, no schema; fields become columns), `connect_json` "
         "(Kafka Connect JsonConverter with schemas: the payload's fields, typed by the declared schema; Timestamp and "
         "Date logical types converted), `debezium` (change events, plain or Connect-enveloped: the `after` image, "
-        "or `before` for deletes, plus an `_op` column c/u/d/r; tombstones are counted as skipped), `string` (the "
+        "or `before` for deletes, plus an `_op` column c/u/d/r; tombstones are counted as skipped), `avro` (Confluent "
+        "wire format, writer schema by id from `registry_url`; unknown ids are dead letters), `string` (the "
         "value as one UTF-8 column `value`; invalid UTF-8 is a dead letter) or `bytes` (one binary column `value`).",
         default="json",
+    )
+    registry_url: str | None = _doc("Schema registry URL for `value: avro` (Confluent REST API).", default=None)
+    registry_basic_auth: str | None = _doc(
+        "`user:password` for the schema registry (use `${ENV_VAR}`; never logged).", default=None
     )
     key: str = _doc(
         "Message key as a column `_kafka_key`: `none` (default), `string` (UTF-8; invalid bytes replaced) or `bytes`.",
@@ -490,9 +495,11 @@ def validate(spec: PipelineSpec) -> None:
             raise ConfigError(f"kafka.settings.{key}: managed by Tidewater (offsets live in the table); remove it")
     if spec.kafka.read_timeout_seconds <= 0:
         raise ConfigError("kafka.read_timeout_seconds: must be positive")
-    formats = ("json", "connect_json", "debezium", "string", "bytes")
+    formats = ("json", "connect_json", "debezium", "avro", "string", "bytes")
     if spec.format.value not in formats:
         raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: {', '.join(formats)})")
+    if spec.format.value == "avro" and not spec.format.registry_url:
+        raise ConfigError("format.registry_url: required for value format avro")
     if spec.format.key not in ("none", "string", "bytes"):
         raise ConfigError(f"format.key: {spec.format.key!r} is not one of none, string, bytes")
     if spec.format.metadata not in ("none", "prefixed", "struct"):

@@ -43,7 +43,7 @@ def subranges(plan: BatchPlan, records_per_task: int) -> list[PartitionRange]:
     return [s for r in plan.ranges for s in r.split(records_per_task)]
 
 
-def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any) -> tuple[Any, list[Any], list[Any]]:
+def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = None) -> tuple[Any, list[Any], list[Any]]:
     """Decode a chunk in the pipeline's value format: (rows, bad records, records ignored by design).
 
     Ignored: Debezium tombstones (they follow deletes and carry no row), counted as skipped.
@@ -63,6 +63,10 @@ def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any) -> tuple[Any, li
         decoded, bad = decode_connect(chunk, explicit)
     elif fmt == "debezium":
         decoded, bad = decode_debezium(chunk, explicit)
+    elif fmt == "avro":
+        from tidewater.avro import decode_avro
+
+        decoded, bad = decode_avro(chunk, registry)
     else:
         decoded, bad = decode_json_lenient(chunk, explicit)
     ignored = [b for b in bad if fmt == "debezium" and b.error_class == "Tombstone"]
@@ -91,6 +95,11 @@ def write_subrange(
     catalog = load_catalog(spec)
     table = load_table(catalog, spec.table.identifier)
     policy = spec.dead_letter.policy
+    registry = None
+    if spec.format.value == "avro":
+        from tidewater.avro import RegistryClient
+
+        registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth)
     writer: DataFileWriter | None = None
     dlq_writer: DataFileWriter | None = None
     dlq_table: Any = None
@@ -107,7 +116,7 @@ def write_subrange(
             client_id=f"{spec.name}-{task_id}",
         ):
             explicit = without_source_columns(table_arrow_schema(table), spec.format) if table is not None else None
-            decoded, bad, ignored = decode_chunk(spec, chunk, explicit)
+            decoded, bad, ignored = decode_chunk(spec, chunk, explicit, registry)
             skipped += len(ignored)
             decoded = add_source_columns(spec.format, chunk, decoded, sorted(b.index for b in bad + ignored))
             if bad and policy == "dead_letter":

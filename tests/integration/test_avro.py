@@ -1,0 +1,94 @@
+"""Avro in the Confluent wire format through the real broker and write step, with a schema registry
+that the test runs locally (an HTTP server answering GET /schemas/ids/{id} like Confluent's registry:
+the registry itself is not available on these machines)."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from tests.conftest import ingest_inline, produce_to_partition, stage_inline, table_of, write_pipeline
+from tidewater.catalog import load_catalog, load_table
+from tidewater.config import load_pipeline
+from tidewater.offsets import committed_state
+from tidewater.spark_job import BatchWriteError
+
+pytestmark = [pytest.mark.integration]
+
+V1 = {"type": "record", "name": "Order", "fields": [
+    {"name": "order_id", "type": "string"},
+    {"name": "qty", "type": "int"},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+]}
+V2 = {**V1, "fields": [*V1["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}]}
+SCHEMAS = {1: V1, 2: V2}
+
+
+@pytest.fixture
+def registry():  # noqa: ANN201
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            sid = int(self.path.rsplit("/", 1)[-1]) if self.path.startswith("/schemas/ids/") else -1
+            if sid in SCHEMAS:
+                body = json.dumps({"schema": json.dumps(SCHEMAS[sid])}).encode()
+                self.send_response(200)
+            else:
+                body = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode()
+                self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # noqa: ANN002
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def framed(schema_id: int, record: dict) -> bytes:
+    import fastavro
+
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(SCHEMAS.get(schema_id, V1)), record)
+    return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
+
+
+def test_avro_records_across_schema_ids_land_typed_and_bad_ones_are_dead_letters(broker, home, topic, registry):
+    values = [framed(1, {"order_id": f"o{i}", "qty": i, "at": 1_700_000_000_000 + i}) for i in range(5)]
+    values += [framed(2, {"order_id": "o5", "qty": 5, "at": 1_700_000_000_005, "coupon": "SPRING"})]
+    values += [framed(99, {"order_id": "x", "qty": 0, "at": 0}), b'{"not": "avro"}', framed(1, {"order_id": "t", "qty": 1, "at": 1})[:-3]]
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "avro", "registry_url": registry})
+    spec = load_pipeline(path)
+    result = ingest_inline(spec)
+    assert (result.records, result.dead_letters) == (9, 3)
+    table = table_of(path)
+    types = {f.name: str(f.field_type) for f in table.schema().fields}
+    assert types == {"order_id": "string", "qty": "int", "at": "timestamptz", "coupon": "string"}
+    rows = table.scan().to_arrow().sort_by("order_id").to_pylist()
+    assert [r["order_id"] for r in rows] == [f"o{i}" for i in range(6)]
+    assert rows[5]["coupon"] == "SPRING" and rows[0]["coupon"] is None
+    assert rows[0]["at"].timestamp() == 1_700_000_000
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset")
+    assert dlq.column("error_class").to_pylist() == ["UnknownSchemaId", "NotConfluentAvro", "InvalidAvro"]
+    assert dlq.column("offset").to_pylist() == [6, 7, 8]
+    assert committed_state(table).offsets == {topic: {0: 9}}
+
+
+def test_registry_unreachable_fails_the_batch_without_committing(broker, home, topic):
+    produce_to_partition(broker.bootstrap, topic, 0, [framed(1, {"order_id": "o", "qty": 1, "at": 1})])
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "avro", "registry_url": "http://127.0.0.1:9"})
+    with pytest.raises(BatchWriteError) as e:
+        stage_inline(load_pipeline(path))
+    assert e.value.transient and "schema registry http://127.0.0.1:9 unreachable" in str(e.value)
+    assert table_of(path) is None
