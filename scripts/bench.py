@@ -108,9 +108,10 @@ class RssSampler:
 # ---- data ---------------------------------------------------------------------------------------------
 
 
-def produce_topic(bootstrap: str, topic: str, n: int, partitions: int, bad_every: int = 0) -> int:
-    """Produce n pizza events (every ``bad_every``-th one truncated, if set); returns total value bytes."""
-    from tidewater.sample_data import pizza_events, produce
+def produce_topic(bootstrap: str, topic: str, n: int, partitions: int, bad_every: int = 0, avro: bool = False) -> int:
+    """Produce n pizza events (every ``bad_every``-th one truncated, if set; Avro-framed if ``avro``);
+    returns total value bytes."""
+    from tidewater.sample_data import avro_framed, pizza_events, produce
 
     total = 0
     chunk = 500_000
@@ -118,6 +119,8 @@ def produce_topic(bootstrap: str, topic: str, n: int, partitions: int, bad_every
         vals = pizza_events(min(chunk, n - start), seed=1000 + i)
         if bad_every:
             vals = [v[: len(v) // 2] if (start + j) % bad_every == 0 else v for j, v in enumerate(vals)]
+        if avro:
+            vals = avro_framed(vals)
         total += sum(map(len, vals))
         produce(bootstrap, topic, vals, partitions=partitions, create=(i == 0))
     return total
@@ -214,8 +217,10 @@ def run_python(code: str, args: list[str], env: dict[str, str]) -> tuple[dict, d
 # ---- tidewater ----------------------------------------------------------------------------------------
 
 
-def pipeline_file(directory: Path, name: str, topic: str, bootstrap: str, table: str, master: str) -> Path:
+def pipeline_file(directory: Path, name: str, topic: str, bootstrap: str, table: str, master: str,
+                  fmt: dict | None = None) -> Path:
     doc = {
+        "format": fmt or {"value": "json"},
         "name": name,
         "topics": [topic],
         "kafka": {"bootstrap_servers": bootstrap, "read_timeout_seconds": 60},
@@ -309,6 +314,7 @@ def main() -> int:
     ap.add_argument("--cores", default="1,2", help="local Spark cores to compare on the smallest case")
     ap.add_argument("--bad-percent", type=float, default=1.0,
                     help="extra case: the first size with this share of truncated records (dead letters); 0: skip")
+    ap.add_argument("--avro", type=int, default=1_000_000, help="extra case: Avro records, 6 partitions (0: skip)")
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--no-dag", action="store_true", help="skip the empty-batch run through Airflow")
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
@@ -328,6 +334,7 @@ def main() -> int:
     b = embedded.start(log_path=work / "broker.log")
     results: list[Result] = []
     fixed: dict[str, float] = {}
+    registry = None
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s]
         cases = [(f"6 partitions x {n / 1e6:g}M", n, 6, 0) for n in sizes]
@@ -336,17 +343,25 @@ def main() -> int:
         if args.bad_percent:
             n = sizes[0]
             cases.append((f"6 partitions x {n / 1e6:g}M, {args.bad_percent:g}% undecodable", n, 6, round(100 / args.bad_percent)))
+        if args.avro:
+            cases.append((f"6 partitions x {args.avro / 1e6:g}M, Avro", args.avro, 6, 0))
         cores = [int(c) for c in args.cores.split(",") if c]
+        from tidewater.sample_data import PIZZA_AVRO_SCHEMA, LocalSchemaRegistry
+
+        registry = LocalSchemaRegistry({1: PIZZA_AVRO_SCHEMA})
+        registry_url = registry.start()
         for ci, (case, n, parts, bad_every) in enumerate(cases):
             topic = f"bench-{ci}"
+            avro = case.endswith("Avro")
+            fmt = {"value": "avro", "registry_url": registry_url} if avro else None
             print(f"== {case}: producing", flush=True)
-            nbytes = produce_topic(b.bootstrap, topic, n, parts, bad_every)
+            nbytes = produce_topic(b.bootstrap, topic, n, parts, bad_every, avro)
             ends = {p: hi for p, (lo, hi) in watermarks(b.bootstrap, topic).items()}
             assert sum(ends.values()) == n, f"broker shows {sum(ends.values())} of {n} records"
             print("   limit", flush=True)
             out, rss = run_python(LIMIT_CODE, [b.bootstrap, topic, json.dumps(ends)], env)
             results.append(Result(case, "limit", out["records"], out["seconds"], out["bytes"], rss))
-            if not args.no_naive and not bad_every:  # the naive loop has no answer to bad records
+            if not args.no_naive and not bad_every and not avro:  # the naive loop reads clean JSON only
                 print("   naive", flush=True)
                 out, rss = run_python(
                     NAIVE_CODE,
@@ -359,7 +374,7 @@ def main() -> int:
             masters = [f"local[{c}]" for c in cores] if ci == 0 else ["local[2]"]
             for master in masters:
                 name = f"b{ci}_{master[6:-1]}"
-                path = pipeline_file(work, name, topic, b.bootstrap, f"bench.t{ci}_{master[6:-1]}", master)
+                path = pipeline_file(work, name, topic, b.bootstrap, f"bench.t{ci}_{master[6:-1]}", master, fmt)
                 print(f"   tidewater run ({master})", flush=True)
                 res, rss, wall = tidewater_run(path, env)
                 assert res["records"] == n, res
@@ -383,6 +398,8 @@ def main() -> int:
                         fixed["empty batch, ingest DAG (`airflow dags test`)"] = dag_empty_run(work, path, env)
     finally:
         b.stop()
+        if registry is not None:
+            registry.stop()
     report = write_report(results, fixed, args, started)
     out = Path(args.output)
     if out.is_file() and ANALYSIS_MARK in out.read_text():  # keep the hand-written analysis below the figures

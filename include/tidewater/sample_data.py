@@ -75,3 +75,69 @@ def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 6
         producer.produce(topic, v, partition=p)
         producer.flush(30)
     return {p: len(v) for p, v in per_part.items()}
+
+
+PIZZA_AVRO_SCHEMA = {
+    "type": "record", "name": "CompletedPizza", "namespace": "rpc",
+    "fields": [{"name": n, "type": t} for n, t in [
+        ("order_id", "string"), ("store_id", "int"), ("sauce", "string"), ("cheese", "string"),
+        ("meats", "string"), ("veggies", "string"), ("date_ordered", "string"),
+    ]],
+}
+
+
+def avro_framed(values: list[bytes], schema_id: int = 1, schema: dict | None = None) -> list[bytes]:
+    """JSON pizza events re-encoded as Confluent-framed Avro (magic byte, schema id, body)."""
+    import io
+    import struct
+
+    import fastavro
+
+    parsed = fastavro.parse_schema(schema or PIZZA_AVRO_SCHEMA)
+    head = b"\x00" + struct.pack(">I", schema_id)
+    out = []
+    for v in values:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, json.loads(v))
+        out.append(head + buf.getvalue())
+    return out
+
+
+class LocalSchemaRegistry:
+    """A minimal in-process schema registry answering ``GET /schemas/ids/{id}`` like Confluent's, for the
+    demo, tests and benchmarks on machines without a registry. Not for production use."""
+
+    def __init__(self, schemas: dict[int, dict]) -> None:
+        self.schemas = dict(schemas)
+        self._server = None
+
+    def start(self) -> str:
+        import threading
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+
+        schemas = self.schemas
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                tail = self.path.rsplit("/", 1)[-1]
+                sid = int(tail) if self.path.startswith("/schemas/ids/") and tail.isdigit() else -1
+                if sid in schemas:
+                    body, code = json.dumps({"schema": json.dumps(schemas[sid])}).encode(), 200
+                else:
+                    body, code = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode(), 404
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self._server.server_port}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None

@@ -1,14 +1,11 @@
 """Avro in the Confluent wire format through the real broker and write step, with a schema registry
-that the test runs locally (an HTTP server answering GET /schemas/ids/{id} like Confluent's registry:
-the registry itself is not available on these machines)."""
+that the test runs locally (``LocalSchemaRegistry``: an HTTP server answering GET /schemas/ids/{id}
+like Confluent's registry, a stand-in because the registry itself is not available on these machines)."""
 
 from __future__ import annotations
 
 import io
-import json
 import struct
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
@@ -16,6 +13,7 @@ from tests.conftest import ingest_inline, produce_to_partition, stage_inline, ta
 from tidewater.catalog import load_catalog, load_table
 from tidewater.config import load_pipeline
 from tidewater.offsets import committed_state
+from tidewater.sample_data import LocalSchemaRegistry
 from tidewater.spark_job import BatchWriteError
 
 pytestmark = [pytest.mark.integration]
@@ -31,26 +29,9 @@ SCHEMAS = {1: V1, 2: V2}
 
 @pytest.fixture
 def registry():  # noqa: ANN201
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            sid = int(self.path.rsplit("/", 1)[-1]) if self.path.startswith("/schemas/ids/") else -1
-            if sid in SCHEMAS:
-                body = json.dumps({"schema": json.dumps(SCHEMAS[sid])}).encode()
-                self.send_response(200)
-            else:
-                body = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode()
-                self.send_response(404)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:  # noqa: ANN002
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    reg = LocalSchemaRegistry(SCHEMAS)
+    yield reg.start()
+    reg.stop()
 
 
 def framed(schema_id: int, record: dict) -> bytes:
