@@ -95,6 +95,13 @@ class FormatSpec:
     registry_basic_auth: str | None = _doc(
         "`user:password` for the schema registry (use `${ENV_VAR}`; never logged).", default=None
     )
+    timestamps: dict[str, str] = _doc(
+        "Top-level columns parsed into UTC timestamps, column -> format: a strftime pattern "
+        "(`%Y-%m-%d %H:%M:%S`), `iso8601` (with or without a zone: `2024-02-29T12:23:03`, `...+01:00`, `...Z`), "
+        "`epoch_millis` or `epoch_seconds`. A value that does not parse makes its record a dead letter.",
+        default_factory=dict,
+    )
+    timezone: str = _doc("Time zone of date-times without a zone (IANA name, e.g. `Europe/Oslo`).", default="UTC")
     key: str = _doc(
         "Message key as a column `_kafka_key`: `none` (default), `string` (UTF-8; invalid bytes replaced) or `bytes`.",
         default="none",
@@ -500,6 +507,17 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: {', '.join(formats)})")
     if spec.format.value == "avro" and not spec.format.registry_url:
         raise ConfigError("format.registry_url: required for value format avro")
+    try:
+        from zoneinfo import ZoneInfo
+
+        ZoneInfo(spec.format.timezone)
+    except Exception:
+        raise ConfigError(f"format.timezone: {spec.format.timezone!r} is not an IANA time zone name") from None
+    for column, tfmt in spec.format.timestamps.items():
+        if tfmt not in ("iso8601", "epoch_millis", "epoch_seconds") and "%" not in tfmt:
+            raise ConfigError(
+                f"format.timestamps.{column}: {tfmt!r} is not iso8601, epoch_millis, epoch_seconds or a strftime pattern"
+            )
     if spec.format.key not in ("none", "string", "bytes"):
         raise ConfigError(f"format.key: {spec.format.key!r} is not one of none, string, bytes")
     if spec.format.metadata not in ("none", "prefixed", "struct"):

@@ -56,8 +56,8 @@ def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = 
     fmt = spec.format.value
     fail = spec.dead_letter.policy == "fail"
     if fmt == "json" and fail:
-        return decode_json(chunk, explicit), [], []
-    if fmt in ("string", "bytes"):
+        decoded, bad = decode_json(chunk, explicit), []
+    elif fmt in ("string", "bytes"):
         decoded, bad = decode_raw(chunk, fmt)
     elif fmt == "connect_json":
         decoded, bad = decode_connect(chunk, explicit)
@@ -71,6 +71,15 @@ def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = 
         decoded, bad = decode_json_lenient(chunk, explicit)
     ignored = [b for b in bad if fmt == "debezium" and b.error_class == "Tombstone"]
     bad = [b for b in bad if not (fmt == "debezium" and b.error_class == "Tombstone")]
+    if fmt not in ("string", "bytes") and spec.format.timestamps:
+        from tidewater.conversions import apply
+        from tidewater.decoding import BadRecord
+
+        decoded, failed = apply(decoded, spec.format)
+        if failed:
+            gone = {b.index for b in bad + ignored}
+            rows = [i for i in range(len(chunk)) if i not in gone]  # chunk index of each decoded row
+            bad = sorted(bad + [BadRecord(rows[r], "ConversionError", msg) for r, msg in failed], key=lambda b: b.index)
     if bad and fail:
         raise RecordError(f"{bad[0].error_class}: {bad[0].message}", topic=chunk.topic, partition=chunk.partition,
                           offset=chunk.offsets[bad[0].index])
@@ -87,6 +96,7 @@ def write_subrange(
     from tidewater.catalog import ensure_dead_letter_table, ensure_table, load_catalog, load_table, new_fields, table_arrow_schema
     from tidewater.dead_letters import dead_letter_rows
     from tidewater.kafka_source import read_range
+    from tidewater.conversions import decoder_schema
     from tidewater.source_columns import add_source_columns, without_source_columns
     from tidewater.writing import DataFileWriter, to_table_schema
 
@@ -115,7 +125,10 @@ def write_subrange(
             read_timeout=spec.kafka.read_timeout_seconds,
             client_id=f"{spec.name}-{task_id}",
         ):
-            explicit = without_source_columns(table_arrow_schema(table), spec.format) if table is not None else None
+            explicit = (
+                decoder_schema(without_source_columns(table_arrow_schema(table), spec.format), spec.format)
+                if table is not None else None
+            )
             decoded, bad, ignored = decode_chunk(spec, chunk, explicit, registry)
             skipped += len(ignored)
             decoded = add_source_columns(spec.format, chunk, decoded, sorted(b.index for b in bad + ignored))

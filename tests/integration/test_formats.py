@@ -53,3 +53,35 @@ def test_debezium_events_land_with_op_column_and_tombstones_skipped(broker, home
     assert (int(props[RECORDS]), int(props[DEAD_LETTERS]), int(props[SKIPPED])) == (14, 1, 1)
     assert result.dead_letters == 1
     assert committed_state(table).offsets == {topic: {0: 14}}
+
+
+def test_date_time_columns_parsed_and_unparseable_values_dead_lettered(broker, home, topic):
+    """Scenario 1's date_ordered ("2024-01-04 12:28:13", local time in Oslo) becomes a UTC timestamptz
+    column; a record whose date does not parse is a dead letter (ConversionError), the rest land; the
+    second batch decodes the column against the table's timestamp type."""
+    from tidewater.catalog import load_catalog, load_table
+    from tidewater.sample_data import pizza_events
+
+    events = pizza_events(20, seed=71)
+    bad = json.dumps({**json.loads(events[0]), "date_ordered": "last tuesday"}).encode()
+    produce_to_partition(broker.bootstrap, topic, 0, events[:10] + [bad] + events[10:15])
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"timestamps": {"date_ordered": "%Y-%m-%d %H:%M:%S"}, "timezone": "Europe/Oslo"})
+    spec = load_pipeline(path)
+    assert ingest_inline(spec).dead_letters == 1
+    table = table_of(path)
+    assert str(table.schema().find_field("date_ordered").field_type) == "timestamptz"
+    from datetime import datetime, timezone
+    from zoneinfo import ZoneInfo
+
+    sample = json.loads(events[1])
+    rows = {r["order_id"]: r["date_ordered"] for r in table.scan().to_arrow().to_pylist()}
+    local = datetime.strptime(sample["date_ordered"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=ZoneInfo("Europe/Oslo"))
+    assert rows[sample["order_id"]] == local.astimezone(timezone.utc)
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow()
+    assert dlq.column("error_class").to_pylist() == ["ConversionError"]
+    assert "last tuesday" in dlq.column("error_message")[0].as_py()
+
+    produce_to_partition(broker.bootstrap, topic, 0, events[15:])
+    assert ingest_inline(spec).records == 5
+    assert table_of(path).scan().to_arrow().num_rows == 20
