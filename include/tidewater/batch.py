@@ -125,6 +125,7 @@ class BatchManifest:
     task_timings: tuple[dict[str, Any], ...] = ()  # per Spark task: started_at, finished_at (epoch s), records
     dead_letter_table: str | None = None
     dead_letter_files: tuple[dict[str, Any], ...] = ()
+    ignored_fields: tuple[str, ...] = ()  # record fields left out because table.evolve_schema is off
     version: int = MANIFEST_VERSION
 
     @property
@@ -183,6 +184,7 @@ class BatchManifest:
         d["data_files"] = list(self.data_files)
         d["task_timings"] = list(self.task_timings)
         d["dead_letter_files"] = list(self.dead_letter_files)
+        d["ignored_fields"] = list(self.ignored_fields)
         return d
 
     @classmethod
@@ -201,6 +203,7 @@ class BatchManifest:
             task_timings=tuple(d.get("task_timings", ())),
             dead_letter_table=d.get("dead_letter_table"),
             dead_letter_files=tuple(d.get("dead_letter_files", ())),
+            ignored_fields=tuple(d.get("ignored_fields", ())),
             version=d["version"],
         )
 

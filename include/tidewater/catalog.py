@@ -78,6 +78,29 @@ def new_fields(table: Any, decoded: pa.Schema) -> list[str]:
     return sorted(arrow_paths(pa.struct(list(decoded))) - have)
 
 
+def _subset(decoded: pa.DataType, have: pa.DataType) -> pa.DataType:
+    """``decoded`` restricted to the fields ``have`` knows (by name, recursively)."""
+    if pa.types.is_struct(decoded) and pa.types.is_struct(have):
+        fields = []
+        for f in decoded:
+            i = have.get_field_index(f.name)
+            if i >= 0:
+                fields.append(pa.field(f.name, _subset(f.type, have.field(i).type)))
+        return pa.struct(fields)
+    if (pa.types.is_list(decoded) or pa.types.is_large_list(decoded)) and (pa.types.is_list(have) or pa.types.is_large_list(have)):
+        return pa.list_(_subset(decoded.value_type, have.value_type))
+    return decoded
+
+
+def without_new_fields(table: Any, decoded: pa.Table) -> pa.Table:
+    """``decoded`` without the fields the table does not have (``table.evolve_schema: false``)."""
+    have = pa.struct(list(table_arrow_schema(table)))
+    keep = [n for n in decoded.column_names if have.get_field_index(n) >= 0]
+    projected = decoded.select(keep)
+    target = pa.schema([pa.field(f.name, _subset(f.type, have.field(have.get_field_index(f.name)).type)) for f in projected.schema])
+    return projected.cast(target)
+
+
 def create_table(catalog: Any, ident: str, schema: pa.Schema, properties: dict[str, str]) -> Any:
     """Create the namespace and table if missing; safe when several writers do it at once."""
     namespace = tuple(ident.split(".")[:-1])

@@ -133,11 +133,22 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     for a in actions or []:
         if a not in ACTIONS:
             raise ConfigError(f"--actions: {a!r} is not one of {', '.join(ACTIONS)}")
-    reports = maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master)
     if args.json:
+        # Spark's JVM writes its log to file descriptor 1: keep stdout for the JSON document alone.
+        import os
+
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+        try:
+            reports = maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master)
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
         print(reports_json(reports))
     else:
-        for r in reports:
+        for r in maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master):
             print(r.text())
     return 0
 

@@ -161,6 +161,7 @@ def commit_batch(
             dag_run_id=dag_run_id,
             dead_letters=manifest.dead_letters,
             skipped=manifest.skipped,
+            ignored_fields=manifest.ignored_fields,
         )
         files = [deserialize_data_file(d, table.format_version) for d in manifest.data_files]
         table = _without_commit_retries(table)

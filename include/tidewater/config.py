@@ -141,8 +141,8 @@ class TableSpec:
         "Create the namespace and table when missing, with the schema inferred from the data.", default=True
     )
     evolve_schema: bool = _doc(
-        "Add columns for new top-level or nested fields found in the data. When off, a record with an unknown "
-        "field fails the batch with an error naming the field.",
+        "Add columns for new top-level or nested fields found in the data. When off, new fields are left out "
+        "of the rows and reported (snapshot summary `tidewater.ignored-fields`, the write step's log).",
         default=True,
     )
     properties: dict[str, str] = _doc(

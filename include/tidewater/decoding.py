@@ -14,6 +14,7 @@ of a chunk are left out until a record gives them a type.
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -217,6 +218,24 @@ def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Ta
             bad[i] = BadRecord(i, "EmptyValue", "record value is empty or whitespace; expected a JSON object")
         else:
             candidates.append(i)
+    # Cheap per-record screen (error path only): records that are not JSON objects at all never reach
+    # the halving below, which then only has type mismatches left to find (usually none: one parse).
+    screened = []
+    for i in candidates:
+        v = values[i]
+        try:
+            doc = json.loads(v.decode("utf-8"))  # type: ignore[union-attr]
+        except UnicodeDecodeError:
+            bad[i] = BadRecord(i, "InvalidUtf8", f"value is not valid UTF-8; value starts with {v[:120]!r}")  # type: ignore[index]
+            continue
+        except ValueError as e:
+            bad[i] = BadRecord(i, "InvalidJson", f"JSON parse error: {e}; value starts with {v[:120]!r}")  # type: ignore[index]
+            continue
+        if not isinstance(doc, dict):
+            bad[i] = BadRecord(i, "TypeMismatch", f"value is a JSON {type(doc).__name__}, not an object; value starts with {v[:120]!r}")  # type: ignore[index]
+            continue
+        screened.append(i)
+    candidates = screened
     clean = {i: v.replace(b"\r", b" ").replace(b"\n", b" ") for i in candidates if (v := values[i]) is not None}
     block_size = max([MIN_BLOCK_SIZE, *(2 * len(v) + 1 for v in clean.values())])
     schema = readable

@@ -26,6 +26,7 @@ VALID_THROUGH = PREFIX + "valid-through"
 RECORDS = PREFIX + "records"  # records read
 DEAD_LETTERS = PREFIX + "dead-letters"  # of which written to the dead-letter table
 SKIPPED = PREFIX + "skipped"  # of which dropped by the skip policy
+IGNORED_FIELDS = PREFIX + "ignored-fields"  # record fields not added (table.evolve_schema off)
 FORMAT_VERSION = PREFIX + "summary-version"
 SUMMARY_VERSION = "1"
 
@@ -52,6 +53,7 @@ def summary_properties(
     dag_run_id: str | None,
     dead_letters: int = 0,
     skipped: int = 0,
+    ignored_fields: tuple[str, ...] = (),
 ) -> dict[str, str]:
     props = {
         OFFSETS: json.dumps(offsets_to_json(offsets), separators=(",", ":")),
@@ -62,6 +64,9 @@ def summary_properties(
         SKIPPED: str(skipped),
         FORMAT_VERSION: SUMMARY_VERSION,
     }
+    if ignored_fields:
+        text = ",".join(ignored_fields)
+        props[IGNORED_FIELDS] = text if len(text) <= 1000 else text[:997] + "..."
     if valid_through_ms is not None:
         props[VALID_THROUGH_MS] = str(valid_through_ms)
         props[VALID_THROUGH] = datetime.fromtimestamp(valid_through_ms / 1000, tz=timezone.utc).isoformat()

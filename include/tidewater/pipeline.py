@@ -284,6 +284,8 @@ def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) 
     manifest = run_write_step(spec, plan_path, master=master, progress=tick)
     extra = f", {manifest.dead_letters} dead letter(s)" if manifest.dead_letters else ""
     extra += f", {manifest.skipped} skipped" if manifest.skipped else ""
+    if manifest.ignored_fields:
+        say(f"      fields not added (table.evolve_schema is off): {', '.join(manifest.ignored_fields)}")
     say(f"      {manifest.records} records -> {len(manifest.data_files)} data file(s){extra} ({time.monotonic() - t1:.1f}s)")
     t2 = time.monotonic()
     say("[3/4] validate great-expectations on the staged files")

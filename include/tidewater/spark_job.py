@@ -93,7 +93,9 @@ def write_subrange(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tidewater.catalog import ensure_dead_letter_table, ensure_table, load_catalog, load_table, new_fields, table_arrow_schema
+    from tidewater.catalog import (
+        ensure_dead_letter_table, ensure_table, load_catalog, load_table, new_fields, table_arrow_schema, without_new_fields,
+    )
     from tidewater.dead_letters import dead_letter_rows
     from tidewater.kafka_source import read_range
     from tidewater.conversions import decoder_schema
@@ -115,6 +117,7 @@ def write_subrange(
     dlq_table: Any = None
     files: list[dict[str, Any]] = []
     records = dead = skipped = 0
+    ignored_fields: set[str] = set()  # fields not added because table.evolve_schema is off
     first = last = tmin = tmax = None
     prefix = f"{batch_id}-{task_id:05d}"
     try:
@@ -142,6 +145,11 @@ def write_subrange(
                 skipped += len(bad)
                 log.warning("batch %s: skipped %d undecodable records of %s[%d], first at offset %d: %s", batch_id,
                             len(bad), chunk.topic, chunk.partition, chunk.offsets[bad[0].index], bad[0].message)
+            if decoded.num_rows and table is not None and not spec.table.evolve_schema:
+                extra = new_fields(table, decoded.schema)
+                if extra:
+                    ignored_fields.update(extra)
+                    decoded = without_new_fields(table, decoded)
             if decoded.num_rows:
                 if table is None or new_fields(table, decoded.schema):
                     table = ensure_table(catalog, spec, table, decoded.schema)
@@ -177,6 +185,7 @@ def write_subrange(
         "task_id": task_id,
         "files": files,
         "dead_letter_files": dlq_files,
+        "ignored_fields": sorted(ignored_fields),
         "stats": asdict(stats),
         "timing": {"task_id": task_id, "started_at": started_at, "finished_at": time.time(),
                    "seconds": time.monotonic() - started, "records": records},
@@ -254,6 +263,7 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
         task_timings=tuple(r["timing"] for r in results),
         dead_letter_table=spec.dead_letter_table(),
         dead_letter_files=tuple(f for r in results for f in r.get("dead_letter_files", [])),
+        ignored_fields=tuple(sorted({n for r in results for n in r.get("ignored_fields", [])})),
     )
 
 

@@ -231,3 +231,36 @@ def test_orphan_removal_deletes_abandoned_files_past_the_safe_age_only(broker, h
     table = _table(spec)
     assert _content(table)[0] == 80
     assert committed_state(table).offsets == {topic: {0: 40, 1: 40}}
+
+
+def test_sorted_table_is_compacted_with_sort_and_the_cli_reports_a_dry_run(broker, home, topic, spark_for):
+    """strategy auto on a table with a sort order rewrites with `sort`: one file whose store_id values are
+    in order. `tidewater maintain --dry-run --json` reports candidates and changes nothing."""
+    import json
+    import subprocess
+    import sys
+
+    from pyiceberg.transforms import IdentityTransform
+
+    spec = _pipeline(home, broker, topic)
+    for i in range(3):
+        produce(broker.bootstrap, topic, pizza_events(50, seed=600 + i), partitions=2)
+        ingest_inline(spec)
+    with _table(spec).update_sort_order() as order:
+        order.asc("store_id", IdentityTransform())
+
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "tidewater"), "maintain", "--pipeline", spec.source_path,
+         "--actions", "rewrite_data_files,expire_snapshots", "--dry-run", "--json", "--master", "local[1]"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    reports = json.loads(out)
+    assert [r["action"] for r in reports] == ["rewrite_data_files", "expire_snapshots"]
+    assert reports[0]["details"]["strategy"] == "sort" and reports[0]["details"]["candidate_files"] == 6
+    assert all(r["dry_run"] and r["before"] == r["after"] for r in reports)
+    assert len(_table(spec).inspect.files()) == 6
+
+    [report] = maintain(spec, actions=["rewrite_data_files"], spark=spark_for(spec))
+    assert report.details["strategy"] == "sort" and report.after.data_files == 1
+    stores = _table(spec).scan().to_arrow().column("store_id").to_pylist()
+    assert stores == sorted(stores) and len(stores) == 150

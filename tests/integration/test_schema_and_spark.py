@@ -48,3 +48,26 @@ def test_nested_types_evolution_and_spark_read(broker, home, topic):
     finally:
         spark.stop()
     assert (rows["n"], rows["web"], rows["countries"], rows["items"]) == (15, 5, 5, 10)
+
+
+def test_evolution_off_ignores_new_fields_and_reports_them(broker, home, topic):
+    """table.evolve_schema false: a batch with a new top-level field and a new field inside a struct lands
+    without them; the schema is unchanged and the snapshot names the ignored fields."""
+    from tidewater.offsets import IGNORED_FIELDS
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          table={"identifier": "rpc.orders", "evolve_schema": False}, validation={"not_null": ["id"]})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i, "address": {"city": "Oslo"}}).encode() for i in range(3)])
+    ingest_inline(spec)  # creates the table (auto_create is on)
+    produce_to_partition(broker.bootstrap, topic, 0, [
+        json.dumps({"id": 10 + i, "coupon": "X", "address": {"city": "Rome", "zip": 100}}).encode() for i in range(4)
+    ])
+    assert ingest_inline(spec).records == 4
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert [f.name for f in table.schema().fields] == ["id", "address"]
+    assert table.schema().find_field("address").field_type.fields[0].name == "city"
+    assert len(table.schema().find_field("address").field_type.fields) == 1
+    rows = table.scan().to_arrow().sort_by("id").to_pylist()
+    assert len(rows) == 7 and rows[-1] == {"id": 13, "address": {"city": "Rome"}}
+    assert table.current_snapshot().summary.additional_properties[IGNORED_FIELDS] == "address.zip,coupon"
