@@ -8,7 +8,7 @@ The plan task short-circuits the rest when every partition is caught up. Task bo
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 from airflow.sdk import dag, task
@@ -42,12 +42,7 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
         max_active_runs=1,
         tags=sorted({"tidewater", "ingest", *spec.airflow.tags}),
         doc_md=_doc(spec, path),
-        default_args={
-            "owner": spec.airflow.owner,
-            "retries": spec.airflow.retries,
-            "retry_delay": timedelta(seconds=spec.airflow.retry_delay_seconds),
-            "execution_timeout": timedelta(minutes=spec.airflow.task_timeout_minutes),
-        },
+        default_args=spec.airflow.default_args(),
     )
     def ingest():
         @task.short_circuit(task_id="plan")

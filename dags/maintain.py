@@ -8,7 +8,7 @@ each an Iceberg Spark procedure on the pipeline's table, safe beside the ingest 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 from airflow.sdk import Asset, dag, task
@@ -49,12 +49,7 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - return
             f"* remove orphan files older than {m.remove_orphan_files.older_than_hours:g} h; staged files of batches "
             "in flight are never removed\n* pipeline file: `" + pipeline_path + "`"
         ),
-        default_args={
-            "owner": spec.airflow.owner,
-            "retries": spec.airflow.retries,
-            "retry_delay": timedelta(seconds=spec.airflow.retry_delay_seconds),
-            "execution_timeout": timedelta(minutes=spec.airflow.task_timeout_minutes),
-        },
+        default_args=spec.airflow.default_args(),
     )
     def maintain():
         previous = None

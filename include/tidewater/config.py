@@ -231,6 +231,17 @@ class AirflowSpec:
         default=60,
     )
 
+    def default_args(self) -> dict[str, Any]:
+        """Airflow ``default_args`` shared by the pipeline's DAGs."""
+        from datetime import timedelta
+
+        return {
+            "owner": self.owner,
+            "retries": self.retries,
+            "retry_delay": timedelta(seconds=self.retry_delay_seconds),
+            "execution_timeout": timedelta(minutes=self.task_timeout_minutes),
+        }
+
 
 @dataclass(frozen=True)
 class CompactionSpec:
@@ -518,40 +529,30 @@ def validate(spec: PipelineSpec) -> None:
             raise ConfigError(
                 f"format.timestamps.{column}: {tfmt!r} is not iso8601, epoch_millis, epoch_seconds or a strftime pattern"
             )
-    if spec.format.key not in ("none", "string", "bytes"):
-        raise ConfigError(f"format.key: {spec.format.key!r} is not one of none, string, bytes")
-    if spec.format.metadata not in ("none", "prefixed", "struct"):
-        raise ConfigError(f"format.metadata: {spec.format.metadata!r} is not one of none, prefixed, struct")
-    if spec.batch.max_records < 1:
-        raise ConfigError("batch.max_records: must be at least 1")
-    if spec.batch.records_per_task < 1:
-        raise ConfigError("batch.records_per_task: must be at least 1")
-    if spec.batch.chunk_records < 1:
-        raise ConfigError("batch.chunk_records: must be at least 1")
-    if spec.dead_letter.policy not in ("dead_letter", "fail", "skip"):
-        raise ConfigError(f"dead_letter.policy: {spec.dead_letter.policy!r} is not one of dead_letter, fail, skip")
+    _one_of("format.key", spec.format.key, ("none", "string", "bytes"))
+    _one_of("format.metadata", spec.format.metadata, ("none", "prefixed", "struct"))
+    _one_of("dead_letter.policy", spec.dead_letter.policy, ("dead_letter", "fail", "skip"))
     dlq = spec.dead_letter.table
     if dlq is not None and (
         dlq == spec.table.identifier or len(dlq.split(".")) < 2 or not all(_IDENTIFIER_PART.match(p) for p in dlq.split("."))
     ):
         raise ConfigError(f"dead_letter.table: {dlq!r} must be `namespace.name` (letters, digits, '_'), not the target table")
-    if spec.validation.chunk_rows < 1:
-        raise ConfigError("validation.chunk_rows: must be at least 1")
-    if spec.airflow.task_timeout_minutes < 1:
-        raise ConfigError("airflow.task_timeout_minutes: must be at least 1")
     m = spec.maintenance
-    if m.rewrite_data_files.strategy not in ("auto", "binpack", "sort", "zorder"):
-        raise ConfigError(
-            f"maintenance.rewrite_data_files.strategy: {m.rewrite_data_files.strategy!r} is not one of auto, binpack, sort, zorder"
-        )
+    for key, value, minimum in (
+        ("batch.max_records", spec.batch.max_records, 1),
+        ("batch.records_per_task", spec.batch.records_per_task, 1),
+        ("batch.chunk_records", spec.batch.chunk_records, 1),
+        ("validation.chunk_rows", spec.validation.chunk_rows, 1),
+        ("airflow.task_timeout_minutes", spec.airflow.task_timeout_minutes, 1),
+        ("maintenance.rewrite_data_files.min_input_files", m.rewrite_data_files.min_input_files, 1),
+        ("maintenance.expire_snapshots.retain_last", m.expire_snapshots.retain_last, 1),
+        ("maintenance.expire_snapshots.older_than_hours", m.expire_snapshots.older_than_hours, 0),
+    ):
+        if value < minimum:
+            raise ConfigError(f"{key}: must be at least {minimum}")
+    _one_of("maintenance.rewrite_data_files.strategy", m.rewrite_data_files.strategy, ("auto", "binpack", "sort", "zorder"))
     if m.rewrite_data_files.strategy == "zorder" and not m.rewrite_data_files.zorder_columns:
         raise ConfigError("maintenance.rewrite_data_files.zorder_columns: needed for strategy zorder")
-    if m.rewrite_data_files.min_input_files < 1:
-        raise ConfigError("maintenance.rewrite_data_files.min_input_files: must be at least 1")
-    if m.expire_snapshots.retain_last < 1:
-        raise ConfigError("maintenance.expire_snapshots.retain_last: must be at least 1")
-    if m.expire_snapshots.older_than_hours < 0:
-        raise ConfigError("maintenance.expire_snapshots.older_than_hours: must not be negative")
     longest_h = spec.longest_batch_seconds() / 3600
     if m.remove_orphan_files.older_than_hours < max(longest_h, 24):
         raise ConfigError(
@@ -567,6 +568,11 @@ def validate(spec: PipelineSpec) -> None:
     suite = spec.suite_path()
     if suite is not None and not suite.is_file():
         raise ConfigError(f"validation.suite: file {suite} does not exist")
+
+
+def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
 
 
 def is_secret_key(key: str) -> bool:
