@@ -7,6 +7,7 @@ batch id, so a retry never adds them twice). Records read = rows written + dead 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -18,24 +19,32 @@ from tidewater.kafka_source import Chunk
 POLICIES = ("dead_letter", "fail", "skip")
 
 
-def dead_letter_rows(chunk: Chunk, bad: list[BadRecord], batch_id: str, pipeline: str) -> pa.Table:
-    """One row per bad record (error path only: a Python step per bad record)."""
+def dead_letter_rows(
+    chunk: Chunk, bad: list[BadRecord], batch_id: str, pipeline: str, reread: Callable[[list[int]], dict[int, Any]] | None = None
+) -> pa.Table:
+    """One row per bad record (error path only: a Python step per bad record).
+
+    Keys and headers come from the chunk when it was read with them, else from ``reread`` (the bad
+    records' offsets read again: the hot path does not keep keys and headers it does not need).
+    """
     idx = [b.index for b in bad]
-    msgs: list[Any] = chunk.messages
-    headers = []
-    for i in idx:
-        raw = msgs[i].headers() if msgs else None
-        headers.append([{"key": k, "value": v} for k, v in raw] if raw else None)
+    offsets = [chunk.offsets[i] for i in idx]
+    if chunk.keys is not None and chunk.headers is not None:
+        meta = {chunk.offsets[i]: (chunk.keys[i], chunk.headers[i]) for i in idx}
+    else:
+        meta = reread(offsets) if reread is not None else {}
+    keys = [meta.get(o, (None, None))[0] for o in offsets]
+    headers = [[{"key": k, "value": v} for k, v in h] if (h := meta.get(o, (None, None))[1]) else None for o in offsets]
     stamps = [chunk.timestamps[i] for i in idx]
     return pa.table(
         {
             "topic": [chunk.topic] * len(idx),
             "partition": pa.array([chunk.partition] * len(idx), pa.int32()),
-            "offset": pa.array([chunk.offsets[i] for i in idx], pa.int64()),
+            "offset": pa.array(offsets, pa.int64()),
             "timestamp": pa.array([t * 1000 if t is not None and t >= 0 else None for t in stamps], pa.int64()).cast(
                 pa.timestamp("us", tz="UTC")
             ),
-            "key": pa.array([msgs[i].key() if msgs else None for i in idx], pa.binary()),
+            "key": pa.array(keys, pa.binary()),
             "value": pa.array([chunk.values[i] for i in idx], pa.binary()),
             "headers": pa.array(headers, DEAD_LETTER_SCHEMA.field("headers").type),
             "error_class": [b.error_class for b in bad],

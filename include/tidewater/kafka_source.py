@@ -13,7 +13,7 @@ import os
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tidewater.batch import PartitionRange, TopicPartition
@@ -157,7 +157,8 @@ class Chunk:
     values: list[bytes | None]
     offsets: list[int]
     timestamps: list[int]
-    messages: list[Any] = field(default_factory=list)  # librdkafka's messages: keys and headers on the error path
+    keys: list[bytes | None] | None = None  # only when read with keys=True
+    headers: list[Any] | None = None  # only when read with headers=True
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -170,6 +171,8 @@ def read_range(
     chunk_records: int,
     read_timeout: float,
     client_id: str = "reader",
+    keys: bool = False,
+    headers: bool = False,
 ) -> Iterator[Chunk]:
     """Yield the records of ``rng`` in chunks of about ``chunk_records``.
 
@@ -193,7 +196,8 @@ def read_range(
         values: list[bytes | None] = []
         offsets: list[int] = []
         stamps: list[int] = []
-        messages: list[Any] = []
+        key_list: list[bytes | None] | None = [] if keys else None
+        header_list: list[Any] | None = [] if headers else None
         last_progress = time.monotonic()
         while pos < rng.end:
             msgs = consumer.consume(num_messages=CONSUME_BATCH, timeout=1.0)
@@ -219,12 +223,17 @@ def read_range(
                     values.extend(map(_value, msgs))
                     stamps.extend(map(_stamp, map(_timestamp, msgs)))
                     offsets.extend(offs)
-                    messages.extend(msgs)
+                    if key_list is not None:
+                        key_list.extend(map(Message.key, msgs))
+                    if header_list is not None:
+                        header_list.extend(map(Message.headers, msgs))
                     pos = offs[-1] + 1
                     last_progress = time.monotonic()
                 if len(offsets) >= chunk_records:
-                    yield Chunk(rng.topic, rng.partition, values, offsets, stamps, messages)
-                    values, offsets, stamps, messages = [], [], [], []
+                    yield Chunk(rng.topic, rng.partition, values, offsets, stamps, key_list, header_list)
+                    values, offsets, stamps = [], [], []
+                    key_list = [] if keys else None
+                    header_list = [] if headers else None
             if pos >= rng.end or past_end:
                 break
             if at_eof or not msgs:
@@ -242,6 +251,38 @@ def read_range(
                     offset=pos,
                 )
         if offsets:
-            yield Chunk(rng.topic, rng.partition, values, offsets, stamps, messages)
+            yield Chunk(rng.topic, rng.partition, values, offsets, stamps, key_list, header_list)
     finally:
         consumer.close()
+
+
+def keys_and_headers(
+    settings: dict[str, str], topic: str, partition: int, offsets: list[int], read_timeout: float, client_id: str = "dead-letters"
+) -> dict[int, tuple[bytes | None, Any]]:
+    """Key and headers of the records at ``offsets`` of one partition, read again (error path only:
+    the hot path does not keep them unless they become columns)."""
+    if not offsets:
+        return {}
+    wanted = set(offsets)
+    found: dict[int, tuple[bytes | None, Any]] = {}
+    rng = PartitionRange(topic, partition, min(offsets), max(offsets) + 1)
+    from confluent_kafka import KafkaError
+    from confluent_kafka import TopicPartition as KTP
+
+    consumer = _consumer(settings, client_id)
+    try:
+        consumer.assign([KTP(topic, partition, rng.start)])
+        deadline = time.monotonic() + read_timeout
+        while len(found) < len(wanted) and time.monotonic() < deadline:
+            for m in consumer.consume(num_messages=CONSUME_BATCH, timeout=1.0):
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        deadline = 0
+                    continue
+                if m.offset() in wanted:
+                    found[m.offset()] = (m.key(), m.headers())
+                if m.offset() >= rng.end - 1:
+                    deadline = 0
+    finally:
+        consumer.close()
+    return found

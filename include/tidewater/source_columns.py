@@ -76,17 +76,14 @@ def add_source_columns(fmt: FormatSpec, chunk: Chunk, table: pa.Table, bad: list
             cols.update({PREFIX + k: take(v) for k, v in meta.items()})
         else:
             cols[STRUCT] = take(pa.StructArray.from_arrays(list(meta.values()), list(meta.keys())))
-    msgs = chunk.messages
-    if fmt.key != "none" or fmt.headers:
-        from confluent_kafka import Message
     if fmt.key != "none":
-        keys = pa.array(list(map(Message.key, msgs)), pa.binary())
+        keys = pa.array(chunk.keys, pa.binary())
         if fmt.key == "string":
             keys = pa.array([k.decode("utf-8", "replace") if k is not None else None for k in keys.to_pylist()], pa.string()) \
                 if not _valid_utf8(keys) else keys.cast(pa.string())
         cols[PREFIX + "key"] = take(keys)
     if fmt.headers:
-        cols[PREFIX + "headers"] = take(pa.array(list(map(Message.headers, msgs)), HEADERS_TYPE))
+        cols[PREFIX + "headers"] = take(pa.array(chunk.headers, HEADERS_TYPE))
     for name, arr in cols.items():
         table = table.append_column(name, arr)
     return table

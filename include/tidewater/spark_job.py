@@ -13,6 +13,7 @@ landed: only the commit step makes files visible) and reports the error; the dri
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 import time
@@ -97,7 +98,7 @@ def write_subrange(
         ensure_dead_letter_table, ensure_table, load_catalog, load_table, new_fields, table_arrow_schema, without_new_fields,
     )
     from tidewater.dead_letters import dead_letter_rows
-    from tidewater.kafka_source import read_range
+    from tidewater.kafka_source import keys_and_headers, read_range
     from tidewater.conversions import decoder_schema
     from tidewater.source_columns import add_source_columns, without_source_columns
     from tidewater.writing import DataFileWriter, to_table_schema
@@ -127,6 +128,8 @@ def write_subrange(
             chunk_records=spec.batch.chunk_records,
             read_timeout=spec.kafka.read_timeout_seconds,
             client_id=f"{spec.name}-{task_id}",
+            keys=spec.format.key != "none",
+            headers=spec.format.headers,
         ):
             explicit = (
                 decoder_schema(without_source_columns(table_arrow_schema(table), spec.format), spec.format)
@@ -139,7 +142,9 @@ def write_subrange(
                 if dlq_writer is None:
                     dlq_table = ensure_dead_letter_table(catalog, spec)
                     dlq_writer = DataFileWriter(dlq_table, prefix + "-dlq")
-                dlq_writer.write(to_table_schema(dlq_table, dead_letter_rows(chunk, bad, batch_id, spec.name)))
+                reread = functools.partial(keys_and_headers, settings, chunk.topic, chunk.partition,
+                                           read_timeout=spec.kafka.read_timeout_seconds, client_id=f"{spec.name}-{task_id}-dlq")
+                dlq_writer.write(to_table_schema(dlq_table, dead_letter_rows(chunk, bad, batch_id, spec.name, reread)))
                 dead += len(bad)
             elif bad:
                 skipped += len(bad)

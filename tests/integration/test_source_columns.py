@@ -90,3 +90,22 @@ def test_plain_string_and_raw_bytes_values(broker, home, topic, kind):
     else:
         assert result.dead_letters == 0
         assert t.column("value").to_pylist() == [b"line one", b"\xff\xfe bad", None, "línea".encode()]
+
+
+def test_dead_letters_keep_key_and_headers_when_they_are_not_columns(broker, home, topic):
+    """Keys and headers are not read on the hot path unless they become columns; a dead letter still
+    gets its raw key and headers (read again by offset on the error path)."""
+    from tidewater.catalog import load_catalog, load_table
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    records = [(f"k{i}".encode(), json.dumps({"order_id": f"o{i}"}).encode(), [("trace", f"t{i}".encode())]) for i in range(8)]
+    records[2] = (b"bad-key", b"{oops", [("trace", b"t2"), ("retry", b"1")])
+    records[6] = (None, b"[]", None)
+    _produce(broker.bootstrap, topic, records)
+    spec = load_pipeline(path)
+    assert ingest_inline(spec).dead_letters == 2
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset").to_pylist()
+    assert [(d["offset"], d["key"], d["headers"] or None) for d in dlq] == [
+        (2, b"bad-key", [{"key": "trace", "value": b"t2"}, {"key": "retry", "value": b"1"}]),
+        (6, None, None),  # no headers: stored as an empty or null list
+    ]
