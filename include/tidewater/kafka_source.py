@@ -256,33 +256,41 @@ def read_range(
         consumer.close()
 
 
-def keys_and_headers(
-    settings: dict[str, str], topic: str, partition: int, offsets: list[int], read_timeout: float, client_id: str = "dead-letters"
-) -> dict[int, tuple[bytes | None, Any]]:
-    """Key and headers of the records at ``offsets`` of one partition, read again (error path only:
-    the hot path does not keep them unless they become columns)."""
-    if not offsets:
-        return {}
-    wanted = set(offsets)
-    found: dict[int, tuple[bytes | None, Any]] = {}
-    rng = PartitionRange(topic, partition, min(offsets), max(offsets) + 1)
-    from confluent_kafka import KafkaError
-    from confluent_kafka import TopicPartition as KTP
+class Rereader:
+    """Reads the key and headers of given records again (error path only: the hot path does not keep
+    them unless they become columns). One consumer, opened on first use and reused until ``close``."""
 
-    consumer = _consumer(settings, client_id)
-    try:
-        consumer.assign([KTP(topic, partition, rng.start)])
-        deadline = time.monotonic() + read_timeout
-        while len(found) < len(wanted) and time.monotonic() < deadline:
-            for m in consumer.consume(num_messages=CONSUME_BATCH, timeout=1.0):
+    def __init__(self, settings: dict[str, str], client_id: str, read_timeout: float) -> None:
+        self._settings = settings
+        self._client_id = client_id
+        self._timeout = read_timeout
+        self._consumer: Any = None
+
+    def fetch(self, topic: str, partition: int, offsets: list[int]) -> dict[int, tuple[bytes | None, Any]]:
+        from confluent_kafka import KafkaError
+        from confluent_kafka import TopicPartition as KTP
+
+        if not offsets:
+            return {}
+        if self._consumer is None:
+            self._consumer = _consumer(self._settings, self._client_id)
+        wanted = set(offsets)
+        last = max(offsets)
+        found: dict[int, tuple[bytes | None, Any]] = {}
+        self._consumer.assign([KTP(topic, partition, min(offsets))])
+        deadline = time.monotonic() + self._timeout
+        done = False
+        while not done and len(found) < len(wanted) and time.monotonic() < deadline:
+            for m in self._consumer.consume(num_messages=CONSUME_BATCH, timeout=1.0):
                 if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        deadline = 0
+                    done = done or m.error().code() == KafkaError._PARTITION_EOF
                     continue
                 if m.offset() in wanted:
                     found[m.offset()] = (m.key(), m.headers())
-                if m.offset() >= rng.end - 1:
-                    deadline = 0
-    finally:
-        consumer.close()
-    return found
+                done = done or m.offset() >= last
+        return found
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

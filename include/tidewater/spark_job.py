@@ -98,7 +98,7 @@ def write_subrange(
         ensure_dead_letter_table, ensure_table, load_catalog, load_table, new_fields, table_arrow_schema, without_new_fields,
     )
     from tidewater.dead_letters import dead_letter_rows
-    from tidewater.kafka_source import keys_and_headers, read_range
+    from tidewater.kafka_source import Rereader, read_range
     from tidewater.conversions import decoder_schema
     from tidewater.source_columns import add_source_columns, without_source_columns
     from tidewater.writing import DataFileWriter, to_table_schema
@@ -113,6 +113,7 @@ def write_subrange(
         from tidewater.avro import RegistryClient
 
         registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth)
+    rereader = Rereader(settings, f"{spec.name}-{task_id}-dlq", spec.kafka.read_timeout_seconds)
     writer: DataFileWriter | None = None
     dlq_writer: DataFileWriter | None = None
     dlq_table: Any = None
@@ -142,8 +143,7 @@ def write_subrange(
                 if dlq_writer is None:
                     dlq_table = ensure_dead_letter_table(catalog, spec)
                     dlq_writer = DataFileWriter(dlq_table, prefix + "-dlq")
-                reread = functools.partial(keys_and_headers, settings, chunk.topic, chunk.partition,
-                                           read_timeout=spec.kafka.read_timeout_seconds, client_id=f"{spec.name}-{task_id}-dlq")
+                reread = functools.partial(rereader.fetch, chunk.topic, chunk.partition)
                 dlq_writer.write(to_table_schema(dlq_table, dead_letter_rows(chunk, bad, batch_id, spec.name, reread)))
                 dead += len(bad)
             elif bad:
@@ -177,7 +177,9 @@ def write_subrange(
         if writer is not None:
             files.extend(writer.close())
         dlq_files = dlq_writer.close() if dlq_writer is not None else []
+        rereader.close()
     except Exception as e:
+        rereader.close()
         paths = [f["file_path"] for f in files] + (writer.abort() if writer is not None else [])
         _delete_files(table, paths)
         if dlq_writer is not None:
