@@ -19,7 +19,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from tidewater.config import load_pipeline
 
     spec = load_pipeline(args.pipeline)
-    print(f"{args.pipeline}: ok (pipeline {spec.name}, DAG {spec.dag_id}, {len(spec.topics)} topic(s) -> {spec.table.identifier})")
+    print(f"{args.pipeline}: ok (pipeline {spec.name}, DAG {spec.dag_id}, {len(spec.topics)} topic(s)"
+          f"{' + pattern ' + repr(spec.topic_pattern) if spec.topic_pattern else ''} -> {spec.table.identifier})")
     return 0
 
 

@@ -302,6 +302,12 @@ class PipelineSpec:
 
     name: str = _doc("Pipeline name: lower-case letters, digits and `_`. The DAG id is `ingest_<name>`.", default="")
     topics: list[str] = _doc("Kafka topics to ingest.", default_factory=list)
+    topic_pattern: str | None = _doc(
+        "Regular expression (full match) selecting more topics, e.g. `logs\\.\\d{8}` for daily topics. Matching "
+        "topics are listed at every plan, so topics created later are picked up; their offsets are tracked like "
+        "the others. Internal topics (`__...`) never match.",
+        default=None,
+    )
     table: TableSpec = _doc("Target table.", default_factory=TableSpec)
     schedule: str | None = _doc("Airflow schedule (cron or preset). `null`: triggered only.", default="*/5 * * * *")
     description: str = _doc("Shown as the DAG's documentation.", default="")
@@ -492,8 +498,13 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError("name: required")
     if not _NAME.match(spec.name):
         raise ConfigError(f"name: {spec.name!r} must be lower-case letters, digits and '_', starting with a letter")
-    if not spec.topics:
-        raise ConfigError("topics: at least one topic is required")
+    if not spec.topics and not spec.topic_pattern:
+        raise ConfigError("topics: at least one topic (or a topic_pattern) is required")
+    if spec.topic_pattern is not None:
+        try:
+            re.compile(spec.topic_pattern)
+        except re.error as e:
+            raise ConfigError(f"topic_pattern: {spec.topic_pattern!r} is not a valid regular expression ({e})") from None
     for i, t in enumerate(spec.topics):
         if not re.match(r"^[A-Za-z0-9._-]{1,249}$", t):
             raise ConfigError(f"topics[{i}]: {t!r} is not a valid Kafka topic name")

@@ -106,6 +106,28 @@ def _consumer(settings: dict[str, str], client_id: str) -> Any:
         raise ConfigError(f"kafka.settings: librdkafka rejected the configuration: {e}") from None
 
 
+def resolve_topics(settings: dict[str, str], spec: PipelineSpec, timeout: float = 15.0) -> list[str]:
+    """The pipeline's topics: the listed ones plus every topic that fully matches ``topic_pattern`` now."""
+    import re
+
+    topics = list(spec.topics)
+    if spec.topic_pattern is None:
+        return topics
+    pattern = re.compile(spec.topic_pattern)
+    consumer = _consumer(settings, "metadata")
+    try:
+        try:
+            names = consumer.list_topics(timeout=timeout).topics
+        except Exception as e:
+            raise TransientError(f"cannot list topics on {redact(settings).get('bootstrap.servers')}: {e}") from None
+    finally:
+        consumer.close()
+    matched = sorted(n for n in names if not n.startswith("__") and pattern.fullmatch(n))
+    if not matched:
+        log.info("topic_pattern %r matches no topic yet", spec.topic_pattern)
+    return topics + [t for t in matched if t not in topics]
+
+
 def list_partitions(settings: dict[str, str], topics: list[str], timeout: float = 15.0) -> list[TopicPartition]:
     """All partitions of the given topics. A missing topic is an error naming it."""
     consumer = _consumer(settings, "metadata")

@@ -29,7 +29,7 @@ from tidewater.catalog import load_catalog, load_table
 from tidewater.committing import CommitResult, commit_batch
 from tidewater.config import PipelineSpec, load_pipeline
 from tidewater.errors import TerminalError, TransientError
-from tidewater.offsets import committed_state
+from tidewater.offsets import DEAD_LETTERS, SKIPPED, committed_state, summary_dict
 from tidewater.planning import plan_ranges
 from tidewater.validating import ValidationReport, require_valid, validate_batch
 
@@ -54,15 +54,14 @@ def plan_batch(spec: PipelineSpec) -> tuple[BatchPlan, Path | None]:
 
     An empty plan is not staged (returns path None): nothing to do, no Spark start.
     """
-    from tidewater.kafka_source import kafka_settings, list_partitions, watermarks
-    from tidewater.offsets import DEAD_LETTERS, SKIPPED, summary_dict
+    from tidewater.kafka_source import kafka_settings, list_partitions, resolve_topics, watermarks
 
     catalog = load_catalog(spec)
     table = load_table(catalog, spec.table.identifier)
     state = committed_state(table) if table is not None else None
     committed = state.offsets if state else {}
     settings = kafka_settings(spec)
-    parts = list_partitions(settings, spec.topics)
+    parts = list_partitions(settings, resolve_topics(settings, spec))
     wm = watermarks(settings, parts)
     ranges = plan_ranges(committed, wm, spec.batch.max_records)
     plan = BatchPlan(
@@ -194,14 +193,13 @@ class PartitionStatus:
 
 def status(spec: PipelineSpec) -> dict[str, Any]:
     """Committed offset, end offset and lag per partition; last snapshot; valid-through."""
-    from tidewater.kafka_source import kafka_settings, list_partitions, watermarks
-    from tidewater.offsets import DEAD_LETTERS, SKIPPED, summary_dict
+    from tidewater.kafka_source import kafka_settings, list_partitions, resolve_topics, watermarks
 
     catalog = load_catalog(spec)
     table = load_table(catalog, spec.table.identifier)
     state = committed_state(table) if table is not None else None
     settings = kafka_settings(spec)
-    wm = watermarks(settings, list_partitions(settings, spec.topics))
+    wm = watermarks(settings, list_partitions(settings, resolve_topics(settings, spec)))
     parts = [
         PartitionStatus(t, p, (state.offsets.get(t, {}).get(p) if state else None), lo, hi)
         for (t, p), (lo, hi) in sorted(wm.items())
