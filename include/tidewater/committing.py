@@ -114,6 +114,7 @@ def commit_batch(
     *,
     dag_run_id: str | None = None,
     max_attempts: int = 8,
+    validation: dict[str, Any] | None = None,
 ) -> CommitResult:
     """Append the manifest's files in one snapshot stamped with offsets and the batch id."""
     from pyiceberg.exceptions import CommitFailedException
@@ -162,6 +163,7 @@ def commit_batch(
             dead_letters=manifest.dead_letters,
             skipped=manifest.skipped,
             ignored_fields=manifest.ignored_fields,
+            validation=validation,
         )
         files = [deserialize_data_file(d, table.format_version) for d in manifest.data_files]
         table = _without_commit_retries(table)

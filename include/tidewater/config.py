@@ -199,6 +199,12 @@ class ValidationSpec:
         "Rows of the checked columns held in memory at a time while validating (bounds the gate's memory).",
         default=500_000,
     )
+    on_failure: str = _doc(
+        "`fail`: a failing expectation stops the batch (nothing committed, offsets unchanged); `warn`: the batch "
+        "is committed and the failure is logged and recorded in the snapshot summary (`tidewater.validation`). "
+        "The accounting checks (row count, read = rows + dead letters + skipped) always fail the batch.",
+        default="fail",
+    )
 
 
 @dataclass(frozen=True)
@@ -542,6 +548,7 @@ def validate(spec: PipelineSpec) -> None:
             )
     _one_of("format.key", spec.format.key, ("none", "string", "bytes"))
     _one_of("format.metadata", spec.format.metadata, ("none", "prefixed", "struct"))
+    _one_of("validation.on_failure", spec.validation.on_failure, ("fail", "warn"))
     _one_of("dead_letter.policy", spec.dead_letter.policy, ("dead_letter", "fail", "skip"))
     dlq = spec.dead_letter.table
     if dlq is not None and (

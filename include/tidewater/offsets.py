@@ -27,6 +27,7 @@ RECORDS = PREFIX + "records"  # records read
 DEAD_LETTERS = PREFIX + "dead-letters"  # of which written to the dead-letter table
 SKIPPED = PREFIX + "skipped"  # of which dropped by the skip policy
 IGNORED_FIELDS = PREFIX + "ignored-fields"  # record fields not added (table.evolve_schema off)
+VALIDATION = PREFIX + "validation"  # the gate's verdict: suite, success, rows, checks, failed
 FORMAT_VERSION = PREFIX + "summary-version"
 SUMMARY_VERSION = "1"
 
@@ -54,6 +55,7 @@ def summary_properties(
     dead_letters: int = 0,
     skipped: int = 0,
     ignored_fields: tuple[str, ...] = (),
+    validation: dict[str, Any] | None = None,
 ) -> dict[str, str]:
     props = {
         OFFSETS: json.dumps(offsets_to_json(offsets), separators=(",", ":")),
@@ -64,6 +66,8 @@ def summary_properties(
         SKIPPED: str(skipped),
         FORMAT_VERSION: SUMMARY_VERSION,
     }
+    if validation is not None:
+        props[VALIDATION] = json.dumps(validation, separators=(",", ":"), sort_keys=True)
     if ignored_fields:
         text = ",".join(ignored_fields)
         props[IGNORED_FIELDS] = text if len(text) <= 1000 else text[:997] + "..."

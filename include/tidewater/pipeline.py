@@ -161,18 +161,29 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
 
             checks = tuple(builtin_checks(spec, None, manifest))
             report = ValidationReport(plan.batch_id, "builtin", all(c.success for c in checks), 0, checks)
-            require_valid(report)
-            return report
-        from tidewater.validating import CheckResult
+        else:
+            from tidewater.validating import CheckResult
 
-        return ValidationReport(plan.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))
-    report = validate_batch(spec, table, manifest)
-    require_valid(report)
+            report = ValidationReport(plan.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))
+    else:
+        report = validate_batch(spec, table, manifest)
+    require_valid(report, spec.validation.on_failure)
+    # What the gate decided travels to the commit (stamped in the snapshot summary).
+    write_json_atomic(_batch_path(spec, plan) / VALIDATION_NAME, report.summary())
     return report
 
 
+VALIDATION_NAME = "validation.json"
+
+
+def _batch_path(spec: PipelineSpec, plan: BatchPlan) -> Path:
+    return batch_dir(spec.staging_dir(), spec.name, plan.batch_id)
+
+
 def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None = None) -> CommitResult:
-    return commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id)
+    path = _batch_path(spec, plan) / VALIDATION_NAME
+    validation = read_json(path) if path.is_file() else None
+    return commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation)
 
 
 # ---- status ----------------------------------------------------------------------------------------

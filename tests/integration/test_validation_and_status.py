@@ -117,3 +117,41 @@ def test_validate_command_exit_codes(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "batch.max_record: unknown key (did you mean 'max_records'?)" in proc.stderr
+
+
+def test_warn_policy_commits_a_failing_batch_and_records_the_verdict(broker, home, topic):
+    """validation.on_failure warn: the failing suite is logged, the batch is committed, and the snapshot
+    summary records the verdict (suite, success false, one failed check). A passing batch records success."""
+    from tidewater.offsets import VALIDATION
+
+    (home / "strict.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
+    ]}))
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"not_null": ["order_id"], "suite": "strict.json", "on_failure": "warn"})
+    spec = load_pipeline(path)
+    produce(broker.bootstrap, topic, pizza_events(100, seed=91), partitions=2)
+    plan, manifest = stage_inline(spec)
+    report = validate_step(spec, plan, manifest)
+    assert not report.success
+    commit_step(spec, plan, manifest)
+    table = table_of(path)
+    assert table.scan().to_arrow().num_rows == 100
+    assert committed_state(table).offsets == {topic: {0: 50, 1: 50}}
+    verdict = json.loads(table.current_snapshot().summary.additional_properties[VALIDATION])
+    assert verdict == {"suite": "orders.strict.json", "success": False, "rows": 100, "checks": 4, "failed": 1}
+
+
+def test_warn_policy_never_lets_the_accounting_check_pass(broker, home, topic):
+    """The row-count/accounting checks guard exactly-once: with warn they still stop the batch."""
+    from dataclasses import replace
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"not_null": ["order_id"], "on_failure": "warn"})
+    spec = load_pipeline(path)
+    produce(broker.bootstrap, topic, pizza_events(20, seed=92), partitions=1)
+    plan, manifest = stage_inline(spec)
+    short = replace(manifest, data_files=manifest.data_files[:0])  # as if a file went missing from the manifest
+    with pytest.raises(ValidationFailedError, match="expect_table_row_count_to_equal"):
+        validate_step(spec, plan, short)
+    assert table_of(path).snapshots() == []
