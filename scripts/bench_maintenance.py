@@ -37,7 +37,6 @@ def main() -> int:
     if (REPO / ".data" / "jars").is_dir():
         (work / "jars").symlink_to(REPO / ".data" / "jars")
     os.environ["TIDEWATER_HOME"] = str(work)
-    sys.path.insert(0, str(REPO))
 
     from tidewater import broker as embedded
     from tidewater import spark_session

@@ -90,6 +90,15 @@ def _without_commit_retries(table: Any) -> Any:
     return Table(table.name(), metadata=meta, metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
 
 
+def _fast_append(table: Any, data_files: Any, props: dict[str, str]) -> None:
+    """One fast-append snapshot of the staged (serialized) data files, with these summary properties."""
+    files = [deserialize_data_file(d, table.format_version) for d in data_files]
+    with table.transaction() as tx:
+        with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+            for f in files:
+                append.append_data_file(f)
+
+
 def _drop_connections(catalog: Any) -> None:
     """Close a SQL catalog's pooled connections (rolling back whatever they left open)."""
     engine = getattr(catalog, "engine", None)
@@ -165,13 +174,9 @@ def commit_batch(
             ignored_fields=manifest.ignored_fields,
             validation=validation,
         )
-        files = [deserialize_data_file(d, table.format_version) for d in manifest.data_files]
         table = _without_commit_retries(table)
         try:
-            with table.transaction() as tx:
-                with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
-                    for f in files:
-                        append.append_data_file(f)
+            _fast_append(table, manifest.data_files, props)
         except CommitFailedException as e:
             log.warning("batch %s: commit conflict on %s (attempt %d): %s; refreshing", plan.batch_id, ident, attempt, e)
             time.sleep(min(0.1 * 2**attempt, 5))
@@ -187,12 +192,13 @@ def commit_batch(
         snap = table.current_snapshot()
         log.info(
             "batch %s committed to %s: snapshot %s, %d records, %d files%s",
-            plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(files),
+            plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(manifest.data_files),
             f", {manifest.dead_letters} dead letters" if manifest.dead_letters else "",
         )
         commit_dead_letters(catalog, plan, manifest)
         return CommitResult(
-            "committed", plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(files), offsets,
+            "committed", plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(manifest.data_files),
+            offsets,
             manifest.dead_letters,
         )
     raise TransientError(f"commit did not succeed after {max_attempts} attempts", table=ident, batch_id=plan.batch_id)
@@ -215,13 +221,9 @@ def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest, 
             raise TerminalError("dead-letter table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
         if find_batch_snapshot(table, plan.batch_id) is not None:
             return
-        files = [deserialize_data_file(d, table.format_version) for d in manifest.dead_letter_files]
         props = {BATCH_ID: plan.batch_id, PIPELINE: plan.pipeline, RECORDS: str(manifest.dead_letters)}
         try:
-            with _without_commit_retries(table).transaction() as tx:
-                with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
-                    for f in files:
-                        append.append_data_file(f)
+            _fast_append(_without_commit_retries(table), manifest.dead_letter_files, props)
             log.info("batch %s: %d dead letters committed to %s", plan.batch_id, manifest.dead_letters, ident)
             return
         except CommitFailedException as e:

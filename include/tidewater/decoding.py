@@ -198,47 +198,29 @@ class BadRecord:
 def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
     """Like :func:`decode_json`, but records that cannot be decoded are returned apart, not raised.
 
-    Success path: one parse of the whole chunk, as ``decode_json``. Error path only: tombstones and
-    empty values are set aside, the rest is split in halves until every failing piece is a single
-    record (a few parses per bad record, not one per record). Returns the good records' table, in
-    chunk order, and the bad records.
+    Success path: one parse of the whole chunk, as ``decode_json``. Error path only: each record is
+    screened (tombstone, empty, invalid UTF-8, invalid JSON, not an object); the rest is split in halves
+    until every failing piece is a single record (type mismatches: a few parses per bad record).
+    Returns the good records' table, in chunk order, and the bad records.
     """
     try:
         return decode_json(chunk, explicit), []
     except RecordError:
         pass
-    readable = readable_schema(explicit) if explicit is not None else None
     values = chunk.values
     bad: dict[int, BadRecord] = {}
-    candidates: list[int] = []
+    clean: dict[int, bytes] = {}
     for i, v in enumerate(values):
-        if v is None:
-            bad[i] = BadRecord(i, "Tombstone", "record has a null value (tombstone); JSON pipelines need an object per record")
-        elif not v.strip():
-            bad[i] = BadRecord(i, "EmptyValue", "record value is empty or whitespace; expected a JSON object")
+        # Cheap per-record screen (error path only): records that are not JSON objects at all never reach
+        # the halving below, which then only has type mismatches left to find (usually none: one parse).
+        problem = _screen(v)
+        if problem is not None:
+            bad[i] = BadRecord(i, *problem)
         else:
-            candidates.append(i)
-    # Cheap per-record screen (error path only): records that are not JSON objects at all never reach
-    # the halving below, which then only has type mismatches left to find (usually none: one parse).
-    screened = []
-    for i in candidates:
-        v = values[i]
-        try:
-            doc = json.loads(v.decode("utf-8"))  # type: ignore[union-attr]
-        except UnicodeDecodeError:
-            bad[i] = BadRecord(i, "InvalidUtf8", f"value is not valid UTF-8; value starts with {v[:120]!r}")  # type: ignore[index]
-            continue
-        except ValueError as e:
-            bad[i] = BadRecord(i, "InvalidJson", f"JSON parse error: {e}; value starts with {v[:120]!r}")  # type: ignore[index]
-            continue
-        if not isinstance(doc, dict):
-            bad[i] = BadRecord(i, "TypeMismatch", f"value is a JSON {type(doc).__name__}, not an object; value starts with {v[:120]!r}")  # type: ignore[index]
-            continue
-        screened.append(i)
-    candidates = screened
-    clean = {i: v.replace(b"\r", b" ").replace(b"\n", b" ") for i in candidates if (v := values[i]) is not None}
+            clean[i] = v.replace(b"\r", b" ").replace(b"\n", b" ")  # type: ignore[union-attr]
+    candidates = list(clean)
     block_size = max([MIN_BLOCK_SIZE, *(2 * len(v) + 1 for v in clean.values())])
-    schema = readable
+    schema = readable_schema(explicit) if explicit is not None else None
     for _ in range(8):  # each round fixes the types of fields the table does not have yet
         good, failed = _isolate(candidates, clean, schema, block_size)
         if not good:
@@ -264,6 +246,23 @@ def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Ta
     return table, [bad[i] for i in sorted(bad)]
 
 
+def _screen(v: bytes | None) -> tuple[str, str] | None:
+    """(error class, message) for a value that is no JSON object at all, else None."""
+    if v is None:
+        return "Tombstone", "record has a null value (tombstone); JSON pipelines need an object per record"
+    if not v.strip():
+        return "EmptyValue", "record value is empty or whitespace; expected a JSON object"
+    try:
+        doc = json.loads(v.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "InvalidUtf8", f"value is not valid UTF-8; value starts with {v[:120]!r}"
+    except ValueError as e:
+        return "InvalidJson", f"JSON parse error: {e}; value starts with {v[:120]!r}"
+    if not isinstance(doc, dict):
+        return "TypeMismatch", f"value is a JSON {type(doc).__name__}, not an object; value starts with {v[:120]!r}"
+    return None
+
+
 def _isolate(
     indices: list[int], values: dict[int, bytes], schema: pa.Schema | None, block_size: int
 ) -> tuple[list[int], dict[int, BadRecord]]:
@@ -274,19 +273,29 @@ def _isolate(
         _parse_settled(b"\n".join(values[i] for i in indices), schema, block_size)
         return indices, {}
     except pa.ArrowInvalid as e:
-        if len(indices) == 1:
+        if len(indices) == 1:  # valid JSON objects (screened): what Arrow rejects is a type
             i = indices[0]
-            preview = values[i][:120]
-            if _not_utf8(values[i]):
-                kind, reason = "InvalidUtf8", "value is not valid UTF-8"
-            else:
-                reason = str(e).splitlines()[0].replace(" in row 0", "")
-                kind = "TypeMismatch" if "changed from" in reason or "conversion" in reason.lower() else "InvalidJson"
-            return [], {i: BadRecord(i, kind, f"{reason}; value starts with {preview!r}")}
+            reason = str(e).splitlines()[0].replace(" in row 0", "")
+            kind = "TypeMismatch" if "changed from" in reason or "conversion" in reason.lower() else "InvalidJson"
+            return [], {i: BadRecord(i, kind, f"{reason}; value starts with {values[i][:120]!r}")}
     mid = len(indices) // 2
     good_a, bad_a = _isolate(indices[:mid], values, schema, block_size)
     good_b, bad_b = _isolate(indices[mid:], values, schema, block_size)
     return good_a + good_b, {**bad_a, **bad_b}
+
+
+def surviving(n: int, bad: list[int]) -> list[int]:
+    """Chunk index of each decoded row when the records at ``bad`` were set apart (error path)."""
+    gone = set(bad)
+    return [i for i in range(n) if i not in gone]
+
+
+def keep_mask(n: int, bad: list[int]) -> pa.Array:
+    """A filter keeping every row of an ``n``-record chunk but those at ``bad``."""
+    mask = [True] * n
+    for i in bad:
+        mask[i] = False
+    return pa.array(mask)
 
 
 def _not_utf8(v: bytes) -> bool:
@@ -314,7 +323,4 @@ def decode_raw(chunk: Chunk, kind: str) -> tuple[pa.Table, list[BadRecord]]:
         pass
     bad = [BadRecord(i, "InvalidUtf8", f"value is not valid UTF-8; value starts with {v[:120]!r}")
            for i, v in enumerate(chunk.values) if v is not None and _not_utf8(v)]
-    mask = [True] * len(values)
-    for b in bad:
-        mask[b.index] = False
-    return pa.table({"value": values.filter(pa.array(mask)).cast(pa.string())}), bad
+    return pa.table({"value": values.filter(keep_mask(len(values), [b.index for b in bad])).cast(pa.string())}), bad

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.decoding import BadRecord, decode_json_lenient
+from tidewater.decoding import BadRecord, decode_json_lenient, surviving
 from tidewater.kafka_source import Chunk
 
 TIMESTAMP = "org.apache.kafka.connect.data.Timestamp"
@@ -88,18 +88,18 @@ def _flatten(struct_col: Any) -> pa.Table:
     return pa.Table.from_arrays(arr.flatten(), names=[f.name for f in arr.type])
 
 
-def _drop(table: pa.Table, keep: list[bool]) -> pa.Table:
-    return table.filter(pa.array(keep))
+def _failures(n: int, bad: list[BadRecord], failing: Any, kind: str, message: str) -> list[BadRecord]:
+    """Bad records for the decoded rows where ``failing`` is true (chunk indices worked out only then)."""
+    rows = pc.indices_nonzero(pc.fill_null(failing, False)).to_pylist()
+    if not rows:
+        return []
+    good = surviving(n, [b.index for b in bad])
+    return [BadRecord(good[r], kind, message) for r in rows]
 
 
-def _envelope_failures(chunk: Chunk, good: list[int], missing: Any, kind: str, message: str) -> list[BadRecord]:
-    miss = missing.to_pylist()
-    return [BadRecord(good[i], kind, message) for i, m in enumerate(miss) if m]
-
-
-def _good_indices(n: int, bad: list[BadRecord]) -> list[int]:
-    gone = {b.index for b in bad}
-    return [i for i in range(n) if i not in gone]
+def _all_failed(n: int, bad: list[BadRecord], kind: str, message: str) -> tuple[pa.Table, list[BadRecord]]:
+    return pa.table({}), sorted(bad + [BadRecord(i, kind, message) for i in surviving(n, [b.index for b in bad])],
+                                key=lambda b: b.index)
 
 
 def decode_connect(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
@@ -112,14 +112,12 @@ def decode_connect(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, 
         have = {f.name: f.type for f in explicit}
         envelope = pa.schema([pa.field("payload", pa.struct([pa.field(f.name, have.get(f.name, f.type)) for f in declared]))])
     parsed, bad = decode_json_lenient(chunk, envelope)
-    good = _good_indices(len(chunk), bad)
     if "payload" not in parsed.column_names:
-        return pa.table({}), sorted(bad + [BadRecord(i, "EnvelopeMissing", "no `payload` in the Connect JSON envelope")
-                                           for i in good], key=lambda b: b.index)
+        return _all_failed(len(chunk), bad, "EnvelopeMissing", "no `payload` in the Connect JSON envelope")
     payload = parsed.column("payload")
     missing = pc.is_null(payload)
-    failures = _envelope_failures(chunk, good, missing, "EnvelopeMissing", "`payload` is null or missing in the Connect JSON envelope")
-    table = _flatten(_drop(pa.table({"p": payload}), pc.invert(missing).to_pylist()).column("p"))
+    failures = _failures(len(chunk), bad, missing, "EnvelopeMissing", "`payload` is null or missing in the Connect JSON envelope")
+    table = _flatten(payload.filter(pc.invert(missing)))
     table = _convert_logical(table, _logical_conversions(schema or {}))
     return table, sorted(bad + failures, key=lambda b: b.index)
 
@@ -135,14 +133,11 @@ def decode_debezium(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table,
         outer, bad = decode_connect(chunk, None)
     else:
         outer, bad = decode_json_lenient(chunk, None)
-    good = _good_indices(len(chunk), bad)
     if "op" not in outer.column_names:
-        return pa.table({}), sorted(bad + [BadRecord(i, "NotDebezium", "no `op` field in the change event") for i in good],
-                                    key=lambda b: b.index)
+        return _all_failed(len(chunk), bad, "NotDebezium", "no `op` field in the change event")
     op = outer.column("op").cast(pa.string())
     valid = pc.fill_null(pc.is_in(op, value_set=pa.array(OPS)), False)
-    failures = _envelope_failures(chunk, good, pc.invert(valid), "NotDebezium",
-                                  f"`op` is not one of {', '.join(OPS)}")
+    failures = _failures(len(chunk), bad, pc.invert(valid), "NotDebezium", f"`op` is not one of {', '.join(OPS)}")
     outer = outer.filter(valid)
     op = op.filter(valid)
     before = outer.column("before") if "before" in outer.column_names else None

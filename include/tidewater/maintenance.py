@@ -92,10 +92,6 @@ class ActionReport:
         return d
 
 
-def spark_table(spec: PipelineSpec) -> str:
-    return f"{spec.catalog.name}.{spec.table.identifier}"
-
-
 def _ts_literal(epoch_ms: int) -> str:
     t = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
     return "TIMESTAMP '" + t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d}'"

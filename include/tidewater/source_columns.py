@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from tidewater.config import FormatSpec
+from tidewater.decoding import keep_mask
 from tidewater.errors import RecordError
 from tidewater.kafka_source import Chunk
 
@@ -53,12 +54,7 @@ def add_source_columns(fmt: FormatSpec, chunk: Chunk, table: pa.Table, bad: list
             topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[0],
         )
     n = len(chunk)
-    keep = None
-    if bad:
-        mask = [True] * n
-        for i in bad:
-            mask[i] = False
-        keep = pa.array(mask)
+    keep = keep_mask(n, bad) if bad else None
 
     def take(arr: Any) -> pa.Array:
         return arr.filter(keep) if keep is not None else arr

@@ -70,16 +70,17 @@ def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = 
         decoded, bad = decode_avro(chunk, registry)
     else:
         decoded, bad = decode_json_lenient(chunk, explicit)
-    ignored = [b for b in bad if fmt == "debezium" and b.error_class == "Tombstone"]
-    bad = [b for b in bad if not (fmt == "debezium" and b.error_class == "Tombstone")]
+    ignored: list[Any] = []
+    if fmt == "debezium":
+        ignored = [b for b in bad if b.error_class == "Tombstone"]
+        bad = [b for b in bad if b.error_class != "Tombstone"]
     if fmt not in ("string", "bytes") and spec.format.timestamps:
         from tidewater.conversions import apply
-        from tidewater.decoding import BadRecord
+        from tidewater.decoding import BadRecord, surviving
 
         decoded, failed = apply(decoded, spec.format)
         if failed:
-            gone = {b.index for b in bad + ignored}
-            rows = [i for i in range(len(chunk)) if i not in gone]  # chunk index of each decoded row
+            rows = surviving(len(chunk), [b.index for b in bad + ignored])  # chunk index of each decoded row
             bad = sorted(bad + [BadRecord(rows[r], "ConversionError", msg) for r, msg in failed], key=lambda b: b.index)
     if bad and fail:
         raise RecordError(f"{bad[0].error_class}: {bad[0].message}", topic=chunk.topic, partition=chunk.partition,
@@ -251,13 +252,14 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
     from tidewater.catalog import load_catalog, load_table
 
     errors = [r for r in results if "error" in r]
-    table = load_table(load_catalog(spec), spec.table.identifier)
+    catalog = load_catalog(spec)
+    table = load_table(catalog, spec.table.identifier)
     if errors:
         # No manifest will exist, so no commit can reference these files: remove them.
         _delete_files(table, [f["file_path"] for r in results if "files" in r for f in r["files"]])
         dlq = [f["file_path"] for r in results for f in r.get("dead_letter_files", [])]
         if dlq:
-            _delete_files(load_table(load_catalog(spec), spec.dead_letter_table()), dlq)
+            _delete_files(load_table(catalog, spec.dead_letter_table()), dlq)
         raise BatchWriteError(errors[0]["error"], len(errors))
     results = sorted(results, key=lambda r: r["task_id"])
     return BatchManifest(
