@@ -173,8 +173,7 @@ def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None,
     from tidewater.maintenance import maintain
 
     spec = load_pipeline(pipeline_path)
-    [report] = maintain(spec, actions=[action], master=_spark_master(spec.spark.conn_id, spec.spark.master))
-    log.info("%s", report.text())
+    [report] = maintain(spec, actions=[action], master=_spark_master(spec.spark.conn_id, spec.spark.master))  # logs the report
     meta = json.loads(json.dumps(report.metadata(), default=str))
     if outlet_events is not None and asset is not None:
         outlet_events[asset].extra = meta

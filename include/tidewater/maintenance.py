@@ -35,6 +35,7 @@ from tidewater.config import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError
 from tidewater.offsets import committed_state
 from tidewater.spark_job import MANIFEST_NAME
+from tidewater.writing import TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def rewrite_data_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool
     strategy = c.strategy
     if strategy == "auto":
         strategy = "binpack" if table.sort_order().is_unsorted else "sort"
-    target = c.target_file_size_bytes or int(table.properties.get("write.target-file-size-bytes", 512 * 1024 * 1024))
+    target = c.target_file_size_bytes or int(table.properties.get(TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT))
     options = {
         "target-file-size-bytes": str(target),
         "min-input-files": str(c.min_input_files),
