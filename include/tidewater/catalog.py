@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -101,8 +102,20 @@ def without_new_fields(table: Any, decoded: pa.Table) -> pa.Table:
     return projected.cast(target)
 
 
-def create_table(catalog: Any, ident: str, schema: pa.Schema, properties: dict[str, str]) -> Any:
-    """Create the namespace and table if missing; safe when several writers do it at once."""
+def create_table(catalog: Any, ident: str, schema: pa.Schema, properties: dict[str, str],
+                 partition_by: list[str] | None = None, sort_by: list[str] | None = None) -> Any:
+    """Create the namespace and table if missing; safe when several writers do it at once.
+
+    The partition spec and sort order are part of the creation (never a second commit), so no writer
+    can see the table without them.
+    """
+    from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, visit_pyarrow
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    from tidewater import partitioning
+
+    iceberg_schema = assign_fresh_schema_ids(visit_pyarrow(schema, _ConvertToIcebergWithoutIDs()))
+    spec, order = partitioning.build(iceberg_schema, partition_by or [], sort_by or [])
     namespace = tuple(ident.split(".")[:-1])
     # Several Spark tasks may create the same namespace and table at once; a catalog's check-then-insert
     # lets the loser fail with a raw database error, so a failure counts only if the object is still missing.
@@ -112,7 +125,9 @@ def create_table(catalog: Any, ident: str, schema: pa.Schema, properties: dict[s
         if not catalog.namespace_exists(namespace):
             raise
     try:
-        table = catalog.create_table_if_not_exists(ident, schema=schema, properties=properties)
+        table = catalog.create_table_if_not_exists(
+            ident, schema=iceberg_schema, partition_spec=spec, sort_order=order, properties=properties
+        )
     except Exception:
         table = load_table(catalog, ident)
         if table is None:
@@ -142,36 +157,142 @@ def ensure_dead_letter_table(catalog: Any, spec: PipelineSpec) -> Any:
     return load_table(catalog, ident) or create_table(catalog, ident, DEAD_LETTER_SCHEMA, {"format-version": "2"})
 
 
-def ensure_table(catalog: Any, spec: PipelineSpec, table: Any | None, decoded: pa.Schema) -> Any:
-    """A table that has every field of ``decoded`` (creating or evolving it), or an error."""
+@dataclass(frozen=True)
+class Evolution:
+    """What the table's schema needs so that a chunk of rows fits it."""
+
+    new: tuple[str, ...] = ()  # dotted paths of fields the table does not have
+    widen: tuple[str, ...] = ()  # int -> long, float -> double
+    optional: tuple[str, ...] = ()  # required columns the rows leave null (or lack)
+
+    def __bool__(self) -> bool:
+        return bool(self.new or self.widen or self.optional)
+
+    def describe(self) -> str:
+        parts = [f"add {', '.join(self.new)}" if self.new else "", f"widen {', '.join(self.widen)}" if self.widen else "",
+                 f"make optional {', '.join(self.optional)}" if self.optional else ""]
+        return "; ".join(p for p in parts if p)
+
+
+_WIDER = {("int", "long"), ("float", "double")}
+
+
+def _walk(fields: Any, arrays: dict[str, pa.Array], valid: pa.Array | None, prefix: str,
+          widen: list[str], optional: list[str]) -> None:
+    import pyarrow.compute as pc
+    from pyiceberg.types import StructType
+
+    for f in fields:
+        path = f"{prefix}{f.name}"
+        arr = arrays.get(f.name)
+        if arr is None:
+            if f.required:
+                optional.append(path)
+            continue
+        if (str(f.field_type), _arrow_family(arr.type)) in _WIDER:
+            widen.append(path)
+        if f.required:
+            nulls = pc.is_null(arr) if valid is None else pc.and_(pc.is_null(arr), valid)
+            if pc.any(nulls).as_py():
+                optional.append(path)
+        if isinstance(f.field_type, StructType) and pa.types.is_struct(arr.type):
+            child_valid = pc.is_valid(arr) if valid is None else pc.and_(pc.is_valid(arr), valid)
+            children = {arr.type.field(i).name: arr.field(i) for i in range(arr.type.num_fields)}
+            _walk(f.field_type.fields, children, child_valid, path + ".", widen, optional)
+
+
+def _arrow_family(t: pa.DataType) -> str:
+    if pa.types.is_int64(t):
+        return "long"
+    if pa.types.is_float64(t):
+        return "double"
+    return str(t)
+
+
+def evolution_needed(table: Any | None, data: pa.Table) -> Evolution:
+    """New fields, type widenings and required columns made optional that ``data`` needs."""
+    if table is None:
+        return Evolution(new=tuple(sorted(arrow_paths(pa.struct(list(data.schema))))))
+    new = new_fields(table, data.schema)
+    widen: list[str] = []
+    optional: list[str] = []
+    fields = table.schema().fields
+    if any(_has_required_or_narrow(f) for f in fields):  # auto-created tables have neither: nothing to scan
+        arrays = {name: data.column(name).combine_chunks() for name in data.column_names}
+        _walk(fields, arrays, None, "", widen, optional)
+    return Evolution(tuple(new), tuple(widen), tuple(optional))
+
+
+def _has_required_or_narrow(f: Any) -> bool:
+    from pyiceberg.types import StructType
+
+    if f.required or str(f.field_type) in ("int", "float"):
+        return True
+    return isinstance(f.field_type, StructType) and any(_has_required_or_narrow(c) for c in f.field_type.fields)
+
+
+def _keep_required(table: Any, schema: pa.Schema, relax: set[str]) -> pa.Schema:
+    """``schema`` with fields the table has as required (and that stay required) marked non-nullable,
+    so that ``union_by_name`` changes nothing about them."""
+    from pyiceberg.types import StructType
+
+    def walk(fields: Any, t: pa.StructType, prefix: str) -> list[pa.Field]:
+        ice = {f.name: f for f in fields}
+        out = []
+        for af in t:
+            f = ice.get(af.name)
+            path = f"{prefix}{af.name}"
+            typ = af.type
+            if f is not None and isinstance(f.field_type, StructType) and pa.types.is_struct(typ):
+                typ = pa.struct(walk(f.field_type.fields, typ, path + "."))
+            nullable = not (f is not None and f.required and path not in relax)
+            out.append(pa.field(af.name, typ, nullable=nullable))
+        return out
+
+    return pa.schema(walk(table.schema().fields, pa.struct(list(schema)), ""))
+
+
+def ensure_table(catalog: Any, spec: PipelineSpec, table: Any | None, data: pa.Table | pa.Schema) -> Any:
+    """A table that ``data`` fits (creating or evolving it: new fields, int -> long and float -> double,
+    required -> optional), or an error. Safe to race: every attempt re-checks against a fresh table."""
     from pyiceberg.exceptions import CommitFailedException
 
     ident = spec.table.identifier
+    schema = data if isinstance(data, pa.Schema) else data.schema
     if table is None:
         if not spec.table.auto_create:
             raise TerminalError(f"table {ident} does not exist and table.auto_create is off", table=ident)
-        if len(decoded) == 0:
+        if len(schema) == 0:
             raise TerminalError("cannot create a table from records without any typed field", table=ident)
-        table = create_table(catalog, ident, decoded, {"format-version": "2", **spec.table.properties})
-    missing = new_fields(table, decoded)
-    if not missing:
+        table = create_table(catalog, ident, schema, {"format-version": "2", **spec.table.properties},
+                             spec.table.partition_by, spec.table.sort_by)
+
+    def needed(t: Any) -> Evolution:
+        return Evolution(new=tuple(new_fields(t, schema))) if isinstance(data, pa.Schema) else evolution_needed(t, data)
+
+    change = needed(table)
+    if not change:
         return table
     if not spec.table.evolve_schema:
-        raise TerminalError(
-            f"records have fields the table does not have ({', '.join(missing)}) and table.evolve_schema is off",
-            table=ident,
-        )
+        if not (change.new or change.optional):
+            return table  # values are cast to the narrower type; one that does not fit fails the task
+        raise TerminalError(f"the records need schema changes ({change.describe()}) and table.evolve_schema is off",
+                            table=ident)
     for attempt in range(10):
         try:
             with table.update_schema() as upd:
-                upd.union_by_name(decoded)
-            log.info("table %s: added columns %s", ident, ", ".join(missing))
+                upd.union_by_name(_keep_required(table, schema, set(change.optional)))
+                for path in change.optional:
+                    if path not in arrow_paths(pa.struct(list(schema))):
+                        upd.make_column_optional(path)
+            log.info("table %s: schema changed: %s", ident, change.describe())
             return table
         except CommitFailedException:
             time.sleep(0.2 * (attempt + 1))
             table = catalog.load_table(ident)
-            if not new_fields(table, decoded):
+            change = needed(table)
+            if not change:
                 return table
         except ValueError as e:
-            raise TerminalError(f"cannot evolve the schema with fields {', '.join(missing)}: {e}", table=ident) from e
+            raise TerminalError(f"cannot evolve the schema ({change.describe()}): {e}", table=ident) from e
     raise TransientError("schema evolution kept conflicting with other writers", table=ident)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tidewater.batch import BatchManifest, BatchPlan, Offsets
 from tidewater.catalog import load_table
 from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
-from tidewater.offsets import BATCH_ID, PIPELINE, RECORDS, committed_state, find_batch_snapshot, summary_properties
+from tidewater.offsets import BATCH_ID, DEAD_LETTER_TOPIC, PIPELINE, RECORDS, committed_state, find_batch_snapshot, summary_properties
 from tidewater.planning import merge_offsets
 from tidewater.writing import deserialize_data_file
 
@@ -124,6 +125,7 @@ def commit_batch(
     dag_run_id: str | None = None,
     max_attempts: int = 8,
     validation: dict[str, Any] | None = None,
+    dead_letter_sink: Callable[[Any, list[dict[str, Any]]], str] | None = None,
 ) -> CommitResult:
     """Append the manifest's files in one snapshot stamped with offsets and the batch id."""
     from pyiceberg.exceptions import CommitFailedException
@@ -147,7 +149,7 @@ def commit_batch(
         existing = find_batch_snapshot(table, plan.batch_id)
         if existing is not None:
             log.info("batch %s already committed to %s as snapshot %s: nothing to do", plan.batch_id, ident, existing.snapshot_id)
-            commit_dead_letters(catalog, plan, manifest)
+            commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
             return CommitResult(
                 "already-committed", plan.batch_id, ident, existing.snapshot_id, manifest.records, len(manifest.data_files),
                 plan.end_offsets(), manifest.dead_letters,
@@ -195,7 +197,7 @@ def commit_batch(
             plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(manifest.data_files),
             f", {manifest.dead_letters} dead letters" if manifest.dead_letters else "",
         )
-        commit_dead_letters(catalog, plan, manifest)
+        commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
         return CommitResult(
             "committed", plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(manifest.data_files),
             offsets,
@@ -204,17 +206,21 @@ def commit_batch(
     raise TransientError(f"commit did not succeed after {max_attempts} attempts", table=ident, batch_id=plan.batch_id)
 
 
-def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest, max_attempts: int = 8) -> None:
+def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest,
+                        sink: Callable[[Any, list[dict[str, Any]]], str] | None = None, max_attempts: int = 8) -> None:
     """Append the batch's dead-letter files, once: after the batch's own commit, idempotent by batch id.
 
     Called on every commit attempt of the batch (also when the batch was already committed), so a
-    failure between the two commits is repaired by retrying the commit step.
+    failure between the two commits is repaired by retrying the commit step. ``sink`` (the Kafka
+    dead-letter topic) gets the files before the dead-letter commit, which records that it did: a retry
+    after that commit never sends them again; a failure between the two sends them again (at least once).
     """
     from pyiceberg.exceptions import CommitFailedException
 
     if not manifest.dead_letter_files:
         return
     ident = manifest.dead_letter_table
+    props_sent: dict[str, str] = {}  # sent once per call, whatever the commit attempts
     for attempt in range(1, max_attempts + 1):
         table = load_table(catalog, ident)
         if table is None:
@@ -222,6 +228,9 @@ def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest, 
         if find_batch_snapshot(table, plan.batch_id) is not None:
             return
         props = {BATCH_ID: plan.batch_id, PIPELINE: plan.pipeline, RECORDS: str(manifest.dead_letters)}
+        if sink is not None and DEAD_LETTER_TOPIC not in props_sent:
+            props_sent[DEAD_LETTER_TOPIC] = sink(table, list(manifest.dead_letter_files))
+        props.update(props_sent)
         try:
             _fast_append(_without_commit_retries(table), manifest.dead_letter_files, props)
             log.info("batch %s: %d dead letters committed to %s", plan.batch_id, manifest.dead_letters, ident)

@@ -112,6 +112,21 @@ class FormatSpec:
         "`_kafka_timestamp`) or `struct` (one column `_kafka` with fields topic, partition, offset, timestamp).",
         default="none",
     )
+    flatten: bool = _doc(
+        "Flatten nested objects into top-level columns (`a.b.c` -> `a_b_c`). Off: objects stay struct columns. "
+        "`format.timestamps` and `table.partition_by` then name the flattened columns.",
+        default=False,
+    )
+    flatten_separator: str = _doc("Joins the names of flattened fields (letters, digits, `_`).", default="_")
+    flatten_max_depth: int = _doc(
+        "Object levels flattened; objects nested deeper stay struct columns (1: only top-level objects).", default=8
+    )
+    map_columns: list[str] = _doc(
+        "Top-level fields whose objects have open-ended keys (attributes, labels, ...), stored as one "
+        "`map<string, V>` column instead of a struct with a column per key. V is the values' common type "
+        "(long, double or string; mixed scalars become strings). Not flattened.",
+        default_factory=list,
+    )
 
 
 @dataclass(frozen=True)
@@ -128,6 +143,13 @@ class DeadLetterSpec:
         "Dead-letter table identifier. Default: the target table's name with `_dead_letters` appended, in "
         "the same namespace. Columns: topic, partition, offset, timestamp, key, value, headers, "
         "error_class, error_message, batch_id, pipeline.",
+        default=None,
+    )
+    topic: str | None = _doc(
+        "Also send dead letters to this Kafka topic (same cluster and settings), raw key, value and headers "
+        "kept, with headers `tidewater.topic`, `.partition`, `.offset`, `.timestamp`, `.error.class`, "
+        "`.error.message`, `.batch-id`, `.pipeline`. Sent by the commit step before the dead-letter table's "
+        "commit; at least once (a failure between the two sends them again: deduplicate on batch id + offset).",
         default=None,
     )
 
@@ -148,6 +170,24 @@ class TableSpec:
     properties: dict[str, str] = _doc(
         "Iceberg table properties used when the table is auto-created (e.g. `write.target-file-size-bytes`).",
         default_factory=dict,
+    )
+    case_insensitive: bool = _doc(
+        "Match record field names to the table's columns ignoring case (`OrderId` fills `orderid`). Field names are "
+        "always matched through the table's name mapping (`schema.name-mapping.default` aliases) too. New fields "
+        "keep their spelling.",
+        default=False,
+    )
+    partition_by: list[str] = _doc(
+        "Partition spec used when the table is auto-created, one entry per field: `col` (identity), `year(col)`, "
+        "`month(col)`, `day(col)`, `hour(col)`, `bucket(N, col)`, `truncate(W, col)`; nested columns as `a.b`. "
+        "An existing table keeps its own spec (the writer follows whatever spec the table has). Each Spark task "
+        "keeps one open file per partition it sees.",
+        default_factory=list,
+    )
+    sort_by: list[str] = _doc(
+        "Sort order set when the table is auto-created: `col [asc|desc] [nulls first|nulls last]` per entry. "
+        "Ingest files are written unsorted (marked so); `maintenance.rewrite_data_files.strategy: auto` sorts.",
+        default_factory=list,
     )
 
 
@@ -523,6 +563,9 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError(
             f"table.identifier: {spec.table.identifier!r} must be namespace.name made of letters, digits and '_'"
         )
+    from tidewater.partitioning import check_config
+
+    check_config(spec.table.partition_by, spec.table.sort_by, "table")
     if not spec.kafka.bootstrap_servers and not spec.kafka.conn_id:
         raise ConfigError("kafka: set either bootstrap_servers or conn_id")
     for key in ("group.id", "enable.auto.commit", "isolation.level", "enable.partition.eof"):
@@ -547,9 +590,17 @@ def validate(spec: PipelineSpec) -> None:
                 f"format.timestamps.{column}: {tfmt!r} is not iso8601, epoch_millis, epoch_seconds or a strftime pattern"
             )
     _one_of("format.key", spec.format.key, ("none", "string", "bytes"))
+    if not re.match(r"^[A-Za-z0-9_]{1,8}$", spec.format.flatten_separator):
+        raise ConfigError(f"format.flatten_separator: {spec.format.flatten_separator!r} must be 1-8 letters, digits or '_'")
     _one_of("format.metadata", spec.format.metadata, ("none", "prefixed", "struct"))
     _one_of("validation.on_failure", spec.validation.on_failure, ("fail", "warn"))
     _one_of("dead_letter.policy", spec.dead_letter.policy, ("dead_letter", "fail", "skip"))
+    if spec.dead_letter.topic is not None and (
+        not re.match(r"^[A-Za-z0-9._-]{1,249}$", spec.dead_letter.topic) or spec.dead_letter.topic in spec.topics
+    ):
+        raise ConfigError(f"dead_letter.topic: {spec.dead_letter.topic!r} must be a valid Kafka topic name, not a source topic")
+    if spec.dead_letter.topic and spec.dead_letter.policy != "dead_letter":
+        raise ConfigError("dead_letter.topic: only used with dead_letter.policy: dead_letter")
     dlq = spec.dead_letter.table
     if dlq is not None and (
         dlq == spec.table.identifier or len(dlq.split(".")) < 2 or not all(_IDENTIFIER_PART.match(p) for p in dlq.split("."))
@@ -561,6 +612,7 @@ def validate(spec: PipelineSpec) -> None:
         ("batch.records_per_task", spec.batch.records_per_task, 1),
         ("batch.chunk_records", spec.batch.chunk_records, 1),
         ("validation.chunk_rows", spec.validation.chunk_rows, 1),
+        ("format.flatten_max_depth", spec.format.flatten_max_depth, 1),
         ("airflow.task_timeout_minutes", spec.airflow.task_timeout_minutes, 1),
         ("maintenance.rewrite_data_files.min_input_files", m.rewrite_data_files.min_input_files, 1),
         ("maintenance.expire_snapshots.retain_last", m.expire_snapshots.retain_last, 1),

@@ -26,6 +26,7 @@ VALID_THROUGH = PREFIX + "valid-through"
 RECORDS = PREFIX + "records"  # records read
 DEAD_LETTERS = PREFIX + "dead-letters"  # of which written to the dead-letter table
 SKIPPED = PREFIX + "skipped"  # of which dropped by the skip policy
+DEAD_LETTER_TOPIC = PREFIX + "dead-letter-topic"  # on dead-letter snapshots: the topic they were also sent to
 IGNORED_FIELDS = PREFIX + "ignored-fields"  # record fields not added (table.evolve_schema off)
 VALIDATION = PREFIX + "validation"  # the gate's verdict: suite, success, rows, checks, failed
 FORMAT_VERSION = PREFIX + "summary-version"

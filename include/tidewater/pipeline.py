@@ -183,7 +183,22 @@ def _batch_path(spec: PipelineSpec, plan: BatchPlan) -> Path:
 def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None = None) -> CommitResult:
     path = _batch_path(spec, plan) / VALIDATION_NAME
     validation = read_json(path) if path.is_file() else None
-    return commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation)
+    sink: Any = None
+    if spec.dead_letter.topic:
+        from tidewater.dead_letters import produce_to_topic
+        from tidewater.kafka_source import kafka_settings
+
+        topic = spec.dead_letter.topic
+
+        def send(table: Any, files: list[dict[str, Any]]) -> str:
+            sent = produce_to_topic(kafka_settings(spec), topic, table, files)
+            log.info("batch %s: %d dead letters sent to topic %s", plan.batch_id, sent, topic)
+            return topic
+
+        sink = send
+
+    return commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
+                        dead_letter_sink=sink)
 
 
 # ---- status ----------------------------------------------------------------------------------------

@@ -44,13 +44,15 @@ def subranges(plan: BatchPlan, records_per_task: int) -> list[PartitionRange]:
     return [s for r in plan.ranges for s in r.split(records_per_task)]
 
 
-def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = None) -> tuple[Any, list[Any], list[Any]]:
+def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = None,
+                 shaper: Any = None) -> tuple[Any, list[Any], list[Any]]:
     """Decode a chunk in the pipeline's value format: (rows, bad records, records ignored by design).
 
     Ignored: Debezium tombstones (they follow deletes and carry no row), counted as skipped.
+    ``shaper``: (NameMatcher, table schema) when shaping applies (maps, flattening, name matching).
     With ``dead_letter.policy: fail`` the first bad record raises RecordError naming it.
     """
-    from tidewater.decoding import decode_json, decode_json_lenient, decode_raw
+    from tidewater.decoding import BadRecord, decode_json, decode_json_lenient, decode_raw, surviving
     from tidewater.envelopes import decode_connect, decode_debezium
     from tidewater.errors import RecordError
 
@@ -74,14 +76,25 @@ def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = 
     if fmt == "debezium":
         ignored = [b for b in bad if b.error_class == "Tombstone"]
         bad = [b for b in bad if b.error_class != "Tombstone"]
+
+    def record_failures(failed: list[tuple[int, str]], error_class: str) -> list[Any]:
+        """Failures by row of the current ``decoded`` -> BadRecords by chunk index, merged into ``bad``."""
+        if not failed:
+            return bad
+        rows = surviving(len(chunk), [b.index for b in bad + ignored])  # chunk index of each decoded row
+        return sorted(bad + [BadRecord(rows[r], error_class, msg) for r, msg in failed], key=lambda b: b.index)
+
+    if shaper is not None and fmt not in ("string", "bytes"):
+        from tidewater.shaping import conform, shape
+
+        matcher, target = shaper
+        decoded, failed = conform(shape(decoded, spec.format, matcher), target)
+        bad = record_failures(failed, "TypeMismatch")
     if fmt not in ("string", "bytes") and spec.format.timestamps:
         from tidewater.conversions import apply
-        from tidewater.decoding import BadRecord, surviving
 
         decoded, failed = apply(decoded, spec.format)
-        if failed:
-            rows = surviving(len(chunk), [b.index for b in bad + ignored])  # chunk index of each decoded row
-            bad = sorted(bad + [BadRecord(rows[r], "ConversionError", msg) for r, msg in failed], key=lambda b: b.index)
+        bad = record_failures(failed, "ConversionError")
     if bad and fail:
         raise RecordError(f"{bad[0].error_class}: {bad[0].message}", topic=chunk.topic, partition=chunk.partition,
                           offset=chunk.offsets[bad[0].index])
@@ -96,8 +109,10 @@ def write_subrange(
     import pyarrow.compute as pc
 
     from tidewater.catalog import (
-        ensure_dead_letter_table, ensure_table, load_catalog, load_table, new_fields, table_arrow_schema, without_new_fields,
+        ensure_dead_letter_table, ensure_table, evolution_needed, load_catalog, load_table, new_fields, table_arrow_schema,
+        without_new_fields,
     )
+    from tidewater import shaping
     from tidewater.dead_letters import dead_letter_rows
     from tidewater.kafka_source import Rereader, read_range
     from tidewater.conversions import decoder_schema
@@ -133,11 +148,13 @@ def write_subrange(
             keys=spec.format.key != "none",
             headers=spec.format.headers,
         ):
-            explicit = (
-                decoder_schema(without_source_columns(table_arrow_schema(table), spec.format), spec.format)
-                if table is not None else None
-            )
-            decoded, bad, ignored = decode_chunk(spec, chunk, explicit, registry)
+            table_schema = table_arrow_schema(table) if table is not None else None
+            explicit = decoder_schema(without_source_columns(table_schema, spec.format), spec.format)
+            shaper = None
+            if shaping.active(spec.format, spec.table, table):
+                explicit = shaping.decoder_schema(explicit, spec.format)
+                shaper = (shaping.NameMatcher(table, spec.table.case_insensitive), table_schema)
+            decoded, bad, ignored = decode_chunk(spec, chunk, explicit, registry, shaper)
             skipped += len(ignored)
             decoded = add_source_columns(spec.format, chunk, decoded, sorted(b.index for b in bad + ignored))
             if bad and policy == "dead_letter":
@@ -157,10 +174,11 @@ def write_subrange(
                     ignored_fields.update(extra)
                     decoded = without_new_fields(table, decoded)
             if decoded.num_rows:
-                if table is None or new_fields(table, decoded.schema):
-                    table = ensure_table(catalog, spec, table, decoded.schema)
-                    if writer is not None:  # schema changed: finish the file written with the old schema
-                        files.extend(writer.close())
+                if table is None or evolution_needed(table, decoded):
+                    before = None if table is None else table.schema().schema_id
+                    table = ensure_table(catalog, spec, table, decoded)
+                    if writer is not None and table.schema().schema_id != before:
+                        files.extend(writer.close())  # schema changed: finish the file written with the old one
                         writer = None
                 if writer is None:
                     writer = DataFileWriter(table, prefix + f"-s{table.schema().schema_id}")

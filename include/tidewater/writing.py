@@ -1,8 +1,9 @@
 """Writing data files: Arrow chunks in, Parquet data files with Iceberg field ids and metrics out.
 
 Files are written into the table's data location and never committed here. Each writer streams
-chunks into one open Parquet file and rolls to a new file at the table's
-``write.target-file-size-bytes``; memory is bounded by the chunk size, not the batch size.
+chunks into one open Parquet file per partition (the table's current spec) and rolls to a new file at
+the table's ``write.target-file-size-bytes``; memory is bounded by the chunk size and the number of
+partitions one task writes at once, not the batch size.
 Data files are returned as plain JSON-able dicts (metrics included) for the batch manifest.
 """
 
@@ -15,7 +16,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tidewater.errors import TerminalError
 
 TARGET_FILE_SIZE = "write.target-file-size-bytes"
 TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
@@ -40,86 +40,92 @@ def to_table_schema(table: Any, decoded: pa.Table) -> pa.Table:
     return pa.Table.from_batches(batches).cast(target)  # one physical layout for every file
 
 
+class _OpenFile:
+    """One Parquet data file being written (for one partition)."""
+
+    def __init__(self, path: str, stream: Any, writer: pq.ParquetWriter, partition: Any) -> None:
+        self.path, self.stream, self.writer, self.partition = path, stream, writer, partition
+
+
 class DataFileWriter:
-    """Streams Arrow tables (already in the table schema) into rolling Parquet data files."""
+    """Streams Arrow tables (already in the table schema) into rolling Parquet data files, one open
+    file per partition of the table's current partition spec."""
 
     def __init__(self, table: Any, file_prefix: str) -> None:
         from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs
         from pyiceberg.table.locations import load_location_provider
 
         meta = table.metadata
-        if not table.spec().is_unpartitioned():
-            raise TerminalError(
-                "writing to partitioned tables is not supported yet; use an unpartitioned table",
-                table=".".join(table.name()),
-            )
         self._table = table
         self._io = table.io
         self._schema = table.schema()
+        self._spec_id = meta.default_spec_id
         self._props = meta.properties
         self._locations = load_location_provider(table_location=meta.location, table_properties=meta.properties)
         self._kwargs = _get_parquet_writer_kwargs(meta.properties)
         self._target = int(meta.properties.get(TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT))
         self._prefix = file_prefix
         self._seq = 0
-        self._writer: pq.ParquetWriter | None = None
-        self._stream: Any = None
-        self._path: str | None = None
-        self._output: Any = None
+        self._open: dict[Any, _OpenFile] = {}
         self.files: list[dict[str, Any]] = []
 
     def write(self, data: pa.Table) -> None:
+        from tidewater.partitioning import split
+
         if data.num_rows == 0:
             return
-        if self._writer is None:
-            self._seq += 1
-            name = f"{self._prefix}-{self._seq:05d}-{uuid.uuid4().hex[:12]}.parquet"
-            self._path = self._locations.new_data_location(data_file_name=name)
-            self._output = self._io.new_output(self._path)
-            self._stream = self._output.create(overwrite=False)
-            self._writer = pq.ParquetWriter(self._stream, schema=data.schema, store_decimal_as_integer=True, **self._kwargs)
-        self._writer.write_table(data)
-        if self._stream.tell() >= self._target:
-            self._roll()
+        for key, rows in split(self._table, data):
+            record = None if key is None else tuple(key.partition)
+            f = self._open.get(record)
+            if f is None:
+                self._seq += 1
+                name = f"{self._prefix}-{self._seq:05d}-{uuid.uuid4().hex[:12]}.parquet"
+                path = self._locations.new_data_location(data_file_name=name, partition_key=key)
+                stream = self._io.new_output(path).create(overwrite=False)
+                writer = pq.ParquetWriter(stream, schema=rows.schema, store_decimal_as_integer=True, **self._kwargs)
+                f = self._open[record] = _OpenFile(path, stream, writer, record)
+            f.writer.write_table(rows)
+            if f.stream.tell() >= self._target:
+                self._roll(self._open.pop(record))
 
-    def _roll(self) -> None:
+    def _roll(self, f: _OpenFile) -> None:
         from pyiceberg.io.pyarrow import (
             compute_statistics_plan,
             data_file_statistics_from_parquet_metadata,
             parquet_path_to_id_mapping,
         )
 
-        assert self._writer is not None and self._path is not None
-        self._writer.close()
-        metadata = self._writer.writer.metadata
-        self._stream.close()
+        from tidewater.partitioning import encode_values
+
+        f.writer.close()
+        metadata = f.writer.writer.metadata
+        f.stream.close()
         stats = data_file_statistics_from_parquet_metadata(
             parquet_metadata=metadata,
             stats_columns=compute_statistics_plan(self._schema, self._props),
             parquet_column_mapping=parquet_path_to_id_mapping(self._schema),
         )
-        size = len(self._io.new_input(self._path))
-        self.files.append(serialize_data_file(self._path, size, self._table.metadata.default_spec_id, stats.to_serialized_dict()))
-        self._writer = None
-        self._stream = None
-        self._path = None
+        size = len(self._io.new_input(f.path))
+        doc = serialize_data_file(f.path, size, self._spec_id, stats.to_serialized_dict())
+        doc["partition"] = encode_values(list(f.partition or ()))
+        self.files.append(doc)
 
     def close(self) -> list[dict[str, Any]]:
-        if self._writer is not None:
-            self._roll()
+        for record in list(self._open):
+            self._roll(self._open.pop(record))
         return self.files
 
     def abort(self) -> list[str]:
-        """Stop writing; returns every path this writer created (finished files and the open one)."""
+        """Stop writing; returns every path this writer created (finished files and the open ones)."""
         paths = [f["file_path"] for f in self.files]
-        if self._writer is not None:
-            paths.append(self._path)  # type: ignore[arg-type]
+        for f in self._open.values():
+            paths.append(f.path)
             try:
-                self._writer.close()
-                self._stream.close()
+                f.writer.close()
+                f.stream.close()
             except Exception:  # the partial file is deleted or left as an orphan either way
                 pass
-            self._writer = None
+        self._open.clear()
         return paths
 
 
@@ -156,6 +162,8 @@ def deserialize_data_file(d: dict[str, Any], format_version: int) -> Any:
     from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
     from pyiceberg.typedef import Record
 
+    from tidewater.partitioning import decode_values
+
     def ints(x: dict[str, Any]) -> dict[int, int]:
         return {int(k): int(v) for k, v in x.items()}
 
@@ -164,7 +172,7 @@ def deserialize_data_file(d: dict[str, Any], format_version: int) -> Any:
         content=DataFileContent.DATA,
         file_path=d["file_path"],
         file_format=FileFormat.PARQUET,
-        partition=Record(),
+        partition=Record(*decode_values(d.get("partition", []))),
         record_count=d["record_count"],
         file_size_in_bytes=d["file_size_in_bytes"],
         column_sizes=ints(d["column_sizes"]),
