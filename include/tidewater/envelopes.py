@@ -102,15 +102,31 @@ def _all_failed(n: int, bad: list[BadRecord], kind: str, message: str) -> tuple[
                                 key=lambda b: b.index)
 
 
+_WIDENINGS = {(pa.int32(), pa.int64()), (pa.float32(), pa.float64())}
+
+
+def _table_types_unless_wider(declared: pa.DataType, have: pa.DataType | None) -> pa.DataType:
+    """The table's type for each declared field, except where the declared one widens it (int -> long,
+    float -> double), recursively through structs."""
+    if have is None:
+        return declared
+    if pa.types.is_struct(declared) and pa.types.is_struct(have):
+        fields = []
+        for f in declared:
+            i = have.get_field_index(f.name)
+            fields.append(pa.field(f.name, _table_types_unless_wider(f.type, have.field(i).type if i >= 0 else None)))
+        return pa.struct(fields)
+    return declared if (have, declared) in _WIDENINGS else have
+
+
 def decode_connect(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
     """Kafka Connect JSON with schemas: rows are the payloads, typed by the declared schema."""
     schema = _first_schema(chunk)
     declared = connect_type(schema) if schema else None
     envelope = pa.schema([pa.field("payload", declared)]) if isinstance(declared, pa.StructType) else None
     if explicit is not None and envelope is not None:
-        # the table's types win for columns it already has
-        have = {f.name: f.type for f in explicit}
-        envelope = pa.schema([pa.field("payload", pa.struct([pa.field(f.name, have.get(f.name, f.type)) for f in declared]))])
+        # the table's types win for columns it already has, unless the declared type is wider (the table widens)
+        envelope = pa.schema([pa.field("payload", _table_types_unless_wider(declared, pa.struct(list(explicit))))])
     parsed, bad = decode_json_lenient(chunk, envelope)
     if "payload" not in parsed.column_names:
         return _all_failed(len(chunk), bad, "EnvelopeMissing", "no `payload` in the Connect JSON envelope")

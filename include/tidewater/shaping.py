@@ -208,7 +208,7 @@ class NameMatcher:
 
 
 def conform(data: pa.Table, target: pa.Schema | None) -> tuple[pa.Table, list[tuple[int, str]]]:
-    """Cast top-level primitive columns to the table's types. Returns the rows that cast (others
+    """Cast top-level scalar and map columns to the table's types. Returns the rows that cast (others
     removed) and the failed rows' positions with a message naming the column and the value."""
     if target is None or data.num_rows == 0:
         return data, []
@@ -219,7 +219,7 @@ def conform(data: pa.Table, target: pa.Schema | None) -> tuple[pa.Table, list[tu
             continue
         want = target.field(j).type
         col = data.column(i).combine_chunks()
-        if col.type == want or not _scalar(want) or not _scalar(col.type):
+        if col.type == want or not (_scalar(want) and _scalar(col.type) or _scalar_map(want) and _scalar_map(col.type)):
             continue
         try:
             data = data.set_column(i, name, col.cast(want))
@@ -242,6 +242,10 @@ def conform(data: pa.Table, target: pa.Schema | None) -> tuple[pa.Table, list[tu
 
 def _scalar(t: pa.DataType) -> bool:
     return not (pa.types.is_nested(t) or pa.types.is_null(t))
+
+
+def _scalar_map(t: pa.DataType) -> bool:
+    return pa.types.is_map(t) and _scalar(t.key_type) and _scalar(t.item_type)
 
 
 def shape(data: pa.Table, fmt: FormatSpec, matcher: NameMatcher) -> pa.Table:
