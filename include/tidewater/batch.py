@@ -111,7 +111,8 @@ class PartitionStats:
     min_timestamp_ms: int | None
     max_timestamp_ms: int | None
     dead_letters: int = 0  # records written to the dead-letter table
-    skipped: int = 0  # records dropped by the `skip` policy
+    skipped: int = 0  # records dropped by the `skip` policy (and unmatched records of routed pipelines)
+    routed: int | None = None  # routed pipelines: records that went to at least one table
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,9 @@ class BatchManifest:
     dead_letter_table: str | None = None
     dead_letter_files: tuple[dict[str, Any], ...] = ()
     ignored_fields: tuple[str, ...] = ()  # record fields left out because table.evolve_schema is off
+    # Routed pipelines: per target table {table, data_files, rows, already_committed, seen_offsets,
+    # ignored_fields, branch}; ``table`` is then the checkpoint table and ``data_files`` is empty.
+    outputs: tuple[dict[str, Any], ...] = ()
     version: int = MANIFEST_VERSION
 
     @property
@@ -153,6 +157,12 @@ class BatchManifest:
     @property
     def rows_in_files(self) -> int:
         return sum(int(f["record_count"]) for f in self.data_files)
+
+    @property
+    def routed(self) -> int | None:
+        """Routed pipelines: records that went to at least one table (None otherwise)."""
+        counts = [p.routed for p in self.partitions]
+        return None if not counts or any(c is None for c in counts) else sum(c for c in counts if c is not None)
 
     def data_path_seconds(self) -> float | None:
         """Wall time from the first task's start (first read) to the last task's end (last file written)."""
@@ -185,6 +195,7 @@ class BatchManifest:
         d["task_timings"] = list(self.task_timings)
         d["dead_letter_files"] = list(self.dead_letter_files)
         d["ignored_fields"] = list(self.ignored_fields)
+        d["outputs"] = list(self.outputs)
         return d
 
     @classmethod
@@ -204,6 +215,7 @@ class BatchManifest:
             dead_letter_table=d.get("dead_letter_table"),
             dead_letter_files=tuple(d.get("dead_letter_files", ())),
             ignored_fields=tuple(d.get("ignored_fields", ())),
+            outputs=tuple(d.get("outputs", ())),
             version=d["version"],
         )
 

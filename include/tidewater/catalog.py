@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tidewater.config import PipelineSpec
+from tidewater.config import PipelineSpec, TableSpec
 from tidewater.errors import ConfigError, TerminalError, TransientError
 
 log = logging.getLogger(__name__)
@@ -103,18 +103,28 @@ def without_new_fields(table: Any, decoded: pa.Table) -> pa.Table:
 
 
 def create_table(catalog: Any, ident: str, schema: pa.Schema, properties: dict[str, str],
-                 partition_by: list[str] | None = None, sort_by: list[str] | None = None) -> Any:
+                 partition_by: list[str] | None = None, sort_by: list[str] | None = None,
+                 id_columns: list[str] | None = None) -> Any:
     """Create the namespace and table if missing; safe when several writers do it at once.
 
-    The partition spec and sort order are part of the creation (never a second commit), so no writer
-    can see the table without them.
+    The partition spec, sort order and identifier fields are part of the creation (never a second
+    commit), so no writer can see the table without them.
     """
     from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, visit_pyarrow
-    from pyiceberg.schema import assign_fresh_schema_ids
+    from pyiceberg.schema import Schema, assign_fresh_schema_ids
 
     from tidewater import partitioning
 
+    if id_columns:
+        missing = [c for c in id_columns if schema.get_field_index(c) < 0]
+        if missing:
+            raise TerminalError(f"id_columns: {', '.join(missing)} not in the records' fields ({', '.join(schema.names)})",
+                                table=ident)
+        schema = pa.schema([f.with_nullable(False) if f.name in id_columns else f for f in schema])
     iceberg_schema = assign_fresh_schema_ids(visit_pyarrow(schema, _ConvertToIcebergWithoutIDs()))
+    if id_columns:
+        ids = [iceberg_schema.find_field(c).field_id for c in id_columns]
+        iceberg_schema = Schema(*iceberg_schema.fields, schema_id=iceberg_schema.schema_id, identifier_field_ids=ids)
     spec, order = partitioning.build(iceberg_schema, partition_by or [], sort_by or [])
     namespace = tuple(ident.split(".")[:-1])
     # Several Spark tasks may create the same namespace and table at once; a catalog's check-then-insert
@@ -252,20 +262,22 @@ def _keep_required(table: Any, schema: pa.Schema, relax: set[str]) -> pa.Schema:
     return pa.schema(walk(table.schema().fields, pa.struct(list(schema)), ""))
 
 
-def ensure_table(catalog: Any, spec: PipelineSpec, table: Any | None, data: pa.Table | pa.Schema) -> Any:
+def ensure_table(catalog: Any, spec: PipelineSpec | TableSpec, table: Any | None, data: pa.Table | pa.Schema) -> Any:
     """A table that ``data`` fits (creating or evolving it: new fields, int -> long and float -> double,
-    required -> optional), or an error. Safe to race: every attempt re-checks against a fresh table."""
+    required -> optional), or an error. Safe to race: every attempt re-checks against a fresh table.
+    ``spec``: the table's settings (a pipeline's ``table``, or one target of a routed pipeline)."""
     from pyiceberg.exceptions import CommitFailedException
 
-    ident = spec.table.identifier
+    tspec = spec.table if isinstance(spec, PipelineSpec) else spec
+    ident = tspec.identifier
     schema = data if isinstance(data, pa.Schema) else data.schema
     if table is None:
-        if not spec.table.auto_create:
+        if not tspec.auto_create:
             raise TerminalError(f"table {ident} does not exist and table.auto_create is off", table=ident)
         if len(schema) == 0:
             raise TerminalError("cannot create a table from records without any typed field", table=ident)
-        table = create_table(catalog, ident, schema, {"format-version": "2", **spec.table.properties},
-                             spec.table.partition_by, spec.table.sort_by)
+        table = create_table(catalog, ident, schema, {"format-version": "2", **tspec.properties},
+                             tspec.partition_by, tspec.sort_by, tspec.id_columns)
 
     def needed(t: Any) -> Evolution:
         return Evolution(new=tuple(new_fields(t, schema))) if isinstance(data, pa.Schema) else evolution_needed(t, data)
@@ -273,7 +285,7 @@ def ensure_table(catalog: Any, spec: PipelineSpec, table: Any | None, data: pa.T
     change = needed(table)
     if not change:
         return table
-    if not spec.table.evolve_schema:
+    if not tspec.evolve_schema:
         if not (change.new or change.optional):
             return table  # values are cast to the narrower type; one that does not fit fails the task
         raise TerminalError(f"the records need schema changes ({change.describe()}) and table.evolve_schema is off",

@@ -53,7 +53,7 @@ class CommitResult:
         }
 
 
-def check_manifest(plan: BatchPlan, manifest: BatchManifest) -> None:
+def check_manifest(plan: BatchPlan, manifest: BatchManifest, routed: bool = False) -> None:
     """The manifest must be this plan's and cover every planned range completely."""
     if manifest.batch_id != plan.batch_id:
         raise TerminalError(f"manifest is for batch {manifest.batch_id}, not {plan.batch_id}", batch_id=plan.batch_id)
@@ -67,6 +67,15 @@ def check_manifest(plan: BatchPlan, manifest: BatchManifest) -> None:
                 topic=r.topic,
                 partition=r.partition,
             )
+    if routed:
+        if manifest.routed is None or manifest.records != manifest.routed + manifest.dead_letters + manifest.skipped \
+                or manifest.dead_letters_in_files != manifest.dead_letters:
+            raise TerminalError(
+                f"accounting does not add up: {manifest.records} records read, {manifest.routed} routed to tables, "
+                f"{manifest.dead_letters} dead letters ({manifest.dead_letters_in_files} in files), {manifest.skipped} skipped",
+                batch_id=plan.batch_id,
+            )
+        return
     if manifest.rows_in_files != manifest.rows_expected or manifest.dead_letters_in_files != manifest.dead_letters:
         raise TerminalError(
             f"accounting does not add up: {manifest.records} records read, but data files hold {manifest.rows_in_files} "
@@ -91,11 +100,11 @@ def _without_commit_retries(table: Any) -> Any:
     return Table(table.name(), metadata=meta, metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
 
 
-def _fast_append(table: Any, data_files: Any, props: dict[str, str]) -> None:
+def _fast_append(table: Any, data_files: Any, props: dict[str, str], branch: str | None = None) -> None:
     """One fast-append snapshot of the staged (serialized) data files, with these summary properties."""
     files = [deserialize_data_file(d, table.format_version) for d in data_files]
     with table.transaction() as tx:
-        with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+        with tx.update_snapshot(snapshot_properties=props, branch=branch or "main").fast_append() as append:
             for f in files:
                 append.append_data_file(f)
 
@@ -126,8 +135,10 @@ def commit_batch(
     max_attempts: int = 8,
     validation: dict[str, Any] | None = None,
     dead_letter_sink: Callable[[Any, list[dict[str, Any]]], str] | None = None,
+    branch: str | None = None,
 ) -> CommitResult:
-    """Append the manifest's files in one snapshot stamped with offsets and the batch id."""
+    """Append the manifest's files in one snapshot (on ``branch``, default main) stamped with offsets and
+    the batch id."""
     from pyiceberg.exceptions import CommitFailedException
 
     check_manifest(plan, manifest)
@@ -154,7 +165,7 @@ def commit_batch(
                 "already-committed", plan.batch_id, ident, existing.snapshot_id, manifest.records, len(manifest.data_files),
                 plan.end_offsets(), manifest.dead_letters,
             )
-        state = committed_state(table)
+        state = committed_state(table, branch)
         moved = _offsets_moved(plan, state.offsets)
         if moved:
             raise OffsetsMovedError(
@@ -178,7 +189,7 @@ def commit_batch(
         )
         table = _without_commit_retries(table)
         try:
-            _fast_append(table, manifest.data_files, props)
+            _fast_append(table, manifest.data_files, props, branch)
         except CommitFailedException as e:
             log.warning("batch %s: commit conflict on %s (attempt %d): %s; refreshing", plan.batch_id, ident, attempt, e)
             time.sleep(min(0.1 * 2**attempt, 5))
@@ -244,3 +255,157 @@ def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest,
     raise TransientError(
         "the batch is committed but its dead letters are not yet; retry the commit step", table=ident, batch_id=plan.batch_id
     )
+
+
+# ---- routed pipelines: one commit per target table, then the checkpoint ----------------------------
+
+CHECKPOINT_SCHEMA_FIELDS = (
+    ("batch_id", "string"), ("pipeline", "string"), ("committed_at", "timestamp"), ("records", "long"),
+    ("dead_letters", "long"), ("skipped", "long"), ("tables", "string"), ("offsets", "string"),
+)
+
+
+def _checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -> Any:
+    import json
+    from datetime import datetime, timezone
+
+    import pyarrow as pa
+
+    from tidewater.batch import offsets_to_json
+
+    tables = [o["table"] for o in manifest.outputs if o["data_files"]]
+    return pa.table({
+        "batch_id": [plan.batch_id], "pipeline": [plan.pipeline],
+        "committed_at": pa.array([datetime.now(timezone.utc)], pa.timestamp("us", tz="UTC")),
+        "records": pa.array([manifest.records], pa.int64()), "dead_letters": pa.array([manifest.dead_letters], pa.int64()),
+        "skipped": pa.array([manifest.skipped], pa.int64()), "tables": [json.dumps(tables)],
+        "offsets": [json.dumps(offsets_to_json(offsets), separators=(",", ":"))],
+    })
+
+
+def check_routed_manifest(plan: BatchPlan, manifest: BatchManifest) -> None:
+    """Routed batches: every range covered; per table, files hold the rows the writer counted; records
+    read = records routed to at least one table + dead letters + skipped."""
+    check_manifest(plan, manifest, routed=True)
+    for o in manifest.outputs:
+        in_files = sum(int(f["record_count"]) for f in o["data_files"])
+        if in_files != o["rows"]:
+            raise TerminalError(f"data files hold {in_files} rows but the writer counted {o['rows']}", table=o["table"],
+                                batch_id=plan.batch_id)
+
+
+def _commit_output(catalog: Any, plan: BatchPlan, out: dict[str, Any], dag_run_id: str | None,
+                   validation: dict[str, Any] | None, max_attempts: int) -> str:
+    """Commit one table's files of a routed batch, once (by batch id), stamped with that table's offsets."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    ident, branch = out["table"], out.get("branch")
+    for attempt in range(1, max_attempts + 1):
+        table = load_table(catalog, ident)
+        if table is None:
+            raise TerminalError("table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
+        if find_batch_snapshot(table, plan.batch_id) is not None:
+            return "already-committed"
+        state = committed_state(table, branch)
+        moved = []
+        for topic, parts in out["seen_offsets"].items():
+            for p, seen in parts.items():
+                now = state.offsets.get(topic, {}).get(int(p))
+                if any(s != now for s in seen):
+                    moved.append(f"{topic}[{p}] written against {seen}, table now at {now}")
+        if moved:
+            raise OffsetsMovedError("the table's offsets moved since this batch was written (another writer committed); "
+                                    "refusing to commit to avoid duplicates. Re-plan the batch: " + "; ".join(moved),
+                                    table=ident, batch_id=plan.batch_id)
+        offsets: Offsets = {t: dict(ps) for t, ps in state.offsets.items()}
+        for r in plan.ranges:  # never backwards
+            cur = offsets.setdefault(r.topic, {}).get(r.partition)
+            offsets[r.topic][r.partition] = r.end if cur is None else max(cur, r.end)
+        props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=out["rows"],
+                                   valid_through_ms=None, dag_run_id=dag_run_id, ignored_fields=tuple(out["ignored_fields"]),
+                                   validation=(validation or {}).get("tables", {}).get(ident))
+        try:
+            _fast_append(_without_commit_retries(table), out["data_files"], props, branch)
+            log.info("batch %s: %d rows committed to %s%s", plan.batch_id, out["rows"], ident, f" (branch {branch})" if branch else "")
+            return "committed"
+        except CommitFailedException as e:
+            log.warning("batch %s: commit conflict on %s (attempt %d): %s; refreshing", plan.batch_id, ident, attempt, e)
+        except Exception as e:
+            log.warning("batch %s: commit outcome unknown on %s (attempt %d): %r; checking", plan.batch_id, ident, attempt, e)
+            _drop_connections(catalog)
+        time.sleep(min(0.1 * 2**attempt, 5))
+    raise TransientError(f"commit did not succeed after {max_attempts} attempts", table=ident, batch_id=plan.batch_id)
+
+
+def ensure_checkpoint_table(catalog: Any, ident: str) -> Any:
+    import pyarrow as pa
+
+    from tidewater.catalog import create_table
+
+    types = {"string": pa.string(), "long": pa.int64(), "timestamp": pa.timestamp("us", tz="UTC")}
+    schema = pa.schema([pa.field(n, types[t]) for n, t in CHECKPOINT_SCHEMA_FIELDS])
+    return load_table(catalog, ident) or create_table(catalog, ident, schema, {"format-version": "2"})
+
+
+def commit_routed(
+    catalog: Any,
+    plan: BatchPlan,
+    manifest: BatchManifest,
+    *,
+    dag_run_id: str | None = None,
+    max_attempts: int = 8,
+    validation: dict[str, Any] | None = None,
+    dead_letter_sink: Callable[[Any, list[dict[str, Any]]], str] | None = None,
+) -> CommitResult:
+    """Commit a routed batch: each target table once (its own snapshot, batch id and offsets), then the
+    pipeline's checkpoint (one row and the batch's offsets), then the dead letters.
+
+    A failure part-way leaves some tables committed: retrying the commit step skips them (batch id),
+    and a batch re-planned from the checkpoint drops, per table, records the table already holds.
+    """
+    from pyiceberg.exceptions import CommitFailedException
+
+    check_routed_manifest(plan, manifest)
+    ident = plan.table
+    checkpoint = ensure_checkpoint_table(catalog, ident)
+    if find_batch_snapshot(checkpoint, plan.batch_id) is not None:
+        commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
+        return CommitResult("already-committed", plan.batch_id, ident, None, manifest.records,
+                            sum(len(o["data_files"]) for o in manifest.outputs), plan.end_offsets(), manifest.dead_letters)
+    moved = _offsets_moved(plan, committed_state(checkpoint).offsets)
+    if moved:
+        raise OffsetsMovedError("the pipeline's checkpoint moved since this batch was planned (another writer "
+                                "committed); refusing to commit. Re-plan the batch: " + "; ".join(moved),
+                                table=ident, batch_id=plan.batch_id)
+    committed = {}
+    for out in manifest.outputs:
+        if out["data_files"]:
+            committed[out["table"]] = _commit_output(catalog, plan, out, dag_run_id, validation, max_attempts)
+    offsets = plan.end_offsets()
+    for attempt in range(1, max_attempts + 1):
+        checkpoint = load_table(catalog, ident)
+        if find_batch_snapshot(checkpoint, plan.batch_id) is not None:
+            break
+        if _offsets_moved(plan, committed_state(checkpoint).offsets):
+            raise OffsetsMovedError("the pipeline's checkpoint moved while this batch committed its tables; re-plan",
+                                    table=ident, batch_id=plan.batch_id)
+        props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=manifest.records,
+                                   valid_through_ms=manifest.valid_through_ms(), dag_run_id=dag_run_id,
+                                   dead_letters=manifest.dead_letters, skipped=manifest.skipped, validation=validation)
+        try:
+            _without_commit_retries(checkpoint).append(_checkpoint_row(plan, manifest, offsets), snapshot_properties=props)
+            break
+        except CommitFailedException as e:
+            log.warning("batch %s: checkpoint conflict (attempt %d): %s", plan.batch_id, attempt, e)
+        except Exception as e:
+            log.warning("batch %s: checkpoint outcome unknown (attempt %d): %r; checking", plan.batch_id, attempt, e)
+            _drop_connections(catalog)
+        time.sleep(min(0.1 * 2**attempt, 5))
+    else:
+        raise TransientError("the tables are committed but the checkpoint is not yet; retry the commit step",
+                             table=ident, batch_id=plan.batch_id)
+    log.info("batch %s: committed %d table(s) (%s) and the checkpoint %s", plan.batch_id, len(committed),
+             ", ".join(f"{t}: {s}" for t, s in committed.items()) or "none", ident)
+    commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
+    return CommitResult("committed", plan.batch_id, ident, None, manifest.records,
+                        sum(len(o["data_files"]) for o in manifest.outputs), offsets, manifest.dead_letters)

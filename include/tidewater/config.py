@@ -189,6 +189,62 @@ class TableSpec:
         "Ingest files are written unsorted (marked so); `maintenance.rewrite_data_files.strategy: auto` sorts.",
         default_factory=list,
     )
+    id_columns: list[str] = _doc(
+        "Columns that identify a row. Set as the table's identifier fields (required columns) when it is "
+        "auto-created; a record without a value for one is a dead letter (`MissingId`).",
+        default_factory=list,
+    )
+    branch: str | None = _doc(
+        "Commit to this branch instead of `main` (created by the first commit). The committed offsets are "
+        "read from the same branch.",
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class RouteTableSpec(TableSpec):
+    """One target table of a routed pipeline (`tables:` entries). Every `table.*` key is accepted, and
+    `table` gives the defaults; these keys are added."""
+
+    topics: list[str] = _doc(
+        "Records of these topics go to this table (empty: records of every topic). Many tables may share a "
+        "topic, and many topics may feed one table.",
+        default_factory=list,
+    )
+    route_regex: str | None = _doc(
+        "Static routing: the record's `routing.field` value must fully match this regular expression. A "
+        "record can match several tables and goes to each.",
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    """How a pipeline with several target tables routes records (with `tables:` or `routing.dynamic`)."""
+
+    field: str | None = _doc("Route field: a dotted path into the record value (`meta.type`).", default=None)
+    dynamic: bool = _doc(
+        "The route field's value names the table: `table_template` with `{value}` replaced; names are "
+        "checked (letters, digits, `_`; at most 255 characters); tables are auto-created with the `table` "
+        "settings (an entry in `tables` overrides them for one table) when `table.auto_create` is on, "
+        "otherwise their records are dead letters (`UnknownTable`).",
+        default=False,
+    )
+    table_template: str = _doc(
+        "Dynamic table name, e.g. `payments_{value}` or `ns.{value}`; without a namespace the table goes to "
+        "`routing.namespace`.",
+        default="{value}",
+    )
+    namespace: str | None = _doc(
+        "Namespace of the pipeline's own tables (`<name>_checkpoints`: one row and the committed offsets per "
+        "batch; `<name>_dead_letters`) and of dynamic tables without one. Required when routing.",
+        default=None,
+    )
+    unmatched: str = _doc(
+        "Records that go to no table (no entry matches, route field missing): `dead_letter` (error class "
+        "`Unrouted`) or `skip` (counted in `tidewater.skipped`).",
+        default="dead_letter",
+    )
 
 
 @dataclass(frozen=True)
@@ -354,7 +410,17 @@ class PipelineSpec:
         "the others. Internal topics (`__...`) never match.",
         default=None,
     )
-    table: TableSpec = _doc("Target table.", default_factory=TableSpec)
+    table: TableSpec = _doc(
+        "Target table. With `tables` or `routing.dynamic`: the defaults of every target table (no identifier).",
+        default_factory=TableSpec,
+    )
+    tables: list[RouteTableSpec] = _doc(
+        "Several target tables (see `tables[]` below): records go to tables by topic and/or `routing`. Each "
+        "table gets one commit per batch and records its own offsets; the pipeline's position is kept in "
+        "`<routing.namespace>.<name>_checkpoints`.",
+        default_factory=list,
+    )
+    routing: RoutingSpec = _doc("Routing between several tables.", default_factory=RoutingSpec)
     schedule: str | None = _doc("Airflow schedule (cron or preset). `null`: triggered only.", default="*/5 * * * *")
     description: str = _doc("Shown as the DAG's documentation.", default="")
     kafka: KafkaSpec = _doc("Kafka connection.", default_factory=KafkaSpec)
@@ -384,8 +450,33 @@ class PipelineSpec:
             }
         return props
 
+    @property
+    def routed(self) -> bool:
+        """Several target tables (static `tables` or dynamic routing)."""
+        return bool(self.tables) or self.routing.dynamic
+
+    def table_spec(self, identifier: str) -> TableSpec:
+        """Settings of one target table: its `tables` entry, else the `table` defaults under that name."""
+        for t in self.tables:
+            if t.identifier == identifier:
+                return TableSpec(**{f.name: getattr(t, f.name) for f in dataclasses.fields(TableSpec)})
+        return dataclasses.replace(self.table, identifier=identifier)
+
+    def for_table(self, identifier: str) -> PipelineSpec:
+        """A single-table view of a routed pipeline (for the gate and maintenance of one target table)."""
+        return dataclasses.replace(
+            self, table=self.table_spec(identifier), tables=[], routing=RoutingSpec(),
+            dead_letter=dataclasses.replace(self.dead_letter, table=self.dead_letter_table()),
+        )
+
+    def checkpoint_table(self) -> str:
+        """Where the pipeline's position lives: the target table, or the checkpoint table when routing."""
+        return f"{self.routing.namespace}.{self.name}_checkpoints" if self.routed else self.table.identifier
+
     def dead_letter_table(self) -> str:
-        return self.dead_letter.table or f"{self.table.identifier}_dead_letters"
+        if self.dead_letter.table:
+            return self.dead_letter.table
+        return f"{self.routing.namespace}.{self.name}_dead_letters" if self.routed else f"{self.table.identifier}_dead_letters"
 
     def longest_batch_seconds(self) -> int:
         """Upper bound on a batch's life: plan, write, validate and commit, each with every retry."""
@@ -502,12 +593,24 @@ def _build(cls: type, data: Any, path: str) -> Any:
     return cls(**kwargs)
 
 
+def _merge_table_defaults(data: Any) -> Any:
+    """`tables:` entries take their defaults from `table:` (entry keys win)."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("tables"), list):
+        return data
+    defaults = data.get("table") or {}
+    if isinstance(defaults, str):
+        return data
+    defaults = {k: v for k, v in dict(defaults).items() if k != "identifier"}
+    entries = [{**defaults, **e} if isinstance(e, Mapping) else e for e in data["tables"]]
+    return {**data, "tables": entries}
+
+
 def parse_pipeline(data: Any, source_path: str | None = None) -> PipelineSpec:
     """Parse and validate a pipeline specification from already-loaded YAML data."""
     data = _interpolate(data, "")
     if isinstance(data, Mapping) and isinstance(data.get("table"), str):
         data = {**data, "table": {"identifier": data["table"]}}
-    spec: PipelineSpec = _build(PipelineSpec, data, "")
+    spec: PipelineSpec = _build(PipelineSpec, _merge_table_defaults(data), "")
     spec = dataclasses.replace(spec, source_path=source_path)
     validate(spec)
     return spec
@@ -556,13 +659,12 @@ def validate(spec: PipelineSpec) -> None:
             raise ConfigError(f"topics[{i}]: {t!r} is not a valid Kafka topic name")
     if len(set(spec.topics)) != len(spec.topics):
         raise ConfigError("topics: a topic is listed twice")
-    if not spec.table.identifier:
+    if spec.routed:
+        _validate_routing(spec)
+    elif not spec.table.identifier:
         raise ConfigError("table.identifier: required (namespace.name)")
-    parts = spec.table.identifier.split(".")
-    if len(parts) < 2 or not all(_IDENTIFIER_PART.match(p) for p in parts):
-        raise ConfigError(
-            f"table.identifier: {spec.table.identifier!r} must be namespace.name made of letters, digits and '_'"
-        )
+    else:
+        _check_identifier("table.identifier", spec.table.identifier)
     from tidewater.partitioning import check_config
 
     check_config(spec.table.partition_by, spec.table.sort_by, "table")
@@ -640,6 +742,58 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError(f"validation.suite: file {suite} does not exist")
 
 
+def _check_identifier(key: str, ident: str) -> None:
+    parts = ident.split(".")
+    if len(parts) < 2 or not all(_IDENTIFIER_PART.match(p) for p in parts):
+        raise ConfigError(f"{key}: {ident!r} must be namespace.name made of letters, digits and '_'")
+
+
+def _validate_routing(spec: PipelineSpec) -> None:
+    r = spec.routing
+    if spec.table.identifier:
+        raise ConfigError("table.identifier: not used when records are routed (`tables` or routing.dynamic); "
+                          "`table` holds the defaults of every target table, list the targets under `tables`")
+    if not r.namespace or not _IDENTIFIER_PART.match(r.namespace):
+        raise ConfigError("routing.namespace: required when routing (letters, digits and '_'): it holds the "
+                          "pipeline's checkpoint and dead-letter tables")
+    _one_of("routing.unmatched", r.unmatched, ("dead_letter", "skip"))
+    if r.field is not None and not re.match(r"^[A-Za-z_$][A-Za-z0-9_$-]*(\.[A-Za-z_$][A-Za-z0-9_$-]*)*$", r.field):
+        raise ConfigError(f"routing.field: {r.field!r} is not a field name or dotted path")
+    if r.dynamic:
+        if not r.field:
+            raise ConfigError("routing.field: required with routing.dynamic")
+        if r.table_template.count("{value}") != 1:
+            raise ConfigError(f"routing.table_template: {r.table_template!r} must contain {{value}} once")
+    seen = set()
+    for i, t in enumerate(spec.tables):
+        key = f"tables[{i}]"
+        if not t.identifier:
+            raise ConfigError(f"{key}.identifier: required")
+        _check_identifier(f"{key}.identifier", t.identifier)
+        if t.identifier in seen:
+            raise ConfigError(f"{key}.identifier: {t.identifier!r} is listed twice")
+        seen.add(t.identifier)
+        if t.route_regex is not None:
+            if r.dynamic:
+                raise ConfigError(f"{key}.route_regex: not used with routing.dynamic (the value names the table)")
+            if not r.field:
+                raise ConfigError(f"{key}.route_regex: needs routing.field")
+            try:
+                re.compile(t.route_regex)
+            except re.error as e:
+                raise ConfigError(f"{key}.route_regex: {t.route_regex!r} is not a valid regular expression ({e})") from None
+        for topic in t.topics:
+            listed = topic in spec.topics or (spec.topic_pattern and re.fullmatch(spec.topic_pattern, topic))
+            if not listed:
+                raise ConfigError(f"{key}.topics: {topic!r} is not one of the pipeline's topics (or topic_pattern)")
+        from tidewater.partitioning import check_config
+
+        check_config(t.partition_by, t.sort_by, key)
+    for ident in (spec.checkpoint_table(), spec.dead_letter_table()):
+        if ident in seen:
+            raise ConfigError(f"tables: {ident!r} is the pipeline's own checkpoint or dead-letter table")
+
+
 def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
@@ -678,7 +832,7 @@ def reference_markdown() -> str:
         "",
     ]
 
-    def section(cls: type, prefix: str) -> None:
+    def section(cls: type, prefix: str, skip: tuple[str, ...] = ()) -> None:
         hints = typing.get_type_hints(cls)
         lines.append(f"## `{prefix or 'top level'}`")
         lines.append("")
@@ -688,7 +842,7 @@ def reference_markdown() -> str:
         lines.append("| --- | --- | --- | --- |")
         nested = []
         for f in dataclasses.fields(cls):
-            if f.metadata.get("internal"):
+            if f.metadata.get("internal") or f.name in skip:
                 continue
             tp = hints[f.name]
             key = f"{prefix}.{f.name}" if prefix else f.name
@@ -703,13 +857,14 @@ def reference_markdown() -> str:
             else:
                 default = None
             shown = "required" if default in ("", []) and f.name in ("name", "topics", "identifier") else f"`{default!r}`"
-            type_shown = str(tp).replace("typing.", "")
+            type_shown = str(tp).replace("typing.", "").replace("tidewater.config.", "")
             lines.append(f"| `{key}` | `{type_shown}` | {shown} | {f.metadata['doc']} |")
         lines.append("")
         for tp, key in nested:
             section(tp, key)
 
     section(PipelineSpec, "")
+    section(RouteTableSpec, "tables[]", skip=tuple(f.name for f in dataclasses.fields(TableSpec)))
     lines.append("A bare string is accepted for `table` as a shorthand for `table.identifier`.")
     lines.append("")
     return "\n".join(lines)

@@ -87,10 +87,13 @@ def summary_dict(snapshot: Any) -> dict[str, str]:
     return dict(summary.additional_properties) if hasattr(summary, "additional_properties") else dict(summary)
 
 
-def committed_state(table: Any) -> CommittedState:
-    """Read committed offsets from the current snapshot of ``main``, walking back through ancestors."""
+def committed_state(table: Any, branch: str | None = None) -> CommittedState:
+    """Read committed offsets from the head of ``branch`` (default ``main``), walking back through ancestors."""
     meta = table.metadata
     current = meta.current_snapshot_id
+    if branch and branch != "main":
+        ref = meta.refs.get(branch)
+        current = ref.snapshot_id if ref is not None else None
     snap_id = current
     by_id = {s.snapshot_id: s for s in meta.snapshots}
     while snap_id is not None and snap_id in by_id:

@@ -57,8 +57,8 @@ def plan_batch(spec: PipelineSpec) -> tuple[BatchPlan, Path | None]:
     from tidewater.kafka_source import kafka_settings, list_partitions, resolve_topics, watermarks
 
     catalog = load_catalog(spec)
-    table = load_table(catalog, spec.table.identifier)
-    state = committed_state(table) if table is not None else None
+    table = load_table(catalog, spec.checkpoint_table())
+    state = committed_state(table, None if spec.routed else spec.table.branch) if table is not None else None
     committed = state.offsets if state else {}
     settings = kafka_settings(spec)
     parts = list_partitions(settings, resolve_topics(settings, spec))
@@ -67,7 +67,7 @@ def plan_batch(spec: PipelineSpec) -> tuple[BatchPlan, Path | None]:
     plan = BatchPlan(
         batch_id=new_batch_id(),
         pipeline=spec.name,
-        table=spec.table.identifier,
+        table=spec.checkpoint_table(),
         pipeline_path=str(spec.source_path),
         ranges=tuple(ranges),
         base_offsets=committed,
@@ -81,11 +81,19 @@ def plan_batch(spec: PipelineSpec) -> tuple[BatchPlan, Path | None]:
     write_json_atomic(path, plan.to_json())
     log.info(
         "pipeline %s: planned batch %s: %d offsets over %d partitions -> %s",
-        spec.name, plan.batch_id, plan.record_span, len(plan.ranges), spec.table.identifier,
+        spec.name, plan.batch_id, plan.record_span, len(plan.ranges), _targets(spec),
     )
     for r in plan.ranges:
         log.info("  %s[%d] [%d, %d) %d", r.topic, r.partition, r.start, r.end, r.size)
     return plan, path
+
+
+def _targets(spec: PipelineSpec) -> str:
+    if not spec.routed:
+        return spec.table.identifier
+    if spec.routing.dynamic:
+        return f"tables named by {spec.routing.field!r} ({spec.routing.table_template})"
+    return ", ".join(t.identifier for t in spec.tables)
 
 
 def load_plan(plan_path: str | Path) -> BatchPlan:
@@ -152,6 +160,13 @@ def _spark_env() -> dict[str, str]:
 def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> ValidationReport:
     """Run the quality gate; raises ValidationFailedError (nothing committed) when it fails."""
     catalog = load_catalog(spec)
+    if spec.routed:
+        from tidewater.validating import validate_routed
+
+        report = validate_routed(spec, catalog, manifest)
+        require_valid(report, spec.validation.on_failure)
+        write_json_atomic(_batch_path(spec, plan) / VALIDATION_NAME, report.summary())
+        return report
     table = load_table(catalog, spec.table.identifier)
     if table is None:
         if manifest.data_files:
@@ -197,8 +212,13 @@ def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, da
 
         sink = send
 
+    if spec.routed:
+        from tidewater.committing import commit_routed
+
+        return commit_routed(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
+                             dead_letter_sink=sink)
     return commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
-                        dead_letter_sink=sink)
+                        dead_letter_sink=sink, branch=spec.table.branch)
 
 
 # ---- status ----------------------------------------------------------------------------------------
@@ -289,7 +309,7 @@ def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) 
     say = out or (lambda s: print(s, flush=True))
     spec = load_pipeline(spec_path)
     t0 = time.monotonic()
-    say(f"[1/4] plan     {spec.name}: reading committed offsets from {spec.table.identifier} and end offsets from Kafka")
+    say(f"[1/4] plan     {spec.name}: reading committed offsets from {spec.checkpoint_table()} and end offsets from Kafka")
     plan, plan_path = plan_batch(spec)
     if plan_path is None:
         say(f"      nothing to ingest: every partition is caught up ({time.monotonic() - t0:.1f}s)")
@@ -310,7 +330,12 @@ def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) 
     extra += f", {manifest.skipped} skipped" if manifest.skipped else ""
     if manifest.ignored_fields:
         say(f"      fields not added (table.evolve_schema is off): {', '.join(manifest.ignored_fields)}")
-    say(f"      {manifest.records} records -> {len(manifest.data_files)} data file(s){extra} ({time.monotonic() - t1:.1f}s)")
+    if manifest.outputs:
+        files = sum(len(o["data_files"]) for o in manifest.outputs)
+        say(f"      {manifest.records} records -> {files} data file(s) in {len(manifest.outputs)} table(s){extra} "
+            f"({time.monotonic() - t1:.1f}s)")
+    else:
+        say(f"      {manifest.records} records -> {len(manifest.data_files)} data file(s){extra} ({time.monotonic() - t1:.1f}s)")
     t2 = time.monotonic()
     say("[3/4] validate great-expectations on the staged files")
     report = validate_step(spec, plan, manifest)

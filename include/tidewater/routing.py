@@ -59,16 +59,10 @@ class Router:
         self.spec = spec
         self.routing = spec.routing
         self._static = [(t, re.compile(t.route_regex) if t.route_regex else None) for t in spec.tables]
-        self._settings = {t.identifier: t for t in spec.tables}
 
     def table_spec(self, identifier: str) -> TableSpec:
         """Settings of a target table: its own entry, else the `table` defaults (dynamic tables)."""
-        import dataclasses
-
-        own = self._settings.get(identifier)
-        if own is not None:
-            return own
-        return dataclasses.replace(self.spec.table, identifier=identifier)
+        return self.spec.table_spec(identifier)
 
     def dynamic_identifier(self, value: str) -> str:
         name = self.routing.table_template.replace("{value}", value)

@@ -101,43 +101,185 @@ def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = 
     return decoded, bad, ignored
 
 
-def write_subrange(
-    spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange
-) -> dict[str, Any]:
-    """Read ``rng``, decode, write data files. Returns files and stats, or an error document."""
+class TableSink:
+    """Everything one Spark task writes to one target table: schema creation and evolution, data files,
+    and (routed pipelines) the rows it leaves out because the table already committed them."""
+
+    def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Any, prefix: str, routed: bool) -> None:
+        from tidewater.catalog import load_table
+        from tidewater.offsets import committed_state
+
+        self.spec, self.tspec, self.catalog, self.prefix = spec, tspec, catalog, prefix
+        self.table = load_table(catalog, tspec.identifier)
+        self.writer: Any = None
+        self.files: list[dict[str, Any]] = []
+        self.ignored_fields: set[str] = set()  # fields not added because evolve_schema is off
+        self.rows = 0
+        self.already = 0  # routed: rows of records this table committed before (a retried batch)
+        self.seen: dict[str, dict[int, int | None]] = {}
+        self._committed = committed_state(self.table, tspec.branch).offsets if routed and self.table is not None else {}
+
+    def threshold(self, topic: str, partition: int) -> int | None:
+        """Routed pipelines: records below this offset are already in the table (recorded for the commit)."""
+        t = self._committed.get(topic, {}).get(partition)
+        self.seen.setdefault(topic, {})[partition] = t
+        return t
+
+    def write(self, decoded: Any) -> None:
+        from tidewater.catalog import ensure_table, evolution_needed, new_fields, without_new_fields
+        from tidewater.writing import DataFileWriter, to_table_schema
+
+        if not decoded.num_rows:
+            return
+        table = self.table
+        if table is not None and not self.tspec.evolve_schema:
+            extra = new_fields(table, decoded.schema)
+            if extra:
+                self.ignored_fields.update(extra)
+                decoded = without_new_fields(table, decoded)
+        if table is None or evolution_needed(table, decoded):
+            before = None if table is None else table.schema().schema_id
+            table = self.table = ensure_table(self.catalog, self.tspec, table, decoded)
+            if self.writer is not None and table.schema().schema_id != before:
+                self.files.extend(self.writer.close())  # schema changed: finish the file written with the old one
+                self.writer = None
+        if self.writer is None:
+            self.writer = DataFileWriter(table, self.prefix + f"-s{table.schema().schema_id}")
+        self.writer.write(to_table_schema(table, decoded))
+        self.rows += decoded.num_rows
+
+    def close(self) -> list[dict[str, Any]]:
+        if self.writer is not None:
+            self.files.extend(self.writer.close())
+            self.writer = None
+        return self.files
+
+    def abort(self) -> None:
+        paths = [f["file_path"] for f in self.files] + (self.writer.abort() if self.writer is not None else [])
+        _delete_files(self.table, paths)
+
+    def output(self) -> dict[str, Any]:
+        return {"table": self.tspec.identifier, "data_files": self.files, "rows": self.rows, "already_committed": self.already,
+                "seen_offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in self.seen.items()},
+                "ignored_fields": sorted(self.ignored_fields), "branch": self.tspec.branch}
+
+
+def _route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], open_sink: Any, chunk: Any,
+                 decoded: Any, bad_idx: list[int]) -> tuple[list[Any], int, int]:
+    """Routed pipelines: split decoded rows over the target tables and write them.
+
+    Returns (records that become dead letters, records skipped as unmatched, records routed to at least
+    one table). A record that cannot be written to one of its tables (its value does not take the
+    column's type, an id column is empty, its dynamic table does not exist) is a dead letter and is
+    written to none, so records read = routed + dead letters + skipped holds.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tidewater.catalog import (
-        ensure_dead_letter_table, ensure_table, evolution_needed, load_catalog, load_table, new_fields, table_arrow_schema,
-        without_new_fields,
-    )
+    from tidewater.decoding import BadRecord, keep_mask
+    from tidewater.shaping import NameMatcher, conform
+
+    n = decoded.num_rows
+    chunk_idx = pc.indices_nonzero(keep_mask(len(chunk), bad_idx)) if bad_idx else pa.array(range(n), pa.uint64())
+    offsets = pc.take(pa.array(chunk.offsets, pa.int64()), chunk_idx)
+    routed = router.route(chunk.topic, decoded)
+    failed: dict[int, tuple[str, str]] = {r: ("InvalidRoute", msg) for r, msg in routed.invalid}
+    pending: list[tuple[TableSink, Any, Any]] = []
+    for ident, mask in routed.masks.items():
+        sink = sinks.get(ident) or open_sink(ident)
+        rows_of = pc.indices_nonzero(mask)
+        if sink.table is None and not sink.tspec.auto_create:
+            for r in rows_of.to_pylist():  # error path
+                failed.setdefault(r, ("UnknownTable", f"table {ident} does not exist and auto_create is off"))
+            continue
+        threshold = sink.threshold(chunk.topic, chunk.partition)
+        if threshold is not None:
+            fresh = pc.greater_equal(pc.take(offsets, rows_of), threshold)
+            sink.already += len(rows_of) - pc.sum(fresh.cast(pa.int64())).as_py() if len(rows_of) else 0
+            rows_of = pc.filter(rows_of, fresh)
+        if not len(rows_of):
+            continue
+        sub = decoded.take(rows_of)
+        if sink.table is not None or sink.tspec.case_insensitive:
+            from tidewater.catalog import table_arrow_schema
+
+            matcher = NameMatcher(sink.table, sink.tspec.case_insensitive)
+            sub, casts = conform(matcher.apply(sub), table_arrow_schema(sink.table) if sink.table is not None else None)
+            keep = [True] * len(rows_of)
+            for r, msg in casts:  # error path
+                failed.setdefault(rows_of[r].as_py(), ("TypeMismatch", f"table {ident}: {msg}"))
+                keep[r] = False
+            if casts:
+                rows_of = pc.filter(rows_of, pa.array(keep))
+        for column in sink.tspec.id_columns:
+            empty = pc.is_null(sub.column(column)) if column in sub.column_names else pa.array([True] * sub.num_rows)
+            for r in pc.indices_nonzero(empty).to_pylist():  # error path
+                failed.setdefault(rows_of[r].as_py(), ("MissingId", f"table {ident}: id column {column!r} is empty"))
+        pending.append((sink, sub, rows_of))
+    if failed:
+        gone = pa.array(sorted(failed), pa.uint64())
+        pending = [(sink, sub.filter(pc.invert(pc.is_in(rows, value_set=gone))), rows) for sink, sub, rows in pending]
+    for sink, sub, _ in pending:
+        sink.write(sub)
+    bad = [BadRecord(chunk_idx[r].as_py(), cls, msg) for r, (cls, msg) in sorted(failed.items())]
+    unmatched = pc.and_(routed.unmatched, pc.invert(pc.is_in(pa.array(range(n), pa.uint64()), value_set=pa.array(sorted(failed), pa.uint64()))))
+    unmatched_rows = pc.indices_nonzero(unmatched)
+    skipped = 0
+    if len(unmatched_rows):
+        if spec.routing.unmatched == "skip":
+            skipped = len(unmatched_rows)
+        else:
+            field = spec.routing.field
+            msg = f"no table takes this record (route field {field!r})" if field else f"no table takes records of topic {chunk.topic}"
+            bad.extend(BadRecord(chunk_idx[r].as_py(), "Unrouted", msg) for r in unmatched_rows.to_pylist())
+    bad.sort(key=lambda b: b.index)
+    return bad, skipped, n - len(failed) - len(unmatched_rows)
+
+
+def write_subrange(
+    spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange
+) -> dict[str, Any]:
+    """Read ``rng``, decode, write data files (one TableSink per target table). Returns files and stats,
+    or an error document."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from tidewater import shaping
+    from tidewater.catalog import ensure_dead_letter_table, load_catalog, table_arrow_schema
+    from tidewater.conversions import decoder_schema
     from tidewater.dead_letters import dead_letter_rows
     from tidewater.kafka_source import Rereader, read_range
-    from tidewater.conversions import decoder_schema
     from tidewater.source_columns import add_source_columns, without_source_columns
     from tidewater.writing import DataFileWriter, to_table_schema
 
     started = time.monotonic()
     started_at = time.time()
     catalog = load_catalog(spec)
-    table = load_table(catalog, spec.table.identifier)
     policy = spec.dead_letter.policy
+    prefix = f"{batch_id}-{task_id:05d}"
+    sinks: dict[str, TableSink] = {}
+    router = None
+    if spec.routed:
+        from tidewater.routing import Router
+
+        router = Router(spec)
+
+    def open_sink(ident: str) -> TableSink:
+        tspec = router.table_spec(ident) if router is not None else spec.table
+        sinks[ident] = TableSink(spec, tspec, catalog, prefix, routed=router is not None)
+        return sinks[ident]
+
+    single = None if router is not None else open_sink(spec.table.identifier)
     registry = None
     if spec.format.value == "avro":
         from tidewater.avro import RegistryClient
 
         registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth)
     rereader = Rereader(settings, f"{spec.name}-{task_id}-dlq", spec.kafka.read_timeout_seconds)
-    writer: DataFileWriter | None = None
     dlq_writer: DataFileWriter | None = None
     dlq_table: Any = None
-    files: list[dict[str, Any]] = []
-    records = dead = skipped = 0
-    ignored_fields: set[str] = set()  # fields not added because table.evolve_schema is off
+    records = dead = skipped = routed_records = 0
     first = last = tmin = tmax = None
-    prefix = f"{batch_id}-{task_id:05d}"
     try:
         for chunk in read_range(
             settings,
@@ -148,15 +290,31 @@ def write_subrange(
             keys=spec.format.key != "none",
             headers=spec.format.headers,
         ):
-            table_schema = table_arrow_schema(table) if table is not None else None
-            explicit = decoder_schema(without_source_columns(table_schema, spec.format), spec.format)
             shaper = None
-            if shaping.active(spec.format, spec.table, table):
-                explicit = shaping.decoder_schema(explicit, spec.format)
-                shaper = (shaping.NameMatcher(table, spec.table.case_insensitive), table_schema)
+            explicit = None
+            if single is not None:
+                table = single.table
+                table_schema = table_arrow_schema(table) if table is not None else None
+                explicit = decoder_schema(without_source_columns(table_schema, spec.format), spec.format)
+                if shaping.active(spec.format, spec.table, table):
+                    explicit = shaping.decoder_schema(explicit, spec.format)
+                    shaper = (shaping.NameMatcher(table, spec.table.case_insensitive), table_schema)
+            elif spec.format.flatten or spec.format.map_columns:  # per-table name matching comes after routing
+                shaper = (shaping.NameMatcher(None, False), None)
             decoded, bad, ignored = decode_chunk(spec, chunk, explicit, registry, shaper)
             skipped += len(ignored)
-            decoded = add_source_columns(spec.format, chunk, decoded, sorted(b.index for b in bad + ignored))
+            gone = sorted(b.index for b in bad + ignored)
+            decoded = add_source_columns(spec.format, chunk, decoded, gone)
+            if router is not None:
+                more, unmatched, routed_now = _route_chunk(spec, router, sinks, open_sink, chunk, decoded, gone)
+                skipped += unmatched
+                routed_records += routed_now
+                if more and policy == "fail":
+                    from tidewater.errors import RecordError
+
+                    raise RecordError(f"{more[0].error_class}: {more[0].message}", topic=chunk.topic,
+                                      partition=chunk.partition, offset=chunk.offsets[more[0].index])
+                bad = sorted(bad + more, key=lambda b: b.index)
             if bad and policy == "dead_letter":
                 if dlq_writer is None:
                     dlq_table = ensure_dead_letter_table(catalog, spec)
@@ -168,21 +326,8 @@ def write_subrange(
                 skipped += len(bad)
                 log.warning("batch %s: skipped %d undecodable records of %s[%d], first at offset %d: %s", batch_id,
                             len(bad), chunk.topic, chunk.partition, chunk.offsets[bad[0].index], bad[0].message)
-            if decoded.num_rows and table is not None and not spec.table.evolve_schema:
-                extra = new_fields(table, decoded.schema)
-                if extra:
-                    ignored_fields.update(extra)
-                    decoded = without_new_fields(table, decoded)
-            if decoded.num_rows:
-                if table is None or evolution_needed(table, decoded):
-                    before = None if table is None else table.schema().schema_id
-                    table = ensure_table(catalog, spec, table, decoded)
-                    if writer is not None and table.schema().schema_id != before:
-                        files.extend(writer.close())  # schema changed: finish the file written with the old one
-                        writer = None
-                if writer is None:
-                    writer = DataFileWriter(table, prefix + f"-s{table.schema().schema_id}")
-                writer.write(to_table_schema(table, decoded))
+            if single is not None:
+                single.write(decoded)
             records += len(chunk)
             first = chunk.offsets[0] if first is None else first
             last = chunk.offsets[-1]
@@ -193,29 +338,33 @@ def write_subrange(
                 lo, hi = mm["min"].as_py(), mm["max"].as_py()
                 tmin = lo if tmin is None else min(tmin, lo)
                 tmax = hi if tmax is None else max(tmax, hi)
-        if writer is not None:
-            files.extend(writer.close())
+        for sink in sinks.values():
+            sink.close()
         dlq_files = dlq_writer.close() if dlq_writer is not None else []
         rereader.close()
     except Exception as e:
         rereader.close()
-        paths = [f["file_path"] for f in files] + (writer.abort() if writer is not None else [])
-        _delete_files(table, paths)
+        for sink in sinks.values():
+            sink.abort()
         if dlq_writer is not None:
             _delete_files(dlq_table, dlq_writer.abort())
         return {"task_id": task_id, "error": error_document(e)}
     # Python workers are reused across tasks: hand Arrow's cached buffers back so memory stays per task.
     pa.default_memory_pool().release_unused()
-    stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, records, first, last, tmin, tmax, dead, skipped)
-    return {
+    stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, records, first, last, tmin, tmax, dead, skipped,
+                           routed_records if router is not None else None)
+    result: dict[str, Any] = {
         "task_id": task_id,
-        "files": files,
         "dead_letter_files": dlq_files,
-        "ignored_fields": sorted(ignored_fields),
         "stats": asdict(stats),
         "timing": {"task_id": task_id, "started_at": started_at, "finished_at": time.time(),
                    "seconds": time.monotonic() - started, "records": records},
     }
+    if single is not None:
+        result.update(files=single.files, ignored_fields=sorted(single.ignored_fields))
+    else:
+        result.update(files=[], outputs=[s.output() for s in sinks.values()])
+    return result
 
 
 def _delete_files(table: Any, paths: list[str]) -> None:
@@ -271,15 +420,20 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
 
     errors = [r for r in results if "error" in r]
     catalog = load_catalog(spec)
-    table = load_table(catalog, spec.table.identifier)
     if errors:
         # No manifest will exist, so no commit can reference these files: remove them.
-        _delete_files(table, [f["file_path"] for r in results if "files" in r for f in r["files"]])
-        dlq = [f["file_path"] for r in results for f in r.get("dead_letter_files", [])]
-        if dlq:
-            _delete_files(load_table(catalog, spec.dead_letter_table()), dlq)
+        by_table: dict[str, list[str]] = {}
+        for r in results:
+            by_table.setdefault(spec.table.identifier, []).extend(f["file_path"] for f in r.get("files", []))
+            for out in r.get("outputs", []):
+                by_table.setdefault(out["table"], []).extend(f["file_path"] for f in out["data_files"])
+            by_table.setdefault(spec.dead_letter_table(), []).extend(f["file_path"] for f in r.get("dead_letter_files", []))
+        for ident, paths in by_table.items():
+            if paths:
+                _delete_files(load_table(catalog, ident), paths)
         raise BatchWriteError(errors[0]["error"], len(errors))
     results = sorted(results, key=lambda r: r["task_id"])
+    table = None if spec.routed else load_table(catalog, spec.table.identifier)
     return BatchManifest(
         batch_id=plan.batch_id,
         table=plan.table,
@@ -291,7 +445,27 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
         dead_letter_table=spec.dead_letter_table(),
         dead_letter_files=tuple(f for r in results for f in r.get("dead_letter_files", [])),
         ignored_fields=tuple(sorted({n for r in results for n in r.get("ignored_fields", [])})),
+        outputs=merge_outputs([o for r in results for o in r.get("outputs", [])]),
     )
+
+
+def merge_outputs(outputs: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """The tasks' per-table outputs, one per table (files joined, counts added, offsets seen kept per
+    partition as the list of distinct values the tasks saw)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for o in outputs:
+        m = merged.setdefault(o["table"], {"table": o["table"], "data_files": [], "rows": 0, "already_committed": 0,
+                                           "seen_offsets": {}, "ignored_fields": [], "branch": o.get("branch")})
+        m["data_files"].extend(o["data_files"])
+        m["rows"] += o["rows"]
+        m["already_committed"] += o["already_committed"]
+        m["ignored_fields"] = sorted(set(m["ignored_fields"]) | set(o["ignored_fields"]))
+        for topic, parts in o["seen_offsets"].items():
+            for p, off in parts.items():
+                seen = m["seen_offsets"].setdefault(topic, {}).setdefault(p, [])
+                if off not in seen:
+                    seen.append(off)
+    return tuple(merged[k] for k in sorted(merged))
 
 
 class BatchWriteError(TerminalError):

@@ -43,6 +43,7 @@ class ValidationReport:
     success: bool
     rows: int
     checks: tuple[CheckResult, ...]
+    tables: tuple[tuple[str, ValidationReport], ...] = ()  # routed pipelines: the report of each target table
 
     def text(self) -> str:
         head = f"validation of batch {self.batch_id} ({self.rows} rows, suite {self.suite}): " + (
@@ -57,6 +58,7 @@ class ValidationReport:
             "rows": self.rows,
             "checks": len(self.checks),
             "failed": sum(not c.success for c in self.checks),
+            **({"tables": {t: r.summary() for t, r in self.tables}} if self.tables else {}),
         }
 
 
@@ -300,7 +302,48 @@ def validate_batch(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> V
     return report
 
 
-ACCOUNTING_CHECKS = ("expect_table_row_count_to_equal", "accounting: records read = rows + dead letters + skipped")
+ROUTED_ACCOUNTING = "accounting: records read = records routed + dead letters + skipped"
+ACCOUNTING_CHECKS = ("expect_table_row_count_to_equal", "accounting: records read = rows + dead letters + skipped",
+                     ROUTED_ACCOUNTING)
+
+
+def validate_routed(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -> ValidationReport:
+    """The gate for a routed batch: the batch's accounting, then each target table's checks and suite on
+    that table's files (the pipeline's not-null columns where the table has them, plus its id columns)."""
+    import dataclasses
+
+    from tidewater.batch import PartitionStats
+    from tidewater.catalog import load_table
+
+    routed = manifest.routed
+    checks = [CheckResult(
+        ROUTED_ACCOUNTING,
+        {"read": manifest.records, "dead_letters": manifest.dead_letters, "skipped": manifest.skipped},
+        routed is not None and manifest.records == routed + manifest.dead_letters_in_files + manifest.skipped,
+        {"observed_value": f"{routed} routed + {manifest.dead_letters_in_files} dead letters + {manifest.skipped} skipped"},
+    )]
+    reports = []
+    for out in manifest.outputs:
+        if not out["data_files"]:
+            continue
+        ident = out["table"]
+        table = load_table(catalog, ident)
+        if table is None:
+            checks.append(CheckResult("table exists", {"table": ident}, False, {"error": "staged files exist but the table does not"}))
+            continue
+        view = spec.for_table(ident)
+        names = {f.name for f in table.schema().fields}
+        not_null = [c for c in spec.validation.not_null if c in names] + [c for c in view.table.id_columns if c not in spec.validation.not_null]
+        view = dataclasses.replace(view, validation=dataclasses.replace(spec.validation, not_null=not_null))
+        part = PartitionStats("*", -1, 0, 0, out["rows"], None, None, None, None)
+        sub = dataclasses.replace(manifest, table=ident, data_files=tuple(out["data_files"]), partitions=(part,),
+                                  dead_letter_files=(), outputs=())
+        report = validate_batch(view, table, sub)
+        reports.append((ident, report))
+        checks += [dataclasses.replace(c, kwargs={"table": ident, **c.kwargs}) for c in report.checks]
+    suite = spec.suite_path()
+    return ValidationReport(manifest.batch_id, f"{spec.name}.{suite.name if suite else 'builtin'}", all(c.success for c in checks),
+                            sum(o["rows"] for o in manifest.outputs), tuple(checks), tuple(reports))
 
 
 def require_valid(report: ValidationReport, on_failure: str = "fail") -> None:
