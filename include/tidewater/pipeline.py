@@ -242,8 +242,8 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
     from tidewater.kafka_source import kafka_settings, list_partitions, resolve_topics, watermarks
 
     catalog = load_catalog(spec)
-    table = load_table(catalog, spec.table.identifier)
-    state = committed_state(table) if table is not None else None
+    table = load_table(catalog, spec.checkpoint_table())
+    state = committed_state(table, None if spec.routed else spec.table.branch) if table is not None else None
     settings = kafka_settings(spec)
     wm = watermarks(settings, list_partitions(settings, resolve_topics(settings, spec)))
     parts = [
@@ -258,9 +258,9 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
     def iso(ms: int | None) -> str | None:
         return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat() if ms is not None else None
 
-    return {
+    out: dict[str, Any] = {
         "pipeline": spec.name,
-        "table": spec.table.identifier,
+        "table": spec.checkpoint_table(),
         "table_exists": table is not None,
         "last_snapshot_id": snap.snapshot_id if snap else None,
         "last_snapshot_at": iso(snap.timestamp_ms) if snap else None,
@@ -277,6 +277,27 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
             for p in parts
         ],
     }
+    if spec.routed:
+        out["tables"] = _table_status(spec, catalog, table, wm, iso)
+    return out
+
+
+def _table_status(spec: PipelineSpec, catalog: Any, checkpoint: Any, wm: dict[Any, Any], iso: Any) -> list[dict[str, Any]]:
+    """Routed pipelines: each target table's last batch and lag (its own offsets against the log end)."""
+    import json
+
+    names = {t.identifier for t in spec.tables}
+    if checkpoint is not None and checkpoint.current_snapshot() is not None:
+        for cell in checkpoint.scan(selected_fields=("tables",)).to_arrow().column("tables").to_pylist():
+            names.update(json.loads(cell or "[]"))
+    rows = []
+    for ident in sorted(names):
+        t = load_table(catalog, ident)
+        st = committed_state(t, spec.table_spec(ident).branch) if t is not None else None
+        lag = sum(hi - (st.offsets.get(tp, {}).get(p, lo) if st else lo) for (tp, p), (lo, hi) in wm.items())
+        rows.append({"table": ident, "exists": t is not None, "last_batch_id": st.batch_id if st else None,
+                     "committed_at": iso(st.committed_at_ms) if st else None, "lag": lag})
+    return rows
 
 
 def history(spec: PipelineSpec) -> list[dict[str, Any]]:

@@ -82,7 +82,7 @@ class Router:
             for v in pc.unique(pc.drop_null(values)).to_pylist():
                 rows = pc.fill_null(pc.equal(values, v), False)
                 ident = self.dynamic_identifier(v)
-                if not valid_identifier(ident):
+                if not v or not valid_identifier(ident):
                     invalid_rows = pc.or_(invalid_rows, rows)
                     continue
                 out.masks[ident] = rows
@@ -92,7 +92,8 @@ class Router:
                 for r in pc.indices_nonzero(invalid_rows).to_pylist():  # error path
                     v = values[r].as_py()
                     shown[r] = (f"route field {self.routing.field!r} = {v!r} does not name a valid table "
-                                f"({self.dynamic_identifier(v)!r}: letters, digits and '_', at most {MAX_IDENTIFIER} characters)")
+                                f"({self.dynamic_identifier(v)[:300]!r}: letters, digits and '_', not empty, at most "
+                                f"{MAX_IDENTIFIER} characters)")
                 out.invalid = sorted(shown.items())
                 any_row = pc.or_(any_row, invalid_rows)
         else:
