@@ -25,7 +25,7 @@ def _doc(spec: PipelineSpec, path: Path) -> str:
         f"### {spec.name}\n\n{spec.description}\n\n"
         f"* topics: `{', '.join(spec.topics) or '-'}`"
         + (f" and every topic matching `{spec.topic_pattern}`" if spec.topic_pattern else "")
-        + f"\n* table: `{spec.table.identifier}` (catalog `{spec.catalog.name}`)\n"
+        + f"\n* table: `{spec.describe_targets()}` (catalog `{spec.catalog.name}`)\n"
         f"* batch cap: {spec.batch.max_records} records\n* pipeline file: `{path}`\n\n"
         "plan reads the committed offsets from the table's latest snapshot; write runs the Spark job; "
         "validate runs the data-quality suite on the staged files; commit makes one Iceberg append. "

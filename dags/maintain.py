@@ -21,10 +21,9 @@ START = datetime(2024, 1, 1, tzinfo=timezone.utc)
 
 
 def table_asset(spec: PipelineSpec) -> Asset:
-    return Asset(
-        name=f"{spec.catalog.name}.{spec.table.identifier}",
-        uri=f"iceberg://{spec.catalog.name}/{spec.table.identifier.replace('.', '/')}",
-    )
+    """The table maintained (routed pipelines: their checkpoint table stands for the pipeline's tables)."""
+    ident = spec.checkpoint_table()
+    return Asset(name=f"{spec.catalog.name}.{ident}", uri=f"iceberg://{spec.catalog.name}/{ident.replace('.', '/')}")
 
 
 def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
@@ -42,7 +41,7 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - return
         max_active_runs=1,
         tags=sorted({"tidewater", "maintenance", *spec.airflow.tags}),
         doc_md=(
-            f"### maintenance of `{spec.table.identifier}`\n\n"
+            f"### maintenance of `{spec.describe_targets()}`\n\n"
             f"* compaction: {m.rewrite_data_files.strategy}, at least {m.rewrite_data_files.min_input_files} files per group\n"
             f"* expire snapshots older than {m.expire_snapshots.older_than_hours:g} h, keep {m.expire_snapshots.retain_last}; "
             "the snapshot holding the committed offsets and every later one are always kept\n"

@@ -129,7 +129,7 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
                     mask_secret(v)
             self.env_vars = {KAFKA_CONFIG_ENV: json.dumps(resolved)}
         self._hook = None
-        log.info("batch %s: submitting the write job for %s", planned["batch_id"], spec.table.identifier)
+        log.info("batch %s: submitting the write job for %s", planned["batch_id"], spec.describe_targets())
         try:
             super().execute(context)
         except Exception:
@@ -173,8 +173,9 @@ def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None,
     from tidewater.maintenance import maintain
 
     spec = load_pipeline(pipeline_path)
-    [report] = maintain(spec, actions=[action], master=_spark_master(spec.spark.conn_id, spec.spark.master))  # logs the report
-    meta = json.loads(json.dumps(report.metadata(), default=str))
+    reports = maintain(spec, actions=[action], master=_spark_master(spec.spark.conn_id, spec.spark.master))  # logs them
+    metas = [json.loads(json.dumps(r.metadata(), default=str)) for r in reports]
+    meta = metas[0] if len(metas) == 1 else {"tables": metas}
     if outlet_events is not None and asset is not None:
         outlet_events[asset].extra = meta
     return meta

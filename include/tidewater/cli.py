@@ -17,10 +17,10 @@ def _pipeline_arg(p: argparse.ArgumentParser) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from tidewater.config import load_pipeline
-
+    
     spec = load_pipeline(args.pipeline)
     print(f"{args.pipeline}: ok (pipeline {spec.name}, DAG {spec.dag_id}, {len(spec.topics)} topic(s)"
-          f"{' + pattern ' + repr(spec.topic_pattern) if spec.topic_pattern else ''} -> {spec.table.identifier})")
+          f"{' + pattern ' + repr(spec.topic_pattern) if spec.topic_pattern else ''} -> {spec.describe_targets()})")
     return 0
 
 
@@ -128,7 +128,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from tidewater.maintenance import ACTIONS, maintain, reports_json
 
     spec = load_pipeline(args.pipeline)
-    if args.table and args.table != spec.table.identifier:
+    if args.table and not spec.routed and args.table != spec.table.identifier:
         raise ConfigError(f"--table: pipeline {spec.name} writes {spec.table.identifier}, not {args.table}")
     actions = [a.strip() for a in args.actions.split(",")] if args.actions else None
     for a in actions or []:
@@ -142,16 +142,55 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         saved = os.dup(1)
         os.dup2(2, 1)
         try:
-            reports = maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master)
+            reports = maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master, table=args.table)
         finally:
             sys.stdout.flush()
             os.dup2(saved, 1)
             os.close(saved)
         print(reports_json(reports))
     else:
-        for r in maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master):
+        for r in maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master, table=args.table):
             print(r.text())
     return 0
+
+
+def cmd_connect_import(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from tidewater.config import parse_pipeline
+    from tidewater.connect_import import convert, to_yaml
+    from tidewater.errors import ConfigError
+
+    try:
+        doc = json.loads(Path(args.connector).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{args.connector}: cannot read the connector JSON: {e}") from None
+    res = convert(doc, name=args.name, bootstrap=args.bootstrap_servers)
+    text = to_yaml(res)
+    import yaml
+
+    try:  # the result must load as it is (environment references resolved to placeholders for the check)
+        parse_pipeline(yaml.safe_load(_placeholders(text, res)))
+    except ConfigError as e:
+        raise ConfigError(f"the imported pipeline does not validate: {e}") from None
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    print(res.report(), file=sys.stderr)
+    return 0
+
+
+def _placeholders(text: str, res: object) -> str:
+    import os
+
+    env = {var: "x" for _, var in getattr(res, "env", [])}
+    for var, value in env.items():
+        if var not in os.environ:
+            text = text.replace("${" + var + "}", value if var != "KAFKA_BOOTSTRAP_SERVERS" else "127.0.0.1:9092")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,6 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("connect-import", help="turn a Kafka Connect Iceberg sink configuration into a pipeline file")
+    p.add_argument("connector", metavar="CONNECTOR.json", help="the connector JSON (with or without name/config)")
+    p.add_argument("--name", default=None, help="pipeline name (default: the connector's name)")
+    p.add_argument("--bootstrap-servers", default=None,
+                   help="Kafka brokers (the connector inherits them from its worker; default ${KAFKA_BOOTSTRAP_SERVERS})")
+    p.add_argument("--output", "-o", default=None, help="write the pipeline YAML here (default: stdout)")
+    p.set_defaults(fn=cmd_connect_import)
 
     p = sub.add_parser("status", help="committed offsets, end offsets and lag per partition")
     _pipeline_arg(p)

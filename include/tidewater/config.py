@@ -469,6 +469,14 @@ class PipelineSpec:
             dead_letter=dataclasses.replace(self.dead_letter, table=self.dead_letter_table()),
         )
 
+    def describe_targets(self) -> str:
+        """The target table(s), for logs and DAG documentation."""
+        if not self.routed:
+            return self.table.identifier
+        if self.routing.dynamic:
+            return f"tables named by {self.routing.field!r} ({self.routing.table_template})"
+        return ", ".join(t.identifier for t in self.tables)
+
     def checkpoint_table(self) -> str:
         """Where the pipeline's position lives: the target table, or the checkpoint table when routing."""
         return f"{self.routing.namespace}.{self.name}_checkpoints" if self.routed else self.table.identifier

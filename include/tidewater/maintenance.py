@@ -206,6 +206,7 @@ def in_flight_files(spec: PipelineSpec, cutoff_s: float) -> set[str]:
             log.warning("cannot read %s: %s", manifest, e)
             continue
         out.update(f["file_path"] for f in m.data_files)
+        out.update(f["file_path"] for o in m.outputs for f in o["data_files"])
     return out
 
 
@@ -291,14 +292,23 @@ def run_action(spark: Any, spec: PipelineSpec, action: str, dry_run: bool = Fals
 
 
 def maintain(spec: PipelineSpec, actions: list[str] | None = None, dry_run: bool = False, spark: Any = None,
-             master: str | None = None) -> list[ActionReport]:
-    """Run the enabled actions (or ``actions``) in order on the pipeline's table."""
+             master: str | None = None, table: str | None = None) -> list[ActionReport]:
+    """Run the enabled actions (or ``actions``) in order on the pipeline's table (routed pipelines: on
+    each target table in turn, or on ``table``)."""
     todo = actions or enabled_actions(spec)
     own = spark is None
+    if spec.routed:
+        from tidewater.catalog import load_catalog
+        from tidewater.pipeline import target_tables
+
+        names = [table] if table else [t for t in target_tables(spec, load_catalog(spec))]
+        views = [spec.for_table(t) for t in names]
+    else:
+        views = [spec]
     if own:
         spark = spark_session.session(spec, app_name=f"tidewater-maintain-{spec.name}", master=master)
     try:
-        return [run_action(spark, spec, a, dry_run) for a in todo]
+        return [run_action(spark, v, a, dry_run) for v in views for a in todo]
     finally:
         if own:
             spark.stop()

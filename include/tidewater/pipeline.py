@@ -81,19 +81,11 @@ def plan_batch(spec: PipelineSpec) -> tuple[BatchPlan, Path | None]:
     write_json_atomic(path, plan.to_json())
     log.info(
         "pipeline %s: planned batch %s: %d offsets over %d partitions -> %s",
-        spec.name, plan.batch_id, plan.record_span, len(plan.ranges), _targets(spec),
+        spec.name, plan.batch_id, plan.record_span, len(plan.ranges), spec.describe_targets(),
     )
     for r in plan.ranges:
         log.info("  %s[%d] [%d, %d) %d", r.topic, r.partition, r.start, r.end, r.size)
     return plan, path
-
-
-def _targets(spec: PipelineSpec) -> str:
-    if not spec.routed:
-        return spec.table.identifier
-    if spec.routing.dynamic:
-        return f"tables named by {spec.routing.field!r} ({spec.routing.table_template})"
-    return ", ".join(t.identifier for t in spec.tables)
 
 
 def load_plan(plan_path: str | Path) -> BatchPlan:
@@ -278,20 +270,26 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
         ],
     }
     if spec.routed:
-        out["tables"] = _table_status(spec, catalog, table, wm, iso)
+        out["tables"] = _table_status(spec, catalog, wm, iso)
     return out
 
 
-def _table_status(spec: PipelineSpec, catalog: Any, checkpoint: Any, wm: dict[Any, Any], iso: Any) -> list[dict[str, Any]]:
-    """Routed pipelines: each target table's last batch and lag (its own offsets against the log end)."""
+def target_tables(spec: PipelineSpec, catalog: Any) -> list[str]:
+    """Routed pipelines: the listed tables and every table a committed batch wrote to (dynamic ones)."""
     import json
 
     names = {t.identifier for t in spec.tables}
+    checkpoint = load_table(catalog, spec.checkpoint_table())
     if checkpoint is not None and checkpoint.current_snapshot() is not None:
         for cell in checkpoint.scan(selected_fields=("tables",)).to_arrow().column("tables").to_pylist():
             names.update(json.loads(cell or "[]"))
+    return sorted(names)
+
+
+def _table_status(spec: PipelineSpec, catalog: Any, wm: dict[Any, Any], iso: Any) -> list[dict[str, Any]]:
+    """Routed pipelines: each target table's last batch and lag (its own offsets against the log end)."""
     rows = []
-    for ident in sorted(names):
+    for ident in target_tables(spec, catalog):
         t = load_table(catalog, ident)
         st = committed_state(t, spec.table_spec(ident).branch) if t is not None else None
         lag = sum(hi - (st.offsets.get(tp, {}).get(p, lo) if st else lo) for (tp, p), (lo, hi) in wm.items())

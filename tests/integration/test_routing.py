@@ -200,3 +200,47 @@ def test_failure_after_some_tables_committed_never_duplicates(broker, home, topi
         assert committed_state(load_table(load_catalog(spec), f"rpc.t{i}")).offsets == {topic: {0: 43}}
     assert committed_state(checkpoint(spec)).offsets == {topic: {0: 43}}
     assert checkpoint(spec).scan().to_arrow().num_rows == 2
+
+
+def test_imported_kafka_connect_configuration_runs_as_is(broker, home, topic):
+    """A Kafka Connect Iceberg sink configuration (JDBC catalog, route field and per-table regexes,
+    string keys, schemaless JSON, errors.tolerance all) through `tidewater connect-import`: the file it
+    writes runs unchanged and lands each record in its table, the bad one as a dead letter."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    connector = {"name": "orders-sink", "config": {
+        "connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
+        "topics": topic, "tasks.max": "2",
+        "iceberg.tables": "shop.created,shop.cancelled",
+        "iceberg.tables.route-field": "status",
+        "iceberg.table.shop.created.route-regex": "created",
+        "iceberg.table.shop.cancelled.route-regex": "cancel+ed",
+        "iceberg.tables.default-partition-by": "bucket(id, 2)",
+        "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+        "iceberg.catalog.uri": f"jdbc:sqlite:{home}/connect-catalog.db",
+        "iceberg.catalog.warehouse": f"file://{home}/connect-warehouse",
+        "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "false",
+        "errors.tolerance": "all",
+        "iceberg.control.commit.interval-ms": "120000",
+    }}
+    src = home / "connector.json"
+    src.write_text(json.dumps(connector))
+    out = home / "orders_sink.yaml"
+    proc = subprocess.run([str(Path(sys.executable).parent / "tidewater"), "connect-import", str(src), "-o", str(out),
+                           "--bootstrap-servers", broker.bootstrap], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    spec = load_pipeline(out)
+    assert spec.routed and spec.schedule == "*/2 * * * *" and spec.catalog.properties["type"] == "sql"
+    values = [ev(i, status="created") for i in range(6)] + [ev(10 + i, status="cancelled") for i in range(3)] + [b"{oops"]
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    result = ingest_inline(spec)
+    assert (result.records, result.dead_letters) == (10, 1)
+    assert (rows(spec, "shop.created").num_rows, rows(spec, "shop.cancelled").num_rows) == (6, 3)
+    assert "_kafka_key" in rows(spec, "shop.created").column_names
+    assert load_table(load_catalog(spec), "shop.created").spec().fields[0].name == "id_bucket"
+    assert committed_state(checkpoint(spec)).offsets == {topic: {0: 10}}
+    assert (home / "connect-catalog.db").is_file()

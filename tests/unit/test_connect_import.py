@@ -1,0 +1,140 @@
+"""`tidewater connect-import`: every key of a Kafka Connect Iceberg sink configuration is mapped or
+reported with a reason; secrets are never copied; both spellings of the keys are understood."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tidewater.config import parse_pipeline
+from tidewater.connect_import import convert
+from tidewater.errors import ConfigError
+
+APACHE = {
+    "name": "events-sink",
+    "config": {
+        "connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
+        "tasks.max": "4",
+        "topics": "events,audit",
+        "iceberg.tables": "db.events_list,db.events_create",
+        "iceberg.tables.route-field": "type",
+        "iceberg.table.db.events_list.route-regex": "list",
+        "iceberg.table.db.events_create.route-regex": "create|update",
+        "iceberg.table.db.events_create.id-columns": "id",
+        "iceberg.table.db.events_create.partition-by": "day(ts), bucket(id, 16)",
+        "iceberg.table.db.events_list.commit-branch": "staging",
+        "iceberg.tables.default-partition-by": "hour(ts)",
+        "iceberg.tables.default-id-columns": "event_id",
+        "iceberg.tables.auto-create-enabled": "true",
+        "iceberg.tables.auto-create-props.format-version": "2",
+        "iceberg.tables.write-props.write.parquet.compression-codec": "zstd",
+        "iceberg.tables.evolve-schema-enabled": "true",
+        "iceberg.tables.schema-force-optional": "true",
+        "iceberg.tables.schema-case-insensitive": "true",
+        "iceberg.tables.default-commit-branch": "main",
+        "iceberg.control.commit.interval-ms": "300000",
+        "iceberg.control.topic": "control-iceberg",
+        "iceberg.catalog.type": "rest",
+        "iceberg.catalog.uri": "https://catalog.example.com",
+        "iceberg.catalog.credential": "client:very-secret",
+        "iceberg.catalog.warehouse": "analytics",
+        "iceberg.kafka.security.protocol": "SASL_SSL",
+        "iceberg.kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required;",
+        "consumer.override.auto.offset.reset": "earliest",
+        "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "false",
+        "errors.tolerance": "all",
+        "errors.deadletterqueue.topic.name": "events-dlq",
+        "iceberg.tables.cdc-field": "_cdc_op",
+        "iceberg.tables.upsert-mode-enabled": "false",
+        "transforms": "flatten",
+        "transforms.flatten.type": "org.apache.kafka.connect.transforms.Flatten$Value",
+        "some.unknown.key": "1",
+    },
+}
+
+
+def test_every_key_is_mapped_or_reported_and_the_result_validates():
+    res = convert(APACHE, bootstrap="broker:9092")
+    keys = set(APACHE["config"])
+    assert {k for k, _ in res.mapped} | {k for k, _ in res.unmapped} == keys
+    unmapped = dict(res.unmapped)
+    for k in ("iceberg.tables.cdc-field", "iceberg.tables.upsert-mode-enabled", "transforms", "some.unknown.key",
+              "iceberg.control.topic", "consumer.override.auto.offset.reset", "connector.class"):
+        assert unmapped[k], k
+    p = res.pipeline
+    assert p["name"] == "events_sink" and p["topics"] == ["events", "audit"] and p["schedule"] == "*/5 * * * *"
+    assert p["routing"] == {"field": "type", "namespace": "db"}
+    tables = {t["identifier"]: t for t in p["tables"]}
+    assert tables["db.events_list"] == {"identifier": "db.events_list", "route_regex": "list", "branch": "staging"}
+    assert tables["db.events_create"]["partition_by"] == ["day(ts)", "bucket(id, 16)"]
+    assert tables["db.events_create"]["id_columns"] == ["id"]
+    assert p["table"]["partition_by"] == ["hour(ts)"] and p["table"]["case_insensitive"] is True
+    assert p["table"]["properties"] == {"format-version": "2", "write.parquet.compression-codec": "zstd"}
+    assert p["format"] == {"key": "string", "value": "json"}
+    assert p["dead_letter"] == {"policy": "dead_letter", "topic": "events-dlq"}
+    assert p["spark"] == {"master": "local[4]"}
+    assert p["catalog"]["properties"]["type"] == "rest"
+    text = yaml.safe_dump(p)
+    assert "very-secret" not in text and "PlainLoginModule" not in text
+    assert p["catalog"]["properties"]["credential"].startswith("${TIDEWATER_EVENTS_SINK_")
+    env = {var: "x" for _, var in res.env}
+    import os
+
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        spec = parse_pipeline(p)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+    assert spec.routed and spec.table_spec("db.events_create").partition_by == ["day(ts)", "bucket(id, 16)"]
+    assert spec.table_spec("db.events_list").partition_by == ["hour(ts)"]  # the default
+    assert spec.table_spec("db.events_list").id_columns == ["event_id"]
+
+
+def test_original_spellings_without_wrapper_and_dynamic_routing():
+    original = {
+        "topics": "payments",
+        "iceberg.tables.dynamic.enabled": "true",
+        "iceberg.tables.routeField": "tenant",
+        "iceberg.tables.defaultCommitBranch": "main",
+        "iceberg.tables.cdcField": "op",
+        "iceberg.tables.upsertModeEnabled": "true",
+        "iceberg.control.commitIntervalMs": "30000",
+        "iceberg.catalog": "org.apache.iceberg.rest.RESTCatalog",
+    }
+    res = convert(original, name="pay")
+    p = res.pipeline
+    assert p["routing"] == {"dynamic": True, "field": "tenant", "namespace": "default", "table_template": "{value}"}
+    assert p["schedule"] == "* * * * *" and p["catalog"]["properties"] == {"type": "rest"}
+    assert {k for k, _ in res.unmapped} == {"iceberg.tables.cdcField", "iceberg.tables.upsertModeEnabled"}
+    assert ("(bootstrap servers)", "KAFKA_BOOTSTRAP_SERVERS") in res.env
+
+
+def test_no_topics_is_a_clear_error():
+    with pytest.raises(ConfigError, match="no `topics`"):
+        convert({"iceberg.tables": "db.t"})
+
+
+def test_the_command_writes_a_file_that_loads(tmp_path: Path):
+    src = tmp_path / "connector.json"
+    src.write_text(json.dumps({"name": "one", "config": {"topics": "a", "iceberg.tables": "db.a",
+                                                         "iceberg.catalog.type": "rest", "iceberg.catalog.uri": "http://c",
+                                                         "iceberg.catalog.credential": "s3cret"}}))
+    out = tmp_path / "one.yaml"
+    proc = subprocess.run([str(Path(sys.executable).parent / "tidewater"), "connect-import", str(src), "-o", str(out),
+                           "--bootstrap-servers", "127.0.0.1:9092"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "s3cret" not in out.read_text() + proc.stderr
+    assert "iceberg.catalog.credential -> ${TIDEWATER_ONE_CATALOG_CREDENTIAL}" in proc.stderr
+    doc = yaml.safe_load(out.read_text())
+    assert doc["table"] == {"identifier": "db.a"} and doc["topics"] == ["a"]
+    assert doc["catalog"]["properties"] == {"type": "rest", "uri": "http://c", "credential": "${TIDEWATER_ONE_CATALOG_CREDENTIAL}"}
