@@ -23,7 +23,7 @@ from typing import Any
 from tidewater.batch import BatchManifest, BatchPlan, Offsets
 from tidewater.catalog import load_table
 from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
-from tidewater.offsets import BATCH_ID, DEAD_LETTER_TOPIC, PIPELINE, RECORDS, committed_state, find_batch_snapshot, summary_properties
+from tidewater.offsets import BATCH_ID, BRANCH_BASE, DEAD_LETTER_TOPIC, PIPELINE, RECORDS, committed_state, find_batch_snapshot, summary_properties
 from tidewater.planning import merge_offsets
 from tidewater.writing import deserialize_data_file
 
@@ -103,6 +103,12 @@ def _without_commit_retries(table: Any) -> Any:
 def _fast_append(table: Any, data_files: Any, props: dict[str, str], branch: str | None = None) -> None:
     """One fast-append snapshot of the staged (serialized) data files, with these summary properties."""
     files = [deserialize_data_file(d, table.format_version) for d in data_files]
+    if branch and branch != "main" and table.metadata.current_snapshot_id is None and not table.metadata.snapshots:
+        # A table without any snapshot accepts writes to main only: an empty snapshot on main comes first
+        # (no files, no offsets), then the branch starts with this batch.
+        with table.transaction() as tx:
+            with tx.update_snapshot(snapshot_properties={BRANCH_BASE: branch}).fast_append():
+                pass
     with table.transaction() as tx:
         with tx.update_snapshot(snapshot_properties=props, branch=branch or "main").fast_append() as append:
             for f in files:
@@ -202,7 +208,7 @@ def commit_batch(
             _drop_connections(catalog)
             time.sleep(min(0.1 * 2**attempt, 5))
             continue
-        snap = table.current_snapshot()
+        snap = table.snapshot_by_name(branch) if branch else table.current_snapshot()
         log.info(
             "batch %s committed to %s: snapshot %s, %d records, %d files%s",
             plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(manifest.data_files),

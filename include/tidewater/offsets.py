@@ -29,6 +29,7 @@ SKIPPED = PREFIX + "skipped"  # of which dropped by the skip policy
 DEAD_LETTER_TOPIC = PREFIX + "dead-letter-topic"  # on dead-letter snapshots: the topic they were also sent to
 IGNORED_FIELDS = PREFIX + "ignored-fields"  # record fields not added (table.evolve_schema off)
 VALIDATION = PREFIX + "validation"  # the gate's verdict: suite, success, rows, checks, failed
+BRANCH_BASE = PREFIX + "branch-base"  # the empty snapshot on main made so that a branch can be written
 FORMAT_VERSION = PREFIX + "summary-version"
 SUMMARY_VERSION = "1"
 
@@ -110,6 +111,8 @@ def committed_state(table: Any, branch: str | None = None) -> CommittedState:
                 committed_at_ms=snap.timestamp_ms,
             )
         snap_id = snap.parent_snapshot_id
+    if current is not None and all(BRANCH_BASE in summary_dict(s) for s in meta.snapshots if s.snapshot_id == current):
+        return CommittedState({}, current, None, None, None, None)  # only the empty base of a branch
     if current is not None:
         # The table has history but none of it carries offsets: they were expired (another tool removed
         # the snapshot that held them) or the table was filled by something else. Planning from nothing

@@ -15,7 +15,7 @@ from tidewater import committing
 from tidewater.catalog import load_catalog, load_table
 from tidewater.config import load_pipeline
 from tidewater.errors import TransientError
-from tidewater.offsets import BATCH_ID, DEAD_LETTERS, RECORDS, SKIPPED, committed_state
+from tidewater.offsets import BATCH_ID, BRANCH_BASE, DEAD_LETTERS, RECORDS, SKIPPED, committed_state
 from tidewater.pipeline import commit_step, plan_batch, run_once, status, validate_step
 
 pytestmark = [pytest.mark.integration]
@@ -244,3 +244,53 @@ def test_imported_kafka_connect_configuration_runs_as_is(broker, home, topic):
     assert load_table(load_catalog(spec), "shop.created").spec().fields[0].name == "id_bucket"
     assert committed_state(checkpoint(spec)).offsets == {topic: {0: 10}}
     assert (home / "connect-catalog.db").is_file()
+
+
+def test_per_table_id_columns_and_branch(broker, home, topic):
+    """Per-table settings: `rpc.audit` commits to branch `audit` (main stays empty, offsets are read from
+    the branch), `rpc.orders` has id column `id` (identifier field; a record without it is a MissingId
+    dead letter and lands in neither table)."""
+    tables = [{"identifier": "rpc.orders", "id_columns": ["id"]}, {"identifier": "rpc.audit", "branch": "audit"}]
+    spec = routed_pipeline(home, broker, [topic], tables=tables)
+    values = [ev(i, v="a") for i in range(5)] + [json.dumps({"v": "no id"}).encode()]
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    result = ingest_inline(spec)
+    assert (result.records, result.dead_letters) == (6, 1)
+    catalog = load_catalog(spec)
+    orders, audit = load_table(catalog, "rpc.orders"), load_table(catalog, "rpc.audit")
+    assert [orders.schema().find_field(i).name for i in orders.schema().identifier_field_ids] == ["id"]
+    assert orders.schema().find_field("id").required
+    assert orders.scan().to_arrow().num_rows == 5
+    assert audit.scan().to_arrow().num_rows == 0  # main holds only the empty snapshot a branch needs to start
+    assert BRANCH_BASE in audit.current_snapshot().summary.additional_properties
+    branch_head = audit.snapshot_by_name("audit")
+    assert audit.scan(snapshot_id=branch_head.snapshot_id).to_arrow().num_rows == 5
+    assert committed_state(audit, "audit").offsets == {topic: {0: 6}}
+    assert [d["error_class"] for d in dead_letters(spec)] == ["MissingId"]
+    assert_accounting(spec, 6, 1, 0)
+
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(10 + i, v="b") for i in range(3)])
+    assert ingest_inline(spec).records == 3
+    audit = load_table(load_catalog(spec), "rpc.audit")
+    assert audit.scan(snapshot_id=audit.snapshot_by_name("audit").snapshot_id).to_arrow().num_rows == 8
+    assert committed_state(audit, "audit").offsets == {topic: {0: 9}}
+    assert load_table(load_catalog(spec), "rpc.orders").scan().to_arrow().num_rows == 8
+
+
+def test_single_table_pipeline_on_a_branch(broker, home, topic):
+    """table.branch on a one-table pipeline: batches go to the branch, offsets come from it, a retried
+    commit adds nothing."""
+    from tidewater.pipeline import commit_step
+
+    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                        table={"identifier": "rpc.orders", "branch": "ingest"}, validation={"not_null": ["id"]}))
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(4)])
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    assert [commit_step(spec, plan, manifest).status for _ in range(2)] == ["committed", "already-committed"]
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(10 + i) for i in range(2)])
+    assert ingest_inline(spec).records == 2
+    t = load_table(load_catalog(spec), "rpc.orders")
+    assert t.scan().to_arrow().num_rows == 0 and committed_state(t).offsets == {}  # main: the empty base only
+    assert t.scan(snapshot_id=t.snapshot_by_name("ingest").snapshot_id).to_arrow().num_rows == 6
+    assert committed_state(t, "ingest").offsets == {topic: {0: 6}}

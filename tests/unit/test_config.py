@@ -29,6 +29,19 @@ def test_defaults_and_shorthand():
     assert spec.catalog_properties()["type"] == "sql"
 
 
+def test_routed_tables_take_their_defaults_from_table():
+    spec = parse_pipeline({**BASE, "table": {"partition_by": ["day(ts)"], "properties": {"a": "1"}},
+                           "tables": [{"identifier": "ns.x"}, {"identifier": "ns.y", "partition_by": []}],
+                           "routing": {"namespace": "ns"}})
+    assert spec.routed and spec.checkpoint_table() == f"ns.{spec.name}_checkpoints"
+    assert spec.dead_letter_table() == f"ns.{spec.name}_dead_letters"
+    assert spec.table_spec("ns.x").partition_by == ["day(ts)"] and spec.table_spec("ns.x").properties == {"a": "1"}
+    assert spec.table_spec("ns.y").partition_by == []
+    assert spec.table_spec("ns.dynamic_one").partition_by == ["day(ts)"]  # not listed: the defaults
+    view = spec.for_table("ns.x")
+    assert not view.routed and view.table.identifier == "ns.x" and view.dead_letter_table() == spec.dead_letter_table()
+
+
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
@@ -50,6 +63,28 @@ def test_defaults_and_shorthand():
         ({"maintenance": {"rewrite_data_files": {"strategy": "zorder"}}}, "maintenance.rewrite_data_files.zorder_columns"),
         ({"maintenance": {"rewrite_data_files": {"strategy": "fast"}}}, "maintenance.rewrite_data_files.strategy: 'fast'"),
         ({"maintenance": {"expire_snapshots": {"retain_last": 0}}}, "maintenance.expire_snapshots.retain_last"),
+        ({"table": {"identifier": "ns.t", "partition_by": ["bucket(id)"]}}, "table.partition_by[0]: 'bucket(id)'"),
+        ({"table": {"identifier": "ns.t", "partition_by": ["weekly(ts)"]}}, "table.partition_by[0]: 'weekly(ts)' is not a supported"),
+        ({"table": {"identifier": "ns.t", "sort_by": ["ts sideways"]}}, "table.sort_by[0]: 'ts sideways'"),
+        ({"format": {"flatten_separator": "."}}, "format.flatten_separator"),
+        ({"dead_letter": {"topic": "a"}}, "dead_letter.topic: 'a' must be a valid Kafka topic name, not a source topic"),
+        ({"table": "", "tables": [{"identifier": "ns.a"}]}, "routing.namespace: required when routing"),
+        ({"tables": [{"identifier": "ns.a"}], "routing": {"namespace": "ns"}}, "table.identifier: not used when records are routed"),
+        ({"table": "", "tables": [{"identifier": "ns.a", "route_regex": "x"}], "routing": {"namespace": "ns"}},
+         "tables[0].route_regex: needs routing.field"),
+        ({"table": "", "tables": [{"identifier": "ns.a", "topics": ["zz"]}], "routing": {"namespace": "ns"}},
+         "tables[0].topics: 'zz' is not one of the pipeline's topics"),
+        ({"table": "", "tables": [{"identifier": "ns.a"}, {"identifier": "ns.a"}], "routing": {"namespace": "ns"}},
+         "tables[1].identifier: 'ns.a' is listed twice"),
+        ({"table": "", "tables": [{"identifier": "ns.a", "route_regex": "("}], "routing": {"namespace": "ns", "field": "k"}},
+         "tables[0].route_regex: '(' is not a valid regular expression"),
+        ({"table": "", "routing": {"namespace": "ns", "dynamic": True}}, "routing.field: required with routing.dynamic"),
+        ({"table": "", "routing": {"namespace": "ns", "dynamic": True, "field": "k", "table_template": "t"}},
+         "routing.table_template: 't' must contain {value}"),
+        ({"table": "", "routing": {"namespace": "ns", "dynamic": True, "field": "k", "unmatched": "drop"}},
+         "routing.unmatched: 'drop' is not one of dead_letter, skip"),
+        ({"table": "", "tables": [{"identifier": "ns.p_checkpoints"}], "routing": {"namespace": "ns"}},
+         "tables: 'ns.p_checkpoints' is the pipeline's own checkpoint"),
     ],
 )
 def test_errors_name_the_key(patch, message):
