@@ -24,14 +24,14 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: bench bench-maintenance airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: bench bench-maintenance bench-routing airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
 	@echo "make test   - set up and run the test suite"
 	@echo "make ui     - start the Airflow UI (api-server, scheduler, ...) on http://127.0.0.1:8080"
 	@echo "make docs   - regenerate docs/configuration.md from the code"
-	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect)"
+	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables)"
 
 # --- set-up (idempotent) -------------------------------------------------------------------------
 system-deps: $(DATA)/.system-deps
@@ -100,3 +100,6 @@ bench: setup
 
 bench-maintenance: setup
 	$(PY) scripts/bench_maintenance.py
+
+bench-routing: setup
+	$(PY) scripts/bench_routing.py

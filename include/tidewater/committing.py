@@ -40,6 +40,7 @@ class CommitResult:
     data_files: int
     offsets: Offsets
     dead_letters: int = 0
+    tables: tuple[dict[str, Any], ...] = ()  # routed batches: per table {table, status, rows, seconds}
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -384,9 +385,14 @@ def commit_routed(
                                 "committed); refusing to commit. Re-plan the batch: " + "; ".join(moved),
                                 table=ident, batch_id=plan.batch_id)
     committed = {}
+    timings = []
     for out in manifest.outputs:
         if out["data_files"]:
+            t0 = time.monotonic()
             committed[out["table"]] = _commit_output(catalog, plan, out, dag_run_id, validation, max_attempts)
+            timings.append({"table": out["table"], "status": committed[out["table"]], "rows": out["rows"],
+                            "seconds": round(time.monotonic() - t0, 4)})
+    t0 = time.monotonic()
     offsets = plan.end_offsets()
     for attempt in range(1, max_attempts + 1):
         checkpoint = load_table(catalog, ident)
@@ -410,8 +416,9 @@ def commit_routed(
     else:
         raise TransientError("the tables are committed but the checkpoint is not yet; retry the commit step",
                              table=ident, batch_id=plan.batch_id)
+    timings.append({"table": ident, "status": "checkpoint", "rows": 1, "seconds": round(time.monotonic() - t0, 4)})
     log.info("batch %s: committed %d table(s) (%s) and the checkpoint %s", plan.batch_id, len(committed),
              ", ".join(f"{t}: {s}" for t, s in committed.items()) or "none", ident)
     commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
     return CommitResult("committed", plan.batch_id, ident, None, manifest.records,
-                        sum(len(o["data_files"]) for o in manifest.outputs), offsets, manifest.dead_letters)
+                        sum(len(o["data_files"]) for o in manifest.outputs), offsets, manifest.dead_letters, tuple(timings))
