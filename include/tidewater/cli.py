@@ -176,10 +176,9 @@ def cmd_connect_import(args: argparse.Namespace) -> int:
         raise ConfigError(f"the imported pipeline does not validate: {e}") from None
     if args.output:
         Path(args.output).write_text(text)
-        print(f"wrote {args.output}", file=sys.stderr)
+        print(f"wrote {args.output}\n{res.report()}", file=sys.stderr)
     else:
-        sys.stdout.write(text)
-    print(res.report(), file=sys.stderr)
+        sys.stdout.write(text)  # the report is in the file's header comments
     return 0
 
 

@@ -138,3 +138,18 @@ def test_the_command_writes_a_file_that_loads(tmp_path: Path):
     doc = yaml.safe_load(out.read_text())
     assert doc["table"] == {"identifier": "db.a"} and doc["topics"] == ["a"]
     assert doc["catalog"]["properties"] == {"type": "rest", "uri": "http://c", "credential": "${TIDEWATER_ONE_CATALOG_CREDENTIAL}"}
+
+
+def test_shipped_examples_validate(tmp_path: Path):
+    """docs/examples: the routed pipeline validates, and the Scenario 1 connector imports into one that does."""
+    from tidewater.config import load_pipeline
+
+    examples = Path(__file__).resolve().parents[2] / "docs" / "examples"
+    spec = load_pipeline(examples / "payments_by_type.yaml")
+    assert spec.routed and [t.identifier for t in spec.tables] == ["payments.debit", "payments.credit", "payments.bank_slip"]
+    assert spec.table_spec("payments.debit").partition_by == ["day(created_at)"]
+    res = convert(json.loads((examples / "pizzas-connector.json").read_text()), bootstrap="127.0.0.1:19092")
+    p = parse_pipeline(res.pipeline)
+    assert (p.name, p.table.identifier, p.schedule, p.spark.master) == ("pizzas_sink", "rpc.pizzas", "*/3 * * * *", "local[6]")
+    assert p.format.value == "json" and p.format.key == "string"
+    assert [k for k, _ in res.unmapped] == ["connector.class"]
