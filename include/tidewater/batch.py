@@ -56,6 +56,9 @@ class BatchPlan:
     base_offsets: Offsets  # committed offsets of every known partition when the plan was made
     created_at: str
     base_snapshot_id: int | None = None
+    mode: str = "ingest"  # ingest | replace | append-missing (replays and backfills, see replay.py)
+    exclude_path: str | None = None  # append-missing: offsets the table already holds (Parquet)
+    data_interval: tuple[str, str] | None = None  # the Airflow run's data interval (ISO), recorded at commit
     version: int = PLAN_VERSION
 
     @property
@@ -93,6 +96,9 @@ class BatchPlan:
             base_offsets=offsets_from_json(d["base_offsets"]),
             created_at=d["created_at"],
             base_snapshot_id=d.get("base_snapshot_id"),
+            mode=d.get("mode", "ingest"),
+            exclude_path=d.get("exclude_path"),
+            data_interval=tuple(d["data_interval"]) if d.get("data_interval") else None,  # type: ignore[arg-type]
             version=d["version"],
         )
 
@@ -113,6 +119,7 @@ class PartitionStats:
     dead_letters: int = 0  # records written to the dead-letter table
     skipped: int = 0  # records dropped by the `skip` policy (and unmatched records of routed pipelines)
     routed: int | None = None  # routed pipelines: records that went to at least one table
+    present: int = 0  # append-missing replays: records whose offsets the table already holds
 
 
 @dataclass(frozen=True)
@@ -146,9 +153,14 @@ class BatchManifest:
         return sum(p.skipped for p in self.partitions)
 
     @property
+    def present(self) -> int:
+        return sum(p.present for p in self.partitions)
+
+    @property
     def rows_expected(self) -> int:
-        """Rows the data files must hold: records read minus dead letters and skipped records."""
-        return self.records - self.dead_letters - self.skipped
+        """Rows the data files must hold: records read minus dead letters, skipped records and (append-missing
+        replays) records the table already holds."""
+        return self.records - self.dead_letters - self.skipped - self.present
 
     @property
     def dead_letters_in_files(self) -> int:

@@ -192,6 +192,21 @@ def _placeholders(text: str, res: object) -> str:
     return text
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tidewater.config import load_pipeline
+    from tidewater.replay import ReplayRequest, run_replay
+
+    spec = load_pipeline(args.pipeline)
+    req = ReplayRequest.from_params({
+        "topic": args.topic, "partitions": args.partitions, "start_offset": args.start_offset, "end_offset": args.end_offset,
+        "start_time": args.start_time, "end_time": args.end_time, "mode": args.mode, "dry_run": args.dry_run,
+    })
+    result = run_replay(spec, req, master=args.master, out=None if args.json else print)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tidewater", description="Exactly-once Kafka to Iceberg micro-batches.")
     ap.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
@@ -214,6 +229,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Kafka brokers (the connector inherits them from its worker; default ${KAFKA_BOOTSTRAP_SERVERS})")
     p.add_argument("--output", "-o", default=None, help="write the pipeline YAML here (default: stdout)")
     p.set_defaults(fn=cmd_connect_import)
+
+    p = sub.add_parser("replay", help="re-read an offset range (or time range) into the table: replace or append-missing")
+    _pipeline_arg(p)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partitions", default="", help="comma-separated partition numbers (default: all)")
+    p.add_argument("--start-offset", type=int, default=None)
+    p.add_argument("--end-offset", type=int, default=None, help="exclusive")
+    p.add_argument("--start-time", default=None, help="ISO-8601 (naive: UTC); instead of offsets")
+    p.add_argument("--end-time", default=None, help="ISO-8601, exclusive")
+    p.add_argument("--mode", default="replace", choices=["replace", "append-missing"])
+    p.add_argument("--dry-run", action="store_true", help="print rows to delete and to add per partition; change nothing")
+    p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_replay)
 
     p = sub.add_parser("status", help="committed offsets, end offsets and lag per partition")
     _pipeline_arg(p)

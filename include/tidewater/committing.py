@@ -23,7 +23,10 @@ from typing import Any
 from tidewater.batch import BatchManifest, BatchPlan, Offsets
 from tidewater.catalog import load_table
 from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
-from tidewater.offsets import BATCH_ID, BRANCH_BASE, DEAD_LETTER_TOPIC, PIPELINE, RECORDS, committed_state, find_batch_snapshot, summary_properties
+from tidewater.offsets import (
+    BATCH_ID, BRANCH_BASE, DATA_INTERVAL, DEAD_LETTER_TOPIC, PIPELINE, RANGES, RECORDS, committed_state, find_batch_snapshot,
+    summary_properties,
+)
 from tidewater.planning import merge_offsets
 from tidewater.writing import deserialize_data_file
 
@@ -81,7 +84,7 @@ def check_manifest(plan: BatchPlan, manifest: BatchManifest, routed: bool = Fals
         raise TerminalError(
             f"accounting does not add up: {manifest.records} records read, but data files hold {manifest.rows_in_files} "
             f"rows and dead-letter files {manifest.dead_letters_in_files} records ({manifest.dead_letters} dead letters, "
-            f"{manifest.skipped} skipped)",
+            f"{manifest.skipped} skipped, {manifest.present} already present)",
             batch_id=plan.batch_id,
         )
 
@@ -111,9 +114,29 @@ def _fast_append(table: Any, data_files: Any, props: dict[str, str], branch: str
             with tx.update_snapshot(snapshot_properties={BRANCH_BASE: branch}).fast_append():
                 pass
     with table.transaction() as tx:
-        with tx.update_snapshot(snapshot_properties=props, branch=branch or "main").fast_append() as append:
-            for f in files:
-                append.append_data_file(f)
+        _fast_append_tx(tx, table, data_files, props, branch, files)
+
+
+def _fast_append_tx(tx: Any, table: Any, data_files: Any, props: dict[str, str], branch: str | None = None,
+                    files: list[Any] | None = None) -> None:
+    """The fast append of staged data files inside an open transaction."""
+    if files is None:
+        files = [deserialize_data_file(d, table.format_version) for d in data_files]
+    with tx.update_snapshot(snapshot_properties=props, branch=branch or "main").fast_append() as append:
+        for f in files:
+            append.append_data_file(f)
+
+
+def batch_properties(plan: BatchPlan) -> dict[str, str]:
+    """The batch's ranges and the Airflow run's data interval, for backfills to find later."""
+    import json
+
+    props = {RANGES: json.dumps([[r.topic, r.partition, r.start, r.end] for r in plan.ranges], separators=(",", ":"))}
+    if len(props[RANGES]) > 50_000:  # thousands of partitions: keep the summary small
+        del props[RANGES]
+    if plan.data_interval:
+        props[DATA_INTERVAL] = "/".join(plan.data_interval)
+    return props
 
 
 def _drop_connections(catalog: Any) -> None:
@@ -194,6 +217,7 @@ def commit_batch(
             ignored_fields=manifest.ignored_fields,
             validation=validation,
         )
+        props.update(batch_properties(plan))
         table = _without_commit_retries(table)
         try:
             _fast_append(table, manifest.data_files, props, branch)
@@ -404,6 +428,7 @@ def commit_routed(
         props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=manifest.records,
                                    valid_through_ms=manifest.valid_through_ms(), dag_run_id=dag_run_id,
                                    dead_letters=manifest.dead_letters, skipped=manifest.skipped, validation=validation)
+        props.update(batch_properties(plan))
         try:
             _without_commit_retries(checkpoint).append(_checkpoint_row(plan, manifest, offsets), snapshot_properties=props)
             break

@@ -30,6 +30,9 @@ DEAD_LETTER_TOPIC = PREFIX + "dead-letter-topic"  # on dead-letter snapshots: th
 IGNORED_FIELDS = PREFIX + "ignored-fields"  # record fields not added (table.evolve_schema off)
 VALIDATION = PREFIX + "validation"  # the gate's verdict: suite, success, rows, checks, failed
 BRANCH_BASE = PREFIX + "branch-base"  # the empty snapshot on main made so that a branch can be written
+REPLAY = PREFIX + "replay"  # replays and backfills: mode, ranges, data interval
+DATA_INTERVAL = PREFIX + "data-interval"  # the Airflow run's data interval: "start/end" (ISO)
+RANGES = PREFIX + "ranges"  # the batch's offset ranges: [[topic, partition, start, end], ...]
 FORMAT_VERSION = PREFIX + "summary-version"
 SUMMARY_VERSION = "1"
 

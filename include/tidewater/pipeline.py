@@ -204,6 +204,10 @@ def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, da
 
         sink = send
 
+    if plan.mode != "ingest":
+        from tidewater.replay import commit_replay
+
+        return commit_replay(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation)
     if spec.routed:
         from tidewater.committing import commit_routed
 

@@ -237,10 +237,16 @@ def _route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], o
 
 
 def write_subrange(
-    spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange
+    spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
+    mode: str = "ingest", exclude_path: str | None = None,
 ) -> dict[str, Any]:
     """Read ``rng``, decode, write data files (one TableSink per target table). Returns files and stats,
-    or an error document."""
+    or an error document.
+
+    Replays (``mode`` replace or append-missing) count undecodable records as skipped (their dead letters
+    were written when the range was first ingested); append-missing leaves out the offsets listed in
+    ``exclude_path`` (the rows the table already holds).
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -255,7 +261,9 @@ def write_subrange(
     started = time.monotonic()
     started_at = time.time()
     catalog = load_catalog(spec)
-    policy = spec.dead_letter.policy
+    policy = spec.dead_letter.policy if mode == "ingest" else "skip"
+    present_set = _present_offsets(exclude_path, rng) if exclude_path else None
+    present = 0
     prefix = f"{batch_id}-{task_id:05d}"
     sinks: dict[str, TableSink] = {}
     router = None
@@ -326,6 +334,13 @@ def write_subrange(
                 skipped += len(bad)
                 log.warning("batch %s: skipped %d undecodable records of %s[%d], first at offset %d: %s", batch_id,
                             len(bad), chunk.topic, chunk.partition, chunk.offsets[bad[0].index], bad[0].message)
+            if present_set is not None and decoded.num_rows and len(present_set):
+                from tidewater.decoding import keep_mask
+
+                rows_at = pc.indices_nonzero(keep_mask(len(chunk), gone)) if gone else pa.array(range(len(chunk)), pa.uint64())
+                held = pc.is_in(pc.take(pa.array(chunk.offsets, pa.int64()), rows_at), value_set=present_set)
+                present += pc.sum(held.cast(pa.int64())).as_py() or 0
+                decoded = decoded.filter(pc.invert(held))
             if single is not None:
                 single.write(decoded)
             records += len(chunk)
@@ -352,7 +367,7 @@ def write_subrange(
     # Python workers are reused across tasks: hand Arrow's cached buffers back so memory stays per task.
     pa.default_memory_pool().release_unused()
     stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, records, first, last, tmin, tmax, dead, skipped,
-                           routed_records if router is not None else None)
+                           routed_records if router is not None else None, present)
     result: dict[str, Any] = {
         "task_id": task_id,
         "dead_letter_files": dlq_files,
@@ -365,6 +380,16 @@ def write_subrange(
     else:
         result.update(files=[], outputs=[s.output() for s in sinks.values()])
     return result
+
+
+def _present_offsets(path: str, rng: PartitionRange) -> Any:
+    """Offsets of ``rng``'s partition that the table already holds (append-missing replays)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    mask = pc.and_(pc.equal(t.column("topic"), rng.topic), pc.equal(t.column("partition"), rng.partition))
+    return t.column("offset").filter(mask).combine_chunks()
 
 
 def _delete_files(table: Any, paths: list[str]) -> None:
@@ -403,14 +428,15 @@ def run(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str
     results: list[dict[str, Any]] = []
     if work:
         rdd = spark.sparkContext.parallelize(work, numSlices=len(work))
-        results = rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1])).collect()
+        mode, exclude = plan.mode, plan.exclude_path
+        results = rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1], mode, exclude)).collect()
     return collect_manifest(plan, spec, results)
 
 
 def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
     """The same write step without Spark: sub-ranges one after another in this process."""
     work = list(enumerate(subranges(plan, spec.batch.records_per_task)))
-    results = [write_subrange(spec, settings, plan.batch_id, i, r) for i, r in work]
+    results = [write_subrange(spec, settings, plan.batch_id, i, r, plan.mode, plan.exclude_path) for i, r in work]
     return collect_manifest(plan, spec, results)
 
 

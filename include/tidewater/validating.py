@@ -159,9 +159,11 @@ def builtin_checks(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> l
         ),
         CheckResult(
             "accounting: records read = rows + dead letters + skipped",
-            {"read": manifest.records, "dead_letters": manifest.dead_letters, "skipped": manifest.skipped},
-            manifest.records == rows + manifest.dead_letters_in_files + manifest.skipped,
-            {"observed_value": f"{rows} rows + {manifest.dead_letters_in_files} dead letters + {manifest.skipped} skipped"},
+            {"read": manifest.records, "dead_letters": manifest.dead_letters, "skipped": manifest.skipped,
+             **({"already_present": manifest.present} if manifest.present else {})},
+            manifest.records == rows + manifest.dead_letters_in_files + manifest.skipped + manifest.present,
+            {"observed_value": f"{rows} rows + {manifest.dead_letters_in_files} dead letters + {manifest.skipped} skipped"
+                               + (f" + {manifest.present} already present" if manifest.present else "")},
         ),
     ]
     schema = table.schema() if table is not None else None

@@ -1,0 +1,184 @@
+"""Manual replay of offset ranges through the real broker, writer, gate and committer: replace twice
+leaves the table identical, append-missing restores only what is absent, dry runs change nothing,
+parameters are checked before anything runs, a replay beside a scheduled batch loses and duplicates
+nothing, and time ranges map to offsets (through a stand-in for Kafka's timestamp lookup, which the
+embedded broker answers wrongly). Rows, offsets and accounting are checked in every test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from tests.conftest import ingest_inline, produce_to_partition, table_of, write_pipeline
+from tidewater.config import load_pipeline
+from tidewater.errors import ConfigError
+from tidewater.offsets import REPLAY, committed_state
+from tidewater.replay import ReplayRequest, interval_offsets, run_replay
+
+pytestmark = [pytest.mark.integration]
+
+
+def ev(i: int, **kw) -> bytes:  # noqa: ANN003
+    return json.dumps({"id": i, "v": f"v{i}", **kw}).encode()
+
+
+def setup_table(broker, home, topic, n0: int = 40, n1: int = 30, **overrides):  # noqa: ANN001, ANN003, ANN201
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"metadata": "prefixed"}, validation={"not_null": ["id"]}, **overrides)
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(n0)], partitions=2)
+    produce_to_partition(broker.bootstrap, topic, 1, [ev(1000 + i) for i in range(n1)])
+    spec = load_pipeline(path)
+    assert ingest_inline(spec).records == n0 + n1
+    return spec, path
+
+
+def content(path):  # noqa: ANN001, ANN201
+    t = table_of(path).scan().to_arrow()
+    return sorted(zip(t.column("_kafka_partition").to_pylist(), t.column("_kafka_offset").to_pylist(), t.column("id").to_pylist()))
+
+
+def test_replace_twice_leaves_the_table_identical(broker, home, topic):
+    spec, path = setup_table(broker, home, topic)
+    before, offsets = content(path), committed_state(table_of(path)).offsets
+    req = ReplayRequest(topic=topic, partitions=(0,), start_offset=10, end_offset=30)
+    for _ in range(2):
+        result = run_replay(spec, req, out=None, inline=True)
+        assert (result["status"], result["rows"]) == ("committed", 20)
+        assert content(path) == before
+        table = table_of(path)
+        assert committed_state(table).offsets == offsets  # never moved
+        summary = table.current_snapshot().summary.additional_properties
+        assert json.loads(summary[REPLAY]) == {"mode": "replace", "ranges": [[topic, 0, 10, 30]]}
+    # each replay: a delete (rewriting the file that held the range) and an append, committed together
+    import pyarrow.parquet as pq
+
+    table = table_of(path)
+    ops = [s.summary.operation.value for s in table.snapshots()]
+    # first replay rewrites the ingest file (overwrite); the second drops the first replay's file whole (delete)
+    assert ops == ["append", "overwrite", "append", "delete", "append"], ops
+    for task in table.scan(row_filter="_kafka_partition = 0").plan_files():
+        offs = pq.read_table(task.file.file_path.removeprefix("file://"), columns=["_kafka_offset"]).column(0).to_pylist()
+        in_range = [o for o in offs if 10 <= o < 30]
+        assert not in_range or "replay-" in task.file.file_path  # only a replay's files hold the range
+
+
+def test_append_missing_restores_only_absent_offsets(broker, home, topic):
+    spec, path = setup_table(broker, home, topic)
+    before = content(path)
+    table = table_of(path)
+    table.delete("_kafka_partition = 1 and _kafka_offset >= 5 and _kafka_offset < 12")  # rows lost by some accident
+    assert len(content(path)) == len(before) - 7
+    req = ReplayRequest(topic=topic, partitions=(1,), start_offset=0, end_offset=30, mode="append-missing")
+    dry = run_replay(spec, ReplayRequest(**{**req.__dict__, "dry_run": True}), out=None, inline=True)
+    assert dry["status"] == "dry-run" and dry["preview"][0]["rows_to_add_at_most"] == 7 and len(content(path)) == len(before) - 7
+    result = run_replay(spec, req, out=None, inline=True)
+    assert (result["rows"], result["already_present"]) == (7, 23)
+    assert content(path) == before
+    again = run_replay(spec, req, out=None, inline=True)
+    assert (again["rows"], again["already_present"]) == (0, 30) and content(path) == before
+    assert committed_state(table_of(path)).offsets == {topic: {0: 40, 1: 30}}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"end_offset": 45}, "end_offset: 45 is beyond the committed offset 40"),
+    ({"start_time": "2024-01-01T00:00:00"}, "give one pair, not both or neither"),
+    ({"mode": "upsert"}, "mode: 'upsert' is not one of replace, append-missing"),
+    ({"topic": "elsewhere"}, "topic: 'elsewhere' is not one of the pipeline's topics"),
+    ({"partitions": (7,)}, "partitions: [7] do not exist"),
+    ({"end_offset": 5}, "end_offset: 5 must be greater than start_offset 10"),
+])
+def test_parameters_are_checked_before_anything_runs(broker, home, topic, change, message):
+    spec, path = setup_table(broker, home, topic)
+    snapshots = len(table_of(path).snapshots())
+    req = ReplayRequest(**{**ReplayRequest(topic=topic, start_offset=10, end_offset=20).__dict__, **change})
+    with pytest.raises(ConfigError) as e:
+        run_replay(spec, req, out=None, inline=True)
+    assert message in str(e.value)
+    assert len(table_of(path).snapshots()) == snapshots
+
+
+def test_replay_needs_metadata_columns(broker, home, topic):
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]})
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(5)])
+    spec = load_pipeline(path)
+    ingest_inline(spec)
+    with pytest.raises(ConfigError, match="format.metadata: replay needs the source of every row"):
+        run_replay(spec, ReplayRequest(topic=topic, start_offset=0, end_offset=5), out=None, inline=True)
+
+
+def test_replay_beside_a_scheduled_batch(broker, home, topic):
+    """A replace replay and a scheduled batch of new records commit at the same time: both land, the
+    replayed range is not duplicated, the new records are there once and the offsets are the batch's."""
+    spec, path = setup_table(broker, home, topic)
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(500 + i) for i in range(25)])
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def scheduled() -> None:
+        try:
+            barrier.wait()
+            assert ingest_inline(spec).records == 25
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=scheduled)
+    t.start()
+    barrier.wait()
+    result = run_replay(spec, ReplayRequest(topic=topic, start_offset=0, end_offset=40, partitions=(0,)), out=None, inline=True)
+    t.join()
+    assert errors == [] and result["status"] == "committed"
+    rows = content(path)
+    assert len(rows) == 95 and len({(p, o) for p, o, _ in rows}) == 95
+    assert committed_state(table_of(path)).offsets == {topic: {0: 65, 1: 30}}
+
+
+class TimestampLookupStandIn:
+    """Stand-in for Kafka's ListOffsets by time (the embedded broker answers 0 to every lookup, see
+    STACK.md): the earliest offset whose timestamp is at or after the time, from timestamps we chose."""
+
+    def __init__(self, stamps: dict[int, list[int]]) -> None:
+        self.stamps = stamps
+
+    def offsets_for_times(self, topic: str, partitions: list[int], ms: int) -> dict[int, int]:
+        return {p: next((o for o, t in enumerate(self.stamps[p]) if t >= ms), len(self.stamps[p])) for p in partitions}
+
+
+def test_time_range_maps_to_offsets_with_the_timestamp_lookup(broker, home, topic):
+    base = 1_704_067_200_000  # 2024-01-01T00:00:00Z; one record a minute
+    stamps = {0: [base + i * 60_000 for i in range(40)], 1: [base + i * 60_000 for i in range(30)]}
+    lookup = TimestampLookupStandIn(stamps)
+    assert interval_offsets(lookup, topic, [0, 1], base + 5 * 60_000, base + 10 * 60_000 + 1) == {0: (5, 11), 1: (5, 11)}
+    spec, path = setup_table(broker, home, topic)
+    before = content(path)
+    req = ReplayRequest(topic=topic, start_time="2024-01-01T00:05:00Z", end_time="2024-01-01T01:00:00+00:00")
+    result = run_replay(spec, req, out=None, inline=True, lookup=lookup)
+    # partition 0: [5, 40) (clipped to the committed 40); partition 1: [5, 30)
+    assert [(r["partition"], r["start"], r["end"]) for r in result["preview"]] == [(0, 5, 40), (1, 5, 30)]
+    assert result["rows"] == 35 + 25 and content(path) == before
+
+
+@pytest.mark.slow
+def test_replay_command_through_spark(broker, home, topic):
+    """`tidewater replay` (spark-submit): dry run prints the preview and changes nothing; the replay
+    replaces the range."""
+    spec, path = setup_table(broker, home, topic)
+    before, snaps = content(path), len(table_of(path).snapshots())
+    cmd = [str(Path(sys.executable).parent / "tidewater"), "replay", "--pipeline", str(path), "--topic", topic,
+           "--partitions", "0,1", "--start-offset", "0", "--end-offset", "20"]
+    dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    assert f"{topic}[0] [0, 20): 20 offsets; rows now 20, to delete 20, to add at most 20" in dry.stdout
+    assert len(table_of(path).snapshots()) == snaps
+    run = subprocess.run(cmd + ["--json"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout[run.stdout.index("{"):])
+    assert (doc["status"], doc["rows"]) == ("committed", 40)
+    assert content(path) == before
+    ids = table_of(path).scan().to_arrow().column("id")
+    assert len(pc.unique(ids)) == ids.length() == 70
