@@ -11,7 +11,7 @@ import logging
 from datetime import datetime, timezone
 from pathlib import Path
 
-from airflow.sdk import dag, task
+from airflow.sdk import Param, dag, task
 
 from tidewater.config import PipelineSpec, discover_pipelines, load_pipeline
 from tidewater.errors import ConfigError
@@ -33,6 +33,35 @@ def _doc(spec: PipelineSpec, path: Path) -> str:
     )
 
 
+def _batch_tasks(pipeline_path: str, spec: PipelineSpec, plan_fn) -> None:  # noqa: ANN001
+    """plan -> write (spark-submit) -> validate -> commit, with ``plan_fn`` deciding what the batch is."""
+
+    @task.short_circuit(task_id="plan")
+    def plan(**context) -> dict | None:
+        return plan_fn(context)
+
+    from tidewater.airflow_tasks import IngestSparkSubmitOperator
+
+    write = IngestSparkSubmitOperator(task_id="write", pipeline_path=pipeline_path, conn_id=spec.spark.conn_id, verbose=False)
+
+    @task(task_id="validate")
+    def validate(planned: dict) -> dict:
+        from tidewater.airflow_tasks import validate_task
+
+        return validate_task(pipeline_path, planned)
+
+    @task(task_id="commit")
+    def commit(planned: dict, **context) -> dict:
+        from tidewater.airflow_tasks import commit_task
+
+        return commit_task(pipeline_path, planned, dag_run_id=context["run_id"])
+
+    planned = plan()
+    checked = validate(planned)
+    committed = commit(planned)
+    planned >> write >> checked >> committed
+
+
 def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
     pipeline_path = str(path)
 
@@ -45,38 +74,70 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
         tags=sorted({"tidewater", "ingest", *spec.airflow.tags}),
         doc_md=_doc(spec, path),
         default_args=spec.airflow.default_args(),
+        params={"reprocess": Param(False, type="boolean", description=(
+            "Backfill runs only: re-ingest the interval's offset ranges, replacing the rows they produced "
+            "(default: an interval already committed is left as it is)"))},
     )
     def ingest():
-        @task.short_circuit(task_id="plan")
-        def plan() -> dict | None:
+        def plan_fn(context: dict) -> dict | None:
             from tidewater.airflow_tasks import plan_task
 
-            return plan_task(pipeline_path)
+            run = context.get("dag_run")
+            start, end = context.get("data_interval_start"), context.get("data_interval_end")
+            interval = (start.isoformat(), end.isoformat()) if start is not None and end is not None else None
+            return plan_task(pipeline_path, run_type=str(getattr(run, "run_type", "") or ""), data_interval=interval,
+                             reprocess=bool(context["params"].get("reprocess")))
 
-        from tidewater.airflow_tasks import IngestSparkSubmitOperator
-
-        write = IngestSparkSubmitOperator(
-            task_id="write", pipeline_path=pipeline_path, conn_id=spec.spark.conn_id, verbose=False
-        )
-
-        @task(task_id="validate")
-        def validate(planned: dict) -> dict:
-            from tidewater.airflow_tasks import validate_task
-
-            return validate_task(pipeline_path, planned)
-
-        @task(task_id="commit")
-        def commit(planned: dict, **context) -> dict:
-            from tidewater.airflow_tasks import commit_task
-
-            return commit_task(pipeline_path, planned, dag_run_id=context["run_id"])
-
-        planned = plan()
-        checked = validate(planned)
-        committed = commit(planned)
-        planned >> write >> checked >> committed
+        _batch_tasks(pipeline_path, spec, plan_fn)
 
     return ingest()
+
+
+def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+    """``replay_<name>``: triggered from the UI with a form; re-reads an offset or time range into the table."""
+    pipeline_path = str(path)
+    topic = Param(spec.topics[0] if spec.topics else "", type="string", title="Topic",
+                  description="A topic of the pipeline" + (f" (or one matching `{spec.topic_pattern}`)" if spec.topic_pattern else ""),
+                  **({"enum": list(spec.topics)} if spec.topics and not spec.topic_pattern else {}))
+
+    @dag(
+        dag_id=f"replay_{spec.name}",
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=sorted({"tidewater", "replay", *spec.airflow.tags}),
+        doc_md=(
+            f"### replay into `{spec.table.identifier}`\n\nTrigger with the form: a topic, partitions (empty: all), and "
+            "either a start and end offset (end exclusive) or a start and end time (ISO-8601, UTC when no zone). "
+            "`replace` deletes the rows that came from the range and appends the re-read ones in one commit (replaying "
+            "twice leaves the table identical); `append-missing` adds only offsets the table does not hold. "
+            "`dry_run` logs what would change per partition. The committed offsets never move; records past them are "
+            "the scheduled batches' to ingest. Needs `format.metadata: prefixed` or `struct`.\n\n* pipeline file: `"
+            + pipeline_path + "`"
+        ),
+        default_args=spec.airflow.default_args(),
+        params={
+            "topic": topic,
+            "partitions": Param([], type="array", items={"type": "integer", "minimum": 0}, title="Partitions",
+                                description="Partition numbers; empty for every partition"),
+            "start_offset": Param(None, type=["null", "integer"], minimum=0, title="Start offset"),
+            "end_offset": Param(None, type=["null", "integer"], minimum=1, title="End offset (exclusive)"),
+            "start_time": Param(None, type=["null", "string"], title="Start time", description="ISO-8601, e.g. 2024-01-04T12:00:00Z"),
+            "end_time": Param(None, type=["null", "string"], title="End time (exclusive)"),
+            "mode": Param("replace", type="string", enum=["replace", "append-missing"], title="Mode"),
+            "dry_run": Param(False, type="boolean", title="Dry run", description="Only log rows to delete and to add"),
+        },
+    )
+    def replay():
+        def plan_fn(context: dict) -> dict | None:
+            from tidewater.airflow_tasks import replay_plan_task
+
+            return replay_plan_task(pipeline_path, dict(context["params"]))
+
+        _batch_tasks(pipeline_path, spec, plan_fn)
+
+    return replay()
 
 
 def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
@@ -109,4 +170,7 @@ for _path in discover_pipelines():
         _dag = build_invalid_dag(_path, _e)
     else:
         _dag = build_ingest_dag(_path, _spec)
+        if not _spec.routed:  # replay of routed pipelines: not yet
+            _replay = build_replay_dag(_path, _spec)
+            globals()[_replay.dag_id] = _replay
     globals()[_dag.dag_id] = _dag

@@ -38,13 +38,40 @@ def fail_fast(fn: F) -> F:
 
 
 @fail_fast
-def plan_task(pipeline_path: str) -> dict[str, Any] | None:
-    """Plan the next batch. Returns None (skipping write/validate/commit) when there is nothing to do."""
+def plan_task(pipeline_path: str, run_type: str | None = None, data_interval: tuple[str, str] | None = None,
+              reprocess: bool = False) -> dict[str, Any] | None:
+    """Plan the next batch (a backfill run: its interval, see replay.plan_backfill). Returns None
+    (skipping write/validate/commit) when there is nothing to do."""
     from tidewater.pipeline import plan_batch
 
     spec = load_pipeline(pipeline_path)
-    plan, path = plan_batch(spec)
-    if path is None:
+    if run_type == "backfill" and data_interval is not None:
+        from tidewater.replay import plan_backfill
+
+        plan, path = plan_backfill(spec, data_interval, reprocess)
+    else:
+        plan, path = plan_batch(spec, data_interval=data_interval)
+    return _planned(plan, path)
+
+
+@fail_fast
+def replay_plan_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """The replay DAG's plan: parameters checked first (errors name them); a dry run logs the preview."""
+    from tidewater.replay import ReplayRequest, plan_replay
+
+    spec = load_pipeline(pipeline_path)
+    req = ReplayRequest.from_params(params)
+    plan, path, shown = plan_replay(spec, req)
+    for row in shown:
+        log.info("%s[%d] [%d, %d): %d offsets; rows now %d, to delete %d, to add at most %d", row["topic"], row["partition"],
+                 row["start"], row["end"], row["offsets"], row["rows_now"], row["rows_to_delete"], row["rows_to_add_at_most"])
+    if req.dry_run:
+        log.info("dry run: nothing changed")
+    return _planned(plan, path)
+
+
+def _planned(plan: Any, path: Any) -> dict[str, Any] | None:
+    if plan is None or path is None:
         return None
     return {
         "batch_id": plan.batch_id,
@@ -52,6 +79,7 @@ def plan_task(pipeline_path: str) -> dict[str, Any] | None:
         "table": plan.table,
         "offsets": plan.record_span,
         "partitions": len(plan.ranges),
+        "mode": plan.mode,
     }
 
 

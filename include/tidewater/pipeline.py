@@ -49,7 +49,7 @@ def spark_app_path() -> Path:
 # ---- plan ------------------------------------------------------------------------------------------
 
 
-def plan_batch(spec: PipelineSpec) -> tuple[BatchPlan, Path | None]:
+def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) -> tuple[BatchPlan, Path | None]:
     """Plan the next batch from the table's committed offsets and the brokers' end offsets.
 
     An empty plan is not staged (returns path None): nothing to do, no Spark start.
@@ -73,6 +73,7 @@ def plan_batch(spec: PipelineSpec) -> tuple[BatchPlan, Path | None]:
         base_offsets=committed,
         created_at=utc_now_iso(),
         base_snapshot_id=state.snapshot_id if state else None,
+        data_interval=data_interval,
     )
     if plan.is_empty:
         log.info("pipeline %s: nothing to ingest (%d partitions caught up)", spec.name, len(parts))

@@ -22,9 +22,9 @@ def dagbag(pipelines_dir: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN20
 def test_shipped_pipelines_import_without_errors(monkeypatch):
     bag = dagbag(REPO / "include" / "pipelines", monkeypatch)
     assert bag.import_errors == {}
-    assert {"ingest_pizzas", "maintain_pizzas"} <= set(bag.dags)
+    assert {"ingest_pizzas", "maintain_pizzas", "replay_pizzas"} <= set(bag.dags)
     for dag_id, dag in bag.dags.items():
-        kind = "ingest" if dag_id.startswith("ingest_") else "maintenance"
+        kind = {"ingest": "ingest", "replay": "replay", "maintain": "maintenance"}[dag_id.split("_")[0]]
         assert {"tidewater", kind} <= set(dag.tags), dag_id
         assert dag.max_active_runs == 1
         assert dag.doc_md
@@ -74,5 +74,22 @@ def test_routed_pipeline_dags(tmp_path, monkeypatch):
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
     assert "payments.debit, payments.credit, payments.bank_slip" in bag.dags["ingest_payments"].doc_md
+    assert "replay_payments" not in bag.dags  # replay of routed pipelines: not yet
     maintain = bag.dags["maintain_payments"]
     assert {o.uri for t in maintain.tasks for o in t.outlets} == {"iceberg://tidewater/payments/payments_checkpoints"}
+
+
+def test_replay_dag_form_and_chain(monkeypatch):
+    """replay_<name>: triggered only, a typed parameter form, the same plan -> write -> validate -> commit
+    chain; the ingest DAG offers `reprocess` for backfills."""
+    bag = dagbag(REPO / "include" / "pipelines", monkeypatch)
+    dag = bag.dags["replay_pizzas"]
+    assert dag.schedule is None
+    params = dag.params.dump()
+    assert params == {"topic": "completed-pizzas", "partitions": [], "start_offset": None, "end_offset": None,
+                      "start_time": None, "end_time": None, "mode": "replace", "dry_run": False}
+    assert dag.params.get_param("mode").schema["enum"] == ["replace", "append-missing"]
+    assert dag.params.get_param("topic").schema["enum"] == ["completed-pizzas"]
+    assert dag.get_task("plan").downstream_task_ids == {"write", "validate", "commit"}
+    assert dag.get_task("validate").downstream_task_ids == {"commit"}
+    assert bag.dags["ingest_pizzas"].params.dump() == {"reprocess": False}

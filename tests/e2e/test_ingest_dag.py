@@ -39,11 +39,13 @@ def airflow_env(tmp_path: Path, home: Path) -> dict[str, str]:
     return env
 
 
-def dags_test(env: dict[str, str], dag_id: str) -> str:
-    proc = subprocess.run(["airflow", "dags", "test", dag_id], env=env, capture_output=True, text=True, timeout=600)
+def dags_test(env: dict[str, str], dag_id: str, conf: dict | None = None, expect: str = "success") -> str:
+    cmd = ["airflow", "dags", "test", dag_id] + (["--conf", json.dumps(conf)] if conf else [])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    assert "state=success" in out, out[-4000:]
+    if expect == "success":
+        assert proc.returncode == 0, out[-4000:]
+    assert f"state={expect}" in out, out[-4000:]
     return out
 
 
@@ -76,3 +78,32 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
     assert len(table.inspect.files()) == 1
     assert table.scan().to_arrow().num_rows == 480
     assert committed_state(table).offsets == {topic: {0: 240, 1: 240}}
+
+
+def test_replay_dag_from_its_form(broker, topic, airflow_env):
+    """replay_<name> run through Airflow with the form's parameters (`--conf`): a dry run changes nothing,
+    a replace replay leaves the table identical with unchanged offsets, and a range past the committed
+    offset fails the run with a message naming the parameter."""
+    pipeline = write_pipeline(
+        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+        format={"metadata": "prefixed"},
+    )
+    produce(broker.bootstrap, topic, pizza_events(200, seed=70), partitions=2)
+    dags_test(airflow_env, "ingest_orders")
+
+    def rows():  # noqa: ANN202
+        t = table_of(pipeline).scan().to_arrow()
+        return sorted(zip(t.column("_kafka_partition").to_pylist(), t.column("_kafka_offset").to_pylist(), t.column("order_id").to_pylist()))
+
+    before, snaps = rows(), len(table_of(pipeline).snapshots())
+    form = {"topic": topic, "partitions": [1], "start_offset": 20, "end_offset": 60}
+    out = dags_test(airflow_env, "replay_orders", {**form, "dry_run": True})
+    assert f"{topic}[1] [20, 60): 40 offsets; rows now 40, to delete 40, to add at most 40" in out
+    assert len(table_of(pipeline).snapshots()) == snaps
+    dags_test(airflow_env, "replay_orders", form)
+    table = table_of(pipeline)
+    assert rows() == before and len(table.snapshots()) == snaps + 2
+    assert json.loads(table.current_snapshot().summary.additional_properties["tidewater.replay"])["ranges"] == [[topic, 1, 20, 60]]
+    assert committed_state(table).offsets == {topic: {0: 100, 1: 100}}
+    out = dags_test(airflow_env, "replay_orders", {**form, "end_offset": 150}, expect="failed")
+    assert "end_offset: 150 is beyond the committed offset 100" in out

@@ -182,3 +182,59 @@ def test_replay_command_through_spark(broker, home, topic):
     assert content(path) == before
     ids = table_of(path).scan().to_arrow().column("id")
     assert len(pc.unique(ids)) == ids.length() == 70
+
+
+def _run_planned(spec, planned):  # noqa: ANN001, ANN201
+    """The write, validate and commit tasks for what the plan task staged (write inline, not spark-submit)."""
+    from tidewater.airflow_tasks import commit_task, validate_task
+    from tidewater.batch import write_json_atomic
+    from tidewater.kafka_source import kafka_settings
+    from tidewater.pipeline import load_plan, manifest_path
+    from tidewater.spark_job import run_inline
+
+    plan = load_plan(planned["plan_path"])
+    write_json_atomic(manifest_path(planned["plan_path"]), run_inline(plan, spec, kafka_settings(spec)).to_json())
+    validate_task(str(spec.source_path), planned)
+    return commit_task(str(spec.source_path), planned, dag_run_id="backfill__test")
+
+
+def test_backfill_of_committed_and_uncommitted_intervals(broker, home, topic):
+    """The ingest DAG's plan task for backfill runs: an interval a batch committed is a no-op, or with
+    reprocess a replace of exactly that batch's ranges (table identical); an interval never ingested is
+    mapped to offsets (timestamp-lookup stand-in) and only absent offsets are added."""
+    from tidewater.airflow_tasks import plan_task
+    from tidewater.offsets import DATA_INTERVAL, RANGES
+    from tidewater.replay import plan_backfill
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"metadata": "prefixed"}, validation={"not_null": ["id"]})
+    spec = load_pipeline(path)
+    i1 = ("2024-01-01T00:05:00+00:00", "2024-01-01T00:10:00+00:00")
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(20)], partitions=2)
+    produce_to_partition(broker.bootstrap, topic, 1, [ev(100 + i) for i in range(10)])
+    planned = plan_task(str(path), run_type="scheduled", data_interval=i1)
+    assert _run_planned(spec, planned)["status"] == "committed"
+    props = table_of(path).current_snapshot().summary.additional_properties
+    assert props[DATA_INTERVAL] == "/".join(i1) and json.loads(props[RANGES]) == [[topic, 0, 0, 20], [topic, 1, 0, 10]]
+    before, snaps = content(path), len(table_of(path).snapshots())
+
+    assert plan_task(str(path), run_type="backfill", data_interval=i1) is None  # committed: nothing to do
+    assert len(table_of(path).snapshots()) == snaps
+
+    planned = plan_task(str(path), run_type="backfill", data_interval=i1, reprocess=True)
+    assert planned["mode"] == "replace"
+    assert _run_planned(spec, planned)["status"] == "committed"
+    assert content(path) == before
+    replayed = json.loads(table_of(path).current_snapshot().summary.additional_properties[REPLAY])
+    assert replayed == {"mode": "replace", "ranges": [[topic, 0, 0, 20], [topic, 1, 0, 10]], "data_interval": list(i1)}
+    assert committed_state(table_of(path)).offsets == {topic: {0: 20, 1: 10}}
+
+    # an earlier interval no batch recorded: the records of 00:00-00:05 are offsets [0, 5) of each partition
+    table_of(path).delete("_kafka_partition = 0 and _kafka_offset < 3")  # three rows lost
+    base = 1_704_067_200_000
+    lookup = TimestampLookupStandIn({0: [base + i * 60_000 for i in range(20)], 1: [base + i * 60_000 for i in range(10)]})
+    plan, plan_path = plan_backfill(spec, ("2024-01-01T00:00:00+00:00", "2024-01-01T00:05:00+00:00"), lookup=lookup)
+    assert plan.mode == "append-missing" and [(r.partition, r.start, r.end) for r in plan.ranges] == [(0, 0, 5), (1, 0, 5)]
+    result = _run_planned(spec, {"batch_id": plan.batch_id, "plan_path": str(plan_path), "table": plan.table})
+    assert result["status"] == "committed" and content(path) == before
+    assert committed_state(table_of(path)).offsets == {topic: {0: 20, 1: 10}}
