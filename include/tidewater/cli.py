@@ -207,6 +207,33 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quarantine(args: argparse.Namespace) -> int:
+    from tidewater import quarantine
+    from tidewater.catalog import load_catalog, load_table
+    from tidewater.config import load_pipeline
+    from tidewater.errors import ConfigError
+
+    spec = load_pipeline(args.pipeline)
+    if args.action == "list":
+        table = load_table(load_catalog(spec), spec.table.identifier)
+        rows = quarantine.list_quarantined(spec, table) if table is not None else []
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            for q in rows:
+                v = q["validation"] or {}
+                print(f"{q['batch_id']}  branch {q['branch']}  {q['rows']} rows in {q['files']} files  "
+                      f"failed {v.get('failed', '?')}/{v.get('checks', '?')} checks ({v.get('suite', '?')})")
+            if not rows:
+                print("no quarantined batches")
+        return 0
+    if not args.batch:
+        raise ConfigError(f"--batch: required for {args.action}")
+    result = quarantine.publish(spec, args.batch) if args.action == "publish" else quarantine.drop(spec, args.batch)
+    print(json.dumps(result) if args.json else f"{result['status']} batch {result['batch_id']}: {result['rows']} rows")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tidewater", description="Exactly-once Kafka to Iceberg micro-batches.")
     ap.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
@@ -243,6 +270,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_replay)
+
+    p = sub.add_parser("quarantine", help="list, publish or drop batches quarantined by the quality gate")
+    p.add_argument("action", choices=["list", "publish", "drop"])
+    _pipeline_arg(p)
+    p.add_argument("--batch", default=None, help="batch id (publish, drop)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_quarantine)
 
     p = sub.add_parser("status", help="committed offsets, end offsets and lag per partition")
     _pipeline_arg(p)

@@ -166,9 +166,11 @@ def commit_batch(
     validation: dict[str, Any] | None = None,
     dead_letter_sink: Callable[[Any, list[dict[str, Any]]], str] | None = None,
     branch: str | None = None,
+    quarantine: bool = False,
 ) -> CommitResult:
     """Append the manifest's files in one snapshot (on ``branch``, default main) stamped with offsets and
-    the batch id."""
+    the batch id. ``quarantine``: the files go to the batch's quarantine branch instead and main gets an
+    empty snapshot with the offsets (see quarantine.py)."""
     from pyiceberg.exceptions import CommitFailedException
 
     check_manifest(plan, manifest)
@@ -218,9 +220,18 @@ def commit_batch(
             validation=validation,
         )
         props.update(batch_properties(plan))
+        files = manifest.data_files
+        if quarantine:
+            from tidewater.offsets import QUARANTINED
+            from tidewater.quarantine import branch_name, commit_to_branch
+
+            commit_to_branch(table, plan.batch_id, files, props)
+            table = load_table(catalog, ident)
+            props[QUARANTINED] = branch_name(plan.batch_id)
+            files = ()
         table = _without_commit_retries(table)
         try:
-            _fast_append(table, manifest.data_files, props, branch)
+            _fast_append(table, files, props, branch)
         except CommitFailedException as e:
             log.warning("batch %s: commit conflict on %s (attempt %d): %s; refreshing", plan.batch_id, ident, attempt, e)
             time.sleep(min(0.1 * 2**attempt, 5))

@@ -297,8 +297,11 @@ class ValidationSpec:
     )
     on_failure: str = _doc(
         "`fail`: a failing expectation stops the batch (nothing committed, offsets unchanged); `warn`: the batch "
-        "is committed and the failure is logged and recorded in the snapshot summary (`tidewater.validation`). "
-        "The accounting checks (row count, read = rows + dead letters + skipped) always fail the batch.",
+        "is committed and the failure is logged and recorded in the snapshot summary (`tidewater.validation`); "
+        "`quarantine`: the batch's files are committed to a branch `quarantine-<batch id>` of the table, main gets "
+        "an empty snapshot that advances the offsets (main stays clean), the run fails with the report, and a "
+        "person publishes or drops it (`tidewater quarantine publish|drop`). The accounting checks (row count, "
+        "read = rows + dead letters + skipped) always fail the batch.",
         default="fail",
     )
 
@@ -703,7 +706,9 @@ def validate(spec: PipelineSpec) -> None:
     if not re.match(r"^[A-Za-z0-9_]{1,8}$", spec.format.flatten_separator):
         raise ConfigError(f"format.flatten_separator: {spec.format.flatten_separator!r} must be 1-8 letters, digits or '_'")
     _one_of("format.metadata", spec.format.metadata, ("none", "prefixed", "struct"))
-    _one_of("validation.on_failure", spec.validation.on_failure, ("fail", "warn"))
+    _one_of("validation.on_failure", spec.validation.on_failure, ("fail", "warn", "quarantine"))
+    if spec.validation.on_failure == "quarantine" and spec.routed:
+        raise ConfigError("validation.on_failure: quarantine is not available for pipelines that route to several tables yet")
     _one_of("dead_letter.policy", spec.dead_letter.policy, ("dead_letter", "fail", "skip"))
     if spec.dead_letter.topic is not None and (
         not re.match(r"^[A-Za-z0-9._-]{1,249}$", spec.dead_letter.topic) or spec.dead_letter.topic in spec.topics

@@ -177,7 +177,10 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
         report = validate_batch(spec, table, manifest)
     require_valid(report, spec.validation.on_failure)
     # What the gate decided travels to the commit (stamped in the snapshot summary).
-    write_json_atomic(_batch_path(spec, plan) / VALIDATION_NAME, report.summary())
+    verdict = report.summary()
+    if not report.success and spec.validation.on_failure == "quarantine":
+        verdict["quarantine"] = True
+    write_json_atomic(_batch_path(spec, plan) / VALIDATION_NAME, verdict)
     return report
 
 
@@ -214,8 +217,14 @@ def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, da
 
         return commit_routed(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
                              dead_letter_sink=sink)
-    return commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
-                        dead_letter_sink=sink, branch=spec.table.branch)
+    quarantine = bool(validation and validation.get("quarantine"))
+    result = commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
+                          dead_letter_sink=sink, branch=spec.table.branch, quarantine=quarantine)
+    if quarantine:
+        from tidewater.quarantine import quarantined_error
+
+        raise quarantined_error(plan.batch_id, plan.table, validation, str(spec.source_path))
+    return result
 
 
 # ---- status ----------------------------------------------------------------------------------------

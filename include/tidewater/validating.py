@@ -349,11 +349,15 @@ def validate_routed(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -
 
 
 def require_valid(report: ValidationReport, on_failure: str = "fail") -> None:
-    """Raise ValidationFailedError when the gate fails. With ``warn``, only the accounting checks raise
-    (they guard exactly-once); other failures are logged and the batch goes on to be committed."""
-    if on_failure == "warn" and not any(not c.success and c.expectation in ACCOUNTING_CHECKS for c in report.checks):
+    """Raise ValidationFailedError when the gate fails. With ``warn`` and ``quarantine``, only the
+    accounting checks raise (they guard exactly-once); with ``warn`` other failures are logged and the
+    batch is committed, with ``quarantine`` the commit step puts the batch on a quarantine branch."""
+    if on_failure in ("warn", "quarantine") and not any(not c.success and c.expectation in ACCOUNTING_CHECKS
+                                                        for c in report.checks):
         if not report.success:
-            log.warning("validation.on_failure is warn: committing despite\n%s", report.text())
+            log.warning("validation.on_failure is %s: %s\n%s", on_failure,
+                        "committing despite" if on_failure == "warn" else "the batch goes to a quarantine branch",
+                        report.text())
         return
     if not report.success:
         raise ValidationFailedError(report.text() + "\nNothing was committed; the offsets did not move.", batch_id=report.batch_id)

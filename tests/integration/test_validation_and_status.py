@@ -155,3 +155,50 @@ def test_warn_policy_never_lets_the_accounting_check_pass(broker, home, topic):
     with pytest.raises(ValidationFailedError, match="expect_table_row_count_to_equal"):
         validate_step(spec, plan, short)
     assert table_of(path).snapshots() == []
+
+
+def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
+    """validation.on_failure quarantine with a failing suite: the batch lands on branch
+    quarantine-<batch id>, main gets no rows but the offsets advance, the commit step fails with the
+    report and fails again (adding nothing) when retried. Publishing appends the rows to main once;
+    a second quarantined batch is dropped and never reaches main. Row counts and offsets checked."""
+    from tidewater import quarantine
+    from tidewater.offsets import QUARANTINED, VALIDATION
+
+    (home / "strict.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
+    ]}))
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"not_null": ["order_id"], "suite": "strict.json", "on_failure": "quarantine"})
+    spec = load_pipeline(path)
+    produce(broker.bootstrap, topic, pizza_events(100, seed=93), partitions=2)
+    plan, manifest = stage_inline(spec)
+    assert not validate_step(spec, plan, manifest).success
+    for _ in range(2):  # the run fails; a retry fails the same way and adds nothing
+        with pytest.raises(ValidationFailedError, match=f"quarantined on branch quarantine-{plan.batch_id}"):
+            commit_step(spec, plan, manifest)
+    table = table_of(path)
+    assert table.scan().to_arrow().num_rows == 0
+    assert committed_state(table).offsets == {topic: {0: 50, 1: 50}}
+    marker = table.current_snapshot().summary.additional_properties
+    assert marker[QUARANTINED] == f"quarantine-{plan.batch_id}" and json.loads(marker[VALIDATION])["failed"] == 1
+    waiting = quarantine.list_quarantined(spec, table)
+    assert [(q["batch_id"], q["rows"]) for q in waiting] == [(plan.batch_id, 100)]
+    assert table.scan(snapshot_id=table.snapshot_by_name(f"quarantine-{plan.batch_id}").snapshot_id).to_arrow().num_rows == 100
+
+    # the next batch is planned after the quarantined one: nothing is read twice
+    produce(broker.bootstrap, topic, pizza_events(40, seed=94), partitions=2)
+    plan2, manifest2 = stage_inline(spec)
+    assert [(r.start, r.end) for r in plan2.ranges] == [(50, 70), (50, 70)]
+    validate_step(spec, plan2, manifest2)
+    with pytest.raises(ValidationFailedError):
+        commit_step(spec, plan2, manifest2)
+
+    assert quarantine.publish(spec, plan.batch_id) == {"batch_id": plan.batch_id, "status": "published", "rows": 100}
+    assert quarantine.publish(spec, plan.batch_id)["status"] == "published"  # again: nothing more
+    assert quarantine.drop(spec, plan2.batch_id)["rows"] == 40
+    table = table_of(path)
+    ids = table.scan().to_arrow().column("order_id")
+    assert ids.length() == len(set(ids.to_pylist())) == 100
+    assert quarantine.list_quarantined(spec, table) == []
+    assert committed_state(table).offsets == {topic: {0: 70, 1: 70}}
