@@ -25,7 +25,10 @@ def fail_fast(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from airflow.exceptions import AirflowFailException
+        try:
+            from airflow.sdk.exceptions import AirflowFailException
+        except ImportError:  # pragma: no cover - older Airflow
+            from airflow.exceptions import AirflowFailException
 
         try:
             return fn(*args, **kwargs)
@@ -169,7 +172,10 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         """Turn the job's error.json (a record or Kafka error) into a readable task failure."""
         from pathlib import Path
 
-        from airflow.exceptions import AirflowFailException
+        try:
+            from airflow.sdk.exceptions import AirflowFailException
+        except ImportError:  # pragma: no cover - older Airflow
+            from airflow.exceptions import AirflowFailException
 
         from tidewater.spark_job import read_error
 

@@ -189,6 +189,11 @@ class TableSpec:
         "Ingest files are written unsorted (marked so); `maintenance.rewrite_data_files.strategy: auto` sorts.",
         default_factory=list,
     )
+    suite: str | None = _doc(
+        "This table's great-expectations suite file (relative to the pipeline file); replaces `validation.suite` "
+        "for this table.",
+        default=None,
+    )
     id_columns: list[str] = _doc(
         "Columns that identify a row. Set as the table's identifier fields (required columns) when it is "
         "auto-created; a record without a value for one is a dead letter (`MissingId`).",
@@ -294,6 +299,17 @@ class ValidationSpec:
     chunk_rows: int = _doc(
         "Rows of the checked columns held in memory at a time while validating (bounds the gate's memory).",
         default=500_000,
+    )
+    unique_ids: str = _doc(
+        "Uniqueness of the table's `id_columns`: `none`, `batch` (no two rows of the batch share an id) or "
+        "`table` (also none of the batch's ids is already in the table; reads the table's id columns for "
+        "the batch's ids).",
+        default="none",
+    )
+    data_docs_dir: str | None = _doc(
+        "Where the gate writes its great-expectations Data Docs page per batch (HTML; the validate task logs "
+        "its path). Default: `$TIDEWATER_HOME/data-docs`; pages go to `<dir>/<pipeline>/<batch id>.html`.",
+        default=None,
     )
     on_failure: str = _doc(
         "`fail`: a failing expectation stops the batch (nothing committed, offsets unchanged); `warn`: the batch "
@@ -499,10 +515,11 @@ class PipelineSpec:
         return Path(self.batch.staging_dir) if self.batch.staging_dir else home_dir() / "staging"
 
     def suite_path(self) -> Path | None:
-        if not self.validation.suite:
+        suite = self.table.suite or self.validation.suite
+        if not suite:
             return None
         base = Path(self.source_path).parent if self.source_path else pipelines_dir()
-        return (base / self.validation.suite).resolve()
+        return (base / suite).resolve()
 
 
 # ---- parsing -------------------------------------------------------------------------------------
@@ -707,6 +724,9 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError(f"format.flatten_separator: {spec.format.flatten_separator!r} must be 1-8 letters, digits or '_'")
     _one_of("format.metadata", spec.format.metadata, ("none", "prefixed", "struct"))
     _one_of("validation.on_failure", spec.validation.on_failure, ("fail", "warn", "quarantine"))
+    _one_of("validation.unique_ids", spec.validation.unique_ids, ("none", "batch", "table"))
+    if spec.validation.unique_ids != "none" and not spec.routed and not spec.table.id_columns:
+        raise ConfigError("validation.unique_ids: needs table.id_columns")
     if spec.validation.on_failure == "quarantine" and spec.routed:
         raise ConfigError("validation.on_failure: quarantine is not available for pipelines that route to several tables yet")
     _one_of("dead_letter.policy", spec.dead_letter.policy, ("dead_letter", "fail", "skip"))
@@ -752,7 +772,12 @@ def validate(spec: PipelineSpec) -> None:
         raise ConfigError("airflow.retries: must be zero or more")
     suite = spec.suite_path()
     if suite is not None and not suite.is_file():
-        raise ConfigError(f"validation.suite: file {suite} does not exist")
+        raise ConfigError(f"{'table.suite' if spec.table.suite else 'validation.suite'}: file {suite} does not exist")
+    for i, t in enumerate(spec.tables):
+        if t.suite:
+            path = spec.for_table(t.identifier).suite_path()
+            if path is None or not path.is_file():
+                raise ConfigError(f"tables[{i}].suite: file {path} does not exist")
 
 
 def _check_identifier(key: str, ident: str) -> None:

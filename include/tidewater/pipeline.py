@@ -157,6 +157,11 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
         from tidewater.validating import validate_routed
 
         report = validate_routed(spec, catalog, manifest)
+        from tidewater.data_docs import write_page
+
+        page = write_page(spec, report, plan.table)
+        if page is not None:
+            log.info("batch %s: Data Docs %s", plan.batch_id, page.as_uri())
         require_valid(report, spec.validation.on_failure)
         write_json_atomic(_batch_path(spec, plan) / VALIDATION_NAME, report.summary())
         return report
@@ -175,6 +180,11 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
             report = ValidationReport(plan.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))
     else:
         report = validate_batch(spec, table, manifest)
+    from tidewater.data_docs import write_page
+
+    page = write_page(spec, report, plan.table)
+    if page is not None:
+        log.info("batch %s: Data Docs %s", plan.batch_id, page.as_uri())
     require_valid(report, spec.validation.on_failure)
     # What the gate decided travels to the commit (stamped in the snapshot summary).
     verdict = report.summary()

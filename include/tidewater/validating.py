@@ -186,6 +186,51 @@ def builtin_checks(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> l
                 nulls += int(counted)
         observed = {"unexpected_count": nulls} if nulls else {}
         checks.append(CheckResult("expect_column_values_to_not_be_null", {"column": column}, nulls == 0, observed))
+    if spec.validation.unique_ids != "none" and spec.table.id_columns and table is not None:
+        checks += unique_id_checks(table, manifest, spec.table.id_columns, spec.validation.unique_ids == "table")
+    return checks
+
+
+IN_CHUNK = 10_000  # ids per table lookup
+
+
+def unique_id_checks(table: Any, manifest: BatchManifest, id_columns: list[str], against_table: bool) -> list[CheckResult]:
+    """No two rows of the batch share an id; with ``against_table``, no id of the batch is in the table yet."""
+    import pyarrow.compute as pc
+    from pyiceberg.expressions import In
+
+    ids = _whole(table, manifest, id_columns)
+    if any(c not in ids.column_names for c in id_columns):
+        return [CheckResult("expect_compound_columns_to_be_unique", {"column_list": id_columns}, False,
+                            {"error": f"id columns {id_columns} are not all in the staged files"})]
+    single = len(id_columns) == 1
+    kind = "expect_column_values_to_be_unique" if single else "expect_compound_columns_to_be_unique"
+    args: dict[str, Any] = {"column": id_columns[0]} if single else {"column_list": list(id_columns)}
+    groups = ids.group_by(id_columns).aggregate([([], "count_all")])
+    dup_rows = int(pc.sum(pc.subtract(groups.column("count_all"), 1)).as_py() or 0) if groups.num_rows else 0
+    sample = groups.filter(pc.greater(groups.column("count_all"), 1)).select(id_columns).slice(0, 20).to_pylist()
+    observed: dict[str, Any] = {"element_count": ids.num_rows}
+    if dup_rows:
+        observed.update(unexpected_count=dup_rows, partial_unexpected_list=sample)
+    checks = [CheckResult(kind, args, dup_rows == 0, observed)]
+    if against_table:
+        existing = 0
+        found: list[Any] = []
+        if table.current_snapshot() is not None:
+            first = pc.unique(ids.column(id_columns[0]).combine_chunks()).drop_null()
+            for i in range(0, len(first), IN_CHUNK):
+                values = first.slice(i, IN_CHUNK).to_pylist()
+                held = table.scan(row_filter=In(id_columns[0], values), selected_fields=tuple(id_columns)).to_arrow()
+                if held.num_rows:
+                    keys = held.group_by(id_columns).aggregate([])
+                    hits = groups.select(id_columns).join(keys.cast(groups.select(id_columns).schema), keys=id_columns,
+                                                          join_type="inner")
+                    existing += hits.num_rows
+                    found += hits.slice(0, 20 - len(found)).to_pylist() if len(found) < 20 else []
+        observed = {"element_count": groups.num_rows}
+        if existing:
+            observed.update(unexpected_count=existing, partial_unexpected_list=found)
+        checks.append(CheckResult(kind, {**args, "scope": "table"}, existing == 0, observed))
     return checks
 
 

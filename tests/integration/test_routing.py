@@ -294,3 +294,24 @@ def test_single_table_pipeline_on_a_branch(broker, home, topic):
     assert t.scan().to_arrow().num_rows == 0 and committed_state(t).offsets == {}  # main: the empty base only
     assert t.scan(snapshot_id=t.snapshot_by_name("ingest").snapshot_id).to_arrow().num_rows == 6
     assert committed_state(t, "ingest").offsets == {topic: {0: 6}}
+
+
+def test_each_table_has_its_own_suite(broker, home, topic):
+    """tables[].suite: the gate runs each table's suite on that table's files; a failing one stops the
+    batch (nothing committed anywhere, checkpoint unmoved) and the report names the table."""
+    from tidewater.errors import ValidationFailedError
+
+    (home / "small.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "id", "min_value": 0, "max_value": 9}}]}))
+    tables = [{"identifier": "rpc.small", "route_regex": "s", "suite": "small.json"},
+              {"identifier": "rpc.big", "route_regex": "b"}]
+    spec = routed_pipeline(home, broker, [topic], tables=tables, routing={"field": "k"})
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(i, k="s") for i in range(5)] + [ev(100 + i, k="b") for i in range(5)])
+    assert ingest_inline(spec).records == 10
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(50, k="s"), ev(500, k="b")])
+    plan, manifest = stage_inline(spec)
+    with pytest.raises(ValidationFailedError) as e:
+        validate_step(spec, plan, manifest)
+    assert "expect_column_values_to_be_between(table='rpc.small', column='id'" in str(e.value)
+    assert (rows(spec, "rpc.small").num_rows, rows(spec, "rpc.big").num_rows) == (5, 5)
+    assert committed_state(checkpoint(spec)).offsets == {topic: {0: 10}}

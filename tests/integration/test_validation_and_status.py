@@ -202,3 +202,35 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     assert ids.length() == len(set(ids.to_pylist())) == 100
     assert quarantine.list_quarantined(spec, table) == []
     assert committed_state(table).offsets == {topic: {0: 70, 1: 70}}
+
+
+def test_id_uniqueness_in_the_batch_and_against_the_table_with_data_docs(broker, home, topic):
+    """validation.unique_ids table: a batch repeating an id fails (batch check); a batch whose id is
+    already in the table fails (table check); each validation writes a great-expectations Data Docs
+    page (and the index) naming the checks. Nothing is committed by a failing batch."""
+    from tidewater.data_docs import docs_dir
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          table={"identifier": "rpc.orders", "id_columns": ["id"]},
+                          validation={"not_null": ["id"], "unique_ids": "table"})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i}).encode() for i in range(10)])
+    plan, manifest = stage_inline(spec)
+    report = validate_step(spec, plan, manifest)
+    assert report.success and [c.success for c in report.checks if "unique" in c.expectation] == [True, True]
+    commit_step(spec, plan, manifest)
+    page = docs_dir(spec) / f"{plan.batch_id}.html"
+    assert page.is_file() and plan.batch_id in (docs_dir(spec) / "index.html").read_text()
+    assert "Data documentation compiled by Great Expectations" in page.read_text()
+    assert "values must be unique" in page.read_text()
+
+    produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i}).encode() for i in (20, 21, 21, 3)])
+    plan, manifest = stage_inline(spec)
+    with pytest.raises(ValidationFailedError) as e:
+        validate_step(spec, plan, manifest)
+    text = str(e.value)
+    assert "FAIL expect_column_values_to_be_unique(column='id')  -> element_count=4, unexpected_count=1" in text
+    assert "FAIL expect_column_values_to_be_unique(column='id', scope='table')" in text and "unexpected_count=1" in text
+    assert (docs_dir(spec) / f"{plan.batch_id}.html").is_file()  # the failing report has its page too
+    table = table_of(path)
+    assert table.scan().to_arrow().num_rows == 10 and committed_state(table).offsets == {topic: {0: 10}}
