@@ -82,10 +82,10 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
         def plan_fn(context: dict) -> dict | None:
             from tidewater.airflow_tasks import plan_task
 
-            run = context.get("dag_run")
+            run_type = getattr(context.get("dag_run"), "run_type", None)
             start, end = context.get("data_interval_start"), context.get("data_interval_end")
             interval = (start.isoformat(), end.isoformat()) if start is not None and end is not None else None
-            return plan_task(pipeline_path, run_type=str(getattr(run, "run_type", "") or ""), data_interval=interval,
+            return plan_task(pipeline_path, run_type=str(getattr(run_type, "value", run_type) or ""), data_interval=interval,
                              reprocess=bool(context["params"].get("reprocess")))
 
         _batch_tasks(pipeline_path, spec, plan_fn)
@@ -140,6 +140,41 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
     return replay()
 
 
+def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+    """``quarantine_<name>``: list, publish or drop batches the quality gate quarantined (triggered with a form)."""
+    pipeline_path = str(path)
+
+    @dag(
+        dag_id=f"quarantine_{spec.name}",
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=sorted({"tidewater", "quarantine", *spec.airflow.tags}),
+        doc_md=(
+            f"### quarantined batches of `{spec.table.identifier}`\n\nA batch that fails its expectations is committed "
+            "to a branch `quarantine-<batch id>` (main unchanged, offsets advanced) and its ingest run fails. Trigger "
+            "this DAG with `list` to see them, `publish` to append a batch to main, `drop` to discard it. The failed "
+            "ingest run's validate log links the batch's Data Docs page.\n\n* pipeline file: `" + pipeline_path + "`"
+        ),
+        default_args={**spec.airflow.default_args(), "retries": 0},
+        params={
+            "action": Param("list", type="string", enum=["list", "publish", "drop"], title="Action"),
+            "batch_id": Param("", type="string", title="Batch id", description="For publish and drop (see list)"),
+        },
+    )
+    def quarantine_dag():
+        @task(task_id="quarantine")
+        def run(**context) -> dict:
+            from tidewater.airflow_tasks import quarantine_task
+
+            return quarantine_task(pipeline_path, dict(context["params"]))
+
+        run()
+
+    return quarantine_dag()
+
+
 def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
     """A DAG that shows a broken pipeline file in the UI instead of hiding it."""
 
@@ -173,4 +208,7 @@ for _path in discover_pipelines():
         if not _spec.routed:  # replay of routed pipelines: not yet
             _replay = build_replay_dag(_path, _spec)
             globals()[_replay.dag_id] = _replay
+        if _spec.validation.on_failure == "quarantine":
+            _quarantine = build_quarantine_dag(_path, _spec)
+            globals()[_quarantine.dag_id] = _quarantine
     globals()[_dag.dag_id] = _dag

@@ -73,6 +73,30 @@ def replay_plan_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, An
     return _planned(plan, path)
 
 
+@fail_fast
+def quarantine_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The quarantine DAG: list, publish or drop (errors name the parameter)."""
+    from tidewater import quarantine
+    from tidewater.catalog import load_catalog, load_table
+
+    spec = load_pipeline(pipeline_path)
+    action, batch_id = params.get("action") or "list", (params.get("batch_id") or "").strip()
+    if action == "list":
+        table = load_table(load_catalog(spec), spec.table.identifier)
+        rows = quarantine.list_quarantined(spec, table) if table is not None else []
+        for q in rows:
+            log.info("quarantined batch %s: %d rows on branch %s, validation %s", q["batch_id"], q["rows"], q["branch"],
+                     q["validation"])
+        if not rows:
+            log.info("no quarantined batches")
+        return {"quarantined": rows}
+    if not batch_id:
+        raise ConfigError(f"batch_id: required for {action}")
+    result = quarantine.publish(spec, batch_id) if action == "publish" else quarantine.drop(spec, batch_id)
+    log.info("%s batch %s: %d rows", result["status"], batch_id, result["rows"])
+    return result
+
+
 def _planned(plan: Any, path: Any) -> dict[str, Any] | None:
     if plan is None or path is None:
         return None

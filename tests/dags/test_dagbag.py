@@ -93,3 +93,14 @@ def test_replay_dag_form_and_chain(monkeypatch):
     assert dag.get_task("plan").downstream_task_ids == {"write", "validate", "commit"}
     assert dag.get_task("validate").downstream_task_ids == {"commit"}
     assert bag.dags["ingest_pizzas"].params.dump() == {"reprocess": False}
+
+
+def test_quarantine_dag_only_for_the_quarantine_policy(tmp_path, monkeypatch):
+    spec = (REPO / "include" / "pipelines" / "pizzas.yaml").read_text()
+    shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
+    (tmp_path / "pizzas.yaml").write_text(spec.replace("validation:\n", "validation:\n  on_failure: quarantine\n", 1))
+    bag = dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    dag = bag.dags["quarantine_pizzas"]
+    assert dag.schedule is None and dag.params.dump() == {"action": "list", "batch_id": ""}
+    assert "quarantine_pizzas" not in dagbag(REPO / "include" / "pipelines", monkeypatch).dags

@@ -184,6 +184,11 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     assert marker[QUARANTINED] == f"quarantine-{plan.batch_id}" and json.loads(marker[VALIDATION])["failed"] == 1
     waiting = quarantine.list_quarantined(spec, table)
     assert [(q["batch_id"], q["rows"]) for q in waiting] == [(plan.batch_id, 100)]
+    from tidewater.airflow_tasks import quarantine_task  # what the quarantine_<name> DAG runs
+
+    assert [q["batch_id"] for q in quarantine_task(str(path), {"action": "list"})["quarantined"]] == [plan.batch_id]
+    with pytest.raises(Exception, match="batch_id: required for publish"):
+        quarantine_task(str(path), {"action": "publish", "batch_id": " "})
     assert table.scan(snapshot_id=table.snapshot_by_name(f"quarantine-{plan.batch_id}").snapshot_id).to_arrow().num_rows == 100
 
     # the next batch is planned after the quarantined one: nothing is read twice
