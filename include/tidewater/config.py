@@ -96,7 +96,7 @@ class FormatSpec:
         "`user:password` for the schema registry (use `${ENV_VAR}`; never logged).", default=None
     )
     timestamps: dict[str, str] = _doc(
-        "Top-level columns parsed into UTC timestamps, column -> format: a strftime pattern "
+        "Columns parsed into UTC timestamps (a field inside an object as `a.b`), column -> format: a strftime pattern "
         "(`%Y-%m-%d %H:%M:%S`), `iso8601` (with or without a zone: `2024-02-29T12:23:03`, `...+01:00`, `...Z`), "
         "`epoch_millis` or `epoch_seconds`. A value that does not parse makes its record a dead letter.",
         default_factory=dict,

@@ -31,13 +31,55 @@ def source_type(fmt: str) -> pa.DataType:
 
 
 def decoder_schema(schema: pa.Schema | None, spec_format: FormatSpec) -> pa.Schema | None:
-    """The table schema as the decoder must see it: converted columns in their source type."""
+    """The table schema as the decoder must see it: converted columns (also inside structs: `a.b`) in
+    their source type."""
     if schema is None or not spec_format.timestamps:
         return schema
-    return pa.schema([
-        pa.field(f.name, source_type(spec_format.timestamps[f.name])) if f.name in spec_format.timestamps else f
-        for f in schema
-    ])
+
+    def walk(fields: Any, prefix: str) -> list[pa.Field]:
+        out = []
+        for f in fields:
+            path = prefix + f.name
+            if path in spec_format.timestamps:
+                out.append(pa.field(f.name, source_type(spec_format.timestamps[path])))
+            elif pa.types.is_struct(f.type) and any(k.startswith(path + ".") for k in spec_format.timestamps):
+                out.append(pa.field(f.name, pa.struct(walk(list(f.type), path + "."))))
+            else:
+                out.append(f)
+        return out
+
+    return pa.schema(walk(list(schema), ""))
+
+
+def _get(table: pa.Table, path: str) -> pa.Array | None:
+    names = path.split(".")
+    if names[0] not in table.column_names:
+        return None
+    arr: Any = table.column(names[0]).combine_chunks()
+    valid = None
+    for name in names[1:]:
+        if not pa.types.is_struct(arr.type) or arr.type.get_field_index(name) < 0:
+            return None
+        valid = pc.is_valid(arr) if valid is None else pc.and_(valid, pc.is_valid(arr))
+        arr = arr.field(arr.type.get_field_index(name))
+    # a child of a null parent counts as null (its stored value is meaningless)
+    return arr if valid is None else pc.if_else(valid, arr, pa.scalar(None, arr.type))
+
+
+def _set(table: pa.Table, path: str, new: pa.Array) -> pa.Table:
+    names = path.split(".")
+
+    def rebuild(arr: Any, rest: list[str]) -> Any:
+        if not rest:
+            return new
+        i = arr.type.get_field_index(rest[0])
+        children = [arr.field(j) for j in range(arr.type.num_fields)]
+        children[i] = rebuild(children[i], rest[1:])
+        return pa.StructArray.from_arrays(children, names=[f.name for f in arr.type],
+                                          mask=pc.is_null(arr) if arr.null_count else None)
+
+    top = table.column(names[0]).combine_chunks()
+    return table.set_column(table.column_names.index(names[0]), names[0], rebuild(top, names[1:]))
 
 
 def _localize(naive: Any, tz: str) -> Any:
@@ -90,22 +132,22 @@ def convert(col: pa.Array, fmt: str, tz: str) -> pa.Array:
 
 
 def apply(table: pa.Table, spec_format: FormatSpec) -> tuple[pa.Table, list[tuple[int, str]]]:
-    """Convert the configured columns. Returns the table without the rows that failed, and the failed
+    """Convert the configured columns (top-level, or inside structs as `a.b`). Returns the table without the rows that failed, and the failed
     rows' positions (in ``table``) with a message naming the column, the value and the format."""
     if not spec_format.timestamps or table.num_rows == 0:
         return table, []
     failed: dict[int, str] = {}
     for name, fmt in spec_format.timestamps.items():
-        if name not in table.column_names:
+        col = _get(table, name)
+        if col is None:
             continue
-        col = table.column(name).combine_chunks()
         new = convert(col, fmt, spec_format.timezone)
         lost = pc.and_(pc.is_valid(col), pc.is_null(new))
         if pc.any(lost).as_py():
             originals = col.to_pylist()
             for r in pc.indices_nonzero(lost).to_pylist():
                 failed.setdefault(r, f"column {name!r}: {originals[r]!r} is not a date-time in format {fmt!r}")
-        table = table.set_column(table.column_names.index(name), name, new)
+        table = _set(table, name, new)
     if failed:
         keep = [i not in failed for i in range(table.num_rows)]
         table = table.filter(pa.array(keep))

@@ -85,3 +85,24 @@ def test_date_time_columns_parsed_and_unparseable_values_dead_lettered(broker, h
     produce_to_partition(broker.bootstrap, topic, 0, events[15:])
     assert ingest_inline(spec).records == 5
     assert table_of(path).scan().to_arrow().num_rows == 20
+
+
+def test_date_time_inside_an_object_lands_as_a_timestamp(broker, home, topic):
+    """format.timestamps with a dotted path: the field inside the struct column becomes a timestamptz;
+    a value that does not parse makes its record a dead letter; a second batch reads the typed table."""
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"timestamps": {"meta.at": "iso8601"}}, validation={"not_null": ["id"]})
+    values = [json.dumps({"id": i, "meta": {"at": f"2024-02-29T12:23:0{i}", "src": "x"}}).encode() for i in range(5)]
+    values.append(json.dumps({"id": 9, "meta": {"at": "yesterday"}}).encode())
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    spec = load_pipeline(path)
+    result = ingest_inline(spec)
+    assert (result.records, result.dead_letters) == (6, 1)
+    table = table_of(path)
+    assert str(table.schema().find_field("meta.at").field_type) == "timestamptz"
+    produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": 20, "meta": {"at": "2024-03-01T00:00:00Z"}}).encode()])
+    assert ingest_inline(spec).records == 1
+    rows = table_of(path).scan().to_arrow().sort_by("id")
+    assert [m["at"].isoformat() for m in rows.column("meta").to_pylist()] == [
+        f"2024-02-29T12:23:0{i}+00:00" for i in range(5)] + ["2024-03-01T00:00:00+00:00"]
+    assert committed_state(table_of(path)).offsets == {topic: {0: 7}}

@@ -45,3 +45,24 @@ def test_epochs():
     assert failed == []
     assert out.column("ms")[0].as_py() == datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=timezone.utc)
     assert out.column("s")[0].as_py() == datetime(2023, 11, 14, 22, 13, 20, 500000, tzinfo=timezone.utc)
+
+
+def test_a_field_inside_an_object_is_converted_and_bad_values_name_their_row():
+    import pyarrow as pa
+
+    from tidewater.config import FormatSpec
+    from tidewater.conversions import apply, decoder_schema
+
+    t = pa.table({"id": [1, 2, 3, 4], "meta": pa.array([
+        {"at": "2024-01-04 12:28:13", "who": "a"}, {"at": "not a time", "who": "b"}, None, {"at": None, "who": "d"}])})
+    fmt = FormatSpec(timestamps={"meta.at": "%Y-%m-%d %H:%M:%S"}, timezone="Europe/Oslo")
+    out, failed = apply(t, fmt)
+    assert failed == [(1, "column 'meta.at': 'not a time' is not a date-time in format '%Y-%m-%d %H:%M:%S'")]
+    assert out.column("id").to_pylist() == [1, 3, 4]
+    meta = out.column("meta").combine_chunks()
+    assert meta.type.field("at").type == pa.timestamp("us", tz="UTC")
+    values = meta.to_pylist()
+    assert values[0]["at"].isoformat() == "2024-01-04T11:28:13+00:00" and values[0]["who"] == "a"
+    assert values[1] is None and values[2] == {"at": None, "who": "d"}
+    table_schema = pa.schema([("id", pa.int64()), ("meta", pa.struct([("at", pa.timestamp("us", tz="UTC")), ("who", pa.string())]))])
+    assert decoder_schema(table_schema, fmt).field("meta").type.field("at").type == pa.string()
