@@ -62,12 +62,26 @@ def _batch_tasks(pipeline_path: str, spec: PipelineSpec, plan_fn) -> None:  # no
     planned >> write >> checked >> committed
 
 
+def _timetable(schedule: str | None):  # noqa: ANN202
+    """Cron schedules with data intervals [previous run, this run): a batch then records the interval it
+    covers, and a backfill run of an interval maps it to offsets (Airflow's default cron timetable gives
+    every run an empty interval)."""
+    if schedule is None or schedule in ("@once", "@continuous"):
+        return schedule
+    from airflow.timetables.interval import CronDataIntervalTimetable
+
+    try:
+        return CronDataIntervalTimetable(schedule, timezone="UTC")
+    except Exception:  # not a cron expression: Airflow validates it as given
+        return schedule
+
+
 def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
     pipeline_path = str(path)
 
     @dag(
         dag_id=spec.dag_id,
-        schedule=spec.schedule,
+        schedule=_timetable(spec.schedule),
         start_date=START,
         catchup=False,
         max_active_runs=1,

@@ -107,3 +107,81 @@ def test_replay_dag_from_its_form(broker, topic, airflow_env):
     assert committed_state(table).offsets == {topic: {0: 100, 1: 100}}
     out = dags_test(airflow_env, "replay_orders", {**form, "end_offset": 150}, expect="failed")
     assert "end_offset: 150 is beyond the committed offset 100" in out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_path):
+    """`airflow backfill create` over two hourly intervals, run by a real scheduler (`airflow standalone`):
+    the interval a batch committed is re-ingested with replace (`reprocess: true`): same rows, same
+    offsets, a replace recorded with the interval; the interval before it has no committed records
+    (the embedded broker's timestamp lookup answers 0, see STACK.md) and is a no-op."""
+    import signal
+    import time
+    import urllib.request
+
+    pipeline = write_pipeline(
+        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+        format={"metadata": "prefixed"}, schedule="@hourly",
+    )
+    produce(broker.bootstrap, topic, pizza_events(100, seed=80), partitions=2)
+    dags_test(airflow_env, "ingest_orders")  # a manual run: its interval is the hour before now
+    table = table_of(pipeline)
+    interval = table.current_snapshot().summary.additional_properties["tidewater.data-interval"]
+    start = interval.split("/")[0]
+    before = sorted(table.scan().to_arrow().column("order_id").to_pylist())
+
+    port = _free_port()
+    env = {**airflow_env, "AIRFLOW__API__PORT": str(port),
+           "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/"}
+    log = open(tmp_path / "standalone.log", "w")
+    proc = subprocess.Popen(["airflow", "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(2)
+        else:
+            raise AssertionError("the Airflow API server did not start: " + (tmp_path / "standalone.log").read_text()[-3000:])
+        from datetime import datetime, timedelta
+
+        first = (datetime.fromisoformat(start) - timedelta(hours=1)).isoformat()
+        subprocess.run(["airflow", "backfill", "create", "--dag-id", "ingest_orders", "--from-date", first, "--to-date", start,
+                        "--dag-run-conf", json.dumps({"reprocess": True})], env=env, check=True, capture_output=True, timeout=120)
+        subprocess.run(["airflow", "dags", "unpause", "ingest_orders"], env=env, check=True, capture_output=True, timeout=120)
+        states: dict[str, str] = {}
+        deadline = time.monotonic() + 420
+        while time.monotonic() < deadline:
+            out = subprocess.run(["airflow", "dags", "list-runs", "ingest_orders", "--output", "json"], env=env,
+                                 capture_output=True, text=True, timeout=120).stdout
+            lines = [ln for ln in out.splitlines() if ln.startswith("[{") or ln.strip() == "[]"]  # logs share stdout
+            runs = json.loads(lines[-1]) if lines else []
+            states = {r["run_id"]: r["state"] for r in runs if r["run_id"].startswith("backfill__")}
+            if len(states) == 2 and all(s in ("success", "failed") for s in states.values()):
+                break
+            time.sleep(5)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    assert sorted(states.values()) == ["success", "success"], states
+    table = table_of(pipeline)
+    replays = [json.loads(s.summary.additional_properties["tidewater.replay"]) for s in table.snapshots()
+               if "tidewater.replay" in s.summary.additional_properties and s.summary.operation.value == "append"]
+    assert [r["data_interval"] for r in replays] == [interval.split("/")]
+    assert replays[0]["mode"] == "replace" and sorted(r[3] for r in replays[0]["ranges"]) == [50, 50]
+    assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == before
+    assert committed_state(table).offsets == {topic: {0: 50, 1: 50}}
