@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from datetime import datetime, timezone
@@ -18,7 +17,9 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import REPO, command_line, fresh_home, write_section  # noqa: E402
+
 BEGIN, END = "<!-- maintenance:begin -->", "<!-- maintenance:end -->"
 
 
@@ -28,15 +29,10 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=12_000, help="records per batch")
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     args = ap.parse_args()
-    command = "make bench-maintenance" if os.environ.get("MAKELEVEL") else " ".join(["python", *sys.argv])
+    command = command_line("make bench-maintenance")
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
 
-    work = Path(os.environ.get("TIDEWATER_HOME", REPO / ".data")) / "bench-maintenance"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    if (REPO / ".data" / "jars").is_dir():
-        (work / "jars").symlink_to(REPO / ".data" / "jars")
-    os.environ["TIDEWATER_HOME"] = str(work)
+    work = fresh_home("bench-maintenance")
 
     from tidewater import broker as embedded
     from tidewater import spark_session
@@ -145,14 +141,7 @@ def main() -> int:
         END,
     ]
     section = "\n".join(lines)
-    out = Path(args.output)
-    text = out.read_text() if out.is_file() else ""
-    if BEGIN in text and END in text:
-        text = text.split(BEGIN)[0] + section + text.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    out.write_text(text)
-    print(section)
+    write_section(args.output, BEGIN, END, section)
     return 0
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
 import sys
 import time
@@ -22,7 +20,9 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import REPO, command_line, fresh_home, write_section  # noqa: E402
+
 BEGIN, END = "<!-- routing:begin -->", "<!-- routing:end -->"
 
 
@@ -55,15 +55,10 @@ def main() -> int:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     args = ap.parse_args()
-    command = "make bench-routing" if os.environ.get("MAKELEVEL") else " ".join(["python", *sys.argv])
+    command = command_line("make bench-routing")
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
 
-    work = Path(os.environ.get("TIDEWATER_HOME", REPO / ".data")) / "bench-routing"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    if (REPO / ".data" / "jars").is_dir():
-        (work / "jars").symlink_to(REPO / ".data" / "jars")
-    os.environ["TIDEWATER_HOME"] = str(work)
+    work = fresh_home("bench-routing")
 
     from tidewater import broker as embedded
     from tidewater.catalog import load_catalog, load_table
@@ -140,14 +135,7 @@ def main() -> int:
         END,
     ]
     section = "\n".join(lines)
-    out = Path(args.output)
-    text = out.read_text() if out.is_file() else ""
-    if BEGIN in text and END in text:
-        text = text.split(BEGIN)[0] + section + text.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    out.write_text(text)
-    print(section)
+    write_section(args.output, BEGIN, END, section)
     return 0
 
 

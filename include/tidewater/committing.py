@@ -139,6 +139,24 @@ def batch_properties(plan: BatchPlan) -> dict[str, str]:
     return props
 
 
+def failed_attempt(catalog: Any, e: BaseException, what: str, ident: str, attempt: int) -> None:
+    """After a commit attempt raised: log it, and back off before the next attempt refreshes and checks.
+
+    A conflict (CommitFailedException) means another writer committed first. Anything else leaves the
+    outcome unknown: the next attempt looks for the batch id first, on fresh connections (a SQLite
+    COMMIT refused with "database is locked" leaves its transaction open, and that connection would see
+    its own uncommitted pointer update).
+    """
+    from pyiceberg.exceptions import CommitFailedException
+
+    if isinstance(e, CommitFailedException):
+        log.warning("%s: commit conflict on %s (attempt %d): %s; refreshing", what, ident, attempt, e)
+    else:
+        log.warning("%s: commit outcome unknown on %s (attempt %d): %r; checking", what, ident, attempt, e)
+        _drop_connections(catalog)
+    time.sleep(min(0.1 * 2**attempt, 5))
+
+
 def _drop_connections(catalog: Any) -> None:
     """Close a SQL catalog's pooled connections (rolling back whatever they left open)."""
     engine = getattr(catalog, "engine", None)
@@ -171,7 +189,6 @@ def commit_batch(
     """Append the manifest's files in one snapshot (on ``branch``, default main) stamped with offsets and
     the batch id. ``quarantine``: the files go to the batch's quarantine branch instead and main gets an
     empty snapshot with the offsets (see quarantine.py)."""
-    from pyiceberg.exceptions import CommitFailedException
 
     check_manifest(plan, manifest)
     ident = plan.table
@@ -232,17 +249,8 @@ def commit_batch(
         table = _without_commit_retries(table)
         try:
             _fast_append(table, files, props, branch)
-        except CommitFailedException as e:
-            log.warning("batch %s: commit conflict on %s (attempt %d): %s; refreshing", plan.batch_id, ident, attempt, e)
-            time.sleep(min(0.1 * 2**attempt, 5))
-            continue
-        except Exception as e:
-            # Outcome unknown: the next attempt refreshes and looks for the batch id first, on fresh
-            # connections (a SQLite COMMIT refused with "database is locked" leaves its transaction open,
-            # and that connection would see its own uncommitted pointer update).
-            log.warning("batch %s: commit outcome unknown on %s (attempt %d): %r; checking", plan.batch_id, ident, attempt, e)
-            _drop_connections(catalog)
-            time.sleep(min(0.1 * 2**attempt, 5))
+        except Exception as e:  # a conflict or an unknown outcome: the next attempt refreshes and checks
+            failed_attempt(catalog, e, f"batch {plan.batch_id}", ident, attempt)
             continue
         snap = table.snapshot_by_name(branch) if branch else table.current_snapshot()
         log.info(
@@ -268,7 +276,6 @@ def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest,
     dead-letter topic) gets the files before the dead-letter commit, which records that it did: a retry
     after that commit never sends them again; a failure between the two sends them again (at least once).
     """
-    from pyiceberg.exceptions import CommitFailedException
 
     if not manifest.dead_letter_files:
         return
@@ -288,12 +295,8 @@ def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest,
             _fast_append(_without_commit_retries(table), manifest.dead_letter_files, props)
             log.info("batch %s: %d dead letters committed to %s", plan.batch_id, manifest.dead_letters, ident)
             return
-        except CommitFailedException as e:
-            log.warning("batch %s: dead-letter commit conflict on %s (attempt %d): %s", plan.batch_id, ident, attempt, e)
         except Exception as e:
-            log.warning("batch %s: dead-letter commit outcome unknown on %s (attempt %d): %r", plan.batch_id, ident, attempt, e)
-            _drop_connections(catalog)
-        time.sleep(min(0.1 * 2**attempt, 5))
+            failed_attempt(catalog, e, f"batch {plan.batch_id} (dead letters)", ident, attempt)
     raise TransientError(
         "the batch is committed but its dead letters are not yet; retry the commit step", table=ident, batch_id=plan.batch_id
     )
@@ -339,7 +342,6 @@ def check_routed_manifest(plan: BatchPlan, manifest: BatchManifest) -> None:
 def _commit_output(catalog: Any, plan: BatchPlan, out: dict[str, Any], dag_run_id: str | None,
                    validation: dict[str, Any] | None, max_attempts: int) -> str:
     """Commit one table's files of a routed batch, once (by batch id), stamped with that table's offsets."""
-    from pyiceberg.exceptions import CommitFailedException
 
     ident, branch = out["table"], out.get("branch")
     for attempt in range(1, max_attempts + 1):
@@ -370,12 +372,8 @@ def _commit_output(catalog: Any, plan: BatchPlan, out: dict[str, Any], dag_run_i
             _fast_append(_without_commit_retries(table), out["data_files"], props, branch)
             log.info("batch %s: %d rows committed to %s%s", plan.batch_id, out["rows"], ident, f" (branch {branch})" if branch else "")
             return "committed"
-        except CommitFailedException as e:
-            log.warning("batch %s: commit conflict on %s (attempt %d): %s; refreshing", plan.batch_id, ident, attempt, e)
         except Exception as e:
-            log.warning("batch %s: commit outcome unknown on %s (attempt %d): %r; checking", plan.batch_id, ident, attempt, e)
-            _drop_connections(catalog)
-        time.sleep(min(0.1 * 2**attempt, 5))
+            failed_attempt(catalog, e, f"batch {plan.batch_id}", ident, attempt)
     raise TransientError(f"commit did not succeed after {max_attempts} attempts", table=ident, batch_id=plan.batch_id)
 
 
@@ -405,7 +403,6 @@ def commit_routed(
     A failure part-way leaves some tables committed: retrying the commit step skips them (batch id),
     and a batch re-planned from the checkpoint drops, per table, records the table already holds.
     """
-    from pyiceberg.exceptions import CommitFailedException
 
     check_routed_manifest(plan, manifest)
     ident = plan.table
@@ -443,12 +440,8 @@ def commit_routed(
         try:
             _without_commit_retries(checkpoint).append(_checkpoint_row(plan, manifest, offsets), snapshot_properties=props)
             break
-        except CommitFailedException as e:
-            log.warning("batch %s: checkpoint conflict (attempt %d): %s", plan.batch_id, attempt, e)
         except Exception as e:
-            log.warning("batch %s: checkpoint outcome unknown (attempt %d): %r; checking", plan.batch_id, attempt, e)
-            _drop_connections(catalog)
-        time.sleep(min(0.1 * 2**attempt, 5))
+            failed_attempt(catalog, e, f"batch {plan.batch_id} (checkpoint)", ident, attempt)
     else:
         raise TransientError("the tables are committed but the checkpoint is not yet; retry the commit step",
                              table=ident, batch_id=plan.batch_id)

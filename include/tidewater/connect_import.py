@@ -201,7 +201,7 @@ def convert(doc: dict[str, Any], name: str | None = None, bootstrap: str | None 
         elif key == "tasks.max":
             p["spark"] = {"master": f"local[{int(value)}]"}
             m((raw_key, "spark.master local[N] (on a cluster: spark.conf executor cores/instances)"))
-        elif key == "iceberg.catalog":
+        elif key == "iceberg.catalog" or key == "iceberg.catalog.catalog-impl":
             cls = str(value).rsplit(".", 1)[-1]
             if cls in _CATALOG_CLASSES:
                 catalog["type"] = _CATALOG_CLASSES[cls]
@@ -210,14 +210,7 @@ def convert(doc: dict[str, Any], name: str | None = None, bootstrap: str | None 
                 res.unmapped.append((raw_key, f"catalog class {value} has no pyiceberg equivalent"))
         elif key.startswith("iceberg.catalog."):
             prop = raw_key[len("iceberg.catalog."):]
-            if prop == "catalog-impl":
-                cls = str(value).rsplit(".", 1)[-1]
-                if cls in _CATALOG_CLASSES:
-                    catalog["type"] = _CATALOG_CLASSES[cls]
-                    m((raw_key, "catalog.properties.type"))
-                else:
-                    res.unmapped.append((raw_key, f"catalog class {value} has no pyiceberg equivalent"))
-            elif prop == "io-impl":
+            if prop == "io-impl":
                 res.unmapped.append((raw_key, "pyiceberg picks its FileIO from the warehouse scheme (py-io-impl to override)"))
             elif prop.startswith("jdbc.") and prop[5:] in ("user", "password"):
                 catalog[prop] = secret(raw_key, value, "catalog_" + prop) if is_secret_key(prop) else str(value)

@@ -307,15 +307,8 @@ def commit_replay(catalog: Any, spec: PipelineSpec, plan: BatchPlan, manifest: A
     The snapshots carry the table's committed offsets unchanged and the replay's batch id, so a
     retry after success is a no-op and the offsets never move backwards (or forwards).
     """
-    import json
-    import time
-
-    from pyiceberg.exceptions import CommitFailedException
-
     from tidewater.catalog import load_table
-    from tidewater.committing import (
-        CommitResult, _drop_connections, _fast_append_tx, _without_commit_retries, check_manifest,
-    )
+    from tidewater.committing import CommitResult, _fast_append_tx, _without_commit_retries, check_manifest, failed_attempt
     from tidewater.errors import TransientError
     from tidewater.offsets import BATCH_ID, REPLAY, committed_state, find_batch_snapshot, summary_properties
 
@@ -356,12 +349,8 @@ def commit_replay(catalog: Any, spec: PipelineSpec, plan: BatchPlan, manifest: A
             found = find_batch_snapshot(snap, plan.batch_id)
             return CommitResult("committed", plan.batch_id, ident, found.snapshot_id if found else None, manifest.records,
                                 len(manifest.data_files), offsets)
-        except CommitFailedException as e:
-            log.warning("replay %s: commit conflict on %s (attempt %d): %s; refreshing", plan.batch_id, ident, attempt, e)
         except Exception as e:
-            log.warning("replay %s: commit outcome unknown on %s (attempt %d): %r; checking", plan.batch_id, ident, attempt, e)
-            _drop_connections(catalog)
-        time.sleep(min(0.1 * 2**attempt, 5))
+            failed_attempt(catalog, e, f"replay {plan.batch_id}", ident, attempt)
     raise TransientError(f"replay commit did not succeed after {max_attempts} attempts", table=ident, batch_id=plan.batch_id)
 
 
