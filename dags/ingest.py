@@ -82,12 +82,8 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
     @dag(
         dag_id=spec.dag_id,
         schedule=_timetable(spec.schedule),
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        tags=sorted({"tidewater", "ingest", *spec.airflow.tags}),
+        **spec.airflow.dag_kwargs("ingest"),
         doc_md=_doc(spec, path),
-        default_args=spec.airflow.default_args(),
         params={"reprocess": Param(False, type="boolean", description=(
             "Backfill runs only: re-ingest the interval's offset ranges, replacing the rows they produced "
             "(default: an interval already committed is left as it is)"))},
@@ -117,10 +113,7 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
     @dag(
         dag_id=f"replay_{spec.name}",
         schedule=None,
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        tags=sorted({"tidewater", "replay", *spec.airflow.tags}),
+        **spec.airflow.dag_kwargs("replay"),
         doc_md=(
             f"### replay into `{spec.table.identifier}`\n\nTrigger with the form: a topic, partitions (empty: all), and "
             "either a start and end offset (end exclusive) or a start and end time (ISO-8601, UTC when no zone). "
@@ -130,7 +123,6 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
             "the scheduled batches' to ingest. Needs `format.metadata: prefixed` or `struct`.\n\n* pipeline file: `"
             + pipeline_path + "`"
         ),
-        default_args=spec.airflow.default_args(),
         params={
             "topic": topic,
             "partitions": Param([], type="array", items={"type": "integer", "minimum": 0}, title="Partitions",
@@ -161,17 +153,13 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - retu
     @dag(
         dag_id=f"quarantine_{spec.name}",
         schedule=None,
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        tags=sorted({"tidewater", "quarantine", *spec.airflow.tags}),
+        **spec.airflow.dag_kwargs("quarantine"),
         doc_md=(
             f"### quarantined batches of `{spec.table.identifier}`\n\nA batch that fails its expectations is committed "
             "to a branch `quarantine-<batch id>` (main unchanged, offsets advanced) and its ingest run fails. Trigger "
             "this DAG with `list` to see them, `publish` to append a batch to main, `drop` to discard it. The failed "
             "ingest run's validate log links the batch's Data Docs page.\n\n* pipeline file: `" + pipeline_path + "`"
         ),
-        default_args={**spec.airflow.default_args(), "retries": 0},
         params={
             "action": Param("list", type="string", enum=["list", "publish", "drop"], title="Action"),
             "batch_id": Param("", type="string", title="Batch id", description="For publish and drop (see list)"),

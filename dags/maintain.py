@@ -8,7 +8,6 @@ each an Iceberg Spark procedure on the pipeline's table, safe beside the ingest 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
 from pathlib import Path
 
 from airflow.sdk import Asset, dag, task
@@ -17,7 +16,6 @@ from tidewater.config import PipelineSpec, discover_pipelines, load_pipeline
 from tidewater.errors import ConfigError
 
 log = logging.getLogger(__name__)
-START = datetime(2024, 1, 1, tzinfo=timezone.utc)
 
 
 def table_asset(spec: PipelineSpec) -> Asset:
@@ -36,10 +34,7 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - return
     @dag(
         dag_id=f"maintain_{spec.name}",
         schedule=m.schedule,
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        tags=sorted({"tidewater", "maintenance", *spec.airflow.tags}),
+        **spec.airflow.dag_kwargs("maintenance"),
         doc_md=(
             f"### maintenance of `{spec.describe_targets()}`\n\n"
             f"* compaction: {m.rewrite_data_files.strategy}, at least {m.rewrite_data_files.min_input_files} files per group\n"
@@ -48,7 +43,6 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - return
             f"* remove orphan files older than {m.remove_orphan_files.older_than_hours:g} h; staged files of batches "
             "in flight are never removed\n* pipeline file: `" + pipeline_path + "`"
         ),
-        default_args=spec.airflow.default_args(),
     )
     def maintain():
         previous = None

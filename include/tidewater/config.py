@@ -352,6 +352,18 @@ class AirflowSpec:
         default=60,
     )
 
+    def dag_kwargs(self, kind: str) -> dict[str, Any]:
+        """Arguments every DAG of the pipeline shares (``kind``: ingest, replay, quarantine, maintenance)."""
+        from datetime import datetime, timezone
+
+        return {
+            "start_date": datetime(2024, 1, 1, tzinfo=timezone.utc),
+            "catchup": False,
+            "max_active_runs": 1,
+            "tags": sorted({"tidewater", kind, *self.tags}),
+            "default_args": self.default_args(),
+        }
+
     def default_args(self) -> dict[str, Any]:
         """Airflow ``default_args`` shared by the pipeline's DAGs."""
         from datetime import timedelta
