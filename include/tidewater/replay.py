@@ -236,6 +236,27 @@ def present_offsets(spec: PipelineSpec, table: Any, ranges: list[PartitionRange]
                      "offset": data.column("_kafka_offset")})
 
 
+def check_rows_carry_offsets(spec: PipelineSpec, table: Any) -> None:
+    """Refuse when some rows lack their source offset (written before ``format.metadata`` was set): a
+    replay could not find them and would add their records a second time. Uses file metrics only."""
+    if table.current_snapshot() is None:
+        return
+    offset_col = metadata_columns(spec)[2]
+    try:
+        field_id = table.schema().find_field(offset_col).field_id
+    except ValueError:
+        raise ConfigError(f"format.metadata: the table has no {offset_col} column yet: its rows cannot be matched "
+                          "to offsets") from None
+    missing = 0
+    for task in table.scan(selected_fields=(offset_col.split(".")[0],)).plan_files():
+        counts = task.file.null_value_counts or {}
+        missing += int(counts.get(field_id, 0)) if field_id in counts else task.file.record_count
+    if missing:
+        raise ConfigError(f"format.metadata: {missing} rows of {spec.table.identifier} have no {offset_col} (written "
+                          "before format.metadata was set); a replay cannot match them to offsets and would add their "
+                          "records again")
+
+
 def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: str) -> list[dict[str, Any]]:
     """Per partition: offsets in the range, rows now from it, rows to delete and (at most) to add."""
     import pyarrow.compute as pc
@@ -287,6 +308,7 @@ def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | N
     table = load_table(load_catalog(spec), spec.table.identifier)
     if table is None:
         raise ConfigError(f"table {spec.table.identifier} does not exist yet: nothing to replay")
+    check_rows_carry_offsets(spec, table)
     state = committed_state(table, spec.table.branch)
     ranges = resolve_ranges(spec, req, state.offsets, kafka_settings(spec), lookup)
     shown = preview(spec, table, ranges, req.mode)
@@ -443,6 +465,7 @@ def plan_backfill(spec: PipelineSpec, data_interval: tuple[str, str], reprocess:
     if spec.format.metadata == "none":
         raise ConfigError(f"format.metadata: the backfill of {key} needs rows that carry their source offsets "
                           "(format.metadata prefixed or struct)")
+    check_rows_carry_offsets(spec, table)
     log.info("backfill %s: %s over %s", key, mode, ", ".join(f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in ranges))
     return stage_replay_plan(spec, ranges, mode, state.offsets, state.snapshot_id, table, data_interval=data_interval,
                              batch_id="backfill-" + new_batch_id())

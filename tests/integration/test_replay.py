@@ -238,3 +238,20 @@ def test_backfill_of_committed_and_uncommitted_intervals(broker, home, topic):
     result = _run_planned(spec, {"batch_id": plan.batch_id, "plan_path": str(plan_path), "table": plan.table})
     assert result["status"] == "committed" and content(path) == before
     assert committed_state(table_of(path)).offsets == {topic: {0: 20, 1: 10}}
+
+
+def test_rows_written_before_metadata_was_enabled_block_a_replay(broker, home, topic):
+    """A table filled without metadata columns, then switched to format.metadata prefixed: its old rows
+    cannot be matched to offsets, so a replay is refused (it would add their records again)."""
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]})
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(5)])
+    ingest_inline(load_pipeline(path))
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]},
+                          format={"metadata": "prefixed"})
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(10 + i) for i in range(5)])
+    spec = load_pipeline(path)
+    ingest_inline(spec)
+    snaps = len(table_of(path).snapshots())
+    with pytest.raises(ConfigError, match="5 rows of rpc.orders have no _kafka_offset"):
+        run_replay(spec, ReplayRequest(topic=topic, start_offset=5, end_offset=10), out=None, inline=True)
+    assert len(table_of(path).snapshots()) == snaps and table_of(path).scan().to_arrow().num_rows == 10
