@@ -64,10 +64,7 @@ def replay_plan_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, An
 
     spec = load_pipeline(pipeline_path)
     req = ReplayRequest.from_params(params)
-    plan, path, shown = plan_replay(spec, req)
-    for row in shown:
-        log.info("%s[%d] [%d, %d): %d offsets; rows now %d, to delete %d, to add at most %d", row["topic"], row["partition"],
-                 row["start"], row["end"], row["offsets"], row["rows_now"], row["rows_to_delete"], row["rows_to_add_at_most"])
+    plan, path, _ = plan_replay(spec, req)  # logs what would change per partition
     if req.dry_run:
         log.info("dry run: nothing changed")
     return _planned(plan, path)

@@ -262,15 +262,14 @@ def _keep_required(table: Any, schema: pa.Schema, relax: set[str]) -> pa.Schema:
     return pa.schema(walk(table.schema().fields, pa.struct(list(schema)), ""))
 
 
-def ensure_table(catalog: Any, spec: PipelineSpec | TableSpec, table: Any | None, data: pa.Table | pa.Schema) -> Any:
+def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Table) -> Any:
     """A table that ``data`` fits (creating or evolving it: new fields, int -> long and float -> double,
     required -> optional), or an error. Safe to race: every attempt re-checks against a fresh table.
-    ``spec``: the table's settings (a pipeline's ``table``, or one target of a routed pipeline)."""
+    ``tspec``: the table's settings (a pipeline's ``table``, or one target of a routed pipeline)."""
     from pyiceberg.exceptions import CommitFailedException
 
-    tspec = spec.table if isinstance(spec, PipelineSpec) else spec
     ident = tspec.identifier
-    schema = data if isinstance(data, pa.Schema) else data.schema
+    schema = data.schema
     if table is None:
         if not tspec.auto_create:
             raise TerminalError(f"table {ident} does not exist and table.auto_create is off", table=ident)
@@ -279,10 +278,7 @@ def ensure_table(catalog: Any, spec: PipelineSpec | TableSpec, table: Any | None
         table = create_table(catalog, ident, schema, {"format-version": "2", **tspec.properties},
                              tspec.partition_by, tspec.sort_by, tspec.id_columns)
 
-    def needed(t: Any) -> Evolution:
-        return Evolution(new=tuple(new_fields(t, schema))) if isinstance(data, pa.Schema) else evolution_needed(t, data)
-
-    change = needed(table)
+    change = evolution_needed(table, data)
     if not change:
         return table
     if not tspec.evolve_schema:
@@ -302,7 +298,7 @@ def ensure_table(catalog: Any, spec: PipelineSpec | TableSpec, table: Any | None
         except CommitFailedException:
             time.sleep(0.2 * (attempt + 1))
             table = catalog.load_table(ident)
-            change = needed(table)
+            change = evolution_needed(table, data)
             if not change:
                 return table
         except ValueError as e:

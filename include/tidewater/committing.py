@@ -304,13 +304,8 @@ def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest,
 
 # ---- routed pipelines: one commit per target table, then the checkpoint ----------------------------
 
-CHECKPOINT_SCHEMA_FIELDS = (
-    ("batch_id", "string"), ("pipeline", "string"), ("committed_at", "timestamp"), ("records", "long"),
-    ("dead_letters", "long"), ("skipped", "long"), ("tables", "string"), ("offsets", "string"),
-)
-
-
 def _checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -> Any:
+    """The checkpoint table's row for a batch (its schema is this row's: see ensure_checkpoint_table)."""
     import json
     from datetime import datetime, timezone
 
@@ -377,14 +372,11 @@ def _commit_output(catalog: Any, plan: BatchPlan, out: dict[str, Any], dag_run_i
     raise TransientError(f"commit did not succeed after {max_attempts} attempts", table=ident, batch_id=plan.batch_id)
 
 
-def ensure_checkpoint_table(catalog: Any, ident: str) -> Any:
-    import pyarrow as pa
-
+def ensure_checkpoint_table(catalog: Any, plan: BatchPlan, manifest: BatchManifest) -> Any:
     from tidewater.catalog import create_table
 
-    types = {"string": pa.string(), "long": pa.int64(), "timestamp": pa.timestamp("us", tz="UTC")}
-    schema = pa.schema([pa.field(n, types[t]) for n, t in CHECKPOINT_SCHEMA_FIELDS])
-    return load_table(catalog, ident) or create_table(catalog, ident, schema, {"format-version": "2"})
+    schema = _checkpoint_row(plan, manifest, {}).schema
+    return load_table(catalog, plan.table) or create_table(catalog, plan.table, schema, {"format-version": "2"})
 
 
 def commit_routed(
@@ -406,7 +398,7 @@ def commit_routed(
 
     check_routed_manifest(plan, manifest)
     ident = plan.table
-    checkpoint = ensure_checkpoint_table(catalog, ident)
+    checkpoint = ensure_checkpoint_table(catalog, plan, manifest)
     if find_batch_snapshot(checkpoint, plan.batch_id) is not None:
         commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
         return CommitResult("already-committed", plan.batch_id, ident, None, manifest.records,

@@ -149,6 +149,7 @@ def apply(table: pa.Table, spec_format: FormatSpec) -> tuple[pa.Table, list[tupl
                 failed.setdefault(r, f"column {name!r}: {originals[r]!r} is not a date-time in format {fmt!r}")
         table = _set(table, name, new)
     if failed:
-        keep = [i not in failed for i in range(table.num_rows)]
-        table = table.filter(pa.array(keep))
+        from tidewater.decoding import keep_mask
+
+        table = table.filter(keep_mask(table.num_rows, list(failed)))
     return table, sorted(failed.items())

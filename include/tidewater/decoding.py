@@ -17,6 +17,7 @@ import io
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
@@ -292,10 +293,14 @@ def surviving(n: int, bad: list[int]) -> list[int]:
 
 def keep_mask(n: int, bad: list[int]) -> pa.Array:
     """A filter keeping every row of an ``n``-record chunk but those at ``bad``."""
-    mask = [True] * n
-    for i in bad:
-        mask[i] = False
+    mask = np.ones(n, dtype=bool)
+    mask[list(bad)] = False
     return pa.array(mask)
+
+
+def decoded_rows(n: int, bad: list[int]) -> pa.Array:
+    """Chunk index of each decoded row when the records at ``bad`` were set apart (vectorized)."""
+    return pa.array(np.flatnonzero(keep_mask(n, bad).to_numpy(zero_copy_only=False)) if bad else np.arange(n), pa.uint64())
 
 
 def _not_utf8(v: bytes) -> bool:

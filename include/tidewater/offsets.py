@@ -117,7 +117,7 @@ def committed_state(table: Any, branch: str | None = None) -> CommittedState:
                 committed_at_ms=snap.timestamp_ms,
             )
         snap_id = snap.parent_snapshot_id
-    if current is not None and all(BRANCH_BASE in summary_dict(s) for s in meta.snapshots if s.snapshot_id == current):
+    if current in by_id and BRANCH_BASE in summary_dict(by_id[current]):
         return CommittedState({}, current, None, None, None, None)  # only the empty base of a branch
     if current is not None:
         # The table has history but none of it carries offsets: they were expired (another tool removed

@@ -152,21 +152,15 @@ def _spark_env() -> dict[str, str]:
 
 def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> ValidationReport:
     """Run the quality gate; raises ValidationFailedError (nothing committed) when it fails."""
+    from tidewater.data_docs import write_page
+
     catalog = load_catalog(spec)
+    table = None if spec.routed else load_table(catalog, spec.table.identifier)
     if spec.routed:
         from tidewater.validating import validate_routed
 
         report = validate_routed(spec, catalog, manifest)
-        from tidewater.data_docs import write_page
-
-        page = write_page(spec, report, plan.table)
-        if page is not None:
-            log.info("batch %s: Data Docs %s", plan.batch_id, page.as_uri())
-        require_valid(report, spec.validation.on_failure)
-        write_json_atomic(_batch_path(spec, plan) / VALIDATION_NAME, report.summary())
-        return report
-    table = load_table(catalog, spec.table.identifier)
-    if table is None:
+    elif table is None:
         if manifest.data_files:
             raise TerminalError("staged files exist but the table does not", table=spec.table.identifier)
         if manifest.records:  # every record dead-lettered or skipped: only the accounting to check
@@ -180,8 +174,6 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
             report = ValidationReport(plan.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))
     else:
         report = validate_batch(spec, table, manifest)
-    from tidewater.data_docs import write_page
-
     page = write_page(spec, report, plan.table)
     if page is not None:
         log.info("batch %s: Data Docs %s", plan.batch_id, page.as_uri())

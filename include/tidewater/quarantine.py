@@ -28,14 +28,13 @@ def branch_name(batch_id: str) -> str:
 def commit_to_branch(table: Any, batch_id: str, data_files: Any, props: dict[str, str]) -> None:
     """The batch's files on its quarantine branch (once: skipped when the branch already holds them)."""
     from tidewater.committing import _fast_append, _without_commit_retries
-    from tidewater.offsets import QUARANTINE_OF, summary_dict
+    from tidewater.offsets import BATCH_ID, OFFSETS, QUARANTINE_OF, summary_dict
 
     name = branch_name(batch_id)
     head = table.snapshot_by_name(name)
     if head is not None and summary_dict(head).get(QUARANTINE_OF) == batch_id:
         return
-    branch_props = {k: v for k, v in props.items() if not k.startswith("tidewater.offsets")}
-    branch_props.pop("tidewater.batch-id", None)
+    branch_props = {k: v for k, v in props.items() if k not in (OFFSETS, BATCH_ID)}  # main carries those
     branch_props[QUARANTINE_OF] = batch_id
     _fast_append(_without_commit_retries(table), data_files, branch_props, name)
     log.info("batch %s: %d files committed to branch %s", batch_id, len(data_files), name)
@@ -69,7 +68,7 @@ def _table(spec: PipelineSpec) -> Any:
 def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
     """Append a quarantined batch's files to main (one commit; done once), then remove its branch."""
     from tidewater.committing import _fast_append_tx, _without_commit_retries
-    from tidewater.offsets import PUBLISHED, summary_dict
+    from tidewater.offsets import PIPELINE, PUBLISHED, summary_dict
 
     table = _table(spec)
     name = branch_name(batch_id)
@@ -82,7 +81,7 @@ def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
         files = [t.file for t in table.scan(snapshot_id=head.snapshot_id).plan_files()]
         view = _without_commit_retries(table)
         with view.transaction() as tx:
-            _fast_append_tx(tx, view, [], {PUBLISHED: batch_id, "tidewater.pipeline": spec.name}, None, files)
+            _fast_append_tx(tx, view, [], {PUBLISHED: batch_id, PIPELINE: spec.name}, None, files)
         rows = sum(f.record_count for f in files)
         log.info("published quarantined batch %s: %d rows in %d files appended to %s", batch_id, rows, len(files),
                  spec.table.identifier)

@@ -273,6 +273,12 @@ def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: 
     return out
 
 
+def describe(row: dict[str, Any]) -> str:
+    """One preview row as people read it (logs, the CLI, the replay DAG)."""
+    return (f"{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} offsets; rows now "
+            f"{row['rows_now']}, to delete {row['rows_to_delete']}, to add at most {row['rows_to_add_at_most']}")
+
+
 def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: str, committed: Offsets,
                       snapshot_id: int | None, table: Any, data_interval: tuple[str, str] | None = None,
                       batch_id: str | None = None) -> tuple[BatchPlan, Path]:
@@ -313,9 +319,7 @@ def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | N
     ranges = resolve_ranges(spec, req, state.offsets, kafka_settings(spec), lookup)
     shown = preview(spec, table, ranges, req.mode)
     for row in shown:
-        log.info("replay %s %s[%d] [%d, %d): %d offsets, %d rows now, delete %d, add at most %d", req.mode, row["topic"],
-                 row["partition"], row["start"], row["end"], row["offsets"], row["rows_now"], row["rows_to_delete"],
-                 row["rows_to_add_at_most"])
+        log.info("replay %s: %s", req.mode, describe(row))
     if req.dry_run or not ranges:
         return None, None, shown
     plan, path = stage_replay_plan(spec, ranges, req.mode, state.offsets, state.snapshot_id, table)
@@ -384,8 +388,7 @@ def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None
     say = out or (lambda _s: None)
     plan, path, shown = plan_replay(spec, req, lookup)
     for row in shown:
-        say(f"{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} offsets; rows now "
-            f"{row['rows_now']}, to delete {row['rows_to_delete']}, to add at most {row['rows_to_add_at_most']}")
+        say(describe(row))
     if plan is None or path is None:
         say("dry run: nothing changed" if req.dry_run else "nothing to replay: the request selects no committed records")
         return {"status": "dry-run" if req.dry_run else "empty", "preview": shown}

@@ -13,10 +13,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.config import PipelineSpec, TableSpec
+from tidewater.config import PipelineSpec
 
 _PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 MAX_IDENTIFIER = 255
@@ -60,10 +61,6 @@ class Router:
         self.routing = spec.routing
         self._static = [(t, re.compile(t.route_regex) if t.route_regex else None) for t in spec.tables]
 
-    def table_spec(self, identifier: str) -> TableSpec:
-        """Settings of a target table: its own entry, else the `table` defaults (dynamic tables)."""
-        return self.spec.table_spec(identifier)
-
     def dynamic_identifier(self, value: str) -> str:
         name = self.routing.table_template.replace("{value}", value)
         return name if "." in name else f"{self.routing.namespace}.{name}"
@@ -74,11 +71,11 @@ class Router:
         if n == 0:
             out.unmatched = pa.array([], pa.bool_())
             return out
-        any_row = pa.array([False] * n)
+        any_row = pa.array(np.zeros(n, dtype=bool))
         values = route_values(data, self.routing.field) if self.routing.field else None
         if self.routing.dynamic:
             assert values is not None
-            invalid_rows = pa.array([False] * n)
+            invalid_rows = pa.array(np.zeros(n, dtype=bool))
             for v in pc.unique(pc.drop_null(values)).to_pylist():
                 rows = pc.fill_null(pc.equal(values, v), False)
                 ident = self.dynamic_identifier(v)
@@ -101,7 +98,7 @@ class Router:
                 if t.topics and topic not in t.topics:
                     continue
                 if regex is None:
-                    rows = pa.array([True] * n)
+                    rows = pa.array(np.ones(n, dtype=bool))
                 else:
                     assert values is not None
                     rows = pc.fill_null(pc.match_substring_regex(values, f"^(?:{regex.pattern})$"), False)

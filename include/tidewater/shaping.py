@@ -63,7 +63,7 @@ def struct_to_map(arr: pa.Array, column: str) -> pa.Array:
         raise TerminalError(f"format.map_columns: {column!r} holds {arr.type} values, not objects")
     k = arr.type.num_fields
     if k == 0:
-        offsets = pa.array([0] * (n + 1), pa.int32())
+        offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
         return pa.MapArray.from_arrays(offsets, pa.array([], pa.string()), pa.array([], pa.string()), mask=pc.is_null(arr))
     value_type = _common_type([arr.type.field(i).type for i in range(k)], column)
     parent_valid = pc.is_valid(arr)
@@ -73,7 +73,7 @@ def struct_to_map(arr: pa.Array, column: str) -> pa.Array:
         keep = pc.and_(parent_valid, pc.is_valid(child))
         idx = pc.indices_nonzero(keep)
         rows.append(idx)
-        keys.append(pa.array([i] * len(idx), pa.int32()) if len(idx) else pa.array([], pa.int32()))
+        keys.append(pa.array(np.full(len(idx), i, dtype=np.int32)))
         values.append(pc.take(child, idx).cast(value_type))
     row = pa.concat_arrays(rows)
     key = pa.concat_arrays(keys)
@@ -236,7 +236,9 @@ def conform(data: pa.Table, target: pa.Schema | None) -> tuple[pa.Table, list[tu
                 out.append(None)
         data = data.set_column(i, name, pa.array(out, want))
     if failed:
-        data = data.filter(pa.array([r not in failed for r in range(data.num_rows)]))
+        from tidewater.decoding import keep_mask
+
+        data = data.filter(keep_mask(data.num_rows, list(failed)))
     return data, sorted(failed.items())
 
 

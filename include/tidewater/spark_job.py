@@ -176,11 +176,11 @@ def _route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], o
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tidewater.decoding import BadRecord, keep_mask
+    from tidewater.decoding import BadRecord, decoded_rows, keep_mask
     from tidewater.shaping import NameMatcher, conform
 
     n = decoded.num_rows
-    chunk_idx = pc.indices_nonzero(keep_mask(len(chunk), bad_idx)) if bad_idx else pa.array(range(n), pa.uint64())
+    chunk_idx = decoded_rows(len(chunk), bad_idx)
     offsets = pc.take(pa.array(chunk.offsets, pa.int64()), chunk_idx)
     routed = router.route(chunk.topic, decoded)
     failed: dict[int, tuple[str, str]] = {r: ("InvalidRoute", msg) for r, msg in routed.invalid}
@@ -194,9 +194,9 @@ def _route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], o
             continue
         threshold = sink.threshold(chunk.topic, chunk.partition)
         if threshold is not None:
-            fresh = pc.greater_equal(pc.take(offsets, rows_of), threshold)
-            sink.already += len(rows_of) - pc.sum(fresh.cast(pa.int64())).as_py() if len(rows_of) else 0
-            rows_of = pc.filter(rows_of, fresh)
+            fresh = pc.filter(rows_of, pc.greater_equal(pc.take(offsets, rows_of), threshold))
+            sink.already += len(rows_of) - len(fresh)
+            rows_of = fresh
         if not len(rows_of):
             continue
         sub = decoded.take(rows_of)
@@ -205,14 +205,12 @@ def _route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], o
 
             matcher = NameMatcher(sink.table, sink.tspec.case_insensitive)
             sub, casts = conform(matcher.apply(sub), table_arrow_schema(sink.table) if sink.table is not None else None)
-            keep = [True] * len(rows_of)
-            for r, msg in casts:  # error path
-                failed.setdefault(rows_of[r].as_py(), ("TypeMismatch", f"table {ident}: {msg}"))
-                keep[r] = False
-            if casts:
-                rows_of = pc.filter(rows_of, pa.array(keep))
+            if casts:  # error path
+                for r, msg in casts:
+                    failed.setdefault(rows_of[r].as_py(), ("TypeMismatch", f"table {ident}: {msg}"))
+                rows_of = pc.filter(rows_of, keep_mask(len(rows_of), [r for r, _ in casts]))
         for column in sink.tspec.id_columns:
-            empty = pc.is_null(sub.column(column)) if column in sub.column_names else pa.array([True] * sub.num_rows)
+            empty = pc.is_null(sub.column(column)) if column in sub.column_names else pa.nulls(sub.num_rows).is_null()
             for r in pc.indices_nonzero(empty).to_pylist():  # error path
                 failed.setdefault(rows_of[r].as_py(), ("MissingId", f"table {ident}: id column {column!r} is empty"))
         pending.append((sink, sub, rows_of))
@@ -222,8 +220,7 @@ def _route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], o
     for sink, sub, _ in pending:
         sink.write(sub)
     bad = [BadRecord(chunk_idx[r].as_py(), cls, msg) for r, (cls, msg) in sorted(failed.items())]
-    unmatched = pc.and_(routed.unmatched, pc.invert(pc.is_in(pa.array(range(n), pa.uint64()), value_set=pa.array(sorted(failed), pa.uint64()))))
-    unmatched_rows = pc.indices_nonzero(unmatched)
+    unmatched_rows = pc.indices_nonzero(pc.and_(routed.unmatched, keep_mask(n, list(failed))))
     skipped = 0
     if len(unmatched_rows):
         if spec.routing.unmatched == "skip":
@@ -273,7 +270,7 @@ def write_subrange(
         router = Router(spec)
 
     def open_sink(ident: str) -> TableSink:
-        tspec = router.table_spec(ident) if router is not None else spec.table
+        tspec = spec.table_spec(ident) if router is not None else spec.table
         sinks[ident] = TableSink(spec, tspec, catalog, prefix, routed=router is not None)
         return sinks[ident]
 
@@ -335,10 +332,10 @@ def write_subrange(
                 log.warning("batch %s: skipped %d undecodable records of %s[%d], first at offset %d: %s", batch_id,
                             len(bad), chunk.topic, chunk.partition, chunk.offsets[bad[0].index], bad[0].message)
             if present_set is not None and decoded.num_rows and len(present_set):
-                from tidewater.decoding import keep_mask
+                from tidewater.decoding import decoded_rows
 
-                rows_at = pc.indices_nonzero(keep_mask(len(chunk), gone)) if gone else pa.array(range(len(chunk)), pa.uint64())
-                held = pc.is_in(pc.take(pa.array(chunk.offsets, pa.int64()), rows_at), value_set=present_set)
+                held = pc.is_in(pc.take(pa.array(chunk.offsets, pa.int64()), decoded_rows(len(chunk), gone)),
+                                value_set=present_set)
                 present += pc.sum(held.cast(pa.int64())).as_py() or 0
                 decoded = decoded.filter(pc.invert(held))
             if single is not None:

@@ -131,7 +131,7 @@ def test_concurrent_first_writers_create_the_namespace_and_table_once(home):
     spec = parse_pipeline({"name": "race", "topics": ["t"], "table": "fresh_ns.orders",
                            "kafka": {"bootstrap_servers": "127.0.0.1:1"}})
     schemas = [pa.schema([("id", pa.int64()), (f"f{i % 2}", pa.string())]) for i in range(8)]
-    results = race(*[lambda s=s: ensure_table(load_catalog(spec), spec, None, s) for s in schemas])
+    results = race(*[lambda s=s: ensure_table(load_catalog(spec), spec.table, None, s.empty_table()) for s in schemas])
     errors = [r for r in results if isinstance(r, Exception)]
     assert errors == []
     table = load_catalog(spec).load_table("fresh_ns.orders")

@@ -60,7 +60,7 @@ APACHE = {
 }
 
 
-def test_every_key_is_mapped_or_reported_and_the_result_validates():
+def test_every_key_is_mapped_or_reported_and_the_result_validates(monkeypatch):
     res = convert(APACHE, bootstrap="broker:9092")
     keys = set(APACHE["config"])
     assert {k for k, _ in res.mapped} | {k for k, _ in res.unmapped} == keys
@@ -84,17 +84,9 @@ def test_every_key_is_mapped_or_reported_and_the_result_validates():
     text = yaml.safe_dump(p)
     assert "very-secret" not in text and "PlainLoginModule" not in text
     assert p["catalog"]["properties"]["credential"].startswith("${TIDEWATER_EVENTS_SINK_")
-    env = {var: "x" for _, var in res.env}
-    import os
-
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        spec = parse_pipeline(p)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
+    for _, var in res.env:
+        monkeypatch.setenv(var, "x")
+    spec = parse_pipeline(p)
     assert spec.routed and spec.table_spec("db.events_create").partition_by == ["day(ts)", "bucket(id, 16)"]
     assert spec.table_spec("db.events_list").partition_by == ["hour(ts)"]  # the default
     assert spec.table_spec("db.events_list").id_columns == ["event_id"]
