@@ -2,7 +2,7 @@
 
 plan -> write (spark-submit) -> validate (great-expectations) -> commit (one Iceberg append).
 The plan task short-circuits the rest when every partition is caught up. Task bodies live in
-``tidewater.airflow_tasks``; nothing heavy is imported and nothing is contacted at parse time.
+``tidewater.runtime.airflow``; nothing heavy is imported and nothing is contacted at parse time.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from airflow.sdk import Param, dag, task
 
-from tidewater.config import PipelineSpec, discover_pipelines, load_pipeline
+from tidewater.config.parse import discover_pipelines, load_pipeline
+from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -40,19 +41,19 @@ def _batch_tasks(pipeline_path: str, spec: PipelineSpec, plan_fn) -> None:  # no
     def plan(**context) -> dict | None:
         return plan_fn(context)
 
-    from tidewater.airflow_tasks import IngestSparkSubmitOperator
+    from tidewater.runtime.airflow import IngestSparkSubmitOperator
 
     write = IngestSparkSubmitOperator(task_id="write", pipeline_path=pipeline_path, conn_id=spec.spark.conn_id, verbose=False)
 
     @task(task_id="validate")
     def validate(planned: dict) -> dict:
-        from tidewater.airflow_tasks import validate_task
+        from tidewater.runtime.airflow import validate_task
 
         return validate_task(pipeline_path, planned)
 
     @task(task_id="commit")
     def commit(planned: dict, **context) -> dict:
-        from tidewater.airflow_tasks import commit_task
+        from tidewater.runtime.airflow import commit_task
 
         return commit_task(pipeline_path, planned, dag_run_id=context["run_id"])
 
@@ -90,7 +91,7 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
     )
     def ingest():
         def plan_fn(context: dict) -> dict | None:
-            from tidewater.airflow_tasks import plan_task
+            from tidewater.runtime.airflow import plan_task
 
             run_type = getattr(context.get("dag_run"), "run_type", None)
             start, end = context.get("data_interval_start"), context.get("data_interval_end")
@@ -137,7 +138,7 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
     )
     def replay():
         def plan_fn(context: dict) -> dict | None:
-            from tidewater.airflow_tasks import replay_plan_task
+            from tidewater.runtime.airflow import replay_plan_task
 
             return replay_plan_task(pipeline_path, dict(context["params"]))
 
@@ -168,7 +169,7 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - retu
     def quarantine_dag():
         @task(task_id="quarantine")
         def run(**context) -> dict:
-            from tidewater.airflow_tasks import quarantine_task
+            from tidewater.runtime.airflow import quarantine_task
 
             return quarantine_task(pipeline_path, dict(context["params"]))
 

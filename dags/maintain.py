@@ -2,7 +2,7 @@
 
 rewrite_data_files -> rewrite_manifests -> expire_snapshots -> remove_orphan_files (the enabled ones),
 each an Iceberg Spark procedure on the pipeline's table, safe beside the ingest DAG (see
-``tidewater.maintenance``). Each task logs what it did and attaches it to the table's asset event.
+``tidewater.ops.maintenance``). Each task logs what it did and attaches it to the table's asset event.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 from airflow.sdk import Asset, dag, task
 
-from tidewater.config import PipelineSpec, discover_pipelines, load_pipeline
+from tidewater.config.parse import discover_pipelines, load_pipeline
+from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ def table_asset(spec: PipelineSpec) -> Asset:
 
 
 def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
-    from tidewater.maintenance import enabled_actions
+    from tidewater.ops.maintenance import enabled_actions
 
     pipeline_path = str(path)
     asset = table_asset(spec)
@@ -50,7 +51,7 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - return
 
             @task(task_id=action, outlets=[asset])
             def run(action: str = action, **context) -> dict:
-                from tidewater.airflow_tasks import maintenance_task
+                from tidewater.runtime.airflow import maintenance_task
 
                 return maintenance_task(pipeline_path, action, context.get("outlet_events"), asset)
 

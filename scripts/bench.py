@@ -111,7 +111,7 @@ class RssSampler:
 def produce_topic(bootstrap: str, topic: str, n: int, partitions: int, bad_every: int = 0, avro: bool = False) -> int:
     """Produce n pizza events (every ``bad_every``-th one truncated, if set; Avro-framed if ``avro``);
     returns total value bytes."""
-    from tidewater.sample_data import avro_framed, pizza_events, produce
+    from tidewater.dev.sample_data import avro_framed, pizza_events, produce
 
     total = 0
     chunk = 500_000
@@ -142,7 +142,7 @@ def watermarks(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
 LIMIT_CODE = r"""
 import sys, time, json
 from confluent_kafka import Consumer, TopicPartition
-from tidewater.kafka_source import THROUGHPUT_DEFAULTS
+from tidewater.source.kafka import THROUGHPUT_DEFAULTS
 bootstrap, topic = sys.argv[1], sys.argv[2]
 ends = {int(k): v for k, v in json.loads(sys.argv[3]).items()}
 c = Consumer({**THROUGHPUT_DEFAULTS, "bootstrap.servers": bootstrap, "group.id": "bench-limit",
@@ -322,7 +322,7 @@ def main() -> int:
     args.command_line = "make bench" if os.environ.get("MAKELEVEL") else " ".join(["python", *sys.argv])
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
 
-    from tidewater import broker as embedded
+    from tidewater.dev import broker as embedded
 
     work = Path(os.environ.get("TIDEWATER_HOME", REPO / ".data")) / "bench"
     shutil.rmtree(work, ignore_errors=True)
@@ -346,7 +346,7 @@ def main() -> int:
         if args.avro:
             cases.append((f"6 partitions x {args.avro / 1e6:g}M, Avro", args.avro, 6, 0))
         cores = [int(c) for c in args.cores.split(",") if c]
-        from tidewater.sample_data import PIZZA_AVRO_SCHEMA, LocalSchemaRegistry
+        from tidewater.dev.sample_data import PIZZA_AVRO_SCHEMA, LocalSchemaRegistry
 
         registry = LocalSchemaRegistry({1: PIZZA_AVRO_SCHEMA})
         registry_url = registry.start()
@@ -389,7 +389,7 @@ def main() -> int:
                     t0 = time.monotonic()
                     tidewater_run(path, env)
                     fixed["empty batch, `tidewater run` (no Spark start)"] = time.monotonic() - t0
-                    from tidewater.sample_data import produce
+                    from tidewater.dev.sample_data import produce
 
                     produce(b.bootstrap, topic, [b'{"order_id": "one", "store_id": 1}'], partitions=parts, create=False)
                     _, _, wall1 = tidewater_run(path, env)

@@ -2,7 +2,7 @@
 
 50 batches of pizza events (6 partitions each) are committed through the real committer (files staged
 in-process with the Spark task code), plus one abandoned staged batch made 5 days old. Then each
-maintenance action runs through `tidewater.maintenance` on a local SparkSession, and a Spark query is
+maintenance action runs through `tidewater.ops.maintenance` on a local SparkSession, and a Spark query is
 timed before and after. The section between the maintenance markers of BENCHMARKS.md is replaced.
 """
 
@@ -34,17 +34,18 @@ def main() -> int:
 
     work = fresh_home("bench-maintenance")
 
-    from tidewater import broker as embedded
-    from tidewater import spark_session
-    from tidewater.batch import write_json_atomic
-    from tidewater.catalog import load_catalog
-    from tidewater.config import load_pipeline
-    from tidewater.kafka_source import kafka_settings
-    from tidewater.maintenance import ACTIONS, TableStats, run_action
-    from tidewater.offsets import committed_state
-    from tidewater.pipeline import commit_step, manifest_path, plan_batch
-    from tidewater.sample_data import pizza_events, produce
-    from tidewater.spark_job import run_inline
+    from tidewater.batch import manifest_path, write_json_atomic
+    from tidewater.config.parse import load_pipeline
+    from tidewater.dev import broker as embedded
+    from tidewater.dev.sample_data import pizza_events, produce
+    from tidewater.ops.maintenance import ACTIONS, TableStats, run_action
+    from tidewater.plan.ingest import plan_batch
+    from tidewater.runtime import spark as spark_session
+    from tidewater.runtime.steps import commit_step
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.table.catalog import load_catalog
+    from tidewater.table.summary import committed_state
+    from tidewater.write.job import run_inline
 
     b = embedded.start(log_path=work / "broker.log")
     try:

@@ -32,7 +32,8 @@ def events(n: int, tenants: int, seed: int) -> list[bytes]:
 
 
 def run_batch(spec, master: str) -> dict:  # noqa: ANN001
-    from tidewater.pipeline import commit_step, plan_batch, run_write_step, validate_step
+    from tidewater.plan.ingest import plan_batch
+    from tidewater.runtime.steps import commit_step, run_write_step, validate_step
 
     t0 = time.monotonic()
     plan, path = plan_batch(spec)
@@ -60,11 +61,11 @@ def main() -> int:
 
     work = fresh_home("bench-routing")
 
-    from tidewater import broker as embedded
-    from tidewater.catalog import load_catalog, load_table
-    from tidewater.config import load_pipeline
-    from tidewater.offsets import committed_state
-    from tidewater.sample_data import produce
+    from tidewater.config.parse import load_pipeline
+    from tidewater.dev import broker as embedded
+    from tidewater.dev.sample_data import produce
+    from tidewater.table.catalog import load_catalog, load_table
+    from tidewater.table.summary import committed_state
 
     b = embedded.start(log_path=work / "broker.log")
     base = {"schedule": None, "kafka": {"bootstrap_servers": b.bootstrap, "read_timeout_seconds": 60},

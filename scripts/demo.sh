@@ -16,8 +16,8 @@ else
   tidewater broker start --port "$PORT"
   # A new in-memory broker has none of the records an earlier demo table recorded offsets for.
   python - <<'PY'
-from tidewater.catalog import load_catalog
-from tidewater.config import load_pipeline
+from tidewater.table.catalog import load_catalog
+from tidewater.config.parse import load_pipeline
 spec = load_pipeline("include/pipelines/pizzas.yaml")
 catalog = load_catalog(spec)
 if catalog.table_exists(spec.table.identifier):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from tidewater.spark_job import main
+from tidewater.write.job import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

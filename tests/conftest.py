@@ -25,7 +25,7 @@ _topic_counter = itertools.count()
 @pytest.fixture(scope="session")
 def broker() -> Iterator[object]:
     """The embedded Kafka-compatible broker (Tansu) on a free 127.0.0.1 port, for the whole session."""
-    from tidewater import broker as embedded
+    from tidewater.dev import broker as embedded
 
     b = embedded.start(log_path=Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-broker-{os.getpid()}.log")
     yield b
@@ -98,8 +98,8 @@ def produce_to_partition(bootstrap: str, topic: str, partition: int, values: lis
 
 def table_of(pipeline_path: Path):  # noqa: ANN201
     """The pipeline's table, freshly loaded from the catalog (None if it does not exist)."""
-    from tidewater.catalog import load_catalog, load_table
-    from tidewater.config import load_pipeline
+    from tidewater.config.parse import load_pipeline
+    from tidewater.table.catalog import load_catalog, load_table
 
     spec = load_pipeline(pipeline_path)
     return load_table(load_catalog(spec), spec.table.identifier)
@@ -111,12 +111,10 @@ def quiet(_: str) -> None:
 
 def stage_inline(spec):  # noqa: ANN001, ANN201
     """Plan and write a batch in this process (``spark_job.run_inline``: the task code Spark runs)."""
-    from tidewater.kafka_source import kafka_settings
-    from tidewater.pipeline import plan_batch
-    from tidewater.spark_job import run_inline
-
-    from tidewater.batch import write_json_atomic
-    from tidewater.pipeline import manifest_path
+    from tidewater.batch import manifest_path, write_json_atomic
+    from tidewater.plan.ingest import plan_batch
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.write.job import run_inline
 
     plan, path = plan_batch(spec)
     manifest = run_inline(plan, spec, kafka_settings(spec))
@@ -127,7 +125,7 @@ def stage_inline(spec):  # noqa: ANN001, ANN201
 
 def ingest_inline(spec):  # noqa: ANN001, ANN201
     """One whole batch in this process: stage (the Spark task code, inline), validate, commit."""
-    from tidewater.pipeline import commit_step, validate_step
+    from tidewater.runtime.steps import commit_step, validate_step
 
     plan, manifest = stage_inline(spec)
     validate_step(spec, plan, manifest)

@@ -5,6 +5,7 @@
 Both are JSON documents in the staging directory; XCom carries only their paths and a summary.
 """
 
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,14 @@ from typing import Any
 from tidewater.errors import TerminalError
 
 PLAN_VERSION = 1
+
+
 MANIFEST_VERSION = 1
 
+
 TopicPartition = tuple[str, int]
+
+
 Offsets = dict[str, dict[int, int]]  # topic -> partition -> next offset to read
 
 
@@ -267,3 +273,16 @@ def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
 def read_json(path: str | Path) -> dict[str, Any]:
     with open(path) as fh:
         return json.load(fh)
+
+
+# ---- the batch's staging directory: what each step leaves for the next -----------------------------
+
+PLAN_NAME = "plan.json"  # the planner's BatchPlan
+MANIFEST_NAME = "manifest.json"  # the write step's BatchManifest
+ERROR_NAME = "error.json"  # the write step's error document, when a Spark task failed
+VALIDATION_NAME = "validation.json"  # the quality gate's verdict, stamped at commit
+
+
+def manifest_path(plan_path: str | Path) -> Path:
+    """Where the write step leaves the manifest of the plan at ``plan_path``."""
+    return Path(plan_path).parent / MANIFEST_NAME

@@ -5,7 +5,11 @@ table, topic, partition and offset when they are known. Airflow task retries and
 retry loop look at ``transient``; people read ``str(error)``.
 """
 
+
 from __future__ import annotations
+
+import traceback
+from typing import Any
 
 
 class TidewaterError(Exception):
@@ -82,3 +86,54 @@ class ValidationFailedError(TerminalError):
 
 class KafkaReadError(TransientError):
     """Reading an offset range from Kafka failed or stalled."""
+
+
+class BatchWriteError(TidewaterError):
+    """A Spark task of the write step failed; carries the task's error document.
+
+    Made with ``from_document``, which picks the subclass: retrying helps only when the task's own error
+    was transient (``TransientBatchWriteError``); otherwise it is a ``TerminalBatchWriteError``.
+    """
+
+    def __init__(self, doc: dict[str, Any], count: int) -> None:
+        self.doc = doc
+        more = f" ({count - 1} more task(s) failed)" if count > 1 else ""
+        super().__init__(
+            f"{doc.get('class')}: {doc.get('detail') or doc.get('message')}{more}",
+            topic=doc.get("topic"),
+            partition=doc.get("partition"),
+            offset=doc.get("offset"),
+            table=doc.get("table"),
+        )
+
+    @staticmethod
+    def from_document(doc: dict[str, Any], count: int) -> BatchWriteError:
+        cls = TransientBatchWriteError if doc.get("transient") else TerminalBatchWriteError
+        return cls(doc, count)
+
+
+class TransientBatchWriteError(BatchWriteError, TransientError):
+    """The failed task's error was transient (broker or catalog unreachable): rerunning the write step may help."""
+
+
+class TerminalBatchWriteError(BatchWriteError, TerminalError):
+    """The failed task's error was terminal (bad setting, bad data with the fail policy): a person has to act."""
+
+
+def error_document(e: BaseException) -> dict[str, Any]:
+    """What a failed Spark task leaves for the driver (a JSON document; see ``BatchWriteError``)."""
+    doc: dict[str, Any] = {"class": type(e).__name__, "message": str(e)}
+    if isinstance(e, TidewaterError):
+        doc.update(
+            transient=e.transient,
+            detail=e.message,
+            topic=e.topic,
+            partition=e.partition,
+            offset=e.offset,
+            table=e.table,
+        )
+    else:
+        doc.update(transient=False, traceback=traceback.format_exc(limit=5))
+    return doc
+
+

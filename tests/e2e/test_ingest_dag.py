@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, table_of, write_pipeline
-from tidewater.offsets import DAG_RUN_ID, OFFSETS, committed_state
-from tidewater.sample_data import pizza_events, produce
+from tidewater.dev.sample_data import pizza_events, produce
+from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -10,11 +10,11 @@ import struct
 import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, stage_inline, table_of, write_pipeline
-from tidewater.catalog import load_catalog, load_table
-from tidewater.config import load_pipeline
-from tidewater.offsets import committed_state
-from tidewater.sample_data import LocalSchemaRegistry
-from tidewater.spark_job import BatchWriteError
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.sample_data import LocalSchemaRegistry
+from tidewater.errors import BatchWriteError
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import committed_state
 
 pytestmark = [pytest.mark.integration]
 

@@ -12,12 +12,12 @@ import threading
 import pytest
 
 from tests.conftest import stage_inline, table_of
-from tidewater.catalog import load_catalog
-from tidewater.committing import commit_batch
-from tidewater.config import load_pipeline
+from tidewater.commit.batch import commit_batch
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import OffsetsMovedError
-from tidewater.offsets import committed_state
-from tidewater.sample_data import pizza_events, produce
+from tidewater.table.catalog import load_catalog
+from tidewater.table.summary import committed_state
 
 pytestmark = [pytest.mark.integration]
 
@@ -125,8 +125,8 @@ def test_concurrent_first_writers_create_the_namespace_and_table_once(home):
     has the union of the fields they saw."""
     import pyarrow as pa
 
-    from tidewater.catalog import ensure_table
-    from tidewater.config import parse_pipeline
+    from tidewater.config.parse import parse_pipeline
+    from tidewater.table.evolution import ensure_table
 
     spec = parse_pipeline({"name": "race", "topics": ["t"], "table": "fresh_ns.orders",
                            "kafka": {"bootstrap_servers": "127.0.0.1:1"}})

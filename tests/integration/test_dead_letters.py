@@ -9,13 +9,14 @@ import json
 import pytest
 
 from tests.conftest import produce_to_partition, quiet, stage_inline, table_of, write_pipeline
-from tidewater.catalog import load_catalog, load_table
-from tidewater.committing import commit_batch
-from tidewater.config import load_pipeline
+from tidewater.commit.batch import commit_batch
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.sample_data import pizza_events
 from tidewater.errors import TransientError
-from tidewater.offsets import DEAD_LETTERS, RECORDS, SKIPPED, committed_state
-from tidewater.pipeline import commit_step, run_once, status, validate_step
-from tidewater.sample_data import pizza_events
+from tidewater.ops.status import status
+from tidewater.runtime.steps import commit_step, run_once, validate_step
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import DEAD_LETTERS, RECORDS, SKIPPED, committed_state
 
 pytestmark = [pytest.mark.integration]
 
@@ -122,7 +123,7 @@ def test_failure_between_the_batch_commit_and_the_dead_letter_commit_is_repaired
 ):
     """The batch commits, then the dead-letter commit fails (fault injected): the commit step raises a
     transient error; retrying it finds the batch committed and commits the dead letters exactly once."""
-    import tidewater.committing as committing
+    import tidewater.commit.batch as committing
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     spec = load_pipeline(path)

@@ -16,12 +16,12 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import produce_to_partition, quiet, table_of, write_pipeline
-from tidewater.config import load_pipeline
-from tidewater.errors import OffsetGapError
-from tidewater.offsets import DAG_RUN_ID, OFFSETS, committed_state
-from tidewater.pipeline import commit_step, plan_batch, run_once, run_write_step, validate_step
-from tidewater.sample_data import pizza_events, produce
-from tidewater.spark_job import BatchWriteError
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.sample_data import pizza_events, produce
+from tidewater.errors import BatchWriteError, OffsetGapError
+from tidewater.plan.ingest import plan_batch
+from tidewater.runtime.steps import commit_step, run_once, run_write_step, validate_step
+from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -133,7 +133,7 @@ def test_committed_offset_below_log_start_is_a_clear_error(broker, pipeline_file
     """
     produce(broker.bootstrap, topic, pizza_events(40, seed=9), partitions=2)
     assert run_once(pipeline_file, out=quiet)["records"] == 40
-    import tidewater.kafka_source as ks
+    import tidewater.source.kafka as ks
 
     real = ks.watermarks
 

@@ -16,13 +16,13 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import ingest_inline, stage_inline, write_pipeline
-from tidewater import spark_session
-from tidewater.catalog import load_catalog, load_table
-from tidewater.config import load_pipeline
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import TerminalError
-from tidewater.maintenance import maintain, run_action
-from tidewater.offsets import committed_state
-from tidewater.sample_data import pizza_events, produce
+from tidewater.ops.maintenance import maintain, run_action
+from tidewater.runtime import spark as spark_session
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import committed_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -224,7 +224,7 @@ def test_orphan_removal_deletes_abandoned_files_past_the_safe_age_only(broker, h
     assert all(Path(_local(p)).exists() for p in committed_files)
     assert not staging.exists()
 
-    from tidewater.pipeline import commit_step, validate_step
+    from tidewater.runtime.steps import commit_step, validate_step
 
     validate_step(spec, plan, manifest)
     commit_step(spec, plan, manifest)

@@ -16,10 +16,12 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, table_of, write_pipeline
-from tidewater.config import load_pipeline
+from tidewater.config.parse import load_pipeline
 from tidewater.errors import ConfigError
-from tidewater.offsets import REPLAY, committed_state
-from tidewater.replay import ReplayRequest, interval_offsets, run_replay
+from tidewater.ops.replay import run_replay
+from tidewater.plan.replay import ReplayRequest
+from tidewater.source.timestamps import interval_offsets
+from tidewater.table.summary import REPLAY, committed_state
 
 pytestmark = [pytest.mark.integration]
 
@@ -186,11 +188,11 @@ def test_replay_command_through_spark(broker, home, topic):
 
 def _run_planned(spec, planned):  # noqa: ANN001, ANN201
     """The write, validate and commit tasks for what the plan task staged (write inline, not spark-submit)."""
-    from tidewater.airflow_tasks import commit_task, validate_task
-    from tidewater.batch import write_json_atomic
-    from tidewater.kafka_source import kafka_settings
-    from tidewater.pipeline import load_plan, manifest_path
-    from tidewater.spark_job import run_inline
+    from tidewater.batch import manifest_path, write_json_atomic
+    from tidewater.runtime.airflow import commit_task, validate_task
+    from tidewater.runtime.steps import load_plan
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.write.job import run_inline
 
     plan = load_plan(planned["plan_path"])
     write_json_atomic(manifest_path(planned["plan_path"]), run_inline(plan, spec, kafka_settings(spec)).to_json())
@@ -202,9 +204,9 @@ def test_backfill_of_committed_and_uncommitted_intervals(broker, home, topic):
     """The ingest DAG's plan task for backfill runs: an interval a batch committed is a no-op, or with
     reprocess a replace of exactly that batch's ranges (table identical); an interval never ingested is
     mapped to offsets (timestamp-lookup stand-in) and only absent offsets are added."""
-    from tidewater.airflow_tasks import plan_task
-    from tidewater.offsets import DATA_INTERVAL, RANGES
-    from tidewater.replay import plan_backfill
+    from tidewater.plan.backfill import plan_backfill
+    from tidewater.runtime.airflow import plan_task
+    from tidewater.table.summary import DATA_INTERVAL, RANGES
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           format={"metadata": "prefixed"}, validation={"not_null": ["id"]})

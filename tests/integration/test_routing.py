@@ -11,12 +11,14 @@ import json
 import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, quiet, stage_inline, write_pipeline
-from tidewater import committing
-from tidewater.catalog import load_catalog, load_table
-from tidewater.config import load_pipeline
+from tidewater.commit import routed as committing
+from tidewater.config.parse import load_pipeline
 from tidewater.errors import TransientError
-from tidewater.offsets import BATCH_ID, BRANCH_BASE, DEAD_LETTERS, RECORDS, SKIPPED, committed_state
-from tidewater.pipeline import commit_step, plan_batch, run_once, status, validate_step
+from tidewater.ops.status import status
+from tidewater.plan.ingest import plan_batch
+from tidewater.runtime.steps import commit_step, run_once, validate_step
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import BATCH_ID, BRANCH_BASE, DEAD_LETTERS, RECORDS, SKIPPED, committed_state
 
 pytestmark = [pytest.mark.integration]
 
@@ -156,7 +158,7 @@ def test_failure_after_some_tables_committed_never_duplicates(broker, home, topi
     tables = [{"identifier": f"rpc.t{i}", "route_regex": f"k{i}|all"} for i in range(3)]
     spec = routed_pipeline(home, broker, [topic], tables=tables, routing={"field": "k"})
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i, k=f"k{i % 3}") for i in range(30)] + [ev(30, k="all")])
-    real = committing._commit_output
+    real = committing.commit_table_output
     calls = []
 
     def die_after_first(catalog, plan, out, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
@@ -165,7 +167,7 @@ def test_failure_after_some_tables_committed_never_duplicates(broker, home, topi
         calls.append(out["table"])
         return real(catalog, plan, out, *a, **kw)
 
-    monkeypatch.setattr(committing, "_commit_output", die_after_first)
+    monkeypatch.setattr(committing, "commit_table_output", die_after_first)
     plan, manifest = stage_inline(spec)
     validate_step(spec, plan, manifest)
     with pytest.raises(TransientError):
@@ -173,7 +175,7 @@ def test_failure_after_some_tables_committed_never_duplicates(broker, home, topi
     assert calls == ["rpc.t0"] and rows(spec, "rpc.t0").num_rows == 11
     assert rows(spec, "rpc.t1") is None or load_table(load_catalog(spec), "rpc.t1").snapshots() == []
     assert checkpoint(spec).snapshots() == []
-    monkeypatch.setattr(committing, "_commit_output", real)
+    monkeypatch.setattr(committing, "commit_table_output", real)
     assert commit_step(spec, plan, manifest).status == "committed"
     assert [rows(spec, f"rpc.t{i}").num_rows for i in range(3)] == [11, 11, 11]
     assert [s.summary.additional_properties[BATCH_ID] for s in load_table(load_catalog(spec), "rpc.t0").snapshots()] == [plan.batch_id]
@@ -181,12 +183,12 @@ def test_failure_after_some_tables_committed_never_duplicates(broker, home, topi
     # next batch: the crash again, and this time the staged batch is lost (re-planned from the checkpoint)
     produce_to_partition(broker.bootstrap, topic, 0, [ev(100 + i, k=f"k{i % 3}") for i in range(12)])
     calls.clear()
-    monkeypatch.setattr(committing, "_commit_output", die_after_first)
+    monkeypatch.setattr(committing, "commit_table_output", die_after_first)
     plan2, manifest2 = stage_inline(spec)
     validate_step(spec, plan2, manifest2)
     with pytest.raises(TransientError):
         commit_step(spec, plan2, manifest2)
-    monkeypatch.setattr(committing, "_commit_output", real)
+    monkeypatch.setattr(committing, "commit_table_output", real)
     replanned, _ = plan_batch(spec)
     assert [(r.start, r.end) for r in replanned.ranges] == [(31, 43)] and replanned.batch_id != plan2.batch_id
     plan3, manifest3 = stage_inline(spec)
@@ -280,7 +282,7 @@ def test_per_table_id_columns_and_branch(broker, home, topic):
 def test_single_table_pipeline_on_a_branch(broker, home, topic):
     """table.branch on a one-table pipeline: batches go to the branch, offsets come from it, a retried
     commit adds nothing."""
-    from tidewater.pipeline import commit_step
+    from tidewater.runtime.steps import commit_step
 
     spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                                         table={"identifier": "rpc.orders", "branch": "ingest"}, validation={"not_null": ["id"]}))

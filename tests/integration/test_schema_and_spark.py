@@ -7,9 +7,9 @@ import json
 import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, write_pipeline
-from tidewater import spark_session
-from tidewater.catalog import load_catalog, load_table
-from tidewater.config import load_pipeline
+from tidewater.config.parse import load_pipeline
+from tidewater.runtime import spark as spark_session
+from tidewater.table.catalog import load_catalog, load_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -53,7 +53,7 @@ def test_nested_types_evolution_and_spark_read(broker, home, topic):
 def test_evolution_off_ignores_new_fields_and_reports_them(broker, home, topic):
     """table.evolve_schema false: a batch with a new top-level field and a new field inside a struct lands
     without them; the schema is unchanged and the snapshot names the ignored fields."""
-    from tidewater.offsets import IGNORED_FIELDS
+    from tidewater.table.summary import IGNORED_FIELDS
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           table={"identifier": "rpc.orders", "evolve_schema": False}, validation={"not_null": ["id"]})

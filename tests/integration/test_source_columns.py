@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.conftest import ingest_inline, table_of, write_pipeline
-from tidewater.config import load_pipeline
+from tidewater.config.parse import load_pipeline
 
 pytestmark = [pytest.mark.integration]
 
@@ -72,7 +72,7 @@ def test_metadata_struct_column(broker, home, topic):
 @pytest.mark.parametrize("kind", ["string", "bytes"])
 def test_plain_string_and_raw_bytes_values(broker, home, topic, kind):
     """`string`: invalid UTF-8 is a dead letter, a tombstone lands as a null value; `bytes`: everything lands."""
-    from tidewater.catalog import load_catalog, load_table
+    from tidewater.table.catalog import load_catalog, load_table
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           format={"value": kind, "metadata": "prefixed"}, validation={"not_null": []})
@@ -95,7 +95,7 @@ def test_plain_string_and_raw_bytes_values(broker, home, topic, kind):
 def test_dead_letters_keep_key_and_headers_when_they_are_not_columns(broker, home, topic):
     """Keys and headers are not read on the hot path unless they become columns; a dead letter still
     gets its raw key and headers (read again by offset on the error path)."""
-    from tidewater.catalog import load_catalog, load_table
+    from tidewater.table.catalog import load_catalog, load_table
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     records = [(f"k{i}".encode(), json.dumps({"order_id": f"o{i}"}).encode(), [("trace", f"t{i}".encode())]) for i in range(8)]

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ingest_inline, stage_inline, table_of, write_pipeline
-from tidewater.catalog import load_catalog
-from tidewater.committing import commit_batch
-from tidewater.config import load_pipeline
-from tidewater.offsets import committed_state
-from tidewater.pipeline import plan_batch, validate_step
-from tidewater.sample_data import pizza_events, produce
+from tidewater.commit.batch import commit_batch
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.sample_data import pizza_events, produce
+from tidewater.plan.ingest import plan_batch
+from tidewater.runtime.steps import validate_step
+from tidewater.table.catalog import load_catalog
+from tidewater.table.summary import committed_state
 
 pytestmark = [pytest.mark.integration]
 

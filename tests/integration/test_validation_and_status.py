@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import stage_inline, produce_to_partition, table_of, write_pipeline
-from tidewater.config import load_pipeline
+from tests.conftest import produce_to_partition, stage_inline, table_of, write_pipeline
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import ValidationFailedError
-from tidewater.offsets import committed_state
-from tidewater.pipeline import commit_step, validate_step
-from tidewater.sample_data import pizza_events, produce
+from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.table.summary import committed_state
 
 pytestmark = [pytest.mark.integration]
 
@@ -50,8 +50,8 @@ def test_row_wise_expectations_run_in_chunks_with_exact_counts(broker, home, top
     """validation.chunk_rows=30 over 200 rows in several files: the row-wise expectation runs chunk by
     chunk (no chunk above 30 rows) and the report's counts are the exact totals over the batch; a
     whole-column expectation (uniqueness) sees the whole batch."""
-    from tidewater.catalog import load_catalog, load_table
-    from tidewater.validating import _chunks
+    from tidewater.quality.gate import chunks as _chunks
+    from tidewater.table.catalog import load_catalog, load_table
 
     (home / "mixed.json").write_text(json.dumps({"expectations": [
         {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 20}},
@@ -122,7 +122,7 @@ def test_validate_command_exit_codes(tmp_path):
 def test_warn_policy_commits_a_failing_batch_and_records_the_verdict(broker, home, topic):
     """validation.on_failure warn: the failing suite is logged, the batch is committed, and the snapshot
     summary records the verdict (suite, success false, one failed check). A passing batch records success."""
-    from tidewater.offsets import VALIDATION
+    from tidewater.table.summary import VALIDATION
 
     (home / "strict.json").write_text(json.dumps({"expectations": [
         {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
@@ -162,8 +162,8 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     quarantine-<batch id>, main gets no rows but the offsets advance, the commit step fails with the
     report and fails again (adding nothing) when retried. Publishing appends the rows to main once;
     a second quarantined batch is dropped and never reaches main. Row counts and offsets checked."""
-    from tidewater import quarantine
-    from tidewater.offsets import QUARANTINED, VALIDATION
+    from tidewater.ops import quarantine
+    from tidewater.table.summary import QUARANTINED, VALIDATION
 
     (home / "strict.json").write_text(json.dumps({"expectations": [
         {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
@@ -184,7 +184,7 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     assert marker[QUARANTINED] == f"quarantine-{plan.batch_id}" and json.loads(marker[VALIDATION])["failed"] == 1
     waiting = quarantine.list_quarantined(spec, table)
     assert [(q["batch_id"], q["rows"]) for q in waiting] == [(plan.batch_id, 100)]
-    from tidewater.airflow_tasks import quarantine_task  # what the quarantine_<name> DAG runs
+    from tidewater.runtime.airflow import quarantine_task  # what the quarantine_<name> DAG runs
 
     assert [q["batch_id"] for q in quarantine_task(str(path), {"action": "list"})["quarantined"]] == [plan.batch_id]
     with pytest.raises(Exception, match="batch_id: required for publish"):
@@ -213,7 +213,7 @@ def test_id_uniqueness_in_the_batch_and_against_the_table_with_data_docs(broker,
     """validation.unique_ids table: a batch repeating an id fails (batch check); a batch whose id is
     already in the table fails (table check); each validation writes a great-expectations Data Docs
     page (and the index) naming the checks. Nothing is committed by a failing batch."""
-    from tidewater.data_docs import docs_dir
+    from tidewater.quality.data_docs import docs_dir
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           table={"identifier": "rpc.orders", "id_columns": ["id"]},

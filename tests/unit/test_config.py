@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tidewater.config import load_pipeline, parse_pipeline, redact, reference_markdown
+from tidewater.config.parse import load_pipeline, parse_pipeline
+from tidewater.config.reference import reference_markdown
+from tidewater.config.spec import redact
 from tidewater.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,7 +131,7 @@ def test_reference_page_matches_the_code():
 
 def test_kafka_settings_from_an_airflow_connection(monkeypatch, tmp_path):
     """`kafka.conn_id` resolves hosts, SASL credentials and librdkafka extras; spec settings win."""
-    from tidewater.kafka_source import kafka_settings
+    from tidewater.source.kafka import kafka_settings
 
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     monkeypatch.setenv(

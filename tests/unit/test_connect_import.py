@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tidewater.config import parse_pipeline
-from tidewater.connect_import import convert
+from tidewater.config.parse import parse_pipeline
 from tidewater.errors import ConfigError
+from tidewater.interop.connect import convert
 
 APACHE = {
     "name": "events-sink",
@@ -134,7 +134,7 @@ def test_the_command_writes_a_file_that_loads(tmp_path: Path):
 
 def test_shipped_examples_validate(tmp_path: Path):
     """docs/examples: the routed pipeline validates, and the Scenario 1 connector imports into one that does."""
-    from tidewater.config import load_pipeline
+    from tidewater.config.parse import load_pipeline
 
     examples = Path(__file__).resolve().parents[2] / "docs" / "examples"
     spec = load_pipeline(examples / "payments_by_type.yaml")

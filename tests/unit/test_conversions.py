@@ -6,8 +6,8 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from tidewater.config import FormatSpec
-from tidewater.conversions import apply
+from tidewater.config.spec import FormatSpec
+from tidewater.transform.conversions import apply
 
 
 def utc(*args: int) -> datetime:
@@ -50,8 +50,8 @@ def test_epochs():
 def test_a_field_inside_an_object_is_converted_and_bad_values_name_their_row():
     import pyarrow as pa
 
-    from tidewater.config import FormatSpec
-    from tidewater.conversions import apply, decoder_schema
+    from tidewater.config.spec import FormatSpec
+    from tidewater.transform.conversions import apply, decoder_schema
 
     t = pa.table({"id": [1, 2, 3, 4], "meta": pa.array([
         {"at": "2024-01-04 12:28:13", "who": "a"}, {"at": "not a time", "who": "b"}, None, {"at": None, "who": "d"}])})

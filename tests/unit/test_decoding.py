@@ -7,9 +7,9 @@ import json
 import pyarrow as pa
 import pytest
 
-from tidewater.decoding import decode_json
+from tidewater.decode.json import decode_json
 from tidewater.errors import RecordError
-from tidewater.kafka_source import Chunk
+from tidewater.source.kafka import Chunk
 
 
 def chunk(values, start=100):
@@ -73,7 +73,7 @@ def test_bad_record_is_named_by_topic_partition_offset(bad, reason):
 
 
 def test_lenient_sets_bad_records_apart_and_keeps_the_good_in_order():
-    from tidewater.decoding import decode_json_lenient
+    from tidewater.decode.json import decode_json_lenient
 
     values = [b'{"a": 1}', b'{"a": 2', None, b"", b'\xff{"a": 3}', b'{"a": 4}', b"[1]", b'{"a": 5}']
     table, bad = decode_json_lenient(chunk(values), None)
@@ -85,7 +85,7 @@ def test_lenient_sets_bad_records_apart_and_keeps_the_good_in_order():
 
 
 def test_lenient_first_seen_type_wins_without_a_table_and_the_table_type_wins_with_one():
-    from tidewater.decoding import decode_json_lenient
+    from tidewater.decode.json import decode_json_lenient
 
     table, bad = decode_json_lenient(chunk([b'{"a": 1}', b'{"a": "x"}', b'{"a": 2, "b": true}']), None)
     assert table.column("a").to_pylist() == [1, 2] and [b.index for b in bad] == [1]
@@ -97,7 +97,7 @@ def test_lenient_first_seen_type_wins_without_a_table_and_the_table_type_wins_wi
 
 def test_lenient_finds_every_bad_record_among_many():
     """Every 7th of 3000 records is broken: all 429 are found, the 2571 others decode, nothing is lost."""
-    from tidewater.decoding import decode_json_lenient
+    from tidewater.decode.json import decode_json_lenient
 
     values = [b"{broken" if i % 7 == 0 else f'{{"i": {i}}}'.encode() for i in range(3000)]
     table, bad = decode_json_lenient(chunk(values), None)
@@ -106,7 +106,7 @@ def test_lenient_finds_every_bad_record_among_many():
 
 
 def test_lenient_success_path_is_the_plain_decoder():
-    from tidewater.decoding import decode_json_lenient
+    from tidewater.decode.json import decode_json_lenient
 
     table, bad = decode_json_lenient(chunk([b'{"a": 1}', b'{"a": 2}']), None)
     assert bad == [] and table.column("a").to_pylist() == [1, 2]

@@ -6,8 +6,9 @@ import json
 
 import pyarrow as pa
 
-from tidewater.envelopes import decode_connect, decode_debezium
-from tidewater.kafka_source import Chunk
+from tidewater.decode.connect import decode_connect
+from tidewater.decode.debezium import decode_debezium
+from tidewater.source.kafka import Chunk
 
 SCHEMA = {
     "type": "struct", "name": "orders.Value", "optional": False,

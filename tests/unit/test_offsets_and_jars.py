@@ -7,8 +7,8 @@ import struct
 import zipfile
 
 from tidewater.batch import BatchManifest, PartitionStats
-from tidewater.offsets import BATCH_ID, OFFSETS, VALID_THROUGH_MS, summary_properties
-from tidewater.spark_session import PARQUET_SHADED, SHADED, bundled_runtime_jar, repaired_jackson_jar, rewrite_class
+from tidewater.runtime.spark import PARQUET_SHADED, SHADED, bundled_runtime_jar, repaired_jackson_jar, rewrite_class
+from tidewater.table.summary import BATCH_ID, OFFSETS, VALID_THROUGH_MS, summary_properties
 
 
 def test_summary_is_namespaced_cumulative_and_secret_free():

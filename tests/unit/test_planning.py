@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tidewater.batch import BatchPlan, PartitionRange
 from tidewater.errors import OffsetGapError
-from tidewater.planning import allocate, merge_offsets, plan_ranges
+from tidewater.plan.planner import allocate, merge_offsets, plan_ranges
 
 
 @st.composite

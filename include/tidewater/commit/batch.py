@@ -1,0 +1,184 @@
+"""Where the one commit happens: a single Iceberg fast append per table per batch.
+
+Semantics:
+- Idempotent: if a snapshot already carries this batch id, the commit is a no-op.
+- Exactly-once: the append is made only if the table's committed offsets for every planned partition
+  are still those the plan started from; otherwise another writer moved them and committing would
+  duplicate or skip records, so the commit is refused (OffsetsMovedError) and the batch must be re-planned.
+- The catalog's compare-and-swap on the table's current snapshot makes the check and the append
+  atomic: a commit that lost a race fails with CommitFailedException and is retried after a refresh
+  (which then finds the batch committed, or the offsets moved).
+- Unknown outcome (the catalog call failed without saying whether it applied): refresh, look for the
+  batch id, and retry only if it is not there.
+"""
+
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from tidewater.batch import BatchManifest, BatchPlan, Offsets
+from tidewater.commit.dead_letters import commit_dead_letters
+from tidewater.commit.primitive import failed_attempt, fast_append, without_commit_retries
+from tidewater.commit.result import CommitResult
+from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
+from tidewater.plan.planner import merge_offsets
+from tidewater.table.catalog import load_table
+from tidewater.table.summary import (
+    DATA_INTERVAL,
+    RANGES,
+    committed_state,
+    find_batch_snapshot,
+    summary_properties,
+)
+
+log = logging.getLogger(__name__)
+
+
+def check_manifest(plan: BatchPlan, manifest: BatchManifest, routed: bool = False) -> None:
+    """The manifest must be this plan's and cover every planned range completely."""
+    if manifest.batch_id != plan.batch_id:
+        raise TerminalError(f"manifest is for batch {manifest.batch_id}, not {plan.batch_id}", batch_id=plan.batch_id)
+    got = manifest.next_offsets()
+    for r in plan.ranges:
+        reached = got.get(r.topic, {}).get(r.partition)
+        if reached != r.end:
+            raise TerminalError(
+                f"manifest does not cover the planned range [{r.start}, {r.end}) (reached {reached})",
+                batch_id=plan.batch_id,
+                topic=r.topic,
+                partition=r.partition,
+            )
+    if routed:
+        if manifest.routed is None or manifest.records != manifest.routed + manifest.dead_letters + manifest.skipped \
+                or manifest.dead_letters_in_files != manifest.dead_letters:
+            raise TerminalError(
+                f"accounting does not add up: {manifest.records} records read, {manifest.routed} routed to tables, "
+                f"{manifest.dead_letters} dead letters ({manifest.dead_letters_in_files} in files), {manifest.skipped} skipped",
+                batch_id=plan.batch_id,
+            )
+        return
+    if manifest.rows_in_files != manifest.rows_expected or manifest.dead_letters_in_files != manifest.dead_letters:
+        raise TerminalError(
+            f"accounting does not add up: {manifest.records} records read, but data files hold {manifest.rows_in_files} "
+            f"rows and dead-letter files {manifest.dead_letters_in_files} records ({manifest.dead_letters} dead letters, "
+            f"{manifest.skipped} skipped, {manifest.present} already present)",
+            batch_id=plan.batch_id,
+        )
+
+
+def batch_properties(plan: BatchPlan) -> dict[str, str]:
+    """The batch's ranges and the Airflow run's data interval, for backfills to find later."""
+    import json
+
+    props = {RANGES: json.dumps([[r.topic, r.partition, r.start, r.end] for r in plan.ranges], separators=(",", ":"))}
+    if len(props[RANGES]) > 50_000:  # thousands of partitions: keep the summary small
+        del props[RANGES]
+    if plan.data_interval:
+        props[DATA_INTERVAL] = "/".join(plan.data_interval)
+    return props
+
+
+def _offsets_moved(plan: BatchPlan, current: Offsets) -> list[str]:
+    moved = []
+    for r in plan.ranges:
+        was = plan.base_offsets.get(r.topic, {}).get(r.partition)
+        now = current.get(r.topic, {}).get(r.partition)
+        if was != now:
+            moved.append(f"{r.topic}[{r.partition}] planned from {was if was is not None else r.start}, table now at {now}")
+    return moved
+
+
+def commit_batch(
+    catalog: Any,
+    plan: BatchPlan,
+    manifest: BatchManifest,
+    *,
+    dag_run_id: str | None = None,
+    max_attempts: int = 8,
+    validation: dict[str, Any] | None = None,
+    dead_letter_sink: Callable[[Any, list[dict[str, Any]]], str] | None = None,
+    branch: str | None = None,
+    quarantine: bool = False,
+) -> CommitResult:
+    """Append the manifest's files in one snapshot (on ``branch``, default main) stamped with offsets and
+    the batch id. ``quarantine``: the files go to the batch's quarantine branch instead and main gets an
+    empty snapshot with the offsets (see quarantine.py)."""
+
+    check_manifest(plan, manifest)
+    ident = plan.table
+    for attempt in range(1, max_attempts + 1):
+        table = load_table(catalog, ident)
+        if table is None:
+            if manifest.data_files:
+                raise TerminalError("table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
+            if not manifest.records:
+                return CommitResult("nothing-to-commit", plan.batch_id, ident, None, 0, 0, {})
+            # Every record of the first batch was dead-lettered or skipped: the offsets still have to move,
+            # so the table is created without columns (they come with the first good record).
+            import pyarrow as pa
+
+            from tidewater.table.catalog import create_table
+
+            table = create_table(catalog, ident, pa.schema([]), {"format-version": "2"})
+        existing = find_batch_snapshot(table, plan.batch_id)
+        if existing is not None:
+            log.info("batch %s already committed to %s as snapshot %s: nothing to do", plan.batch_id, ident, existing.snapshot_id)
+            commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
+            return CommitResult(
+                "already-committed", plan.batch_id, ident, existing.snapshot_id, manifest.records, len(manifest.data_files),
+                plan.end_offsets(), manifest.dead_letters,
+            )
+        state = committed_state(table, branch)
+        moved = _offsets_moved(plan, state.offsets)
+        if moved:
+            raise OffsetsMovedError(
+                "the table's offsets moved since this batch was planned (another writer committed); refusing to "
+                "commit to avoid duplicates. Re-plan the batch: " + "; ".join(moved),
+                table=ident,
+                batch_id=plan.batch_id,
+            )
+        offsets = merge_offsets(state.offsets, plan.ranges)
+        props = summary_properties(
+            offsets=offsets,
+            batch_id=plan.batch_id,
+            pipeline=plan.pipeline,
+            records=manifest.records,
+            valid_through_ms=manifest.valid_through_ms(),
+            dag_run_id=dag_run_id,
+            dead_letters=manifest.dead_letters,
+            skipped=manifest.skipped,
+            ignored_fields=manifest.ignored_fields,
+            validation=validation,
+        )
+        props.update(batch_properties(plan))
+        files = manifest.data_files
+        if quarantine:
+            from tidewater.commit.quarantine import branch_name, commit_to_branch
+            from tidewater.table.summary import QUARANTINED
+
+            commit_to_branch(table, plan.batch_id, files, props)
+            table = load_table(catalog, ident)
+            props[QUARANTINED] = branch_name(plan.batch_id)
+            files = ()
+        table = without_commit_retries(table)
+        try:
+            fast_append(table, files, props, branch)
+        except Exception as e:  # a conflict or an unknown outcome: the next attempt refreshes and checks
+            failed_attempt(catalog, e, f"batch {plan.batch_id}", ident, attempt)
+            continue
+        snap = table.snapshot_by_name(branch) if branch else table.current_snapshot()
+        log.info(
+            "batch %s committed to %s: snapshot %s, %d records, %d files%s",
+            plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(manifest.data_files),
+            f", {manifest.dead_letters} dead letters" if manifest.dead_letters else "",
+        )
+        commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
+        return CommitResult(
+            "committed", plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(manifest.data_files),
+            offsets,
+            manifest.dead_letters,
+        )
+    raise TransientError(f"commit did not succeed after {max_attempts} attempts", table=ident, batch_id=plan.batch_id)

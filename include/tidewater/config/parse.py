@@ -1,0 +1,168 @@
+"""parse (moved from config.py)."""
+
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tidewater.config.spec import PipelineSpec, pipelines_dir
+from tidewater.config.validate import validate
+from tidewater.errors import ConfigError
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+# ---- parsing -------------------------------------------------------------------------------------
+
+
+def _interpolate(value: Any, path: str) -> Any:
+    if isinstance(value, str):
+
+        def repl(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            env = os.environ.get(name)
+            if env is not None:
+                return env
+            if default is not None:
+                return default
+            raise ConfigError(f"{path}: environment variable {name} is not set (use ${{{name}:-default}} for a default)")
+
+        return _ENV_REF.sub(repl, value)
+    if isinstance(value, list):
+        return [_interpolate(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    return value
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, path)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, path)
+    if origin is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__}")
+        return [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
+        return {str(k): _scalar_to_str(v, f"{path}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"{path}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}") from None
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: expected a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)) or value is None:
+            raise ConfigError(f"{path}: expected a string, got {type(value).__name__}")
+        return str(value)
+    raise ConfigError(f"{path}: unsupported type {_type_name(tp)}")
+
+
+def _scalar_to_str(value: Any, path: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise ConfigError(f"{path}: expected a string, number or boolean, got {type(value).__name__}")
+
+
+def build(cls: type, data: Any, path: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path or 'pipeline'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        key = unknown[0]
+        near = difflib.get_close_matches(str(key), list(fields), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else f" (known keys: {', '.join(fields)})"
+        raise ConfigError(f"{path + '.' if path else ''}{key}: unknown key{hint}")
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _coerce(hints[name], value, f"{path}.{name}" if path else name)
+    return cls(**kwargs)
+
+
+def _merge_table_defaults(data: Any) -> Any:
+    """`tables:` entries take their defaults from `table:` (entry keys win)."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("tables"), list):
+        return data
+    defaults = data.get("table") or {}
+    if isinstance(defaults, str):
+        return data
+    defaults = {k: v for k, v in dict(defaults).items() if k != "identifier"}
+    entries = [{**defaults, **e} if isinstance(e, Mapping) else e for e in data["tables"]]
+    return {**data, "tables": entries}
+
+
+def parse_pipeline(data: Any, source_path: str | None = None) -> PipelineSpec:
+    """Parse and validate a pipeline specification from already-loaded YAML data."""
+    data = _interpolate(data, "")
+    if isinstance(data, Mapping) and isinstance(data.get("table"), str):
+        data = {**data, "table": {"identifier": data["table"]}}
+    spec: PipelineSpec = build(PipelineSpec, _merge_table_defaults(data), "")
+    spec = dataclasses.replace(spec, source_path=source_path)
+    validate(spec)
+    return spec
+
+
+def load_pipeline(path: str | os.PathLike[str]) -> PipelineSpec:
+    """Load one pipeline file. Errors name the file and the key at fault."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read pipeline file: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    try:
+        return parse_pipeline(data, source_path=str(p.resolve()))
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e.message}") from None
+
+
+def discover_pipelines(directory: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Pipeline files (``*.yaml``/``*.yml``) in the pipelines directory, sorted."""
+    d = Path(directory) if directory else pipelines_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())

@@ -1,0 +1,548 @@
+"""Pipeline specifications: one YAML file per pipeline.
+
+A specification is parsed into frozen dataclasses. Every field has a default (or is marked required)
+and a ``doc`` string; ``docs/configuration.md`` is generated from these (``tidewater docs``) and a test
+checks that the page matches the code.
+
+Strings may reference the environment as ``${NAME}`` or ``${NAME:-default}``; a reference to an unset
+variable without a default is an error naming the key. Secrets (keys that look like passwords, tokens,
+JAAS configs or private keys) are never logged: use :func:`redact` on anything that leaves the process.
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PIPELINES_DIR_ENV = "TIDEWATER_PIPELINES_DIR"
+
+
+HOME_ENV = "TIDEWATER_HOME"
+
+
+KAFKA_CONFIG_ENV = "TIDEWATER_KAFKA_CONFIG"
+
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+_IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+_SECRET_KEY = re.compile(r"(password|secret|jaas|token|credential|private|ssl\.key\.pem|api[._-]?key)", re.I)
+
+
+REDACTED = "***"
+
+
+def home_dir() -> Path:
+    """The data directory for embedded defaults (catalog, warehouse, staging, repaired jars)."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".tidewater").resolve()
+
+
+def pipelines_dir() -> Path:
+    """Where pipeline specifications live: ``$TIDEWATER_PIPELINES_DIR`` or ``include/pipelines``."""
+    env = os.environ.get(PIPELINES_DIR_ENV)
+    if env:
+        return Path(env).resolve()
+    return Path(__file__).resolve().parents[2] / "pipelines"
+
+
+def _doc(text: str, **kw: Any) -> Any:
+    return field(metadata={"doc": text}, **kw)
+
+
+@dataclass(frozen=True)
+class KafkaSpec:
+    """How to reach Kafka. Either ``conn_id`` or ``bootstrap_servers``."""
+
+    bootstrap_servers: str | None = _doc(
+        "Comma-separated host:port list (librdkafka `bootstrap.servers`). Required unless `conn_id` is set.",
+        default=None,
+    )
+    conn_id: str | None = _doc(
+        "Airflow connection id holding the brokers (host[:port], comma-separated hosts allowed) and, in its "
+        "extra JSON, librdkafka settings; its password becomes `sasl.password`.",
+        default=None,
+    )
+    settings: dict[str, str] = _doc(
+        "Any librdkafka consumer setting passed through as-is (SASL/SSL included), e.g. "
+        "`security.protocol: SASL_SSL`, `sasl.password: ${KAFKA_PASSWORD}`. Secrets are redacted in logs.",
+        default_factory=dict,
+    )
+    read_timeout_seconds: float = _doc(
+        "Fail a partition read (transient error naming the partition and position) when no progress is made "
+        "for this long.",
+        default=60.0,
+    )
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """How record values are decoded."""
+
+    value: str = _doc(
+        "Value format: `json` (one JSON object per record, no schema; fields become columns), `connect_json` "
+        "(Kafka Connect JsonConverter with schemas: the payload's fields, typed by the declared schema; Timestamp and "
+        "Date logical types converted), `debezium` (change events, plain or Connect-enveloped: the `after` image, "
+        "or `before` for deletes, plus an `_op` column c/u/d/r; tombstones are counted as skipped), `avro` (Confluent "
+        "wire format, writer schema by id from `registry_url`; unknown ids are dead letters), `string` (the "
+        "value as one UTF-8 column `value`; invalid UTF-8 is a dead letter) or `bytes` (one binary column `value`).",
+        default="json",
+    )
+    registry_url: str | None = _doc("Schema registry URL for `value: avro` (Confluent REST API).", default=None)
+    registry_basic_auth: str | None = _doc(
+        "`user:password` for the schema registry (use `${ENV_VAR}`; never logged).", default=None
+    )
+    timestamps: dict[str, str] = _doc(
+        "Columns parsed into UTC timestamps (a field inside an object as `a.b`), column -> format: a strftime pattern "
+        "(`%Y-%m-%d %H:%M:%S`), `iso8601` (with or without a zone: `2024-02-29T12:23:03`, `...+01:00`, `...Z`), "
+        "`epoch_millis` or `epoch_seconds`. A value that does not parse makes its record a dead letter.",
+        default_factory=dict,
+    )
+    timezone: str = _doc("Time zone of date-times without a zone (IANA name, e.g. `Europe/Oslo`).", default="UTC")
+    key: str = _doc(
+        "Message key as a column `_kafka_key`: `none` (default), `string` (UTF-8; invalid bytes replaced) or `bytes`.",
+        default="none",
+    )
+    headers: bool = _doc("Message headers as a column `_kafka_headers` (map of string to bytes).", default=False)
+    metadata: str = _doc(
+        "Kafka metadata columns: `none` (default), `prefixed` (`_kafka_topic`, `_kafka_partition`, `_kafka_offset`, "
+        "`_kafka_timestamp`) or `struct` (one column `_kafka` with fields topic, partition, offset, timestamp).",
+        default="none",
+    )
+    flatten: bool = _doc(
+        "Flatten nested objects into top-level columns (`a.b.c` -> `a_b_c`). Off: objects stay struct columns. "
+        "`format.timestamps` and `table.partition_by` then name the flattened columns.",
+        default=False,
+    )
+    flatten_separator: str = _doc("Joins the names of flattened fields (letters, digits, `_`).", default="_")
+    flatten_max_depth: int = _doc(
+        "Object levels flattened; objects nested deeper stay struct columns (1: only top-level objects).", default=8
+    )
+    map_columns: list[str] = _doc(
+        "Top-level fields whose objects have open-ended keys (attributes, labels, ...), stored as one "
+        "`map<string, V>` column instead of a struct with a column per key. V is the values' common type "
+        "(long, double or string; mixed scalars become strings). Not flattened.",
+        default_factory=list,
+    )
+
+
+@dataclass(frozen=True)
+class DeadLetterSpec:
+    """What happens to records that cannot be decoded (invalid JSON, wrong types, tombstones, ...)."""
+
+    policy: str = _doc(
+        "`dead_letter`: written to the dead-letter table in the same batch (records read = rows + dead "
+        "letters); `fail`: the batch fails naming the first bad record (topic, partition, offset); `skip`: "
+        "dropped and counted in the snapshot summary (`tidewater.skipped`).",
+        default="dead_letter",
+    )
+    table: str | None = _doc(
+        "Dead-letter table identifier. Default: the target table's name with `_dead_letters` appended, in "
+        "the same namespace. Columns: topic, partition, offset, timestamp, key, value, headers, "
+        "error_class, error_message, batch_id, pipeline.",
+        default=None,
+    )
+    topic: str | None = _doc(
+        "Also send dead letters to this Kafka topic (same cluster and settings), raw key, value and headers "
+        "kept, with headers `tidewater.topic`, `.partition`, `.offset`, `.timestamp`, `.error.class`, "
+        "`.error.message`, `.batch-id`, `.pipeline`. Sent by the commit step before the dead-letter table's "
+        "commit; at least once (a failure between the two sends them again: deduplicate on batch id + offset).",
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """The target Iceberg table."""
+
+    identifier: str = _doc("Table identifier `namespace.name` (nested namespaces allowed: `a.b.name`).", default="")
+    auto_create: bool = _doc(
+        "Create the namespace and table when missing, with the schema inferred from the data.", default=True
+    )
+    evolve_schema: bool = _doc(
+        "Add columns for new top-level or nested fields found in the data. When off, new fields are left out "
+        "of the rows and reported (snapshot summary `tidewater.ignored-fields`, the write step's log).",
+        default=True,
+    )
+    properties: dict[str, str] = _doc(
+        "Iceberg table properties used when the table is auto-created (e.g. `write.target-file-size-bytes`).",
+        default_factory=dict,
+    )
+    case_insensitive: bool = _doc(
+        "Match record field names to the table's columns ignoring case (`OrderId` fills `orderid`). Field names are "
+        "always matched through the table's name mapping (`schema.name-mapping.default` aliases) too. New fields "
+        "keep their spelling.",
+        default=False,
+    )
+    partition_by: list[str] = _doc(
+        "Partition spec used when the table is auto-created, one entry per field: `col` (identity), `year(col)`, "
+        "`month(col)`, `day(col)`, `hour(col)`, `bucket(N, col)`, `truncate(W, col)`; nested columns as `a.b`. "
+        "An existing table keeps its own spec (the writer follows whatever spec the table has). Each Spark task "
+        "keeps one open file per partition it sees.",
+        default_factory=list,
+    )
+    sort_by: list[str] = _doc(
+        "Sort order set when the table is auto-created: `col [asc|desc] [nulls first|nulls last]` per entry. "
+        "Ingest files are written unsorted (marked so); `maintenance.rewrite_data_files.strategy: auto` sorts.",
+        default_factory=list,
+    )
+    suite: str | None = _doc(
+        "This table's great-expectations suite file (relative to the pipeline file); replaces `validation.suite` "
+        "for this table.",
+        default=None,
+    )
+    id_columns: list[str] = _doc(
+        "Columns that identify a row. Set as the table's identifier fields (required columns) when it is "
+        "auto-created; a record without a value for one is a dead letter (`MissingId`).",
+        default_factory=list,
+    )
+    branch: str | None = _doc(
+        "Commit to this branch instead of `main` (created by the first commit). The committed offsets are "
+        "read from the same branch.",
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class RouteTableSpec(TableSpec):
+    """One target table of a routed pipeline (`tables:` entries). Every `table.*` key is accepted, and
+    `table` gives the defaults; these keys are added."""
+
+    topics: list[str] = _doc(
+        "Records of these topics go to this table (empty: records of every topic). Many tables may share a "
+        "topic, and many topics may feed one table.",
+        default_factory=list,
+    )
+    route_regex: str | None = _doc(
+        "Static routing: the record's `routing.field` value must fully match this regular expression. A "
+        "record can match several tables and goes to each.",
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    """How a pipeline with several target tables routes records (with `tables:` or `routing.dynamic`)."""
+
+    field: str | None = _doc("Route field: a dotted path into the record value (`meta.type`).", default=None)
+    dynamic: bool = _doc(
+        "The route field's value names the table: `table_template` with `{value}` replaced; names are "
+        "checked (letters, digits, `_`; at most 255 characters); tables are auto-created with the `table` "
+        "settings (an entry in `tables` overrides them for one table) when `table.auto_create` is on, "
+        "otherwise their records are dead letters (`UnknownTable`).",
+        default=False,
+    )
+    table_template: str = _doc(
+        "Dynamic table name, e.g. `payments_{value}` or `ns.{value}`; without a namespace the table goes to "
+        "`routing.namespace`.",
+        default="{value}",
+    )
+    namespace: str | None = _doc(
+        "Namespace of the pipeline's own tables (`<name>_checkpoints`: one row and the committed offsets per "
+        "batch; `<name>_dead_letters`) and of dynamic tables without one. Required when routing.",
+        default=None,
+    )
+    unmatched: str = _doc(
+        "Records that go to no table (no entry matches, route field missing): `dead_letter` (error class "
+        "`Unrouted`) or `skip` (counted in `tidewater.skipped`).",
+        default="dead_letter",
+    )
+
+
+@dataclass(frozen=True)
+class CatalogSpec:
+    """The Iceberg catalog (pyiceberg properties). Spark uses the same catalog under the same name."""
+
+    name: str = _doc("Catalog name. Spark's catalog gets the same name (it is stored in the catalog tables).", default="tidewater")
+    properties: dict[str, str] = _doc(
+        "pyiceberg catalog properties (`type: sql|rest|glue|hive`, `uri`, `warehouse`, ...). Default: a SQLite "
+        "SqlCatalog at `$TIDEWATER_HOME/catalog.db` with the warehouse at `$TIDEWATER_HOME/warehouse`.",
+        default_factory=dict,
+    )
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """Limits of one micro-batch."""
+
+    max_records: int = _doc(
+        "Cap on records per batch over all partitions; shared fairly between partitions with a backlog.",
+        default=1_000_000,
+    )
+    records_per_task: int = _doc(
+        "A partition range longer than this is split into sub-ranges read by separate Spark tasks.",
+        default=250_000,
+    )
+    chunk_records: int = _doc(
+        "Records decoded and written at a time inside one Spark task (bounds memory per task).", default=50_000
+    )
+    staging_dir: str | None = _doc(
+        "Where batch plans and manifests are staged. Default: `$TIDEWATER_HOME/staging`.", default=None
+    )
+
+
+@dataclass(frozen=True)
+class ValidationSpec:
+    """The data-quality gate that runs on a staged batch before it is committed."""
+
+    not_null: list[str] = _doc("Columns that must be non-null in every row of the batch.", default_factory=list)
+    suite: str | None = _doc(
+        "A great-expectations suite file (JSON, `{\"expectations\": [{\"type\": ..., \"kwargs\": {...}}]}`), "
+        "relative to the pipeline file, whose expectations are added to the built-in ones. Row-wise "
+        "expectations (`expect_column_values_to_*`, column pairs) run chunk by chunk; whole-column ones "
+        "(uniqueness, means, ...) read their columns for the whole batch.",
+        default=None,
+    )
+    chunk_rows: int = _doc(
+        "Rows of the checked columns held in memory at a time while validating (bounds the gate's memory).",
+        default=500_000,
+    )
+    unique_ids: str = _doc(
+        "Uniqueness of the table's `id_columns`: `none`, `batch` (no two rows of the batch share an id) or "
+        "`table` (also none of the batch's ids is already in the table; reads the table's id columns for "
+        "the batch's ids).",
+        default="none",
+    )
+    data_docs_dir: str | None = _doc(
+        "Where the gate writes its great-expectations Data Docs page per batch (HTML; the validate task logs "
+        "its path). Default: `$TIDEWATER_HOME/data-docs`; pages go to `<dir>/<pipeline>/<batch id>.html`.",
+        default=None,
+    )
+    on_failure: str = _doc(
+        "`fail`: a failing expectation stops the batch (nothing committed, offsets unchanged); `warn`: the batch "
+        "is committed and the failure is logged and recorded in the snapshot summary (`tidewater.validation`); "
+        "`quarantine`: the batch's files are committed to a branch `quarantine-<batch id>` of the table, main gets "
+        "an empty snapshot that advances the offsets (main stays clean), the run fails with the report, and a "
+        "person publishes or drops it (`tidewater quarantine publish|drop`). The accounting checks (row count, "
+        "read = rows + dead letters + skipped) always fail the batch.",
+        default="fail",
+    )
+
+
+@dataclass(frozen=True)
+class SparkSpec:
+    """How the write step's Spark job is submitted."""
+
+    master: str = _doc("Spark master for `tidewater run` (the DAG uses the Airflow connection).", default="local[*]")
+    conn_id: str = _doc(
+        "Airflow Spark connection used by the ingest DAG's SparkSubmitOperator.", default="tidewater_spark"
+    )
+    conf: dict[str, str] = _doc("Extra Spark configuration passed to spark-submit.", default_factory=dict)
+    iceberg_packages: str | None = _doc(
+        "Maven coordinates for the Iceberg Spark runtime (production). Unset: the bundled offline jar is "
+        "repaired and used.",
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class AirflowSpec:
+    """DAG settings."""
+
+    retries: int = _doc("Task retries.", default=2)
+    retry_delay_seconds: int = _doc("Delay between task retries.", default=60)
+    owner: str = _doc("DAG owner shown in the UI.", default="tidewater")
+    tags: list[str] = _doc("Extra DAG tags (`tidewater` and `ingest` are always set).", default_factory=list)
+    task_timeout_minutes: int = _doc(
+        "Execution timeout of each ingest task. With retries it bounds the longest possible batch, which "
+        "`maintenance.remove_orphan_files.older_than_hours` may never undercut.",
+        default=60,
+    )
+
+    def dag_kwargs(self, kind: str) -> dict[str, Any]:
+        """Arguments every DAG of the pipeline shares (``kind``: ingest, replay, quarantine, maintenance)."""
+        from datetime import datetime, timezone
+
+        return {
+            "start_date": datetime(2024, 1, 1, tzinfo=timezone.utc),
+            "catchup": False,
+            "max_active_runs": 1,
+            "tags": sorted({"tidewater", kind, *self.tags}),
+            "default_args": self.default_args(),
+        }
+
+    def default_args(self) -> dict[str, Any]:
+        """Airflow ``default_args`` shared by the pipeline's DAGs."""
+        from datetime import timedelta
+
+        return {
+            "owner": self.owner,
+            "retries": self.retries,
+            "retry_delay": timedelta(seconds=self.retry_delay_seconds),
+            "execution_timeout": timedelta(minutes=self.task_timeout_minutes),
+        }
+
+
+@dataclass(frozen=True)
+class CompactionSpec:
+    """Rewrite data files (Spark `rewrite_data_files`): small files into files near the target size."""
+
+    enabled: bool = _doc("Run this task.", default=True)
+    strategy: str = _doc(
+        "`auto` (sort when the table has a sort order, else bin-pack), `binpack`, `sort`, or `zorder`.",
+        default="auto",
+    )
+    zorder_columns: list[str] = _doc("Columns for `strategy: zorder`.", default_factory=list)
+    target_file_size_bytes: int | None = _doc(
+        "Target size of rewritten files. Default: the table's `write.target-file-size-bytes`.", default=None
+    )
+    min_input_files: int = _doc("A file group is rewritten only when it has at least this many files.", default=5)
+    partial_progress: bool = _doc(
+        "Commit file groups as they finish (big tables make progress even if the task dies).", default=True
+    )
+    partial_progress_max_commits: int = _doc("Most commits one run makes with partial progress.", default=10)
+
+
+@dataclass(frozen=True)
+class ExpirySpec:
+    """Expire old snapshots (Spark `expire_snapshots`). The newest snapshot carrying the committed
+    offsets, and every snapshot after it, are always kept."""
+
+    enabled: bool = _doc("Run this task.", default=True)
+    older_than_hours: float = _doc("Expire snapshots older than this.", default=120.0)
+    retain_last: int = _doc("Always keep at least this many of the newest snapshots.", default=10)
+
+
+@dataclass(frozen=True)
+class OrphanSpec:
+    """Delete files in the table's location that no snapshot references (Spark `remove_orphan_files`)."""
+
+    enabled: bool = _doc("Run this task.", default=True)
+    older_than_hours: float = _doc(
+        "Only files older than this are removed. Must exceed the longest possible batch (see "
+        "`airflow.task_timeout_minutes`); files of a batch still in flight are never removed.",
+        default=72.0,
+    )
+
+
+@dataclass(frozen=True)
+class MaintenanceSpec:
+    """The `maintain_<name>` DAG and `tidewater maintain`."""
+
+    schedule: str | None = _doc("Airflow schedule of the maintenance DAG. `null`: triggered only.", default="@daily")
+    rewrite_data_files: CompactionSpec = _doc("Compaction.", default_factory=CompactionSpec)
+    rewrite_manifests: bool = _doc("Rewrite manifests (Spark `rewrite_manifests`).", default=True)
+    expire_snapshots: ExpirySpec = _doc("Snapshot expiry.", default_factory=ExpirySpec)
+    remove_orphan_files: OrphanSpec = _doc("Orphan file removal.", default_factory=OrphanSpec)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """One pipeline: Kafka topics into one Iceberg table."""
+
+    name: str = _doc("Pipeline name: lower-case letters, digits and `_`. The DAG id is `ingest_<name>`.", default="")
+    topics: list[str] = _doc("Kafka topics to ingest.", default_factory=list)
+    topic_pattern: str | None = _doc(
+        "Regular expression (full match) selecting more topics, e.g. `logs\\.\\d{8}` for daily topics. Matching "
+        "topics are listed at every plan, so topics created later are picked up; their offsets are tracked like "
+        "the others. Internal topics (`__...`) never match.",
+        default=None,
+    )
+    table: TableSpec = _doc(
+        "Target table. With `tables` or `routing.dynamic`: the defaults of every target table (no identifier).",
+        default_factory=TableSpec,
+    )
+    tables: list[RouteTableSpec] = _doc(
+        "Several target tables (see `tables[]` below): records go to tables by topic and/or `routing`. Each "
+        "table gets one commit per batch and records its own offsets; the pipeline's position is kept in "
+        "`<routing.namespace>.<name>_checkpoints`.",
+        default_factory=list,
+    )
+    routing: RoutingSpec = _doc("Routing between several tables.", default_factory=RoutingSpec)
+    schedule: str | None = _doc("Airflow schedule (cron or preset). `null`: triggered only.", default="*/5 * * * *")
+    description: str = _doc("Shown as the DAG's documentation.", default="")
+    kafka: KafkaSpec = _doc("Kafka connection.", default_factory=KafkaSpec)
+    format: FormatSpec = _doc("Record format.", default_factory=FormatSpec)
+    dead_letter: DeadLetterSpec = _doc("Records that cannot be decoded.", default_factory=DeadLetterSpec)
+    catalog: CatalogSpec = _doc("Iceberg catalog.", default_factory=CatalogSpec)
+    batch: BatchSpec = _doc("Batch limits.", default_factory=BatchSpec)
+    validation: ValidationSpec = _doc("Data-quality gate.", default_factory=ValidationSpec)
+    spark: SparkSpec = _doc("Spark job submission.", default_factory=SparkSpec)
+    airflow: AirflowSpec = _doc("Airflow DAG settings.", default_factory=AirflowSpec)
+    maintenance: MaintenanceSpec = _doc("Table maintenance.", default_factory=MaintenanceSpec)
+    source_path: str | None = field(default=None, metadata={"internal": True})
+
+    # ---- derived values -------------------------------------------------------------------------
+    @property
+    def dag_id(self) -> str:
+        return f"ingest_{self.name}"
+
+    def catalog_properties(self) -> dict[str, str]:
+        props = dict(self.catalog.properties)
+        if not props:
+            home = home_dir()
+            props = {
+                "type": "sql",
+                "uri": f"sqlite:///{home / 'catalog.db'}",
+                "warehouse": f"file://{home / 'warehouse'}",
+            }
+        return props
+
+    @property
+    def routed(self) -> bool:
+        """Several target tables (static `tables` or dynamic routing)."""
+        return bool(self.tables) or self.routing.dynamic
+
+    def table_spec(self, identifier: str) -> TableSpec:
+        """Settings of one target table: its `tables` entry, else the `table` defaults under that name."""
+        for t in self.tables:
+            if t.identifier == identifier:
+                return TableSpec(**{f.name: getattr(t, f.name) for f in dataclasses.fields(TableSpec)})
+        return dataclasses.replace(self.table, identifier=identifier)
+
+    def for_table(self, identifier: str) -> PipelineSpec:
+        """A single-table view of a routed pipeline (for the gate and maintenance of one target table)."""
+        return dataclasses.replace(
+            self, table=self.table_spec(identifier), tables=[], routing=RoutingSpec(),
+            dead_letter=dataclasses.replace(self.dead_letter, table=self.dead_letter_table()),
+        )
+
+    def describe_targets(self) -> str:
+        """The target table(s), for logs and DAG documentation."""
+        if not self.routed:
+            return self.table.identifier
+        if self.routing.dynamic:
+            return f"tables named by {self.routing.field!r} ({self.routing.table_template})"
+        return ", ".join(t.identifier for t in self.tables)
+
+    def checkpoint_table(self) -> str:
+        """Where the pipeline's position lives: the target table, or the checkpoint table when routing."""
+        return f"{self.routing.namespace}.{self.name}_checkpoints" if self.routed else self.table.identifier
+
+    def dead_letter_table(self) -> str:
+        if self.dead_letter.table:
+            return self.dead_letter.table
+        return f"{self.routing.namespace}.{self.name}_dead_letters" if self.routed else f"{self.table.identifier}_dead_letters"
+
+    def longest_batch_seconds(self) -> int:
+        """Upper bound on a batch's life: plan, write, validate and commit, each with every retry."""
+        a = self.airflow
+        per_task = a.task_timeout_minutes * 60 * (a.retries + 1) + a.retry_delay_seconds * a.retries
+        return 4 * per_task
+
+    def staging_dir(self) -> Path:
+        return Path(self.batch.staging_dir) if self.batch.staging_dir else home_dir() / "staging"
+
+    def suite_path(self) -> Path | None:
+        suite = self.table.suite or self.validation.suite
+        if not suite:
+            return None
+        base = Path(self.source_path).parent if self.source_path else pipelines_dir()
+        return (base / suite).resolve()
+
+
+def is_secret_key(key: str) -> bool:
+    return bool(_SECRET_KEY.search(key))
+
+
+def redact(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy with secret-looking values replaced, safe for logs, XCom and snapshot properties."""
+    return {k: (REDACTED if is_secret_key(k) else v) for k, v in settings.items()}

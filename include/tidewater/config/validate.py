@@ -1,0 +1,177 @@
+"""validate (moved from config.py)."""
+
+
+from __future__ import annotations
+
+import re
+
+from tidewater.config.spec import _IDENTIFIER_PART, _NAME, PipelineSpec
+from tidewater.errors import ConfigError
+
+
+def validate(spec: PipelineSpec) -> None:
+    """Checks across fields. Raises ConfigError naming the key."""
+    if not spec.name:
+        raise ConfigError("name: required")
+    if not _NAME.match(spec.name):
+        raise ConfigError(f"name: {spec.name!r} must be lower-case letters, digits and '_', starting with a letter")
+    if not spec.topics and not spec.topic_pattern:
+        raise ConfigError("topics: at least one topic (or a topic_pattern) is required")
+    if spec.topic_pattern is not None:
+        try:
+            re.compile(spec.topic_pattern)
+        except re.error as e:
+            raise ConfigError(f"topic_pattern: {spec.topic_pattern!r} is not a valid regular expression ({e})") from None
+    for i, t in enumerate(spec.topics):
+        if not re.match(r"^[A-Za-z0-9._-]{1,249}$", t):
+            raise ConfigError(f"topics[{i}]: {t!r} is not a valid Kafka topic name")
+    if len(set(spec.topics)) != len(spec.topics):
+        raise ConfigError("topics: a topic is listed twice")
+    if spec.routed:
+        _validate_routing(spec)
+    elif not spec.table.identifier:
+        raise ConfigError("table.identifier: required (namespace.name)")
+    else:
+        check_identifier("table.identifier", spec.table.identifier)
+    from tidewater.table.partitioning import check_config
+
+    check_config(spec.table.partition_by, spec.table.sort_by, "table")
+    if not spec.kafka.bootstrap_servers and not spec.kafka.conn_id:
+        raise ConfigError("kafka: set either bootstrap_servers or conn_id")
+    for key in ("group.id", "enable.auto.commit", "isolation.level", "enable.partition.eof"):
+        if key in spec.kafka.settings:
+            raise ConfigError(f"kafka.settings.{key}: managed by Tidewater (offsets live in the table); remove it")
+    if spec.kafka.read_timeout_seconds <= 0:
+        raise ConfigError("kafka.read_timeout_seconds: must be positive")
+    formats = ("json", "connect_json", "debezium", "avro", "string", "bytes")
+    if spec.format.value not in formats:
+        raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: {', '.join(formats)})")
+    if spec.format.value == "avro" and not spec.format.registry_url:
+        raise ConfigError("format.registry_url: required for value format avro")
+    try:
+        from zoneinfo import ZoneInfo
+
+        ZoneInfo(spec.format.timezone)
+    except Exception:
+        raise ConfigError(f"format.timezone: {spec.format.timezone!r} is not an IANA time zone name") from None
+    for column, tfmt in spec.format.timestamps.items():
+        if tfmt not in ("iso8601", "epoch_millis", "epoch_seconds") and "%" not in tfmt:
+            raise ConfigError(
+                f"format.timestamps.{column}: {tfmt!r} is not iso8601, epoch_millis, epoch_seconds or a strftime pattern"
+            )
+    one_of("format.key", spec.format.key, ("none", "string", "bytes"))
+    if not re.match(r"^[A-Za-z0-9_]{1,8}$", spec.format.flatten_separator):
+        raise ConfigError(f"format.flatten_separator: {spec.format.flatten_separator!r} must be 1-8 letters, digits or '_'")
+    one_of("format.metadata", spec.format.metadata, ("none", "prefixed", "struct"))
+    one_of("validation.on_failure", spec.validation.on_failure, ("fail", "warn", "quarantine"))
+    one_of("validation.unique_ids", spec.validation.unique_ids, ("none", "batch", "table"))
+    if spec.validation.unique_ids != "none" and not spec.routed and not spec.table.id_columns:
+        raise ConfigError("validation.unique_ids: needs table.id_columns")
+    if spec.validation.on_failure == "quarantine" and spec.routed:
+        raise ConfigError("validation.on_failure: quarantine is not available for pipelines that route to several tables yet")
+    one_of("dead_letter.policy", spec.dead_letter.policy, ("dead_letter", "fail", "skip"))
+    if spec.dead_letter.topic is not None and (
+        not re.match(r"^[A-Za-z0-9._-]{1,249}$", spec.dead_letter.topic) or spec.dead_letter.topic in spec.topics
+    ):
+        raise ConfigError(f"dead_letter.topic: {spec.dead_letter.topic!r} must be a valid Kafka topic name, not a source topic")
+    if spec.dead_letter.topic and spec.dead_letter.policy != "dead_letter":
+        raise ConfigError("dead_letter.topic: only used with dead_letter.policy: dead_letter")
+    dlq = spec.dead_letter.table
+    if dlq is not None and (
+        dlq == spec.table.identifier or len(dlq.split(".")) < 2 or not all(_IDENTIFIER_PART.match(p) for p in dlq.split("."))
+    ):
+        raise ConfigError(f"dead_letter.table: {dlq!r} must be `namespace.name` (letters, digits, '_'), not the target table")
+    m = spec.maintenance
+    for key, value, minimum in (
+        ("batch.max_records", spec.batch.max_records, 1),
+        ("batch.records_per_task", spec.batch.records_per_task, 1),
+        ("batch.chunk_records", spec.batch.chunk_records, 1),
+        ("validation.chunk_rows", spec.validation.chunk_rows, 1),
+        ("format.flatten_max_depth", spec.format.flatten_max_depth, 1),
+        ("airflow.task_timeout_minutes", spec.airflow.task_timeout_minutes, 1),
+        ("maintenance.rewrite_data_files.min_input_files", m.rewrite_data_files.min_input_files, 1),
+        ("maintenance.expire_snapshots.retain_last", m.expire_snapshots.retain_last, 1),
+        ("maintenance.expire_snapshots.older_than_hours", m.expire_snapshots.older_than_hours, 0),
+    ):
+        if value < minimum:
+            raise ConfigError(f"{key}: must be at least {minimum}")
+    one_of("maintenance.rewrite_data_files.strategy", m.rewrite_data_files.strategy, ("auto", "binpack", "sort", "zorder"))
+    if m.rewrite_data_files.strategy == "zorder" and not m.rewrite_data_files.zorder_columns:
+        raise ConfigError("maintenance.rewrite_data_files.zorder_columns: needed for strategy zorder")
+    longest_h = spec.longest_batch_seconds() / 3600
+    if m.remove_orphan_files.older_than_hours < max(longest_h, 24):
+        raise ConfigError(
+            f"maintenance.remove_orphan_files.older_than_hours: {m.remove_orphan_files.older_than_hours:g} is less than "
+            f"the longest possible batch ({longest_h:.1f} h from airflow.task_timeout_minutes, retries and "
+            "retry_delay_seconds) or 24 h; a younger file may belong to a batch still being written"
+        )
+    props = spec.catalog_properties()
+    if "type" not in props and "uri" not in props:
+        raise ConfigError("catalog.properties: set at least `type` (sql, rest, glue, hive) or `uri`")
+    if spec.airflow.retries < 0:
+        raise ConfigError("airflow.retries: must be zero or more")
+    suite = spec.suite_path()
+    if suite is not None and not suite.is_file():
+        raise ConfigError(f"{'table.suite' if spec.table.suite else 'validation.suite'}: file {suite} does not exist")
+    for i, t in enumerate(spec.tables):
+        if t.suite:
+            path = spec.for_table(t.identifier).suite_path()
+            if path is None or not path.is_file():
+                raise ConfigError(f"tables[{i}].suite: file {path} does not exist")
+
+
+def check_identifier(key: str, ident: str) -> None:
+    parts = ident.split(".")
+    if len(parts) < 2 or not all(_IDENTIFIER_PART.match(p) for p in parts):
+        raise ConfigError(f"{key}: {ident!r} must be namespace.name made of letters, digits and '_'")
+
+
+def _validate_routing(spec: PipelineSpec) -> None:
+    r = spec.routing
+    if spec.table.identifier:
+        raise ConfigError("table.identifier: not used when records are routed (`tables` or routing.dynamic); "
+                          "`table` holds the defaults of every target table, list the targets under `tables`")
+    if not r.namespace or not _IDENTIFIER_PART.match(r.namespace):
+        raise ConfigError("routing.namespace: required when routing (letters, digits and '_'): it holds the "
+                          "pipeline's checkpoint and dead-letter tables")
+    one_of("routing.unmatched", r.unmatched, ("dead_letter", "skip"))
+    if r.field is not None and not re.match(r"^[A-Za-z_$][A-Za-z0-9_$-]*(\.[A-Za-z_$][A-Za-z0-9_$-]*)*$", r.field):
+        raise ConfigError(f"routing.field: {r.field!r} is not a field name or dotted path")
+    if r.dynamic:
+        if not r.field:
+            raise ConfigError("routing.field: required with routing.dynamic")
+        if r.table_template.count("{value}") != 1:
+            raise ConfigError(f"routing.table_template: {r.table_template!r} must contain {{value}} once")
+    seen = set()
+    for i, t in enumerate(spec.tables):
+        key = f"tables[{i}]"
+        if not t.identifier:
+            raise ConfigError(f"{key}.identifier: required")
+        check_identifier(f"{key}.identifier", t.identifier)
+        if t.identifier in seen:
+            raise ConfigError(f"{key}.identifier: {t.identifier!r} is listed twice")
+        seen.add(t.identifier)
+        if t.route_regex is not None:
+            if r.dynamic:
+                raise ConfigError(f"{key}.route_regex: not used with routing.dynamic (the value names the table)")
+            if not r.field:
+                raise ConfigError(f"{key}.route_regex: needs routing.field")
+            try:
+                re.compile(t.route_regex)
+            except re.error as e:
+                raise ConfigError(f"{key}.route_regex: {t.route_regex!r} is not a valid regular expression ({e})") from None
+        for topic in t.topics:
+            listed = topic in spec.topics or (spec.topic_pattern and re.fullmatch(spec.topic_pattern, topic))
+            if not listed:
+                raise ConfigError(f"{key}.topics: {topic!r} is not one of the pipeline's topics (or topic_pattern)")
+        from tidewater.table.partitioning import check_config
+
+        check_config(t.partition_by, t.sort_by, key)
+    for ident in (spec.checkpoint_table(), spec.dead_letter_table()):
+        if ident in seen:
+            raise ConfigError(f"tables: {ident!r} is the pipeline's own checkpoint or dead-letter table")
+
+
+def one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")

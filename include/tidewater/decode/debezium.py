@@ -1,0 +1,85 @@
+"""debezium (moved from envelopes.py)."""
+
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tidewater.decode.connect import _all_failed, _failures, _first_schema, _flatten, decode_connect
+from tidewater.decode.json import decode_json_lenient
+from tidewater.decode.records import BadRecord
+from tidewater.source.kafka import Chunk
+
+OPS = ("c", "u", "d", "r")
+
+
+def decode_debezium(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
+    """Debezium change events (plain JSON or inside a Connect envelope): the row image plus ``_op``.
+
+    ``after`` for c/u/r, ``before`` for d. Tombstones (null values after a delete) come back as bad
+    records of class ``Tombstone``: the caller counts them as skipped (they carry no row).
+    """
+    enveloped = _first_schema(chunk) is not None
+    if enveloped:
+        outer, bad = decode_connect(chunk, None)
+    else:
+        outer, bad = decode_json_lenient(chunk, None)
+    if "op" not in outer.column_names:
+        return _all_failed(len(chunk), bad, "NotDebezium", "no `op` field in the change event")
+    op = outer.column("op").cast(pa.string())
+    valid = pc.fill_null(pc.is_in(op, value_set=pa.array(OPS)), False)
+    failures = _failures(len(chunk), bad, pc.invert(valid), "NotDebezium", f"`op` is not one of {', '.join(OPS)}")
+    outer = outer.filter(valid)
+    op = op.filter(valid)
+    before = outer.column("before") if "before" in outer.column_names else None
+    after = outer.column("after") if "after" in outer.column_names else None
+    before, after = _same_type(before, after)
+    if after is None and before is None:
+        image = pa.table({})
+    elif before is None:
+        image = _flatten(after)
+    elif after is None:
+        image = _flatten(before)
+    else:
+        picked = pc.if_else(pc.equal(op, "d"), before.combine_chunks(), after.combine_chunks())
+        image = _flatten(picked)
+    if explicit is not None:
+        want = {f.name: f.type for f in explicit}
+        for i, name in enumerate(image.column_names):
+            if name in want and image.column(i).type != want[name]:
+                try:
+                    image = image.set_column(i, name, image.column(i).cast(want[name]))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    pass  # the writer's cast names the column if it really cannot be converted
+    image = image.append_column("_op", op)
+    return image, sorted(bad + failures, key=lambda b: b.index)
+
+
+def _same_type(before: Any, after: Any) -> tuple[Any, Any]:
+    """Before and after images as one struct type (an all-null image takes the other's type)."""
+    def null_only(c: Any) -> bool:
+        return c is None or pa.types.is_null(c.type)
+
+    if null_only(before) and null_only(after):
+        return None, None
+    if null_only(before):
+        return (pa.nulls(len(after), after.type) if before is not None else None), after
+    if null_only(after):
+        return before, (pa.nulls(len(before), before.type) if after is not None else None)
+    if before.type != after.type:
+        merged = pa.unify_schemas([pa.schema(list(before.type)), pa.schema(list(after.type))], promote_options="permissive")
+        t = pa.struct(list(merged))
+        return _cast_struct(before, t), _cast_struct(after, t)
+    return before, after
+
+
+def _cast_struct(col: Any, t: pa.StructType) -> Any:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    children = []
+    for f in t:
+        idx = arr.type.get_field_index(f.name)
+        children.append(arr.field(idx).cast(f.type) if idx >= 0 else pa.nulls(len(arr), f.type))
+    return pa.StructArray.from_arrays(children, fields=list(t), mask=arr.is_null())

@@ -1,0 +1,281 @@
+"""Decoding record values into Arrow tables.
+
+JSON values of a chunk are joined into one newline-delimited buffer and parsed by Arrow's JSON reader
+in one call (vectorized, multi-threaded): no Python work per record on the success path. When Arrow
+rejects the buffer, the failing record is located by bisection (error path only) so the error names
+its topic, partition and offset.
+
+Type inference: fields already in the table are parsed with the table's types; new fields are inferred
+(long, double, boolean, string, struct, list). Strings that merely look like timestamps stay strings
+(parsing date-times is an explicit, configured conversion), and fields that are null in every record
+of a chunk are left out until a record gives them a type.
+"""
+
+
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.json as pj
+
+from tidewater.decode.records import BadRecord
+from tidewater.errors import RecordError
+from tidewater.source.kafka import Chunk
+
+MIN_BLOCK_SIZE = 1 << 20  # small blocks let Arrow parse one chunk on several threads
+
+
+def _parse(buf: bytes, explicit: pa.Schema | None, block_size: int) -> pa.Table:
+    opts = pj.ParseOptions(
+        explicit_schema=explicit,
+        unexpected_field_behavior="infer",
+        newlines_in_values=False,
+    )
+    return pj.read_json(io.BytesIO(buf), read_options=pj.ReadOptions(block_size=block_size), parse_options=opts)
+
+
+def _parse_settled(buf: bytes, explicit: pa.Schema | None, block_size: int) -> pa.Table:
+    """Parse, then parse again with the settled schema if inferred fields need their final types."""
+    table = _parse(buf, explicit, block_size)
+    settled = settle_schema(table.schema, explicit)
+    if settled != table.schema:
+        table = _parse(buf, settled, block_size)
+        if table.schema != settled:  # null-only fields come back as inferred nulls: drop them
+            table = table.select(settled.names).cast(settled)
+    return table
+
+
+def _readable_type(t: pa.DataType) -> pa.DataType:
+    """The table's type as Arrow's JSON reader can produce it (no large_* layouts); cast back on write."""
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(_readable_type(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _readable_type(f.type)) for f in t])
+    return t
+
+
+def readable_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, _readable_type(f.type)) for f in schema])
+
+
+def _inferred_type(t: pa.DataType) -> pa.DataType | None:
+    """The type to keep for an inferred field: timestamps become strings, null-only fields are dropped."""
+    if pa.types.is_null(t):
+        return None
+    if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t):
+        return pa.string()
+    if pa.types.is_struct(t):
+        fields = [pa.field(f.name, ft) for f in t if (ft := _inferred_type(f.type)) is not None]
+        return pa.struct(fields) if fields else None
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        vt = _inferred_type(t.value_type)
+        return pa.list_(vt) if vt is not None else None
+    return t
+
+
+def _merge(explicit: pa.DataType | None, decoded: pa.DataType) -> pa.DataType | None:
+    """Keep the table's type where it has one, fix up inferred types elsewhere."""
+    if explicit is None:
+        return _inferred_type(decoded)
+    if pa.types.is_struct(explicit) and pa.types.is_struct(decoded):
+        fields = []
+        for f in decoded:
+            idx = explicit.get_field_index(f.name)
+            ft = _merge(explicit.field(idx).type if idx >= 0 else None, f.type)
+            if ft is not None:
+                fields.append(pa.field(f.name, ft))
+        return pa.struct(fields)
+    if pa.types.is_list(explicit) and (pa.types.is_list(decoded) or pa.types.is_large_list(decoded)):
+        vt = _merge(explicit.value_type, decoded.value_type)
+        return pa.list_(vt if vt is not None else explicit.value_type)
+    return explicit
+
+
+def settle_schema(decoded: pa.Schema, explicit: pa.Schema | None) -> pa.Schema:
+    """The schema to parse with so that inferred fields get their final types."""
+    struct = _merge(pa.struct(list(explicit)) if explicit is not None else pa.struct([]), pa.struct(list(decoded)))
+    assert struct is not None
+    return pa.schema(list(struct))
+
+
+def decode_json(chunk: Chunk, explicit: pa.Schema | None) -> pa.Table:
+    """Parse a chunk of JSON object values. Raises RecordError naming the first bad record."""
+    if explicit is not None:
+        explicit = readable_schema(explicit)
+    values = chunk.values
+    n = len(values)
+    if n == 0:
+        return pa.table({})
+    if values.count(None):
+        i = values.index(None)
+        raise RecordError(
+            "record has a null value (tombstone); JSON pipelines need an object per record",
+            topic=chunk.topic,
+            partition=chunk.partition,
+            offset=chunk.offsets[i],
+        )
+    buf = b"\n".join(values)  # type: ignore[arg-type]
+    if buf.count(b"\n") != n - 1 or b"\r" in buf:
+        # Pretty-printed values: raw line breaks can only be whitespace between JSON tokens.
+        values = [v.replace(b"\r", b" ").replace(b"\n", b" ") for v in values]  # type: ignore[union-attr]
+        buf = b"\n".join(values)  # type: ignore[arg-type]
+    block_size = max(MIN_BLOCK_SIZE, 2 * max(map(len, values)) + 1)  # type: ignore[arg-type]
+    try:
+        table = _parse_settled(buf, explicit, block_size)
+    except pa.ArrowInvalid as e:
+        _raise_bad_record(chunk, values, explicit, block_size, e)  # type: ignore[arg-type]
+        raise  # pragma: no cover - _raise_bad_record always raises
+    if table.num_rows != n:
+        stripped = [i for i, v in enumerate(values) if not v.strip()]  # type: ignore[union-attr]
+        i = stripped[0] if stripped else 0
+        raise RecordError(
+            "record value is empty or whitespace; expected a JSON object",
+            topic=chunk.topic,
+            partition=chunk.partition,
+            offset=chunk.offsets[i],
+        )
+    return table
+
+
+def _raise_bad_record(
+    chunk: Chunk, values: list[bytes], explicit: pa.Schema | None, block_size: int, error: Exception
+) -> None:
+    """Find the first record whose prefix fails to parse (bisection), and raise naming it."""
+
+    def fails(k: int) -> bool:
+        try:
+            _parse_settled(b"\n".join(values[:k]), explicit, block_size)
+            return False
+        except pa.ArrowInvalid:
+            return True
+
+    lo, hi = 0, len(values)
+    if not fails(hi):  # the failure needed the whole buffer: report the chunk
+        raise RecordError(
+            f"chunk of {len(values)} records could not be decoded: {error}",
+            topic=chunk.topic,
+            partition=chunk.partition,
+            offset=chunk.offsets[0],
+        ) from error
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fails(mid):
+            hi = mid
+        else:
+            lo = mid
+    bad = hi - 1
+    try:
+        _parse(values[bad], explicit, block_size)
+        reason = str(error)
+    except pa.ArrowInvalid as e:
+        reason = str(e)
+    preview = values[bad][:120]
+    raise RecordError(
+        f"record is not a valid JSON object for this table ({reason}); value starts with {preview!r}",
+        topic=chunk.topic,
+        partition=chunk.partition,
+        offset=chunk.offsets[bad],
+    ) from error
+
+
+def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
+    """Like :func:`decode_json`, but records that cannot be decoded are returned apart, not raised.
+
+    Success path: one parse of the whole chunk, as ``decode_json``. Error path only: each record is
+    screened (tombstone, empty, invalid UTF-8, invalid JSON, not an object); the rest is split in halves
+    until every failing piece is a single record (type mismatches: a few parses per bad record).
+    Returns the good records' table, in chunk order, and the bad records.
+    """
+    try:
+        return decode_json(chunk, explicit), []
+    except RecordError:
+        pass
+    values = chunk.values
+    bad: dict[int, BadRecord] = {}
+    clean: dict[int, bytes] = {}
+    for i, v in enumerate(values):
+        # Cheap per-record screen (error path only): records that are not JSON objects at all never reach
+        # the halving below, which then only has type mismatches left to find (usually none: one parse).
+        problem = _screen(v)
+        if problem is not None:
+            bad[i] = BadRecord(i, *problem)
+        else:
+            clean[i] = v.replace(b"\r", b" ").replace(b"\n", b" ")  # type: ignore[union-attr]
+    candidates = list(clean)
+    block_size = max([MIN_BLOCK_SIZE, *(2 * len(v) + 1 for v in clean.values())])
+    schema = readable_schema(explicit) if explicit is not None else None
+    for _ in range(8):  # each round fixes the types of fields the table does not have yet
+        good, failed = _isolate(candidates, clean, schema, block_size)
+        if not good:
+            table = pa.table({})
+            bad.update(failed)
+            break
+        buf = b"\n".join(clean[i] for i in good)
+        try:
+            table = _parse_settled(buf, schema, block_size)
+        except pa.ArrowInvalid:
+            # Good pieces disagree on a field's type (first seen wins): take the first piece's types.
+            first = _parse_settled(clean[good[0]], schema, block_size)
+            schema = settle_schema(first.schema, schema)
+            continue
+        if table.num_rows != len(good):
+            raise RecordError(f"chunk of {len(values)} records decoded to {table.num_rows} rows",
+                              topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[0])
+        bad.update(failed)
+        break
+    else:
+        raise RecordError(f"chunk of {len(values)} records: field types could not be settled",
+                          topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[0])
+    return table, [bad[i] for i in sorted(bad)]
+
+
+def _screen(v: bytes | None) -> tuple[str, str] | None:
+    """(error class, message) for a value that is no JSON object at all, else None."""
+    if v is None:
+        return "Tombstone", "record has a null value (tombstone); JSON pipelines need an object per record"
+    if not v.strip():
+        return "EmptyValue", "record value is empty or whitespace; expected a JSON object"
+    try:
+        doc = json.loads(v.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "InvalidUtf8", f"value is not valid UTF-8; value starts with {v[:120]!r}"
+    except ValueError as e:
+        return "InvalidJson", f"JSON parse error: {e}; value starts with {v[:120]!r}"
+    if not isinstance(doc, dict):
+        return "TypeMismatch", f"value is a JSON {type(doc).__name__}, not an object; value starts with {v[:120]!r}"
+    return None
+
+
+def _isolate(
+    indices: list[int], values: dict[int, bytes], schema: pa.Schema | None, block_size: int
+) -> tuple[list[int], dict[int, BadRecord]]:
+    """Split ``indices`` until each failing piece is one record. Returns good indices (in order) and bad ones."""
+    if not indices:
+        return [], {}
+    try:
+        _parse_settled(b"\n".join(values[i] for i in indices), schema, block_size)
+        return indices, {}
+    except pa.ArrowInvalid as e:
+        if len(indices) == 1:  # valid JSON objects (screened): what Arrow rejects is a type
+            i = indices[0]
+            reason = str(e).splitlines()[0].replace(" in row 0", "")
+            kind = "TypeMismatch" if "changed from" in reason or "conversion" in reason.lower() else "InvalidJson"
+            return [], {i: BadRecord(i, kind, f"{reason}; value starts with {values[i][:120]!r}")}
+    mid = len(indices) // 2
+    good_a, bad_a = _isolate(indices[:mid], values, schema, block_size)
+    good_b, bad_b = _isolate(indices[mid:], values, schema, block_size)
+    return good_a + good_b, {**bad_a, **bad_b}
+
+
+def _not_utf8(v: bytes) -> bool:
+    try:
+        v.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True

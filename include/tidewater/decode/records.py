@@ -1,0 +1,38 @@
+"""records (moved from decoding.py)."""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+# ---- error path: separate the records that cannot be decoded -------------------------------------
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A record of a chunk that could not be decoded, by its index in the chunk."""
+
+    index: int
+    error_class: str
+    message: str
+
+
+def surviving(n: int, bad: list[int]) -> list[int]:
+    """Chunk index of each decoded row when the records at ``bad`` were set apart (error path)."""
+    gone = set(bad)
+    return [i for i in range(n) if i not in gone]
+
+
+def keep_mask(n: int, bad: list[int]) -> pa.Array:
+    """A filter keeping every row of an ``n``-record chunk but those at ``bad``."""
+    mask = np.ones(n, dtype=bool)
+    mask[list(bad)] = False
+    return pa.array(mask)
+
+
+def decoded_rows(n: int, bad: list[int]) -> pa.Array:
+    """Chunk index of each decoded row when the records at ``bad`` were set apart (vectorized)."""
+    return pa.array(np.flatnonzero(keep_mask(n, bad).to_numpy(zero_copy_only=False)) if bad else np.arange(n), pa.uint64())

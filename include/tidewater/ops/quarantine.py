@@ -1,0 +1,101 @@
+"""Quarantined batches (``validation.on_failure: quarantine``).
+
+A batch whose expectations fail is not lost and not published: its data files are committed to a
+branch ``quarantine-<batch id>`` of the table, and main gets an empty snapshot carrying the batch id
+and the advanced offsets, so ingestion goes on and main stays clean. The run fails with the report.
+A person then publishes the batch (its files appended to main in one commit) or drops it (the branch
+is removed; expiry and orphan removal delete its files later).
+"""
+
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from tidewater.commit.quarantine import branch_name
+from tidewater.config.spec import PipelineSpec
+from tidewater.errors import ConfigError, TerminalError
+from tidewater.table.summary import PREFIX
+
+log = logging.getLogger(__name__)
+
+
+def list_quarantined(spec: PipelineSpec, table: Any) -> list[dict[str, Any]]:
+    """The batches waiting on a quarantine branch: batch id, branch, rows, files, the gate's verdict."""
+    from tidewater.table.summary import VALIDATION, summary_dict
+
+    out = []
+    for name, ref in sorted(table.metadata.refs.items()):
+        if not name.startswith(PREFIX):
+            continue
+        snap = table.metadata.snapshot_by_id(ref.snapshot_id)
+        props = summary_dict(snap)
+        out.append({"batch_id": name[len(PREFIX):], "branch": name, "rows": int(props.get("added-records", 0)),
+                    "files": int(props.get("added-data-files", 0)),
+                    "validation": json.loads(props[VALIDATION]) if VALIDATION in props else None})
+    return out
+
+
+def _table(spec: PipelineSpec) -> Any:
+    from tidewater.table.catalog import load_catalog, load_table
+
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    if table is None:
+        raise ConfigError(f"table {spec.table.identifier} does not exist")
+    return table
+
+
+def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
+    """Append a quarantined batch's files to main (one commit; done once), then remove its branch."""
+    from tidewater.commit.primitive import fast_append_tx as _fast_append_tx
+    from tidewater.commit.primitive import without_commit_retries as _without_commit_retries
+    from tidewater.table.summary import PIPELINE, PUBLISHED, summary_dict
+
+    table = _table(spec)
+    name = branch_name(batch_id)
+    done = next((s for s in table.metadata.snapshots if summary_dict(s).get(PUBLISHED) == batch_id), None)
+    head = table.snapshot_by_name(name)
+    if done is None:
+        if head is None:
+            raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier} "
+                              f"(waiting: {', '.join(q['batch_id'] for q in list_quarantined(spec, table)) or 'none'})")
+        files = [t.file for t in table.scan(snapshot_id=head.snapshot_id).plan_files()]
+        view = _without_commit_retries(table)
+        with view.transaction() as tx:
+            _fast_append_tx(tx, view, [], {PUBLISHED: batch_id, PIPELINE: spec.name}, None, files)
+        rows = sum(f.record_count for f in files)
+        log.info("published quarantined batch %s: %d rows in %d files appended to %s", batch_id, rows, len(files),
+                 spec.table.identifier)
+        table = _table(spec)
+    else:
+        rows = int(summary_dict(done).get("added-records", 0))
+    if table.snapshot_by_name(name) is not None:
+        table.manage_snapshots().remove_branch(name).commit()
+    return {"batch_id": batch_id, "status": "published", "rows": rows}
+
+
+def drop(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
+    """Remove a quarantined batch's branch (its rows never reach main)."""
+    table = _table(spec)
+    name = branch_name(batch_id)
+    if table.snapshot_by_name(name) is None:
+        raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier}")
+    rows = next((q["rows"] for q in list_quarantined(spec, table) if q["batch_id"] == batch_id), 0)
+    table.manage_snapshots().remove_branch(name).commit()
+    log.info("dropped quarantined batch %s (%d rows) from %s", batch_id, rows, spec.table.identifier)
+    return {"batch_id": batch_id, "status": "dropped", "rows": rows}
+
+
+def quarantined_error(plan_batch_id: str, table: str, validation: dict[str, Any] | None, pipeline_path: str) -> TerminalError:
+    from tidewater.errors import ValidationFailedError
+
+    failed = (validation or {}).get("failed")
+    return ValidationFailedError(
+        f"batch {plan_batch_id} failed validation ({failed} check(s)) and was quarantined on branch "
+        f"{branch_name(plan_batch_id)} of {table}; the offsets moved on and main is unchanged. Publish it with "
+        f"`tidewater quarantine publish --pipeline {pipeline_path} --batch {plan_batch_id}` or drop it with "
+        f"`tidewater quarantine drop ...`",
+        batch_id=plan_batch_id, table=table,
+    )

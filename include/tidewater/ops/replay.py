@@ -1,0 +1,40 @@
+"""replay (moved from replay.py)."""
+
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidewater.batch import write_json_atomic
+from tidewater.config.spec import PipelineSpec
+from tidewater.plan.replay import ReplayRequest, describe, plan_replay
+from tidewater.source.timestamps import OffsetLookup
+
+
+def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None, out: Any = print,
+               lookup: OffsetLookup | None = None, inline: bool = False) -> dict[str, Any]:
+    """Plan, write (spark-submit, or in this process with ``inline``), validate and commit a replay."""
+    from tidewater.batch import manifest_path
+    from tidewater.runtime.steps import commit_step, run_write_step, validate_step
+
+    say = out or (lambda _s: None)
+    plan, path, shown = plan_replay(spec, req, lookup)
+    for row in shown:
+        say(describe(row))
+    if plan is None or path is None:
+        say("dry run: nothing changed" if req.dry_run else "nothing to replay: the request selects no committed records")
+        return {"status": "dry-run" if req.dry_run else "empty", "preview": shown}
+    if inline:
+        from tidewater.source.kafka import kafka_settings
+        from tidewater.write.job import run_inline
+
+        manifest = run_inline(plan, spec, kafka_settings(spec))
+        write_json_atomic(manifest_path(path), manifest.to_json())
+    else:
+        manifest = run_write_step(spec, path, master=master)
+    validate_step(spec, plan, manifest)
+    result = commit_step(spec, plan, manifest)
+    say(f"{result.status}: replay {plan.batch_id} ({plan.mode}), {manifest.rows_in_files} rows written"
+        + (f", {manifest.present} already present" if manifest.present else ""))
+    return {"status": result.status, "batch_id": plan.batch_id, "mode": plan.mode, "rows": manifest.rows_in_files,
+            "already_present": manifest.present, "skipped": manifest.skipped, "preview": shown}

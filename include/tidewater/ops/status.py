@@ -1,0 +1,121 @@
+"""status (moved from pipeline.py)."""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from tidewater.config.spec import PipelineSpec
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import DEAD_LETTERS, SKIPPED, committed_state, summary_dict
+
+# ---- status ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    topic: str
+    partition: int
+    committed: int | None
+    log_start: int
+    end: int
+
+    @property
+    def lag(self) -> int:
+        return self.end - (self.committed if self.committed is not None else self.log_start)
+
+
+def status(spec: PipelineSpec) -> dict[str, Any]:
+    """Committed offset, end offset and lag per partition; last snapshot; valid-through."""
+    from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
+
+    catalog = load_catalog(spec)
+    table = load_table(catalog, spec.checkpoint_table())
+    state = committed_state(table, None if spec.routed else spec.table.branch) if table is not None else None
+    settings = kafka_settings(spec)
+    wm = watermarks(settings, list_partitions(settings, resolve_topics(settings, spec)))
+    parts = [
+        PartitionStatus(t, p, (state.offsets.get(t, {}).get(p) if state else None), lo, hi)
+        for (t, p), (lo, hi) in sorted(wm.items())
+    ]
+    snap = table.current_snapshot() if table is not None else None
+    dlq = load_table(catalog, spec.dead_letter_table())
+    dlq_snap = dlq.current_snapshot() if dlq is not None else None
+    last_props = summary_dict(table.metadata.snapshot_by_id(state.tidewater_snapshot_id)) if state and state.tidewater_snapshot_id else {}
+
+    def iso(ms: int | None) -> str | None:
+        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat() if ms is not None else None
+
+    out: dict[str, Any] = {
+        "pipeline": spec.name,
+        "table": spec.checkpoint_table(),
+        "table_exists": table is not None,
+        "last_snapshot_id": snap.snapshot_id if snap else None,
+        "last_snapshot_at": iso(snap.timestamp_ms) if snap else None,
+        "last_batch_id": state.batch_id if state else None,
+        "valid_through": iso(state.valid_through_ms) if state else None,
+        "total_lag": sum(p.lag for p in parts),
+        "dead_letter_table": spec.dead_letter_table(),
+        "dead_letters": int(dlq_snap.summary.get("total-records", 0)) if dlq_snap and dlq_snap.summary else 0,
+        "last_batch_dead_letters": int(last_props.get(DEAD_LETTERS, 0)),
+        "last_batch_skipped": int(last_props.get(SKIPPED, 0)),
+        "partitions": [
+            {"topic": p.topic, "partition": p.partition, "committed": p.committed, "log_start": p.log_start,
+             "end": p.end, "lag": p.lag}
+            for p in parts
+        ],
+    }
+    if spec.routed:
+        out["tables"] = table_status(spec, catalog, wm, iso)
+    return out
+
+
+def target_tables(spec: PipelineSpec, catalog: Any) -> list[str]:
+    """Routed pipelines: the listed tables and every table a committed batch wrote to (dynamic ones)."""
+    import json
+
+    names = {t.identifier for t in spec.tables}
+    checkpoint = load_table(catalog, spec.checkpoint_table())
+    if checkpoint is not None and checkpoint.current_snapshot() is not None:
+        for cell in checkpoint.scan(selected_fields=("tables",)).to_arrow().column("tables").to_pylist():
+            names.update(json.loads(cell or "[]"))
+    return sorted(names)
+
+
+def table_status(spec: PipelineSpec, catalog: Any, wm: dict[Any, Any], iso: Any) -> list[dict[str, Any]]:
+    """Routed pipelines: each target table's last batch and lag (its own offsets against the log end)."""
+    rows = []
+    for ident in target_tables(spec, catalog):
+        t = load_table(catalog, ident)
+        st = committed_state(t, spec.table_spec(ident).branch) if t is not None else None
+        lag = sum(hi - (st.offsets.get(tp, {}).get(p, lo) if st else lo) for (tp, p), (lo, hi) in wm.items())
+        rows.append({"table": ident, "exists": t is not None, "last_batch_id": st.batch_id if st else None,
+                     "committed_at": iso(st.committed_at_ms) if st else None, "lag": lag})
+    return rows
+
+
+def history(spec: PipelineSpec) -> list[dict[str, Any]]:
+    """The table's snapshots, oldest first, with the Tidewater properties of each."""
+    from tidewater.table.summary import BATCH_ID, OFFSETS, RECORDS, VALID_THROUGH, summary_dict
+
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    if table is None:
+        return []
+    out = []
+    for s in sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0):
+        props = summary_dict(s)
+        out.append(
+            {
+                "snapshot_id": s.snapshot_id,
+                "at": datetime.fromtimestamp(s.timestamp_ms / 1000, tz=timezone.utc).isoformat(timespec="seconds"),
+                "operation": str(s.summary.operation.value) if s.summary else None,
+                "batch_id": props.get(BATCH_ID),
+                "records": props.get(RECORDS),
+                "added_files": props.get("added-data-files"),
+                "valid_through": props.get(VALID_THROUGH),
+                "offsets": props.get(OFFSETS),
+            }
+        )
+    return out

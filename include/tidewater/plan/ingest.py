@@ -1,0 +1,64 @@
+"""ingest (moved from pipeline.py)."""
+
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tidewater.batch import (
+    PLAN_NAME,
+    BatchPlan,
+    batch_dir,
+    new_batch_id,
+    utc_now_iso,
+    write_json_atomic,
+)
+from tidewater.config.spec import PipelineSpec
+from tidewater.plan.planner import plan_ranges
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import committed_state
+
+log = logging.getLogger(__name__)
+
+# ---- plan ------------------------------------------------------------------------------------------
+
+
+def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) -> tuple[BatchPlan, Path | None]:
+    """Plan the next batch from the table's committed offsets and the brokers' end offsets.
+
+    An empty plan is not staged (returns path None): nothing to do, no Spark start.
+    """
+    from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
+
+    catalog = load_catalog(spec)
+    table = load_table(catalog, spec.checkpoint_table())
+    state = committed_state(table, None if spec.routed else spec.table.branch) if table is not None else None
+    committed = state.offsets if state else {}
+    settings = kafka_settings(spec)
+    parts = list_partitions(settings, resolve_topics(settings, spec))
+    wm = watermarks(settings, parts)
+    ranges = plan_ranges(committed, wm, spec.batch.max_records)
+    plan = BatchPlan(
+        batch_id=new_batch_id(),
+        pipeline=spec.name,
+        table=spec.checkpoint_table(),
+        pipeline_path=str(spec.source_path),
+        ranges=tuple(ranges),
+        base_offsets=committed,
+        created_at=utc_now_iso(),
+        base_snapshot_id=state.snapshot_id if state else None,
+        data_interval=data_interval,
+    )
+    if plan.is_empty:
+        log.info("pipeline %s: nothing to ingest (%d partitions caught up)", spec.name, len(parts))
+        return plan, None
+    path = batch_dir(spec.staging_dir(), spec.name, plan.batch_id) / PLAN_NAME
+    write_json_atomic(path, plan.to_json())
+    log.info(
+        "pipeline %s: planned batch %s: %d offsets over %d partitions -> %s",
+        spec.name, plan.batch_id, plan.record_span, len(plan.ranges), spec.describe_targets(),
+    )
+    for r in plan.ranges:
+        log.info("  %s[%d] [%d, %d) %d", r.topic, r.partition, r.start, r.end, r.size)
+    return plan, path

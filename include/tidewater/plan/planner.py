@@ -1,0 +1,103 @@
+"""Where offsets are decided: the pure planner.
+
+Input: the offsets committed in the table (next offset to read per topic-partition), each partition's
+log start and end offsets as the broker reports them, and the batch cap. Output: one contiguous range
+per partition that has data, starting exactly at the committed offset, never past the end offset, and
+together within the cap. No I/O here: the planner is tested without a broker.
+"""
+
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tidewater.batch import Offsets, PartitionRange, TopicPartition
+from tidewater.errors import OffsetGapError
+
+
+def start_offsets(
+    committed: Offsets, watermarks: Mapping[TopicPartition, tuple[int, int]]
+) -> dict[TopicPartition, int]:
+    """Where each partition resumes. A partition never committed starts at its log start offset.
+
+    Raises OffsetGapError when the committed offset is below the log start offset (retention deleted
+    records that were never ingested) or beyond the end offset (the topic was recreated or truncated),
+    and when a committed partition no longer exists.
+    """
+    starts: dict[TopicPartition, int] = {}
+    for (topic, partition), (low, high) in watermarks.items():
+        c = committed.get(topic, {}).get(partition)
+        if c is None:
+            starts[(topic, partition)] = low
+            continue
+        if c < low:
+            raise OffsetGapError(
+                f"committed offset {c} is below the log start offset {low}: offsets {c}..{low - 1} "
+                f"({low - c} records) were deleted by retention before they were ingested. Reset this "
+                f"partition's offset deliberately (replay) to accept the loss",
+                topic=topic,
+                partition=partition,
+                offset=c,
+            )
+        if c > high:
+            raise OffsetGapError(
+                f"committed offset {c} is beyond the end offset {high}: the topic was recreated or "
+                f"truncated since it was ingested",
+                topic=topic,
+                partition=partition,
+                offset=c,
+            )
+        starts[(topic, partition)] = c
+    for topic, parts in committed.items():
+        if not any(t == topic for t, _ in watermarks):
+            continue  # topic not part of this pipeline any more: keep its offsets, do not plan it
+        for partition in parts:
+            if (topic, partition) not in watermarks:
+                raise OffsetGapError(
+                    "partition has committed offsets in the table but no longer exists on the broker",
+                    topic=topic,
+                    partition=partition,
+                )
+    return starts
+
+
+def allocate(available: Mapping[TopicPartition, int], cap: int) -> dict[TopicPartition, int]:
+    """Share ``cap`` records fairly between partitions (water-filling).
+
+    Each partition gets min(its backlog, an equal share of what is left); what small partitions do not
+    use goes to the larger ones. The result sums to min(cap, total backlog).
+    """
+    if cap < 0:
+        raise ValueError("cap must be >= 0")
+    out: dict[TopicPartition, int] = {}
+    remaining = cap
+    items = sorted(available.items(), key=lambda kv: (kv[1], kv[0]))
+    for i, (tp, n) in enumerate(items):
+        share = remaining // (len(items) - i)
+        take = min(max(n, 0), share)
+        out[tp] = take
+        remaining -= take
+    return out
+
+
+def plan_ranges(
+    committed: Offsets,
+    watermarks: Mapping[TopicPartition, tuple[int, int]],
+    max_records: int,
+) -> list[PartitionRange]:
+    """The ranges of the next batch, sorted by topic and partition; empty ranges are left out."""
+    starts = start_offsets(committed, watermarks)
+    available = {tp: watermarks[tp][1] - s for tp, s in starts.items()}
+    grant = allocate(available, max_records)
+    ranges = [
+        PartitionRange(tp[0], tp[1], starts[tp], starts[tp] + grant[tp]) for tp in sorted(starts) if grant[tp] > 0
+    ]
+    return ranges
+
+
+def merge_offsets(base: Offsets, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Offsets:
+    """``base`` advanced to the end of each range (cumulative offsets after a batch)."""
+    out: Offsets = {t: dict(ps) for t, ps in base.items()}
+    for r in ranges:
+        out.setdefault(r.topic, {})[r.partition] = r.end
+    return out

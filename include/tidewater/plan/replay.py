@@ -1,0 +1,293 @@
+"""Manual replay of offset ranges and backfills of past intervals.
+
+A replay re-reads an offset range that the table has already committed and lands it again:
+
+- ``replace`` (default): in one atomic commit the rows that came from the range are deleted and the
+  re-read rows appended, so replaying twice leaves the table identical;
+- ``append-missing``: only records whose offsets are absent from the table are added.
+
+Rows are matched to offsets through the Kafka metadata columns (``format.metadata: prefixed`` or
+``struct``), which a replayable pipeline must write. A replay never moves the committed offsets (its
+snapshots carry them unchanged) and commits with the same optimistic checks as a batch, so it can run
+beside the scheduled batches. Records that cannot be decoded during a replay are counted as skipped:
+their dead letters were recorded when the range was first ingested.
+
+Backfills of the ingest DAG go through the same machinery: an interval a committed batch recorded is a
+no-op (or, with ``reprocess``, a ``replace`` replay of that batch's ranges); an interval never ingested
+is mapped to offsets with Kafka's timestamp lookup and replayed with ``append-missing``.
+"""
+
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tidewater.batch import BatchPlan, Offsets, PartitionRange, batch_dir, new_batch_id, utc_now_iso, write_json_atomic
+from tidewater.config.spec import PipelineSpec
+from tidewater.errors import ConfigError
+from tidewater.source.timestamps import KafkaOffsetLookup, OffsetLookup, interval_offsets
+
+log = logging.getLogger(__name__)
+
+
+MODES = ("replace", "append-missing")
+
+
+PRESENT_NAME = "present.parquet"
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """What a person asks to replay (the replay DAG's form, or `tidewater replay`)."""
+
+    topic: str
+    partitions: tuple[int, ...] = ()  # empty: every partition of the topic
+    start_offset: int | None = None
+    end_offset: int | None = None  # exclusive
+    start_time: str | None = None  # ISO-8601; naive times are UTC
+    end_time: str | None = None  # exclusive
+    mode: str = "replace"
+    dry_run: bool = False
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> ReplayRequest:
+        """From the DAG's parameter form; every problem names the parameter."""
+
+        def opt_int(name: str) -> int | None:
+            v = params.get(name)
+            if v in (None, ""):
+                return None
+            try:
+                return int(v)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{name}: {v!r} is not a whole number") from None
+
+        parts = params.get("partitions") or []
+        if isinstance(parts, str):
+            parts = [p for p in parts.replace(" ", "").split(",") if p]
+        try:
+            partitions = tuple(sorted({int(p) for p in parts}))
+        except (TypeError, ValueError):
+            raise ConfigError(f"partitions: {parts!r} must be partition numbers") from None
+        return cls(
+            topic=str(params.get("topic") or ""),
+            partitions=partitions,
+            start_offset=opt_int("start_offset"),
+            end_offset=opt_int("end_offset"),
+            start_time=params.get("start_time") or None,
+            end_time=params.get("end_time") or None,
+            mode=str(params.get("mode") or "replace"),
+            dry_run=bool(params.get("dry_run")),
+        )
+
+
+def parse_time(value: str, name: str) -> int:
+    """Epoch milliseconds of an ISO-8601 time (naive: UTC)."""
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"{name}: {value!r} is not an ISO-8601 time (e.g. 2024-01-04T12:00:00Z)") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return int(t.timestamp() * 1000)
+
+
+def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
+    """Checks that need no broker. Raises ConfigError naming the parameter or setting."""
+    if spec.routed:
+        raise ConfigError("replay: pipelines that route to several tables cannot be replayed yet")
+    if spec.format.metadata == "none":
+        raise ConfigError("format.metadata: replay needs the source of every row: set format.metadata to prefixed or "
+                          "struct (rows written before that cannot be matched to their offsets)")
+    if req.mode not in MODES:
+        raise ConfigError(f"mode: {req.mode!r} is not one of {', '.join(MODES)}")
+    if not req.topic:
+        raise ConfigError("topic: required")
+    by_offset = req.start_offset is not None or req.end_offset is not None
+    by_time = req.start_time is not None or req.end_time is not None
+    if by_offset == by_time:
+        raise ConfigError("start_offset/end_offset or start_time/end_time: give one pair, not both or neither")
+    if by_offset:
+        if req.start_offset is None or req.end_offset is None:
+            raise ConfigError("start_offset and end_offset: give both")
+        if req.start_offset < 0 or req.end_offset <= req.start_offset:
+            raise ConfigError(f"end_offset: {req.end_offset} must be greater than start_offset {req.start_offset} (>= 0)")
+    else:
+        if req.start_time is None or req.end_time is None:
+            raise ConfigError("start_time and end_time: give both")
+        if parse_time(req.end_time, "end_time") <= parse_time(req.start_time, "start_time"):
+            raise ConfigError("end_time: must be after start_time")
+
+
+def resolve_ranges(spec: PipelineSpec, req: ReplayRequest, committed: Offsets, settings: dict[str, str],
+                   lookup: OffsetLookup | None = None) -> list[PartitionRange]:
+    """The offset ranges of a request, checked against the log and the committed offsets.
+
+    By offset: a range beyond the committed offset is an error (those records are the scheduled
+    batches' to ingest). By time: the ranges are clipped to the committed offsets.
+    """
+    from tidewater.source.kafka import list_partitions, resolve_topics, watermarks
+
+    if req.topic not in resolve_topics(settings, spec):
+        raise ConfigError(f"topic: {req.topic!r} is not one of the pipeline's topics")
+    available = [p for t, p in list_partitions(settings, [req.topic])]
+    partitions = list(req.partitions) or available
+    unknown = sorted(set(partitions) - set(available))
+    if unknown:
+        raise ConfigError(f"partitions: {unknown} do not exist in topic {req.topic} (it has {len(available)})")
+    marks = watermarks(settings, [(req.topic, p) for p in partitions])
+    done = committed.get(req.topic, {})
+    if req.start_offset is not None:
+        bounds = {p: (req.start_offset, req.end_offset) for p in partitions}
+    else:
+        lookup = lookup or KafkaOffsetLookup(settings)
+        bounds = interval_offsets(lookup, req.topic, partitions, parse_time(req.start_time or "", "start_time"),
+                                  parse_time(req.end_time or "", "end_time"))
+    out = []
+    for p in partitions:
+        start, end = bounds[p]
+        low = marks[(req.topic, p)][0]
+        upto = done.get(p)
+        if upto is None:
+            raise ConfigError(f"partitions: {req.topic}[{p}] has nothing committed yet; the scheduled batches ingest it")
+        if req.start_offset is not None:
+            if start < low:
+                raise ConfigError(f"start_offset: {start} is below the log start {low} of {req.topic}[{p}] (deleted by retention)")
+            if end > upto:
+                raise ConfigError(f"end_offset: {end} is beyond the committed offset {upto} of {req.topic}[{p}]; "
+                                  "the scheduled batches ingest records from there")
+        start, end = max(start, low), min(end, upto)
+        if end > start:
+            out.append(PartitionRange(req.topic, p, start, end))
+    return out
+
+
+def metadata_columns(spec: PipelineSpec) -> tuple[str, str, str]:
+    """Names of the topic, partition and offset columns (dotted for the struct form)."""
+    if spec.format.metadata == "struct":
+        return "_kafka.topic", "_kafka.partition", "_kafka.offset"
+    return "_kafka_topic", "_kafka_partition", "_kafka_offset"
+
+
+def rows_filter(spec: PipelineSpec, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
+    """An Iceberg row filter selecting the rows that came from ``ranges``."""
+    from functools import reduce
+
+    from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan, Or
+
+    topic, partition, offset = metadata_columns(spec)
+    terms = [And(EqualTo(topic, r.topic), And(EqualTo(partition, r.partition),
+                                              And(GreaterThanOrEqual(offset, r.start), LessThan(offset, r.end))))
+             for r in ranges]
+    return reduce(Or, terms)
+
+
+def present_offsets(spec: PipelineSpec, table: Any, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
+    """(topic, partition, offset) of the rows the table holds from ``ranges`` (Arrow table)."""
+    import pyarrow as pa
+
+    if table is None or not ranges or table.current_snapshot() is None:
+        return pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()),
+                         "offset": pa.array([], pa.int64())})
+    cols = metadata_columns(spec)
+    top = cols[0].split(".")[0]
+    data = table.scan(row_filter=rows_filter(spec, ranges), selected_fields=tuple({c.split(".")[0] for c in cols} | {top})).to_arrow()
+    if spec.format.metadata == "struct":
+        s = data.column("_kafka").combine_chunks()
+        return pa.table({"topic": s.field("topic"), "partition": s.field("partition").cast(pa.int32()), "offset": s.field("offset")})
+    return pa.table({"topic": data.column("_kafka_topic"), "partition": data.column("_kafka_partition").cast(pa.int32()),
+                     "offset": data.column("_kafka_offset")})
+
+
+def check_rows_carry_offsets(spec: PipelineSpec, table: Any) -> None:
+    """Refuse when some rows lack their source offset (written before ``format.metadata`` was set): a
+    replay could not find them and would add their records a second time. Uses file metrics only."""
+    if table.current_snapshot() is None:
+        return
+    offset_col = metadata_columns(spec)[2]
+    try:
+        field_id = table.schema().find_field(offset_col).field_id
+    except ValueError:
+        raise ConfigError(f"format.metadata: the table has no {offset_col} column yet: its rows cannot be matched "
+                          "to offsets") from None
+    missing = 0
+    for task in table.scan(selected_fields=(offset_col.split(".")[0],)).plan_files():
+        counts = task.file.null_value_counts or {}
+        missing += int(counts.get(field_id, 0)) if field_id in counts else task.file.record_count
+    if missing:
+        raise ConfigError(f"format.metadata: {missing} rows of {spec.table.identifier} have no {offset_col} (written "
+                          "before format.metadata was set); a replay cannot match them to offsets and would add their "
+                          "records again")
+
+
+def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: str) -> list[dict[str, Any]]:
+    """Per partition: offsets in the range, rows now from it, rows to delete and (at most) to add."""
+    import pyarrow.compute as pc
+
+    present = present_offsets(spec, table, ranges)
+    out = []
+    for r in ranges:
+        mask = pc.and_(pc.equal(present.column("topic"), r.topic), pc.equal(present.column("partition"), r.partition))
+        now = int(pc.sum(mask.cast("int64")).as_py() or 0)
+        distinct = len(pc.unique(present.column("offset").filter(mask))) if now else 0
+        out.append({"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end, "offsets": r.size,
+                    "rows_now": now, "rows_to_delete": now if mode == "replace" else 0,
+                    "rows_to_add_at_most": r.size if mode == "replace" else r.size - distinct})
+    return out
+
+
+def describe(row: dict[str, Any]) -> str:
+    """One preview row as people read it (logs, the CLI, the replay DAG)."""
+    return (f"{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} offsets; rows now "
+            f"{row['rows_now']}, to delete {row['rows_to_delete']}, to add at most {row['rows_to_add_at_most']}")
+
+
+def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: str, committed: Offsets,
+                      snapshot_id: int | None, table: Any, data_interval: tuple[str, str] | None = None,
+                      batch_id: str | None = None) -> tuple[BatchPlan, Path]:
+    """Write a replay plan (and, for append-missing, the offsets already present) to the staging dir."""
+    import pyarrow.parquet as pq
+
+    bid = batch_id or "replay-" + new_batch_id()
+    directory = batch_dir(spec.staging_dir(), spec.name, bid)
+    exclude = None
+    if mode == "append-missing":
+        directory.mkdir(parents=True, exist_ok=True)
+        exclude = str(directory / PRESENT_NAME)
+        pq.write_table(present_offsets(spec, table, ranges), exclude)
+    plan = BatchPlan(batch_id=bid, pipeline=spec.name, table=spec.table.identifier, pipeline_path=str(spec.source_path),
+                     ranges=tuple(ranges), base_offsets=committed, created_at=utc_now_iso(), base_snapshot_id=snapshot_id,
+                     mode=mode, exclude_path=exclude, data_interval=data_interval)
+    from tidewater.batch import PLAN_NAME
+
+    path = directory / PLAN_NAME
+    write_json_atomic(path, plan.to_json())
+    return plan, path
+
+
+def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | None = None
+                ) -> tuple[BatchPlan | None, Path | None, list[dict[str, Any]]]:
+    """Check and plan a replay. Returns (plan, path, preview); plan and path are None for a dry run or
+    when the request selects no committed records."""
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.table.catalog import load_catalog, load_table
+    from tidewater.table.summary import committed_state
+
+    check_request(spec, req)
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    if table is None:
+        raise ConfigError(f"table {spec.table.identifier} does not exist yet: nothing to replay")
+    check_rows_carry_offsets(spec, table)
+    state = committed_state(table, spec.table.branch)
+    ranges = resolve_ranges(spec, req, state.offsets, kafka_settings(spec), lookup)
+    shown = preview(spec, table, ranges, req.mode)
+    for row in shown:
+        log.info("replay %s: %s", req.mode, describe(row))
+    if req.dry_run or not ranges:
+        return None, None, shown
+    plan, path = stage_replay_plan(spec, ranges, req.mode, state.offsets, state.snapshot_id, table)
+    return plan, path, shown

@@ -1,0 +1,240 @@
+"""Airflow task bodies and the write step's operator. Imported by dags/ at run time only.
+
+XCom carries a small document (batch id, plan path, counts), never data or secrets.
+"""
+
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from tidewater.config.parse import load_pipeline
+from tidewater.config.spec import KAFKA_CONFIG_ENV, is_secret_key
+from tidewater.errors import ConfigError, TidewaterError
+
+log = logging.getLogger(__name__)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail_fast(fn: F) -> F:
+    """Terminal errors fail the task at once (retrying cannot help); transient ones keep Airflow's retries."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            from airflow.sdk.exceptions import AirflowFailException
+        except ImportError:  # pragma: no cover - older Airflow
+            from airflow.exceptions import AirflowFailException
+
+        try:
+            return fn(*args, **kwargs)
+        except TidewaterError as e:
+            if e.transient:
+                raise
+            raise AirflowFailException(f"{type(e).__name__}: {e}") from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+@fail_fast
+def plan_task(pipeline_path: str, run_type: str | None = None, data_interval: tuple[str, str] | None = None,
+              reprocess: bool = False) -> dict[str, Any] | None:
+    """Plan the next batch (a backfill run: its interval, see replay.plan_backfill). Returns None
+    (skipping write/validate/commit) when there is nothing to do."""
+    from tidewater.plan.ingest import plan_batch
+
+    spec = load_pipeline(pipeline_path)
+    if run_type == "backfill" and data_interval is not None:
+        from tidewater.plan.backfill import plan_backfill
+
+        plan, path = plan_backfill(spec, data_interval, reprocess)
+    else:
+        plan, path = plan_batch(spec, data_interval=data_interval)
+    return _planned(plan, path)
+
+
+@fail_fast
+def replay_plan_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """The replay DAG's plan: parameters checked first (errors name them); a dry run logs the preview."""
+    from tidewater.plan.replay import ReplayRequest, plan_replay
+
+    spec = load_pipeline(pipeline_path)
+    req = ReplayRequest.from_params(params)
+    plan, path, _ = plan_replay(spec, req)  # logs what would change per partition
+    if req.dry_run:
+        log.info("dry run: nothing changed")
+    return _planned(plan, path)
+
+
+@fail_fast
+def quarantine_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The quarantine DAG: list, publish or drop (errors name the parameter)."""
+    from tidewater.ops import quarantine
+    from tidewater.table.catalog import load_catalog, load_table
+
+    spec = load_pipeline(pipeline_path)
+    action, batch_id = params.get("action") or "list", (params.get("batch_id") or "").strip()
+    if action == "list":
+        table = load_table(load_catalog(spec), spec.table.identifier)
+        rows = quarantine.list_quarantined(spec, table) if table is not None else []
+        for q in rows:
+            log.info("quarantined batch %s: %d rows on branch %s, validation %s", q["batch_id"], q["rows"], q["branch"],
+                     q["validation"])
+        if not rows:
+            log.info("no quarantined batches")
+        return {"quarantined": rows}
+    if not batch_id:
+        raise ConfigError(f"batch_id: required for {action}")
+    result = quarantine.publish(spec, batch_id) if action == "publish" else quarantine.drop(spec, batch_id)
+    log.info("%s batch %s: %d rows", result["status"], batch_id, result["rows"])
+    return result
+
+
+def _planned(plan: Any, path: Any) -> dict[str, Any] | None:
+    if plan is None or path is None:
+        return None
+    return {
+        "batch_id": plan.batch_id,
+        "plan_path": str(path),
+        "table": plan.table,
+        "offsets": plan.record_span,
+        "partitions": len(plan.ranges),
+        "mode": plan.mode,
+    }
+
+
+def _staged(pipeline_path: str, planned: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The pipeline, and the plan and manifest the plan and write tasks staged."""
+    from tidewater.runtime.steps import load_manifest, load_plan
+
+    return load_pipeline(pipeline_path), load_plan(planned["plan_path"]), load_manifest(planned["plan_path"])
+
+
+@fail_fast
+def validate_task(pipeline_path: str, planned: dict[str, Any]) -> dict[str, Any]:
+    from tidewater.runtime.steps import validate_step
+
+    spec, plan, manifest = _staged(pipeline_path, planned)
+    return {"batch_id": plan.batch_id, **validate_step(spec, plan, manifest).summary()}
+
+
+@fail_fast
+def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | None) -> dict[str, Any]:
+    from tidewater.runtime.steps import commit_step
+
+    spec, plan, manifest = _staged(pipeline_path, planned)
+    return commit_step(spec, plan, manifest, dag_run_id=dag_run_id).summary()
+
+
+class IngestSparkSubmitOperator(SparkSubmitOperator):
+    """spark-submit of ``spark_apps/ingest_batch.py`` for the batch the ``plan`` task staged.
+
+    Spark settings (Iceberg runtime jars, catalog) are computed when the task runs, not when the DAG
+    file is parsed. Kafka settings from an Airflow connection reach the job through the process
+    environment only (never XCom, logs or rendered templates).
+    """
+
+    ui_color = "#d8f3ff"
+
+    def __init__(self, *, pipeline_path: str, plan_task_id: str = "plan", **kwargs: Any) -> None:
+        from tidewater.runtime.steps import spark_app_path
+
+        super().__init__(application=str(spark_app_path()), **kwargs)
+        self.pipeline_path = pipeline_path
+        self.plan_task_id = plan_task_id
+
+    def execute(self, context: Any) -> None:
+        from airflow.sdk import BaseHook
+
+        from tidewater.runtime.spark import submit_settings
+        from tidewater.source.kafka import kafka_settings
+
+        planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
+        if not planned:
+            raise ConfigError("write: the plan task returned no batch")
+        spec = load_pipeline(self.pipeline_path)
+        try:
+            BaseHook.get_connection(self._conn_id)
+        except Exception:
+            raise ConfigError(
+                f"spark.conn_id: Airflow connection {self._conn_id!r} is not defined; e.g. "
+                f"AIRFLOW_CONN_{self._conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[*]\"}}'"
+            ) from None
+        settings = submit_settings(spec)
+        self.conf = {**settings["conf"], **(self.conf or {})}
+        self.jars = settings["jars"] or None
+        self.packages = settings["packages"]
+        self.application_args = ["--plan", planned["plan_path"]]
+        self.name = f"tidewater-{spec.name}-{planned['batch_id']}"
+        # spark-submit inherits this process's environment; only connection-resolved Kafka settings are added.
+        self.env_vars = None
+        if spec.kafka.conn_id:
+            from airflow.sdk.log import mask_secret
+
+            resolved = kafka_settings(spec)
+            for k, v in resolved.items():
+                if is_secret_key(k):
+                    mask_secret(v)
+            self.env_vars = {KAFKA_CONFIG_ENV: json.dumps(resolved)}
+        self._hook = None
+        log.info("batch %s: submitting the write job for %s", planned["batch_id"], spec.describe_targets())
+        try:
+            super().execute(context)
+        except Exception:
+            self._raise_batch_error(planned["plan_path"])
+            raise
+
+    @staticmethod
+    def _raise_batch_error(plan_path: str) -> None:
+        """Turn the job's error.json (a record or Kafka error) into a readable task failure."""
+        from pathlib import Path
+
+        try:
+            from airflow.sdk.exceptions import AirflowFailException
+        except ImportError:  # pragma: no cover - older Airflow
+            from airflow.exceptions import AirflowFailException
+
+        from tidewater.write.job import read_error
+
+        e = read_error(Path(plan_path).parent)
+        if e is None:
+            return
+        if e.transient:
+            raise e
+        raise AirflowFailException(f"write failed: {e}") from e
+
+
+def _spark_master(conn_id: str, default: str) -> str:
+    """The master of the Airflow Spark connection the ingest DAG submits to, else the pipeline's."""
+    try:
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # no such connection: the pipeline's spark.master
+        return default
+    host = conn.host or ""
+    if host and conn.port and "://" in host:
+        host = f"{host}:{conn.port}"
+    return host or default
+
+
+@fail_fast
+def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None, asset: Any = None) -> dict[str, Any]:
+    """One maintenance action on the pipeline's table; its report goes to the log, XCom and the asset event."""
+    from tidewater.ops.maintenance import maintain
+
+    spec = load_pipeline(pipeline_path)
+    reports = maintain(spec, actions=[action], master=_spark_master(spec.spark.conn_id, spec.spark.master))  # logs them
+    metas = [json.loads(json.dumps(r.metadata(), default=str)) for r in reports]
+    meta = metas[0] if len(metas) == 1 else {"tables": metas}
+    if outlet_events is not None and asset is not None:
+        outlet_events[asset].extra = meta
+    return meta

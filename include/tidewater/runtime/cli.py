@@ -1,0 +1,348 @@
+"""The ``tidewater`` command line."""
+
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tidewater.errors import TidewaterError
+
+
+def _pipeline_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pipeline", required=True, metavar="FILE", help="pipeline specification (YAML)")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from tidewater.config.parse import load_pipeline
+    
+    spec = load_pipeline(args.pipeline)
+    print(f"{args.pipeline}: ok (pipeline {spec.name}, DAG {spec.dag_id}, {len(spec.topics)} topic(s)"
+          f"{' + pattern ' + repr(spec.topic_pattern) if spec.topic_pattern else ''} -> {spec.describe_targets()})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tidewater.runtime.steps import run_once
+
+    result = run_once(args.pipeline, master=args.master)
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from tidewater.config.parse import load_pipeline
+    from tidewater.ops.status import status
+
+    st = status(load_pipeline(args.pipeline))
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    print(f"pipeline {st['pipeline']} -> {st['table']}")
+    print(f"  last snapshot: {st['last_snapshot_id']} at {st['last_snapshot_at']} (batch {st['last_batch_id']})")
+    print(f"  valid through: {st['valid_through']}")
+    print(f"  total lag:     {st['total_lag']}")
+    print(f"  dead letters:  {st['dead_letters']} in {st['dead_letter_table']} (last batch: "
+          f"{st['last_batch_dead_letters']} dead-lettered, {st['last_batch_skipped']} skipped)")
+    print(f"  {'topic':<30} {'part':>4} {'committed':>12} {'end':>12} {'lag':>10}")
+    for p in st["partitions"]:
+        committed = "-" if p["committed"] is None else p["committed"]
+        print(f"  {p['topic']:<30} {p['partition']:>4} {committed:>12} {p['end']:>12} {p['lag']:>10}")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from tidewater.config.parse import load_pipeline
+    from tidewater.ops.status import history
+
+    rows = history(load_pipeline(args.pipeline))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'snapshot':>20} {'at':<26} {'op':<8} {'records':>8} {'files':>5}  batch / offsets")
+    for r in rows:
+        print(f"{r['snapshot_id']:>20} {r['at']:<26} {r['operation'] or '':<8} {r['records'] or '':>8} "
+              f"{r['added_files'] or '':>5}  {r['batch_id'] or ''}")
+        if r["offsets"]:
+            print(f"{'':>63}offsets {r['offsets']}  valid-through {r['valid_through']}")
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from tidewater.config.parse import load_pipeline
+    from tidewater.runtime import spark as spark_session
+
+    spec = load_pipeline(args.pipeline)
+    spark = spark_session.session(spec, app_name="tidewater-sql", master=args.master)
+    try:
+        spark.sql(f"USE {spec.catalog.name}")
+        spark.sql(args.query).show(args.limit, truncate=False)
+    finally:
+        spark.stop()
+    return 0
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from tidewater.dev import broker
+
+    if args.action == "start":
+        b = broker.start_background(args.port)
+        print(f"embedded broker running: pid {b.pid}, bootstrap {b.bootstrap}, log {b.log_path}")
+    elif args.action == "stop":
+        print("embedded broker stopped" if broker.stop_background() else "no embedded broker was recorded")
+    else:
+        b = broker.read_state()
+        if b is None or not b.alive():
+            print("embedded broker: not running")
+            return 1
+        print(f"embedded broker: pid {b.pid}, bootstrap {b.bootstrap}")
+    return 0
+
+
+def cmd_produce_sample(args: argparse.Namespace) -> int:
+    from tidewater.dev.sample_data import pizza_events, produce
+
+    counts = produce(args.bootstrap, args.topic, pizza_events(args.count, seed=args.seed), partitions=args.partitions)
+    print(f"produced {sum(counts.values())} pizza events to {args.topic} ({args.partitions} partitions)")
+    return 0
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    from tidewater.config.reference import reference_markdown
+
+    text = reference_markdown()
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from tidewater.config.parse import load_pipeline
+    from tidewater.errors import ConfigError
+    from tidewater.ops.maintenance import ACTIONS, maintain, reports_json
+
+    spec = load_pipeline(args.pipeline)
+    if args.table and not spec.routed and args.table != spec.table.identifier:
+        raise ConfigError(f"--table: pipeline {spec.name} writes {spec.table.identifier}, not {args.table}")
+    actions = [a.strip() for a in args.actions.split(",")] if args.actions else None
+    for a in actions or []:
+        if a not in ACTIONS:
+            raise ConfigError(f"--actions: {a!r} is not one of {', '.join(ACTIONS)}")
+    if args.json:
+        # Spark's JVM writes its log to file descriptor 1: keep stdout for the JSON document alone.
+        import os
+
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+        try:
+            reports = maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master, table=args.table)
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        print(reports_json(reports))
+    else:
+        for r in maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master, table=args.table):
+            print(r.text())
+    return 0
+
+
+def cmd_connect_import(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from tidewater.config.parse import parse_pipeline
+    from tidewater.errors import ConfigError
+    from tidewater.interop.connect import convert, to_yaml
+
+    try:
+        doc = json.loads(Path(args.connector).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{args.connector}: cannot read the connector JSON: {e}") from None
+    res = convert(doc, name=args.name, bootstrap=args.bootstrap_servers)
+    text = to_yaml(res)
+    import yaml
+
+    try:  # the result must load as it is (environment references resolved to placeholders for the check)
+        parse_pipeline(yaml.safe_load(_placeholders(text, res)))
+    except ConfigError as e:
+        raise ConfigError(f"the imported pipeline does not validate: {e}") from None
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}\n{res.report()}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)  # the report is in the file's header comments
+    return 0
+
+
+def _placeholders(text: str, res: object) -> str:
+    import os
+
+    env = {var: "x" for _, var in getattr(res, "env", [])}
+    for var, value in env.items():
+        if var not in os.environ:
+            text = text.replace("${" + var + "}", value if var != "KAFKA_BOOTSTRAP_SERVERS" else "127.0.0.1:9092")
+    return text
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tidewater.config.parse import load_pipeline
+    from tidewater.ops.replay import run_replay
+    from tidewater.plan.replay import ReplayRequest
+
+    spec = load_pipeline(args.pipeline)
+    req = ReplayRequest.from_params({
+        "topic": args.topic, "partitions": args.partitions, "start_offset": args.start_offset, "end_offset": args.end_offset,
+        "start_time": args.start_time, "end_time": args.end_time, "mode": args.mode, "dry_run": args.dry_run,
+    })
+    result = run_replay(spec, req, master=args.master, out=None if args.json else print)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def cmd_quarantine(args: argparse.Namespace) -> int:
+    from tidewater.config.parse import load_pipeline
+    from tidewater.errors import ConfigError
+    from tidewater.ops import quarantine
+    from tidewater.table.catalog import load_catalog, load_table
+
+    spec = load_pipeline(args.pipeline)
+    if args.action == "list":
+        table = load_table(load_catalog(spec), spec.table.identifier)
+        rows = quarantine.list_quarantined(spec, table) if table is not None else []
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            for q in rows:
+                v = q["validation"] or {}
+                print(f"{q['batch_id']}  branch {q['branch']}  {q['rows']} rows in {q['files']} files  "
+                      f"failed {v.get('failed', '?')}/{v.get('checks', '?')} checks ({v.get('suite', '?')})")
+            if not rows:
+                print("no quarantined batches")
+        return 0
+    if not args.batch:
+        raise ConfigError(f"--batch: required for {args.action}")
+    result = quarantine.publish(spec, args.batch) if args.action == "publish" else quarantine.drop(spec, args.batch)
+    print(json.dumps(result) if args.json else f"{result['status']} batch {result['batch_id']}: {result['rows']} rows")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tidewater", description="Exactly-once Kafka to Iceberg micro-batches.")
+    ap.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="check a pipeline file")
+    _pipeline_arg(p)
+    p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("run", help="run one batch (plan, write, validate, commit) without Airflow")
+    _pipeline_arg(p)
+    p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("connect-import", help="turn a Kafka Connect Iceberg sink configuration into a pipeline file")
+    p.add_argument("connector", metavar="CONNECTOR.json", help="the connector JSON (with or without name/config)")
+    p.add_argument("--name", default=None, help="pipeline name (default: the connector's name)")
+    p.add_argument("--bootstrap-servers", default=None,
+                   help="Kafka brokers (the connector inherits them from its worker; default ${KAFKA_BOOTSTRAP_SERVERS})")
+    p.add_argument("--output", "-o", default=None, help="write the pipeline YAML here (default: stdout)")
+    p.set_defaults(fn=cmd_connect_import)
+
+    p = sub.add_parser("replay", help="re-read an offset range (or time range) into the table: replace or append-missing")
+    _pipeline_arg(p)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partitions", default="", help="comma-separated partition numbers (default: all)")
+    p.add_argument("--start-offset", type=int, default=None)
+    p.add_argument("--end-offset", type=int, default=None, help="exclusive")
+    p.add_argument("--start-time", default=None, help="ISO-8601 (naive: UTC); instead of offsets")
+    p.add_argument("--end-time", default=None, help="ISO-8601, exclusive")
+    p.add_argument("--mode", default="replace", choices=["replace", "append-missing"])
+    p.add_argument("--dry-run", action="store_true", help="print rows to delete and to add per partition; change nothing")
+    p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_replay)
+
+    p = sub.add_parser("quarantine", help="list, publish or drop batches quarantined by the quality gate")
+    p.add_argument("action", choices=["list", "publish", "drop"])
+    _pipeline_arg(p)
+    p.add_argument("--batch", default=None, help="batch id (publish, drop)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_quarantine)
+
+    p = sub.add_parser("status", help="committed offsets, end offsets and lag per partition")
+    _pipeline_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("history", help="the table's snapshots with batch ids and offsets")
+    _pipeline_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_history)
+
+    p = sub.add_parser("sql", help="run a Spark SQL query on the pipeline's catalog")
+    _pipeline_arg(p)
+    p.add_argument("query")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--master", default=None)
+    p.set_defaults(fn=cmd_sql)
+
+    p = sub.add_parser("maintain", help="compact, rewrite manifests, expire snapshots, remove orphan files")
+    _pipeline_arg(p)
+    p.add_argument("--table", default=None, help="the table to maintain (default: the pipeline's table)")
+    p.add_argument("--actions", default=None, metavar="A,B",
+                   help="comma-separated subset of rewrite_data_files, rewrite_manifests, expire_snapshots, "
+                        "remove_orphan_files (default: those enabled in the pipeline's maintenance section)")
+    p.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
+    p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_maintain)
+
+    p = sub.add_parser("broker", help="the embedded Kafka-compatible broker (demo and tests)")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--port", type=int, default=19092)
+    p.set_defaults(fn=cmd_broker)
+
+    p = sub.add_parser("produce-sample", help="produce Scenario 1 pizza events")
+    p.add_argument("--bootstrap", default="127.0.0.1:19092")
+    p.add_argument("--topic", default="completed-pizzas")
+    p.add_argument("--count", type=int, default=1000)
+    p.add_argument("--partitions", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_produce_sample)
+
+    p = sub.add_parser("docs", help="print (or write) the configuration reference")
+    p.add_argument("--output", default=None)
+    p.set_defaults(fn=cmd_docs)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tidewater.runtime.logs import configure_logging
+
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level or ("WARNING" if args.command in ("status", "history", "docs") else None))
+    try:
+        return int(args.fn(args) or 0)
+    except TidewaterError as e:
+        kind = "transient" if e.transient else "error"
+        print(f"tidewater: {kind}: {e}", file=sys.stderr)
+        return 75 if e.transient else 2
+
+
+def entry() -> Any:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,215 @@
+"""The steps of one batch (plan, write, validate, commit), shared by the Airflow DAG and the CLI.
+
+Each step reads what the previous one staged (plan.json, manifest.json) so that any step can be
+retried on its own: write never commits, validate never changes anything, and commit is idempotent.
+"""
+
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tidewater.batch import (
+    VALIDATION_NAME,
+    BatchManifest,
+    BatchPlan,
+    batch_dir,
+    manifest_path,
+    read_json,
+    write_json_atomic,
+)
+from tidewater.commit.batch import commit_batch
+from tidewater.commit.result import CommitResult
+from tidewater.config.parse import load_pipeline
+from tidewater.config.spec import PipelineSpec
+from tidewater.errors import TerminalError, TransientError
+from tidewater.plan.ingest import plan_batch
+from tidewater.quality.gate import ValidationReport, require_valid, validate_batch
+from tidewater.table.catalog import load_catalog, load_table
+
+log = logging.getLogger(__name__)
+
+
+def spark_app_path() -> Path:
+    """spark_apps/ingest_batch.py of this checkout (the package lives in include/)."""
+    env = os.environ.get("TIDEWATER_SPARK_APP")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "spark_apps" / "ingest_batch.py"
+
+
+def load_plan(plan_path: str | Path) -> BatchPlan:
+    return BatchPlan.from_json(read_json(plan_path))
+
+
+def load_manifest(plan_path: str | Path) -> BatchManifest:
+    """The write step's manifest; raises the write step's own error if it failed."""
+    from tidewater.write.job import read_error
+
+    mpath = manifest_path(plan_path)
+    if not mpath.is_file():
+        err = read_error(Path(plan_path).parent)
+        if err is not None:
+            raise err
+        raise TerminalError(f"no manifest at {mpath}: the write step has not completed")
+    return BatchManifest.from_json(read_json(mpath))
+
+
+def run_write_step(spec: PipelineSpec, plan_path: Path, master: str | None = None, progress: Any = None) -> BatchManifest:
+    """Run the Spark job with spark-submit (as the DAG does) and return its manifest."""
+    from tidewater.batch import ERROR_NAME
+    from tidewater.runtime.spark import spark_submit_command
+    from tidewater.write.job import read_error
+
+    (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
+    manifest_path(plan_path).unlink(missing_ok=True)
+    cmd = spark_submit_command(spec, str(spark_app_path()), ["--plan", str(plan_path)], master=master)
+    log_path = plan_path.parent / "spark-submit.log"
+    started = time.monotonic()
+    with open(log_path, "w") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_spark_env())
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if progress is not None:
+                progress(time.monotonic() - started)
+    if proc.returncode != 0:
+        err = read_error(plan_path.parent)
+        if err is not None:
+            raise err
+        tail = log_path.read_text()[-3000:]
+        raise TransientError(f"spark-submit exited with {proc.returncode}; log {log_path}:\n{tail}")
+    return load_manifest(plan_path)
+
+
+def _spark_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    return env
+
+
+# ---- validate and commit ---------------------------------------------------------------------------
+
+
+def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> ValidationReport:
+    """Run the quality gate; raises ValidationFailedError (nothing committed) when it fails."""
+    from tidewater.quality.data_docs import write_page
+
+    catalog = load_catalog(spec)
+    table = None if spec.routed else load_table(catalog, spec.table.identifier)
+    if spec.routed:
+        from tidewater.quality.gate import validate_routed
+
+        report = validate_routed(spec, catalog, manifest)
+    elif table is None:
+        if manifest.data_files:
+            raise TerminalError("staged files exist but the table does not", table=spec.table.identifier)
+        if manifest.records:  # every record dead-lettered or skipped: only the accounting to check
+            from tidewater.quality.gate import builtin_checks
+
+            checks = tuple(builtin_checks(spec, None, manifest))
+            report = ValidationReport(plan.batch_id, "builtin", all(c.success for c in checks), 0, checks)
+        else:
+            from tidewater.quality.gate import CheckResult
+
+            report = ValidationReport(plan.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))
+    else:
+        report = validate_batch(spec, table, manifest)
+    page = write_page(spec, report, plan.table)
+    if page is not None:
+        log.info("batch %s: Data Docs %s", plan.batch_id, page.as_uri())
+    require_valid(report, spec.validation.on_failure)
+    # What the gate decided travels to the commit (stamped in the snapshot summary).
+    verdict = report.summary()
+    if not report.success and spec.validation.on_failure == "quarantine":
+        verdict["quarantine"] = True
+    write_json_atomic(batch_path(spec, plan) / VALIDATION_NAME, verdict)
+    return report
+
+
+def batch_path(spec: PipelineSpec, plan: BatchPlan) -> Path:
+    return batch_dir(spec.staging_dir(), spec.name, plan.batch_id)
+
+
+def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None = None) -> CommitResult:
+    path = batch_path(spec, plan) / VALIDATION_NAME
+    validation = read_json(path) if path.is_file() else None
+    sink: Any = None
+    if spec.dead_letter.topic:
+        from tidewater.source.kafka import kafka_settings
+        from tidewater.write.dead_letters import produce_to_topic
+
+        topic = spec.dead_letter.topic
+
+        def send(table: Any, files: list[dict[str, Any]]) -> str:
+            sent = produce_to_topic(kafka_settings(spec), topic, table, files)
+            log.info("batch %s: %d dead letters sent to topic %s", plan.batch_id, sent, topic)
+            return topic
+
+        sink = send
+
+    if plan.mode != "ingest":
+        from tidewater.commit.replay import commit_replay
+
+        return commit_replay(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation)
+    if spec.routed:
+        from tidewater.commit.routed import commit_routed
+
+        return commit_routed(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
+                             dead_letter_sink=sink)
+    quarantine = bool(validation and validation.get("quarantine"))
+    result = commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
+                          dead_letter_sink=sink, branch=spec.table.branch, quarantine=quarantine)
+    if quarantine:
+        from tidewater.ops.quarantine import quarantined_error
+
+        raise quarantined_error(plan.batch_id, plan.table, validation, str(spec.source_path))
+    return result
+
+
+def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) -> dict[str, Any]:
+    """One batch through plan, write (spark-submit), validate and commit, with a progress display."""
+    say = out or (lambda s: print(s, flush=True))
+    spec = load_pipeline(spec_path)
+    t0 = time.monotonic()
+    say(f"[1/4] plan     {spec.name}: reading committed offsets from {spec.checkpoint_table()} and end offsets from Kafka")
+    plan, plan_path = plan_batch(spec)
+    if plan_path is None:
+        say(f"      nothing to ingest: every partition is caught up ({time.monotonic() - t0:.1f}s)")
+        return {"status": "empty", "batch_id": None, "records": 0}
+    say(f"      batch {plan.batch_id}: {plan.record_span} offsets over {len(plan.ranges)} partition(s)")
+    t1 = time.monotonic()
+
+    next_tick = [10.0]
+
+    def tick(elapsed: float) -> None:
+        if elapsed >= next_tick[0]:
+            say(f"      ... spark job running, {elapsed:.0f}s")
+            next_tick[0] += 10.0
+
+    say("[2/4] write    spark-submit " + str(spark_app_path().name))
+    manifest = run_write_step(spec, plan_path, master=master, progress=tick)
+    extra = f", {manifest.dead_letters} dead letter(s)" if manifest.dead_letters else ""
+    extra += f", {manifest.skipped} skipped" if manifest.skipped else ""
+    if manifest.ignored_fields:
+        say(f"      fields not added (table.evolve_schema is off): {', '.join(manifest.ignored_fields)}")
+    if manifest.outputs:
+        files = sum(len(o["data_files"]) for o in manifest.outputs)
+        say(f"      {manifest.records} records -> {files} data file(s) in {len(manifest.outputs)} table(s){extra} "
+            f"({time.monotonic() - t1:.1f}s)")
+    else:
+        say(f"      {manifest.records} records -> {len(manifest.data_files)} data file(s){extra} ({time.monotonic() - t1:.1f}s)")
+    t2 = time.monotonic()
+    say("[3/4] validate great-expectations on the staged files")
+    report = validate_step(spec, plan, manifest)
+    say(f"      {sum(c.success for c in report.checks)}/{len(report.checks)} expectations passed ({time.monotonic() - t2:.1f}s)")
+    say("[4/4] commit   one Iceberg append with offsets in the snapshot summary")
+    result = commit_step(spec, plan, manifest)
+    say(f"      {result.status}: snapshot {result.snapshot_id}, {result.records} records ({time.monotonic() - t0:.1f}s total)")
+    return {**result.summary(), "seconds": round(time.monotonic() - t0, 3)}

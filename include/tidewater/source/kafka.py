@@ -1,0 +1,322 @@
+"""Reading Kafka: connection settings, partition discovery, watermarks, and exact offset-range reads.
+
+No consumer group is used for progress: partitions are assigned explicitly and positioned at exact
+offsets; offsets are never committed to Kafka (the Iceberg table is the source of truth).
+Reads use ``isolation.level=read_committed`` so aborted transactional records are not ingested.
+"""
+
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tidewater.batch import PartitionRange, TopicPartition
+from tidewater.config.spec import KAFKA_CONFIG_ENV, PipelineSpec, redact
+from tidewater.errors import ConfigError, KafkaReadError, TransientError
+
+log = logging.getLogger(__name__)
+
+
+# Consumer settings that reached several hundred thousand small records per second in one process.
+THROUGHPUT_DEFAULTS = {
+    "fetch.queue.backoff.ms": "0",
+    "queued.min.messages": "1000000",
+    "max.partition.fetch.bytes": "10485760",
+    "fetch.max.bytes": "104857600",
+}
+
+
+CONSUME_BATCH = 10_000
+
+
+def kafka_settings(spec: PipelineSpec) -> dict[str, str]:
+    """librdkafka settings for the pipeline (with secrets; never log the result without ``redact``).
+
+    Precedence: ``$TIDEWATER_KAFKA_CONFIG`` (JSON, set by the ingest DAG for its Spark job), then the
+    Airflow connection ``kafka.conn_id``, then ``kafka.bootstrap_servers``; ``kafka.settings`` always apply.
+    """
+    env = os.environ.get(KAFKA_CONFIG_ENV)
+    if env:
+        try:
+            return {str(k): str(v) for k, v in json.loads(env).items()}
+        except (ValueError, AttributeError):
+            raise ConfigError(f"{KAFKA_CONFIG_ENV}: not a JSON object") from None
+    settings: dict[str, str] = {}
+    if spec.kafka.conn_id:
+        settings.update(_settings_from_airflow_connection(spec.kafka.conn_id))
+    if spec.kafka.bootstrap_servers:
+        settings["bootstrap.servers"] = spec.kafka.bootstrap_servers
+    settings.update(spec.kafka.settings)
+    if "bootstrap.servers" not in settings:
+        raise ConfigError("kafka: no bootstrap servers (set kafka.bootstrap_servers or a connection host)")
+    return settings
+
+
+def _settings_from_airflow_connection(conn_id: str) -> dict[str, str]:
+    try:
+        from airflow.sdk import BaseHook
+    except ImportError:  # pragma: no cover - Airflow is a dependency
+        raise ConfigError(f"kafka.conn_id: Airflow is not installed, cannot resolve connection {conn_id!r}") from None
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception as e:  # AirflowNotFoundException and friends
+        raise ConfigError(f"kafka.conn_id: Airflow connection {conn_id!r} not found ({type(e).__name__})") from None
+    out: dict[str, str] = {}
+    if conn.host:
+        hosts = conn.host
+        out["bootstrap.servers"] = f"{hosts}:{conn.port}" if conn.port and "," not in hosts else hosts
+    extra = conn.extra_dejson or {}
+    for k, v in extra.items():
+        if k == "bootstrap.servers" or "." in k:
+            out[k] = str(v)
+    if conn.login:
+        out.setdefault("sasl.username", conn.login)
+    if conn.password:
+        out.setdefault("sasl.password", conn.password)
+    return out
+
+
+def consumer_config(settings: dict[str, str], client_id: str) -> dict[str, Any]:
+    conf: dict[str, Any] = dict(THROUGHPUT_DEFAULTS)
+    conf.update(settings)
+    conf.update(
+        {
+            # librdkafka requires a group id; it is never joined (assign) and nothing is committed.
+            "group.id": f"tidewater-{client_id}",
+            "client.id": f"tidewater-{client_id}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "error",
+        }
+    )
+    return conf
+
+
+def new_consumer(settings: dict[str, str], client_id: str) -> Any:
+    from confluent_kafka import Consumer
+
+    try:
+        return Consumer(consumer_config(settings, client_id))
+    except Exception as e:
+        raise ConfigError(f"kafka.settings: librdkafka rejected the configuration: {e}") from None
+
+
+def resolve_topics(settings: dict[str, str], spec: PipelineSpec, timeout: float = 15.0) -> list[str]:
+    """The pipeline's topics: the listed ones plus every topic that fully matches ``topic_pattern`` now."""
+    import re
+
+    topics = list(spec.topics)
+    if spec.topic_pattern is None:
+        return topics
+    pattern = re.compile(spec.topic_pattern)
+    consumer = new_consumer(settings, "metadata")
+    try:
+        try:
+            names = consumer.list_topics(timeout=timeout).topics
+        except Exception as e:
+            raise TransientError(f"cannot list topics on {redact(settings).get('bootstrap.servers')}: {e}") from None
+    finally:
+        consumer.close()
+    matched = sorted(n for n in names if not n.startswith("__") and pattern.fullmatch(n))
+    if not matched:
+        log.info("topic_pattern %r matches no topic yet", spec.topic_pattern)
+    return topics + [t for t in matched if t not in topics]
+
+
+def list_partitions(settings: dict[str, str], topics: list[str], timeout: float = 15.0) -> list[TopicPartition]:
+    """All partitions of the given topics. A missing topic is an error naming it."""
+    consumer = new_consumer(settings, "metadata")
+    try:
+        out: list[TopicPartition] = []
+        for topic in topics:
+            try:
+                md = consumer.list_topics(topic, timeout=timeout)
+            except Exception as e:
+                raise TransientError(
+                    f"cannot read topic metadata from {redact(settings).get('bootstrap.servers')}: {e}", topic=topic
+                ) from None
+            tmd = md.topics.get(topic)
+            if tmd is None or tmd.error is not None or not tmd.partitions:
+                reason = tmd.error.str() if tmd is not None and tmd.error is not None else "no partitions"
+                raise ConfigError(f"topics: topic {topic!r} is not available on the broker ({reason})", topic=topic)
+            out.extend((topic, p) for p in sorted(tmd.partitions))
+        return out
+    finally:
+        consumer.close()
+
+
+def watermarks(
+    settings: dict[str, str], partitions: list[TopicPartition], timeout: float = 15.0
+) -> dict[TopicPartition, tuple[int, int]]:
+    """(log start offset, end offset) per partition, as a read_committed consumer sees them."""
+    from confluent_kafka import TopicPartition as KTP
+
+    consumer = new_consumer(settings, "watermarks")
+    try:
+        out = {}
+        for topic, p in partitions:
+            try:
+                low, high = consumer.get_watermark_offsets(KTP(topic, p), timeout=timeout, cached=False)
+            except Exception as e:
+                raise TransientError(f"cannot read watermarks: {e}", topic=topic, partition=p) from None
+            out[(topic, p)] = (int(low), int(high))
+        return out
+    finally:
+        consumer.close()
+
+
+@dataclass
+class Chunk:
+    """A run of consecutive records of one partition, as Python lists taken from librdkafka batches."""
+
+    topic: str
+    partition: int
+    values: list[bytes | None]
+    offsets: list[int]
+    timestamps: list[int]
+    keys: list[bytes | None] | None = None  # only when read with keys=True
+    headers: list[Any] | None = None  # only when read with headers=True
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def read_range(
+    settings: dict[str, str],
+    rng: PartitionRange,
+    *,
+    chunk_records: int,
+    read_timeout: float,
+    client_id: str = "reader",
+    keys: bool = False,
+    headers: bool = False,
+) -> Iterator[Chunk]:
+    """Yield the records of ``rng`` in chunks of about ``chunk_records``.
+
+    Stops when the consumer's position reaches ``rng.end`` (offsets can be missing inside a range:
+    compacted topics and transaction markers). Raises KafkaReadError when no progress is made for
+    ``read_timeout`` seconds, naming the partition and position.
+    """
+    from operator import itemgetter
+
+    from confluent_kafka import KafkaError, Message
+    from confluent_kafka import TopicPartition as KTP
+
+    # Unbound C methods mapped over librdkafka's batch: the cheapest per-record step Python offers.
+    _error, _offset, _value, _timestamp, _stamp = Message.error, Message.offset, Message.value, Message.timestamp, itemgetter(1)
+    if rng.size <= 0:
+        return
+    consumer = new_consumer(settings, client_id)
+    try:
+        consumer.assign([KTP(rng.topic, rng.partition, rng.start)])
+        pos = rng.start
+        values: list[bytes | None] = []
+        offsets: list[int] = []
+        stamps: list[int] = []
+        key_list: list[bytes | None] | None = [] if keys else None
+        header_list: list[Any] | None = [] if headers else None
+        last_progress = time.monotonic()
+        while pos < rng.end:
+            msgs = consumer.consume(num_messages=CONSUME_BATCH, timeout=1.0)
+            at_eof = False
+            past_end = False
+            if msgs:
+                errs = [m for m in msgs if m.error() is not None] if any(map(_error, msgs)) else None
+                if errs:
+                    for m in errs:
+                        if m.error().code() != KafkaError._PARTITION_EOF:
+                            raise KafkaReadError(
+                                f"read failed: {m.error().str()}", topic=rng.topic, partition=rng.partition, offset=pos
+                            )
+                    at_eof = True
+                    msgs = [m for m in msgs if m.error() is None]
+            if msgs:
+                offs = list(map(_offset, msgs))
+                if offs[-1] >= rng.end:
+                    cut = bisect_left(offs, rng.end)
+                    past_end = True
+                    msgs, offs = msgs[:cut], offs[:cut]
+                if msgs:
+                    values.extend(map(_value, msgs))
+                    stamps.extend(map(_stamp, map(_timestamp, msgs)))
+                    offsets.extend(offs)
+                    if key_list is not None:
+                        key_list.extend(map(Message.key, msgs))
+                    if header_list is not None:
+                        header_list.extend(map(Message.headers, msgs))
+                    pos = offs[-1] + 1
+                    last_progress = time.monotonic()
+                if len(offsets) >= chunk_records:
+                    yield Chunk(rng.topic, rng.partition, values, offsets, stamps, key_list, header_list)
+                    values, offsets, stamps = [], [], []
+                    key_list = [] if keys else None
+                    header_list = [] if headers else None
+            if pos >= rng.end or past_end:
+                break
+            if at_eof or not msgs:
+                # Transaction markers and compaction leave offsets that are never delivered: the
+                # consumer's position moves past them although no record arrives.
+                position = consumer.position([KTP(rng.topic, rng.partition)])[0].offset
+                if position >= rng.end:
+                    break
+            if time.monotonic() - last_progress > read_timeout:
+                raise KafkaReadError(
+                    f"no progress for {read_timeout:.0f}s reading up to offset {rng.end} (broker unreachable, or "
+                    "the records were deleted while reading)",
+                    topic=rng.topic,
+                    partition=rng.partition,
+                    offset=pos,
+                )
+        if offsets:
+            yield Chunk(rng.topic, rng.partition, values, offsets, stamps, key_list, header_list)
+    finally:
+        consumer.close()
+
+
+class Rereader:
+    """Reads the key and headers of given records again (error path only: the hot path does not keep
+    them unless they become columns). One consumer, opened on first use and reused until ``close``."""
+
+    def __init__(self, settings: dict[str, str], client_id: str, read_timeout: float) -> None:
+        self._settings = settings
+        self._client_id = client_id
+        self._timeout = read_timeout
+        self.new_consumer: Any = None
+
+    def fetch(self, topic: str, partition: int, offsets: list[int]) -> dict[int, tuple[bytes | None, Any]]:
+        from confluent_kafka import KafkaError
+        from confluent_kafka import TopicPartition as KTP
+
+        if not offsets:
+            return {}
+        if self.new_consumer is None:
+            self.new_consumer = new_consumer(self._settings, self._client_id)
+        wanted = set(offsets)
+        last = max(offsets)
+        found: dict[int, tuple[bytes | None, Any]] = {}
+        self.new_consumer.assign([KTP(topic, partition, min(offsets))])
+        deadline = time.monotonic() + self._timeout
+        done = False
+        while not done and len(found) < len(wanted) and time.monotonic() < deadline:
+            for m in self.new_consumer.consume(num_messages=CONSUME_BATCH, timeout=1.0):
+                if m.error() is not None:
+                    done = done or m.error().code() == KafkaError._PARTITION_EOF
+                    continue
+                if m.offset() in wanted:
+                    found[m.offset()] = (m.key(), m.headers())
+                done = done or m.offset() >= last
+        return found
+
+    def close(self) -> None:
+        if self.new_consumer is not None:
+            self.new_consumer.close()
+            self.new_consumer = None

@@ -1,0 +1,118 @@
+"""The Iceberg catalog: loading it from a pipeline, creating and evolving tables.
+
+Creation and evolution are metadata-only operations, safe to race: creating an existing table loads
+it, and adding columns that already exist is a no-op (``union_by_name``). Conflicting catalog updates
+are retried after a refresh.
+"""
+
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from tidewater.config.spec import PipelineSpec
+from tidewater.errors import ConfigError, TerminalError
+
+log = logging.getLogger(__name__)
+
+
+def load_catalog(spec: PipelineSpec) -> Any:
+    from pyiceberg.catalog import load_catalog as _load
+
+    props = spec.catalog_properties()
+    if props.get("type") == "sql" and str(props.get("uri", "")).startswith("sqlite:///"):
+        from pathlib import Path
+
+        Path(props["uri"][len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        warehouse = str(props.get("warehouse", ""))
+        if warehouse.startswith("file://"):
+            Path(warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
+    for attempt in range(5):
+        try:
+            return _load(spec.catalog.name, **props)
+        except Exception as e:
+            # A new SQL catalog creates its own tables on first load; concurrent first loads collide
+            # ("already exists"), and the next attempt finds the tables in place.
+            if "already exists" in str(e) and attempt < 4:
+                time.sleep(0.1 * (attempt + 1))
+                continue
+            raise ConfigError(f"catalog.properties: cannot load catalog {spec.catalog.name!r}: {e}") from None
+    raise AssertionError("unreachable")
+
+
+def load_table(catalog: Any, identifier: str) -> Any | None:
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
+
+
+def create_table(catalog: Any, ident: str, schema: pa.Schema, properties: dict[str, str],
+                 partition_by: list[str] | None = None, sort_by: list[str] | None = None,
+                 id_columns: list[str] | None = None) -> Any:
+    """Create the namespace and table if missing; safe when several writers do it at once.
+
+    The partition spec, sort order and identifier fields are part of the creation (never a second
+    commit), so no writer can see the table without them.
+    """
+    from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, visit_pyarrow
+    from pyiceberg.schema import Schema, assign_fresh_schema_ids
+
+    from tidewater.table import partitioning
+
+    if id_columns:
+        missing = [c for c in id_columns if schema.get_field_index(c) < 0]
+        if missing:
+            raise TerminalError(f"id_columns: {', '.join(missing)} not in the records' fields ({', '.join(schema.names)})",
+                                table=ident)
+        schema = pa.schema([f.with_nullable(False) if f.name in id_columns else f for f in schema])
+    iceberg_schema = assign_fresh_schema_ids(visit_pyarrow(schema, _ConvertToIcebergWithoutIDs()))
+    if id_columns:
+        ids = [iceberg_schema.find_field(c).field_id for c in id_columns]
+        iceberg_schema = Schema(*iceberg_schema.fields, schema_id=iceberg_schema.schema_id, identifier_field_ids=ids)
+    spec, order = partitioning.build(iceberg_schema, partition_by or [], sort_by or [])
+    namespace = tuple(ident.split(".")[:-1])
+    # Several Spark tasks may create the same namespace and table at once; a catalog's check-then-insert
+    # lets the loser fail with a raw database error, so a failure counts only if the object is still missing.
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+    except Exception:
+        if not catalog.namespace_exists(namespace):
+            raise
+    try:
+        table = catalog.create_table_if_not_exists(
+            ident, schema=iceberg_schema, partition_spec=spec, sort_order=order, properties=properties
+        )
+    except Exception:
+        table = load_table(catalog, ident)
+        if table is None:
+            raise
+    log.info("table %s ready (schema id %s)", ident, table.schema().schema_id)
+    return table
+
+
+DEAD_LETTER_SCHEMA = pa.schema([
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("headers", pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))),
+    pa.field("error_class", pa.string()),
+    pa.field("error_message", pa.string()),
+    pa.field("batch_id", pa.string()),
+    pa.field("pipeline", pa.string()),
+])
+
+
+def ensure_dead_letter_table(catalog: Any, spec: PipelineSpec) -> Any:
+    """The pipeline's dead-letter table (raw records that could not be decoded), created when missing."""
+    ident = spec.dead_letter_table()
+    return load_table(catalog, ident) or create_table(catalog, ident, DEAD_LETTER_SCHEMA, {"format-version": "2"})

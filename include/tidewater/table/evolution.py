@@ -1,0 +1,205 @@
+"""evolution (moved from catalog.py)."""
+
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from tidewater.config.spec import TableSpec
+from tidewater.errors import TerminalError, TransientError
+from tidewater.table.catalog import create_table
+
+log = logging.getLogger(__name__)
+
+
+def arrow_paths(t: pa.DataType, prefix: str = "") -> set[str]:
+    """Dotted names of every field inside a (struct) type; list elements as ``name.element``."""
+    out: set[str] = set()
+    if pa.types.is_struct(t):
+        for f in t:
+            p = f"{prefix}.{f.name}" if prefix else f.name
+            out.add(p)
+            out |= arrow_paths(f.type, p)
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        out |= arrow_paths(t.value_type, f"{prefix}.element")
+    elif pa.types.is_map(t):
+        out |= arrow_paths(t.key_type, f"{prefix}.key") | arrow_paths(t.item_type, f"{prefix}.value")
+    return out
+
+
+def table_arrow_schema(table: Any) -> pa.Schema:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    return schema_to_pyarrow(table.schema(), include_field_ids=False)
+
+
+def new_fields(table: Any, decoded: pa.Schema) -> list[str]:
+    have = arrow_paths(pa.struct(list(table_arrow_schema(table))))
+    return sorted(arrow_paths(pa.struct(list(decoded))) - have)
+
+
+def subset(decoded: pa.DataType, have: pa.DataType) -> pa.DataType:
+    """``decoded`` restricted to the fields ``have`` knows (by name, recursively)."""
+    if pa.types.is_struct(decoded) and pa.types.is_struct(have):
+        fields = []
+        for f in decoded:
+            i = have.get_field_index(f.name)
+            if i >= 0:
+                fields.append(pa.field(f.name, subset(f.type, have.field(i).type)))
+        return pa.struct(fields)
+    if (pa.types.is_list(decoded) or pa.types.is_large_list(decoded)) and (pa.types.is_list(have) or pa.types.is_large_list(have)):
+        return pa.list_(subset(decoded.value_type, have.value_type))
+    return decoded
+
+
+def without_new_fields(table: Any, decoded: pa.Table) -> pa.Table:
+    """``decoded`` without the fields the table does not have (``table.evolve_schema: false``)."""
+    have = pa.struct(list(table_arrow_schema(table)))
+    keep = [n for n in decoded.column_names if have.get_field_index(n) >= 0]
+    projected = decoded.select(keep)
+    target = pa.schema([pa.field(f.name, subset(f.type, have.field(have.get_field_index(f.name)).type)) for f in projected.schema])
+    return projected.cast(target)
+
+
+@dataclass(frozen=True)
+class Evolution:
+    """What the table's schema needs so that a chunk of rows fits it."""
+
+    new: tuple[str, ...] = ()  # dotted paths of fields the table does not have
+    widen: tuple[str, ...] = ()  # int -> long, float -> double
+    optional: tuple[str, ...] = ()  # required columns the rows leave null (or lack)
+
+    def __bool__(self) -> bool:
+        return bool(self.new or self.widen or self.optional)
+
+    def describe(self) -> str:
+        parts = [f"add {', '.join(self.new)}" if self.new else "", f"widen {', '.join(self.widen)}" if self.widen else "",
+                 f"make optional {', '.join(self.optional)}" if self.optional else ""]
+        return "; ".join(p for p in parts if p)
+
+
+_WIDER = {("int", "long"), ("float", "double")}
+
+
+def _walk(fields: Any, arrays: dict[str, pa.Array], valid: pa.Array | None, prefix: str,
+          widen: list[str], optional: list[str]) -> None:
+    import pyarrow.compute as pc
+    from pyiceberg.types import StructType
+
+    for f in fields:
+        path = f"{prefix}{f.name}"
+        arr = arrays.get(f.name)
+        if arr is None:
+            if f.required:
+                optional.append(path)
+            continue
+        if (str(f.field_type), _arrow_family(arr.type)) in _WIDER:
+            widen.append(path)
+        if f.required:
+            nulls = pc.is_null(arr) if valid is None else pc.and_(pc.is_null(arr), valid)
+            if pc.any(nulls).as_py():
+                optional.append(path)
+        if isinstance(f.field_type, StructType) and pa.types.is_struct(arr.type):
+            child_valid = pc.is_valid(arr) if valid is None else pc.and_(pc.is_valid(arr), valid)
+            children = {arr.type.field(i).name: arr.field(i) for i in range(arr.type.num_fields)}
+            _walk(f.field_type.fields, children, child_valid, path + ".", widen, optional)
+
+
+def _arrow_family(t: pa.DataType) -> str:
+    if pa.types.is_int64(t):
+        return "long"
+    if pa.types.is_float64(t):
+        return "double"
+    return str(t)
+
+
+def evolution_needed(table: Any | None, data: pa.Table) -> Evolution:
+    """New fields, type widenings and required columns made optional that ``data`` needs."""
+    if table is None:
+        return Evolution(new=tuple(sorted(arrow_paths(pa.struct(list(data.schema))))))
+    new = new_fields(table, data.schema)
+    widen: list[str] = []
+    optional: list[str] = []
+    fields = table.schema().fields
+    if any(_has_required_or_narrow(f) for f in fields):  # auto-created tables have neither: nothing to scan
+        arrays = {name: data.column(name).combine_chunks() for name in data.column_names}
+        _walk(fields, arrays, None, "", widen, optional)
+    return Evolution(tuple(new), tuple(widen), tuple(optional))
+
+
+def _has_required_or_narrow(f: Any) -> bool:
+    from pyiceberg.types import StructType
+
+    if f.required or str(f.field_type) in ("int", "float"):
+        return True
+    return isinstance(f.field_type, StructType) and any(_has_required_or_narrow(c) for c in f.field_type.fields)
+
+
+def _keep_required(table: Any, schema: pa.Schema, relax: set[str]) -> pa.Schema:
+    """``schema`` with fields the table has as required (and that stay required) marked non-nullable,
+    so that ``union_by_name`` changes nothing about them."""
+    from pyiceberg.types import StructType
+
+    def walk(fields: Any, t: pa.StructType, prefix: str) -> list[pa.Field]:
+        ice = {f.name: f for f in fields}
+        out = []
+        for af in t:
+            f = ice.get(af.name)
+            path = f"{prefix}{af.name}"
+            typ = af.type
+            if f is not None and isinstance(f.field_type, StructType) and pa.types.is_struct(typ):
+                typ = pa.struct(walk(f.field_type.fields, typ, path + "."))
+            nullable = not (f is not None and f.required and path not in relax)
+            out.append(pa.field(af.name, typ, nullable=nullable))
+        return out
+
+    return pa.schema(walk(table.schema().fields, pa.struct(list(schema)), ""))
+
+
+def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Table) -> Any:
+    """A table that ``data`` fits (creating or evolving it: new fields, int -> long and float -> double,
+    required -> optional), or an error. Safe to race: every attempt re-checks against a fresh table.
+    ``tspec``: the table's settings (a pipeline's ``table``, or one target of a routed pipeline)."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    ident = tspec.identifier
+    schema = data.schema
+    if table is None:
+        if not tspec.auto_create:
+            raise TerminalError(f"table {ident} does not exist and table.auto_create is off", table=ident)
+        if len(schema) == 0:
+            raise TerminalError("cannot create a table from records without any typed field", table=ident)
+        table = create_table(catalog, ident, schema, {"format-version": "2", **tspec.properties},
+                             tspec.partition_by, tspec.sort_by, tspec.id_columns)
+
+    change = evolution_needed(table, data)
+    if not change:
+        return table
+    if not tspec.evolve_schema:
+        if not (change.new or change.optional):
+            return table  # values are cast to the narrower type; one that does not fit fails the task
+        raise TerminalError(f"the records need schema changes ({change.describe()}) and table.evolve_schema is off",
+                            table=ident)
+    for attempt in range(10):
+        try:
+            with table.update_schema() as upd:
+                upd.union_by_name(_keep_required(table, schema, set(change.optional)))
+                for path in change.optional:
+                    if path not in arrow_paths(pa.struct(list(schema))):
+                        upd.make_column_optional(path)
+            log.info("table %s: schema changed: %s", ident, change.describe())
+            return table
+        except CommitFailedException:
+            time.sleep(0.2 * (attempt + 1))
+            table = catalog.load_table(ident)
+            change = evolution_needed(table, data)
+            if not change:
+                return table
+        except ValueError as e:
+            raise TerminalError(f"cannot evolve the schema ({change.describe()}): {e}", table=ident) from e
+    raise TransientError("schema evolution kept conflicting with other writers", table=ident)

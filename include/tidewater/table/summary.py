@@ -1,0 +1,183 @@
+"""Offsets and batch identity recorded in Iceberg snapshot summaries.
+
+The table is the source of truth: every Tidewater commit stamps the NEXT offset to read for every
+topic-partition the table has ever ingested (cumulative), so the latest Tidewater snapshot alone tells
+where each partition stands. Snapshots made by others (compaction, expiry, manual writes) carry no such
+keys; readers walk back through the snapshot's ancestors to the newest one that does.
+"""
+
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from tidewater.batch import Offsets, offsets_from_json, offsets_to_json
+from tidewater.errors import TerminalError
+
+PREFIX = "tidewater."
+
+
+OFFSETS = PREFIX + "offsets"
+
+
+BATCH_ID = PREFIX + "batch-id"
+
+
+PIPELINE = PREFIX + "pipeline"
+
+
+DAG_RUN_ID = PREFIX + "dag-run-id"
+
+
+VALID_THROUGH_MS = PREFIX + "valid-through-ms"
+
+
+VALID_THROUGH = PREFIX + "valid-through"
+
+
+RECORDS = PREFIX + "records"  # records read
+
+
+DEAD_LETTERS = PREFIX + "dead-letters"  # of which written to the dead-letter table
+
+
+SKIPPED = PREFIX + "skipped"  # of which dropped by the skip policy
+
+
+DEAD_LETTER_TOPIC = PREFIX + "dead-letter-topic"  # on dead-letter snapshots: the topic they were also sent to
+
+
+IGNORED_FIELDS = PREFIX + "ignored-fields"  # record fields not added (table.evolve_schema off)
+
+
+VALIDATION = PREFIX + "validation"  # the gate's verdict: suite, success, rows, checks, failed
+
+
+BRANCH_BASE = PREFIX + "branch-base"  # the empty snapshot on main made so that a branch can be written
+
+
+QUARANTINED = PREFIX + "quarantined"  # main's empty snapshot of a quarantined batch: the branch holding it
+
+
+QUARANTINE_OF = PREFIX + "quarantine-of"  # the quarantine branch's snapshot: the batch id
+
+
+PUBLISHED = PREFIX + "published"  # a published quarantined batch: its batch id
+
+
+REPLAY = PREFIX + "replay"  # replays and backfills: mode, ranges, data interval
+
+
+DATA_INTERVAL = PREFIX + "data-interval"  # the Airflow run's data interval: "start/end" (ISO)
+
+
+RANGES = PREFIX + "ranges"  # the batch's offset ranges: [[topic, partition, start, end], ...]
+
+
+FORMAT_VERSION = PREFIX + "summary-version"
+
+
+SUMMARY_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class CommittedState:
+    """What the table says about ingestion: offsets and the Tidewater snapshot they came from."""
+
+    offsets: Offsets
+    snapshot_id: int | None  # newest snapshot of the branch (None: empty table)
+    tidewater_snapshot_id: int | None  # newest ancestor that carries offsets
+    batch_id: str | None
+    valid_through_ms: int | None
+    committed_at_ms: int | None
+
+
+def summary_properties(
+    *,
+    offsets: Offsets,
+    batch_id: str,
+    pipeline: str,
+    records: int,
+    valid_through_ms: int | None,
+    dag_run_id: str | None,
+    dead_letters: int = 0,
+    skipped: int = 0,
+    ignored_fields: tuple[str, ...] = (),
+    validation: dict[str, Any] | None = None,
+) -> dict[str, str]:
+    props = {
+        OFFSETS: json.dumps(offsets_to_json(offsets), separators=(",", ":")),
+        BATCH_ID: batch_id,
+        PIPELINE: pipeline,
+        RECORDS: str(records),
+        DEAD_LETTERS: str(dead_letters),
+        SKIPPED: str(skipped),
+        FORMAT_VERSION: SUMMARY_VERSION,
+    }
+    if validation is not None:
+        props[VALIDATION] = json.dumps(validation, separators=(",", ":"), sort_keys=True)
+    if ignored_fields:
+        text = ",".join(ignored_fields)
+        props[IGNORED_FIELDS] = text if len(text) <= 1000 else text[:997] + "..."
+    if valid_through_ms is not None:
+        props[VALID_THROUGH_MS] = str(valid_through_ms)
+        props[VALID_THROUGH] = datetime.fromtimestamp(valid_through_ms / 1000, tz=timezone.utc).isoformat()
+    if dag_run_id:
+        props[DAG_RUN_ID] = dag_run_id
+    return props
+
+
+def summary_dict(snapshot: Any) -> dict[str, str]:
+    summary = snapshot.summary
+    if summary is None:
+        return {}
+    return dict(summary.additional_properties) if hasattr(summary, "additional_properties") else dict(summary)
+
+
+def committed_state(table: Any, branch: str | None = None) -> CommittedState:
+    """Read committed offsets from the head of ``branch`` (default ``main``), walking back through ancestors."""
+    meta = table.metadata
+    current = meta.current_snapshot_id
+    if branch and branch != "main":
+        ref = meta.refs.get(branch)
+        current = ref.snapshot_id if ref is not None else None
+    snap_id = current
+    by_id = {s.snapshot_id: s for s in meta.snapshots}
+    while snap_id is not None and snap_id in by_id:
+        snap = by_id[snap_id]
+        props = summary_dict(snap)
+        if OFFSETS in props:
+            vt = props.get(VALID_THROUGH_MS)
+            return CommittedState(
+                offsets=offsets_from_json(json.loads(props[OFFSETS])),
+                snapshot_id=current,
+                tidewater_snapshot_id=snap.snapshot_id,
+                batch_id=props.get(BATCH_ID),
+                valid_through_ms=int(vt) if vt else None,
+                committed_at_ms=snap.timestamp_ms,
+            )
+        snap_id = snap.parent_snapshot_id
+    if current in by_id and BRANCH_BASE in summary_dict(by_id[current]):
+        return CommittedState({}, current, None, None, None, None)  # only the empty base of a branch
+    if current is not None:
+        # The table has history but none of it carries offsets: they were expired (another tool removed
+        # the snapshot that held them) or the table was filled by something else. Planning from nothing
+        # would re-read everything into a table that already has data.
+        raise TerminalError(
+            f"committed offsets are unreadable: no snapshot in the history of the current snapshot {current} "
+            f"carries {OFFSETS} (expired by another tool, or the table was written by something else); "
+            "refusing to plan from the start of the log into a table that has history",
+            table=".".join(table.name()) if hasattr(table, "name") else None,
+        )
+    return CommittedState({}, current, None, None, None, None)
+
+
+def find_batch_snapshot(table: Any, batch_id: str) -> Any | None:
+    """The snapshot that committed ``batch_id``, if the table still has it."""
+    for snap in table.metadata.snapshots:
+        if summary_dict(snap).get(BATCH_ID) == batch_id:
+            return snap
+    return None

@@ -1,0 +1,112 @@
+"""Routing records to tables: topic-to-table mapping, static routing by a field's value, and dynamic
+routing where the field's value names the table.
+
+All of it is Arrow work over a decoded chunk: the route field is read as one column, a regular
+expression is matched against the whole column, and dynamic names are worked out once per distinct
+value (not per record). The result is, per target table, a boolean mask over the chunk's rows, plus
+the rows that went nowhere and the rows whose value cannot name a table.
+"""
+
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tidewater.config.spec import PipelineSpec
+
+_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+MAX_IDENTIFIER = 255
+
+
+def valid_identifier(ident: str) -> bool:
+    """`namespace.name` made of letters, digits and `_` (no empty, dotted-away or over-long parts)."""
+    parts = ident.split(".")
+    return len(ident) <= MAX_IDENTIFIER and len(parts) >= 2 and all(_PART.match(p) for p in parts)
+
+
+def route_values(data: pa.Table, path: str) -> pa.Array:
+    """The route field (dotted path into nested objects) as strings; null where a record lacks it."""
+    names = path.split(".")
+    if names[0] not in data.column_names:
+        return pa.nulls(data.num_rows, pa.string())
+    arr: Any = data.column(names[0]).combine_chunks()
+    for name in names[1:]:
+        if not pa.types.is_struct(arr.type) or arr.type.get_field_index(name) < 0:
+            return pa.nulls(data.num_rows, pa.string())
+        arr = pc.struct_field(arr, name)
+    if pa.types.is_nested(arr.type):
+        return pa.nulls(data.num_rows, pa.string())  # an object or list never names a table
+    return arr.cast(pa.string()) if not pa.types.is_string(arr.type) else arr
+
+
+@dataclass
+class Routed:
+    """Where a chunk's rows go."""
+
+    masks: dict[str, pa.Array] = field(default_factory=dict)  # table identifier -> rows for it
+    unmatched: pa.Array | None = None  # rows that go to no table
+    invalid: list[tuple[int, str]] = field(default_factory=list)  # rows whose value cannot name a table
+
+
+class Router:
+    """Decides the target tables of decoded rows for one pipeline."""
+
+    def __init__(self, spec: PipelineSpec) -> None:
+        self.spec = spec
+        self.routing = spec.routing
+        self._static = [(t, re.compile(t.route_regex) if t.route_regex else None) for t in spec.tables]
+
+    def dynamic_identifier(self, value: str) -> str:
+        name = self.routing.table_template.replace("{value}", value)
+        return name if "." in name else f"{self.routing.namespace}.{name}"
+
+    def route(self, topic: str, data: pa.Table) -> Routed:
+        n = data.num_rows
+        out = Routed()
+        if n == 0:
+            out.unmatched = pa.array([], pa.bool_())
+            return out
+        any_row = pa.array(np.zeros(n, dtype=bool))
+        values = route_values(data, self.routing.field) if self.routing.field else None
+        if self.routing.dynamic:
+            assert values is not None
+            invalid_rows = pa.array(np.zeros(n, dtype=bool))
+            for v in pc.unique(pc.drop_null(values)).to_pylist():
+                rows = pc.fill_null(pc.equal(values, v), False)
+                ident = self.dynamic_identifier(v)
+                if not v or not valid_identifier(ident):
+                    invalid_rows = pc.or_(invalid_rows, rows)
+                    continue
+                out.masks[ident] = rows
+                any_row = pc.or_(any_row, rows)
+            if pc.any(invalid_rows).as_py():
+                shown = {}
+                for r in pc.indices_nonzero(invalid_rows).to_pylist():  # error path
+                    v = values[r].as_py()
+                    shown[r] = (f"route field {self.routing.field!r} = {v!r} does not name a valid table "
+                                f"({self.dynamic_identifier(v)[:300]!r}: letters, digits and '_', not empty, at most "
+                                f"{MAX_IDENTIFIER} characters)")
+                out.invalid = sorted(shown.items())
+                any_row = pc.or_(any_row, invalid_rows)
+        else:
+            for t, regex in self._static:
+                if t.topics and topic not in t.topics:
+                    continue
+                if regex is None:
+                    rows = pa.array(np.ones(n, dtype=bool))
+                else:
+                    assert values is not None
+                    rows = pc.fill_null(pc.match_substring_regex(values, f"^(?:{regex.pattern})$"), False)
+                if pc.any(rows).as_py():
+                    out.masks[t.identifier] = pc.or_(out.masks[t.identifier], rows) if t.identifier in out.masks else rows
+                    any_row = pc.or_(any_row, rows)
+        out.unmatched = pc.invert(any_row)
+        return out

@@ -1,0 +1,164 @@
+"""The write step as a Spark job: one Spark task per partition sub-range, files written, never committed.
+
+The plan is made before Spark starts and passed in; Spark never decides offsets. Each task reads its
+exact range with confluent-kafka inside the Python worker, decodes with Arrow, and writes Parquet data
+files with the table's field ids; record data never crosses between the JVM and Python. The driver
+collects what each task wrote into a batch manifest in the staging directory.
+
+A task that fails on a record (or cannot read Kafka) deletes the files it wrote (nothing can have
+landed: only the commit step makes files visible) and reports the error; the driver writes it to
+``error.json`` next to the plan and exits non-zero.
+"""
+
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tidewater.batch import (
+    ERROR_NAME,
+    MANIFEST_NAME,
+    BatchManifest,
+    BatchPlan,
+    PartitionRange,
+    PartitionStats,
+    read_json,
+    utc_now_iso,
+    write_json_atomic,
+)
+from tidewater.config.parse import load_pipeline
+from tidewater.config.spec import PipelineSpec
+from tidewater.errors import BatchWriteError
+from tidewater.write.sinks import delete_files
+from tidewater.write.task import write_subrange
+
+log = logging.getLogger(__name__)
+
+
+def subranges(plan: BatchPlan, records_per_task: int) -> list[PartitionRange]:
+    return [s for r in plan.ranges for s in r.split(records_per_task)]
+
+
+def run(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
+    """Run the write step on ``spark`` (one Spark task per sub-range) and return the manifest."""
+    ranges = subranges(plan, spec.batch.records_per_task)
+    log.info("batch %s: %d sub-ranges over %d partitions", plan.batch_id, len(ranges), len(plan.ranges))
+    batch_id = plan.batch_id
+    work = list(enumerate(ranges))
+    results: list[dict[str, Any]] = []
+    if work:
+        rdd = spark.sparkContext.parallelize(work, numSlices=len(work))
+        mode, exclude = plan.mode, plan.exclude_path
+        results = rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1], mode, exclude)).collect()
+    return collect_manifest(plan, spec, results)
+
+
+def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
+    """The same write step without Spark: sub-ranges one after another in this process."""
+    work = list(enumerate(subranges(plan, spec.batch.records_per_task)))
+    results = [write_subrange(spec, settings, plan.batch_id, i, r, plan.mode, plan.exclude_path) for i, r in work]
+    return collect_manifest(plan, spec, results)
+
+
+def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]]) -> BatchManifest:
+    """Gather the tasks' results; raise the first task error (all tasks' files are then uncommitted)."""
+    from tidewater.table.catalog import load_catalog, load_table
+
+    errors = [r for r in results if "error" in r]
+    catalog = load_catalog(spec)
+    if errors:
+        # No manifest will exist, so no commit can reference these files: remove them.
+        by_table: dict[str, list[str]] = {}
+        for r in results:
+            by_table.setdefault(spec.table.identifier, []).extend(f["file_path"] for f in r.get("files", []))
+            for out in r.get("outputs", []):
+                by_table.setdefault(out["table"], []).extend(f["file_path"] for f in out["data_files"])
+            by_table.setdefault(spec.dead_letter_table(), []).extend(f["file_path"] for f in r.get("dead_letter_files", []))
+        for ident, paths in by_table.items():
+            if paths:
+                delete_files(load_table(catalog, ident), paths)
+        raise BatchWriteError.from_document(errors[0]["error"], len(errors))
+    results = sorted(results, key=lambda r: r["task_id"])
+    table = None if spec.routed else load_table(catalog, spec.table.identifier)
+    return BatchManifest(
+        batch_id=plan.batch_id,
+        table=plan.table,
+        data_files=tuple(f for r in results for f in r["files"]),
+        partitions=tuple(PartitionStats(**r["stats"]) for r in results),
+        schema_id=table.schema().schema_id if table is not None else -1,
+        written_at=utc_now_iso(),
+        task_timings=tuple(r["timing"] for r in results),
+        dead_letter_table=spec.dead_letter_table(),
+        dead_letter_files=tuple(f for r in results for f in r.get("dead_letter_files", [])),
+        ignored_fields=tuple(sorted({n for r in results for n in r.get("ignored_fields", [])})),
+        outputs=merge_outputs([o for r in results for o in r.get("outputs", [])]),
+    )
+
+
+def merge_outputs(outputs: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """The tasks' per-table outputs, one per table (files joined, counts added, offsets seen kept per
+    partition as the list of distinct values the tasks saw)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for o in outputs:
+        m = merged.setdefault(o["table"], {"table": o["table"], "data_files": [], "rows": 0, "already_committed": 0,
+                                           "seen_offsets": {}, "ignored_fields": [], "branch": o.get("branch")})
+        m["data_files"].extend(o["data_files"])
+        m["rows"] += o["rows"]
+        m["already_committed"] += o["already_committed"]
+        m["ignored_fields"] = sorted(set(m["ignored_fields"]) | set(o["ignored_fields"]))
+        for topic, parts in o["seen_offsets"].items():
+            for p, off in parts.items():
+                seen = m["seen_offsets"].setdefault(topic, {}).setdefault(p, [])
+                if off not in seen:
+                    seen.append(off)
+    return tuple(merged[k] for k in sorted(merged))
+
+
+def read_error(batch_dir: Path) -> BatchWriteError | None:
+    """The error the write step left next to the plan, if it failed on a record or on Kafka."""
+    path = batch_dir / ERROR_NAME
+    return BatchWriteError.from_document(read_json(path), 1) if path.is_file() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """spark-submit entry point: ``ingest_batch.py --plan PLAN.json``."""
+    from pyspark.sql import SparkSession
+
+    from tidewater.runtime.logs import configure_logging
+    from tidewater.source.kafka import kafka_settings
+
+    configure_logging()
+    ap = argparse.ArgumentParser(prog="ingest_batch.py", description="Write one Tidewater batch (never commits).")
+    ap.add_argument("--plan", required=True, help="path of the batch plan JSON")
+    args = ap.parse_args(argv)
+    plan_path = Path(args.plan)
+    plan = BatchPlan.from_json(read_json(plan_path))
+    spec = load_pipeline(plan.pipeline_path)
+    settings = kafka_settings(spec)
+    out_dir = plan_path.parent
+    (out_dir / ERROR_NAME).unlink(missing_ok=True)
+    spark = SparkSession.builder.appName(f"tidewater-{plan.pipeline}-{plan.batch_id}").getOrCreate()
+    try:
+        started = time.monotonic()
+        manifest = run(spark, plan, spec, settings)
+        write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
+        log.info(
+            "batch %s: wrote %d records in %d files in %.1fs; manifest %s",
+            plan.batch_id,
+            manifest.records,
+            len(manifest.data_files),
+            time.monotonic() - started,
+            out_dir / MANIFEST_NAME,
+        )
+        return 0
+    except BatchWriteError as e:
+        write_json_atomic(out_dir / ERROR_NAME, e.doc)
+        print(f"TIDEWATER-ERROR: {e}", file=sys.stderr)
+        return 3
+    finally:
+        spark.stop()

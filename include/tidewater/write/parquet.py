@@ -1,0 +1,191 @@
+"""Writing data files: Arrow chunks in, Parquet data files with Iceberg field ids and metrics out.
+
+Files are written into the table's data location and never committed here. Each writer streams
+chunks into one open Parquet file per partition (the table's current spec) and rolls to a new file at
+the table's ``write.target-file-size-bytes``; memory is bounded by the chunk size and the number of
+partitions one task writes at once, not the batch size.
+Data files are returned as plain JSON-able dicts (metrics included) for the batch manifest.
+"""
+
+
+from __future__ import annotations
+
+import base64
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TARGET_FILE_SIZE = "write.target-file-size-bytes"
+
+
+TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
+
+
+def to_table_schema(table: Any, decoded: pa.Table) -> pa.Table:
+    """Reorder, fill, promote and tag ``decoded`` with the table schema's field ids."""
+    from pyiceberg.io.fileformat import FileFormatFactory
+    from pyiceberg.io.pyarrow import _to_requested_schema, pyarrow_to_schema, schema_to_pyarrow
+    from pyiceberg.manifest import FileFormat
+
+    fmt = FileFormatFactory.get(FileFormat.PARQUET)
+    schema = table.schema()
+    file_schema = pyarrow_to_schema(decoded.schema, name_mapping=schema.name_mapping, format_version=table.format_version)
+    batches = [
+        _to_requested_schema(
+            requested_schema=schema, file_schema=file_schema, batch=b, include_field_ids=True, format_model=fmt
+        )
+        for b in decoded.to_batches()
+    ]
+    target = schema_to_pyarrow(schema, include_field_ids=True)
+    return pa.Table.from_batches(batches).cast(target)  # one physical layout for every file
+
+
+class _OpenFile:
+    """One Parquet data file being written (for one partition)."""
+
+    def __init__(self, path: str, stream: Any, writer: pq.ParquetWriter, partition: Any) -> None:
+        self.path, self.stream, self.writer, self.partition = path, stream, writer, partition
+
+
+class DataFileWriter:
+    """Streams Arrow tables (already in the table schema) into rolling Parquet data files, one open
+    file per partition of the table's current partition spec."""
+
+    def __init__(self, table: Any, file_prefix: str) -> None:
+        from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs
+        from pyiceberg.table.locations import load_location_provider
+
+        meta = table.metadata
+        self._table = table
+        self._io = table.io
+        self._schema = table.schema()
+        self._spec_id = meta.default_spec_id
+        self._props = meta.properties
+        self._locations = load_location_provider(table_location=meta.location, table_properties=meta.properties)
+        self._kwargs = _get_parquet_writer_kwargs(meta.properties)
+        self._target = int(meta.properties.get(TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT))
+        self._prefix = file_prefix
+        self._seq = 0
+        self._open: dict[Any, _OpenFile] = {}
+        self.files: list[dict[str, Any]] = []
+
+    def write(self, data: pa.Table) -> None:
+        from tidewater.table.partitioning import split
+
+        if data.num_rows == 0:
+            return
+        for key, rows in split(self._table, data):
+            record = None if key is None else tuple(key.partition)
+            f = self._open.get(record)
+            if f is None:
+                self._seq += 1
+                name = f"{self._prefix}-{self._seq:05d}-{uuid.uuid4().hex[:12]}.parquet"
+                path = self._locations.new_data_location(data_file_name=name, partition_key=key)
+                stream = self._io.new_output(path).create(overwrite=False)
+                writer = pq.ParquetWriter(stream, schema=rows.schema, store_decimal_as_integer=True, **self._kwargs)
+                f = self._open[record] = _OpenFile(path, stream, writer, record)
+            f.writer.write_table(rows)
+            if f.stream.tell() >= self._target:
+                self._roll(self._open.pop(record))
+
+    def _roll(self, f: _OpenFile) -> None:
+        from pyiceberg.io.pyarrow import (
+            compute_statistics_plan,
+            data_file_statistics_from_parquet_metadata,
+            parquet_path_to_id_mapping,
+        )
+
+        from tidewater.table.partitioning import encode_values
+
+        f.writer.close()
+        metadata = f.writer.writer.metadata
+        f.stream.close()
+        stats = data_file_statistics_from_parquet_metadata(
+            parquet_metadata=metadata,
+            stats_columns=compute_statistics_plan(self._schema, self._props),
+            parquet_column_mapping=parquet_path_to_id_mapping(self._schema),
+        )
+        size = len(self._io.new_input(f.path))
+        doc = serialize_data_file(f.path, size, self._spec_id, stats.to_serialized_dict())
+        doc["partition"] = encode_values(list(f.partition or ()))
+        self.files.append(doc)
+
+    def close(self) -> list[dict[str, Any]]:
+        for record in list(self._open):
+            self._roll(self._open.pop(record))
+        return self.files
+
+    def abort(self) -> list[str]:
+        """Stop writing; returns every path this writer created (finished files and the open ones)."""
+        paths = [f["file_path"] for f in self.files]
+        for f in self._open.values():
+            paths.append(f.path)
+            try:
+                f.writer.close()
+                f.stream.close()
+            except Exception:  # the partial file is deleted or left as an orphan either way
+                pass
+        self._open.clear()
+        return paths
+
+
+def _enc(d: dict[int, bytes]) -> dict[str, str]:
+    return {str(k): base64.b64encode(v).decode() for k, v in d.items()}
+
+
+def _dec(d: dict[str, str]) -> dict[int, bytes]:
+    return {int(k): base64.b64decode(v) for k, v in d.items()}
+
+
+def _ints(d: dict[Any, Any]) -> dict[str, int]:
+    return {str(k): int(v) for k, v in d.items()}
+
+
+def serialize_data_file(path: str, size: int, spec_id: int, stats: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "file_path": path,
+        "file_format": "PARQUET",
+        "file_size_in_bytes": int(size),
+        "spec_id": int(spec_id),
+        "record_count": int(stats["record_count"]),
+        "column_sizes": _ints(stats["column_sizes"]),
+        "value_counts": _ints(stats["value_counts"]),
+        "null_value_counts": _ints(stats["null_value_counts"]),
+        "nan_value_counts": _ints(stats["nan_value_counts"]),
+        "lower_bounds": _enc(stats["lower_bounds"]),
+        "upper_bounds": _enc(stats["upper_bounds"]),
+        "split_offsets": [int(x) for x in (stats["split_offsets"] or [])],
+    }
+
+
+def deserialize_data_file(d: dict[str, Any], format_version: int) -> Any:
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.typedef import Record
+
+    from tidewater.table.partitioning import decode_values
+
+    def ints(x: dict[str, Any]) -> dict[int, int]:
+        return {int(k): int(v) for k, v in x.items()}
+
+    return DataFile.from_args(
+        _table_format_version=format_version,
+        content=DataFileContent.DATA,
+        file_path=d["file_path"],
+        file_format=FileFormat.PARQUET,
+        partition=Record(*decode_values(d.get("partition", []))),
+        record_count=d["record_count"],
+        file_size_in_bytes=d["file_size_in_bytes"],
+        column_sizes=ints(d["column_sizes"]),
+        value_counts=ints(d["value_counts"]),
+        null_value_counts=ints(d["null_value_counts"]),
+        nan_value_counts=ints(d["nan_value_counts"]),
+        lower_bounds=_dec(d["lower_bounds"]),
+        upper_bounds=_dec(d["upper_bounds"]),
+        split_offsets=d["split_offsets"] or None,
+        sort_order_id=None,
+        spec_id=d["spec_id"],
+        equality_ids=None,
+        key_metadata=None,
+    )

@@ -1,0 +1,85 @@
+"""sinks (moved from spark_job.py)."""
+
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tidewater.config.spec import PipelineSpec
+
+log = logging.getLogger(__name__)
+
+
+class TableSink:
+    """Everything one Spark task writes to one target table: schema creation and evolution, data files,
+    and (routed pipelines) the rows it leaves out because the table already committed them."""
+
+    def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Any, prefix: str, routed: bool) -> None:
+        from tidewater.table.catalog import load_table
+        from tidewater.table.summary import committed_state
+
+        self.spec, self.tspec, self.catalog, self.prefix = spec, tspec, catalog, prefix
+        self.table = load_table(catalog, tspec.identifier)
+        self.writer: Any = None
+        self.files: list[dict[str, Any]] = []
+        self.ignored_fields: set[str] = set()  # fields not added because evolve_schema is off
+        self.rows = 0
+        self.already = 0  # routed: rows of records this table committed before (a retried batch)
+        self.seen: dict[str, dict[int, int | None]] = {}
+        self._committed = committed_state(self.table, tspec.branch).offsets if routed and self.table is not None else {}
+
+    def threshold(self, topic: str, partition: int) -> int | None:
+        """Routed pipelines: records below this offset are already in the table (recorded for the commit)."""
+        t = self._committed.get(topic, {}).get(partition)
+        self.seen.setdefault(topic, {})[partition] = t
+        return t
+
+    def write(self, decoded: Any) -> None:
+        from tidewater.table.evolution import ensure_table, evolution_needed, new_fields, without_new_fields
+        from tidewater.write.parquet import DataFileWriter, to_table_schema
+
+        if not decoded.num_rows:
+            return
+        table = self.table
+        if table is not None and not self.tspec.evolve_schema:
+            extra = new_fields(table, decoded.schema)
+            if extra:
+                self.ignored_fields.update(extra)
+                decoded = without_new_fields(table, decoded)
+        if table is None or evolution_needed(table, decoded):
+            before = None if table is None else table.schema().schema_id
+            table = self.table = ensure_table(self.catalog, self.tspec, table, decoded)
+            if self.writer is not None and table.schema().schema_id != before:
+                self.files.extend(self.writer.close())  # schema changed: finish the file written with the old one
+                self.writer = None
+        if self.writer is None:
+            self.writer = DataFileWriter(table, self.prefix + f"-s{table.schema().schema_id}")
+        self.writer.write(to_table_schema(table, decoded))
+        self.rows += decoded.num_rows
+
+    def close(self) -> list[dict[str, Any]]:
+        if self.writer is not None:
+            self.files.extend(self.writer.close())
+            self.writer = None
+        return self.files
+
+    def abort(self) -> None:
+        paths = [f["file_path"] for f in self.files] + (self.writer.abort() if self.writer is not None else [])
+        delete_files(self.table, paths)
+
+    def output(self) -> dict[str, Any]:
+        return {"table": self.tspec.identifier, "data_files": self.files, "rows": self.rows, "already_committed": self.already,
+                "seen_offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in self.seen.items()},
+                "ignored_fields": sorted(self.ignored_fields), "branch": self.tspec.branch}
+
+
+def delete_files(table: Any, paths: list[str]) -> None:
+    """Delete data files of a batch that can never be committed (no manifest references them)."""
+    if table is None:
+        return
+    for p in paths:
+        try:
+            table.io.delete(p)
+        except Exception:  # best effort: an undeleted file is an orphan that is never committed
+            log.warning("could not delete uncommitted file %s", p)
