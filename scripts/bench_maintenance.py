@@ -78,7 +78,7 @@ def main() -> int:
         _, abandoned, plan_path = stage()
         old = time.time() - 5 * 24 * 3600
         for f in abandoned.data_files:
-            os.utime(f["file_path"].replace("file://", ""), (old, old))
+            os.utime(f.file_path.replace("file://", ""), (old, old))
         for p in [*plan_path.parent.iterdir(), plan_path.parent]:
             os.utime(p, (old, old))
 

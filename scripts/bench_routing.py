@@ -46,7 +46,7 @@ def run_batch(spec, master: str) -> dict:  # noqa: ANN001
     t4 = time.monotonic()
     return {"records": manifest.records, "plan": t1 - t0, "write": t2 - t1, "data_path": manifest.data_path_seconds(),
             "validate": t3 - t2, "commit": t4 - t3, "total": t4 - t0, "result": result,
-            "files": len(manifest.data_files) + sum(len(o["data_files"]) for o in manifest.outputs)}
+            "files": len(manifest.data_files) + sum(len(o.data_files) for o in manifest.outputs)}
 
 
 def main() -> int:
@@ -121,12 +121,12 @@ def main() -> int:
         "| --- | ---: | --- | ---: |",
     ]
     for name, r in (("routed, creates tables", runs[0]), ("routed, appends", runs[1])):
-        t = [x["seconds"] for x in r["result"].tables if x["status"] != "checkpoint"]
-        ck = [x["seconds"] for x in r["result"].tables if x["status"] == "checkpoint"]
+        t = [x.seconds for x in r["result"].tables if x.status != "checkpoint"]
+        ck = [x.seconds for x in r["result"].tables if x.status == "checkpoint"]
         lines.append(f"| {name} | {len(t)} | {min(t):.3f} / {statistics.median(t):.3f} / {max(t):.3f} | {ck[0]:.3f} |")
     ratio = runs[1]["total"] / one["total"]
     data_ratio = (runs[1]["data_path"] or 0) / (one["data_path"] or 1)
-    commits = sum(x["seconds"] for x in runs[1]["result"].tables)
+    commits = sum(x.seconds for x in runs[1]["result"].tables)
     lines += [
         "",
         f"Same records, appending batch: routing into {args.tables} tables takes {ratio:.1f}x the end-to-end time of "

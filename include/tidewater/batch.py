@@ -12,10 +12,11 @@ import json
 import os
 import tempfile
 import uuid
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tidewater.errors import TerminalError
 
@@ -128,21 +129,84 @@ class PartitionStats:
     present: int = 0  # append-missing replays: records whose offsets the table already holds
 
 
+FileContent = Literal["data", "deletes"]
+_METRICS = ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts", "lower_bounds", "upper_bounds",
+            "split_offsets")
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A Parquet file the write step left for the commit: which table content it holds and its metrics.
+
+    ``content`` says what committing it means: ``data`` files are appended; ``deletes`` (position delete
+    files) make a commit a row delta, which the commit step does not write yet and refuses by name.
+    ``metrics`` are Iceberg's column statistics in JSON form (field ids as strings, bounds base64).
+    """
+
+    file_path: str
+    record_count: int
+    file_size_in_bytes: int
+    spec_id: int
+    content: FileContent = "data"
+    partition: tuple[Any, ...] = ()  # encoded partition values (see table.partitioning.encode_values)
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.metrics, "file_path": self.file_path, "file_format": "PARQUET", "record_count": self.record_count,
+                "file_size_in_bytes": self.file_size_in_bytes, "spec_id": self.spec_id, "content": self.content,
+                "partition": list(self.partition)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> StagedFile:
+        content = d.get("content", "data")
+        if content not in ("data", "deletes"):
+            raise TerminalError(f"staged file {d.get('file_path')}: unknown content {content!r}")
+        return cls(file_path=d["file_path"], record_count=int(d["record_count"]),
+                   file_size_in_bytes=int(d["file_size_in_bytes"]), spec_id=int(d["spec_id"]), content=content,
+                   partition=tuple(d.get("partition") or ()), metrics={k: d[k] for k in _METRICS if k in d})
+
+
+@dataclass(frozen=True)
+class TableOutput:
+    """What the write step left for one target table of a routed batch."""
+
+    table: str
+    data_files: tuple[StagedFile, ...]
+    rows: int  # rows the writer counted into the files
+    already_committed: int  # records the table already held (below its own committed offset), dropped
+    seen_offsets: Mapping[str, Mapping[str, tuple[int | None, ...]]]  # topic -> partition -> committed offsets seen
+    ignored_fields: tuple[str, ...] = ()
+    branch: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": self.table, "data_files": [f.to_json() for f in self.data_files], "rows": self.rows,
+                "already_committed": self.already_committed,
+                "seen_offsets": {t: {p: list(s) for p, s in ps.items()} for t, ps in self.seen_offsets.items()},
+                "ignored_fields": list(self.ignored_fields), "branch": self.branch}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TableOutput:
+        return cls(table=d["table"], data_files=tuple(StagedFile.from_json(f) for f in d["data_files"]), rows=int(d["rows"]),
+                   already_committed=int(d["already_committed"]),
+                   seen_offsets={t: {p: tuple(s) for p, s in ps.items()} for t, ps in d["seen_offsets"].items()},
+                   ignored_fields=tuple(d.get("ignored_fields", ())), branch=d.get("branch"))
+
+
 @dataclass(frozen=True)
 class BatchManifest:
     batch_id: str
     table: str
-    data_files: tuple[dict[str, Any], ...]  # serialized DataFiles (see writing.py)
+    data_files: tuple[StagedFile, ...]
     partitions: tuple[PartitionStats, ...]
     schema_id: int
     written_at: str
     task_timings: tuple[dict[str, Any], ...] = ()  # per Spark task: started_at, finished_at (epoch s), records
     dead_letter_table: str | None = None
-    dead_letter_files: tuple[dict[str, Any], ...] = ()
+    dead_letter_files: tuple[StagedFile, ...] = ()
     ignored_fields: tuple[str, ...] = ()  # record fields left out because table.evolve_schema is off
-    # Routed pipelines: per target table {table, data_files, rows, already_committed, seen_offsets,
-    # ignored_fields, branch}; ``table`` is then the checkpoint table and ``data_files`` is empty.
-    outputs: tuple[dict[str, Any], ...] = ()
+    # Routed pipelines: one output per target table; ``table`` is then the checkpoint table and
+    # ``data_files`` is empty.
+    outputs: tuple[TableOutput, ...] = ()
     version: int = MANIFEST_VERSION
 
     @property
@@ -170,11 +234,11 @@ class BatchManifest:
 
     @property
     def dead_letters_in_files(self) -> int:
-        return sum(int(f["record_count"]) for f in self.dead_letter_files)
+        return sum(f.record_count for f in self.dead_letter_files)
 
     @property
     def rows_in_files(self) -> int:
-        return sum(int(f["record_count"]) for f in self.data_files)
+        return sum(f.record_count for f in self.data_files)
 
     @property
     def routed(self) -> int | None:
@@ -209,11 +273,11 @@ class BatchManifest:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["partitions"] = [asdict(p) for p in self.partitions]
-        d["data_files"] = list(self.data_files)
+        d["data_files"] = [f.to_json() for f in self.data_files]
         d["task_timings"] = list(self.task_timings)
-        d["dead_letter_files"] = list(self.dead_letter_files)
+        d["dead_letter_files"] = [f.to_json() for f in self.dead_letter_files]
         d["ignored_fields"] = list(self.ignored_fields)
-        d["outputs"] = list(self.outputs)
+        d["outputs"] = [o.to_json() for o in self.outputs]
         return d
 
     @classmethod
@@ -225,15 +289,15 @@ class BatchManifest:
         return cls(
             batch_id=d["batch_id"],
             table=d["table"],
-            data_files=tuple(d["data_files"]),
+            data_files=tuple(StagedFile.from_json(f) for f in d["data_files"]),
             partitions=tuple(PartitionStats(**p) for p in d["partitions"]),
             schema_id=d["schema_id"],
             written_at=d["written_at"],
             task_timings=tuple(d.get("task_timings", ())),
             dead_letter_table=d.get("dead_letter_table"),
-            dead_letter_files=tuple(d.get("dead_letter_files", ())),
+            dead_letter_files=tuple(StagedFile.from_json(f) for f in d.get("dead_letter_files", ())),
             ignored_fields=tuple(d.get("ignored_fields", ())),
-            outputs=tuple(d.get("outputs", ())),
+            outputs=tuple(TableOutput.from_json(o) for o in d.get("outputs", ())),
             version=d["version"],
         )
 

@@ -75,8 +75,8 @@ def test_two_batches_planned_from_the_same_offsets_race_one_wins_no_duplicates(b
         a, b = stage_inline(spec), stage_inline(spec)
         assert a[0].batch_id != b[0].batch_id and a[0].ranges == b[0].ranges
         results = race(
-            lambda: commit_batch(load_catalog(spec), *a),
-            lambda: commit_batch(load_catalog(spec), *b),
+            lambda a=a: commit_batch(load_catalog(spec), *a),
+            lambda b=b: commit_batch(load_catalog(spec), *b),
         )
         won = [r for r in results if not isinstance(r, Exception)]
         lost = [r for r in results if isinstance(r, Exception)]

@@ -198,13 +198,13 @@ def test_orphan_removal_deletes_abandoned_files_past_the_safe_age_only(broker, h
 
     produce(broker.bootstrap, topic, pizza_events(40, seed=501), partitions=2)
     abandoned_plan, abandoned = stage_inline(spec)
-    abandoned_paths = [f["file_path"] for f in abandoned.data_files]
+    abandoned_paths = [f.file_path for f in abandoned.data_files]
     staging = spec.staging_dir() / spec.name / abandoned_plan.batch_id
     for p in [*abandoned_paths, *staging.iterdir(), staging]:
         _age(p, 5 * DAY)
 
     plan, manifest = stage_inline(spec)  # planned from the same offsets: the abandoned batch never committed
-    in_flight = [f["file_path"] for f in manifest.data_files]
+    in_flight = [f.file_path for f in manifest.data_files]
     _age(in_flight[0], 5 * DAY)
     stray = Path(_local(in_flight[0])).with_name("young-stray.parquet")
     stray.write_bytes(b"not yet referenced")

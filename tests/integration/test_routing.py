@@ -164,7 +164,7 @@ def test_failure_after_some_tables_committed_never_duplicates(broker, home, topi
     def die_after_first(catalog, plan, out, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
         if calls:
             raise TransientError("simulated crash between table commits")
-        calls.append(out["table"])
+        calls.append(out.table)
         return real(catalog, plan, out, *a, **kw)
 
     monkeypatch.setattr(committing, "commit_table_output", die_after_first)
@@ -192,7 +192,7 @@ def test_failure_after_some_tables_committed_never_duplicates(broker, home, topi
     replanned, _ = plan_batch(spec)
     assert [(r.start, r.end) for r in replanned.ranges] == [(31, 43)] and replanned.batch_id != plan2.batch_id
     plan3, manifest3 = stage_inline(spec)
-    already = {o["table"]: o["already_committed"] for o in manifest3.outputs}
+    already = {o.table: o.already_committed for o in manifest3.outputs}
     assert already["rpc.t0"] == 4 and already.get("rpc.t1", 0) == 0
     validate_step(spec, plan3, manifest3)
     assert commit_step(spec, plan3, manifest3).status == "committed"

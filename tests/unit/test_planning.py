@@ -58,7 +58,7 @@ def test_consecutive_batches_are_contiguous_and_non_overlapping(state, cap, batc
             covered.setdefault((r.topic, r.partition), []).append((r.start, r.end))
         committed = merge_offsets(committed, ranges)
     for key, spans in covered.items():
-        for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+        for (_s1, e1), (s2, _e2) in zip(spans, spans[1:]):
             assert e1 == s2, f"{key}: batch ranges are contiguous"
     # Replaying a fully committed state plans nothing.
     caught_up = {t: {p: high for (tt, p), (_, high) in watermarks.items() if tt == t} for t, _ in watermarks}

@@ -1,6 +1,6 @@
-"""Where the one commit happens: a single Iceberg fast append per table per batch.
+"""Where a batch becomes visible: the single Iceberg commit per table per batch.
 
-Semantics:
+Semantics (all through ``commit.primitive.commit``):
 - Idempotent: if a snapshot already carries this batch id, the commit is a no-op.
 - Exactly-once: the append is made only if the table's committed offsets for every planned partition
   are still those the plan started from; otherwise another writer moved them and committing would
@@ -12,27 +12,20 @@ Semantics:
   batch id, and retry only if it is not there.
 """
 
-
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from tidewater.batch import BatchManifest, BatchPlan, Offsets
-from tidewater.commit.dead_letters import commit_dead_letters
-from tidewater.commit.primitive import failed_attempt, fast_append, without_commit_retries
+from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
+from tidewater.commit.primitive import Change, commit
+from tidewater.commit.quarantine import branch_name, quarantine_change
 from tidewater.commit.result import CommitResult
-from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
+from tidewater.errors import OffsetsMovedError, TerminalError
 from tidewater.plan.planner import merge_offsets
-from tidewater.table.catalog import load_table
-from tidewater.table.summary import (
-    DATA_INTERVAL,
-    RANGES,
-    committed_state,
-    find_batch_snapshot,
-    summary_properties,
-)
+from tidewater.table.summary import DATA_INTERVAL, QUARANTINED, RANGES, committed_state, summary_properties
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +64,6 @@ def check_manifest(plan: BatchPlan, manifest: BatchManifest, routed: bool = Fals
 
 def batch_properties(plan: BatchPlan) -> dict[str, str]:
     """The batch's ranges and the Airflow run's data interval, for backfills to find later."""
-    import json
-
     props = {RANGES: json.dumps([[r.topic, r.partition, r.start, r.end] for r in plan.ranges], separators=(",", ":"))}
     if len(props[RANGES]) > 50_000:  # thousands of partitions: keep the summary small
         del props[RANGES]
@@ -81,7 +72,8 @@ def batch_properties(plan: BatchPlan) -> dict[str, str]:
     return props
 
 
-def _offsets_moved(plan: BatchPlan, current: Offsets) -> list[str]:
+def offsets_moved(plan: BatchPlan, current: Offsets) -> list[str]:
+    """The planned partitions whose committed offsets are no longer those the plan started from."""
     moved = []
     for r in plan.ranges:
         was = plan.base_offsets.get(r.topic, {}).get(r.partition)
@@ -89,6 +81,16 @@ def _offsets_moved(plan: BatchPlan, current: Offsets) -> list[str]:
         if was != now:
             moved.append(f"{r.topic}[{r.partition}] planned from {was if was is not None else r.start}, table now at {now}")
     return moved
+
+
+def _create_empty(catalog: Any, ident: str) -> Any:
+    """Every record of the first batch was dead-lettered or skipped: the offsets still have to move, so
+    the table is created without columns (they come with the first good record)."""
+    import pyarrow as pa
+
+    from tidewater.table.catalog import create_table
+
+    return create_table(catalog, ident, pa.schema([]), {"format-version": "2"})
 
 
 def commit_batch(
@@ -99,40 +101,21 @@ def commit_batch(
     dag_run_id: str | None = None,
     max_attempts: int = 8,
     validation: dict[str, Any] | None = None,
-    dead_letter_sink: Callable[[Any, list[dict[str, Any]]], str] | None = None,
+    dead_letter_sink: DeadLetterSink | None = None,
     branch: str | None = None,
     quarantine: bool = False,
 ) -> CommitResult:
     """Append the manifest's files in one snapshot (on ``branch``, default main) stamped with offsets and
-    the batch id. ``quarantine``: the files go to the batch's quarantine branch instead and main gets an
-    empty snapshot with the offsets (see quarantine.py)."""
+    the batch id, then the batch's dead letters. ``quarantine``: the files go to the batch's quarantine
+    branch instead and main gets an empty snapshot with the offsets (see commit/quarantine.py)."""
 
     check_manifest(plan, manifest)
     ident = plan.table
-    for attempt in range(1, max_attempts + 1):
-        table = load_table(catalog, ident)
-        if table is None:
-            if manifest.data_files:
-                raise TerminalError("table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
-            if not manifest.records:
-                return CommitResult("nothing-to-commit", plan.batch_id, ident, None, 0, 0, {})
-            # Every record of the first batch was dead-lettered or skipped: the offsets still have to move,
-            # so the table is created without columns (they come with the first good record).
-            import pyarrow as pa
+    stamped: dict[str, Offsets] = {}
 
-            from tidewater.table.catalog import create_table
-
-            table = create_table(catalog, ident, pa.schema([]), {"format-version": "2"})
-        existing = find_batch_snapshot(table, plan.batch_id)
-        if existing is not None:
-            log.info("batch %s already committed to %s as snapshot %s: nothing to do", plan.batch_id, ident, existing.snapshot_id)
-            commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
-            return CommitResult(
-                "already-committed", plan.batch_id, ident, existing.snapshot_id, manifest.records, len(manifest.data_files),
-                plan.end_offsets(), manifest.dead_letters,
-            )
+    def prepare(table: Any) -> Change:
         state = committed_state(table, branch)
-        moved = _offsets_moved(plan, state.offsets)
+        moved = offsets_moved(plan, state.offsets)
         if moved:
             raise OffsetsMovedError(
                 "the table's offsets moved since this batch was planned (another writer committed); refusing to "
@@ -140,45 +123,31 @@ def commit_batch(
                 table=ident,
                 batch_id=plan.batch_id,
             )
-        offsets = merge_offsets(state.offsets, plan.ranges)
+        stamped["offsets"] = merge_offsets(state.offsets, plan.ranges)
         props = summary_properties(
-            offsets=offsets,
-            batch_id=plan.batch_id,
-            pipeline=plan.pipeline,
-            records=manifest.records,
-            valid_through_ms=manifest.valid_through_ms(),
-            dag_run_id=dag_run_id,
-            dead_letters=manifest.dead_letters,
-            skipped=manifest.skipped,
-            ignored_fields=manifest.ignored_fields,
-            validation=validation,
+            offsets=stamped["offsets"], batch_id=plan.batch_id, pipeline=plan.pipeline, records=manifest.records,
+            valid_through_ms=manifest.valid_through_ms(), dag_run_id=dag_run_id, dead_letters=manifest.dead_letters,
+            skipped=manifest.skipped, ignored_fields=manifest.ignored_fields, validation=validation,
         )
         props.update(batch_properties(plan))
-        files = manifest.data_files
         if quarantine:
-            from tidewater.commit.quarantine import branch_name, commit_to_branch
-            from tidewater.table.summary import QUARANTINED
+            to_branch = quarantine_change(plan.batch_id, manifest.data_files, props)
+            return Change({**props, QUARANTINED: branch_name(plan.batch_id)}, (), branch=branch, also=(to_branch,))
+        return Change(props, manifest.data_files, branch=branch)
 
-            commit_to_branch(table, plan.batch_id, files, props)
-            table = load_table(catalog, ident)
-            props[QUARANTINED] = branch_name(plan.batch_id)
-            files = ()
-        table = without_commit_retries(table)
-        try:
-            fast_append(table, files, props, branch)
-        except Exception as e:  # a conflict or an unknown outcome: the next attempt refreshes and checks
-            failed_attempt(catalog, e, f"batch {plan.batch_id}", ident, attempt)
-            continue
-        snap = table.snapshot_by_name(branch) if branch else table.current_snapshot()
-        log.info(
-            "batch %s committed to %s: snapshot %s, %d records, %d files%s",
-            plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(manifest.data_files),
-            f", {manifest.dead_letters} dead letters" if manifest.dead_letters else "",
-        )
-        commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
-        return CommitResult(
-            "committed", plan.batch_id, ident, snap.snapshot_id if snap else None, manifest.records, len(manifest.data_files),
-            offsets,
-            manifest.dead_letters,
-        )
-    raise TransientError(f"commit did not succeed after {max_attempts} attempts", table=ident, batch_id=plan.batch_id)
+    def on_missing() -> Any:
+        if manifest.data_files:
+            raise TerminalError("table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
+        return _create_empty(catalog, ident) if manifest.records else None
+
+    done = commit(catalog, ident, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts,
+                  on_missing=on_missing)
+    if done.status == "committed":
+        log.info("batch %s committed to %s: snapshot %s, %d records, %d files%s", plan.batch_id, ident, done.snapshot_id,
+                 manifest.records, len(manifest.data_files),
+                 f", {manifest.dead_letters} dead letters" if manifest.dead_letters else "")
+    if done.status == "nothing-to-commit":
+        return CommitResult("nothing-to-commit", plan.batch_id, ident, None, 0, 0, {})
+    commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
+    return CommitResult(done.status, plan.batch_id, ident, done.snapshot_id, manifest.records, len(manifest.data_files),
+                        stamped.get("offsets", plan.end_offsets()), manifest.dead_letters)

@@ -1,18 +1,83 @@
-"""primitive (moved from committing.py)."""
+"""The one commit primitive: every Iceberg commit Tidewater makes goes through :func:`commit`.
 
+Shaped after the Iceberg Kafka Connect sink's ``Coordinator``: one place that commits, retried only when
+retrying is right. One call:
+
+1. loads the table fresh from the catalog (an unreachable or locked catalog is retried, then reported
+   as transient);
+2. looks for the marker (by default ``tidewater.batch-id`` = the batch id) in the table's snapshots: if
+   a snapshot carries it, the change already landed and the call returns ``already-committed``
+   (idempotent: a retry after success, or after an unknown outcome that did apply, is a no-op);
+3. asks ``prepare(table)`` for the :class:`Change` to apply. ``prepare`` makes the checks that decide
+   whether committing is still right (offsets moved: ``OffsetsMovedError``); whatever it raises is
+   re-raised, never retried. It returns ``None`` when there is nothing to do;
+4. applies the change in one transaction on a view of the table whose pyiceberg-level retries are off
+   (a conflict must come back here to re-check offsets, not be rebased blindly);
+5. on a commit conflict (``CommitFailedException``: another writer committed first) or an unknown
+   outcome (the catalog call failed on I/O or a lock, so it may or may not have applied) it backs off and
+   starts again at 1; anything else is re-raised at once.
+
+A change is an append of staged files (or of a few Arrow rows), optionally preceded in the same
+transaction by a copy-on-write delete (replays). Staged files whose ``content`` is ``deletes`` would
+make it a row delta; this version refuses them by name (see ``write.parquet.deserialize_data_file``).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
-from tidewater.table.summary import (
-    BRANCH_BASE,
-)
+from tidewater.errors import TransientError
+from tidewater.table.catalog import catalog_failure, load_table
+from tidewater.table.summary import BATCH_ID, BRANCH_BASE, find_marked_snapshot
 from tidewater.write.parquet import deserialize_data_file
 
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
 log = logging.getLogger(__name__)
+
+Status = Literal["committed", "already-committed", "nothing-to-commit"]
+DEFAULT_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one commit applies, atomically (one transaction; each part is a snapshot).
+
+    ``delete_filter``: rows removed first (copy-on-write), with ``delete_properties`` on that snapshot.
+    ``files`` (staged files or pyiceberg DataFiles) and ``rows`` (a small Arrow table) are appended with
+    ``properties``; with ``append`` False only the delete is made (its properties then carry the marker).
+    ``also``: changes to other branches committed in the same transaction (a quarantine branch with
+    the batch's files beside main's snapshot with its offsets): all land, or none.
+    """
+
+    properties: Mapping[str, str]
+    files: tuple[Any, ...] = ()
+    rows: Any = None
+    branch: str | None = None
+    delete_filter: Any = None
+    delete_properties: Mapping[str, str] | None = None
+    append: bool = True
+    also: tuple[Change, ...] = ()  # changes to other branches, made after this one in the same transaction
+
+    @property
+    def kind(self) -> str:
+        return "overwrite" if self.delete_filter is not None else "append"
+
+
+@dataclass(frozen=True)
+class Committed:
+    """The outcome of :func:`commit`: its status and the table as the call last saw it."""
+
+    status: Status
+    table: Any
+    snapshot_id: int | None = None
+    attempts: int = 1
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def without_commit_retries(table: Any) -> Any:
@@ -20,8 +85,8 @@ def without_commit_retries(table: Any) -> Any:
 
     pyiceberg rebases a conflicting append onto the new snapshot and retries it (table property
     ``commit.retry.num-retries``). For us a conflict means the offsets may have moved: the retry must
-    come back here, re-read the offsets and look for the batch id. The property is changed in this
-    local view only; nothing is written to the table's properties.
+    come back to :func:`commit`, re-read the offsets and look for the batch id. The property is changed
+    in this local view only; nothing is written to the table's properties.
     """
     from pyiceberg.table import Table, TableProperties
 
@@ -30,40 +95,48 @@ def without_commit_retries(table: Any) -> Any:
     return Table(table.name(), metadata=meta, metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
 
 
-def fast_append(table: Any, data_files: Any, props: dict[str, str], branch: str | None = None) -> None:
-    """One fast-append snapshot of the staged (serialized) data files, with these summary properties."""
-    files = [deserialize_data_file(d, table.format_version) for d in data_files]
-    if branch and branch != "main" and table.metadata.current_snapshot_id is None and not table.metadata.snapshots:
-        # A table without any snapshot accepts writes to main only: an empty snapshot on main comes first
-        # (no files, no offsets), then the branch starts with this batch.
-        with table.transaction() as tx:
-            with tx.update_snapshot(snapshot_properties={BRANCH_BASE: branch}).fast_append():
-                pass
-    with table.transaction() as tx:
-        fast_append_tx(tx, table, data_files, props, branch, files)
+def _data_files(table: Any, files: tuple[Any, ...]) -> list[Any]:
+    from pyiceberg.manifest import DataFile
+
+    return [f if isinstance(f, DataFile) else deserialize_data_file(f, table.format_version) for f in files]
 
 
-def fast_append_tx(tx: Any, table: Any, data_files: Any, props: dict[str, str], branch: str | None = None,
-                    files: list[Any] | None = None) -> None:
-    """The fast append of staged data files inside an open transaction."""
-    if files is None:
-        files = [deserialize_data_file(d, table.format_version) for d in data_files]
-    with tx.update_snapshot(snapshot_properties=props, branch=branch or "main").fast_append() as append:
-        for f in files:
-            append.append_data_file(f)
+def _ensure_branch_base(view: Table, branch: str | None) -> None:
+    """A table without any snapshot accepts writes to main only: an empty snapshot on main comes first
+    (no files, no offsets), then the branch starts with the change."""
+    if not branch or branch == "main" or view.metadata.current_snapshot_id is not None or view.metadata.snapshots:
+        return
+    with view.transaction() as tx, tx.update_snapshot(snapshot_properties={BRANCH_BASE: branch}).fast_append():
+        pass
 
 
-def failed_attempt(catalog: Any, e: BaseException, what: str, ident: str, attempt: int) -> None:
-    """After a commit attempt raised: log it, and back off before the next attempt refreshes and checks.
+def apply_change(tx: Any, table: Any, change: Change) -> None:
+    """The change inside an open transaction (the transaction commits when its block exits cleanly).
 
-    A conflict (CommitFailedException) means another writer committed first. Anything else leaves the
-    outcome unknown: the next attempt looks for the batch id first, on fresh connections (a SQLite
-    COMMIT refused with "database is locked" leaves its transaction open, and that connection would see
-    its own uncommitted pointer update).
+    ``also`` comes after the main part: a table without snapshots accepts a new branch only once the
+    transaction has given main its first snapshot."""
+    branch = change.branch or "main"
+    if change.delete_filter is not None:
+        tx.delete(delete_filter=change.delete_filter, snapshot_properties=dict(change.delete_properties or change.properties),
+                  branch=branch)
+    if change.append and change.rows is not None:
+        tx.append(change.rows, snapshot_properties=dict(change.properties), branch=branch)
+    elif change.append:
+        with tx.update_snapshot(snapshot_properties=dict(change.properties), branch=branch).fast_append() as append:
+            for f in _data_files(table, change.files):
+                append.append_data_file(f)
+    for other in change.also:
+        apply_change(tx, table, other)
+
+
+def failed_attempt(catalog: Any, e: BaseException, kind: str, what: str, ident: str, attempt: int) -> None:
+    """After an attempt that may be retried: log it, and back off before the next attempt refreshes.
+
+    A conflict means another writer committed first. An unknown outcome is checked on fresh connections
+    (a SQLite COMMIT refused with "database is locked" leaves its transaction open, and that connection
+    would see its own uncommitted pointer update).
     """
-    from pyiceberg.exceptions import CommitFailedException
-
-    if isinstance(e, CommitFailedException):
+    if kind == "conflict":
         log.warning("%s: commit conflict on %s (attempt %d): %s; refreshing", what, ident, attempt, e)
     else:
         log.warning("%s: commit outcome unknown on %s (attempt %d): %r; checking", what, ident, attempt, e)
@@ -76,3 +149,68 @@ def drop_connections(catalog: Any) -> None:
     engine = getattr(catalog, "engine", None)
     if engine is not None:
         engine.dispose()
+
+
+def _load(catalog: Any, ident: str, what: str, attempt: int) -> tuple[Any, bool]:
+    """(table or None, loaded). A catalog that is unreachable or locked counts as a failed attempt."""
+    try:
+        return load_table(catalog, ident), True
+    except TransientError as e:
+        failed_attempt(catalog, e, "unavailable", what, ident, attempt)
+        return None, False
+
+
+def commit(
+    catalog: Any,
+    ident: str,
+    prepare: Callable[[Any], Change | None],
+    *,
+    marker: str | None,
+    marker_key: str = BATCH_ID,
+    what: str,
+    max_attempts: int = DEFAULT_ATTEMPTS,
+    on_missing: Callable[[], Any] | None = None,
+) -> Committed:
+    """Commit what ``prepare`` returns to table ``ident``, once; see the module docstring for the steps.
+
+    ``marker``: the value of ``marker_key`` in the snapshot summary that identifies this commit (``None``:
+    no idempotency check, ``prepare`` must do its own). ``on_missing``: called when the table does not
+    exist; returns the table to use (e.g. creates it), None for nothing to commit, or raises. Without it a
+    missing table is terminal.
+    Raises ``TransientError`` after ``max_attempts`` conflicts or unknown outcomes.
+    """
+    from tidewater.errors import TerminalError
+
+    for attempt in range(1, max_attempts + 1):
+        table, loaded = _load(catalog, ident, what, attempt)
+        if not loaded:
+            continue
+        if table is None:
+            if on_missing is None:
+                raise TerminalError(f"{what}: the table does not exist (dropped between write and commit?)", table=ident)
+            table = on_missing()
+            if table is None:
+                return Committed("nothing-to-commit", None, None, attempt)
+        if marker is not None:
+            found = find_marked_snapshot(table, marker_key, marker)
+            if found is not None:
+                log.info("%s: already committed to %s as snapshot %s", what, ident, found.snapshot_id)
+                return Committed("already-committed", table, found.snapshot_id, attempt)
+        change = prepare(table)
+        if change is None:
+            return Committed("nothing-to-commit", table, None, attempt)
+        view = without_commit_retries(table)
+        try:
+            _ensure_branch_base(view, change.branch)
+            with view.transaction() as tx:
+                apply_change(tx, view, change)
+        except Exception as e:  # noqa: BLE001 - classified below; everything not retryable is re-raised
+            kind = catalog_failure(e)
+            if kind is None:
+                raise
+            failed_attempt(catalog, e, kind, what, ident, attempt)
+            continue
+        snap = view.snapshot_by_name(change.branch) if change.branch else view.current_snapshot()
+        return Committed("committed", view, snap.snapshot_id if snap else None, attempt)
+    raise TransientError(f"{what}: commit did not succeed after {max_attempts} attempts (conflicts or catalog "
+                         "unavailable); retrying the commit step is safe", table=ident)

@@ -1,13 +1,20 @@
-"""quarantine (moved from quarantine.py)."""
+"""The commits of quarantined batches (``validation.on_failure: quarantine``).
 
+A batch whose expectations fail lands on its own branch ``quarantine-<batch id>`` in the same
+transaction as main's empty snapshot that carries the batch id and the advanced offsets (see
+``commit.batch``). Publishing appends the branch's files to main once (marker ``tidewater.published``).
+Listing, publishing and dropping are operations: ``ops/quarantine.py``.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-log = logging.getLogger(__name__)
+from tidewater.commit.primitive import Change, commit
+from tidewater.table.summary import BATCH_ID, OFFSETS, PIPELINE, PUBLISHED, QUARANTINE_OF
 
+log = logging.getLogger(__name__)
 
 PREFIX = "quarantine-"
 
@@ -16,17 +23,27 @@ def branch_name(batch_id: str) -> str:
     return PREFIX + batch_id
 
 
-def commit_to_branch(table: Any, batch_id: str, data_files: Any, props: dict[str, str]) -> None:
-    """The batch's files on its quarantine branch (once: skipped when the branch already holds them)."""
-    from tidewater.commit.primitive import fast_append as _fast_append
-    from tidewater.commit.primitive import without_commit_retries as _without_commit_retries
-    from tidewater.table.summary import BATCH_ID, OFFSETS, QUARANTINE_OF, summary_dict
-
-    name = branch_name(batch_id)
-    head = table.snapshot_by_name(name)
-    if head is not None and summary_dict(head).get(QUARANTINE_OF) == batch_id:
-        return
-    branch_props = {k: v for k, v in props.items() if k not in (OFFSETS, BATCH_ID)}  # main carries those
+def quarantine_change(batch_id: str, data_files: Any, props: dict[str, str]) -> Change:
+    """The batch's files on its quarantine branch; main's snapshot carries offsets and batch id."""
+    branch_props = {k: v for k, v in props.items() if k not in (OFFSETS, BATCH_ID)}
     branch_props[QUARANTINE_OF] = batch_id
-    _fast_append(_without_commit_retries(table), data_files, branch_props, name)
-    log.info("batch %s: %d files committed to branch %s", batch_id, len(data_files), name)
+    return Change(branch_props, tuple(data_files), branch=branch_name(batch_id))
+
+
+def publish_files(catalog: Any, ident: str, pipeline: str, batch_id: str) -> tuple[str, int, int]:
+    """Append the quarantine branch's files to main, once. Returns (status, rows, files)."""
+    counted: dict[str, int] = {}
+
+    def prepare(table: Any) -> Change | None:
+        head = table.snapshot_by_name(branch_name(batch_id))
+        if head is None:
+            return None
+        files = tuple(t.file for t in table.scan(snapshot_id=head.snapshot_id).plan_files())
+        counted.update(rows=sum(f.record_count for f in files), files=len(files))
+        return Change({PUBLISHED: batch_id, PIPELINE: pipeline}, files)
+
+    done = commit(catalog, ident, prepare, marker=batch_id, marker_key=PUBLISHED, what=f"publish {batch_id}")
+    if done.status == "committed":
+        log.info("published quarantined batch %s: %d rows in %d files appended to %s", batch_id, counted["rows"],
+                 counted["files"], ident)
+    return done.status, counted.get("rows", 0), counted.get("files", 0)

@@ -1,17 +1,29 @@
-"""result (moved from committing.py)."""
-
+"""What a commit step returns (to the CLI, the Airflow task's XCom and the logs)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tidewater.batch import Offsets
+
+CommitStatus = Literal["committed", "already-committed", "nothing-to-commit"]
+TableStatus = Literal["committed", "already-committed", "checkpoint"]
+
+
+@dataclass(frozen=True)
+class TableCommit:
+    """One table's commit of a routed batch (and the checkpoint's, last), with its duration."""
+
+    table: str
+    status: TableStatus
+    rows: int
+    seconds: float
 
 
 @dataclass(frozen=True)
 class CommitResult:
-    status: str  # "committed" | "already-committed" | "nothing-to-commit"
+    status: CommitStatus
     batch_id: str
     table: str
     snapshot_id: int | None
@@ -19,7 +31,7 @@ class CommitResult:
     data_files: int
     offsets: Offsets
     dead_letters: int = 0
-    tables: tuple[dict[str, Any], ...] = ()  # routed batches: per table {table, status, rows, seconds}
+    tables: tuple[TableCommit, ...] = ()  # routed batches: per table, then the checkpoint
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -25,7 +25,7 @@ def pizza_events(n: int, seed: int = 0, stores: int = 100, start: datetime | Non
     rnd = random.Random(seed)
     t = start or datetime(2024, 1, 4, 12, 0, 0)
     out = []
-    for i in range(n):
+    for _ in range(n):
         t += timedelta(seconds=rnd.randint(0, 3))
         out.append(
             json.dumps(

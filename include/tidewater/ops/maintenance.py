@@ -206,8 +206,8 @@ def in_flight_files(spec: PipelineSpec, cutoff_s: float) -> set[str]:
         except Exception as e:  # unreadable manifest: keep going, its files stay protected by age
             log.warning("cannot read %s: %s", manifest, e)
             continue
-        out.update(f["file_path"] for f in m.data_files)
-        out.update(f["file_path"] for o in m.outputs for f in o["data_files"])
+        out.update(f.file_path for f in m.data_files)
+        out.update(f.file_path for o in m.outputs for f in o.data_files)
     return out
 
 

@@ -14,10 +14,9 @@ import json
 import logging
 from typing import Any
 
-from tidewater.commit.quarantine import branch_name
+from tidewater.commit.quarantine import PREFIX, branch_name, publish_files
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError
-from tidewater.table.summary import PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -49,28 +48,20 @@ def _table(spec: PipelineSpec) -> Any:
 
 def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
     """Append a quarantined batch's files to main (one commit; done once), then remove its branch."""
-    from tidewater.commit.primitive import fast_append_tx as _fast_append_tx
-    from tidewater.commit.primitive import without_commit_retries as _without_commit_retries
-    from tidewater.table.summary import PIPELINE, PUBLISHED, summary_dict
+    from tidewater.table.catalog import load_catalog
+    from tidewater.table.summary import PUBLISHED, summary_dict
 
     table = _table(spec)
     name = branch_name(batch_id)
     done = next((s for s in table.metadata.snapshots if summary_dict(s).get(PUBLISHED) == batch_id), None)
-    head = table.snapshot_by_name(name)
-    if done is None:
-        if head is None:
-            raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier} "
-                              f"(waiting: {', '.join(q['batch_id'] for q in list_quarantined(spec, table)) or 'none'})")
-        files = [t.file for t in table.scan(snapshot_id=head.snapshot_id).plan_files()]
-        view = _without_commit_retries(table)
-        with view.transaction() as tx:
-            _fast_append_tx(tx, view, [], {PUBLISHED: batch_id, PIPELINE: spec.name}, None, files)
-        rows = sum(f.record_count for f in files)
-        log.info("published quarantined batch %s: %d rows in %d files appended to %s", batch_id, rows, len(files),
-                 spec.table.identifier)
-        table = _table(spec)
-    else:
-        rows = int(summary_dict(done).get("added-records", 0))
+    if done is None and table.snapshot_by_name(name) is None:
+        raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier} "
+                          f"(waiting: {', '.join(q['batch_id'] for q in list_quarantined(spec, table)) or 'none'})")
+    status, rows, _files = publish_files(load_catalog(spec), spec.table.identifier, spec.name, batch_id)
+    table = _table(spec)
+    if status != "committed":
+        done = next((s for s in table.metadata.snapshots if summary_dict(s).get(PUBLISHED) == batch_id), None)
+        rows = int(summary_dict(done).get("added-records", 0)) if done is not None else 0
     if table.snapshot_by_name(name) is not None:
         table.manage_snapshots().remove_branch(name).commit()
     return {"batch_id": batch_id, "status": "published", "rows": rows}

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from tidewater.batch import BatchManifest
+from tidewater.batch import BatchManifest, StagedFile
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, ValidationFailedError
 
@@ -122,7 +122,7 @@ def chunks(table: Any, manifest: BatchManifest, columns: list[str], chunk_rows: 
     pending: list[Any] = []
     size = 0
     for f in manifest.data_files:
-        with table.io.new_input(f["file_path"]).open() as fh:
+        with table.io.new_input(f.file_path).open() as fh:
             pf = pq.ParquetFile(fh)
             present = [c for c in columns if c in pf.schema_arrow.names]
             for rb in pf.iter_batches(batch_size=chunk_rows, columns=present):
@@ -183,7 +183,7 @@ def builtin_checks(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> l
             continue
         nulls = 0
         for f in manifest.data_files:
-            counted = f["null_value_counts"].get(str(field.field_id))
+            counted = f.metrics["null_value_counts"].get(str(field.field_id))
             if counted is None or not field.field_type.is_primitive:
                 nulls += _count_nulls(table, f, column, spec.validation.chunk_rows)
             else:
@@ -238,10 +238,10 @@ def unique_id_checks(table: Any, manifest: BatchManifest, id_columns: list[str],
     return checks
 
 
-def _count_nulls(table: Any, data_file: dict[str, Any], column: str, chunk_rows: int) -> int:
+def _count_nulls(table: Any, data_file: StagedFile, column: str, chunk_rows: int) -> int:
     import pyarrow.parquet as pq
 
-    with table.io.new_input(data_file["file_path"]).open() as fh:
+    with table.io.new_input(data_file.file_path).open() as fh:
         pf = pq.ParquetFile(fh)
         if column not in pf.schema_arrow.names:
             return pf.metadata.num_rows
@@ -377,9 +377,9 @@ def validate_routed(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -
     )]
     reports = []
     for out in manifest.outputs:
-        if not out["data_files"]:
+        if not out.data_files:
             continue
-        ident = out["table"]
+        ident = out.table
         table = load_table(catalog, ident)
         if table is None:
             checks.append(CheckResult("table exists", {"table": ident}, False, {"error": "staged files exist but the table does not"}))
@@ -388,15 +388,15 @@ def validate_routed(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -
         names = {f.name for f in table.schema().fields}
         not_null = [c for c in spec.validation.not_null if c in names] + [c for c in view.table.id_columns if c not in spec.validation.not_null]
         view = dataclasses.replace(view, validation=dataclasses.replace(spec.validation, not_null=not_null))
-        part = PartitionStats("*", -1, 0, 0, out["rows"], None, None, None, None)
-        sub = dataclasses.replace(manifest, table=ident, data_files=tuple(out["data_files"]), partitions=(part,),
+        part = PartitionStats("*", -1, 0, 0, out.rows, None, None, None, None)
+        sub = dataclasses.replace(manifest, table=ident, data_files=out.data_files, partitions=(part,),
                                   dead_letter_files=(), outputs=())
         report = validate_batch(view, table, sub)
         reports.append((ident, report))
         checks += [dataclasses.replace(c, kwargs={"table": ident, **c.kwargs}) for c in report.checks]
     suite = spec.suite_path()
     return ValidationReport(manifest.batch_id, f"{spec.name}.{suite.name if suite else 'builtin'}", all(c.success for c in checks),
-                            sum(o["rows"] for o in manifest.outputs), tuple(checks), tuple(reports))
+                            sum(o.rows for o in manifest.outputs), tuple(checks), tuple(reports))
 
 
 def require_valid(report: ValidationReport, on_failure: str = "fail") -> None:

@@ -18,7 +18,7 @@ def _pipeline_arg(p: argparse.ArgumentParser) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
-    
+
     spec = load_pipeline(args.pipeline)
     print(f"{args.pipeline}: ok (pipeline {spec.name}, DAG {spec.dag_id}, {len(spec.topics)} topic(s)"
           f"{' + pattern ' + repr(spec.topic_pattern) if spec.topic_pattern else ''} -> {spec.describe_targets()})")

@@ -200,7 +200,7 @@ def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) 
     if manifest.ignored_fields:
         say(f"      fields not added (table.evolve_schema is off): {', '.join(manifest.ignored_fields)}")
     if manifest.outputs:
-        files = sum(len(o["data_files"]) for o in manifest.outputs)
+        files = sum(len(o.data_files) for o in manifest.outputs)
         say(f"      {manifest.records} records -> {files} data file(s) in {len(manifest.outputs)} table(s){extra} "
             f"({time.monotonic() - t1:.1f}s)")
     else:

@@ -15,12 +15,43 @@ from typing import Any
 import pyarrow as pa
 
 from tidewater.config.spec import PipelineSpec
-from tidewater.errors import ConfigError, TerminalError
+from tidewater.errors import ConfigError, TerminalError, TransientError
 
 log = logging.getLogger(__name__)
 
 
+def catalog_failure(e: BaseException) -> str | None:
+    """Whether a catalog call that raised ``e`` may succeed when tried again, and why.
+
+    ``"conflict"``: the catalog refused a commit because the table changed (another writer was first).
+    ``"unavailable"``: the catalog could not be reached, timed out or was locked; a commit call that
+    failed this way has an unknown outcome. ``None``: anything else (a bad setting, a bug): retrying
+    unchanged will fail again.
+    """
+    from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException, ServerError, ServiceUnavailableError
+
+    if isinstance(e, CommitFailedException):
+        return "conflict"
+    if isinstance(e, (CommitStateUnknownException, ServerError, ServiceUnavailableError, OSError, TransientError)):
+        return "unavailable"  # OSError covers refused/reset connections, timeouts and HTTP client errors
+    try:
+        from sqlalchemy.exc import DBAPIError, OperationalError
+        from sqlalchemy.exc import TimeoutError as PoolTimeout
+    except ImportError:  # SQL catalogs not installed
+        return None
+    if isinstance(e, (OperationalError, PoolTimeout)):
+        return "unavailable"  # "database is locked", "could not connect to server", pool exhausted
+    if isinstance(e, DBAPIError) and e.connection_invalidated:
+        return "unavailable"
+    return None
+
+
 def load_catalog(spec: PipelineSpec) -> Any:
+    """The pipeline's pyiceberg catalog.
+
+    Raises ``TransientError`` when the catalog is unreachable or locked (retrying may succeed) and
+    ``ConfigError`` naming ``catalog.properties`` when its settings are wrong.
+    """
     from pyiceberg.catalog import load_catalog as _load
 
     props = spec.catalog_properties()
@@ -40,17 +71,24 @@ def load_catalog(spec: PipelineSpec) -> Any:
             if "already exists" in str(e) and attempt < 4:
                 time.sleep(0.1 * (attempt + 1))
                 continue
+            if catalog_failure(e) is not None:
+                raise TransientError(f"catalog {spec.catalog.name!r} is unreachable or busy: {e}") from None
             raise ConfigError(f"catalog.properties: cannot load catalog {spec.catalog.name!r}: {e}") from None
     raise AssertionError("unreachable")
 
 
 def load_table(catalog: Any, identifier: str) -> Any | None:
+    """The table, or None when it does not exist. An unreachable or locked catalog raises ``TransientError``."""
     from pyiceberg.exceptions import NoSuchTableError
 
     try:
         return catalog.load_table(identifier)
     except NoSuchTableError:
         return None
+    except Exception as e:
+        if catalog_failure(e) is not None:
+            raise TransientError(f"catalog unreachable or busy while loading the table: {e}", table=identifier) from None
+        raise
 
 
 def create_table(catalog: Any, ident: str, schema: pa.Schema, properties: dict[str, str],

@@ -175,9 +175,14 @@ def committed_state(table: Any, branch: str | None = None) -> CommittedState:
     return CommittedState({}, current, None, None, None, None)
 
 
-def find_batch_snapshot(table: Any, batch_id: str) -> Any | None:
-    """The snapshot that committed ``batch_id``, if the table still has it."""
+def find_marked_snapshot(table: Any, key: str, value: str) -> Any | None:
+    """The snapshot whose summary has ``key`` = ``value``, if the table still has it."""
     for snap in table.metadata.snapshots:
-        if summary_dict(snap).get(BATCH_ID) == batch_id:
+        if summary_dict(snap).get(key) == value:
             return snap
     return None
+
+
+def find_batch_snapshot(table: Any, batch_id: str) -> Any | None:
+    """The snapshot that committed ``batch_id``, if the table still has it."""
+    return find_marked_snapshot(table, BATCH_ID, batch_id)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tidewater.batch import StagedFile
 from tidewater.decode.records import BadRecord
 from tidewater.source.kafka import Chunk
 from tidewater.table.catalog import DEAD_LETTER_SCHEMA
@@ -62,7 +63,7 @@ def dead_letter_rows(
 HEADER_PREFIX = "tidewater."
 
 
-def produce_to_topic(settings: dict[str, str], topic: str, table: Any, files: list[dict[str, Any]],
+def produce_to_topic(settings: dict[str, str], topic: str, table: Any, files: list[StagedFile],
                      timeout: float = 60.0) -> int:
     """Produce the dead letters in ``files`` (data files of the dead-letter table) to ``topic``.
 
@@ -89,7 +90,7 @@ def produce_to_topic(settings: dict[str, str], topic: str, table: Any, files: li
 
     sent = 0
     for f in files:
-        with table.io.new_input(f["file_path"]).open() as stream:
+        with table.io.new_input(f.file_path).open() as stream:
             rows = pq.read_table(stream)
         for r in rows.to_pylist():  # error path: dead letters are few; a Python step per record is fine
             headers = [(h["key"], h["value"]) for h in (r["headers"] or [])]

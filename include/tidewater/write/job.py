@@ -27,6 +27,8 @@ from tidewater.batch import (
     BatchPlan,
     PartitionRange,
     PartitionStats,
+    StagedFile,
+    TableOutput,
     read_json,
     utc_now_iso,
     write_json_atomic,
@@ -88,35 +90,40 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
     return BatchManifest(
         batch_id=plan.batch_id,
         table=plan.table,
-        data_files=tuple(f for r in results for f in r["files"]),
+        data_files=tuple(StagedFile.from_json(f) for r in results for f in r["files"]),
         partitions=tuple(PartitionStats(**r["stats"]) for r in results),
         schema_id=table.schema().schema_id if table is not None else -1,
         written_at=utc_now_iso(),
         task_timings=tuple(r["timing"] for r in results),
         dead_letter_table=spec.dead_letter_table(),
-        dead_letter_files=tuple(f for r in results for f in r.get("dead_letter_files", [])),
+        dead_letter_files=tuple(StagedFile.from_json(f) for r in results for f in r.get("dead_letter_files", [])),
         ignored_fields=tuple(sorted({n for r in results for n in r.get("ignored_fields", [])})),
         outputs=merge_outputs([o for r in results for o in r.get("outputs", [])]),
     )
 
 
-def merge_outputs(outputs: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+def merge_outputs(outputs: list[dict[str, Any]]) -> tuple[TableOutput, ...]:
     """The tasks' per-table outputs, one per table (files joined, counts added, offsets seen kept per
-    partition as the list of distinct values the tasks saw)."""
-    merged: dict[str, dict[str, Any]] = {}
+    partition as the distinct values the tasks saw)."""
+    by_table: dict[str, list[dict[str, Any]]] = {}
     for o in outputs:
-        m = merged.setdefault(o["table"], {"table": o["table"], "data_files": [], "rows": 0, "already_committed": 0,
-                                           "seen_offsets": {}, "ignored_fields": [], "branch": o.get("branch")})
-        m["data_files"].extend(o["data_files"])
-        m["rows"] += o["rows"]
-        m["already_committed"] += o["already_committed"]
-        m["ignored_fields"] = sorted(set(m["ignored_fields"]) | set(o["ignored_fields"]))
-        for topic, parts in o["seen_offsets"].items():
-            for p, off in parts.items():
-                seen = m["seen_offsets"].setdefault(topic, {}).setdefault(p, [])
-                if off not in seen:
-                    seen.append(off)
-    return tuple(merged[k] for k in sorted(merged))
+        by_table.setdefault(o["table"], []).append(o)
+    merged = []
+    for ident in sorted(by_table):
+        parts = by_table[ident]
+        seen: dict[str, dict[str, list[int | None]]] = {}
+        for o in parts:
+            for topic, ps in o["seen_offsets"].items():
+                for p, off in ps.items():
+                    values = seen.setdefault(topic, {}).setdefault(p, [])
+                    if off not in values:
+                        values.append(off)
+        merged.append(TableOutput(
+            table=ident, data_files=tuple(StagedFile.from_json(f) for o in parts for f in o["data_files"]),
+            rows=sum(o["rows"] for o in parts), already_committed=sum(o["already_committed"] for o in parts),
+            seen_offsets={t: {p: tuple(v) for p, v in ps.items()} for t, ps in seen.items()},
+            ignored_fields=tuple(sorted({n for o in parts for n in o["ignored_fields"]})), branch=parts[0].get("branch")))
+    return tuple(merged)
 
 
 def read_error(batch_dir: Path) -> BatchWriteError | None:

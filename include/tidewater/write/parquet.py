@@ -17,6 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tidewater.batch import StagedFile
+from tidewater.errors import TerminalError
+
 TARGET_FILE_SIZE = "write.target-file-size-bytes"
 
 
@@ -160,11 +163,17 @@ def serialize_data_file(path: str, size: int, spec_id: int, stats: dict[str, Any
     }
 
 
-def deserialize_data_file(d: dict[str, Any], format_version: int) -> Any:
+def deserialize_data_file(f: StagedFile, format_version: int) -> Any:
+    """The pyiceberg DataFile of a staged data file (what a commit adds to a manifest)."""
     from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
     from pyiceberg.typedef import Record
 
     from tidewater.table.partitioning import decode_values
+
+    if f.content != "data":
+        raise TerminalError(f"staged file {f.file_path} holds {f.content}: row deltas are not committed by this version",
+                            table=None)
+    m = f.metrics
 
     def ints(x: dict[str, Any]) -> dict[int, int]:
         return {int(k): int(v) for k, v in x.items()}
@@ -172,20 +181,20 @@ def deserialize_data_file(d: dict[str, Any], format_version: int) -> Any:
     return DataFile.from_args(
         _table_format_version=format_version,
         content=DataFileContent.DATA,
-        file_path=d["file_path"],
+        file_path=f.file_path,
         file_format=FileFormat.PARQUET,
-        partition=Record(*decode_values(d.get("partition", []))),
-        record_count=d["record_count"],
-        file_size_in_bytes=d["file_size_in_bytes"],
-        column_sizes=ints(d["column_sizes"]),
-        value_counts=ints(d["value_counts"]),
-        null_value_counts=ints(d["null_value_counts"]),
-        nan_value_counts=ints(d["nan_value_counts"]),
-        lower_bounds=_dec(d["lower_bounds"]),
-        upper_bounds=_dec(d["upper_bounds"]),
-        split_offsets=d["split_offsets"] or None,
+        partition=Record(*decode_values(list(f.partition))),
+        record_count=f.record_count,
+        file_size_in_bytes=f.file_size_in_bytes,
+        column_sizes=ints(m["column_sizes"]),
+        value_counts=ints(m["value_counts"]),
+        null_value_counts=ints(m["null_value_counts"]),
+        nan_value_counts=ints(m["nan_value_counts"]),
+        lower_bounds=_dec(m["lower_bounds"]),
+        upper_bounds=_dec(m["upper_bounds"]),
+        split_offsets=m["split_offsets"] or None,
         sort_order_id=None,
-        spec_id=d["spec_id"],
+        spec_id=f.spec_id,
         equality_ids=None,
         key_metadata=None,
     )
