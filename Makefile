@@ -31,6 +31,7 @@ help:
 	@echo "make test   - set up and run the test suite"
 	@echo "make ui     - start the Airflow UI (api-server, scheduler, ...) on http://127.0.0.1:8080"
 	@echo "make docs   - regenerate docs/configuration.md from the code"
+	@echo "make lint   - ruff (part of make test)"
 	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables)"
 
 # --- set-up (idempotent) -------------------------------------------------------------------------
@@ -65,8 +66,12 @@ setup: system-deps venv airflow-db
 demo: setup
 	@bash scripts/demo.sh
 
-test: setup
+test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff: pyflakes, pycodestyle, import order, bugbear, complexity (configured in pyproject.toml)
+lint: venv
+	$(VENV)/bin/ruff check include dags plugins spark_apps scripts tests
 
 test-unit: venv
 	$(PY) -m pytest tests/unit tests/dags $(PYTEST_ARGS)

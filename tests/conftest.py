@@ -110,7 +110,7 @@ def quiet(_: str) -> None:
 
 
 def stage_inline(spec):  # noqa: ANN001, ANN201
-    """Plan and write a batch in this process (``spark_job.run_inline``: the task code Spark runs)."""
+    """Plan and write a batch in this process (``write.job.run_inline``: the task code Spark runs)."""
     from tidewater.batch import manifest_path, write_json_atomic
     from tidewater.plan.ingest import plan_batch
     from tidewater.source.kafka import kafka_settings

@@ -93,7 +93,8 @@ def test_replay_dag_from_its_form(broker, topic, airflow_env):
 
     def rows():  # noqa: ANN202
         t = table_of(pipeline).scan().to_arrow()
-        return sorted(zip(t.column("_kafka_partition").to_pylist(), t.column("_kafka_offset").to_pylist(), t.column("order_id").to_pylist()))
+        return sorted(zip(t.column("_kafka_partition").to_pylist(), t.column("_kafka_offset").to_pylist(),
+                          t.column("order_id").to_pylist()))
 
     before, snaps = rows(), len(table_of(pipeline).snapshots())
     form = {"topic": topic, "partitions": [1], "start_offset": 20, "end_offset": 60}

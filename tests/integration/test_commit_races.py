@@ -1,6 +1,6 @@
 """Concurrent and uncertain commits, against the real catalog and broker.
 
-The write step runs in-process here (``spark_job.run_inline``: the same per-range task code that
+The write step runs in-process here (``write.job.run_inline``: the same per-range task code that
 Spark runs) so that several batches can be staged quickly; the Spark path is covered in
 test_exactly_once.py.
 """
@@ -166,3 +166,76 @@ def test_catalog_locked_by_a_reader_during_commit_is_never_reported_as_committed
     assert len(table.scan().to_arrow()) == 30
     assert committed_state(table).offsets == {topic: {0: 10, 1: 10, 2: 10}}
     assert committed_state(table).batch_id == plan.batch_id
+
+
+def _lock_catalog(db: str, seconds: float) -> threading.Thread:
+    """Another process's exclusive lock on the SQLite catalog, held for ``seconds`` (a thread with its
+    own connection behaves like one for SQLite's file locks)."""
+    import sqlite3
+    import time
+
+    ready = threading.Event()
+
+    def hold() -> None:
+        conn = sqlite3.connect(db, isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")
+        ready.set()
+        time.sleep(seconds)
+        conn.execute("ROLLBACK")
+        conn.close()
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    return t
+
+
+def test_catalog_locked_at_commit_time_is_transient_and_the_commit_lands_after(pipeline_file, broker, topic):
+    """The SQLite catalog is exclusively locked by another process when the commit starts. Expected:
+    loading the catalog or the table raises TransientError (worth retrying), never a terminal
+    configuration error; the commit step retries and, once the lock is gone, commits the batch once
+    with its offsets."""
+    from tidewater.errors import ConfigError, TransientError
+    from tidewater.runtime.steps import commit_step
+
+    spec = load_pipeline(pipeline_file)
+    produce(broker.bootstrap, topic, pizza_events(60, seed=7), partitions=3)
+    plan, manifest = stage_inline(spec)
+    db = spec.catalog_properties()["uri"][len("sqlite:///"):]
+
+    holder = _lock_catalog(db, 13)  # longer than the catalog's two 5 s SQLite waits on first load
+    with pytest.raises(TransientError) as e:
+        load_catalog(spec)
+    assert not isinstance(e.value, ConfigError) and "unreachable or busy" in str(e.value)
+    holder.join()
+
+    catalog = load_catalog(spec)
+    holder = _lock_catalog(db, 4)
+    result = commit_step(spec, plan, manifest)  # the primitive's attempts outlast the lock
+    holder.join()
+    assert result.status == "committed"
+    table = table_of(pipeline_file)
+    assert table.scan().to_arrow().num_rows == 60
+    assert committed_state(table).offsets == plan.end_offsets()
+    assert commit_batch(catalog, plan, manifest).status == "already-committed"
+
+
+def test_catalog_locked_through_every_attempt_fails_transient_and_nothing_lands(pipeline_file, broker, topic):
+    """The lock outlasts the commit's attempts. Expected: TransientError naming the table (the Airflow
+    task would be retried), nothing committed, and a later retry commits the batch exactly once."""
+    from tidewater.errors import TransientError
+
+    spec = load_pipeline(pipeline_file)
+    produce(broker.bootstrap, topic, pizza_events(30, seed=8), partitions=3)
+    plan, manifest = stage_inline(spec)
+    catalog = load_catalog(spec)
+    db = spec.catalog_properties()["uri"][len("sqlite:///"):]
+    holder = _lock_catalog(db, 14)
+    with pytest.raises(TransientError) as e:
+        commit_batch(catalog, plan, manifest, max_attempts=2)
+    assert spec.table.identifier in str(e.value)
+    holder.join()
+    table = table_of(pipeline_file)
+    assert table is None or table.current_snapshot() is None
+    assert commit_batch(load_catalog(spec), plan, manifest).status == "committed"
+    assert table_of(pipeline_file).scan().to_arrow().num_rows == 30

@@ -1,6 +1,6 @@
 """Maintenance on the real catalog and Spark (Iceberg procedures), with ingestion committing beside it.
 
-Batches are staged in-process (``spark_job.run_inline``, the task code Spark runs) and committed with the
+Batches are staged in-process (``write.job.run_inline``, the task code Spark runs) and committed with the
 real committer; maintenance runs Iceberg's Spark procedures through a local SparkSession.
 """
 

@@ -1,6 +1,6 @@
 """The data-quality gate and the status command, on the real broker and catalog.
 
-Files are staged in-process (``spark_job.run_inline``, the same task code Spark runs); validation and
+Files are staged in-process (``write.job.run_inline``, the same task code Spark runs); validation and
 commit are exactly what the DAG and `tidewater run` call."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_row_wise_expectations_run_in_chunks_with_exact_counts(broker, home, top
     """validation.chunk_rows=30 over 200 rows in several files: the row-wise expectation runs chunk by
     chunk (no chunk above 30 rows) and the report's counts are the exact totals over the batch; a
     whole-column expectation (uniqueness) sees the whole batch."""
-    from tidewater.quality.gate import chunks as _chunks
+    from tidewater.quality.gate import chunks
     from tidewater.table.catalog import load_catalog, load_table
 
     (home / "mixed.json").write_text(json.dumps({"expectations": [
@@ -68,7 +68,7 @@ def test_row_wise_expectations_run_in_chunks_with_exact_counts(broker, home, top
     plan, manifest = stage_inline(spec)
     assert len(manifest.data_files) > 1
     table = load_table(load_catalog(spec), spec.table.identifier)
-    sizes = [t.num_rows for t in _chunks(table, manifest, ["store_id"], 30)]
+    sizes = [t.num_rows for t in chunks(table, manifest, ["store_id"], 30)]
     assert sum(sizes) == 200 and max(sizes) <= 30 and len(sizes) >= 7
     with pytest.raises(ValidationFailedError) as e:
         validate_step(spec, plan, manifest)

@@ -1,4 +1,4 @@
-"""parse (moved from config.py)."""
+"""Reading pipeline files: YAML, ``${ENV}`` interpolation, coercion into the spec classes, discovery."""
 
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import difflib
 import os
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,39 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp)).replace("typing.", "")
 
 
+def _to_bool(value: Any, path: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigError(f"{path}: expected true or false, got {value!r}")
+
+
+def _to_int(value: Any, path: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{path}: expected an integer, got {value!r}")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: expected an integer, got {value!r}") from None
+
+
+def _to_float(value: Any, path: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: expected a number, got {value!r}") from None
+
+
+def _to_str(value: Any, path: str) -> str:
+    if isinstance(value, (dict, list)) or value is None:
+        raise ConfigError(f"{path}: expected a string, got {type(value).__name__}")
+    return str(value)
+
+
+_SCALARS: dict[Any, Callable[[Any, str], Any]] = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+
 def _coerce(tp: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -68,28 +101,9 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
         return {str(k): _scalar_to_str(v, f"{path}.{k}") for k, v in value.items()}
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        raise ConfigError(f"{path}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{path}: expected an integer, got {value!r}")
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{path}: expected an integer, got {value!r}") from None
-    if tp is float:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{path}: expected a number, got {value!r}") from None
-    if tp is str:
-        if isinstance(value, (dict, list)) or value is None:
-            raise ConfigError(f"{path}: expected a string, got {type(value).__name__}")
-        return str(value)
+    scalar = _SCALARS.get(tp)
+    if scalar is not None:
+        return scalar(value, path)
     raise ConfigError(f"{path}: unsupported type {_type_name(tp)}")
 
 

@@ -1,4 +1,4 @@
-"""reference (moved from config.py)."""
+"""The configuration reference page (docs/configuration.md), generated from the spec classes' field docs."""
 
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def reference_markdown() -> str:
         "",
         "| variable | meaning |",
         "| --- | --- |",
-        f"| `{HOME_ENV}` | Data directory for the embedded defaults (catalog, warehouse, staging, repaired jars). Default `~/.tidewater`; the Makefile uses `.data/` in the checkout. |",
+        f"| `{HOME_ENV}` | Data directory for the embedded defaults (catalog, warehouse, staging, repaired jars). "
+        "Default `~/.tidewater`; the Makefile uses `.data/` in the checkout. |",
         f"| `{PIPELINES_DIR_ENV}` | Directory of pipeline files. Default `include/pipelines`. |",
         f"| `{KAFKA_CONFIG_ENV}` | Set by the ingest DAG for its Spark job: resolved librdkafka settings (JSON). Not for people. |",
         "",

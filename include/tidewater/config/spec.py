@@ -29,10 +29,8 @@ HOME_ENV = "TIDEWATER_HOME"
 KAFKA_CONFIG_ENV = "TIDEWATER_KAFKA_CONFIG"
 
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
-_IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 _SECRET_KEY = re.compile(r"(password|secret|jaas|token|credential|private|ssl\.key\.pem|api[._-]?key)", re.I)

@@ -1,19 +1,29 @@
-"""validate (moved from config.py)."""
+"""Checks of a parsed pipeline that need more than types; every error names the key at fault."""
 
 
 from __future__ import annotations
 
 import re
 
-from tidewater.config.spec import _IDENTIFIER_PART, _NAME, PipelineSpec
+from tidewater.config.spec import PipelineSpec, RouteTableSpec
 from tidewater.errors import ConfigError
+
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 def validate(spec: PipelineSpec) -> None:
-    """Checks across fields. Raises ConfigError naming the key."""
+    """Checks across fields, section by section. Raises ConfigError naming the key (the first found)."""
+    for check in SECTIONS:
+        check(spec)
+
+
+def _check_name_and_topics(spec: PipelineSpec) -> None:
+    """Pipeline name and source topics."""
     if not spec.name:
         raise ConfigError("name: required")
-    if not _NAME.match(spec.name):
+    if not NAME.match(spec.name):
         raise ConfigError(f"name: {spec.name!r} must be lower-case letters, digits and '_', starting with a letter")
     if not spec.topics and not spec.topic_pattern:
         raise ConfigError("topics: at least one topic (or a topic_pattern) is required")
@@ -23,10 +33,14 @@ def validate(spec: PipelineSpec) -> None:
         except re.error as e:
             raise ConfigError(f"topic_pattern: {spec.topic_pattern!r} is not a valid regular expression ({e})") from None
     for i, t in enumerate(spec.topics):
-        if not re.match(r"^[A-Za-z0-9._-]{1,249}$", t):
+        if not TOPIC.match(t):
             raise ConfigError(f"topics[{i}]: {t!r} is not a valid Kafka topic name")
     if len(set(spec.topics)) != len(spec.topics):
         raise ConfigError("topics: a topic is listed twice")
+
+
+def _check_targets(spec: PipelineSpec) -> None:
+    """The target table, or the routing settings and target tables."""
     if spec.routed:
         _validate_routing(spec)
     elif not spec.table.identifier:
@@ -36,6 +50,10 @@ def validate(spec: PipelineSpec) -> None:
     from tidewater.table.partitioning import check_config
 
     check_config(spec.table.partition_by, spec.table.sort_by, "table")
+
+
+def _check_kafka(spec: PipelineSpec) -> None:
+    """Kafka settings that Tidewater manages itself are refused."""
     if not spec.kafka.bootstrap_servers and not spec.kafka.conn_id:
         raise ConfigError("kafka: set either bootstrap_servers or conn_id")
     for key in ("group.id", "enable.auto.commit", "isolation.level", "enable.partition.eof"):
@@ -43,7 +61,13 @@ def validate(spec: PipelineSpec) -> None:
             raise ConfigError(f"kafka.settings.{key}: managed by Tidewater (offsets live in the table); remove it")
     if spec.kafka.read_timeout_seconds <= 0:
         raise ConfigError("kafka.read_timeout_seconds: must be positive")
-    formats = ("json", "connect_json", "debezium", "avro", "string", "bytes")
+
+
+def _check_format(spec: PipelineSpec) -> None:
+    """Value format, key format, time zone, date-time columns, flattening, source columns."""
+    from tidewater.decode.formats import FORMATS
+
+    formats = tuple(FORMATS)
     if spec.format.value not in formats:
         raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: {', '.join(formats)})")
     if spec.format.value == "avro" and not spec.format.registry_url:
@@ -63,24 +87,36 @@ def validate(spec: PipelineSpec) -> None:
     if not re.match(r"^[A-Za-z0-9_]{1,8}$", spec.format.flatten_separator):
         raise ConfigError(f"format.flatten_separator: {spec.format.flatten_separator!r} must be 1-8 letters, digits or '_'")
     one_of("format.metadata", spec.format.metadata, ("none", "prefixed", "struct"))
+
+
+def _check_quality_gate(spec: PipelineSpec) -> None:
+    """The quality gate's policy and id checks."""
     one_of("validation.on_failure", spec.validation.on_failure, ("fail", "warn", "quarantine"))
     one_of("validation.unique_ids", spec.validation.unique_ids, ("none", "batch", "table"))
     if spec.validation.unique_ids != "none" and not spec.routed and not spec.table.id_columns:
         raise ConfigError("validation.unique_ids: needs table.id_columns")
     if spec.validation.on_failure == "quarantine" and spec.routed:
         raise ConfigError("validation.on_failure: quarantine is not available for pipelines that route to several tables yet")
+
+
+def _check_dead_letters(spec: PipelineSpec) -> None:
+    """Dead-letter policy, topic and table."""
     one_of("dead_letter.policy", spec.dead_letter.policy, ("dead_letter", "fail", "skip"))
     if spec.dead_letter.topic is not None and (
-        not re.match(r"^[A-Za-z0-9._-]{1,249}$", spec.dead_letter.topic) or spec.dead_letter.topic in spec.topics
+        not TOPIC.match(spec.dead_letter.topic) or spec.dead_letter.topic in spec.topics
     ):
         raise ConfigError(f"dead_letter.topic: {spec.dead_letter.topic!r} must be a valid Kafka topic name, not a source topic")
     if spec.dead_letter.topic and spec.dead_letter.policy != "dead_letter":
         raise ConfigError("dead_letter.topic: only used with dead_letter.policy: dead_letter")
     dlq = spec.dead_letter.table
     if dlq is not None and (
-        dlq == spec.table.identifier or len(dlq.split(".")) < 2 or not all(_IDENTIFIER_PART.match(p) for p in dlq.split("."))
+        dlq == spec.table.identifier or len(dlq.split(".")) < 2 or not all(IDENTIFIER_PART.match(p) for p in dlq.split("."))
     ):
         raise ConfigError(f"dead_letter.table: {dlq!r} must be `namespace.name` (letters, digits, '_'), not the target table")
+
+
+def _check_limits_and_maintenance(spec: PipelineSpec) -> None:
+    """Numeric limits, compaction strategy and the orphan-removal safety margin."""
     m = spec.maintenance
     for key, value, minimum in (
         ("batch.max_records", spec.batch.max_records, 1),
@@ -105,6 +141,10 @@ def validate(spec: PipelineSpec) -> None:
             f"the longest possible batch ({longest_h:.1f} h from airflow.task_timeout_minutes, retries and "
             "retry_delay_seconds) or 24 h; a younger file may belong to a batch still being written"
         )
+
+
+def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
+    """Catalog properties, Airflow retries and the expectation suite files."""
     props = spec.catalog_properties()
     if "type" not in props and "uri" not in props:
         raise ConfigError("catalog.properties: set at least `type` (sql, rest, glue, hive) or `uri`")
@@ -120,9 +160,13 @@ def validate(spec: PipelineSpec) -> None:
                 raise ConfigError(f"tables[{i}].suite: file {path} does not exist")
 
 
+SECTIONS = (_check_name_and_topics, _check_targets, _check_kafka, _check_format, _check_quality_gate, _check_dead_letters,
+            _check_limits_and_maintenance, _check_catalog_airflow_suites)
+
+
 def check_identifier(key: str, ident: str) -> None:
     parts = ident.split(".")
-    if len(parts) < 2 or not all(_IDENTIFIER_PART.match(p) for p in parts):
+    if len(parts) < 2 or not all(IDENTIFIER_PART.match(p) for p in parts):
         raise ConfigError(f"{key}: {ident!r} must be namespace.name made of letters, digits and '_'")
 
 
@@ -131,7 +175,7 @@ def _validate_routing(spec: PipelineSpec) -> None:
     if spec.table.identifier:
         raise ConfigError("table.identifier: not used when records are routed (`tables` or routing.dynamic); "
                           "`table` holds the defaults of every target table, list the targets under `tables`")
-    if not r.namespace or not _IDENTIFIER_PART.match(r.namespace):
+    if not r.namespace or not IDENTIFIER_PART.match(r.namespace):
         raise ConfigError("routing.namespace: required when routing (letters, digits and '_'): it holds the "
                           "pipeline's checkpoint and dead-letter tables")
     one_of("routing.unmatched", r.unmatched, ("dead_letter", "skip"))
@@ -142,34 +186,39 @@ def _validate_routing(spec: PipelineSpec) -> None:
             raise ConfigError("routing.field: required with routing.dynamic")
         if r.table_template.count("{value}") != 1:
             raise ConfigError(f"routing.table_template: {r.table_template!r} must contain {{value}} once")
-    seen = set()
+    seen: set[str] = set()
     for i, t in enumerate(spec.tables):
-        key = f"tables[{i}]"
-        if not t.identifier:
-            raise ConfigError(f"{key}.identifier: required")
-        check_identifier(f"{key}.identifier", t.identifier)
-        if t.identifier in seen:
-            raise ConfigError(f"{key}.identifier: {t.identifier!r} is listed twice")
-        seen.add(t.identifier)
-        if t.route_regex is not None:
-            if r.dynamic:
-                raise ConfigError(f"{key}.route_regex: not used with routing.dynamic (the value names the table)")
-            if not r.field:
-                raise ConfigError(f"{key}.route_regex: needs routing.field")
-            try:
-                re.compile(t.route_regex)
-            except re.error as e:
-                raise ConfigError(f"{key}.route_regex: {t.route_regex!r} is not a valid regular expression ({e})") from None
-        for topic in t.topics:
-            listed = topic in spec.topics or (spec.topic_pattern and re.fullmatch(spec.topic_pattern, topic))
-            if not listed:
-                raise ConfigError(f"{key}.topics: {topic!r} is not one of the pipeline's topics (or topic_pattern)")
-        from tidewater.table.partitioning import check_config
-
-        check_config(t.partition_by, t.sort_by, key)
+        _check_route_table(spec, f"tables[{i}]", t, seen)
     for ident in (spec.checkpoint_table(), spec.dead_letter_table()):
         if ident in seen:
             raise ConfigError(f"tables: {ident!r} is the pipeline's own checkpoint or dead-letter table")
+
+
+def _check_route_table(spec: PipelineSpec, key: str, t: RouteTableSpec, seen: set[str]) -> None:
+    """One entry of ``tables``: identifier (unique), route regex, topics, partitioning."""
+    r = spec.routing
+    if not t.identifier:
+        raise ConfigError(f"{key}.identifier: required")
+    check_identifier(f"{key}.identifier", t.identifier)
+    if t.identifier in seen:
+        raise ConfigError(f"{key}.identifier: {t.identifier!r} is listed twice")
+    seen.add(t.identifier)
+    if t.route_regex is not None:
+        if r.dynamic:
+            raise ConfigError(f"{key}.route_regex: not used with routing.dynamic (the value names the table)")
+        if not r.field:
+            raise ConfigError(f"{key}.route_regex: needs routing.field")
+        try:
+            re.compile(t.route_regex)
+        except re.error as e:
+            raise ConfigError(f"{key}.route_regex: {t.route_regex!r} is not a valid regular expression ({e})") from None
+    for topic in t.topics:
+        listed = topic in spec.topics or (spec.topic_pattern and re.fullmatch(spec.topic_pattern, topic))
+        if not listed:
+            raise ConfigError(f"{key}.topics: {topic!r} is not one of the pipeline's topics (or topic_pattern)")
+    from tidewater.table.partitioning import check_config
+
+    check_config(t.partition_by, t.sort_by, key)
 
 
 def one_of(key: str, value: str, choices: tuple[str, ...]) -> None:

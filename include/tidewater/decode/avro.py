@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tidewater.decode.records import BadRecord
+from tidewater.decode.records import BadRecord, DecodeContext
 from tidewater.errors import TerminalError, TransientError
 from tidewater.source.kafka import Chunk
 
@@ -148,3 +148,8 @@ def decode_avro(chunk: Chunk, registry: RegistryClient) -> tuple[pa.Table, list[
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise TerminalError(f"Avro records of schema ids {sorted(types)} do not fit one table schema: {e}",
                             topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[0]) from e
+
+
+def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
+    """Registry entry for ``avro`` (Confluent wire format; writer schemas from ``ctx.registry``)."""
+    return decode_avro(chunk, ctx.registry)

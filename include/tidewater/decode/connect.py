@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidewater.decode.json import decode_json_lenient
-from tidewater.decode.records import BadRecord, surviving
+from tidewater.decode.records import BadRecord, DecodeContext, surviving
 from tidewater.source.kafka import Chunk
 
 TIMESTAMP = "org.apache.kafka.connect.data.Timestamp"
@@ -72,7 +72,7 @@ def _convert_logical(table: pa.Table, conversions: dict[str, str]) -> pa.Table:
     return table
 
 
-def _first_schema(chunk: Chunk) -> dict[str, Any] | None:
+def first_schema(chunk: Chunk) -> dict[str, Any] | None:
     """The Connect schema of the chunk's first record that has one (one Python parse per chunk)."""
     for v in chunk.values:
         if not v:
@@ -86,14 +86,14 @@ def _first_schema(chunk: Chunk) -> dict[str, Any] | None:
     return None
 
 
-def _flatten(struct_col: Any) -> pa.Table:
+def flatten(struct_col: Any) -> pa.Table:
     arr = struct_col.combine_chunks() if isinstance(struct_col, pa.ChunkedArray) else struct_col
     if not pa.types.is_struct(arr.type):
         return pa.table({})
     return pa.Table.from_arrays(arr.flatten(), names=[f.name for f in arr.type])
 
 
-def _failures(n: int, bad: list[BadRecord], failing: Any, kind: str, message: str) -> list[BadRecord]:
+def failures_where(n: int, bad: list[BadRecord], failing: Any, kind: str, message: str) -> list[BadRecord]:
     """Bad records for the decoded rows where ``failing`` is true (chunk indices worked out only then)."""
     rows = pc.indices_nonzero(pc.fill_null(failing, False)).to_pylist()
     if not rows:
@@ -102,7 +102,7 @@ def _failures(n: int, bad: list[BadRecord], failing: Any, kind: str, message: st
     return [BadRecord(good[r], kind, message) for r in rows]
 
 
-def _all_failed(n: int, bad: list[BadRecord], kind: str, message: str) -> tuple[pa.Table, list[BadRecord]]:
+def all_failed(n: int, bad: list[BadRecord], kind: str, message: str) -> tuple[pa.Table, list[BadRecord]]:
     return pa.table({}), sorted(bad + [BadRecord(i, kind, message) for i in surviving(n, [b.index for b in bad])],
                                 key=lambda b: b.index)
 
@@ -126,7 +126,7 @@ def _table_types_unless_wider(declared: pa.DataType, have: pa.DataType | None) -
 
 def decode_connect(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
     """Kafka Connect JSON with schemas: rows are the payloads, typed by the declared schema."""
-    schema = _first_schema(chunk)
+    schema = first_schema(chunk)
     declared = connect_type(schema) if schema else None
     envelope = pa.schema([pa.field("payload", declared)]) if isinstance(declared, pa.StructType) else None
     if explicit is not None and envelope is not None:
@@ -134,10 +134,15 @@ def decode_connect(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, 
         envelope = pa.schema([pa.field("payload", _table_types_unless_wider(declared, pa.struct(list(explicit))))])
     parsed, bad = decode_json_lenient(chunk, envelope)
     if "payload" not in parsed.column_names:
-        return _all_failed(len(chunk), bad, "EnvelopeMissing", "no `payload` in the Connect JSON envelope")
+        return all_failed(len(chunk), bad, "EnvelopeMissing", "no `payload` in the Connect JSON envelope")
     payload = parsed.column("payload")
     missing = pc.is_null(payload)
-    failures = _failures(len(chunk), bad, missing, "EnvelopeMissing", "`payload` is null or missing in the Connect JSON envelope")
-    table = _flatten(payload.filter(pc.invert(missing)))
+    failures = failures_where(len(chunk), bad, missing, "EnvelopeMissing", "`payload` is null or missing in the Connect JSON envelope")
+    table = flatten(payload.filter(pc.invert(missing)))
     table = _convert_logical(table, _logical_conversions(schema or {}))
     return table, sorted(bad + failures, key=lambda b: b.index)
+
+
+def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
+    """Registry entry for ``connect_json``."""
+    return decode_connect(chunk, ctx.explicit)

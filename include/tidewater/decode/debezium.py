@@ -1,4 +1,4 @@
-"""debezium (moved from envelopes.py)."""
+"""Debezium change-event envelopes (JSON with or without a schema): the row image (``after``, or ``before`` for deletes) plus ``_op``."""
 
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.decode.connect import _all_failed, _failures, _first_schema, _flatten, decode_connect
+from tidewater.decode.connect import all_failed, decode_connect, failures_where, first_schema, flatten
 from tidewater.decode.json import decode_json_lenient
-from tidewater.decode.records import BadRecord
+from tidewater.decode.records import BadRecord, DecodeContext
 from tidewater.source.kafka import Chunk
 
 OPS = ("c", "u", "d", "r")
@@ -22,16 +22,16 @@ def decode_debezium(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table,
     ``after`` for c/u/r, ``before`` for d. Tombstones (null values after a delete) come back as bad
     records of class ``Tombstone``: the caller counts them as skipped (they carry no row).
     """
-    enveloped = _first_schema(chunk) is not None
+    enveloped = first_schema(chunk) is not None
     if enveloped:
         outer, bad = decode_connect(chunk, None)
     else:
         outer, bad = decode_json_lenient(chunk, None)
     if "op" not in outer.column_names:
-        return _all_failed(len(chunk), bad, "NotDebezium", "no `op` field in the change event")
+        return all_failed(len(chunk), bad, "NotDebezium", "no `op` field in the change event")
     op = outer.column("op").cast(pa.string())
     valid = pc.fill_null(pc.is_in(op, value_set=pa.array(OPS)), False)
-    failures = _failures(len(chunk), bad, pc.invert(valid), "NotDebezium", f"`op` is not one of {', '.join(OPS)}")
+    failures = failures_where(len(chunk), bad, pc.invert(valid), "NotDebezium", f"`op` is not one of {', '.join(OPS)}")
     outer = outer.filter(valid)
     op = op.filter(valid)
     before = outer.column("before") if "before" in outer.column_names else None
@@ -40,12 +40,12 @@ def decode_debezium(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table,
     if after is None and before is None:
         image = pa.table({})
     elif before is None:
-        image = _flatten(after)
+        image = flatten(after)
     elif after is None:
-        image = _flatten(before)
+        image = flatten(before)
     else:
         picked = pc.if_else(pc.equal(op, "d"), before.combine_chunks(), after.combine_chunks())
-        image = _flatten(picked)
+        image = flatten(picked)
     if explicit is not None:
         want = {f.name: f.type for f in explicit}
         for i, name in enumerate(image.column_names):
@@ -83,3 +83,8 @@ def _cast_struct(col: Any, t: pa.StructType) -> Any:
         idx = arr.type.get_field_index(f.name)
         children.append(arr.field(idx).cast(f.type) if idx >= 0 else pa.nulls(len(arr), f.type))
     return pa.StructArray.from_arrays(children, fields=list(t), mask=arr.is_null())
+
+
+def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
+    """Registry entry for ``debezium``."""
+    return decode_debezium(chunk, ctx.explicit)

@@ -20,7 +20,7 @@ import json
 import pyarrow as pa
 import pyarrow.json as pj
 
-from tidewater.decode.records import BadRecord
+from tidewater.decode.records import BadRecord, DecodeContext
 from tidewater.errors import RecordError
 from tidewater.source.kafka import Chunk
 
@@ -273,9 +273,6 @@ def _isolate(
     return good_a + good_b, {**bad_a, **bad_b}
 
 
-def _not_utf8(v: bytes) -> bool:
-    try:
-        v.decode("utf-8")
-        return False
-    except UnicodeDecodeError:
-        return True
+def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
+    """Registry entry for ``json``: strict (first bad record raises) or lenient (bad records isolated)."""
+    return (decode_json(chunk, ctx.explicit), []) if ctx.strict else decode_json_lenient(chunk, ctx.explicit)

@@ -1,12 +1,11 @@
-"""raw (moved from decoding.py)."""
+"""``string`` and ``bytes`` values: the raw value as one column, no decoding (invalid UTF-8 is a bad record)."""
 
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from tidewater.decode.json import _not_utf8
-from tidewater.decode.records import BadRecord, keep_mask
+from tidewater.decode.records import BadRecord, DecodeContext, keep_mask, not_utf8
 from tidewater.source.kafka import Chunk
 
 # ---- plain string and raw bytes values ----------------------------------------------------------------
@@ -25,5 +24,10 @@ def decode_raw(chunk: Chunk, kind: str) -> tuple[pa.Table, list[BadRecord]]:
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         pass
     bad = [BadRecord(i, "InvalidUtf8", f"value is not valid UTF-8; value starts with {v[:120]!r}")
-           for i, v in enumerate(chunk.values) if v is not None and _not_utf8(v)]
+           for i, v in enumerate(chunk.values) if v is not None and not_utf8(v)]
     return pa.table({"value": values.filter(keep_mask(len(values), [b.index for b in bad])).cast(pa.string())}), bad
+
+
+def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
+    """Registry entry for ``string`` and ``bytes``."""
+    return decode_raw(chunk, ctx.fmt)

@@ -1,9 +1,10 @@
-"""records (moved from decoding.py)."""
+"""What decoders return besides rows: bad records by chunk index, and the masks that drop them."""
 
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,3 +37,21 @@ def keep_mask(n: int, bad: list[int]) -> pa.Array:
 def decoded_rows(n: int, bad: list[int]) -> pa.Array:
     """Chunk index of each decoded row when the records at ``bad`` were set apart (vectorized)."""
     return pa.array(np.flatnonzero(keep_mask(n, bad).to_numpy(zero_copy_only=False)) if bad else np.arange(n), pa.uint64())
+
+
+@dataclass(frozen=True)
+class DecodeContext:
+    """What a value-format decoder gets besides the chunk (see ``decode/registry.py``)."""
+
+    fmt: str  # format.value
+    explicit: Any = None  # the table's Arrow schema (readable types) when the table exists
+    strict: bool = False  # dead_letter.policy is fail: the first bad record may raise at once
+    registry: Any = None  # schema registry client (avro)
+
+
+def not_utf8(v: bytes) -> bool:
+    try:
+        v.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True

@@ -10,6 +10,7 @@ Secrets are never copied into the file: they become ``${ENV_VAR}`` references, r
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +111,277 @@ def _jdbc_uri(uri: str) -> str:
     return uri
 
 
+@dataclass
+class _Draft:
+    """The pipeline document being built from one connector configuration."""
+
+    res: ImportResult
+    config: dict[str, Any]
+    env_prefix: str
+    bootstrap: str | None = None
+    table: dict[str, Any] = field(default_factory=dict)
+    per_table: dict[str, dict[str, Any]] = field(default_factory=dict)
+    catalog: dict[str, str] = field(default_factory=dict)
+    kafka_settings: dict[str, str] = field(default_factory=dict)
+    fmt: dict[str, Any] = field(default_factory=dict)
+    routing: dict[str, Any] = field(default_factory=dict)
+    tables: list[str] = field(default_factory=list)
+    dead_letter: dict[str, Any] = field(default_factory=dict)
+
+    def mapped(self, raw_key: str, target: str) -> None:
+        self.res.mapped.append((raw_key, target))
+
+    def unmapped(self, raw_key: str, why: str) -> None:
+        self.res.unmapped.append((raw_key, why))
+
+    def secret(self, key: str, target: str) -> str:
+        var = self.env_prefix + re.sub(r"[^A-Z0-9]+", "_", target.upper()).strip("_")
+        self.res.env.append((key, var))
+        return "${" + var + "}"
+
+    def value_or_secret(self, raw_key: str, prop: str, value: Any, target: str) -> str:
+        return self.secret(raw_key, target) if is_secret_key(prop) else str(value)
+
+
+# A handler maps one connector key: (draft, the key as written, its value).
+Handler = Callable[[_Draft, str, Any], None]
+
+
+def _set(section: str, name: str, convert: Callable[[Any], Any], target: str) -> Handler:
+    """A handler that stores the converted value at draft.<section>[name] (section "" = the pipeline)."""
+    def handle(d: _Draft, raw_key: str, value: Any) -> None:
+        (d.res.pipeline if not section else getattr(d, section))[name] = convert(value)
+        d.mapped(raw_key, target)
+    return handle
+
+
+def _tables(d: _Draft, raw_key: str, value: Any) -> None:
+    d.tables = _list(value)
+    d.mapped(raw_key, "table.identifier / tables[].identifier")
+
+
+def _force_optional(d: _Draft, raw_key: str, value: Any) -> None:
+    if _bool(value):
+        d.mapped(raw_key, "(default: auto-created columns are optional)")
+    else:
+        d.unmapped(raw_key, "auto-created columns are always optional (except id_columns)")
+
+
+def _commit_interval(d: _Draft, raw_key: str, value: Any) -> None:
+    d.res.pipeline["schedule"], note = _schedule(int(value))
+    d.mapped(raw_key, "schedule" + (f" ({note})" if note else ""))
+
+
+def _tasks_max(d: _Draft, raw_key: str, value: Any) -> None:
+    d.res.pipeline["spark"] = {"master": f"local[{int(value)}]"}
+    d.mapped(raw_key, "spark.master local[N] (on a cluster: spark.conf executor cores/instances)")
+
+
+def _catalog_class(d: _Draft, raw_key: str, value: Any) -> None:
+    cls = str(value).rsplit(".", 1)[-1]
+    if cls in _CATALOG_CLASSES:
+        d.catalog["type"] = _CATALOG_CLASSES[cls]
+        d.mapped(raw_key, "catalog.properties.type")
+    else:
+        d.unmapped(raw_key, f"catalog class {value} has no pyiceberg equivalent")
+
+
+_VALUE_CONVERTERS = {"AvroConverter": "avro", "StringConverter": "string", "ByteArrayConverter": "bytes"}
+_KEY_CONVERTERS = {"StringConverter": "string", "ByteArrayConverter": "bytes"}
+
+
+def _value_converter(d: _Draft, raw_key: str, value: Any) -> None:
+    cls = str(value).rsplit(".", 1)[-1]
+    if cls == "JsonConverter":
+        kind: str | None = "connect_json" if _bool(d.config.get("value.converter.schemas.enable", "true")) else "json"
+    else:
+        kind = _VALUE_CONVERTERS.get(cls)
+    if kind is None:
+        d.unmapped(raw_key, f"converter {value} is not supported (json, connect_json, avro, string, bytes)")
+        return
+    d.fmt["value"] = kind
+    d.mapped(raw_key, f"format.value {kind}")
+
+
+def _key_converter(d: _Draft, raw_key: str, value: Any) -> None:
+    cls = str(value).rsplit(".", 1)[-1]
+    kind = _KEY_CONVERTERS.get(cls)
+    if kind:
+        d.fmt["key"] = kind
+        d.mapped(raw_key, f"format.key {kind}")
+    else:
+        d.unmapped(raw_key, f"keys are kept as a column only as string or bytes; {cls} keys are not read")
+
+
+def _registry_auth(d: _Draft, raw_key: str, value: Any) -> None:
+    d.fmt["registry_basic_auth"] = d.secret(raw_key, "registry_basic_auth")
+    d.mapped(raw_key, "format.registry_basic_auth")
+
+
+def _errors_tolerance(d: _Draft, raw_key: str, value: Any) -> None:
+    d.dead_letter["policy"] = "dead_letter" if str(value) == "all" else "fail"
+    d.mapped(raw_key, f"dead_letter.policy {d.dead_letter['policy']}")
+
+
+def _not_mapped(why: str) -> Handler:
+    return lambda d, raw_key, _value: d.unmapped(raw_key, why)
+
+
+def _only_reported(target: str) -> Handler:
+    return lambda d, raw_key, _value: d.mapped(raw_key, target)
+
+
+_CHANGES = ("applying changes (deletes, upserts) is not supported yet: change events land as rows (use format.value "
+            "debezium for an _op column)")
+
+# Keys matched exactly (after _kebab), then prefixes in order, then _IGNORED.
+_EXACT: dict[str, Handler] = {
+    "topics": _set("", "topics", _list, "topics"),
+    "topics.regex": _set("", "topic_pattern", str, "topic_pattern"),
+    "iceberg.tables": _tables,
+    "iceberg.tables.dynamic-enabled": _set("routing", "dynamic", _bool, "routing.dynamic"),
+    "iceberg.tables.route-field": _set("routing", "field", str, "routing.field"),
+    "iceberg.tables.default-id-columns": _set("table", "id_columns", _list, "table.id_columns"),
+    "iceberg.tables.default-partition-by": _set("table", "partition_by", _partition_fields, "table.partition_by"),
+    "iceberg.tables.auto-create-enabled": _set("table", "auto_create", _bool, "table.auto_create"),
+    "iceberg.tables.evolve-schema-enabled": _set("table", "evolve_schema", _bool, "table.evolve_schema"),
+    "iceberg.tables.schema-force-optional": _force_optional,
+    "iceberg.tables.schema-case-insensitive": _set("table", "case_insensitive", _bool, "table.case_insensitive"),
+    "iceberg.tables.default-commit-branch": _set("table", "branch", str, "table.branch"),
+    "iceberg.control.commit.interval-ms": _commit_interval,
+    "tasks.max": _tasks_max,
+    "iceberg.catalog": _catalog_class,
+    "iceberg.catalog.catalog-impl": _catalog_class,
+    "iceberg.catalog-name": _only_reported("catalog.name"),
+    "value.converter": _value_converter,
+    "value.converter.schemas.enable": _only_reported("format.value (json or connect_json)"),
+    "value.converter.schema.registry.url": _set("fmt", "registry_url", lambda v: str(v).split(",")[0], "format.registry_url"),
+    "value.converter.basic.auth.user.info": _registry_auth,
+    "key.converter": _key_converter,
+    "errors.tolerance": _errors_tolerance,
+    "errors.deadletterqueue.topic.name": _set("dead_letter", "topic", str, "dead_letter.topic"),
+    "iceberg.tables.cdc-field": _not_mapped(_CHANGES),
+    "iceberg.tables.upsert-mode-enabled": _not_mapped(_CHANGES),
+    "name": _only_reported("name"),
+}
+
+
+def _table_property(prefix: str, target: str) -> Handler:
+    def handle(d: _Draft, raw_key: str, value: Any) -> None:
+        d.table.setdefault("properties", {})[raw_key[len(prefix):]] = str(value)
+        d.mapped(raw_key, target)
+    return handle
+
+
+_PER_TABLE = re.compile(r"^iceberg\.table\.(.+)\.(route-regex|id-columns|partition-by|commit-branch)$")
+_PER_TABLE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "route-regex": ("route_regex", str), "id-columns": ("id_columns", _list),
+    "partition-by": ("partition_by", _partition_fields), "commit-branch": ("branch", str),
+}
+
+
+def _per_table(d: _Draft, raw_key: str, value: Any) -> None:
+    mt = _PER_TABLE.match(_kebab(raw_key))
+    if not mt:
+        d.unmapped(raw_key, "unknown per-table key")
+        return
+    ident, what = mt.group(1), mt.group(2)
+    name, convert = _PER_TABLE_KEYS[what]
+    d.per_table.setdefault(ident, {})[name] = convert(value)
+    d.mapped(raw_key, f"tables[{ident}].{what.replace('-', '_').replace('commit_', '')}")
+
+
+def _catalog_property(d: _Draft, raw_key: str, value: Any) -> None:
+    prop = raw_key[len("iceberg.catalog."):]
+    if prop == "io-impl":
+        d.unmapped(raw_key, "pyiceberg picks its FileIO from the warehouse scheme (py-io-impl to override)")
+    elif prop == "uri" and str(value).startswith("jdbc:"):
+        d.catalog["uri"] = _jdbc_uri(str(value))
+        d.catalog.setdefault("type", "sql")
+        d.mapped(raw_key, "catalog.properties.uri (JDBC URL as a SQLAlchemy URL)")
+    else:
+        d.catalog[prop] = d.value_or_secret(raw_key, prop, value, "catalog_" + prop)
+        d.mapped(raw_key, f"catalog.properties.{prop}")
+
+
+_MANAGED = ("group.id", "enable.auto.commit", "isolation.level", "auto.offset.reset")
+
+
+def _kafka_property(d: _Draft, raw_key: str, value: Any) -> None:
+    prop = raw_key.split(".", 2)[2] if _kebab(raw_key).startswith("iceberg.kafka.") else raw_key[len("consumer.override."):]
+    if prop in _MANAGED:
+        d.unmapped(raw_key, "managed by Tidewater (offsets live in the tables; new partitions start at the log start)")
+    elif prop == "bootstrap.servers":
+        d.bootstrap = d.bootstrap or str(value)
+        d.mapped(raw_key, "kafka.bootstrap_servers")
+    else:
+        d.kafka_settings[prop] = d.value_or_secret(raw_key, prop, value, "kafka_" + prop)
+        d.mapped(raw_key, f"kafka.settings.{prop}")
+
+
+_PREFIXES: tuple[tuple[str, Handler], ...] = (
+    ("iceberg.tables.auto-create-props.", _table_property("iceberg.tables.auto-create-props.", "table.properties")),
+    ("iceberg.tables.write-props.", _table_property("iceberg.tables.write-props.",
+                                                    "table.properties (write properties are table properties here)")),
+    ("iceberg.table.", _per_table),
+    ("iceberg.catalog.", _catalog_property),
+    ("iceberg.kafka.", _kafka_property),
+    ("consumer.override.", _kafka_property),
+    ("transforms", _not_mapped("single message transforms are not run; use format.* settings (flatten, map_columns, "
+                               "timestamps) or a view")),
+)
+
+
+def _handler(key: str) -> Handler:
+    if key in _EXACT:
+        return _EXACT[key]
+    for prefix, handler in _PREFIXES:
+        if key.startswith(prefix):
+            return handler
+    if key in _IGNORED:
+        return _not_mapped(_IGNORED[key])
+    return _not_mapped("not a setting Tidewater knows")
+
+
+def _assemble(d: _Draft) -> None:
+    """The pipeline document from what the keys set: sections, the single table or the routing."""
+    p = d.res.pipeline
+    if not p.get("topics") and not p.get("topic_pattern"):
+        raise ConfigError("connector configuration: no `topics` or `topics.regex`")
+    p.setdefault("topics", [])
+    p["kafka"] = {"bootstrap_servers": d.bootstrap or "${KAFKA_BOOTSTRAP_SERVERS}",
+                  **({"settings": d.kafka_settings} if d.kafka_settings else {})}
+    if not d.bootstrap:
+        d.res.env.append(("(bootstrap servers)", "KAFKA_BOOTSTRAP_SERVERS"))
+    for section, value in (("format", d.fmt), ("catalog", {"properties": d.catalog} if d.catalog else {}),
+                           ("dead_letter", d.dead_letter)):
+        if value:
+            p[section] = value
+    dynamic = bool(d.routing.get("dynamic"))
+    if dynamic and not d.routing.get("field"):
+        raise ConfigError("iceberg.tables.dynamic-enabled needs iceberg.tables.route-field")
+    if not (dynamic or len(d.tables) > 1 or bool(d.routing.get("field"))):
+        if len(d.tables) != 1:
+            raise ConfigError("connector configuration: `iceberg.tables` names no table")
+        d.table["identifier"] = d.tables[0]
+        own = d.per_table.pop(d.tables[0], {})
+        d.table.update({k: v for k, v in own.items() if k != "route_regex"})
+        p["table"] = d.table
+    else:
+        p["table"] = d.table
+        first = (d.tables[0] if d.tables else "").rsplit(".", 1)
+        d.routing["namespace"] = first[0] if len(first) == 2 else "default"
+        if dynamic:
+            d.routing["table_template"] = "{value}"
+        p["routing"] = d.routing
+        idents = d.tables if not dynamic else list(d.per_table)
+        p["tables"] = [{"identifier": t, **d.per_table.pop(t, {})} for t in idents]
+        if not p["tables"]:
+            del p["tables"]
+    for ident in d.per_table:
+        d.unmapped(f"iceberg.table.{ident}.*", "table not listed in iceberg.tables")
+
+
 def convert(doc: dict[str, Any], name: str | None = None, bootstrap: str | None = None) -> ImportResult:
     """Map a connector configuration to a pipeline document (a dict ready for YAML)."""
     if not isinstance(doc, dict):
@@ -119,207 +391,12 @@ def convert(doc: dict[str, Any], name: str | None = None, bootstrap: str | None 
         raise ConfigError("connector configuration: `config` must be a JSON object")
     conn_name = doc.get("name") or config.get("name") or "connector"
     res = ImportResult({})
-    p = res.pipeline
-    p["name"] = _name(name or str(conn_name))
-    p["description"] = f"Imported from Kafka Connect connector {conn_name!r}."
-    table: dict[str, Any] = {}
-    per_table: dict[str, dict[str, Any]] = {}
-    catalog: dict[str, str] = {}
-    kafka_settings: dict[str, str] = {}
-    fmt: dict[str, Any] = {}
-    routing: dict[str, Any] = {}
-    tables: list[str] = []
-    dead_letter: dict[str, Any] = {}
-    env_prefix = "TIDEWATER_" + p["name"].upper() + "_"
-
-    def secret(key: str, value: Any, target: str) -> str:
-        var = env_prefix + re.sub(r"[^A-Z0-9]+", "_", target.upper()).strip("_")
-        res.env.append((key, var))
-        return "${" + var + "}"
-
+    res.pipeline["name"] = _name(name or str(conn_name))
+    res.pipeline["description"] = f"Imported from Kafka Connect connector {conn_name!r}."
+    draft = _Draft(res, config, "TIDEWATER_" + res.pipeline["name"].upper() + "_", bootstrap)
     for raw_key, value in config.items():
-        key = _kebab(raw_key)
-        m = res.mapped.append
-        if key in ("topics",):
-            p["topics"] = _list(value)
-            m((raw_key, "topics"))
-        elif key == "topics.regex":
-            p["topic_pattern"] = str(value)
-            m((raw_key, "topic_pattern"))
-        elif key == "iceberg.tables":
-            tables = _list(value)
-            m((raw_key, "table.identifier / tables[].identifier"))
-        elif key == "iceberg.tables.dynamic-enabled":
-            routing["dynamic"] = _bool(value)
-            m((raw_key, "routing.dynamic"))
-        elif key == "iceberg.tables.route-field":
-            routing["field"] = str(value)
-            m((raw_key, "routing.field"))
-        elif key == "iceberg.tables.default-id-columns":
-            table["id_columns"] = _list(value)
-            m((raw_key, "table.id_columns"))
-        elif key == "iceberg.tables.default-partition-by":
-            table["partition_by"] = _partition_fields(value)
-            m((raw_key, "table.partition_by"))
-        elif key == "iceberg.tables.auto-create-enabled":
-            table["auto_create"] = _bool(value)
-            m((raw_key, "table.auto_create"))
-        elif key.startswith("iceberg.tables.auto-create-props."):
-            table.setdefault("properties", {})[raw_key[len("iceberg.tables.auto-create-props."):]] = str(value)
-            m((raw_key, "table.properties"))
-        elif key.startswith("iceberg.tables.write-props."):
-            table.setdefault("properties", {})[raw_key[len("iceberg.tables.write-props."):]] = str(value)
-            m((raw_key, "table.properties (write properties are table properties here)"))
-        elif key == "iceberg.tables.evolve-schema-enabled":
-            table["evolve_schema"] = _bool(value)
-            m((raw_key, "table.evolve_schema"))
-        elif key == "iceberg.tables.schema-force-optional":
-            if _bool(value):
-                m((raw_key, "(default: auto-created columns are optional)"))
-            else:
-                res.unmapped.append((raw_key, "auto-created columns are always optional (except id_columns)"))
-        elif key == "iceberg.tables.schema-case-insensitive":
-            table["case_insensitive"] = _bool(value)
-            m((raw_key, "table.case_insensitive"))
-        elif key == "iceberg.tables.default-commit-branch":
-            table["branch"] = str(value)
-            m((raw_key, "table.branch"))
-        elif key.startswith("iceberg.table."):
-            mt = re.match(r"^iceberg\.table\.(.+)\.(route-regex|id-columns|partition-by|commit-branch)$", key)
-            if not mt:
-                res.unmapped.append((raw_key, "unknown per-table key"))
-                continue
-            ident, what = mt.group(1), mt.group(2)
-            t = per_table.setdefault(ident, {})
-            if what == "route-regex":
-                t["route_regex"] = str(value)
-            elif what == "id-columns":
-                t["id_columns"] = _list(value)
-            elif what == "partition-by":
-                t["partition_by"] = _partition_fields(value)
-            else:
-                t["branch"] = str(value)
-            m((raw_key, f"tables[{ident}].{what.replace('-', '_').replace('commit_', '')}"))
-        elif key in ("iceberg.control.commit.interval-ms",):
-            p["schedule"], note = _schedule(int(value))
-            m((raw_key, "schedule" + (f" ({note})" if note else "")))
-        elif key == "tasks.max":
-            p["spark"] = {"master": f"local[{int(value)}]"}
-            m((raw_key, "spark.master local[N] (on a cluster: spark.conf executor cores/instances)"))
-        elif key == "iceberg.catalog" or key == "iceberg.catalog.catalog-impl":
-            cls = str(value).rsplit(".", 1)[-1]
-            if cls in _CATALOG_CLASSES:
-                catalog["type"] = _CATALOG_CLASSES[cls]
-                m((raw_key, "catalog.properties.type"))
-            else:
-                res.unmapped.append((raw_key, f"catalog class {value} has no pyiceberg equivalent"))
-        elif key.startswith("iceberg.catalog."):
-            prop = raw_key[len("iceberg.catalog."):]
-            if prop == "io-impl":
-                res.unmapped.append((raw_key, "pyiceberg picks its FileIO from the warehouse scheme (py-io-impl to override)"))
-            elif prop.startswith("jdbc.") and prop[5:] in ("user", "password"):
-                catalog[prop] = secret(raw_key, value, "catalog_" + prop) if is_secret_key(prop) else str(value)
-                m((raw_key, f"catalog.properties.{prop}"))
-            elif prop == "uri" and str(value).startswith("jdbc:"):
-                catalog["uri"] = _jdbc_uri(str(value))
-                catalog.setdefault("type", "sql")
-                m((raw_key, "catalog.properties.uri (JDBC URL as a SQLAlchemy URL)"))
-            else:
-                catalog[prop] = secret(raw_key, value, "catalog_" + prop) if is_secret_key(prop) else str(value)
-                m((raw_key, f"catalog.properties.{prop}"))
-        elif key == "iceberg.catalog.name" or key == "iceberg.catalog-name":
-            m((raw_key, "catalog.name"))
-        elif key.startswith("iceberg.kafka.") or key.startswith("consumer.override."):
-            prop = raw_key.split(".", 2)[2] if key.startswith("iceberg.kafka.") else raw_key[len("consumer.override."):]
-            if prop in ("group.id", "enable.auto.commit", "isolation.level", "auto.offset.reset"):
-                res.unmapped.append((raw_key, "managed by Tidewater (offsets live in the tables; new partitions start at the log start)"))
-            elif prop == "bootstrap.servers":
-                bootstrap = bootstrap or str(value)
-                m((raw_key, "kafka.bootstrap_servers"))
-            else:
-                kafka_settings[prop] = secret(raw_key, value, "kafka_" + prop) if is_secret_key(prop) else str(value)
-                m((raw_key, f"kafka.settings.{prop}"))
-        elif key == "value.converter":
-            cls = str(value).rsplit(".", 1)[-1]
-            schemas = _bool(config.get("value.converter.schemas.enable", "true"))
-            fmt["value"] = {"JsonConverter": "connect_json" if schemas else "json", "AvroConverter": "avro",
-                            "StringConverter": "string", "ByteArrayConverter": "bytes"}.get(cls)
-            if fmt["value"] is None:
-                del fmt["value"]
-                res.unmapped.append((raw_key, f"converter {value} is not supported (json, connect_json, avro, string, bytes)"))
-            else:
-                m((raw_key, f"format.value {fmt['value']}"))
-        elif key == "value.converter.schemas.enable":
-            m((raw_key, "format.value (json or connect_json)"))
-        elif key == "value.converter.schema.registry.url":
-            fmt["registry_url"] = str(value).split(",")[0]
-            m((raw_key, "format.registry_url"))
-        elif key == "value.converter.basic.auth.user.info":
-            fmt["registry_basic_auth"] = secret(raw_key, value, "registry_basic_auth")
-            m((raw_key, "format.registry_basic_auth"))
-        elif key == "key.converter":
-            cls = str(value).rsplit(".", 1)[-1]
-            kind = {"StringConverter": "string", "ByteArrayConverter": "bytes"}.get(cls)
-            if kind:
-                fmt["key"] = kind
-                m((raw_key, f"format.key {kind}"))
-            else:
-                res.unmapped.append((raw_key, f"keys are kept as a column only as string or bytes; {cls} keys are not read"))
-        elif key == "errors.tolerance":
-            dead_letter["policy"] = "dead_letter" if str(value) == "all" else "fail"
-            m((raw_key, f"dead_letter.policy {dead_letter['policy']}"))
-        elif key == "errors.deadletterqueue.topic.name":
-            dead_letter["topic"] = str(value)
-            m((raw_key, "dead_letter.topic"))
-        elif key in ("iceberg.tables.cdc-field", "iceberg.tables.upsert-mode-enabled"):
-            res.unmapped.append((raw_key, "applying changes (deletes, upserts) is not supported yet: change events land "
-                                          "as rows (use format.value debezium for an _op column)"))
-        elif key.startswith("transforms"):
-            res.unmapped.append((raw_key, "single message transforms are not run; use format.* settings "
-                                          "(flatten, map_columns, timestamps) or a view"))
-        elif key == "name":
-            m((raw_key, "name"))
-        elif key in _IGNORED:
-            res.unmapped.append((raw_key, _IGNORED[key]))
-        else:
-            res.unmapped.append((raw_key, "not a setting Tidewater knows"))
-
-    if not p.get("topics") and not p.get("topic_pattern"):
-        raise ConfigError("connector configuration: no `topics` or `topics.regex`")
-    p.setdefault("topics", [])
-    p["kafka"] = {"bootstrap_servers": bootstrap or "${KAFKA_BOOTSTRAP_SERVERS}", **({"settings": kafka_settings} if kafka_settings else {})}
-    if not bootstrap:
-        res.env.append(("(bootstrap servers)", "KAFKA_BOOTSTRAP_SERVERS"))
-    if fmt:
-        p["format"] = fmt
-    if catalog:
-        p["catalog"] = {"properties": catalog}
-    if dead_letter:
-        p["dead_letter"] = dead_letter
-    dynamic = bool(routing.get("dynamic"))
-    if dynamic and not routing.get("field"):
-        raise ConfigError("iceberg.tables.dynamic-enabled needs iceberg.tables.route-field")
-    routed = dynamic or len(tables) > 1 or bool(routing.get("field"))
-    if not routed:
-        if len(tables) != 1:
-            raise ConfigError("connector configuration: `iceberg.tables` names no table")
-        table["identifier"] = tables[0]
-        own = per_table.pop(tables[0], {})
-        table.update({k: v for k, v in own.items() if k != "route_regex"})
-        p["table"] = table
-    else:
-        p["table"] = table
-        first = (tables[0] if tables else "").rsplit(".", 1)
-        routing["namespace"] = first[0] if len(first) == 2 else "default"
-        if dynamic:
-            routing["table_template"] = "{value}"
-        p["routing"] = routing
-        idents = tables if not dynamic else list(per_table)
-        p["tables"] = [{"identifier": t, **per_table.pop(t, {})} for t in idents]
-        if not p["tables"]:
-            del p["tables"]
-    for ident in per_table:
-        res.unmapped.append((f"iceberg.table.{ident}.*", "table not listed in iceberg.tables"))
+        _handler(_kebab(raw_key))(draft, raw_key, value)
+    _assemble(draft)
     return res
 
 

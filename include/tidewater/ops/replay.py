@@ -1,4 +1,7 @@
-"""replay (moved from replay.py)."""
+"""Running a manual replay end to end: plan, write (spark-submit or inline), validate, commit.
+
+The request and its checks are in ``plan/replay.py``; the one atomic commit in ``commit/replay.py``.
+"""
 
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""status (moved from pipeline.py)."""
+"""What a pipeline's tables say about it: lag per partition, last batch, valid-through, history."""
 
 
 from __future__ import annotations

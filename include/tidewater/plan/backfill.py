@@ -1,4 +1,4 @@
-"""backfill (moved from replay.py)."""
+"""What an Airflow backfill run of the ingest DAG does for its data interval (see ``plan_backfill``)."""
 
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""ingest (moved from pipeline.py)."""
+"""Planning the next ingest batch: committed offsets from the table, end offsets from Kafka, the pure
+planner in between; the plan is staged as JSON before Spark starts.
+"""
 
 
 from __future__ import annotations

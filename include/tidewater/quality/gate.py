@@ -386,7 +386,8 @@ def validate_routed(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -
             continue
         view = spec.for_table(ident)
         names = {f.name for f in table.schema().fields}
-        not_null = [c for c in spec.validation.not_null if c in names] + [c for c in view.table.id_columns if c not in spec.validation.not_null]
+        not_null = [c for c in spec.validation.not_null if c in names]
+        not_null += [c for c in view.table.id_columns if c not in spec.validation.not_null]
         view = dataclasses.replace(view, validation=dataclasses.replace(spec.validation, not_null=not_null))
         part = PartitionStats("*", -1, 0, 0, out.rows, None, None, None, None)
         sub = dataclasses.replace(manifest, table=ident, data_files=out.data_files, partitions=(part,),

@@ -236,21 +236,21 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tidewater", description="Exactly-once Kafka to Iceberg micro-batches.")
-    ap.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
-    sub = ap.add_subparsers(dest="command", required=True)
-
+def _add_validate(sub: Any) -> None:
     p = sub.add_parser("validate", help="check a pipeline file")
     _pipeline_arg(p)
     p.set_defaults(fn=cmd_validate)
 
+
+def _add_run(sub: Any) -> None:
     p = sub.add_parser("run", help="run one batch (plan, write, validate, commit) without Airflow")
     _pipeline_arg(p)
     p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(fn=cmd_run)
 
+
+def _add_connect_import(sub: Any) -> None:
     p = sub.add_parser("connect-import", help="turn a Kafka Connect Iceberg sink configuration into a pipeline file")
     p.add_argument("connector", metavar="CONNECTOR.json", help="the connector JSON (with or without name/config)")
     p.add_argument("--name", default=None, help="pipeline name (default: the connector's name)")
@@ -259,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", default=None, help="write the pipeline YAML here (default: stdout)")
     p.set_defaults(fn=cmd_connect_import)
 
+
+def _add_replay(sub: Any) -> None:
     p = sub.add_parser("replay", help="re-read an offset range (or time range) into the table: replace or append-missing")
     _pipeline_arg(p)
     p.add_argument("--topic", required=True)
@@ -273,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_replay)
 
+
+def _add_quarantine(sub: Any) -> None:
     p = sub.add_parser("quarantine", help="list, publish or drop batches quarantined by the quality gate")
     p.add_argument("action", choices=["list", "publish", "drop"])
     _pipeline_arg(p)
@@ -280,16 +284,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_quarantine)
 
+
+def _add_status(sub: Any) -> None:
     p = sub.add_parser("status", help="committed offsets, end offsets and lag per partition")
     _pipeline_arg(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_status)
 
+
+def _add_history(sub: Any) -> None:
     p = sub.add_parser("history", help="the table's snapshots with batch ids and offsets")
     _pipeline_arg(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_history)
 
+
+def _add_sql(sub: Any) -> None:
     p = sub.add_parser("sql", help="run a Spark SQL query on the pipeline's catalog")
     _pipeline_arg(p)
     p.add_argument("query")
@@ -297,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", default=None)
     p.set_defaults(fn=cmd_sql)
 
+
+def _add_maintain(sub: Any) -> None:
     p = sub.add_parser("maintain", help="compact, rewrite manifests, expire snapshots, remove orphan files")
     _pipeline_arg(p)
     p.add_argument("--table", default=None, help="the table to maintain (default: the pipeline's table)")
@@ -308,11 +320,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_maintain)
 
+
+def _add_broker(sub: Any) -> None:
     p = sub.add_parser("broker", help="the embedded Kafka-compatible broker (demo and tests)")
     p.add_argument("action", choices=["start", "stop", "status"])
     p.add_argument("--port", type=int, default=19092)
     p.set_defaults(fn=cmd_broker)
 
+
+def _add_produce_sample(sub: Any) -> None:
     p = sub.add_parser("produce-sample", help="produce Scenario 1 pizza events")
     p.add_argument("--bootstrap", default="127.0.0.1:19092")
     p.add_argument("--topic", default="completed-pizzas")
@@ -321,9 +337,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_produce_sample)
 
+
+def _add_docs(sub: Any) -> None:
     p = sub.add_parser("docs", help="print (or write) the configuration reference")
     p.add_argument("--output", default=None)
     p.set_defaults(fn=cmd_docs)
+
+
+_COMMANDS = (
+    _add_validate,
+    _add_run,
+    _add_connect_import,
+    _add_replay,
+    _add_quarantine,
+    _add_status,
+    _add_history,
+    _add_sql,
+    _add_maintain,
+    _add_broker,
+    _add_produce_sample,
+    _add_docs,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tidewater", description="Exactly-once Kafka to Iceberg micro-batches.")
+    ap.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for add in _COMMANDS:
+        add(sub)
     return ap
 
 

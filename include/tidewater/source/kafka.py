@@ -190,6 +190,53 @@ class Chunk:
         return len(self.offsets)
 
 
+class _Columns:
+    """The columns of the chunk being filled, appended a consumed batch at a time (map over librdkafka's
+    message list with unbound C methods: the cheapest per-record step Python offers)."""
+
+    def __init__(self, rng: PartitionRange, keys: bool, headers: bool) -> None:
+        self.rng, self.keys, self.headers = rng, keys, headers
+        self.reset()
+
+    def reset(self) -> None:
+        self.values: list[bytes | None] = []
+        self.offsets: list[int] = []
+        self.stamps: list[int] = []
+        self.key_list: list[bytes | None] | None = [] if self.keys else None
+        self.header_list: list[Any] | None = [] if self.headers else None
+
+    def add(self, msgs: list[Any], offs: list[int]) -> None:
+        from operator import itemgetter
+
+        from confluent_kafka import Message
+
+        self.values.extend(map(Message.value, msgs))
+        self.stamps.extend(map(itemgetter(1), map(Message.timestamp, msgs)))
+        self.offsets.extend(offs)
+        if self.key_list is not None:
+            self.key_list.extend(map(Message.key, msgs))
+        if self.header_list is not None:
+            self.header_list.extend(map(Message.headers, msgs))
+
+    def take(self) -> Chunk:
+        chunk = Chunk(self.rng.topic, self.rng.partition, self.values, self.offsets, self.stamps, self.key_list,
+                      self.header_list)
+        self.reset()
+        return chunk
+
+
+def _without_errors(msgs: list[Any], rng: PartitionRange, pos: int) -> tuple[list[Any], bool]:
+    """(the batch without its end-of-partition events, whether one was there). Any other error raises."""
+    from confluent_kafka import KafkaError, Message
+
+    if not any(map(Message.error, msgs)):
+        return msgs, False
+    for m in msgs:
+        if m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:
+            raise KafkaReadError(f"read failed: {m.error().str()}", topic=rng.topic, partition=rng.partition, offset=pos)
+    return [m for m in msgs if m.error() is None], True
+
+
 def read_range(
     settings: dict[str, str],
     rng: PartitionRange,
@@ -206,78 +253,42 @@ def read_range(
     compacted topics and transaction markers). Raises KafkaReadError when no progress is made for
     ``read_timeout`` seconds, naming the partition and position.
     """
-    from operator import itemgetter
-
-    from confluent_kafka import KafkaError, Message
+    from confluent_kafka import Message
     from confluent_kafka import TopicPartition as KTP
 
-    # Unbound C methods mapped over librdkafka's batch: the cheapest per-record step Python offers.
-    _error, _offset, _value, _timestamp, _stamp = Message.error, Message.offset, Message.value, Message.timestamp, itemgetter(1)
     if rng.size <= 0:
         return
     consumer = new_consumer(settings, client_id)
     try:
         consumer.assign([KTP(rng.topic, rng.partition, rng.start)])
-        pos = rng.start
-        values: list[bytes | None] = []
-        offsets: list[int] = []
-        stamps: list[int] = []
-        key_list: list[bytes | None] | None = [] if keys else None
-        header_list: list[Any] | None = [] if headers else None
-        last_progress = time.monotonic()
+        pos, cols, last_progress = rng.start, _Columns(rng, keys, headers), time.monotonic()
         while pos < rng.end:
-            msgs = consumer.consume(num_messages=CONSUME_BATCH, timeout=1.0)
-            at_eof = False
+            msgs, at_eof = _without_errors(consumer.consume(num_messages=CONSUME_BATCH, timeout=1.0), rng, pos)
             past_end = False
             if msgs:
-                errs = [m for m in msgs if m.error() is not None] if any(map(_error, msgs)) else None
-                if errs:
-                    for m in errs:
-                        if m.error().code() != KafkaError._PARTITION_EOF:
-                            raise KafkaReadError(
-                                f"read failed: {m.error().str()}", topic=rng.topic, partition=rng.partition, offset=pos
-                            )
-                    at_eof = True
-                    msgs = [m for m in msgs if m.error() is None]
-            if msgs:
-                offs = list(map(_offset, msgs))
+                offs = list(map(Message.offset, msgs))
                 if offs[-1] >= rng.end:
                     cut = bisect_left(offs, rng.end)
-                    past_end = True
-                    msgs, offs = msgs[:cut], offs[:cut]
+                    past_end, msgs, offs = True, msgs[:cut], offs[:cut]
                 if msgs:
-                    values.extend(map(_value, msgs))
-                    stamps.extend(map(_stamp, map(_timestamp, msgs)))
-                    offsets.extend(offs)
-                    if key_list is not None:
-                        key_list.extend(map(Message.key, msgs))
-                    if header_list is not None:
-                        header_list.extend(map(Message.headers, msgs))
-                    pos = offs[-1] + 1
-                    last_progress = time.monotonic()
-                if len(offsets) >= chunk_records:
-                    yield Chunk(rng.topic, rng.partition, values, offsets, stamps, key_list, header_list)
-                    values, offsets, stamps = [], [], []
-                    key_list = [] if keys else None
-                    header_list = [] if headers else None
+                    cols.add(msgs, offs)
+                    pos, last_progress = offs[-1] + 1, time.monotonic()
+                if len(cols.offsets) >= chunk_records:
+                    yield cols.take()
             if pos >= rng.end or past_end:
                 break
-            if at_eof or not msgs:
-                # Transaction markers and compaction leave offsets that are never delivered: the
-                # consumer's position moves past them although no record arrives.
-                position = consumer.position([KTP(rng.topic, rng.partition)])[0].offset
-                if position >= rng.end:
-                    break
+            # Transaction markers and compaction leave offsets that are never delivered: the consumer's
+            # position moves past them although no record arrives.
+            if (at_eof or not msgs) and consumer.position([KTP(rng.topic, rng.partition)])[0].offset >= rng.end:
+                break
             if time.monotonic() - last_progress > read_timeout:
                 raise KafkaReadError(
                     f"no progress for {read_timeout:.0f}s reading up to offset {rng.end} (broker unreachable, or "
                     "the records were deleted while reading)",
-                    topic=rng.topic,
-                    partition=rng.partition,
-                    offset=pos,
+                    topic=rng.topic, partition=rng.partition, offset=pos,
                 )
-        if offsets:
-            yield Chunk(rng.topic, rng.partition, values, offsets, stamps, key_list, header_list)
+        if cols.offsets:
+            yield cols.take()
     finally:
         consumer.close()
 

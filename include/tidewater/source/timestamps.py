@@ -1,4 +1,4 @@
-"""timestamps (moved from replay.py)."""
+"""Kafka's timestamp-to-offset lookup (ListOffsets by time), as replays and backfills of time ranges need it."""
 
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ class KafkaOffsetLookup:
         from confluent_kafka import TopicPartition as KTP
 
         from tidewater.errors import TransientError
-        from tidewater.source.kafka import new_consumer as _consumer
-        from tidewater.source.kafka import watermarks
+        from tidewater.source.kafka import new_consumer, watermarks
 
-        consumer = _consumer(self.settings, "offsets-for-times")
+        consumer = new_consumer(self.settings, "offsets-for-times")
         try:
             found = consumer.offsets_for_times([KTP(topic, p, ms) for p in partitions], timeout=15)
         except Exception as e:

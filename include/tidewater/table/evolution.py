@@ -1,4 +1,4 @@
-"""evolution (moved from catalog.py)."""
+"""Table creation from records and schema evolution (new fields, widening, required -> optional)."""
 
 
 from __future__ import annotations

@@ -135,8 +135,8 @@ def convert(col: pa.Array, fmt: str, tz: str) -> pa.Array:
 
 
 def apply(table: pa.Table, spec_format: FormatSpec) -> tuple[pa.Table, list[tuple[int, str]]]:
-    """Convert the configured columns (top-level, or inside structs as `a.b`). Returns the table without the rows that failed, and the failed
-    rows' positions (in ``table``) with a message naming the column, the value and the format."""
+    """Convert the configured columns (top-level, or inside structs as `a.b`). Returns the table without the
+    rows that failed, and the failed rows' positions (in ``table``) with a message naming the column, the value and the format."""
     if not spec_format.timestamps or table.num_rows == 0:
         return table, []
     failed: dict[int, str] = {}

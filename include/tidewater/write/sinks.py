@@ -1,4 +1,4 @@
-"""sinks (moved from spark_job.py)."""
+"""Per target table, what one task writes: the table's schema set-up, the offsets it saw, its data files."""
 
 
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""task (moved from spark_job.py)."""
+"""One Spark task of the write step: read an offset sub-range, decode, transform, route, write Parquet.
+
+How a record travels: ``source.kafka.read_range`` (Arrow-friendly chunks of raw values) ->
+``decode.registry.decode_chunk`` (format decoder, shaping, date-time conversions; bad records set apart) ->
+``transform.source_columns`` (key, headers, coordinates) -> ``transform.routing`` (routed pipelines) ->
+``write.sinks.TableSink`` (per table: evolution, Parquet files via ``write.parquet``) and
+``write.dead_letters`` (bad records as rows of the dead-letter table).
+"""
 
 
 from __future__ import annotations
@@ -21,6 +28,46 @@ from tidewater.write.sinks import TableSink, delete_files
 log = logging.getLogger(__name__)
 
 
+def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: Any, offsets: Any,
+                   failed: dict[int, tuple[str, str]]) -> tuple[Any, Any] | None:
+    """The rows routed to one table, conformed to its types: (rows, their indices in ``decoded``), or None.
+
+    Rows the table already holds (below its own committed offset) are dropped and counted; rows that
+    cannot go to this table are added to ``failed`` (row -> error class, message)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidewater.decode.records import keep_mask
+    from tidewater.table.evolution import table_arrow_schema
+    from tidewater.transform.shaping import NameMatcher, conform
+
+    rows_of = pc.indices_nonzero(mask)
+    if sink.table is None and not sink.tspec.auto_create:
+        for r in rows_of.to_pylist():  # error path
+            failed.setdefault(r, ("UnknownTable", f"table {ident} does not exist and auto_create is off"))
+        return None
+    threshold = sink.threshold(chunk.topic, chunk.partition)
+    if threshold is not None:
+        fresh = pc.filter(rows_of, pc.greater_equal(pc.take(offsets, rows_of), threshold))
+        sink.already += len(rows_of) - len(fresh)
+        rows_of = fresh
+    if not len(rows_of):
+        return None
+    sub = decoded.take(rows_of)
+    if sink.table is not None or sink.tspec.case_insensitive:
+        matcher = NameMatcher(sink.table, sink.tspec.case_insensitive)
+        sub, casts = conform(matcher.apply(sub), table_arrow_schema(sink.table) if sink.table is not None else None)
+        if casts:  # error path
+            for r, msg in casts:
+                failed.setdefault(rows_of[r].as_py(), ("TypeMismatch", f"table {ident}: {msg}"))
+            rows_of = pc.filter(rows_of, keep_mask(len(rows_of), [r for r, _ in casts]))
+    for column in sink.tspec.id_columns:
+        empty = pc.is_null(sub.column(column)) if column in sub.column_names else pa.nulls(sub.num_rows).is_null()
+        for r in pc.indices_nonzero(empty).to_pylist():  # error path
+            failed.setdefault(rows_of[r].as_py(), ("MissingId", f"table {ident}: id column {column!r} is empty"))
+    return sub, rows_of
+
+
 def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], open_sink: Any, chunk: Any,
                  decoded: Any, bad_idx: list[int]) -> tuple[list[Any], int, int]:
     """Routed pipelines: split decoded rows over the target tables and write them.
@@ -34,7 +81,6 @@ def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], op
     import pyarrow.compute as pc
 
     from tidewater.decode.records import BadRecord, decoded_rows, keep_mask
-    from tidewater.transform.shaping import NameMatcher, conform
 
     n = decoded.num_rows
     chunk_idx = decoded_rows(len(chunk), bad_idx)
@@ -44,33 +90,9 @@ def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], op
     pending: list[tuple[TableSink, Any, Any]] = []
     for ident, mask in routed.masks.items():
         sink = sinks.get(ident) or open_sink(ident)
-        rows_of = pc.indices_nonzero(mask)
-        if sink.table is None and not sink.tspec.auto_create:
-            for r in rows_of.to_pylist():  # error path
-                failed.setdefault(r, ("UnknownTable", f"table {ident} does not exist and auto_create is off"))
-            continue
-        threshold = sink.threshold(chunk.topic, chunk.partition)
-        if threshold is not None:
-            fresh = pc.filter(rows_of, pc.greater_equal(pc.take(offsets, rows_of), threshold))
-            sink.already += len(rows_of) - len(fresh)
-            rows_of = fresh
-        if not len(rows_of):
-            continue
-        sub = decoded.take(rows_of)
-        if sink.table is not None or sink.tspec.case_insensitive:
-            from tidewater.table.evolution import table_arrow_schema
-
-            matcher = NameMatcher(sink.table, sink.tspec.case_insensitive)
-            sub, casts = conform(matcher.apply(sub), table_arrow_schema(sink.table) if sink.table is not None else None)
-            if casts:  # error path
-                for r, msg in casts:
-                    failed.setdefault(rows_of[r].as_py(), ("TypeMismatch", f"table {ident}: {msg}"))
-                rows_of = pc.filter(rows_of, keep_mask(len(rows_of), [r for r, _ in casts]))
-        for column in sink.tspec.id_columns:
-            empty = pc.is_null(sub.column(column)) if column in sub.column_names else pa.nulls(sub.num_rows).is_null()
-            for r in pc.indices_nonzero(empty).to_pylist():  # error path
-                failed.setdefault(rows_of[r].as_py(), ("MissingId", f"table {ident}: id column {column!r} is empty"))
-        pending.append((sink, sub, rows_of))
+        taken = _rows_for_sink(sink, ident, mask, chunk, decoded, offsets, failed)
+        if taken is not None:
+            pending.append((sink, *taken))
     if failed:
         gone = pa.array(sorted(failed), pa.uint64())
         pending = [(sink, sub.filter(pc.invert(pc.is_in(rows, value_set=gone))), rows) for sink, sub, rows in pending]
@@ -90,151 +112,210 @@ def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], op
     return bad, skipped, n - len(failed) - len(unmatched_rows)
 
 
+class _TaskWriter:
+    """The state of one task: sinks per table, the dead-letter writer, counts. One method per step of
+    the per-chunk loop; ``write_subrange`` drives it."""
+
+    def __init__(self, spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
+                 mode: str, exclude_path: str | None) -> None:
+        from tidewater.source.kafka import Rereader
+        from tidewater.table.catalog import load_catalog
+
+        self.spec, self.settings, self.batch_id, self.task_id, self.rng = spec, settings, batch_id, task_id, rng
+        self.started, self.started_at = time.monotonic(), time.time()
+        self.catalog = load_catalog(spec)
+        self.policy = spec.dead_letter.policy if mode == "ingest" else "skip"
+        self.present_set = present_offsets(exclude_path, rng) if exclude_path else None
+        self.prefix = f"{batch_id}-{task_id:05d}"
+        self.sinks: dict[str, TableSink] = {}
+        self.router: Any = None
+        if spec.routed:
+            from tidewater.transform.routing import Router
+
+            self.router = Router(spec)
+        self.single = None if self.router is not None else self.open_sink(spec.table.identifier)
+        self.registry: Any = None
+        if spec.format.value == "avro":
+            from tidewater.decode.avro import RegistryClient
+
+            self.registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth)
+        self.rereader = Rereader(settings, f"{spec.name}-{task_id}-dlq", spec.kafka.read_timeout_seconds)
+        self.dlq_writer: Any = None
+        self.dlq_table: Any = None
+        self.dlq_files: list[Any] = []
+        self.records = self.dead = self.skipped = self.routed = self.present = 0
+        self.first: int | None = None
+        self.last: int | None = None
+        self.tmin: int | None = None
+        self.tmax: int | None = None
+
+    def open_sink(self, ident: str) -> TableSink:
+        tspec = self.spec.table_spec(ident) if self.router is not None else self.spec.table
+        self.sinks[ident] = TableSink(self.spec, tspec, self.catalog, self.prefix, routed=self.router is not None)
+        return self.sinks[ident]
+
+    def chunks(self) -> Any:
+        from tidewater.source.kafka import read_range
+
+        spec = self.spec
+        return read_range(self.settings, self.rng, chunk_records=spec.batch.chunk_records,
+                          read_timeout=spec.kafka.read_timeout_seconds, client_id=f"{spec.name}-{self.task_id}",
+                          keys=spec.format.key != "none", headers=spec.format.headers)
+
+    def decoder_inputs(self) -> tuple[Any, Any]:
+        """(explicit schema, shaper) for the decoder: the single table's types, or none when routing."""
+        from tidewater.table.evolution import table_arrow_schema
+        from tidewater.transform import shaping
+        from tidewater.transform.conversions import decoder_schema
+        from tidewater.transform.source_columns import without_source_columns
+
+        spec = self.spec
+        if self.single is None:  # per-table name matching comes after routing
+            return None, ((shaping.NameMatcher(None, False), None) if spec.format.flatten or spec.format.map_columns else None)
+        table = self.single.table
+        table_schema = table_arrow_schema(table) if table is not None else None
+        explicit = decoder_schema(without_source_columns(table_schema, spec.format), spec.format)
+        if not shaping.active(spec.format, spec.table, table):
+            return explicit, None
+        return shaping.decoder_schema(explicit, spec.format), (shaping.NameMatcher(table, spec.table.case_insensitive),
+                                                                table_schema)
+
+    def process(self, chunk: Any) -> None:
+        from tidewater.transform.source_columns import add_source_columns
+
+        explicit, shaper = self.decoder_inputs()
+        decoded, bad, ignored = decode_chunk(self.spec, chunk, explicit, self.registry, shaper)
+        self.skipped += len(ignored)
+        gone = sorted(b.index for b in bad + ignored)
+        decoded = add_source_columns(self.spec.format, chunk, decoded, gone)
+        if self.router is not None:
+            bad = self.route(chunk, decoded, gone, bad)
+        self.set_apart(chunk, bad)
+        decoded = self.drop_present(chunk, decoded, gone)
+        if self.single is not None:
+            self.single.write(decoded)
+        self.count(chunk)
+
+    def route(self, chunk: Any, decoded: Any, gone: list[int], bad: list[Any]) -> list[Any]:
+        more, unmatched, routed_now = route_chunk(self.spec, self.router, self.sinks, self.open_sink, chunk, decoded, gone)
+        self.skipped += unmatched
+        self.routed += routed_now
+        if more and self.policy == "fail":
+            from tidewater.errors import RecordError
+
+            raise RecordError(f"{more[0].error_class}: {more[0].message}", topic=chunk.topic, partition=chunk.partition,
+                              offset=chunk.offsets[more[0].index])
+        return sorted(bad + more, key=lambda b: b.index)
+
+    def set_apart(self, chunk: Any, bad: list[Any]) -> None:
+        """Bad records become rows of the dead-letter table (or are skipped and logged, by policy)."""
+        from tidewater.table.catalog import ensure_dead_letter_table
+        from tidewater.write.dead_letters import dead_letter_rows
+        from tidewater.write.parquet import DataFileWriter, to_table_schema
+
+        if not bad:
+            return
+        if self.policy != "dead_letter":
+            self.skipped += len(bad)
+            log.warning("batch %s: skipped %d undecodable records of %s[%d], first at offset %d: %s", self.batch_id,
+                        len(bad), chunk.topic, chunk.partition, chunk.offsets[bad[0].index], bad[0].message)
+            return
+        if self.dlq_writer is None:
+            self.dlq_table = ensure_dead_letter_table(self.catalog, self.spec)
+            self.dlq_writer = DataFileWriter(self.dlq_table, self.prefix + "-dlq")
+        reread = functools.partial(self.rereader.fetch, chunk.topic, chunk.partition)
+        rows = dead_letter_rows(chunk, bad, self.batch_id, self.spec.name, reread)
+        self.dlq_writer.write(to_table_schema(self.dlq_table, rows))
+        self.dead += len(bad)
+
+    def drop_present(self, chunk: Any, decoded: Any, gone: list[int]) -> Any:
+        """Append-missing replays: leave out the records whose offsets the table already holds."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from tidewater.decode.records import decoded_rows
+
+        if self.present_set is None or not decoded.num_rows or not len(self.present_set):
+            return decoded
+        offsets = pc.take(pa.array(chunk.offsets, pa.int64()), decoded_rows(len(chunk), gone))
+        held = pc.is_in(offsets, value_set=self.present_set)
+        self.present += pc.sum(held.cast(pa.int64())).as_py() or 0
+        return decoded.filter(pc.invert(held))
+
+    def count(self, chunk: Any) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self.records += len(chunk)
+        self.first = chunk.offsets[0] if self.first is None else self.first
+        self.last = chunk.offsets[-1]
+        ts = pa.array(chunk.timestamps, pa.int64())
+        ts = pc.filter(ts, pc.greater_equal(ts, 0))
+        if len(ts):
+            mm = pc.min_max(ts)
+            lo, hi = mm["min"].as_py(), mm["max"].as_py()
+            self.tmin = lo if self.tmin is None else min(self.tmin, lo)
+            self.tmax = hi if self.tmax is None else max(self.tmax, hi)
+
+    def close(self) -> None:
+        for sink in self.sinks.values():
+            sink.close()
+        self.dlq_files = self.dlq_writer.close() if self.dlq_writer is not None else []
+        self.rereader.close()
+
+    def abort(self) -> None:
+        """Nothing this task wrote can be committed: remove it."""
+        self.rereader.close()
+        for sink in self.sinks.values():
+            sink.abort()
+        if self.dlq_writer is not None:
+            delete_files(self.dlq_table, self.dlq_writer.abort())
+
+    def result(self) -> dict[str, Any]:
+        rng = self.rng
+        stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, self.records, self.first, self.last, self.tmin,
+                               self.tmax, self.dead, self.skipped, self.routed if self.router is not None else None,
+                               self.present)
+        result: dict[str, Any] = {
+            "task_id": self.task_id,
+            "dead_letter_files": self.dlq_files,
+            "stats": asdict(stats),
+            "timing": {"task_id": self.task_id, "started_at": self.started_at, "finished_at": time.time(),
+                       "seconds": time.monotonic() - self.started, "records": self.records},
+        }
+        if self.single is not None:
+            result.update(files=self.single.files, ignored_fields=sorted(self.single.ignored_fields))
+        else:
+            result.update(files=[], outputs=[s.output() for s in self.sinks.values()])
+        return result
+
+
 def write_subrange(
     spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
     mode: str = "ingest", exclude_path: str | None = None,
 ) -> dict[str, Any]:
     """Read ``rng``, decode, write data files (one TableSink per target table). Returns files and stats,
-    or an error document.
+    or an error document (and then nothing of what the task wrote is left behind).
 
     Replays (``mode`` replace or append-missing) count undecodable records as skipped (their dead letters
     were written when the range was first ingested); append-missing leaves out the offsets listed in
     ``exclude_path`` (the rows the table already holds).
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    from tidewater.source.kafka import Rereader, read_range
-    from tidewater.table.catalog import ensure_dead_letter_table, load_catalog
-    from tidewater.table.evolution import table_arrow_schema
-    from tidewater.transform import shaping
-    from tidewater.transform.conversions import decoder_schema
-    from tidewater.transform.source_columns import add_source_columns, without_source_columns
-    from tidewater.write.dead_letters import dead_letter_rows
-    from tidewater.write.parquet import DataFileWriter, to_table_schema
-
-    started = time.monotonic()
-    started_at = time.time()
-    catalog = load_catalog(spec)
-    policy = spec.dead_letter.policy if mode == "ingest" else "skip"
-    present_set = present_offsets(exclude_path, rng) if exclude_path else None
-    present = 0
-    prefix = f"{batch_id}-{task_id:05d}"
-    sinks: dict[str, TableSink] = {}
-    router = None
-    if spec.routed:
-        from tidewater.transform.routing import Router
-
-        router = Router(spec)
-
-    def open_sink(ident: str) -> TableSink:
-        tspec = spec.table_spec(ident) if router is not None else spec.table
-        sinks[ident] = TableSink(spec, tspec, catalog, prefix, routed=router is not None)
-        return sinks[ident]
-
-    single = None if router is not None else open_sink(spec.table.identifier)
-    registry = None
-    if spec.format.value == "avro":
-        from tidewater.decode.avro import RegistryClient
-
-        registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth)
-    rereader = Rereader(settings, f"{spec.name}-{task_id}-dlq", spec.kafka.read_timeout_seconds)
-    dlq_writer: DataFileWriter | None = None
-    dlq_table: Any = None
-    records = dead = skipped = routed_records = 0
-    first = last = tmin = tmax = None
+    writer = None
     try:
-        for chunk in read_range(
-            settings,
-            rng,
-            chunk_records=spec.batch.chunk_records,
-            read_timeout=spec.kafka.read_timeout_seconds,
-            client_id=f"{spec.name}-{task_id}",
-            keys=spec.format.key != "none",
-            headers=spec.format.headers,
-        ):
-            shaper = None
-            explicit = None
-            if single is not None:
-                table = single.table
-                table_schema = table_arrow_schema(table) if table is not None else None
-                explicit = decoder_schema(without_source_columns(table_schema, spec.format), spec.format)
-                if shaping.active(spec.format, spec.table, table):
-                    explicit = shaping.decoder_schema(explicit, spec.format)
-                    shaper = (shaping.NameMatcher(table, spec.table.case_insensitive), table_schema)
-            elif spec.format.flatten or spec.format.map_columns:  # per-table name matching comes after routing
-                shaper = (shaping.NameMatcher(None, False), None)
-            decoded, bad, ignored = decode_chunk(spec, chunk, explicit, registry, shaper)
-            skipped += len(ignored)
-            gone = sorted(b.index for b in bad + ignored)
-            decoded = add_source_columns(spec.format, chunk, decoded, gone)
-            if router is not None:
-                more, unmatched, routed_now = route_chunk(spec, router, sinks, open_sink, chunk, decoded, gone)
-                skipped += unmatched
-                routed_records += routed_now
-                if more and policy == "fail":
-                    from tidewater.errors import RecordError
-
-                    raise RecordError(f"{more[0].error_class}: {more[0].message}", topic=chunk.topic,
-                                      partition=chunk.partition, offset=chunk.offsets[more[0].index])
-                bad = sorted(bad + more, key=lambda b: b.index)
-            if bad and policy == "dead_letter":
-                if dlq_writer is None:
-                    dlq_table = ensure_dead_letter_table(catalog, spec)
-                    dlq_writer = DataFileWriter(dlq_table, prefix + "-dlq")
-                reread = functools.partial(rereader.fetch, chunk.topic, chunk.partition)
-                dlq_writer.write(to_table_schema(dlq_table, dead_letter_rows(chunk, bad, batch_id, spec.name, reread)))
-                dead += len(bad)
-            elif bad:
-                skipped += len(bad)
-                log.warning("batch %s: skipped %d undecodable records of %s[%d], first at offset %d: %s", batch_id,
-                            len(bad), chunk.topic, chunk.partition, chunk.offsets[bad[0].index], bad[0].message)
-            if present_set is not None and decoded.num_rows and len(present_set):
-                from tidewater.decode.records import decoded_rows
-
-                held = pc.is_in(pc.take(pa.array(chunk.offsets, pa.int64()), decoded_rows(len(chunk), gone)),
-                                value_set=present_set)
-                present += pc.sum(held.cast(pa.int64())).as_py() or 0
-                decoded = decoded.filter(pc.invert(held))
-            if single is not None:
-                single.write(decoded)
-            records += len(chunk)
-            first = chunk.offsets[0] if first is None else first
-            last = chunk.offsets[-1]
-            ts = pa.array(chunk.timestamps, pa.int64())
-            ts = pc.filter(ts, pc.greater_equal(ts, 0))
-            if len(ts):
-                mm = pc.min_max(ts)
-                lo, hi = mm["min"].as_py(), mm["max"].as_py()
-                tmin = lo if tmin is None else min(tmin, lo)
-                tmax = hi if tmax is None else max(tmax, hi)
-        for sink in sinks.values():
-            sink.close()
-        dlq_files = dlq_writer.close() if dlq_writer is not None else []
-        rereader.close()
-    except Exception as e:
-        rereader.close()
-        for sink in sinks.values():
-            sink.abort()
-        if dlq_writer is not None:
-            delete_files(dlq_table, dlq_writer.abort())
+        writer = _TaskWriter(spec, settings, batch_id, task_id, rng, mode, exclude_path)
+        for chunk in writer.chunks():
+            writer.process(chunk)
+        writer.close()
+    except Exception as e:  # the task reports its error to the driver, which raises it (BatchWriteError)
+        if writer is not None:
+            writer.abort()
         return {"task_id": task_id, "error": error_document(e)}
     # Python workers are reused across tasks: hand Arrow's cached buffers back so memory stays per task.
     pa.default_memory_pool().release_unused()
-    stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, records, first, last, tmin, tmax, dead, skipped,
-                           routed_records if router is not None else None, present)
-    result: dict[str, Any] = {
-        "task_id": task_id,
-        "dead_letter_files": dlq_files,
-        "stats": asdict(stats),
-        "timing": {"task_id": task_id, "started_at": started_at, "finished_at": time.time(),
-                   "seconds": time.monotonic() - started, "records": records},
-    }
-    if single is not None:
-        result.update(files=single.files, ignored_fields=sorted(single.ignored_fields))
-    else:
-        result.update(files=[], outputs=[s.output() for s in sinks.values()])
-    return result
+    return writer.result()
 
 
 def present_offsets(path: str, rng: PartitionRange) -> Any:

@@ -1,0 +1,26 @@
+"""The value formats: name -> the module that decodes it (kept free of heavy imports: configuration
+validation reads it at DAG parse time).
+
+A new format is one new module in ``decode/`` with ``decode(chunk, ctx)`` plus one line here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ValueFormat:
+    module: str  # holds ``decode(chunk, ctx)``
+    structured: bool = True  # rows with fields: shaping and date-time conversions apply
+    skipped_classes: tuple[str, ...] = ()  # bad-record classes that are skipped by design, not dead letters
+
+
+FORMATS: dict[str, ValueFormat] = {
+    "json": ValueFormat("tidewater.decode.json"),
+    "connect_json": ValueFormat("tidewater.decode.connect"),
+    "debezium": ValueFormat("tidewater.decode.debezium", skipped_classes=("Tombstone",)),
+    "avro": ValueFormat("tidewater.decode.avro"),
+    "string": ValueFormat("tidewater.decode.raw", structured=False),
+    "bytes": ValueFormat("tidewater.decode.raw", structured=False),
+}

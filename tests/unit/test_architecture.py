@@ -1,0 +1,112 @@
+"""The package's shape, checked: no import cycles, no private names used across modules, long functions
+explain themselves. Pure: reads the source with ``ast``, imports nothing of the package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "include" / "tidewater"
+MAX_LINES = 60
+LENGTH_NOTE = "Length:"  # a paragraph of the docstring that says why a function needs more than MAX_LINES
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def imports_of(name: str) -> set[str]:
+    """Every package module that ``name`` imports, at module level or inside functions (not under
+    TYPE_CHECKING)."""
+    tree = ast.parse(MODULES[name].read_text())
+    skip = _type_checking_lines(tree)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in MODULES)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tidewater"):
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in MODULES else node.module)
+    out.discard(name)
+    return {m for m in out if m in MODULES}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    """Function-level imports count: a cycle hidden inside a function is still a cycle."""
+    graph = {m: imports_of(m) for m in MODULES}
+    assert sum(len(v) for v in graph.values()) > 50, "the import graph was not read"
+    assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph) or [])}"
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_private_name_is_imported_from_another_module(name: str) -> None:
+    tree = ast.parse(MODULES[name].read_text())
+    private = [f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+               and (n.module or "").startswith("tidewater") for a in n.names if a.name.startswith("_")]
+    assert private == []
+
+
+def test_long_functions_say_why_in_their_docstring() -> None:
+    long_ones = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_LINES and LENGTH_NOTE not in (ast.get_docstring(node) or ""):
+                    long_ones.append(f"{name}.{node.name} ({length} lines)")
+    assert long_ones == []
+
+
+def test_stages_are_packages_named_after_the_pipeline() -> None:
+    """Where offsets are decided, where the one commit is, how a record travels: from file names alone."""
+    for module in ("tidewater.plan.planner", "tidewater.commit.primitive", "tidewater.source.kafka",
+                   "tidewater.decode.registry", "tidewater.decode.formats", "tidewater.write.task",
+                   "tidewater.table.catalog", "tidewater.quality.gate"):
+        assert module in MODULES
+    assert not [m for m in MODULES if m.count(".") == 1 and m not in (
+        "tidewater.batch", "tidewater.errors") and not MODULES[m].name == "__init__.py"], "flat modules are back"
