@@ -33,7 +33,7 @@ KAFKA_CONFIG_ENV = "TIDEWATER_KAFKA_CONFIG"
 
 
 
-_SECRET_KEY = re.compile(r"(password|secret|jaas|token|credential|private|ssl\.key\.pem|api[._-]?key)", re.I)
+_SECRET_KEY = re.compile(r"(password|secret|jaas|token|credential|private|ssl\.key\.pem|api[._-]?key|authorization)", re.I)
 
 
 REDACTED = "***"
@@ -121,6 +121,10 @@ class FormatSpec:
         default=False,
     )
     flatten_separator: str = _doc("Joins the names of flattened fields (letters, digits, `_`).", default="_")
+    max_nesting_depth: int = _doc(
+        "Deepest object/array nesting a record may have; deeper records are dead letters (class `TooDeep`) "
+        "instead of exhausting the decoder's stack.", default=64
+    )
     flatten_max_depth: int = _doc(
         "Object levels flattened; objects nested deeper stay struct columns (1: only top-level objects).", default=8
     )

@@ -124,6 +124,7 @@ def _check_limits_and_maintenance(spec: PipelineSpec) -> None:
         ("batch.chunk_records", spec.batch.chunk_records, 1),
         ("validation.chunk_rows", spec.validation.chunk_rows, 1),
         ("format.flatten_max_depth", spec.format.flatten_max_depth, 1),
+        ("format.max_nesting_depth", spec.format.max_nesting_depth, 1),
         ("airflow.task_timeout_minutes", spec.airflow.task_timeout_minutes, 1),
         ("maintenance.rewrite_data_files.min_input_files", m.rewrite_data_files.min_input_files, 1),
         ("maintenance.expire_snapshots.retain_last", m.expire_snapshots.retain_last, 1),
@@ -186,6 +187,9 @@ def _validate_routing(spec: PipelineSpec) -> None:
             raise ConfigError("routing.field: required with routing.dynamic")
         if r.table_template.count("{value}") != 1:
             raise ConfigError(f"routing.table_template: {r.table_template!r} must contain {{value}} once")
+        if "{value}" in r.table_template.rpartition(".")[0]:
+            raise ConfigError(f"routing.table_template: {r.table_template!r}: {{value}} may only be in the table name, "
+                              "never in the namespace (records must not choose where their table lives)")
     seen: set[str] = set()
     for i, t in enumerate(spec.tables):
         _check_route_table(spec, f"tables[{i}]", t, seen)

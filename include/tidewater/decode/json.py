@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+from operator import itemgetter
 
 import pyarrow as pa
 import pyarrow.json as pj
@@ -104,7 +105,54 @@ def settle_schema(decoded: pa.Schema, explicit: pa.Schema | None) -> pa.Schema:
     return pa.schema(list(struct))
 
 
-def decode_json(chunk: Chunk, explicit: pa.Schema | None) -> pa.Table:
+MAX_DEPTH_DEFAULT = 64  # format.max_nesting_depth
+_NULL_LINE = r"(?m)^[ \t]*null[ \t]*$"
+
+
+def schema_depth(schema: pa.Schema) -> int:
+    """Nesting depth of a schema (1 for flat records), computed without recursion."""
+    deepest, stack = 1, [(f.type, 1) for f in schema]
+    while stack:
+        t, d = stack.pop()
+        deepest = max(deepest, d)
+        if pa.types.is_struct(t):
+            stack.extend((t.field(i).type, d + 1) for i in range(t.num_fields))
+        elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            stack.append((t.value_type, d + 1))
+        elif pa.types.is_map(t):
+            stack.extend(((t.key_type, d + 1), (t.item_type, d + 1)))
+    return deepest
+
+
+_FIRST_BYTE = itemgetter(slice(0, 1))
+
+
+def _buffer_problem(buf: bytes, values: list[bytes]) -> str | None:
+    """Checks of the chunk done in C, no Python work per record: invalid UTF-8 (Arrow's JSON reader
+    passes it through into string columns, where Parquet statistics fail later) and JSON ``null``
+    values (Arrow would make an all-null row of them, so the outcome would depend on the neighbours).
+
+    Every value starting with ``{`` (the first bytes are gathered by a C slice mapped over the list, as
+    cheap as ``len``) rules out null values at once; otherwise a regular expression looks for them.
+    """
+    import pyarrow.compute as pc
+
+    data = pa.py_buffer(buf)
+    offsets = pa.array([0, len(buf)], pa.int64()).buffers()[1]
+    whole = pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, data])
+    try:
+        text = whole.cast(pa.large_string())
+    except pa.ArrowInvalid:
+        return "invalid UTF-8"
+    firsts = b"".join(map(_FIRST_BYTE, values))
+    if len(firsts) == len(values) and firsts.count(b"{") == len(values):
+        return None
+    if pc.match_substring_regex(text, _NULL_LINE)[0].as_py():
+        return "JSON null value"
+    return None
+
+
+def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_DEPTH_DEFAULT) -> pa.Table:
     """Parse a chunk of JSON object values. Raises RecordError naming the first bad record."""
     if explicit is not None:
         explicit = readable_schema(explicit)
@@ -126,11 +174,20 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None) -> pa.Table:
         values = [v.replace(b"\r", b" ").replace(b"\n", b" ") for v in values]  # type: ignore[union-attr]
         buf = b"\n".join(values)  # type: ignore[arg-type]
     block_size = max(MIN_BLOCK_SIZE, 2 * max(map(len, values)) + 1)  # type: ignore[arg-type]
+    problem = _buffer_problem(buf, values)  # type: ignore[arg-type]
+    table = None
     try:
-        table = _parse_settled(buf, explicit, block_size)
+        table = None if problem else _parse_settled(buf, explicit, block_size)
     except pa.ArrowInvalid as e:
-        _raise_bad_record(chunk, values, explicit, block_size, e)  # type: ignore[arg-type]
+        _raise_bad_record(chunk, values, explicit, block_size, e, max_depth)  # type: ignore[arg-type]
         raise  # pragma: no cover - _raise_bad_record always raises
+    except RecursionError:
+        problem = "nesting too deep"
+    if table is not None and schema_depth(table.schema) > max_depth:
+        problem = f"nesting deeper than format.max_nesting_depth ({max_depth})"
+    if problem is not None:
+        _raise_screened(chunk, values, max_depth, problem)  # type: ignore[arg-type]
+    assert table is not None
     if table.num_rows != n:
         stripped = [i for i, v in enumerate(values) if not v.strip()]  # type: ignore[union-attr]
         i = stripped[0] if stripped else 0
@@ -143,10 +200,30 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None) -> pa.Table:
     return table
 
 
+def _raise_screened(chunk: Chunk, values: list[bytes], max_depth: int, problem: str) -> None:
+    """Error path: the first record the per-record screen rejects, as a RecordError naming it."""
+    for i, v in enumerate(values):
+        found = screen(v, max_depth)
+        if found is not None:
+            raise RecordError(f"record is not a valid JSON object ({found[0]}: {found[1]})", topic=chunk.topic,
+                              partition=chunk.partition,
+                              offset=chunk.offsets[i])
+    raise RecordError(f"chunk of {len(values)} records could not be decoded ({problem})", topic=chunk.topic,
+                      partition=chunk.partition, offset=chunk.offsets[0])
+
+
 def _raise_bad_record(
-    chunk: Chunk, values: list[bytes], explicit: pa.Schema | None, block_size: int, error: Exception
+    chunk: Chunk, values: list[bytes], explicit: pa.Schema | None, block_size: int, error: Exception,
+    max_depth: int = MAX_DEPTH_DEFAULT,
 ) -> None:
-    """Find the first record whose prefix fails to parse (bisection), and raise naming it."""
+    """Find the first record that is no JSON object at all (screen), else the first whose prefix fails to
+    parse (bisection: a type the table does not take), and raise naming it."""
+    for i, v in enumerate(values):
+        found = screen(v, max_depth)
+        if found is not None:
+            raise RecordError(f"record is not a valid JSON object ({found[0]}: {found[1]})", topic=chunk.topic,
+                              partition=chunk.partition,
+                              offset=chunk.offsets[i]) from error
 
     def fails(k: int) -> bool:
         try:
@@ -184,7 +261,8 @@ def _raise_bad_record(
     ) from error
 
 
-def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
+def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None,
+                        max_depth: int = MAX_DEPTH_DEFAULT) -> tuple[pa.Table, list[BadRecord]]:
     """Like :func:`decode_json`, but records that cannot be decoded are returned apart, not raised.
 
     Success path: one parse of the whole chunk, as ``decode_json``. Error path only: each record is
@@ -193,7 +271,7 @@ def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Ta
     Returns the good records' table, in chunk order, and the bad records.
     """
     try:
-        return decode_json(chunk, explicit), []
+        return decode_json(chunk, explicit, max_depth), []
     except RecordError:
         pass
     values = chunk.values
@@ -202,7 +280,7 @@ def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Ta
     for i, v in enumerate(values):
         # Cheap per-record screen (error path only): records that are not JSON objects at all never reach
         # the halving below, which then only has type mismatches left to find (usually none: one parse).
-        problem = _screen(v)
+        problem = screen(v, max_depth)
         if problem is not None:
             bad[i] = BadRecord(i, *problem)
         else:
@@ -235,8 +313,22 @@ def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Ta
     return table, [bad[i] for i in sorted(bad)]
 
 
-def _screen(v: bytes | None) -> tuple[str, str] | None:
-    """(error class, message) for a value that is no JSON object at all, else None."""
+def json_depth(doc: object) -> int:
+    """Nesting depth of a loaded JSON document (1 for a flat object), without recursion (error path)."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, dict):
+            deepest = max(deepest, d)
+            stack.extend((v, d + 1) for v in node.values())
+        elif isinstance(node, list):
+            deepest = max(deepest, d)
+            stack.extend((v, d + 1) for v in node)
+    return deepest
+
+
+def screen(v: bytes | None, max_depth: int = MAX_DEPTH_DEFAULT) -> tuple[str, str] | None:
+    """(error class, message) for a value that is no usable JSON object, else None (error path only)."""
     if v is None:
         return "Tombstone", "record has a null value (tombstone); JSON pipelines need an object per record"
     if not v.strip():
@@ -245,10 +337,16 @@ def _screen(v: bytes | None) -> tuple[str, str] | None:
         doc = json.loads(v.decode("utf-8"))
     except UnicodeDecodeError:
         return "InvalidUtf8", f"value is not valid UTF-8; value starts with {v[:120]!r}"
+    except RecursionError:
+        return "TooDeep", f"value nests deeper than format.max_nesting_depth ({max_depth}); value starts with {v[:120]!r}"
     except ValueError as e:
         return "InvalidJson", f"JSON parse error: {e}; value starts with {v[:120]!r}"
+    if doc is None:
+        return "TypeMismatch", f"value is JSON null, not an object; value starts with {v[:120]!r}"
     if not isinstance(doc, dict):
         return "TypeMismatch", f"value is a JSON {type(doc).__name__}, not an object; value starts with {v[:120]!r}"
+    if json_depth(doc) > max_depth:
+        return "TooDeep", f"value nests deeper than format.max_nesting_depth ({max_depth}); value starts with {v[:120]!r}"
     return None
 
 
@@ -275,4 +373,6 @@ def _isolate(
 
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
     """Registry entry for ``json``: strict (first bad record raises) or lenient (bad records isolated)."""
-    return (decode_json(chunk, ctx.explicit), []) if ctx.strict else decode_json_lenient(chunk, ctx.explicit)
+    if ctx.strict:
+        return decode_json(chunk, ctx.explicit, ctx.max_depth), []
+    return decode_json_lenient(chunk, ctx.explicit, ctx.max_depth)

@@ -47,6 +47,7 @@ class DecodeContext:
     explicit: Any = None  # the table's Arrow schema (readable types) when the table exists
     strict: bool = False  # dead_letter.policy is fail: the first bad record may raise at once
     registry: Any = None  # schema registry client (avro)
+    max_depth: int = 64  # format.max_nesting_depth: deeper records are dead letters (TooDeep)
 
 
 def not_utf8(v: bytes) -> bool:

@@ -140,7 +140,17 @@ class _Draft:
         return "${" + var + "}"
 
     def value_or_secret(self, raw_key: str, prop: str, value: Any, target: str) -> str:
-        return self.secret(raw_key, target) if is_secret_key(prop) else str(value)
+        """The value, or an environment reference when the key names a secret or the value embeds one
+        (``https://user:password@host``, ``...?password=...``)."""
+        return self.secret(raw_key, target) if is_secret_key(prop) or embeds_secret(str(value)) else str(value)
+
+
+_EMBEDDED = re.compile(r"://[^/\s:@]+:[^/\s@]+@|(password|secret|token|credential)=", re.I)
+
+
+def embeds_secret(value: str) -> bool:
+    """A URL with a password in it, or a query string that carries one."""
+    return bool(_EMBEDDED.search(value))
 
 
 # A handler maps one connector key: (draft, the key as written, its value).
@@ -296,7 +306,8 @@ def _catalog_property(d: _Draft, raw_key: str, value: Any) -> None:
     if prop == "io-impl":
         d.unmapped(raw_key, "pyiceberg picks its FileIO from the warehouse scheme (py-io-impl to override)")
     elif prop == "uri" and str(value).startswith("jdbc:"):
-        d.catalog["uri"] = _jdbc_uri(str(value))
+        uri = _jdbc_uri(str(value))
+        d.catalog["uri"] = d.secret(raw_key, "catalog_uri") if embeds_secret(uri) else uri
         d.catalog.setdefault("type", "sql")
         d.mapped(raw_key, "catalog.properties.uri (JDBC URL as a SQLAlchemy URL)")
     else:

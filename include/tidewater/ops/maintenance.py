@@ -215,7 +215,40 @@ def _normalise(path: str) -> str:
     return path.replace("file:///", "/").replace("file:/", "/")
 
 
+def _under(path: str, location: str) -> bool:
+    a, b = _normalise(path).rstrip("/") + "/", _normalise(location).rstrip("/") + "/"
+    return a.startswith(b)
+
+
+def tables_sharing_location(catalog: Any, table: Any) -> list[str]:
+    """Other tables of the catalog whose location is the table's, inside it or around it: their files
+    would look like orphans of this table."""
+    own = ".".join(table.name())
+    location = table.location()
+    out = []
+    for ns in catalog.list_namespaces():
+        for ident in catalog.list_tables(ns):
+            name = ".".join(ident)
+            if name == own:
+                continue
+            other = catalog.load_table(ident).location()
+            if _under(other, location) or _under(location, other):
+                out.append(name)
+    return out
+
+
 def remove_orphan_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) -> dict[str, Any]:
+    """Delete files under the table's location that no snapshot references and that are older than the
+    safety margin, except files of staged batches that may still commit. Refuses (deletes nothing) when
+    another table of the catalog shares the location: its files are not this table's to judge."""
+    from tidewater.table.catalog import load_catalog
+
+    sharing = tables_sharing_location(load_catalog(spec), table)
+    if sharing:
+        log.warning("remove_orphan_files: %s shares its location %s with %s; nothing removed",
+                    ".".join(table.name()), table.location(), ", ".join(sharing))
+        return {"skipped": f"location shared with {', '.join(sharing)}", "orphan_files": 0, "orphan_bytes": 0,
+                "kept_in_flight": 0, "staging_dirs_removed": 0, "files": []}
     hours = spec.maintenance.remove_orphan_files.older_than_hours
     cutoff = int(time.time() * 1000) - int(hours * 3600 * 1000)
     sql = (

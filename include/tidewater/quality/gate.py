@@ -188,7 +188,7 @@ def builtin_checks(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> l
                 nulls += _count_nulls(table, f, column, spec.validation.chunk_rows)
             else:
                 nulls += int(counted)
-        observed = {"unexpected_count": nulls} if nulls else {}
+        observed = {"element_count": manifest.rows_in_files, "unexpected_count": nulls} if nulls else {}
         checks.append(CheckResult("expect_column_values_to_not_be_null", {"column": column}, nulls == 0, observed))
     if spec.validation.unique_ids != "none" and spec.table.id_columns and table is not None:
         checks += unique_id_checks(table, manifest, spec.table.id_columns, spec.validation.unique_ids == "table")

@@ -49,7 +49,7 @@ def plan_task(pipeline_path: str, run_type: str | None = None, data_interval: tu
               reprocess: bool = False) -> dict[str, Any] | None:
     """Plan the next batch (a backfill run: its interval, see replay.plan_backfill). Returns None
     (skipping write/validate/commit) when there is nothing to do."""
-    from tidewater.plan.ingest import plan_batch
+    from tidewater.runtime.steps import plan_step
 
     spec = load_pipeline(pipeline_path)
     if run_type == "backfill" and data_interval is not None:
@@ -57,7 +57,7 @@ def plan_task(pipeline_path: str, run_type: str | None = None, data_interval: tu
 
         plan, path = plan_backfill(spec, data_interval, reprocess)
     else:
-        plan, path = plan_batch(spec, data_interval=data_interval)
+        plan, path = plan_step(spec, data_interval=data_interval)
     return _planned(plan, path)
 
 
@@ -134,12 +134,17 @@ def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | N
     return commit_step(spec, plan, manifest, dag_run_id=dag_run_id).summary()
 
 
+# Where a driver's environment variables go on cluster managers that take them as Spark settings.
+_CLUSTER_ENV_CONF = {"yarn": "spark.yarn.appMasterEnv.", "k8s": "spark.kubernetes.driverEnv."}
+
+
 class IngestSparkSubmitOperator(SparkSubmitOperator):
     """spark-submit of ``spark_apps/ingest_batch.py`` for the batch the ``plan`` task staged.
 
-    Spark settings (Iceberg runtime jars, catalog) are computed when the task runs, not when the DAG
-    file is parsed. Kafka settings from an Airflow connection reach the job through the process
-    environment only (never XCom, logs or rendered templates).
+    Spark settings are computed when the task runs, not when the DAG file is parsed. Secrets never reach
+    the command line: secret Spark settings go through a private properties file (0600, deleted after the
+    run), and Kafka settings from an Airflow connection through the process environment (or that file on
+    YARN and Kubernetes), never XCom, logs or rendered templates.
     """
 
     ui_color = "#d8f3ff"
@@ -154,7 +159,7 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         from airflow.sdk import BaseHook
 
-        from tidewater.runtime.spark import submit_settings
+        from tidewater.runtime.spark import properties_file, remove_properties_file, write_submit_settings
         from tidewater.source.kafka import kafka_settings
 
         planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
@@ -168,13 +173,16 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
                 f"spark.conn_id: Airflow connection {self._conn_id!r} is not defined; e.g. "
                 f"AIRFLOW_CONN_{self._conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[*]\"}}'"
             ) from None
-        settings = submit_settings(spec)
+        settings = write_submit_settings(spec)
         self.conf = {**settings["conf"], **(self.conf or {})}
         self.jars = settings["jars"] or None
         self.packages = settings["packages"]
         self.application_args = ["--plan", planned["plan_path"]]
         self.name = f"tidewater-{spec.name}-{planned['batch_id']}"
-        # spark-submit inherits this process's environment; only connection-resolved Kafka settings are added.
+        secret = dict(settings["secret_conf"])
+        # spark-submit inherits this process's environment; only connection-resolved Kafka settings are
+        # added. On YARN and Kubernetes the hook would turn environment variables into --conf arguments
+        # (visible in the process list): there they go to the properties file instead.
         self.env_vars = None
         if spec.kafka.conn_id:
             from airflow.sdk.log import mask_secret
@@ -183,7 +191,14 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
             for k, v in resolved.items():
                 if is_secret_key(k):
                     mask_secret(v)
-            self.env_vars = {KAFKA_CONFIG_ENV: json.dumps(resolved)}
+            master = _spark_master(self._conn_id, spec.spark.master)
+            env_conf = _CLUSTER_ENV_CONF.get(master.split(":", 1)[0])
+            if env_conf is None:
+                self.env_vars = {KAFKA_CONFIG_ENV: json.dumps(resolved)}
+            else:
+                secret[env_conf + KAFKA_CONFIG_ENV] = json.dumps(resolved)
+        secrets_file = properties_file(secret) if secret else None
+        self.properties_file = str(secrets_file) if secrets_file is not None else None
         self._hook = None
         log.info("batch %s: submitting the write job for %s", planned["batch_id"], spec.describe_targets())
         try:
@@ -191,6 +206,8 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         except Exception:
             self._raise_batch_error(planned["plan_path"])
             raise
+        finally:
+            remove_properties_file(secrets_file)
 
     @staticmethod
     def _raise_batch_error(plan_path: str) -> None:

@@ -202,29 +202,82 @@ def jars(spec: PipelineSpec) -> list[str]:
     return out
 
 
+_BASE_CONF = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
+}
+ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+
+
 def spark_conf(spec: PipelineSpec) -> dict[str, str]:
-    conf = {
-        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
-        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
-    }
+    """Settings of a Spark session on the pipeline's Iceberg catalog (SQL, maintenance)."""
+    conf = {"spark.sql.extensions": ICEBERG_EXTENSIONS, **_BASE_CONF,
+            "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
     conf.update(catalog_conf(spec))
     conf.update(spec.spark.conf)
     return conf
 
 
 def submit_settings(spec: PipelineSpec) -> dict[str, Any]:
-    """What spark-submit needs: conf, jars (comma list) and packages."""
+    """What a Spark session on the Iceberg catalog needs: conf, jars (comma list) and packages."""
     return {
         "conf": spark_conf(spec),
         "jars": ",".join(jars(spec)),
         "packages": spec.spark.iceberg_packages,
     }
+
+
+def split_secrets(conf: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(settings safe on a command line, settings whose key names a secret)."""
+    from tidewater.config.spec import is_secret_key
+
+    public = {k: v for k, v in conf.items() if not is_secret_key(k)}
+    return public, {k: v for k, v in conf.items() if k not in public}
+
+
+def write_submit_settings(spec: PipelineSpec) -> dict[str, Any]:
+    """What the write step's spark-submit needs.
+
+    The write step writes Parquet with pyiceberg inside Python tasks and never opens the Iceberg catalog
+    in Spark: no catalog settings (so no catalog credentials), no Iceberg runtime or JDBC jars, no SQL
+    extensions. Settings whose key names a secret (``spark.conf`` entries such as an S3 secret key) are
+    returned apart, for a properties file (``properties_file``), never for the command line.
+    """
+    conf = {**_BASE_CONF, "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
+    conf.update(spec.spark.conf)
+    public, secret = split_secrets(conf)
+    return {"conf": public, "secret_conf": secret, "jars": "", "packages": None}
+
+
+def _escape_property(text: str) -> str:
+    """A value as java.util.Properties reads it (spark-submit --properties-file)."""
+    out = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return "\\" + out if out[:1] in (" ", "\t") else out
+
+
+def properties_file(conf: dict[str, str]) -> Path:
+    """A spark-submit properties file holding ``conf``, readable by this user only (0600), in a private
+    temporary directory (never the staging directory). The caller deletes it once spark-submit exited."""
+    import os
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="tidewater-spark-"))  # mode 0700
+    path = directory / "secrets.properties"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        for k, v in conf.items():
+            fh.write(f"{k}={_escape_property(str(v))}\n")
+    return path
+
+
+def remove_properties_file(path: Path | None) -> None:
+    import shutil
+
+    if path is not None:
+        shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def session(spec: PipelineSpec, app_name: str = "tidewater", master: str | None = None) -> Any:
@@ -260,14 +313,14 @@ def release_catalog(spark: Any, spec: PipelineSpec) -> None:
     manager.reset()
 
 
-def spark_submit_command(spec: PipelineSpec, application: str, args: list[str], master: str | None = None) -> list[str]:
-    """The spark-submit command line `tidewater run` uses (the DAG passes the same settings)."""
-    s = submit_settings(spec)
+def spark_submit_command(spec: PipelineSpec, application: str, args: list[str], master: str | None = None,
+                         secrets_file: Path | None = None) -> list[str]:
+    """The write step's spark-submit command line (``tidewater run``; the DAG passes the same settings).
+    Secret settings are never on it: pass ``secrets_file`` (see ``properties_file``)."""
+    s = write_submit_settings(spec)
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", master or spec.spark.master]
     for k, v in s["conf"].items():
         cmd += ["--conf", f"{k}={v}"]
-    if s["jars"]:
-        cmd += ["--jars", s["jars"]]
-    if s["packages"]:
-        cmd += ["--packages", s["packages"]]
+    if secrets_file is not None:
+        cmd += ["--properties-file", str(secrets_file)]
     return [*cmd, application, *args]

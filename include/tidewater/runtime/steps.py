@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tidewater.batch import (
+    MANIFEST_NAME,
+    PLAN_NAME,
     VALIDATION_NAME,
     BatchManifest,
     BatchPlan,
@@ -32,6 +34,7 @@ from tidewater.errors import TerminalError, TransientError
 from tidewater.plan.ingest import plan_batch
 from tidewater.quality.gate import ValidationReport, require_valid, validate_batch
 from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import DEAD_LETTERS, committed_state, summary_dict
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +67,26 @@ def load_manifest(plan_path: str | Path) -> BatchManifest:
 def run_write_step(spec: PipelineSpec, plan_path: Path, master: str | None = None, progress: Any = None) -> BatchManifest:
     """Run the Spark job with spark-submit (as the DAG does) and return its manifest."""
     from tidewater.batch import ERROR_NAME
-    from tidewater.runtime.spark import spark_submit_command
+    from tidewater.runtime.spark import properties_file, remove_properties_file, spark_submit_command, write_submit_settings
     from tidewater.write.job import read_error
 
     (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
     manifest_path(plan_path).unlink(missing_ok=True)
-    cmd = spark_submit_command(spec, str(spark_app_path()), ["--plan", str(plan_path)], master=master)
-    log_path = plan_path.parent / "spark-submit.log"
-    started = time.monotonic()
-    with open(log_path, "w") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_spark_env())
-        while proc.poll() is None:
-            time.sleep(0.5)
-            if progress is not None:
-                progress(time.monotonic() - started)
+    secret = write_submit_settings(spec)["secret_conf"]
+    secrets_file = properties_file(secret) if secret else None
+    try:
+        cmd = spark_submit_command(spec, str(spark_app_path()), ["--plan", str(plan_path)], master=master,
+                                   secrets_file=secrets_file)
+        log_path = plan_path.parent / "spark-submit.log"
+        started = time.monotonic()
+        with open(log_path, "w") as logf:
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_spark_env())
+            while proc.poll() is None:
+                time.sleep(0.5)
+                if progress is not None:
+                    progress(time.monotonic() - started)
+    finally:
+        remove_properties_file(secrets_file)
     if proc.returncode != 0:
         err = read_error(plan_path.parent)
         if err is not None:
@@ -137,22 +146,69 @@ def batch_path(spec: PipelineSpec, plan: BatchPlan) -> Path:
     return batch_dir(spec.staging_dir(), spec.name, plan.batch_id)
 
 
+def dead_letter_sink(spec: PipelineSpec, batch_id: str) -> Any:
+    """The Kafka dead-letter topic as a sink for the dead-letter commit (None without ``dead_letter.topic``)."""
+    if not spec.dead_letter.topic:
+        return None
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.write.dead_letters import produce_to_topic
+
+    topic = spec.dead_letter.topic
+
+    def send(table: Any, files: list[Any]) -> str:
+        sent = produce_to_topic(kafka_settings(spec), topic, table, files)
+        log.info("batch %s: %d dead letters sent to topic %s", batch_id, sent, topic)
+        return topic
+
+    return send
+
+
+def finish_pending_commits(spec: PipelineSpec) -> str | None:
+    """Before planning: finish the dead-letter commit of the latest committed batch, if a crash came
+    between the batch's commit and its dead letters' (the batch's summary counts them, the dead-letter
+    table lacks them). Uses the batch's staged manifest; idempotent. Returns the batch id it finished.
+
+    Without this, the next run would plan from the advanced offsets and the dead letters would be lost.
+    """
+    from tidewater.commit.dead_letters import commit_dead_letters
+    from tidewater.table.summary import find_batch_snapshot
+
+    catalog = load_catalog(spec)
+    table = load_table(catalog, spec.checkpoint_table())
+    state = committed_state(table, None if spec.routed else spec.table.branch) if table is not None else None
+    if state is None or state.batch_id is None or state.tidewater_snapshot_id is None:
+        return None
+    props = summary_dict(table.metadata.snapshot_by_id(state.tidewater_snapshot_id))
+    if int(props.get(DEAD_LETTERS, 0) or 0) == 0:
+        return None
+    dlq = load_table(catalog, spec.dead_letter_table())
+    if dlq is not None and find_batch_snapshot(dlq, state.batch_id) is not None:
+        return None
+    directory = batch_dir(spec.staging_dir(), spec.name, state.batch_id)
+    mpath, ppath = directory / MANIFEST_NAME, directory / PLAN_NAME
+    if not (mpath.is_file() and ppath.is_file()):
+        log.error("batch %s: committed with %s dead letters that the dead-letter table %s does not hold, and its "
+                  "staging directory %s is gone: those dead letters cannot be recovered (the records are still in "
+                  "Kafka at the batch's ranges)", state.batch_id, props.get(DEAD_LETTERS), spec.dead_letter_table(),
+                  directory)
+        return None
+    plan, manifest = load_plan(ppath), BatchManifest.from_json(read_json(mpath))
+    log.info("batch %s: finishing its dead-letter commit (%d dead letters) left by an interrupted run", plan.batch_id,
+             manifest.dead_letters)
+    commit_dead_letters(catalog, plan, manifest, dead_letter_sink(spec, plan.batch_id))
+    return plan.batch_id
+
+
+def plan_step(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) -> tuple[BatchPlan, Path | None]:
+    """The plan step of the DAG and the CLI: finish what an interrupted run left, then plan the next batch."""
+    finish_pending_commits(spec)
+    return plan_batch(spec, data_interval=data_interval)
+
+
 def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None = None) -> CommitResult:
     path = batch_path(spec, plan) / VALIDATION_NAME
     validation = read_json(path) if path.is_file() else None
-    sink: Any = None
-    if spec.dead_letter.topic:
-        from tidewater.source.kafka import kafka_settings
-        from tidewater.write.dead_letters import produce_to_topic
-
-        topic = spec.dead_letter.topic
-
-        def send(table: Any, files: list[dict[str, Any]]) -> str:
-            sent = produce_to_topic(kafka_settings(spec), topic, table, files)
-            log.info("batch %s: %d dead letters sent to topic %s", plan.batch_id, sent, topic)
-            return topic
-
-        sink = send
+    sink = dead_letter_sink(spec, plan.batch_id)
 
     if plan.mode != "ingest":
         from tidewater.commit.replay import commit_replay
@@ -179,7 +235,7 @@ def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) 
     spec = load_pipeline(spec_path)
     t0 = time.monotonic()
     say(f"[1/4] plan     {spec.name}: reading committed offsets from {spec.checkpoint_table()} and end offsets from Kafka")
-    plan, plan_path = plan_batch(spec)
+    plan, plan_path = plan_step(spec)
     if plan_path is None:
         say(f"      nothing to ingest: every partition is caught up ({time.monotonic() - t0:.1f}s)")
         return {"status": "empty", "batch_id": None, "records": 0}

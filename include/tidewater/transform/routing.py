@@ -20,16 +20,18 @@ import pyarrow.compute as pc
 
 from tidewater.config.spec import PipelineSpec
 
-_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_VALUE = re.compile(r"[A-Za-z0-9_]{1,128}")  # what a record's route value may put into a table name
 
 
 MAX_IDENTIFIER = 255
 
 
 def valid_identifier(ident: str) -> bool:
-    """`namespace.name` made of letters, digits and `_` (no empty, dotted-away or over-long parts)."""
+    """`namespace.name` made of letters, digits and `_` (no empty, dotted-away or over-long parts).
+    Whole-string matches: a trailing newline is not a name character."""
     parts = ident.split(".")
-    return len(ident) <= MAX_IDENTIFIER and len(parts) >= 2 and all(_PART.match(p) for p in parts)
+    return len(ident) <= MAX_IDENTIFIER and len(parts) >= 2 and all(_PART.fullmatch(p) for p in parts)
 
 
 def route_values(data: pa.Table, path: str) -> pa.Array:
@@ -63,10 +65,26 @@ class Router:
         self.spec = spec
         self.routing = spec.routing
         self._static = [(t, re.compile(t.route_regex) if t.route_regex else None) for t in spec.tables]
+        self._reserved = {spec.checkpoint_table(), spec.dead_letter_table()}
 
     def dynamic_identifier(self, value: str) -> str:
+        """The table a route value names: the template with the value in it, in the template's namespace
+        or ``routing.namespace``. Only the configuration chooses the namespace (see ``refusal``)."""
         name = self.routing.table_template.replace("{value}", value)
-        return name if "." in name else f"{self.routing.namespace}.{name}"
+        return name if "." in self.routing.table_template else f"{self.routing.namespace}.{name}"
+
+    def refusal(self, value: str) -> str | None:
+        """Why a route value cannot name a table, or None. A value is one name part (letters, digits,
+        `_`): it can never add a namespace, reach another pipeline's namespace or name this pipeline's
+        own checkpoint or dead-letter table."""
+        if not _VALUE.fullmatch(value):
+            return "a route value must be 1-128 letters, digits or '_' (no dots, spaces or line breaks)"
+        ident = self.dynamic_identifier(value)
+        if not valid_identifier(ident):
+            return f"{ident[:300]!r} is not a valid table name (letters, digits and '_', at most {MAX_IDENTIFIER} characters)"
+        if ident in self._reserved:
+            return f"{ident!r} is the pipeline's own checkpoint or dead-letter table"
+        return None
 
     def route(self, topic: str, data: pa.Table) -> Routed:
         n = data.num_rows
@@ -79,21 +97,22 @@ class Router:
         if self.routing.dynamic:
             assert values is not None
             invalid_rows = pa.array(np.zeros(n, dtype=bool))
-            for v in pc.unique(pc.drop_null(values)).to_pylist():
+            reasons: dict[str, str] = {}
+            for v in pc.unique(pc.drop_null(values)).to_pylist():  # once per distinct value, not per record
                 rows = pc.fill_null(pc.equal(values, v), False)
-                ident = self.dynamic_identifier(v)
-                if not v or not valid_identifier(ident):
+                why = self.refusal(v)
+                if why is not None:
+                    reasons[v] = why
                     invalid_rows = pc.or_(invalid_rows, rows)
                     continue
+                ident = self.dynamic_identifier(v)
                 out.masks[ident] = rows
                 any_row = pc.or_(any_row, rows)
-            if pc.any(invalid_rows).as_py():
+            if reasons:
                 shown = {}
                 for r in pc.indices_nonzero(invalid_rows).to_pylist():  # error path
                     v = values[r].as_py()
-                    shown[r] = (f"route field {self.routing.field!r} = {v!r} does not name a valid table "
-                                f"({self.dynamic_identifier(v)[:300]!r}: letters, digits and '_', not empty, at most "
-                                f"{MAX_IDENTIFIER} characters)")
+                    shown[r] = f"route field {self.routing.field!r} = {v[:300]!r} does not name a table: {reasons[v]}"
                 out.invalid = sorted(shown.items())
                 any_row = pc.or_(any_row, invalid_rows)
         else:

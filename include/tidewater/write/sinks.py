@@ -28,6 +28,12 @@ class TableSink:
         self.already = 0  # routed: rows of records this table committed before (a retried batch)
         self.seen: dict[str, dict[int, int | None]] = {}
         self._committed = committed_state(self.table, tspec.branch).offsets if routed and self.table is not None else {}
+        self.owner = table_owner(self.table) if routed and self.table is not None else None
+
+    @property
+    def foreign(self) -> bool:
+        """The table holds another pipeline's batches: routed records must not land there."""
+        return self.owner is not None and self.owner != self.spec.name
 
     def threshold(self, topic: str, partition: int) -> int | None:
         """Routed pipelines: records below this offset are already in the table (recorded for the commit)."""
@@ -83,3 +89,17 @@ def delete_files(table: Any, paths: list[str]) -> None:
             table.io.delete(p)
         except Exception:  # best effort: an undeleted file is an orphan that is never committed
             log.warning("could not delete uncommitted file %s", p)
+
+
+def table_owner(table: Any) -> str | None:
+    """The pipeline whose batches the table holds (the newest snapshot that names one), if any."""
+    from tidewater.table.summary import PIPELINE, summary_dict
+
+    by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
+    snap_id = table.metadata.current_snapshot_id
+    while snap_id is not None and snap_id in by_id:
+        owner = summary_dict(by_id[snap_id]).get(PIPELINE)
+        if owner:
+            return owner
+        snap_id = by_id[snap_id].parent_snapshot_id
+    return None

@@ -46,6 +46,10 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
         for r in rows_of.to_pylist():  # error path
             failed.setdefault(r, ("UnknownTable", f"table {ident} does not exist and auto_create is off"))
         return None
+    if sink.foreign:
+        for r in rows_of.to_pylist():  # error path
+            failed.setdefault(r, ("ForeignTable", f"table {ident} holds the batches of pipeline {sink.owner!r}"))
+        return None
     threshold = sink.threshold(chunk.topic, chunk.partition)
     if threshold is not None:
         fresh = pc.filter(rows_of, pc.greater_equal(pc.take(offsets, rows_of), threshold))

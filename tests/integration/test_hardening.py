@@ -1,0 +1,222 @@
+"""Hardening against unlucky operators and hostile records, through the real broker, Spark and catalog:
+dead letters survive a crash between commits, routed names stay inside their namespace, orphan removal
+never touches another table's files, and no secret reaches a command line or a generated file."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ingest_inline, produce_to_partition, quiet, stage_inline, write_pipeline
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.sample_data import pizza_events
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import DEAD_LETTERS, RECORDS, committed_state
+
+pytestmark = [pytest.mark.integration]
+
+
+class _Killed(BaseException):
+    """Stands for the process dying at that point: nothing after it runs (not an Exception)."""
+
+
+def _rows(spec, ident):  # noqa: ANN001, ANN201
+    t = load_table(load_catalog(spec), ident)
+    return 0 if t is None or t.current_snapshot() is None else t.scan().to_arrow().num_rows
+
+
+def test_killed_between_the_batch_commit_and_its_dead_letters_loses_no_dead_letter(broker, home, topic, monkeypatch):
+    """`tidewater run` (spark-submit write) dies right after the table's commit, before the dead-letter
+    commit. Expected: the table has the batch (offsets moved) and the dead-letter table not yet; the next
+    run finishes the dead-letter commit before it plans, then ingests the new records. In the end every
+    record is once in the table or once in the dead-letter table, and read = rows + dead letters."""
+    import tidewater.commit.batch as commit_batch_module
+    from tidewater.runtime.steps import run_once
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    spec = load_pipeline(path)
+    good = pizza_events(12, seed=71)
+    produce_to_partition(broker.bootstrap, topic, 0, good[:6] + [b"{bad", b"[1]", b"\xff"] + good[6:])
+
+    def die(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise _Killed()
+
+    real = commit_batch_module.commit_dead_letters
+    monkeypatch.setattr(commit_batch_module, "commit_dead_letters", die)
+    with pytest.raises(_Killed):
+        run_once(path, master="local[2]", out=quiet)
+    monkeypatch.setattr(commit_batch_module, "commit_dead_letters", real)
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert table.scan().to_arrow().num_rows == 12 and committed_state(table).offsets == {topic: {0: 15}}
+    assert _rows(spec, spec.dead_letter_table()) == 0, "the crash came before the dead-letter commit"
+
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(5, seed=72) + [b"nope"])
+    result = run_once(path, master="local[2]", out=quiet)
+    assert result["status"] == "committed" and result["records"] == 6
+    assert _rows(spec, spec.table.identifier) == 12 + 5
+    assert _rows(spec, spec.dead_letter_table()) == 3 + 1
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table())
+    assert sorted(dlq.scan().to_arrow().column("offset").to_pylist()) == [6, 7, 8, 20]
+    reads = dead = 0
+    for s in load_table(load_catalog(spec), spec.table.identifier).snapshots():
+        props = s.summary.additional_properties
+        reads += int(props.get(RECORDS, 0))
+        dead += int(props.get(DEAD_LETTERS, 0))
+    assert reads == 21 == 17 + dead
+
+
+def _routed(home, broker, topic, **routing):  # noqa: ANN001, ANN003, ANN201
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
+                          validation={"not_null": []},
+                          routing={"namespace": "tenants", "field": "tenant", "dynamic": True, **routing})
+    return load_pipeline(path)
+
+
+def test_route_values_cannot_leave_the_namespace_or_reach_reserved_or_foreign_tables(broker, home, topic):
+    """Dynamic routing with the default `{value}` template. Route values `a.b`, `victim.t`, `acme\\n`,
+    the pipeline's own checkpoint and dead-letter table names, and the name of a table that another
+    pipeline writes: each is a dead letter (InvalidRoute or ForeignTable) naming it; no table is created
+    outside `tenants`, the reserved tables keep their schema, the foreign table is unchanged, and
+    `acme` lands in `tenants.acme` alone."""
+    other = load_pipeline(write_pipeline(home, name="other", topics=[topic + "-o"],
+                                         kafka={"bootstrap_servers": broker.bootstrap},
+                                         table={"identifier": "tenants.shared"}, validation={"not_null": []}))
+    produce_to_partition(broker.bootstrap, topic + "-o", 0, [json.dumps({"id": 1}).encode()])
+    ingest_inline(other)
+    foreign_before = load_table(load_catalog(other), "tenants.shared").current_snapshot().snapshot_id
+
+    spec = _routed(home, broker, topic)
+    names = ["acme", "a.b", "victim.t", "acme\n", spec.checkpoint_table().split(".")[1],
+             spec.dead_letter_table().split(".")[1], "shared"]
+    produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i, "tenant": n}).encode() for i, n in enumerate(names)])
+    plan, manifest = stage_inline(spec)
+    from tidewater.runtime.steps import commit_step, validate_step
+
+    validate_step(spec, plan, manifest)
+    commit_step(spec, plan, manifest)
+    catalog = load_catalog(spec)
+    dlq = load_table(catalog, spec.dead_letter_table()).scan().to_arrow().sort_by("offset").to_pylist()
+    assert [(r["offset"], r["error_class"]) for r in dlq] == [
+        (1, "InvalidRoute"), (2, "InvalidRoute"), (3, "InvalidRoute"), (4, "InvalidRoute"), (5, "InvalidRoute"),
+        (6, "ForeignTable")]
+    assert "own checkpoint or dead-letter table" in dlq[3]["error_message"]
+    assert "pipeline 'other'" in dlq[5]["error_message"]
+    assert {".".join(t) for ns in catalog.list_namespaces() for t in catalog.list_tables(ns)} == {
+        "tenants.shared", "tenants.acme", spec.checkpoint_table(), spec.dead_letter_table()}
+    assert _rows(spec, "tenants.acme") == 1
+    assert load_table(catalog, "tenants.shared").current_snapshot().snapshot_id == foreign_before
+    assert "tenant" not in load_table(catalog, spec.checkpoint_table()).schema().column_names
+    assert manifest.records == manifest.routed + manifest.dead_letters + manifest.skipped
+
+
+def test_a_template_cannot_put_the_value_into_the_namespace(home):
+    """`{value}.t` would let records choose the namespace: refused by configuration validation."""
+    from tidewater.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"routing.table_template: .*never in the namespace"):
+        load_pipeline(write_pipeline(home, topics=["t"], kafka={"bootstrap_servers": "127.0.0.1:1"},
+                                     table={"identifier": ""},
+                                     routing={"namespace": "ns", "field": "k", "dynamic": True, "table_template": "{value}.t"}))
+
+
+def test_orphan_removal_refuses_a_location_another_table_shares(broker, home, topic):
+    """Table B is created at table A's location. Expected: remove_orphan_files on A removes nothing
+    (reported as skipped, naming B) and B's files are intact and readable."""
+    import pyarrow as pa
+
+    from tidewater.ops.maintenance import run_action
+    from tidewater.runtime import spark as spark_session
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          maintenance={"remove_orphan_files": {"older_than_hours": 24}})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(5, seed=73))
+    ingest_inline(spec)
+    catalog = load_catalog(spec)
+    a = load_table(catalog, spec.table.identifier)
+    b = catalog.create_table("rpc.neighbour", schema=pa.schema([("x", pa.int64())]), location=a.location())
+    b.append(pa.table({"x": [1, 2, 3]}))
+    b_files = [f.file.file_path for f in load_table(catalog, "rpc.neighbour").scan().plan_files()]
+    for f in b_files:  # old enough to be judged an orphan of A
+        os.utime(f.removeprefix("file://"), (time.time() - 90_000, time.time() - 90_000))
+    spark = spark_session.session(spec, app_name="orphans", master="local[1]")
+    try:
+        report = run_action(spark, spec, "remove_orphan_files")
+    finally:
+        spark.stop()
+    assert report.details["skipped"] == "location shared with rpc.neighbour" and report.details["orphan_files"] == 0
+    assert all(Path(f.removeprefix("file://")).is_file() for f in b_files)
+    assert load_table(catalog, "rpc.neighbour").scan().to_arrow().num_rows == 3
+
+
+def test_no_secret_on_the_spark_submit_command_line(broker, home, topic):
+    """A pipeline with a catalog credential and a secret Spark setting, written through spark-submit.
+    Expected: while the job runs, no process's command line holds either secret; the job still gets the
+    secret setting (through a private properties file, removed afterwards); the job's log holds neither."""
+    from tidewater.runtime.steps import plan_step, run_write_step
+
+    catalog_secret, spark_secret = "cat-s3cr3t-Z9", "spark-s3cr3t-Q7"
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          catalog={"properties": {"type": "sql", "uri": f"sqlite:///{home}/catalog.db",
+                                                  "warehouse": f"file://{home}/warehouse", "credential": catalog_secret}},
+                          spark={"conf": {"spark.hadoop.fs.s3a.secret.key": spark_secret}})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(20, seed=74))
+    plan, plan_path = plan_step(spec)
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    try:
+                        seen.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                    except OSError:
+                        pass
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        manifest = run_write_step(spec, plan_path, master="local[1]")
+    finally:
+        done.set()
+        watcher.join()
+    assert manifest.rows_in_files == 20
+    submits = [c for c in seen if "spark-submit" in c or "SparkSubmit" in c]
+    assert submits, "the watcher saw the spark-submit process"
+    assert not [c for c in seen if catalog_secret in c or spark_secret in c]
+    assert any("--properties-file" in c for c in submits)
+    log_text = (plan_path.parent / "spark-submit.log").read_text()
+    assert catalog_secret not in log_text and spark_secret not in log_text
+    assert not list(Path("/tmp").glob("tidewater-spark-*/secrets.properties")), "the properties file was removed"
+
+
+def test_connect_import_turns_every_credential_into_an_environment_reference():
+    """Bearer tokens in `header.Authorization`, passwords inside URLs and JDBC query strings: none is
+    copied into the generated pipeline; each becomes a ${TIDEWATER_...} reference that is reported."""
+    from tidewater.interop.connect import convert, to_yaml
+
+    res = convert({"name": "c", "config": {
+        "topics": "t", "iceberg.tables": "ns.t",
+        "iceberg.catalog.type": "rest", "iceberg.catalog.uri": "https://svc:Sup3rS3cret@catalog.example/api",
+        "iceberg.catalog.header.Authorization": "Bearer eyJ-T0KEN",
+        "iceberg.kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                                          "username=\"u\" password=\"KafkaPw1\";",
+    }})
+    text = to_yaml(res)
+    for secret in ("Sup3rS3cret", "eyJ-T0KEN", "KafkaPw1"):
+        assert secret not in text
+    props = res.pipeline["catalog"]["properties"]
+    assert props["uri"].startswith("${TIDEWATER_C_") and props["header.Authorization"].startswith("${TIDEWATER_C_")
+    assert {k for k, _ in res.env} >= {"iceberg.catalog.uri", "iceberg.catalog.header.Authorization",
+                                      "iceberg.kafka.sasl.jaas.config"}
+    res = convert({"name": "c", "config": {"topics": "t", "iceberg.tables": "ns.t",
+                                           "iceberg.catalog.uri": "jdbc:postgresql://db/ice?user=u&password=JdbcPw2"}})
+    assert "JdbcPw2" not in to_yaml(res) and res.pipeline["catalog"]["properties"]["uri"].startswith("${")
