@@ -220,3 +220,25 @@ def test_connect_import_turns_every_credential_into_an_environment_reference():
     res = convert({"name": "c", "config": {"topics": "t", "iceberg.tables": "ns.t",
                                            "iceberg.catalog.uri": "jdbc:postgresql://db/ice?user=u&password=JdbcPw2"}})
     assert "JdbcPw2" not in to_yaml(res) and res.pipeline["catalog"]["properties"]["uri"].startswith("${")
+
+
+def test_unreachable_broker_gives_one_clear_error_not_a_flood_of_librdkafka_lines(home):
+    """`tidewater run` against a port where no broker listens. Expected: exit 75 (transient) with our
+    one-line error, and librdkafka's repeated connection failures held back (a handful of lines through
+    our logger instead of hundreds on stderr)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    path = write_pipeline(home, kafka={"bootstrap_servers": f"127.0.0.1:{port}"})
+    tidewater = str(Path(sys.executable).parent / "tidewater")
+    proc = subprocess.run([tidewater, "run", "--pipeline", str(path)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TIDEWATER_HOME": str(home)})
+    assert proc.returncode == 75, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert any(line.startswith("tidewater: transient") or "tidewater: " in line for line in lines[-3:]), lines[-5:]
+    refused = [line for line in lines if "Connection refused" in line]
+    assert 1 <= len(refused) <= 8, f"{len(refused)} connection-refused lines"

@@ -24,6 +24,46 @@ from tidewater.errors import ConfigError, KafkaReadError, TransientError
 log = logging.getLogger(__name__)
 
 
+class RateLimit(logging.Filter):
+    """Lets through at most ``burst`` records of one kind per ``window`` seconds, then one line saying
+    how many were held back. librdkafka repeats the same failure (a refused connection, an
+    authentication error) every few milliseconds per broker and thread; the kind is the message with
+    its numbers blanked out, so attempts that differ only in timings count as one."""
+
+    def __init__(self, burst: int = 3, window: float = 30.0) -> None:
+        super().__init__()
+        self.burst, self.window = burst, window
+        self._seen: dict[str, list[float]] = {}  # kind -> [window start, passed, held back]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import re
+
+        kind = re.sub(r"\d+", "#", record.getMessage())[:300]
+        now = time.monotonic()
+        state = self._seen.get(kind)
+        if state is None or now - state[0] > self.window:
+            if state is not None and state[2]:
+                record.msg = f"{record.msg} ({int(state[2])} similar messages held back in the last {self.window:.0f}s)"
+            self._seen[kind] = [now, 1, 0]
+            return True
+        if state[1] < self.burst:
+            state[1] += 1
+            return True
+        state[2] += 1
+        return False
+
+
+# librdkafka's own log (connection failures, authentication errors), through Python logging, rate-limited.
+LIBRDKAFKA_LOG = logging.getLogger("tidewater.librdkafka")
+LIBRDKAFKA_LOG.addFilter(RateLimit())
+
+
+def client_logging(conf: dict[str, Any]) -> dict[str, Any]:
+    """A librdkafka client configuration whose log goes to ``tidewater.librdkafka`` (rate-limited)
+    instead of straight to stderr."""
+    return {**conf, "logger": LIBRDKAFKA_LOG}
+
+
 # Consumer settings that reached several hundred thousand small records per second in one process.
 THROUGHPUT_DEFAULTS = {
     "fetch.queue.backoff.ms": "0",
@@ -105,7 +145,7 @@ def new_consumer(settings: dict[str, str], client_id: str) -> Any:
     from confluent_kafka import Consumer
 
     try:
-        return Consumer(consumer_config(settings, client_id))
+        return Consumer(client_logging(consumer_config(settings, client_id)))
     except Exception as e:
         raise ConfigError(f"kafka.settings: librdkafka rejected the configuration: {e}") from None
 

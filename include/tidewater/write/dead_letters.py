@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from tidewater.batch import StagedFile
 from tidewater.decode.records import BadRecord
-from tidewater.source.kafka import Chunk
+from tidewater.source.kafka import Chunk, client_logging
 from tidewater.table.catalog import DEAD_LETTER_SCHEMA
 
 POLICIES = ("dead_letter", "fail", "skip")
@@ -81,7 +81,7 @@ def produce_to_topic(settings: dict[str, str], topic: str, table: Any, files: li
     consumer_only = ("auto.offset.reset", "fetch.", "max.partition.fetch.bytes", "queued.", "session.timeout.ms",
                      "group.", "heartbeat.", "max.poll.interval.ms", "check.crcs", "isolation.level")
     conf = {k: v for k, v in settings.items() if not k.startswith(consumer_only)}
-    producer = Producer({**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 20})
+    producer = Producer(client_logging({**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 20}))
     failures: list[str] = []
 
     def delivered(err: Any, _msg: Any) -> None:
