@@ -5,7 +5,6 @@
 Both are JSON documents in the staging directory; XCom carries only their paths and a summary.
 """
 
-
 from __future__ import annotations
 
 import json

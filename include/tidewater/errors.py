@@ -5,7 +5,6 @@ table, topic, partition and offset when they are known. Airflow task retries and
 retry loop look at ``transient``; people read ``str(error)``.
 """
 
-
 from __future__ import annotations
 
 import traceback

@@ -110,3 +110,30 @@ def test_lenient_success_path_is_the_plain_decoder():
 
     table, bad = decode_json_lenient(chunk([b'{"a": 1}', b'{"a": 2}']), None)
     assert bad == [] and table.column("a").to_pylist() == [1, 2]
+
+
+def test_schema_limits_set_apart_the_records_over_them_and_keep_the_rest():
+    """max_new_columns 3: a record adding 5 fields goes (TooManyColumns), two adding 2 each: the later one
+    goes once the first fits; an over-long name goes (FieldNameTooLong); the kept rows carry only the
+    fields they may add, and existing columns stay whatever the budget."""
+    import pyarrow as pa
+
+    from tidewater.table.limits import SchemaLimits, check
+
+    names = ["id", "a", "b", "c", "d", "e", "f", "g"]
+    schema = pa.schema([*((n, pa.int64()) for n in names), ("h", pa.struct([("x", pa.int64())])), ("z" * 20, pa.int64())])
+    rows = pa.Table.from_pylist([
+        {"id": 1, "a": 1, "b": 2},
+        {"id": 2, "c": 1, "d": 2, "e": 3, "f": 4, "g": 5},
+        {"id": 3, "h": {"x": 1}},
+        {"id": 4, "z" * 20: 1},
+        {"id": 5},
+    ], schema=schema)
+    existing = pa.schema([("id", pa.int64())])
+    kept, over = check(rows, existing, SchemaLimits(max_new_columns=3, max_columns=100, max_field_name_length=10), 0)
+    assert [(o.row, o.error_class) for o in over] == [(1, "TooManyColumns"), (2, "TooManyColumns"), (3, "FieldNameTooLong")]
+    assert kept.column("id").to_pylist() == [1, 5] and kept.column_names == ["id", "a", "b"]
+    kept, over = check(rows.slice(4), existing, SchemaLimits(3, 100, 10), 3)
+    assert over == [] and kept.num_rows == 1
+    kept, over = check(rows.slice(0, 1), None, SchemaLimits(1, 2, 10), 0)
+    assert [o.error_class for o in over] == ["TooManyColumns"] and kept.num_rows == 0

@@ -1,6 +1,5 @@
 """Reading pipeline files: YAML, ``${ENV}`` interpolation, coercion into the spec classes, discovery."""
 
-
 from __future__ import annotations
 
 import dataclasses

@@ -1,6 +1,5 @@
 """The configuration reference page (docs/configuration.md), generated from the spec classes' field docs."""
 
-
 from __future__ import annotations
 
 import dataclasses

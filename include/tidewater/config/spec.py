@@ -9,7 +9,6 @@ variable without a default is an error naming the key. Secrets (keys that look l
 JAAS configs or private keys) are never logged: use :func:`redact` on anything that leaves the process.
 """
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -18,19 +17,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tidewater.table.limits import SchemaLimits
 
 PIPELINES_DIR_ENV = "TIDEWATER_PIPELINES_DIR"
-
-
 HOME_ENV = "TIDEWATER_HOME"
-
-
 KAFKA_CONFIG_ENV = "TIDEWATER_KAFKA_CONFIG"
-
-
-
-
 
 
 _SECRET_KEY = re.compile(r"(password|secret|jaas|token|credential|private|ssl\.key\.pem|api[._-]?key|authorization)", re.I)
@@ -211,6 +205,26 @@ class TableSpec:
         "read from the same branch.",
         default=None,
     )
+    max_new_columns: int = _doc(
+        "Most fields (nested ones included) one write task may add to an existing table. Records that would add "
+        "more are dead letters (`TooManyColumns`), the record adding the most first; the rest of the chunk lands.",
+        default=100,
+    )
+    max_columns: int = _doc(
+        "Most fields (nested ones included) the table may have, also when records create it. Records beyond it "
+        "are dead letters (`TooManyColumns`).",
+        default=1000,
+    )
+    max_field_name_length: int = _doc(
+        "Longest field name (characters) a record may add; records with a longer one are dead letters "
+        "(`FieldNameTooLong`). Existing columns are not affected.",
+        default=255,
+    )
+
+    def limits(self) -> SchemaLimits:
+        from tidewater.table.limits import SchemaLimits
+
+        return SchemaLimits(self.max_new_columns, self.max_columns, self.max_field_name_length)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,5 @@
 """Checks of a parsed pipeline that need more than types; every error names the key at fault."""
 
-
 from __future__ import annotations
 
 import re
@@ -125,6 +124,9 @@ def _check_limits_and_maintenance(spec: PipelineSpec) -> None:
         ("validation.chunk_rows", spec.validation.chunk_rows, 1),
         ("format.flatten_max_depth", spec.format.flatten_max_depth, 1),
         ("format.max_nesting_depth", spec.format.max_nesting_depth, 1),
+        ("table.max_new_columns", spec.table.max_new_columns, 1),
+        ("table.max_columns", spec.table.max_columns, 1),
+        ("table.max_field_name_length", spec.table.max_field_name_length, 1),
         ("airflow.task_timeout_minutes", spec.airflow.task_timeout_minutes, 1),
         ("maintenance.rewrite_data_files.min_input_files", m.rewrite_data_files.min_input_files, 1),
         ("maintenance.expire_snapshots.retain_last", m.expire_snapshots.retain_last, 1),

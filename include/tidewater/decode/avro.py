@@ -6,7 +6,6 @@ in Tidewater; its cost is measured in BENCHMARKS.md). Records of several schema 
 land together under the union of their schemas (fields added by evolution are null in older records).
 """
 
-
 from __future__ import annotations
 
 import io

@@ -6,7 +6,6 @@ chunk's first record gives the payload's declared types), then columns are picke
 with Arrow compute. Records whose envelope does not fit are set apart like any undecodable record.
 """
 
-
 from __future__ import annotations
 
 import json

@@ -1,6 +1,5 @@
 """Debezium change-event envelopes (JSON with or without a schema): the row image (``after``, or ``before`` for deletes) plus ``_op``."""
 
-
 from __future__ import annotations
 
 from typing import Any

@@ -11,7 +11,6 @@ Type inference: fields already in the table are parsed with the table's types; n
 of a chunk are left out until a record gives them a type.
 """
 
-
 from __future__ import annotations
 
 import io

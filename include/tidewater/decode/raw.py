@@ -1,6 +1,5 @@
 """``string`` and ``bytes`` values: the raw value as one column, no decoding (invalid UTF-8 is a bad record)."""
 
-
 from __future__ import annotations
 
 import pyarrow as pa

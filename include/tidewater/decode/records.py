@@ -1,6 +1,5 @@
 """What decoders return besides rows: bad records by chunk index, and the masks that drop them."""
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,7 +4,6 @@ It listens on 127.0.0.1 only, on a free port unless one is given, with in-memory
 lost when it stops). Production pipelines point at a real Kafka cluster instead.
 """
 
-
 from __future__ import annotations
 
 import json

@@ -1,6 +1,5 @@
 """Sample events of the users' scenarios, for the demo and tests (completed pizza orders)."""
 
-
 from __future__ import annotations
 
 import json

@@ -6,7 +6,6 @@ the Apache Iceberg spelling (``iceberg.tables.route-field``) or the original one
 Secrets are never copied into the file: they become ``${ENV_VAR}`` references, reported as such.
 """
 
-
 from __future__ import annotations
 
 import re

@@ -17,7 +17,6 @@ before and after. The rules that keep ingestion safe:
   yet committed.
 """
 
-
 from __future__ import annotations
 
 import json

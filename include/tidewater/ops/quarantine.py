@@ -7,7 +7,6 @@ A person then publishes the batch (its files appended to main in one commit) or 
 is removed; expiry and orphan removal delete its files later).
 """
 
-
 from __future__ import annotations
 
 import json

@@ -3,7 +3,6 @@
 The request and its checks are in ``plan/replay.py``; the one atomic commit in ``commit/replay.py``.
 """
 
-
 from __future__ import annotations
 
 from typing import Any

@@ -1,6 +1,5 @@
 """What a pipeline's tables say about it: lag per partition, last batch, valid-through, history."""
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,6 +1,5 @@
 """What an Airflow backfill run of the ingest DAG does for its data interval (see ``plan_backfill``)."""
 
-
 from __future__ import annotations
 
 import json

@@ -2,7 +2,6 @@
 planner in between; the plan is staged as JSON before Spark starts.
 """
 
-
 from __future__ import annotations
 
 import logging

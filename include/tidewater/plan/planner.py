@@ -6,7 +6,6 @@ per partition that has data, starting exactly at the committed offset, never pas
 together within the cap. No I/O here: the planner is tested without a broker.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -17,7 +17,6 @@ no-op (or, with ``reprocess``, a ``replace`` replay of that batch's ranges); an 
 is mapped to offsets with Kafka's timestamp lookup and replayed with ``append-missing``.
 """
 
-
 from __future__ import annotations
 
 import logging

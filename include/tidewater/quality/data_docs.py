@@ -6,7 +6,6 @@ Pages are rendered with great-expectations' own validation-results renderer from
 The validate task logs the page's address.
 """
 
-
 from __future__ import annotations
 
 import html

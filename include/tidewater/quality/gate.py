@@ -5,7 +5,6 @@ configured ``validation.not_null`` columns have no nulls (both from the counts i
 per-pipeline suite file adds more; only the columns its expectations name are read, in chunks.
 """
 
-
 from __future__ import annotations
 
 import json

@@ -3,7 +3,6 @@
 XCom carries a small document (batch id, plan path, counts), never data or secrets.
 """
 
-
 from __future__ import annotations
 
 import functools

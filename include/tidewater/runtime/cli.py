@@ -1,6 +1,5 @@
 """The ``tidewater`` command line."""
 
-
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,5 @@
 """Logging set-up for command-line and Spark entry points (library code only uses getLogger)."""
 
-
 from __future__ import annotations
 
 import logging

@@ -9,7 +9,6 @@ class files' constant pools.
 The Spark catalog gets the pyiceberg catalog's name, so both see the same tables.
 """
 
-
 from __future__ import annotations
 
 import io

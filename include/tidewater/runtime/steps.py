@@ -4,7 +4,6 @@ Each step reads what the previous one staged (plan.json, manifest.json) so that 
 retried on its own: write never commits, validate never changes anything, and commit is idempotent.
 """
 
-
 from __future__ import annotations
 
 import logging

@@ -5,7 +5,6 @@ offsets; offsets are never committed to Kafka (the Iceberg table is the source o
 Reads use ``isolation.level=read_committed`` so aborted transactional records are not ingested.
 """
 
-
 from __future__ import annotations
 
 import json

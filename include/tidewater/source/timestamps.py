@@ -1,6 +1,5 @@
 """Kafka's timestamp-to-offset lookup (ListOffsets by time), as replays and backfills of time ranges need it."""
 
-
 from __future__ import annotations
 
 from typing import Protocol

@@ -5,7 +5,6 @@ it, and adding columns that already exist is a no-op (``union_by_name``). Confli
 are retried after a refresh.
 """
 
-
 from __future__ import annotations
 
 import logging

@@ -1,6 +1,5 @@
 """Table creation from records and schema evolution (new fields, widening, required -> optional)."""
 
-
 from __future__ import annotations
 
 import logging

@@ -10,7 +10,6 @@ Splitting is vectorized: the transforms run as Arrow kernels over the whole chun
 their partition values once, and each partition is a zero-copy slice.
 """
 
-
 from __future__ import annotations
 
 import base64

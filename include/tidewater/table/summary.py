@@ -6,7 +6,6 @@ where each partition stands. Snapshots made by others (compaction, expiry, manua
 keys; readers walk back through the snapshot's ancestors to the newest one that does.
 """
 
-
 from __future__ import annotations
 
 import json

@@ -7,7 +7,6 @@ letter (it is a record-level failure, not a batch failure). Results are UTC ``ti
 naive date-times are read in ``format.timezone``.
 """
 
-
 from __future__ import annotations
 
 from datetime import datetime, timezone

@@ -7,7 +7,6 @@ value (not per record). The result is, per target table, a boolean mask over the
 the rows that went nowhere and the rows whose value cannot name a table.
 """
 
-
 from __future__ import annotations
 
 import re

@@ -12,7 +12,6 @@ Everything is Arrow work over whole chunks; only a column that fails to cast is 
 value (error path).
 """
 
-
 from __future__ import annotations
 
 from typing import Any

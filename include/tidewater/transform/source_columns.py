@@ -5,7 +5,6 @@ Built from librdkafka's message batch with C-level maps and Arrow arrays (no Pyt
 for the records that decoded (dead letters keep their own copy of key, headers and coordinates).
 """
 
-
 from __future__ import annotations
 
 from typing import Any

@@ -5,7 +5,6 @@ the good rows, listed in the batch manifest, and committed right after the batch
 batch id, so a retry never adds them twice). Records read = rows written + dead letters + skipped.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Callable

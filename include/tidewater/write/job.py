@@ -10,7 +10,6 @@ landed: only the commit step makes files visible) and reports the error; the dri
 ``error.json`` next to the plan and exits non-zero.
 """
 
-
 from __future__ import annotations
 
 import argparse

@@ -7,7 +7,6 @@ partitions one task writes at once, not the batch size.
 Data files are returned as plain JSON-able dicts (metrics included) for the batch manifest.
 """
 
-
 from __future__ import annotations
 
 import base64

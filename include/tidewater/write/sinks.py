@@ -1,6 +1,5 @@
 """Per target table, what one task writes: the table's schema set-up, the offsets it saw, its data files."""
 
-
 from __future__ import annotations
 
 import logging
@@ -29,6 +28,7 @@ class TableSink:
         self.seen: dict[str, dict[int, int | None]] = {}
         self._committed = committed_state(self.table, tspec.branch).offsets if routed and self.table is not None else {}
         self.owner = table_owner(self.table) if routed and self.table is not None else None
+        self.added = 0  # fields this task added to the table (table.max_new_columns)
 
     @property
     def foreign(self) -> bool:
@@ -40,6 +40,17 @@ class TableSink:
         t = self._committed.get(topic, {}).get(partition)
         self.seen.setdefault(topic, {})[partition] = t
         return t
+
+    def admit(self, decoded: Any) -> tuple[Any, list[Any]]:
+        """(rows within the table's schema limits, rows over them as ``limits.Rejected``): see
+        ``table/limits.py``. With ``evolve_schema`` off nothing is added, so nothing is over a limit."""
+        from tidewater.table import limits
+        from tidewater.table.evolution import table_arrow_schema
+
+        if not decoded.num_rows or (self.table is not None and not self.tspec.evolve_schema):
+            return decoded, []
+        existing = table_arrow_schema(self.table) if self.table is not None else None
+        return limits.check(decoded, existing, self.tspec.limits(), self.added)
 
     def write(self, decoded: Any) -> None:
         from tidewater.table.evolution import ensure_table, evolution_needed, new_fields, without_new_fields
@@ -55,6 +66,7 @@ class TableSink:
                 decoded = without_new_fields(table, decoded)
         if table is None or evolution_needed(table, decoded):
             before = None if table is None else table.schema().schema_id
+            self.added += len(new_fields(table, decoded.schema)) if table is not None else 0
             table = self.table = ensure_table(self.catalog, self.tspec, table, decoded)
             if self.writer is not None and table.schema().schema_id != before:
                 self.files.extend(self.writer.close())  # schema changed: finish the file written with the old one

@@ -7,7 +7,6 @@ How a record travels: ``source.kafka.read_range`` (Arrow-friendly chunks of raw 
 ``write.dead_letters`` (bad records as rows of the dead-letter table).
 """
 
-
 from __future__ import annotations
 
 import functools
@@ -69,6 +68,11 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
         empty = pc.is_null(sub.column(column)) if column in sub.column_names else pa.nulls(sub.num_rows).is_null()
         for r in pc.indices_nonzero(empty).to_pylist():  # error path
             failed.setdefault(rows_of[r].as_py(), ("MissingId", f"table {ident}: id column {column!r} is empty"))
+    sub, over = sink.admit(sub)
+    if over:  # error path
+        for o in over:
+            failed.setdefault(rows_of[o.row].as_py(), (o.error_class, f"table {ident}: {o.message}"))
+        rows_of = pc.filter(rows_of, keep_mask(len(rows_of), [o.row for o in over]))
     return sub, rows_of
 
 
@@ -194,11 +198,30 @@ class _TaskWriter:
         decoded = add_source_columns(self.spec.format, chunk, decoded, gone)
         if self.router is not None:
             bad = self.route(chunk, decoded, gone, bad)
+        elif self.single is not None:
+            decoded, bad, gone = self.admit(chunk, decoded, bad, gone)
         self.set_apart(chunk, bad)
         decoded = self.drop_present(chunk, decoded, gone)
         if self.single is not None:
             self.single.write(decoded)
         self.count(chunk)
+
+    def admit(self, chunk: Any, decoded: Any, bad: list[Any], gone: list[int]) -> tuple[Any, list[Any], list[int]]:
+        """Records over the table's schema limits join the bad records (see ``table/limits.py``)."""
+        from tidewater.decode.records import BadRecord, decoded_rows
+        from tidewater.errors import RecordError
+
+        assert self.single is not None
+        decoded, over = self.single.admit(decoded)
+        if not over:
+            return decoded, bad, gone
+        index = decoded_rows(len(chunk), gone)  # chunk index of each decoded row
+        more = [BadRecord(index[o.row].as_py(), o.error_class, o.message) for o in over]
+        if self.policy == "fail":
+            raise RecordError(f"{more[0].error_class}: {more[0].message}", topic=chunk.topic, partition=chunk.partition,
+                              offset=chunk.offsets[more[0].index])
+        bad = sorted(bad + more, key=lambda b: b.index)
+        return decoded, bad, sorted(gone + [b.index for b in more])
 
     def route(self, chunk: Any, decoded: Any, gone: list[int], bad: list[Any]) -> list[Any]:
         more, unmatched, routed_now = route_chunk(self.spec, self.router, self.sinks, self.open_sink, chunk, decoded, gone)
