@@ -178,6 +178,47 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - retu
     return quarantine_dag()
 
 
+def build_skip_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+    """``skip_<name>``: dead-letter the records that block a partition (triggered with a form, audited)."""
+    pipeline_path = str(path)
+
+    @dag(
+        dag_id=f"skip_{spec.name}",
+        schedule=None,
+        **spec.airflow.dag_kwargs("skip"),
+        doc_md=(
+            f"### skip blocking records of `{spec.table.identifier}`\n\nWhen a partition is stuck on records that "
+            "fail every retry, trigger this DAG with the partition, the range starting at its committed offset "
+            "(see `tidewater status`) and a reason. The records go to the dead-letter table as `OperatorSkip` with "
+            "the reason and the triggering user, and the partition's offset moves past them in one batch of its "
+            "own (recorded as `tidewater.operator-skip` in the table's history). `dry_run` (on by default) only "
+            "checks.\n\n* pipeline file: `" + pipeline_path + "`"
+        ),
+        params={
+            "topic": Param(spec.topics[0] if spec.topics else "", type="string", title="Topic"),
+            "partition": Param(0, type="integer", minimum=0, title="Partition"),
+            "start_offset": Param(0, type="integer", minimum=0, title="Start offset",
+                                  description="The partition's committed offset (the first record to skip)"),
+            "end_offset": Param(1, type="integer", minimum=1, title="End offset (exclusive)",
+                                description="The first offset that is ingested again"),
+            "reason": Param("", type="string", minLength=1, title="Reason",
+                            description="Kept with the dead letters and in the table's history"),
+            "dry_run": Param(True, type="boolean", title="Dry run", description="Only check and log what would happen"),
+        },
+    )
+    def skip_dag():
+        @task(task_id="skip")
+        def run(**context) -> dict:
+            from tidewater.runtime.airflow import skip_task
+
+            user = getattr(context.get("dag_run"), "triggering_user_name", None) or "airflow"
+            return skip_task(pipeline_path, dict(context["params"]), by=str(user))
+
+        run()
+
+    return skip_dag()
+
+
 def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
     """A DAG that shows a broken pipeline file in the UI instead of hiding it."""
 
@@ -208,9 +249,11 @@ for _path in discover_pipelines():
         _dag = build_invalid_dag(_path, _e)
     else:
         _dag = build_ingest_dag(_path, _spec)
-        if not _spec.routed:  # replay of routed pipelines: not yet
+        if not _spec.routed:  # replay and skip of routed pipelines: not yet
             _replay = build_replay_dag(_path, _spec)
             globals()[_replay.dag_id] = _replay
+            _skip = build_skip_dag(_path, _spec)
+            globals()[_skip.dag_id] = _skip
         if _spec.validation.on_failure == "quarantine":
             _quarantine = build_quarantine_dag(_path, _spec)
             globals()[_quarantine.dag_id] = _quarantine

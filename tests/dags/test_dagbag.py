@@ -22,9 +22,9 @@ def dagbag(pipelines_dir: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN20
 def test_shipped_pipelines_import_without_errors(monkeypatch):
     bag = dagbag(REPO / "include" / "pipelines", monkeypatch)
     assert bag.import_errors == {}
-    assert {"ingest_pizzas", "maintain_pizzas", "replay_pizzas"} <= set(bag.dags)
+    assert {"ingest_pizzas", "maintain_pizzas", "replay_pizzas", "skip_pizzas"} <= set(bag.dags)
     for dag_id, dag in bag.dags.items():
-        kind = {"ingest": "ingest", "replay": "replay", "maintain": "maintenance"}[dag_id.split("_")[0]]
+        kind = {"ingest": "ingest", "replay": "replay", "maintain": "maintenance", "skip": "skip"}[dag_id.split("_")[0]]
         assert {"tidewater", kind} <= set(dag.tags), dag_id
         assert dag.max_active_runs == 1
         assert dag.doc_md

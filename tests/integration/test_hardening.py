@@ -242,3 +242,84 @@ def test_unreachable_broker_gives_one_clear_error_not_a_flood_of_librdkafka_line
     assert any(line.startswith("tidewater: transient") or "tidewater: " in line for line in lines[-3:]), lines[-5:]
     refused = [line for line in lines if "Connection refused" in line]
     assert 1 <= len(refused) <= 8, f"{len(refused)} connection-refused lines"
+
+
+def test_an_operator_skips_the_record_that_blocks_a_partition(broker, home, topic):
+    """dead_letter.policy fail and a poison record at offset 10: every run fails naming it. The operator
+    runs `tidewater skip` for [10, 11) with a reason. Expected: the 10 records before it are ingested by
+    a batch of their own, the poison record is a dead letter (OperatorSkip, with the reason and who asked),
+    the offset moves to 11 and the history records the skip; the next run ingests the rest. A range
+    starting before the committed offset is refused naming start_offset (exit 2), a dry run changes
+    nothing."""
+    import subprocess
+    import sys
+
+    from tidewater.errors import BatchWriteError
+    from tidewater.runtime.steps import run_once
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          dead_letter={"policy": "fail"})
+    spec = load_pipeline(path)
+    good = pizza_events(15, seed=75)
+    produce_to_partition(broker.bootstrap, topic, 0, good[:10] + [b'{"order_id": "x", "store_id": '] + good[10:])
+    for _ in range(2):
+        with pytest.raises(BatchWriteError) as e:
+            run_once(path, master="local[2]", out=quiet)
+        assert (e.value.partition, e.value.offset) == (0, 10)
+    tidewater = str(Path(sys.executable).parent / "tidewater")
+    env = {**os.environ, "TIDEWATER_HOME": str(home)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([tidewater, "skip", "--pipeline", str(path), "--topic", topic, "--partition", "0", *args],
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    dry = cli("--start-offset", "10", "--end-offset", "11", "--reason", "bad deploy", "--dry-run", "--json")
+    assert dry.returncode == 0 and json.loads(dry.stdout)["status"] == "dry-run"
+    assert load_table(load_catalog(spec), spec.table.identifier) is None
+    done = cli("--start-offset", "10", "--end-offset", "11", "--reason", "bad deploy 4711", "--by", "alice", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert (out["status"], out["ingested_first"], out["dead_letters"]) == ("committed", 10, 1)
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert table.scan().to_arrow().num_rows == 10 and committed_state(table).offsets == {topic: {0: 11}}
+    skips = [json.loads(s.summary.additional_properties["tidewater.operator-skip"]) for s in table.snapshots()
+             if "tidewater.operator-skip" in s.summary.additional_properties]
+    assert skips == [{"topic": topic, "partition": 0, "start": 10, "end": 11, "reason": "bad deploy 4711", "by": "alice"}]
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().to_pylist()
+    assert [(r["offset"], r["error_class"]) for r in dlq] == [(10, "OperatorSkip")]
+    assert "alice" in dlq[0]["error_message"] and "bad deploy 4711" in dlq[0]["error_message"]
+    assert dlq[0]["value"] == b'{"order_id": "x", "store_id": '
+    refused = cli("--start-offset", "3", "--end-offset", "5", "--reason", "x")
+    assert refused.returncode == 2 and "start_offset" in refused.stderr
+    assert run_once(path, master="local[2]", out=quiet)["records"] == 5
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert table.scan().to_arrow().num_rows == 15 and committed_state(table).offsets == {topic: {0: 16}}
+
+
+@pytest.mark.parametrize("policy", ["fail", "dead_letter"])
+def test_a_null_in_a_not_null_column_fails_the_batch_or_becomes_a_dead_letter(broker, home, topic, policy):
+    """Two records without order_id among ten, through spark-submit. `fail`: the gate stops the batch and
+    nothing is committed; `dead_letter`: they are dead letters (NullInRequiredColumn naming the column),
+    the eight others land, read = rows + dead letters."""
+    from tidewater.errors import ValidationFailedError
+    from tidewater.runtime.steps import run_once
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"not_null": ["order_id"], "not_null_policy": policy})
+    spec = load_pipeline(path)
+    values = pizza_events(8, seed=76)
+    values.insert(3, json.dumps({"store_id": 1}).encode())
+    values.insert(7, json.dumps({"order_id": None, "store_id": 2}).encode())
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    if policy == "fail":
+        with pytest.raises(ValidationFailedError):
+            run_once(path, master="local[2]", out=quiet)
+        table = load_table(load_catalog(spec), spec.table.identifier)
+        assert table is None or table.current_snapshot() is None
+        return
+    result = run_once(path, master="local[2]", out=quiet)
+    assert (result["status"], result["records"], result["dead_letters"]) == ("committed", 10, 2)
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset").to_pylist()
+    assert [(r["offset"], r["error_class"]) for r in dlq] == [(3, "NullInRequiredColumn"), (7, "NullInRequiredColumn")]
+    assert "'order_id'" in dlq[0]["error_message"]
+    assert _rows(spec, spec.table.identifier) == 8

@@ -83,6 +83,19 @@ def offsets_moved(plan: BatchPlan, current: Offsets) -> list[str]:
     return moved
 
 
+def _batch_summary(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets, dag_run_id: str | None,
+                   validation: dict[str, Any] | None, extra: dict[str, str] | None) -> dict[str, str]:
+    """The snapshot summary properties of a batch's commit."""
+    props = summary_properties(
+        offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=manifest.records,
+        valid_through_ms=manifest.valid_through_ms(), dag_run_id=dag_run_id, dead_letters=manifest.dead_letters,
+        skipped=manifest.skipped, ignored_fields=manifest.ignored_fields, validation=validation,
+    )
+    props.update(batch_properties(plan))
+    props.update(extra or {})
+    return props
+
+
 def _create_empty(catalog: Any, ident: str) -> Any:
     """Every record of the first batch was dead-lettered or skipped: the offsets still have to move, so
     the table is created without columns (they come with the first good record)."""
@@ -104,10 +117,12 @@ def commit_batch(
     dead_letter_sink: DeadLetterSink | None = None,
     branch: str | None = None,
     quarantine: bool = False,
+    extra_properties: dict[str, str] | None = None,
 ) -> CommitResult:
     """Append the manifest's files in one snapshot (on ``branch``, default main) stamped with offsets and
     the batch id, then the batch's dead letters. ``quarantine``: the files go to the batch's quarantine
-    branch instead and main gets an empty snapshot with the offsets (see commit/quarantine.py)."""
+    branch instead and main gets an empty snapshot with the offsets (see commit/quarantine.py).
+    ``extra_properties``: more snapshot summary properties (an operator's skip records its reason)."""
 
     check_manifest(plan, manifest)
     ident = plan.table
@@ -124,12 +139,7 @@ def commit_batch(
                 batch_id=plan.batch_id,
             )
         stamped["offsets"] = merge_offsets(state.offsets, plan.ranges)
-        props = summary_properties(
-            offsets=stamped["offsets"], batch_id=plan.batch_id, pipeline=plan.pipeline, records=manifest.records,
-            valid_through_ms=manifest.valid_through_ms(), dag_run_id=dag_run_id, dead_letters=manifest.dead_letters,
-            skipped=manifest.skipped, ignored_fields=manifest.ignored_fields, validation=validation,
-        )
-        props.update(batch_properties(plan))
+        props = _batch_summary(plan, manifest, stamped["offsets"], dag_run_id, validation, extra_properties)
         if quarantine:
             to_branch = quarantine_change(plan.batch_id, manifest.data_files, props)
             return Change({**props, QUARANTINED: branch_name(plan.batch_id)}, (), branch=branch, also=(to_branch,))

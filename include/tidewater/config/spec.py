@@ -310,6 +310,13 @@ class ValidationSpec:
     """The data-quality gate that runs on a staged batch before it is committed."""
 
     not_null: list[str] = _doc("Columns that must be non-null in every row of the batch.", default_factory=list)
+    not_null_policy: str = _doc(
+        "What a null (or missing) value in a `not_null` column does: `fail` fails the quality gate (nothing is "
+        "committed, and every retry fails the same way until the data is dealt with); `dead_letter` sets the "
+        "record apart as a dead letter (`NullInRequiredColumn`, naming the column) while the write step runs, "
+        "and the rest of the batch lands.",
+        default="fail",
+    )
     suite: str | None = _doc(
         "A great-expectations suite file (JSON, `{\"expectations\": [{\"type\": ..., \"kwargs\": {...}}]}`), "
         "relative to the pipeline file, whose expectations are added to the built-in ones. Row-wise "

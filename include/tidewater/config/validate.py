@@ -92,6 +92,7 @@ def _check_quality_gate(spec: PipelineSpec) -> None:
     """The quality gate's policy and id checks."""
     one_of("validation.on_failure", spec.validation.on_failure, ("fail", "warn", "quarantine"))
     one_of("validation.unique_ids", spec.validation.unique_ids, ("none", "batch", "table"))
+    one_of("validation.not_null_policy", spec.validation.not_null_policy, ("fail", "dead_letter"))
     if spec.validation.unique_ids != "none" and not spec.routed and not spec.table.id_columns:
         raise ConfigError("validation.unique_ids: needs table.id_columns")
     if spec.validation.on_failure == "quarantine" and spec.routed:

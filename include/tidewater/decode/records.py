@@ -55,3 +55,17 @@ def not_utf8(v: bytes) -> bool:
         return False
     except UnicodeDecodeError:
         return True
+
+
+def null_rows(rows: pa.Table, columns: list[str]) -> dict[int, str]:
+    """Rows (positions) with a null or missing value in one of ``columns``: row -> the first such column.
+    Vectorized per column; Python only over the rows found (error path)."""
+    import pyarrow.compute as pc
+
+    out: dict[int, str] = {}
+    for column in columns:
+        empty = pc.is_null(rows.column(column)) if column in rows.column_names else pa.nulls(rows.num_rows).is_null()
+        if pc.any(empty).as_py():
+            for r in pc.indices_nonzero(empty).to_pylist():
+                out.setdefault(r, column)
+    return out

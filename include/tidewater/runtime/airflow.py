@@ -97,6 +97,22 @@ def quarantine_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, Any
     return result
 
 
+@fail_fast
+def skip_task(pipeline_path: str, params: dict[str, Any], by: str) -> dict[str, Any]:
+    """The skip DAG: dead-letter the range that blocks a partition (errors name the parameter)."""
+    from tidewater.ops.skip import SkipRequest, skip
+
+    def number(name: str) -> int:
+        value = params.get(name)
+        if value is None or isinstance(value, bool):
+            raise ConfigError(f"{name}: required (a whole number)")
+        return int(value)
+
+    req = SkipRequest(str(params.get("topic") or ""), number("partition"), number("start_offset"), number("end_offset"),
+                      str(params.get("reason") or ""), by, bool(params.get("dry_run", True)))
+    return skip(load_pipeline(pipeline_path), req)
+
+
 def _planned(plan: Any, path: Any) -> dict[str, Any] | None:
     if plan is None or path is None:
         return None

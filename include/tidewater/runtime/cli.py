@@ -235,6 +235,41 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_skip(args: argparse.Namespace) -> int:
+    import getpass
+
+    from tidewater.config.parse import load_pipeline
+    from tidewater.ops.skip import SkipRequest, skip
+
+    spec = load_pipeline(args.pipeline)
+    req = SkipRequest(args.topic, args.partition, args.start_offset, args.end_offset, args.reason,
+                      args.by or getpass.getuser(), args.dry_run)
+    result = skip(spec, req)
+    if args.json:
+        print(json.dumps(result))
+    elif result["status"] == "dry-run":
+        print(f"dry run: would dead-letter {req.topic}[{req.partition}] [{req.start_offset}, {req.end_offset}) and move "
+              f"the offset to {req.end_offset}")
+    else:
+        print(f"{result['status']}: {result['dead_letters']} records of {req.topic}[{req.partition}] "
+              f"[{req.start_offset}, {req.end_offset}) dead-lettered as OperatorSkip ({result['batch_id']})")
+    return 0
+
+
+def _add_skip(sub: Any) -> None:
+    p = sub.add_parser("skip", help="dead-letter the records that block a partition and move its offset past them")
+    _pipeline_arg(p)
+    p.add_argument("--topic", required=True, help="the blocked topic")
+    p.add_argument("--partition", type=int, required=True, help="the blocked partition")
+    p.add_argument("--start-offset", type=int, required=True, help="must be the partition's committed offset")
+    p.add_argument("--end-offset", type=int, required=True, help="exclusive: the first offset ingested again")
+    p.add_argument("--reason", required=True, help="why (kept with the dead letters and in the table's history)")
+    p.add_argument("--by", default=None, help="who asks (default: the user running the command)")
+    p.add_argument("--dry-run", action="store_true", help="check and describe; change nothing")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(fn=cmd_skip)
+
+
 def _add_validate(sub: Any) -> None:
     p = sub.add_parser("validate", help="check a pipeline file")
     _pipeline_arg(p)
@@ -349,6 +384,7 @@ _COMMANDS = (
     _add_connect_import,
     _add_replay,
     _add_quarantine,
+    _add_skip,
     _add_status,
     _add_history,
     _add_sql,

@@ -34,6 +34,7 @@ from tidewater.plan.ingest import plan_batch
 from tidewater.quality.gate import ValidationReport, require_valid, validate_batch
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import DEAD_LETTERS, committed_state, summary_dict
+from tidewater.write.dead_letters import dead_letter_sink
 
 log = logging.getLogger(__name__)
 
@@ -143,23 +144,6 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
 
 def batch_path(spec: PipelineSpec, plan: BatchPlan) -> Path:
     return batch_dir(spec.staging_dir(), spec.name, plan.batch_id)
-
-
-def dead_letter_sink(spec: PipelineSpec, batch_id: str) -> Any:
-    """The Kafka dead-letter topic as a sink for the dead-letter commit (None without ``dead_letter.topic``)."""
-    if not spec.dead_letter.topic:
-        return None
-    from tidewater.source.kafka import kafka_settings
-    from tidewater.write.dead_letters import produce_to_topic
-
-    topic = spec.dead_letter.topic
-
-    def send(table: Any, files: list[Any]) -> str:
-        sent = produce_to_topic(kafka_settings(spec), topic, table, files)
-        log.info("batch %s: %d dead letters sent to topic %s", batch_id, sent, topic)
-        return topic
-
-    return send
 
 
 def finish_pending_commits(spec: PipelineSpec) -> str | None:

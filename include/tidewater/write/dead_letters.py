@@ -7,6 +7,7 @@ batch id, so a retry never adds them twice). Records read = rows written + dead 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,8 @@ from tidewater.batch import StagedFile
 from tidewater.decode.records import BadRecord
 from tidewater.source.kafka import Chunk, client_logging
 from tidewater.table.catalog import DEAD_LETTER_SCHEMA
+
+log = logging.getLogger(__name__)
 
 POLICIES = ("dead_letter", "fail", "skip")
 
@@ -121,3 +124,19 @@ def produce_to_topic(settings: dict[str, str], topic: str, table: Any, files: li
             + (f", {len(failures)} failed (first: {failures[0]})" if failures else "")
         )
     return sent
+
+
+def dead_letter_sink(spec: Any, batch_id: str) -> Any:
+    """The Kafka dead-letter topic as a sink for the dead-letter commit (None without ``dead_letter.topic``)."""
+    if not spec.dead_letter.topic:
+        return None
+    from tidewater.source.kafka import kafka_settings
+
+    topic = spec.dead_letter.topic
+
+    def send(table: Any, files: list[Any]) -> str:
+        sent = produce_to_topic(kafka_settings(spec), topic, table, files)
+        log.info("batch %s: %d dead letters sent to topic %s", batch_id, sent, topic)
+        return topic
+
+    return send

@@ -33,10 +33,9 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
 
     Rows the table already holds (below its own committed offset) are dropped and counted; rows that
     cannot go to this table are added to ``failed`` (row -> error class, message)."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tidewater.decode.records import keep_mask
+    from tidewater.decode.records import keep_mask, null_rows
     from tidewater.table.evolution import table_arrow_schema
     from tidewater.transform.shaping import NameMatcher, conform
 
@@ -64,10 +63,13 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
             for r, msg in casts:
                 failed.setdefault(rows_of[r].as_py(), ("TypeMismatch", f"table {ident}: {msg}"))
             rows_of = pc.filter(rows_of, keep_mask(len(rows_of), [r for r, _ in casts]))
-    for column in sink.tspec.id_columns:
-        empty = pc.is_null(sub.column(column)) if column in sub.column_names else pa.nulls(sub.num_rows).is_null()
-        for r in pc.indices_nonzero(empty).to_pylist():  # error path
-            failed.setdefault(rows_of[r].as_py(), ("MissingId", f"table {ident}: id column {column!r} is empty"))
+    for r, column in null_rows(sub, list(sink.tspec.id_columns)).items():  # error path
+        failed.setdefault(rows_of[r].as_py(), ("MissingId", f"table {ident}: id column {column!r} is empty"))
+    validation = sink.spec.validation
+    if validation.not_null_policy == "dead_letter":
+        present = [c for c in validation.not_null if sink.table is not None and c in sink.table.schema().column_names]
+        for r, column in null_rows(sub, present).items():  # error path
+            failed.setdefault(rows_of[r].as_py(), ("NullInRequiredColumn", f"table {ident}: column {column!r} is null"))
     sub, over = sink.admit(sub)
     if over:  # error path
         for o in over:
@@ -207,16 +209,28 @@ class _TaskWriter:
         self.count(chunk)
 
     def admit(self, chunk: Any, decoded: Any, bad: list[Any], gone: list[int]) -> tuple[Any, list[Any], list[int]]:
-        """Records over the table's schema limits join the bad records (see ``table/limits.py``)."""
+        """Records over the table's schema limits (see ``table/limits.py``) and, with
+        ``validation.not_null_policy: dead_letter``, records with a null in a ``not_null`` column join the
+        bad records."""
         from tidewater.decode.records import BadRecord, decoded_rows
         from tidewater.errors import RecordError
 
         assert self.single is not None
         decoded, over = self.single.admit(decoded)
-        if not over:
+        over_rows = [(o.row, o.error_class, o.message) for o in over]
+        if self.spec.validation.not_null_policy == "dead_letter" and decoded.num_rows:
+            from tidewater.decode.records import keep_mask, null_rows
+
+            nulls = null_rows(decoded, list(self.spec.validation.not_null))
+            if nulls:  # error path
+                kept_pos = [i for i in range(decoded.num_rows + len(over)) if i not in {o.row for o in over}]
+                over_rows += [(kept_pos[r], "NullInRequiredColumn", f"column {c!r} is null or missing")
+                              for r, c in nulls.items()]
+                decoded = decoded.filter(keep_mask(decoded.num_rows, list(nulls)))
+        if not over_rows:
             return decoded, bad, gone
         index = decoded_rows(len(chunk), gone)  # chunk index of each decoded row
-        more = [BadRecord(index[o.row].as_py(), o.error_class, o.message) for o in over]
+        more = sorted((BadRecord(index[r].as_py(), cls, msg) for r, cls, msg in over_rows), key=lambda b: b.index)
         if self.policy == "fail":
             raise RecordError(f"{more[0].error_class}: {more[0].message}", topic=chunk.topic, partition=chunk.partition,
                               offset=chunk.offsets[more[0].index])
