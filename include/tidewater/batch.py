@@ -344,6 +344,7 @@ PLAN_NAME = "plan.json"  # the planner's BatchPlan
 MANIFEST_NAME = "manifest.json"  # the write step's BatchManifest
 ERROR_NAME = "error.json"  # the write step's error document, when a Spark task failed
 VALIDATION_NAME = "validation.json"  # the quality gate's verdict, stamped at commit
+REVERTED_NAME = "reverted.json"  # the batch will never commit: its schema changes were undone
 
 
 def manifest_path(plan_path: str | Path) -> Path:

@@ -323,3 +323,99 @@ def test_a_null_in_a_not_null_column_fails_the_batch_or_becomes_a_dead_letter(br
     assert [(r["offset"], r["error_class"]) for r in dlq] == [(3, "NullInRequiredColumn"), (7, "NullInRequiredColumn")]
     assert "'order_id'" in dlq[0]["error_message"]
     assert _rows(spec, spec.table.identifier) == 8
+
+
+def _props(spec) -> dict:  # noqa: ANN001
+    t = load_table(load_catalog(spec), spec.table.identifier)
+    return {} if t is None else {k: v for k, v in t.properties.items() if k.startswith("tidewater.")}
+
+
+def test_a_rejected_batch_leaves_no_column_and_no_table_behind(broker, home, topic):
+    """Through spark-submit. First batch: its records would create the table, one lacks order_id (gate
+    `fail`): the gate rejects it and the table it created is dropped. Then a good batch creates it; then a
+    batch whose records bring a new field `coupon` is rejected by the gate: `coupon` is removed again, no
+    provisional tag remains, and the rejected batch can never be committed afterwards."""
+    from tidewater.batch import REVERTED_NAME
+    from tidewater.errors import TerminalError, ValidationFailedError
+    from tidewater.runtime.steps import commit_step, load_manifest, plan_step, run_once, run_write_step, validate_step
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"store_id": 1}).encode()] + pizza_events(3, seed=77))
+    with pytest.raises(ValidationFailedError):
+        run_once(path, master="local[2]", out=quiet)
+    assert load_table(load_catalog(spec), spec.table.identifier) is None, "the table the rejected batch created is gone"
+
+    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                        validation={"not_null": []}))
+    assert run_once(path.parent / "orders.yaml", master="local[2]", out=quiet)["status"] == "committed"
+    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}))
+    events = [json.loads(v) for v in pizza_events(4, seed=78)]
+    values = [json.dumps({**e, "coupon": f"c{i}"}).encode() for i, e in enumerate(events)] + [json.dumps({"coupon": "x"}).encode()]
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    plan, plan_path = plan_step(spec)
+    manifest = run_write_step(spec, plan_path, master="local[2]")
+    assert "coupon" in load_table(load_catalog(spec), spec.table.identifier).schema().column_names
+    assert any(k.startswith("tidewater.provisional.") for k in _props(spec)), "tagged while the batch is open"
+    with pytest.raises(ValidationFailedError):
+        validate_step(spec, plan, manifest)
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert "coupon" not in table.schema().column_names and _props(spec) == {}
+    assert (plan_path.parent / REVERTED_NAME).is_file()
+    with pytest.raises(TerminalError, match="will never commit"):
+        commit_step(spec, plan, load_manifest(plan_path))
+    assert committed_state(table).offsets == {topic: {0: 4}}
+
+
+def test_a_batch_that_died_before_its_commit_has_its_new_columns_undone_then_lands_once(broker, home, topic, monkeypatch):
+    """`tidewater run` (spark-submit) dies in the commit step of a batch whose records bring `coupon`.
+    Expected: `coupon` exists, tagged as that batch's; the next run undoes it before planning, plans the
+    same records anew, adds `coupon` again and confirms it with its commit (no tag left); every record once."""
+    import tidewater.runtime.steps as steps
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(3, seed=79))
+    assert steps.run_once(path, master="local[2]", out=quiet)["status"] == "committed"
+    values = [json.dumps({**json.loads(v), "coupon": "c"}).encode() for v in pizza_events(5, seed=80)]
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    real = steps.commit_step
+
+    def die(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise _Killed()
+
+    monkeypatch.setattr(steps, "commit_step", die)
+    with pytest.raises(_Killed):
+        steps.run_once(path, master="local[2]", out=quiet)
+    monkeypatch.setattr(steps, "commit_step", real)
+    assert "coupon" in load_table(load_catalog(spec), spec.table.identifier).schema().column_names
+    assert any(k.startswith("tidewater.provisional.") for k in _props(spec))
+    result = steps.run_once(path, master="local[2]", out=quiet)
+    assert (result["status"], result["records"]) == ("committed", 5)
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert "coupon" in table.schema().column_names and _props(spec) == {}
+    rows = table.scan().to_arrow()
+    assert rows.num_rows == 8 and sorted(x for x in rows.column("coupon").to_pylist() if x) == ["c"] * 5
+    assert committed_state(table).offsets == {topic: {0: 8}}
+
+
+def test_a_failed_write_step_undoes_the_columns_it_added(broker, home, topic):
+    """dead_letter.policy fail, small chunks: the first chunk brings `coupon` (added while writing), a later
+    chunk holds a truncated record and the task fails. Expected: the batch fails naming the record, its
+    files are gone and `coupon` is removed again."""
+    from tidewater.errors import BatchWriteError
+    from tidewater.runtime.steps import run_once
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          dead_letter={"policy": "fail"}, batch={"chunk_records": 2})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(2, seed=81))
+    assert run_once(path, master="local[2]", out=quiet)["status"] == "committed"
+    values = [json.dumps({**json.loads(v), "coupon": "c"}).encode() for v in pizza_events(4, seed=82)] + [b'{"order_id": ']
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    with pytest.raises(BatchWriteError) as e:
+        run_once(path, master="local[2]", out=quiet)
+    assert e.value.offset == 6
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert "coupon" not in table.schema().column_names and _props(spec) == {}
+    assert table.scan().to_arrow().num_rows == 2

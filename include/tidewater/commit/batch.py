@@ -25,6 +25,7 @@ from tidewater.commit.quarantine import branch_name, quarantine_change
 from tidewater.commit.result import CommitResult
 from tidewater.errors import OffsetsMovedError, TerminalError
 from tidewater.plan.planner import merge_offsets
+from tidewater.table.provisional import confirm_keys
 from tidewater.table.summary import DATA_INTERVAL, QUARANTINED, RANGES, committed_state, summary_properties
 
 log = logging.getLogger(__name__)
@@ -140,10 +141,12 @@ def commit_batch(
             )
         stamped["offsets"] = merge_offsets(state.offsets, plan.ranges)
         props = _batch_summary(plan, manifest, stamped["offsets"], dag_run_id, validation, extra_properties)
+        confirm = tuple(confirm_keys(table, plan.batch_id))  # the batch's schema changes become permanent with it
         if quarantine:
             to_branch = quarantine_change(plan.batch_id, manifest.data_files, props)
-            return Change({**props, QUARANTINED: branch_name(plan.batch_id)}, (), branch=branch, also=(to_branch,))
-        return Change(props, manifest.data_files, branch=branch)
+            return Change({**props, QUARANTINED: branch_name(plan.batch_id)}, (), branch=branch, also=(to_branch,),
+                          remove_properties=confirm)
+        return Change(props, manifest.data_files, branch=branch, remove_properties=confirm)
 
     def on_missing() -> Any:
         if manifest.data_files:

@@ -63,6 +63,7 @@ class Change:
     delete_properties: Mapping[str, str] | None = None
     append: bool = True
     also: tuple[Change, ...] = ()  # changes to other branches, made after this one in the same transaction
+    remove_properties: tuple[str, ...] = ()  # table properties removed in the same transaction (confirmations)
 
     @property
     def kind(self) -> str:
@@ -127,6 +128,8 @@ def apply_change(tx: Any, table: Any, change: Change) -> None:
                 append.append_data_file(f)
     for other in change.also:
         apply_change(tx, table, other)
+    if change.remove_properties:
+        tx.remove_properties(*change.remove_properties)
 
 
 def failed_attempt(catalog: Any, e: BaseException, kind: str, what: str, ident: str, attempt: int) -> None:

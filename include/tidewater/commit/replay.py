@@ -19,6 +19,7 @@ from tidewater.commit.result import CommitResult
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
 from tidewater.plan.replay import rows_filter
+from tidewater.table.provisional import confirm_keys
 from tidewater.table.summary import BATCH_ID, REPLAY, committed_state, find_batch_snapshot, summary_properties
 
 log = logging.getLogger(__name__)
@@ -45,12 +46,13 @@ def commit_replay(catalog: Any, spec: PipelineSpec, plan: BatchPlan, manifest: B
                                     **({"data_interval": list(plan.data_interval)} if plan.data_interval else {})},
                                    separators=(",", ":"))
         append = bool(manifest.data_files) or plan.mode != "replace"
+        confirm = tuple(confirm_keys(table, plan.batch_id))
         if plan.mode != "replace":
-            return Change(props, manifest.data_files, branch=branch)
+            return Change(props, manifest.data_files, branch=branch, remove_properties=confirm)
         # With nothing to append the delete's snapshot carries the batch id (the idempotency marker).
         marker = {k: v for k, v in props.items() if k != BATCH_ID} if append else props
         return Change(props, manifest.data_files, branch=branch, delete_filter=rows_filter(spec, plan.ranges),
-                      delete_properties=marker, append=append)
+                      delete_properties=marker, append=append, remove_properties=confirm)
 
     done = commit(catalog, ident, prepare, marker=plan.batch_id, what=f"replay {plan.batch_id}", max_attempts=max_attempts)
     offsets = seen.get("offsets")

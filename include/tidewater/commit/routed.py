@@ -22,6 +22,7 @@ from tidewater.commit.primitive import Change, commit
 from tidewater.commit.result import CommitResult, TableCommit
 from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
 from tidewater.table.catalog import create_table, load_table
+from tidewater.table.provisional import confirm_keys
 from tidewater.table.summary import committed_state, find_batch_snapshot, summary_properties
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def commit_table_output(catalog: Any, plan: BatchPlan, out: TableOutput, dag_run
                                    pipeline=plan.pipeline, records=out.rows, valid_through_ms=None, dag_run_id=dag_run_id,
                                    ignored_fields=out.ignored_fields,
                                    validation=(validation or {}).get("tables", {}).get(out.table))
-        return Change(props, out.data_files, branch=out.branch)
+        return Change(props, out.data_files, branch=out.branch, remove_properties=tuple(confirm_keys(table, plan.batch_id)))
 
     done = commit(catalog, out.table, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts)
     if done.status == "committed":

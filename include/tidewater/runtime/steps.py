@@ -17,6 +17,7 @@ from typing import Any
 from tidewater.batch import (
     MANIFEST_NAME,
     PLAN_NAME,
+    REVERTED_NAME,
     VALIDATION_NAME,
     BatchManifest,
     BatchPlan,
@@ -29,7 +30,7 @@ from tidewater.commit.batch import commit_batch
 from tidewater.commit.result import CommitResult
 from tidewater.config.parse import load_pipeline
 from tidewater.config.spec import PipelineSpec
-from tidewater.errors import TerminalError, TransientError
+from tidewater.errors import TerminalError, TransientError, ValidationFailedError
 from tidewater.plan.ingest import plan_batch
 from tidewater.quality.gate import ValidationReport, require_valid, validate_batch
 from tidewater.table.catalog import load_catalog, load_table
@@ -133,7 +134,11 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
     page = write_page(spec, report, plan.table)
     if page is not None:
         log.info("batch %s: Data Docs %s", plan.batch_id, page.as_uri())
-    require_valid(report, spec.validation.on_failure)
+    try:
+        require_valid(report, spec.validation.on_failure)
+    except ValidationFailedError:
+        reject_batch(spec, plan, manifest, "the quality gate rejected it")
+        raise
     # What the gate decided travels to the commit (stamped in the snapshot summary).
     verdict = report.summary()
     if not report.success and spec.validation.on_failure == "quarantine":
@@ -182,13 +187,69 @@ def finish_pending_commits(spec: PipelineSpec) -> str | None:
     return plan.batch_id
 
 
+def _target_tables(spec: PipelineSpec, catalog: Any, manifest: BatchManifest | None = None) -> list[str]:
+    if not spec.routed:
+        return [spec.table.identifier]
+    if manifest is not None:
+        return [o.table for o in manifest.outputs]
+    from tidewater.ops.status import target_tables
+
+    return target_tables(spec, catalog)
+
+
+def reject_batch(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest | None, why: str) -> None:
+    """A batch that will never commit: undo its schema changes on every table it wrote to, and mark its
+    staging directory so that no later commit step can commit its files (they may hold dropped columns)."""
+    from tidewater.table.provisional import revert
+
+    catalog = load_catalog(spec)
+    undone = {ident: revert(catalog, ident, plan.batch_id) for ident in _target_tables(spec, catalog, manifest)}
+    write_json_atomic(batch_path(spec, plan) / REVERTED_NAME, {"why": why, "undone": undone})
+
+
+def revert_abandoned(spec: PipelineSpec) -> list[str]:
+    """Before an ingest batch is planned: the provisional schema changes of earlier ingest batches that
+    never committed (their run died, or was stopped) are undone. Ingest batches of one pipeline run one
+    after another (the DAG allows one active run), so an uncommitted earlier one can no longer commit;
+    replays and skips undo their own on failure. Returns the batch ids reverted."""
+    from tidewater.table.provisional import provisional_batches
+    from tidewater.table.summary import find_batch_snapshot
+
+    catalog = load_catalog(spec)
+    done = []
+    for ident in _target_tables(spec, catalog):
+        table = load_table(catalog, ident)
+        if table is None:
+            continue
+        for batch_id in sorted(provisional_batches(table)):
+            if batch_id.startswith(("replay-", "backfill-", "skip-")) or find_batch_snapshot(table, batch_id) is not None:
+                continue
+            directory = batch_dir(spec.staging_dir(), spec.name, batch_id)
+            plan = load_plan(directory / PLAN_NAME) if (directory / PLAN_NAME).is_file() else None
+            if plan is not None:
+                reject_batch(spec, plan, None, "its run ended before the commit; a later run planned anew")
+            else:
+                from tidewater.table.provisional import revert
+
+                revert(catalog, ident, batch_id)
+            done.append(batch_id)
+    return done
+
+
 def plan_step(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) -> tuple[BatchPlan, Path | None]:
-    """The plan step of the DAG and the CLI: finish what an interrupted run left, then plan the next batch."""
+    """The plan step of the DAG and the CLI: finish what an interrupted run left (its dead letters), undo
+    what an abandoned batch changed (its schema), then plan the next batch."""
     finish_pending_commits(spec)
+    revert_abandoned(spec)
     return plan_batch(spec, data_interval=data_interval)
 
 
 def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None = None) -> CommitResult:
+    reverted = batch_path(spec, plan) / REVERTED_NAME
+    if reverted.is_file():
+        why = read_json(reverted).get("why", "")
+        raise TerminalError(f"batch {plan.batch_id} will never commit ({why}); its schema changes were undone. The next "
+                            "run plans its records anew", batch_id=plan.batch_id, table=plan.table)
     path = batch_path(spec, plan) / VALIDATION_NAME
     validation = read_json(path) if path.is_file() else None
     sink = dead_letter_sink(spec, plan.batch_id)

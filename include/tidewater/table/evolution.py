@@ -160,11 +160,17 @@ def _keep_required(table: Any, schema: pa.Schema, relax: set[str]) -> pa.Schema:
     return pa.schema(walk(table.schema().fields, pa.struct(list(schema)), ""))
 
 
-def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Table) -> Any:
+def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Table,
+                 provisional: tuple[str, str] | None = None) -> Any:
     """A table that ``data`` fits (creating or evolving it: new fields, int -> long and float -> double,
     required -> optional), or an error. Safe to race: every attempt re-checks against a fresh table.
-    ``tspec``: the table's settings (a pipeline's ``table``, or one target of a routed pipeline)."""
+    ``tspec``: the table's settings (a pipeline's ``table``, or one target of a routed pipeline).
+    ``provisional``: (batch id, task tag): the changes are tagged as that batch's, confirmed by its commit
+    or reverted (see ``table/provisional.py``)."""
     from pyiceberg.exceptions import CommitFailedException
+
+    from tidewater.table import provisional as prov
+    from tidewater.table.limits import field_paths
 
     ident = tspec.identifier
     schema = data.schema
@@ -173,7 +179,8 @@ def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Tab
             raise TerminalError(f"table {ident} does not exist and table.auto_create is off", table=ident)
         if len(schema) == 0:
             raise TerminalError("cannot create a table from records without any typed field", table=ident)
-        table = create_table(catalog, ident, schema, {"format-version": "2", **tspec.properties},
+        created_by = {prov.CREATED_BY: provisional[0]} if provisional else {}
+        table = create_table(catalog, ident, schema, {"format-version": "2", **tspec.properties, **created_by},
                              tspec.partition_by, tspec.sort_by, tspec.id_columns)
 
     change = evolution_needed(table, data)
@@ -186,12 +193,18 @@ def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Tab
                             table=ident)
     for attempt in range(10):
         try:
-            with table.update_schema() as upd:
-                upd.union_by_name(_keep_required(table, schema, set(change.optional)))
-                for path in change.optional:
-                    if path not in arrow_paths(pa.struct(list(schema))):
-                        upd.make_column_optional(path)
-            log.info("table %s: schema changed: %s", ident, change.describe())
+            have = set(field_paths(pa.struct(list(table_arrow_schema(table)))))
+            added = [p for p in field_paths(pa.struct(list(schema))) if p not in have]
+            with table.transaction() as tx:
+                with tx.update_schema() as upd:
+                    upd.union_by_name(_keep_required(table, schema, set(change.optional)))
+                    for path in change.optional:
+                        if path not in arrow_paths(pa.struct(list(schema))):
+                            upd.make_column_optional(path)
+                if provisional and added:
+                    tx.set_properties(prov.marked_properties(table, provisional[0], provisional[1], added))
+            log.info("table %s: schema changed%s: %s", ident, f" (batch {provisional[0]}, until it commits)"
+                     if provisional and added else "", change.describe())
             return table
         except CommitFailedException:
             time.sleep(0.2 * (attempt + 1))

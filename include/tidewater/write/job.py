@@ -83,6 +83,10 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
         for ident, paths in by_table.items():
             if paths:
                 delete_files(load_table(catalog, ident), paths)
+        from tidewater.table.provisional import revert
+
+        for ident in {spec.table.identifier} if not spec.routed else set(by_table) - {spec.dead_letter_table()}:
+            revert(catalog, ident, plan.batch_id)  # nothing of this batch can commit: undo its schema changes
         raise BatchWriteError.from_document(errors[0]["error"], len(errors))
     results = sorted(results, key=lambda r: r["task_id"])
     table = None if spec.routed else load_table(catalog, spec.table.identifier)

@@ -14,11 +14,13 @@ class TableSink:
     """Everything one Spark task writes to one target table: schema creation and evolution, data files,
     and (routed pipelines) the rows it leaves out because the table already committed them."""
 
-    def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Any, prefix: str, routed: bool) -> None:
+    def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Any, prefix: str, routed: bool,
+                 batch: tuple[str, str] | None = None) -> None:
         from tidewater.table.catalog import load_table
         from tidewater.table.summary import committed_state
 
         self.spec, self.tspec, self.catalog, self.prefix = spec, tspec, catalog, prefix
+        self.batch = batch  # (batch id, task tag): schema changes are provisional until the batch commits
         self.table = load_table(catalog, tspec.identifier)
         self.writer: Any = None
         self.files: list[dict[str, Any]] = []
@@ -67,7 +69,7 @@ class TableSink:
         if table is None or evolution_needed(table, decoded):
             before = None if table is None else table.schema().schema_id
             self.added += len(new_fields(table, decoded.schema)) if table is not None else 0
-            table = self.table = ensure_table(self.catalog, self.tspec, table, decoded)
+            table = self.table = ensure_table(self.catalog, self.tspec, table, decoded, self.batch)
             if self.writer is not None and table.schema().schema_id != before:
                 self.files.extend(self.writer.close())  # schema changed: finish the file written with the old one
                 self.writer = None

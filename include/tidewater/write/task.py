@@ -161,7 +161,8 @@ class _TaskWriter:
 
     def open_sink(self, ident: str) -> TableSink:
         tspec = self.spec.table_spec(ident) if self.router is not None else self.spec.table
-        self.sinks[ident] = TableSink(self.spec, tspec, self.catalog, self.prefix, routed=self.router is not None)
+        self.sinks[ident] = TableSink(self.spec, tspec, self.catalog, self.prefix, routed=self.router is not None,
+                                      batch=(self.batch_id, f"t{self.task_id:05d}"))
         return self.sinks[ident]
 
     def chunks(self) -> Any:
