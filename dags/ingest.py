@@ -147,76 +147,68 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
     return replay()
 
 
+def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body):  # noqa: ANN001, ANN201
+    """A DAG of one task, triggered from the UI with a typed form: ``body(params, context)`` runs it."""
+
+    @dag(dag_id=f"{kind}_{spec.name}", schedule=None, **spec.airflow.dag_kwargs(kind), doc_md=doc_md, params=params)
+    def form_dag():
+        @task(task_id=kind)
+        def run(**context) -> dict:
+            return body(dict(context["params"]), context)
+
+        run()
+
+    return form_dag()
+
+
 def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
     """``quarantine_<name>``: list, publish or drop batches the quality gate quarantined (triggered with a form)."""
     pipeline_path = str(path)
 
-    @dag(
-        dag_id=f"quarantine_{spec.name}",
-        schedule=None,
-        **spec.airflow.dag_kwargs("quarantine"),
-        doc_md=(
-            f"### quarantined batches of `{spec.table.identifier}`\n\nA batch that fails its expectations is committed "
-            "to a branch `quarantine-<batch id>` (main unchanged, offsets advanced) and its ingest run fails. Trigger "
-            "this DAG with `list` to see them, `publish` to append a batch to main, `drop` to discard it. The failed "
-            "ingest run's validate log links the batch's Data Docs page.\n\n* pipeline file: `" + pipeline_path + "`"
-        ),
-        params={
-            "action": Param("list", type="string", enum=["list", "publish", "drop"], title="Action"),
-            "batch_id": Param("", type="string", title="Batch id", description="For publish and drop (see list)"),
-        },
-    )
-    def quarantine_dag():
-        @task(task_id="quarantine")
-        def run(**context) -> dict:
-            from tidewater.runtime.airflow import quarantine_task
+    def body(params: dict, _context: dict) -> dict:
+        from tidewater.runtime.airflow import quarantine_task
 
-            return quarantine_task(pipeline_path, dict(context["params"]))
+        return quarantine_task(pipeline_path, params)
 
-        run()
-
-    return quarantine_dag()
+    return _form_dag(spec, "quarantine", (
+        f"### quarantined batches of `{spec.table.identifier}`\n\nA batch that fails its expectations is committed "
+        "to a branch `quarantine-<batch id>` (main unchanged, offsets advanced) and its ingest run fails. Trigger "
+        "this DAG with `list` to see them, `publish` to append a batch to main, `drop` to discard it. The failed "
+        "ingest run's validate log links the batch's Data Docs page.\n\n* pipeline file: `" + pipeline_path + "`"
+    ), {
+        "action": Param("list", type="string", enum=["list", "publish", "drop"], title="Action"),
+        "batch_id": Param("", type="string", title="Batch id", description="For publish and drop (see list)"),
+    }, body)
 
 
 def build_skip_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
     """``skip_<name>``: dead-letter the records that block a partition (triggered with a form, audited)."""
     pipeline_path = str(path)
 
-    @dag(
-        dag_id=f"skip_{spec.name}",
-        schedule=None,
-        **spec.airflow.dag_kwargs("skip"),
-        doc_md=(
-            f"### skip blocking records of `{spec.table.identifier}`\n\nWhen a partition is stuck on records that "
-            "fail every retry, trigger this DAG with the partition, the range starting at its committed offset "
-            "(see `tidewater status`) and a reason. The records go to the dead-letter table as `OperatorSkip` with "
-            "the reason and the triggering user, and the partition's offset moves past them in one batch of its "
-            "own (recorded as `tidewater.operator-skip` in the table's history). `dry_run` (on by default) only "
-            "checks.\n\n* pipeline file: `" + pipeline_path + "`"
-        ),
-        params={
-            "topic": Param(spec.topics[0] if spec.topics else "", type="string", title="Topic"),
-            "partition": Param(0, type="integer", minimum=0, title="Partition"),
-            "start_offset": Param(0, type="integer", minimum=0, title="Start offset",
-                                  description="The partition's committed offset (the first record to skip)"),
-            "end_offset": Param(1, type="integer", minimum=1, title="End offset (exclusive)",
-                                description="The first offset that is ingested again"),
-            "reason": Param("", type="string", minLength=1, title="Reason",
-                            description="Kept with the dead letters and in the table's history"),
-            "dry_run": Param(True, type="boolean", title="Dry run", description="Only check and log what would happen"),
-        },
-    )
-    def skip_dag():
-        @task(task_id="skip")
-        def run(**context) -> dict:
-            from tidewater.runtime.airflow import skip_task
+    def body(params: dict, context: dict) -> dict:
+        from tidewater.runtime.airflow import skip_task
 
-            user = getattr(context.get("dag_run"), "triggering_user_name", None) or "airflow"
-            return skip_task(pipeline_path, dict(context["params"]), by=str(user))
+        user = getattr(context.get("dag_run"), "triggering_user_name", None) or "airflow"
+        return skip_task(pipeline_path, params, by=str(user))
 
-        run()
-
-    return skip_dag()
+    return _form_dag(spec, "skip", (
+        f"### skip blocking records of `{spec.table.identifier}`\n\nWhen a partition is stuck on records that "
+        "fail every retry, trigger this DAG with the partition, the range to skip (it starts at or after the "
+        "partition's committed offset, see `tidewater status`) and a reason. Records before the range are "
+        "ingested first; the range goes to the dead-letter table as `OperatorSkip` with the reason and the "
+        "triggering user, and the partition's offset moves past it (recorded as `tidewater.operator-skip` in the "
+        "table's history). `dry_run` (on by default) only checks.\n\n* pipeline file: `" + pipeline_path + "`"
+    ), {
+        "topic": Param(spec.topics[0] if spec.topics else "", type="string", title="Topic"),
+        "partition": Param(0, type="integer", minimum=0, title="Partition"),
+        "start_offset": Param(0, type="integer", minimum=0, title="Start offset",
+                              description="The first record to skip (at or after the committed offset)"),
+        "end_offset": Param(1, type="integer", minimum=1, title="End offset (exclusive)",
+                            description="The first offset that is ingested again"),
+        "reason": Param("", type="string", minLength=1, title="Reason",
+                        description="Kept with the dead letters and in the table's history"),
+        "dry_run": Param(True, type="boolean", title="Dry run", description="Only check and log what would happen"),
+    }, body)
 
 
 def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
