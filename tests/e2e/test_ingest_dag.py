@@ -186,3 +186,34 @@ def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_pat
     assert replays[0]["mode"] == "replace" and sorted(r[3] for r in replays[0]["ranges"]) == [50, 50]
     assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == before
     assert committed_state(table).offsets == {topic: {0: 50, 1: 50}}
+
+
+def test_skip_dag_from_its_form_steps_past_a_blocking_record(broker, topic, airflow_env):
+    """dead_letter.policy fail, a truncated record at offset 4: the ingest DAG fails. The skip DAG's form:
+    a dry run changes nothing; the real run dead-letters offset 4 (OperatorSkip, the reason and the
+    triggering user), ingests offsets 0-3 first and moves the offset to 5; a range before the committed
+    offset fails the run naming start_offset; the next ingest run lands the rest."""
+    from tidewater.table.catalog import load_catalog, load_table
+
+    pipeline = write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
+                              kafka={"bootstrap_servers": broker.bootstrap}, dead_letter={"policy": "fail"})
+    good = pizza_events(6, seed=83)
+    produce(broker.bootstrap, topic, good[:4] + [b'{"order_id": '] + good[4:], partitions=1)
+    dags_test(airflow_env, "ingest_orders", expect="failed")
+    form = {"topic": topic, "partition": 0, "start_offset": 4, "end_offset": 5, "reason": "truncated by a bad deploy"}
+    dags_test(airflow_env, "skip_orders", {**form, "dry_run": True})
+    assert table_of(pipeline) is None
+    dags_test(airflow_env, "skip_orders", {**form, "dry_run": False})
+    table = table_of(pipeline)
+    assert table.scan().to_arrow().num_rows == 4 and committed_state(table).offsets == {topic: {0: 5}}
+    from tidewater.config.parse import load_pipeline
+
+    spec = load_pipeline(pipeline)
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().to_pylist()
+    assert [(r["offset"], r["error_class"]) for r in dlq] == [(4, "OperatorSkip")]
+    assert "truncated by a bad deploy" in dlq[0]["error_message"]
+    out = dags_test(airflow_env, "skip_orders", {**form, "start_offset": 1, "end_offset": 2, "dry_run": False},
+                    expect="failed")
+    assert "start_offset: 1 is before the next offset to ingest" in out
+    dags_test(airflow_env, "ingest_orders")
+    assert table_of(pipeline).scan().to_arrow().num_rows == 6

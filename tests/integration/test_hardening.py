@@ -297,10 +297,11 @@ def test_an_operator_skips_the_record_that_blocks_a_partition(broker, home, topi
 
 
 @pytest.mark.parametrize("policy", ["fail", "dead_letter"])
-def test_a_null_in_a_not_null_column_fails_the_batch_or_becomes_a_dead_letter(broker, home, topic, policy):
+def test_a_null_in_a_not_null_column_fails_the_batch_or_becomes_a_dead_letter(broker, home, topic, policy, caplog):
     """Two records without order_id among ten, through spark-submit. `fail`: the gate stops the batch and
-    nothing is committed; `dead_letter`: they are dead letters (NullInRequiredColumn naming the column),
-    the eight others land, read = rows + dead letters."""
+    nothing is committed, and its Data Docs page renders the failed check (no renderer error logged);
+    `dead_letter`: they are dead letters (NullInRequiredColumn naming the column), the eight others land,
+    read = rows + dead letters."""
     from tidewater.errors import ValidationFailedError
     from tidewater.runtime.steps import run_once
 
@@ -312,10 +313,14 @@ def test_a_null_in_a_not_null_column_fails_the_batch_or_becomes_a_dead_letter(br
     values.insert(7, json.dumps({"order_id": None, "store_id": 2}).encode())
     produce_to_partition(broker.bootstrap, topic, 0, values)
     if policy == "fail":
-        with pytest.raises(ValidationFailedError):
+        with caplog.at_level("ERROR"), pytest.raises(ValidationFailedError):
             run_once(path, master="local[2]", out=quiet)
         table = load_table(load_catalog(spec), spec.table.identifier)
         assert table is None or table.current_snapshot() is None
+        assert not [r for r in caplog.records if "unexpected_percent" in r.getMessage()]
+        pages = list((home / "data-docs" / spec.name).glob("2*.html"))
+        page = " ".join(pages[0].read_text().split()) if len(pages) == 1 else ""
+        assert "2 unexpected values found" in page and "80% not null" in page and "unknown" not in page
         return
     result = run_once(path, master="local[2]", out=quiet)
     assert (result["status"], result["records"], result["dead_letters"]) == ("committed", 10, 2)
