@@ -78,10 +78,7 @@ class BatchPlan:
 
     def end_offsets(self) -> Offsets:
         """The cumulative offsets the table will hold once this batch is committed."""
-        out: Offsets = {t: dict(ps) for t, ps in self.base_offsets.items()}
-        for r in self.ranges:
-            out.setdefault(r.topic, {})[r.partition] = r.end
-        return out
+        return merge_offsets(self.base_offsets, self.ranges)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -299,6 +296,15 @@ class BatchManifest:
             outputs=tuple(TableOutput.from_json(o) for o in d.get("outputs", ())),
             version=d["version"],
         )
+
+
+def merge_offsets(base: Offsets, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Offsets:
+    """``base`` advanced to the end of each range (cumulative offsets after a batch). Routed tables keep
+    their own offsets where they are ahead instead (``commit/routed.py``, ``_never_backwards``)."""
+    out: Offsets = {t: dict(ps) for t, ps in base.items()}
+    for r in ranges:
+        out.setdefault(r.topic, {})[r.partition] = r.end
+    return out
 
 
 def offsets_to_json(offsets: Offsets) -> dict[str, dict[str, int]]:

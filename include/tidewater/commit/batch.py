@@ -18,13 +18,12 @@ import json
 import logging
 from typing import Any
 
-from tidewater.batch import BatchManifest, BatchPlan, Offsets
+from tidewater.batch import BatchManifest, BatchPlan, Offsets, merge_offsets
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
 from tidewater.commit.primitive import Change, commit
 from tidewater.commit.quarantine import branch_name, quarantine_change
 from tidewater.commit.result import CommitResult
 from tidewater.errors import OffsetsMovedError, TerminalError
-from tidewater.plan.planner import merge_offsets
 from tidewater.table.provisional import confirm_keys
 from tidewater.table.summary import DATA_INTERVAL, QUARANTINED, RANGES, committed_state, summary_properties
 

@@ -3,14 +3,15 @@
 Input: the offsets committed in the table (next offset to read per topic-partition), each partition's
 log start and end offsets as the broker reports them, and the batch cap. Output: one contiguous range
 per partition that has data, starting exactly at the committed offset, never past the end offset, and
-together within the cap. No I/O here: the planner is tested without a broker.
+together within the cap. No I/O here: the planner is tested without a broker. ``merge_offsets`` (the
+offsets after a batch) lives with the batch records and is re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tidewater.batch import Offsets, PartitionRange, TopicPartition
+from tidewater.batch import Offsets, PartitionRange, TopicPartition, merge_offsets
 from tidewater.errors import OffsetGapError
 
 
@@ -94,9 +95,4 @@ def plan_ranges(
     return ranges
 
 
-def merge_offsets(base: Offsets, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Offsets:
-    """``base`` advanced to the end of each range (cumulative offsets after a batch)."""
-    out: Offsets = {t: dict(ps) for t, ps in base.items()}
-    for r in ranges:
-        out.setdefault(r.topic, {})[r.partition] = r.end
-    return out
+__all__ = ["allocate", "merge_offsets", "plan_ranges", "start_offsets"]
