@@ -233,20 +233,22 @@ def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
     return invalid()
 
 
+def build_pipeline_dags(path: Path, spec: PipelineSpec) -> list:
+    """Every DAG of one pipeline file (ingest, and replay, skip and quarantine where they apply)."""
+    dags = [build_ingest_dag(path, spec)]
+    if not spec.routed:  # replay and skip of routed pipelines: not yet
+        dags += [build_replay_dag(path, spec), build_skip_dag(path, spec)]
+    if spec.validation.on_failure == "quarantine":
+        dags.append(build_quarantine_dag(path, spec))
+    return dags
+
+
 for _path in discover_pipelines():
+    # One file's problem, whatever it is, shows as that file's failing DAG and never hides the others.
     try:
-        _spec = load_pipeline(_path)
-    except ConfigError as _e:
-        log.error("%s", _e)
-        _dag = build_invalid_dag(_path, _e)
-    else:
-        _dag = build_ingest_dag(_path, _spec)
-        if not _spec.routed:  # replay and skip of routed pipelines: not yet
-            _replay = build_replay_dag(_path, _spec)
-            globals()[_replay.dag_id] = _replay
-            _skip = build_skip_dag(_path, _spec)
-            globals()[_skip.dag_id] = _skip
-        if _spec.validation.on_failure == "quarantine":
-            _quarantine = build_quarantine_dag(_path, _spec)
-            globals()[_quarantine.dag_id] = _quarantine
-    globals()[_dag.dag_id] = _dag
+        _dags = build_pipeline_dags(_path, load_pipeline(_path))
+    except Exception as _e:  # noqa: BLE001 - reported in the UI as the file's ingest_invalid_<file> DAG
+        log.error("%s: %s", _path, _e)
+        _dags = [build_invalid_dag(_path, _e if isinstance(_e, ConfigError) else ConfigError(f"{_path}: {_e}"))]
+    for _dag in _dags:
+        globals()[_dag.dag_id] = _dag

@@ -14,7 +14,6 @@ from airflow.sdk import Asset, dag, task
 
 from tidewater.config.parse import discover_pipelines, load_pipeline
 from tidewater.config.spec import PipelineSpec
-from tidewater.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +64,7 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - return
 
 for _path in discover_pipelines():
     try:
-        _spec = load_pipeline(_path)
-    except ConfigError:  # shown by the ingest_invalid_<file> DAG of dags/ingest.py
+        _dag = build_maintain_dag(_path, load_pipeline(_path))
+    except Exception:  # noqa: BLE001 - shown by the ingest_invalid_<file> DAG of dags/ingest.py
         continue
-    _dag = build_maintain_dag(_path, _spec)
     globals()[_dag.dag_id] = _dag

@@ -104,3 +104,29 @@ def test_quarantine_dag_only_for_the_quarantine_policy(tmp_path, monkeypatch):
     dag = bag.dags["quarantine_pizzas"]
     assert dag.schedule is None and dag.params.dump() == {"action": "list", "batch_id": ""}
     assert "quarantine_pizzas" not in dagbag(REPO / "include" / "pipelines", monkeypatch).dags
+
+
+def test_an_invalid_schedule_is_a_configuration_error_and_hides_no_other_dag(tmp_path, monkeypatch):
+    """`schedule: "every 3 minutes"` fails validation naming the key (cron or preset expected); in the DAG
+    folder that file shows as its failing DAG while every other pipeline keeps its DAGs."""
+    import yaml
+
+    from tidewater.config.parse import load_pipeline
+    from tidewater.errors import ConfigError
+
+    shutil.copy(REPO / "include" / "pipelines" / "pizzas.yaml", tmp_path / "pizzas.yaml")
+    shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
+    doc = yaml.safe_load((tmp_path / "pizzas.yaml").read_text())
+    (tmp_path / "clicks.yaml").write_text(yaml.safe_dump({**doc, "name": "clicks", "schedule": "every 3 minutes",
+                                                          "table": {"identifier": "web.clicks"}}))
+    with pytest.raises(ConfigError, match=r"schedule: 'every 3 minutes' is neither a cron expression"):
+        load_pipeline(tmp_path / "clicks.yaml")
+    for ok in ("*/3 * * * *", "@hourly", None):
+        (tmp_path / "ok.yaml").write_text(yaml.safe_dump({**doc, "name": "ok", "schedule": ok, "table": {"identifier": "web.ok"}}))
+        assert load_pipeline(tmp_path / "ok.yaml").schedule == ok
+    (tmp_path / "ok.yaml").unlink()
+    bag = dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert {"ingest_pizzas", "replay_pizzas", "maintain_pizzas"} <= set(bag.dags)
+    assert "schedule: 'every 3 minutes'" in bag.dags["ingest_invalid_clicks"].doc_md
+    assert "ingest_clicks" not in bag.dags and "maintain_clicks" not in bag.dags

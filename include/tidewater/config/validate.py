@@ -148,7 +148,9 @@ def _check_limits_and_maintenance(spec: PipelineSpec) -> None:
 
 
 def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
-    """Catalog properties, Airflow retries and the expectation suite files."""
+    """Catalog properties, Airflow schedules and retries, and the expectation suite files."""
+    check_schedule("schedule", spec.schedule)
+    check_schedule("maintenance.schedule", spec.maintenance.schedule)
     props = spec.catalog_properties()
     if "type" not in props and "uri" not in props:
         raise ConfigError("catalog.properties: set at least `type` (sql, rest, glue, hive) or `uri`")
@@ -166,6 +168,22 @@ def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
 
 SECTIONS = (_check_name_and_topics, _check_targets, _check_kafka, _check_format, _check_quality_gate, _check_dead_letters,
             _check_limits_and_maintenance, _check_catalog_airflow_suites)
+
+
+# Airflow's schedule presets (besides cron expressions).
+SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly",
+                    "@annually", "@midnight")
+
+
+def check_schedule(key: str, schedule: str | None) -> None:
+    """A cron expression (5 or 6 fields, croniter's grammar, which Airflow uses) or one of Airflow's presets."""
+    if schedule is None or schedule in SCHEDULE_PRESETS:
+        return
+    from croniter import croniter
+
+    if not croniter.is_valid(schedule):
+        raise ConfigError(f"{key}: {schedule!r} is neither a cron expression (e.g. '*/3 * * * *') nor one of "
+                          f"{', '.join(SCHEDULE_PRESETS)}")
 
 
 def check_identifier(key: str, ident: str) -> None:
