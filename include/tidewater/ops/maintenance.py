@@ -320,7 +320,7 @@ def run_action(spark: Any, spec: PipelineSpec, action: str, dry_run: bool = Fals
     table = catalog.load_table(spec.table.identifier)
     report = ActionReport(spec.table.identifier, action, dry_run, before, TableStats.of(table), details,
                           time.monotonic() - started)
-    log.info("%s", report.text())
+    log.debug("%s", report.text())  # callers show it: the CLI prints it, the Airflow task logs it
     return report
 
 

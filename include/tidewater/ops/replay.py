@@ -20,7 +20,7 @@ def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None
     from tidewater.runtime.steps import commit_step, run_write_step, validate_step
 
     say = out or (lambda _s: None)
-    plan, path, shown = plan_replay(spec, req, lookup)
+    plan, path, shown = plan_replay(spec, req, lookup, log_preview=out is None)
     for row in shown:
         say(describe(row))
     if plan is None or path is None:

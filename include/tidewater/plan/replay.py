@@ -268,10 +268,11 @@ def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: st
     return plan, path
 
 
-def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | None = None
+def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | None = None, log_preview: bool = True
                 ) -> tuple[BatchPlan | None, Path | None, list[dict[str, Any]]]:
     """Check and plan a replay. Returns (plan, path, preview); plan and path are None for a dry run or
-    when the request selects no committed records."""
+    when the request selects no committed records. ``log_preview``: log each preview row (the DAG's
+    task log); a caller that prints the preview itself turns it off."""
     from tidewater.source.kafka import kafka_settings
     from tidewater.table.catalog import load_catalog, load_table
     from tidewater.table.summary import committed_state
@@ -284,7 +285,7 @@ def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | N
     state = committed_state(table, spec.table.branch)
     ranges = resolve_ranges(spec, req, state.offsets, kafka_settings(spec), lookup)
     shown = preview(spec, table, ranges, req.mode)
-    for row in shown:
+    for row in shown if log_preview else ():
         log.info("replay %s: %s", req.mode, describe(row))
     if req.dry_run or not ranges:
         return None, None, shown

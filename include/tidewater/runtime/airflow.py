@@ -264,7 +264,9 @@ def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None,
     from tidewater.ops.maintenance import maintain
 
     spec = load_pipeline(pipeline_path)
-    reports = maintain(spec, actions=[action], master=_spark_master(spec.spark.conn_id, spec.spark.master))  # logs them
+    reports = maintain(spec, actions=[action], master=_spark_master(spec.spark.conn_id, spec.spark.master))
+    for r in reports:
+        log.info("%s", r.text())
     metas = [json.loads(json.dumps(r.metadata(), default=str)) for r in reports]
     meta = metas[0] if len(metas) == 1 else {"tables": metas}
     if outlet_events is not None and asset is not None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tidewater import __version__
 from tidewater.errors import TidewaterError
 
 
@@ -398,6 +399,7 @@ _COMMANDS = (
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tidewater", description="Exactly-once Kafka to Iceberg micro-batches.")
     ap.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+    ap.add_argument("--version", action="version", version=f"tidewater {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     for add in _COMMANDS:
         add(sub)

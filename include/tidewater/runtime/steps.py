@@ -274,8 +274,9 @@ def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, da
 
 
 def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) -> dict[str, Any]:
-    """One batch through plan, write (spark-submit), validate and commit, with a progress display."""
-    say = out or (lambda s: print(s, flush=True))
+    """One batch through plan, write (spark-submit), validate and commit, with a progress display (on
+    standard error by default: standard output stays free for a result such as ``tidewater run --json``)."""
+    say = out or (lambda s: print(s, file=sys.stderr, flush=True))
     spec = load_pipeline(spec_path)
     t0 = time.monotonic()
     say(f"[1/4] plan     {spec.name}: reading committed offsets from {spec.checkpoint_table()} and end offsets from Kafka")
