@@ -207,32 +207,38 @@ def reject_batch(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest | 
     write_json_atomic(batch_path(spec, plan) / REVERTED_NAME, {"why": why, "undone": undone})
 
 
+_NOT_INGEST = ("replay-", "backfill-", "skip-")
+
+
+def _abandoned_batches(spec: PipelineSpec, catalog: Any) -> list[Path]:
+    """Staged ingest batches planned after the newest committed one that never committed and were not
+    undone yet: the only ones whose schema changes can still need undoing (earlier ones were handled by
+    the plan step that came before the next commit). One directory listing; no table scan."""
+    from tidewater.table.summary import BATCH_ID
+
+    root = spec.staging_dir() / spec.name
+    if not root.is_dir():
+        return []
+    table = load_table(catalog, spec.checkpoint_table())
+    committed = {summary_dict(s).get(BATCH_ID) for s in table.metadata.snapshots} if table is not None else set()
+    newest = max((b for b in committed if b and not b.startswith(_NOT_INGEST)), default="")
+    return [d for d in sorted(root.iterdir())
+            if d.name > newest and not d.name.startswith(_NOT_INGEST) and d.name not in committed
+            and (d / PLAN_NAME).is_file() and not (d / REVERTED_NAME).is_file()]
+
+
 def revert_abandoned(spec: PipelineSpec) -> list[str]:
     """Before an ingest batch is planned: the provisional schema changes of earlier ingest batches that
     never committed (their run died, or was stopped) are undone. Ingest batches of one pipeline run one
     after another (the DAG allows one active run), so an uncommitted earlier one can no longer commit;
     replays and skips undo their own on failure. Returns the batch ids reverted."""
-    from tidewater.table.provisional import provisional_batches
-    from tidewater.table.summary import find_batch_snapshot
-
     catalog = load_catalog(spec)
     done = []
-    for ident in _target_tables(spec, catalog):
-        table = load_table(catalog, ident)
-        if table is None:
-            continue
-        for batch_id in sorted(provisional_batches(table)):
-            if batch_id.startswith(("replay-", "backfill-", "skip-")) or find_batch_snapshot(table, batch_id) is not None:
-                continue
-            directory = batch_dir(spec.staging_dir(), spec.name, batch_id)
-            plan = load_plan(directory / PLAN_NAME) if (directory / PLAN_NAME).is_file() else None
-            if plan is not None:
-                reject_batch(spec, plan, None, "its run ended before the commit; a later run planned anew")
-            else:
-                from tidewater.table.provisional import revert
-
-                revert(catalog, ident, batch_id)
-            done.append(batch_id)
+    for directory in _abandoned_batches(spec, catalog):
+        plan = load_plan(directory / PLAN_NAME)
+        manifest = BatchManifest.from_json(read_json(directory / MANIFEST_NAME)) if (directory / MANIFEST_NAME).is_file() else None
+        reject_batch(spec, plan, manifest, "its run ended before the commit; a later run planned anew")
+        done.append(plan.batch_id)
     return done
 
 
