@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ingest_inline, produce_to_partition, quiet, stage_inline, write_pipeline
+from tests.conftest import ingest_inline, produce_to_partition, quiet, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events
 from tidewater.table.catalog import load_catalog, load_table
@@ -82,7 +82,7 @@ def test_route_values_cannot_leave_the_namespace_or_reach_reserved_or_foreign_ta
     the pipeline's own checkpoint and dead-letter table names, and the name of a table that another
     pipeline writes: each is a dead letter (InvalidRoute or ForeignTable) naming it; no table is created
     outside `tenants`, the reserved tables keep their schema, the foreign table is unchanged, and
-    `acme` lands in `tenants.acme` alone."""
+    `acme` lands in `tenants.acme` alone. Written through spark-submit."""
     other = load_pipeline(write_pipeline(home, name="other", topics=[topic + "-o"],
                                          kafka={"bootstrap_servers": broker.bootstrap},
                                          table={"identifier": "tenants.shared"}, validation={"not_null": []}))
@@ -94,8 +94,10 @@ def test_route_values_cannot_leave_the_namespace_or_reach_reserved_or_foreign_ta
     names = ["acme", "a.b", "victim.t", "acme\n", spec.checkpoint_table().split(".")[1],
              spec.dead_letter_table().split(".")[1], "shared"]
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i, "tenant": n}).encode() for i, n in enumerate(names)])
-    plan, manifest = stage_inline(spec)
-    from tidewater.runtime.steps import commit_step, validate_step
+    from tidewater.runtime.steps import commit_step, plan_step, run_write_step, validate_step
+
+    plan, plan_path = plan_step(spec)
+    manifest = run_write_step(spec, plan_path, master="local[2]")  # through spark-submit
 
     validate_step(spec, plan, manifest)
     commit_step(spec, plan, manifest)
