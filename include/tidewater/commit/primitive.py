@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from tidewater.errors import TransientError
@@ -78,7 +78,6 @@ class Committed:
     table: Any
     snapshot_id: int | None = None
     attempts: int = 1
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def without_commit_retries(table: Any) -> Any:

@@ -224,7 +224,10 @@ class _TaskWriter:
 
             nulls = null_rows(decoded, list(self.spec.validation.not_null))
             if nulls:  # error path
-                kept_pos = [i for i in range(decoded.num_rows + len(over)) if i not in {o.row for o in over}]
+                import numpy as np
+
+                # position of each admitted row among the rows before admission (error path)
+                kept_pos = np.delete(np.arange(decoded.num_rows + len(over)), [o.row for o in over]).tolist()
                 over_rows += [(kept_pos[r], "NullInRequiredColumn", f"column {c!r} is null or missing")
                               for r, c in nulls.items()]
                 decoded = decoded.filter(keep_mask(decoded.num_rows, list(nulls)))
