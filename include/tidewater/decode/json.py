@@ -20,7 +20,7 @@ from operator import itemgetter
 import pyarrow as pa
 import pyarrow.json as pj
 
-from tidewater.decode.records import BadRecord, DecodeContext
+from tidewater.decode.records import MAX_DEPTH_DEFAULT, BadRecord, DecodeContext
 from tidewater.errors import RecordError
 from tidewater.source.kafka import Chunk
 
@@ -104,7 +104,6 @@ def settle_schema(decoded: pa.Schema, explicit: pa.Schema | None) -> pa.Schema:
     return pa.schema(list(struct))
 
 
-MAX_DEPTH_DEFAULT = 64  # format.max_nesting_depth
 _NULL_LINE = r"(?m)^[ \t]*null[ \t]*$"
 
 

@@ -38,6 +38,9 @@ def decoded_rows(n: int, bad: list[int]) -> pa.Array:
     return pa.array(np.flatnonzero(keep_mask(n, bad).to_numpy(zero_copy_only=False)) if bad else np.arange(n), pa.uint64())
 
 
+MAX_DEPTH_DEFAULT = 64  # format.max_nesting_depth's default (config/spec.py states it too, free of decode imports)
+
+
 @dataclass(frozen=True)
 class DecodeContext:
     """What a value-format decoder gets besides the chunk (see ``decode/registry.py``)."""
@@ -46,7 +49,7 @@ class DecodeContext:
     explicit: Any = None  # the table's Arrow schema (readable types) when the table exists
     strict: bool = False  # dead_letter.policy is fail: the first bad record may raise at once
     registry: Any = None  # schema registry client (avro)
-    max_depth: int = 64  # format.max_nesting_depth: deeper records are dead letters (TooDeep)
+    max_depth: int = MAX_DEPTH_DEFAULT  # format.max_nesting_depth: deeper records are dead letters (TooDeep)
 
 
 def not_utf8(v: bytes) -> bool:

@@ -48,14 +48,6 @@ def confirm_keys(table: Any, batch_id: str) -> list[str]:
     return keys
 
 
-def provisional_batches(table: Any) -> set[str]:
-    """Batch ids with provisional changes on the table."""
-    out = {k[len(PREFIX):].rsplit(".", 1)[0] for k in table.properties if k.startswith(PREFIX)}
-    if CREATED_BY in table.properties:
-        out.add(table.properties[CREATED_BY])
-    return out
-
-
 def _fields_with_data(table: Any, field_ids: set[int]) -> set[int]:
     """Of ``field_ids``, those for which a committed data file holds a non-null value (file metrics)."""
     used: set[int] = set()
