@@ -57,10 +57,17 @@ def _batch_tasks(pipeline_path: str, spec: PipelineSpec, plan_fn) -> None:  # no
 
         return commit_task(pipeline_path, planned, dag_run_id=context["run_id"])
 
+    @task(task_id="data_docs")
+    def data_docs(planned: dict) -> list:
+        from tidewater.runtime.airflow import data_docs_task
+
+        return data_docs_task(pipeline_path, planned)
+
     planned = plan()
     checked = validate(planned)
     committed = commit(planned)
     planned >> write >> checked >> committed
+    checked >> data_docs(planned)  # next to the commit, never before it (see quality/data_docs.py)
 
 
 def _timetable(schedule: str | None):  # noqa: ANN202

@@ -235,8 +235,25 @@ def pipeline_file(directory: Path, name: str, topic: str, bootstrap: str, table:
     return path
 
 
+def baseline_env(env: dict[str, str], tree: Path) -> dict[str, str]:
+    """The environment that runs an earlier checkout's code (``--baseline``) with this venv."""
+    return {**env, "PYTHONPATH": str(tree / "include"), "TIDEWATER_SPARK_APP": str(tree / "spark_apps" / "ingest_batch.py")}
+
+
+def settle(limit: float = 20.0) -> None:
+    """Wait until no Spark JVM of an earlier run is still stopping (`tidewater run` does not wait for it),
+    so that one measurement does not pay for the previous one."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if not any("org.apache.spark.deploy.SparkSubmit" in " ".join(p.info["cmdline"] or [])
+                   for p in psutil.process_iter(["cmdline"])):
+            return
+        time.sleep(0.2)
+
+
 def tidewater_run(path: Path, env: dict[str, str], master: str | None = None) -> tuple[dict, dict[str, float], float]:
-    cmd = [str(BIN / "tidewater"), "run", "--pipeline", str(path), "--json"]
+    settle()
+    cmd = [sys.executable, "-m", "tidewater.runtime.cli", "run", "--pipeline", str(path), "--json"]
     if master:
         cmd += ["--master", master]
     t0 = time.monotonic()
@@ -247,6 +264,18 @@ def tidewater_run(path: Path, env: dict[str, str], master: str | None = None) ->
     if proc.returncode != 0:
         raise RuntimeError(f"tidewater run failed ({proc.returncode}): {out[-2000:]}")
     return json.loads(out.strip().splitlines()[-1]), {k: round(v, 1) for k, v in s.peak.items()}, wall
+
+
+def breakdown(res: dict, wall: float) -> dict[str, float]:
+    """One `tidewater run` split into its phases (seconds), from its JSON result and the measured wall time."""
+    steps = res.get("steps", {})
+    if not steps:  # a baseline without the breakdown: its wall time only
+        return {"total (wall)": wall}
+    out = {"CLI start, imports and exit": wall - res["seconds"], "plan (CLI)": steps["plan"]}
+    out.update({f"write: {k}": v for k, v in res.get("write_breakdown", {}).items()})
+    out["write: manifest read back (CLI)"] = steps["write"] - sum(res.get("write_breakdown", {}).values())
+    out.update({"validate (CLI)": steps["validate"], "commit (CLI)": steps["commit"], "total (wall)": wall})
+    return out
 
 
 def manifest_of(home: Path, pipeline: str, batch_id: str) -> dict:
@@ -302,7 +331,7 @@ def write_report(results: list[Result], fixed: dict[str, float], args: argparse.
             lines.append(f"| {r.case} | {r.method} | {r.extra['files']} | {r.extra.get('file_mb', '')} | {r.extra.get('tasks', '')} |")
     lines += ["", "## Fixed cost of a batch", "", "| what | seconds |", "| --- | ---: |"]
     for k, v in fixed.items():
-        lines.append(f"| {k} | {v:.1f} |")
+        lines.append(f"| {k} | {v:.2f} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -315,6 +344,11 @@ def main() -> int:
     ap.add_argument("--bad-percent", type=float, default=1.0,
                     help="extra case: the first size with this share of truncated records (dead letters); 0: skip")
     ap.add_argument("--avro", type=int, default=1_000_000, help="extra case: Avro records, 6 partitions (0: skip)")
+    ap.add_argument("--small", type=int, default=100_000, help="extra case: a typical small batch, 6 partitions (0: skip)")
+    ap.add_argument("--baseline", default=None, metavar="TREE",
+                    help="a checkout of an earlier commit (git worktree add TREE COMMIT): its `tidewater run` is measured "
+                         "on the same topics in the same run, for before/after ratios")
+    ap.add_argument("--repeat", type=int, default=3, help="one-record batches measured per code version (median)")
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--no-dag", action="store_true", help="skip the empty-batch run through Airflow")
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
@@ -334,10 +368,15 @@ def main() -> int:
     b = embedded.start(log_path=work / "broker.log")
     results: list[Result] = []
     fixed: dict[str, float] = {}
+    breakdowns: dict[str, dict[str, float]] = {}  # case -> phase -> seconds (`tidewater run`, local[2])
+    base_breakdowns: dict[str, dict[str, float]] = {}
+    baseline = Path(args.baseline).resolve() if args.baseline else None
     registry = None
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s]
         cases = [(f"6 partitions x {n / 1e6:g}M", n, 6, 0) for n in sizes]
+        if args.small:
+            cases.append((f"6 partitions x {args.small / 1e6:g}M", args.small, 6, 0))
         if args.single:
             cases.append((f"1 partition x {args.single / 1e6:g}M", args.single, 1, 0))
         if args.bad_percent:
@@ -384,29 +423,123 @@ def main() -> int:
                 extra = {"files": files, "file_mb": round(fbytes / 1e6, 1), "tasks": tasks}
                 results.append(Result(case, f"tidewater run, {master}", n, wall, nbytes, rss, extra))
                 results.append(Result(case, f"tidewater data path, {master}", n, secs, nbytes, {}, extra))
+                if master == "local[2]" and not bad_every and not avro:
+                    breakdowns[case] = breakdown(res, wall)
+                base_path = None
+                if baseline is not None and master == "local[2]":
+                    base_path = pipeline_file(work, f"{name}_base", topic, b.bootstrap, f"bench.t{ci}_base", master, fmt)
+                    print(f"   baseline run ({master})", flush=True)
+                    bres, brss, bwall = tidewater_run(base_path, baseline_env(env, baseline))
+                    assert bres["records"] == n, bres
+                    results.append(Result(case, f"baseline run, {master}", n, bwall, nbytes, brss))
+                    if not bad_every and not avro:
+                        base_breakdowns[case] = {"total (wall)": bwall}
                 if ci == 0 and master == masters[-1]:
                     print("   fixed costs", flush=True)
                     t0 = time.monotonic()
                     tidewater_run(path, env)
                     fixed["empty batch, `tidewater run` (no Spark start)"] = time.monotonic() - t0
-                    from tidewater.dev.sample_data import produce
-
-                    produce(b.bootstrap, topic, [b'{"order_id": "one", "store_id": 1}'], partitions=parts, create=False)
-                    _, _, wall1 = tidewater_run(path, env)
-                    fixed["one-record batch, `tidewater run`"] = wall1
+                    one_record_batches(b.bootstrap, topic, parts, path, base_path, env, baseline, args.repeat,
+                                       fixed, breakdowns, base_breakdowns)
                     if not args.no_dag:
-                        fixed["empty batch, ingest DAG (`airflow dags test`)"] = dag_empty_run(work, path, env)
+                        fixed.update(dag_runs(work, path, env, b.bootstrap, topic, parts))
     finally:
         b.stop()
         if registry is not None:
             registry.stop()
-    report = write_report(results, fixed, args, started)
+    report = write_report(results, fixed, args, started) + breakdown_report(breakdowns, base_breakdowns, baseline)
     out = Path(args.output)
     if out.is_file() and ANALYSIS_MARK in out.read_text():  # keep the hand-written analysis below the figures
         report += "\n" + ANALYSIS_MARK + out.read_text().split(ANALYSIS_MARK, 1)[1]
     out.write_text(report)
     print(report)
     return 0
+
+
+ONE_RECORD = "1 record"
+
+
+def one_record_batches(bootstrap: str, topic: str, parts: int, path: Path, base_path: Path | None, env: dict[str, str],
+                       baseline: Path | None, repeat: int, fixed: dict[str, float], breakdowns: dict, base_breakdowns: dict) -> None:
+    """One-record batches through `tidewater run`, this code and the baseline alternating (medians)."""
+    import statistics
+
+    from tidewater.dev.sample_data import produce
+
+    runs: dict[str, list[tuple[dict, float]]] = {"new": [], "base": []}
+    for _ in range(repeat):
+        produce(bootstrap, topic, [b'{"order_id": "one", "store_id": 1}'], partitions=parts, create=False)
+        res, _, wall = tidewater_run(path, env)
+        assert res["records"] == 1, res
+        runs["new"].append((res, wall))
+        if base_path is not None and baseline is not None:
+            res, _, wall = tidewater_run(base_path, baseline_env(env, baseline))
+            assert res["records"] == 1, res
+            runs["base"].append((res, wall))
+    per_phase: dict[str, list[float]] = {}
+    for res, wall in runs["new"]:
+        for k, v in breakdown(res, wall).items():
+            per_phase.setdefault(k, []).append(v)
+    breakdowns[ONE_RECORD] = {k: statistics.median(v) for k, v in per_phase.items()}
+    fixed[f"one-record batch, `tidewater run` (median of {repeat})"] = breakdowns[ONE_RECORD]["total (wall)"]
+    if runs["base"]:
+        base = statistics.median(w for _, w in runs["base"])
+        base_breakdowns[ONE_RECORD] = {"total (wall)": base}
+        fixed[f"one-record batch, baseline `tidewater run` (median of {repeat})"] = base
+
+
+def breakdown_report(breakdowns: dict[str, dict[str, float]], base: dict[str, dict[str, float]], baseline: Path | None) -> str:
+    """Where the seconds of one batch go, per batch size (`tidewater run`, Spark local[2])."""
+    if not breakdowns:
+        return ""
+    cases = [c for c in (ONE_RECORD, *breakdowns) if c in breakdowns]
+    cases = list(dict.fromkeys(cases))
+    phases = list(dict.fromkeys(k for c in cases for k in breakdowns[c]))
+    lines = ["## Where a batch's time goes (`tidewater run`, Spark local[2])", "",
+             "Seconds per phase, in order. `write:` phases come from the Spark driver's milestones and the tasks' "
+             "timings (manifest `driver_timings`, `task_timings`); the first task's set-up and the data path run on "
+             "the critical path of the first task to start, other tasks run alongside.", "",
+             "| phase | " + " | ".join(cases) + " |", "| --- |" + " ---: |" * len(cases)]
+    for ph in phases:
+        lines.append(f"| {ph} | " + " | ".join(f"{breakdowns[c][ph]:.2f}" if ph in breakdowns[c] else "" for c in cases) + " |")
+    if base and baseline is not None:
+        commit = subprocess.run(["git", "-C", str(baseline), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        lines.append("| baseline total (wall), commit " + commit + " | " + " | ".join(
+            f"{base[c]['total (wall)']:.2f}" if c in base else "" for c in cases) + " |")
+        lines.append("| baseline / now | " + " | ".join(
+            f"{base[c]['total (wall)'] / breakdowns[c]['total (wall)']:.2f}x" if c in base else "" for c in cases) + " |")
+    return "\n".join(lines + [""]) + "\n"
+
+
+def dag_runs(work: Path, path: Path, env: dict[str, str], bootstrap: str, topic: str, parts: int) -> dict[str, float]:
+    """An empty batch and a one-record batch through the ingest DAG (`airflow dags test`): the wall time
+    and each task's duration as Airflow recorded it."""
+    import sqlite3
+
+    from tidewater.dev.sample_data import produce
+
+    af = work / "airflow"
+    out: dict[str, float] = {}
+    out["empty batch, ingest DAG (`airflow dags test`, wall)"] = dag_empty_run(work, path, env)
+    name = yaml.safe_load(path.read_text())["name"]
+    produce(bootstrap, topic, [b'{"order_id": "one", "store_id": 1}'], partitions=parts, create=False)
+    aenv = {**env, "AIRFLOW_HOME": str(af), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{af / 'airflow.db'}",
+            "TIDEWATER_PIPELINES_DIR": str(work / "pipelines")}
+    t0 = time.monotonic()
+    proc = subprocess.run([str(BIN / "airflow"), "dags", "test", f"ingest_{name}"], env=aenv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError("one-record DAG run failed:\n" + (proc.stdout + proc.stderr)[-3000:])
+    out["one-record batch, ingest DAG (`airflow dags test`, wall)"] = time.monotonic() - t0
+    with sqlite3.connect(af / "airflow.db") as db:
+        runs = [r[0] for r in db.execute("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id", (f"ingest_{name}",))]
+        for label, run_id in zip(("empty batch", "one-record batch"), runs[-2:]):
+            for task_id, duration, state in db.execute(
+                    "SELECT task_id, duration, state FROM task_instance WHERE dag_id = ? AND run_id = ? ORDER BY start_date",
+                    (f"ingest_{name}", run_id)):
+                if duration is not None:
+                    out[f"{label}, DAG task `{task_id}` ({state})"] = duration
+    return out
 
 
 def dag_empty_run(work: Path, path: Path, env: dict[str, str]) -> float:

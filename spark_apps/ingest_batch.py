@@ -6,8 +6,11 @@ Usage: spark-submit ... spark_apps/ingest_batch.py --plan STAGING/<pipeline>/<ba
 from __future__ import annotations
 
 import sys
+import time
 
-from tidewater.write.job import main
+STARTED = time.time()  # when spark-submit's JVM had started this Python driver (the write step's breakdown)
+
+from tidewater.write.job import main  # noqa: E402 - after the timestamp on purpose
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], driver_started=STARTED))

@@ -203,6 +203,9 @@ class BatchManifest:
     # Routed pipelines: one output per target table; ``table`` is then the checkpoint table and
     # ``data_files`` is empty.
     outputs: tuple[TableOutput, ...] = ()
+    # The Spark driver's milestones (epoch seconds): driver_started, session_ready, job_submitted, job_done,
+    # manifest_built; with the task timings they break a batch's write step down (``make bench``).
+    driver_timings: dict[str, float] = field(default_factory=dict)
     version: int = MANIFEST_VERSION
 
     @property
@@ -294,6 +297,7 @@ class BatchManifest:
             dead_letter_files=tuple(StagedFile.from_json(f) for f in d.get("dead_letter_files", ())),
             ignored_fields=tuple(d.get("ignored_fields", ())),
             outputs=tuple(TableOutput.from_json(o) for o in d.get("outputs", ())),
+            driver_timings=dict(d.get("driver_timings", {})),
             version=d["version"],
         )
 

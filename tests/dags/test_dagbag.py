@@ -33,9 +33,10 @@ def test_shipped_pipelines_import_without_errors(monkeypatch):
 
 def test_task_chain(monkeypatch):
     dag = dagbag(REPO / "include" / "pipelines", monkeypatch).dags["ingest_pizzas"]
-    assert dag.get_task("plan").downstream_task_ids == {"write", "validate", "commit"}
+    assert dag.get_task("plan").downstream_task_ids == {"write", "validate", "commit", "data_docs"}
     assert dag.get_task("write").downstream_task_ids == {"validate"}
-    assert dag.get_task("validate").downstream_task_ids == {"commit"}
+    assert dag.get_task("validate").downstream_task_ids == {"commit", "data_docs"}
+    assert dag.get_task("commit").downstream_task_ids == set()  # the Data Docs page never delays a commit
     assert type(dag.get_task("write")).__name__ == "IngestSparkSubmitOperator"
 
 
@@ -90,8 +91,9 @@ def test_replay_dag_form_and_chain(monkeypatch):
                       "start_time": None, "end_time": None, "mode": "replace", "dry_run": False}
     assert dag.params.get_param("mode").schema["enum"] == ["replace", "append-missing"]
     assert dag.params.get_param("topic").schema["enum"] == ["completed-pizzas"]
-    assert dag.get_task("plan").downstream_task_ids == {"write", "validate", "commit"}
-    assert dag.get_task("validate").downstream_task_ids == {"commit"}
+    assert dag.get_task("plan").downstream_task_ids == {"write", "validate", "commit", "data_docs"}
+    assert dag.get_task("validate").downstream_task_ids == {"commit", "data_docs"}
+    assert dag.get_task("commit").downstream_task_ids == set()  # the Data Docs page never delays a commit
     assert bag.dags["ingest_pizzas"].params.dump() == {"reprocess": False}
 
 

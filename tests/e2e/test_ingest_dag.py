@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,7 +60,11 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
     )
     for i in range(2):
         produce(broker.bootstrap, topic, pizza_events(240, seed=50 + i), partitions=2)
-        dags_test(airflow_env, "ingest_orders")
+        out = dags_test(airflow_env, "ingest_orders")
+        # built-in checks only: the validate task leaves the page to the data_docs task next to the commit
+        assert "(rendered after the commit)" in out
+        page = re.search(r"Data Docs (file://\S+\.html)\n", out.split("(rendered after the commit)")[1])
+        assert page and Path(page.group(1)[len("file://"):]).is_file()
     table = table_of(pipeline)
     assert table.scan().to_arrow().num_rows == 480
     snaps = sorted(table.snapshots(), key=lambda s: s.sequence_number)

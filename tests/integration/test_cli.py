@@ -57,3 +57,50 @@ def test_maintain_and_replay_dry_runs_show_each_line_once(broker, home, topic):
     assert replay.returncode == 0, replay.stderr[-2000:]
     both = replay.stdout + replay.stderr
     assert both.count(f"{topic}[0] [0, 5)") == 1 and "dry run: nothing changed" in replay.stdout
+
+
+STEPS_SCRIPT = """
+import json, sys
+from tidewater.config.parse import load_pipeline
+from tidewater.runtime.steps import commit_step, plan_step, validate_step
+spec = load_pipeline(sys.argv[1])
+plan, path = plan_step(spec)
+seen = {"empty_plan": sorted(m for m in ("pyspark", "great_expectations") if m in sys.modules)}
+from tidewater.source.kafka import kafka_settings
+from tidewater.write.job import run_inline
+from tidewater.batch import manifest_path, write_json_atomic
+produce = __import__("tidewater.dev.sample_data", fromlist=["produce"])
+produce.produce(spec.kafka.bootstrap_servers, spec.topics[0], produce.pizza_events(5, seed=93), partitions=1)
+plan, path = plan_step(spec)
+manifest = run_inline(plan, spec, kafka_settings(spec))
+write_json_atomic(manifest_path(path), manifest.to_json())
+validate_step(spec, plan, manifest)
+commit_step(spec, plan, manifest)
+seen["batch"] = sorted(m for m in ("pyspark", "great_expectations") if m in sys.modules)
+seen["batch_id"] = plan.batch_id
+print(json.dumps(seen))
+"""
+
+
+def test_steps_import_spark_and_great_expectations_only_when_used(broker, home, topic):
+    """An empty plan and a batch checked by the built-in checks alone import neither pyspark nor
+    great-expectations (2-4 s of imports, more than a small batch's data path). The batch's Data Docs page
+    is then left for later: `tidewater data-docs` (the DAG's data_docs task) renders it from the saved report."""
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"not_null": ["order_id"]})
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(3, seed=92))
+    ingest_inline(load_pipeline(path))  # the script's first plan finds nothing new
+    proc = subprocess.run([sys.executable, "-c", STEPS_SCRIPT, str(path)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TIDEWATER_HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["empty_plan"] == [] and seen["batch"] == []
+    docs = home / "data-docs" / load_pipeline(path).name
+    assert (docs / f"{seen['batch_id']}.json").is_file() and not (docs / f"{seen['batch_id']}.html").exists()
+    rendered = cli(home, "data-docs", "--pipeline", str(path))
+    assert rendered.returncode == 0, rendered.stderr[-2000:]
+    page = docs / f"{seen['batch_id']}.html"
+    assert str(page) in rendered.stdout.split()  # (the batch ingested above had its page left pending too)
+    assert "Data documentation compiled by Great Expectations" in page.read_text()
+    assert "expect_column_values_to_not_be_null" in page.read_text() or "values must never be null" in page.read_text()
+    assert cli(home, "data-docs", "--pipeline", str(path)).stdout == ""  # nothing left to render

@@ -4,6 +4,13 @@ Pages are rendered with great-expectations' own validation-results renderer from
 (the suite's expectations and the built-in ones) and written to ``validation.data_docs_dir``
 (default ``$TIDEWATER_HOME/data-docs/<pipeline>/``), with an ``index.html`` listing the newest batches.
 The validate task logs the page's address.
+
+The gate's report is always saved first (``<batch id>.json`` next to the pages). Importing
+great-expectations costs 2-4 s, more than a small batch's whole data path, so the validate step renders
+the page at once only when great-expectations is loaded anyway (a suite ran) or the batch failed; a
+batch checked by the built-in checks alone gets its page from :func:`render_pending`, which the ingest
+DAG runs as its ``data_docs`` task next to the commit (never before it) and ``tidewater run`` starts in
+the background once the batch is committed (``tidewater data-docs`` renders them by hand).
 """
 
 from __future__ import annotations
@@ -57,6 +64,66 @@ def _result(check: Any) -> Any:
                                        expectation_config=ExpectationConfiguration(type=etype, kwargs=kwargs, meta=meta))
 
 
+def report_path(spec: PipelineSpec, batch_id: str) -> Path:
+    return docs_dir(spec) / f"{batch_id}.json"
+
+
+def page_path(spec: PipelineSpec, batch_id: str) -> Path:
+    return docs_dir(spec) / f"{batch_id}.html"
+
+
+def save_report(spec: PipelineSpec, report: Any, table: str) -> Path:
+    """Keep the gate's report for its page (rendered now or by :func:`render_pending`)."""
+    import json
+
+    from tidewater.batch import write_json_atomic
+
+    path = report_path(spec, report.batch_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, json.loads(json.dumps({"table": table, "report": report.to_json()}, default=str)))
+    return path
+
+
+def publish(spec: PipelineSpec, report: Any, table: str) -> tuple[Path, bool]:
+    """Save the report and render its page when that is cheap (great-expectations already loaded) or
+    needed now (the batch failed). Returns (the page's path, whether it was rendered now)."""
+    import sys
+
+    save_report(spec, report, table)
+    if "great_expectations" in sys.modules or not report.success:
+        return page_path(spec, report.batch_id), write_page(spec, report, table) is not None
+    return page_path(spec, report.batch_id), False
+
+
+def render_pending(spec: PipelineSpec, batch_id: str | None = None) -> list[Path]:
+    """Render the pages of saved reports that have none yet (only ``batch_id``'s when given)."""
+    from tidewater.batch import read_json
+    from tidewater.quality.gate import ValidationReport
+
+    directory = docs_dir(spec)
+    reports = [report_path(spec, batch_id)] if batch_id else sorted(directory.glob("*.json"))
+    done = []
+    for path in reports:
+        if not path.is_file() or path.with_suffix(".html").is_file():
+            continue
+        doc = read_json(path)
+        page = write_page(spec, ValidationReport.from_json(doc["report"]), doc["table"])
+        if page is not None:
+            done.append(page)
+    return done
+
+
+def render_in_background(spec: PipelineSpec, batch_id: str) -> None:
+    """Start ``tidewater data-docs`` for one batch in its own session (it outlives this process)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "tidewater.runtime.cli", "data-docs", "--pipeline", str(spec.source_path),
+           "--batch", batch_id]
+    subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+
+
 def write_page(spec: PipelineSpec, report: Any, table: str) -> Path | None:
     """Render ``report`` and write it; returns the page's path (None if rendering failed: the gate's
     verdict never depends on the page)."""
@@ -84,8 +151,10 @@ def write_page(spec: PipelineSpec, report: Any, table: str) -> Path | None:
         return None
     directory = docs_dir(spec)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{report.batch_id}.html"
-    path.write_text(page)
+    path = page_path(spec, report.batch_id)
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(page)
+    tmp.replace(path)
     _write_index(directory, spec)
     return path
 

@@ -52,6 +52,18 @@ class ValidationReport:
         )
         return "\n".join([head, *(c.line() for c in self.checks)])
 
+    def to_json(self) -> dict[str, Any]:
+        return {"batch_id": self.batch_id, "suite": self.suite, "success": self.success, "rows": self.rows,
+                "checks": [{"expectation": c.expectation, "kwargs": c.kwargs, "success": c.success, "observed": c.observed}
+                           for c in self.checks],
+                "tables": [[t, r.to_json()] for t, r in self.tables]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ValidationReport:
+        return cls(doc["batch_id"], doc["suite"], doc["success"], doc["rows"],
+                   tuple(CheckResult(**c) for c in doc["checks"]),
+                   tuple((t, cls.from_json(r)) for t, r in doc.get("tables", [])))
+
     def summary(self) -> dict[str, Any]:
         return {
             "suite": self.suite,

@@ -142,6 +142,17 @@ def validate_task(pipeline_path: str, planned: dict[str, Any]) -> dict[str, Any]
 
 
 @fail_fast
+def data_docs_task(pipeline_path: str, planned: dict[str, Any]) -> list[str]:
+    """Render the batch's Data Docs page if the validate task left it for later."""
+    from tidewater.quality.data_docs import render_pending
+
+    pages = render_pending(load_pipeline(pipeline_path), planned["batch_id"])
+    for page in pages:
+        log.info("Data Docs %s", page.as_uri())
+    return [str(p) for p in pages]
+
+
+@fail_fast
 def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | None) -> dict[str, Any]:
     from tidewater.runtime.steps import commit_step
 
@@ -198,7 +209,12 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         # spark-submit inherits this process's environment; only connection-resolved Kafka settings are
         # added. On YARN and Kubernetes the hook would turn environment variables into --conf arguments
         # (visible in the process list): there they go to the properties file instead.
-        self.env_vars = None
+        from tidewater.runtime.spark import launcher_env
+
+        master = _spark_master(self._conn_id, spec.spark.master)
+        env_conf = _CLUSTER_ENV_CONF.get(master.split(":", 1)[0])
+        # (the Spark hook refuses environment variables in standalone cluster mode)
+        self.env_vars = launcher_env() if env_conf is None and _deploy_mode(self._conn_id) != "cluster" else None
         if spec.kafka.conn_id:
             from airflow.sdk.log import mask_secret
 
@@ -206,10 +222,8 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
             for k, v in resolved.items():
                 if is_secret_key(k):
                     mask_secret(v)
-            master = _spark_master(self._conn_id, spec.spark.master)
-            env_conf = _CLUSTER_ENV_CONF.get(master.split(":", 1)[0])
             if env_conf is None:
-                self.env_vars = {KAFKA_CONFIG_ENV: json.dumps(resolved)}
+                self.env_vars = {**(self.env_vars or {}), KAFKA_CONFIG_ENV: json.dumps(resolved)}
             else:
                 secret[env_conf + KAFKA_CONFIG_ENV] = json.dumps(resolved)
         secrets_file = properties_file(secret) if secret else None
@@ -256,6 +270,15 @@ def _spark_master(conn_id: str, default: str) -> str:
     if host and conn.port and "://" in host:
         host = f"{host}:{conn.port}"
     return host or default
+
+
+def _deploy_mode(conn_id: str) -> str | None:
+    try:
+        from airflow.sdk import BaseHook
+
+        return BaseHook.get_connection(conn_id).extra_dejson.get("deploy-mode")
+    except Exception:  # no such connection: client mode
+        return None
 
 
 @fail_fast

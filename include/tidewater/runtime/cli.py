@@ -28,7 +28,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from tidewater.runtime.steps import run_once
 
-    result = run_once(args.pipeline, master=args.master)
+    result = run_once(args.pipeline, master=args.master, wait_for_spark=False)
     if args.json:
         print(json.dumps(result))
     return 0
@@ -373,6 +373,25 @@ def _add_produce_sample(sub: Any) -> None:
     p.set_defaults(fn=cmd_produce_sample)
 
 
+def cmd_data_docs(args: argparse.Namespace) -> int:
+    from tidewater.config.parse import load_pipeline
+    from tidewater.quality.data_docs import docs_dir, render_pending
+
+    spec = load_pipeline(args.pipeline)
+    pages = render_pending(spec, args.batch)
+    for page in pages:
+        print(page)
+    print(f"{len(pages)} page(s) rendered; index {docs_dir(spec) / 'index.html'}", file=sys.stderr)
+    return 0
+
+
+def _add_data_docs(sub: Any) -> None:
+    p = sub.add_parser("data-docs", help="render the Data Docs pages of validated batches that have none yet")
+    _pipeline_arg(p)
+    p.add_argument("--batch", default=None, help="only this batch id (default: every batch without a page)")
+    p.set_defaults(fn=cmd_data_docs)
+
+
 def _add_docs(sub: Any) -> None:
     p = sub.add_parser("docs", help="print (or write) the configuration reference")
     p.add_argument("--output", default=None)
@@ -393,6 +412,7 @@ _COMMANDS = (
     _add_broker,
     _add_produce_sample,
     _add_docs,
+    _add_data_docs,
 )
 
 

@@ -65,40 +65,107 @@ def load_manifest(plan_path: str | Path) -> BatchManifest:
     return BatchManifest.from_json(read_json(mpath))
 
 
-def run_write_step(spec: PipelineSpec, plan_path: Path, master: str | None = None, progress: Any = None) -> BatchManifest:
-    """Run the Spark job with spark-submit (as the DAG does) and return its manifest."""
-    from tidewater.batch import ERROR_NAME
-    from tidewater.runtime.spark import properties_file, remove_properties_file, spark_submit_command, write_submit_settings
-    from tidewater.write.job import read_error
+class WriteJob:
+    """One spark-submit of the write job for a staged plan."""
 
-    (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
-    manifest_path(plan_path).unlink(missing_ok=True)
-    secret = write_submit_settings(spec)["secret_conf"]
-    secrets_file = properties_file(secret) if secret else None
-    try:
+    def __init__(self, spec: PipelineSpec, plan_path: Path, master: str | None = None,
+                 timings: dict[str, float] | None = None) -> None:
+        from tidewater.batch import ERROR_NAME
+        from tidewater.runtime.spark import properties_file, remove_properties_file, spark_submit_command, write_submit_settings
+
+        self.timings = {} if timings is None else timings
+        (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
+        manifest_path(plan_path).unlink(missing_ok=True)
+        secret = write_submit_settings(spec)["secret_conf"]
+        self.secrets_file = properties_file(secret) if secret else None
         cmd = spark_submit_command(spec, str(spark_app_path()), ["--plan", str(plan_path)], master=master,
-                                   secrets_file=secrets_file)
-        log_path = plan_path.parent / "spark-submit.log"
-        started = time.monotonic()
-        with open(log_path, "w") as logf:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_spark_env())
-            while proc.poll() is None:
-                time.sleep(0.5)
+                                   secrets_file=self.secrets_file)
+        self.log_path = plan_path.parent / "spark-submit.log"
+        self.started = time.monotonic()
+        self.timings["submitted"] = time.time()
+        try:
+            with open(self.log_path, "w") as logf:
+                self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_spark_env())
+        except BaseException:
+            remove_properties_file(self.secrets_file)
+            raise
+
+    def wait(self, plan_path: Path, progress: Any = None, background: list[Any] | None = None) -> BatchManifest:
+        """The job's manifest once it exists (``background``: without waiting for the JVM to exit)."""
+        from tidewater.runtime.spark import remove_properties_file
+        from tidewater.write.job import read_error
+
+        mpath = manifest_path(plan_path)
+        try:
+            while self.proc.poll() is None:
+                if background is not None and mpath.is_file():
+                    break
+                time.sleep(0.1)
                 if progress is not None:
-                    progress(time.monotonic() - started)
-    finally:
-        remove_properties_file(secrets_file)
-    if proc.returncode != 0:
-        err = read_error(plan_path.parent)
-        if err is not None:
-            raise err
-        tail = log_path.read_text()[-3000:]
-        raise TransientError(f"spark-submit exited with {proc.returncode}; log {log_path}:\n{tail}")
-    return load_manifest(plan_path)
+                    progress(time.monotonic() - self.started)
+            self.timings["returned"] = time.time()
+        finally:
+            remove_properties_file(self.secrets_file)  # read by spark-submit when it started
+        if self.proc.returncode is None:  # the manifest is there and Spark is stopping: reaped by the caller
+            proc, log_path = self.proc, self.log_path
+            background.append(lambda: _reap(proc, log_path))  # type: ignore[union-attr]
+            return load_manifest(plan_path)
+        if self.proc.returncode != 0:
+            err = read_error(plan_path.parent)
+            if err is not None:
+                raise err
+            tail = self.log_path.read_text()[-3000:]
+            raise TransientError(f"spark-submit exited with {self.proc.returncode}; log {self.log_path}:\n{tail}")
+        return load_manifest(plan_path)
+
+
+def run_write_step(spec: PipelineSpec, plan_path: Path, master: str | None = None, progress: Any = None,
+                   timings: dict[str, float] | None = None, background: list[Any] | None = None) -> BatchManifest:
+    """Run the Spark job with spark-submit (as the DAG does) and return its manifest. ``timings`` receives
+    when spark-submit started and when the step returned (epoch seconds, for :func:`write_breakdown`).
+
+    With ``background`` (a list), the step returns as soon as the job's manifest exists (written atomically
+    after the last task: the batch's files are complete) and Spark stops while the caller validates and
+    commits; a function that waits for spark-submit to exit is appended to the list, to call at the end.
+    """
+    return WriteJob(spec, plan_path, master, timings).wait(plan_path, progress, background)
+
+
+def _reap(proc: subprocess.Popen, log_path: Path) -> None:
+    code = proc.wait()
+    if code != 0:  # after a complete manifest: the batch is unaffected, but say so
+        log.warning("spark-submit exited with %d after writing the batch's manifest; log %s", code, log_path)
+
+
+def write_breakdown(manifest: BatchManifest, submitted: float, returned: float) -> dict[str, float]:
+    """Where the write step's wall time went, in seconds, in order (from the driver's milestones and the
+    tasks' timings; the figures add up to returned - submitted)."""
+    d, tasks = manifest.driver_timings, manifest.task_timings
+    if not d or "manifest_built" not in d:
+        return {"spark-submit": round(returned - submitted, 3)}
+    marks = [("spark-submit and JVM start, until the Python driver runs", submitted, d["driver_started"]),
+             ("driver imports", d["driver_started"], d["imports_done"]),
+             ("SparkContext start", d["imports_done"], d["session_ready"])]
+    ready = d["session_ready"]
+    if tasks:
+        first, last = min(t["started_at"] for t in tasks), max(t["finished_at"] for t in tasks)
+        setup = min(tasks, key=lambda t: t["started_at"]).get("setup_seconds", 0.0)
+        marks += [("task scheduling and Python worker start", ready, first),
+                  ("first task's set-up (catalog, table, clients)", first, first + setup),
+                  ("data path after set-up (read, decode, write)", first + setup, last),
+                  ("task results to the driver", last, d["job_done"])]
+    else:
+        marks.append(("no tasks", ready, d["job_done"]))
+    marks += [("manifest (driver)", d["job_done"], d["manifest_built"]),
+              ("manifest written until the step returned (Spark stop and JVM exit, unless in the background)",
+               d["manifest_built"], returned)]
+    return {name: round(b - a, 3) for name, a, b in marks}
 
 
 def _spark_env() -> dict[str, str]:
-    env = dict(os.environ)
+    from tidewater.runtime.spark import launcher_env
+
+    env = {**os.environ, **launcher_env()}
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     return env
@@ -109,7 +176,7 @@ def _spark_env() -> dict[str, str]:
 
 def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> ValidationReport:
     """Run the quality gate; raises ValidationFailedError (nothing committed) when it fails."""
-    from tidewater.quality.data_docs import write_page
+    from tidewater.quality.data_docs import publish
 
     catalog = load_catalog(spec)
     table = None if spec.routed else load_table(catalog, spec.table.identifier)
@@ -131,9 +198,8 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
             report = ValidationReport(plan.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))
     else:
         report = validate_batch(spec, table, manifest)
-    page = write_page(spec, report, plan.table)
-    if page is not None:
-        log.info("batch %s: Data Docs %s", plan.batch_id, page.as_uri())
+    page, rendered = publish(spec, report, plan.table)
+    log.info("batch %s: Data Docs %s%s", plan.batch_id, page.as_uri(), "" if rendered else " (rendered after the commit)")
     try:
         require_valid(report, spec.validation.on_failure)
     except ValidationFailedError:
@@ -279,9 +345,12 @@ def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, da
     return result
 
 
-def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) -> dict[str, Any]:
+def run_once(spec_path: str | Path, master: str | None = None, out: Any = None, wait_for_spark: bool = True) -> dict[str, Any]:
     """One batch through plan, write (spark-submit), validate and commit, with a progress display (on
-    standard error by default: standard output stays free for a result such as ``tidewater run --json``)."""
+    standard error by default: standard output stays free for a result such as ``tidewater run --json``).
+
+    Spark stops while the batch is validated and committed; ``wait_for_spark=False`` (``tidewater run``)
+    returns without waiting for its JVM to exit (about a second after the manifest, on its own)."""
     say = out or (lambda s: print(s, file=sys.stderr, flush=True))
     spec = load_pipeline(spec_path)
     t0 = time.monotonic()
@@ -301,7 +370,19 @@ def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) 
             next_tick[0] += 10.0
 
     say("[2/4] write    spark-submit " + str(spark_app_path().name))
-    manifest = run_write_step(spec, plan_path, master=master, progress=tick)
+    submit: dict[str, float] = {}
+    background: list[Any] = []  # Spark stops while the batch is validated and committed
+    try:
+        manifest = run_write_step(spec, plan_path, master, progress=tick, timings=submit, background=background)
+        return _validate_and_commit(spec, plan, manifest, say, submit, (t0, t1))
+    finally:
+        for finish in background if wait_for_spark else ():
+            finish()
+
+
+def _validate_and_commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, say: Any,
+                         submit: dict[str, float], started: tuple[float, float]) -> dict[str, Any]:
+    t0, t1 = started
     extra = f", {manifest.dead_letters} dead letter(s)" if manifest.dead_letters else ""
     extra += f", {manifest.skipped} skipped" if manifest.skipped else ""
     if manifest.ignored_fields:
@@ -313,10 +394,20 @@ def run_once(spec_path: str | Path, master: str | None = None, out: Any = None) 
     else:
         say(f"      {manifest.records} records -> {len(manifest.data_files)} data file(s){extra} ({time.monotonic() - t1:.1f}s)")
     t2 = time.monotonic()
-    say("[3/4] validate great-expectations on the staged files")
+    say("[3/4] validate the quality gate on the staged files")
     report = validate_step(spec, plan, manifest)
     say(f"      {sum(c.success for c in report.checks)}/{len(report.checks)} expectations passed ({time.monotonic() - t2:.1f}s)")
+    t3 = time.monotonic()
     say("[4/4] commit   one Iceberg append with offsets in the snapshot summary")
     result = commit_step(spec, plan, manifest)
-    say(f"      {result.status}: snapshot {result.snapshot_id}, {result.records} records ({time.monotonic() - t0:.1f}s total)")
-    return {**result.summary(), "seconds": round(time.monotonic() - t0, 3)}
+    t4 = time.monotonic()
+    say(f"      {result.status}: snapshot {result.snapshot_id}, {result.records} records ({t4 - t0:.1f}s total)")
+    steps = {"plan": t1 - t0, "write": t2 - t1, "validate": t3 - t2, "commit": t4 - t3}
+    from tidewater.quality.data_docs import page_path, render_in_background
+
+    if not page_path(spec, plan.batch_id).is_file():
+        render_in_background(spec, plan.batch_id)
+        say(f"      Data Docs page rendering in the background: {page_path(spec, plan.batch_id)}")
+    return {**result.summary(), "seconds": round(time.monotonic() - t0, 3),
+            "steps": {k: round(v, 3) for k, v in steps.items()},
+            "write_breakdown": write_breakdown(manifest, submit["submitted"], submit["returned"])}

@@ -302,7 +302,10 @@ def read_range(
         consumer.assign([KTP(rng.topic, rng.partition, rng.start)])
         pos, cols, last_progress = rng.start, _Columns(rng, keys, headers), time.monotonic()
         while pos < rng.end:
-            msgs, at_eof = _without_errors(consumer.consume(num_messages=CONSUME_BATCH, timeout=1.0), rng, pos)
+            # Never ask for more than the range still holds: librdkafka's consume() waits out its timeout
+            # until it has num_messages, so the last call of every range would otherwise idle for a second.
+            want = max(1, min(CONSUME_BATCH, rng.end - pos))
+            msgs, at_eof = _without_errors(consumer.consume(num_messages=want, timeout=1.0), rng, pos)
             past_end = False
             if msgs:
                 offs = list(map(Message.offset, msgs))
@@ -357,7 +360,8 @@ class Rereader:
         deadline = time.monotonic() + self._timeout
         done = False
         while not done and len(found) < len(wanted) and time.monotonic() < deadline:
-            for m in self.new_consumer.consume(num_messages=CONSUME_BATCH, timeout=1.0):
+            want = max(1, min(CONSUME_BATCH, len(wanted) - len(found)))  # see read_range: never wait for more
+            for m in self.new_consumer.consume(num_messages=want, timeout=1.0):
                 if m.error() is not None:
                     done = done or m.error().code() == KafkaError._PARTITION_EOF
                     continue

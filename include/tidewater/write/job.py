@@ -13,6 +13,7 @@ landed: only the commit step makes files visible) and reports the error; the dri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -45,18 +46,22 @@ def subranges(plan: BatchPlan, records_per_task: int) -> list[PartitionRange]:
     return [s for r in plan.ranges for s in r.split(records_per_task)]
 
 
-def run(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
-    """Run the write step on ``spark`` (one Spark task per sub-range) and return the manifest."""
+def run(sc: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
+        timings: dict[str, float] | None = None) -> BatchManifest:
+    """Run the write step on the SparkContext ``sc`` (one Spark task per sub-range) and return the manifest."""
+    timings = {} if timings is None else timings
+    timings["job_submitted"] = time.time()
     ranges = subranges(plan, spec.batch.records_per_task)
     log.info("batch %s: %d sub-ranges over %d partitions", plan.batch_id, len(ranges), len(plan.ranges))
     batch_id = plan.batch_id
     work = list(enumerate(ranges))
     results: list[dict[str, Any]] = []
     if work:
-        rdd = spark.sparkContext.parallelize(work, numSlices=len(work))
+        rdd = sc.parallelize(work, numSlices=len(work))
         mode, exclude = plan.mode, plan.exclude_path
         results = rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1], mode, exclude)).collect()
-    return collect_manifest(plan, spec, results)
+    timings["job_done"] = time.time()
+    return collect_manifest(plan, spec, results, timings)
 
 
 def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
@@ -66,13 +71,14 @@ def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) ->
     return collect_manifest(plan, spec, results)
 
 
-def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]]) -> BatchManifest:
+def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]],
+                     timings: dict[str, float] | None = None) -> BatchManifest:
     """Gather the tasks' results; raise the first task error (all tasks' files are then uncommitted)."""
     from tidewater.table.catalog import load_catalog, load_table
 
     errors = [r for r in results if "error" in r]
-    catalog = load_catalog(spec)
     if errors:
+        catalog = load_catalog(spec)
         # No manifest will exist, so no commit can reference these files: remove them.
         by_table: dict[str, list[str]] = {}
         for r in results:
@@ -89,19 +95,21 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
             revert(catalog, ident, plan.batch_id)  # nothing of this batch can commit: undo its schema changes
         raise BatchWriteError.from_document(errors[0]["error"], len(errors))
     results = sorted(results, key=lambda r: r["task_id"])
-    table = None if spec.routed else load_table(catalog, spec.table.identifier)
+    # The newest schema the tasks wrote with (tasks report it: the driver never opens the catalog on success).
+    schema_id = max((r.get("schema_id", -1) for r in results), default=-1)
     return BatchManifest(
         batch_id=plan.batch_id,
         table=plan.table,
         data_files=tuple(StagedFile.from_json(f) for r in results for f in r["files"]),
         partitions=tuple(PartitionStats(**r["stats"]) for r in results),
-        schema_id=table.schema().schema_id if table is not None else -1,
+        schema_id=schema_id,
         written_at=utc_now_iso(),
         task_timings=tuple(r["timing"] for r in results),
         dead_letter_table=spec.dead_letter_table(),
         dead_letter_files=tuple(StagedFile.from_json(f) for r in results for f in r.get("dead_letter_files", [])),
         ignored_fields=tuple(sorted({n for r in results for n in r.get("ignored_fields", [])})),
         outputs=merge_outputs([o for r in results for o in r.get("outputs", [])]),
+        driver_timings=dict(timings or {}),
     )
 
 
@@ -135,9 +143,9 @@ def read_error(batch_dir: Path) -> BatchWriteError | None:
     return BatchWriteError.from_document(read_json(path), 1) if path.is_file() else None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, driver_started: float | None = None) -> int:
     """spark-submit entry point: ``ingest_batch.py --plan PLAN.json``."""
-    from pyspark.sql import SparkSession
+    from pyspark import SparkConf, SparkContext
 
     from tidewater.runtime.logs import configure_logging
     from tidewater.source.kafka import kafka_settings
@@ -152,10 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     settings = kafka_settings(spec)
     out_dir = plan_path.parent
     (out_dir / ERROR_NAME).unlink(missing_ok=True)
-    spark = SparkSession.builder.appName(f"tidewater-{plan.pipeline}-{plan.batch_id}").getOrCreate()
+    timings = {"driver_started": driver_started or time.time(), "imports_done": time.time()}
+    # A SparkContext, not a SparkSession: the job is RDD-only and never uses Spark SQL.
+    sc = SparkContext(conf=SparkConf().setAppName(f"tidewater-{plan.pipeline}-{plan.batch_id}"))
+    timings["session_ready"] = time.time()
     try:
         started = time.monotonic()
-        manifest = run(spark, plan, spec, settings)
+        manifest = run(sc, plan, spec, settings, timings)
+        manifest = dataclasses.replace(manifest, driver_timings={**manifest.driver_timings, "manifest_built": time.time()})
         write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
         log.info(
             "batch %s: wrote %d records in %d files in %.1fs; manifest %s",
@@ -171,4 +183,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"TIDEWATER-ERROR: {e}", file=sys.stderr)
         return 3
     finally:
-        spark.stop()
+        sc.stop()

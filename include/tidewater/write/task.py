@@ -150,6 +150,7 @@ class _TaskWriter:
 
             self.registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth)
         self.rereader = Rereader(settings, f"{spec.name}-{task_id}-dlq", spec.kafka.read_timeout_seconds)
+        self.setup_seconds = time.monotonic() - self.started  # catalog, table and clients opened
         self.dlq_writer: Any = None
         self.dlq_table: Any = None
         self.dlq_files: list[Any] = []
@@ -326,13 +327,28 @@ class _TaskWriter:
             "dead_letter_files": self.dlq_files,
             "stats": asdict(stats),
             "timing": {"task_id": self.task_id, "started_at": self.started_at, "finished_at": time.time(),
-                       "seconds": time.monotonic() - self.started, "records": self.records},
+                       "seconds": time.monotonic() - self.started, "setup_seconds": self.setup_seconds,
+                       "records": self.records, **worker_process()},
         }
         if self.single is not None:
-            result.update(files=self.single.files, ignored_fields=sorted(self.single.ignored_fields))
+            table = self.single.table
+            result.update(files=self.single.files, ignored_fields=sorted(self.single.ignored_fields),
+                          schema_id=table.schema().schema_id if table is not None else -1)
         else:
             result.update(files=[], outputs=[s.output() for s in self.sinks.values()])
         return result
+
+
+def worker_process() -> dict[str, Any]:
+    """This process's id and start time (a Python worker is reused for many tasks)."""
+    import os
+
+    try:
+        import psutil
+
+        return {"pid": os.getpid(), "process_started_at": psutil.Process().create_time()}
+    except ImportError:  # psutil comes with Airflow, not necessarily on a cluster's executors
+        return {"pid": os.getpid()}
 
 
 def write_subrange(
