@@ -353,7 +353,8 @@ def main() -> int:
     ap.add_argument("--no-dag", action="store_true", help="skip the empty-batch run through Airflow")
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     args = ap.parse_args()
-    args.command_line = "make bench" if os.environ.get("MAKELEVEL") else " ".join(["python", *sys.argv])
+    extra = f' BENCH_ARGS="{" ".join(sys.argv[1:])}"' if sys.argv[1:] else ""
+    args.command_line = "make bench" + extra if os.environ.get("MAKELEVEL") else " ".join(["python", *sys.argv])
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
 
     from tidewater.dev import broker as embedded
@@ -524,14 +525,15 @@ def dag_runs(work: Path, path: Path, env: dict[str, str], bootstrap: str, topic:
     out["empty batch, ingest DAG (`airflow dags test`, wall)"] = dag_empty_run(work, path, env)
     name = yaml.safe_load(path.read_text())["name"]
     produce(bootstrap, topic, [b'{"order_id": "one", "store_id": 1}'], partitions=parts, create=False)
-    aenv = {**env, "AIRFLOW_HOME": str(af), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{af / 'airflow.db'}",
-            "TIDEWATER_PIPELINES_DIR": str(work / "pipelines")}
+    aenv = dag_env(work, env)
     t0 = time.monotonic()
     proc = subprocess.run([str(BIN / "airflow"), "dags", "test", f"ingest_{name}"], env=aenv, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError("one-record DAG run failed:\n" + (proc.stdout + proc.stderr)[-3000:])
     out["one-record batch, ingest DAG (`airflow dags test`, wall)"] = time.monotonic() - t0
     with sqlite3.connect(af / "airflow.db") as db:
+        for (duration,) in db.execute("SELECT duration FROM task_instance WHERE dag_id = 'bench_noop'"):
+            out["a task that does nothing, DAG task `noop` (Airflow's own cost of a task)"] = duration
         runs = [r[0] for r in db.execute("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id", (f"ingest_{name}",))]
         for label, run_id in zip(("empty batch", "one-record batch"), runs[-2:]):
             for task_id, duration, state in db.execute(
@@ -542,19 +544,44 @@ def dag_runs(work: Path, path: Path, env: dict[str, str], bootstrap: str, topic:
     return out
 
 
+NOOP_DAG = """
+import pendulum
+from airflow.sdk import dag, task
+
+
+@dag(dag_id="bench_noop", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False)
+def bench_noop():
+    @task(task_id="noop")
+    def noop():
+        return None
+
+    noop()
+
+
+bench_noop()
+"""
+
+
+def dag_env(work: Path, env: dict[str, str]) -> dict[str, str]:
+    """Airflow on its own SQLite database, with the ingest DAG file and a one-task no-op DAG (Airflow's own
+    cost of a task, the floor under ours)."""
+    af, dags = work / "airflow", work / "dags"
+    return {**env, "AIRFLOW_HOME": str(af), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{af / 'airflow.db'}",
+            "TIDEWATER_PIPELINES_DIR": str(work / "pipelines"), "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}
+
+
 def dag_empty_run(work: Path, path: Path, env: dict[str, str]) -> float:
     pipelines = work / "pipelines"
     pipelines.mkdir(exist_ok=True)
     shutil.copy(path, pipelines / path.name)
-    af = work / "airflow"
-    af.mkdir(exist_ok=True)
-    aenv = {
-        **env,
-        "AIRFLOW_HOME": str(af),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{af / 'airflow.db'}",
-        "TIDEWATER_PIPELINES_DIR": str(pipelines),
-    }
+    (work / "airflow").mkdir(exist_ok=True)
+    dags = work / "dags"
+    dags.mkdir(exist_ok=True)
+    shutil.copy(REPO / "dags" / "ingest.py", dags / "ingest.py")
+    (dags / "bench_noop.py").write_text(NOOP_DAG)
+    aenv = dag_env(work, env)
     subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=aenv, check=True, capture_output=True)
+    subprocess.run([str(BIN / "airflow"), "dags", "test", "bench_noop"], env=aenv, check=True, capture_output=True)
     name = yaml.safe_load(path.read_text())["name"]
     t0 = time.monotonic()
     proc = subprocess.run([str(BIN / "airflow"), "dags", "test", f"ingest_{name}"], env=aenv, capture_output=True, text=True)
