@@ -425,7 +425,7 @@ def main() -> int:
                 results.append(Result(case, f"tidewater run, {master}", n, wall, nbytes, rss, extra))
                 results.append(Result(case, f"tidewater data path, {master}", n, secs, nbytes, {}, extra))
                 if master == "local[2]" and not bad_every and not avro:
-                    breakdowns[case] = breakdown(res, wall)
+                    breakdowns[case] = {**breakdown(res, wall), "records": n}
                 base_path = None
                 if baseline is not None and master == "local[2]":
                     base_path = pipeline_file(work, f"{name}_base", topic, b.bootstrap, f"bench.t{ci}_base", master, fmt)
@@ -493,10 +493,9 @@ def breakdown_report(breakdowns: dict[str, dict[str, float]], base: dict[str, di
     """Where the seconds of one batch go, per batch size (`tidewater run`, Spark local[2])."""
     if not breakdowns:
         return ""
-    cases = [c for c in (ONE_RECORD, *breakdowns) if c in breakdowns]
-    cases = list(dict.fromkeys(cases))
-    phases = list(dict.fromkeys(k for c in cases for k in breakdowns[c]))
-    lines = ["## Where a batch's time goes (`tidewater run`, Spark local[2])", "",
+    cases = sorted(breakdowns, key=lambda c: (c != ONE_RECORD, "1 partition" in c, breakdowns[c].get("records", 1)))
+    phases = list(dict.fromkeys(k for c in cases for k in breakdowns[c] if k != "records"))
+    lines = ["", "## Where a batch's time goes (`tidewater run`, Spark local[2])", "",
              "Seconds per phase, in order. `write:` phases come from the Spark driver's milestones and the tasks' "
              "timings (manifest `driver_timings`, `task_timings`); the first task's set-up and the data path run on "
              "the critical path of the first task to start, other tasks run alongside.", "",

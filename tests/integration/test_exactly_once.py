@@ -148,3 +148,60 @@ def test_committed_offset_below_log_start_is_a_clear_error(broker, pipeline_file
     assert f"topic={topic}, partition=1" in msg
     assert "committed offset 20 is below the log start offset 75" in msg and "55 records" in msg
     assert committed_state(table_of(pipeline_file)).offsets == {topic: {0: 20, 1: 20}}
+
+
+def test_write_step_through_the_dataframe_api_as_spark_connect_runs_it(broker, home, topic):
+    """The write step's DataFrame path (`write.job.run_arrow`, what `spark.connect_url` runs on a Spark
+    Connect server) writes the same batch as the RDD job: one partition per sub-range, rows and offsets
+    exact after the commit, a retried commit adds nothing. A Spark Connect server cannot run here (its jar
+    is not available offline), so the same DataFrame code runs on a classic local SparkSession."""
+    from pyspark.sql import SparkSession
+
+    from tidewater.batch import manifest_path, write_json_atomic
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.write.job import run_arrow
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          batch={"records_per_task": 70})
+    spec = load_pipeline(path)
+    produce(broker.bootstrap, topic, pizza_events(300, seed=95), partitions=2)
+    plan, plan_path = plan_batch(spec)
+    spark = SparkSession.builder.master("local[2]").appName("tidewater-test-arrow").getOrCreate()
+    try:
+        manifest = run_arrow(spark, plan, spec, kafka_settings(spec))
+    finally:
+        spark.stop()
+    write_json_atomic(manifest_path(plan_path), manifest.to_json())
+    assert len(manifest.task_timings) == 6  # 150 records per partition in sub-ranges of at most 70: 3 + 3
+    assert manifest.records == 300 and manifest.rows_in_files == 300
+    validate_step(spec, plan, manifest)
+    commit_step(spec, plan, manifest)
+    assert commit_step(spec, plan, manifest).status == "already-committed"
+    table = table_of(path)
+    assert table.scan().to_arrow().num_rows == 300
+    assert committed_state(table).offsets == {topic: {0: 150, 1: 150}}
+
+
+def test_unreachable_spark_connect_server_is_a_transient_error(broker, home, topic):
+    """With `spark.connect_url` set the write step goes to that server; one that does not answer is a
+    transient error naming the setting, within seconds (the client alone would retry for ten minutes),
+    and a URL that is not `sc://` is a configuration error."""
+    import socket
+
+    from tidewater.errors import ConfigError, TransientError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          spark={"connect_url": f"sc://127.0.0.1:{port}"})
+    spec = load_pipeline(path)
+    produce(broker.bootstrap, topic, pizza_events(5, seed=96), partitions=1)
+    plan, plan_path = plan_batch(spec)
+    with pytest.raises(TransientError, match=rf"spark.connect_url: the Spark Connect server 127.0.0.1:{port} is unreachable"):
+        run_write_step(spec, plan_path)
+    bad = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                       spark={"connect_url": "http://127.0.0.1:15002"}))
+    with pytest.raises(ConfigError, match="spark.connect_url: 'http://127.0.0.1:15002' is not a Spark Connect URL"):
+        run_write_step(bad, plan_path)
+    assert table_of(path) is None or table_of(path).current_snapshot() is None

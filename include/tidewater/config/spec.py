@@ -364,6 +364,13 @@ class SparkSpec:
         "repaired and used.",
         default=None,
     )
+    connect_url: str | None = _doc(
+        "A long-running Spark Connect server (`sc://host:15002`) for the write step: the batch's tasks run "
+        "there through the DataFrame API (`mapInArrow`), submitted from `tidewater run` or the DAG's write "
+        "task, with no spark-submit and no JVM start per batch. The server's Python workers need the "
+        "project's packages, like executors. Unset (default): one spark-submit per batch.",
+        default=None,
+    )
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,18 @@ def validate_task(pipeline_path: str, planned: dict[str, Any]) -> dict[str, Any]
 
 
 @fail_fast
+def connect_write_task(pipeline_path: str, planned: dict[str, Any]) -> None:
+    """The write step on the pipeline's Spark Connect server (``spark.connect_url``), from this task."""
+    from pathlib import Path
+
+    from tidewater.runtime.steps import run_connect_write
+
+    manifest = run_connect_write(load_pipeline(pipeline_path), Path(planned["plan_path"]))
+    log.info("batch %s: %d records written in %d files through Spark Connect", planned["batch_id"], manifest.records,
+             len(manifest.data_files))
+
+
+@fail_fast
 def data_docs_task(pipeline_path: str, planned: dict[str, Any]) -> list[str]:
     """Render the batch's Data Docs page if the validate task left it for later."""
     from tidewater.quality.data_docs import render_pending
@@ -192,6 +204,9 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         if not planned:
             raise ConfigError("write: the plan task returned no batch")
         spec = load_pipeline(self.pipeline_path)
+        if spec.spark.connect_url:  # a long-running Spark Connect server: no spark-submit
+            connect_write_task(self.pipeline_path, planned)
+            return
         try:
             BaseHook.get_connection(self._conn_id)
         except Exception:

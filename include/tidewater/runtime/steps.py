@@ -30,7 +30,7 @@ from tidewater.commit.batch import commit_batch
 from tidewater.commit.result import CommitResult
 from tidewater.config.parse import load_pipeline
 from tidewater.config.spec import PipelineSpec
-from tidewater.errors import TerminalError, TransientError, ValidationFailedError
+from tidewater.errors import ConfigError, TerminalError, TransientError, ValidationFailedError
 from tidewater.plan.ingest import plan_batch
 from tidewater.quality.gate import ValidationReport, require_valid, validate_batch
 from tidewater.table.catalog import load_catalog, load_table
@@ -128,7 +128,57 @@ def run_write_step(spec: PipelineSpec, plan_path: Path, master: str | None = Non
     after the last task: the batch's files are complete) and Spark stops while the caller validates and
     commits; a function that waits for spark-submit to exit is appended to the list, to call at the end.
     """
+    if spec.spark.connect_url:
+        return run_connect_write(spec, plan_path, timings)
     return WriteJob(spec, plan_path, master, timings).wait(plan_path, progress, background)
+
+
+def _connect_endpoint(url: str) -> tuple[str, int]:
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url.split(";", 1)[0])
+    if parsed.scheme != "sc" or not parsed.hostname:
+        raise ConfigError(f"spark.connect_url: {url!r} is not a Spark Connect URL (sc://host:port)")
+    return parsed.hostname, parsed.port or 15002
+
+
+def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, float] | None = None) -> BatchManifest:
+    """The write step on a Spark Connect server (``spark.connect_url``), from this process: the same plan,
+    tasks, manifest and error document as the spark-submit job."""
+    import socket
+
+    from tidewater.batch import ERROR_NAME
+    from tidewater.errors import BatchWriteError
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.write.job import run_arrow
+
+    timings = {} if timings is None else timings
+    url = str(spec.spark.connect_url)
+    host, port = _connect_endpoint(url)
+    # The client retries an unreachable server for about ten minutes: find out in seconds first.
+    try:
+        socket.create_connection((host, port), timeout=10).close()
+    except OSError as e:
+        raise TransientError(f"spark.connect_url: the Spark Connect server {host}:{port} is unreachable ({e})") from None
+    from pyspark.sql import SparkSession
+
+    (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
+    manifest_path(plan_path).unlink(missing_ok=True)
+    plan = load_plan(plan_path)
+    timings["submitted"] = time.time()
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    timings.update(driver_started=timings["submitted"], imports_done=time.time(), session_ready=time.time())
+    try:
+        manifest = run_arrow(spark, plan, spec, kafka_settings(spec), timings)
+    except BatchWriteError as e:
+        write_json_atomic(plan_path.parent / ERROR_NAME, e.doc)
+        raise
+    import dataclasses
+
+    manifest = dataclasses.replace(manifest, driver_timings={**manifest.driver_timings, "manifest_built": time.time()})
+    write_json_atomic(manifest_path(plan_path), manifest.to_json())
+    timings["returned"] = time.time()
+    return manifest
 
 
 def _reap(proc: subprocess.Popen, log_path: Path) -> None:
@@ -369,7 +419,8 @@ def run_once(spec_path: str | Path, master: str | None = None, out: Any = None, 
             say(f"      ... spark job running, {elapsed:.0f}s")
             next_tick[0] += 10.0
 
-    say("[2/4] write    spark-submit " + str(spark_app_path().name))
+    say("[2/4] write    " + (f"Spark Connect {spec.spark.connect_url}" if spec.spark.connect_url
+                             else "spark-submit " + str(spark_app_path().name)))
     submit: dict[str, float] = {}
     background: list[Any] = []  # Spark stops while the batch is validated and committed
     try:
