@@ -16,6 +16,7 @@ from airflow.sdk import Param, dag, task
 from tidewater.config.parse import discover_pipelines, load_pipeline
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
+from tidewater.runtime.airflow import commits_alias
 
 log = logging.getLogger(__name__)
 START = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -51,11 +52,11 @@ def _batch_tasks(pipeline_path: str, spec: PipelineSpec, plan_fn) -> None:  # no
 
         return validate_task(pipeline_path, planned)
 
-    @task(task_id="commit")
+    @task(task_id="commit", outlets=[commits_alias(spec)])  # an event per committed table, on its iceberg:// asset
     def commit(planned: dict, **context) -> dict:
         from tidewater.runtime.airflow import commit_task
 
-        return commit_task(pipeline_path, planned, dag_run_id=context["run_id"])
+        return commit_task(pipeline_path, planned, dag_run_id=context["run_id"], outlet_events=context.get("outlet_events"))
 
     @task(task_id="data_docs")
     def data_docs(planned: dict) -> list:
@@ -154,12 +155,12 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
     return replay()
 
 
-def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body):  # noqa: ANN001, ANN201
+def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body, outlets: list | None = None):  # noqa: ANN001, ANN201
     """A DAG of one task, triggered from the UI with a typed form: ``body(params, context)`` runs it."""
 
     @dag(dag_id=f"{kind}_{spec.name}", schedule=None, **spec.airflow.dag_kwargs(kind), doc_md=doc_md, params=params)
     def form_dag():
-        @task(task_id=kind)
+        @task(task_id=kind, outlets=outlets or [])
         def run(**context) -> dict:
             return body(dict(context["params"]), context)
 
@@ -172,10 +173,10 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - retu
     """``quarantine_<name>``: list, publish or drop batches the quality gate quarantined (triggered with a form)."""
     pipeline_path = str(path)
 
-    def body(params: dict, _context: dict) -> dict:
+    def body(params: dict, context: dict) -> dict:
         from tidewater.runtime.airflow import quarantine_task
 
-        return quarantine_task(pipeline_path, params)
+        return quarantine_task(pipeline_path, params, outlet_events=context.get("outlet_events"))
 
     return _form_dag(spec, "quarantine", (
         f"### quarantined batches of `{spec.table.identifier}`\n\nA batch that fails its expectations is committed "
@@ -185,7 +186,7 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - retu
     ), {
         "action": Param("list", type="string", enum=["list", "publish", "drop"], title="Action"),
         "batch_id": Param("", type="string", title="Batch id", description="For publish and drop (see list)"),
-    }, body)
+    }, body, outlets=[commits_alias(spec)])
 
 
 def build_skip_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG

@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 
 def table_asset(spec: PipelineSpec) -> Asset:
     """The table maintained (routed pipelines: their checkpoint table stands for the pipeline's tables)."""
-    ident = spec.checkpoint_table()
-    return Asset(name=f"{spec.catalog.name}.{ident}", uri=f"iceberg://{spec.catalog.name}/{ident.replace('.', '/')}")
+    from tidewater.runtime.airflow import table_asset as asset_of
+
+    return asset_of(spec.catalog.name, spec.checkpoint_table())
 
 
 def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, table_of, write_pipeline
+from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
 
@@ -50,6 +51,17 @@ def dags_test(env: dict[str, str], dag_id: str, conf: dict | None = None, expect
     return out
 
 
+def asset_events(env: dict[str, str]) -> list[tuple[str, dict, str]]:
+    """(asset uri, extra, source DAG) of every asset event in the Airflow database, oldest first."""
+    import sqlite3
+
+    db = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")
+    with sqlite3.connect(db) as c:
+        rows = c.execute("SELECT a.uri, e.extra, e.source_dag_id FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                         "ORDER BY e.id").fetchall()
+    return [(uri, json.loads(extra or "{}"), dag) for uri, extra, dag in rows]
+
+
 def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topic, airflow_env):
     """Two DAG runs with 240 new events before each: 480 rows, two snapshots stamped with the DAG run id
     and exact offsets; a third run with nothing new skips write/validate/commit and adds no snapshot.
@@ -63,7 +75,7 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
         out = dags_test(airflow_env, "ingest_orders")
         # built-in checks only: the validate task leaves the page to the data_docs task next to the commit
         assert "(rendered after the commit)" in out
-        page = re.search(r"Data Docs (file://\S+\.html)\n", out.split("(rendered after the commit)")[1])
+        page = re.search(r"Data Docs (file://\S+\.html)\s", out.split("(rendered after the commit)")[1])
         assert page and Path(page.group(1)[len("file://"):]).is_file()
     table = table_of(pipeline)
     assert table.scan().to_arrow().num_rows == 480
@@ -73,9 +85,19 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
         props = s.summary.additional_properties
         assert props[DAG_RUN_ID].startswith("manual__")
         assert json.loads(props[OFFSETS]) == {topic: {"0": 120 * n, "1": 120 * n}}
+    # each commit emitted an event on the table's asset with the batch, its rows and offsets
+    from tidewater.table.summary import BATCH_ID
+
+    uri = f"iceberg://{load_pipeline(pipeline).catalog.name}/rpc/orders"
+    events = [e for u, e, dag in asset_events(airflow_env) if u == uri and dag == "ingest_orders"]
+    assert [e["batch_id"] for e in events] == [s.summary.additional_properties[BATCH_ID] for s in snaps]
+    assert [e["rows"] for e in events] == [240, 240] and [e["mode"] for e in events] == ["ingest", "ingest"]
+    assert events[-1]["offsets"] == {topic: {"0": 240, "1": 240}} and events[-1]["dead_letters"] == 0
+    assert events[-1]["snapshot_id"] == str(snaps[-1].snapshot_id) and events[-1]["valid_through"]
     out = dags_test(airflow_env, "ingest_orders")
     assert "Skipping downstream tasks" in out
     assert len(table_of(pipeline).snapshots()) == 2
+    assert len([u for u, _, dag in asset_events(airflow_env) if dag == "ingest_orders"]) == 2  # an empty run emits none
 
     out = dags_test(airflow_env, "maintain_orders")
     assert "rewrite_data_files on rpc.orders: data files 4 -> 1" in out
@@ -115,6 +137,29 @@ def test_replay_dag_from_its_form(broker, topic, airflow_env):
     assert "end_offset: 150 is beyond the committed offset 100" in out
 
 
+DOWNSTREAM_DAG = """
+import json
+
+import pendulum
+from airflow.sdk import Asset, dag, task
+
+
+@dag(dag_id="downstream_orders", schedule=[Asset(name="tidewater.rpc.orders", uri="{uri}")],
+     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False)
+def downstream_orders():
+    @task
+    def read(**context):
+        events = [e.extra for es in context["triggering_asset_events"].values() for e in es]
+        with open("{seen}", "w") as f:
+            json.dump(events, f)
+
+    read()
+
+
+downstream_orders()
+"""
+
+
 def _free_port() -> int:
     import socket
 
@@ -143,9 +188,20 @@ def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_pat
     start = interval.split("/")[0]
     before = sorted(table.scan().to_arrow().column("order_id").to_pylist())
 
+    # a downstream DAG scheduled on the table's asset: the backfill's commits must start it
+    import shutil
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    for f in (REPO / "dags").glob("*.py"):
+        shutil.copy(f, dags / f.name)
+    seen = tmp_path / "downstream.json"
+    uri = f"iceberg://{load_pipeline(pipeline).catalog.name}/rpc/orders"
+    (dags / "downstream_orders.py").write_text(DOWNSTREAM_DAG.format(uri=uri, seen=str(seen)))
     port = _free_port()
-    env = {**airflow_env, "AIRFLOW__API__PORT": str(port),
+    env = {**airflow_env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/"}
+    subprocess.run(["airflow", "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
     log = open(tmp_path / "standalone.log", "w")
     proc = subprocess.Popen(["airflow", "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -165,8 +221,12 @@ def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_pat
         subprocess.run(["airflow", "backfill", "create", "--dag-id", "ingest_orders", "--from-date", first, "--to-date", start,
                         "--dag-run-conf", json.dumps({"reprocess": True})], env=env, check=True, capture_output=True, timeout=120)
         subprocess.run(["airflow", "dags", "unpause", "ingest_orders"], env=env, check=True, capture_output=True, timeout=120)
+        subprocess.run(["airflow", "dags", "unpause", "downstream_orders"], env=env, check=True, capture_output=True,
+                       timeout=120)
         states: dict[str, str] = {}
         deadline = time.monotonic() + 420
+        while time.monotonic() < deadline and not seen.is_file():
+            time.sleep(5)
         while time.monotonic() < deadline:
             out = subprocess.run(["airflow", "dags", "list-runs", "ingest_orders", "--output", "json"], env=env,
                                  capture_output=True, text=True, timeout=120).stdout
@@ -184,6 +244,9 @@ def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_pat
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
     assert sorted(states.values()) == ["success", "success"], states
+    assert seen.is_file(), "the downstream DAG scheduled on the table's asset did not run"
+    downstream = json.loads(seen.read_text())
+    assert downstream and all(e["mode"] == "replace" and e["rows"] == 100 for e in downstream), downstream
     table = table_of(pipeline)
     replays = [json.loads(s.summary.additional_properties["tidewater.replay"]) for s in table.snapshots()
                if "tidewater.replay" in s.summary.additional_properties and s.summary.operation.value == "append"]

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from tidewater.config.parse import load_pipeline
-from tidewater.config.spec import KAFKA_CONFIG_ENV, is_secret_key
+from tidewater.config.spec import KAFKA_CONFIG_ENV, PipelineSpec, is_secret_key
 from tidewater.errors import ConfigError, TidewaterError
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def replay_plan_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, An
 
 
 @fail_fast
-def quarantine_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, Any]:
+def quarantine_task(pipeline_path: str, params: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:
     """The quarantine DAG: list, publish or drop (errors name the parameter)."""
     from tidewater.ops import quarantine
     from tidewater.table.catalog import load_catalog, load_table
@@ -94,6 +94,9 @@ def quarantine_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, Any
         raise ConfigError(f"batch_id: required for {action}")
     result = quarantine.publish(spec, batch_id) if action == "publish" else quarantine.drop(spec, batch_id)
     log.info("%s batch %s: %d rows", result["status"], batch_id, result["rows"])
+    if action == "publish" and result["rows"]:
+        emit_table_events(outlet_events, spec, [(spec.table.identifier, {"batch_id": batch_id, "mode": "quarantine-publish",
+                                                                          "rows": result["rows"]})])
     return result
 
 
@@ -164,12 +167,56 @@ def data_docs_task(pipeline_path: str, planned: dict[str, Any]) -> list[str]:
     return [str(p) for p in pages]
 
 
+def table_asset(catalog_name: str, ident: str) -> Any:
+    """The Airflow asset of an Iceberg table (``iceberg://<catalog>/<namespace>/<table>``): ingest,
+    replay and quarantine-publish commits and maintenance emit events on it."""
+    from airflow.sdk import Asset
+
+    return Asset(name=f"{catalog_name}.{ident}", uri=f"iceberg://{catalog_name}/{ident.replace('.', '/')}")
+
+
+def commits_alias(spec: PipelineSpec) -> Any:
+    """The alias the commit tasks of a pipeline declare as outlet: the tables a batch commits to are only
+    known when it commits (routing), so each event is added through the alias to the table's asset."""
+    from airflow.sdk import AssetAlias
+
+    return AssetAlias(name=f"tidewater-{spec.name}-commits")
+
+
+def emit_table_events(outlet_events: Any, spec: PipelineSpec, events: list[tuple[str, dict[str, Any]]]) -> None:
+    if outlet_events is None:
+        return
+    alias = commits_alias(spec)
+    for ident, extra in events:
+        outlet_events[alias].add(table_asset(spec.catalog.name, ident), extra=extra)
+        log.info("asset event on %s: %s", table_asset(spec.catalog.name, ident).uri, json.dumps(extra))
+
+
+def commit_events(plan: Any, manifest: Any, result: Any, dag_run_id: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """One asset event per table the batch added rows to, with what downstream DAGs want to know."""
+    from datetime import datetime, timezone
+
+    vt = manifest.valid_through_ms()
+    base = {"batch_id": plan.batch_id, "mode": plan.mode, "dead_letters": manifest.dead_letters,
+            "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in manifest.next_offsets().items()},
+            "valid_through": datetime.fromtimestamp(vt / 1000, timezone.utc).isoformat() if vt is not None else None,
+            "dag_run_id": dag_run_id}
+    if result.status == "nothing-to-commit":
+        return []
+    if result.tables:  # routed: per target table (the checkpoint table's own entry carries no rows)
+        return [(t.table, {**base, "rows": t.rows}) for t in result.tables if t.status != "checkpoint" and t.rows]
+    rows = manifest.rows_in_files
+    return [(result.table, {**base, "rows": rows, "snapshot_id": str(result.snapshot_id)})] if rows else []
+
+
 @fail_fast
-def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | None) -> dict[str, Any]:
+def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | None, outlet_events: Any = None) -> dict[str, Any]:
     from tidewater.runtime.steps import commit_step
 
     spec, plan, manifest = _staged(pipeline_path, planned)
-    return commit_step(spec, plan, manifest, dag_run_id=dag_run_id).summary()
+    result = commit_step(spec, plan, manifest, dag_run_id=dag_run_id)
+    emit_table_events(outlet_events, spec, commit_events(plan, manifest, result, dag_run_id))
+    return result.summary()
 
 
 # Where a driver's environment variables go on cluster managers that take them as Spark settings.
