@@ -132,3 +132,15 @@ def test_an_invalid_schedule_is_a_configuration_error_and_hides_no_other_dag(tmp
     assert {"ingest_pizzas", "replay_pizzas", "maintain_pizzas"} <= set(bag.dags)
     assert "schedule: 'every 3 minutes'" in bag.dags["ingest_invalid_clicks"].doc_md
     assert "ingest_clicks" not in bag.dags and "maintain_clicks" not in bag.dags
+
+
+def test_task_results_carry_snapshot_ids_as_strings():
+    """XCom goes through JSON and the UI rounds integers above 2^53: every key ending in snapshot_id, at any
+    depth, becomes a string; other numbers stay numbers."""
+    from tidewater.runtime.airflow import ids_as_strings
+
+    big = 2**62 + 1
+    result = ids_as_strings({"snapshot_id": big, "rows": big, "tables": [{"last_snapshot_id": 7, "files": 2}],
+                             "none": {"snapshot_id": None}})
+    assert result == {"snapshot_id": str(big), "rows": big, "tables": [{"last_snapshot_id": "7", "files": 2}],
+                      "none": {"snapshot_id": None}}

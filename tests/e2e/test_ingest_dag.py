@@ -94,6 +94,13 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
     assert [e["rows"] for e in events] == [240, 240] and [e["mode"] for e in events] == ["ingest", "ingest"]
     assert events[-1]["offsets"] == {topic: {"0": 240, "1": 240}} and events[-1]["dead_letters"] == 0
     assert events[-1]["snapshot_id"] == str(snaps[-1].snapshot_id) and events[-1]["valid_through"]
+    # the commit task's XCom carries the snapshot id as a string (the UI would round a number above 2^53)
+    import sqlite3
+
+    with sqlite3.connect(airflow_env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")) as c:
+        xcoms = [json.loads(v) for (v,) in c.execute("SELECT value FROM xcom WHERE dag_id = 'ingest_orders' AND "
+                                                     "task_id = 'commit' AND key = 'return_value' ORDER BY timestamp")]
+    assert [x["snapshot_id"] for x in xcoms] == [str(s.snapshot_id) for s in snaps]
     out = dags_test(airflow_env, "ingest_orders")
     assert "Skipping downstream tasks" in out
     assert len(table_of(pipeline).snapshots()) == 2

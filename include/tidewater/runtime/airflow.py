@@ -23,8 +23,20 @@ log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def ids_as_strings(value: Any) -> Any:
+    """A task result with every snapshot id as a string: XCom goes through JSON, and the UI's JavaScript
+    rounds integers above 2^53 (a wrong id for time travel). Keys ending in ``snapshot_id`` are ids."""
+    if isinstance(value, dict):
+        return {k: (str(v) if isinstance(k, str) and k.endswith("snapshot_id") and isinstance(v, int) else ids_as_strings(v))
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [ids_as_strings(v) for v in value]
+    return value
+
+
 def fail_fast(fn: F) -> F:
-    """Terminal errors fail the task at once (retrying cannot help); transient ones keep Airflow's retries."""
+    """Terminal errors fail the task at once (retrying cannot help); transient ones keep Airflow's retries.
+    The task's result goes to XCom with snapshot ids as strings (``ids_as_strings``)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -34,7 +46,7 @@ def fail_fast(fn: F) -> F:
             from airflow.exceptions import AirflowFailException
 
         try:
-            return fn(*args, **kwargs)
+            return ids_as_strings(fn(*args, **kwargs))
         except TidewaterError as e:
             if e.transient:
                 raise
