@@ -77,7 +77,7 @@ def test_every_key_is_mapped_or_reported_and_the_result_validates(monkeypatch):
     assert tables["db.events_create"]["id_columns"] == ["id"]
     assert p["table"]["partition_by"] == ["hour(ts)"] and p["table"]["case_insensitive"] is True
     assert p["table"]["properties"] == {"format-version": "2", "write.parquet.compression-codec": "zstd"}
-    assert p["format"] == {"key": "string", "value": "json"}
+    assert p["format"] == {"key": "string", "value": "json", "metadata": "prefixed"}
     assert p["dead_letter"] == {"policy": "dead_letter", "topic": "events-dlq"}
     assert p["spark"] == {"master": "local[4]"}
     assert p["catalog"]["properties"]["type"] == "rest"
@@ -101,12 +101,15 @@ def test_original_spellings_without_wrapper_and_dynamic_routing():
         "iceberg.tables.cdcField": "op",
         "iceberg.tables.upsertModeEnabled": "true",
         "iceberg.control.commitIntervalMs": "30000",
-        "iceberg.catalog": "org.apache.iceberg.rest.RESTCatalog",
+        "iceberg.catalog": "lake",
+        "iceberg.catalog.catalog-impl": "org.apache.iceberg.rest.RESTCatalog",
     }
     res = convert(original, name="pay")
     p = res.pipeline
     assert p["routing"] == {"dynamic": True, "field": "tenant", "namespace": "default", "table_template": "{value}"}
-    assert p["schedule"] == "* * * * *" and p["catalog"]["properties"] == {"type": "rest"}
+    # iceberg.catalog is the catalog's NAME in the Connect sink; its class comes from catalog-impl
+    assert p["schedule"] == "* * * * *" and p["catalog"] == {"name": "lake", "properties": {"type": "rest"}}
+    assert p["format"]["metadata"] == "prefixed"  # replay and backfills work on an imported pipeline
     assert {k for k, _ in res.unmapped} == {"iceberg.tables.cdcField", "iceberg.tables.upsertModeEnabled"}
     assert ("(bootstrap servers)", "KAFKA_BOOTSTRAP_SERVERS") in res.env
 
@@ -145,3 +148,29 @@ def test_shipped_examples_validate(tmp_path: Path):
     assert (p.name, p.table.identifier, p.schedule, p.spark.master) == ("pizzas_sink", "rpc.pizzas", "*/3 * * * *", "local[6]")
     assert p.format.value == "json" and p.format.key == "string"
     assert [k for k, _ in res.unmapped] == ["connector.class"]
+
+
+def test_import_options_point_the_pipeline_at_another_catalog(tmp_path: Path, monkeypatch):
+    """A user moving from a REST/MinIO setup: `--catalog local` drops the connector's catalog settings (the
+    local default catalog), `--catalog-uri`/`--warehouse` replace them (a password in the URI becomes an
+    environment reference); the result validates and runs as it is."""
+    connector = {"name": "one", "config": {"topics": "a", "iceberg.tables": "db.a", "iceberg.catalog": "prod",
+                                           "iceberg.catalog.type": "rest", "iceberg.catalog.uri": "https://rest:8181",
+                                           "iceberg.catalog.warehouse": "s3://bucket/wh"}}
+    local = convert(connector, catalog="local").pipeline
+    assert local["catalog"] == {"name": "prod"}
+    other = convert(connector, catalog_uri="postgresql+psycopg2://u:pw@db/cat", warehouse="/data/wh")
+    props = other.pipeline["catalog"]["properties"]
+    assert props == {"type": "sql", "uri": "${TIDEWATER_ONE_CATALOG_URI}", "warehouse": "/data/wh"}
+    assert "pw@" not in yaml.safe_dump(other.pipeline) and ("--catalog-uri", "TIDEWATER_ONE_CATALOG_URI") in other.env
+    with pytest.raises(ConfigError, match="--catalog: 'remote' is not known"):
+        convert(connector, catalog="remote")
+    src = tmp_path / "c.json"
+    src.write_text(json.dumps(connector))
+    out = tmp_path / "one.yaml"
+    proc = subprocess.run([str(Path(sys.executable).parent / "tidewater"), "connect-import", str(src), "--catalog", "local",
+                           "--bootstrap-servers", "127.0.0.1:9092", "-o", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "replaced by the local default catalog" in proc.stderr
+    spec = parse_pipeline(yaml.safe_load(out.read_text()))
+    assert spec.catalog.name == "prod" and spec.catalog.properties == {} and spec.format.metadata == "prefixed"

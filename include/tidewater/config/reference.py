@@ -56,8 +56,8 @@ def reference_markdown() -> str:
                 default = f.default_factory()  # type: ignore[misc]
             else:
                 default = None
-            shown = "required" if default in ("", []) and f.name in ("name", "topics", "identifier") else f"`{default!r}`"
-            type_shown = str(tp).replace("typing.", "").replace("tidewater.config.spec.", "")
+            shown = "required" if default in ("", []) and f.name in ("name", "identifier") else f"`{default!r}`"
+            type_shown = tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "").replace("tidewater.config.spec.", "")
             lines.append(f"| `{key}` | `{type_shown}` | {shown} | {f.metadata['doc']} |")
         lines.append("")
         for tp, key in nested:

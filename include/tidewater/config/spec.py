@@ -469,7 +469,8 @@ class PipelineSpec:
     """One pipeline: Kafka topics into one Iceberg table."""
 
     name: str = _doc("Pipeline name: lower-case letters, digits and `_`. The DAG id is `ingest_<name>`.", default="")
-    topics: list[str] = _doc("Kafka topics to ingest.", default_factory=list)
+    topics: list[str] = _doc("Kafka topics to ingest. `topics`, `topic_pattern` or both: at least one is required.",
+                             default_factory=list)
     topic_pattern: str | None = _doc(
         "Regular expression (full match) selecting more topics, e.g. `logs\\.\\d{8}` for daily topics. Matching "
         "topics are listed at every plan, so topics created later are picked up; their offsets are tracked like "

@@ -50,9 +50,10 @@ class ImportResult:
     mapped: list[tuple[str, str]] = field(default_factory=list)  # (connector key, pipeline key)
     unmapped: list[tuple[str, str]] = field(default_factory=list)  # (connector key, reason)
     env: list[tuple[str, str]] = field(default_factory=list)  # (connector key, environment variable)
+    notes: list[str] = field(default_factory=list)  # what the import options changed
 
     def report(self) -> str:
-        lines = [f"mapped {len(self.mapped)} key(s):"]
+        lines = [*self.notes, f"mapped {len(self.mapped)} key(s):"]
         lines += [f"  {k} -> {v}" for k, v in self.mapped]
         if self.env:
             lines.append("secrets (set these environment variables; the values were not copied):")
@@ -121,6 +122,7 @@ class _Draft:
     table: dict[str, Any] = field(default_factory=dict)
     per_table: dict[str, dict[str, Any]] = field(default_factory=dict)
     catalog: dict[str, str] = field(default_factory=dict)
+    catalog_name: str | None = None
     kafka_settings: dict[str, str] = field(default_factory=dict)
     fmt: dict[str, Any] = field(default_factory=dict)
     routing: dict[str, Any] = field(default_factory=dict)
@@ -184,6 +186,12 @@ def _commit_interval(d: _Draft, raw_key: str, value: Any) -> None:
 def _tasks_max(d: _Draft, raw_key: str, value: Any) -> None:
     d.res.pipeline["spark"] = {"master": f"local[{int(value)}]"}
     d.mapped(raw_key, "spark.master local[N] (on a cluster: spark.conf executor cores/instances)")
+
+
+def _catalog_name(d: _Draft, raw_key: str, value: Any) -> None:
+    """``iceberg.catalog``: the catalog's name in the Connect sink (default ``iceberg``)."""
+    d.catalog_name = str(value)
+    d.mapped(raw_key, "catalog.name")
 
 
 def _catalog_class(d: _Draft, raw_key: str, value: Any) -> None:
@@ -259,9 +267,9 @@ _EXACT: dict[str, Handler] = {
     "iceberg.tables.default-commit-branch": _set("table", "branch", str, "table.branch"),
     "iceberg.control.commit.interval-ms": _commit_interval,
     "tasks.max": _tasks_max,
-    "iceberg.catalog": _catalog_class,
+    "iceberg.catalog": _catalog_name,
     "iceberg.catalog.catalog-impl": _catalog_class,
-    "iceberg.catalog-name": _only_reported("catalog.name"),
+    "iceberg.catalog-name": _catalog_name,
     "value.converter": _value_converter,
     "value.converter.schemas.enable": _only_reported("format.value (json or connect_json)"),
     "value.converter.schema.registry.url": _set("fmt", "registry_url", lambda v: str(v).split(",")[0], "format.registry_url"),
@@ -363,8 +371,10 @@ def _assemble(d: _Draft) -> None:
                   **({"settings": d.kafka_settings} if d.kafka_settings else {})}
     if not d.bootstrap:
         d.res.env.append(("(bootstrap servers)", "KAFKA_BOOTSTRAP_SERVERS"))
-    for section, value in (("format", d.fmt), ("catalog", {"properties": d.catalog} if d.catalog else {}),
-                           ("dead_letter", d.dead_letter)):
+    # Rows carry their source (topic, partition, offset): replay and backfills work on the imported pipeline.
+    d.fmt.setdefault("metadata", "prefixed")
+    catalog = {**({"name": d.catalog_name} if d.catalog_name else {}), **({"properties": d.catalog} if d.catalog else {})}
+    for section, value in (("format", d.fmt), ("catalog", catalog), ("dead_letter", d.dead_letter)):
         if value:
             p[section] = value
     dynamic = bool(d.routing.get("dynamic"))
@@ -392,8 +402,27 @@ def _assemble(d: _Draft) -> None:
         d.unmapped(f"iceberg.table.{ident}.*", "table not listed in iceberg.tables")
 
 
-def convert(doc: dict[str, Any], name: str | None = None, bootstrap: str | None = None) -> ImportResult:
-    """Map a connector configuration to a pipeline document (a dict ready for YAML)."""
+def _retarget_catalog(d: _Draft, catalog: str | None, catalog_uri: str | None, warehouse: str | None) -> None:
+    """The import options that point the pipeline at another catalog than the connector's."""
+    if catalog is not None:
+        if catalog != "local":
+            raise ConfigError(f"--catalog: {catalog!r} is not known (only `local`: the default SQLite catalog)")
+        if d.catalog:
+            d.res.notes.append("catalog.properties of the connector replaced by the local default catalog (--catalog local)")
+        d.catalog = {}
+    if catalog_uri:
+        d.catalog = {"type": "rest" if catalog_uri.startswith(("http://", "https://")) else "sql",
+                     "uri": d.value_or_secret("--catalog-uri", "uri", catalog_uri, "catalog_uri")}
+        d.res.notes.append("catalog.properties: type and uri from --catalog-uri (the connector's catalog settings dropped)")
+    if warehouse:
+        d.catalog["warehouse"] = warehouse
+        d.res.notes.append("catalog.properties.warehouse from --warehouse")
+
+
+def convert(doc: dict[str, Any], name: str | None = None, bootstrap: str | None = None, *, catalog: str | None = None,
+            catalog_uri: str | None = None, warehouse: str | None = None) -> ImportResult:
+    """Map a connector configuration to a pipeline document (a dict ready for YAML). ``catalog="local"``,
+    ``catalog_uri`` and ``warehouse`` replace the connector's catalog settings."""
     if not isinstance(doc, dict):
         raise ConfigError("connector configuration: expected a JSON object")
     config = doc.get("config", doc)
@@ -406,6 +435,7 @@ def convert(doc: dict[str, Any], name: str | None = None, bootstrap: str | None 
     draft = _Draft(res, config, "TIDEWATER_" + res.pipeline["name"].upper() + "_", bootstrap)
     for raw_key, value in config.items():
         _handler(_kebab(raw_key))(draft, raw_key, value)
+    _retarget_catalog(draft, catalog, catalog_uri, warehouse)
     _assemble(draft)
     return res
 

@@ -167,7 +167,8 @@ def cmd_connect_import(args: argparse.Namespace) -> int:
         doc = json.loads(Path(args.connector).read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"{args.connector}: cannot read the connector JSON: {e}") from None
-    res = convert(doc, name=args.name, bootstrap=args.bootstrap_servers)
+    res = convert(doc, name=args.name, bootstrap=args.bootstrap_servers, catalog=args.catalog,
+                  catalog_uri=args.catalog_uri, warehouse=args.warehouse)
     text = to_yaml(res)
     import yaml
 
@@ -291,6 +292,11 @@ def _add_connect_import(sub: Any) -> None:
     p.add_argument("--name", default=None, help="pipeline name (default: the connector's name)")
     p.add_argument("--bootstrap-servers", default=None,
                    help="Kafka brokers (the connector inherits them from its worker; default ${KAFKA_BOOTSTRAP_SERVERS})")
+    p.add_argument("--catalog", choices=["local"], default=None,
+                   help="use the local default catalog (SQLite under $TIDEWATER_HOME) instead of the connector's")
+    p.add_argument("--catalog-uri", default=None, metavar="URI",
+                   help="another catalog: a REST catalog's http(s) URL or a SQLAlchemy URL (replaces the connector's)")
+    p.add_argument("--warehouse", default=None, help="the catalog's warehouse location (catalog.properties.warehouse)")
     p.add_argument("--output", "-o", default=None, help="write the pipeline YAML here (default: stdout)")
     p.set_defaults(fn=cmd_connect_import)
 
