@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,60 @@ def test_steps_import_spark_and_great_expectations_only_when_used(broker, home, 
     assert "Data documentation compiled by Great Expectations" in page.read_text()
     assert "expect_column_values_to_not_be_null" in page.read_text() or "values must never be null" in page.read_text()
     assert cli(home, "data-docs", "--pipeline", str(path)).stdout == ""  # nothing left to render
+
+
+def test_status_after_the_topic_was_recreated_warns_and_fails(broker, home, topic):
+    """The topic is deleted and created again (its offsets restart at 0) after 5 records were committed:
+    `tidewater status` shows no negative lag, names the partition and why the next batch will fail, and
+    exits non-zero (also with --json, whose document lists the problem)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(5, seed=97))
+    ingest_inline(load_pipeline(path))
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for f in admin.delete_topics([topic]).values():
+        f.result()
+    deadline = time.monotonic() + 30
+    while True:  # the broker may take a moment to forget the topic
+        try:
+            for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+                f.result()
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(2, seed=98))
+    proc = cli(home, "status", "--pipeline", str(path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"warning: {topic}[0]: committed offset 5 is beyond the end offset 2: the topic was recreated" in proc.stderr
+    assert "total lag:     0" in proc.stdout
+    doc = cli(home, "status", "--pipeline", str(path), "--json")
+    st = json.loads(doc.stdout)
+    assert doc.returncode == 1 and st["total_lag"] == 0 and [p["lag"] for p in st["partitions"]] == [0]
+    assert len(st["problems"]) == 1 and "recreated or truncated" in st["problems"][0]
+
+
+def test_broker_stop_with_a_port_stops_only_the_broker_on_that_port(home):
+    """`tidewater broker stop --port N` refuses (exit 2, naming both ports) when the recorded broker listens
+    elsewhere, and stops it when the port matches; `status --port` answers for that port only."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = cli(home, "broker", "start", "--port", str(port))
+    assert started.returncode == 0, started.stderr
+    try:
+        other = port + 1 if port < 65535 else port - 1
+        wrong = cli(home, "broker", "stop", "--port", str(other))
+        assert wrong.returncode == 2
+        assert f"the recorded embedded broker listens on port {port}, not {other}; nothing stopped" in wrong.stderr
+        assert cli(home, "broker", "status", "--port", str(other)).returncode == 1
+        assert cli(home, "broker", "status", "--port", str(port)).returncode == 0
+        stopped = cli(home, "broker", "stop", "--port", str(port))
+        assert stopped.returncode == 0 and "embedded broker stopped" in stopped.stdout
+        assert cli(home, "broker", "status").returncode == 1
+    finally:
+        cli(home, "broker", "stop")

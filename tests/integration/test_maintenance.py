@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import ingest_inline, stage_inline, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
-from tidewater.errors import TerminalError
+from tidewater.errors import TerminalError, TransientError
 from tidewater.ops.maintenance import maintain, run_action
 from tidewater.runtime import spark as spark_session
 from tidewater.table.catalog import load_catalog, load_table
@@ -95,7 +95,9 @@ def test_compaction_reduces_files_and_keeps_rows_offsets_and_content(broker, hom
 
 def test_ingest_and_compaction_run_concurrently_exactly_once(broker, home, topic, spark_for):
     """An ingest thread commits 8 batches while the test thread compacts in a loop: every produced record
-    is in the table exactly once, offsets are exact, and compactions landed between ingest commits."""
+    is in the table exactly once, offsets are exact, and compactions landed between ingest commits. A
+    compaction whose commit loses the race for the catalog fails transiently (as its Airflow task would,
+    to be retried), never silently."""
     spec = _pipeline(home, broker, topic)
     produced: list[bytes] = []
     errors: list[BaseException] = []
@@ -120,7 +122,10 @@ def test_ingest_and_compaction_run_concurrently_exactly_once(broker, home, topic
     worker.start()
     rewrites = 0
     while not done.is_set():
-        [r] = maintain(spec, actions=["rewrite_data_files"], spark=spark)
+        try:
+            [r] = maintain(spec, actions=["rewrite_data_files"], spark=spark)
+        except TransientError:  # a group's commit lost the race for the SQLite catalog: the task would retry
+            continue
         rewrites += int(r.details.get("rewritten_data_files_count") or 0) > 0
     worker.join()
     assert not errors, errors
@@ -264,3 +269,33 @@ def test_sorted_table_is_compacted_with_sort_and_the_cli_reports_a_dry_run(broke
     assert report.details["strategy"] == "sort" and report.after.data_files == 1
     stores = _table(spec).scan().to_arrow().column("store_id").to_pylist()
     assert stores == sorted(stores) and len(stores) == 150
+
+
+def test_compaction_that_cannot_commit_fails_instead_of_reporting_success(broker, home, topic, spark_for):
+    """Another process holds the SQLite catalog's write lock (reads still work) for the whole
+    rewrite_data_files: with partial progress Iceberg logs each failed group commit and returns. The action
+    must fail, transiently (Airflow retries it), not report "data files 6 -> 6" as a success; the table
+    is unchanged and a run after the lock is gone compacts it."""
+    import sqlite3
+
+    from tidewater.errors import TransientError
+
+    spec = _pipeline(home, broker, topic, rewrite_data_files={"min_input_files": 2, "partial_progress": True})
+    for i in range(2):
+        produce(broker.bootstrap, topic, pizza_events(30, seed=300 + i), partitions=3)
+        ingest_inline(spec)
+    before = _content(_table(spec))
+    spark = spark_for(spec)
+    holder = sqlite3.connect(str(home / "catalog.db"), isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # RESERVED: readers go on, every commit gets "database is locked"
+    try:
+        with pytest.raises(TransientError, match=r"rewrite_data_files: 6 data file\(s\) were not compacted because their "
+                                                 r"file groups failed to commit .* 0 file\(s\) were compacted"):
+            maintain(spec, actions=["rewrite_data_files"], spark=spark)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    table = _table(spec)
+    assert len(table.inspect.files()) == 6 and _content(table) == before
+    [report] = maintain(spec, actions=["rewrite_data_files"], spark=spark)
+    assert (report.before.data_files, report.after.data_files) == (6, 1) and _content(_table(spec)) == before

@@ -105,9 +105,11 @@ class FormatSpec:
     )
     headers: bool = _doc("Message headers as a column `_kafka_headers` (map of string to bytes).", default=False)
     metadata: str = _doc(
-        "Kafka metadata columns: `none` (default), `prefixed` (`_kafka_topic`, `_kafka_partition`, `_kafka_offset`, "
-        "`_kafka_timestamp`) or `struct` (one column `_kafka` with fields topic, partition, offset, timestamp).",
-        default="none",
+        "Kafka metadata columns: `prefixed` (default: `_kafka_topic`, `_kafka_partition`, `_kafka_offset`, "
+        "`_kafka_timestamp`), `struct` (one column `_kafka` with fields topic, partition, offset, timestamp) or "
+        "`none`. Replay and backfills match rows to offsets through them, so they need `prefixed` or `struct`; "
+        "they add about 10% to the data files of the pizza table (`make bench-metadata`, BENCHMARKS.md).",
+        default="prefixed",
     )
     flatten: bool = _doc(
         "Flatten nested objects into top-level columns (`a.b.c` -> `a_b_c`). Off: objects stay struct columns. "

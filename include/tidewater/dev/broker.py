@@ -133,10 +133,16 @@ def read_state() -> Broker | None:
     return Broker(int(d["pid"]), int(d["port"]), d["log_path"])
 
 
-def stop_background() -> bool:
+def stop_background(port: int | None = None) -> bool:
+    """Stop the recorded demo broker (only if it listens on ``port``, when given). Raises ConfigError
+    when the recorded broker listens on another port."""
+    from tidewater.errors import ConfigError
+
     b = read_state()
     if b is None:
         return False
+    if port is not None and b.port != port:
+        raise ConfigError(f"--port: the recorded embedded broker listens on port {b.port}, not {port}; nothing stopped")
     b.stop()
     (home_dir() / STATE_FILE).unlink(missing_ok=True)
     return True

@@ -30,7 +30,7 @@ from typing import Any
 
 from tidewater.batch import MANIFEST_NAME, BatchManifest, read_json
 from tidewater.config.spec import PipelineSpec
-from tidewater.errors import ConfigError, TerminalError
+from tidewater.errors import ConfigError, TerminalError, TransientError
 from tidewater.runtime import spark as spark_session
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
@@ -132,8 +132,49 @@ def rewrite_data_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool
         args.append(f"sort_order => {_sql_str('zorder(' + ','.join(c.zorder_columns) + ')')}")
     opts = ", ".join(f"{_sql_str(k)}, {_sql_str(v)}" for k, v in options.items())
     args.append(f"options => map({opts})")
+    known = {s.snapshot_id for s in table.metadata.snapshots}
+    surely = _surely_rewritten(table, target, c.min_input_files)
     row = _one_row(spark, f"CALL {spec.catalog.name}.system.rewrite_data_files({', '.join(args)})")
+    _check_rewrite_committed(spec, table, known, surely, row)
     return {"strategy": strategy, "target_file_size_bytes": target, **row}
+
+
+def _surely_rewritten(table: Any, target: int, min_input_files: int) -> int:
+    """Files Iceberg's planner rewrites whatever else it decides: in each partition, the files under its
+    minimum size (75% of the target) when there are at least ``min-input-files`` of them."""
+    if table.current_snapshot() is None:
+        return 0
+    files = table.inspect.files().select(["spec_id", "partition", "file_size_in_bytes"]).to_pylist()
+    groups: dict[str, int] = {}
+    for f in files:
+        if f["file_size_in_bytes"] < 0.75 * target:
+            key = repr((f["spec_id"], sorted((f["partition"] or {}).items())))
+            groups[key] = groups.get(key, 0) + 1
+    return sum(n for n in groups.values() if n >= min_input_files)
+
+
+def _check_rewrite_committed(spec: PipelineSpec, table: Any, known: set[int], surely: int, row: dict[str, Any]) -> None:
+    """With partial progress, Iceberg logs a file group whose commit failed ("... partial progress enabled.
+    Ignoring") and returns as if the group had not been planned. Compare what the table's new replace
+    snapshots removed with the files that had to be rewritten: a compaction that did not land must fail
+    (transient: a busy or locked catalog, or a concurrent change), never look done."""
+    for attempt in range(10):  # the check reads the catalog too: a commit of an ingest may hold it for a moment
+        try:
+            table = load_table(load_catalog(spec), spec.table.identifier)
+            break
+        except TransientError:
+            if attempt == 9:
+                raise
+            time.sleep(0.5)
+    landed = sum(int(s.summary.get("deleted-data-files", 0) or 0) for s in table.metadata.snapshots
+                 if s.snapshot_id not in known and s.summary is not None and s.summary.operation.value == "replace")
+    expected = max(surely, int(row.get("rewritten_data_files_count") or 0))
+    failed = int(row.get("failed_data_files_count") or 0) + max(0, expected - landed)
+    if failed:
+        raise TransientError(
+            f"rewrite_data_files: {failed} data file(s) were not compacted because their file groups failed to commit "
+            f"(a busy or locked catalog, or a concurrent change); {landed} file(s) were compacted. Retrying compacts "
+            "the rest", table=spec.table.identifier)
 
 
 def _live_files(table: Any) -> list[dict[str, Any]]:

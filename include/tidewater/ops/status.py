@@ -23,7 +23,20 @@ class PartitionStatus:
 
     @property
     def lag(self) -> int:
-        return self.end - (self.committed if self.committed is not None else self.log_start)
+        """Records not ingested yet (never negative: see ``problem``)."""
+        return max(0, self.end - (self.committed if self.committed is not None else self.log_start))
+
+    @property
+    def problem(self) -> str | None:
+        """Why the next plan of this partition will fail, as the planner would say it (None: healthy)."""
+        c = self.committed
+        if c is not None and c > self.end:
+            return (f"{self.topic}[{self.partition}]: committed offset {c} is beyond the end offset {self.end}: the "
+                    "topic was recreated or truncated since it was ingested; batches fail until an operator acts")
+        if c is not None and c < self.log_start:
+            return (f"{self.topic}[{self.partition}]: committed offset {c} is below the log start offset {self.log_start}: "
+                    f"{self.log_start - c} records were deleted by retention before they were ingested")
+        return None
 
 
 def status(spec: PipelineSpec) -> dict[str, Any]:
@@ -56,6 +69,7 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
         "last_batch_id": state.batch_id if state else None,
         "valid_through": iso(state.valid_through_ms) if state else None,
         "total_lag": sum(p.lag for p in parts),
+        "problems": [p.problem for p in parts if p.problem],
         "dead_letter_table": spec.dead_letter_table(),
         "dead_letters": int(dlq_snap.summary.get("total-records", 0)) if dlq_snap and dlq_snap.summary else 0,
         "last_batch_dead_letters": int(last_props.get(DEAD_LETTERS, 0)),

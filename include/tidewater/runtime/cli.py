@@ -39,9 +39,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from tidewater.ops.status import status
 
     st = status(load_pipeline(args.pipeline))
+    for problem in st["problems"]:
+        print(f"tidewater: warning: {problem}", file=sys.stderr)
     if args.json:
         print(json.dumps(st, indent=1))
-        return 0
+        return 1 if st["problems"] else 0
     print(f"pipeline {st['pipeline']} -> {st['table']}")
     print(f"  last snapshot: {st['last_snapshot_id']} at {st['last_snapshot_at']} (batch {st['last_batch_id']})")
     print(f"  valid through: {st['valid_through']}")
@@ -52,7 +54,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for p in st["partitions"]:
         committed = "-" if p["committed"] is None else p["committed"]
         print(f"  {p['topic']:<30} {p['partition']:>4} {committed:>12} {p['end']:>12} {p['lag']:>10}")
-    return 0
+    return 1 if st["problems"] else 0  # a partition the next batch cannot plan
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -90,14 +92,14 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from tidewater.dev import broker
 
     if args.action == "start":
-        b = broker.start_background(args.port)
+        b = broker.start_background(args.port or 19092)
         print(f"embedded broker running: pid {b.pid}, bootstrap {b.bootstrap}, log {b.log_path}")
     elif args.action == "stop":
-        print("embedded broker stopped" if broker.stop_background() else "no embedded broker was recorded")
+        print("embedded broker stopped" if broker.stop_background(args.port) else "no embedded broker was recorded")
     else:
         b = broker.read_state()
-        if b is None or not b.alive():
-            print("embedded broker: not running")
+        if b is None or not b.alive() or (args.port is not None and b.port != args.port):
+            print("embedded broker: not running" + (f" on port {args.port}" if args.port is not None else ""))
             return 1
         print(f"embedded broker: pid {b.pid}, bootstrap {b.bootstrap}")
     return 0
@@ -365,7 +367,8 @@ def _add_maintain(sub: Any) -> None:
 def _add_broker(sub: Any) -> None:
     p = sub.add_parser("broker", help="the embedded Kafka-compatible broker (demo and tests)")
     p.add_argument("action", choices=["start", "stop", "status"])
-    p.add_argument("--port", type=int, default=19092)
+    p.add_argument("--port", type=int, default=None,
+                   help="start: the port to listen on (default 19092); stop and status: only the broker on this port")
     p.set_defaults(fn=cmd_broker)
 
 
