@@ -48,7 +48,7 @@ def test_avro_records_across_schema_ids_land_typed_and_bad_ones_are_dead_letters
     values += [framed(99, {"order_id": "x", "qty": 0, "at": 0}), b'{"not": "avro"}', framed(1, {"order_id": "t", "qty": 1, "at": 1})[:-3]]
     produce_to_partition(broker.bootstrap, topic, 0, values)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "avro", "registry_url": registry})
+                          format={"value": "avro", "registry_url": registry, "metadata": "none"})
     spec = load_pipeline(path)
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (9, 3)

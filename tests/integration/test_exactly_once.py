@@ -155,9 +155,8 @@ def test_write_step_through_the_dataframe_api_as_spark_connect_runs_it(broker, h
     Connect server) writes the same batch as the RDD job: one partition per sub-range, rows and offsets
     exact after the commit, a retried commit adds nothing. A Spark Connect server cannot run here (its jar
     is not available offline), so the same DataFrame code runs on a classic local SparkSession."""
-    from pyspark.sql import SparkSession
-
     from tidewater.batch import manifest_path, write_json_atomic
+    from tidewater.runtime import spark as spark_session
     from tidewater.source.kafka import kafka_settings
     from tidewater.write.job import run_arrow
 
@@ -166,7 +165,8 @@ def test_write_step_through_the_dataframe_api_as_spark_connect_runs_it(broker, h
     spec = load_pipeline(path)
     produce(broker.bootstrap, topic, pizza_events(300, seed=95), partitions=2)
     plan, plan_path = plan_batch(spec)
-    spark = SparkSession.builder.master("local[2]").appName("tidewater-test-arrow").getOrCreate()
+    # the project's session (Iceberg jars and extensions): the JVM it starts serves this process's later sessions
+    spark = spark_session.session(spec, app_name="tidewater-test-arrow", master="local[2]")
     try:
         manifest = run_arrow(spark, plan, spec, kafka_settings(spec))
     finally:
@@ -205,3 +205,49 @@ def test_unreachable_spark_connect_server_is_a_transient_error(broker, home, top
     with pytest.raises(ConfigError, match="spark.connect_url: 'http://127.0.0.1:15002' is not a Spark Connect URL"):
         run_write_step(bad, plan_path)
     assert table_of(path) is None or table_of(path).current_snapshot() is None
+
+
+EXECUTOR_ENV_SCRIPT = """
+import json, os, sys
+driver_home, executor_home = sys.argv[1], sys.argv[2]
+os.environ["TIDEWATER_HOME"] = executor_home  # the Spark JVM and its Python workers start with this one
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.master("local[2]").appName("tidewater-test-executor-env").getOrCreate()
+os.environ["TIDEWATER_HOME"] = driver_home  # the driver's own environment from here on
+from tidewater.batch import manifest_path, write_json_atomic
+from tidewater.config.parse import load_pipeline
+from tidewater.plan.ingest import plan_batch
+from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.source.kafka import kafka_settings
+from tidewater.write.job import run
+spec = load_pipeline(sys.argv[3])
+plan, path = plan_batch(spec)
+manifest = run(spark.sparkContext, plan, spec, kafka_settings(spec))
+spark.stop()
+write_json_atomic(manifest_path(path), manifest.to_json())
+validate_step(spec, plan, manifest)
+print(json.dumps({"status": commit_step(spec, plan, manifest).status,
+                  "files": [f.file_path for f in manifest.data_files]}))
+"""
+
+
+def test_executors_get_the_catalog_and_locations_from_the_driver_not_their_environment(broker, home, topic, tmp_path):
+    """The Spark workers run with another TIDEWATER_HOME than the driver (as on a cluster, where executors
+    have their own environment): the tasks still write to the driver's catalog and warehouse (the embedded
+    default catalog is resolved on the driver and shipped with the tasks). Rows, offsets and file locations
+    are the driver's; nothing appears under the executors' home. A separate process, so that its Spark JVM
+    starts with the executors' environment."""
+    other = tmp_path / "executor-home"
+    other.mkdir()
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    produce(broker.bootstrap, topic, pizza_events(120, seed=94), partitions=3)
+    proc = subprocess.run([sys.executable, "-c", EXECUTOR_ENV_SCRIPT, str(home), str(other), str(path)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "TIDEWATER_HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["status"] == "committed" and len(out["files"]) == 3
+    assert all(f.startswith(f"file://{home}/warehouse/") for f in out["files"]), out["files"]
+    assert list(other.iterdir()) == []  # no catalog, warehouse or staging of the executors' own
+    table = table_of(path)
+    assert table.scan().to_arrow().num_rows == 120
+    assert committed_state(table).offsets == {topic: {0: 40, 1: 40, 2: 40}}

@@ -24,7 +24,8 @@ def test_connect_json_lands_with_declared_types(broker, home, topic):
               for i in range(20)]
     values.insert(7, b'{"schema": null}')  # no payload: a dead letter
     produce_to_partition(broker.bootstrap, topic, 0, values)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"value": "connect_json"})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "connect_json", "metadata": "none"})
     result = ingest_inline(load_pipeline(path))
     assert (result.records, result.dead_letters) == (21, 1)
     table = table_of(path)
@@ -41,7 +42,8 @@ def test_debezium_events_land_with_op_column_and_tombstones_skipped(broker, home
     events.append({"before": {"order_id": "o2", "status": "new"}, "after": None, "op": "d", "ts_ms": 12})
     values: list[bytes | None] = [json.dumps(e).encode() for e in events] + [None, b'{"op": "?"}']
     produce_to_partition(broker.bootstrap, topic, 0, values)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"value": "debezium"})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "debezium", "metadata": "none"})
     result = ingest_inline(load_pipeline(path))
     table = table_of(path)
     rows = table.scan().to_arrow()

@@ -106,7 +106,8 @@ def test_parameters_are_checked_before_anything_runs(broker, home, topic, change
 
 
 def test_replay_needs_metadata_columns(broker, home, topic):
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]},
+                          format={"metadata": "none"})
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(5)])
     spec = load_pipeline(path)
     ingest_inline(spec)
@@ -245,7 +246,8 @@ def test_backfill_of_committed_and_uncommitted_intervals(broker, home, topic):
 def test_rows_written_before_metadata_was_enabled_block_a_replay(broker, home, topic):
     """A table filled without metadata columns, then switched to format.metadata prefixed: its old rows
     cannot be matched to offsets, so a replay is refused (it would add their records again)."""
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]},
+                          format={"metadata": "none"})
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(5)])
     ingest_inline(load_pipeline(path))
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]},

@@ -18,7 +18,7 @@ def test_nested_types_evolution_and_spark_read(broker, home, topic):
     """Batch 1 creates the table (long, double, boolean, string, struct, list); batch 2 adds a top-level
     field and a field inside the struct. Spark SQL on the JDBC catalog sees every row and the new fields."""
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["id"]})
+                          validation={"not_null": ["id"]}, format={"metadata": "none"})
     spec = load_pipeline(path)
     first = [json.dumps({"id": i, "amount": i * 1.5, "paid": i % 2 == 0, "payer": f"p{i}",
                          "address": {"city": "Oslo", "zip": 1000 + i}, "items": [{"sku": "a", "qty": i}]}).encode()
@@ -56,7 +56,8 @@ def test_evolution_off_ignores_new_fields_and_reports_them(broker, home, topic):
     from tidewater.table.summary import IGNORED_FIELDS
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          table={"identifier": "rpc.orders", "evolve_schema": False}, validation={"not_null": ["id"]})
+                          table={"identifier": "rpc.orders", "evolve_schema": False}, validation={"not_null": ["id"]},
+                          format={"metadata": "none"})
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i, "address": {"city": "Oslo"}}).encode() for i in range(3)])
     ingest_inline(spec)  # creates the table (auto_create is on)

@@ -145,7 +145,7 @@ def test_flattening_map_columns_and_case_insensitive_matching(broker, home, topi
     a TypeMismatch dead letter (its record only)."""
     path = write_pipeline(
         home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-        format={"flatten": True, "flatten_max_depth": 2, "map_columns": ["attrs"]},
+        format={"flatten": True, "flatten_max_depth": 2, "map_columns": ["attrs"], "metadata": "none"},
         table={"identifier": "rpc.orders", "case_insensitive": True}, validation={"not_null": ["id"]},
     )
     spec = load_pipeline(path)
@@ -199,7 +199,7 @@ def test_name_mapping_aliases_fill_the_mapped_columns(broker, home, topic):
     from pyiceberg.types import DoubleType, LongType, NestedField
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["customer_id"]})
+                          validation={"not_null": ["customer_id"]}, format={"metadata": "none"})
     spec = load_pipeline(path)
     catalog = load_catalog(spec)
     catalog.create_namespace_if_not_exists("rpc")

@@ -519,6 +519,14 @@ class PipelineSpec:
             }
         return props
 
+    def for_executors(self) -> PipelineSpec:
+        """This pipeline as the Spark tasks get it: what would otherwise be resolved from an executor's own
+        environment (the embedded default catalog and warehouse under ``$TIDEWATER_HOME``, the staging
+        directory) made explicit here, on the driver. Executors never read their environment for these."""
+        return dataclasses.replace(
+            self, catalog=dataclasses.replace(self.catalog, properties=self.catalog_properties()),
+            batch=dataclasses.replace(self.batch, staging_dir=str(self.staging_dir())))
+
     @property
     def routed(self) -> bool:
         """Several target tables (static `tables` or dynamic routing)."""

@@ -76,6 +76,23 @@ def load_catalog(spec: PipelineSpec) -> Any:
     raise AssertionError("unreachable")
 
 
+def retry_busy(fn: Any, what: str, table: str, attempts: int = 8) -> Any:
+    """``fn()``, retried with backoff while the catalog is busy or unreachable (SQLite answers "database is
+    locked" at once when two writers each hold a read lock and want to write); then a ``TransientError``."""
+    import random
+
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except Exception as e:
+            if catalog_failure(e) is None:
+                raise
+            if attempt == attempts - 1:
+                raise TransientError(f"catalog unreachable or busy while {what}: {e}", table=table) from None
+            time.sleep(0.2 * (attempt + 1) + random.random() * 0.2)
+    raise AssertionError("unreachable")
+
+
 def load_table(catalog: Any, identifier: str) -> Any | None:
     """The table, or None when it does not exist. An unreachable or locked catalog raises ``TransientError``."""
     from pyiceberg.exceptions import NoSuchTableError

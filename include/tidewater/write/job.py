@@ -53,6 +53,7 @@ def run(sc: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
     timings["job_submitted"] = time.time()
     ranges = subranges(plan, spec.batch.records_per_task)
     log.info("batch %s: %d sub-ranges over %d partitions", plan.batch_id, len(ranges), len(plan.ranges))
+    spec = spec.for_executors()
     batch_id = plan.batch_id
     work = list(enumerate(ranges))
     results: list[dict[str, Any]] = []
@@ -77,6 +78,7 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
     log.info("batch %s: %d sub-ranges over %d partitions (DataFrame API)", plan.batch_id, len(ranges), len(plan.ranges))
     batch_id, mode, exclude = plan.batch_id, plan.mode, plan.exclude_path
     results: list[dict[str, Any]] = []
+    spec = spec.for_executors()
 
     def tasks(batches: Any) -> Any:
         import pyarrow as pa

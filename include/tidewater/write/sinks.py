@@ -69,7 +69,11 @@ class TableSink:
         if table is None or evolution_needed(table, decoded):
             before = None if table is None else table.schema().schema_id
             self.added += len(new_fields(table, decoded.schema)) if table is not None else 0
-            table = self.table = ensure_table(self.catalog, self.tspec, table, decoded, self.batch)
+            from tidewater.table.catalog import retry_busy
+
+            current = table
+            table = self.table = retry_busy(lambda: ensure_table(self.catalog, self.tspec, current, decoded, self.batch),
+                                            "creating or evolving the table", self.tspec.identifier)
             if self.writer is not None and table.schema().schema_id != before:
                 self.files.extend(self.writer.close())  # schema changed: finish the file written with the old one
                 self.writer = None

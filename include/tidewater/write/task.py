@@ -21,7 +21,7 @@ from tidewater.batch import (
 )
 from tidewater.config.spec import PipelineSpec
 from tidewater.decode.registry import decode_chunk
-from tidewater.errors import error_document
+from tidewater.errors import TidewaterError, TransientError, error_document
 from tidewater.write.sinks import TableSink, delete_files
 
 log = logging.getLogger(__name__)
@@ -373,6 +373,10 @@ def write_subrange(
     except Exception as e:  # the task reports its error to the driver, which raises it (BatchWriteError)
         if writer is not None:
             writer.abort()
+        from tidewater.table.catalog import catalog_failure
+
+        if not isinstance(e, TidewaterError) and catalog_failure(e) is not None:  # a busy catalog is worth a retry
+            e = TransientError(f"catalog unreachable or busy: {e}", table=spec.table.identifier if not spec.routed else None)
         return {"task_id": task_id, "error": error_document(e)}
     # Python workers are reused across tasks: hand Arrow's cached buffers back so memory stays per task.
     pa.default_memory_pool().release_unused()
