@@ -112,6 +112,10 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
     return ingest()
 
 
+# An ISO-8601 date or date-time, zone optional (the form rejects anything else before a run starts).
+ISO_TIME = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]\d{2}:?\d{2})?$"
+
+
 def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
     """``replay_<name>``: triggered from the UI with a form; re-reads an offset or time range into the table."""
     pipeline_path = str(path)
@@ -136,12 +140,23 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
             "topic": topic,
             "partitions": Param([], type="array", items={"type": "integer", "minimum": 0}, title="Partitions",
                                 description="Partition numbers; empty for every partition"),
-            "start_offset": Param(None, type=["null", "integer"], minimum=0, title="Start offset"),
-            "end_offset": Param(None, type=["null", "integer"], minimum=1, title="End offset (exclusive)"),
-            "start_time": Param(None, type=["null", "string"], title="Start time", description="ISO-8601, e.g. 2024-01-04T12:00:00Z"),
-            "end_time": Param(None, type=["null", "string"], title="End time (exclusive)"),
-            "mode": Param("replace", type="string", enum=["replace", "append-missing"], title="Mode"),
-            "dry_run": Param(False, type="boolean", title="Dry run", description="Only log rows to delete and to add"),
+            "start_offset": Param(None, type=["null", "integer"], minimum=0, title="Start offset",
+                                  description="First offset to re-read (with End offset; leave both empty to give times)"),
+            "end_offset": Param(None, type=["null", "integer"], minimum=1, title="End offset (exclusive)",
+                                description="One past the last offset to re-read; at most the committed offset "
+                                            "(see `tidewater status`)"),
+            "start_time": Param(None, type=["null", "string"], pattern=ISO_TIME, title="Start time",
+                                description="Instead of offsets: ISO-8601, e.g. 2024-01-04T12:00:00Z (UTC when no zone), "
+                                            "mapped to an offset by Kafka's timestamp lookup"),
+            "end_time": Param(None, type=["null", "string"], pattern=ISO_TIME, title="End time (exclusive)",
+                              description="ISO-8601 like Start time; records at or after it are not re-read"),
+            "mode": Param("replace", type="string", enum=["replace", "append-missing"], title="Mode",
+                          description="replace: delete the rows that came from the range and append the re-read records "
+                                      "in one commit (replaying twice leaves the table identical). append-missing: add "
+                                      "only the offsets the table does not hold (rows already there are not touched)"),
+            "dry_run": Param(True, type="boolean", title="Dry run",
+                             description="On (default): only log the rows to delete and to add per partition; turn off "
+                                         "to change the table"),
         },
     )
     def replay():

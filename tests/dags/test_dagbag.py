@@ -88,8 +88,21 @@ def test_replay_dag_form_and_chain(monkeypatch):
     assert dag.schedule is None
     params = dag.params.dump()
     assert params == {"topic": "completed-pizzas", "partitions": [], "start_offset": None, "end_offset": None,
-                      "start_time": None, "end_time": None, "mode": "replace", "dry_run": False}
+                      "start_time": None, "end_time": None, "mode": "replace", "dry_run": True}  # dry run by default
     assert dag.params.get_param("mode").schema["enum"] == ["replace", "append-missing"]
+    for name in ("start_offset", "end_offset", "start_time", "end_time", "mode", "dry_run"):
+        assert dag.params.get_param(name).description, name  # every field of the form explains itself
+    assert "append-missing: add only the offsets the table does not hold" in dag.params.get_param("mode").description
+    # what the form can check is checked before a run starts
+    from airflow.sdk.exceptions import ParamValidationError
+
+    for good in ("2024-01-04T12:00:00Z", "2024-01-04 12:00", "2024-01-04T12:00:00.5+02:00", "2024-01-04", None):
+        dag.params.get_param("start_time").resolve(good)
+    for bad in ("yesterday", "04/01/2024", "2024-01-04T12"):
+        with pytest.raises(ParamValidationError):
+            dag.params.get_param("end_time").resolve(bad)
+    with pytest.raises(ParamValidationError):
+        dag.params.get_param("start_offset").resolve(-1)
     assert dag.params.get_param("topic").schema["enum"] == ["completed-pizzas"]
     assert dag.get_task("plan").downstream_task_ids == {"write", "validate", "commit", "data_docs"}
     assert dag.get_task("validate").downstream_task_ids == {"commit", "data_docs"}

@@ -135,12 +135,14 @@ def test_replay_dag_from_its_form(broker, topic, airflow_env):
     out = dags_test(airflow_env, "replay_orders", {**form, "dry_run": True})
     assert f"{topic}[1] [20, 60): 40 offsets; rows now 40, to delete 40, to add at most 40" in out
     assert len(table_of(pipeline).snapshots()) == snaps
-    dags_test(airflow_env, "replay_orders", form)
+    dags_test(airflow_env, "replay_orders", form)  # the form's default is a dry run
+    assert len(table_of(pipeline).snapshots()) == snaps
+    dags_test(airflow_env, "replay_orders", {**form, "dry_run": False})
     table = table_of(pipeline)
     assert rows() == before and len(table.snapshots()) == snaps + 2
     assert json.loads(table.current_snapshot().summary.additional_properties["tidewater.replay"])["ranges"] == [[topic, 1, 20, 60]]
     assert committed_state(table).offsets == {topic: {0: 100, 1: 100}}
-    out = dags_test(airflow_env, "replay_orders", {**form, "end_offset": 150}, expect="failed")
+    out = dags_test(airflow_env, "replay_orders", {**form, "end_offset": 150, "dry_run": False}, expect="failed")
     assert "end_offset: 150 is beyond the committed offset 100" in out
 
 
@@ -292,3 +294,37 @@ def test_skip_dag_from_its_form_steps_past_a_blocking_record(broker, topic, airf
     assert "start_offset: 1 is before the next offset to ingest" in out
     dags_test(airflow_env, "ingest_orders")
     assert table_of(pipeline).scan().to_arrow().num_rows == 6
+
+
+def test_metrics_reach_statsd_through_airflows_stats(broker, topic, airflow_env):
+    """With Airflow's StatsD metrics on, an ingest run sends the pipeline's lag per partition (plan task),
+    rows, records, dead letters and the commit and batch durations (commit task) under Airflow's prefix.
+    No StatsD server is installed here: a UDP socket of the test receives the packets Airflow sends."""
+    import socket
+
+    write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
+                   kafka={"bootstrap_servers": broker.bootstrap})
+    produce(broker.bootstrap, topic, pizza_events(90, seed=60), partitions=3)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.5)
+    env = {**airflow_env, "AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+           "AIRFLOW__METRICS__STATSD_PORT": str(sock.getsockname()[1]), "AIRFLOW__METRICS__STATSD_PREFIX": "airflow"}
+    try:
+        dags_test(env, "ingest_orders")
+        lines: list[str] = []
+        while True:
+            try:
+                lines += sock.recv(65535).decode().splitlines()
+            except TimeoutError:
+                break
+    finally:
+        sock.close()
+    metrics = {ln.split(":", 1)[0]: ln.split(":", 1)[1] for ln in lines if ln.startswith("airflow.tidewater.orders")}
+    for p in range(3):
+        assert metrics[f"airflow.tidewater.orders.lag.{topic}.{p}"] == "30|g", metrics
+    assert metrics["airflow.tidewater.orders.lag"] == "90|g"
+    assert metrics["airflow.tidewater.orders.rows"] == "90|c" and metrics["airflow.tidewater.orders.records"] == "90|c"
+    assert metrics["airflow.tidewater.orders.dead_letters"] == "0|c"
+    assert metrics["airflow.tidewater.orders.commit_seconds"].endswith("|ms")
+    assert metrics["airflow.tidewater.orders.batch_seconds"].endswith("|ms")

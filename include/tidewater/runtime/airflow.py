@@ -69,6 +69,9 @@ def plan_task(pipeline_path: str, run_type: str | None = None, data_interval: tu
         plan, path = plan_backfill(spec, data_interval, reprocess)
     else:
         plan, path = plan_step(spec, data_interval=data_interval)
+        from tidewater.runtime import metrics
+
+        metrics.lag(spec)  # before the batch: what this run is about to take in
     return _planned(plan, path)
 
 
@@ -223,10 +226,15 @@ def commit_events(plan: Any, manifest: Any, result: Any, dag_run_id: str | None)
 
 @fail_fast
 def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | None, outlet_events: Any = None) -> dict[str, Any]:
+    import time
+
+    from tidewater.runtime import metrics
     from tidewater.runtime.steps import commit_step
 
     spec, plan, manifest = _staged(pipeline_path, planned)
+    started = time.monotonic()
     result = commit_step(spec, plan, manifest, dag_run_id=dag_run_id)
+    metrics.committed(spec, plan, manifest, result, time.monotonic() - started)
     emit_table_events(outlet_events, spec, commit_events(plan, manifest, result, dag_run_id))
     return result.summary()
 
