@@ -6,7 +6,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,28 +16,6 @@ from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture
-def airflow_env(tmp_path: Path, home: Path) -> dict[str, str]:
-    af = tmp_path / "airflow"
-    af.mkdir()
-    pipelines = tmp_path / "pipelines"
-    pipelines.mkdir()
-    env = {
-        **os.environ,
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-        "AIRFLOW_HOME": str(af),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{af / 'airflow.db'}",
-        "AIRFLOW_CONN_TIDEWATER_SPARK": '{"conn_type": "spark", "host": "local[2]"}',
-        "TIDEWATER_PIPELINES_DIR": str(pipelines),
-        "TIDEWATER_HOME": str(home),
-    }
-    subprocess.run(["airflow", "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
-    return env
 
 
 def dags_test(env: dict[str, str], dag_id: str, conf: dict | None = None, expect: str = "success") -> str:

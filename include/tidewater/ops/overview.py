@@ -1,0 +1,105 @@
+"""One pipeline as an operator looks at it: lag, freshness, recent batches, dead letters, quarantine and
+maintenance state, as one JSON document (the Tidewater view in the Airflow UI and its API serve it)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from tidewater.config.spec import PipelineSpec
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import BATCH_ID, DEAD_LETTERS, RECORDS, SKIPPED, VALID_THROUGH_MS, VALIDATION, summary_dict
+
+DEAD_LETTER_SAMPLE = 5  # examples per error class
+DEAD_LETTER_SCAN = 10_000  # dead letters read for the breakdown (the newest files first)
+
+
+def _iso(ms: int | None) -> str | None:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="seconds") if ms is not None else None
+
+
+def recent_batches(spec: PipelineSpec, table: Any, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` batches committed to the table, newest first, with what each did. ``latency_s``
+    is the commit time minus the batch's valid-through (how far behind the source the batch landed)."""
+    from tidewater.quality.data_docs import page_path
+
+    out = []
+    snaps = sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0, reverse=True)
+    for s in snaps:
+        props = summary_dict(s)
+        batch = props.get(BATCH_ID)
+        if not batch or s.summary is None or s.summary.operation.value != "append":
+            continue
+        verdict = json.loads(props[VALIDATION]) if props.get(VALIDATION) else None
+        vt = int(props[VALID_THROUGH_MS]) if props.get(VALID_THROUGH_MS) else None
+        page = page_path(spec, batch)
+        out.append({
+            "batch_id": batch, "snapshot_id": str(s.snapshot_id), "committed_at": _iso(s.timestamp_ms),
+            "records": int(props.get(RECORDS, 0)), "rows": int(s.summary.get("added-records", 0) or 0),
+            "files": int(s.summary.get("added-data-files", 0) or 0), "dead_letters": int(props.get(DEAD_LETTERS, 0)),
+            "skipped": int(props.get(SKIPPED, 0)),
+            "validation": None if verdict is None else {"success": verdict.get("success"), "failed": verdict.get("failed"),
+                                                        "checks": verdict.get("checks")},
+            "data_docs": f"{spec.name}/{page.name}" if page.is_file() or page.with_suffix(".json").is_file() else None,
+            "valid_through": _iso(vt), "latency_s": round((s.timestamp_ms - vt) / 1000, 1) if vt is not None else None,
+        })
+        if len(out) >= limit:
+            break
+    return out
+
+
+def dead_letter_classes(spec: PipelineSpec, catalog: Any) -> list[dict[str, Any]]:
+    """Dead letters by error class: how many, and a few examples naming topic, partition and offset."""
+    dlq = load_table(catalog, spec.dead_letter_table())
+    if dlq is None or dlq.current_snapshot() is None:
+        return []
+    rows = dlq.scan(selected_fields=("error_class", "topic", "partition", "offset", "error_message"),
+                    limit=DEAD_LETTER_SCAN).to_arrow()
+    by: dict[str, dict[str, Any]] = {}
+    for r in rows.to_pylist():  # bounded by DEAD_LETTER_SCAN: the error path, not the hot path
+        c = by.setdefault(r["error_class"] or "?", {"error_class": r["error_class"] or "?", "count": 0, "examples": []})
+        c["count"] += 1
+        if len(c["examples"]) < DEAD_LETTER_SAMPLE:
+            c["examples"].append({k: r[k] for k in ("topic", "partition", "offset", "error_message")})
+    total = int(dlq.current_snapshot().summary.get("total-records", 0) or 0) if dlq.current_snapshot().summary else 0
+    classes = sorted(by.values(), key=lambda c: -c["count"])
+    for c in classes:
+        c["of_scanned"] = len(rows)
+        c["total_in_table"] = total
+    return classes
+
+
+def maintenance_state(table: Any) -> dict[str, Any]:
+    """Files, delete files, snapshots and the last compaction of the table."""
+    files = table.inspect.files() if table.current_snapshot() is not None else None
+    content = files.column("content").to_pylist() if files is not None else []
+    replaces = [s for s in table.metadata.snapshots if s.summary is not None and s.summary.operation.value == "replace"]
+    return {
+        "data_files": sum(1 for c in content if c == 0),
+        "delete_files": sum(1 for c in content if c != 0),
+        "snapshots": len(table.metadata.snapshots),
+        "last_compaction": _iso(max(s.timestamp_ms for s in replaces)) if replaces else None,
+    }
+
+
+def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
+    """Everything the Tidewater view shows for one pipeline."""
+    from tidewater.ops import quarantine
+    from tidewater.ops.status import status
+
+    st = status(spec)
+    catalog = load_catalog(spec)
+    table = load_table(catalog, spec.table.identifier) if not spec.routed else None
+    vt = st["valid_through"]
+    freshness = (datetime.now(timezone.utc) - datetime.fromisoformat(vt)).total_seconds() if vt else None
+    out: dict[str, Any] = {
+        "pipeline": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "status": st,
+        "freshness_s": round(freshness, 1) if freshness is not None else None,
+        "batches": recent_batches(spec, table, batches) if table is not None else [],
+        "dead_letters": dead_letter_classes(spec, catalog),
+        "quarantined": quarantine.list_quarantined(spec, table) if table is not None else [],
+        "maintenance": maintenance_state(table) if table is not None else None,
+    }
+    out["status"]["last_snapshot_id"] = str(st["last_snapshot_id"]) if st["last_snapshot_id"] is not None else None
+    return out

@@ -1,0 +1,91 @@
+"""The Tidewater view in the Airflow UI: a FastAPI app that Airflow's API server mounts at ``/tidewater``
+(registered by ``plugins/tidewater_plugin.py``), behind Airflow's own authentication (the UI's session
+token, or a bearer token for the API).
+
+| route | what |
+| --- | --- |
+| ``GET /tidewater/`` | the view (HTML; the Airflow navigation embeds it) |
+| ``GET /tidewater/api/pipelines`` | the pipelines: name, DAG ids, target table |
+| ``GET /tidewater/api/pipelines/{name}`` | one pipeline's overview (``tidewater.ops.overview``): lag and |
+| | committed vs end offsets per partition, freshness, the last batches, dead letters by error class, |
+| | quarantined batches, maintenance state |
+| ``GET /tidewater/data-docs/{name}/{page}`` | a batch's Data Docs page (rendered on first request if the batch left it for later) |
+
+Read-only: actions (replay, quarantine publish or drop, skip) are links to their DAGs' trigger forms, so
+every change is an audited DAG run.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _pipelines() -> dict[str, Any]:
+    from tidewater.config.parse import discover_pipelines, load_pipeline
+
+    out = {}
+    for path in discover_pipelines():
+        try:
+            spec = load_pipeline(path)
+        except Exception as e:  # noqa: BLE001 - a broken file is shown as such, never hides the others
+            log.warning("pipeline file %s: %s", path, e)
+            continue
+        out[spec.name] = spec
+    return out
+
+
+def create_app() -> Any:
+    """The FastAPI app (every route requires an authenticated Airflow user)."""
+    from airflow.api_fastapi.core_api.security import requires_authenticated
+    from fastapi import Depends, FastAPI, HTTPException
+    from fastapi.responses import FileResponse, HTMLResponse
+
+    app = FastAPI(title="Tidewater", description="Lag, freshness, batches and dead letters of Tidewater pipelines",
+                  dependencies=[Depends(requires_authenticated())])
+
+    def spec_of(name: str) -> Any:
+        spec = _pipelines().get(name)
+        if spec is None:
+            raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
+        return spec
+
+    @app.get("/", response_class=HTMLResponse)
+    def view() -> str:
+        return (Path(__file__).parent / "ui_page.html").read_text()
+
+    @app.get("/api/pipelines")
+    def pipelines() -> list[dict[str, Any]]:
+        return [{"name": s.name, "dag_id": s.dag_id, "table": s.checkpoint_table(), "targets": s.describe_targets(),
+                 "replay_dag_id": f"replay_{s.name}", "quarantine_dag_id": f"quarantine_{s.name}"}
+                for s in _pipelines().values()]
+
+    @app.get("/api/pipelines/{name}")
+    def pipeline(name: str, batches: int = 20) -> dict[str, Any]:
+        from tidewater.errors import TidewaterError
+        from tidewater.ops.overview import overview
+
+        try:
+            return overview(spec_of(name), batches=max(1, min(batches, 200)))
+        except TidewaterError as e:
+            raise HTTPException(status_code=503 if e.transient else 500, detail=str(e)) from None
+
+    @app.get("/data-docs/{name}/{page}")
+    def data_docs(name: str, page: str) -> Any:
+        from tidewater.quality.data_docs import docs_dir, render_pending
+
+        spec = spec_of(name)
+        directory = docs_dir(spec)
+        path = (directory / page).resolve()
+        if path.parent != directory.resolve() or path.suffix != ".html":
+            raise HTTPException(status_code=404, detail="no such page")
+        if not path.is_file() and path.with_suffix(".json").is_file():
+            render_pending(spec, path.stem)
+        if not path.is_file():
+            raise HTTPException(status_code=404, detail=f"no Data Docs page {page} for pipeline {name}")
+        return FileResponse(Path(path), media_type="text/html")
+
+    return app

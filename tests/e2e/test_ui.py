@@ -1,0 +1,160 @@
+"""The Tidewater view in the Airflow UI, through a real `airflow api-server` (the plugin's FastAPI app
+behind Airflow's authentication) and a real browser: Debian's Chromium, headless, driven by Playwright."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, ingest_inline, write_pipeline
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.sample_data import pizza_events, produce
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CHROMIUM = "/usr/bin/chromium"
+# Chromium here: no sandbox as root, and no background connections (the network is closed)
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(os.environ.get("TIDEWATER_TEST_ARTIFACTS", REPO / ".data" / "test-artifacts"))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _call(url: str, token: str | None = None, body: dict | None = None) -> tuple[int, object]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if r.headers.get_content_type() == "application/json" else raw.decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.fixture
+def api_server(airflow_env, tmp_path):  # noqa: ANN001, ANN201
+    """Starts `airflow api-server` on a free port with the test's DAGs (serialized first) and the plugin:
+    call it once the pipeline files are written. Returns (base URL, user, password)."""
+    procs: list[subprocess.Popen] = []
+    log = open(tmp_path / "api-server.log", "w")
+
+    def start() -> tuple[str, str, str]:
+        port = _free_port()
+        env = {**airflow_env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}"}
+        subprocess.run(["airflow", "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
+        procs.append(subprocess.Popen(["airflow", "api-server", "--port", str(port)], env=env, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while _health(base) != 200:
+            if time.monotonic() > deadline or procs[0].poll() is not None:
+                raise AssertionError("the API server did not start: " + (tmp_path / "api-server.log").read_text()[-3000:])
+            time.sleep(1)
+        passwords = json.loads((Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated").read_text())
+        return base, "admin", passwords["admin"]
+
+    yield start
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log.close()
+
+
+def _health(base: str) -> int | None:
+    try:
+        return _call(f"{base}/api/v2/monitor/health")[0]
+    except OSError:
+        return None
+
+
+def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, home):
+    """The plugin's JSON API refuses anonymous calls and, with an Airflow token, lists the pipeline and its
+    overview (lag per partition, the batch just committed, its Data Docs page, rendered on first request).
+    In the browser: log in, open "Tidewater" in the navigation, see the lag of 30 records, ingest, refresh
+    and see it drop to 0; submit the replay form's dry run (on by default) and find the run with that
+    configuration. Screenshots go to the test artifacts directory."""
+    from playwright.sync_api import sync_playwright
+
+    pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
+    path = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    spec = load_pipeline(path)
+    produce(broker.bootstrap, topic, pizza_events(60, seed=120), partitions=3)
+    ingest_inline(spec)
+    produce(broker.bootstrap, topic, pizza_events(30, seed=121), partitions=3)
+    base, user, password = api_server()
+
+    assert _call(f"{base}/tidewater/api/pipelines")[0] == 401
+    status, token = _call(f"{base}/auth/token", body={"username": user, "password": password})
+    assert status in (200, 201), token
+    token = token["access_token"]
+    status, listed = _call(f"{base}/tidewater/api/pipelines", token)
+    assert status == 200 and [p["name"] for p in listed] == ["orders"]
+    status, o = _call(f"{base}/tidewater/api/pipelines/orders", token)
+    assert status == 200, o
+    assert o["status"]["total_lag"] == 30 and [p["lag"] for p in o["status"]["partitions"]] == [10, 10, 10]
+    assert [b["rows"] for b in o["batches"]] == [60] and o["batches"][0]["validation"]["success"] is True
+    assert o["maintenance"]["data_files"] == 3 and o["quarantined"] == [] and o["freshness_s"] is not None
+    status, page = _call(f"{base}/tidewater/data-docs/{o['batches'][0]['data_docs']}", token)
+    assert status == 200 and "Data documentation compiled by Great Expectations" in page
+    assert _call(f"{base}/tidewater/data-docs/orders/..%2F..%2Fairflow.cfg", token)[0] == 404
+    assert _call(f"{base}/tidewater/api/pipelines/nope", token)[0] == 404
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(base + "/")
+            page.fill("input[name=username]", user)
+            page.fill("input[name=password]", password)
+            page.click("button:has-text('Sign in')")
+            page.wait_for_url(base + "/", timeout=60_000)
+            page.click("a[href='/plugin/tidewater']")
+            view = page.frame_locator("iframe")
+            view.locator("#total-lag").wait_for(timeout=60_000)
+            assert view.locator("#total-lag").inner_text() == "30"
+            assert view.locator("#lag-chart").count() == 0  # one batch: no chart yet, said in words
+            page.screenshot(path=str(ARTIFACTS / "tidewater-view-lag-30.png"))
+
+            ingest_inline(spec)
+            view.locator("#refresh").click()
+            view.locator("#total-lag", has_text="0").wait_for(timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "tidewater-view-lag-0.png"))
+
+            page.goto(f"{base}/dags/replay_orders")
+            page.click("button:has-text('Trigger')")
+            dialog = page.locator("[role=dialog]")
+            dialog.locator("input[name=element_start_offset]").fill("0")
+            dialog.locator("input[name=element_end_offset]").fill("5")
+            assert dialog.locator("input[name=element_dry_run]").is_checked()  # a dry run unless turned off
+            page.screenshot(path=str(ARTIFACTS / "replay-form.png"))
+            dialog.locator("button:has-text('Trigger')").last.click()
+            deadline = time.monotonic() + 60
+            runs: list = []
+            while time.monotonic() < deadline and not runs:
+                runs = _call(f"{base}/api/v2/dags/replay_orders/dagRuns", token)[1]["dag_runs"]
+                time.sleep(1)
+        finally:
+            browser.close()
+    assert len(runs) == 1, runs
+    conf = runs[0]["conf"]
+    assert (conf["start_offset"], conf["end_offset"], conf["dry_run"], conf["mode"]) == (0, 5, True, "replace")
