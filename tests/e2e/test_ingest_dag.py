@@ -52,8 +52,9 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
         out = dags_test(airflow_env, "ingest_orders")
         # built-in checks only: the validate task leaves the page to the data_docs task next to the commit
         assert "(rendered after the commit)" in out
-        page = re.search(r"Data Docs (file://\S+\.html)\s", out.split("(rendered after the commit)")[1])
+        page = re.search(r"Data Docs (file://\S+?\.html)", out.split("(rendered after the commit)")[1])
         assert page and Path(page.group(1)[len("file://"):]).is_file()
+        assert f"in the Tidewater view: http://localhost:8080/tidewater/data-docs/orders/{page.group(1).rsplit('/', 1)[1]}" in out
     table = table_of(pipeline)
     assert table.scan().to_arrow().num_rows == 480
     snaps = sorted(table.snapshots(), key=lambda s: s.sequence_number)

@@ -156,7 +156,20 @@ def validate_task(pipeline_path: str, planned: dict[str, Any]) -> dict[str, Any]
     from tidewater.runtime.steps import validate_step
 
     spec, plan, manifest = _staged(pipeline_path, planned)
-    return {"batch_id": plan.batch_id, **validate_step(spec, plan, manifest).summary()}
+    try:
+        return {"batch_id": plan.batch_id, **validate_step(spec, plan, manifest).summary()}
+    finally:
+        log.info("Data Docs of batch %s in the Tidewater view: %s", plan.batch_id, data_docs_url(spec, plan.batch_id))
+
+
+def data_docs_url(spec: PipelineSpec, batch_id: str) -> str:
+    """The batch's Data Docs page as the Tidewater view serves it (reachable from any browser that reaches
+    Airflow, unlike a worker's file path)."""
+    from airflow.sdk.configuration import conf
+
+    base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+    base = base or f"http://localhost:{conf.get('api', 'port', fallback='8080')}"  # [api] base_url unset
+    return f"{base}/tidewater/data-docs/{spec.name}/{batch_id}.html"
 
 
 @fail_fast
@@ -176,9 +189,10 @@ def data_docs_task(pipeline_path: str, planned: dict[str, Any]) -> list[str]:
     """Render the batch's Data Docs page if the validate task left it for later."""
     from tidewater.quality.data_docs import render_pending
 
-    pages = render_pending(load_pipeline(pipeline_path), planned["batch_id"])
+    spec = load_pipeline(pipeline_path)
+    pages = render_pending(spec, planned["batch_id"])
     for page in pages:
-        log.info("Data Docs %s", page.as_uri())
+        log.info("Data Docs %s, in the Tidewater view: %s", page.as_uri(), data_docs_url(spec, planned["batch_id"]))
     return [str(p) for p in pages]
 
 
