@@ -85,12 +85,30 @@ def _timetable(schedule: str | None):  # noqa: ANN202
         return schedule
 
 
+def _schedule(spec: PipelineSpec, pipeline_path: str):  # noqa: ANN202
+    """The cron schedule, or (with ``trigger`` settings) the cron schedule *or* the pipeline's pending-data
+    asset, which the lag trigger watches in Airflow's triggerer (see runtime/triggers.py)."""
+    timetable = _timetable(spec.schedule)
+    if not spec.trigger.enabled:
+        return timetable
+    from airflow.sdk import Asset, AssetOrTimeSchedule, AssetWatcher
+
+    from tidewater.runtime.triggers import PendingDataTrigger
+
+    asset = Asset(name=f"tidewater-{spec.name}-pending", uri=f"tidewater://pending/{spec.name}",
+                  watchers=[AssetWatcher(name=f"tidewater_{spec.name}_pending",
+                                         trigger=PendingDataTrigger(pipeline_path, spec.trigger.poll_seconds))])
+    if timetable is None or isinstance(timetable, str):  # triggered only (or @once/@continuous): the lag alone
+        return [asset]
+    return AssetOrTimeSchedule(timetable=timetable, assets=asset)
+
+
 def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
     pipeline_path = str(path)
 
     @dag(
         dag_id=spec.dag_id,
-        schedule=_timetable(spec.schedule),
+        schedule=_schedule(spec, pipeline_path),
         **spec.airflow.dag_kwargs("ingest"),
         doc_md=_doc(spec, path),
         params={"reprocess": Param(False, type="boolean", description=(

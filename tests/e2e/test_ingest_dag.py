@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,73 @@ downstream_orders()
 """
 
 
+@contextlib.contextmanager
+def standalone(env: dict[str, str], tmp_path: Path):  # noqa: ANN201
+    """`airflow standalone` (API server, scheduler, triggerer, DAG processor) on a free port, with the DAGs
+    serialized first; yields its environment and stops it (the whole process group) afterwards."""
+    import signal
+    import urllib.request
+
+    port = _free_port()
+    env = {**env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/"}
+    subprocess.run(["airflow", "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
+    log = open(tmp_path / "standalone.log", "w")
+    proc = subprocess.Popen(["airflow", "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(2)
+        else:
+            raise AssertionError("the Airflow API server did not start: " + (tmp_path / "standalone.log").read_text()[-3000:])
+        yield env
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def list_runs(env: dict[str, str], dag_id: str) -> list[dict]:
+    out = subprocess.run(["airflow", "dags", "list-runs", dag_id, "--output", "json"], env=env,
+                         capture_output=True, text=True, timeout=120).stdout
+    lines = [ln for ln in out.splitlines() if ln.startswith("[{") or ln.strip() == "[]"]  # logs share stdout
+    return json.loads(lines[-1]) if lines else []
+
+
+def test_lag_trigger_starts_a_batch_through_the_scheduler(broker, topic, airflow_env, tmp_path):
+    """`trigger.pending_records: 50` and no cron schedule: with 30 records waiting nothing runs; once 80
+    wait, Airflow's triggerer (`airflow standalone`) sees the lag without Spark and the scheduler starts an
+    asset-triggered ingest run that lands all 80 records with exact offsets."""
+    pipeline = write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
+                              kafka={"bootstrap_servers": broker.bootstrap}, schedule=None,
+                              trigger={"pending_records": 50, "poll_seconds": 2})
+    produce(broker.bootstrap, topic, pizza_events(30, seed=140), partitions=2)
+    with standalone(airflow_env, tmp_path) as env:
+        subprocess.run(["airflow", "dags", "unpause", "ingest_orders"], env=env, check=True, capture_output=True, timeout=120)
+        time.sleep(15)  # several polls of the trigger
+        assert list_runs(env, "ingest_orders") == []
+        produce(broker.bootstrap, topic, pizza_events(50, seed=141), partitions=2, create=False)
+        runs: list[dict] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            runs = list_runs(env, "ingest_orders")
+            if runs and all(r["state"] in ("success", "failed") for r in runs):
+                break
+            time.sleep(5)
+    assert [r["state"] for r in runs] == ["success"], runs
+    assert runs[0]["run_id"].startswith("asset_triggered__"), runs
+    table = table_of(pipeline)
+    assert table.scan().to_arrow().num_rows == 80
+    assert committed_state(table).offsets == {topic: {0: 40, 1: 40}}
+
+
 def _free_port() -> int:
     import socket
 
@@ -160,10 +229,6 @@ def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_pat
     the interval a batch committed is re-ingested with replace (`reprocess: true`): same rows, same
     offsets, a replace recorded with the interval; the interval before it has no committed records
     (the embedded broker's timestamp lookup answers 0, see STACK.md) and is a no-op."""
-    import signal
-    import time
-    import urllib.request
-
     pipeline = write_pipeline(
         Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
         format={"metadata": "prefixed"}, schedule="@hourly",
@@ -185,23 +250,7 @@ def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_pat
     seen = tmp_path / "downstream.json"
     uri = f"iceberg://{load_pipeline(pipeline).catalog.name}/rpc/orders"
     (dags / "downstream_orders.py").write_text(DOWNSTREAM_DAG.format(uri=uri, seen=str(seen)))
-    port = _free_port()
-    env = {**airflow_env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-           "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/"}
-    subprocess.run(["airflow", "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
-    log = open(tmp_path / "standalone.log", "w")
-    proc = subprocess.Popen(["airflow", "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(2)
-        else:
-            raise AssertionError("the Airflow API server did not start: " + (tmp_path / "standalone.log").read_text()[-3000:])
+    with standalone({**airflow_env, "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}, tmp_path) as env:
         from datetime import datetime, timedelta
 
         first = (datetime.fromisoformat(start) - timedelta(hours=1)).isoformat()
@@ -215,21 +264,10 @@ def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_pat
         while time.monotonic() < deadline and not seen.is_file():
             time.sleep(5)
         while time.monotonic() < deadline:
-            out = subprocess.run(["airflow", "dags", "list-runs", "ingest_orders", "--output", "json"], env=env,
-                                 capture_output=True, text=True, timeout=120).stdout
-            lines = [ln for ln in out.splitlines() if ln.startswith("[{") or ln.strip() == "[]"]  # logs share stdout
-            runs = json.loads(lines[-1]) if lines else []
-            states = {r["run_id"]: r["state"] for r in runs if r["run_id"].startswith("backfill__")}
+            states = {r["run_id"]: r["state"] for r in list_runs(env, "ingest_orders") if r["run_id"].startswith("backfill__")}
             if len(states) == 2 and all(s in ("success", "failed") for s in states.values()):
                 break
             time.sleep(5)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
     assert sorted(states.values()) == ["success", "success"], states
     assert seen.is_file(), "the downstream DAG scheduled on the table's asset did not run"
     downstream = json.loads(seen.read_text())

@@ -467,6 +467,26 @@ class MaintenanceSpec:
 
 
 @dataclass(frozen=True)
+class TriggerSpec:
+    """Batches started by the amount of pending data, besides the schedule (checked by Airflow's triggerer,
+    without Spark). Any threshold set turns it on; a batch starts when one is exceeded."""
+
+    pending_records: int | None = _doc("Start a batch when more records than this wait in Kafka (all partitions).",
+                                       default=None)
+    pending_bytes: int | None = _doc(
+        "Start a batch when the pending records weigh more than this, estimated from the size of the first pending "
+        "record of each partition.", default=None)
+    max_age_seconds: float | None = _doc(
+        "Start a batch when the oldest pending record (its Kafka timestamp) is older than this.", default=None)
+    poll_seconds: float = _doc("How often the triggerer checks (reads offsets and at most one record per partition).",
+                               default=30.0)
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.pending_records, self.pending_bytes, self.max_age_seconds))
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     """One pipeline: Kafka topics into one Iceberg table."""
 
@@ -501,6 +521,7 @@ class PipelineSpec:
     spark: SparkSpec = _doc("Spark job submission.", default_factory=SparkSpec)
     airflow: AirflowSpec = _doc("Airflow DAG settings.", default_factory=AirflowSpec)
     maintenance: MaintenanceSpec = _doc("Table maintenance.", default_factory=MaintenanceSpec)
+    trigger: TriggerSpec = _doc("Batches started by pending data (lag), besides `schedule`.", default_factory=TriggerSpec)
     source_path: str | None = field(default=None, metadata={"internal": True})
 
     # ---- derived values -------------------------------------------------------------------------

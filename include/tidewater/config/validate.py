@@ -132,6 +132,10 @@ def _check_limits_and_maintenance(spec: PipelineSpec) -> None:
         ("maintenance.rewrite_data_files.min_input_files", m.rewrite_data_files.min_input_files, 1),
         ("maintenance.expire_snapshots.retain_last", m.expire_snapshots.retain_last, 1),
         ("maintenance.expire_snapshots.older_than_hours", m.expire_snapshots.older_than_hours, 0),
+        *((f"trigger.{k}", v, 1) for k, v in (("pending_records", spec.trigger.pending_records),
+                                              ("pending_bytes", spec.trigger.pending_bytes),
+                                              ("max_age_seconds", spec.trigger.max_age_seconds)) if v is not None),
+        ("trigger.poll_seconds", spec.trigger.poll_seconds, 1),
     ):
         if value < minimum:
             raise ConfigError(f"{key}: must be at least {minimum}")
