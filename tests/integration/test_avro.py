@@ -73,3 +73,33 @@ def test_registry_unreachable_fails_the_batch_without_committing(broker, home, t
         stage_inline(load_pipeline(path))
     assert e.value.transient and "schema registry http://127.0.0.1:9 unreachable" in str(e.value)
     assert table_of(path) is None
+
+
+def test_registry_client_maps_the_registry_answers():
+    """confluent-kafka's schema registry client, with our error mapping: a schema by id (cached: the
+    registry is not asked twice), an unknown id (the record's dead letter), credentials refused (terminal),
+    accepted (basic auth), an unknown client setting (terminal, naming format.registry_settings).
+    The registry is the local stand-in of `tidewater.dev.sample_data` (no registry can be installed here)."""
+    from tidewater.decode.avro import RegistryClient, UnknownSchemaId
+    from tidewater.errors import TerminalError
+
+    open_reg = LocalSchemaRegistry(SCHEMAS)
+    locked = LocalSchemaRegistry(SCHEMAS, basic_auth="reader:s3cret")
+    try:
+        client = RegistryClient(open_reg.start())
+        assert client.schema(1)["name"] == V1["name"]
+        open_reg.schemas.clear()
+        assert client.schema(1)["name"] == V1["name"]  # from the task's cache
+        with pytest.raises(UnknownSchemaId, match="schema id 99 is not in the registry"):
+            client.schema(99)
+        url = locked.start()
+        with pytest.raises(TerminalError, match="refused the credentials \\(HTTP 401\\)"):
+            RegistryClient(url).schema(1)
+        with pytest.raises(TerminalError, match="refused the credentials"):
+            RegistryClient(url, auth="reader:wrong").schema(1)
+        assert RegistryClient(url, auth="reader:s3cret").schema(2)["name"] == SCHEMAS[2]["name"]
+        with pytest.raises(TerminalError, match="format.registry_settings"):
+            RegistryClient(url, settings={"no.such.setting": "1"})
+    finally:
+        open_reg.stop()
+        locked.stop()

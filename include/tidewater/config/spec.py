@@ -92,6 +92,10 @@ class FormatSpec:
     registry_basic_auth: str | None = _doc(
         "`user:password` for the schema registry (use `${ENV_VAR}`; never logged).", default=None
     )
+    registry_settings: dict[str, str] = _doc(
+        "More settings of confluent-kafka's schema registry client: TLS (`ssl.ca.location`, `ssl.certificate.location`, "
+        "`ssl.key.location`), bearer auth (`bearer.auth.credentials.source`, `bearer.auth.token`, ...), `timeout`, "
+        "`max.retries`. Secret values through `${ENV_VAR}`.", default_factory=dict)
     timestamps: dict[str, str] = _doc(
         "Columns parsed into UTC timestamps (a field inside an object as `a.b`), column -> format: a strftime pattern "
         "(`%Y-%m-%d %H:%M:%S`), `iso8601` (with or without a zone: `2024-02-29T12:23:03`, `...+01:00`, `...Z`), "

@@ -27,40 +27,48 @@ class UnknownSchemaId(Exception):
 
 
 class RegistryClient:
-    """The subset of the Confluent Schema Registry REST API a reader needs: GET /schemas/ids/{id}."""
+    """Writer schemas by id, through confluent-kafka's ``SchemaRegistryClient`` (its HTTP client, retries,
+    TLS and basic or bearer auth: ``format.registry_basic_auth`` and ``format.registry_settings``), parsed
+    once and cached for the task's life. Its errors become ours: an id the registry does not know (404) or
+    a schema that is not Avro makes the record a dead letter (``UnknownSchemaId``); refused credentials
+    (401, 403) are terminal; an unreachable registry or a server error is transient."""
 
-    def __init__(self, url: str, auth: str | None = None, timeout: float = 10.0) -> None:
-        import requests
+    def __init__(self, url: str, auth: str | None = None, settings: dict[str, str] | None = None,
+                 timeout: float = 10.0) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
 
         self.url = url.rstrip("/")
-        self._session = requests.Session()
+        conf: dict[str, Any] = {"url": self.url, "timeout": timeout, "max.retries": 2, **(settings or {})}
         if auth:
-            user, _, password = auth.partition(":")
-            self._session.auth = (user, password)
-        self._timeout = timeout
+            conf["basic.auth.user.info"] = auth
+        try:
+            self._client = SchemaRegistryClient(conf)
+        except ValueError as e:  # a bad setting (its message names it)
+            raise TerminalError(f"format.registry_settings: {e}") from None
         self._cache: dict[int, Any] = {}
 
     def schema(self, schema_id: int) -> Any:
         """The parsed writer schema for ``schema_id`` (cached)."""
         import fastavro
-        import requests
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         if schema_id in self._cache:
             return self._cache[schema_id]
         try:
-            resp = self._session.get(f"{self.url}/schemas/ids/{schema_id}", timeout=self._timeout)
-        except requests.RequestException as e:
+            found = self._client.get_schema(schema_id)
+        except SchemaRegistryError as e:
+            if e.http_status_code == 404:
+                raise UnknownSchemaId(f"schema id {schema_id} is not in the registry {self.url}") from None
+            if e.http_status_code in (401, 403):
+                raise TerminalError(f"schema registry {self.url} refused the credentials (HTTP {e.http_status_code}); "
+                                    "check format.registry_basic_auth / format.registry_settings") from None
+            raise TransientError(f"schema registry {self.url} answered HTTP {e.http_status_code} for schema id "
+                                 f"{schema_id}") from None
+        except Exception as e:  # connection refused, timeouts, TLS: the client's transport errors
             raise TransientError(f"schema registry {self.url} unreachable: {type(e).__name__}") from None
-        if resp.status_code == 404:
-            raise UnknownSchemaId(f"schema id {schema_id} is not in the registry {self.url}")
-        if resp.status_code in (401, 403):
-            raise TerminalError(f"schema registry {self.url} refused the credentials (HTTP {resp.status_code}); check format.registry_auth")
-        if resp.status_code >= 400:
-            raise TransientError(f"schema registry {self.url} answered HTTP {resp.status_code} for schema id {schema_id}")
-        doc = resp.json()
-        if doc.get("schemaType", "AVRO") != "AVRO":
-            raise UnknownSchemaId(f"schema id {schema_id} is a {doc.get('schemaType')} schema, not Avro")
-        parsed = fastavro.parse_schema(json.loads(doc["schema"]))
+        if (found.schema_type or "AVRO") != "AVRO":
+            raise UnknownSchemaId(f"schema id {schema_id} is a {found.schema_type} schema, not Avro")
+        parsed = fastavro.parse_schema(json.loads(found.schema_str))
         self._cache[schema_id] = parsed
         return parsed
 

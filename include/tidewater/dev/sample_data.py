@@ -113,21 +113,26 @@ class LocalSchemaRegistry:
     """A minimal in-process schema registry answering ``GET /schemas/ids/{id}`` like Confluent's, for the
     demo, tests and benchmarks on machines without a registry. Not for production use."""
 
-    def __init__(self, schemas: dict[int, dict]) -> None:
+    def __init__(self, schemas: dict[int, dict], basic_auth: str | None = None) -> None:
         self.schemas = dict(schemas)
+        self.basic_auth = basic_auth  # "user:password" required when set (401 otherwise)
         self._server = None
 
     def start(self) -> str:
+        import base64
         import threading
         from http.server import BaseHTTPRequestHandler, HTTPServer
 
         schemas = self.schemas
+        expected = "Basic " + base64.b64encode(self.basic_auth.encode()).decode() if self.basic_auth else None
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server API
                 tail = self.path.rsplit("/", 1)[-1]
                 sid = int(tail) if self.path.startswith("/schemas/ids/") and tail.isdigit() else -1
-                if sid in schemas:
+                if expected is not None and self.headers.get("Authorization") != expected:
+                    body, code = json.dumps({"error_code": 401, "message": "Unauthorized"}).encode(), 401
+                elif sid in schemas:
                     body, code = json.dumps({"schema": json.dumps(schemas[sid])}).encode(), 200
                 else:
                     body, code = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode(), 404

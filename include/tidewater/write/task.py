@@ -148,7 +148,8 @@ class _TaskWriter:
         if spec.format.value == "avro":
             from tidewater.decode.avro import RegistryClient
 
-            self.registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth)
+            self.registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth,
+                                           spec.format.registry_settings)
         self.rereader = Rereader(settings, f"{spec.name}-{task_id}-dlq", spec.kafka.read_timeout_seconds)
         self.setup_seconds = time.monotonic() - self.started  # catalog, table and clients opened
         self.dlq_writer: Any = None
