@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import struct
 
+import fastavro
 import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, stage_inline, table_of, write_pipeline
@@ -35,8 +36,6 @@ def registry():  # noqa: ANN201
 
 
 def framed(schema_id: int, record: dict) -> bytes:
-    import fastavro
-
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, fastavro.parse_schema(SCHEMAS.get(schema_id, V1)), record)
     return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
@@ -103,3 +102,56 @@ def test_registry_client_maps_the_registry_answers():
     finally:
         open_reg.stop()
         locked.stop()
+
+
+TYPED = {"type": "record", "name": "Event", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "at_time", "type": {"type": "int", "logicalType": "time-millis"}},
+    {"name": "at_time_us", "type": {"type": "long", "logicalType": "time-micros"}},
+    {"name": "at_ns", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
+    {"name": "value", "type": ["null", "long", "string"]},
+    {"name": "tags", "type": {"type": "array", "items": ["int", "boolean"]}},
+]}
+
+
+def test_avro_time_nanosecond_timestamps_and_unions_land_typed(broker, home, topic):
+    """time-millis and time-micros become Iceberg time, timestamp-nanos a timestamptz at microsecond
+    precision (Iceberg v2 has none finer), and a union of several types a struct with one field per
+    branch (as Spark's Avro reader maps it), at the top level and inside an array. The registry is the
+    local stand-in (none can be installed here)."""
+    import datetime
+
+    reg = LocalSchemaRegistry({7: TYPED})
+    url = reg.start()
+    try:
+        ns = 1_704_067_200_123_456_789  # 2024-01-01T00:00:00.123456789Z
+        records = [{"id": 1, "at_time": datetime.time(1, 2, 3, 4000), "at_time_us": datetime.time(1, 2, 3, 5),
+                    "at_ns": ns, "value": 42, "tags": [1, True]},
+                   {"id": 2, "at_time": datetime.time(23, 59), "at_time_us": datetime.time(0, 0, 0, 1), "at_ns": ns + 1000,
+                    "value": "forty-two", "tags": []},
+                   {"id": 3, "at_time": datetime.time(0, 0), "at_time_us": datetime.time(0, 0), "at_ns": 0, "value": None,
+                    "tags": [False]}]
+        buf = []
+        for r in records:
+            b = io.BytesIO()
+            fastavro.schemaless_writer(b, fastavro.parse_schema(TYPED), r)
+            buf.append(b"\x00" + struct.pack(">I", 7) + b.getvalue())
+        produce_to_partition(broker.bootstrap, topic, 0, buf)
+        path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                              format={"value": "avro", "registry_url": url, "metadata": "none"},
+                              validation={"not_null": ["id"]})
+        result = ingest_inline(load_pipeline(path))
+        assert (result.records, result.dead_letters) == (3, 0)
+    finally:
+        reg.stop()
+    table = table_of(path)
+    types = {f.name: str(f.field_type) for f in table.schema().fields}
+    assert types["at_time"] == "time" and types["at_time_us"] == "time" and types["at_ns"] == "timestamptz"
+    assert types["value"].startswith("struct<") and "member0: optional long" in types["value"]
+    assert "member1: optional string" in types["value"] and types["tags"].startswith("list<struct<")
+    rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert rows[0]["at_time"] == datetime.time(1, 2, 3, 4000) and rows[0]["at_time_us"] == datetime.time(1, 2, 3, 5)
+    assert rows[0]["at_ns"] == datetime.datetime(2024, 1, 1, 0, 0, 0, 123456, tzinfo=datetime.timezone.utc)
+    assert rows[0]["value"] == {"member0": 42, "member1": None}
+    assert rows[1]["value"] == {"member0": None, "member1": "forty-two"} and rows[2]["value"] is None
+    assert rows[0]["tags"] == [{"member0": 1, "member1": None}, {"member0": None, "member1": True}]

@@ -76,10 +76,20 @@ class RegistryClient:
 # ---- Avro schema -> Arrow type -------------------------------------------------------------------
 
 
+def _branches(schema: list[Any]) -> list[Any]:
+    return [b for b in schema if b != "null"]
+
+
 def arrow_type(schema: Any) -> pa.DataType:
-    if isinstance(schema, list):  # union: nullable of its one non-null branch (else a string fallback)
-        branches = [s for s in schema if s != "null"]
-        return arrow_type(branches[0]) if len(branches) == 1 else pa.string()
+    """The Arrow type of an Avro schema, as Spark's Avro reader maps it. A union of ``null`` and one type is
+    that type (nullable); a union of several types is a struct with one field per branch (``member0``,
+    ``member1``, ...; the branch a value took is set, the others null). ``timestamp-nanos`` arrives in
+    nanoseconds and is stored in microseconds (Iceberg v2 has no nanosecond timestamps; see ``to_micros``)."""
+    if isinstance(schema, list):
+        branches = _branches(schema)
+        if len(branches) == 1:
+            return arrow_type(branches[0])
+        return pa.struct([pa.field(f"member{i}", arrow_type(b)) for i, b in enumerate(branches)])
     if isinstance(schema, str):
         return {
             "null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
@@ -87,16 +97,14 @@ def arrow_type(schema: Any) -> pa.DataType:
         }.get(schema, pa.string())
     t = schema.get("type")
     logical = schema.get("logicalType")
-    if logical in ("timestamp-millis", "timestamp-micros"):
-        return pa.timestamp("us", tz="UTC")
-    if logical in ("local-timestamp-millis", "local-timestamp-micros"):
-        return pa.timestamp("us")
-    if logical == "date":
-        return pa.date32()
+    logical_types = {"timestamp-millis": pa.timestamp("us", tz="UTC"), "timestamp-micros": pa.timestamp("us", tz="UTC"),
+                  "timestamp-nanos": pa.timestamp("ns", tz="UTC"), "local-timestamp-millis": pa.timestamp("us"),
+                  "local-timestamp-micros": pa.timestamp("us"), "local-timestamp-nanos": pa.timestamp("ns"),
+                  "time-millis": pa.time64("us"), "time-micros": pa.time64("us"), "date": pa.date32(), "uuid": pa.string()}
+    if logical in logical_types:
+        return logical_types[logical]
     if logical == "decimal":
         return pa.decimal128(int(schema["precision"]), int(schema.get("scale", 0)))
-    if logical == "uuid":
-        return pa.string()
     if t == "record":
         return pa.struct([pa.field(f["name"], arrow_type(f["type"])) for f in schema["fields"]])
     if t == "array":
@@ -110,6 +118,69 @@ def arrow_type(schema: Any) -> pa.DataType:
     return arrow_type(t)
 
 
+_PY_TYPES = {"boolean": bool, "int": int, "long": int, "float": float, "double": float, "string": str, "bytes": bytes,
+             "enum": str, "fixed": bytes, "record": dict, "map": dict, "array": list}
+
+
+def _kind(schema: Any) -> str:
+    if isinstance(schema, str):
+        return schema
+    if isinstance(schema, dict):
+        return str(schema.get("type"))
+    return "union"
+
+
+def union_converter(schema: Any) -> Any:
+    """A function that turns a decoded value of ``schema`` into the shape ``arrow_type`` gives it (the
+    multi-type unions as structs), or None when the schema has no such union (nothing to do).
+
+    fastavro returns a union's value as it is, so its branch is found by its Python type (bool before int:
+    a bool is an int in Python). Records only reach this path when their schema has such a union."""
+    if isinstance(schema, list):
+        branches = _branches(schema)
+        if len(branches) == 1:
+            return union_converter(branches[0])
+        inner = [union_converter(b) for b in branches]
+
+        def pick(v: Any) -> Any:
+            if v is None:
+                return None
+            for i, b in enumerate(branches):
+                py = _PY_TYPES.get(_kind(b))
+                if py is not None and isinstance(v, py) and not (py is int and isinstance(v, bool)):
+                    return {f"member{j}": ((inner[i](v) if inner[i] else v) if j == i else None) for j in range(len(branches))}
+            return {f"member{j}": None for j in range(len(branches))}
+        return pick
+    if isinstance(schema, dict) and schema.get("type") == "record":
+        fields = [(f["name"], union_converter(f["type"])) for f in schema["fields"]]
+        if not any(c for _, c in fields):
+            return None
+        return lambda r: None if r is None else {n: (c(r.get(n)) if c else r.get(n)) for n, c in fields}
+    if isinstance(schema, dict) and schema.get("type") in ("array", "map"):
+        c = union_converter(schema["items"] if schema["type"] == "array" else schema["values"])
+        if c is None:
+            return None
+        if schema["type"] == "array":
+            return lambda xs: None if xs is None else [c(x) for x in xs]
+        return lambda m: None if m is None else {k: c(x) for k, x in m.items()}
+    if isinstance(schema, dict) and isinstance(schema.get("type"), (dict, list)):
+        return union_converter(schema["type"])
+    return None
+
+
+def to_micros(t: pa.DataType) -> pa.DataType:
+    """``t`` with nanosecond timestamps at microsecond precision (nested types included)."""
+    if pa.types.is_timestamp(t) and t.unit == "ns":
+        return pa.timestamp("us", tz=t.tz)
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, to_micros(f.type), f.nullable) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(to_micros(t.value_type))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_type, to_micros(t.item_type))
+    return t
+
+
 def decode_avro(chunk: Chunk, registry: RegistryClient) -> tuple[pa.Table, list[BadRecord]]:
     """Decode Confluent-framed Avro values. Unknown schema ids and unreadable bodies are bad records;
     an unreachable registry fails the batch (TransientError: nothing is committed, retrying is safe)."""
@@ -118,6 +189,7 @@ def decode_avro(chunk: Chunk, registry: RegistryClient) -> tuple[pa.Table, list[
     rows: list[dict[str, Any]] = []
     bad: list[BadRecord] = []
     types: dict[int, pa.StructType] = {}
+    converters: dict[int, Any] = {}
     unknown: dict[int, str] = {}
     for i, v in enumerate(chunk.values):
         if v is None:
@@ -146,12 +218,15 @@ def decode_avro(chunk: Chunk, registry: RegistryClient) -> tuple[pa.Table, list[
             continue
         if schema_id not in types:
             types[schema_id] = arrow_type(writer)
-        rows.append(record)
+            converters[schema_id] = union_converter(writer)
+        rows.append(converters[schema_id](record) if converters[schema_id] else record)
     if not rows:
         return pa.table({}), bad
     schema = pa.unify_schemas([pa.schema(list(t)) for t in types.values()], promote_options="permissive")
     try:
-        return pa.Table.from_pylist(rows, schema=schema), bad
+        table = pa.Table.from_pylist(rows, schema=schema)
+        micros = pa.schema([pa.field(f.name, to_micros(f.type), f.nullable) for f in schema])
+        return (table if micros == schema else table.cast(micros, safe=False)), bad
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise TerminalError(f"Avro records of schema ids {sorted(types)} do not fit one table schema: {e}",
                             topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[0]) from e
