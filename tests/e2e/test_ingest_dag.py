@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, table_of, write_pipeline
+from tests.e2e.conftest import free_port, stop_group
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
@@ -153,10 +153,9 @@ downstream_orders()
 def standalone(env: dict[str, str], tmp_path: Path):  # noqa: ANN201
     """`airflow standalone` (API server, scheduler, triggerer, DAG processor) on a free port, with the DAGs
     serialized first; yields its environment and stops it (the whole process group) afterwards."""
-    import signal
     import urllib.request
 
-    port = _free_port()
+    port = free_port()
     env = {**env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/"}
     subprocess.run(["airflow", "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
     log = open(tmp_path / "standalone.log", "w")
@@ -174,11 +173,7 @@ def standalone(env: dict[str, str], tmp_path: Path):  # noqa: ANN201
             raise AssertionError("the Airflow API server did not start: " + (tmp_path / "standalone.log").read_text()[-3000:])
         yield env
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
         log.close()
 
 
@@ -214,14 +209,6 @@ def test_lag_trigger_starts_a_batch_through_the_scheduler(broker, topic, airflow
     table = table_of(pipeline)
     assert table.scan().to_arrow().num_rows == 80
     assert committed_state(table).offsets == {topic: {0: 40, 1: 40}}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_path):

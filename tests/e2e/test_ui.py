@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.error
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, ingest_inline, write_pipeline
+from tests.e2e.conftest import free_port, stop_group
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 
@@ -25,14 +25,6 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(os.environ.get("TIDEWATER_TEST_ARTIFACTS", REPO / ".data" / "test-artifacts"))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _call(url: str, token: str | None = None, body: dict | None = None) -> tuple[int, object]:
@@ -55,7 +47,7 @@ def api_server(airflow_env, tmp_path):  # noqa: ANN001, ANN201
     log = open(tmp_path / "api-server.log", "w")
 
     def start() -> tuple[str, str, str]:
-        port = _free_port()
+        port = free_port()
         env = {**airflow_env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}"}
         subprocess.run(["airflow", "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
         procs.append(subprocess.Popen(["airflow", "api-server", "--port", str(port)], env=env, stdout=log,
@@ -71,11 +63,7 @@ def api_server(airflow_env, tmp_path):  # noqa: ANN001, ANN201
 
     yield start
     for proc in procs:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
     log.close()
 
 
