@@ -78,8 +78,9 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     """The plugin's JSON API refuses anonymous calls and, with an Airflow token, lists the pipeline and its
     overview (lag per partition, the batch just committed, its Data Docs page, rendered on first request).
     In the browser: log in, open "Tidewater" in the navigation, see the lag of 30 records, ingest, refresh
-    and see it drop to 0; submit the replay form's dry run (on by default) and find the run with that
-    configuration. Screenshots go to the test artifacts directory."""
+    and see it drop to 0; press Publish on another pipeline's quarantined batch and find the quarantine DAG's
+    run with that configuration; submit the replay form's dry run (on by default) and find its run too.
+    Screenshots go to the test artifacts directory."""
     from playwright.sync_api import sync_playwright
 
     pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
@@ -88,6 +89,7 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     produce(broker.bootstrap, topic, pizza_events(60, seed=120), partitions=3)
     ingest_inline(spec)
     produce(broker.bootstrap, topic, pizza_events(30, seed=121), partitions=3)
+    held = _quarantined_batch(pipelines, broker, topic)
     base, user, password = api_server()
 
     assert _call(f"{base}/tidewater/api/pipelines")[0] == 401
@@ -95,7 +97,7 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     assert status in (200, 201), token
     token = token["access_token"]
     status, listed = _call(f"{base}/tidewater/api/pipelines", token)
-    assert status == 200 and [p["name"] for p in listed] == ["orders"]
+    assert status == 200 and sorted(p["name"] for p in listed) == ["held", "orders"]
     status, o = _call(f"{base}/tidewater/api/pipelines/orders", token)
     assert status == 200, o
     assert o["status"]["total_lag"] == 30 and [p["lag"] for p in o["status"]["partitions"]] == [10, 10, 10]
@@ -119,7 +121,9 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
             page.click("a[href='/plugin/tidewater']")
             view = page.frame_locator("iframe")
             view.locator("#total-lag").wait_for(timeout=60_000)
-            assert view.locator("#total-lag").inner_text() == "30"
+            view.locator("#pipeline").select_option("orders")
+            view.locator("#total-lag", has_text="30").wait_for(timeout=60_000)
+            assert view.locator(".lag").all_inner_texts() == ["10", "10", "10"]
             assert view.locator("#lag-chart").count() == 0  # one batch: no chart yet, said in words
             page.screenshot(path=str(ARTIFACTS / "tidewater-view-lag-30.png"))
 
@@ -127,6 +131,16 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
             view.locator("#refresh").click()
             view.locator("#total-lag", has_text="0").wait_for(timeout=60_000)
             page.screenshot(path=str(ARTIFACTS / "tidewater-view-lag-0.png"))
+
+            # the quarantined batch of the other pipeline: Publish is a run of its quarantine DAG
+            view.locator("#pipeline").select_option("held")
+            view.locator("button.quarantine[data-action=publish]").wait_for(timeout=60_000)
+            publish = view.locator("button.quarantine[data-action=publish]")
+            publish.click()
+            assert publish.inner_text() == "Confirm publish"  # nothing sent on the first click
+            publish.click()
+            view.locator("#quarantine-run").wait_for(timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "tidewater-view-quarantine.png"))
 
             page.goto(f"{base}/dags/replay_orders")
             page.click("button:has-text('Trigger')")
@@ -146,3 +160,20 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     assert len(runs) == 1, runs
     conf = runs[0]["conf"]
     assert (conf["start_offset"], conf["end_offset"], conf["dry_run"], conf["mode"]) == (0, 5, True, "replace")
+    status, queued = _call(f"{base}/api/v2/dags/quarantine_held/dagRuns", token)
+    assert [r["conf"] for r in queued["dag_runs"]] == [{"action": "publish", "batch_id": held}], queued
+
+
+def _quarantined_batch(pipelines: Path, broker, topic: str) -> str:  # noqa: ANN001
+    """A second pipeline whose suite fails its batch, with validation.on_failure quarantine: the batch waits
+    on its branch. Returns its batch id."""
+    from tidewater.errors import ValidationFailedError
+
+    (pipelines / "strict.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}]}))
+    spec = load_pipeline(write_pipeline(pipelines, name="held", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                        table={"identifier": "rpc.held"},
+                                        validation={"suite": "strict.json", "on_failure": "quarantine"}))
+    with pytest.raises(ValidationFailedError, match="quarantined on branch quarantine-") as e:
+        ingest_inline(spec)
+    return str(e.value).split("quarantined on branch quarantine-", 1)[1].split()[0].rstrip(".;,)")

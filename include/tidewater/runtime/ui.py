@@ -11,8 +11,9 @@ token, or a bearer token for the API).
 | | quarantined batches, maintenance state |
 | ``GET /tidewater/data-docs/{name}/{page}`` | a batch's Data Docs page (rendered on first request if the batch left it for later) |
 
-Read-only: actions (replay, quarantine publish or drop, skip) are links to their DAGs' trigger forms, so
-every change is an audited DAG run.
+Read-only itself: the view's actions are DAG runs, so every change is audited: Publish and Drop of a
+quarantined batch trigger the quarantine DAG (Airflow's REST API, with the user's own session), replay and
+skip link to their DAGs' trigger forms.
 """
 
 from __future__ import annotations
