@@ -162,3 +162,33 @@ def test_broker_stop_with_a_port_stops_only_the_broker_on_that_port(home):
         assert cli(home, "broker", "status").returncode == 1
     finally:
         cli(home, "broker", "stop")
+
+
+QUIET_SCRIPT = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)  # a task's log, as Airflow captures it
+sys.path.insert(0, sys.argv[2])
+from tests.conftest import stage_inline
+from tidewater.config.parse import load_pipeline
+from tidewater.runtime.steps import validate_step
+spec = load_pipeline(sys.argv[1])
+plan, manifest = stage_inline(spec)
+print("=====VALIDATE", file=sys.stderr, flush=True)
+validate_step(spec, plan, manifest)
+"""
+
+
+def test_a_suite_validation_log_is_not_buried_in_great_expectations_noise(broker, home, topic):
+    """Importing great-expectations logs about 210 INFO lines; the validate step with a suite (which imports
+    it) logs its own verdict and the Data Docs page, and at most a couple of great-expectations lines."""
+    (home / "range.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 0, "max_value": 1000}}]}))
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"suite": "range.json"})
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(20, seed=99))
+    proc = subprocess.run([sys.executable, "-c", QUIET_SCRIPT, str(path), str(Path(__file__).resolve().parents[2])],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "TIDEWATER_HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stderr.split("=====VALIDATE", 1)[1].splitlines()
+    assert any("suite orders.range.json): passed" in line for line in log), log
+    assert len([line for line in log if "great_expectations" in line]) <= 2, "\n".join(log[:40])

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import html
 import logging
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -127,8 +126,10 @@ def render_in_background(spec: PipelineSpec, batch_id: str) -> None:
 def write_page(spec: PipelineSpec, report: Any, table: str) -> Path | None:
     """Render ``report`` and write it; returns the page's path (None if rendering failed: the gate's
     verdict never depends on the page)."""
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    from tidewater.quality.gate import import_great_expectations
+
     try:
+        import_great_expectations()
         from great_expectations.core import ExpectationSuiteValidationResult
         from great_expectations.render.renderer import ValidationResultsPageRenderer
         from great_expectations.render.view import DefaultJinjaPageView
