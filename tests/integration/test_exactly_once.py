@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -52,28 +51,35 @@ def test_three_batches_with_new_data_between_land_every_record_once(broker, pipe
     assert len(table_of(pipeline_file).snapshots()) == 3
 
 
-def test_killed_after_write_before_commit_then_rerun_commits_each_record_once(broker, pipeline_file, topic, home):
-    """`tidewater run` is SIGKILLed once the write step's manifest exists (before validation and commit).
+# The steps of `tidewater run` up to the write (plan, spark-submit), then it waits to be killed: a process
+# that dies after the write and before the commit, deterministically (`tidewater run` itself now validates
+# and commits within milliseconds of the manifest, too fast to be killed in between reliably).
+WRITE_THEN_HANG = """
+import sys, time
+from tidewater.config.parse import load_pipeline
+from tidewater.runtime.steps import plan_step, run_write_step
+spec = load_pipeline(sys.argv[1])
+plan, path = plan_step(spec)
+run_write_step(spec, path)
+print("written", flush=True)
+time.sleep(600)
+"""
 
-    Expected: no snapshot and the offsets unmoved after the kill; the rerun plans the same offsets under a
-    new batch id and commits all 600 records exactly once. The killed batch's files stay uncommitted.
-    """
+
+def test_killed_after_write_before_commit_then_rerun_commits_each_record_once(broker, pipeline_file, topic, home):
+    """The process running a batch is SIGKILLed after its write step (manifest staged), before validation
+    and commit. Expected: no snapshot and the offsets unmoved after the kill; the rerun plans the same
+    offsets under a new batch id and commits all 600 records exactly once. The killed batch's files stay
+    uncommitted."""
     produce(broker.bootstrap, topic, pizza_events(600, seed=7), partitions=3)
     env = {**os.environ, "TIDEWATER_HOME": str(home)}
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "tidewater"), "run", "--pipeline", str(pipeline_file)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 240
-    manifests: list[Path] = []
-    while time.monotonic() < deadline and not manifests:
-        manifests = list((home / "staging").glob("*/*/manifest.json"))
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
+    proc = subprocess.Popen([sys.executable, "-c", WRITE_THEN_HANG, str(pipeline_file)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
     proc.kill()
     proc.wait()
-    assert manifests, "the write step finished before the kill"
+    manifests = list((home / "staging").glob("*/*/manifest.json"))
+    assert len(manifests) == 1
     table = table_of(pipeline_file)
     assert table is not None and table.snapshots() == [], "nothing was committed before the kill"
     killed_batch = manifests[0].parent.name
@@ -251,3 +257,33 @@ def test_executors_get_the_catalog_and_locations_from_the_driver_not_their_envir
     table = table_of(path)
     assert table.scan().to_arrow().num_rows == 120
     assert committed_state(table).offsets == {topic: {0: 40, 1: 40, 2: 40}}
+
+
+def test_a_first_batch_creates_its_table_once_before_the_spark_tasks(broker, home, topic, monkeypatch):
+    """Six partitions, a table that does not exist yet, the write step through spark-submit: the plan step
+    creates the table from the first records of each range (a schema probe that writes no file), so the six
+    Spark tasks find it instead of racing to create it (one `00000-*.metadata.json` per racing task before).
+    Rows and offsets exact; a field that only later records carry still evolves the table in the tasks."""
+    from tidewater.runtime.steps import plan_step
+    from tidewater.write import task
+
+    monkeypatch.setattr(task, "PROBE_RECORDS", 50)  # the probe reads the first 50 records of each partition
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    spec = load_pipeline(path)
+    events = [json.loads(e) for e in pizza_events(600, seed=97)]
+    for e in events[500:]:
+        e["coupon"] = "LATE"  # past the probe's first records of each partition
+    produce(broker.bootstrap, topic, [json.dumps(e).encode() for e in events], partitions=6)
+    plan, plan_path = plan_step(spec)
+    table = table_of(path)
+    assert table is not None and table.current_snapshot() is None  # created by the plan step, empty
+    assert "coupon" not in table.schema().column_names
+    manifest = run_write_step(spec, plan_path, master="local[2]")
+    validate_step(spec, plan, manifest)
+    commit_step(spec, plan, manifest)
+    table = table_of(path)
+    assert table.scan().to_arrow().num_rows == 600 and "coupon" in table.schema().column_names
+    assert committed_state(table).offsets == {topic: {p: 100 for p in range(6)}}
+    location = table.metadata.location.removeprefix("file://")
+    created = [p.name for p in (Path(location) / "metadata").glob("00000-*.metadata.json")]
+    assert len(created) == 1, created

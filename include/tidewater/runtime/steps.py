@@ -363,7 +363,14 @@ def plan_step(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) 
     what an abandoned batch changed (its schema), then plan the next batch."""
     finish_pending_commits(spec)
     revert_abandoned(spec)
-    return plan_batch(spec, data_interval=data_interval)
+    plan, path = plan_batch(spec, data_interval=data_interval)
+    if path is not None and plan.base_snapshot_id is None and not spec.routed:
+        # A first batch: the table is created here, once, not by racing Spark tasks.
+        from tidewater.source.kafka import kafka_settings
+        from tidewater.write.task import probe_schema
+
+        probe_schema(spec, kafka_settings(spec), plan.batch_id, plan.ranges)
+    return plan, path
 
 
 def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None = None) -> CommitResult:

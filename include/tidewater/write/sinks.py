@@ -31,6 +31,7 @@ class TableSink:
         self._committed = committed_state(self.table, tspec.branch).offsets if routed and self.table is not None else {}
         self.owner = table_owner(self.table) if routed and self.table is not None else None
         self.added = 0  # fields this task added to the table (table.max_new_columns)
+        self.probe = False  # a schema probe (see task.probe_schema): the table is made ready, no file written
 
     @property
     def foreign(self) -> bool:
@@ -77,6 +78,8 @@ class TableSink:
             if self.writer is not None and table.schema().schema_id != before:
                 self.files.extend(self.writer.close())  # schema changed: finish the file written with the old one
                 self.writer = None
+        if self.probe:
+            return
         if self.writer is None:
             self.writer = DataFileWriter(table, self.prefix + f"-s{table.schema().schema_id}")
         self.writer.write(to_table_schema(table, decoded))

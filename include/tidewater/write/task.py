@@ -127,10 +127,11 @@ class _TaskWriter:
     the per-chunk loop; ``write_subrange`` drives it."""
 
     def __init__(self, spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
-                 mode: str, exclude_path: str | None) -> None:
+                 mode: str, exclude_path: str | None, probe: bool = False) -> None:
         from tidewater.source.kafka import Rereader
         from tidewater.table.catalog import load_catalog
 
+        self.probe = probe
         self.spec, self.settings, self.batch_id, self.task_id, self.rng = spec, settings, batch_id, task_id, rng
         self.started, self.started_at = time.monotonic(), time.time()
         self.catalog = load_catalog(spec)
@@ -165,6 +166,7 @@ class _TaskWriter:
         tspec = self.spec.table_spec(ident) if self.router is not None else self.spec.table
         self.sinks[ident] = TableSink(self.spec, tspec, self.catalog, self.prefix, routed=self.router is not None,
                                       batch=(self.batch_id, f"t{self.task_id:05d}"))
+        self.sinks[ident].probe = self.probe
         return self.sinks[ident]
 
     def chunks(self) -> Any:
@@ -260,7 +262,7 @@ class _TaskWriter:
         from tidewater.write.dead_letters import dead_letter_rows
         from tidewater.write.parquet import DataFileWriter, to_table_schema
 
-        if not bad:
+        if not bad or self.probe:
             return
         if self.policy != "dead_letter":
             self.skipped += len(bad)
@@ -338,6 +340,30 @@ class _TaskWriter:
         else:
             result.update(files=[], outputs=[s.output() for s in self.sinks.values()])
         return result
+
+
+PROBE_RECORDS = 1000  # records read per partition range by the schema probe
+
+
+def probe_schema(spec: PipelineSpec, settings: dict[str, str], batch_id: str, ranges: Any) -> None:
+    """Create the target table, with the schema the first records of each range need, once and before any
+    Spark task starts: otherwise the tasks of a first batch race to create it (one metadata file per task;
+    the losers retry). The probe runs the task code on the first ``PROBE_RECORDS`` records of each range
+    without writing any file; the changes are tagged as the batch's, like the tasks' (``table/provisional``).
+    A record the probe cannot take is left to the task, which reports it with its offset."""
+    for i, rng in enumerate(ranges):
+        head = PartitionRange(rng.topic, rng.partition, rng.start, min(rng.end, rng.start + PROBE_RECORDS))
+        writer = None
+        try:
+            writer = _TaskWriter(spec, settings, batch_id, 90000 + i, head, "ingest", None, probe=True)
+            for chunk in writer.chunks():
+                writer.process(chunk)
+        except Exception as e:  # noqa: BLE001 - the Spark task meets the same record and reports it
+            log.info("batch %s: schema probe of %s[%d] stopped (%s); the tasks go on", batch_id, rng.topic,
+                     rng.partition, e)
+        finally:
+            if writer is not None:
+                writer.rereader.close()
 
 
 def worker_process() -> dict[str, Any]:
