@@ -217,8 +217,9 @@ def emit_table_events(outlet_events: Any, spec: PipelineSpec, events: list[tuple
         return
     alias = commits_alias(spec)
     for ident, extra in events:
-        outlet_events[alias].add(table_asset(spec.catalog.name, ident), extra=extra)
-        log.info("asset event on %s: %s", table_asset(spec.catalog.name, ident).uri, json.dumps(extra))
+        asset = table_asset(spec.catalog.name, ident)
+        outlet_events[alias].add(asset, extra=extra)
+        log.info("asset event on %s: %s", asset.uri, json.dumps(extra))
 
 
 def commit_events(plan: Any, manifest: Any, result: Any, dag_run_id: str | None) -> list[tuple[str, dict[str, Any]]]:

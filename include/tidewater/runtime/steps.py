@@ -148,9 +148,8 @@ def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, fl
     import socket
 
     from tidewater.batch import ERROR_NAME
-    from tidewater.errors import BatchWriteError
     from tidewater.source.kafka import kafka_settings
-    from tidewater.write.job import run_arrow
+    from tidewater.write.job import run_arrow, stage_manifest
 
     timings = {} if timings is None else timings
     url = str(spec.spark.connect_url)
@@ -168,15 +167,7 @@ def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, fl
     timings["submitted"] = time.time()
     spark = SparkSession.builder.remote(url).getOrCreate()
     timings.update(driver_started=timings["submitted"], imports_done=time.time(), session_ready=time.time())
-    try:
-        manifest = run_arrow(spark, plan, spec, kafka_settings(spec), timings)
-    except BatchWriteError as e:
-        write_json_atomic(plan_path.parent / ERROR_NAME, e.doc)
-        raise
-    import dataclasses
-
-    manifest = dataclasses.replace(manifest, driver_timings={**manifest.driver_timings, "manifest_built": time.time()})
-    write_json_atomic(manifest_path(plan_path), manifest.to_json())
+    manifest = stage_manifest(plan_path.parent, lambda: run_arrow(spark, plan, spec, kafka_settings(spec), timings))
     timings["returned"] = time.time()
     return manifest
 

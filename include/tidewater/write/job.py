@@ -174,6 +174,19 @@ def read_error(batch_dir: Path) -> BatchWriteError | None:
     return BatchWriteError.from_document(read_json(path), 1) if path.is_file() else None
 
 
+def stage_manifest(out_dir: Path, write: Any) -> BatchManifest:
+    """Run ``write()`` (a write path returning the batch's manifest) and stage its outcome next to the plan:
+    the manifest (with the moment it was built), or the error document of a ``BatchWriteError``, re-raised."""
+    try:
+        manifest = write()
+    except BatchWriteError as e:
+        write_json_atomic(out_dir / ERROR_NAME, e.doc)
+        raise
+    manifest = dataclasses.replace(manifest, driver_timings={**manifest.driver_timings, "manifest_built": time.time()})
+    write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
+    return manifest
+
+
 def main(argv: list[str] | None = None, driver_started: float | None = None) -> int:
     """spark-submit entry point: ``ingest_batch.py --plan PLAN.json``."""
     from pyspark import SparkConf, SparkContext
@@ -197,9 +210,7 @@ def main(argv: list[str] | None = None, driver_started: float | None = None) -> 
     timings["session_ready"] = time.time()
     try:
         started = time.monotonic()
-        manifest = run(sc, plan, spec, settings, timings)
-        manifest = dataclasses.replace(manifest, driver_timings={**manifest.driver_timings, "manifest_built": time.time()})
-        write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
+        manifest = stage_manifest(out_dir, lambda: run(sc, plan, spec, settings, timings))
         log.info(
             "batch %s: wrote %d records in %d files in %.1fs; manifest %s",
             plan.batch_id,
@@ -209,8 +220,7 @@ def main(argv: list[str] | None = None, driver_started: float | None = None) -> 
             out_dir / MANIFEST_NAME,
         )
         return 0
-    except BatchWriteError as e:
-        write_json_atomic(out_dir / ERROR_NAME, e.doc)
+    except BatchWriteError as e:  # its document is staged as error.json
         print(f"TIDEWATER-ERROR: {e}", file=sys.stderr)
         return 3
     finally:
