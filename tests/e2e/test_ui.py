@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import urllib.error
@@ -122,14 +123,15 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
             view = page.frame_locator("iframe")
             view.locator("#total-lag").wait_for(timeout=60_000)
             view.locator("#pipeline").select_option("orders")
-            view.locator("#total-lag", has_text="30").wait_for(timeout=60_000)
+            view.locator("#total-lag", has_text=re.compile(r"^30$")).wait_for(timeout=60_000)
             assert view.locator(".lag").all_inner_texts() == ["10", "10", "10"]
             assert view.locator("#lag-chart").count() == 0  # one batch: no chart yet, said in words
             page.screenshot(path=str(ARTIFACTS / "tidewater-view-lag-30.png"))
 
             ingest_inline(spec)
             view.locator("#refresh").click()
-            view.locator("#total-lag", has_text="0").wait_for(timeout=60_000)
+            # exact text: a substring match of "0" would pass on the stale "30" while the refresh is in flight
+            view.locator("#total-lag", has_text=re.compile(r"^0$")).wait_for(timeout=60_000)
             page.screenshot(path=str(ARTIFACTS / "tidewater-view-lag-0.png"))
 
             # the quarantined batch of the other pipeline: Publish is a run of its quarantine DAG

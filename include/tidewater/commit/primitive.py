@@ -25,6 +25,7 @@ make it a row delta; this version refuses them by name (see ``write.parquet.dese
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -143,7 +144,9 @@ def failed_attempt(catalog: Any, e: BaseException, kind: str, what: str, ident: 
     else:
         log.warning("%s: commit outcome unknown on %s (attempt %d): %r; checking", what, ident, attempt, e)
         drop_connections(catalog)
-    time.sleep(min(0.1 * 2**attempt, 5))
+    # Full jitter (a random share of the exponential step): two writers that collided, say an ingest commit and
+    # a compaction's, must not retry in lockstep and collide again on every attempt.
+    time.sleep(random.uniform(0.05, min(0.1 * 2**attempt, 5)))
 
 
 def drop_connections(catalog: Any) -> None:
