@@ -91,6 +91,15 @@ def test_routed_tables_take_their_defaults_from_table():
          "routing.unmatched: 'drop' is not one of dead_letter, skip"),
         ({"table": "", "tables": [{"identifier": "ns.p_checkpoints"}], "routing": {"namespace": "ns"}},
          "tables: 'ns.p_checkpoints' is the pipeline's own checkpoint"),
+        ({"table": {"identifier": "ns.t", "upsert": True}}, "table.upsert: needs table.id_columns"),
+        ({"table": {"identifier": "ns.t", "op_field": "op", "id_columns": ["id"]}, "format": {"metadata": "none"}},
+         "table.op_field: needs format.metadata: prefixed"),
+        ({"table": {"identifier": "ns.t", "upsert": True, "id_columns": ["id"]}, "validation": {"on_failure": "quarantine"}},
+         "validation.on_failure: quarantine is not available for change tables"),
+        ({"table": {"identifier": "ns.t", "op_field": "op", "id_columns": ["id"], "op_values": {"X": "erase"}}},
+         "table.op_values.X: 'erase' is not insert, update or delete"),
+        ({"table": "", "tables": [{"identifier": "ns.a", "upsert": True}], "routing": {"namespace": "ns"}},
+         "changes are not applied to routed tables yet"),
     ],
 )
 def test_errors_name_the_key(patch, message):

@@ -174,3 +174,32 @@ def test_import_options_point_the_pipeline_at_another_catalog(tmp_path: Path, mo
     assert "replaced by the local default catalog" in proc.stderr
     spec = parse_pipeline(yaml.safe_load(out.read_text()))
     assert spec.catalog.name == "prod" and spec.catalog.properties == {} and spec.format.metadata == "prefixed"
+
+
+def test_a_debezium_upsert_connector_becomes_a_change_pipeline():
+    """The Iceberg sink's Debezium transform, cdc-field and upsert mode map to the debezium format with upserts
+    by the id columns; the result validates as a change table."""
+    res = convert({"name": "prices-cdc", "config": {
+        "topics": "pg.public.prices",
+        "iceberg.tables": "db.prices",
+        "iceberg.tables.default-id-columns": "id",
+        "iceberg.tables.cdc-field": "_cdc.op",
+        "iceberg.tables.upsert-mode-enabled": "true",
+        "transforms": "debezium",
+        "transforms.debezium.type": "org.apache.iceberg.connect.transforms.DebeziumTransform",
+        "iceberg.catalog.type": "sql",
+        "iceberg.catalog.uri": "sqlite:////tmp/x.db",
+    }}, bootstrap="broker:9092")
+    assert not [k for k, _ in res.unmapped if "cdc" in k or "upsert" in k or k.startswith("transforms")], res.unmapped
+    p = res.pipeline
+    assert p["format"]["value"] == "debezium" and p["table"]["upsert"] is True and "op_field" not in p["table"]
+    spec = parse_pipeline(p)
+    assert spec.applies_changes and spec.op_column() == "_op" and spec.table.id_columns == ["id"]
+
+
+def test_an_op_field_connector_keeps_its_field():
+    res = convert({"name": "orders", "config": {"topics": "orders", "iceberg.tables": "db.orders",
+                                                "iceberg.tables.default-id-columns": "order_id",
+                                                "iceberg.tables.cdc-field": "op"}}, bootstrap="broker:9092")
+    spec = parse_pipeline(res.pipeline)
+    assert spec.applies_changes and spec.op_column() == "op"

@@ -83,7 +83,7 @@ def offsets_moved(plan: BatchPlan, current: Offsets) -> list[str]:
     return moved
 
 
-def _batch_summary(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets, dag_run_id: str | None,
+def batch_summary(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets, dag_run_id: str | None,
                    validation: dict[str, Any] | None, extra: dict[str, str] | None) -> dict[str, str]:
     """The snapshot summary properties of a batch's commit."""
     props = summary_properties(
@@ -96,7 +96,7 @@ def _batch_summary(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets, d
     return props
 
 
-def _create_empty(catalog: Any, ident: str) -> Any:
+def create_empty_table(catalog: Any, ident: str) -> Any:
     """Every record of the first batch was dead-lettered or skipped: the offsets still have to move, so
     the table is created without columns (they come with the first good record)."""
     import pyarrow as pa
@@ -139,7 +139,7 @@ def commit_batch(
                 batch_id=plan.batch_id,
             )
         stamped["offsets"] = merge_offsets(state.offsets, plan.ranges)
-        props = _batch_summary(plan, manifest, stamped["offsets"], dag_run_id, validation, extra_properties)
+        props = batch_summary(plan, manifest, stamped["offsets"], dag_run_id, validation, extra_properties)
         confirm = tuple(confirm_keys(table, plan.batch_id))  # the batch's schema changes become permanent with it
         if quarantine:
             to_branch = quarantine_change(plan.batch_id, manifest.data_files, props)
@@ -150,7 +150,7 @@ def commit_batch(
     def on_missing() -> Any:
         if manifest.data_files:
             raise TerminalError("table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
-        return _create_empty(catalog, ident) if manifest.records else None
+        return create_empty_table(catalog, ident) if manifest.records else None
 
     done = commit(catalog, ident, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts,
                   on_missing=on_missing)

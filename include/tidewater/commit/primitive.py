@@ -64,6 +64,7 @@ class Change:
     delete_properties: Mapping[str, str] | None = None
     append: bool = True
     also: tuple[Change, ...] = ()  # changes to other branches, made after this one in the same transaction
+    deletes: tuple[Any, ...] = ()  # position delete files (pyiceberg DataFiles) committed with ``files`` as one row delta
     remove_properties: tuple[str, ...] = ()  # table properties removed in the same transaction (confirmations)
 
     @property
@@ -120,7 +121,11 @@ def apply_change(tx: Any, table: Any, change: Change) -> None:
     if change.delete_filter is not None:
         tx.delete(delete_filter=change.delete_filter, snapshot_properties=dict(change.delete_properties or change.properties),
                   branch=branch)
-    if change.append and change.rows is not None:
+    if change.deletes:
+        from tidewater.table.row_delta import row_delta
+
+        row_delta(tx, table, _data_files(table, change.files), list(change.deletes), dict(change.properties), branch)
+    elif change.append and change.rows is not None:
         tx.append(change.rows, snapshot_properties=dict(change.properties), branch=branch)
     elif change.append:
         with tx.update_snapshot(snapshot_properties=dict(change.properties), branch=branch).fast_append() as append:

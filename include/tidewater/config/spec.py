@@ -206,6 +206,27 @@ class TableSpec:
         "auto-created; a record without a value for one is a dead letter (`MissingId`).",
         default_factory=list,
     )
+    upsert: bool = _doc(
+        "Apply the records as changes to rows identified by `id_columns`, so the table equals its source: each "
+        "record replaces the row with its key, and with `op_field` a delete removes it. Within a batch the changes "
+        "to one key are applied in (partition, offset) order and the last wins; across batches in batch order "
+        "(keys must be partitioned by key, as Debezium does; a key seen in two partitions of one batch is "
+        "reported). Deletes are merge-on-read position delete files (never equality deletes). Needs `id_columns` "
+        "and `format.metadata: prefixed`. Not yet with routing, a branch, quarantine or replay.",
+        default=False,
+    )
+    op_field: str | None = _doc(
+        "Column whose value says whether a record inserts, updates or deletes its row (Kafka Connect's "
+        "`cdc-field`); setting it turns on `upsert`. With `format.value: debezium` and `upsert` it is `_op`.",
+        default=None,
+    )
+    op_values: dict[str, str] = _doc(
+        "What each value of `op_field` means: `insert`, `update` or `delete`. An insert of an existing key is "
+        "applied as an update, a delete of an absent key is a no-op (counted). A value not listed here makes the "
+        "record a dead letter (`UnknownOp`).",
+        default_factory=lambda: {"I": "insert", "c": "insert", "r": "insert", "U": "update", "u": "update",
+                                 "D": "delete", "d": "delete"},
+    )
     branch: str | None = _doc(
         "Commit to this branch instead of `main` (created by the first commit). The committed offsets are "
         "read from the same branch.",
@@ -532,6 +553,17 @@ class PipelineSpec:
     @property
     def dag_id(self) -> str:
         return f"ingest_{self.name}"
+
+    def op_column(self) -> str | None:
+        """The column that carries each change's operation (None: every record is an upsert)."""
+        if self.table.op_field:
+            return self.table.op_field
+        return "_op" if self.table.upsert and self.format.value == "debezium" else None
+
+    @property
+    def applies_changes(self) -> bool:
+        """Records are changes to rows by key (upserts and deletes), not appended rows."""
+        return not self.routed and (self.table.upsert or bool(self.table.op_field))
 
     def catalog_properties(self) -> dict[str, str]:
         props = dict(self.catalog.properties)

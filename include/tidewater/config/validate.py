@@ -99,6 +99,30 @@ def _check_quality_gate(spec: PipelineSpec) -> None:
         raise ConfigError("validation.on_failure: quarantine is not available for pipelines that route to several tables yet")
 
 
+def _check_changes(spec: PipelineSpec) -> None:
+    """Upserts and change streams (`table.upsert`, `table.op_field`)."""
+    t = spec.table
+    wants = t.upsert or bool(t.op_field)
+    if not wants:
+        if any(tt.upsert or tt.op_field for tt in spec.tables):
+            raise ConfigError("tables[].upsert / op_field: changes are not applied to routed tables yet")
+        return
+    key = "table.op_field" if t.op_field and not t.upsert else "table.upsert"
+    if spec.routed:
+        raise ConfigError(f"{key}: changes are not applied to routed tables yet (use one pipeline per table)")
+    if not t.id_columns:
+        raise ConfigError(f"{key}: needs table.id_columns (the columns that identify a row)")
+    if spec.format.metadata != "prefixed":
+        raise ConfigError(f"{key}: needs format.metadata: prefixed (changes to a key are ordered by partition and offset)")
+    if t.branch:
+        raise ConfigError(f"{key}: not available with table.branch yet")
+    if spec.validation.on_failure == "quarantine":
+        raise ConfigError(f"{key}: validation.on_failure: quarantine is not available for change tables yet")
+    for value, op in t.op_values.items():
+        if op not in ("insert", "update", "delete"):
+            raise ConfigError(f"table.op_values.{value}: {op!r} is not insert, update or delete")
+
+
 def _check_dead_letters(spec: PipelineSpec) -> None:
     """Dead-letter policy, topic and table."""
     one_of("dead_letter.policy", spec.dead_letter.policy, ("dead_letter", "fail", "skip"))
@@ -170,8 +194,8 @@ def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
                 raise ConfigError(f"tables[{i}].suite: file {path} does not exist")
 
 
-SECTIONS = (_check_name_and_topics, _check_targets, _check_kafka, _check_format, _check_quality_gate, _check_dead_letters,
-            _check_limits_and_maintenance, _check_catalog_airflow_suites)
+SECTIONS = (_check_name_and_topics, _check_targets, _check_kafka, _check_format, _check_quality_gate, _check_changes,
+            _check_dead_letters, _check_limits_and_maintenance, _check_catalog_airflow_suites)
 
 
 # Airflow's schedule presets (besides cron expressions).

@@ -248,8 +248,29 @@ def _only_reported(target: str) -> Handler:
     return lambda d, raw_key, _value: d.mapped(raw_key, target)
 
 
-_CHANGES = ("applying changes (deletes, upserts) is not supported yet: change events land as rows (use format.value "
-            "debezium for an _op column)")
+DEBEZIUM_TRANSFORM = "org.apache.iceberg.connect.transforms.DebeziumTransform"
+
+
+def _transform(d: _Draft, raw_key: str, value: Any) -> None:
+    """The Iceberg sink's Debezium transform becomes the debezium value format with upserts by the id
+    columns (its other keys come with it); other single message transforms are not run."""
+    debezium = any(str(k).startswith("transforms.") and str(k).endswith(".type") and str(v) == DEBEZIUM_TRANSFORM
+                   for k, v in d.config.items())
+    if not debezium:
+        d.unmapped(raw_key, "single message transforms are not run; use format.* settings (flatten, map_columns, "
+                            "timestamps) or a view")
+        return
+    d.fmt["value"] = "debezium"
+    d.table["upsert"] = True
+    d.mapped(raw_key, "format.value: debezium + table.upsert (the envelope's op is the `_op` column)")
+
+
+def _cdc_field(d: _Draft, raw_key: str, value: Any) -> None:
+    if str(value) in ("_cdc.op", "_op") and d.fmt.get("value") == "debezium":
+        d.mapped(raw_key, "(the debezium format's `_op` column)")
+        return
+    d.table["op_field"] = str(value)
+    d.mapped(raw_key, "table.op_field (values I/U/D, and Debezium's c/r/u/d: table.op_values)")
 
 # Keys matched exactly (after _kebab), then prefixes in order, then _IGNORED.
 _EXACT: dict[str, Handler] = {
@@ -277,8 +298,8 @@ _EXACT: dict[str, Handler] = {
     "key.converter": _key_converter,
     "errors.tolerance": _errors_tolerance,
     "errors.deadletterqueue.topic.name": _set("dead_letter", "topic", str, "dead_letter.topic"),
-    "iceberg.tables.cdc-field": _not_mapped(_CHANGES),
-    "iceberg.tables.upsert-mode-enabled": _not_mapped(_CHANGES),
+    "iceberg.tables.cdc-field": _cdc_field,
+    "iceberg.tables.upsert-mode-enabled": _set("table", "upsert", _bool, "table.upsert"),
     "name": _only_reported("name"),
 }
 
@@ -345,8 +366,7 @@ _PREFIXES: tuple[tuple[str, Handler], ...] = (
     ("iceberg.catalog.", _catalog_property),
     ("iceberg.kafka.", _kafka_property),
     ("consumer.override.", _kafka_property),
-    ("transforms", _not_mapped("single message transforms are not run; use format.* settings (flatten, map_columns, "
-                               "timestamps) or a view")),
+    ("transforms", _transform),
 )
 
 
@@ -373,6 +393,9 @@ def _assemble(d: _Draft) -> None:
         d.res.env.append(("(bootstrap servers)", "KAFKA_BOOTSTRAP_SERVERS"))
     # Rows carry their source (topic, partition, offset): replay and backfills work on the imported pipeline.
     d.fmt.setdefault("metadata", "prefixed")
+    if d.fmt.get("value") == "debezium" and d.table.get("op_field") in ("_cdc.op", "_op"):
+        del d.table["op_field"]  # the Debezium transform's op field is the debezium format's `_op`
+        d.table["upsert"] = True
     catalog = {**({"name": d.catalog_name} if d.catalog_name else {}), **({"properties": d.catalog} if d.catalog else {})}
     for section, value in (("format", d.fmt), ("catalog", catalog), ("dead_letter", d.dead_letter)):
         if value:
@@ -388,6 +411,12 @@ def _assemble(d: _Draft) -> None:
         d.table.update({k: v for k, v in own.items() if k != "route_regex"})
         p["table"] = d.table
     else:
+        if d.table.pop("op_field", None) is not None or d.table.pop("upsert", None) is not None:
+            d.table.pop("upsert", None)
+            moved = [k for k, t in d.res.mapped if t.startswith(("table.op_field", "table.upsert"))]
+            d.res.mapped = [(k, t) for k, t in d.res.mapped if k not in moved]
+            for k in moved:
+                d.unmapped(k, "changes are not applied to routed tables yet (one pipeline per table does)")
         p["table"] = d.table
         first = (d.tables[0] if d.tables else "").rsplit(".", 1)
         d.routing["namespace"] = first[0] if len(first) == 2 else "default"

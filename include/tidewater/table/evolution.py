@@ -128,7 +128,11 @@ def evolution_needed(table: Any | None, data: pa.Table) -> Evolution:
     if any(_has_required_or_narrow(f) for f in fields):  # auto-created tables have neither: nothing to scan
         arrays = {name: data.column(name).combine_chunks() for name in data.column_names}
         _walk(fields, arrays, None, "", widen, optional)
-    return Evolution(tuple(new), tuple(widen), tuple(optional))
+    # identifier fields stay required: a row without its key is a dead letter (MissingId), not a reason to
+    # weaken the table (Iceberg refuses an optional identifier field anyway)
+    schema = table.schema()
+    keys = {schema.find_column_name(i) for i in schema.identifier_field_ids}
+    return Evolution(tuple(new), tuple(widen), tuple(p for p in optional if p not in keys))
 
 
 def _has_required_or_narrow(f: Any) -> bool:

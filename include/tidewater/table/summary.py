@@ -76,6 +76,8 @@ DATA_INTERVAL = PREFIX + "data-interval"  # the Airflow run's data interval: "st
 RANGES = PREFIX + "ranges"  # the batch's offset ranges: [[topic, partition, start, end], ...]
 
 
+CHANGES = PREFIX + "changes"  # change tables: {"inserted", "updated", "deleted", "noop", "cross_partition_keys", ...}
+
 FORMAT_VERSION = PREFIX + "summary-version"
 
 

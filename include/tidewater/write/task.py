@@ -27,6 +27,26 @@ from tidewater.write.sinks import TableSink, delete_files
 log = logging.getLogger(__name__)
 
 
+def row_failures(spec: PipelineSpec, tspec: Any, rows: Any, not_null: list[str]) -> dict[int, tuple[str, str]]:
+    """Rows that cannot be applied (row -> error class, message): an empty id column, an unknown change
+    operation, a null in a ``not_null`` column when the gate's policy dead-letters them. Each check is
+    vectorized; the loops run over failing rows only."""
+    from tidewater.decode.records import null_rows
+
+    failing: dict[int, tuple[str, str]] = {}
+    for r, column in null_rows(rows, list(tspec.id_columns)).items():  # error path
+        failing.setdefault(r, ("MissingId", f"id column {column!r} is empty"))
+    if spec.applies_changes:
+        from tidewater.transform.changes import bad_ops
+
+        for r, why in bad_ops(rows, spec.op_column(), tspec.op_values).items():  # error path
+            failing.setdefault(r, ("UnknownOp", why))
+    if spec.validation.not_null_policy == "dead_letter":
+        for r, column in null_rows(rows, not_null).items():  # error path
+            failing.setdefault(r, ("NullInRequiredColumn", f"column {column!r} is null or missing"))
+    return failing
+
+
 def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: Any, offsets: Any,
                    failed: dict[int, tuple[str, str]]) -> tuple[Any, Any] | None:
     """The rows routed to one table, conformed to its types: (rows, their indices in ``decoded``), or None.
@@ -35,7 +55,7 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
     cannot go to this table are added to ``failed`` (row -> error class, message)."""
     import pyarrow.compute as pc
 
-    from tidewater.decode.records import keep_mask, null_rows
+    from tidewater.decode.records import keep_mask
     from tidewater.table.evolution import table_arrow_schema
     from tidewater.transform.shaping import NameMatcher, conform
 
@@ -63,13 +83,9 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
             for r, msg in casts:
                 failed.setdefault(rows_of[r].as_py(), ("TypeMismatch", f"table {ident}: {msg}"))
             rows_of = pc.filter(rows_of, keep_mask(len(rows_of), [r for r, _ in casts]))
-    for r, column in null_rows(sub, list(sink.tspec.id_columns)).items():  # error path
-        failed.setdefault(rows_of[r].as_py(), ("MissingId", f"table {ident}: id column {column!r} is empty"))
-    validation = sink.spec.validation
-    if validation.not_null_policy == "dead_letter":
-        present = [c for c in validation.not_null if sink.table is not None and c in sink.table.schema().column_names]
-        for r, column in null_rows(sub, present).items():  # error path
-            failed.setdefault(rows_of[r].as_py(), ("NullInRequiredColumn", f"table {ident}: column {column!r} is null"))
+    present = [c for c in sink.spec.validation.not_null if sink.table is not None and c in sink.table.schema().column_names]
+    for r, (cls, msg) in row_failures(sink.spec, sink.tspec, sub, present).items():  # error path
+        failed.setdefault(rows_of[r].as_py(), (cls, f"table {ident}: {msg}"))
     sub, over = sink.admit(sub)
     if over:  # error path
         for o in over:
@@ -223,18 +239,16 @@ class _TaskWriter:
         assert self.single is not None
         decoded, over = self.single.admit(decoded)
         over_rows = [(o.row, o.error_class, o.message) for o in over]
-        if self.spec.validation.not_null_policy == "dead_letter" and decoded.num_rows:
-            from tidewater.decode.records import keep_mask, null_rows
+        failing = row_failures(self.spec, self.spec.table, decoded, list(self.spec.validation.not_null)) if decoded.num_rows else {}
+        if failing:  # error path
+            import numpy as np
 
-            nulls = null_rows(decoded, list(self.spec.validation.not_null))
-            if nulls:  # error path
-                import numpy as np
+            from tidewater.decode.records import keep_mask
 
-                # position of each admitted row among the rows before admission (error path)
-                kept_pos = np.delete(np.arange(decoded.num_rows + len(over)), [o.row for o in over]).tolist()
-                over_rows += [(kept_pos[r], "NullInRequiredColumn", f"column {c!r} is null or missing")
-                              for r, c in nulls.items()]
-                decoded = decoded.filter(keep_mask(decoded.num_rows, list(nulls)))
+            # position of each admitted row among the rows before admission (error path)
+            kept_pos = np.delete(np.arange(decoded.num_rows + len(over)), [o.row for o in over]).tolist()
+            over_rows += [(kept_pos[r], cls, msg) for r, (cls, msg) in failing.items()]
+            decoded = decoded.filter(keep_mask(decoded.num_rows, list(failing)))
         if not over_rows:
             return decoded, bad, gone
         index = decoded_rows(len(chunk), gone)  # chunk index of each decoded row

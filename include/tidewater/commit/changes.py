@@ -1,0 +1,254 @@
+"""Where a change batch becomes visible: upserts and deletes by key, in the batch's single commit.
+
+The write step staged the batch's change records (row images with their operation, partition and offset)
+as Parquet files. Committing them (all through ``commit.primitive.commit``, so idempotent by batch id and
+refused when the offsets moved, exactly like an append):
+1. the records are reduced to the net change per key (``transform.changes``: (partition, offset) order,
+   the last change wins);
+2. against the table as this attempt loaded it, the live rows of every changed key are found (data files
+   pruned by the keys' bounds, their id columns read, positions already deleted left out);
+3. one position delete file per data file that holds such rows (merge-on-read: the cost grows with the
+   changes, never with the table; no equality deletes), plus data files with the new row images;
+4. one row delta: new data files + delete files + the offsets and the counts, in one snapshot. A
+   concurrent commit (another batch, a compaction) fails the attempt; the next attempt finds the rows
+   again on the new files, so a row is never resurrected or deleted twice.
+The staged change files are not part of the table: they are removed once the batch is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from typing import Any
+
+from tidewater.batch import BatchManifest, BatchPlan, StagedFile, merge_offsets
+from tidewater.commit.batch import batch_summary, check_manifest, create_empty_table, offsets_moved
+from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
+from tidewater.commit.primitive import Change, commit
+from tidewater.commit.result import CommitResult
+from tidewater.config.spec import PipelineSpec
+from tidewater.errors import OffsetsMovedError, TerminalError
+from tidewater.table.provisional import confirm_keys
+from tidewater.table.summary import CHANGES, committed_state
+
+log = logging.getLogger(__name__)
+
+PATH_FIELD_ID, POS_FIELD_ID = 2147483546, 2147483545
+
+
+def read_staged(table: Any, manifest: BatchManifest) -> Any:
+    """The batch's staged change records, in the table's current schema."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tidewater.write.parquet import to_table_schema
+
+    pieces = []
+    for f in manifest.data_files:
+        with table.io.new_input(f.file_path).open() as fh:
+            pieces.append(pq.read_table(fh))
+    if not pieces:
+        return None
+    return to_table_schema(table, pa.concat_tables(pieces, promote_options="permissive"))
+
+
+def _file_columns(pf: Any, table: Any, id_columns: list[str]) -> dict[str, str]:
+    """The names the id columns have in one data file (matched by Iceberg field id, so renames are followed)."""
+    schema = table.schema()
+    by_id = {}
+    for f in pf.schema_arrow:
+        fid = (f.metadata or {}).get(b"PARQUET:field_id")
+        if fid is not None:
+            by_id[int(fid)] = f.name
+    return {c: by_id.get(schema.find_field(c).field_id, c) for c in id_columns}
+
+
+def _deleted_positions(table: Any, task: Any) -> Any:
+    """Positions of ``task.file`` already deleted by the table's position delete files."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from pyiceberg.manifest import DataFileContent
+
+    gone = []
+    for d in task.delete_files:
+        if d.content != DataFileContent.POSITION_DELETES:
+            raise TerminalError(f"{d.file_path} is an equality delete file (written by another tool): change tables "
+                                "need position deletes only; rewrite the table's deletes with Spark first",
+                                table=table.name())
+        with table.io.new_input(d.file_path).open() as fh:
+            t = pq.read_table(fh, columns=["file_path", "pos"])
+        gone.append(t.filter(pc.equal(t.column("file_path"), task.file.file_path)).column("pos"))
+    return pa.chunked_array([c for g in gone for c in g.chunks], pa.int64()) if gone else None
+
+
+def _bounds_filter(keys: Any, id_columns: list[str]) -> Any:
+    """A filter that prunes data files by the changed keys' min/max (per id column)."""
+    import pyarrow.compute as pc
+    from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThanOrEqual
+
+    expr: Any = AlwaysTrue()
+    for c in id_columns:
+        mm = pc.min_max(keys.column(c))
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if lo is None or isinstance(lo, (bytes, dict, list)):
+            continue
+        expr = And(expr, And(GreaterThanOrEqual(c, lo), LessThanOrEqual(c, hi)))
+    return expr
+
+
+def live_rows(table: Any, keys: Any, id_columns: list[str]) -> tuple[list[tuple[Any, Any]], Any]:
+    """Where the changed keys live in ``table`` now: [(data file, sorted positions)], and per key of ``keys``
+    whether it existed (a boolean array). Reads only the id columns of files whose bounds admit the keys."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    indexed = keys.append_column("__key", pa.array(np.arange(keys.num_rows), pa.int64()))
+    hits: list[tuple[Any, Any]] = []
+    found = []
+    if table.current_snapshot() is None or keys.num_rows == 0:
+        return hits, pa.array([False] * keys.num_rows, pa.bool_())
+    for task in table.scan(row_filter=_bounds_filter(keys, id_columns), selected_fields=tuple(id_columns)).plan_files():
+        with table.io.new_input(task.file.file_path).open() as fh:
+            pf = pq.ParquetFile(fh)
+            names = _file_columns(pf, table, id_columns)
+            data = pf.read(columns=list(names.values())).rename_columns(list(names))
+        data = data.cast(keys.schema) if data.schema != keys.schema else data
+        data = data.append_column("__pos", pa.array(np.arange(data.num_rows), pa.int64()))
+        gone = _deleted_positions(table, task)
+        if gone is not None and len(gone):
+            data = data.filter(pc.invert(pc.is_in(data.column("__pos"), value_set=gone.combine_chunks())))
+        hit = data.join(indexed, keys=id_columns, join_type="inner")
+        if hit.num_rows:
+            pos = hit.column("__pos").combine_chunks()
+            hits.append((task.file, pos.take(pc.sort_indices(pos))))
+            found.extend(hit.column("__key").chunks)
+    seen = pa.concat_arrays(found) if found else pa.array([], pa.int64())
+    return hits, pc.is_in(indexed.column("__key").combine_chunks(), value_set=seen)
+
+
+def write_position_deletes(table: Any, hits: list[tuple[Any, Any]], prefix: str) -> list[Any]:
+    """One position delete file per data file in ``hits``, beside it (same partition directory)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+
+    schema = pa.schema([
+        pa.field("file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": str(PATH_FIELD_ID)}),
+        pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": str(POS_FIELD_ID)}),
+    ])
+    out = []
+    for i, (data_file, positions) in enumerate(hits):
+        path = f"{os.path.dirname(data_file.file_path)}/{prefix}-deletes-{i:05d}-{uuid.uuid4().hex[:12]}.parquet"
+        rows = pa.table([pa.array([data_file.file_path] * len(positions), pa.string()), positions], schema=schema)
+        with table.io.new_output(path).create(overwrite=False) as stream:
+            pq.write_table(rows, stream)
+        lo, hi = positions[0].as_py(), positions[-1].as_py()
+        f = DataFile.from_args(
+            _table_format_version=table.format_version, content=DataFileContent.POSITION_DELETES, file_path=path,
+            file_format=FileFormat.PARQUET, partition=data_file.partition, record_count=len(positions),
+            file_size_in_bytes=len(table.io.new_input(path)),
+            value_counts={PATH_FIELD_ID: len(positions), POS_FIELD_ID: len(positions)},
+            null_value_counts={PATH_FIELD_ID: 0, POS_FIELD_ID: 0},
+            lower_bounds={PATH_FIELD_ID: data_file.file_path.encode(), POS_FIELD_ID: lo.to_bytes(8, "little", signed=True)},
+            upper_bounds={PATH_FIELD_ID: data_file.file_path.encode(), POS_FIELD_ID: hi.to_bytes(8, "little", signed=True)},
+            sort_order_id=None, equality_ids=None, key_metadata=None,
+        )
+        f.spec_id = data_file.spec_id  # not a manifest field: pyiceberg keeps it beside the record
+        out.append(f)
+    return out
+
+
+def write_upserts(table: Any, rows: Any, prefix: str) -> list[StagedFile]:
+    """The new row images as data files of ``table``."""
+    from tidewater.write.parquet import DataFileWriter, to_table_schema
+
+    if rows is None or rows.num_rows == 0:
+        return []
+    writer = DataFileWriter(table, prefix)
+    writer.write(to_table_schema(table, rows))
+    return [StagedFile.from_json(d) for d in writer.close()]
+
+
+def _attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, state: dict[str, Any],
+             dag_run_id: str | None, validation: dict[str, Any] | None) -> Change:
+    """One commit attempt's change against ``table`` as loaded now; ``state`` keeps what is done once."""
+    from tidewater.transform.changes import count_effects, net_changes
+
+    ids = list(spec.table.id_columns)
+    moved = offsets_moved(plan, committed_state(table).offsets)
+    if moved:
+        raise OffsetsMovedError("the table's offsets moved since this batch was planned (another writer committed); "
+                                "refusing to commit to avoid applying changes twice. Re-plan the batch: " + "; ".join(moved),
+                                table=plan.table, batch_id=plan.batch_id)
+    state["offsets"] = offsets = merge_offsets(committed_state(table).offsets, plan.ranges)
+    if "net" not in state:  # the batch's own records: reduced and written once, whatever the attempts
+        staged = read_staged(table, manifest)
+        net = state["net"] = net_changes(staged, ids, spec.op_column(), spec.table.op_values) if staged is not None else None
+        state["files"] = write_upserts(table, net.upserts if net else None, f"{plan.batch_id}-upserts")
+    net = state["net"]
+    state["attempt"] = attempt = state.get("attempt", 0) + 1
+    hits, existed = live_rows(table, net.keys, ids) if net else ([], None)
+    counts: dict[str, Any] = count_effects(net, existed) if net else dict.fromkeys(("inserted", "updated", "deleted", "noop"), 0)
+    counts.update(cross_partition_keys=net.cross_partition_keys if net else 0, position_deletes=sum(len(p) for _, p in hits))
+    if net and net.cross_partition_keys:
+        counts["cross_partition_examples"] = list(net.cross_partition_examples)
+        log.warning("batch %s: %d key(s) changed in more than one partition (e.g. %s): their order across partitions is "
+                    "not the source's; keys must be partitioned by key", plan.batch_id, net.cross_partition_keys,
+                    net.cross_partition_examples[:3])
+    state["counts"] = counts
+    deletes = write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")
+    props = batch_summary(plan, manifest, offsets, dag_run_id, validation, None)
+    props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True, default=str)
+    return Change(props, tuple(state["files"]), deletes=tuple(deletes), remove_properties=tuple(confirm_keys(table, plan.batch_id)))
+
+
+def commit_changes(
+    catalog: Any,
+    spec: PipelineSpec,
+    plan: BatchPlan,
+    manifest: BatchManifest,
+    *,
+    dag_run_id: str | None = None,
+    max_attempts: int = 8,
+    validation: dict[str, Any] | None = None,
+    dead_letter_sink: DeadLetterSink | None = None,
+) -> CommitResult:
+    """Apply the batch's staged changes to the table in one row delta stamped with the offsets and counts."""
+    check_manifest(plan, manifest)
+    ident = plan.table
+    state: dict[str, Any] = {}
+
+    def on_missing() -> Any:
+        if manifest.data_files:
+            raise TerminalError("table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
+        return create_empty_table(catalog, ident) if manifest.records else None
+
+    done = commit(catalog, ident, lambda table: _attempt(table, spec, plan, manifest, state, dag_run_id, validation),
+                  marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts, on_missing=on_missing)
+    if done.status == "nothing-to-commit":
+        return CommitResult("nothing-to-commit", plan.batch_id, ident, None, 0, 0, {})
+    if done.status == "committed":
+        log.info("batch %s applied to %s: snapshot %s, %d records: %s", plan.batch_id, ident, done.snapshot_id,
+                 manifest.records, ", ".join(f"{k} {v}" for k, v in state.get("counts", {}).items() if isinstance(v, int)))
+    _remove_staged(done.table, manifest)
+    commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
+    return CommitResult(done.status, plan.batch_id, ident, done.snapshot_id, manifest.records, len(state.get("files", ())),
+                        state.get("offsets", plan.end_offsets()), manifest.dead_letters)
+
+
+def _remove_staged(table: Any, manifest: BatchManifest) -> None:
+    """The staged change files once the batch is committed: no snapshot references them."""
+    if table is None:
+        return
+    for f in manifest.data_files:
+        try:
+            table.io.delete(f.file_path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # left for remove_orphan_files
+            log.warning("could not remove staged change file %s: %s", f.file_path, e)

@@ -1,0 +1,274 @@
+"""Change streams applied to the table (issue 13): the table equals a reference model of the source after every
+batch, through the real broker, the task code, the quality gate and the catalog; reads through pyiceberg and
+Spark SQL; exactly once under retries, a crash before the commit and a concurrent compaction."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from tests.conftest import ingest_inline, produce_to_partition, stage_inline, write_pipeline
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.changes import apply, change_stream, encode
+from tidewater.errors import OffsetsMovedError, TransientError
+from tidewater.runtime import spark as spark_session
+from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import CHANGES, committed_state
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PARTITIONS = 3
+STYLES = {
+    "debezium": {"format": {"value": "debezium"}, "table": {"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True}},
+    "op_field": {"table": {"identifier": "rpc.prices", "id_columns": ["id"], "op_field": "op"}},
+    "upsert": {"table": {"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True}},
+}
+
+
+def _spec(home, broker, topic, style, **more):  # noqa: ANN001, ANN202
+    return load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                        validation={"not_null": ["id"]}, **STYLES[style], **more))
+
+
+def _produce(broker, topic, records) -> None:  # noqa: ANN001
+    """Each id to partition id % PARTITIONS, in order (keys partitioned by key, as Debezium does)."""
+    by_part: dict[int, list] = defaultdict(list)
+    for key, value in records:
+        by_part[key % PARTITIONS].append(value)
+    for p, values in sorted(by_part.items()):
+        produce_to_partition(broker.bootstrap, topic, p, values, partitions=PARTITIONS)
+
+
+def _rows(table) -> dict[int, dict]:  # noqa: ANN001
+    t = table.scan(selected_fields=("id", "item", "price")).to_arrow().to_pylist()
+    out = {r["id"]: r for r in t}
+    assert len(out) == len(t), "a key is in the table twice"
+    return out
+
+
+def _table(spec):  # noqa: ANN001, ANN202
+    return load_table(load_catalog(spec), spec.table.identifier)
+
+
+def _close(a: dict, b: dict) -> bool:
+    """Rows equal, prices compared as float32 (the inferred column type)."""
+    import numpy as np
+
+    if a.keys() != b.keys():
+        return False
+    return all(a[k]["item"] == b[k]["item"] and np.float32(a[k]["price"] or 0) == np.float32(b[k]["price"] or 0)
+               for k in a)
+
+
+@pytest.mark.parametrize("style", ["debezium", "op_field", "upsert"])
+def test_change_stream_table_equals_the_source_after_every_batch(broker, home, topic, style):
+    """Four batches of 150 generated changes over 60 keys (inserts, updates of present and absent keys, deletes,
+    re-inserts, deletes of absent keys, tombstones): after every batch the table equals the reference model,
+    each key once; the snapshot's counts add up (read = inserted + updated + deleted + no-op + dead letters +
+    skipped), tombstones are skipped, and the batch's staged change files are gone after the commit."""
+    spec = _spec(home, broker, topic, style)
+    model: dict[int, dict] = {}
+    totals: dict[str, int] = defaultdict(int)
+    produced: dict[int, int] = defaultdict(int)
+    for b in range(4):
+        changes = change_stream(model, 150, keys=60, seed=b, deletes=style != "upsert")
+        records = encode(changes, model, style)
+        _produce(broker, topic, records)
+        for key, _ in records:
+            produced[key % PARTITIONS] += 1
+        plan, manifest = stage_inline(spec)
+        validate_step(spec, plan, manifest)
+        result = commit_step(spec, plan, manifest)
+        model = apply(model, changes)
+        table = _table(spec)
+        assert _close(_rows(table), model), f"batch {b}: table differs from the source"
+        summary = table.current_snapshot().summary
+        counts = json.loads(summary[CHANGES])
+        tombstones = len(records) - len(changes)
+        assert int(summary["tidewater.records"]) == len(records) == result.records
+        assert int(summary["tidewater.skipped"]) == tombstones
+        assert counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop"] == len(changes)
+        assert counts["cross_partition_keys"] == 0
+        for k in ("inserted", "updated", "deleted", "noop"):
+            totals[k] += counts[k]
+        assert manifest.data_files and not any(table.io.new_input(f.file_path).exists() for f in manifest.data_files)
+    assert committed_state(_table(spec)).offsets[topic] == dict(produced)
+    assert totals["updated"] > 0 and (style == "upsert" or (totals["deleted"] > 0 and totals["noop"] > 0))
+
+
+def _batch(broker, topic, spec, model, seed, n=120):  # noqa: ANN001, ANN202
+    """Produce one generated batch of Debezium changes; returns the model after it."""
+    changes = change_stream(model, n, keys=40, seed=seed)
+    _produce(broker, topic, encode(changes, model, "debezium"))
+    return apply(model, changes)
+
+
+def test_a_change_batch_applies_once_when_its_commit_is_retried_or_it_is_replanned_after_a_crash(broker, home, topic):
+    """Debezium changes. (1) Write, crash before the commit, then the commit step runs twice (Airflow's retry
+    after a commit that landed): applied once, one snapshot carries the batch. (2) A batch is written and its
+    process dies; the next run plans the same range anew and commits it; the dead batch's commit is then
+    refused (offsets moved) and the table still equals the source: no change is applied twice."""
+    spec = _spec(home, broker, topic, "debezium")
+    model = _batch(broker, topic, spec, {}, seed=10)
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    first = commit_step(spec, plan, manifest)
+    again = commit_step(spec, plan, manifest)
+    assert (first.status, again.status) == ("committed", "already-committed")
+    table = _table(spec)
+    assert _close(_rows(table), model)
+    assert sum(1 for s in table.snapshots() if s.summary.additional_properties.get("tidewater.batch-id") == plan.batch_id) == 1
+
+    model = _batch(broker, topic, spec, model, seed=11)
+    dead_plan, dead_manifest = stage_inline(spec)  # written, never committed: its process died
+    validate_step(spec, dead_plan, dead_manifest)
+    assert ingest_inline(spec).status == "committed"  # the next run: same range, new batch
+    with pytest.raises(OffsetsMovedError):
+        commit_step(spec, dead_plan, dead_manifest)
+    table = _table(spec)
+    assert _close(_rows(table), model)
+    assert committed_state(table).offsets == committed_state(_table(spec)).offsets
+
+
+def test_two_change_batches_racing_for_one_range_commit_once(broker, home, topic):
+    """Two batches planned from the same offsets commit at the same time: one lands, the other is refused
+    (offsets moved), and the table equals the source with every key once."""
+    spec = _spec(home, broker, topic, "debezium")
+    model = _batch(broker, topic, spec, {}, seed=20)
+    ingest_inline(spec)
+    model = _batch(broker, topic, spec, model, seed=21)
+    staged = [stage_inline(spec) for _ in range(2)]
+    for plan, manifest in staged:
+        validate_step(spec, plan, manifest)
+    outcomes: list = []
+    start = threading.Barrier(2)
+
+    def commit(plan, manifest) -> None:  # noqa: ANN001
+        start.wait()
+        try:
+            outcomes.append(commit_step(spec, plan, manifest).status)
+        except (OffsetsMovedError, TransientError) as e:
+            outcomes.append(type(e).__name__)
+
+    threads = [threading.Thread(target=commit, args=s) for s in staged]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["OffsetsMovedError", "committed"], outcomes
+    assert _close(_rows(_table(spec)), model)
+
+
+def test_compaction_racing_change_batches_never_resurrects_or_double_deletes_a_row(broker, home, topic):
+    """Change batches (updates and deletes of rows in files the compaction rewrites) commit while Spark
+    compacts in a loop. Either side may lose a round (Iceberg's validation of the rewrite against new delete
+    files; our row delta's check that the table did not move): the loser is retried as its Airflow task
+    would be. After the race the table equals the source through pyiceberg and through Spark SQL, and a last
+    compaction folds every delete file away."""
+    from tidewater.ops.maintenance import maintain
+
+    spec = _spec(home, broker, topic, "debezium", maintenance={"rewrite_data_files": {"min_input_files": 2}})
+    model = _batch(broker, topic, spec, {}, seed=30, n=200)
+    ingest_inline(spec)
+    spark = spark_session.session(spec, app_name="tidewater-test-changes", master="local[2]")
+    errors: list[BaseException] = []
+    done = threading.Event()
+    final: dict[str, dict] = {}
+
+    def changes() -> None:
+        m = model
+        try:
+            for i in range(6):
+                m = _batch(broker, topic, spec, m, seed=31 + i, n=80)
+                plan, manifest = stage_inline(spec)
+                validate_step(spec, plan, manifest)
+                for attempt in range(spec.airflow.retries + 1):
+                    try:
+                        commit_step(spec, plan, manifest)
+                        break
+                    except TransientError:
+                        if attempt == spec.airflow.retries:
+                            raise
+                # let a compaction round end before the next commit, so both sides land some of the time
+                seen = len(rounds)
+                deadline = time.monotonic() + 60
+                while len(rounds) == seen and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            final["model"] = m
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+        finally:
+            done.set()
+
+    rounds: list[str] = []
+    try:
+        worker = threading.Thread(target=changes)
+        worker.start()
+        while not done.is_set():
+            try:
+                [r] = maintain(spec, actions=["rewrite_data_files"], spark=spark)
+                rounds.append(f"rewrote {r.details.get('rewritten_data_files_count') or 0}")
+            except TransientError as e:
+                rounds.append(f"lost: {e}"[:200])
+        worker.join()
+        assert not errors, errors
+        model = final["model"]
+        table = _table(spec)
+        assert _close(_rows(table), model)
+        ident = f"{spec.catalog.name}.{spec.table.identifier}"
+        spark.sql(f"REFRESH TABLE {ident}")
+        seen = {r["id"]: {"id": r["id"], "item": r["item"], "price": r["price"]}
+                for r in spark.sql(f"SELECT id, item, price FROM {ident}").collect()}
+        assert _close(seen, model)
+        assert any(r.startswith("rewrote") and r != "rewrote 0" for r in rounds), rounds
+        # compaction folds the deletes away (Spark applies them while rewriting)
+        spark.sql(f"CALL {spec.catalog.name}.system.rewrite_data_files(table => '{spec.table.identifier}', "
+                  "options => map('delete-file-threshold', '1', 'min-input-files', '1'))").collect()
+        spark.sql(f"CALL {spec.catalog.name}.system.rewrite_position_delete_files(table => '{spec.table.identifier}', "
+                  "options => map('rewrite-all', 'true'))").collect()
+        table = _table(spec)
+        assert _close(_rows(table), model)
+        live_deletes = [t for t in table.scan().plan_files() if t.delete_files]
+        assert live_deletes == []
+    finally:
+        spark.stop()
+
+
+def test_bad_changes_are_dead_letters_naming_their_record_through_spark(broker, home, topic):
+    """Through `tidewater run` (spark-submit): an unknown operation and a change without its key are dead letters
+    with topic, partition, offset and class; the good changes apply (a delete of a key inserted in the same
+    batch leaves nothing), and the snapshot's counts add up to the records read."""
+    from tests.conftest import quiet
+    from tidewater.runtime.steps import run_once
+
+    path = write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"not_null": ["id"]}, **STYLES["op_field"])
+    values = [json.dumps(v).encode() for v in (
+        {"id": 1, "item": "a", "price": 1.0, "op": "I"},
+        {"id": 2, "item": "b", "price": 2.0, "op": "I"},
+        {"id": 1, "item": "a2", "price": 1.5, "op": "X"},  # unknown operation
+        {"item": "c", "price": 3.0, "op": "I"},  # no key
+        {"id": 2, "op": "D"},
+        {"id": 3, "item": "c", "price": 3.0, "op": "U"},  # update of an absent key: an insert
+        {"id": 4, "op": "D"},  # delete of an absent key: a no-op
+    )]
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    result = run_once(path, out=quiet)
+    assert result["records"] == 7
+    spec = load_pipeline(path)
+    table = _table(spec)
+    assert _close(_rows(table), {1: {"id": 1, "item": "a", "price": 1.0}, 3: {"id": 3, "item": "c", "price": 3.0}})
+    summary = table.current_snapshot().summary
+    counts = json.loads(summary[CHANGES])
+    assert (counts["inserted"], counts["updated"], counts["deleted"], counts["noop"]) == (3, 0, 1, 1)
+    assert int(summary["tidewater.dead-letters"]) == 2 and int(summary["tidewater.records"]) == 7
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset").to_pylist()
+    assert [(d["topic"], d["partition"], d["offset"], d["error_class"]) for d in dlq] == [
+        (topic, 0, 2, "UnknownOp"), (topic, 0, 3, "MissingId")]
+    assert "'X'" in dlq[0]["error_message"]
+    assert committed_state(table).offsets == {topic: {0: 7}}
