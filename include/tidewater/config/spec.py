@@ -217,7 +217,8 @@ class TableSpec:
     )
     op_field: str | None = _doc(
         "Column whose value says whether a record inserts, updates or deletes its row (Kafka Connect's "
-        "`cdc-field`); setting it turns on `upsert`. With `format.value: debezium` and `upsert` it is `_op`.",
+        "`cdc-field`); setting it turns on `upsert`. With `format.value: debezium` (or `debezium_avro`) and `upsert` "
+        "it is `_op`.",
         default=None,
     )
     op_values: dict[str, str] = _doc(
@@ -456,6 +457,12 @@ class CompactionSpec:
         "Commit file groups as they finish (big tables make progress even if the task dies).", default=True
     )
     partial_progress_max_commits: int = _doc("Most commits one run makes with partial progress.", default=10)
+    delete_ratio_threshold: float = _doc(
+        "Change tables: a data file whose deleted rows reach this share of its rows is rewritten without them, "
+        "whatever its size (Iceberg's `delete-ratio-threshold`).", default=0.3)
+    delete_file_threshold: int = _doc(
+        "Change tables: a data file with at least this many position delete files is rewritten without the "
+        "deleted rows (Iceberg's `delete-file-threshold`).", default=3)
 
 
 @dataclass(frozen=True)
@@ -486,6 +493,9 @@ class MaintenanceSpec:
 
     schedule: str | None = _doc("Airflow schedule of the maintenance DAG. `null`: triggered only.", default="@daily")
     rewrite_data_files: CompactionSpec = _doc("Compaction.", default_factory=CompactionSpec)
+    rewrite_position_deletes: bool = _doc(
+        "Change tables: merge small position delete files and drop those whose rows are gone (Spark "
+        "`rewrite_position_delete_files`). Skipped on tables without delete files.", default=True)
     rewrite_manifests: bool = _doc("Rewrite manifests (Spark `rewrite_manifests`).", default=True)
     expire_snapshots: ExpirySpec = _doc("Snapshot expiry.", default_factory=ExpirySpec)
     remove_orphan_files: OrphanSpec = _doc("Orphan file removal.", default_factory=OrphanSpec)
@@ -558,7 +568,10 @@ class PipelineSpec:
         """The column that carries each change's operation (None: every record is an upsert)."""
         if self.table.op_field:
             return self.table.op_field
-        return "_op" if self.table.upsert and self.format.value == "debezium" else None
+        from tidewater.decode.formats import FORMATS
+
+        fmt = FORMATS.get(self.format.value)
+        return fmt.op_column if self.table.upsert and fmt is not None else None
 
     @property
     def applies_changes(self) -> bool:

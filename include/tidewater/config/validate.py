@@ -69,8 +69,8 @@ def _check_format(spec: PipelineSpec) -> None:
     formats = tuple(FORMATS)
     if spec.format.value not in formats:
         raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: {', '.join(formats)})")
-    if spec.format.value == "avro" and not spec.format.registry_url:
-        raise ConfigError("format.registry_url: required for value format avro")
+    if FORMATS[spec.format.value].registry and not spec.format.registry_url:
+        raise ConfigError(f"format.registry_url: required for value format {spec.format.value}")
     try:
         from zoneinfo import ZoneInfo
 

@@ -80,21 +80,38 @@ def _branches(schema: list[Any]) -> list[Any]:
     return [b for b in schema if b != "null"]
 
 
-def arrow_type(schema: Any) -> pa.DataType:
+_PRIMITIVES = {"null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
+               "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}
+
+
+def arrow_type(schema: Any, named: dict[str, pa.DataType] | None = None, namespace: str = "") -> pa.DataType:
     """The Arrow type of an Avro schema, as Spark's Avro reader maps it. A union of ``null`` and one type is
     that type (nullable); a union of several types is a struct with one field per branch (``member0``,
     ``member1``, ...; the branch a value took is set, the others null). ``timestamp-nanos`` arrives in
-    nanoseconds and is stored in microseconds (Iceberg v2 has no nanosecond timestamps; see ``to_micros``)."""
+    nanoseconds and is stored in microseconds (Iceberg v2 has no nanosecond timestamps; see ``to_micros``).
+    A reference to a named type defined earlier (Debezium's ``after`` refers to ``before``'s record) is that
+    type (``named``: full and short names seen so far)."""
+    named = {} if named is None else named
     if isinstance(schema, list):
         branches = _branches(schema)
         if len(branches) == 1:
-            return arrow_type(branches[0])
-        return pa.struct([pa.field(f"member{i}", arrow_type(b)) for i, b in enumerate(branches)])
+            return arrow_type(branches[0], named, namespace)
+        return pa.struct([pa.field(f"member{i}", arrow_type(b, named, namespace)) for i, b in enumerate(branches)])
     if isinstance(schema, str):
-        return {
-            "null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
-            "double": pa.float64(), "bytes": pa.binary(), "string": pa.string(),
-        }.get(schema, pa.string())
+        if schema in _PRIMITIVES:
+            return _PRIMITIVES[schema]
+        return named.get(schema) or named.get(f"{namespace}.{schema}") or pa.string()
+    if schema.get("type") in ("record", "enum", "fixed"):
+        name = str(schema.get("name", ""))
+        ns = schema.get("namespace", namespace) if "." not in name else name.rsplit(".", 1)[0]
+        t = _complex_type(schema, named, ns)
+        for key in (name, name.rsplit(".", 1)[-1], f"{ns}.{name.rsplit('.', 1)[-1]}" if ns else name):
+            named.setdefault(key, t)
+        return t
+    return _complex_type(schema, named, namespace)
+
+
+def _complex_type(schema: dict, named: dict[str, pa.DataType], namespace: str) -> pa.DataType:
     t = schema.get("type")
     logical = schema.get("logicalType")
     logical_types = {"timestamp-millis": pa.timestamp("us", tz="UTC"), "timestamp-micros": pa.timestamp("us", tz="UTC"),
@@ -106,16 +123,16 @@ def arrow_type(schema: Any) -> pa.DataType:
     if logical == "decimal":
         return pa.decimal128(int(schema["precision"]), int(schema.get("scale", 0)))
     if t == "record":
-        return pa.struct([pa.field(f["name"], arrow_type(f["type"])) for f in schema["fields"]])
+        return pa.struct([pa.field(f["name"], arrow_type(f["type"], named, namespace)) for f in schema["fields"]])
     if t == "array":
-        return pa.list_(arrow_type(schema["items"]))
+        return pa.list_(arrow_type(schema["items"], named, namespace))
     if t == "map":
-        return pa.map_(pa.string(), arrow_type(schema["values"]))
+        return pa.map_(pa.string(), arrow_type(schema["values"], named, namespace))
     if t == "enum":
         return pa.string()
     if t == "fixed":
         return pa.binary()
-    return arrow_type(t)
+    return arrow_type(t, named, namespace)
 
 
 _PY_TYPES = {"boolean": bool, "int": int, "long": int, "float": float, "double": float, "string": str, "bytes": bytes,

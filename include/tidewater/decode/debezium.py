@@ -26,11 +26,17 @@ def decode_debezium(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table,
         outer, bad = decode_connect(chunk, None)
     else:
         outer, bad = decode_json_lenient(chunk, None)
+    return unwrap(outer, bad, len(chunk), explicit)
+
+
+def unwrap(outer: pa.Table, bad: list[BadRecord], n: int, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
+    """Decoded envelopes (``op``, ``before``, ``after`` columns; ``bad`` already set apart from the ``n``
+    records) to the row image plus ``_op``, whatever the envelopes were encoded in (JSON, Avro)."""
     if "op" not in outer.column_names:
-        return all_failed(len(chunk), bad, "NotDebezium", "no `op` field in the change event")
+        return all_failed(n, bad, "NotDebezium", "no `op` field in the change event")
     op = outer.column("op").cast(pa.string())
     valid = pc.fill_null(pc.is_in(op, value_set=pa.array(OPS)), False)
-    failures = failures_where(len(chunk), bad, pc.invert(valid), "NotDebezium", f"`op` is not one of {', '.join(OPS)}")
+    failures = failures_where(n, bad, pc.invert(valid), "NotDebezium", f"`op` is not one of {', '.join(OPS)}")
     outer = outer.filter(valid)
     op = op.filter(valid)
     before = outer.column("before") if "before" in outer.column_names else None

@@ -14,13 +14,17 @@ class ValueFormat:
     module: str  # holds ``decode(chunk, ctx)``
     structured: bool = True  # rows with fields: shaping and date-time conversions apply
     skipped_classes: tuple[str, ...] = ()  # bad-record classes that are skipped by design, not dead letters
+    registry: bool = False  # writer schemas come from the schema registry (format.registry_url)
+    op_column: str | None = None  # change events: the column holding each record's operation
 
 
 FORMATS: dict[str, ValueFormat] = {
     "json": ValueFormat("tidewater.decode.json"),
     "connect_json": ValueFormat("tidewater.decode.connect"),
-    "debezium": ValueFormat("tidewater.decode.debezium", skipped_classes=("Tombstone",)),
-    "avro": ValueFormat("tidewater.decode.avro"),
+    "debezium": ValueFormat("tidewater.decode.debezium", skipped_classes=("Tombstone",), op_column="_op"),
+    "debezium_avro": ValueFormat("tidewater.decode.debezium_avro", skipped_classes=("Tombstone",), registry=True,
+                                 op_column="_op"),
+    "avro": ValueFormat("tidewater.decode.avro", registry=True),
     "string": ValueFormat("tidewater.decode.raw", structured=False),
     "bytes": ValueFormat("tidewater.decode.raw", structured=False),
 }

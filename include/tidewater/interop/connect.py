@@ -254,19 +254,22 @@ DEBEZIUM_TRANSFORM = "org.apache.iceberg.connect.transforms.DebeziumTransform"
 def _transform(d: _Draft, raw_key: str, value: Any) -> None:
     """The Iceberg sink's Debezium transform becomes the debezium value format with upserts by the id
     columns (its other keys come with it); other single message transforms are not run."""
-    debezium = any(str(k).startswith("transforms.") and str(k).endswith(".type") and str(v) == DEBEZIUM_TRANSFORM
-                   for k, v in d.config.items())
-    if not debezium:
+    if not _has_debezium_transform(d.config):
         d.unmapped(raw_key, "single message transforms are not run; use format.* settings (flatten, map_columns, "
                             "timestamps) or a view")
         return
-    d.fmt["value"] = "debezium"
-    d.table["upsert"] = True
-    d.mapped(raw_key, "format.value: debezium + table.upsert (the envelope's op is the `_op` column)")
+    d.table["upsert"] = True  # the value format (debezium or debezium_avro) is chosen with the converter
+    d.mapped(raw_key, "format.value: debezium (debezium_avro with the Avro converter) + table.upsert (the envelope's "
+                      "op is the `_op` column)")
+
+
+def _has_debezium_transform(config: dict[str, Any]) -> bool:
+    return any(str(k).startswith("transforms.") and str(k).endswith(".type") and str(v) == DEBEZIUM_TRANSFORM
+               for k, v in config.items())
 
 
 def _cdc_field(d: _Draft, raw_key: str, value: Any) -> None:
-    if str(value) in ("_cdc.op", "_op") and d.fmt.get("value") == "debezium":
+    if str(value) in ("_cdc.op", "_op") and _has_debezium_transform(d.config):
         d.mapped(raw_key, "(the debezium format's `_op` column)")
         return
     d.table["op_field"] = str(value)
@@ -393,9 +396,8 @@ def _assemble(d: _Draft) -> None:
         d.res.env.append(("(bootstrap servers)", "KAFKA_BOOTSTRAP_SERVERS"))
     # Rows carry their source (topic, partition, offset): replay and backfills work on the imported pipeline.
     d.fmt.setdefault("metadata", "prefixed")
-    if d.fmt.get("value") == "debezium" and d.table.get("op_field") in ("_cdc.op", "_op"):
-        del d.table["op_field"]  # the Debezium transform's op field is the debezium format's `_op`
-        d.table["upsert"] = True
+    if _has_debezium_transform(d.config):
+        d.fmt["value"] = "debezium_avro" if d.fmt.get("value") == "avro" else "debezium"
     catalog = {**({"name": d.catalog_name} if d.catalog_name else {}), **({"properties": d.catalog} if d.catalog else {})}
     for section, value in (("format", d.fmt), ("catalog", catalog), ("dead_letter", d.dead_letter)):
         if value:

@@ -39,7 +39,7 @@ from tidewater.write.parquet import TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT
 log = logging.getLogger(__name__)
 
 
-ACTIONS = ("rewrite_data_files", "rewrite_manifests", "expire_snapshots", "remove_orphan_files")
+ACTIONS = ("rewrite_data_files", "rewrite_position_delete_files", "rewrite_manifests", "expire_snapshots", "remove_orphan_files")
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ class TableStats:
     data_bytes: int
     records: int
     manifests: int
+    delete_files: int = 0
+    position_deletes: int = 0
 
     @classmethod
     def of(cls, table: Any) -> TableStats:
@@ -62,6 +64,8 @@ class TableStats:
             data_bytes=int(summary.get("total-files-size", 0)),
             records=int(summary.get("total-records", 0)),
             manifests=len(snap.manifests(table.io)),
+            delete_files=int(summary.get("total-delete-files", 0)),
+            position_deletes=int(summary.get("total-position-deletes", 0)),
         )
 
 
@@ -82,6 +86,7 @@ class ActionReport:
             f"data files {b.data_files} -> {a.data_files}, bytes {b.data_bytes:,} -> {a.data_bytes:,}, "
             f"manifests {b.manifests} -> {a.manifests}, snapshots {b.snapshots} -> {a.snapshots}, "
             f"records {b.records:,} -> {a.records:,}"
+            + (f", delete files {b.delete_files} -> {a.delete_files}" if b.delete_files or a.delete_files else "")
         )
         details = ", ".join(f"{k}={v}" for k, v in self.details.items() if k != "files")
         return f"{head} {change}; {details} ({self.seconds:.1f} s)"
@@ -122,6 +127,8 @@ def rewrite_data_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool
         "min-input-files": str(c.min_input_files),
         "partial-progress.enabled": str(c.partial_progress).lower(),
         "partial-progress.max-commits": str(c.partial_progress_max_commits),
+        "delete-ratio-threshold": str(c.delete_ratio_threshold),
+        "delete-file-threshold": str(c.delete_file_threshold),
     }
     if dry_run:
         small = [f for f in _live_files(table) if f["size"] < 0.75 * target]
@@ -144,10 +151,10 @@ def _surely_rewritten(table: Any, target: int, min_input_files: int) -> int:
     minimum size (75% of the target) when there are at least ``min-input-files`` of them."""
     if table.current_snapshot() is None:
         return 0
-    files = table.inspect.files().select(["spec_id", "partition", "file_size_in_bytes"]).to_pylist()
+    files = table.inspect.files().select(["content", "spec_id", "partition", "file_size_in_bytes"]).to_pylist()
     groups: dict[str, int] = {}
     for f in files:
-        if f["file_size_in_bytes"] < 0.75 * target:
+        if f["content"] == 0 and f["file_size_in_bytes"] < 0.75 * target:  # data files (not delete files)
             key = repr((f["spec_id"], sorted((f["partition"] or {}).items())))
             groups[key] = groups.get(key, 0) + 1
     return sum(n for n in groups.values() if n >= min_input_files)
@@ -180,8 +187,17 @@ def _check_rewrite_committed(spec: PipelineSpec, table: Any, known: set[int], su
 def _live_files(table: Any) -> list[dict[str, Any]]:
     if table.current_snapshot() is None:
         return []
-    files = table.inspect.files().select(["file_path", "file_size_in_bytes"]).to_pylist()
-    return [{"path": f["file_path"], "size": f["file_size_in_bytes"]} for f in files]
+    files = table.inspect.files().select(["content", "file_path", "file_size_in_bytes"]).to_pylist()
+    return [{"path": f["file_path"], "size": f["file_size_in_bytes"]} for f in files if f["content"] == 0]
+
+
+def rewrite_position_delete_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) -> dict[str, Any]:
+    """Merge small position delete files and drop the ones whose data files were rewritten (change tables)."""
+    deletes = TableStats.of(table).delete_files
+    if dry_run or not deletes:
+        return {"delete_files": deletes}
+    return _one_row(spark, f"CALL {spec.catalog.name}.system.rewrite_position_delete_files(table => "
+                           f"{_sql_str(spec.table.identifier)}, options => map('rewrite-all', 'true'))")
 
 
 def rewrite_manifests(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) -> dict[str, Any]:
@@ -328,6 +344,7 @@ def _stale_staging_dirs(spec: PipelineSpec, cutoff_s: float) -> list[Path]:
 
 _RUNNERS = {
     "rewrite_data_files": rewrite_data_files,
+    "rewrite_position_delete_files": rewrite_position_delete_files,
     "rewrite_manifests": rewrite_manifests,
     "expire_snapshots": expire_snapshots,
     "remove_orphan_files": remove_orphan_files,
@@ -338,6 +355,7 @@ def enabled_actions(spec: PipelineSpec) -> list[str]:
     m = spec.maintenance
     on = {
         "rewrite_data_files": m.rewrite_data_files.enabled,
+        "rewrite_position_delete_files": m.rewrite_position_deletes and spec.applies_changes,
         "rewrite_manifests": m.rewrite_manifests,
         "expire_snapshots": m.expire_snapshots.enabled,
         "remove_orphan_files": m.remove_orphan_files.enabled,

@@ -20,6 +20,7 @@ from tidewater.batch import (
     PartitionStats,
 )
 from tidewater.config.spec import PipelineSpec
+from tidewater.decode.formats import FORMATS
 from tidewater.decode.registry import decode_chunk
 from tidewater.errors import TidewaterError, TransientError, error_document
 from tidewater.write.sinks import TableSink, delete_files
@@ -162,7 +163,7 @@ class _TaskWriter:
             self.router = Router(spec)
         self.single = None if self.router is not None else self.open_sink(spec.table.identifier)
         self.registry: Any = None
-        if spec.format.value == "avro":
+        if FORMATS[spec.format.value].registry:
             from tidewater.decode.avro import RegistryClient
 
             self.registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth,
