@@ -24,7 +24,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: bench bench-maintenance bench-routing bench-metadata airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: bench bench-maintenance bench-routing bench-metadata bench-cdc airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -32,7 +32,7 @@ help:
 	@echo "make ui     - start the Airflow UI (api-server, scheduler, ...) on http://127.0.0.1:8080"
 	@echo "make docs   - regenerate docs/configuration.md from the code"
 	@echo "make lint   - ruff (part of make test)"
-	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage)"
+	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage; make bench-cdc: change batches vs table size)"
 
 # --- set-up (idempotent) -------------------------------------------------------------------------
 # Java and JDBC drivers for Spark; Chromium for the browser tests of the Airflow UI (Playwright drives it).
@@ -112,3 +112,6 @@ bench-routing: setup
 
 bench-metadata: setup
 	$(PY) scripts/bench_metadata.py
+
+bench-cdc: setup
+	$(PY) scripts/bench_cdc.py $(BENCH_ARGS)

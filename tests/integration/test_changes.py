@@ -98,6 +98,13 @@ def test_change_stream_table_equals_the_source_after_every_batch(broker, home, t
             totals[k] += counts[k]
         assert manifest.data_files and not any(table.io.new_input(f.file_path).exists() for f in manifest.data_files)
     assert committed_state(_table(spec)).offsets[topic] == dict(produced)
+    # what operators see: status, history and the Airflow view's batches carry the last batch's counts
+    from tidewater.ops.overview import recent_batches
+    from tidewater.ops.status import history, status
+
+    assert status(spec)["last_batch_changes"] == counts
+    assert [h["changes"] for h in history(spec) if h["changes"]][-1] == counts
+    assert [b["changes"] for b in recent_batches(spec, _table(spec), 10)][0] == counts
     assert totals["updated"] > 0 and (style == "upsert" or (totals["deleted"] > 0 and totals["noop"] > 0))
 
 
@@ -347,3 +354,24 @@ def test_scenario_4_debezium_avro_example_pipeline_equals_the_source(broker, hom
         assert set(table.scan(selected_fields=("currency",)).to_arrow().column("currency").to_pylist()) <= {"EUR", None}
     finally:
         registry.stop()
+
+
+def test_a_composite_key_identifies_rows(broker, home, topic):
+    """id_columns [region, id]: the same id in two regions is two rows; an update and a delete touch only the
+    row with both values (the lookup joins on every id column)."""
+    spec = load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                        validation={"not_null": ["id"]},
+                                        table={"identifier": "rpc.prices", "id_columns": ["region", "id"], "op_field": "op"}))
+
+    def send(*rows: dict) -> None:
+        produce_to_partition(broker.bootstrap, topic, 0, [json.dumps(r).encode() for r in rows])
+        ingest_inline(spec)
+
+    send({"region": "eu", "id": 1, "item": "a", "price": 1.0, "op": "I"},
+         {"region": "us", "id": 1, "item": "b", "price": 2.0, "op": "I"},
+         {"region": "eu", "id": 2, "item": "c", "price": 3.0, "op": "I"})
+    send({"region": "us", "id": 1, "item": "b2", "price": 2.5, "op": "U"}, {"region": "eu", "id": 2, "op": "D"})
+    rows = sorted((r["region"], r["id"], r["item"]) for r in _table(spec).scan().to_arrow().to_pylist())
+    assert rows == [("eu", 1, "a"), ("us", 1, "b2")]
+    counts = json.loads(_table(spec).current_snapshot().summary[CHANGES])
+    assert (counts["updated"], counts["deleted"], counts["position_deletes"]) == (1, 1, 2)

@@ -99,35 +99,54 @@ def _bounds_filter(keys: Any, id_columns: list[str]) -> Any:
     return expr
 
 
-def live_rows(table: Any, keys: Any, id_columns: list[str]) -> tuple[list[tuple[Any, Any]], Any]:
-    """Where the changed keys live in ``table`` now: [(data file, sorted positions)], and per key of ``keys``
-    whether it existed (a boolean array). Reads only the id columns of files whose bounds admit the keys."""
-    import numpy as np
+def _hits_in_file(table: Any, task: Any, indexed: Any, id_columns: list[str]) -> tuple[Any, Any] | None:
+    """(sorted positions, key indexes) of the live rows of one data file whose keys are in ``indexed``."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    with table.io.new_input(task.file.file_path).open() as fh:
+        pf = pq.ParquetFile(fh)
+        names = _file_columns(pf, table, id_columns)
+        data = pf.read(columns=list(names.values())).rename_columns(list(names))
+    data = data.cast(indexed.select(id_columns).schema) if data.schema != indexed.select(id_columns).schema else data
+    if len(id_columns) == 1:  # a set lookup first: most rows of most files are not changed
+        candidates = pc.indices_nonzero(pc.is_in(data.column(0), value_set=indexed.column(0).combine_chunks()))
+        if not len(candidates):
+            return None
+        data = data.take(candidates).append_column("__pos", pc.cast(candidates, pa.int64()))
+    else:
+        data = data.append_column("__pos", pa.array(range(data.num_rows), pa.int64()))
+    gone = _deleted_positions(table, task)
+    if gone is not None and len(gone):
+        data = data.filter(pc.invert(pc.is_in(data.column("__pos"), value_set=gone.combine_chunks())))
+    hit = data.join(indexed, keys=id_columns, join_type="inner")
+    if not hit.num_rows:
+        return None
+    pos = hit.column("__pos").combine_chunks()
+    return pos.take(pc.sort_indices(pos)), hit.column("__key").combine_chunks()
+
+
+def live_rows(table: Any, keys: Any, id_columns: list[str]) -> tuple[list[tuple[Any, Any]], Any]:
+    """Where the changed keys live in ``table`` now: [(data file, sorted positions)], and per key of ``keys``
+    whether it existed (a boolean array). Reads only the id columns of files whose bounds admit the keys
+    (files in parallel: Arrow's readers and lookups release the GIL), and a file's delete files only when
+    it holds a changed key."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     indexed = keys.append_column("__key", pa.array(np.arange(keys.num_rows), pa.int64()))
-    hits: list[tuple[Any, Any]] = []
-    found = []
     if table.current_snapshot() is None or keys.num_rows == 0:
-        return hits, pa.array([False] * keys.num_rows, pa.bool_())
-    for task in table.scan(row_filter=_bounds_filter(keys, id_columns), selected_fields=tuple(id_columns)).plan_files():
-        with table.io.new_input(task.file.file_path).open() as fh:
-            pf = pq.ParquetFile(fh)
-            names = _file_columns(pf, table, id_columns)
-            data = pf.read(columns=list(names.values())).rename_columns(list(names))
-        data = data.cast(keys.schema) if data.schema != keys.schema else data
-        data = data.append_column("__pos", pa.array(np.arange(data.num_rows), pa.int64()))
-        gone = _deleted_positions(table, task)
-        if gone is not None and len(gone):
-            data = data.filter(pc.invert(pc.is_in(data.column("__pos"), value_set=gone.combine_chunks())))
-        hit = data.join(indexed, keys=id_columns, join_type="inner")
-        if hit.num_rows:
-            pos = hit.column("__pos").combine_chunks()
-            hits.append((task.file, pos.take(pc.sort_indices(pos))))
-            found.extend(hit.column("__key").chunks)
-    seen = pa.concat_arrays(found) if found else pa.array([], pa.int64())
+        return [], pa.array([False] * keys.num_rows, pa.bool_())
+    tasks = list(table.scan(row_filter=_bounds_filter(keys, id_columns), selected_fields=tuple(id_columns)).plan_files())
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        found = list(pool.map(lambda t: _hits_in_file(table, t, indexed, id_columns), tasks))
+    hits = [(t.file, f[0]) for t, f in zip(tasks, found) if f is not None]
+    seen = pa.concat_arrays([f[1] for f in found if f is not None]) if hits else pa.array([], pa.int64())
     return hits, pc.is_in(indexed.column("__key").combine_chunks(), value_set=seen)
 
 

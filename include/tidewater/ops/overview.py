@@ -9,7 +9,16 @@ from typing import Any
 
 from tidewater.config.spec import PipelineSpec
 from tidewater.table.catalog import load_catalog, load_table
-from tidewater.table.summary import BATCH_ID, DEAD_LETTERS, RECORDS, SKIPPED, VALID_THROUGH_MS, VALIDATION, summary_dict
+from tidewater.table.summary import (
+    BATCH_ID,
+    DEAD_LETTERS,
+    RECORDS,
+    SKIPPED,
+    VALID_THROUGH_MS,
+    VALIDATION,
+    changes_of,
+    summary_dict,
+)
 
 DEAD_LETTER_SAMPLE = 5  # examples per error class
 DEAD_LETTER_SCAN = 10_000  # dead letters read for the breakdown (the newest files first)
@@ -29,7 +38,8 @@ def recent_batches(spec: PipelineSpec, table: Any, limit: int) -> list[dict[str,
     for s in snaps:
         props = summary_dict(s)
         batch = props.get(BATCH_ID)
-        if not batch or s.summary is None or s.summary.operation.value != "append":
+        changes = changes_of(props)
+        if not batch or s.summary is None or (s.summary.operation.value != "append" and changes is None):
             continue
         verdict = json.loads(props[VALIDATION]) if props.get(VALIDATION) else None
         vt = int(props[VALID_THROUGH_MS]) if props.get(VALID_THROUGH_MS) else None
@@ -43,6 +53,7 @@ def recent_batches(spec: PipelineSpec, table: Any, limit: int) -> list[dict[str,
                                                         "checks": verdict.get("checks")},
             "data_docs": f"{spec.name}/{page.name}" if page.is_file() or page.with_suffix(".json").is_file() else None,
             "valid_through": _iso(vt), "latency_s": round((s.timestamp_ms - vt) / 1000, 1) if vt is not None else None,
+            "changes": changes,
         })
         if len(out) >= limit:
             break

@@ -8,7 +8,7 @@ from typing import Any
 
 from tidewater.config.spec import PipelineSpec
 from tidewater.table.catalog import load_catalog, load_table
-from tidewater.table.summary import DEAD_LETTERS, SKIPPED, committed_state, summary_dict
+from tidewater.table.summary import DEAD_LETTERS, SKIPPED, changes_of, committed_state, summary_dict
 
 # ---- status ----------------------------------------------------------------------------------------
 
@@ -74,6 +74,7 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
         "dead_letters": int(dlq_snap.summary.get("total-records", 0)) if dlq_snap and dlq_snap.summary else 0,
         "last_batch_dead_letters": int(last_props.get(DEAD_LETTERS, 0)),
         "last_batch_skipped": int(last_props.get(SKIPPED, 0)),
+        "last_batch_changes": changes_of(last_props),
         "partitions": [
             {"topic": p.topic, "partition": p.partition, "committed": p.committed, "log_start": p.log_start,
              "end": p.end, "lag": p.lag}
@@ -111,7 +112,7 @@ def table_status(spec: PipelineSpec, catalog: Any, wm: dict[Any, Any], iso: Any)
 
 def history(spec: PipelineSpec) -> list[dict[str, Any]]:
     """The table's snapshots, oldest first, with the Tidewater properties of each."""
-    from tidewater.table.summary import BATCH_ID, OFFSETS, RECORDS, VALID_THROUGH, summary_dict
+    from tidewater.table.summary import BATCH_ID, OFFSETS, RECORDS, VALID_THROUGH, changes_of, summary_dict
 
     table = load_table(load_catalog(spec), spec.table.identifier)
     if table is None:
@@ -129,6 +130,7 @@ def history(spec: PipelineSpec) -> list[dict[str, Any]]:
                 "added_files": props.get("added-data-files"),
                 "valid_through": props.get(VALID_THROUGH),
                 "offsets": props.get(OFFSETS),
+                "changes": changes_of(props),
             }
         )
     return out

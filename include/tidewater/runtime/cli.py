@@ -50,6 +50,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  total lag:     {st['total_lag']}")
     print(f"  dead letters:  {st['dead_letters']} in {st['dead_letter_table']} (last batch: "
           f"{st['last_batch_dead_letters']} dead-lettered, {st['last_batch_skipped']} skipped)")
+    if st.get("last_batch_changes"):
+        print(f"  last changes:  {_changes_text(st['last_batch_changes'])}")
     print(f"  {'topic':<30} {'part':>4} {'committed':>12} {'end':>12} {'lag':>10}")
     for p in st["partitions"]:
         committed = "-" if p["committed"] is None else p["committed"]
@@ -71,7 +73,16 @@ def cmd_history(args: argparse.Namespace) -> int:
               f"{r['added_files'] or '':>5}  {r['batch_id'] or ''}")
         if r["offsets"]:
             print(f"{'':>63}offsets {r['offsets']}  valid-through {r['valid_through']}")
+        if r.get("changes"):
+            print(f"{'':>63}{_changes_text(r['changes'])}")
     return 0
+
+
+def _changes_text(c: dict) -> str:
+    text = ", ".join(f"{c.get(k, 0)} {k}" for k in ("inserted", "updated", "deleted", "noop"))
+    if c.get("cross_partition_keys"):
+        text += f"; {c['cross_partition_keys']} key(s) changed in two partitions"
+    return text
 
 
 def cmd_sql(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ keys; readers walk back through the snapshot's ancestors to the newest one that 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -187,3 +188,9 @@ def find_marked_snapshot(table: Any, key: str, value: str) -> Any | None:
 def find_batch_snapshot(table: Any, batch_id: str) -> Any | None:
     """The snapshot that committed ``batch_id``, if the table still has it."""
     return find_marked_snapshot(table, BATCH_ID, batch_id)
+
+
+def changes_of(props: Mapping[str, str]) -> dict[str, Any] | None:
+    """A change batch's counts (inserted, updated, deleted, noop, ...) from its snapshot properties, or None."""
+    text = props.get(CHANGES)
+    return json.loads(text) if text else None
