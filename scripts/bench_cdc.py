@@ -27,7 +27,8 @@ BEGIN, END = "<!-- cdc:begin -->", "<!-- cdc:end -->"
 OPS = {"I": "insert", "U": "update", "D": "delete"}
 
 
-def build(catalog, ident: str, rows: int):  # noqa: ANN001, ANN201
+def build(catalog, ident: str, rows: int, last_properties: dict[str, str] | None = None):  # noqa: ANN001, ANN201
+    """``rows`` rows in 1M-row files; ``last_properties`` go on the last append's snapshot."""
     import numpy as np
     import pyarrow as pa
 
@@ -40,7 +41,8 @@ def build(catalog, ident: str, rows: int):  # noqa: ANN001, ANN201
         ids = np.arange(start, min(rows, start + 1_000_000), dtype=np.int64)
         table.append(pa.table({"id": ids, "item": pa.array(["item"] * len(ids)),
                                "price": (ids % 1000).astype(np.float32), "_kafka_partition": (ids % 6).astype(np.int32),
-                               "_kafka_offset": ids}, schema=schema))
+                               "_kafka_offset": ids}, schema=schema),
+                     snapshot_properties=(last_properties or {}) if start + 1_000_000 >= rows else {})
     return catalog.load_table(ident)
 
 
@@ -105,6 +107,54 @@ def copy_on_write(catalog, ident: str, batch) -> float:  # noqa: ANN001
     return time.perf_counter() - t
 
 
+def end_to_end(catalog, args) -> dict[str, list[float]]:  # noqa: ANN001
+    """The same Debezium batches through `tidewater run` (Kafka, spark-submit, gate, commit) into a big and a
+    small table, alternating: the batch time an operator sees."""
+    import json
+
+    import numpy as np
+    import yaml
+
+    from tidewater.batch import offsets_to_json
+    from tidewater.dev import broker as embedded
+    from tidewater.dev.sample_data import produce
+    from tidewater.runtime.steps import run_once
+    from tidewater.table.summary import OFFSETS
+
+    home = Path(os.environ["TIDEWATER_HOME"])
+    b = embedded.start(log_path=home / "broker.log")
+    times: dict[str, list[float]] = {"big": [], "small": []}
+    try:
+        paths = {}
+        for name, rows in (("big", args.big), ("small", args.small)):
+            # the table starts at offset 0 of the (empty) topic, as if it had been ingested up to there
+            build(catalog, f"bench.e2e_{name}", rows, {OFFSETS: json.dumps(offsets_to_json({"cdc": {0: 0, 1: 0}}))})
+            paths[name] = home / f"e2e_{name}.yaml"
+            paths[name].write_text(yaml.safe_dump({
+                "name": f"e2e_{name}", "topics": ["cdc"], "kafka": {"bootstrap_servers": b.bootstrap},
+                "format": {"value": "debezium"}, "spark": {"master": "local[2]"},
+                "batch": {"max_records": 1_000_000, "records_per_task": 1_000_000},
+                "table": {"identifier": f"bench.e2e_{name}", "id_columns": ["id"], "upsert": True}}))
+        for round_ in range(2):
+            rng = np.random.default_rng(100 + round_)
+            values = []
+            for _ in range(args.changes):  # keys below the small table's size exist in both tables
+                k = int(rng.integers(0, args.small))
+                op = "u" if rng.random() < 0.9 else "d"
+                row = {"id": k, "item": "changed", "price": 1.5}
+                values.append(json.dumps({"before": row, "after": None if op == "d" else row, "op": op}).encode())
+            produce(b.bootstrap, "cdc", values, partitions=2)
+            for name in ("big", "small"):
+                t = time.perf_counter()
+                out = run_once(paths[name], out=lambda _s: None)
+                times[name].append(time.perf_counter() - t)
+                assert out["records"] == args.changes, out
+                print(f"end to end round {round_ + 1} on {name}: {times[name][-1]:.2f} s", flush=True)
+    finally:
+        b.stop()
+    return times
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--big", type=int, default=10_000_000)
@@ -140,7 +190,10 @@ def main() -> int:
     seq = 0
     for b in range(args.batches):
         for name, rows in (("big", args.big), ("small", args.small)):
-            batch = first if (b == 0 and name == "big") else small_first if (b == 0) else changes(rows, args.changes, b, rows + b * args.changes)
+            if b == 0:
+                batch = first if name == "big" else small_first
+            else:
+                batch = changes(rows, args.changes, b, rows + b * args.changes)
             r = apply_batch(catalog, f"bench.{name}", batch, seq)
             seq += 1
             results[name].append(r)
@@ -155,6 +208,7 @@ def main() -> int:
     del spark
 
     cow = {"big": copy_on_write(catalog, "bench.big_cow", first), "small": copy_on_write(catalog, "bench.small_cow", small_first)}
+    e2e = end_to_end(catalog, args)
 
     def median(xs: list[float]) -> float:
         s = sorted(xs)
@@ -182,6 +236,9 @@ def main() -> int:
         f"{median([r['delete_files'] for r in results['big']])} | {median([r['data_files'] for r in results['small']])} + "
         f"{median([r['delete_files'] for r in results['small']])} |",
         f"| pyiceberg upsert + delete (copy-on-write), first batch | {cow['big']:.2f} s | {cow['small']:.2f} s |",
+        f"| end to end: `tidewater run` of {args.changes:,} Debezium changes (Kafka, spark-submit, gate, commit), "
+        f"2 rounds | {' / '.join(f'{x:.1f}' for x in e2e['big'])} s | {' / '.join(f'{x:.1f}' for x in e2e['small'])} s |",
+        f"| end-to-end ratio big/small (sum of rounds) | {sum(e2e['big']) / sum(e2e['small']):.2f} | |",
         "",
         "Phases of a batch on the big table (median): " + ", ".join(f"{k} {v:.2f} s" for k, v in phase.items()) + ".",
         "",
