@@ -375,3 +375,24 @@ def test_a_composite_key_identifies_rows(broker, home, topic):
     assert rows == [("eu", 1, "a"), ("us", 1, "b2")]
     counts = json.loads(_table(spec).current_snapshot().summary[CHANGES])
     assert (counts["updated"], counts["deleted"], counts["position_deletes"]) == (1, 1, 2)
+
+
+def test_the_quality_gate_judges_new_row_images_not_delete_records(broker, home, topic):
+    """validation.not_null [item]: delete records carry their key alone and pass; an insert without `item`
+    fails the batch (nothing committed, offsets unchanged)."""
+    from tidewater.errors import ValidationFailedError
+
+    spec = load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                        validation={"not_null": ["id", "item"]}, **STYLES["op_field"]))
+
+    def send(*rows: dict) -> None:
+        produce_to_partition(broker.bootstrap, topic, 0, [json.dumps(r).encode() for r in rows])
+
+    send({"id": 1, "item": "a", "price": 1.0, "op": "I"}, {"id": 2, "item": "b", "price": 2.0, "op": "I"}, {"id": 1, "op": "D"})
+    assert ingest_inline(spec).status == "committed"
+    assert sorted(_rows(_table(spec))) == [2]
+    send({"id": 3, "price": 3.0, "op": "I"})
+    with pytest.raises(ValidationFailedError, match="item"):
+        ingest_inline(spec)
+    table = _table(spec)
+    assert sorted(_rows(table)) == [2] and committed_state(table).offsets == {topic: {0: 3}}

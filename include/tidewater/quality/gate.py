@@ -125,19 +125,35 @@ def _columns_of(expectations: list[dict[str, Any]]) -> list[str]:
     return columns
 
 
-def chunks(table: Any, manifest: BatchManifest, columns: list[str], chunk_rows: int) -> Iterator[Any]:
-    """The named columns of the staged files, as Arrow tables of at most ``chunk_rows`` rows."""
+def row_images(spec: PipelineSpec) -> tuple[str, dict[str, str]] | None:
+    """Change tables: the gate judges the new row images (insert and update records), never the delete
+    records, whose images may carry the key alone. (op column, op values), or None for append tables."""
+    op = spec.op_column() if spec.applies_changes else None
+    return (op, dict(spec.table.op_values)) if op else None
+
+
+def chunks(table: Any, manifest: BatchManifest, columns: list[str], chunk_rows: int,
+           images: tuple[str, dict[str, str]] | None = None) -> Iterator[Any]:
+    """The named columns of the staged files, as Arrow tables of at most ``chunk_rows`` rows (with
+    ``images``: the delete records left out, see ``row_images``)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from tidewater.transform.changes import deletes_mask
+
+    read = columns + [images[0]] if images and images[0] not in columns else columns
     pending: list[Any] = []
     size = 0
     for f in manifest.data_files:
         with table.io.new_input(f.file_path).open() as fh:
             pf = pq.ParquetFile(fh)
-            present = [c for c in columns if c in pf.schema_arrow.names]
+            present = [c for c in read if c in pf.schema_arrow.names]
             for rb in pf.iter_batches(batch_size=chunk_rows, columns=present):
                 t = pa.Table.from_batches([rb]) if present else pa.table({"__row": pa.nulls(rb.num_rows, pa.int8())})
+                if images:
+                    t = t.filter(pc.invert(deletes_mask(t, images[0] if images[0] in t.column_names else None, images[1])))
+                    t = t.select([c for c in t.column_names if c in columns or c == "__row"])
                 pending.append(t)
                 size += t.num_rows
                 if size >= chunk_rows:
@@ -151,10 +167,10 @@ def chunks(table: Any, manifest: BatchManifest, columns: list[str], chunk_rows: 
         yield pa.concat_tables(pending, promote_options="permissive")
 
 
-def _whole(table: Any, manifest: BatchManifest, columns: list[str]) -> Any:
+def _whole(table: Any, manifest: BatchManifest, columns: list[str], images: tuple[str, dict[str, str]] | None = None) -> Any:
     import pyarrow as pa
 
-    pieces = list(chunks(table, manifest, columns, 1 << 30))
+    pieces = list(chunks(table, manifest, columns, 1 << 30, images))
     if not pieces:
         return pa.table({c: pa.array([], pa.null()) for c in columns} or {"__row": pa.array([], pa.int8())})
     return pa.concat_tables(pieces, promote_options="permissive")
@@ -193,7 +209,11 @@ def builtin_checks(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> l
                                       {"error": f"column {column!r} is not in table {spec.table.identifier}"}))
             continue
         nulls = 0
-        for f in manifest.data_files:
+        images = row_images(spec)
+        if images:  # change tables: the new row images only (a delete record may carry its key alone)
+            nulls = sum(t.column(column).null_count if column in t.column_names else t.num_rows
+                        for t in chunks(table, manifest, [column], spec.validation.chunk_rows, images))
+        for f in manifest.data_files if not images else ():
             counted = f.metrics["null_value_counts"].get(str(field.field_id))
             if counted is None or not field.field_type.is_primitive:
                 nulls += _count_nulls(table, f, column, spec.validation.chunk_rows)
@@ -356,16 +376,18 @@ def validate_batch(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> V
     results: dict[int, CheckResult] = {}
     if row_wise:
         runner = _Runner(f"{suite_name}.row-wise", row_wise)
-        per_chunk = [runner.run(t.to_pandas()) for t in chunks(table, manifest, _columns_of(row_wise), spec.validation.chunk_rows)]
+        images = row_images(spec)
+        per_chunk = [runner.run(t.to_pandas())
+                     for t in chunks(table, manifest, _columns_of(row_wise), spec.validation.chunk_rows, images)]
         if per_chunk:
             for e, c in zip(row_wise, _merge(per_chunk)):
                 results[id(e)] = c
         else:  # no rows: judge an empty frame so the report still lists every expectation
-            for e, c in zip(row_wise, runner.run(_whole(table, manifest, _columns_of(row_wise)).to_pandas())):
+            for e, c in zip(row_wise, runner.run(_whole(table, manifest, _columns_of(row_wise), images).to_pandas())):
                 results[id(e)] = c
     if whole:
         runner = _Runner(f"{suite_name}.whole", whole)
-        for e, c in zip(whole, runner.run(_whole(table, manifest, _columns_of(whole)).to_pandas())):
+        for e, c in zip(whole, runner.run(_whole(table, manifest, _columns_of(whole), row_images(spec)).to_pandas())):
             results[id(e)] = c
     checks += [results[id(e)] for e in user]
     report = ValidationReport(manifest.batch_id, suite_name, all(c.success for c in checks), manifest.rows_in_files, tuple(checks))
