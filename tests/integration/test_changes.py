@@ -396,3 +396,54 @@ def test_the_quality_gate_judges_new_row_images_not_delete_records(broker, home,
         ingest_inline(spec)
     table = _table(spec)
     assert sorted(_rows(table)) == [2] and committed_state(table).offsets == {topic: {0: 3}}
+
+
+def _produce_keyed(broker, topic, records, partitions: int = PARTITIONS) -> None:  # noqa: ANN001
+    """(key bytes, value bytes or None) per record, to partition id % partitions in order."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    if topic not in admin.list_topics(timeout=10).topics:
+        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(timeout=15)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for part in range(partitions):
+        mine = [(k, v, i) for k, v, i in records if i % partitions == part]
+        for n, (k, v, _) in enumerate(mine):
+            if n == len(mine) - 1:
+                p.flush(30)  # the last record of a partition in its own request (the embedded broker's watermark)
+            p.produce(topic, v, key=k, partition=part)
+        p.flush(30)
+
+
+@pytest.mark.parametrize("key_style", ["json_object", "plain"])
+def test_upserts_keyed_by_the_message_key_and_tombstones_delete(broker, home, topic, key_style):
+    """table.key_source: message_key: values without their id land under the key's id, a later value replaces
+    it, a tombstone (null value) deletes the key, a tombstone of an absent key is a no-op, and a record without
+    a key is a dead letter (MissingId). Against the reference model, over two batches."""
+    spec = load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                        validation={"not_null": ["id"]},
+                                        table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True,
+                                               "key_source": "message_key"}))
+
+    def key(k: int) -> bytes:
+        return json.dumps({"id": k}).encode() if key_style == "json_object" else str(k).encode()
+
+    model: dict[int, dict] = {}
+    for b in range(2):
+        changes = change_stream(model, 120, keys=30, seed=60 + b)
+        records = []
+        for c in changes:
+            value = None if c.op == "delete" else json.dumps({"item": c.item, "price": c.price}).encode()
+            records.append((key(c.id), value, c.id))
+        records.append((None, json.dumps({"item": "x", "price": 1.0}).encode(), 0))  # no key: a dead letter
+        _produce_keyed(broker, topic, records)
+        result = ingest_inline(spec)
+        model = apply(model, changes)
+        table = _table(spec)
+        assert result.records == len(records), result
+        assert _close(_rows(table), model), f"batch {b}"
+        counts = json.loads(table.current_snapshot().summary[CHANGES])
+        assert counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop"] == len(changes)
+        assert result.dead_letters == 1
+    assert counts["deleted"] > 0 and counts["noop"] >= 0

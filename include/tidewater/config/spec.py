@@ -46,6 +46,9 @@ def pipelines_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "pipelines"
 
 
+KEYED_OP = "_op"  # the operation column of upserts keyed by the message key (U, or D for a tombstone)
+
+
 def _doc(text: str, **kw: Any) -> Any:
     return field(metadata={"doc": text}, **kw)
 
@@ -227,6 +230,12 @@ class TableSpec:
         "record a dead letter (`UnknownOp`).",
         default_factory=lambda: {"I": "insert", "c": "insert", "r": "insert", "U": "update", "u": "update",
                                  "D": "delete", "d": "delete"},
+    )
+    key_source: str = _doc(
+        "Where a change's key (`id_columns`) comes from: `value` (its fields) or `message_key` (the Kafka message "
+        "key: a JSON object with the id columns, or a JSON scalar or plain string for a single id column). With "
+        "`message_key` a tombstone (null value) deletes its key, and the key's values replace the value's.",
+        default="value",
     )
     branch: str | None = _doc(
         "Commit to this branch instead of `main` (created by the first commit). The committed offsets are "
@@ -568,6 +577,8 @@ class PipelineSpec:
         """The column that carries each change's operation (None: every record is an upsert)."""
         if self.table.op_field:
             return self.table.op_field
+        if self.applies_changes and self.table.key_source == "message_key":
+            return KEYED_OP  # set by the task: tombstones delete, other records upsert
         from tidewater.decode.formats import FORMATS
 
         fmt = FORMATS.get(self.format.value)

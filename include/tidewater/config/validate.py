@@ -118,6 +118,9 @@ def _check_changes(spec: PipelineSpec) -> None:
         raise ConfigError(f"{key}: not available with table.branch yet")
     if spec.validation.on_failure == "quarantine":
         raise ConfigError(f"{key}: validation.on_failure: quarantine is not available for change tables yet")
+    one_of("table.key_source", t.key_source, ("value", "message_key"))
+    if t.key_source == "message_key" and t.op_field:
+        raise ConfigError("table.key_source: message_key is for upserts without an op field (tombstones delete)")
     for value, op in t.op_values.items():
         if op not in ("insert", "update", "delete"):
             raise ConfigError(f"table.op_values.{value}: {op!r} is not insert, update or delete")

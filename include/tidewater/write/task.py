@@ -192,7 +192,8 @@ class _TaskWriter:
         spec = self.spec
         return read_range(self.settings, self.rng, chunk_records=spec.batch.chunk_records,
                           read_timeout=spec.kafka.read_timeout_seconds, client_id=f"{spec.name}-{self.task_id}",
-                          keys=spec.format.key != "none", headers=spec.format.headers)
+                          keys=spec.format.key != "none" or (spec.applies_changes and spec.table.key_source == "message_key"),
+                          headers=spec.format.headers)
 
     def decoder_inputs(self) -> tuple[Any, Any]:
         """(explicit schema, shaper) for the decoder: the single table's types, or none when routing."""
@@ -206,6 +207,14 @@ class _TaskWriter:
             return None, ((shaping.NameMatcher(None, False), None) if spec.format.flatten or spec.format.map_columns else None)
         table = self.single.table
         table_schema = table_arrow_schema(table) if table is not None else None
+        if table_schema is not None and spec.applies_changes and spec.table.key_source == "message_key":
+            import pyarrow as pa
+
+            from tidewater.config.spec import KEYED_OP
+
+            # the key and the operation come from the message key, not from the value
+            keyed = {*spec.table.id_columns, KEYED_OP}
+            table_schema = pa.schema([f for f in table_schema if f.name not in keyed])
         explicit = decoder_schema(without_source_columns(table_schema, spec.format), spec.format)
         if not shaping.active(spec.format, spec.table, table):
             return explicit, None
@@ -218,6 +227,13 @@ class _TaskWriter:
         explicit, shaper = self.decoder_inputs()
         decoded, bad, ignored = decode_chunk(self.spec, chunk, explicit, self.registry, shaper)
         self.skipped += len(ignored)
+        if self.spec.applies_changes and self.spec.table.key_source == "message_key":
+            from tidewater.table.evolution import table_arrow_schema
+            from tidewater.transform.keys import keyed_changes
+
+            table = self.single.table if self.single is not None else None
+            decoded, bad, ignored = keyed_changes(self.spec, chunk, decoded, bad, ignored,
+                                                  table_arrow_schema(table) if table is not None else None)
         gone = sorted(b.index for b in bad + ignored)
         decoded = add_source_columns(self.spec.format, chunk, decoded, gone)
         if self.router is not None:
