@@ -168,10 +168,13 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
                                             "mapped to an offset by Kafka's timestamp lookup"),
             "end_time": Param(None, type=["null", "string"], pattern=ISO_TIME, title="End time (exclusive)",
                               description="ISO-8601 like Start time; records at or after it are not re-read"),
-            "mode": Param("replace", type="string", enum=["replace", "append-missing"], title="Mode",
-                          description="replace: delete the rows that came from the range and append the re-read records "
-                                      "in one commit (replaying twice leaves the table identical). append-missing: add "
-                                      "only the offsets the table does not hold (rows already there are not touched)"),
+            "mode": Param("reapply" if spec.applies_changes else "replace", type="string",
+                          enum=["reapply"] if spec.applies_changes else ["replace", "append-missing"], title="Mode",
+                          description="reapply (change tables): apply each re-read change again where it is still its "
+                                      "key's latest change; a healthy table stays unchanged. replace: delete the rows that "
+                                      "came from the range and append the re-read records in one commit (replaying twice "
+                                      "leaves the table identical). append-missing: add only the offsets the table does "
+                                      "not hold (rows already there are not touched)"),
             "dry_run": Param(True, type="boolean", title="Dry run",
                              description="On (default): only log the rows to delete and to add per partition; turn off "
                                          "to change the table"),

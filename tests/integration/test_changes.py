@@ -447,3 +447,49 @@ def test_upserts_keyed_by_the_message_key_and_tombstones_delete(broker, home, to
         assert counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop"] == len(changes)
         assert result.dead_letters == 1
     assert counts["deleted"] > 0 and counts["noop"] >= 0
+
+
+def test_replaying_a_committed_change_range_restores_damage_and_otherwise_changes_nothing(broker, home, topic):
+    """Three Debezium batches, then (1) a replay (mode reapply) of the first batch's range leaves the table equal
+    to the source, with every key counted as reapplied, superseded, absent or no-op, and the offsets unchanged;
+    (2) a row damaged by another writer (its image changed, its source offsets kept) is restored by replaying the
+    range holding its latest change, and nothing else changes; (3) append-table modes are refused by name."""
+    from pyiceberg.expressions import EqualTo
+
+    from tidewater.errors import ConfigError
+    from tidewater.ops.replay import run_replay
+    from tidewater.plan.replay import ReplayRequest
+
+    spec = _spec(home, broker, topic, "debezium")
+    model: dict[int, dict] = {}
+    ends = []
+    for b in range(3):
+        model = _batch(broker, topic, spec, model, seed=70 + b, n=90)
+        ingest_inline(spec)
+        ends.append(committed_state(_table(spec)).offsets[topic])
+    offsets = committed_state(_table(spec)).offsets
+
+    def replay(partition: int, start: int, end: int) -> dict:
+        req = ReplayRequest(topic=topic, partitions=(partition,), start_offset=start, end_offset=end, mode="reapply")
+        return run_replay(spec, req, inline=True, out=None)
+
+    first = replay(0, 0, ends[0][0])
+    assert first["status"] == "committed"
+    assert sum(first["changes"][k] for k in ("reapplied", "superseded", "absent", "noop")) > 0
+    table = _table(spec)
+    assert _close(_rows(table), model) and committed_state(table).offsets == offsets
+
+    # damage a row whose latest change is in partition 1's last batch, keeping its source columns
+    rows = table.scan(row_filter=EqualTo("_kafka_partition", 1)).to_arrow()
+    latest = rows.filter(rows.column("_kafka_offset").to_numpy() >= ends[1][1]).slice(0, 1)
+    key = latest.column("id")[0].as_py()
+    damaged = latest.set_column(latest.column_names.index("item"), "item", [["damaged"]])
+    table.overwrite(damaged.cast(table.schema().as_arrow()), overwrite_filter=EqualTo("id", key))
+    assert _rows(_table(spec))[key]["item"] == "damaged"
+    fixed = replay(1, ends[1][1], ends[2][1])
+    assert fixed["changes"]["reapplied"] >= 1
+    table = _table(spec)
+    assert _close(_rows(table), model) and committed_state(table).offsets == offsets
+
+    with pytest.raises(ConfigError, match="replayed with mode reapply"):
+        run_replay(spec, ReplayRequest(topic=topic, start_offset=0, end_offset=1, mode="replace"), inline=True, out=None)

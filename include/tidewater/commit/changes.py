@@ -31,7 +31,7 @@ from tidewater.commit.result import CommitResult
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import OffsetsMovedError, TerminalError
 from tidewater.table.provisional import confirm_keys
-from tidewater.table.summary import CHANGES, committed_state
+from tidewater.table.summary import CHANGES, REPLAY, committed_state, summary_properties
 
 log = logging.getLogger(__name__)
 
@@ -99,17 +99,24 @@ def _bounds_filter(keys: Any, id_columns: list[str]) -> Any:
     return expr
 
 
-def _hits_in_file(table: Any, task: Any, indexed: Any, id_columns: list[str]) -> tuple[Any, Any] | None:
-    """(sorted positions, key indexes) of the live rows of one data file whose keys are in ``indexed``."""
+def _hits_in_file(table: Any, task: Any, indexed: Any, id_columns: list[str], source: bool) -> Any | None:
+    """The live rows of one data file whose keys are in ``indexed``: a table of ``__pos`` (sorted) and
+    ``__key`` (index into ``indexed``), with ``source`` also each row's ``_kafka_partition``/``_kafka_offset``."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from tidewater.transform.changes import OFFSET, PARTITION
+
+    extra = [PARTITION, OFFSET] if source else []
     with table.io.new_input(task.file.file_path).open() as fh:
         pf = pq.ParquetFile(fh)
-        names = _file_columns(pf, table, id_columns)
+        names = _file_columns(pf, table, id_columns + extra)
         data = pf.read(columns=list(names.values())).rename_columns(list(names))
-    data = data.cast(indexed.select(id_columns).schema) if data.schema != indexed.select(id_columns).schema else data
+    want = indexed.select(id_columns).schema
+    ids = data.select(id_columns)
+    if ids.schema != want:
+        data = pa.Table.from_arrays([*ids.cast(want).columns, *data.select(extra).columns], names=id_columns + extra)
     if len(id_columns) == 1:  # a set lookup first: most rows of most files are not changed
         candidates = pc.indices_nonzero(pc.is_in(data.column(0), value_set=indexed.column(0).combine_chunks()))
         if not len(candidates):
@@ -120,34 +127,43 @@ def _hits_in_file(table: Any, task: Any, indexed: Any, id_columns: list[str]) ->
     gone = _deleted_positions(table, task)
     if gone is not None and len(gone):
         data = data.filter(pc.invert(pc.is_in(data.column("__pos"), value_set=gone.combine_chunks())))
-    hit = data.join(indexed, keys=id_columns, join_type="inner")
-    if not hit.num_rows:
-        return None
-    pos = hit.column("__pos").combine_chunks()
-    return pos.take(pc.sort_indices(pos)), hit.column("__key").combine_chunks()
+    hit = data.join(indexed.select([*id_columns, "__key"]), keys=id_columns, join_type="inner")
+    return hit.sort_by("__pos").select(["__pos", "__key", *extra]) if hit.num_rows else None
 
 
-def live_rows(table: Any, keys: Any, id_columns: list[str]) -> tuple[list[tuple[Any, Any]], Any]:
-    """Where the changed keys live in ``table`` now: [(data file, sorted positions)], and per key of ``keys``
-    whether it existed (a boolean array). Reads only the id columns of files whose bounds admit the keys
-    (files in parallel: Arrow's readers and lookups release the GIL), and a file's delete files only when
-    it holds a changed key."""
+def find_rows(table: Any, keys: Any, id_columns: list[str], source: bool = False) -> list[tuple[Any, Any]]:
+    """Where the changed keys live in ``table`` now: [(data file, rows)], rows as ``_hits_in_file`` gives them.
+    Reads only the id columns of files whose bounds admit the keys (files in parallel: Arrow's readers and
+    lookups release the GIL), and a file's delete files only when it holds a changed key."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    indexed = keys.append_column("__key", pa.array(np.arange(keys.num_rows), pa.int64()))
     if table.current_snapshot() is None or keys.num_rows == 0:
-        return [], pa.array([False] * keys.num_rows, pa.bool_())
+        return []
+    indexed = keys.append_column("__key", pa.array(np.arange(keys.num_rows), pa.int64()))
     tasks = list(table.scan(row_filter=_bounds_filter(keys, id_columns), selected_fields=tuple(id_columns)).plan_files())
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        found = list(pool.map(lambda t: _hits_in_file(table, t, indexed, id_columns), tasks))
-    hits = [(t.file, f[0]) for t, f in zip(tasks, found) if f is not None]
-    seen = pa.concat_arrays([f[1] for f in found if f is not None]) if hits else pa.array([], pa.int64())
-    return hits, pc.is_in(indexed.column("__key").combine_chunks(), value_set=seen)
+        found = list(pool.map(lambda t: _hits_in_file(table, t, indexed, id_columns, source), tasks))
+    return [(t.file, f) for t, f in zip(tasks, found) if f is not None]
+
+
+def existed_keys(keys: Any, found: list[tuple[Any, Any]]) -> Any:
+    """Per key of ``keys``: whether ``found`` holds a live row of it."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    seen = pa.concat_arrays([t.column("__key").combine_chunks() for _, t in found]) if found else pa.array([], pa.int64())
+    return pc.is_in(pa.array(np.arange(keys.num_rows), pa.int64()), value_set=seen)
+
+
+def live_rows(table: Any, keys: Any, id_columns: list[str]) -> tuple[list[tuple[Any, Any]], Any]:
+    """[(data file, sorted positions of the changed keys' live rows)], and per key whether it existed."""
+    found = find_rows(table, keys, id_columns)
+    return [(f, t.column("__pos").combine_chunks()) for f, t in found], existed_keys(keys, found)
 
 
 def write_position_deletes(table: Any, hits: list[tuple[Any, Any]], prefix: str) -> list[Any]:
@@ -193,11 +209,55 @@ def write_upserts(table: Any, rows: Any, prefix: str) -> list[StagedFile]:
     return [StagedFile.from_json(d) for d in writer.close()]
 
 
+def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, state: dict[str, Any],
+             dag_run_id: str | None, validation: dict[str, Any] | None) -> Change:
+    """A replay attempt (mode reapply): the range's changes again, only where each is still its key's latest
+    (``transform.changes.reapply_decisions``); the committed offsets stay as they are."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tidewater.transform.changes import net_changes, reapply_decisions
+
+    ids = list(spec.table.id_columns)
+    offsets = committed_state(table).offsets
+    for r in plan.ranges:
+        if r.end > offsets.get(r.topic, {}).get(r.partition, -1):
+            raise TerminalError(f"replay range [{r.start}, {r.end}) is beyond the committed offset", table=plan.table,
+                                topic=r.topic, partition=r.partition, batch_id=plan.batch_id)
+    state["offsets"] = offsets
+    if "net" not in state:
+        staged = read_staged(table, manifest)
+        state["net"] = net_changes(staged, ids, spec.op_column(), spec.table.op_values) if staged is not None else None
+    net = state["net"]
+    state["attempt"] = attempt = state.get("attempt", 0) + 1
+    found = find_rows(table, net.keys, ids, source=True) if net else []
+    rows = pa.concat_tables([t for _, t in found]) if found else pa.table({"__key": pa.array([], pa.int64())})
+    applied, counts = reapply_decisions(net, rows) if net else (None, {"reapplied": 0, "superseded": 0, "absent": 0, "noop": 0})
+    chosen = pc.indices_nonzero(applied) if net else pa.array([], pa.int64())
+    hits = [(f, t.filter(pc.is_in(t.column("__key"), value_set=chosen)).column("__pos").combine_chunks()) for f, t in found]
+    hits = [(f, p) for f, p in hits if len(p)]
+    upserts = net.last.filter(pc.and_(applied, pc.invert(net.last_deletes))) if net else None
+    files = write_upserts(table, upserts, f"{plan.batch_id}-a{attempt}-upserts")
+    counts["position_deletes"] = sum(len(p) for _, p in hits)
+    state["counts"], state["files"] = counts, files
+    props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=manifest.records,
+                               valid_through_ms=None, dag_run_id=dag_run_id, dead_letters=0, skipped=manifest.skipped,
+                               validation=validation)
+    props[REPLAY] = json.dumps({"mode": plan.mode, "ranges": [[r.topic, r.partition, r.start, r.end] for r in plan.ranges]},
+                               separators=(",", ":"))
+    props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True)
+    log.info("replay %s of %s: %s", plan.batch_id, plan.table, ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return Change(props, tuple(files), deletes=tuple(write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")),
+                  remove_properties=tuple(confirm_keys(table, plan.batch_id)))
+
+
 def _attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, state: dict[str, Any],
              dag_run_id: str | None, validation: dict[str, Any] | None) -> Change:
     """One commit attempt's change against ``table`` as loaded now; ``state`` keeps what is done once."""
     from tidewater.transform.changes import count_effects, net_changes
 
+    if plan.mode == "reapply":
+        return _reapply(table, spec, plan, manifest, state, dag_run_id, validation)
     ids = list(spec.table.id_columns)
     moved = offsets_moved(plan, committed_state(table).offsets)
     if moved:

@@ -36,7 +36,23 @@ def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None
         manifest = run_write_step(spec, path, master=master)
     validate_step(spec, plan, manifest)
     result = commit_step(spec, plan, manifest)
-    say(f"{result.status}: replay {plan.batch_id} ({plan.mode}), {manifest.rows_in_files} rows written"
-        + (f", {manifest.present} already present" if manifest.present else ""))
+    changes = _changes_of_replay(spec, plan.batch_id) if plan.mode == "reapply" else None
+    if changes is not None:
+        say(f"{result.status}: replay {plan.batch_id} (reapply) of {manifest.rows_in_files} changes: "
+            + ", ".join(f"{v} {k}" for k, v in changes.items()) + " (reapplied: rows restored from their latest change; "
+            "superseded: a later change wins; absent: no row to restore)")
+    else:
+        say(f"{result.status}: replay {plan.batch_id} ({plan.mode}), {manifest.rows_in_files} rows written"
+            + (f", {manifest.present} already present" if manifest.present else ""))
     return {"status": result.status, "batch_id": plan.batch_id, "mode": plan.mode, "rows": manifest.rows_in_files,
-            "already_present": manifest.present, "skipped": manifest.skipped, "preview": shown}
+            "already_present": manifest.present, "skipped": manifest.skipped, "preview": shown,
+            **({"changes": changes} if changes is not None else {})}
+
+
+def _changes_of_replay(spec: PipelineSpec, batch_id: str) -> dict[str, Any] | None:
+    """The counts a reapply replay stamped on its snapshot."""
+    from tidewater.table.catalog import load_catalog, load_table
+    from tidewater.table.summary import changes_of, find_batch_snapshot, summary_dict
+
+    snap = find_batch_snapshot(load_table(load_catalog(spec), spec.table.identifier), batch_id)
+    return changes_of(summary_dict(snap)) if snap is not None else None

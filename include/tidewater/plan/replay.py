@@ -33,7 +33,7 @@ from tidewater.source.timestamps import KafkaOffsetLookup, OffsetLookup, interva
 log = logging.getLogger(__name__)
 
 
-MODES = ("replace", "append-missing")
+MODES = ("replace", "append-missing", "reapply")
 
 
 PRESENT_NAME = "present.parquet"
@@ -104,6 +104,10 @@ def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
                           "struct (rows written before that cannot be matched to their offsets)")
     if req.mode not in MODES:
         raise ConfigError(f"mode: {req.mode!r} is not one of {', '.join(MODES)}")
+    if spec.applies_changes != (req.mode == "reapply"):
+        raise ConfigError("mode: a change table (table.upsert / op_field) is replayed with mode reapply (each change is "
+                          "applied again where it is still its key's latest)" if spec.applies_changes else
+                          "mode: reapply is for change tables (table.upsert / op_field); use replace or append-missing")
     if not req.topic:
         raise ConfigError("topic: required")
     by_offset = req.start_offset is not None or req.end_offset is not None
@@ -233,14 +237,20 @@ def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: 
         mask = pc.and_(pc.equal(present.column("topic"), r.topic), pc.equal(present.column("partition"), r.partition))
         now = int(pc.sum(mask.cast("int64")).as_py() or 0)
         distinct = len(pc.unique(present.column("offset").filter(mask))) if now else 0
+        reapply = mode == "reapply"  # rows_now: rows whose latest change is in the range; at most those change
         out.append({"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end, "offsets": r.size,
                     "rows_now": now, "rows_to_delete": now if mode == "replace" else 0,
-                    "rows_to_add_at_most": r.size if mode == "replace" else r.size - distinct})
+                    "rows_to_add_at_most": r.size if mode in ("replace", "reapply") else r.size - distinct,
+                    **({"mode": mode} if reapply else {})})
     return out
 
 
 def describe(row: dict[str, Any]) -> str:
     """One preview row as people read it (logs, the CLI, the replay DAG)."""
+    if row.get("mode") == "reapply":
+        return (f"{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} changes to re-read; "
+                f"{row['rows_now']} rows were written by them; each change is applied again only where it is still its "
+                "key's latest (a healthy table stays unchanged)")
     return (f"{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} offsets; rows now "
             f"{row['rows_now']}, to delete {row['rows_to_delete']}, to add at most {row['rows_to_add_at_most']}")
 

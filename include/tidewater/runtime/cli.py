@@ -215,7 +215,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     spec = load_pipeline(args.pipeline)
     req = ReplayRequest.from_params({
         "topic": args.topic, "partitions": args.partitions, "start_offset": args.start_offset, "end_offset": args.end_offset,
-        "start_time": args.start_time, "end_time": args.end_time, "mode": args.mode, "dry_run": args.dry_run,
+        "start_time": args.start_time, "end_time": args.end_time,
+        "mode": args.mode or ("reapply" if spec.applies_changes else "replace"), "dry_run": args.dry_run,
     })
     result = run_replay(spec, req, master=args.master, out=None if args.json else print)
     if args.json:
@@ -323,7 +324,8 @@ def _add_replay(sub: Any) -> None:
     p.add_argument("--end-offset", type=int, default=None, help="exclusive")
     p.add_argument("--start-time", default=None, help="ISO-8601 (naive: UTC); instead of offsets")
     p.add_argument("--end-time", default=None, help="ISO-8601, exclusive")
-    p.add_argument("--mode", default="replace", choices=["replace", "append-missing"])
+    p.add_argument("--mode", default=None, choices=["replace", "append-missing", "reapply"],
+                   help="default: reapply for change tables, replace otherwise")
     p.add_argument("--dry-run", action="store_true", help="print rows to delete and to add per partition; change nothing")
     p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
     p.add_argument("--json", action="store_true")

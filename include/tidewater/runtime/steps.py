@@ -377,9 +377,9 @@ def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, da
     if spec.applies_changes:
         from tidewater.commit.changes import commit_changes
 
-        if plan.mode != "ingest":
-            raise TerminalError(f"batch {plan.batch_id}: {plan.mode} of a change table (table.upsert / op_field) is not "
-                                "available yet", batch_id=plan.batch_id, table=plan.table)
+        if plan.mode not in ("ingest", "reapply"):
+            raise TerminalError(f"batch {plan.batch_id}: a change table (table.upsert / op_field) is replayed with mode "
+                                f"reapply, not {plan.mode}", batch_id=plan.batch_id, table=plan.table)
         return commit_changes(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation,
                               dead_letter_sink=sink)
     if plan.mode != "ingest":

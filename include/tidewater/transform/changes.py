@@ -52,6 +52,7 @@ class NetChanges:
 
     upserts: pa.Table
     keys: pa.Table
+    last: pa.Table  # each key's last change (all columns), in the order of ``keys``
     last_deletes: pa.Array
     new_group: pa.Array
     deleting: pa.Array
@@ -94,7 +95,7 @@ def net_changes(changes: pa.Table, id_columns: list[str], op_column: str | None,
     crossing = pc.unique(group.filter(moved)) if n else pa.array([], pa.int64())
     sample = net.select(id_columns).take(crossing.slice(0, examples)).to_pylist() if len(crossing) else []
     return NetChanges(
-        upserts=net.filter(pc.invert(last_deletes)), keys=net.select(id_columns), last_deletes=last_deletes,
+        upserts=net.filter(pc.invert(last_deletes)), keys=net.select(id_columns), last=net, last_deletes=last_deletes,
         new_group=new_group, deleting=deleting, group=group, cross_partition_keys=len(crossing),
         cross_partition_examples=tuple(sample),
     )
@@ -117,4 +118,36 @@ def count_effects(net: NetChanges, existed: pa.Array) -> dict[str, int]:
         "updated": count(pc.and_(upsert, existed_before)),
         "deleted": count(pc.and_(net.deleting, existed_before)),
         "noop": count(pc.and_(net.deleting, pc.invert(existed_before))),
+    }
+
+
+def reapply_decisions(net: NetChanges, rows: pa.Table) -> tuple[pa.Array, dict[str, int]]:
+    """A replay of committed changes: which keys get their change again. ``rows``: the table's live rows of
+    the changed keys (``__key`` into ``net.keys``, ``_kafka_partition``, ``_kafka_offset`` of the change that
+    wrote each row). A key's change is applied again when its row was written by that change (the image is
+    restored) or by an earlier one of the same partition (a lost change); a row written by a later change, or
+    in another partition (no order to compare), wins; a key without a row is left alone (a later change may
+    have deleted it). On a healthy table a replay changes no row. Returns (apply per key, counts)."""
+    import numpy as np
+
+    n = net.keys.num_rows
+    every = pa.array(np.arange(n), pa.int64())
+    if rows.num_rows:
+        key = rows.column("__key").combine_chunks()
+        same = pc.equal(rows.column(PARTITION).combine_chunks(), pc.take(net.last.column(PARTITION), key))
+        not_later = pc.less_equal(rows.column(OFFSET).combine_chunks(), pc.take(net.last.column(OFFSET), key))
+        ok = pc.fill_null(pc.and_(same, not_later), False)
+        applied = pc.is_in(every, value_set=pc.unique(key.filter(ok)))
+        existed = pc.is_in(every, value_set=pc.unique(key))
+    else:
+        applied = existed = pa.array([False] * n, pa.bool_())
+
+    def count(mask: pa.Array) -> int:
+        return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
+
+    return applied, {
+        "reapplied": count(applied),
+        "superseded": count(pc.and_(existed, pc.invert(applied))),
+        "absent": count(pc.and_(pc.invert(existed), pc.invert(net.last_deletes))),
+        "noop": count(pc.and_(pc.invert(existed), net.last_deletes)),
     }
