@@ -24,7 +24,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: bench bench-maintenance bench-routing bench-metadata bench-cdc airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: s3-stand-in bench bench-maintenance bench-routing bench-metadata bench-cdc airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -63,11 +63,19 @@ $(DATA)/airflow/.migrated: $(VENV)/.installed
 
 setup: system-deps venv airflow-db
 
+# The local S3 endpoint the tests start (moto's server): its own virtualenv, since its dependencies
+# (python-dateutil 2, Flask) conflict with Airflow's; a stand-in for MinIO/S3, never used by the product.
+s3-stand-in: $(DATA)/moto/.installed
+$(DATA)/moto/.installed: constraints-moto.txt
+	@test -x $(DATA)/moto/bin/python || python3 -m venv $(DATA)/moto
+	$(DATA)/moto/bin/python -m pip install -q "moto[server]" -c constraints-moto.txt
+	@touch $@
+
 # --- the two commands ----------------------------------------------------------------------------
 demo: setup
 	@bash scripts/demo.sh
 
-test: setup lint
+test: setup s3-stand-in lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # ruff: pyflakes, pycodestyle, import order, bugbear, complexity (configured in pyproject.toml)

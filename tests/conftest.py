@@ -32,6 +32,40 @@ def broker() -> Iterator[object]:
     b.stop()
 
 
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A local S3 endpoint (moto's server from `make s3-stand-in`, its own virtualenv) on a free 127.0.0.1
+    port, for the whole session: the stand-in for MinIO/S3, which cannot run here. Credentials: any."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    server = REPO / ".data" / "moto" / "bin" / "moto_server"
+    if not server.is_file():
+        pytest.fail(f"{server} is missing: run `make s3-stand-in` (make test does)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-s3-{os.getpid()}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=2).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"the local S3 endpoint did not start (see {log.name})")
+            time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An isolated TIDEWATER_HOME: its own SQLite catalog, warehouse and staging directory."""
@@ -130,3 +164,18 @@ def ingest_inline(spec):  # noqa: ANN001, ANN201
     plan, manifest = stage_inline(spec)
     validate_step(spec, plan, manifest)
     return commit_step(spec, plan, manifest)
+
+
+def commit_as_airflow_would(spec, plan, manifest):  # noqa: ANN001, ANN201
+    """The commit step, retried on a transient error up to the DAG's ``airflow.retries`` (what Airflow does with
+    a commit that lost every attempt to concurrent writers); the last error is raised."""
+    from tidewater.errors import TransientError
+    from tidewater.runtime.steps import commit_step
+
+    for attempt in range(spec.airflow.retries + 1):
+        try:
+            return commit_step(spec, plan, manifest)
+        except TransientError:
+            if attempt == spec.airflow.retries:
+                raise
+    return None

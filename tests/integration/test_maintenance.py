@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from tests.conftest import ingest_inline, stage_inline, write_pipeline
+from tests.conftest import commit_as_airflow_would, ingest_inline, stage_inline, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import TerminalError, TransientError
@@ -112,15 +112,7 @@ def test_ingest_and_compaction_run_concurrently_exactly_once(broker, home, topic
                 produced.extend(batch)
                 plan, manifest = stage_inline(spec)
                 validate_step(spec, plan, manifest)
-                # a commit that lost every attempt to back-to-back compactions is transient: the DAG's commit
-                # task is retried (airflow.retries), which is what happens here
-                for attempt in range(spec.airflow.retries + 1):
-                    try:
-                        commit_step(spec, plan, manifest)
-                        break
-                    except TransientError:
-                        if attempt == spec.airflow.retries:
-                            raise
+                commit_as_airflow_would(spec, plan, manifest)  # a commit that lost every attempt is retried
         except BaseException as e:  # reported by the main thread
             errors.append(e)
         finally:
@@ -240,7 +232,7 @@ def test_orphan_removal_deletes_abandoned_files_past_the_safe_age_only(broker, h
     assert all(Path(_local(p)).exists() for p in committed_files)
     assert not staging.exists()
 
-    from tidewater.runtime.steps import commit_step, validate_step
+    from tidewater.runtime.steps import validate_step
 
     validate_step(spec, plan, manifest)
     commit_step(spec, plan, manifest)

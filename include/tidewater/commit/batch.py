@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from tidewater.batch import BatchManifest, BatchPlan, Offsets, merge_offsets
@@ -106,6 +107,16 @@ def create_empty_table(catalog: Any, ident: str) -> Any:
     return create_table(catalog, ident, pa.schema([]), {"format-version": "2"})
 
 
+def missing_table(catalog: Any, plan: BatchPlan, manifest: BatchManifest) -> Callable[[], Any]:
+    """What a batch's commit does when its table does not exist: refuse if files were written for it (it was
+    dropped in between), create it empty if records were read (the offsets must move), else nothing."""
+    def on_missing() -> Any:
+        if manifest.data_files:
+            raise TerminalError("table disappeared between write and commit", table=plan.table, batch_id=plan.batch_id)
+        return create_empty_table(catalog, plan.table) if manifest.records else None
+    return on_missing
+
+
 def commit_batch(
     catalog: Any,
     plan: BatchPlan,
@@ -147,13 +158,8 @@ def commit_batch(
                           remove_properties=confirm)
         return Change(props, manifest.data_files, branch=branch, remove_properties=confirm)
 
-    def on_missing() -> Any:
-        if manifest.data_files:
-            raise TerminalError("table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
-        return create_empty_table(catalog, ident) if manifest.records else None
-
     done = commit(catalog, ident, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts,
-                  on_missing=on_missing)
+                  on_missing=missing_table(catalog, plan, manifest))
     if done.status == "committed":
         log.info("batch %s committed to %s: snapshot %s, %d records, %d files%s", plan.batch_id, ident, done.snapshot_id,
                  manifest.records, len(manifest.data_files),

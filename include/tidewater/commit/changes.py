@@ -24,7 +24,7 @@ import uuid
 from typing import Any
 
 from tidewater.batch import BatchManifest, BatchPlan, StagedFile, merge_offsets
-from tidewater.commit.batch import batch_summary, check_manifest, create_empty_table, offsets_moved
+from tidewater.commit.batch import batch_summary, check_manifest, missing_table, offsets_moved
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
 from tidewater.commit.primitive import Change, commit
 from tidewater.commit.result import CommitResult
@@ -302,13 +302,9 @@ def commit_changes(
     ident = plan.table
     state: dict[str, Any] = {}
 
-    def on_missing() -> Any:
-        if manifest.data_files:
-            raise TerminalError("table disappeared between write and commit", table=ident, batch_id=plan.batch_id)
-        return create_empty_table(catalog, ident) if manifest.records else None
-
     done = commit(catalog, ident, lambda table: _attempt(table, spec, plan, manifest, state, dag_run_id, validation),
-                  marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts, on_missing=on_missing)
+                  marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts,
+                  on_missing=missing_table(catalog, plan, manifest))
     if done.status == "nothing-to-commit":
         return CommitResult("nothing-to-commit", plan.batch_id, ident, None, 0, 0, {})
     if done.status == "committed":

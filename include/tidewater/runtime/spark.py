@@ -185,9 +185,45 @@ def catalog_conf(spec: PipelineSpec) -> dict[str, str]:
         raise ConfigError(f"catalog.properties.type: {ctype!r} has no Spark equivalent")
     if warehouse:
         conf[f"{pre}.warehouse"] = warehouse
+    conf.update(_object_storage_conf(pre, props))
     # Other processes commit to these tables all the time (ingest): never serve a cached table.
     conf[f"{pre}.cache-enabled"] = "false"
     return conf
+
+
+S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+AWS_BUNDLE = "org.apache.iceberg:iceberg-aws-bundle:1.10.2"
+# pyiceberg's S3 properties -> Iceberg Java's (S3FileIO); the others keep their names
+_S3_PROPERTIES = {"s3.region": "client.region", "s3.force-virtual-addressing": None}
+
+
+def _object_storage_conf(pre: str, props: dict[str, str]) -> dict[str, str]:
+    """Spark catalog settings for a warehouse on S3-compatible storage: Iceberg's S3FileIO with the pyiceberg
+    catalog's `s3.*` properties under the names Iceberg Java reads."""
+    warehouse = str(props.get("warehouse", ""))
+    if not (warehouse.startswith(("s3://", "s3a://")) or any(k.startswith("s3.") for k in props)):
+        return {}
+    conf = {f"{pre}.io-impl": S3_FILE_IO}
+    for k, v in props.items():
+        if k.startswith("s3."):
+            name = _S3_PROPERTIES.get(k, k)
+            if name:
+                conf[f"{pre}.{name}"] = v
+    if "s3.endpoint" in props:  # MinIO and other S3-compatible stores address buckets by path
+        conf.setdefault(f"{pre}.s3.path-style-access", "true")
+    return conf
+
+
+def check_object_storage_jars(spec: PipelineSpec, conf: dict[str, str]) -> None:
+    """S3FileIO lives in Iceberg's AWS bundle, which no package here ships: refuse before the JVM starts."""
+    if S3_FILE_IO not in conf.values():
+        return
+    given = " ".join([spec.spark.iceberg_packages or "", conf.get("spark.jars", ""), conf.get("spark.jars.packages", "")])
+    if "iceberg-aws-bundle" not in given:
+        raise ConfigError(f"catalog.properties: the warehouse is on object storage, and Spark reaches it through "
+                          f"Iceberg's S3FileIO, which needs {AWS_BUNDLE}: add it to spark.iceberg_packages (with the "
+                          "Iceberg runtime, e.g. 'org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2," + AWS_BUNDLE
+                          + "') or its jar to spark.conf spark.jars. Ingest does not need it (pyiceberg writes the files).")
 
 
 def jars(spec: PipelineSpec) -> list[str]:
@@ -217,6 +253,7 @@ def spark_conf(spec: PipelineSpec) -> dict[str, str]:
             "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
     conf.update(catalog_conf(spec))
     conf.update(spec.spark.conf)
+    check_object_storage_jars(spec, conf)
     return conf
 
 
