@@ -35,15 +35,17 @@ help:
 	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage; make bench-cdc: change batches vs table size)"
 
 # --- set-up (idempotent) -------------------------------------------------------------------------
-# Java and JDBC drivers for Spark; Chromium for the browser tests of the Airflow UI (Playwright drives it).
-system-deps: $(DATA)/.system-deps-2
-$(DATA)/.system-deps-2:
+# Java and JDBC drivers for Spark; Chromium for the browser tests of the Airflow UI (Playwright drives it);
+# the compose client, which the tests use to validate docker-compose.yml.
+system-deps: $(DATA)/.system-deps-3
+$(DATA)/.system-deps-3:
 	@mkdir -p $(DATA)
-	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/sqlite-jdbc.jar ] || [ ! -x /usr/bin/chromium ]; then \
-	  echo "installing Java 17, JDBC drivers and Chromium (apt-get)"; \
+	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/sqlite-jdbc.jar ] || [ ! -x /usr/bin/chromium ] \
+	    || ! command -v docker-compose >/dev/null; then \
+	  echo "installing Java 17, JDBC drivers, Chromium and docker-compose (apt-get)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
-	    openjdk-17-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java chromium >/dev/null; \
+	    openjdk-17-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java chromium docker-compose >/dev/null; \
 	fi
 	@touch $@
 
