@@ -24,7 +24,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: s3-stand-in bench bench-maintenance bench-routing bench-metadata bench-cdc airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: s3-stand-in executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -73,11 +73,23 @@ $(DATA)/moto/.installed: constraints-moto.txt
 	$(DATA)/moto/bin/python -m pip install -q "moto[server]" -c constraints-moto.txt
 	@touch $@
 
+# A packed virtualenv for Spark executors that lack the project's packages (spark.python_env ships it).
+executor-env: $(DATA)/executor-env.tar.gz
+# rebuilt when the package changes: executors import tidewater from the pack
+$(DATA)/executor-env.tar.gz: requirements-executor.txt constraints.txt pyproject.toml $(VENV)/.installed \
+    $(shell find include/tidewater -name '*.py' 2>/dev/null)
+	@rm -rf $(DATA)/executor-venv
+	python3 -m venv $(DATA)/executor-venv
+	$(DATA)/executor-venv/bin/python -m pip install -q -r requirements-executor.txt -c constraints.txt
+	$(DATA)/executor-venv/bin/python -m pip install -q --no-deps .
+	@rm -rf build
+	$(VENV)/bin/venv-pack -q -p $(DATA)/executor-venv -o $@ --force
+
 # --- the two commands ----------------------------------------------------------------------------
 demo: setup
 	@bash scripts/demo.sh
 
-test: setup s3-stand-in lint
+test: setup s3-stand-in executor-env lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # ruff: pyflakes, pycodestyle, import order, bugbear, complexity (configured in pyproject.toml)

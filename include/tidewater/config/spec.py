@@ -396,6 +396,13 @@ class SparkSpec:
         "Airflow Spark connection used by the ingest DAG's SparkSubmitOperator.", default="tidewater_spark"
     )
     conf: dict[str, str] = _doc("Extra Spark configuration passed to spark-submit.", default_factory=dict)
+    python_env: str | None = _doc(
+        "A packed Python environment for executors whose machines lack the project's packages (`make executor-env` "
+        "builds `.data/executor-env.tar.gz`; a path or a URI the cluster can read: hdfs://, s3a://, https://). "
+        "Shipped with `spark.archives` and used as the executors' Python; the driver keeps its own. Unset: "
+        "executors use the Python of their machine (`spark.pyspark.python`), which then needs the packages.",
+        default=None,
+    )
     iceberg_packages: str | None = _doc(
         "Maven coordinates for the Iceberg Spark runtime (production). Unset: the bundled offline jar is "
         "repaired and used.",

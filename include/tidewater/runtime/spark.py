@@ -251,6 +251,7 @@ def spark_conf(spec: PipelineSpec) -> dict[str, str]:
     """Settings of a Spark session on the pipeline's Iceberg catalog (SQL, maintenance)."""
     conf = {"spark.sql.extensions": ICEBERG_EXTENSIONS, **_BASE_CONF,
             "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
+    conf.update(python_env_conf(spec))
     conf.update(catalog_conf(spec))
     conf.update(spec.spark.conf)
     check_object_storage_jars(spec, conf)
@@ -289,6 +290,21 @@ def launcher_env() -> dict[str, str]:
     return {} if "SPARK_LAUNCHER_OPTS" in os.environ else {"SPARK_LAUNCHER_OPTS": WRITE_DRIVER_JAVA_OPTIONS}
 
 
+def python_env_conf(spec: PipelineSpec) -> dict[str, str]:
+    """Executors' Python from ``spark.python_env`` (a packed virtualenv unpacked by Spark in each executor's
+    working directory as ``environment``); the driver's stays this interpreter."""
+    if not spec.spark.python_env:
+        return {}
+    where = spec.spark.python_env
+    if "://" not in where:
+        path = Path(where).expanduser().resolve()
+        if not path.is_file():
+            raise ConfigError(f"spark.python_env: {path} does not exist (`make executor-env` builds it)")
+        where = str(path)
+    return {"spark.archives": f"{where}#environment", "spark.pyspark.python": "./environment/bin/python",
+            "spark.pyspark.driver.python": sys.executable}
+
+
 def write_submit_settings(spec: PipelineSpec) -> dict[str, Any]:
     """What the write step's spark-submit needs.
 
@@ -299,6 +315,7 @@ def write_submit_settings(spec: PipelineSpec) -> dict[str, Any]:
     """
     conf = {**_BASE_CONF, "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
     conf["spark.driver.extraJavaOptions"] += " " + WRITE_DRIVER_JAVA_OPTIONS
+    conf.update(python_env_conf(spec))
     conf.update(spec.spark.conf)
     public, secret = split_secrets(conf)
     return {"conf": public, "secret_conf": secret, "jars": "", "packages": None}

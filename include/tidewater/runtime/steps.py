@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -114,8 +115,13 @@ class WriteJob:
             err = read_error(plan_path.parent)
             if err is not None:
                 raise err
-            tail = self.log_path.read_text()[-3000:]
-            raise TransientError(f"spark-submit exited with {self.proc.returncode}; log {self.log_path}:\n{tail}")
+            text = self.log_path.read_text()
+            missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
+            if missing:  # the executors' Python lacks our packages: retrying cannot help
+                raise ConfigError(f"spark.python_env: the executors' Python cannot import {missing.group(1)!r} (it "
+                                  "lacks the project's packages); ship them with spark.python_env (`make executor-env` "
+                                  f"builds .data/executor-env.tar.gz) or install them on the workers. Log {self.log_path}")
+            raise TransientError(f"spark-submit exited with {self.proc.returncode}; log {self.log_path}:\n{text[-3000:]}")
         return load_manifest(plan_path)
 
 

@@ -398,15 +398,16 @@ def probe_schema(spec: PipelineSpec, settings: dict[str, str], batch_id: str, ra
 
 
 def worker_process() -> dict[str, Any]:
-    """This process's id and start time (a Python worker is reused for many tasks)."""
+    """This process's id, interpreter and start time (a Python worker is reused for many tasks)."""
     import os
+    import sys
 
     try:
         import psutil
 
-        return {"pid": os.getpid(), "process_started_at": psutil.Process().create_time()}
+        return {"pid": os.getpid(), "python": sys.executable, "process_started_at": psutil.Process().create_time()}
     except ImportError:  # psutil comes with Airflow, not necessarily on a cluster's executors
-        return {"pid": os.getpid()}
+        return {"pid": os.getpid(), "python": sys.executable}
 
 
 def write_subrange(
