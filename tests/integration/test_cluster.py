@@ -87,7 +87,7 @@ def test_ingest_replay_and_maintenance_run_on_workers_without_the_projects_packa
     """Without the packed environment a batch fails on the workers (their Python lacks our packages) with a
     terminal error naming spark.python_env, and commits nothing; with `spark.python_env` the same batch lands
     with exact offsets, the tasks ran in the shipped interpreter, a replay of a range re-reads it through the
-    workers, and compaction runs on the cluster."""
+    workers (replace and append-missing), and compaction runs on the cluster."""
     from tidewater.errors import ConfigError
     from tidewater.ops.maintenance import maintain
     from tidewater.ops.replay import run_replay
@@ -122,6 +122,11 @@ def test_ingest_replay_and_maintenance_run_on_workers_without_the_projects_packa
     result = run_replay(spec, ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=30), master=cluster,
                         out=None)
     assert result["status"] == "committed" and result["rows"] == 30
+    # append-missing: the offsets already held are read by the driver and sent with each task (executors never
+    # read the staging directory, which may be the driver's local disk)
+    missing = run_replay(spec, ReplayRequest(topic=topic, partitions=(1,), start_offset=0, end_offset=30,
+                                             mode="append-missing"), master=cluster, out=None)
+    assert missing["status"] == "committed" and (missing["rows"], missing["already_present"]) == (0, 30)
     [report] = maintain(spec, actions=["rewrite_data_files"], master=cluster)
     assert report.after.data_files < report.before.data_files
     table = load_table(load_catalog(spec), spec.table.identifier)

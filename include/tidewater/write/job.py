@@ -55,12 +55,13 @@ def run(sc: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
     log.info("batch %s: %d sub-ranges over %d partitions", plan.batch_id, len(ranges), len(plan.ranges))
     spec = spec.for_executors()
     batch_id = plan.batch_id
-    work = list(enumerate(ranges))
+    excludes = present_by_subrange(plan, ranges)
+    work = [(i, r, excludes[i]) for i, r in enumerate(ranges)]  # each task carries its own offsets to leave out
     results: list[dict[str, Any]] = []
     if work:
         rdd = sc.parallelize(work, numSlices=len(work))
-        mode, exclude = plan.mode, plan.exclude_path
-        results = rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1], mode, exclude)).collect()
+        mode = plan.mode
+        results = rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1], mode, x[2])).collect()
     timings["job_done"] = time.time()
     return collect_manifest(plan, spec, results, timings)
 
@@ -76,7 +77,7 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
     timings["job_submitted"] = time.time()
     ranges = subranges(plan, spec.batch.records_per_task)
     log.info("batch %s: %d sub-ranges over %d partitions (DataFrame API)", plan.batch_id, len(ranges), len(plan.ranges))
-    batch_id, mode, exclude = plan.batch_id, plan.mode, plan.exclude_path
+    batch_id, mode, excludes = plan.batch_id, plan.mode, present_by_subrange(plan, ranges)
     results: list[dict[str, Any]] = []
     spec = spec.for_executors()
 
@@ -84,7 +85,7 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
         import pyarrow as pa
 
         for b in batches:
-            out = [json.dumps(write_subrange(spec, settings, batch_id, i, ranges[i], mode, exclude))
+            out = [json.dumps(write_subrange(spec, settings, batch_id, i, ranges[i], mode, excludes[i]))
                    for i in b.column(0).to_pylist()]
             yield pa.RecordBatch.from_pydict({"result": out}, schema=pa.schema([("result", pa.string())]))
 
@@ -93,6 +94,17 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
         results = [json.loads(r["result"]) for r in rows]
     timings["job_done"] = time.time()
     return collect_manifest(plan, spec, results, timings)
+
+
+def present_by_subrange(plan: BatchPlan, ranges: list[Any]) -> list[Any]:
+    """Append-missing replays: per sub-range, the offsets the table already holds, read here on the driver
+    from the plan's staged file, so that executors never need the staging directory (it may be the driver's
+    local disk)."""
+    if not plan.exclude_path:
+        return [None] * len(ranges)
+    from tidewater.write.task import present_offsets
+
+    return [present_offsets(plan.exclude_path, r) for r in ranges]
 
 
 def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:

@@ -144,7 +144,7 @@ class _TaskWriter:
     the per-chunk loop; ``write_subrange`` drives it."""
 
     def __init__(self, spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
-                 mode: str, exclude_path: str | None, probe: bool = False) -> None:
+                 mode: str, exclude: Any, probe: bool = False) -> None:
         from tidewater.source.kafka import Rereader
         from tidewater.table.catalog import load_catalog
 
@@ -153,7 +153,8 @@ class _TaskWriter:
         self.started, self.started_at = time.monotonic(), time.time()
         self.catalog = load_catalog(spec)
         self.policy = spec.dead_letter.policy if mode == "ingest" else "skip"
-        self.present_set = present_offsets(exclude_path, rng) if exclude_path else None
+        # offsets to leave out: already read by the driver (an Arrow array), or the plan's staged file (inline runs)
+        self.present_set = present_offsets(exclude, rng) if isinstance(exclude, str) else exclude
         self.prefix = f"{batch_id}-{task_id:05d}"
         self.sinks: dict[str, TableSink] = {}
         self.router: Any = None
@@ -412,20 +413,20 @@ def worker_process() -> dict[str, Any]:
 
 def write_subrange(
     spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
-    mode: str = "ingest", exclude_path: str | None = None,
+    mode: str = "ingest", exclude: Any = None,
 ) -> dict[str, Any]:
     """Read ``rng``, decode, write data files (one TableSink per target table). Returns files and stats,
     or an error document (and then nothing of what the task wrote is left behind).
 
     Replays (``mode`` replace or append-missing) count undecodable records as skipped (their dead letters
-    were written when the range was first ingested); append-missing leaves out the offsets listed in
-    ``exclude_path`` (the rows the table already holds).
+    were written when the range was first ingested); append-missing leaves out the offsets in ``exclude``
+    (the rows the table already holds: an Arrow array of offsets, or the path of the plan's file of them).
     """
     import pyarrow as pa
 
     writer = None
     try:
-        writer = _TaskWriter(spec, settings, batch_id, task_id, rng, mode, exclude_path)
+        writer = _TaskWriter(spec, settings, batch_id, task_id, rng, mode, exclude)
         for chunk in writer.chunks():
             writer.process(chunk)
         writer.close()
