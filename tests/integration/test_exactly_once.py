@@ -287,3 +287,32 @@ def test_a_first_batch_creates_its_table_once_before_the_spark_tasks(broker, hom
     location = table.metadata.location.removeprefix("file://")
     created = [p.name for p in (Path(location) / "metadata").glob("00000-*.metadata.json")]
     assert len(created) == 1, created
+
+
+def test_a_routed_first_batch_creates_each_table_once_before_the_spark_tasks(broker, home, topic):
+    """Dynamic routing by `type` over six partitions, through spark-submit: the plan step's probe creates every
+    table the first records name, so each has one `00000-*.metadata.json` (the tasks found it), and rows and
+    offsets are exact."""
+    from tidewater.runtime.steps import plan_step
+    from tidewater.table.catalog import load_catalog, load_table
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, table="",
+                          routing={"namespace": "pay", "field": "type", "dynamic": True, "table_template": "{value}"},
+                          validation={})
+    spec = load_pipeline(path)
+    events = [json.dumps({"id": i, "type": ("debit", "credit")[i % 2], "amount": i}).encode() for i in range(300)]
+    produce(broker.bootstrap, topic, events, partitions=6)
+    plan, plan_path = plan_step(spec)
+    catalog = load_catalog(spec)
+    for name in ("pay.debit", "pay.credit"):
+        made = load_table(catalog, name)
+        assert made is not None and made.current_snapshot() is None, name  # created by the plan step, empty
+    manifest = run_write_step(spec, plan_path, master="local[2]")
+    validate_step(spec, plan, manifest)
+    commit_step(spec, plan, manifest)
+    for name in ("pay.debit", "pay.credit"):
+        table = load_table(catalog, name)
+        assert table.scan().to_arrow().num_rows == 150
+        created = list((Path(table.metadata.location.removeprefix("file://")) / "metadata").glob("00000-*.metadata.json"))
+        assert len(created) == 1, (name, created)
+    assert committed_state(load_table(catalog, spec.checkpoint_table())).offsets == {topic: {p: 50 for p in range(6)}}

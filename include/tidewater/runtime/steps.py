@@ -361,8 +361,9 @@ def plan_step(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) 
     finish_pending_commits(spec)
     revert_abandoned(spec)
     plan, path = plan_batch(spec, data_interval=data_interval)
-    if path is not None and plan.base_snapshot_id is None and not spec.routed:
-        # A first batch: the table is created here, once, not by racing Spark tasks.
+    if path is not None and plan.base_snapshot_id is None:
+        # A first batch: the table (routed: each table its first records name) is created here, once, not by
+        # racing Spark tasks. A routed table first named by a later batch is created by its tasks.
         from tidewater.source.kafka import kafka_settings
         from tidewater.write.task import probe_schema
 
