@@ -138,11 +138,14 @@ def end_to_end(catalog, args) -> dict[str, list[float]]:  # noqa: ANN001
         for round_ in range(2):
             rng = np.random.default_rng(100 + round_)
             values = []
-            for _ in range(args.changes):  # keys below the small table's size exist in both tables
-                k = int(rng.integers(0, args.small))
-                op = "u" if rng.random() < 0.9 else "d"
+            fresh = args.big + round_ * args.changes  # new keys: in neither table
+            for i in range(args.changes):  # the mix of the commit benchmark: 40% inserts, 50% updates, 10% deletes
+                roll = rng.random()
+                op = "c" if roll < 0.4 else "u" if roll < 0.9 else "d"
+                k = fresh + i if op == "c" else int(rng.integers(0, args.small))  # existing keys are in both tables
                 row = {"id": k, "item": "changed", "price": 1.5}
-                values.append(json.dumps({"before": row, "after": None if op == "d" else row, "op": op}).encode())
+                values.append(json.dumps({"before": None if op == "c" else row, "after": None if op == "d" else row,
+                                          "op": op}).encode())
             produce(b.bootstrap, "cdc", values, partitions=2)
             for name in ("big", "small"):
                 t = time.perf_counter()
@@ -236,7 +239,7 @@ def main() -> int:
         f"{median([r['delete_files'] for r in results['big']])} | {median([r['data_files'] for r in results['small']])} + "
         f"{median([r['delete_files'] for r in results['small']])} |",
         f"| pyiceberg upsert + delete (copy-on-write), first batch | {cow['big']:.2f} s | {cow['small']:.2f} s |",
-        f"| end to end: `tidewater run` of {args.changes:,} Debezium changes (Kafka, spark-submit, gate, commit), "
+        f"| end to end: `tidewater run` of {args.changes:,} Debezium JSON changes, same mix (Kafka, spark-submit, gate, commit), "
         f"2 rounds | {' / '.join(f'{x:.1f}' for x in e2e['big'])} s | {' / '.join(f'{x:.1f}' for x in e2e['small'])} s |",
         f"| end-to-end ratio big/small (sum of rounds) | {sum(e2e['big']) / sum(e2e['small']):.2f} | |",
         "",
