@@ -490,3 +490,43 @@ def test_replaying_a_committed_change_range_restores_damage_and_otherwise_change
 
     with pytest.raises(ConfigError, match="replayed with mode reapply"):
         run_replay(spec, ReplayRequest(topic=topic, start_offset=0, end_offset=1, mode="replace"), inline=True, out=None)
+
+
+def test_upserts_keyed_by_avro_message_keys_through_the_registry(broker, home, topic):
+    """format.value avro with table.key_source message_key: Confluent-framed Avro keys (a record with the id, as
+    Debezium's Avro converter writes them) identify the rows, a tombstone deletes its key. The registry is the
+    local stand-in of `tidewater.dev.sample_data` (no registry can be installed here)."""
+    import io
+    import struct
+
+    import fastavro
+
+    from tidewater.dev.sample_data import LocalSchemaRegistry
+
+    schemas = {1: {"type": "record", "name": "Value", "fields": [{"name": "item", "type": "string"},
+                                                                  {"name": "price", "type": "double"}]},
+               2: {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "long"}]}}
+    registry = LocalSchemaRegistry(schemas)
+    url = registry.start()
+
+    def framed(schema_id: int, record: dict) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, fastavro.parse_schema(schemas[schema_id]), record)
+        return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
+
+    try:
+        spec = load_pipeline(write_pipeline(
+            home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+            format={"value": "avro", "registry_url": url}, validation={"not_null": ["id"]},
+            table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True, "key_source": "message_key"}))
+        model: dict[int, dict] = {}
+        for b in range(2):
+            changes = change_stream(model, 90, keys=25, seed=80 + b)
+            records = [(framed(2, {"id": c.id}), None if c.op == "delete" else framed(1, {"item": c.item, "price": c.price}),
+                        c.id) for c in changes]
+            _produce_keyed(broker, topic, records)
+            ingest_inline(spec)
+            model = apply(model, changes)
+            assert _close(_rows(_table(spec)), model), f"batch {b}"
+    finally:
+        registry.stop()

@@ -233,7 +233,8 @@ class TableSpec:
     )
     key_source: str = _doc(
         "Where a change's key (`id_columns`) comes from: `value` (its fields) or `message_key` (the Kafka message "
-        "key: a JSON object with the id columns, or a JSON scalar or plain string for a single id column). With "
+        "key: a JSON object with the id columns, a Confluent-framed Avro record through `format.registry_url`, or a "
+        "JSON scalar or plain string for a single id column). With "
         "`message_key` a tombstone (null value) deletes its key, and the key's values replace the value's.",
         default="value",
     )

@@ -20,26 +20,38 @@ from tidewater.source.kafka import Chunk
 UPSERT, DELETE = "U", "D"
 
 
-def _key_columns(chunk: Chunk, ids: list[str], types: dict[str, pa.DataType]) -> pa.Table:
-    """The id columns read from every record's key (chunk order; nulls where a key is missing or unreadable)."""
-    from tidewater.decode.json import decode_json_lenient
+def _spread(parsed: pa.Table, bad: list[BadRecord], n: int, ids: list[str], types: dict[str, pa.DataType]) -> pa.Table:
+    """Decoded keys (the records' fields; ``bad`` set apart) back to one row per record of the chunk."""
+    rows = decoded_rows(n, [b.index for b in bad])
+    cols = {}
+    for c in ids:
+        col = parsed.column(c).combine_chunks() if c in parsed.column_names else pa.nulls(parsed.num_rows)
+        if c in types and col.type != types[c]:
+            col = _cast_or_null(col, types[c])
+        full = pa.nulls(n, col.type)
+        cols[c] = pc.replace_with_mask(full, _at(n, rows), col) if len(rows) else full
+    return pa.table(cols)
 
+
+def _key_columns(chunk: Chunk, ids: list[str], types: dict[str, pa.DataType], registry: Any = None) -> pa.Table:
+    """The id columns read from every record's key (chunk order; nulls where a key is missing or unreadable):
+    Confluent-framed Avro records (with ``registry``, as Debezium's Avro converter writes keys), JSON objects,
+    or for a single id column the key itself (a JSON scalar or plain text)."""
     n = len(chunk)
-    raw = pa.array(chunk.keys or [None] * n, pa.binary())
+    keyed = Chunk(chunk.topic, chunk.partition, list(chunk.keys or [None] * n), chunk.offsets, chunk.timestamps)
+    raw = pa.array(keyed.values, pa.binary())
+    if registry is not None and pc.any(pc.fill_null(pc.starts_with(pc.cast(raw, pa.string(), safe=False), "\x00"),
+                                                    False)).as_py():
+        from tidewater.decode.avro import decode_avro
+
+        parsed, bad = decode_avro(keyed, registry)
+        return _spread(parsed, bad, n, ids, types)
     text = pc.cast(raw, pa.string(), safe=False)
-    objects = pc.fill_null(pc.starts_with(pc.utf8_ltrim_whitespace(text), "{"), False)
-    if pc.any(objects).as_py():
-        keyed = Chunk(chunk.topic, chunk.partition, list(chunk.keys or []), chunk.offsets, chunk.timestamps)
+    if pc.any(pc.fill_null(pc.starts_with(pc.utf8_ltrim_whitespace(text), "{"), False)).as_py():
+        from tidewater.decode.json import decode_json_lenient
+
         parsed, bad = decode_json_lenient(keyed, None)
-        rows = decoded_rows(n, [b.index for b in bad])
-        cols = {}
-        for c in ids:
-            col = parsed.column(c).combine_chunks() if c in parsed.column_names else pa.nulls(parsed.num_rows)
-            if c in types and col.type != types[c]:
-                col = _cast_or_null(col, types[c])
-            full = pa.nulls(n, col.type)
-            cols[c] = pc.replace_with_mask(full, _at(n, rows), col) if len(rows) else full
-        return pa.table(cols)
+        return _spread(parsed, bad, n, ids, types)
     if len(ids) != 1:
         return pa.table({c: pa.nulls(n, types.get(c, pa.string())) for c in ids})
     unquoted = pc.replace_substring_regex(text, pattern=r'^\s*"(.*)"\s*$', replacement=r"\1")
@@ -76,10 +88,12 @@ def _cast_or_null(col: pa.Array, to: pa.DataType) -> pa.Array:
 
 
 def keyed_changes(spec: PipelineSpec, chunk: Chunk, decoded: pa.Table, bad: list[BadRecord], ignored: list[BadRecord],
-                  table_schema: pa.Schema | None = None) -> tuple[pa.Table, list[BadRecord], list[BadRecord]]:
+                  table_schema: pa.Schema | None = None, registry: Any = None
+                  ) -> tuple[pa.Table, list[BadRecord], list[BadRecord]]:
     """Decoded rows with their id columns from the message key and an operation (`_op`: the record's own,
     else U), plus one delete row per tombstone; rows in chunk order. Returns (rows, bad, ignored) without
-    the tombstones, which are rows now. ``table_schema``: the table's Arrow schema, whose id types win."""
+    the tombstones, which are rows now. ``table_schema``: the table's Arrow schema, whose id types win;
+    ``registry``: the schema registry client, for Avro keys."""
     ids = list(spec.table.id_columns)
     n = len(chunk)
     tombstones = sorted(b.index for b in bad + ignored if b.error_class == "Tombstone")
@@ -88,7 +102,7 @@ def keyed_changes(spec: PipelineSpec, chunk: Chunk, decoded: pa.Table, bad: list
     ignored = [b for b in ignored if b.error_class != "Tombstone"]
     types = {f.name: f.type for f in (table_schema or []) if f.name in ids}  # the table's types win
     types.update({c: decoded.schema.field(c).type for c in ids if c in decoded.column_names and c not in types})
-    keys = _key_columns(chunk, ids, types)
+    keys = _key_columns(chunk, ids, types, registry)
     values = decoded
     for c in ids:
         col = keys.column(c).take(rows_at)

@@ -234,7 +234,7 @@ class _TaskWriter:
 
             table = self.single.table if self.single is not None else None
             decoded, bad, ignored = keyed_changes(self.spec, chunk, decoded, bad, ignored,
-                                                  table_arrow_schema(table) if table is not None else None)
+                                                  table_arrow_schema(table) if table is not None else None, self.registry)
         gone = sorted(b.index for b in bad + ignored)
         decoded = add_source_columns(self.spec.format, chunk, decoded, gone)
         if self.router is not None:
