@@ -179,7 +179,7 @@ def write_position_deletes(table: Any, hits: list[tuple[Any, Any]], prefix: str)
     out = []
     for i, (data_file, positions) in enumerate(hits):
         path = f"{os.path.dirname(data_file.file_path)}/{prefix}-deletes-{i:05d}-{uuid.uuid4().hex[:12]}.parquet"
-        rows = pa.table([pa.array([data_file.file_path] * len(positions), pa.string()), positions], schema=schema)
+        rows = pa.table([pa.repeat(data_file.file_path, len(positions)), positions], schema=schema)
         with table.io.new_output(path).create(overwrite=False) as stream:
             pq.write_table(rows, stream)
         lo, hi = positions[0].as_py(), positions[-1].as_py()

@@ -35,7 +35,7 @@ def bad_ops(rows: pa.Table, op_column: str | None, op_values: dict[str, str]) ->
 def deletes_mask(rows: pa.Table, op_column: str | None, op_values: dict[str, str]) -> pa.Array:
     """True where a record deletes its key (never true without an operation column: every record upserts)."""
     if op_column is None or rows.num_rows == 0:
-        return pa.array([False] * rows.num_rows, pa.bool_())
+        return pa.repeat(False, rows.num_rows)
     deleting = [v for v, op in op_values.items() if op == "delete"]
     ops = pc.cast(rows.column(op_column), pa.string()).combine_chunks()
     return pc.fill_null(pc.is_in(ops, value_set=pa.array(deleting, pa.string())), False)
@@ -70,7 +70,7 @@ def _differs_from_previous(sorted_rows: pa.Table, columns: list[str]) -> pa.Arra
     n = sorted_rows.num_rows
     if n == 0:
         return pa.array([], pa.bool_())
-    diff = pa.array([False] * (n - 1), pa.bool_())
+    diff = pa.repeat(False, n - 1)
     for c in columns:
         col = sorted_rows.column(c).combine_chunks()
         diff = pc.or_(diff, pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True))
@@ -140,7 +140,7 @@ def reapply_decisions(net: NetChanges, rows: pa.Table) -> tuple[pa.Array, dict[s
         applied = pc.is_in(every, value_set=pc.unique(key.filter(ok)))
         existed = pc.is_in(every, value_set=pc.unique(key))
     else:
-        applied = existed = pa.array([False] * n, pa.bool_())
+        applied = existed = pa.repeat(False, n)
 
     def count(mask: pa.Array) -> int:
         return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)

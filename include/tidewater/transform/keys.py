@@ -108,11 +108,11 @@ def keyed_changes(spec: PipelineSpec, chunk: Chunk, decoded: pa.Table, bad: list
         col = keys.column(c).take(rows_at)
         values = values.set_column(values.column_names.index(c), c, col) if c in values.column_names else values.append_column(c, col)
     if KEYED_OP not in values.column_names:
-        values = values.append_column(KEYED_OP, pa.array([UPSERT] * values.num_rows, pa.string()))
+        values = values.append_column(KEYED_OP, pa.repeat(UPSERT, values.num_rows))
     if not tombstones:
         return values, bad, ignored
     at = pa.array(tombstones, pa.int64())
-    deletes = keys.take(at).append_column(KEYED_OP, pa.array([DELETE] * len(tombstones), pa.string()))
+    deletes = keys.take(at).append_column(KEYED_OP, pa.repeat(DELETE, len(tombstones)))
     both = pa.concat_tables([values.append_column("__at", pc.cast(rows_at, pa.int64())), deletes.append_column("__at", at)],
                            promote_options="permissive")
     return both.sort_by("__at").drop_columns(["__at"]), bad, ignored
