@@ -32,6 +32,8 @@ help:
 	@echo "make ui     - start the Airflow UI (api-server, scheduler, ...) on http://127.0.0.1:8080"
 	@echo "make docs   - regenerate docs/configuration.md from the code"
 	@echo "make lint   - ruff (part of make test)"
+	@echo "make executor-env - pack a virtualenv for Spark executors that lack the packages (spark.python_env)"
+	@echo "make s3-stand-in  - the local S3 endpoint the tests use (moto's server, its own virtualenv)"
 	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage; make bench-cdc: change batches vs table size)"
 
 # --- set-up (idempotent) -------------------------------------------------------------------------
