@@ -84,6 +84,16 @@ def offsets_moved(plan: BatchPlan, current: Offsets) -> list[str]:
     return moved
 
 
+def refuse_moved_offsets(plan: BatchPlan, current: Offsets, what: str = "the table's offsets") -> None:
+    """Raise OffsetsMovedError when ``current`` is not what the plan started from: another writer committed,
+    and committing would duplicate or skip records."""
+    moved = offsets_moved(plan, current)
+    if moved:
+        raise OffsetsMovedError(f"{what} moved since this batch was planned (another writer committed); refusing to "
+                                "commit to avoid duplicates. Re-plan the batch: " + "; ".join(moved),
+                                table=plan.table, batch_id=plan.batch_id)
+
+
 def batch_summary(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets, dag_run_id: str | None,
                    validation: dict[str, Any] | None, extra: dict[str, str] | None) -> dict[str, str]:
     """The snapshot summary properties of a batch's commit."""
@@ -141,14 +151,7 @@ def commit_batch(
 
     def prepare(table: Any) -> Change:
         state = committed_state(table, branch)
-        moved = offsets_moved(plan, state.offsets)
-        if moved:
-            raise OffsetsMovedError(
-                "the table's offsets moved since this batch was planned (another writer committed); refusing to "
-                "commit to avoid duplicates. Re-plan the batch: " + "; ".join(moved),
-                table=ident,
-                batch_id=plan.batch_id,
-            )
+        refuse_moved_offsets(plan, state.offsets)
         stamped["offsets"] = merge_offsets(state.offsets, plan.ranges)
         props = batch_summary(plan, manifest, stamped["offsets"], dag_run_id, validation, extra_properties)
         confirm = tuple(confirm_keys(table, plan.batch_id))  # the batch's schema changes become permanent with it

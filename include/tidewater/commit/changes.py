@@ -24,12 +24,13 @@ import uuid
 from typing import Any
 
 from tidewater.batch import BatchManifest, BatchPlan, StagedFile, merge_offsets
-from tidewater.commit.batch import batch_summary, check_manifest, missing_table, offsets_moved
+from tidewater.commit.batch import batch_summary, check_manifest, missing_table, refuse_moved_offsets
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
 from tidewater.commit.primitive import Change, commit
+from tidewater.commit.replay import refuse_uncommitted_ranges
 from tidewater.commit.result import CommitResult
 from tidewater.config.spec import PipelineSpec
-from tidewater.errors import OffsetsMovedError, TerminalError
+from tidewater.errors import TerminalError
 from tidewater.table.provisional import confirm_keys
 from tidewater.table.summary import CHANGES, REPLAY, committed_state, summary_properties
 
@@ -209,6 +210,17 @@ def write_upserts(table: Any, rows: Any, prefix: str) -> list[StagedFile]:
     return [StagedFile.from_json(d) for d in writer.close()]
 
 
+def _net_once(table: Any, spec: PipelineSpec, manifest: BatchManifest, state: dict[str, Any]) -> Any:
+    """The batch's changes reduced to one per key (None without records), computed on the first attempt only."""
+    from tidewater.transform.changes import net_changes
+
+    if "net" not in state:
+        staged = read_staged(table, manifest)
+        state["net"] = None if staged is None else net_changes(staged, list(spec.table.id_columns), spec.op_column(),
+                                                               spec.table.op_values)
+    return state["net"]
+
+
 def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, state: dict[str, Any],
              dag_run_id: str | None, validation: dict[str, Any] | None) -> Change:
     """A replay attempt (mode reapply): the range's changes again, only where each is still its key's latest
@@ -216,19 +228,13 @@ def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tidewater.transform.changes import net_changes, reapply_decisions
+    from tidewater.transform.changes import reapply_decisions
 
     ids = list(spec.table.id_columns)
     offsets = committed_state(table).offsets
-    for r in plan.ranges:
-        if r.end > offsets.get(r.topic, {}).get(r.partition, -1):
-            raise TerminalError(f"replay range [{r.start}, {r.end}) is beyond the committed offset", table=plan.table,
-                                topic=r.topic, partition=r.partition, batch_id=plan.batch_id)
+    refuse_uncommitted_ranges(plan, offsets)
     state["offsets"] = offsets
-    if "net" not in state:
-        staged = read_staged(table, manifest)
-        state["net"] = net_changes(staged, ids, spec.op_column(), spec.table.op_values) if staged is not None else None
-    net = state["net"]
+    net = _net_once(table, spec, manifest, state)
     state["attempt"] = attempt = state.get("attempt", 0) + 1
     found = find_rows(table, net.keys, ids, source=True) if net else []
     rows = pa.concat_tables([t for _, t in found]) if found else pa.table({"__key": pa.array([], pa.int64())})
@@ -254,22 +260,17 @@ def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
 def _attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, state: dict[str, Any],
              dag_run_id: str | None, validation: dict[str, Any] | None) -> Change:
     """One commit attempt's change against ``table`` as loaded now; ``state`` keeps what is done once."""
-    from tidewater.transform.changes import count_effects, net_changes
+    from tidewater.transform.changes import count_effects
 
     if plan.mode == "reapply":
         return _reapply(table, spec, plan, manifest, state, dag_run_id, validation)
     ids = list(spec.table.id_columns)
-    moved = offsets_moved(plan, committed_state(table).offsets)
-    if moved:
-        raise OffsetsMovedError("the table's offsets moved since this batch was planned (another writer committed); "
-                                "refusing to commit to avoid applying changes twice. Re-plan the batch: " + "; ".join(moved),
-                                table=plan.table, batch_id=plan.batch_id)
-    state["offsets"] = offsets = merge_offsets(committed_state(table).offsets, plan.ranges)
-    if "net" not in state:  # the batch's own records: reduced and written once, whatever the attempts
-        staged = read_staged(table, manifest)
-        net = state["net"] = net_changes(staged, ids, spec.op_column(), spec.table.op_values) if staged is not None else None
+    current = committed_state(table).offsets
+    refuse_moved_offsets(plan, current)
+    state["offsets"] = offsets = merge_offsets(current, plan.ranges)
+    net = _net_once(table, spec, manifest, state)
+    if "files" not in state:  # the new row images do not depend on the table: written once, whatever the attempts
         state["files"] = write_upserts(table, net.upserts if net else None, f"{plan.batch_id}-upserts")
-    net = state["net"]
     state["attempt"] = attempt = state.get("attempt", 0) + 1
     hits, existed = live_rows(table, net.keys, ids) if net else ([], None)
     counts: dict[str, Any] = count_effects(net, existed) if net else dict.fromkeys(("inserted", "updated", "deleted", "noop"), 0)

@@ -12,7 +12,7 @@ import json
 import logging
 from typing import Any
 
-from tidewater.batch import BatchManifest, BatchPlan
+from tidewater.batch import BatchManifest, BatchPlan, Offsets
 from tidewater.commit.batch import check_manifest
 from tidewater.commit.primitive import Change, commit
 from tidewater.commit.result import CommitResult
@@ -25,6 +25,14 @@ from tidewater.table.summary import BATCH_ID, REPLAY, committed_state, find_batc
 log = logging.getLogger(__name__)
 
 
+def refuse_uncommitted_ranges(plan: BatchPlan, offsets: Offsets) -> None:
+    """A replay re-reads committed records only: a range past the committed offset is the scheduled batches'."""
+    for r in plan.ranges:
+        if r.end > offsets.get(r.topic, {}).get(r.partition, -1):
+            raise TerminalError(f"replay range [{r.start}, {r.end}) is beyond the committed offset", table=plan.table,
+                                topic=r.topic, partition=r.partition, batch_id=plan.batch_id)
+
+
 def commit_replay(catalog: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None = None,
                   validation: dict[str, Any] | None = None, max_attempts: int = 8) -> CommitResult:
     """Commit a replay once; refuses a range beyond the table's committed offsets."""
@@ -35,10 +43,7 @@ def commit_replay(catalog: Any, spec: PipelineSpec, plan: BatchPlan, manifest: B
     def prepare(table: Any) -> Change:
         offsets = committed_state(table, branch).offsets
         seen["offsets"] = offsets
-        for r in plan.ranges:
-            if r.end > offsets.get(r.topic, {}).get(r.partition, -1):
-                raise TerminalError(f"replay range [{r.start}, {r.end}) is beyond the committed offset", table=ident,
-                                    topic=r.topic, partition=r.partition, batch_id=plan.batch_id)
+        refuse_uncommitted_ranges(plan, offsets)
         props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=manifest.records,
                                    valid_through_ms=None, dag_run_id=dag_run_id, dead_letters=0, skipped=manifest.skipped,
                                    validation=validation)

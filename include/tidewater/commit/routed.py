@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tidewater.batch import BatchManifest, BatchPlan, Offsets, TableOutput, offsets_to_json
-from tidewater.commit.batch import batch_properties, check_manifest, offsets_moved
+from tidewater.commit.batch import batch_properties, check_manifest, offsets_moved, refuse_moved_offsets
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
 from tidewater.commit.primitive import Change, commit
 from tidewater.commit.result import CommitResult, TableCommit
@@ -136,11 +136,7 @@ def commit_routed(
         commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
         return CommitResult("already-committed", plan.batch_id, ident, None, manifest.records, files, plan.end_offsets(),
                             manifest.dead_letters)
-    moved = offsets_moved(plan, committed_state(checkpoint).offsets)
-    if moved:
-        raise OffsetsMovedError("the pipeline's checkpoint moved since this batch was planned (another writer "
-                                "committed); refusing to commit. Re-plan the batch: " + "; ".join(moved),
-                                table=ident, batch_id=plan.batch_id)
+    refuse_moved_offsets(plan, committed_state(checkpoint).offsets, "the pipeline's checkpoint")
     timings = []
     for out in manifest.outputs:
         if out.data_files:
