@@ -320,8 +320,11 @@ def offsets_from_json(d: dict[str, dict[str, Any]]) -> Offsets:
 
 
 def new_batch_id(now: datetime | None = None) -> str:
+    """``<UTC time to the millisecond>Z-<random>``: ids sort in the order batches were planned (the plan step
+    finds abandoned batches as those after the newest committed one), also for batches a second apart or
+    less, which whole-second ids ordered by their random part."""
     now = now or datetime.now(timezone.utc)
-    return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
+    return f"{now.strftime('%Y%m%dT%H%M%S')}{now.microsecond // 1000:03d}Z-{uuid.uuid4().hex[:8]}"
 
 
 def utc_now_iso() -> str:

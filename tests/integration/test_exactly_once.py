@@ -263,7 +263,8 @@ def test_a_first_batch_creates_its_table_once_before_the_spark_tasks(broker, hom
     """Six partitions, a table that does not exist yet, the write step through spark-submit: the plan step
     creates the table from the first records of each range (a schema probe that writes no file), so the six
     Spark tasks find it instead of racing to create it (one `00000-*.metadata.json` per racing task before).
-    Rows and offsets exact; a field that only later records carry still evolves the table in the tasks."""
+    Rows and offsets exact; a field that only later records carry is reported by the tasks that meet it and
+    added once by the write job's driver (tagged `driver`), before those tasks run again."""
     from tidewater.runtime.steps import plan_step
     from tidewater.write import task
 
@@ -279,6 +280,8 @@ def test_a_first_batch_creates_its_table_once_before_the_spark_tasks(broker, hom
     assert table is not None and table.current_snapshot() is None  # created by the plan step, empty
     assert "coupon" not in table.schema().column_names
     manifest = run_write_step(spec, plan_path, master="local[2]")
+    marked = [k for k in table_of(path).properties if k.startswith("tidewater.provisional.")]
+    assert marked == [f"tidewater.provisional.{plan.batch_id}.driver"], marked  # no Spark task changed the table
     validate_step(spec, plan, manifest)
     commit_step(spec, plan, manifest)
     table = table_of(path)
@@ -287,6 +290,82 @@ def test_a_first_batch_creates_its_table_once_before_the_spark_tasks(broker, hom
     location = table.metadata.location.removeprefix("file://")
     created = [p.name for p in (Path(location) / "metadata").glob("00000-*.metadata.json")]
     assert len(created) == 1, created
+
+
+def test_schema_changes_the_tasks_find_are_made_once_by_the_driver_and_undone_with_an_abandoned_batch(broker, home, topic):
+    """Tasks never change a table (issue 14): three partitions, two write tasks each (`records_per_task`),
+    and in the second batch each partition's later records carry a different new field (text, a double,
+    a nested object). The write step (inline: the task code and driver loop Spark runs) makes one schema
+    change for the whole batch, tagged as the driver's (no task's tag), and runs the reporting tasks again.
+    That batch's run dies before its commit: the next plan step removes the fields (no committed data
+    holds them); the batch planned anew adds them again, once, and commits. Rows, the new fields'
+    values and the offsets are exact."""
+    import pyarrow as pa
+
+    from tidewater.batch import manifest_path, write_json_atomic
+    from tidewater.runtime.steps import plan_step
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.table.provisional import PREFIX
+    from tidewater.write.job import run_inline
+
+    def stage() -> tuple:
+        """The plan task (undo abandoned batches, probe a first batch, plan), then the write step."""
+        plan, plan_path = plan_step(spec)
+        manifest = run_inline(plan, spec, kafka_settings(spec))
+        write_json_atomic(manifest_path(plan_path), manifest.to_json())
+        return plan, manifest
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          batch={"max_records": 100000, "chunk_records": 10, "records_per_task": 20})
+    spec = load_pipeline(path)
+    produce(broker.bootstrap, topic, pizza_events(90, seed=31), partitions=3)  # 30 per partition
+    plan, manifest = stage()
+    validate_step(spec, plan, manifest)
+    assert commit_step(spec, plan, manifest).records == 90
+    schemas_before = len(table_of(path).schemas())
+
+    events = [json.loads(e) for e in pizza_events(120, seed=32)]  # 40 per partition, round-robin
+    for i, e in enumerate(events):
+        late = i // 3 >= 25  # the partition's records from its 26th on: the second task of each partition
+        if late and i % 3 == 0:
+            e["coupon"] = f"C{i}"
+        elif late and i % 3 == 1:
+            e["tip"] = 1.5
+        elif late:
+            e["gift"] = {"wrapped": True}
+    produce(broker.bootstrap, topic, [json.dumps(e).encode() for e in events], partitions=3)
+
+    plan, manifest = stage()
+    table = table_of(path)
+    added = {"coupon", "tip", "gift"}
+    assert added <= set(table.schema().column_names)
+    assert len(table.schemas()) == schemas_before + 1  # one change for the batch
+    markers = {k: v for k, v in table.properties.items() if k.startswith(PREFIX)}
+    assert list(markers) == [f"{PREFIX}{plan.batch_id}.driver"], markers  # made by the driver, no task
+    assert "schema_changed_1" in manifest.driver_timings and "schema_changed_2" not in manifest.driver_timings
+    assert manifest.records == 120 and manifest.data_files
+
+    # the run dies here (no commit): the next plan step undoes the batch's fields, then plans the range anew
+    from tidewater.runtime.steps import revert_abandoned
+
+    assert revert_abandoned(spec) == [plan.batch_id]
+    table = table_of(path)
+    assert not added & set(table.schema().column_names)
+    assert not [k for k in table.properties if k.startswith(PREFIX)]
+    plan, manifest = stage()
+    assert len(table_of(path).schemas()) >= schemas_before + 2 and added <= set(table_of(path).schema().column_names)
+    validate_step(spec, plan, manifest)
+    commit_step(spec, plan, manifest)
+    table = table_of(path)
+    assert not [k for k in table.properties if k.startswith(PREFIX)]  # confirmed by the commit
+    rows = table.scan().to_arrow()
+    assert rows.num_rows == 210 and unique_ids(table) == 210
+    assert committed_state(table).offsets == {topic: {0: 70, 1: 70, 2: 70}}
+    got = rows.filter(pc.is_valid(rows.column("coupon"))).column("coupon").to_pylist()
+    assert sorted(got) == sorted(e["coupon"] for e in events if "coupon" in e)
+    assert pc.sum(rows.column("tip")).as_py() == 1.5 * sum("tip" in e for e in events)
+    assert rows.filter(pc.is_valid(rows.column("gift"))).num_rows == sum("gift" in e for e in events)
+    assert pa.types.is_struct(rows.schema.field("gift").type)
 
 
 def test_a_routed_first_batch_creates_each_table_once_before_the_spark_tasks(broker, home, topic):
@@ -316,3 +395,22 @@ def test_a_routed_first_batch_creates_each_table_once_before_the_spark_tasks(bro
         created = list((Path(table.metadata.location.removeprefix("file://")) / "metadata").glob("00000-*.metadata.json"))
         assert len(created) == 1, (name, created)
     assert committed_state(load_table(catalog, spec.checkpoint_table())).offsets == {topic: {p: 50 for p in range(6)}}
+
+    # A later batch names a table no batch named before (no probe then): the six tasks report it, the write
+    # job's driver creates it once, tagged as the batch's, and runs them again.
+    produce(broker.bootstrap, topic, [json.dumps({"id": 300 + i, "type": "refund", "amount": i}).encode()
+                                      for i in range(60)], partitions=6)
+    plan, plan_path = plan_step(spec)
+    assert load_table(catalog, "pay.refund") is None
+    manifest = run_write_step(spec, plan_path, master="local[2]")
+    refund = load_table(catalog, "pay.refund")
+    assert refund is not None and refund.properties.get("tidewater.created-by-batch") == plan.batch_id
+    created = list((Path(refund.metadata.location.removeprefix("file://")) / "metadata").glob("00000-*.metadata.json"))
+    assert len(created) == 1, created
+    assert "schema_changed_1" in manifest.driver_timings
+    validate_step(spec, plan, manifest)
+    commit_step(spec, plan, manifest)
+    refund = load_table(catalog, "pay.refund")
+    assert sorted(refund.scan().to_arrow().column("id").to_pylist()) == list(range(300, 360))
+    assert "tidewater.created-by-batch" not in refund.properties
+    assert committed_state(load_table(catalog, spec.checkpoint_table())).offsets == {topic: {p: 60 for p in range(6)}}

@@ -32,6 +32,14 @@ def test_connect_json_lands_with_declared_types(broker, home, topic):
     types = {f.name: str(f.field_type) for f in table.schema().fields}
     assert types == {"order_id": "string", "qty": "int", "price": "double", "at": "timestamptz"}
     assert sorted(table.scan().to_arrow().column("qty").to_pylist()) == list(range(20))
+    # a later batch into the existing table: the logical Timestamp is read as declared and converted (it was
+    # read with the table's timestamp type before, which failed every record)
+    produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"schema": schema, "payload": {
+        "order_id": "o20", "qty": 20, "price": 2.5, "at": 1_700_000_000_020}}).encode()])
+    result = ingest_inline(load_pipeline(path))
+    assert (result.records, result.dead_letters) == (1, 0)
+    at = table_of(path).scan().to_arrow().sort_by("qty").column("at").to_pylist()
+    assert at[-1].timestamp() * 1000 == 1_700_000_000_020 and len(at) == 21
 
 
 def test_debezium_events_land_with_op_column_and_tombstones_skipped(broker, home, topic):

@@ -170,6 +170,8 @@ def test_flattening_map_columns_and_case_insensitive_matching(broker, home, topi
     names = [f.name for f in table.schema().fields]
     assert "ID" not in names and "Customer_Name" not in names and "customer_vip" not in names
     assert "Customer_vip" in names  # a new field keeps its spelling
+    # the table's struct column (an object below flatten_max_depth) is not flattened again into new columns
+    assert "customer_address_geo_lat" not in names and "customer_address_geo" in names
     rows = table.scan().to_arrow().sort_by("id")
     assert rows.num_rows == 10
     assert rows.column("customer_name").to_pylist()[6:] == ["d0", "d1", "d2", "d3"]

@@ -102,3 +102,16 @@ def test_split_and_end_offsets():
     plan = BatchPlan("b", "p", "ns.t", "/x.yaml", (r,), {"t": {0: 10, 1: 7}, "u": {0: 3}}, "now")
     assert plan.end_offsets() == {"t": {0: 35, 1: 7}, "u": {0: 3}}
     assert BatchPlan.from_json(plan.to_json()) == plan
+
+
+def test_batch_ids_sort_in_planning_order_within_one_second():
+    """The plan step finds abandoned batches as the staged ones after the newest committed batch id: ids of
+    batches planned within one second must still sort in planning order (whole-second ids sorted by their
+    random suffix, so a batch planned right after a commit could be missed)."""
+    from datetime import datetime, timedelta, timezone
+
+    from tidewater.batch import new_batch_id
+
+    t = datetime(2026, 11, 23, 0, 38, 53, 4000, tzinfo=timezone.utc)
+    for _ in range(200):
+        assert new_batch_id(t) < new_batch_id(t + timedelta(milliseconds=1)) < new_batch_id(t + timedelta(seconds=1))

@@ -120,7 +120,17 @@ def _table_types_unless_wider(declared: pa.DataType, have: pa.DataType | None) -
             i = have.get_field_index(f.name)
             fields.append(pa.field(f.name, _table_types_unless_wider(f.type, have.field(i).type if i >= 0 else None)))
         return pa.struct(fields)
+    if _family(have) != _family(declared):
+        return declared  # a logical type (Timestamp, Date, Decimal) is read as declared, then converted
     return declared if (have, declared) in _WIDENINGS else have
+
+
+def _family(t: pa.DataType) -> str:
+    for name, test in (("int", pa.types.is_integer), ("float", pa.types.is_floating), ("text", pa.types.is_string),
+                       ("bool", pa.types.is_boolean)):
+        if test(t):
+            return name
+    return str(t)
 
 
 def decode_connect(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:

@@ -362,8 +362,9 @@ def plan_step(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) 
     revert_abandoned(spec)
     plan, path = plan_batch(spec, data_interval=data_interval)
     if path is not None and plan.base_snapshot_id is None:
-        # A first batch: the table (routed: each table its first records name) is created here, once, not by
-        # racing Spark tasks. A routed table first named by a later batch is created by its tasks.
+        # A first batch: the table (routed: each table its first records name) is created here from the first
+        # records of each range, so that the write job needs one round. Anything else (a field past those
+        # records, a routed table a later batch names) the tasks report and the write job's driver makes once.
         from tidewater.source.kafka import kafka_settings
         from tidewater.write.task import probe_schema
 

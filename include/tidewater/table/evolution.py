@@ -164,13 +164,45 @@ def _keep_required(table: Any, schema: pa.Schema, relax: set[str]) -> pa.Schema:
     return pa.schema(walk(table.schema().fields, pa.struct(list(schema)), ""))
 
 
+def pending_change(tspec: TableSpec, table: Any | None, data: pa.Table, optional: tuple[str, ...] = ()) -> Evolution | None:
+    """What the table must change so that ``data`` fits it (None: nothing, or a narrowing the writer casts),
+    or an error when the settings forbid it (no table and ``auto_create`` off, new fields or optional
+    columns and ``evolve_schema`` off). ``optional``: required columns a writer already found left null."""
+    ident = tspec.identifier
+    if table is None:
+        if not tspec.auto_create:
+            raise TerminalError(f"table {ident} does not exist and table.auto_create is off", table=ident)
+        if len(data.schema) == 0:
+            raise TerminalError("cannot create a table from records without any typed field", table=ident)
+        return Evolution(new=tuple(sorted(arrow_paths(pa.struct(list(data.schema))))))
+    change = evolution_needed(table, data)
+    still = [p for p in optional if _required(table, p)]  # another change may have made them optional since
+    if still:
+        change = Evolution(change.new, change.widen, tuple(sorted(set(change.optional) | set(still))))
+    if not change:
+        return None
+    if not tspec.evolve_schema:
+        if not (change.new or change.optional):
+            return None  # values are cast to the narrower type; one that does not fit fails the task
+        raise TerminalError(f"the records need schema changes ({change.describe()}) and table.evolve_schema is off",
+                            table=ident)
+    return change
+
+
+def _required(table: Any, path: str) -> bool:
+    try:
+        return bool(table.schema().find_field(path).required)
+    except ValueError:
+        return False
+
+
 def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Table,
-                 provisional: tuple[str, str] | None = None) -> Any:
+                 provisional: tuple[str, str] | None = None, optional: tuple[str, ...] = ()) -> Any:
     """A table that ``data`` fits (creating or evolving it: new fields, int -> long and float -> double,
     required -> optional), or an error. Safe to race: every attempt re-checks against a fresh table.
     ``tspec``: the table's settings (a pipeline's ``table``, or one target of a routed pipeline).
-    ``provisional``: (batch id, task tag): the changes are tagged as that batch's, confirmed by its commit
-    or reverted (see ``table/provisional.py``)."""
+    ``provisional``: (batch id, tag): the changes are tagged as that batch's, confirmed by its commit
+    or reverted (see ``table/provisional.py``). ``optional``: see :func:`pending_change`."""
     from pyiceberg.exceptions import CommitFailedException
 
     from tidewater.table import provisional as prov
@@ -178,23 +210,14 @@ def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Tab
 
     ident = tspec.identifier
     schema = data.schema
+    change = pending_change(tspec, table, data, optional)
     if table is None:
-        if not tspec.auto_create:
-            raise TerminalError(f"table {ident} does not exist and table.auto_create is off", table=ident)
-        if len(schema) == 0:
-            raise TerminalError("cannot create a table from records without any typed field", table=ident)
         created_by = {prov.CREATED_BY: provisional[0]} if provisional else {}
         table = create_table(catalog, ident, schema, {"format-version": "2", **tspec.properties, **created_by},
                              tspec.partition_by, tspec.sort_by, tspec.id_columns)
-
-    change = evolution_needed(table, data)
+        change = pending_change(tspec, table, data, optional)
     if not change:
         return table
-    if not tspec.evolve_schema:
-        if not (change.new or change.optional):
-            return table  # values are cast to the narrower type; one that does not fit fails the task
-        raise TerminalError(f"the records need schema changes ({change.describe()}) and table.evolve_schema is off",
-                            table=ident)
     for attempt in range(10):
         try:
             have = set(field_paths(pa.struct(list(table_arrow_schema(table)))))
@@ -213,9 +236,50 @@ def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Tab
         except CommitFailedException:
             time.sleep(0.2 * (attempt + 1))
             table = catalog.load_table(ident)
-            change = evolution_needed(table, data)
+            change = pending_change(tspec, table, data, optional)
             if not change:
                 return table
         except ValueError as e:
             raise TerminalError(f"cannot evolve the schema ({change.describe()}): {e}", table=ident) from e
     raise TransientError("schema evolution kept conflicting with other writers", table=ident)
+
+
+DRIVER_TAG = "driver"  # the provisional tag of the changes the write job's driver makes (table/provisional.py)
+
+
+def change_request(ident: str, data: pa.Table, change: Evolution) -> dict[str, Any]:
+    """A task's report of a change its rows need (JSON: it travels in the task's result to the driver)."""
+    import base64
+
+    return {"table": ident, "schema": base64.b64encode(data.schema.serialize().to_pybytes()).decode("ascii"),
+            "optional": list(change.optional), "change": change.describe()}
+
+
+def apply_requests(catalog: Any, spec: Any, requests: list[dict[str, Any]], batch_id: str) -> list[str]:
+    """The write job's driver: make the changes the tasks reported, once per table and before any task writes
+    with them (the tasks never change a table: see ``write/job.py``). The schemas a table's tasks saw are
+    unified into one change when their types agree (one schema commit per table per batch); otherwise each
+    is applied in turn and the conflicting one fails naming the field. Returns what changed, per table."""
+    import base64
+
+    from tidewater.table.catalog import load_table, retry_busy
+
+    by_table: dict[str, list[dict[str, Any]]] = {}
+    for r in requests:
+        by_table.setdefault(r["table"], []).append(r)
+    done = []
+    for ident, reqs in sorted(by_table.items()):
+        tspec = spec.table_spec(ident) if spec.routed else spec.table
+        schemas = [pa.ipc.read_schema(pa.py_buffer(base64.b64decode(r["schema"]))) for r in reqs]
+        optional = tuple(sorted({p for r in reqs for p in r["optional"]}))
+        try:
+            merged = [pa.unify_schemas(schemas, promote_options="permissive")]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            merged = schemas
+        table = load_table(catalog, ident)
+        for schema in merged:
+            current = table
+            table = retry_busy(lambda s=schema, t=current, ts=tspec, o=optional: ensure_table(
+                catalog, ts, t, s.empty_table(), (batch_id, DRIVER_TAG), o), "creating or evolving the table", ident)
+        done.append(f"{ident}: {'; '.join(sorted({r['change'] for r in reqs}))}")
+    return done

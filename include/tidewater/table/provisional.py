@@ -1,8 +1,10 @@
 """Schema changes that become permanent only with their batch's commit.
 
-The write step's tasks must add a column before they can write files that hold it, so evolution happens
-while the batch is written. Each change is tagged in the same metadata transaction as provisional:
-``tidewater.provisional.<batch id>.<task>`` lists the fields it added, and a table the batch created
+A column must exist before files that hold it are written, so evolution happens while the batch is
+written (by the plan step's probe or the write job's driver, never by a Spark task: ``write/job.py``).
+Each change is tagged in the same metadata transaction as provisional:
+``tidewater.provisional.<batch id>.<tag>`` lists the fields it added (tag ``driver``, or the probe's
+``t9xxxx``), and a table the batch created
 carries ``tidewater.created-by-batch``. The batch's commit removes its tags in its own transaction
 (``confirm_keys``), so the changes are confirmed exactly when the batch becomes visible.
 
@@ -32,8 +34,8 @@ def marker_key(batch_id: str, tag: str) -> str:
 
 
 def marked_properties(table: Any, batch_id: str, tag: str, added: list[Path]) -> dict[str, str]:
-    """The table property that tags ``added`` as this task's provisional fields (merged with what the
-    same task added before)."""
+    """The table property that tags ``added`` as provisional fields of ``batch_id`` (merged with what the
+    same tag added before)."""
     key = marker_key(batch_id, tag)
     before = [tuple(p) for p in json.loads(table.properties.get(key, "[]"))] if table is not None else []
     merged = sorted(set(before) | set(added))

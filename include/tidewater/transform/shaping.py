@@ -261,7 +261,10 @@ def shape(data: pa.Table, fmt: FormatSpec, matcher: NameMatcher) -> pa.Table:
 
 
 def decoder_schema(table_schema: pa.Schema | None, fmt: FormatSpec) -> pa.Schema | None:
-    """The table schema as the value decoder may use it when shaping: map columns are read as objects."""
+    """The table schema as the value decoder may use it when shaping: map columns are read as objects, and
+    with flattening a struct column (an object left whole below ``flatten_max_depth``, named ``a_b_c``, never
+    a key of the record itself) is left out: read as an empty struct, flattening would expand it again into
+    columns the table does not have."""
     if table_schema is None:
         return None
-    return pa.schema([f for f in table_schema if not pa.types.is_map(f.type)])
+    return pa.schema([f for f in table_schema if not pa.types.is_map(f.type) and not (fmt.flatten and pa.types.is_struct(f.type))])

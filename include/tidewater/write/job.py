@@ -8,6 +8,12 @@ collects what each task wrote into a batch manifest in the staging directory.
 A task that fails on a record (or cannot read Kafka) deletes the files it wrote (nothing can have
 landed: only the commit step makes files visible) and reports the error; the driver writes it to
 ``error.json`` next to the plan and exits non-zero.
+
+Tasks never create or change a table. A task whose rows need a table created, a field added, a type
+widened or a column made optional reads its whole range, writes nothing, and reports every change it
+found; the driver makes them once (one schema change per table, tagged as the batch's until it commits:
+``table/provisional.py``) and runs those tasks again (``write_rounds``). The plan step's probe creates a
+first batch's tables from its first records, so most batches need one round.
 """
 
 from __future__ import annotations
@@ -54,14 +60,15 @@ def run(sc: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
     ranges = subranges(plan, spec.batch.records_per_task)
     log.info("batch %s: %d sub-ranges over %d partitions", plan.batch_id, len(ranges), len(plan.ranges))
     spec = spec.for_executors()
-    batch_id = plan.batch_id
+    batch_id, mode = plan.batch_id, plan.mode
     excludes = present_by_subrange(plan, ranges)
-    work = [(i, r, excludes[i]) for i, r in enumerate(ranges)]  # each task carries its own offsets to leave out
-    results: list[dict[str, Any]] = []
-    if work:
+
+    def execute(ids: list[int]) -> list[dict[str, Any]]:
+        work = [(i, ranges[i], excludes[i]) for i in ids]  # each task carries its own offsets to leave out
         rdd = sc.parallelize(work, numSlices=len(work))
-        mode = plan.mode
-        results = rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1], mode, x[2])).collect()
+        return rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1], mode, x[2])).collect()
+
+    results = write_rounds(execute, plan, spec, len(ranges), timings)
     timings["job_done"] = time.time()
     return collect_manifest(plan, spec, results, timings)
 
@@ -78,20 +85,22 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
     ranges = subranges(plan, spec.batch.records_per_task)
     log.info("batch %s: %d sub-ranges over %d partitions (DataFrame API)", plan.batch_id, len(ranges), len(plan.ranges))
     batch_id, mode, excludes = plan.batch_id, plan.mode, present_by_subrange(plan, ranges)
-    results: list[dict[str, Any]] = []
     spec = spec.for_executors()
 
-    def tasks(batches: Any) -> Any:
-        import pyarrow as pa
+    def execute(ids: list[int]) -> list[dict[str, Any]]:
+        def tasks(batches: Any) -> Any:
+            import pyarrow as pa
 
-        for b in batches:
-            out = [json.dumps(write_subrange(spec, settings, batch_id, i, ranges[i], mode, excludes[i]))
-                   for i in b.column(0).to_pylist()]
-            yield pa.RecordBatch.from_pydict({"result": out}, schema=pa.schema([("result", pa.string())]))
+            for b in batches:
+                out = [json.dumps(write_subrange(spec, settings, batch_id, ids[k], ranges[ids[k]], mode, excludes[ids[k]]))
+                       for k in b.column(0).to_pylist()]
+                yield pa.RecordBatch.from_pydict({"result": out}, schema=pa.schema([("result", pa.string())]))
 
-    if ranges:  # spark.range splits 0..n-1 evenly: exactly one sub-range per partition
-        rows = spark.range(len(ranges), numPartitions=len(ranges)).mapInArrow(tasks, "result string").collect()
-        results = [json.loads(r["result"]) for r in rows]
+        # spark.range splits 0..n-1 evenly: exactly one sub-range per partition
+        rows = spark.range(len(ids), numPartitions=len(ids)).mapInArrow(tasks, "result string").collect()
+        return [json.loads(r["result"]) for r in rows]
+
+    results = write_rounds(execute, plan, spec, len(ranges), timings)
     timings["job_done"] = time.time()
     return collect_manifest(plan, spec, results, timings)
 
@@ -109,9 +118,53 @@ def present_by_subrange(plan: BatchPlan, ranges: list[Any]) -> list[Any]:
 
 def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
     """The same write step without Spark: sub-ranges one after another in this process."""
-    work = list(enumerate(subranges(plan, spec.batch.records_per_task)))
-    results = [write_subrange(spec, settings, plan.batch_id, i, r, plan.mode, plan.exclude_path) for i, r in work]
-    return collect_manifest(plan, spec, results)
+    ranges = subranges(plan, spec.batch.records_per_task)
+
+    def execute(ids: list[int]) -> list[dict[str, Any]]:
+        return [write_subrange(spec, settings, plan.batch_id, i, ranges[i], plan.mode, plan.exclude_path) for i in ids]
+
+    timings: dict[str, float] = {}
+    results = write_rounds(execute, plan, spec, len(ranges), timings)
+    return collect_manifest(plan, spec, results, timings)
+
+
+MAX_ROUNDS = 3  # a task's second run finds the changes made; a third covers a change another writer undid
+
+
+def write_rounds(execute: Any, plan: BatchPlan, spec: PipelineSpec, n: int,
+                 timings: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Run the tasks ``0..n-1`` (``execute(ids)`` returns their results); while some report schema changes
+    their rows need, make the changes here, once per table, and run those tasks again. A change that
+    cannot be made (a setting forbids it, conflicting types) becomes the batch's error."""
+    from tidewater.errors import TerminalError, TidewaterError, error_document
+    from tidewater.table.catalog import load_catalog
+    from tidewater.table.evolution import apply_requests
+
+    results: dict[int, dict[str, Any]] = {}
+    todo = list(range(n))
+    for round_no in range(1, MAX_ROUNDS + 1):
+        if not todo:
+            break
+        for r in execute(todo):
+            results[r["task_id"]] = r
+        todo = sorted(i for i, r in results.items() if "evolve" in r)
+        if not todo or any("error" in r for r in results.values()):
+            break
+        requests = [req for i in todo for req in results[i]["evolve"]]
+        try:
+            if round_no == MAX_ROUNDS:
+                raise TerminalError(f"the tasks still need schema changes after {MAX_ROUNDS} rounds: "
+                                    f"{'; '.join(sorted({r['table'] + ': ' + r['change'] for r in requests}))}",
+                                    batch_id=plan.batch_id)
+            changed = apply_requests(load_catalog(spec), spec, requests, plan.batch_id)
+        except TidewaterError as e:
+            results[-1] = {"task_id": -1, "error": error_document(e)}
+            break
+        log.info("batch %s: schema changed once for %d task(s) (%s); running them again", plan.batch_id, len(todo),
+                 " | ".join(changed))
+        if timings is not None:
+            timings[f"schema_changed_{round_no}"] = time.time()
+    return list(results.values())
 
 
 def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]],

@@ -11,7 +11,7 @@ log = logging.getLogger(__name__)
 
 
 class TableSink:
-    """Everything one Spark task writes to one target table: schema creation and evolution, data files,
+    """Everything one Spark task writes to one target table: the schema changes its rows need, data files,
     and (routed pipelines) the rows it leaves out because the table already committed them."""
 
     def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Any, prefix: str, routed: bool,
@@ -32,6 +32,9 @@ class TableSink:
         self.owner = table_owner(self.table) if routed and self.table is not None else None
         self.added = 0  # fields this task added to the table (table.max_new_columns)
         self.probe = False  # a schema probe (see task.probe_schema): the table is made ready, no file written
+        self.evolve_here = False  # only the probe changes the table itself; a task reports what its rows need
+        self.requests: list[dict[str, Any]] = []  # changes reported (see write), the driver makes them
+        self.assumed: Any = None  # the Arrow schema the table will have once the driver made them
 
     @property
     def foreign(self) -> bool:
@@ -48,15 +51,17 @@ class TableSink:
         """(rows within the table's schema limits, rows over them as ``limits.Rejected``): see
         ``table/limits.py``. With ``evolve_schema`` off nothing is added, so nothing is over a limit."""
         from tidewater.table import limits
-        from tidewater.table.evolution import table_arrow_schema
 
         if not decoded.num_rows or (self.table is not None and not self.tspec.evolve_schema):
             return decoded, []
-        existing = table_arrow_schema(self.table) if self.table is not None else None
-        return limits.check(decoded, existing, self.tspec.limits(), self.added)
+        return limits.check(decoded, self.schema_for_limits(), self.tspec.limits(), self.added)
 
     def write(self, decoded: Any) -> None:
-        from tidewater.table.evolution import ensure_table, evolution_needed, new_fields, without_new_fields
+        """Write ``decoded`` to this task's data files. A chunk that needs the table created or its schema
+        changed is not written: the change is recorded in ``requests`` for the write job's driver, which makes
+        it once and runs the task again (``write/job.py``); only the plan step's probe (``evolve_here``)
+        changes the table itself."""
+        from tidewater.table.evolution import new_fields, pending_change, without_new_fields
         from tidewater.write.parquet import DataFileWriter, to_table_schema
 
         if not decoded.num_rows:
@@ -67,23 +72,51 @@ class TableSink:
             if extra:
                 self.ignored_fields.update(extra)
                 decoded = without_new_fields(table, decoded)
-        if table is None or evolution_needed(table, decoded):
-            before = None if table is None else table.schema().schema_id
-            self.added += len(new_fields(table, decoded.schema)) if table is not None else 0
+        change = pending_change(self.tspec, table, decoded)
+        if change and not self.evolve_here:
+            self.request(decoded, change)
+            return
+        if change:
             from tidewater.table.catalog import retry_busy
+            from tidewater.table.evolution import ensure_table
 
+            self.added += len(new_fields(table, decoded.schema)) if table is not None else 0
             current = table
             table = self.table = retry_busy(lambda: ensure_table(self.catalog, self.tspec, current, decoded, self.batch),
                                             "creating or evolving the table", self.tspec.identifier)
-            if self.writer is not None and table.schema().schema_id != before:
-                self.files.extend(self.writer.close())  # schema changed: finish the file written with the old one
-                self.writer = None
-        if self.probe:
+        if self.probe or self.requests:
             return
         if self.writer is None:
             self.writer = DataFileWriter(table, self.prefix + f"-s{table.schema().schema_id}")
         self.writer.write(to_table_schema(table, decoded))
         self.rows += decoded.num_rows
+
+    def request(self, decoded: Any, change: Any) -> None:
+        """Record a change for the driver; later chunks are checked against the schema the table will have
+        (``assumed``), so the limits count the fields this task asks for as added."""
+        import pyarrow as pa
+
+        from tidewater.table.evolution import arrow_paths, change_request
+
+        req = change_request(self.tspec.identifier, decoded, change)
+        if req not in self.requests:
+            self.requests.append(req)
+        before = self.schema_for_limits()
+        if before is not None:
+            self.added += len(arrow_paths(pa.struct(list(decoded.schema))) - arrow_paths(pa.struct(list(before))))
+        try:
+            self.assumed = decoded.schema if before is None else pa.unify_schemas([before, decoded.schema],
+                                                                                   promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            pass  # conflicting types: the driver's change fails naming the field
+
+    def schema_for_limits(self) -> Any:
+        """The table's schema as this task's rows will find it (with the changes it asked for), or None."""
+        from tidewater.table.evolution import table_arrow_schema
+
+        if self.assumed is not None:
+            return self.assumed
+        return table_arrow_schema(self.table) if self.table is not None else None
 
     def close(self) -> list[dict[str, Any]]:
         if self.writer is not None:

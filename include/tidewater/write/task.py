@@ -184,8 +184,12 @@ class _TaskWriter:
         tspec = self.spec.table_spec(ident) if self.router is not None else self.spec.table
         self.sinks[ident] = TableSink(self.spec, tspec, self.catalog, self.prefix, routed=self.router is not None,
                                       batch=(self.batch_id, f"t{self.task_id:05d}"))
-        self.sinks[ident].probe = self.probe
+        self.sinks[ident].probe = self.sinks[ident].evolve_here = self.probe
         return self.sinks[ident]
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The schema changes this task's rows need (see ``TableSink.write``): when any, nothing it wrote counts."""
+        return [r for sink in self.sinks.values() for r in sink.requests]
 
     def chunks(self) -> Any:
         from tidewater.source.kafka import read_range
@@ -294,7 +298,7 @@ class _TaskWriter:
         from tidewater.write.dead_letters import dead_letter_rows
         from tidewater.write.parquet import DataFileWriter, to_table_schema
 
-        if not bad or self.probe:
+        if not bad or self.probe or self.requests():  # a task that needs a schema change writes nothing more
             return
         if self.policy != "dead_letter":
             self.skipped += len(bad)
@@ -379,10 +383,11 @@ PROBE_RECORDS = 1000  # records read per partition range by the schema probe
 
 def probe_schema(spec: PipelineSpec, settings: dict[str, str], batch_id: str, ranges: Any) -> None:
     """Create the target table, with the schema the first records of each range need, once and before any
-    Spark task starts: otherwise the tasks of a first batch race to create it (one metadata file per task;
-    the losers retry). The probe runs the task code on the first ``PROBE_RECORDS`` records of each range
-    without writing any file; the changes are tagged as the batch's, like the tasks' (``table/provisional``).
-    A record the probe cannot take is left to the task, which reports it with its offset."""
+    Spark task starts. Tasks never change tables: without the probe, every task of a first batch would read
+    its range only to report that the table is missing, and the write job would run them all twice (see
+    ``write/job.py``). The probe runs the task code on the first ``PROBE_RECORDS`` records of each range
+    without writing any file; the changes are tagged as the batch's (``table/provisional``). A record the
+    probe cannot take is left to the task, which reports it with its offset."""
     for i, rng in enumerate(ranges):
         head = PartitionRange(rng.topic, rng.partition, rng.start, min(rng.end, rng.start + PROBE_RECORDS))
         writer = None
@@ -416,7 +421,8 @@ def write_subrange(
     mode: str = "ingest", exclude: Any = None,
 ) -> dict[str, Any]:
     """Read ``rng``, decode, write data files (one TableSink per target table). Returns files and stats,
-    or an error document (and then nothing of what the task wrote is left behind).
+    or an error document, or (``evolve``) the schema changes its rows need, for the driver to make before it
+    runs the task again; in both of the latter nothing of what the task wrote is left behind.
 
     Replays (``mode`` replace or append-missing) count undecodable records as skipped (their dead letters
     were written when the range was first ingested); append-missing leaves out the offsets in ``exclude``
@@ -429,6 +435,10 @@ def write_subrange(
         writer = _TaskWriter(spec, settings, batch_id, task_id, rng, mode, exclude)
         for chunk in writer.chunks():
             writer.process(chunk)
+        needs = writer.requests()
+        if needs:  # the driver changes the table and runs this task again: nothing written here may count
+            writer.abort()
+            return {"task_id": task_id, "evolve": needs}
         writer.close()
     except Exception as e:  # the task reports its error to the driver, which raises it (BatchWriteError)
         if writer is not None:
