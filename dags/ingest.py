@@ -111,19 +111,22 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
         schedule=_schedule(spec, pipeline_path),
         **spec.airflow.dag_kwargs("ingest"),
         doc_md=_doc(spec, path),
-        params={"reprocess": Param(False, type="boolean", description=(
-            "Backfill runs only: re-ingest the interval's offset ranges, replacing the rows they produced "
-            "(default: an interval already committed is left as it is)"))},
+        params={"reprocess": Param(False, type="boolean", title="Re-ingest committed intervals (new backfill runs)", description=(
+            "Backfill runs only. A backfill run that re-runs an earlier run (Reprocess Behavior 'All Runs' or "
+            "'Missing and Errored Runs', or a Clear) always re-ingests its interval, replacing the rows it produced. "
+            "For intervals without an earlier run, turn this on (the backfill form sends it only with "
+            "'Override parameters on existing runs' on); otherwise an interval already committed is left as it is"))},
     )
     def ingest():
         def plan_fn(context: dict) -> dict | None:
             from tidewater.runtime.airflow import plan_task
 
-            run_type = getattr(context.get("dag_run"), "run_type", None)
+            run = context.get("dag_run")
+            run_type = getattr(run, "run_type", None)
             start, end = context.get("data_interval_start"), context.get("data_interval_end")
             interval = (start.isoformat(), end.isoformat()) if start is not None and end is not None else None
             return plan_task(pipeline_path, run_type=str(getattr(run_type, "value", run_type) or ""), data_interval=interval,
-                             reprocess=bool(context["params"].get("reprocess")))
+                             reprocess=bool(context["params"].get("reprocess")), cleared=getattr(run, "clear_number", 0) or 0)
 
         _batch_tasks(pipeline_path, spec, plan_fn)
 

@@ -44,6 +44,33 @@ def stop_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def call_api(url: str, token: str | None = None, body: dict | None = None) -> tuple[int, object]:
+    """(status, JSON or text) of a GET, or a POST of ``body``, with an Airflow token when given."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if r.headers.get_content_type() == "application/json" else raw.decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def admin_token(base: str, airflow_home: str) -> str:
+    """A token for the simple auth manager's generated admin user."""
+    import json
+
+    password = json.loads((Path(airflow_home) / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
+    status, body = call_api(f"{base}/auth/token", body={"username": "admin", "password": password})
+    assert status in (200, 201), body
+    return body["access_token"]  # type: ignore[index]
+
+
 def free_port() -> int:
     import socket
 

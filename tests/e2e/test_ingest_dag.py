@@ -211,11 +211,20 @@ def test_lag_trigger_starts_a_batch_through_the_scheduler(broker, topic, airflow
     assert committed_state(table).offsets == {topic: {0: 40, 1: 40}}
 
 
-def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_path):
-    """`airflow backfill create` over two hourly intervals, run by a real scheduler (`airflow standalone`):
-    the interval a batch committed is re-ingested with replace (`reprocess: true`): same rows, same
-    offsets, a replace recorded with the interval; the interval before it has no committed records
-    (the embedded broker's timestamp lookup answers 0, see STACK.md) and is a no-op."""
+def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env, tmp_path):
+    """Backfills as Airflow's backfill form creates them (`POST /api/v2/backfills` with the form's body: no run
+    configuration, since the form sends one only with "Override parameters on existing runs" on), run by a
+    real scheduler (`airflow standalone`) over two hourly intervals, one of which a batch committed:
+    - Reprocess Behavior "Missing Runs" (the form's default) makes new runs: the committed interval is left as
+      it is (no replace), the one before it has no committed records (the embedded broker's timestamp lookup
+      answers 0, see STACK.md) and is a no-op;
+    - then "All Runs": Airflow clears those runs and runs them again, and the committed interval is re-ingested
+      with replace (same rows, same offsets, one replace recorded with its interval); a downstream DAG
+      scheduled on the table's asset runs after that commit."""
+    from datetime import datetime, timedelta
+
+    from tests.e2e.conftest import admin_token, call_api
+
     pipeline = write_pipeline(
         Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
         format={"metadata": "prefixed"}, schedule="@hourly",
@@ -227,7 +236,7 @@ def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_pat
     start = interval.split("/")[0]
     before = sorted(table.scan().to_arrow().column("order_id").to_pylist())
 
-    # a downstream DAG scheduled on the table's asset: the backfill's commits must start it
+    # a downstream DAG scheduled on the table's asset: the backfill's replace commit must start it
     import shutil
 
     dags = tmp_path / "dags"
@@ -237,33 +246,54 @@ def test_backfill_runs_through_the_scheduler(broker, topic, airflow_env, tmp_pat
     seen = tmp_path / "downstream.json"
     uri = f"iceberg://{load_pipeline(pipeline).catalog.name}/rpc/orders"
     (dags / "downstream_orders.py").write_text(DOWNSTREAM_DAG.format(uri=uri, seen=str(seen)))
-    with standalone({**airflow_env, "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}, tmp_path) as env:
-        from datetime import datetime, timedelta
 
+    def replays() -> list[dict]:
+        return [json.loads(s.summary.additional_properties["tidewater.replay"]) for s in table_of(pipeline).snapshots()
+                if "tidewater.replay" in s.summary.additional_properties and s.summary.operation.value == "append"]
+
+    with standalone({**airflow_env, "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}, tmp_path) as env:
+        base = f"http://127.0.0.1:{env['AIRFLOW__API__PORT']}"
+        token = admin_token(base, env["AIRFLOW_HOME"])
         first = (datetime.fromisoformat(start) - timedelta(hours=1)).isoformat()
-        subprocess.run(["airflow", "backfill", "create", "--dag-id", "ingest_orders", "--from-date", first, "--to-date", start,
-                        "--dag-run-conf", json.dumps({"reprocess": True})], env=env, check=True, capture_output=True, timeout=120)
-        subprocess.run(["airflow", "dags", "unpause", "ingest_orders"], env=env, check=True, capture_output=True, timeout=120)
-        subprocess.run(["airflow", "dags", "unpause", "downstream_orders"], env=env, check=True, capture_output=True,
-                       timeout=120)
-        states: dict[str, str] = {}
-        deadline = time.monotonic() + 420
+        form = {"dag_id": "ingest_orders", "from_date": first, "to_date": start, "dag_run_conf": None,
+                "max_active_runs": 1, "run_backwards": False, "run_on_latest_version": True}
+
+        def backfill(behavior: str, unpause: bool = False) -> dict[str, str]:
+            for _ in range(20):  # on SQLite, Airflow answers 503 "Database is locked" while the scheduler writes
+                status, body = call_api(f"{base}/api/v2/backfills", token, {**form, "reprocess_behavior": behavior})
+                if status != 503:
+                    break
+                time.sleep(3)
+            assert status in (200, 201), body
+            for dag_id in ("ingest_orders", "downstream_orders") if unpause else ():  # the form's "unpause" box
+                subprocess.run(["airflow", "dags", "unpause", dag_id], env=env, check=True, capture_output=True, timeout=120)
+            states: dict[str, str] = {}
+            deadline = time.monotonic() + 420
+            while time.monotonic() < deadline:
+                status, runs = call_api(f"{base}/api/v2/dags/ingest_orders/dagRuns", token)
+                states = {r["dag_run_id"]: r["state"] for r in runs["dag_runs"] if r["dag_run_id"].startswith("backfill__")} \
+                    if status == 200 else {}
+                status, bf = call_api(f"{base}/api/v2/backfills/{body['id']}", token)
+                if len(states) == 2 and all(s in ("success", "failed") for s in states.values()) and bf.get("completed_at"):
+                    break
+                time.sleep(5)
+            return states
+
+        states = backfill("none", unpause=True)
+        assert sorted(states.values()) == ["success", "success"], states
+        assert replays() == [] and not seen.is_file()  # the committed interval was left as it is
+        states = backfill("completed")
+        assert sorted(states.values()) == ["success", "success"], states
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not seen.is_file():
             time.sleep(5)
-        while time.monotonic() < deadline:
-            states = {r["run_id"]: r["state"] for r in list_runs(env, "ingest_orders") if r["run_id"].startswith("backfill__")}
-            if len(states) == 2 and all(s in ("success", "failed") for s in states.values()):
-                break
-            time.sleep(5)
-    assert sorted(states.values()) == ["success", "success"], states
     assert seen.is_file(), "the downstream DAG scheduled on the table's asset did not run"
     downstream = json.loads(seen.read_text())
     assert downstream and all(e["mode"] == "replace" and e["rows"] == 100 for e in downstream), downstream
+    done = replays()
+    assert [r["data_interval"] for r in done] == [interval.split("/")]
+    assert done[0]["mode"] == "replace" and sorted(r[3] for r in done[0]["ranges"]) == [50, 50]
     table = table_of(pipeline)
-    replays = [json.loads(s.summary.additional_properties["tidewater.replay"]) for s in table.snapshots()
-               if "tidewater.replay" in s.summary.additional_properties and s.summary.operation.value == "append"]
-    assert [r["data_interval"] for r in replays] == [interval.split("/")]
-    assert replays[0]["mode"] == "replace" and sorted(r[3] for r in replays[0]["ranges"]) == [50, 50]
     assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == before
     assert committed_state(table).offsets == {topic: {0: 50, 1: 50}}
 

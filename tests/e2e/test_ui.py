@@ -8,14 +8,12 @@ import os
 import re
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, ingest_inline, write_pipeline
-from tests.e2e.conftest import free_port, stop_group
+from tests.e2e.conftest import call_api, free_port, stop_group
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 
@@ -26,18 +24,6 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(os.environ.get("TIDEWATER_TEST_ARTIFACTS", REPO / ".data" / "test-artifacts"))
-
-
-def _call(url: str, token: str | None = None, body: dict | None = None) -> tuple[int, object]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {token}"} if token else {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            raw = r.read()
-            return r.status, json.loads(raw) if r.headers.get_content_type() == "application/json" else raw.decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 @pytest.fixture
@@ -70,7 +56,7 @@ def api_server(airflow_env, tmp_path):  # noqa: ANN001, ANN201
 
 def _health(base: str) -> int | None:
     try:
-        return _call(f"{base}/api/v2/monitor/health")[0]
+        return call_api(f"{base}/api/v2/monitor/health")[0]
     except OSError:
         return None
 
@@ -93,21 +79,25 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     held = _quarantined_batch(pipelines, broker, topic)
     base, user, password = api_server()
 
-    assert _call(f"{base}/tidewater/api/pipelines")[0] == 401
-    status, token = _call(f"{base}/auth/token", body={"username": user, "password": password})
+    assert call_api(f"{base}/tidewater/api/pipelines")[0] == 401
+    status, token = call_api(f"{base}/auth/token", body={"username": user, "password": password})
     assert status in (200, 201), token
     token = token["access_token"]
-    status, listed = _call(f"{base}/tidewater/api/pipelines", token)
+    status, listed = call_api(f"{base}/tidewater/api/pipelines", token)
     assert status == 200 and sorted(p["name"] for p in listed) == ["held", "orders"]
-    status, o = _call(f"{base}/tidewater/api/pipelines/orders", token)
+    status, o = call_api(f"{base}/tidewater/api/pipelines/orders", token)
     assert status == 200, o
     assert o["status"]["total_lag"] == 30 and [p["lag"] for p in o["status"]["partitions"]] == [10, 10, 10]
     assert [b["rows"] for b in o["batches"]] == [60] and o["batches"][0]["validation"]["success"] is True
     assert o["maintenance"]["data_files"] == 3 and o["quarantined"] == [] and o["freshness_s"] is not None
-    status, page = _call(f"{base}/tidewater/data-docs/{o['batches'][0]['data_docs']}", token)
+    status, page = call_api(f"{base}/tidewater/data-docs/{o['batches'][0]['data_docs']}", token)  # redirected into the site
     assert status == 200 and "Data documentation compiled by Great Expectations" in page
-    assert _call(f"{base}/tidewater/data-docs/orders/..%2F..%2Fairflow.cfg", token)[0] == 404
-    assert _call(f"{base}/tidewater/api/pipelines/nope", token)[0] == 404
+    status, index = call_api(f"{base}/tidewater/data-docs/orders/index.html", token)  # the page's Home link
+    assert status == 200 and o["batches"][0]["batch_id"] in index
+    suite = re.search(r'href="(?:\.\./)+(expectations/[^"]+\.html)"', page)  # the page's link to its suite
+    assert suite is not None and call_api(f"{base}/tidewater/data-docs/orders/{suite.group(1)}", token)[0] == 200
+    assert call_api(f"{base}/tidewater/data-docs/orders/..%2F..%2Fairflow.cfg", token)[0] == 404
+    assert call_api(f"{base}/tidewater/api/pipelines/nope", token)[0] == 404
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -155,14 +145,14 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
             deadline = time.monotonic() + 60
             runs: list = []
             while time.monotonic() < deadline and not runs:
-                runs = _call(f"{base}/api/v2/dags/replay_orders/dagRuns", token)[1]["dag_runs"]
+                runs = call_api(f"{base}/api/v2/dags/replay_orders/dagRuns", token)[1]["dag_runs"]
                 time.sleep(1)
         finally:
             browser.close()
     assert len(runs) == 1, runs
     conf = runs[0]["conf"]
     assert (conf["start_offset"], conf["end_offset"], conf["dry_run"], conf["mode"]) == (0, 5, True, "replace")
-    status, queued = _call(f"{base}/api/v2/dags/quarantine_held/dagRuns", token)
+    status, queued = call_api(f"{base}/api/v2/dags/quarantine_held/dagRuns", token)
     assert [r["conf"] for r in queued["dag_runs"]] == [{"action": "publish", "batch_id": held}], queued
 
 

@@ -96,14 +96,19 @@ def test_steps_import_spark_and_great_expectations_only_when_used(broker, home, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["empty_plan"] == [] and seen["batch"] == []
-    docs = home / "data-docs" / load_pipeline(path).name
-    assert (docs / f"{seen['batch_id']}.json").is_file() and not (docs / f"{seen['batch_id']}.html").exists()
+    from tidewater.quality.data_docs import page_of, report_path, site_dir
+
+    spec = load_pipeline(path)
+    assert report_path(spec, seen["batch_id"]).is_file() and page_of(spec, seen["batch_id"]) is None
     rendered = cli(home, "data-docs", "--pipeline", str(path))
     assert rendered.returncode == 0, rendered.stderr[-2000:]
-    page = docs / f"{seen['batch_id']}.html"
+    page = page_of(spec, seen["batch_id"])  # in great-expectations' site of the pipeline's data context
+    assert page is not None and page.is_relative_to(site_dir(spec) / "validations")
     assert str(page) in rendered.stdout.split()  # (the batch ingested above had its page left pending too)
     assert "Data documentation compiled by Great Expectations" in page.read_text()
     assert "expect_column_values_to_not_be_null" in page.read_text() or "values must never be null" in page.read_text()
+    assert seen["batch_id"] in (site_dir(spec) / "index.html").read_text()  # the site's own index lists it
+    assert not report_path(spec, seen["batch_id"]).exists()  # the result is in the context's store now
     assert cli(home, "data-docs", "--pipeline", str(path)).stdout == ""  # nothing left to render
 
 

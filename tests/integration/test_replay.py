@@ -203,7 +203,8 @@ def _run_planned(spec, planned):  # noqa: ANN001, ANN201
 
 def test_backfill_of_committed_and_uncommitted_intervals(broker, home, topic):
     """The ingest DAG's plan task for backfill runs: an interval a batch committed is a no-op, or with
-    reprocess a replace of exactly that batch's ranges (table identical); an interval never ingested is
+    reprocess (the run parameter, or a run cleared for a re-run) a replace of exactly that batch's ranges
+    (table identical); an interval never ingested is
     mapped to offsets (timestamp-lookup stand-in) and only absent offsets are added."""
     from tidewater.plan.backfill import plan_backfill
     from tidewater.runtime.airflow import plan_task
@@ -230,6 +231,12 @@ def test_backfill_of_committed_and_uncommitted_intervals(broker, home, topic):
     assert content(path) == before
     replayed = json.loads(table_of(path).current_snapshot().summary.additional_properties[REPLAY])
     assert replayed == {"mode": "replace", "ranges": [[topic, 0, 0, 20], [topic, 1, 0, 10]], "data_interval": list(i1)}
+    assert committed_state(table_of(path)).offsets == {topic: {0: 20, 1: 10}}
+    # a backfill run that re-runs an earlier run (Airflow's Reprocess Behavior "All Runs" clears it) re-ingests
+    # without the run parameter, which Airflow's backfill form does not send by default
+    planned = plan_task(str(path), run_type="backfill", data_interval=i1, cleared=1)
+    assert planned is not None and planned["mode"] == "replace"
+    assert _run_planned(spec, planned)["status"] == "committed" and content(path) == before
     assert committed_state(table_of(path)).offsets == {topic: {0: 20, 1: 10}}
 
     # an earlier interval no batch recorded: the records of 00:00-00:05 are offsets [0, 5) of each partition

@@ -6,6 +6,7 @@ commit are exactly what the DAG and `tidewater run` call."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -211,7 +212,7 @@ def test_id_uniqueness_in_the_batch_and_against_the_table_with_data_docs(broker,
     """validation.unique_ids table: a batch repeating an id fails (batch check); a batch whose id is
     already in the table fails (table check); each validation writes a great-expectations Data Docs
     page (and the index) naming the checks. Nothing is committed by a failing batch."""
-    from tidewater.quality.data_docs import docs_dir, render_pending
+    from tidewater.quality.data_docs import docs_dir, page_of, render_pending, site_dir
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           table={"identifier": "rpc.orders", "id_columns": ["id"]},
@@ -224,9 +225,19 @@ def test_id_uniqueness_in_the_batch_and_against_the_table_with_data_docs(broker,
     commit_step(spec, plan, manifest)
     assert (docs_dir(spec) / f"{plan.batch_id}.json").is_file()  # the report, kept for the page
     render_pending(spec)  # the DAG's data_docs task (a no-op if great-expectations was loaded and rendered it)
-    page = docs_dir(spec) / f"{plan.batch_id}.html"
-    assert page.is_file() and plan.batch_id in (docs_dir(spec) / "index.html").read_text()
+    page = page_of(spec, plan.batch_id)
+    assert page is not None and plan.batch_id in (site_dir(spec) / "index.html").read_text()
     assert "Data documentation compiled by Great Expectations" in page.read_text()
+    assert "great_expectations.yml" in {p.name for p in (docs_dir(spec) / "gx").iterdir()}  # a file data context
+    text = page.read_text()
+    import great_expectations
+
+    assert f">{great_expectations.__version__}<" in text  # the page names the version that built it
+    home_link = re.search(r'href="((?:\.\./)+)index\.html"', text)
+    assert home_link is not None
+    assert (page.parent / home_link.group(1) / "index.html").resolve() == (site_dir(spec) / "index.html").resolve()
+    suite_link = re.search(r'href="((?:\.\./)+expectations/[^"]+\.html)"', text)
+    assert suite_link is not None and (page.parent / suite_link.group(1)).resolve().is_file()  # the suite's page exists
     assert "values must be unique" in page.read_text()
 
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i}).encode() for i in (20, 21, 21, 3)])
@@ -236,6 +247,6 @@ def test_id_uniqueness_in_the_batch_and_against_the_table_with_data_docs(broker,
     text = str(e.value)
     assert "FAIL expect_column_values_to_be_unique(column='id')  -> element_count=4, unexpected_count=1" in text
     assert "FAIL expect_column_values_to_be_unique(column='id', scope='table')" in text and "unexpected_count=1" in text
-    assert (docs_dir(spec) / f"{plan.batch_id}.html").is_file()  # the failing report has its page too
+    assert page_of(spec, plan.batch_id) is not None  # the failing report has its page too
     table = table_of(path)
     assert table.scan().to_arrow().num_rows == 10 and committed_state(table).offsets == {topic: {0: 10}}

@@ -373,8 +373,9 @@ class ValidationSpec:
         default="none",
     )
     data_docs_dir: str | None = _doc(
-        "Where the gate writes its great-expectations Data Docs page per batch (HTML; the validate task logs "
-        "its path). Default: `$TIDEWATER_HOME/data-docs`; pages go to `<dir>/<pipeline>/<batch id>.html`.",
+        "Where each pipeline's great-expectations file data context lives (`<dir>/<pipeline>/gx/`: the batches' "
+        "validation results and their Data Docs site, `gx/uncommitted/data_docs/local_site/`; the Tidewater view "
+        "serves it). Default: `$TIDEWATER_HOME/data-docs`.",
         default=None,
     )
     on_failure: str = _doc(

@@ -31,7 +31,7 @@ def _iso(ms: int | None) -> str | None:
 def recent_batches(spec: PipelineSpec, table: Any, limit: int) -> list[dict[str, Any]]:
     """The newest ``limit`` batches committed to the table, newest first, with what each did. ``latency_s``
     is the commit time minus the batch's valid-through (how far behind the source the batch landed)."""
-    from tidewater.quality.data_docs import page_path
+    from tidewater.quality.data_docs import has_page
 
     out = []
     snaps = sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0, reverse=True)
@@ -43,7 +43,6 @@ def recent_batches(spec: PipelineSpec, table: Any, limit: int) -> list[dict[str,
             continue
         verdict = json.loads(props[VALIDATION]) if props.get(VALIDATION) else None
         vt = int(props[VALID_THROUGH_MS]) if props.get(VALID_THROUGH_MS) else None
-        page = page_path(spec, batch)
         out.append({
             "batch_id": batch, "snapshot_id": str(s.snapshot_id), "committed_at": _iso(s.timestamp_ms),
             "records": int(props.get(RECORDS, 0)), "rows": int(s.summary.get("added-records", 0) or 0),
@@ -51,7 +50,7 @@ def recent_batches(spec: PipelineSpec, table: Any, limit: int) -> list[dict[str,
             "skipped": int(props.get(SKIPPED, 0)),
             "validation": None if verdict is None else {"success": verdict.get("success"), "failed": verdict.get("failed"),
                                                         "checks": verdict.get("checks")},
-            "data_docs": f"{spec.name}/{page.name}" if page.is_file() or page.with_suffix(".json").is_file() else None,
+            "data_docs": f"{spec.name}/{batch}.html" if has_page(spec, batch) else None,
             "valid_through": _iso(vt), "latency_s": round((s.timestamp_ms - vt) / 1000, 1) if vt is not None else None,
             "changes": changes,
         })

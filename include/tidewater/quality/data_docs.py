@@ -1,22 +1,28 @@
-"""The quality gate's report as great-expectations Data Docs (HTML), one page per batch.
+"""The quality gate's report as great-expectations Data Docs: a great-expectations file data context per
+pipeline, its validation results store and its Data Docs site.
 
-Pages are rendered with great-expectations' own validation-results renderer from the gate's checks
-(the suite's expectations and the built-in ones) and written to ``validation.data_docs_dir``
-(default ``$TIDEWATER_HOME/data-docs/<pipeline>/``), with an ``index.html`` listing the newest batches.
-The validate task logs the page's address.
+The context lives in ``validation.data_docs_dir`` (default ``$TIDEWATER_HOME/data-docs/<pipeline>/``,
+``gx/`` inside it). Each batch's checks (the suite's expectations and the built-in ones) become one
+validation result in the context's store (suite = the batch's suite, run name = the batch id, batch
+identifier = the table), and ``build_data_docs`` renders its page and the site's index, with the Home and
+suite links of a real site. The store keeps the newest ``INDEX_ROWS`` results (older ones leave the index;
+their pages stay), so a page costs about the same after a thousand batches as after one. The Tidewater view
+serves the site (``runtime/ui.py``), with ``<batch id>.html`` redirecting to the batch's page.
 
-The gate's report is always saved first (``<batch id>.json`` next to the pages). Importing
+The gate's report is always saved first (``<batch id>.json`` next to ``gx/``). Importing
 great-expectations costs 2-4 s, more than a small batch's whole data path, so the validate step renders
 the page at once only when great-expectations is loaded anyway (a suite ran) or the batch failed; a
 batch checked by the built-in checks alone gets its page from :func:`render_pending`, which the ingest
 DAG runs as its ``data_docs`` task next to the commit (never before it) and ``tidewater run`` starts in
-the background once the batch is committed (``tidewater data-docs`` renders them by hand).
+the background once the batch is committed (``tidewater data-docs`` renders them by hand). A rendered
+batch's report file is removed (the result is in the store).
 """
 
 from __future__ import annotations
 
 import html
 import logging
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,7 +32,7 @@ from tidewater.config.spec import PipelineSpec, home_dir
 log = logging.getLogger(__name__)
 
 
-INDEX_ROWS = 200
+INDEX_ROWS = 200  # validation results kept in the context's store (the site's index lists them)
 
 
 EXTRA = ("table", "scope")  # our own qualifiers of a check, shown as notes
@@ -67,8 +73,25 @@ def report_path(spec: PipelineSpec, batch_id: str) -> Path:
     return docs_dir(spec) / f"{batch_id}.json"
 
 
-def page_path(spec: PipelineSpec, batch_id: str) -> Path:
-    return docs_dir(spec) / f"{batch_id}.html"
+def site_dir(spec: PipelineSpec) -> Path:
+    """The root of the context's Data Docs site (great-expectations' default local site)."""
+    return docs_dir(spec) / "gx" / "uncommitted" / "data_docs" / "local_site"
+
+
+_BATCH_ID = re.compile(r"^[A-Za-z0-9_.:+-]+$")
+
+
+def page_of(spec: PipelineSpec, batch_id: str) -> Path | None:
+    """The batch's page in the site (``validations/<suite>/<batch id>/<run time>/<table>.html``), if rendered."""
+    if not _BATCH_ID.match(batch_id):
+        return None
+    pages = sorted((site_dir(spec) / "validations").glob(f"**/{batch_id}/*/*.html"))  # a dotted suite name nests
+    return pages[-1] if pages else None
+
+
+def has_page(spec: PipelineSpec, batch_id: str) -> bool:
+    """The batch has a page, rendered or pending (its report saved)."""
+    return page_of(spec, batch_id) is not None or report_path(spec, batch_id).is_file()
 
 
 def save_report(spec: PipelineSpec, report: Any, table: str) -> Path:
@@ -83,15 +106,15 @@ def save_report(spec: PipelineSpec, report: Any, table: str) -> Path:
     return path
 
 
-def publish(spec: PipelineSpec, report: Any, table: str) -> tuple[Path, bool]:
+def publish(spec: PipelineSpec, report: Any, table: str) -> Path | None:
     """Save the report and render its page when that is cheap (great-expectations already loaded) or
-    needed now (the batch failed). Returns (the page's path, whether it was rendered now)."""
+    needed now (the batch failed). Returns the page's path, or None when it is left for later."""
     import sys
 
     save_report(spec, report, table)
     if "great_expectations" in sys.modules or not report.success:
-        return page_path(spec, report.batch_id), write_page(spec, report, table) is not None
-    return page_path(spec, report.batch_id), False
+        return write_page(spec, report, table)
+    return None
 
 
 def render_pending(spec: PipelineSpec, batch_id: str | None = None) -> list[Path]:
@@ -103,7 +126,7 @@ def render_pending(spec: PipelineSpec, batch_id: str | None = None) -> list[Path
     reports = [report_path(spec, batch_id)] if batch_id else sorted(directory.glob("*.json"))
     done = []
     for path in reports:
-        if not path.is_file() or path.with_suffix(".html").is_file():
+        if not path.is_file():
             continue
         doc = read_json(path)
         page = write_page(spec, ValidationReport.from_json(doc["report"]), doc["table"])
@@ -124,47 +147,81 @@ def render_in_background(spec: PipelineSpec, batch_id: str) -> None:
 
 
 def write_page(spec: PipelineSpec, report: Any, table: str) -> Path | None:
-    """Render ``report`` and write it; returns the page's path (None if rendering failed: the gate's
-    verdict never depends on the page)."""
+    """Store ``report`` as a validation result in the pipeline's data context and build its page; returns the
+    page's path (None if that failed: the gate's verdict never depends on the page). The saved report
+    file is removed once the page exists."""
     from tidewater.quality.gate import import_great_expectations
 
     try:
         import_great_expectations()
-        from great_expectations.core import ExpectationSuiteValidationResult
-        from great_expectations.render.renderer import ValidationResultsPageRenderer
-        from great_expectations.render.view import DefaultJinjaPageView
-
-        results = [_result(c) for c in report.checks]
-        ok = sum(c.success for c in report.checks)
-        now = datetime.now(timezone.utc)
-        suite = ExpectationSuiteValidationResult(
-            success=report.success, results=results, suite_name=report.suite,
-            statistics={"evaluated_expectations": len(results), "successful_expectations": ok,
-                        "unsuccessful_expectations": len(results) - ok,
-                        "success_percent": 100.0 * ok / len(results) if results else 100.0},
-            meta={"batch_id": report.batch_id, "run_id": {"run_name": report.batch_id, "run_time": now.isoformat()},
-                  "active_batch_definition": {"datasource_name": spec.catalog.name, "data_connector_name": "staged-files",
-                                              "data_asset_name": table, "batch_identifiers": {"batch": report.batch_id}}},
+        import great_expectations as gx
+        from great_expectations.core.run_identifier import RunIdentifier
+        from great_expectations.data_context.types.resource_identifiers import (
+            ExpectationSuiteIdentifier,
+            ValidationResultIdentifier,
         )
-        page = DefaultJinjaPageView().render(ValidationResultsPageRenderer().render(suite))
+
+        now = datetime.now(timezone.utc)
+        context = gx.get_context(mode="file", project_root_dir=str(docs_dir(spec)))
+        key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=report.suite),
+                                         run_id=RunIdentifier(run_name=report.batch_id, run_time=now),
+                                         batch_identifier=table)
+        results = [_result(c) for c in report.checks]
+        context.validation_results_store.set(key, _suite_result(spec, report, table, now, results))
+        _keep_newest(context.validation_results_store)
+        context.build_data_docs(resource_identifiers=[key, *_suite_page(context, report.suite, results)])
     except Exception as e:  # noqa: BLE001 - the page is documentation, not the gate
         log.warning("could not render the Data Docs page of batch %s: %r", report.batch_id, e)
         return None
-    directory = docs_dir(spec)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = page_path(spec, report.batch_id)
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(page)
-    tmp.replace(path)
-    _write_index(directory, spec)
-    return path
+    page = page_of(spec, report.batch_id)
+    if page is not None:
+        report_path(spec, report.batch_id).unlink(missing_ok=True)
+    return page
 
 
-def _write_index(directory: Path, spec: PipelineSpec) -> None:
-    pages = sorted((p for p in directory.glob("*.html") if p.name != "index.html"), key=lambda p: p.stat().st_mtime,
-                   reverse=True)[:INDEX_ROWS]
-    rows = "".join(f'<li><a href="{html.escape(p.name)}">{html.escape(p.stem)}</a></li>' for p in pages)
-    (directory / "index.html").write_text(
-        f"<!doctype html><title>{html.escape(spec.name)}: validation results</title>"
-        f"<h1>{html.escape(spec.name)}: validation results (newest first)</h1><ul>{rows}</ul>"
+def _suite_page(context: Any, suite: str, results: list[Any]) -> list[Any]:
+    """Keep the suite, as this batch was checked against it, in the context's expectation store, so that the
+    page's link to its suite has a page. Returns the suite's identifier to build ([] if it could not be kept)."""
+    from great_expectations.core import ExpectationSuite
+    from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
+
+    try:
+        expectations, seen = [], set()
+        for r in results:
+            config = r.expectation_config
+            if repr(config.to_json_dict()) not in seen:
+                seen.add(repr(config.to_json_dict()))
+                expectations.append(config.to_domain_obj())
+        context.suites.add_or_update(ExpectationSuite(name=suite, expectations=expectations))
+    except Exception as e:  # noqa: BLE001 - the batch's page does not need it
+        log.warning("could not keep suite %s in the Data Docs site: %r", suite, e)
+        return []
+    return [ExpectationSuiteIdentifier(name=suite)]
+
+
+def _suite_result(spec: PipelineSpec, report: Any, table: str, now: datetime, results: list[Any]) -> Any:
+    """The gate's report as a great-expectations suite validation result."""
+    import great_expectations as gx
+    from great_expectations.core import ExpectationSuiteValidationResult
+
+    ok = sum(c.success for c in report.checks)
+    return ExpectationSuiteValidationResult(
+        success=report.success, results=results, suite_name=report.suite,
+        statistics={"evaluated_expectations": len(results), "successful_expectations": ok,
+                    "unsuccessful_expectations": len(results) - ok,
+                    "success_percent": 100.0 * ok / len(results) if results else 100.0},
+        meta={"great_expectations_version": gx.__version__, "batch_id": report.batch_id,
+              "run_id": {"run_name": report.batch_id, "run_time": now.isoformat()},
+              "active_batch_definition": {"datasource_name": spec.catalog.name, "data_connector_name": "staged-files",
+                                          "data_asset_name": table, "batch_identifiers": {"batch": report.batch_id}}},
     )
+
+
+def _keep_newest(store: Any) -> None:
+    """Drop all but the newest ``INDEX_ROWS`` results from the store (the index is built from it and would
+    grow with every batch); their pages stay where they are."""
+    keys = store.list_keys()
+    if len(keys) <= INDEX_ROWS:
+        return
+    for key in sorted(keys, key=lambda k: k.run_id.run_time)[:-INDEX_ROWS]:
+        store.remove_key(key)

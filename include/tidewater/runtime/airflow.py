@@ -57,14 +57,25 @@ def fail_fast(fn: F) -> F:
 
 @fail_fast
 def plan_task(pipeline_path: str, run_type: str | None = None, data_interval: tuple[str, str] | None = None,
-              reprocess: bool = False) -> dict[str, Any] | None:
+              reprocess: bool = False, cleared: int = 0) -> dict[str, Any] | None:
     """Plan the next batch (a backfill run: its interval, see replay.plan_backfill). Returns None
-    (skipping write/validate/commit) when there is nothing to do."""
+    (skipping write/validate/commit) when there is nothing to do.
+
+    A backfill run re-ingests its interval (``reprocess``) when asked by the run parameter or when it re-runs
+    an earlier run (``cleared``: the run's clear number). Airflow's backfill form has its own "Reprocess
+    Behavior": "All Runs" clears and re-runs the runs that ran before, which is the user asking for their
+    intervals again; the form sends our run parameter only with "Override parameters on existing runs" on,
+    and a task cannot see the backfill's settings, so the clear number is what tells them apart."""
     from tidewater.runtime.steps import plan_step
 
     spec = load_pipeline(pipeline_path)
     if run_type == "backfill" and data_interval is not None:
         from tidewater.plan.backfill import plan_backfill
+
+        if cleared and not reprocess:
+            log.info("this backfill run re-runs an earlier run of its interval (cleared %d time(s): Reprocess Behavior "
+                     "or a Clear): its committed ranges are re-ingested with replace", cleared)
+            reprocess = True
 
         plan, path = plan_backfill(spec, data_interval, reprocess)
     else:

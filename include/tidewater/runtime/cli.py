@@ -397,13 +397,13 @@ def _add_produce_sample(sub: Any) -> None:
 
 def cmd_data_docs(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
-    from tidewater.quality.data_docs import docs_dir, render_pending
+    from tidewater.quality.data_docs import render_pending, site_dir
 
     spec = load_pipeline(args.pipeline)
     pages = render_pending(spec, args.batch)
     for page in pages:
         print(page)
-    print(f"{len(pages)} page(s) rendered; index {docs_dir(spec) / 'index.html'}", file=sys.stderr)
+    print(f"{len(pages)} page(s) rendered; site {site_dir(spec) / 'index.html'}", file=sys.stderr)
     return 0
 
 

@@ -245,8 +245,8 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
             report = ValidationReport(plan.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))
     else:
         report = validate_batch(spec, table, manifest)
-    page, rendered = publish(spec, report, plan.table)
-    log.info("batch %s: Data Docs %s%s", plan.batch_id, page.as_uri(), "" if rendered else " (rendered after the commit)")
+    page = publish(spec, report, plan.table)
+    log.info("batch %s: Data Docs %s", plan.batch_id, page.as_uri() if page is not None else "page rendered after the commit")
     try:
         require_valid(report, spec.validation.on_failure)
     except ValidationFailedError:
@@ -468,11 +468,11 @@ def _validate_and_commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
     t4 = time.monotonic()
     say(f"      {result.status}: snapshot {result.snapshot_id}, {result.records} records ({t4 - t0:.1f}s total)")
     steps = {"plan": t1 - t0, "write": t2 - t1, "validate": t3 - t2, "commit": t4 - t3}
-    from tidewater.quality.data_docs import page_path, render_in_background
+    from tidewater.quality.data_docs import page_of, render_in_background, site_dir
 
-    if not page_path(spec, plan.batch_id).is_file():
+    if page_of(spec, plan.batch_id) is None:
         render_in_background(spec, plan.batch_id)
-        say(f"      Data Docs page rendering in the background: {page_path(spec, plan.batch_id)}")
+        say(f"      Data Docs page rendering in the background, into the site {site_dir(spec) / 'index.html'}")
     return {**result.summary(), "seconds": round(time.monotonic() - t0, 3),
             "steps": {k: round(v, 3) for k, v in steps.items()},
             "write_breakdown": write_breakdown(manifest, submit["submitted"], submit["returned"])}

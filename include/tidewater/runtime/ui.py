@@ -9,7 +9,9 @@ token, or a bearer token for the API).
 | ``GET /tidewater/api/pipelines/{name}`` | one pipeline's overview (``tidewater.ops.overview``): lag and |
 | | committed vs end offsets per partition, freshness, the last batches, dead letters by error class, |
 | | quarantined batches, maintenance state |
-| ``GET /tidewater/data-docs/{name}/{page}`` | a batch's Data Docs page (rendered on first request if the batch left it for later) |
+| ``GET /tidewater/data-docs/{name}/{path}`` | the pipeline's great-expectations Data Docs site (``index.html``, |
+| | its pages and static files); ``{batch id}.html`` redirects to that batch's page, rendering it on first |
+| | request if the batch left it for later |
 
 Read-only itself: the view's actions are DAG runs, so every change is audited: Publish and Drop of a
 quarantined batch trigger the quarantine DAG (Airflow's REST API, with the user's own session), replay and
@@ -74,19 +76,26 @@ def create_app() -> Any:
         except TidewaterError as e:
             raise HTTPException(status_code=503 if e.transient else 500, detail=str(e)) from None
 
-    @app.get("/data-docs/{name}/{page}")
+    @app.get("/data-docs/{name}/{page:path}")
     def data_docs(name: str, page: str) -> Any:
-        from tidewater.quality.data_docs import docs_dir, render_pending
+        from fastapi.responses import RedirectResponse
+
+        from tidewater.quality.data_docs import page_of, render_pending, report_path, site_dir
 
         spec = spec_of(name)
-        directory = docs_dir(spec)
-        path = (directory / page).resolve()
-        if path.parent != directory.resolve() or path.suffix != ".html":
-            raise HTTPException(status_code=404, detail="no such page")
-        if not path.is_file() and path.with_suffix(".json").is_file():
-            render_pending(spec, path.stem)
-        if not path.is_file():
-            raise HTTPException(status_code=404, detail=f"no Data Docs page {page} for pipeline {name}")
-        return FileResponse(Path(path), media_type="text/html")
+        if "/" not in page and page.endswith(".html") and page != "index.html":  # <batch id>.html: that batch's page
+            batch = page.removesuffix(".html")
+            if page_of(spec, batch) is None and report_path(spec, batch).is_file():
+                render_pending(spec, batch)
+            found = page_of(spec, batch)
+            if found is None:
+                raise HTTPException(status_code=404, detail=f"no Data Docs page for batch {batch} of pipeline {name}")
+            # relative, so that the page's own relative links (Home, the suite, static files) resolve in the site
+            return RedirectResponse(found.relative_to(site_dir(spec)).as_posix(), status_code=307)
+        root = site_dir(spec).resolve()
+        path = (root / page).resolve()
+        if not path.is_relative_to(root) or not path.is_file():
+            raise HTTPException(status_code=404, detail=f"no Data Docs file {page} for pipeline {name}")
+        return FileResponse(path)
 
     return app
