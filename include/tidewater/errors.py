@@ -60,7 +60,21 @@ class TerminalError(TidewaterError):
 
 
 class ConfigError(TerminalError):
-    """A pipeline specification or setting is invalid. The message names the key."""
+    """A pipeline specification or setting is invalid. The message names the key. ``problems``: every
+    problem found when several are reported at once (see :func:`config_problems`)."""
+
+    problems: tuple[str, ...] = ()
+
+
+def config_problems(problems: list[str]) -> ConfigError:
+    """One ConfigError reporting every problem (one line each when there are several)."""
+    e = ConfigError(problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n  - " + "\n  - ".join(problems))
+    e.problems = tuple(problems)
+    return e
+
+
+def problems_of(e: ConfigError) -> list[str]:
+    return list(e.problems) or [e.message]
 
 
 class RecordError(TerminalError):

@@ -197,3 +197,39 @@ def test_a_suite_validation_log_is_not_buried_in_great_expectations_noise(broker
     log = proc.stderr.split("=====VALIDATE", 1)[1].splitlines()
     assert any("suite orders.range.json): passed" in line for line in log), log
     assert len([line for line in log if "great_expectations" in line]) <= 2, "\n".join(log[:40])
+
+
+def test_broker_start_on_a_port_another_process_holds_fails_naming_it(home):
+    """`tidewater broker start --port N` with N held by another process: exit 2 naming the port, nothing
+    recorded (it used to report success while its own broker died with AddrInUse)."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        started = cli(home, "broker", "start", "--port", str(port))
+    finally:
+        holder.close()
+    assert started.returncode == 2, started.stdout + started.stderr
+    assert f"127.0.0.1:{port} is already in use by another process" in started.stderr
+    assert not (home / "broker.json").exists()
+
+
+def test_sql_uses_the_dags_spark_connection_and_fails_in_one_line(home):
+    """`tidewater sql` without --master takes the master of the Airflow connection the DAGs use
+    (AIRFLOW_CONN_TIDEWATER_SPARK), not the pipeline's spark.master; a failing query ends in one
+    `tidewater: error:` line (exit 2), not a Py4J stack trace."""
+    path = write_pipeline(home, spark={"master": "local[2]"})
+    env = {**os.environ, "TIDEWATER_HOME": str(home), "AIRFLOW_CONN_TIDEWATER_SPARK": '{"conn_type": "spark", "host": "local[1]"}'}
+    ok = subprocess.run([TIDEWATER, "sql", "--pipeline", str(path), "SET spark.master"], capture_output=True, text=True,
+                        timeout=300, env=env)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "local[1]" in ok.stdout and "local[2]" not in ok.stdout
+    bad = subprocess.run([TIDEWATER, "sql", "--pipeline", str(path), "SELECT * FROM rpc.no_such_table"], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("tidewater: ")]
+    assert len(errors) == 1 and errors[0].startswith("tidewater: error: Spark: ") and "no_such_table" in errors[0], errors
+    assert "Traceback" not in bad.stderr and "py4j" not in bad.stderr.lower()

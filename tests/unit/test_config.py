@@ -163,3 +163,57 @@ def test_kafka_settings_from_an_airflow_connection(monkeypatch, tmp_path):
     missing = parse_pipeline({**BASE, "kafka": {"conn_id": "nope"}})
     with pytest.raises(ConfigError, match="kafka.conn_id: Airflow connection 'nope' not found"):
         kafka_settings(missing)
+
+
+def test_every_problem_of_a_pipeline_file_is_reported_at_once(tmp_path):
+    """Unknown keys (with their "did you mean" hints) and values of the wrong type anywhere in the file come
+    in one error, one line each; so do the cross-field problems of different sections."""
+    import pytest
+    import yaml
+
+    from tidewater.config.parse import load_pipeline
+    from tidewater.errors import ConfigError
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"name": "p", "topics": ["t"], "kafka": {"bootstrap_server": "h:9092"},
+                                    "table": {"identifier": "ns.t", "evolve_schema": "maybe"},
+                                    "batch": {"max_records": "lots"}, "sheduel": "@hourly"}))
+    with pytest.raises(ConfigError) as e:
+        load_pipeline(path)
+    problems = e.value.problems
+    assert len(problems) == 4, problems
+    assert "kafka.bootstrap_server: unknown key (did you mean 'bootstrap_servers'?)" in problems
+    assert "sheduel: unknown key (did you mean 'schedule'?)" in problems
+    assert any(p.startswith("table.evolve_schema: expected true or false") for p in problems)
+    assert any(p.startswith("batch.max_records: expected an integer") for p in problems)
+    assert str(e.value).startswith(f"{path}: 4 problems:")
+
+    path.write_text(yaml.safe_dump({"name": "Bad Name", "topics": ["t"], "kafka": {"settings": {"group.id": "g"}},
+                                    "table": {"identifier": "ns.t"}}))
+    with pytest.raises(ConfigError) as e:
+        load_pipeline(path)
+    assert [p.split(":")[0] for p in e.value.problems] == ["name", "kafka"], e.value.problems
+
+
+def test_the_pipeline_schema_for_editors_matches_the_code_and_the_parser():
+    """docs/pipeline.schema.json is generated from the spec classes (`make docs`); every example pipeline
+    file validates against it, and it refuses an unknown key as the parser does."""
+    import json
+
+    import jsonschema
+    import yaml
+
+    from tidewater.config.schema import pipeline_schema
+
+    schema = json.loads((REPO / "docs" / "pipeline.schema.json").read_text())
+    assert schema == json.loads(json.dumps(pipeline_schema()))
+    validator = jsonschema.Draft202012Validator(schema)
+    files = [REPO / "include" / "pipelines" / "pizzas.yaml", *sorted((REPO / "docs" / "examples").glob("*.yaml")),
+             *sorted((REPO / "docker" / "pipelines").glob("*.yaml"))]
+    assert len(files) >= 4
+    for f in files:
+        assert list(validator.iter_errors(yaml.safe_load(f.read_text()))) == [], f
+    doc = yaml.safe_load(files[0].read_text())
+    doc["kafka"]["bootstrap_server"] = "typo:9092"
+    assert [e.message for e in validator.iter_errors(doc)] == ["Additional properties are not allowed ('bootstrap_server' was unexpected)"]
+    assert "Comma-separated host:port list" in schema["$defs"]["KafkaSpec"]["properties"]["bootstrap_servers"]["description"]

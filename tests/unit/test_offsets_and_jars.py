@@ -71,3 +71,47 @@ def test_repaired_jar_provides_the_missing_classes(home):
     assert SHADED.decode() + "/core/JsonFactoryBuilder.class" in names
     assert SHADED.decode() + "/databind/ObjectMapper.class" in names
     assert any("/datatype/jsr310/JavaTimeModule.class" in n for n in names)
+
+
+def test_executors_python_is_set_only_where_this_interpreter_exists(tmp_path):
+    """spark.pyspark.python: this interpreter on a local master; nothing on a cluster (the cluster's own
+    spark-defaults or PYSPARK_PYTHON applies; this path rarely exists on the workers); the shipped
+    environment with spark.python_env. The driver's Python is this interpreter in every case."""
+    import sys
+
+    from tidewater.config.parse import parse_pipeline
+    from tidewater.runtime.spark import write_submit_settings
+
+    base = {"name": "p", "topics": ["t"], "kafka": {"bootstrap_servers": "h:9092"}, "table": "ns.t"}
+    spec = parse_pipeline(base)
+    local = write_submit_settings(spec, "local[2]")["conf"]
+    assert local["spark.pyspark.python"] == sys.executable == local["spark.pyspark.driver.python"]
+    cluster = write_submit_settings(spec, "spark://master:7077")["conf"]
+    assert "spark.pyspark.python" not in cluster and cluster["spark.pyspark.driver.python"] == sys.executable
+    pack = tmp_path / "env.tar.gz"
+    pack.write_bytes(b"")
+    shipped = write_submit_settings(parse_pipeline({**base, "spark": {"python_env": str(pack)}}), "spark://master:7077")["conf"]
+    assert shipped["spark.pyspark.python"] == "./environment/bin/python" and shipped["spark.archives"] == f"{pack}#environment"
+
+
+def test_deployment_faults_and_spark_failures_are_classified():
+    """What no retry heals (the executors' Python lacks the packages or does not exist) is terminal and names
+    spark.python_env; Spark's own failures become one line, transient only for conflicts and unreachable
+    services."""
+    from pyspark.errors import AnalysisException
+
+    from tidewater.errors import ConfigError
+    from tidewater.runtime.spark import spark_failure
+    from tidewater.write.job import deployment_fault
+
+    fault = deployment_fault("py4j.protocol.Py4JJavaError: ...\nModuleNotFoundError: No module named 'tidewater'\n")
+    assert isinstance(fault, ConfigError) and "spark.python_env" in str(fault) and "'tidewater'" in str(fault)
+    fault = deployment_fault('java.io.IOException: Cannot run program "./environment/bin/python": error=2, No such file')
+    assert isinstance(fault, ConfigError) and "./environment/bin/python" in str(fault)
+    assert deployment_fault("org.apache.spark.SparkException: Job aborted: executor lost") is None
+    bad_sql = spark_failure(AnalysisException(message="[TABLE_OR_VIEW_NOT_FOUND] The table `x` cannot be found.\nplan..."))
+    assert bad_sql is not None and not bad_sql.transient and str(bad_sql).startswith("Spark: [TABLE_OR_VIEW_NOT_FOUND]")
+    assert "plan" not in str(bad_sql)
+    busy = spark_failure(AnalysisException(message="org.sqlite.SQLiteException: database is locked"))
+    assert busy is not None and busy.transient
+    assert spark_failure(ValueError("not Spark")) is None

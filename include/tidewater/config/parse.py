@@ -15,7 +15,7 @@ import yaml
 
 from tidewater.config.spec import PipelineSpec, pipelines_dir
 from tidewater.config.validate import validate
-from tidewater.errors import ConfigError
+from tidewater.errors import ConfigError, config_problems, problems_of
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -121,15 +121,20 @@ def build(cls: type, data: Any, path: str) -> Any:
         raise ConfigError(f"{path or 'pipeline'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
-    unknown = [k for k in data if k not in fields]
-    if unknown:
-        key = unknown[0]
+    problems: list[str] = []  # every problem of the file at once, not the first
+    for key in (k for k in data if k not in fields):
         near = difflib.get_close_matches(str(key), list(fields), n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else f" (known keys: {', '.join(fields)})"
-        raise ConfigError(f"{path + '.' if path else ''}{key}: unknown key{hint}")
+        problems.append(f"{path + '.' if path else ''}{key}: unknown key{hint}")
     kwargs = {}
     for name, value in data.items():
-        kwargs[name] = _coerce(hints[name], value, f"{path}.{name}" if path else name)
+        if name in fields:
+            try:
+                kwargs[name] = _coerce(hints[name], value, f"{path}.{name}" if path else name)
+            except ConfigError as e:
+                problems.extend(problems_of(e))
+    if problems:
+        raise config_problems(problems)
     return cls(**kwargs)
 
 
@@ -170,7 +175,10 @@ def load_pipeline(path: str | os.PathLike[str]) -> PipelineSpec:
     try:
         return parse_pipeline(data, source_path=str(p.resolve()))
     except ConfigError as e:
-        raise ConfigError(f"{p}: {e.message}") from None
+        found = problems_of(e)
+        err = ConfigError(f"{p}: {config_problems(found).message}")
+        err.problems = tuple(found) if len(found) > 1 else ()
+        raise err from None
 
 
 def discover_pipelines(directory: str | os.PathLike[str] | None = None) -> list[Path]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from tidewater.config.spec import PipelineSpec, RouteTableSpec
-from tidewater.errors import ConfigError
+from tidewater.errors import ConfigError, config_problems, problems_of
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -13,9 +13,16 @@ TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 def validate(spec: PipelineSpec) -> None:
-    """Checks across fields, section by section. Raises ConfigError naming the key (the first found)."""
+    """Checks across fields, section by section. Raises one ConfigError naming the key at fault in every
+    section that has a problem (the first problem of each section)."""
+    problems: list[str] = []
     for check in SECTIONS:
-        check(spec)
+        try:
+            check(spec)
+        except ConfigError as e:
+            problems.extend(problems_of(e))
+    if problems:
+        raise config_problems(problems)
 
 
 def _check_name_and_topics(spec: PipelineSpec) -> None:

@@ -93,6 +93,10 @@ class Broker:
 
 
 def start(port: int | None = None, log_path: Path | None = None, detach: bool = False) -> Broker:
+    if port and not _port_free(port):
+        from tidewater.errors import ConfigError
+
+        raise ConfigError(f"--port: 127.0.0.1:{port} is already in use by another process; choose another port")
     port = port or free_port()
     log_path = log_path or home_dir() / f"tansu-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,11 +106,22 @@ def start(port: int | None = None, log_path: Path | None = None, detach: bool = 
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=detach)
     broker = Broker(proc.pid, port, str(log_path))
-    if not _wait_listening(port, 15):
+    if not _wait_listening(port, 15) or proc.poll() is not None:  # listening, and it is this process that listens
         broker.stop()
         raise TransientError(f"embedded broker did not listen on 127.0.0.1:{port}; see {log_path}")
     log.info("embedded broker pid %d on %s", proc.pid, broker.bootstrap)
     return broker
+
+
+def _port_free(port: int) -> bool:
+    """Nothing listens on ``port`` (a socket in TIME_WAIT does not count: the broker can bind over it)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 STATE_FILE = "broker.json"

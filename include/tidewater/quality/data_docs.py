@@ -5,8 +5,8 @@ The context lives in ``validation.data_docs_dir`` (default ``$TIDEWATER_HOME/dat
 ``gx/`` inside it). Each batch's checks (the suite's expectations and the built-in ones) become one
 validation result in the context's store (suite = the batch's suite, run name = the batch id, batch
 identifier = the table), and ``build_data_docs`` renders its page and the site's index, with the Home and
-suite links of a real site. The store keeps the newest ``INDEX_ROWS`` results (older ones leave the index;
-their pages stay), so a page costs about the same after a thousand batches as after one. The Tidewater view
+suite links of a real site. The store keeps the newest ``INDEX_ROWS`` results (older ones, and their pages,
+leave the site), so a page costs about the same after a thousand batches as after two hundred. The Tidewater view
 serves the site (``runtime/ui.py``), with ``<batch id>.html`` redirecting to the batch's page.
 
 The gate's report is always saved first (``<batch id>.json`` next to ``gx/``). Importing
@@ -168,7 +168,7 @@ def write_page(spec: PipelineSpec, report: Any, table: str) -> Path | None:
                                          batch_identifier=table)
         results = [_result(c) for c in report.checks]
         context.validation_results_store.set(key, _suite_result(spec, report, table, now, results))
-        _keep_newest(context.validation_results_store)
+        _keep_newest(context.validation_results_store, spec)
         context.build_data_docs(resource_identifiers=[key, *_suite_page(context, report.suite, results)])
     except Exception as e:  # noqa: BLE001 - the page is documentation, not the gate
         log.warning("could not render the Data Docs page of batch %s: %r", report.batch_id, e)
@@ -217,11 +217,22 @@ def _suite_result(spec: PipelineSpec, report: Any, table: str, now: datetime, re
     )
 
 
-def _keep_newest(store: Any) -> None:
+def _keep_newest(store: Any, spec: PipelineSpec) -> None:
     """Drop all but the newest ``INDEX_ROWS`` results from the store (the index is built from it and would
-    grow with every batch); their pages stay where they are."""
+    grow with every batch; great-expectations then drops their pages from the site too), and the directories
+    they leave empty (the store lists keys by walking them)."""
     keys = store.list_keys()
     if len(keys) <= INDEX_ROWS:
         return
     for key in sorted(keys, key=lambda k: k.run_id.run_time)[:-INDEX_ROWS]:
         store.remove_key(key)
+    for root in (docs_dir(spec) / "gx" / "uncommitted" / "validations", site_dir(spec) / "validations"):
+        _remove_empty_dirs(root)
+
+
+def _remove_empty_dirs(root: Path) -> None:
+    import os
+
+    for here, _dirs, _files in sorted(os.walk(root), key=lambda w: -len(w[0])):  # deepest first
+        if Path(here) != root and not any(Path(here).iterdir()):
+            Path(here).rmdir()

@@ -307,7 +307,8 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
                 f"spark.conn_id: Airflow connection {self._conn_id!r} is not defined; e.g. "
                 f"AIRFLOW_CONN_{self._conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[*]\"}}'"
             ) from None
-        settings = write_submit_settings(spec)
+        master = spark_master(self._conn_id, spec.spark.master)
+        settings = write_submit_settings(spec, master)
         self.conf = {**settings["conf"], **(self.conf or {})}
         self.jars = settings["jars"] or None
         self.packages = settings["packages"]
@@ -319,7 +320,6 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         # (visible in the process list): there they go to the properties file instead.
         from tidewater.runtime.spark import launcher_env
 
-        master = _spark_master(self._conn_id, spec.spark.master)
         env_conf = _CLUSTER_ENV_CONF.get(master.split(":", 1)[0])
         # (the Spark hook refuses environment variables in standalone cluster mode)
         self.env_vars = launcher_env() if env_conf is None and _deploy_mode(self._conn_id) != "cluster" else None
@@ -366,7 +366,7 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         raise AirflowFailException(f"write failed: {e}") from e
 
 
-def _spark_master(conn_id: str, default: str) -> str:
+def spark_master(conn_id: str, default: str) -> str:
     """The master of the Airflow Spark connection the ingest DAG submits to, else the pipeline's."""
     try:
         from airflow.sdk import BaseHook
@@ -395,7 +395,7 @@ def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None,
     from tidewater.ops.maintenance import maintain
 
     spec = load_pipeline(pipeline_path)
-    reports = maintain(spec, actions=[action], master=_spark_master(spec.spark.conn_id, spec.spark.master))
+    reports = maintain(spec, actions=[action], master=spark_master(spec.spark.conn_id, spec.spark.master))
     for r in reports:
         log.info("%s", r.text())
     metas = [json.loads(json.dumps(r.metadata(), default=str)) for r in reports]

@@ -85,12 +85,22 @@ def _changes_text(c: dict) -> str:
     return text
 
 
+def _master(spec: Any, given: str | None) -> str:
+    """``--master``, else the master of the Airflow connection the DAGs use (``spark.conn_id``, e.g. from
+    ``AIRFLOW_CONN_TIDEWATER_SPARK``), else the pipeline's ``spark.master``."""
+    if given:
+        return given
+    from tidewater.runtime.airflow import spark_master
+
+    return spark_master(spec.spark.conn_id, spec.spark.master)
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
     from tidewater.runtime import spark as spark_session
 
     spec = load_pipeline(args.pipeline)
-    spark = spark_session.session(spec, app_name="tidewater-sql", master=args.master)
+    spark = spark_session.session(spec, app_name="tidewater-sql", master=_master(spec, args.master))
     try:
         spark.sql(f"USE {spec.catalog.name}")
         spark.sql(args.query).show(args.limit, truncate=False)
@@ -131,8 +141,15 @@ def cmd_docs(args: argparse.Namespace) -> int:
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}")
-    else:
+    elif not args.schema:
         sys.stdout.write(text)
+    if args.schema:
+        import json
+
+        from tidewater.config.schema import pipeline_schema
+
+        Path(args.schema).write_text(json.dumps(pipeline_schema(), indent=2) + "\n")
+        print(f"wrote {args.schema}")
     return 0
 
 
@@ -156,14 +173,14 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         saved = os.dup(1)
         os.dup2(2, 1)
         try:
-            reports = maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master, table=args.table)
+            reports = maintain(spec, actions=actions, dry_run=args.dry_run, master=_master(spec, args.master), table=args.table)
         finally:
             sys.stdout.flush()
             os.dup2(saved, 1)
             os.close(saved)
         print(reports_json(reports))
     else:
-        for r in maintain(spec, actions=actions, dry_run=args.dry_run, master=args.master, table=args.table):
+        for r in maintain(spec, actions=actions, dry_run=args.dry_run, master=_master(spec, args.master), table=args.table):
             print(r.text())
     return 0
 
@@ -359,8 +376,9 @@ def _add_sql(sub: Any) -> None:
     p = sub.add_parser("sql", help="run a Spark SQL query on the pipeline's catalog")
     _pipeline_arg(p)
     p.add_argument("query")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--master", default=None)
+    p.add_argument("--limit", type=int, default=20, help="rows to show")
+    p.add_argument("--master", default=None,
+                   help="Spark master (default: the spark.conn_id Airflow connection's, else the pipeline's spark.master)")
     p.set_defaults(fn=cmd_sql)
 
 
@@ -372,7 +390,8 @@ def _add_maintain(sub: Any) -> None:
                    help="comma-separated subset of rewrite_data_files, rewrite_manifests, expire_snapshots, "
                         "remove_orphan_files (default: those enabled in the pipeline's maintenance section)")
     p.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
-    p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
+    p.add_argument("--master", default=None,
+                   help="Spark master (default: the spark.conn_id Airflow connection's, else the pipeline's spark.master)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_maintain)
 
@@ -415,8 +434,9 @@ def _add_data_docs(sub: Any) -> None:
 
 
 def _add_docs(sub: Any) -> None:
-    p = sub.add_parser("docs", help="print (or write) the configuration reference")
-    p.add_argument("--output", default=None)
+    p = sub.add_parser("docs", help="print (or write) the configuration reference, and the pipeline file's JSON Schema")
+    p.add_argument("--output", default=None, help="write the reference (Markdown) here instead of printing it")
+    p.add_argument("--schema", default=None, help="write the JSON Schema of a pipeline file here (for editors)")
     p.set_defaults(fn=cmd_docs)
 
 
@@ -455,7 +475,14 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level or ("WARNING" if args.command in ("status", "history", "docs") else None))
     try:
         return int(args.fn(args) or 0)
-    except TidewaterError as e:
+    except Exception as e:  # one line per error: ours, or Spark's (never a Py4J stack trace)
+        if not isinstance(e, TidewaterError):
+            from tidewater.runtime.spark import spark_failure
+
+            failure = spark_failure(e)
+            if failure is None:
+                raise
+            e = failure
         kind = "transient" if e.transient else "error"
         print(f"tidewater: {kind}: {e}", file=sys.stderr)
         return 75 if e.transient else 2

@@ -247,21 +247,20 @@ _BASE_CONF = {
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 
 
-def spark_conf(spec: PipelineSpec) -> dict[str, str]:
+def spark_conf(spec: PipelineSpec, master: str | None = None) -> dict[str, str]:
     """Settings of a Spark session on the pipeline's Iceberg catalog (SQL, maintenance)."""
-    conf = {"spark.sql.extensions": ICEBERG_EXTENSIONS, **_BASE_CONF,
-            "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
-    conf.update(python_env_conf(spec))
+    conf = {"spark.sql.extensions": ICEBERG_EXTENSIONS, **_BASE_CONF}
+    conf.update(python_conf(spec, master or spec.spark.master))
     conf.update(catalog_conf(spec))
     conf.update(spec.spark.conf)
     check_object_storage_jars(spec, conf)
     return conf
 
 
-def submit_settings(spec: PipelineSpec) -> dict[str, Any]:
+def submit_settings(spec: PipelineSpec, master: str | None = None) -> dict[str, Any]:
     """What a Spark session on the Iceberg catalog needs: conf, jars (comma list) and packages."""
     return {
-        "conf": spark_conf(spec),
+        "conf": spark_conf(spec, master),
         "jars": ",".join(jars(spec)),
         "packages": spec.spark.iceberg_packages,
     }
@@ -290,6 +289,23 @@ def launcher_env() -> dict[str, str]:
     return {} if "SPARK_LAUNCHER_OPTS" in os.environ else {"SPARK_LAUNCHER_OPTS": WRITE_DRIVER_JAVA_OPTIONS}
 
 
+def local_master(master: str) -> bool:
+    return master.startswith("local")
+
+
+def python_conf(spec: PipelineSpec, master: str) -> dict[str, str]:
+    """Which Python the executors run: the shipped environment (``spark.python_env``); on a local master this
+    interpreter (the executors are this machine's processes); on a cluster nothing is set, so the cluster's
+    own choice applies (``spark.pyspark.python`` in its spark-defaults.conf or ``spark.conf``, or
+    ``PYSPARK_PYTHON``): this interpreter's path rarely exists on the workers. The driver's is this one."""
+    if spec.spark.python_env:
+        return python_env_conf(spec)
+    conf = {"spark.pyspark.driver.python": sys.executable}
+    if local_master(master):
+        conf["spark.pyspark.python"] = sys.executable
+    return conf
+
+
 def python_env_conf(spec: PipelineSpec) -> dict[str, str]:
     """Executors' Python from ``spark.python_env`` (a packed virtualenv unpacked by Spark in each executor's
     working directory as ``environment``); the driver's stays this interpreter."""
@@ -305,7 +321,7 @@ def python_env_conf(spec: PipelineSpec) -> dict[str, str]:
             "spark.pyspark.driver.python": sys.executable}
 
 
-def write_submit_settings(spec: PipelineSpec) -> dict[str, Any]:
+def write_submit_settings(spec: PipelineSpec, master: str | None = None) -> dict[str, Any]:
     """What the write step's spark-submit needs.
 
     The write step writes Parquet with pyiceberg inside Python tasks and never opens the Iceberg catalog
@@ -313,9 +329,8 @@ def write_submit_settings(spec: PipelineSpec) -> dict[str, Any]:
     extensions. Settings whose key names a secret (``spark.conf`` entries such as an S3 secret key) are
     returned apart, for a properties file (``properties_file``), never for the command line.
     """
-    conf = {**_BASE_CONF, "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
+    conf = {**_BASE_CONF, **python_conf(spec, master or spec.spark.master)}
     conf["spark.driver.extraJavaOptions"] += " " + WRITE_DRIVER_JAVA_OPTIONS
-    conf.update(python_env_conf(spec))
     conf.update(spec.spark.conf)
     public, secret = split_secrets(conf)
     return {"conf": public, "secret_conf": secret, "jars": "", "packages": None}
@@ -354,7 +369,7 @@ def session(spec: PipelineSpec, app_name: str = "tidewater", master: str | None 
     from pyspark.sql import SparkSession
 
     b = SparkSession.builder.appName(app_name).master(master or spec.spark.master)
-    s = submit_settings(spec)
+    s = submit_settings(spec, master)
     for k, v in s["conf"].items():
         b = b.config(k, v)
     if s["jars"]:
@@ -386,10 +401,32 @@ def spark_submit_command(spec: PipelineSpec, application: str, args: list[str], 
                          secrets_file: Path | None = None) -> list[str]:
     """The write step's spark-submit command line (``tidewater run``; the DAG passes the same settings).
     Secret settings are never on it: pass ``secrets_file`` (see ``properties_file``)."""
-    s = write_submit_settings(spec)
+    s = write_submit_settings(spec, master)
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", master or spec.spark.master]
     for k, v in s["conf"].items():
         cmd += ["--conf", f"{k}={v}"]
     if secrets_file is not None:
         cmd += ["--properties-file", str(secrets_file)]
     return [*cmd, application, *args]
+
+
+# Text of a failure of Spark's own work that a retry can heal (a concurrent commit, a busy or unreachable
+# catalog, store or cluster); anything else (bad SQL, a missing table, a bad setting) is terminal.
+_TRANSIENT_SPARK = ("CommitFailedException", "database is locked", "Connection refused", "ConnectException",
+                    "UnknownHostException", "SocketTimeoutException", "ServiceUnavailable", "SdkClientException",
+                    "All masters are unresponsive")
+
+
+def spark_failure(e: BaseException) -> Any:
+    """A failure raised by Spark (Py4J or PySpark) as one ``TidewaterError`` line (the Java exception's first line,
+    not its stack trace), transient or terminal by its text; None for anything else."""
+    from tidewater.errors import TerminalError, TransientError
+
+    module = type(e).__module__ or ""
+    if not (module.startswith("py4j") or module.startswith("pyspark")):
+        return None
+    java = getattr(e, "java_exception", None)
+    text = str(java.toString()) if java is not None else str(e)
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)[:500]
+    cls = TransientError if any(t in text for t in _TRANSIENT_SPARK) else TerminalError
+    return cls(f"Spark: {first}")

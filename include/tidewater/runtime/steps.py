@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
@@ -77,7 +76,7 @@ class WriteJob:
         self.timings = {} if timings is None else timings
         (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
         manifest_path(plan_path).unlink(missing_ok=True)
-        secret = write_submit_settings(spec)["secret_conf"]
+        secret = write_submit_settings(spec, master)["secret_conf"]
         self.secrets_file = properties_file(secret) if secret else None
         cmd = spark_submit_command(spec, str(spark_app_path()), ["--plan", str(plan_path)], master=master,
                                    secrets_file=self.secrets_file)
@@ -86,7 +85,7 @@ class WriteJob:
         self.timings["submitted"] = time.time()
         try:
             with open(self.log_path, "w") as logf:
-                self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_spark_env())
+                self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_spark_env(master or spec.spark.master))
         except BaseException:
             remove_properties_file(self.secrets_file)
             raise
@@ -94,7 +93,7 @@ class WriteJob:
     def wait(self, plan_path: Path, progress: Any = None, background: list[Any] | None = None) -> BatchManifest:
         """The job's manifest once it exists (``background``: without waiting for the JVM to exit)."""
         from tidewater.runtime.spark import remove_properties_file
-        from tidewater.write.job import read_error
+        from tidewater.write.job import deployment_fault, read_error
 
         mpath = manifest_path(plan_path)
         try:
@@ -116,11 +115,9 @@ class WriteJob:
             if err is not None:
                 raise err
             text = self.log_path.read_text()
-            missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
-            if missing:  # the executors' Python lacks our packages: retrying cannot help
-                raise ConfigError(f"spark.python_env: the executors' Python cannot import {missing.group(1)!r} (it "
-                                  "lacks the project's packages); ship them with spark.python_env (`make executor-env` "
-                                  f"builds .data/executor-env.tar.gz) or install them on the workers. Log {self.log_path}")
+            fault = deployment_fault(text)
+            if fault is not None:  # retrying cannot help
+                raise ConfigError(f"{fault.message}. Log {self.log_path}")
             raise TransientError(f"spark-submit exited with {self.proc.returncode}; log {self.log_path}:\n{text[-3000:]}")
         return load_manifest(plan_path)
 
@@ -209,11 +206,14 @@ def write_breakdown(manifest: BatchManifest, submitted: float, returned: float) 
     return {name: round(b - a, 3) for name, a, b in marks}
 
 
-def _spark_env() -> dict[str, str]:
-    from tidewater.runtime.spark import launcher_env
+def _spark_env(master: str) -> dict[str, str]:
+    """spark-submit's environment: this interpreter for the driver, and for the executors on a local master
+    only (on a cluster, its own choice applies: see ``runtime.spark.python_conf``)."""
+    from tidewater.runtime.spark import launcher_env, local_master
 
     env = {**os.environ, **launcher_env()}
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    if local_master(master):
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     return env
 

@@ -239,6 +239,26 @@ def read_error(batch_dir: Path) -> BatchWriteError | None:
     return BatchWriteError.from_document(read_json(path), 1) if path.is_file() else None
 
 
+def deployment_fault(text: str) -> Any:
+    """A terminal error for a failure of the Spark job itself that no retry can heal (the executors' Python
+    lacks the project's packages or does not exist on the workers), else None. ``text``: the job's error or log."""
+    import re
+
+    from tidewater.errors import ConfigError
+
+    missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
+    if missing:
+        return ConfigError(f"spark.python_env: the executors' Python cannot import {missing.group(1)!r} (it lacks the "
+                           "project's packages); ship them with spark.python_env (`make executor-env` builds "
+                           ".data/executor-env.tar.gz) or install them on the workers")
+    program = re.search(r'Cannot run program "([^"]+)"', text)
+    if program:
+        return ConfigError(f"spark.python_env / spark.pyspark.python: the executors' Python {program.group(1)!r} does not "
+                           "exist on the workers; ship an environment with spark.python_env (`make executor-env`) or "
+                           "set spark.conf spark.pyspark.python to the workers' interpreter")
+    return None
+
+
 def stage_manifest(out_dir: Path, write: Any) -> BatchManifest:
     """Run ``write()`` (a write path returning the batch's manifest) and stage its outcome next to the plan:
     the manifest (with the moment it was built), or the error document of a ``BatchWriteError``, re-raised."""
@@ -287,6 +307,15 @@ def main(argv: list[str] | None = None, driver_started: float | None = None) -> 
         return 0
     except BatchWriteError as e:  # its document is staged as error.json
         print(f"TIDEWATER-ERROR: {e}", file=sys.stderr)
+        return 3
+    except Exception as e:  # Spark could not run the tasks: staged as error.json when no retry can heal it
+        from tidewater.errors import error_document
+
+        fault = deployment_fault(str(e))
+        if fault is None:
+            raise
+        write_json_atomic(out_dir / ERROR_NAME, error_document(fault))
+        print(f"TIDEWATER-ERROR: {fault}", file=sys.stderr)
         return 3
     finally:
         sc.stop()
