@@ -52,10 +52,10 @@ $(DATA)/.system-deps-3:
 	@touch $@
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
+	$(PY) -m pip install -q -r requirements-dev.txt -c constraints.txt
 	$(PY) -m pip install -q --no-deps -e .
 	@touch $@
 

@@ -25,11 +25,33 @@ def _services() -> dict:
 
 
 def test_the_compose_client_accepts_the_file():
+    """Valid with a Fernet key in the environment (.env), refused naming the variable without one."""
+    import os
+
     client = shutil.which("docker-compose")
     assert client, "docker-compose is missing: `make system-deps` installs it (apt-get)"
+    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_FERNET_KEY"}
     done = subprocess.run([client, "-f", str(COMPOSE), "config", "-q"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env={**env, "AIRFLOW_FERNET_KEY": "x" * 43 + "="})
     assert done.returncode == 0, done.stderr
+    refused = subprocess.run([client, "-f", str(COMPOSE), "config", "-q"], cwd=REPO, capture_output=True, text=True,
+                             timeout=120, env=env)
+    assert refused.returncode != 0 and "AIRFLOW_FERNET_KEY" in refused.stderr, refused.stderr
+
+
+def test_every_long_running_service_has_a_healthcheck_and_dependents_wait_for_it():
+    doc = yaml.safe_load(COMPOSE.read_text())
+    services = doc["services"]
+    one_shot = {n for n, s in services.items() if s.get("restart") == "no"}
+    assert one_shot == {"minio-bucket", "airflow-init"}
+    for name, s in services.items():
+        if name not in one_shot:
+            assert (s.get("healthcheck") or {}).get("test"), f"{name}: no healthcheck"
+        for dep, how in (s.get("depends_on") or {}).items():
+            want = "service_completed_successfully" if dep in one_shot else "service_healthy"
+            assert how["condition"] == want, f"{name} waits for {dep} with {how['condition']}, not {want}"
+    assert services["airflow-scheduler"]["environment"]["AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK"] == "true"
+    assert "AIRFLOW__CORE__FERNET_KEY" in services["airflow-scheduler"]["environment"]
 
 
 def test_the_stack_has_what_users_run_and_its_addresses_name_services_of_the_file():
@@ -66,7 +88,10 @@ def test_volumes_and_variables_are_declared():
             else:
                 assert source in named, f"{name}: volume {source!r} is not declared"
     for var in re.findall(r"\$\{([^}]*)\}", COMPOSE.read_text()):
-        assert ":-" in var, f"${{{var}}} has no default: `docker compose up` would start with it empty"
+        if var.startswith("HOSTNAME"):  # the container's own, in a healthcheck
+            continue
+        # a default, or required with a message (secrets with no safe default: the Fernet key)
+        assert ":-" in var or ":?" in var, f"${{{var}}} has no default: `docker compose up` would start with it empty"
 
 
 def test_the_stacks_pipeline_files_are_valid_in_its_environment(monkeypatch: pytest.MonkeyPatch):
@@ -75,7 +100,7 @@ def test_the_stacks_pipeline_files_are_valid_in_its_environment(monkeypatch: pyt
 
     env = _services()["airflow-scheduler"]["environment"]
     for k, v in env.items():
-        monkeypatch.setenv(k, re.sub(r"\$\{[^:}]*:-([^}]*)\}", r"\1", str(v)))
+        monkeypatch.setenv(k, re.sub(r"\$\{[^:}]*:[-?]([^}]*)\}", r"\1", str(v)))
     files = sorted((REPO / "docker" / "pipelines").glob("*.yaml"))
     assert files
     for path in files:
@@ -83,3 +108,18 @@ def test_the_stacks_pipeline_files_are_valid_in_its_environment(monkeypatch: pyt
         props = spec.catalog_properties()
         assert props["uri"] == "http://iceberg-rest:8181" and props["warehouse"].startswith("s3://lake/")
         assert "iceberg-aws-bundle" in (spec.spark.iceberg_packages or "")
+
+
+def test_what_each_documented_deployment_needs_is_installed(monkeypatch: pytest.MonkeyPatch):
+    """Airflow on PostgreSQL (the compose stack) opens its async engine with asyncpg (`airflow db migrate` failed
+    with "No module named 'asyncpg'"); the ingest DAG's Spark hook accepts a `k8s://` master (it failed with
+    NameError: kube_client without Airflow's Kubernetes provider). Neither connects anywhere here."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine("postgresql+asyncpg://airflow:airflow@127.0.0.1:1/airflow")
+    assert engine.dialect.driver == "asyncpg"
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEWATER_K8S", '{"conn_type": "spark", "host": "k8s://https://127.0.0.1:6443"}')
+    hook = SparkSubmitHook(conn_id="tidewater_k8s", conf={"spark.kubernetes.container.image": "tidewater-airflow:latest"})
+    command = hook._build_spark_submit_command("ingest_batch.py")
+    assert command[command.index("--master") + 1] == "k8s://https://127.0.0.1:6443"

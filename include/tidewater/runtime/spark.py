@@ -45,7 +45,12 @@ JDBC_DRIVERS = ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/postgresql.j
 
 
 def bundled_runtime_jar() -> Path:
-    import snowpark_connect_deps_iceberg
+    try:
+        import snowpark_connect_deps_iceberg
+    except ImportError:
+        raise ConfigError("spark.iceberg_packages: unset, and the offline Iceberg runtime (snowpark-connect-deps-iceberg, "
+                          "requirements-dev.txt) is not installed; set it to the Maven coordinates, e.g. "
+                          "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2") from None
 
     base = Path(snowpark_connect_deps_iceberg.__file__).parent
     jar = base / "jars" / RUNTIME_JAR
