@@ -77,9 +77,9 @@ def main() -> int:
                   for r in runs[where]]
         return statistics.median(values)
 
+    phases = list(runs["standalone"][0]["write_breakdown"])  # the write step's phases, in order
     rows = [("end to end (`tidewater run`)", "seconds"), ("write step (spark-submit until the manifest)", "write"),
-            ("data path after set-up (read, decode, write)", "data path after set-up (read, decode, write)"),
-            ("task scheduling and Python worker start", "task scheduling and Python worker start")]
+            *((f"- {k}", k) for k in phases)]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
     lines = [BEGIN, "## One batch on local[2] and on a standalone cluster", "",
              f"Produced by `{command_line('make bench-cluster')}` on {when} (UTC): {args.records:,} pizza events "
