@@ -244,6 +244,15 @@ def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Tab
     raise TransientError("schema evolution kept conflicting with other writers", table=ident)
 
 
+def unified(schemas: list[pa.Schema]) -> pa.Schema | None:
+    """One schema holding every field of ``schemas`` (types promoted: int32 + int64 -> int64, null + T -> T),
+    or None when two of them give a field types that do not promote."""
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+
+
 DRIVER_TAG = "driver"  # the provisional tag of the changes the write job's driver makes (table/provisional.py)
 
 
@@ -272,10 +281,8 @@ def apply_requests(catalog: Any, spec: Any, requests: list[dict[str, Any]], batc
         tspec = spec.table_spec(ident) if spec.routed else spec.table
         schemas = [pa.ipc.read_schema(pa.py_buffer(base64.b64decode(r["schema"]))) for r in reqs]
         optional = tuple(sorted({p for r in reqs for p in r["optional"]}))
-        try:
-            merged = [pa.unify_schemas(schemas, promote_options="permissive")]
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-            merged = schemas
+        one = unified(schemas)
+        merged = [one] if one is not None else schemas
         table = load_table(catalog, ident)
         for schema in merged:
             current = table

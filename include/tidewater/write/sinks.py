@@ -31,8 +31,8 @@ class TableSink:
         self._committed = committed_state(self.table, tspec.branch).offsets if routed and self.table is not None else {}
         self.owner = table_owner(self.table) if routed and self.table is not None else None
         self.added = 0  # fields this task added to the table (table.max_new_columns)
-        self.probe = False  # a schema probe (see task.probe_schema): the table is made ready, no file written
-        self.evolve_here = False  # only the probe changes the table itself; a task reports what its rows need
+        # a schema probe (see task.probe_schema): the only sink that changes the table itself; it writes no file
+        self.probe = False
         self.requests: list[dict[str, Any]] = []  # changes reported (see write), the driver makes them
         self.assumed: Any = None  # the Arrow schema the table will have once the driver made them
 
@@ -59,7 +59,7 @@ class TableSink:
     def write(self, decoded: Any) -> None:
         """Write ``decoded`` to this task's data files. A chunk that needs the table created or its schema
         changed is not written: the change is recorded in ``requests`` for the write job's driver, which makes
-        it once and runs the task again (``write/job.py``); only the plan step's probe (``evolve_here``)
+        it once and runs the task again (``write/job.py``); only the plan step's probe (``probe``)
         changes the table itself."""
         from tidewater.table.evolution import new_fields, pending_change, without_new_fields
         from tidewater.write.parquet import DataFileWriter, to_table_schema
@@ -73,7 +73,7 @@ class TableSink:
                 self.ignored_fields.update(extra)
                 decoded = without_new_fields(table, decoded)
         change = pending_change(self.tspec, table, decoded)
-        if change and not self.evolve_here:
+        if change and not self.probe:
             self.request(decoded, change)
             return
         if change:
@@ -96,7 +96,7 @@ class TableSink:
         (``assumed``), so the limits count the fields this task asks for as added."""
         import pyarrow as pa
 
-        from tidewater.table.evolution import arrow_paths, change_request
+        from tidewater.table.evolution import arrow_paths, change_request, unified
 
         req = change_request(self.tspec.identifier, decoded, change)
         if req not in self.requests:
@@ -104,11 +104,8 @@ class TableSink:
         before = self.schema_for_limits()
         if before is not None:
             self.added += len(arrow_paths(pa.struct(list(decoded.schema))) - arrow_paths(pa.struct(list(before))))
-        try:
-            self.assumed = decoded.schema if before is None else pa.unify_schemas([before, decoded.schema],
-                                                                                   promote_options="permissive")
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-            pass  # conflicting types: the driver's change fails naming the field
+        # conflicting types keep the schema as it was: the driver's change fails naming the field
+        self.assumed = decoded.schema if before is None else (unified([before, decoded.schema]) or before)
 
     def schema_for_limits(self) -> Any:
         """The table's schema as this task's rows will find it (with the changes it asked for), or None."""

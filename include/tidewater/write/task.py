@@ -184,7 +184,7 @@ class _TaskWriter:
         tspec = self.spec.table_spec(ident) if self.router is not None else self.spec.table
         self.sinks[ident] = TableSink(self.spec, tspec, self.catalog, self.prefix, routed=self.router is not None,
                                       batch=(self.batch_id, f"t{self.task_id:05d}"))
-        self.sinks[ident].probe = self.sinks[ident].evolve_here = self.probe
+        self.sinks[ident].probe = self.probe
         return self.sinks[ident]
 
     def requests(self) -> list[dict[str, Any]]:
