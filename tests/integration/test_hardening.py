@@ -156,20 +156,22 @@ def test_orphan_removal_refuses_a_location_another_table_shares(broker, home, to
     assert load_table(catalog, "rpc.neighbour").scan().to_arrow().num_rows == 3
 
 
-def test_no_secret_on_the_spark_submit_command_line(broker, home, topic):
-    """A pipeline with a catalog credential and a secret Spark setting, written through spark-submit.
-    Expected: while the job runs, no process's command line holds either secret; the job still gets the
-    secret setting (through a private properties file, removed afterwards); the job's log holds neither."""
-    from tidewater.runtime.steps import plan_step, run_write_step
+# Secret Spark settings of the kinds a held-out check found on the command line, and more (a password in a
+# URL, an environment-style name, known Hadoop credential keys), each with a value no other setting holds.
+SPARK_SECRETS = {
+    "spark.hadoop.fs.s3a.secret.key": "spark-s3cr3t-Q7",
+    "spark.hadoop.javax.jdo.option.ConnectionURL": "jdbc:postgresql://u:UrlPw-5555@db/x",
+    "spark.kubernetes.driverEnv.DB_PASS": "DbP-8888",
+    "spark.hadoop.fs.s3a.access.key": "AK-2222",
+    "spark.executorEnv.API_TOKEN": "ApiTok-3131",
+    "spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net": "AzKey-4242",
+    "spark.tw.endpoint": "https://svc:EndPw-6060@example.invalid/x",
+    "spark.tw.signed": "https://example.invalid/x?password=QueryPw-7070",
+}
 
-    catalog_secret, spark_secret = "cat-s3cr3t-Z9", "spark-s3cr3t-Q7"
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          catalog={"properties": {"type": "sql", "uri": f"sqlite:///{home}/catalog.db",
-                                                  "warehouse": f"file://{home}/warehouse", "credential": catalog_secret}},
-                          spark={"conf": {"spark.hadoop.fs.s3a.secret.key": spark_secret}})
-    spec = load_pipeline(path)
-    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(20, seed=74))
-    plan, plan_path = plan_step(spec)
+
+def _command_lines_while(fn):  # noqa: ANN001, ANN202
+    """(fn's result, every process command line seen while it ran)."""
     seen: list[str] = []
     done = threading.Event()
 
@@ -186,18 +188,86 @@ def test_no_secret_on_the_spark_submit_command_line(broker, home, topic):
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        manifest = run_write_step(spec, plan_path, master="local[1]")
+        return fn(), seen
     finally:
         done.set()
         watcher.join()
+
+
+def _event_log_environment(events_dir: Path) -> dict[str, str]:
+    """The Spark properties the write job's driver recorded in its event log (SparkListenerEnvironmentUpdate)."""
+    logs = [f for f in events_dir.iterdir() if f.is_file()]
+    assert len(logs) == 1, f"one event log for the one job: {logs}"
+    for line in logs[0].read_text().splitlines():
+        event = json.loads(line)
+        if event.get("Event") == "SparkListenerEnvironmentUpdate":
+            return dict(event["Spark Properties"])
+    raise AssertionError("the event log has no environment update")
+
+
+def test_no_secret_on_the_spark_submit_command_line(broker, home, topic, monkeypatch):
+    """A pipeline with a catalog credential and secret Spark settings of every kind (by key name, known
+    Hadoop credential keys, environment-style names, a password inside a URL's value), written through
+    spark-submit on a Spark whose `spark-defaults.conf` (in SPARK_CONF_DIR) turns on event logs and sets a
+    probe setting. Expected: the job saw both, the cluster's defaults and the secrets (its event log exists
+    and lists the probe's value and every secret key, each secret value redacted by Spark); no process's
+    command line, the job's log, the event log, a staged file of the batch or the plan task's XCom value holds
+    a secret; the private properties file is removed afterwards."""
+    from tidewater.runtime.airflow import plan_task
+    from tidewater.runtime.steps import run_write_step
+
+    conf_dir, events = home / "spark-conf", home / "events"
+    conf_dir.mkdir()
+    events.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled  true\nspark.eventLog.dir  file://{events}\nspark.tw.probe  from-the-cluster")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    catalog_secret = "cat-s3cr3t-Z9"
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          catalog={"properties": {"type": "sql", "uri": f"sqlite:///{home}/catalog.db",
+                                                  "warehouse": f"file://{home}/warehouse", "credential": catalog_secret}},
+                          spark={"conf": SPARK_SECRETS})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(20, seed=74))
+    planned = plan_task(str(path))
+    plan_path = Path(planned["plan_path"])
+    manifest, seen = _command_lines_while(lambda: run_write_step(spec, plan_path, master="local[1]"))
     assert manifest.rows_in_files == 20
+    secrets = [catalog_secret, *SPARK_SECRETS.values()]
     submits = [c for c in seen if "spark-submit" in c or "SparkSubmit" in c]
     assert submits, "the watcher saw the spark-submit process"
-    assert not [c for c in seen if catalog_secret in c or spark_secret in c]
+    assert [s for s in secrets if any(s in c for c in seen)] == []
     assert any("--properties-file" in c for c in submits)
-    log_text = (plan_path.parent / "spark-submit.log").read_text()
-    assert catalog_secret not in log_text and spark_secret not in log_text
+
+    recorded = _event_log_environment(events)  # the cluster's default turned the event log on
+    assert recorded["spark.tw.probe"] == "from-the-cluster"
+    assert {k: recorded.get(k) for k in SPARK_SECRETS} == {k: "*********(redacted)" for k in SPARK_SECRETS}
+    texts = {"spark-submit.log": (plan_path.parent / "spark-submit.log").read_text(),
+             "event log": next(events.iterdir()).read_text(), "XCom": json.dumps(planned)}
+    texts.update({str(f): f.read_text(errors="replace") for f in plan_path.parent.rglob("*") if f.is_file()})
+    assert [(where, s) for where, text in texts.items() for s in secrets if s in text] == []
     assert not list(Path("/tmp").glob("tidewater-spark-*/secrets.properties")), "the properties file was removed"
+
+
+def test_the_properties_file_keeps_the_cluster_defaults_and_lets_secrets_win(tmp_path):
+    """The merged properties file as java.util.Properties reads it: the defaults file's text as it is (a
+    trailing continuation line and no final newline included), then the secrets, which win over a default of
+    the same key. This pins the layout (java.util.Properties ends a continued line at the blank line after it);
+    the test above shows spark-submit reading such a file, its defaults file ending without a newline."""
+    from tidewater.runtime.spark import properties_file, remove_properties_file, spark_defaults_file
+
+    (tmp_path / "spark-defaults.conf").write_text("spark.a  1\nspark.shared  cluster\nspark.b  x \\")
+    defaults = spark_defaults_file({"SPARK_CONF_DIR": str(tmp_path)})
+    assert defaults == tmp_path / "spark-defaults.conf"
+    assert spark_defaults_file({"SPARK_CONF_DIR": str(tmp_path / "none")}) is None
+    path = properties_file({"spark.shared": "secret-wins"}, defaults)
+    try:
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        lines = path.read_text().splitlines()
+        assert lines[:3] == ["spark.a  1", "spark.shared  cluster", "spark.b  x \\"]
+        assert lines[-1] == "spark.shared=secret-wins" and "" in lines[3:-1]
+    finally:
+        remove_properties_file(path)
 
 
 def test_connect_import_turns_every_credential_into_an_environment_reference():

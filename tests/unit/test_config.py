@@ -9,7 +9,7 @@ import pytest
 
 from tidewater.config.parse import load_pipeline, parse_pipeline
 from tidewater.config.reference import reference_markdown
-from tidewater.config.spec import redact
+from tidewater.config.secrets import redact
 from tidewater.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,3 +217,54 @@ def test_the_pipeline_schema_for_editors_matches_the_code_and_the_parser():
     doc["kafka"]["bootstrap_server"] = "typo:9092"
     assert [e.message for e in validator.iter_errors(doc)] == ["Additional properties are not allowed ('bootstrap_server' was unexpected)"]
     assert "Comma-separated host:port list" in schema["$defs"]["KafkaSpec"]["properties"]["bootstrap_servers"]["description"]
+
+
+# Each case: (key, value, secret?). Secret either by the key's name or by what the value carries.
+SECRET_CASES = [
+    ("sasl.password", "pw", True),
+    ("spark.hadoop.javax.jdo.option.ConnectionURL", "jdbc:postgresql://u:UrlPw-5555@db/x", True),
+    ("spark.kubernetes.driverEnv.DB_PASS", "DbP-8888", True),
+    ("spark.hadoop.fs.s3a.access.key", "AK-2222", True),
+    ("spark.hadoop.fs.s3a.session.token", "tok", True),
+    ("spark.executorEnv.API_TOKEN", "t", True),
+    ("spark.yarn.appMasterEnv.AWS_SECRET_ACCESS_KEY", "s", True),
+    ("spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net", "az", True),
+    ("spark.hadoop.fs.gs.auth.service.account.private.key", "pk", True),
+    ("spark.hadoop.javax.jdo.option.ConnectionPassword", "hive", True),
+    ("s3.access-key-id", "AKIA0123456789ABCDEF", True),
+    ("spark.custom.endpoint", "https://user:Pw-1@host:8443/p", True),       # a password in a URL, any key
+    ("spark.custom.jdbc", "jdbc:sqlserver://db;user=u;password=Pw-2", True),  # a JDBC property
+    ("spark.custom.url", "https://host/x?sig=abc&token=Tk-3", True),          # a query string
+    ("spark.custom.pem", "-----BEGIN RSA PRIVATE KEY-----\nMII", True),
+    ("spark.custom.id", "AKIAABCDEFGHIJKLMNOP", True),                      # an AWS access key id
+    ("bootstrap.servers", "h:1", False),
+    ("spark.executorEnv.PATH", "/usr/bin", False),
+    ("spark.sql.shuffle.partitions", "4", False),
+    ("spark.eventLog.dir", "s3a://logs/spark", False),
+    ("spark.master", "spark://127.0.0.1:7077", False),
+    ("uri", "postgresql+psycopg2://app@db:5432/catalog", False),             # a user name alone
+]
+
+
+@pytest.mark.parametrize("key,value,expected", SECRET_CASES, ids=[c[0] + "=" + c[1][:12] for c in SECRET_CASES])
+def test_a_setting_is_secret_by_its_key_or_by_its_value(key, value, expected):
+    """What counts as a secret (config/secrets.py): key names, known credential keys, environment-style
+    names, and values that carry one whatever the key. Secret ones are redacted and kept off the command line."""
+    from tidewater.config.secrets import is_secret, split_secrets
+
+    assert is_secret(key, value) is expected
+    assert (redact({key: value})[key] == "***") is expected
+    public, secret = split_secrets({key: value})
+    assert (key in secret and key not in public) is expected
+
+
+def test_spark_redaction_covers_what_the_write_job_passes_as_secret():
+    """Spark's own redaction (UI, event logs) widened to our rules: every secret case's key or value matches
+    the regex the write job sets, so Spark redacts it."""
+    import re
+
+    from tidewater.config.secrets import SPARK_REDACTION_REGEX
+
+    rx = re.compile(SPARK_REDACTION_REGEX.replace("(?i)", ""), re.I)
+    missed = [(k, v) for k, v, secret in SECRET_CASES if secret and not (rx.search(k) or rx.search(v))]
+    assert missed == []

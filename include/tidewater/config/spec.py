@@ -6,15 +6,14 @@ checks that the page matches the code.
 
 Strings may reference the environment as ``${NAME}`` or ``${NAME:-default}``; a reference to an unset
 variable without a default is an error naming the key. Secrets (keys that look like passwords, tokens,
-JAAS configs or private keys) are never logged: use :func:`redact` on anything that leaves the process.
+JAAS configs or private keys, and values that carry one) are never logged: ``config/secrets.py`` says what
+counts as one; use its ``redact`` on anything that leaves the process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,12 +24,6 @@ if TYPE_CHECKING:
 PIPELINES_DIR_ENV = "TIDEWATER_PIPELINES_DIR"
 HOME_ENV = "TIDEWATER_HOME"
 KAFKA_CONFIG_ENV = "TIDEWATER_KAFKA_CONFIG"
-
-
-_SECRET_KEY = re.compile(r"(password|secret|jaas|token|credential|private|ssl\.key\.pem|api[._-]?key|authorization)", re.I)
-
-
-REDACTED = "***"
 
 
 def home_dir() -> Path:
@@ -668,12 +661,3 @@ class PipelineSpec:
             return None
         base = Path(self.source_path).parent if self.source_path else pipelines_dir()
         return (base / suite).resolve()
-
-
-def is_secret_key(key: str) -> bool:
-    return bool(_SECRET_KEY.search(key))
-
-
-def redact(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy with secret-looking values replaced, safe for logs, XCom and snapshot properties."""
-    return {k: (REDACTED if is_secret_key(k) else v) for k, v in settings.items()}

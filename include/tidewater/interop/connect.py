@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidewater.config.spec import is_secret_key
+from tidewater.config.secrets import embeds_secret, is_secret
 from tidewater.errors import ConfigError
 
 # original (tabular) spellings -> Apache Iceberg spellings
@@ -143,15 +143,7 @@ class _Draft:
     def value_or_secret(self, raw_key: str, prop: str, value: Any, target: str) -> str:
         """The value, or an environment reference when the key names a secret or the value embeds one
         (``https://user:password@host``, ``...?password=...``)."""
-        return self.secret(raw_key, target) if is_secret_key(prop) or embeds_secret(str(value)) else str(value)
-
-
-_EMBEDDED = re.compile(r"://[^/\s:@]+:[^/\s@]+@|(password|secret|token|credential)=", re.I)
-
-
-def embeds_secret(value: str) -> bool:
-    """A URL with a password in it, or a query string that carries one."""
-    return bool(_EMBEDDED.search(value))
+        return self.secret(raw_key, target) if is_secret(prop, str(value)) else str(value)
 
 
 # A handler maps one connector key: (draft, the key as written, its value).

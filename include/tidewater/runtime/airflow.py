@@ -8,13 +8,15 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from tidewater.config.parse import load_pipeline
-from tidewater.config.spec import KAFKA_CONFIG_ENV, PipelineSpec, is_secret_key
+from tidewater.config.secrets import is_secret
+from tidewater.config.spec import KAFKA_CONFIG_ENV, PipelineSpec
 from tidewater.errors import ConfigError, TidewaterError
 
 log = logging.getLogger(__name__)
@@ -290,8 +292,7 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         from airflow.sdk import BaseHook
 
-        from tidewater.runtime.spark import properties_file, remove_properties_file, write_submit_settings
-        from tidewater.source.kafka import kafka_settings
+        from tidewater.runtime.spark import remove_properties_file, write_submit_settings
 
         planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
         if not planned:
@@ -314,28 +315,7 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         self.packages = settings["packages"]
         self.application_args = ["--plan", planned["plan_path"]]
         self.name = f"tidewater-{spec.name}-{planned['batch_id']}"
-        secret = dict(settings["secret_conf"])
-        # spark-submit inherits this process's environment; only connection-resolved Kafka settings are
-        # added. On YARN and Kubernetes the hook would turn environment variables into --conf arguments
-        # (visible in the process list): there they go to the properties file instead.
-        from tidewater.runtime.spark import launcher_env
-
-        env_conf = _CLUSTER_ENV_CONF.get(master.split(":", 1)[0])
-        # (the Spark hook refuses environment variables in standalone cluster mode)
-        self.env_vars = launcher_env() if env_conf is None and _deploy_mode(self._conn_id) != "cluster" else None
-        if spec.kafka.conn_id:
-            from airflow.sdk.log import mask_secret
-
-            resolved = kafka_settings(spec)
-            for k, v in resolved.items():
-                if is_secret_key(k):
-                    mask_secret(v)
-            if env_conf is None:
-                self.env_vars = {**(self.env_vars or {}), KAFKA_CONFIG_ENV: json.dumps(resolved)}
-            else:
-                secret[env_conf + KAFKA_CONFIG_ENV] = json.dumps(resolved)
-        secrets_file = properties_file(secret) if secret else None
-        self.properties_file = str(secrets_file) if secrets_file is not None else None
+        secrets_file = self._pass_settings(spec, master, dict(settings["secret_conf"]))
         self._hook = None
         log.info("batch %s: submitting the write job for %s", planned["batch_id"], spec.describe_targets())
         try:
@@ -345,6 +325,38 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
             raise
         finally:
             remove_properties_file(secrets_file)
+
+    def _pass_settings(self, spec: PipelineSpec, master: str, secret: dict[str, str]) -> Any:
+        """How settings other than ``--conf`` reach spark-submit: its environment (``env_vars``) and, for
+        secrets, a private properties file (``properties_file``, with the cluster's defaults copied in).
+        Returns the file's path (None without secrets); the caller removes it.
+
+        spark-submit inherits this process's environment; only connection-resolved Kafka settings are
+        added. On YARN and Kubernetes the hook would turn environment variables into --conf arguments
+        (visible in the process list): there they go to the properties file instead."""
+        from tidewater.runtime.spark import launcher_env, properties_file, spark_defaults_file
+        from tidewater.source.kafka import kafka_settings
+
+        env_conf = _CLUSTER_ENV_CONF.get(master.split(":", 1)[0])
+        # (the Spark hook refuses environment variables in standalone cluster mode)
+        self.env_vars = launcher_env() if env_conf is None and _deploy_mode(self._conn_id) != "cluster" else None
+        if spec.kafka.conn_id:
+            from airflow.sdk.log import mask_secret
+
+            resolved = kafka_settings(spec)
+            for k, v in resolved.items():
+                if is_secret(k, v):
+                    mask_secret(v)
+            if env_conf is None:
+                self.env_vars = {**(self.env_vars or {}), KAFKA_CONFIG_ENV: json.dumps(resolved)}
+            else:
+                secret[env_conf + KAFKA_CONFIG_ENV] = json.dumps(resolved)
+        if not secret:
+            self.properties_file = None
+            return None
+        path = properties_file(secret, spark_defaults_file({**os.environ, **(self.env_vars or {})}))
+        self.properties_file = str(path)
+        return path
 
     @staticmethod
     def _raise_batch_error(plan_path: str) -> None:

@@ -16,6 +16,7 @@ import logging
 import struct
 import sys
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -271,14 +272,6 @@ def submit_settings(spec: PipelineSpec, master: str | None = None) -> dict[str, 
     }
 
 
-def split_secrets(conf: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """(settings safe on a command line, settings whose key names a secret)."""
-    from tidewater.config.spec import is_secret_key
-
-    public = {k: v for k, v in conf.items() if not is_secret_key(k)}
-    return public, {k: v for k, v in conf.items() if k not in public}
-
-
 # The write job's driver JVM only schedules tasks (records never enter the JVM), and lives seconds: the
 # client compiler alone and the serial collector start it faster (write step of a one-record batch 4.5 s
 # -> 3.9 s, median of 3 runs, BENCHMARKS.md). Maintenance and SQL sessions, where the JVM does the work,
@@ -331,11 +324,16 @@ def write_submit_settings(spec: PipelineSpec, master: str | None = None) -> dict
 
     The write step writes Parquet with pyiceberg inside Python tasks and never opens the Iceberg catalog
     in Spark: no catalog settings (so no catalog credentials), no Iceberg runtime or JDBC jars, no SQL
-    extensions. Settings whose key names a secret (``spark.conf`` entries such as an S3 secret key) are
-    returned apart, for a properties file (``properties_file``), never for the command line.
+    extensions. Secret settings (``config/secrets.py``: by key name or by value, such as an S3 secret key or a
+    JDBC URL with a password) are returned apart, for a properties file (``properties_file``), never for the
+    command line. Spark's own redaction (its UI, event logs) is widened to the same rules unless
+    ``spark.conf`` sets ``spark.redaction.regex``.
     """
+    from tidewater.config.secrets import SPARK_REDACTION_REGEX, split_secrets
+
     conf = {**_BASE_CONF, **python_conf(spec, master or spec.spark.master)}
     conf["spark.driver.extraJavaOptions"] += " " + WRITE_DRIVER_JAVA_OPTIONS
+    conf["spark.redaction.regex"] = SPARK_REDACTION_REGEX
     conf.update(spec.spark.conf)
     public, secret = split_secrets(conf)
     return {"conf": public, "secret_conf": secret, "jars": "", "packages": None}
@@ -347,9 +345,37 @@ def _escape_property(text: str) -> str:
     return "\\" + out if out[:1] in (" ", "\t") else out
 
 
-def properties_file(conf: dict[str, str]) -> Path:
+def spark_defaults_file(env: Mapping[str, str] | None = None) -> Path | None:
+    """The ``spark-defaults.conf`` spark-submit would load: ``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``, else
+    the conf folder of this environment's pyspark (where its spark-submit finds its home); None if absent."""
+    import os
+
+    env = os.environ if env is None else env
+    if env.get("SPARK_CONF_DIR"):
+        folder = Path(env["SPARK_CONF_DIR"])
+    elif env.get("SPARK_HOME"):
+        folder = Path(env["SPARK_HOME"]) / "conf"
+    else:
+        import importlib.util
+
+        found = importlib.util.find_spec("pyspark")
+        if found is None or not found.submit_search_locations:
+            return None
+        folder = Path(list(found.submit_search_locations)[0]) / "conf"
+    path = folder / "spark-defaults.conf"
+    return path if path.is_file() else None
+
+
+def properties_file(conf: dict[str, str], defaults: Path | None = None) -> Path:
     """A spark-submit properties file holding ``conf``, readable by this user only (0600), in a private
-    temporary directory (never the staging directory). The caller deletes it once spark-submit exited."""
+    temporary directory (never the staging directory). The caller deletes it once spark-submit exited.
+
+    spark-submit reads one properties file: given ``--properties-file`` it no longer loads the cluster's
+    ``spark-defaults.conf`` (Spark 3.5; Spark 4 adds ``--load-spark-defaults``, which 3.5 and Airflow's Spark
+    hook lack). So ``defaults`` (see ``spark_defaults_file``) is copied in first, as it is, and ``conf`` after
+    it: java.util.Properties keeps the last value of a key, so ``conf`` wins over a default and the
+    command line's ``--conf`` over both, the order spark-submit itself applies. Copying the text, not
+    parsing it, keeps every default exactly as Spark would read it."""
     import os
     import tempfile
 
@@ -357,6 +383,11 @@ def properties_file(conf: dict[str, str]) -> Path:
     path = directory / "secrets.properties"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        if defaults is not None:
+            log.info("spark-submit: secret settings go in a private properties file, so the cluster's defaults "
+                     "from %s are copied into it (spark-submit would skip them)", defaults)
+            # a trailing continuation line or a missing final newline must not swallow our first key
+            fh.write(defaults.read_text(encoding="utf-8") + "\n\n# tidewater: the pipeline's secret settings\n")
         for k, v in conf.items():
             fh.write(f"{k}={_escape_property(str(v))}\n")
     return path

@@ -71,13 +71,20 @@ class WriteJob:
     def __init__(self, spec: PipelineSpec, plan_path: Path, master: str | None = None,
                  timings: dict[str, float] | None = None) -> None:
         from tidewater.batch import ERROR_NAME
-        from tidewater.runtime.spark import properties_file, remove_properties_file, spark_submit_command, write_submit_settings
+        from tidewater.runtime.spark import (
+            properties_file,
+            remove_properties_file,
+            spark_defaults_file,
+            spark_submit_command,
+            write_submit_settings,
+        )
 
         self.timings = {} if timings is None else timings
         (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
         manifest_path(plan_path).unlink(missing_ok=True)
         secret = write_submit_settings(spec, master)["secret_conf"]
-        self.secrets_file = properties_file(secret) if secret else None
+        env = _spark_env(master or spec.spark.master)
+        self.secrets_file = properties_file(secret, spark_defaults_file(env)) if secret else None
         cmd = spark_submit_command(spec, str(spark_app_path()), ["--plan", str(plan_path)], master=master,
                                    secrets_file=self.secrets_file)
         self.log_path = plan_path.parent / "spark-submit.log"
@@ -85,7 +92,7 @@ class WriteJob:
         self.timings["submitted"] = time.time()
         try:
             with open(self.log_path, "w") as logf:
-                self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_spark_env(master or spec.spark.master))
+                self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
         except BaseException:
             remove_properties_file(self.secrets_file)
             raise

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidewater.batch import PartitionRange, TopicPartition
-from tidewater.config.spec import KAFKA_CONFIG_ENV, PipelineSpec, redact
+from tidewater.config.secrets import redact
+from tidewater.config.spec import KAFKA_CONFIG_ENV, PipelineSpec
 from tidewater.errors import ConfigError, KafkaReadError, TransientError
 
 log = logging.getLogger(__name__)
