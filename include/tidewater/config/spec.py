@@ -314,6 +314,14 @@ class CatalogSpec:
         "SqlCatalog at `$TIDEWATER_HOME/catalog.db` with the warehouse at `$TIDEWATER_HOME/warehouse`.",
         default_factory=dict,
     )
+    case_sensitive: bool = _doc(
+        "Whether the catalog tells table names apart by case. Off (default, the strictest common rule: Hive, Glue "
+        "and Spark fold names to lower case, a SQL catalog on MySQL compares them without case): a dynamic route "
+        "value is folded to lower case before it names a table, and a name that differs from the pipeline's "
+        "checkpoint or dead-letter table only by case is refused, so no record can reach a protected or another "
+        "pipeline's table by its spelling. On: route values keep their case (`VT` and `vt` name two tables).",
+        default=False,
+    )
 
 
 @dataclass(frozen=True)

@@ -64,11 +64,19 @@ class Router:
         self.spec = spec
         self.routing = spec.routing
         self._static = [(t, re.compile(t.route_regex) if t.route_regex else None) for t in spec.tables]
-        self._reserved = {spec.checkpoint_table(), spec.dead_letter_table()}
+        self._case_sensitive = spec.catalog.case_sensitive
+        self._reserved = {self._compared(spec.checkpoint_table()), self._compared(spec.dead_letter_table())}
+
+    def _compared(self, ident: str) -> str:
+        """A name as the catalog compares names (``catalog.case_sensitive``)."""
+        return ident if self._case_sensitive else ident.casefold()
 
     def dynamic_identifier(self, value: str) -> str:
         """The table a route value names: the template with the value in it, in the template's namespace
-        or ``routing.namespace``. Only the configuration chooses the namespace (see ``refusal``)."""
+        or ``routing.namespace``. Only the configuration chooses the namespace (see ``refusal``). Unless the
+        catalog is case-sensitive, the value is folded to lower case, as Hive, Glue and Spark fold names: the
+        value's spelling never decides which of two tables it reaches."""
+        value = value if self._case_sensitive else value.lower()
         name = self.routing.table_template.replace("{value}", value)
         return name if "." in self.routing.table_template else f"{self.routing.namespace}.{name}"
 
@@ -81,7 +89,7 @@ class Router:
         ident = self.dynamic_identifier(value)
         if not valid_identifier(ident):
             return f"{ident[:300]!r} is not a valid table name (letters, digits and '_', at most {MAX_IDENTIFIER} characters)"
-        if ident in self._reserved:
+        if self._compared(ident) in self._reserved:
             return f"{ident!r} is the pipeline's own checkpoint or dead-letter table"
         return None
 
@@ -104,8 +112,8 @@ class Router:
                     reasons[v] = why
                     invalid_rows = pc.or_(invalid_rows, rows)
                     continue
-                ident = self.dynamic_identifier(v)
-                out.masks[ident] = rows
+                ident = self.dynamic_identifier(v)  # values that differ by case alone may name one table
+                out.masks[ident] = pc.or_(out.masks[ident], rows) if ident in out.masks else rows
                 any_row = pc.or_(any_row, rows)
             if reasons:
                 shown = {}
