@@ -137,3 +137,52 @@ def test_schema_limits_set_apart_the_records_over_them_and_keep_the_rest():
     assert over == [] and kept.num_rows == 1
     kept, over = check(rows.slice(0, 1), None, SchemaLimits(1, 2, 10), 0)
     assert [o.error_class for o in over] == ["TooManyColumns"] and kept.num_rows == 0
+
+
+# ---- numbers JSON cannot hold exactly ------------------------------------------------------------------
+
+
+NUMBERS = [
+    b'{"a": 1, "x": NaN}',                                       # 0: not JSON
+    b'{"a": 2, "xs": [1.5, -Infinity]}',                         # 1: not JSON
+    b'{"a": 3, "huge": ' + b"7" * 200 + b"}",                    # 2: a new field would become a double
+    b'{"a": 4, "r": 1e400}',                                     # 3: beyond a double
+    b'{"a": 5, "n": 9223372036854775807}',                       # 4: the largest long: a row
+    b'{"a": 6, "n": 9223372036854775808}',                       # 5: one past it
+    b'{"a": 7, "s": "id: 123456789012345678901234, NaN"}',       # 6: a string that looks suspect: a row
+]
+
+
+def test_nan_infinity_and_out_of_range_numbers_are_dead_letters_named_by_class():
+    """Default: NaN/Infinity are InvalidJson, integers beyond 64 bits and numbers beyond a double are
+    NumberOutOfRange; the largest long and digits inside a string are rows with their values exact."""
+    from tidewater.decode.json import decode_json_lenient
+
+    table, bad = decode_json_lenient(chunk(NUMBERS), None)
+    assert [(b.index, b.error_class) for b in bad] == [
+        (0, "InvalidJson"), (1, "InvalidJson"), (2, "NumberOutOfRange"), (3, "NumberOutOfRange"), (5, "NumberOutOfRange")]
+    assert "format.allow_non_numeric_numbers" in bad[0].message and "64-bit" in bad[2].message
+    assert table.column("a").to_pylist() == [5, 7]
+    assert table.column("n").to_pylist() == [9223372036854775807, None] and table.schema.field("n").type == pa.int64()
+    assert table.column("s").to_pylist() == [None, "id: 123456789012345678901234, NaN"]
+
+
+def test_strict_decoding_names_the_first_such_record():
+    good = json.dumps(PIZZA).encode()
+    with pytest.raises(RecordError, match=r"NumberOutOfRange: integer 7777.* outside the signed 64-bit range") as e:
+        decode_json(chunk([good] * 5 + [NUMBERS[2]] + [good], start=50), None)
+    assert e.value.offset == 55
+
+
+def test_non_numeric_numbers_are_doubles_when_allowed_but_out_of_range_ones_never_are():
+    """format.allow_non_numeric_numbers: NaN and -Infinity become double values; the other rules stay."""
+    import math
+
+    from tidewater.decode.json import decode_json_lenient
+
+    table, bad = decode_json_lenient(chunk(NUMBERS), None, allow_non_numeric=True)
+    assert [(b.index, b.error_class) for b in bad] == [(2, "NumberOutOfRange"), (3, "NumberOutOfRange"),
+                                                      (5, "NumberOutOfRange")]
+    assert table.column("a").to_pylist() == [1, 2, 5, 7]
+    assert math.isnan(table.column("x").to_pylist()[0]) and table.column("x").type == pa.float64()
+    assert table.column("xs").to_pylist()[1] == [1.5, -math.inf]

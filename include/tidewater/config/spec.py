@@ -117,6 +117,13 @@ class FormatSpec:
         default=False,
     )
     flatten_separator: str = _doc("Joins the names of flattened fields (letters, digits, `_`).", default="_")
+    allow_non_numeric_numbers: bool = _doc(
+        "JSON formats: take `NaN`, `Infinity` and `-Infinity` (not JSON, but written by some producers, e.g. "
+        "Python's json.dumps) as double values. Off (default): such a record is a dead letter (`InvalidJson`). "
+        "Whatever this says, an integer outside the signed 64-bit range or a number too large for a double "
+        "(`1e400`) is a dead letter (`NumberOutOfRange`): it would otherwise lose its digits silently.",
+        default=False,
+    )
     max_nesting_depth: int = _doc(
         "Deepest object/array nesting a record may have; deeper records are dead letters (class `TooDeep`) "
         "instead of exhausting the decoder's stack.", default=64

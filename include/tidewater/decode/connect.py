@@ -133,7 +133,7 @@ def _family(t: pa.DataType) -> str:
     return str(t)
 
 
-def decode_connect(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
+def decode_connect(chunk: Chunk, explicit: pa.Schema | None, allow_non_numeric: bool = False) -> tuple[pa.Table, list[BadRecord]]:
     """Kafka Connect JSON with schemas: rows are the payloads, typed by the declared schema."""
     schema = first_schema(chunk)
     declared = connect_type(schema) if schema else None
@@ -141,7 +141,7 @@ def decode_connect(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, 
     if explicit is not None and envelope is not None:
         # the table's types win for columns it already has, unless the declared type is wider (the table widens)
         envelope = pa.schema([pa.field("payload", _table_types_unless_wider(declared, pa.struct(list(explicit))))])
-    parsed, bad = decode_json_lenient(chunk, envelope)
+    parsed, bad = decode_json_lenient(chunk, envelope, allow_non_numeric=allow_non_numeric)
     if "payload" not in parsed.column_names:
         return all_failed(len(chunk), bad, "EnvelopeMissing", "no `payload` in the Connect JSON envelope")
     payload = parsed.column("payload")
@@ -154,4 +154,4 @@ def decode_connect(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, 
 
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
     """Registry entry for ``connect_json``."""
-    return decode_connect(chunk, ctx.explicit)
+    return decode_connect(chunk, ctx.explicit, ctx.allow_non_numeric)

@@ -15,7 +15,7 @@ from tidewater.source.kafka import Chunk
 OPS = ("c", "u", "d", "r")
 
 
-def decode_debezium(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
+def decode_debezium(chunk: Chunk, explicit: pa.Schema | None, allow_non_numeric: bool = False) -> tuple[pa.Table, list[BadRecord]]:
     """Debezium change events (plain JSON or inside a Connect envelope): the row image plus ``_op``.
 
     ``after`` for c/u/r, ``before`` for d. Tombstones (null values after a delete) come back as bad
@@ -23,9 +23,9 @@ def decode_debezium(chunk: Chunk, explicit: pa.Schema | None) -> tuple[pa.Table,
     """
     enveloped = first_schema(chunk) is not None
     if enveloped:
-        outer, bad = decode_connect(chunk, None)
+        outer, bad = decode_connect(chunk, None, allow_non_numeric)
     else:
-        outer, bad = decode_json_lenient(chunk, None)
+        outer, bad = decode_json_lenient(chunk, None, allow_non_numeric=allow_non_numeric)
     return unwrap(outer, bad, len(chunk), explicit)
 
 
@@ -92,4 +92,4 @@ def _cast_struct(col: Any, t: pa.StructType) -> Any:
 
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
     """Registry entry for ``debezium``."""
-    return decode_debezium(chunk, ctx.explicit)
+    return decode_debezium(chunk, ctx.explicit, ctx.allow_non_numeric)

@@ -9,6 +9,14 @@ Type inference: fields already in the table are parsed with the table's types; n
 (long, double, boolean, string, struct, list). Strings that merely look like timestamps stay strings
 (parsing date-times is an explicit, configured conversion), and fields that are null in every record
 of a chunk are left out until a record gives them a type.
+
+Numbers (RFC 8259, the rule documented under ``format.allow_non_numeric_numbers``): ``NaN`` and
+``Infinity`` are not JSON, and Arrow's reader would take them: such a record is a dead letter
+(``InvalidJson``) unless the setting allows them. An integer beyond the signed 64-bit range would be inferred
+as a double (its digits silently lost) or refused by a long column: it is always a dead letter
+(``NumberOutOfRange``), as is a number too large for a double (``1e400``). The chunk is searched for such
+number tokens by one regular expression in C; only a chunk where it finds one has its records screened one
+by one (error path), and a false alarm (the text inside a string) costs that screen and nothing else.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 from operator import itemgetter
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.json as pj
@@ -124,14 +133,21 @@ def schema_depth(schema: pa.Schema) -> int:
 
 _FIRST_BYTE = itemgetter(slice(0, 1))
 
+# A number token (after ':', '[' or ',') that may not fit: an integer of 20+ digits or of 19 starting with 9
+# (the 64-bit range ends at 9223372036854775807), an exponent of 3+ digits, or NaN/Infinity.
+_BIG_NUMBER = r"[:\[,]\s*-?(?:9\d{18}|[1-9]\d{19,}|\d+(?:\.\d+)?[eE]\+?\d{3,})"
+_NON_NUMERIC = r"[:\[,]\s*-?(?:NaN|Infinity)"
+SUSPECT_NUMBERS = "suspect numbers"  # not a problem yet: the records are screened (see the module docstring)
 
-def _buffer_problem(buf: bytes, values: list[bytes]) -> str | None:
+
+def _buffer_problem(buf: bytes, values: list[bytes], allow_non_numeric: bool = False) -> str | None:
     """Checks of the chunk done in C, no Python work per record: invalid UTF-8 (Arrow's JSON reader
     passes it through into string columns, where Parquet statistics fail later) and JSON ``null``
     values (Arrow would make an all-null row of them, so the outcome would depend on the neighbours).
 
     Every value starting with ``{`` (the first bytes are gathered by a C slice mapped over the list, as
     cheap as ``len``) rules out null values at once; otherwise a regular expression looks for them.
+    Number tokens JSON cannot hold exactly give ``SUSPECT_NUMBERS`` (the caller screens the records).
     """
     import pyarrow.compute as pc
 
@@ -143,14 +159,17 @@ def _buffer_problem(buf: bytes, values: list[bytes]) -> str | None:
     except pa.ArrowInvalid:
         return "invalid UTF-8"
     firsts = b"".join(map(_FIRST_BYTE, values))
-    if len(firsts) == len(values) and firsts.count(b"{") == len(values):
-        return None
-    if pc.match_substring_regex(text, _NULL_LINE)[0].as_py():
+    if not (len(firsts) == len(values) and firsts.count(b"{") == len(values)) \
+            and pc.match_substring_regex(text, _NULL_LINE)[0].as_py():
         return "JSON null value"
+    suspect = _BIG_NUMBER if allow_non_numeric else f"{_BIG_NUMBER}|{_NON_NUMERIC}"
+    if pc.match_substring_regex(text, suspect)[0].as_py():
+        return SUSPECT_NUMBERS
     return None
 
 
-def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_DEPTH_DEFAULT) -> pa.Table:
+def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_DEPTH_DEFAULT,
+                allow_non_numeric: bool = False) -> pa.Table:
     """Parse a chunk of JSON object values. Raises RecordError naming the first bad record."""
     if explicit is not None:
         explicit = readable_schema(explicit)
@@ -172,19 +191,25 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_D
         values = [v.replace(b"\r", b" ").replace(b"\n", b" ") for v in values]  # type: ignore[union-attr]
         buf = b"\n".join(values)  # type: ignore[arg-type]
     block_size = max(MIN_BLOCK_SIZE, 2 * max(map(len, values)) + 1)  # type: ignore[arg-type]
-    problem = _buffer_problem(buf, values)  # type: ignore[arg-type]
+    problem = _buffer_problem(buf, values, allow_non_numeric)  # type: ignore[arg-type]
+    if problem == SUSPECT_NUMBERS:
+        _raise_first_screened(chunk, values, max_depth, allow_non_numeric)  # type: ignore[arg-type]
+        problem = None  # a false alarm: no record holds such a number
     table = None
     try:
         table = None if problem else _parse_settled(buf, explicit, block_size)
     except pa.ArrowInvalid as e:
-        _raise_bad_record(chunk, values, explicit, block_size, e, max_depth)  # type: ignore[arg-type]
+        _raise_bad_record(chunk, values, explicit, block_size, e, max_depth,  # type: ignore[arg-type]
+                          allow_non_numeric)
         raise  # pragma: no cover - _raise_bad_record always raises
     except RecursionError:
         problem = "nesting too deep"
     if table is not None and schema_depth(table.schema) > max_depth:
         problem = f"nesting deeper than format.max_nesting_depth ({max_depth})"
     if problem is not None:
-        _raise_screened(chunk, values, max_depth, problem)  # type: ignore[arg-type]
+        _raise_first_screened(chunk, values, max_depth, allow_non_numeric)  # type: ignore[arg-type]
+        raise RecordError(f"chunk of {len(values)} records could not be decoded ({problem})", topic=chunk.topic,
+                          partition=chunk.partition, offset=chunk.offsets[0])
     assert table is not None
     if table.num_rows != n:
         stripped = [i for i, v in enumerate(values) if not v.strip()]  # type: ignore[union-attr]
@@ -198,26 +223,23 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_D
     return table
 
 
-def _raise_screened(chunk: Chunk, values: list[bytes], max_depth: int, problem: str) -> None:
-    """Error path: the first record the per-record screen rejects, as a RecordError naming it."""
+def _raise_first_screened(chunk: Chunk, values: list[bytes], max_depth: int, allow_non_numeric: bool) -> None:
+    """Error path: raise a RecordError naming the first record the per-record screen rejects, if any."""
     for i, v in enumerate(values):
-        found = screen(v, max_depth)
+        found = screen(v, max_depth, allow_non_numeric)
         if found is not None:
             raise RecordError(f"record is not a valid JSON object ({found[0]}: {found[1]})", topic=chunk.topic,
-                              partition=chunk.partition,
-                              offset=chunk.offsets[i])
-    raise RecordError(f"chunk of {len(values)} records could not be decoded ({problem})", topic=chunk.topic,
-                      partition=chunk.partition, offset=chunk.offsets[0])
+                              partition=chunk.partition, offset=chunk.offsets[i])
 
 
 def _raise_bad_record(
     chunk: Chunk, values: list[bytes], explicit: pa.Schema | None, block_size: int, error: Exception,
-    max_depth: int = MAX_DEPTH_DEFAULT,
+    max_depth: int = MAX_DEPTH_DEFAULT, allow_non_numeric: bool = False,
 ) -> None:
     """Find the first record that is no JSON object at all (screen), else the first whose prefix fails to
     parse (bisection: a type the table does not take), and raise naming it."""
     for i, v in enumerate(values):
-        found = screen(v, max_depth)
+        found = screen(v, max_depth, allow_non_numeric)
         if found is not None:
             raise RecordError(f"record is not a valid JSON object ({found[0]}: {found[1]})", topic=chunk.topic,
                               partition=chunk.partition,
@@ -259,8 +281,8 @@ def _raise_bad_record(
     ) from error
 
 
-def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None,
-                        max_depth: int = MAX_DEPTH_DEFAULT) -> tuple[pa.Table, list[BadRecord]]:
+def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_DEPTH_DEFAULT,
+                        allow_non_numeric: bool = False) -> tuple[pa.Table, list[BadRecord]]:
     """Like :func:`decode_json`, but records that cannot be decoded are returned apart, not raised.
 
     Success path: one parse of the whole chunk, as ``decode_json``. Error path only: each record is
@@ -269,7 +291,7 @@ def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None,
     Returns the good records' table, in chunk order, and the bad records.
     """
     try:
-        return decode_json(chunk, explicit, max_depth), []
+        return decode_json(chunk, explicit, max_depth, allow_non_numeric), []
     except RecordError:
         pass
     values = chunk.values
@@ -278,7 +300,7 @@ def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None,
     for i, v in enumerate(values):
         # Cheap per-record screen (error path only): records that are not JSON objects at all never reach
         # the halving below, which then only has type mismatches left to find (usually none: one parse).
-        problem = screen(v, max_depth)
+        problem = screen(v, max_depth, allow_non_numeric)
         if problem is not None:
             bad[i] = BadRecord(i, *problem)
         else:
@@ -325,18 +347,52 @@ def json_depth(doc: object) -> int:
     return deepest
 
 
-def screen(v: bytes | None, max_depth: int = MAX_DEPTH_DEFAULT) -> tuple[str, str] | None:
+class _Unrepresentable(ValueError):
+    """A number token JSON cannot hold exactly (raised by the screen's number hooks)."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+def _refuse_constant(token: str) -> float:
+    raise _Unrepresentable("InvalidJson", f"{token} is not a JSON number (format.allow_non_numeric_numbers is off)")
+
+
+def _checked_int(token: str) -> int:
+    digits = token.lstrip("-")
+    value = int(token) if len(digits) <= 20 else None  # longer ones never fit (and int() caps digits)
+    if value is None or not -(1 << 63) <= value < (1 << 63):
+        raise _Unrepresentable("NumberOutOfRange", f"integer {token[:40]}{'...' if len(token) > 40 else ''} "
+                                                   "is outside the signed 64-bit range")
+    return value
+
+
+def _checked_float(token: str) -> float:
+    value = float(token)
+    if value in (float("inf"), float("-inf")):
+        raise _Unrepresentable("NumberOutOfRange", f"number {token[:40]} is too large for a double")
+    return value
+
+
+def screen(v: bytes | None, max_depth: int = MAX_DEPTH_DEFAULT,
+           allow_non_numeric: bool = False) -> tuple[str, str] | None:
     """(error class, message) for a value that is no usable JSON object, else None (error path only)."""
     if v is None:
         return "Tombstone", "record has a null value (tombstone); JSON pipelines need an object per record"
     if not v.strip():
         return "EmptyValue", "record value is empty or whitespace; expected a JSON object"
+    hooks: dict[str, Any] = {"parse_int": _checked_int, "parse_float": _checked_float}
+    if not allow_non_numeric:
+        hooks["parse_constant"] = _refuse_constant
     try:
-        doc = json.loads(v.decode("utf-8"))
+        doc = json.loads(v.decode("utf-8"), **hooks)
     except UnicodeDecodeError:
         return "InvalidUtf8", f"value is not valid UTF-8; value starts with {v[:120]!r}"
     except RecursionError:
         return "TooDeep", f"value nests deeper than format.max_nesting_depth ({max_depth}); value starts with {v[:120]!r}"
+    except _Unrepresentable as e:
+        return e.error_class, f"{e}; value starts with {v[:120]!r}"
     except ValueError as e:
         return "InvalidJson", f"JSON parse error: {e}; value starts with {v[:120]!r}"
     if doc is None:
@@ -372,5 +428,5 @@ def _isolate(
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
     """Registry entry for ``json``: strict (first bad record raises) or lenient (bad records isolated)."""
     if ctx.strict:
-        return decode_json(chunk, ctx.explicit, ctx.max_depth), []
-    return decode_json_lenient(chunk, ctx.explicit, ctx.max_depth)
+        return decode_json(chunk, ctx.explicit, ctx.max_depth, ctx.allow_non_numeric), []
+    return decode_json_lenient(chunk, ctx.explicit, ctx.max_depth, ctx.allow_non_numeric)

@@ -50,6 +50,7 @@ class DecodeContext:
     strict: bool = False  # dead_letter.policy is fail: the first bad record may raise at once
     registry: Any = None  # schema registry client (avro)
     max_depth: int = MAX_DEPTH_DEFAULT  # format.max_nesting_depth: deeper records are dead letters (TooDeep)
+    allow_non_numeric: bool = False  # format.allow_non_numeric_numbers: NaN and Infinity taken as numbers
 
 
 def not_utf8(v: bytes) -> bool:

@@ -35,7 +35,8 @@ def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = 
     fmt = spec.format.value
     kind = FORMATS[fmt]
     fail = spec.dead_letter.policy == "fail"
-    decoded, bad = decoder(fmt)(chunk, DecodeContext(fmt, explicit, fail, registry, spec.format.max_nesting_depth))
+    decoded, bad = decoder(fmt)(chunk, DecodeContext(fmt, explicit, fail, registry, spec.format.max_nesting_depth,
+                                                  spec.format.allow_non_numeric_numbers))
     ignored = [b for b in bad if b.error_class in kind.skipped_classes]
     bad = [b for b in bad if b.error_class not in kind.skipped_classes]
 
