@@ -24,7 +24,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: s3-stand-in executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-data-docs bench-cluster airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-data-docs bench-cluster airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -34,6 +34,7 @@ help:
 	@echo "make lint   - ruff (part of make test)"
 	@echo "make executor-env - pack a virtualenv for Spark executors that lack the packages (spark.python_env)"
 	@echo "make s3-stand-in  - the local S3 endpoint the tests use (moto's server, its own virtualenv)"
+	@echo "make spark-connect - install (pyspark 4.0.x distribution, its own folder) and start a Spark Connect server on 127.0.0.1:15002; make spark-connect-stop stops it"
 	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage; make bench-cdc: change batches vs table size; make bench-data-docs: Data Docs page cost as history grows; make bench-cluster: local[2] vs a standalone cluster)"
 
 # --- set-up (idempotent) -------------------------------------------------------------------------
@@ -75,6 +76,27 @@ $(DATA)/moto/.installed: constraints-moto.txt
 	$(DATA)/moto/bin/python -m pip install -q "moto[server]" -c constraints-moto.txt
 	@touch $@
 
+# A real Spark Connect server (the write step's warm path): pyspark 4.0.x's source distribution carries the
+# server; unpacked in its own folder, never installed into the virtualenv (whose pyspark 3.5 matches the
+# Iceberg runtime jar). `make spark-connect` installs and starts it on SPARK_CONNECT_PORT;
+# `make spark-connect-stop` stops it. Its log: $(DATA)/spark-connect-<port>.log.
+SPARK_CONNECT_PORT ?= 15002
+spark-connect-install: $(DATA)/spark-connect/.installed
+$(DATA)/spark-connect/.installed: constraints-spark-connect.txt
+	@rm -rf $(DATA)/spark-connect $(DATA)/spark-connect-download
+	$(PY) -m pip download -q --no-deps --no-binary pyspark -d $(DATA)/spark-connect-download -r constraints-spark-connect.txt
+	@mkdir -p $(DATA)/spark-connect
+	tar xzf $(DATA)/spark-connect-download/pyspark-*.tar.gz -C $(DATA)/spark-connect --strip-components=1
+	@rm -rf $(DATA)/spark-connect-download
+	@chmod +x $(DATA)/spark-connect/deps/bin/*
+	@touch $@
+
+spark-connect: venv spark-connect-install
+	tidewater spark-connect start --port $(SPARK_CONNECT_PORT)
+
+spark-connect-stop: venv
+	tidewater spark-connect stop
+
 # A packed virtualenv for Spark executors that lack the project's packages (spark.python_env ships it).
 executor-env: $(DATA)/executor-env.tar.gz
 # rebuilt when the package changes: executors import tidewater from the pack
@@ -91,7 +113,7 @@ $(DATA)/executor-env.tar.gz: requirements-executor.txt constraints.txt pyproject
 demo: setup
 	@bash scripts/demo.sh
 
-test: setup s3-stand-in executor-env lint
+test: setup s3-stand-in executor-env spark-connect-install lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # ruff: pyflakes, pycodestyle, import order, bugbear, complexity (configured in pyproject.toml)

@@ -66,6 +66,22 @@ def s3_endpoint() -> Iterator[str]:
     log.close()
 
 
+@pytest.fixture(scope="session")
+def spark_connect() -> Iterator[object]:
+    """A real Spark Connect server (pyspark 4.0.x's distribution, installed by `make spark-connect-install`,
+    which make test runs), on a free 127.0.0.1 port with local[2], for the whole session. Its Python workers
+    run this interpreter, so they have the project's packages."""
+    from tidewater.dev import spark_connect as connect
+
+    dist = REPO / ".data" / "spark-connect"
+    if not (dist / ".installed").is_file():
+        pytest.fail(f"{dist} is missing: run `make spark-connect-install` (make test does)")
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-spark-connect-{os.getpid()}.log"
+    server = connect.start(dist, log_path=log)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An isolated TIDEWATER_HOME: its own SQLite catalog, warehouse and staging directory."""

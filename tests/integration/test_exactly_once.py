@@ -156,38 +156,6 @@ def test_committed_offset_below_log_start_is_a_clear_error(broker, pipeline_file
     assert committed_state(table_of(pipeline_file)).offsets == {topic: {0: 20, 1: 20}}
 
 
-def test_write_step_through_the_dataframe_api_as_spark_connect_runs_it(broker, home, topic):
-    """The write step's DataFrame path (`write.job.run_arrow`, what `spark.connect_url` runs on a Spark
-    Connect server) writes the same batch as the RDD job: one partition per sub-range, rows and offsets
-    exact after the commit, a retried commit adds nothing. A Spark Connect server cannot run here (its jar
-    is not available offline), so the same DataFrame code runs on a classic local SparkSession."""
-    from tidewater.batch import manifest_path, write_json_atomic
-    from tidewater.runtime import spark as spark_session
-    from tidewater.source.kafka import kafka_settings
-    from tidewater.write.job import run_arrow
-
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          batch={"records_per_task": 70})
-    spec = load_pipeline(path)
-    produce(broker.bootstrap, topic, pizza_events(300, seed=95), partitions=2)
-    plan, plan_path = plan_batch(spec)
-    # the project's session (Iceberg jars and extensions): the JVM it starts serves this process's later sessions
-    spark = spark_session.session(spec, app_name="tidewater-test-arrow", master="local[2]")
-    try:
-        manifest = run_arrow(spark, plan, spec, kafka_settings(spec))
-    finally:
-        spark.stop()
-    write_json_atomic(manifest_path(plan_path), manifest.to_json())
-    assert len(manifest.task_timings) == 6  # 150 records per partition in sub-ranges of at most 70: 3 + 3
-    assert manifest.records == 300 and manifest.rows_in_files == 300
-    validate_step(spec, plan, manifest)
-    commit_step(spec, plan, manifest)
-    assert commit_step(spec, plan, manifest).status == "already-committed"
-    table = table_of(path)
-    assert table.scan().to_arrow().num_rows == 300
-    assert committed_state(table).offsets == {topic: {0: 150, 1: 150}}
-
-
 def test_unreachable_spark_connect_server_is_a_transient_error(broker, home, topic):
     """With `spark.connect_url` set the write step goes to that server; one that does not answer is a
     transient error naming the setting, within seconds (the client alone would retry for ten minutes),

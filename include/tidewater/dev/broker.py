@@ -41,7 +41,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_listening(port: int, timeout: float) -> bool:
+def wait_listening(port: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -93,7 +93,7 @@ class Broker:
 
 
 def start(port: int | None = None, log_path: Path | None = None, detach: bool = False) -> Broker:
-    if port and not _port_free(port):
+    if port and not port_free(port):
         from tidewater.errors import ConfigError
 
         raise ConfigError(f"--port: 127.0.0.1:{port} is already in use by another process; choose another port")
@@ -106,14 +106,14 @@ def start(port: int | None = None, log_path: Path | None = None, detach: bool = 
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=detach)
     broker = Broker(proc.pid, port, str(log_path))
-    if not _wait_listening(port, 15) or proc.poll() is not None:  # listening, and it is this process that listens
+    if not wait_listening(port, 15) or proc.poll() is not None:  # listening, and it is this process that listens
         broker.stop()
         raise TransientError(f"embedded broker did not listen on 127.0.0.1:{port}; see {log_path}")
     log.info("embedded broker pid %d on %s", proc.pid, broker.bootstrap)
     return broker
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
     """Nothing listens on ``port`` (a socket in TIME_WAIT does not count: the broker can bind over it)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -186,13 +186,14 @@ def data_docs_url(spec: PipelineSpec, batch_id: str) -> str:
 
 
 @fail_fast
-def connect_write_task(pipeline_path: str, planned: dict[str, Any]) -> None:
-    """The write step on the pipeline's Spark Connect server (``spark.connect_url``), from this task."""
+def connect_write_task(pipeline_path: str, planned: dict[str, Any], url: str | None = None) -> None:
+    """The write step on a Spark Connect server (``url``: an Airflow Spark Connect connection's; default
+    ``spark.connect_url``), from this task."""
     from pathlib import Path
 
     from tidewater.runtime.steps import run_connect_write
 
-    manifest = run_connect_write(load_pipeline(pipeline_path), Path(planned["plan_path"]))
+    manifest = run_connect_write(load_pipeline(pipeline_path), Path(planned["plan_path"]), url=url)
     log.info("batch %s: %d records written in %d files through Spark Connect", planned["batch_id"], manifest.records,
              len(manifest.data_files))
 
@@ -302,12 +303,17 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
             connect_write_task(self.pipeline_path, planned)
             return
         try:
-            BaseHook.get_connection(self._conn_id)
+            conn = BaseHook.get_connection(self._conn_id)
         except Exception:
             raise ConfigError(
                 f"spark.conn_id: Airflow connection {self._conn_id!r} is not defined; e.g. "
                 f"AIRFLOW_CONN_{self._conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[*]\"}}'"
             ) from None
+        if conn.conn_type == "spark_connect":  # the provider's Spark Connect connection: the server's URL
+            from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+            connect_write_task(self.pipeline_path, planned, SparkConnectHook(self._conn_id).get_connection_url())
+            return
         master = spark_master(self._conn_id, spec.spark.master)
         settings = write_submit_settings(spec, master)
         self.conf = {**settings["conf"], **(self.conf or {})}

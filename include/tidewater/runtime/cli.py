@@ -126,6 +126,31 @@ def cmd_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spark_connect(args: argparse.Namespace) -> int:
+    from tidewater.dev import spark_connect
+
+    if args.action == "start":
+        server = spark_connect.start_background(args.port)
+        print(f"Spark Connect server running: pid {server.pid}, spark.connect_url {server.url}, log {server.log_path}")
+    elif args.action == "stop":
+        print("Spark Connect server stopped" if spark_connect.stop_background() else "no Spark Connect server was recorded")
+    else:
+        server = spark_connect.read_state()
+        if server is None or not server.alive():
+            print("Spark Connect server: not running")
+            return 1
+        print(f"Spark Connect server: pid {server.pid}, spark.connect_url {server.url}, log {server.log_path}")
+    return 0
+
+
+def _add_spark_connect(sub: Any) -> None:
+    p = sub.add_parser("spark-connect", help="a local Spark Connect server for the write step (`make spark-connect` "
+                                             "installs it)")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--port", type=int, default=15002, help="start: the port to listen on (default 15002)")
+    p.set_defaults(fn=cmd_spark_connect)
+
+
 def cmd_produce_sample(args: argparse.Namespace) -> int:
     from tidewater.dev.sample_data import pizza_events, produce
 
@@ -452,6 +477,7 @@ _COMMANDS = (
     _add_sql,
     _add_maintain,
     _add_broker,
+    _add_spark_connect,
     _add_produce_sample,
     _add_docs,
     _add_data_docs,

@@ -152,32 +152,100 @@ def _connect_endpoint(url: str) -> tuple[str, int]:
     return parsed.hostname, parsed.port or 15002
 
 
-def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, float] | None = None) -> BatchManifest:
-    """The write step on a Spark Connect server (``spark.connect_url``), from this process: the same plan,
-    tasks, manifest and error document as the spark-submit job."""
+# How long the Connect client keeps retrying a server that does not answer (gRPC UNAVAILABLE): 50 ms growing
+# 4x per try to 5 s, 8 tries, about 25 s in all: enough for a server restart, then the write task fails with a
+# transient error and Airflow's retry takes over. The client's default is at least ten minutes.
+CONNECT_RETRY_POLICY = {"max_retries": 8, "backoff_multiplier": 4.0, "initial_backoff": 50, "max_backoff": 5000}
+
+
+_CONNECT_SESSIONS: dict[str, Any] = {}  # url -> session: a process's later batches reuse the server's warm session
+
+
+def connect_session(url: str) -> Any:
+    """A Spark Connect session on ``url`` with the bounded retry policy above, reused by this process's later
+    batches on the same URL. An unreachable server is a transient error naming ``spark.connect_url`` within
+    seconds (the client alone would retry for ten minutes).
+
+    Not ``builder.remote(url).getOrCreate()``: it returns the process's first session whatever the URL, so a
+    second server (or pipeline) would silently get the first one's."""
     import socket
 
+    from pyspark.sql import SparkSession
+
+    host, port = _connect_endpoint(url)
+    try:
+        socket.create_connection((host, port), timeout=10).close()
+    except OSError as e:
+        raise TransientError(f"spark.connect_url: the Spark Connect server {host}:{port} is unreachable ({e})") from None
+    spark = _CONNECT_SESSIONS.get(url)
+    if spark is None:
+        spark = _CONNECT_SESSIONS[url] = SparkSession.builder.remote(url).create()
+        # pyspark 3.5's builder takes no retry policy; its client keeps the policy in this dict (read per call)
+        spark.client._retry_policy.update(CONNECT_RETRY_POLICY)
+    return spark
+
+
+def forget_connect_session(url: str) -> None:
+    """Drop the cached session after a failure: the server may have restarted and lost it."""
+    spark = _CONNECT_SESSIONS.pop(url, None)
+    if spark is not None:
+        try:
+            spark.client.close()
+        except Exception:  # the channel of a server that went away: nothing left to close
+            log.debug("closing the Spark Connect session on a failed server", exc_info=True)
+
+
+def connect_failure(e: BaseException, url: str) -> Any:
+    """A failure of the Connect server itself as a TidewaterError naming ``spark.connect_url``, else None:
+    a server gone or restarting is transient; workers without the project's packages are terminal."""
+    from tidewater.write.job import missing_module
+
+    module = type(e).__module__ or ""
+    if not (module.startswith("pyspark") or module.startswith("grpc")):
+        return None
+    text = str(e)
+    missing = missing_module(text)
+    if missing:
+        return ConfigError(f"spark.connect_url: the Spark Connect server's Python workers cannot import {missing!r}: "
+                           "start the server with an interpreter that has the project's packages (PYSPARK_PYTHON; "
+                           "`make spark-connect` does)")
+    # gRPC gone (UNAVAILABLE, refused, reset), the session lost with a restart (INVALID_HANDLE), or a server that
+    # is shutting down and still answers (its SparkContext stopped first)
+    if any(t in text for t in ("UNAVAILABLE", "Connection refused", "failed to connect", "Socket closed",
+                               "INVALID_HANDLE", "Deadline Exceeded", "connection reset", "stopped SparkContext",
+                               "SparkContext was shut down")):
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)[:300]
+        host, port = _connect_endpoint(url)  # never the whole URL: it may carry a token
+        return TransientError(f"spark.connect_url: the Spark Connect server {host}:{port} went away or is restarting "
+                              f"({first})")
+    return None
+
+
+def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, float] | None = None,
+                      url: str | None = None) -> BatchManifest:
+    """The write step on a Spark Connect server (``url``, default ``spark.connect_url``), from this process:
+    the same plan, tasks, manifest and error document as the spark-submit job."""
     from tidewater.batch import ERROR_NAME
     from tidewater.source.kafka import kafka_settings
     from tidewater.write.job import run_arrow, stage_manifest
 
     timings = {} if timings is None else timings
-    url = str(spec.spark.connect_url)
-    host, port = _connect_endpoint(url)
-    # The client retries an unreachable server for about ten minutes: find out in seconds first.
-    try:
-        socket.create_connection((host, port), timeout=10).close()
-    except OSError as e:
-        raise TransientError(f"spark.connect_url: the Spark Connect server {host}:{port} is unreachable ({e})") from None
-    from pyspark.sql import SparkSession
-
+    url = url or str(spec.spark.connect_url)
     (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
     manifest_path(plan_path).unlink(missing_ok=True)
     plan = load_plan(plan_path)
     timings["submitted"] = time.time()
-    spark = SparkSession.builder.remote(url).getOrCreate()
+    spark = connect_session(url)
     timings.update(driver_started=timings["submitted"], imports_done=time.time(), session_ready=time.time())
-    manifest = stage_manifest(plan_path.parent, lambda: run_arrow(spark, plan, spec, kafka_settings(spec), timings))
+    try:
+        manifest = stage_manifest(plan_path.parent, lambda: run_arrow(spark, plan, spec, kafka_settings(spec), timings))
+    except Exception as e:
+        mapped = connect_failure(e, url)
+        if mapped is not None and mapped.transient:
+            forget_connect_session(url)
+        if mapped is None:
+            raise
+        raise mapped from None
     timings["returned"] = time.time()
     return manifest
 

@@ -239,6 +239,14 @@ def read_error(batch_dir: Path) -> BatchWriteError | None:
     return BatchWriteError.from_document(read_json(path), 1) if path.is_file() else None
 
 
+def missing_module(text: str) -> str | None:
+    """The module a Python worker could not import, from a Spark error's text, if that is what it says."""
+    import re
+
+    found = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
+    return found.group(1) if found else None
+
+
 def deployment_fault(text: str) -> Any:
     """A terminal error for a failure of the Spark job itself that no retry can heal (the executors' Python
     lacks the project's packages or does not exist on the workers), else None. ``text``: the job's error or log."""
@@ -246,9 +254,9 @@ def deployment_fault(text: str) -> Any:
 
     from tidewater.errors import ConfigError
 
-    missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
+    missing = missing_module(text)
     if missing:
-        return ConfigError(f"spark.python_env: the executors' Python cannot import {missing.group(1)!r} (it lacks the "
+        return ConfigError(f"spark.python_env: the executors' Python cannot import {missing!r} (it lacks the "
                            "project's packages); ship them with spark.python_env (`make executor-env` builds "
                            ".data/executor-env.tar.gz) or install them on the workers")
     program = re.search(r'Cannot run program "([^"]+)"', text)

@@ -1,0 +1,163 @@
+"""A real Spark Connect server for the demo, tests and benchmarks: the warm path of the write step.
+
+pyspark 3.5 (the project's, matching the Iceberg runtime jar) ships no Connect server. pyspark 4.0.x's source
+distribution does (``deps/jars/spark-connect_2.13-*.jar`` and ``deps/bin/spark-submit``): ``make spark-connect``
+downloads it from the package registry (pinned in ``constraints-spark-connect.txt``) and unpacks it in its own
+folder, ``.data/spark-connect/``, never into the project's virtualenv. The server runs from there with
+``SPARK_HOME`` set to its ``deps/`` folder and its Python workers started with the project's interpreter
+(``PYSPARK_PYTHON``), so they import ``tidewater`` and its packages, with the distribution's own pyspark first
+on ``PYTHONPATH`` (a worker must speak its server's version). The project's pyspark 3.5 client talks to it
+(Spark tests this skew, SPARK-48054). It listens on 127.0.0.1 only. The write step needs no Iceberg catalog
+in Spark, so the server runs none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidewater.config.spec import home_dir
+from tidewater.errors import ConfigError, TransientError
+
+log = logging.getLogger(__name__)
+
+DIST_ENV = "TIDEWATER_SPARK_CONNECT_DIST"
+STATE_FILE = "spark-connect.json"
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def default_dist() -> Path:
+    """Where ``make spark-connect`` unpacks the distribution: ``$TIDEWATER_SPARK_CONNECT_DIST``, else
+    ``.data/spark-connect`` beside the package's checkout."""
+    env = os.environ.get(DIST_ENV)
+    return Path(env) if env else Path(__file__).resolve().parents[3] / ".data" / "spark-connect"
+
+
+def check_dist(dist: Path) -> Path:
+    """The distribution's spark-submit, or a ConfigError saying how to install it."""
+    submit = dist / "deps" / "bin" / "spark-submit"
+    if not submit.is_file() or not list((dist / "deps" / "jars").glob("spark-connect_*.jar")):
+        raise ConfigError(f"no Spark Connect server distribution at {dist} (`make spark-connect` installs it, or set "
+                          f"{DIST_ENV} to an unpacked pyspark 4.0.x source distribution)")
+    for script in (dist / "deps" / "bin").iterdir():  # the archive keeps no execute bits
+        if not os.access(script, os.X_OK):
+            script.chmod(0o755)
+    return submit
+
+
+def server_env(dist: Path, python: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: its own Spark home, its own pyspark first on the path, ``python`` for workers."""
+    env = dict(os.environ if base is None else base)
+    py4j = sorted((dist / "lib").glob("py4j-*.zip"))
+    env.update({"SPARK_HOME": str(dist / "deps"), "PYSPARK_PYTHON": python, "SPARK_LOCAL_IP": "127.0.0.1",
+                "PYTHONPATH": os.pathsep.join([str(dist), *map(str, py4j)])})
+    env.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
+    env.pop("SPARK_CONF_DIR", None)  # the project's Spark settings are for its own (3.5) Spark
+    return env
+
+
+@dataclass
+class ConnectServer:
+    pid: int
+    port: int
+    log_path: str
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except OSError:
+            return False
+        try:  # a zombie child counts as gone
+            return Path(f"/proc/{self.pid}/stat").read_text().split()[2] != "Z"
+        except OSError:
+            return True
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM to the server's process group (the JVM and its Python workers), SIGKILL after ``grace`` s."""
+        if not self.alive():
+            return
+        try:
+            os.killpg(self.pid, signal.SIGTERM)
+        except OSError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.alive():
+            try:
+                os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.1)
+        if self.alive():
+            os.killpg(self.pid, signal.SIGKILL)
+
+
+def start(dist: Path | None = None, port: int | None = None, log_path: Path | None = None,
+          python: str | None = None, master: str = "local[2]", conf: dict[str, str] | None = None,
+          timeout: float = 180) -> ConnectServer:
+    """Start a server (its own process group) and return once it accepts connections. ``python``: the
+    workers' interpreter (default: this one, which has the project's packages). ``conf``: more server settings."""
+    from tidewater.dev.broker import free_port, port_free, wait_listening
+
+    dist = dist or default_dist()
+    submit = check_dist(dist)
+    if port and not port_free(port):
+        raise ConfigError(f"--port: 127.0.0.1:{port} is already in use by another process; choose another port")
+    port = port or free_port()
+    log_path = log_path or home_dir() / f"spark-connect-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    settings = {"spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": "127.0.0.1",
+                "spark.ui.enabled": "false", "spark.python.worker.reuse": "true", **(conf or {})}
+    cmd = [str(submit), "--master", master, "--class", SERVER_CLASS, "--name", "tidewater-spark-connect"]
+    for k, v in settings.items():
+        cmd += ["--conf", f"{k}={v}"]
+    cmd.append("spark-internal")
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=server_env(dist, python or sys.executable), cwd=log_path.parent)
+    server = ConnectServer(proc.pid, port, str(log_path))
+    if not wait_listening(port, timeout) or proc.poll() is not None:
+        server.stop(grace=2)
+        raise TransientError(f"the Spark Connect server did not listen on 127.0.0.1:{port} within {timeout:.0f} s; "
+                             f"see {log_path}")
+    log.info("Spark Connect server pid %d on %s (log %s)", proc.pid, server.url, log_path)
+    return server
+
+
+def start_background(port: int) -> ConnectServer:
+    """Start (or reuse) the recorded server on ``port`` ($TIDEWATER_HOME/spark-connect.json)."""
+    current = read_state()
+    if current is not None and current.alive() and current.port == port:
+        return current
+    if current is not None:
+        current.stop()
+    server = start(port=port)
+    (home_dir() / STATE_FILE).write_text(json.dumps({"pid": server.pid, "port": server.port, "log_path": server.log_path}))
+    return server
+
+
+def read_state() -> ConnectServer | None:
+    path = home_dir() / STATE_FILE
+    if not path.is_file():
+        return None
+    d = json.loads(path.read_text())
+    return ConnectServer(int(d["pid"]), int(d["port"]), d["log_path"])
+
+
+def stop_background() -> bool:
+    server = read_state()
+    if server is None:
+        return False
+    server.stop()
+    (home_dir() / STATE_FILE).unlink(missing_ok=True)
+    return True
