@@ -95,6 +95,23 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
     assert committed_state(table).offsets == {topic: {0: 240, 1: 240}}
 
 
+def test_dag_writes_through_a_spark_connect_connection(broker, topic, airflow_env, spark_connect):
+    """The DAG's Spark connection is the provider's `spark_connect` type, pointing at the session's real Spark
+    Connect server (no `spark.connect_url` in the pipeline). Expected: the write task takes the Connect path
+    (no spark-submit), the batch commits with rows and offsets exact, and the log names the server."""
+    host, port = spark_connect.url.removeprefix("sc://").split(":")
+    env = {**airflow_env,
+           "AIRFLOW_CONN_TIDEWATER_SPARK": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)})}
+    pipeline = write_pipeline(Path(env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
+                              kafka={"bootstrap_servers": broker.bootstrap})
+    produce(broker.bootstrap, topic, pizza_events(300, seed=60), partitions=2)
+    out = dags_test(env, "ingest_orders")
+    assert "through Spark Connect" in out and "spark-submit" not in out.replace("spark-submit.log", "")
+    table = table_of(pipeline)
+    assert table.scan().to_arrow().num_rows == 300
+    assert committed_state(table).offsets == {topic: {0: 150, 1: 150}}
+
+
 def test_replay_dag_from_its_form(broker, topic, airflow_env):
     """replay_<name> run through Airflow with the form's parameters (`--conf`): a dry run changes nothing,
     a replace replay leaves the table identical with unchanged offsets, and a range past the committed
