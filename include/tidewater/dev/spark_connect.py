@@ -102,26 +102,31 @@ class ConnectServer:
             os.killpg(self.pid, signal.SIGKILL)
 
 
+def server_command(dist: Path, port: int, host: str = "127.0.0.1", master: str = "local[2]",
+                   conf: dict[str, str] | None = None) -> list[str]:
+    """The spark-submit command line of a server listening on ``host:port`` (no secret is ever on it)."""
+    settings = {"spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": host,
+                "spark.ui.enabled": "false", "spark.python.worker.reuse": "true", **(conf or {})}
+    cmd = [str(check_dist(dist)), "--master", master, "--class", SERVER_CLASS, "--name", "tidewater-spark-connect"]
+    for k, v in settings.items():
+        cmd += ["--conf", f"{k}={v}"]
+    return [*cmd, "spark-internal"]
+
+
 def start(dist: Path | None = None, port: int | None = None, log_path: Path | None = None,
           python: str | None = None, master: str = "local[2]", conf: dict[str, str] | None = None,
           timeout: float = 180) -> ConnectServer:
-    """Start a server (its own process group) and return once it accepts connections. ``python``: the
-    workers' interpreter (default: this one, which has the project's packages). ``conf``: more server settings."""
+    """Start a server on 127.0.0.1 (its own process group) and return once it accepts connections. ``python``:
+    the workers' interpreter (default: this one, which has the project's packages). ``conf``: more settings."""
     from tidewater.dev.broker import free_port, port_free, wait_listening
 
     dist = dist or default_dist()
-    submit = check_dist(dist)
     if port and not port_free(port):
         raise ConfigError(f"--port: 127.0.0.1:{port} is already in use by another process; choose another port")
     port = port or free_port()
     log_path = log_path or home_dir() / f"spark-connect-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    settings = {"spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": "127.0.0.1",
-                "spark.ui.enabled": "false", "spark.python.worker.reuse": "true", **(conf or {})}
-    cmd = [str(submit), "--master", master, "--class", SERVER_CLASS, "--name", "tidewater-spark-connect"]
-    for k, v in settings.items():
-        cmd += ["--conf", f"{k}={v}"]
-    cmd.append("spark-internal")
+    cmd = server_command(dist, port, master=master, conf=conf)
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=server_env(dist, python or sys.executable), cwd=log_path.parent)
@@ -161,3 +166,23 @@ def stop_background() -> bool:
     server.stop()
     (home_dir() / STATE_FILE).unlink(missing_ok=True)
     return True
+
+
+def serve(argv: list[str] | None = None) -> None:
+    """Run a server in the foreground, in place of this process (a container's command: see docker-compose.yml's
+    ``spark-connect`` service): ``python -m tidewater.dev.spark_connect --dist D --host 0.0.0.0 --port 15002``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tidewater.dev.spark_connect", description=serve.__doc__)
+    ap.add_argument("--dist", type=Path, default=None, help="the unpacked pyspark 4.0.x distribution")
+    ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0 in a container)")
+    ap.add_argument("--port", type=int, default=15002)
+    ap.add_argument("--master", default="local[2]", help="the server's own Spark master (its version's: 4.0)")
+    args = ap.parse_args(argv)
+    dist = args.dist or default_dist()
+    cmd = server_command(dist, args.port, args.host, args.master)
+    os.execvpe(cmd[0], cmd, server_env(dist, sys.executable))
+
+
+if __name__ == "__main__":
+    serve()
