@@ -9,6 +9,8 @@ For each case:
   naive     - confluent-kafka loop, json.loads per record, pyiceberg append every 100k records
   tidewater - `tidewater run` of one batch covering the topic (plan, Spark job, validate, commit), and
               the Spark job's data path (first record read to last file written, from the manifest)
+  Connect   - the same through a warm Spark Connect server (`make spark-connect-install`; started once, warmed
+              with one small batch first, as a long-running server is), beside spark-submit in the same run
 Peak RSS is sampled (every 0.2 s) for every process of a run: the CLI, spark-submit's JVM, the Spark
 driver's Python and the Python workers.
 """
@@ -278,6 +280,40 @@ def breakdown(res: dict, wall: float) -> dict[str, float]:
     return out
 
 
+def build_cases(args: argparse.Namespace) -> list[tuple[str, int, int, int]]:
+    """(case, records, partitions, every how many records one is undecodable) from the command line."""
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    cases = [(f"6 partitions x {n / 1e6:g}M", n, 6, 0) for n in sizes]
+    if args.small:
+        cases.append((f"6 partitions x {args.small / 1e6:g}M", args.small, 6, 0))
+    if args.single:
+        cases.append((f"1 partition x {args.single / 1e6:g}M", args.single, 1, 0))
+    if args.bad_percent:
+        n = sizes[0]
+        cases.append((f"6 partitions x {n / 1e6:g}M, {args.bad_percent:g}% undecodable", n, 6, round(100 / args.bad_percent)))
+    if args.avro:
+        cases.append((f"6 partitions x {args.avro / 1e6:g}M, Avro", args.avro, 6, 0))
+    return cases
+
+
+def measure_run(case: str, engine: str, n: int, nbytes: int, path: Path, env: dict[str, str], home: Path,
+                results: list[Result], breakdowns: dict | None, bad_every: int) -> None:
+    """One `tidewater run` of the case's batch on ``engine`` (a local master, or "Spark Connect" for a pipeline
+    with spark.connect_url): end to end and its data path, and its phases into ``breakdowns`` when given.
+    A Connect server's processes are not the CLI's children: their RSS is not sampled."""
+    print(f"   tidewater run ({engine})", flush=True)
+    res, rss, wall = tidewater_run(path, env)
+    assert res["records"] == n, res
+    assert res.get("dead_letters", 0) == (len(range(0, n, bad_every)) if bad_every else 0), res
+    m = manifest_of(home, yaml.safe_load(path.read_text())["name"], res["batch_id"])
+    secs, files, fbytes, tasks = data_path(m)
+    extra = {"files": files, "file_mb": round(fbytes / 1e6, 1), "tasks": tasks}
+    results.append(Result(case, f"tidewater run, {engine}", n, wall, nbytes, rss, extra))
+    results.append(Result(case, f"tidewater data path, {engine}", n, secs, nbytes, {}, extra))
+    if breakdowns is not None:
+        breakdowns[case] = {**breakdown(res, wall), "records": n}
+
+
 def manifest_of(home: Path, pipeline: str, batch_id: str) -> dict:
     return json.loads((home / "staging" / pipeline / batch_id / "manifest.json").read_text())
 
@@ -350,6 +386,7 @@ def main() -> int:
                          "on the same topics in the same run, for before/after ratios")
     ap.add_argument("--repeat", type=int, default=3, help="one-record batches measured per code version (median)")
     ap.add_argument("--no-naive", action="store_true")
+    ap.add_argument("--no-connect", action="store_true", help="skip the Spark Connect rows")
     ap.add_argument("--no-dag", action="store_true", help="skip the empty-batch run through Airflow")
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     args = ap.parse_args()
@@ -367,6 +404,8 @@ def main() -> int:
     (home / "jars").symlink_to(REPO / ".data" / "jars") if (REPO / ".data" / "jars").is_dir() else None
     env = {**os.environ, "TIDEWATER_HOME": str(home), "TIDEWATER_LOG_LEVEL": "WARNING"}
     b = embedded.start(log_path=work / "broker.log")
+    server = None if args.no_connect else start_connect(work, env, b.bootstrap)
+    connect_breakdowns: dict[str, dict[str, float]] = {}  # the same phases through the Connect server
     results: list[Result] = []
     fixed: dict[str, float] = {}
     breakdowns: dict[str, dict[str, float]] = {}  # case -> phase -> seconds (`tidewater run`, local[2])
@@ -374,17 +413,7 @@ def main() -> int:
     baseline = Path(args.baseline).resolve() if args.baseline else None
     registry = None
     try:
-        sizes = [int(s) for s in args.sizes.split(",") if s]
-        cases = [(f"6 partitions x {n / 1e6:g}M", n, 6, 0) for n in sizes]
-        if args.small:
-            cases.append((f"6 partitions x {args.small / 1e6:g}M", args.small, 6, 0))
-        if args.single:
-            cases.append((f"1 partition x {args.single / 1e6:g}M", args.single, 1, 0))
-        if args.bad_percent:
-            n = sizes[0]
-            cases.append((f"6 partitions x {n / 1e6:g}M, {args.bad_percent:g}% undecodable", n, 6, round(100 / args.bad_percent)))
-        if args.avro:
-            cases.append((f"6 partitions x {args.avro / 1e6:g}M, Avro", args.avro, 6, 0))
+        cases = build_cases(args)
         cores = [int(c) for c in args.cores.split(",") if c]
         from tidewater.dev.sample_data import PIZZA_AVRO_SCHEMA, LocalSchemaRegistry
 
@@ -415,17 +444,8 @@ def main() -> int:
             for master in masters:
                 name = f"b{ci}_{master[6:-1]}"
                 path = pipeline_file(work, name, topic, b.bootstrap, f"bench.t{ci}_{master[6:-1]}", master, fmt)
-                print(f"   tidewater run ({master})", flush=True)
-                res, rss, wall = tidewater_run(path, env)
-                assert res["records"] == n, res
-                assert res.get("dead_letters", 0) == (len(range(0, n, bad_every)) if bad_every else 0), res
-                m = manifest_of(home, name, res["batch_id"])
-                secs, files, fbytes, tasks = data_path(m)
-                extra = {"files": files, "file_mb": round(fbytes / 1e6, 1), "tasks": tasks}
-                results.append(Result(case, f"tidewater run, {master}", n, wall, nbytes, rss, extra))
-                results.append(Result(case, f"tidewater data path, {master}", n, secs, nbytes, {}, extra))
-                if master == "local[2]" and not bad_every and not avro:
-                    breakdowns[case] = {**breakdown(res, wall), "records": n}
+                measure_run(case, master, n, nbytes, path, env, home, results,
+                            breakdowns if master == "local[2]" and not bad_every and not avro else None, bad_every)
                 base_path = None
                 if baseline is not None and master == "local[2]":
                     base_path = pipeline_file(work, f"{name}_base", topic, b.bootstrap, f"bench.t{ci}_base", master, fmt)
@@ -435,20 +455,29 @@ def main() -> int:
                     results.append(Result(case, f"baseline run, {master}", n, bwall, nbytes, brss))
                     if not bad_every and not avro:
                         base_breakdowns[case] = {"total (wall)": bwall}
+                if server is not None and master == "local[2]":
+                    measure_run(case, "Spark Connect", n, nbytes, connect_pipeline(path, server.url), env, home, results,
+                                connect_breakdowns if not bad_every and not avro else None, bad_every)
                 if ci == 0 and master == masters[-1]:
                     print("   fixed costs", flush=True)
                     t0 = time.monotonic()
                     tidewater_run(path, env)
                     fixed["empty batch, `tidewater run` (no Spark start)"] = time.monotonic() - t0
                     one_record_batches(b.bootstrap, topic, parts, path, base_path, env, baseline, args.repeat,
-                                       fixed, breakdowns, base_breakdowns)
+                                       fixed, breakdowns, base_breakdowns,
+                                       [(connect_pipeline(path, server.url), connect_breakdowns)] if server else [])
                     if not args.no_dag:
                         fixed.update(dag_runs(work, path, env, b.bootstrap, topic, parts))
     finally:
         b.stop()
+        if server is not None:
+            server.stop()
         if registry is not None:
             registry.stop()
     report = write_report(results, fixed, args, started) + breakdown_report(breakdowns, base_breakdowns, baseline)
+    if connect_breakdowns:
+        report += breakdown_report(connect_breakdowns, {}, None, "Spark Connect, a warm server on local[2]")
+        report += targets_report(results, connect_breakdowns)
     out = Path(args.output)
     if out.is_file() and ANALYSIS_MARK in out.read_text():  # keep the hand-written analysis below the figures
         report += "\n" + ANALYSIS_MARK + out.read_text().split(ANALYSIS_MARK, 1)[1]
@@ -461,41 +490,49 @@ ONE_RECORD = "1 record"
 
 
 def one_record_batches(bootstrap: str, topic: str, parts: int, path: Path, base_path: Path | None, env: dict[str, str],
-                       baseline: Path | None, repeat: int, fixed: dict[str, float], breakdowns: dict, base_breakdowns: dict) -> None:
-    """One-record batches through `tidewater run`, this code and the baseline alternating (medians)."""
+                       baseline: Path | None, repeat: int, fixed: dict[str, float], breakdowns: dict, base_breakdowns: dict,
+                       connect: list[tuple[Path, dict]] | None = None) -> None:
+    """One-record batches through `tidewater run`, this code, the baseline and (``connect``: its pipeline and
+    breakdowns) the Spark Connect path alternating on the same records (medians)."""
     import statistics
 
     from tidewater.dev.sample_data import produce
 
-    runs: dict[str, list[tuple[dict, float]]] = {"new": [], "base": []}
+    runs: dict[str, list[tuple[dict, float]]] = {"new": [], "base": [], "connect": []}
     for _ in range(repeat):
         produce(bootstrap, topic, [b'{"order_id": "one", "store_id": 1}'], partitions=parts, create=False)
         res, _, wall = tidewater_run(path, env)
         assert res["records"] == 1, res
         runs["new"].append((res, wall))
+        for cpath, _ in connect or []:
+            res, _, wall = tidewater_run(cpath, env)
+            assert res["records"] == 1, res
+            runs["connect"].append((res, wall))
         if base_path is not None and baseline is not None:
             res, _, wall = tidewater_run(base_path, baseline_env(env, baseline))
             assert res["records"] == 1, res
             runs["base"].append((res, wall))
-    per_phase: dict[str, list[float]] = {}
-    for res, wall in runs["new"]:
-        for k, v in breakdown(res, wall).items():
-            per_phase.setdefault(k, []).append(v)
-    breakdowns[ONE_RECORD] = {k: statistics.median(v) for k, v in per_phase.items()}
-    fixed[f"one-record batch, `tidewater run` (median of {repeat})"] = breakdowns[ONE_RECORD]["total (wall)"]
+    for key, into, label in [("new", breakdowns, ""), *[("connect", b, ", Spark Connect") for _, b in connect or []]]:
+        per_phase: dict[str, list[float]] = {}
+        for res, wall in runs[key]:
+            for k, v in breakdown(res, wall).items():
+                per_phase.setdefault(k, []).append(v)
+        into[ONE_RECORD] = {k: statistics.median(v) for k, v in per_phase.items()}
+        fixed[f"one-record batch, `tidewater run`{label} (median of {repeat})"] = into[ONE_RECORD]["total (wall)"]
     if runs["base"]:
         base = statistics.median(w for _, w in runs["base"])
         base_breakdowns[ONE_RECORD] = {"total (wall)": base}
         fixed[f"one-record batch, baseline `tidewater run` (median of {repeat})"] = base
 
 
-def breakdown_report(breakdowns: dict[str, dict[str, float]], base: dict[str, dict[str, float]], baseline: Path | None) -> str:
-    """Where the seconds of one batch go, per batch size (`tidewater run`, Spark local[2])."""
+def breakdown_report(breakdowns: dict[str, dict[str, float]], base: dict[str, dict[str, float]], baseline: Path | None,
+                     engine: str = "Spark local[2]") -> str:
+    """Where the seconds of one batch go, per batch size (`tidewater run` on ``engine``)."""
     if not breakdowns:
         return ""
     cases = sorted(breakdowns, key=lambda c: (c != ONE_RECORD, "1 partition" in c, breakdowns[c].get("records", 1)))
     phases = list(dict.fromkeys(k for c in cases for k in breakdowns[c] if k != "records"))
-    lines = ["", "## Where a batch's time goes (`tidewater run`, Spark local[2])", "",
+    lines = ["", f"## Where a batch's time goes (`tidewater run`, {engine})", "",
              "Seconds per phase, in order. `write:` phases come from the Spark driver's milestones and the tasks' "
              "timings (manifest `driver_timings`, `task_timings`); the first task's set-up and the data path run on "
              "the critical path of the first task to start, other tasks run alongside.", "",
@@ -509,6 +546,56 @@ def breakdown_report(breakdowns: dict[str, dict[str, float]], base: dict[str, di
             f"{base[c]['total (wall)']:.2f}" if c in base else "" for c in cases) + " |")
         lines.append("| baseline / now | " + " | ".join(
             f"{base[c]['total (wall)'] / breakdowns[c]['total (wall)']:.2f}x" if c in base else "" for c in cases) + " |")
+    return "\n".join(lines + [""]) + "\n"
+
+
+# ---- Spark Connect ------------------------------------------------------------------------------------
+
+
+def start_connect(work: Path, env: dict[str, str], bootstrap: str):  # noqa: ANN201
+    """A Spark Connect server (local[2]) warmed with one small batch, as a long-running server is."""
+    from tidewater.dev import spark_connect
+    from tidewater.dev.sample_data import pizza_events, produce
+
+    print("== starting and warming the Spark Connect server", flush=True)
+    server = spark_connect.start(log_path=work / "spark-connect.log")
+    produce(bootstrap, "bench-warmup", pizza_events(1000, seed=1), partitions=2)
+    path = connect_pipeline(pipeline_file(work, "warmup", "bench-warmup", bootstrap, "bench.warmup", "local[2]"), server.url)
+    res, _, _ = tidewater_run(path, env)
+    assert res["records"] == 1000, res
+    return server
+
+
+def connect_pipeline(path: Path, url: str) -> Path:
+    """The same pipeline writing through the Connect server, into its own table."""
+    doc = yaml.safe_load(path.read_text())
+    doc["name"] += "_connect"
+    doc["table"]["identifier"] += "_connect"
+    doc["spark"]["connect_url"] = url
+    out = path.with_name(f"{doc['name']}.yaml")
+    out.write_text(yaml.safe_dump(doc))
+    return out
+
+
+def targets_report(results: list[Result], connect: dict[str, dict[str, float]]) -> str:
+    """Issue 23's targets against this run's figures (ratios within the run)."""
+    by = {(r.case, r.method): r for r in results}
+
+    def vs_naive(case: str, method: str) -> str:
+        r, nai = by.get((case, method)), by.get((case, "naive"))
+        return f"{r.rate / nai.rate:.2f}x" if r and nai else "not measured"
+
+    one = connect.get(ONE_RECORD, {})
+    setup = one.get("write: first task's set-up (catalog, table, clients)")
+    rows = [("one-record batch end to end through Connect", "<= 1.5 s",
+             f"{one['total (wall)']:.2f} s" if one else "not measured"),
+            ("6 partitions x 1M through Connect, vs naive", ">= 1.5x", vs_naive("6 partitions x 1M", "tidewater run, Spark Connect")),
+            ("6 partitions x 5M through Connect, vs naive", ">= 3x", vs_naive("6 partitions x 5M", "tidewater run, Spark Connect")),
+            ("6 partitions x 1M through spark-submit, vs naive", ">= 1.2x", vs_naive("6 partitions x 1M", "tidewater run, local[2]")),
+            ("first task's set-up on a warm worker (one-record batch, Connect)", "<= 0.3 s",
+             f"{setup:.3f} s" if setup is not None else "not measured")]
+    lines = ["", "## Spark Connect targets (this run)", "", "| what | target | measured |", "| --- | --- | ---: |"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines + [""]) + "\n"
 
 

@@ -7,7 +7,6 @@ offsets and change-table contents are checked exactly, as for spark-submit."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -166,33 +165,32 @@ def test_dead_letters_through_the_server_are_counted_and_kept(broker, home, topi
 
 
 def test_a_batch_killed_mid_write_is_written_once_by_the_next_run(broker, home, topic, spark_connect):
-    """`tidewater run` (the Connect path) is killed (SIGKILL) while the server runs its tasks. Expected: nothing
-    was committed; the next run plans the range again and commits it: every record exactly once, offsets
-    exact."""
-    path = _pipeline(home, broker, topic, spark_connect.url, batch={"records_per_task": 20_000, "chunk_records": 2000,
-                                                                     "max_records": 200_000})
-    events = pizza_events(120_000, seed=98)
-    produce_to_partition(broker.bootstrap, topic, 0, events[:60_000], partitions=2)
-    produce_to_partition(broker.bootstrap, topic, 1, events[60_000:])
+    """`tidewater run` (the Connect path) is killed (SIGKILL) as soon as the server's first task wrote a data file
+    (30 tasks of 10,000 records: most are still to run). Expected: nothing was committed and no manifest was
+    staged; the next run plans the range again and commits it: every record exactly once, offsets exact."""
+    path = _pipeline(home, broker, topic, spark_connect.url, batch={"records_per_task": 10_000, "chunk_records": 2000,
+                                                                     "max_records": 400_000})
+    events = pizza_events(300_000, seed=98)
+    for p in range(2):
+        for i in range(p * 150_000, (p + 1) * 150_000, 50_000):  # the producer's local queue holds 100,000
+            produce_to_partition(broker.bootstrap, topic, p, events[i:i + 50_000], partitions=2)
     proc = subprocess.Popen([str(Path(sys.executable).parent / "tidewater"), "run", "--pipeline", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    seen: list[str] = []
-    for line in proc.stdout:  # type: ignore[union-attr]
-        seen.append(line.decode(errors="replace"))
-        if "[2/4] write" in seen[-1]:
-            break
-    time.sleep(3)  # the server's tasks are running
-    assert proc.poll() is None, "".join(seen)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list((home / "warehouse").rglob("*.parquet")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run was still writing when it was killed"
+    assert not list((home / "staging").rglob("manifest.json")), "killed before the write step's manifest"
     table = table_of(path)
     assert table is None or table.current_snapshot() is None, "the killed batch committed nothing"
     result = run_once(path, out=quiet)
-    assert result["status"] == "committed" and result["records"] == 120_000
+    assert result["status"] == "committed" and result["records"] == 300_000
     table = table_of(path)
     ids = table.scan(selected_fields=("order_id",)).to_arrow().column("order_id")
-    assert len(ids) == 120_000 and len(set(ids.to_pylist())) == 120_000
-    assert committed_state(table).offsets == {topic: {0: 60_000, 1: 60_000}}
+    assert len(ids) == 300_000 and len(set(ids.to_pylist())) == 300_000
+    assert committed_state(table).offsets == {topic: {0: 150_000, 1: 150_000}}
 
 
 def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, home, topic, tmp_path, spark_connect):
@@ -212,7 +210,10 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
                                    table={"identifier": "rpc.warm"}))
     produce_to_partition(broker.bootstrap, topic + "-warm", 0, pizza_events(5, seed=101))
     assert _batch(warm)[2].status == "committed"
-    bare = connect.start(dist, python=BARE_PYTHON, log_path=tmp_path / "bare.log")
+    # sessions idle for 8 s are closed (checked every second): for the session walk at the end of part (1)
+    idle = {"spark.connect.session.manager.defaultSessionTimeout": "8s",
+            "spark.connect.session.manager.maintenanceInterval": "1s"}
+    bare = connect.start(dist, python=BARE_PYTHON, log_path=tmp_path / "bare.log", conf=idle)
     try:
         spec = load_pipeline(_pipeline(home, broker, topic, bare.url))
         produce_to_partition(broker.bootstrap, topic, 0, pizza_events(10, seed=99))
@@ -221,6 +222,7 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
                                               r"import '\w+'") as e:
             run_write_step(spec, plan_path)
         assert e.value.transient is False
+        _sessions_are_shared_and_a_closed_one_is_replaced(bare.url)
     finally:
         bare.stop()
 
@@ -243,3 +245,21 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
     assert e.value.transient is True and time.monotonic() - started < 120
     table = load_table(load_catalog(spec), spec.table.identifier)
     assert table is None or table.current_snapshot() is None
+
+
+def _session_id(url: str) -> str:
+    """The session id a new process takes for ``url`` (a separate interpreter, as an Airflow task is)."""
+    code = ("import sys; from tidewater.runtime.steps import connect_session; "
+            "s = connect_session(sys.argv[1]); print(s.client._session_id); assert s.range(3).count() == 3")
+    out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _sessions_are_shared_and_a_closed_one_is_replaced(url: str) -> None:
+    """Two processes in a row get the same session (the server's Python workers stay warm between batches);
+    once the server closed it (idle past its timeout), the next process takes the next id and works."""
+    first = _session_id(url)
+    assert _session_id(url) == first
+    time.sleep(12)  # idle past the server's 8 s timeout: the session is closed and its id refused
+    assert _session_id(url) not in (first, "")

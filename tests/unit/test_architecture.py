@@ -111,3 +111,16 @@ def test_stages_are_packages_named_after_the_pipeline() -> None:
         assert module in MODULES
     assert not [m for m in MODULES if m.count(".") == 1 and m not in (
         "tidewater.batch", "tidewater.errors") and not MODULES[m].name == "__init__.py"], "flat modules are back"
+
+
+def test_the_connect_workers_daemon_preloads_modules_that_exist():
+    """`spark.python.daemon.module` of the Spark Connect server: a name in its PRELOAD list that does not import
+    would make every Python worker of the server fail. Each is imported here."""
+    import importlib
+    import sys
+
+    from tidewater.runtime.worker_daemon import PRELOAD, preload
+
+    preload()
+    assert all(name in sys.modules for name in PRELOAD)
+    assert all(importlib.util.find_spec(name) is not None for name in PRELOAD)

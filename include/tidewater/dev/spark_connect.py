@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 DIST_ENV = "TIDEWATER_SPARK_CONNECT_DIST"
 STATE_FILE = "spark-connect.json"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+WORKER_DAEMON = "tidewater.runtime.worker_daemon"
 
 
 def default_dist() -> Path:
@@ -106,7 +107,9 @@ def server_command(dist: Path, port: int, host: str = "127.0.0.1", master: str =
                    conf: dict[str, str] | None = None) -> list[str]:
     """The spark-submit command line of a server listening on ``host:port`` (no secret is ever on it)."""
     settings = {"spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": host,
-                "spark.ui.enabled": "false", "spark.python.worker.reuse": "true", **(conf or {})}
+                "spark.ui.enabled": "false", "spark.python.worker.reuse": "true",
+                # workers forked with the write step's modules loaded (Spark reaps idle workers after a minute)
+                "spark.python.daemon.module": WORKER_DAEMON, **(conf or {})}
     cmd = [str(check_dist(dist)), "--master", master, "--class", SERVER_CLASS, "--name", "tidewater-spark-connect"]
     for k, v in settings.items():
         cmd += ["--conf", f"{k}={v}"]

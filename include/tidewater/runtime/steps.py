@@ -159,6 +159,7 @@ CONNECT_RETRY_POLICY = {"max_retries": 8, "backoff_multiplier": 4.0, "initial_ba
 
 
 _CONNECT_SESSIONS: dict[str, Any] = {}  # url -> session: a process's later batches reuse the server's warm session
+SESSION_GENERATIONS = 32  # session ids tried after the server closed the earlier ones (see shared_session)
 
 
 def connect_session(url: str) -> Any:
@@ -170,8 +171,6 @@ def connect_session(url: str) -> Any:
     second server (or pipeline) would silently get the first one's."""
     import socket
 
-    from pyspark.sql import SparkSession
-
     host, port = _connect_endpoint(url)
     try:
         socket.create_connection((host, port), timeout=10).close()
@@ -179,10 +178,44 @@ def connect_session(url: str) -> Any:
         raise TransientError(f"spark.connect_url: the Spark Connect server {host}:{port} is unreachable ({e})") from None
     spark = _CONNECT_SESSIONS.get(url)
     if spark is None:
-        spark = _CONNECT_SESSIONS[url] = SparkSession.builder.remote(url).create()
-        # pyspark 3.5's builder takes no retry policy; its client keeps the policy in this dict (read per call)
-        spark.client._retry_policy.update(CONNECT_RETRY_POLICY)
+        spark = _CONNECT_SESSIONS[url] = shared_session(url)
     return spark
+
+
+def _remote(url: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(url).create()
+    # pyspark 3.5's builder takes no retry policy; its client keeps the policy in this dict (read per call)
+    spark.client._retry_policy.update(CONNECT_RETRY_POLICY)
+    return spark
+
+
+def shared_session(url: str) -> Any:
+    """A session whose id every process derives from the URL, so that batches (each its own process: an
+    Airflow task, ``tidewater run``) share the server's warm Python workers, which a server keeps per session:
+    a batch in a new session pays the workers' start and imports again (measured: 1.5 s against 0.17 s for a
+    two-task job). The server closes a session idle longer than its
+    ``spark.connect.session.manager.defaultSessionTimeout`` and refuses its id from then on: the next
+    generation's id is taken, the same walk in every process. A URL that names its own ``session_id`` is
+    used as it is."""
+    import uuid
+
+    if "session_id=" in url:
+        return _remote(url)
+    base = url.split(";", 1)[0].rstrip("/")
+    params = url.split(";", 1)[1] + ";" if ";" in url else ""
+    for generation in range(SESSION_GENERATIONS):
+        sid = uuid.uuid5(uuid.NAMESPACE_URL, f"tidewater:{base}#{generation}")
+        spark = _remote(f"{base}/;{params}session_id={sid}")
+        try:
+            spark.version  # noqa: B018 - one cheap call: is this session id still open on the server?
+            return spark
+        except Exception as e:
+            if "SESSION_CLOSED" not in str(e):
+                raise
+            log.info("Spark Connect session %s was closed by the server; taking the next one", sid)
+    return _remote(url)  # every generation closed: a session of this process's own
 
 
 def forget_connect_session(url: str) -> None:
