@@ -79,12 +79,15 @@ class FormatSpec:
         "Value format: `json` (one JSON object per record, no schema; fields become columns), `connect_json` "
         "(Kafka Connect JsonConverter with schemas: the payload's fields, typed by the declared schema; Timestamp and "
         "Date logical types converted), `debezium` (change events, plain or Connect-enveloped: the `after` image, "
-        "or `before` for deletes, plus an `_op` column c/u/d/r; tombstones are counted as skipped), `avro` (Confluent "
+        "or `before` for deletes, plus an `_op` column c/u/d/r; tombstones are counted as skipped), `debezium_avro` "
+        "(the same change events in Confluent-framed Avro through `registry_url`), `avro` (Confluent "
         "wire format, writer schema by id from `registry_url`; unknown ids are dead letters), `string` (the "
         "value as one UTF-8 column `value`; invalid UTF-8 is a dead letter) or `bytes` (one binary column `value`).",
         default="json",
     )
-    registry_url: str | None = _doc("Schema registry URL for `value: avro` (Confluent REST API).", default=None)
+    registry_url: str | None = _doc(
+        "Schema registry URL (Confluent REST API) for `value: avro` and `value: debezium_avro`, and for Avro "
+        "message keys (`table.key_source: message_key`).", default=None)
     registry_basic_auth: str | None = _doc(
         "`user:password` for the schema registry (use `${ENV_VAR}`; never logged).", default=None
     )
@@ -215,7 +218,8 @@ class TableSpec:
         "to one key are applied in (partition, offset) order and the last wins; across batches in batch order "
         "(keys must be partitioned by key, as Debezium does; a key seen in two partitions of one batch is "
         "reported). Deletes are merge-on-read position delete files (never equality deletes). Needs `id_columns` "
-        "and `format.metadata: prefixed`. Not yet with routing, a branch, quarantine or replay.",
+        "and `format.metadata: prefixed`. Replays re-apply changes (`tidewater replay --mode reapply`). Not yet with "
+        "routing, a branch or quarantine.",
         default=False,
     )
     op_field: str | None = _doc(
