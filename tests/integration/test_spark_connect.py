@@ -60,6 +60,10 @@ def test_ingest_through_the_server_is_exact_and_a_retried_commit_adds_nothing(br
     assert table.scan().to_arrow().num_rows == 340
     assert committed_state(table).offsets == {topic: {0: 150, 1: 190}}
     assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == sorted(json.loads(e)["order_id"] for e in events)
+    # this process stays fit for spark-submit: pyspark's Connect marker would make a later job refuse a SparkContext
+    import os
+
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ and "SPARK_REMOTE" not in os.environ
 
 
 def test_a_change_batch_through_the_server_equals_the_source(broker, home, topic, spark_connect):
@@ -210,11 +214,12 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
                                    table={"identifier": "rpc.warm"}))
     produce_to_partition(broker.bootstrap, topic + "-warm", 0, pizza_events(5, seed=101))
     assert _batch(warm)[2].status == "committed"
-    # sessions idle for 8 s are closed (checked every second): for the session walk at the end of part (1)
+    # sessions idle for 8 s are closed (checked every second): for the session walk that opens part (1)
     idle = {"spark.connect.session.manager.defaultSessionTimeout": "8s",
             "spark.connect.session.manager.maintenanceInterval": "1s"}
     bare = connect.start(dist, python=BARE_PYTHON, log_path=tmp_path / "bare.log", conf=idle)
     try:
+        _sessions_are_shared_and_a_closed_one_is_replaced(bare.url)
         spec = load_pipeline(_pipeline(home, broker, topic, bare.url))
         produce_to_partition(broker.bootstrap, topic, 0, pizza_events(10, seed=99))
         _, plan_path = plan_step(spec)
@@ -222,7 +227,6 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
                                               r"import '\w+'") as e:
             run_write_step(spec, plan_path)
         assert e.value.transient is False
-        _sessions_are_shared_and_a_closed_one_is_replaced(bare.url)
     finally:
         bare.stop()
 
@@ -259,7 +263,14 @@ def _session_id(url: str) -> str:
 def _sessions_are_shared_and_a_closed_one_is_replaced(url: str) -> None:
     """Two processes in a row get the same session (the server's Python workers stay warm between batches);
     once the server closed it (idle past its timeout), the next process takes the next id and works."""
+    from tidewater.runtime.steps import connect_session
+
     first = _session_id(url)
     assert _session_id(url) == first
+    held = connect_session(url)  # this process's cached session: the same one
+    assert held.client._session_id == first
     time.sleep(12)  # idle past the server's 8 s timeout: the session is closed and its id refused
-    assert _session_id(url) not in (first, "")
+    second = _session_id(url)
+    assert second not in (first, "")
+    again = connect_session(url)  # the cached session is found closed and replaced, not used
+    assert again.client._session_id == second and again.range(2).count() == 2

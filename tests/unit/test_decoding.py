@@ -150,21 +150,24 @@ NUMBERS = [
     b'{"a": 5, "n": 9223372036854775807}',                       # 4: the largest long: a row
     b'{"a": 6, "n": 9223372036854775808}',                       # 5: one past it
     b'{"a": 7, "s": "id: 123456789012345678901234, NaN"}',       # 6: a string that looks suspect: a row
+    b'{"a": 8, "d": 1e19}',                                      # 7: a double that large is legitimate: a row
 ]
 
 
 def test_nan_infinity_and_out_of_range_numbers_are_dead_letters_named_by_class():
     """Default: NaN/Infinity are InvalidJson, integers beyond 64 bits and numbers beyond a double are
-    NumberOutOfRange; the largest long and digits inside a string are rows with their values exact."""
+    NumberOutOfRange; the largest long, digits inside a string and a legitimate double of 1e19 (which makes the
+    check screen the chunk: a false alarm) are rows with their values exact."""
     from tidewater.decode.json import decode_json_lenient
 
     table, bad = decode_json_lenient(chunk(NUMBERS), None)
     assert [(b.index, b.error_class) for b in bad] == [
         (0, "InvalidJson"), (1, "InvalidJson"), (2, "NumberOutOfRange"), (3, "NumberOutOfRange"), (5, "NumberOutOfRange")]
     assert "format.allow_non_numeric_numbers" in bad[0].message and "64-bit" in bad[2].message
-    assert table.column("a").to_pylist() == [5, 7]
-    assert table.column("n").to_pylist() == [9223372036854775807, None] and table.schema.field("n").type == pa.int64()
-    assert table.column("s").to_pylist() == [None, "id: 123456789012345678901234, NaN"]
+    assert table.column("a").to_pylist() == [5, 7, 8]
+    assert table.column("n").to_pylist() == [9223372036854775807, None, None] and table.schema.field("n").type == pa.int64()
+    assert table.column("s").to_pylist() == [None, "id: 123456789012345678901234, NaN", None]
+    assert table.column("d").to_pylist() == [None, None, 1e19]
 
 
 def test_strict_decoding_names_the_first_such_record():
@@ -183,6 +186,6 @@ def test_non_numeric_numbers_are_doubles_when_allowed_but_out_of_range_ones_neve
     table, bad = decode_json_lenient(chunk(NUMBERS), None, allow_non_numeric=True)
     assert [(b.index, b.error_class) for b in bad] == [(2, "NumberOutOfRange"), (3, "NumberOutOfRange"),
                                                       (5, "NumberOutOfRange")]
-    assert table.column("a").to_pylist() == [1, 2, 5, 7]
+    assert table.column("a").to_pylist() == [1, 2, 5, 7, 8]
     assert math.isnan(table.column("x").to_pylist()[0]) and table.column("x").type == pa.float64()
     assert table.column("xs").to_pylist()[1] == [1.5, -math.inf]

@@ -14,9 +14,11 @@ Numbers (RFC 8259, the rule documented under ``format.allow_non_numeric_numbers`
 ``Infinity`` are not JSON, and Arrow's reader would take them: such a record is a dead letter
 (``InvalidJson``) unless the setting allows them. An integer beyond the signed 64-bit range would be inferred
 as a double (its digits silently lost) or refused by a long column: it is always a dead letter
-(``NumberOutOfRange``), as is a number too large for a double (``1e400``). The chunk is searched for such
-number tokens by one regular expression in C; only a chunk where it finds one has its records screened one
-by one (error path), and a false alarm (the text inside a string) costs that screen and nothing else.
+(``NumberOutOfRange``), as is a number too large for a double (``1e400``). Each of these lands in a float
+column as NaN, an infinity or a magnitude of at least 2^63 (in an integer column Arrow refuses it), so the
+parsed float columns are checked, vectorized, for such values; only a chunk that has one has its records
+screened one by one (error path), and a legitimate double that large (``1e19``) costs that screen only.
+A chunk without float columns pays nothing.
 """
 
 from __future__ import annotations
@@ -133,21 +135,37 @@ def schema_depth(schema: pa.Schema) -> int:
 
 _FIRST_BYTE = itemgetter(slice(0, 1))
 
-# A number token (after ':', '[' or ',') that may not fit: an integer of 20+ digits or of 19 starting with 9
-# (the 64-bit range ends at 9223372036854775807), an exponent of 3+ digits, or NaN/Infinity.
-_BIG_NUMBER = r"[:\[,]\s*-?(?:9\d{18}|[1-9]\d{19,}|\d+(?:\.\d+)?[eE]\+?\d{3,})"
-_NON_NUMERIC = r"[:\[,]\s*-?(?:NaN|Infinity)"
-SUSPECT_NUMBERS = "suspect numbers"  # not a problem yet: the records are screened (see the module docstring)
+SUSPECT_MAGNITUDE = 2.0 ** 63  # an integer token at least this large does not fit a long: it became a double
 
 
-def _buffer_problem(buf: bytes, values: list[bytes], allow_non_numeric: bool = False) -> str | None:
+def _suspect_numbers(table: pa.Table, allow_non_numeric: bool) -> bool:
+    """Whether a float column (nested ones included) holds a value that may come from a number token JSON cannot
+    hold exactly: NaN or an infinity (allowed NaN/Infinity aside) or a magnitude of at least 2^63. Vectorized."""
+    import pyarrow.compute as pc
+
+    stack = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in table.columns]
+    while stack:
+        a = stack.pop()
+        t = a.type
+        if pa.types.is_struct(t):
+            stack.extend(a.field(i) for i in range(t.num_fields))
+        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+            stack.append(a.flatten())
+        elif pa.types.is_floating(t) and len(a):
+            big = pc.greater_equal(pc.abs(a), SUSPECT_MAGNITUDE)  # infinities included
+            odd = big if allow_non_numeric else pc.or_(big, pc.is_nan(a))
+            if pc.any(odd).as_py():
+                return True
+    return False
+
+
+def _buffer_problem(buf: bytes, values: list[bytes]) -> str | None:
     """Checks of the chunk done in C, no Python work per record: invalid UTF-8 (Arrow's JSON reader
     passes it through into string columns, where Parquet statistics fail later) and JSON ``null``
     values (Arrow would make an all-null row of them, so the outcome would depend on the neighbours).
 
     Every value starting with ``{`` (the first bytes are gathered by a C slice mapped over the list, as
     cheap as ``len``) rules out null values at once; otherwise a regular expression looks for them.
-    Number tokens JSON cannot hold exactly give ``SUSPECT_NUMBERS`` (the caller screens the records).
     """
     import pyarrow.compute as pc
 
@@ -159,12 +177,10 @@ def _buffer_problem(buf: bytes, values: list[bytes], allow_non_numeric: bool = F
     except pa.ArrowInvalid:
         return "invalid UTF-8"
     firsts = b"".join(map(_FIRST_BYTE, values))
-    if not (len(firsts) == len(values) and firsts.count(b"{") == len(values)) \
-            and pc.match_substring_regex(text, _NULL_LINE)[0].as_py():
+    if len(firsts) == len(values) and firsts.count(b"{") == len(values):
+        return None
+    if pc.match_substring_regex(text, _NULL_LINE)[0].as_py():
         return "JSON null value"
-    suspect = _BIG_NUMBER if allow_non_numeric else f"{_BIG_NUMBER}|{_NON_NUMERIC}"
-    if pc.match_substring_regex(text, suspect)[0].as_py():
-        return SUSPECT_NUMBERS
     return None
 
 
@@ -191,10 +207,7 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_D
         values = [v.replace(b"\r", b" ").replace(b"\n", b" ") for v in values]  # type: ignore[union-attr]
         buf = b"\n".join(values)  # type: ignore[arg-type]
     block_size = max(MIN_BLOCK_SIZE, 2 * max(map(len, values)) + 1)  # type: ignore[arg-type]
-    problem = _buffer_problem(buf, values, allow_non_numeric)  # type: ignore[arg-type]
-    if problem == SUSPECT_NUMBERS:
-        _raise_first_screened(chunk, values, max_depth, allow_non_numeric)  # type: ignore[arg-type]
-        problem = None  # a false alarm: no record holds such a number
+    problem = _buffer_problem(buf, values)  # type: ignore[arg-type]
     table = None
     try:
         table = None if problem else _parse_settled(buf, explicit, block_size)
@@ -206,6 +219,9 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_D
         problem = "nesting too deep"
     if table is not None and schema_depth(table.schema) > max_depth:
         problem = f"nesting deeper than format.max_nesting_depth ({max_depth})"
+    if table is not None and problem is None and _suspect_numbers(table, allow_non_numeric):
+        _raise_first_screened(chunk, values, max_depth, allow_non_numeric)  # type: ignore[arg-type]
+        # a false alarm (a legitimate double that large): no record holds such a token
     if problem is not None:
         _raise_first_screened(chunk, values, max_depth, allow_non_numeric)  # type: ignore[arg-type]
         raise RecordError(f"chunk of {len(values)} records could not be decoded ({problem})", topic=chunk.topic,

@@ -6,10 +6,8 @@ lost when it stops). Production pipelines point at a real Kafka cluster instead.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -17,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidewater.config.spec import home_dir
+from tidewater.dev.process import LocalServer
 from tidewater.errors import ConfigError, TransientError
 
 log = logging.getLogger(__name__)
@@ -53,43 +52,10 @@ def wait_listening(port: int, timeout: float) -> bool:
 
 
 @dataclass
-class Broker:
-    pid: int
-    port: int
-    log_path: str
-
+class Broker(LocalServer):
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    def alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except OSError:
-            return False
-        try:  # a zombie child counts as gone
-            return Path(f"/proc/{self.pid}/stat").read_text().split()[2] != "Z"
-        except OSError:
-            return True
-
-    def stop(self, grace: float = 2.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds."""
-        if not self.alive():
-            return
-        os.kill(self.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self.alive():
-            try:
-                os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            time.sleep(0.05)
-        if self.alive():
-            os.kill(self.pid, signal.SIGKILL)
-            try:
-                os.waitpid(self.pid, 0)
-            except ChildProcessError:
-                pass
 
 
 def start(port: int | None = None, log_path: Path | None = None, detach: bool = False) -> Broker:
@@ -135,17 +101,12 @@ def start_background(port: int) -> Broker:
     if current is not None:
         current.stop()
     broker = start(port, detach=True)
-    path = home_dir() / STATE_FILE
-    path.write_text(json.dumps({"pid": broker.pid, "port": broker.port, "log_path": broker.log_path}))
+    broker.record(STATE_FILE)
     return broker
 
 
 def read_state() -> Broker | None:
-    path = home_dir() / STATE_FILE
-    if not path.is_file():
-        return None
-    d = json.loads(path.read_text())
-    return Broker(int(d["pid"]), int(d["port"]), d["log_path"])
+    return Broker.recorded(STATE_FILE)
 
 
 def stop_background(port: int | None = None) -> bool:
@@ -159,5 +120,5 @@ def stop_background(port: int | None = None) -> bool:
     if port is not None and b.port != port:
         raise ConfigError(f"--port: the recorded embedded broker listens on port {b.port}, not {port}; nothing stopped")
     b.stop()
-    (home_dir() / STATE_FILE).unlink(missing_ok=True)
+    Broker.forget(STATE_FILE)
     return True

@@ -13,17 +13,16 @@ in Spark, so the server runs none.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from tidewater.config.spec import home_dir
+from tidewater.dev.process import LocalServer
 from tidewater.errors import ConfigError, TransientError
 
 log = logging.getLogger(__name__)
@@ -65,42 +64,13 @@ def server_env(dist: Path, python: str, base: dict[str, str] | None = None) -> d
 
 
 @dataclass
-class ConnectServer:
-    pid: int
-    port: int
-    log_path: str
+class ConnectServer(LocalServer):
+    process_group: ClassVar[bool] = True  # the JVM and its Python workers
+    grace: ClassVar[float] = 20.0
 
     @property
     def url(self) -> str:
         return f"sc://127.0.0.1:{self.port}"
-
-    def alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except OSError:
-            return False
-        try:  # a zombie child counts as gone
-            return Path(f"/proc/{self.pid}/stat").read_text().split()[2] != "Z"
-        except OSError:
-            return True
-
-    def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM to the server's process group (the JVM and its Python workers), SIGKILL after ``grace`` s."""
-        if not self.alive():
-            return
-        try:
-            os.killpg(self.pid, signal.SIGTERM)
-        except OSError:
-            return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self.alive():
-            try:
-                os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            time.sleep(0.1)
-        if self.alive():
-            os.killpg(self.pid, signal.SIGKILL)
 
 
 def server_command(dist: Path, port: int, host: str = "127.0.0.1", master: str = "local[2]",
@@ -150,16 +120,12 @@ def start_background(port: int) -> ConnectServer:
     if current is not None:
         current.stop()
     server = start(port=port)
-    (home_dir() / STATE_FILE).write_text(json.dumps({"pid": server.pid, "port": server.port, "log_path": server.log_path}))
+    server.record(STATE_FILE)
     return server
 
 
 def read_state() -> ConnectServer | None:
-    path = home_dir() / STATE_FILE
-    if not path.is_file():
-        return None
-    d = json.loads(path.read_text())
-    return ConnectServer(int(d["pid"]), int(d["port"]), d["log_path"])
+    return ConnectServer.recorded(STATE_FILE)
 
 
 def stop_background() -> bool:
@@ -167,7 +133,7 @@ def stop_background() -> bool:
     if server is None:
         return False
     server.stop()
-    (home_dir() / STATE_FILE).unlink(missing_ok=True)
+    ConnectServer.forget(STATE_FILE)
     return True
 
 

@@ -177,13 +177,31 @@ def connect_session(url: str) -> Any:
     except OSError as e:
         raise TransientError(f"spark.connect_url: the Spark Connect server {host}:{port} is unreachable ({e})") from None
     spark = _CONNECT_SESSIONS.get(url)
+    if spark is not None and not _still_open(spark):  # the server closed it while this process was idle
+        forget_connect_session(url)
+        spark = None
     if spark is None:
         spark = _CONNECT_SESSIONS[url] = shared_session(url)
     return spark
 
 
+def _still_open(spark: Any) -> bool:
+    """One cheap call: False when the server closed this session (idle past its timeout), which it then refuses."""
+    try:
+        spark.version  # noqa: B018 - the call is the check
+        return True
+    except Exception as e:
+        if "SESSION_CLOSED" not in str(e):
+            raise
+        return False
+
+
 def _remote(url: str) -> Any:
-    from pyspark.sql import SparkSession
+    """A new session through pyspark's Connect session class itself. Not ``pyspark.sql.SparkSession.builder
+    .remote(url)``: that path marks the whole process as a Connect client in ``os.environ``
+    (SPARK_CONNECT_MODE_ENABLED), which every spark-submit started from it later inherits and then refuses to
+    create a SparkContext (a process may write one pipeline through Connect and another through spark-submit)."""
+    from pyspark.sql.connect.session import SparkSession
 
     spark = SparkSession.builder.remote(url).create()
     # pyspark 3.5's builder takes no retry policy; its client keeps the policy in this dict (read per call)
@@ -208,13 +226,9 @@ def shared_session(url: str) -> Any:
     for generation in range(SESSION_GENERATIONS):
         sid = uuid.uuid5(uuid.NAMESPACE_URL, f"tidewater:{base}#{generation}")
         spark = _remote(f"{base}/;{params}session_id={sid}")
-        try:
-            spark.version  # noqa: B018 - one cheap call: is this session id still open on the server?
+        if _still_open(spark):
             return spark
-        except Exception as e:
-            if "SESSION_CLOSED" not in str(e):
-                raise
-            log.info("Spark Connect session %s was closed by the server; taking the next one", sid)
+        log.info("Spark Connect session %s was closed by the server; taking the next one", sid)
     return _remote(url)  # every generation closed: a session of this process's own
 
 
