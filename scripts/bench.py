@@ -244,11 +244,12 @@ def baseline_env(env: dict[str, str], tree: Path) -> dict[str, str]:
 
 def settle(limit: float = 20.0) -> None:
     """Wait until no Spark JVM of an earlier run is still stopping (`tidewater run` does not wait for it),
-    so that one measurement does not pay for the previous one."""
+    so that one measurement does not pay for the previous one. The Spark Connect server's JVM (also started
+    by spark-submit) runs for the whole benchmark and does not count."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        if not any("org.apache.spark.deploy.SparkSubmit" in " ".join(p.info["cmdline"] or [])
-                   for p in psutil.process_iter(["cmdline"])):
+        if not any("org.apache.spark.deploy.SparkSubmit" in cmd and "SparkConnectServer" not in cmd
+                   for cmd in (" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))):
             return
         time.sleep(0.2)
 
