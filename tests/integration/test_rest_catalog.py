@@ -70,5 +70,10 @@ def test_spark_gets_the_rest_catalog_with_its_secret_off_the_command_line(home, 
     conf = spark_session.spark_conf(_spec(home, "https://catalog.example"))
     assert conf["spark.sql.catalog.lake.type"] == "rest" and conf["spark.sql.catalog.lake.uri"] == "https://catalog.example"
     assert conf["spark.sql.catalog.lake.warehouse"] == "analytics"
-    public, secret = spark_session.split_secrets(conf)
-    assert "spark.sql.catalog.lake.credential" in secret and "s3cr3t-value" not in repr(public)
+    from tidewater.config.secrets import split_secrets
+
+    public, secret = split_secrets(conf)  # what a spark-submit of these settings would put apart
+    assert secret["spark.sql.catalog.lake.credential"] == "client:s3cr3t-value" and "s3cr3t-value" not in repr(public)
+    # the write step's spark-submit never opens the catalog in Spark: it carries no catalog credential at all
+    settings = spark_session.write_submit_settings(_spec(home, "https://catalog.example"))
+    assert "s3cr3t-value" not in repr(settings)
