@@ -1,6 +1,7 @@
 """spark-submit entry point of the write step: read a planned offset range, write data files, never commit.
 
-Usage: spark-submit ... spark_apps/ingest_batch.py --plan STAGING/<pipeline>/<batch>/plan.json
+Usage: spark-submit ... spark_apps/ingest_batch.py --pipeline PIPELINE.yaml --plan STAGING/<pipeline>/<batch>/plan.json
+(STAGING: a local directory or an object-storage URI, `batch.staging_dir`)
 """
 
 from __future__ import annotations

@@ -2,14 +2,12 @@
 
 ``BatchPlan``: what to read (made by the planner, before Spark starts; Spark never decides offsets).
 ``BatchManifest``: what was written (made by the Spark job; read by validation and the committer).
-Both are JSON documents in the staging directory; XCom carries only their paths and a summary.
+Both are JSON documents in the staging area (a local directory or object storage: ``tidewater.staging``);
+XCom carries only their locations and a summary.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -331,24 +329,23 @@ def utc_now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def batch_dir(staging_dir: Path, pipeline: str, batch_id: str) -> Path:
+def batch_dir(staging_dir: Any, pipeline: str, batch_id: str) -> Any:
     return staging_dir / pipeline / batch_id
 
 
-def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """Write a JSON document so readers see either nothing or the whole file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(doc, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def write_json_atomic(path: Any, doc: dict[str, Any]) -> None:
+    """Write a JSON document so readers see either nothing or the whole file (a local path or an object:
+    ``tidewater.staging`` says how on each)."""
+    from tidewater.staging import write_json
+
+    write_json(Path(path) if isinstance(path, str) else path, doc)
 
 
-def read_json(path: str | Path) -> dict[str, Any]:
-    with open(path) as fh:
-        return json.load(fh)
+def read_json(path: Any) -> dict[str, Any]:
+    """A staged JSON document (a local path as text, a Path, or an ObjectPath)."""
+    from tidewater.staging import read_json as read
+
+    return read(Path(path) if isinstance(path, str) else path)
 
 
 # ---- the batch's staging directory: what each step leaves for the next -----------------------------
@@ -360,6 +357,6 @@ VALIDATION_NAME = "validation.json"  # the quality gate's verdict, stamped at co
 REVERTED_NAME = "reverted.json"  # the batch will never commit: its schema changes were undone
 
 
-def manifest_path(plan_path: str | Path) -> Path:
-    """Where the write step leaves the manifest of the plan at ``plan_path``."""
-    return Path(plan_path).parent / MANIFEST_NAME
+def manifest_path(plan_path: Any) -> Any:
+    """Where the write step leaves the manifest of the plan at ``plan_path`` (a staged location)."""
+    return (Path(plan_path) if isinstance(plan_path, str) else plan_path).parent / MANIFEST_NAME

@@ -351,7 +351,16 @@ class BatchSpec:
         "Records decoded and written at a time inside one Spark task (bounds memory per task).", default=50_000
     )
     staging_dir: str | None = _doc(
-        "Where batch plans and manifests are staged. Default: `$TIDEWATER_HOME/staging`.", default=None
+        "Where each batch's steps leave what the next step reads (plan, manifest, error, quality verdict, "
+        "replay and skip records), under `<dir>/<pipeline>/<batch id>/`: a local path (or `file://`) that every "
+        "host running a step shares, or object storage (`s3://bucket/prefix`, `gs://`, `abfs://`) when they "
+        "share no disk, read and written with the catalog's file settings (`s3.*`, `gcs.*`, `adls.*`, overridden "
+        "by `staging_properties`). Default: `$TIDEWATER_HOME/staging`.", default=None
+    )
+    staging_properties: dict[str, str] = _doc(
+        "File-layer settings for an object-storage `staging_dir` that differ from the catalog's (pyiceberg FileIO "
+        "keys such as `s3.endpoint`, `s3.access-key-id`, `s3.secret-access-key`, `s3.region`). Secret values "
+        "through `${ENV_VAR}`.", default_factory=dict
     )
 
 
@@ -671,8 +680,16 @@ class PipelineSpec:
         per_task = a.task_timeout_minutes * 60 * (a.retries + 1) + a.retry_delay_seconds * a.retries
         return 4 * per_task
 
-    def staging_dir(self) -> Path:
-        return Path(self.batch.staging_dir) if self.batch.staging_dir else home_dir() / "staging"
+    def staging_dir(self) -> Any:
+        """The staging area (``tidewater.staging``: a Path, or an ObjectPath on object storage)."""
+        return self.stage(self.batch.staging_dir) if self.batch.staging_dir else home_dir() / "staging"
+
+    def stage(self, location: Any) -> Any:
+        """A staged location named by text (a plan's path in XCom or on a command line) in this pipeline's
+        staging area: a Path, or an ObjectPath reached with the staging file settings."""
+        from tidewater.staging import locate
+
+        return locate(location, {**self.catalog_properties(), **self.batch.staging_properties})
 
     def suite_path(self) -> Path | None:
         suite = self.table.suite or self.validation.suite

@@ -204,8 +204,20 @@ def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
                 raise ConfigError(f"tables[{i}].suite: file {path} does not exist")
 
 
+def _check_staging(spec: PipelineSpec) -> None:
+    """The staging area: a local path or a scheme the file layer serves (its filesystem is built, not reached)."""
+    from tidewater.staging import LOCAL_SCHEMES, scheme_of
+
+    if spec.batch.staging_dir:
+        spec.stage(spec.batch.staging_dir)
+    docs = spec.validation.data_docs_dir
+    if docs and scheme_of(docs) not in LOCAL_SCHEMES:
+        raise ConfigError(f"validation.data_docs_dir: {docs!r}: the Data Docs site is kept on a local path (a directory "
+                          "the Airflow workers and the webserver share); object storage is not served for it yet")
+
+
 SECTIONS = (_check_name_and_topics, _check_targets, _check_kafka, _check_format, _check_quality_gate, _check_changes,
-            _check_dead_letters, _check_limits_and_maintenance, _check_catalog_airflow_suites)
+            _check_dead_letters, _check_limits_and_maintenance, _check_catalog_airflow_suites, _check_staging)
 
 
 # Airflow's schedule presets (besides cron expressions).

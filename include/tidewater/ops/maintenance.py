@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -236,17 +235,15 @@ def expire_snapshots(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) 
     return {**out, **row}
 
 
-def _batch_dirs(spec: PipelineSpec) -> list[tuple[Path, float]]:
-    """Staging directories of the pipeline's batches with their last change (newest file or the dir)."""
+def _batch_dirs(spec: PipelineSpec) -> list[tuple[Any, float]]:
+    """Staging directories of the pipeline's batches (local or on object storage) with their last change
+    (their newest file, or the directory itself)."""
+    from tidewater.staging import modified
+
     root = spec.staging_dir() / spec.name
     if not root.is_dir():
         return []
-    out = []
-    for d in root.iterdir():
-        if d.is_dir():
-            times = [d.stat().st_mtime, *(f.stat().st_mtime for f in d.iterdir() if f.is_file())]
-            out.append((d, max(times)))
-    return out
+    return [(d, modified(d)) for d in root.iterdir() if d.is_dir()]
 
 
 def in_flight_files(spec: PipelineSpec, cutoff_s: float) -> set[str]:
@@ -323,23 +320,27 @@ def remove_orphan_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: boo
             if local.is_file():
                 removed_bytes += local.stat().st_size
             table.io.delete(p)
-    stale = _stale_staging_dirs(spec, cutoff / 1000)
-    if not dry_run:
-        for d in stale:
-            shutil.rmtree(d, ignore_errors=True)
+    stale = remove_stale_staging(spec, cutoff / 1000, dry_run)
     return {
         "older_than": _ts_literal(cutoff)[10:-1],
         "orphan_files": len(orphans),
         "orphan_bytes": removed_bytes,
         "kept_in_flight": kept,
-        "staging_dirs_removed": len(stale),
+        "staging_dirs_removed": stale,
         "files": orphans,
     }
 
 
-def _stale_staging_dirs(spec: PipelineSpec, cutoff_s: float) -> list[Path]:
-    """Staging directories of batches last changed before the cutoff: past any retry, committed or abandoned."""
-    return [d for d, changed in _batch_dirs(spec) if changed < cutoff_s]
+def remove_stale_staging(spec: PipelineSpec, cutoff_s: float, dry_run: bool = False) -> int:
+    """Remove the staging directories of batches last changed before the cutoff (past any retry, committed or
+    abandoned), local or on object storage; returns how many there were."""
+    from tidewater.staging import remove_tree
+
+    stale = [d for d, changed in _batch_dirs(spec) if changed < cutoff_s]
+    if not dry_run:
+        for d in stale:
+            remove_tree(d)
+    return len(stale)
 
 
 _RUNNERS = {

@@ -257,17 +257,16 @@ def describe(row: dict[str, Any]) -> str:
 
 def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: str, committed: Offsets,
                       snapshot_id: int | None, table: Any, data_interval: tuple[str, str] | None = None,
-                      batch_id: str | None = None) -> tuple[BatchPlan, Path]:
-    """Write a replay plan (and, for append-missing, the offsets already present) to the staging dir."""
-    import pyarrow.parquet as pq
+                      batch_id: str | None = None) -> tuple[BatchPlan, Any]:
+    """Write a replay plan (and, for append-missing, the offsets already present) to the staging area."""
+    from tidewater.staging import write_parquet
 
     bid = batch_id or "replay-" + new_batch_id()
     directory = batch_dir(spec.staging_dir(), spec.name, bid)
     exclude = None
     if mode == "append-missing":
-        directory.mkdir(parents=True, exist_ok=True)
         exclude = str(directory / PRESENT_NAME)
-        pq.write_table(present_offsets(spec, table, ranges), exclude)
+        write_parquet(present_offsets(spec, table, ranges), directory / PRESENT_NAME)
     plan = BatchPlan(batch_id=bid, pipeline=spec.name, table=spec.table.identifier, pipeline_path=str(spec.source_path),
                      ranges=tuple(ranges), base_offsets=committed, created_at=utc_now_iso(), base_snapshot_id=snapshot_id,
                      mode=mode, exclude_path=exclude, data_interval=data_interval)

@@ -39,7 +39,7 @@ EXTRA = ("table", "scope")  # our own qualifiers of a check, shown as notes
 
 
 def docs_dir(spec: PipelineSpec) -> Path:
-    base = Path(spec.validation.data_docs_dir) if spec.validation.data_docs_dir else home_dir() / "data-docs"
+    base = Path(spec.validation.data_docs_dir.removeprefix("file://")) if spec.validation.data_docs_dir else home_dir() / "data-docs"
     return base / spec.name
 
 

@@ -161,7 +161,8 @@ def _staged(pipeline_path: str, planned: dict[str, Any]) -> tuple[Any, Any, Any]
     """The pipeline, and the plan and manifest the plan and write tasks staged."""
     from tidewater.runtime.steps import load_manifest, load_plan
 
-    return load_pipeline(pipeline_path), load_plan(planned["plan_path"]), load_manifest(planned["plan_path"])
+    spec = load_pipeline(pipeline_path)
+    return spec, load_plan(planned["plan_path"], spec), load_manifest(planned["plan_path"], spec)
 
 
 @fail_fast
@@ -189,11 +190,10 @@ def data_docs_url(spec: PipelineSpec, batch_id: str) -> str:
 def connect_write_task(pipeline_path: str, planned: dict[str, Any], url: str | None = None) -> None:
     """The write step on a Spark Connect server (``url``: an Airflow Spark Connect connection's; default
     ``spark.connect_url``), from this task."""
-    from pathlib import Path
-
     from tidewater.runtime.steps import run_connect_write
 
-    manifest = run_connect_write(load_pipeline(pipeline_path), Path(planned["plan_path"]), url=url)
+    spec = load_pipeline(pipeline_path)
+    manifest = run_connect_write(spec, spec.stage(planned["plan_path"]), url=url)
     log.info("batch %s: %d records written in %d files through Spark Connect", planned["batch_id"], manifest.records,
              len(manifest.data_files))
 
@@ -294,6 +294,7 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         from airflow.sdk import BaseHook
 
         from tidewater.runtime.spark import remove_properties_file, write_submit_settings
+        from tidewater.runtime.steps import write_job_args
 
         planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
         if not planned:
@@ -319,7 +320,7 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         self.conf = {**settings["conf"], **(self.conf or {})}
         self.jars = settings["jars"] or None
         self.packages = settings["packages"]
-        self.application_args = ["--plan", planned["plan_path"]]
+        self.application_args = write_job_args(spec, planned["plan_path"])
         self.name = f"tidewater-{spec.name}-{planned['batch_id']}"
         secrets_file = self._pass_settings(spec, master, dict(settings["secret_conf"]))
         self._hook = None
@@ -327,7 +328,7 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         try:
             super().execute(context)
         except Exception:
-            self._raise_batch_error(planned["plan_path"])
+            self._raise_batch_error(spec, planned["plan_path"])
             raise
         finally:
             remove_properties_file(secrets_file)
@@ -365,10 +366,8 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         return path
 
     @staticmethod
-    def _raise_batch_error(plan_path: str) -> None:
+    def _raise_batch_error(spec: PipelineSpec, plan_path: str) -> None:
         """Turn the job's error.json (a record or Kafka error) into a readable task failure."""
-        from pathlib import Path
-
         try:
             from airflow.sdk.exceptions import AirflowFailException
         except ImportError:  # pragma: no cover - older Airflow
@@ -376,7 +375,7 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
 
         from tidewater.write.job import read_error
 
-        e = read_error(Path(plan_path).parent)
+        e = read_error(spec.stage(plan_path).parent)
         if e is None:
             return
         if e.transient:

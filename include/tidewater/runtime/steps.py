@@ -48,17 +48,20 @@ def spark_app_path() -> Path:
     return Path(__file__).resolve().parents[3] / "spark_apps" / "ingest_batch.py"
 
 
-def load_plan(plan_path: str | Path) -> BatchPlan:
-    return BatchPlan.from_json(read_json(plan_path))
+def load_plan(plan_path: Any, spec: PipelineSpec | None = None) -> BatchPlan:
+    """The staged plan at ``plan_path`` (text, as XCom and command lines carry it, is resolved in ``spec``'s
+    staging area: object storage needs its settings)."""
+    return BatchPlan.from_json(read_json(spec.stage(plan_path) if spec is not None else plan_path))
 
 
-def load_manifest(plan_path: str | Path) -> BatchManifest:
+def load_manifest(plan_path: Any, spec: PipelineSpec | None = None) -> BatchManifest:
     """The write step's manifest; raises the write step's own error if it failed."""
     from tidewater.write.job import read_error
 
+    plan_path = spec.stage(plan_path) if spec is not None else plan_path
     mpath = manifest_path(plan_path)
     if not mpath.is_file():
-        err = read_error(Path(plan_path).parent)
+        err = read_error(mpath.parent)
         if err is not None:
             raise err
         raise TerminalError(f"no manifest at {mpath}: the write step has not completed")
@@ -66,9 +69,13 @@ def load_manifest(plan_path: str | Path) -> BatchManifest:
 
 
 class WriteJob:
-    """One spark-submit of the write job for a staged plan."""
+    """One spark-submit of the write job for a staged plan.
 
-    def __init__(self, spec: PipelineSpec, plan_path: Path, master: str | None = None,
+    Its output goes to ``spark-submit.log`` next to the plan. On object storage (no appending there) it is
+    written to a private temporary file while the job runs and uploaded when it has exited (the file is
+    then removed): error messages name the staged copy."""
+
+    def __init__(self, spec: PipelineSpec, plan_path: Any, master: str | None = None,
                  timings: dict[str, float] | None = None) -> None:
         from tidewater.batch import ERROR_NAME
         from tidewater.runtime.spark import (
@@ -85,9 +92,9 @@ class WriteJob:
         secret = write_submit_settings(spec, master)["secret_conf"]
         env = _spark_env(master or spec.spark.master)
         self.secrets_file = properties_file(secret, spark_defaults_file(env)) if secret else None
-        cmd = spark_submit_command(spec, str(spark_app_path()), ["--plan", str(plan_path)], master=master,
+        cmd = spark_submit_command(spec, str(spark_app_path()), write_job_args(spec, plan_path), master=master,
                                    secrets_file=self.secrets_file)
-        self.log_path = plan_path.parent / "spark-submit.log"
+        self.log_path, self.staged_log = _job_log(plan_path)
         self.started = time.monotonic()
         self.timings["submitted"] = time.time()
         try:
@@ -97,36 +104,72 @@ class WriteJob:
             remove_properties_file(self.secrets_file)
             raise
 
-    def wait(self, plan_path: Path, progress: Any = None, background: list[Any] | None = None) -> BatchManifest:
+    def wait(self, plan_path: Any, progress: Any = None, background: list[Any] | None = None) -> BatchManifest:
         """The job's manifest once it exists (``background``: without waiting for the JVM to exit)."""
         from tidewater.runtime.spark import remove_properties_file
-        from tidewater.write.job import deployment_fault, read_error
 
         mpath = manifest_path(plan_path)
+        poll = 0.1 if isinstance(mpath, Path) else 0.5  # a HEAD request per look on object storage
         try:
             while self.proc.poll() is None:
                 if background is not None and mpath.is_file():
                     break
-                time.sleep(0.1)
+                time.sleep(poll)
                 if progress is not None:
                     progress(time.monotonic() - self.started)
             self.timings["returned"] = time.time()
         finally:
             remove_properties_file(self.secrets_file)  # read by spark-submit when it started
         if self.proc.returncode is None:  # the manifest is there and Spark is stopping: reaped by the caller
-            proc, log_path = self.proc, self.log_path
-            background.append(lambda: _reap(proc, log_path))  # type: ignore[union-attr]
+            proc, logs = self.proc, (self.log_path, self.staged_log)
+            background.append(lambda: _reap(proc, *logs))  # type: ignore[union-attr]
             return load_manifest(plan_path)
+        shown = _publish_log(self.log_path, self.staged_log)
         if self.proc.returncode != 0:
-            err = read_error(plan_path.parent)
-            if err is not None:
-                raise err
-            text = self.log_path.read_text()
-            fault = deployment_fault(text)
-            if fault is not None:  # retrying cannot help
-                raise ConfigError(f"{fault.message}. Log {self.log_path}")
-            raise TransientError(f"spark-submit exited with {self.proc.returncode}; log {self.log_path}:\n{text[-3000:]}")
+            self._raise_failure(plan_path, shown)
         return load_manifest(plan_path)
+
+    def _raise_failure(self, plan_path: Any, shown: Any) -> None:
+        from tidewater.write.job import deployment_fault, read_error
+
+        err = read_error(plan_path.parent)
+        if err is not None:
+            raise err
+        text = shown.read_text()
+        fault = deployment_fault(text)
+        if fault is not None:  # retrying cannot help
+            raise ConfigError(f"{fault.message}. Log {shown}")
+        raise TransientError(f"spark-submit exited with {self.proc.returncode}; log {shown}:\n{text[-3000:]}")
+
+
+def write_job_args(spec: PipelineSpec, plan_path: Any) -> list[str]:
+    """The write job's arguments: the pipeline file (its settings reach the staging area) and the plan."""
+    return ["--pipeline", str(spec.source_path), "--plan", str(plan_path)]
+
+
+def _job_log(plan_path: Any) -> tuple[Path, Any]:
+    """Where spark-submit's output goes while it runs, and where it is staged afterwards (None: in place)."""
+    import tempfile
+
+    staged = plan_path.parent / "spark-submit.log"
+    if isinstance(staged, Path):
+        return staged, None
+    fd, tmp = tempfile.mkstemp(prefix="tidewater-spark-submit-", suffix=".log")
+    os.close(fd)
+    return Path(tmp), staged
+
+
+def _publish_log(local: Path, staged: Any) -> Any:
+    """Stage a finished job's log on object storage (the local copy removed); returns where it now is."""
+    if staged is None:
+        return local
+    try:
+        staged.write_bytes(local.read_bytes())
+    except TransientError as e:  # the batch does not depend on its log: keep the local copy and say where
+        log.warning("spark-submit's log stays at %s: %s", local, e)
+        return local
+    local.unlink(missing_ok=True)
+    return staged
 
 
 def run_write_step(spec: PipelineSpec, plan_path: Path, master: str | None = None, progress: Any = None,
@@ -297,10 +340,11 @@ def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, fl
     return manifest
 
 
-def _reap(proc: subprocess.Popen, log_path: Path) -> None:
+def _reap(proc: subprocess.Popen, log_path: Path, staged_log: Any = None) -> None:
     code = proc.wait()
+    shown = _publish_log(log_path, staged_log)
     if code != 0:  # after a complete manifest: the batch is unaffected, but say so
-        log.warning("spark-submit exited with %d after writing the batch's manifest; log %s", code, log_path)
+        log.warning("spark-submit exited with %d after writing the batch's manifest; log %s", code, shown)
 
 
 def write_breakdown(manifest: BatchManifest, submitted: float, returned: float) -> dict[str, float]:

@@ -61,7 +61,7 @@ def run(sc: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
     log.info("batch %s: %d sub-ranges over %d partitions", plan.batch_id, len(ranges), len(plan.ranges))
     spec = spec.for_executors()
     batch_id, mode = plan.batch_id, plan.mode
-    excludes = present_by_subrange(plan, ranges)
+    excludes = present_by_subrange(plan, spec, ranges)
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
         work = [(i, ranges[i], excludes[i]) for i in ids]  # each task carries its own offsets to leave out
@@ -84,7 +84,7 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
     timings["job_submitted"] = time.time()
     ranges = subranges(plan, spec.batch.records_per_task)
     log.info("batch %s: %d sub-ranges over %d partitions (DataFrame API)", plan.batch_id, len(ranges), len(plan.ranges))
-    batch_id, mode, excludes = plan.batch_id, plan.mode, present_by_subrange(plan, ranges)
+    batch_id, mode, excludes = plan.batch_id, plan.mode, present_by_subrange(plan, spec, ranges)
     spec = spec.for_executors()
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
@@ -105,23 +105,25 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
     return collect_manifest(plan, spec, results, timings)
 
 
-def present_by_subrange(plan: BatchPlan, ranges: list[Any]) -> list[Any]:
+def present_by_subrange(plan: BatchPlan, spec: PipelineSpec, ranges: list[Any]) -> list[Any]:
     """Append-missing replays: per sub-range, the offsets the table already holds, read here on the driver
-    from the plan's staged file, so that executors never need the staging directory (it may be the driver's
-    local disk)."""
+    from the plan's staged file (once), so that executors never need the staging area."""
     if not plan.exclude_path:
         return [None] * len(ranges)
+    from tidewater.staging import read_parquet
     from tidewater.write.task import present_offsets
 
-    return [present_offsets(plan.exclude_path, r) for r in ranges]
+    present = read_parquet(spec.stage(plan.exclude_path))
+    return [present_offsets(present, r) for r in ranges]
 
 
 def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
     """The same write step without Spark: sub-ranges one after another in this process."""
     ranges = subranges(plan, spec.batch.records_per_task)
+    excludes = present_by_subrange(plan, spec, ranges)
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
-        return [write_subrange(spec, settings, plan.batch_id, i, ranges[i], plan.mode, plan.exclude_path) for i in ids]
+        return [write_subrange(spec, settings, plan.batch_id, i, ranges[i], plan.mode, excludes[i]) for i in ids]
 
     timings: dict[str, float] = {}
     results = write_rounds(execute, plan, spec, len(ranges), timings)
@@ -233,7 +235,7 @@ def merge_outputs(outputs: list[dict[str, Any]]) -> tuple[TableOutput, ...]:
     return tuple(merged)
 
 
-def read_error(batch_dir: Path) -> BatchWriteError | None:
+def read_error(batch_dir: Any) -> BatchWriteError | None:
     """The error the write step left next to the plan, if it failed on a record or on Kafka."""
     path = batch_dir / ERROR_NAME
     return BatchWriteError.from_document(read_json(path), 1) if path.is_file() else None
@@ -267,7 +269,7 @@ def deployment_fault(text: str) -> Any:
     return None
 
 
-def stage_manifest(out_dir: Path, write: Any) -> BatchManifest:
+def stage_manifest(out_dir: Any, write: Any) -> BatchManifest:
     """Run ``write()`` (a write path returning the batch's manifest) and stage its outcome next to the plan:
     the manifest (with the moment it was built), or the error document of a ``BatchWriteError``, re-raised."""
     try:
@@ -281,7 +283,7 @@ def stage_manifest(out_dir: Path, write: Any) -> BatchManifest:
 
 
 def main(argv: list[str] | None = None, driver_started: float | None = None) -> int:
-    """spark-submit entry point: ``ingest_batch.py --plan PLAN.json``."""
+    """spark-submit entry point: ``ingest_batch.py [--pipeline PIPELINE.yaml] --plan PLAN.json``."""
     from pyspark import SparkConf, SparkContext
 
     from tidewater.runtime.logs import configure_logging
@@ -289,11 +291,18 @@ def main(argv: list[str] | None = None, driver_started: float | None = None) -> 
 
     configure_logging()
     ap = argparse.ArgumentParser(prog="ingest_batch.py", description="Write one Tidewater batch (never commits).")
-    ap.add_argument("--plan", required=True, help="path of the batch plan JSON")
+    ap.add_argument("--plan", required=True, help="location of the batch plan JSON (a path or an object-storage URI)")
+    ap.add_argument("--pipeline", help="the pipeline file (default: the one the plan names); its settings reach "
+                    "the staging area when it is on object storage")
     args = ap.parse_args(argv)
-    plan_path = Path(args.plan)
-    plan = BatchPlan.from_json(read_json(plan_path))
-    spec = load_pipeline(plan.pipeline_path)
+    if args.pipeline:
+        spec = load_pipeline(args.pipeline)
+        plan_path = spec.stage(args.plan)
+        plan = BatchPlan.from_json(read_json(plan_path))
+    else:  # a local staging directory: the plan names its pipeline
+        plan_path = Path(args.plan)
+        plan = BatchPlan.from_json(read_json(plan_path))
+        spec = load_pipeline(plan.pipeline_path)
     settings = kafka_settings(spec)
     out_dir = plan_path.parent
     (out_dir / ERROR_NAME).unlink(missing_ok=True)

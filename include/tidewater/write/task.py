@@ -154,7 +154,7 @@ class _TaskWriter:
         self.catalog = load_catalog(spec)
         self.policy = spec.dead_letter.policy if mode == "ingest" else "skip"
         # offsets to leave out: already read by the driver (an Arrow array), or the plan's staged file (inline runs)
-        self.present_set = present_offsets(exclude, rng) if isinstance(exclude, str) else exclude
+        self.present_set = exclude  # the offsets to leave out (present_by_subrange), read on the driver
         self.prefix = f"{batch_id}-{task_id:05d}"
         self.sinks: dict[str, TableSink] = {}
         self.router: Any = None
@@ -453,12 +453,11 @@ def write_subrange(
     return writer.result()
 
 
-def present_offsets(path: str, rng: PartitionRange) -> Any:
-    """Offsets of ``rng``'s partition that the table already holds (append-missing replays)."""
+def present_offsets(t: Any, rng: PartitionRange) -> Any:
+    """Offsets of ``rng``'s partition that the table already holds (append-missing replays), from the
+    replay plan's staged (topic, partition, offset) table ``t``."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
-    t = pq.read_table(path)
     mask = pc.and_(pc.equal(t.column("topic"), rng.topic), pc.equal(t.column("partition"), rng.partition))
     return t.column("offset").filter(mask).combine_chunks()
 
