@@ -157,3 +157,23 @@ def test_task_results_carry_snapshot_ids_as_strings():
                              "none": {"snapshot_id": None}})
     assert result == {"snapshot_id": str(big), "rows": big, "tables": [{"last_snapshot_id": "7", "files": 2}],
                       "none": {"snapshot_id": None}}
+
+
+def test_the_write_task_refuses_cluster_deploy_mode_on_a_standalone_master_before_spark_submit(tmp_path, monkeypatch):
+    """The ingest DAG's write task, whose Spark connection asks for cluster deploy mode on a standalone master
+    (Spark refuses Python drivers there): it fails at once, without retries, saying what works instead."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tidewater.runtime.airflow import IngestSparkSubmitOperator
+
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text("name: p\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\ntable: ns.t\n"
+                        "spark: {conn_id: standalone_cluster}\n")
+    monkeypatch.setenv("AIRFLOW_CONN_STANDALONE_CLUSTER", '{"conn_type": "spark", "host": "spark://127.0.0.1", '
+                       '"port": 7077, "extra": {"deploy-mode": "cluster"}}')
+    op = IngestSparkSubmitOperator(task_id="write", pipeline_path=str(pipeline), conn_id="standalone_cluster")
+    context = {"ti": SimpleNamespace(xcom_pull=lambda task_ids: {"batch_id": "b", "plan_path": "s3://x/p/b/plan.json"})}
+    with pytest.raises(AirflowFailException, match="deploy-mode: Spark runs a Python driver in cluster deploy mode"):
+        op.execute(context)

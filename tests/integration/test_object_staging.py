@@ -327,3 +327,27 @@ def test_refused_credentials_are_a_terminal_error(broker, home, topic, monkeypat
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_cluster_deploy_mode_on_a_standalone_master_is_a_terminal_error_saying_what_works(broker, home, topic,
+                                                                                         s3_endpoint, monkeypatch,
+                                                                                         tmp_path):
+    """Spark itself refuses a Python driver in cluster deploy mode on a standalone master (YARN and Kubernetes,
+    which run such drivers, cannot run here). Set in the pipeline, `tidewater validate` refuses it; set in the
+    cluster's spark-defaults.conf, the write step says so and what to use instead, rather than retrying.
+    spark-submit refuses before it reaches the master, so none is started."""
+    from tidewater.runtime.steps import plan_step, run_write_step
+
+    spark = {"master": "spark://127.0.0.1:1"}
+    with pytest.raises(ConfigError, match=r"spark\.conf spark\.submit\.deployMode: Spark runs a Python driver"):
+        load_pipeline(_pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage8", warehouse_in_bucket=False,
+                                spark={**spark, "conf": {"spark.submit.deployMode": "cluster"}}))
+    (tmp_path / "spark-defaults.conf").write_text("spark.submit.deployMode cluster\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage8", warehouse_in_bucket=False, spark=spark)
+    produce(broker.bootstrap, topic, pizza_events(5, seed=70), partitions=1)
+    spec = load_pipeline(path)
+    _, plan_path = plan_step(spec)
+    with pytest.raises(ConfigError, match="cluster deploy mode on YARN and Kubernetes only") as e:
+        run_write_step(spec, plan_path)
+    assert "spark.connect_url" in str(e.value) and "batch.staging_dir" in str(e.value)

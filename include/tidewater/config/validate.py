@@ -210,10 +210,20 @@ def _check_staging(spec: PipelineSpec) -> None:
 
     if spec.batch.staging_dir:
         spec.stage(spec.batch.staging_dir)
+    if spec.spark.master.startswith("spark://") and spec.spark.conf.get("spark.submit.deployMode") == "cluster":
+        raise cluster_mode_refused("spark.conf spark.submit.deployMode")
     docs = spec.validation.data_docs_dir
     if docs and scheme_of(docs) not in LOCAL_SCHEMES:
         raise ConfigError(f"validation.data_docs_dir: {docs!r}: the Data Docs site is kept on a local path (a directory "
                           "the Airflow workers and the webserver share); object storage is not served for it yet")
+
+
+def cluster_mode_refused(setting: str) -> ConfigError:
+    """The terminal error for a Python driver in cluster deploy mode on a standalone master (Spark refuses it)."""
+    return ConfigError(f"{setting}: Spark runs a Python driver in cluster deploy mode on YARN and Kubernetes only, not "
+                       "on a standalone master; use client mode (the default: spark.conf spark.submit.deployMode, or "
+                       "the Airflow Spark connection's deploy-mode) or a Spark Connect server (spark.connect_url), with "
+                       "batch.staging_dir on object storage when the hosts share no disk")
 
 
 SECTIONS = (_check_name_and_topics, _check_targets, _check_kafka, _check_format, _check_quality_gate, _check_changes,

@@ -316,6 +316,12 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
             connect_write_task(self.pipeline_path, planned, SparkConnectHook(self._conn_id).get_connection_url())
             return
         master = spark_master(self._conn_id, spec.spark.master)
+        if master.startswith("spark://") and _deploy_mode(self._conn_id) == "cluster":
+            from airflow.sdk.exceptions import AirflowFailException
+
+            from tidewater.config.validate import cluster_mode_refused
+
+            raise AirflowFailException(str(cluster_mode_refused(f"Airflow connection {self._conn_id!r}: deploy-mode")))
         settings = write_submit_settings(spec, master)
         self.conf = {**settings["conf"], **(self.conf or {})}
         self.jars = settings["jars"] or None

@@ -266,6 +266,10 @@ def deployment_fault(text: str) -> Any:
         return ConfigError(f"spark.python_env / spark.pyspark.python: the executors' Python {program.group(1)!r} does not "
                            "exist on the workers; ship an environment with spark.python_env (`make executor-env`) or "
                            "set spark.conf spark.pyspark.python to the workers' interpreter")
+    if "Cluster deploy mode is currently not supported for python applications" in text:
+        from tidewater.config.validate import cluster_mode_refused
+
+        return cluster_mode_refused("deploy mode")
     return None
 
 
