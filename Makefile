@@ -39,16 +39,18 @@ help:
 
 # --- set-up (idempotent) -------------------------------------------------------------------------
 # Java and JDBC drivers for Spark; Chromium for the browser tests of the Airflow UI (Playwright drives it);
-# the compose client, which the tests use to validate docker-compose.yml.
-system-deps: $(DATA)/.system-deps-3
-$(DATA)/.system-deps-3:
+# the compose client, which the tests use to validate docker-compose.yml; PostgreSQL's server programs, which the
+# production-shaped tests start on a local port (the package's own service is not used).
+system-deps: $(DATA)/.system-deps-4
+$(DATA)/.system-deps-4:
 	@mkdir -p $(DATA)
 	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/sqlite-jdbc.jar ] || [ ! -x /usr/bin/chromium ] \
-	    || ! command -v docker-compose >/dev/null; then \
-	  echo "installing Java 17, JDBC drivers, Chromium and docker-compose (apt-get)"; \
+	    || ! command -v docker-compose >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  echo "installing Java 17, JDBC drivers, Chromium, docker-compose and PostgreSQL (apt-get)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
-	    openjdk-17-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java chromium docker-compose >/dev/null; \
+	    openjdk-17-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java chromium docker-compose \
+	    postgresql >/dev/null; \
 	fi
 	@touch $@
 

@@ -67,6 +67,17 @@ def s3_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def postgres() -> Iterator[object]:
+    """Debian's PostgreSQL server on a free 127.0.0.1 port for the whole session (``tidewater.dev.postgres``): the
+    production-shaped tests' catalog and Airflow metadata database; each test makes its own databases."""
+    from tidewater.dev import postgres as pg
+
+    server = pg.start(Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-postgres-{os.getpid()}.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def spark_connect() -> Iterator[object]:
     """A real Spark Connect server (pyspark 4.0.x's distribution, installed by `make spark-connect-install`,
     which make test runs), on a free 127.0.0.1 port with local[2], for the whole session. Its Python workers

@@ -1,0 +1,188 @@
+"""Production-shaped: every step of a batch in its own process, with its own private `TIDEWATER_HOME`, working
+directory and temporary directory, each removed after its step, as on Celery or Kubernetes workers that share no
+disk. The steps share only what deployments share: the broker, a PostgreSQL catalog (Debian's server, started by
+the tests on a local port) and the bucket (the local S3 endpoint: moto's server, the stand-in for S3/MinIO,
+which cannot run here). Each step gets its own copy of the pipeline file, as each worker has its own copy of
+the DAG bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import produce_to_partition
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.changes import apply, change_stream, encode
+from tidewater.dev.sample_data import pizza_events, produce
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import REPLAY, committed_state
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+KEY, SECRET = "tidewater-prod-key", "tidewater-prod-secret-value"
+
+# One Airflow task's work, as the DAG's tasks call it (the write step as the Spark operator runs it: spark-submit
+# from the task's process, client mode). Prints the task's result on its last line.
+STEP = """
+import json, sys
+task, pipeline, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+from tidewater.config.parse import load_pipeline
+from tidewater.runtime import airflow as tasks
+if task == "plan":
+    out = tasks.plan_task(pipeline)
+elif task == "replay_plan":
+    out = tasks.replay_plan_task(pipeline, args)
+elif task == "write":
+    from tidewater.runtime.steps import run_write_step
+    spec = load_pipeline(pipeline)
+    out = {"records": run_write_step(spec, spec.stage(args["plan_path"])).records}
+elif task == "validate":
+    out = tasks.validate_task(pipeline, args)
+elif task == "commit":
+    out = tasks.commit_task(pipeline, args, dag_run_id="scheduled__production_shape")
+print("RESULT " + json.dumps(out, default=str))
+"""
+
+
+class Deployment:
+    """The shared services of one test and a way to run a step on a "worker" of its own."""
+
+    def __init__(self, tmp_path: Path, broker, postgres, s3_endpoint: str, bucket: str) -> None:  # noqa: ANN001
+        from pyarrow import fs
+
+        fs.S3FileSystem(endpoint_override=s3_endpoint, scheme="http", access_key=KEY, secret_key=SECRET,
+                        region="us-east-1", allow_bucket_creation=True).create_dir(bucket)
+        self.root, self.broker, self.bucket, self.endpoint = tmp_path, broker, bucket, s3_endpoint
+        self.catalog_url = postgres.create_database(f"catalog_{bucket.replace('-', '_')}")
+        self.steps = 0
+
+    def pipeline(self, name: str, **sections: object) -> str:
+        """A pipeline file's text: catalog in PostgreSQL, warehouse and staging in the bucket, secrets by reference."""
+        doc = {
+            "name": name, "kafka": {"bootstrap_servers": self.broker.bootstrap},
+            "catalog": {"name": "lake", "properties": {
+                "type": "sql", "uri": self.catalog_url, "warehouse": f"s3://{self.bucket}/warehouse",
+                "s3.endpoint": self.endpoint, "s3.access-key-id": "${TEST_S3_KEY}",
+                "s3.secret-access-key": "${TEST_S3_SECRET}", "s3.region": "us-east-1"}},
+            "batch": {"staging_dir": f"s3://{self.bucket}/staging"},
+            "spark": {"master": "local[2]"},
+            **sections,
+        }
+        return json.dumps(doc)  # JSON is YAML
+
+    def step(self, task: str, pipeline_text: str, args: object = None) -> object:
+        """Run one task in a new process on a private directory (home, working directory, temporary files, Spark's
+        local directories), removed afterwards; returns the task's result."""
+        self.steps += 1
+        private = self.root / f"worker-{self.steps}-{task}"
+        (private / "pipelines").mkdir(parents=True)
+        (private / "tmp").mkdir()
+        pipeline = private / "pipelines" / "pipeline.yaml"
+        pipeline.write_text(pipeline_text)
+        env = {**os.environ, "TIDEWATER_HOME": str(private / "home"), "TIDEWATER_PIPELINES_DIR": str(pipeline.parent),
+               "TMPDIR": str(private / "tmp"), "SPARK_LOCAL_DIRS": str(private / "tmp"),
+               "TEST_S3_KEY": KEY, "TEST_S3_SECRET": SECRET}
+        proc = subprocess.run([sys.executable, "-c", STEP, task, str(pipeline), json.dumps(args)], cwd=private,
+                              env=env, capture_output=True, text=True, timeout=600)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, f"{task}: {out[-4000:]}"
+        assert SECRET not in out, f"{task} printed the secret key"
+        shutil.rmtree(private)
+        result = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        return json.loads(result[-1][len("RESULT "):])
+
+    def batch(self, pipeline_text: str, planned: dict | None = None) -> dict:
+        """plan (unless given), write, validate and commit, each on its own worker."""
+        planned = planned or self.step("plan", pipeline_text)
+        assert planned and planned["plan_path"].startswith(f"s3://{self.bucket}/staging/"), planned
+        self.step("write", pipeline_text, planned)
+        self.step("validate", pipeline_text, planned)
+        return {"planned": planned, "commit": self.step("commit", pipeline_text, planned)}
+
+    def table(self, pipeline_text: str):  # noqa: ANN201
+        path = self.root / "reader.yaml"
+        path.write_text(pipeline_text)
+        spec = load_pipeline(path)
+        return load_table(load_catalog(spec), spec.table.identifier)
+
+    def staged(self) -> dict[str, bytes]:
+        from pyarrow import fs
+
+        s3 = fs.S3FileSystem(endpoint_override=self.endpoint, scheme="http", access_key=KEY, secret_key=SECRET,
+                             region="us-east-1")
+        out = {}
+        for info in s3.get_file_info(fs.FileSelector(f"{self.bucket}/staging", recursive=True, allow_not_found=True)):
+            if info.type == fs.FileType.File:
+                with s3.open_input_stream(info.path) as f:
+                    out[info.path] = f.read()
+        return out
+
+
+def _temp_entries() -> set[str]:
+    """What Tidewater, Spark or the JVM could leave in the shared temporary directory."""
+    prefixes = ("tidewater", "spark", "blockmgr", "pyspark", "tmp")
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(prefixes)}
+
+
+def test_ingest_change_and_replay_batches_with_every_step_on_its_own_worker(broker, topic, postgres, s3_endpoint,
+                                                                           home, tmp_path, monkeypatch):
+    """An ingest batch (240 pizza events, 3 partitions), two change batches (Debezium, upserts by key) and a
+    replace replay, every step in its own process and private directory: rows and offsets exact, the change
+    table equal to the reference model of its source, the replay's rows identical and offsets unmoved; the
+    batches' plans and manifests are in the bucket, nothing in the test's own home, and no step left anything in
+    the shared temporary directory."""
+    monkeypatch.setenv("TEST_S3_KEY", KEY)
+    monkeypatch.setenv("TEST_S3_SECRET", SECRET)
+    before = _temp_entries()
+    d = Deployment(tmp_path, broker, postgres, s3_endpoint, "production")
+    orders = d.pipeline("orders", topics=[topic], table={"identifier": "rpc.orders"}, format={"metadata": "prefixed"},
+                        validation={"not_null": ["order_id"]})
+    produce(broker.bootstrap, topic, pizza_events(240, seed=170), partitions=3)
+    first = d.batch(orders)
+    assert first["commit"]["status"] == "committed"
+    table = d.table(orders)
+    ids = table.scan().to_arrow().column("order_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 240
+    assert committed_state(table).offsets == {topic: {0: 80, 1: 80, 2: 80}}
+    assert d.step("plan", orders) is None, "nothing new: the plan step stages nothing"
+
+    changes_topic = f"{topic}-changes"
+    prices = d.pipeline("prices", topics=[changes_topic], format={"value": "debezium"},
+                        validation={"not_null": ["id"]}, table={"identifier": "rpc.prices", "id_columns": ["id"],
+                                                               "upsert": True})
+    model: dict[int, dict] = {}
+    for b in range(2):
+        changes = change_stream(model, 60, keys=20, seed=171 + b)
+        produce_to_partition(broker.bootstrap, changes_topic, 0, [v for _, v in encode(changes, model, "debezium")])
+        assert d.batch(prices)["commit"]["status"] == "committed"
+        model = apply(model, changes)
+    rows = {r["id"]: r["item"] for r in d.table(prices).scan(selected_fields=("id", "item")).to_arrow().to_pylist()}
+    assert rows == {k: v["item"] for k, v in model.items()}
+
+    content = sorted(d.table(orders).scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id"))
+                     .to_arrow().to_pylist(), key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]))
+    planned = d.step("replay_plan", orders, {"topic": topic, "partitions": "1", "start_offset": 10, "end_offset": 50,
+                                             "mode": "replace"})
+    replay = d.batch(orders, planned)
+    assert replay["commit"]["status"] == "committed"
+    table = d.table(orders)
+    after = sorted(table.scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id")).to_arrow().to_pylist(),
+                   key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]))
+    assert after == content
+    assert json.loads(table.current_snapshot().summary.additional_properties[REPLAY])["ranges"] == [[topic, 1, 10, 50]]
+    assert committed_state(table).offsets == {topic: {0: 80, 1: 80, 2: 80}}
+
+    staged = d.staged()
+    for run in (first["planned"], replay["planned"]):
+        prefix = run["plan_path"][len("s3://"):].rsplit("/", 1)[0]
+        assert {f"{prefix}/plan.json", f"{prefix}/manifest.json"} <= set(staged), sorted(staged)
+    assert not any(SECRET.encode() in b for b in staged.values())
+    assert not (home / "staging").exists()
+    assert _temp_entries() <= before, _temp_entries() - before
