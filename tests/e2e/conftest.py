@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +80,38 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def standalone(env: dict[str, str], tmp_path: Path):  # noqa: ANN201
+    """`airflow standalone` (API server, scheduler, triggerer, DAG processor) on a free port, with the DAGs
+    serialized first; yields its environment and stops it (the whole process group) afterwards."""
+    import urllib.request
+
+    port = free_port()
+    env = {**env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/"}
+    subprocess.run(["airflow", "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
+    log = open(tmp_path / "standalone.log", "w")
+    proc = subprocess.Popen(["airflow", "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(2)
+        else:
+            raise AssertionError("the Airflow API server did not start: " + (tmp_path / "standalone.log").read_text()[-3000:])
+        yield env
+    finally:
+        stop_group(proc)
+        log.close()
+
+
+def list_runs(env: dict[str, str], dag_id: str) -> list[dict]:
+    out = subprocess.run(["airflow", "dags", "list-runs", dag_id, "--output", "json"], env=env,
+                         capture_output=True, text=True, timeout=120).stdout
+    lines = [ln for ln in out.splitlines() if ln.startswith("[{") or ln.strip() == "[]"]  # logs share stdout
+    return json.loads(lines[-1]) if lines else []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, table_of, write_pipeline
-from tests.e2e.conftest import free_port, stop_group
+from tests.e2e.conftest import list_runs, standalone
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
@@ -165,41 +164,6 @@ def downstream_orders():
 
 downstream_orders()
 """
-
-
-@contextlib.contextmanager
-def standalone(env: dict[str, str], tmp_path: Path):  # noqa: ANN201
-    """`airflow standalone` (API server, scheduler, triggerer, DAG processor) on a free port, with the DAGs
-    serialized first; yields its environment and stops it (the whole process group) afterwards."""
-    import urllib.request
-
-    port = free_port()
-    env = {**env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/"}
-    subprocess.run(["airflow", "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
-    log = open(tmp_path / "standalone.log", "w")
-    proc = subprocess.Popen(["airflow", "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(2)
-        else:
-            raise AssertionError("the Airflow API server did not start: " + (tmp_path / "standalone.log").read_text()[-3000:])
-        yield env
-    finally:
-        stop_group(proc)
-        log.close()
-
-
-def list_runs(env: dict[str, str], dag_id: str) -> list[dict]:
-    out = subprocess.run(["airflow", "dags", "list-runs", dag_id, "--output", "json"], env=env,
-                         capture_output=True, text=True, timeout=120).stdout
-    lines = [ln for ln in out.splitlines() if ln.startswith("[{") or ln.strip() == "[]"]  # logs share stdout
-    return json.loads(lines[-1]) if lines else []
 
 
 def test_lag_trigger_starts_a_batch_through_the_scheduler(broker, topic, airflow_env, tmp_path):

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,66 @@ def test_ingest_change_and_replay_batches_with_every_step_on_its_own_worker(brok
     assert not any(SECRET.encode() in b for b in staged.values())
     assert not (home / "staging").exists()
     assert _temp_entries() <= before, _temp_entries() - before
+
+
+def test_the_ingest_dag_through_airflows_local_executor_on_postgresql(broker, topic, postgres, s3_endpoint, tmp_path,
+                                                                      monkeypatch):
+    """The ingest DAG run by Airflow's scheduler with PostgreSQL as its metadata database and its LocalExecutor
+    (`airflow standalone`: each task a separate process), staging in the bucket and the catalog in PostgreSQL: one
+    triggered run lands 150 records once with exact offsets; its tasks ran in separate processes; nothing was
+    staged under the Airflow workers' TIDEWATER_HOME, the batch's plan and manifest are in the bucket."""
+    import psycopg2
+
+    from tests.conftest import REPO
+    from tests.e2e.conftest import list_runs, standalone
+
+    monkeypatch.setenv("TEST_S3_KEY", KEY)
+    monkeypatch.setenv("TEST_S3_SECRET", SECRET)
+    d = Deployment(tmp_path, broker, postgres, s3_endpoint, "airflow-shape")
+    orders = d.pipeline("orders", topics=[topic], table={"identifier": "rpc.orders"}, schedule=None,
+                        validation={"not_null": ["order_id"]})
+    pipelines, af, tw_home = tmp_path / "pipelines", tmp_path / "airflow", tmp_path / "tidewater-home"
+    for p in (pipelines, af, tw_home):
+        p.mkdir()
+    (pipelines / "orders.yaml").write_text(orders)
+    metadata = postgres.create_database("airflow_shape")
+    env = {
+        **os.environ,
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        "AIRFLOW_HOME": str(af), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata, "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW_CONN_TIDEWATER_SPARK": '{"conn_type": "spark", "host": "local[2]"}',
+        "TIDEWATER_PIPELINES_DIR": str(pipelines), "TIDEWATER_HOME": str(tw_home),
+    }
+    migrate = subprocess.run(["airflow", "db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
+    assert migrate.returncode == 0, migrate.stdout[-2000:] + migrate.stderr[-2000:]
+    produce(broker.bootstrap, topic, pizza_events(150, seed=180), partitions=3)
+    with standalone(env, tmp_path) as env:
+        for cmd in (["dags", "unpause", "ingest_orders"], ["dags", "trigger", "ingest_orders"]):
+            subprocess.run(["airflow", *cmd], env=env, check=True, capture_output=True, timeout=120)
+        runs: list[dict] = []
+        deadline = time.monotonic() + 420
+        while time.monotonic() < deadline:
+            runs = list_runs(env, "ingest_orders")
+            if runs and all(r["state"] in ("success", "failed") for r in runs):
+                break
+            time.sleep(5)
+    assert [r["state"] for r in runs] == ["success"], runs
+    table = d.table(orders)
+    ids = table.scan().to_arrow().column("order_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 150
+    assert committed_state(table).offsets == {topic: {0: 50, 1: 50, 2: 50}}
+    conn = psycopg2.connect(metadata.replace("postgresql+psycopg2", "postgresql"))
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT task_id, state, pid FROM task_instance WHERE dag_id = 'ingest_orders'")
+            tasks = {t: (state, pid) for t, state, pid in cur.fetchall()}
+    finally:
+        conn.close()
+    steps = ("plan", "write", "validate", "commit")
+    assert all(tasks[t][0] == "success" for t in steps), tasks
+    assert len({tasks[t][1] for t in steps}) == len(steps), f"each task in its own process: {tasks}"
+    assert not (tw_home / "staging").exists()
+    staged = d.staged()
+    assert any(k.endswith("/plan.json") for k in staged) and any(k.endswith("/manifest.json") for k in staged)
