@@ -48,6 +48,8 @@ elif task == "validate":
     out = tasks.validate_task(pipeline, args)
 elif task == "commit":
     out = tasks.commit_task(pipeline, args, dag_run_id="scheduled__production_shape")
+elif task == "data_docs":
+    out = tasks.data_docs_task(pipeline, args)
 print("RESULT " + json.dumps(out, default=str))
 """
 
@@ -76,6 +78,7 @@ class Deployment:
             "spark": {"master": "local[2]"},
             **sections,
         }
+        doc["validation"] = {**doc.get("validation", {}), "data_docs_dir": f"s3://{self.bucket}/data-docs"}
         return json.dumps(doc)  # JSON is YAML
 
     def step(self, task: str, pipeline_text: str, args: object = None) -> object:
@@ -100,12 +103,13 @@ class Deployment:
         return json.loads(result[-1][len("RESULT "):])
 
     def batch(self, pipeline_text: str, planned: dict | None = None) -> dict:
-        """plan (unless given), write, validate and commit, each on its own worker."""
+        """plan (unless given), write, validate, commit and the Data Docs page, each on its own worker."""
         planned = planned or self.step("plan", pipeline_text)
         assert planned and planned["plan_path"].startswith(f"s3://{self.bucket}/staging/"), planned
         self.step("write", pipeline_text, planned)
         self.step("validate", pipeline_text, planned)
-        return {"planned": planned, "commit": self.step("commit", pipeline_text, planned)}
+        commit = self.step("commit", pipeline_text, planned)
+        return {"planned": planned, "commit": commit, "pages": self.step("data_docs", pipeline_text, planned)}
 
     def table(self, pipeline_text: str):  # noqa: ANN201
         path = self.root / "reader.yaml"
@@ -181,9 +185,12 @@ def test_ingest_change_and_replay_batches_with_every_step_on_its_own_worker(brok
     assert committed_state(table).offsets == {topic: {0: 80, 1: 80, 2: 80}}
 
     staged = d.staged()
-    for run in (first["planned"], replay["planned"]):
-        prefix = run["plan_path"][len("s3://"):].rsplit("/", 1)[0]
+    for run in (first, replay):
+        prefix = run["planned"]["plan_path"][len("s3://"):].rsplit("/", 1)[0]
         assert {f"{prefix}/plan.json", f"{prefix}/manifest.json"} <= set(staged), sorted(staged)
+        page = run["pages"] or []  # rendered by its own worker, kept in the bucket
+        assert len(page) == 1 and page[0].startswith("s3://production/data-docs/orders/gx/uncommitted/data_docs/")
+        assert run["planned"]["batch_id"] in page[0]
     assert not any(SECRET.encode() in b for b in staged.values())
     assert not (home / "staging").exists()
     assert _temp_entries() <= before, _temp_entries() - before

@@ -351,3 +351,50 @@ def test_cluster_deploy_mode_on_a_standalone_master_is_a_terminal_error_saying_w
     with pytest.raises(ConfigError, match="cluster deploy mode on YARN and Kubernetes only") as e:
         run_write_step(spec, plan_path)
     assert "spark.connect_url" in str(e.value) and "batch.staging_dir" in str(e.value)
+
+
+def test_data_docs_live_in_the_bucket_and_the_tidewater_view_serves_them_from_there(broker, home, topic, s3_endpoint,
+                                                                                    monkeypatch):
+    """`validation.data_docs_dir` in the bucket: each batch's report and page go there (rendered in a private
+    temporary copy of the project, nothing under the home), the site's index lists the batches; with the store
+    limited to two results, the oldest result and its page leave the bucket. The Tidewater view (its FastAPI app;
+    Airflow's authentication is overridden here, the UI test covers it with a real api-server) redirects a batch's
+    page into the site and serves the page and the index from the bucket."""
+    from fastapi.testclient import TestClient
+
+    from tests.conftest import ingest_inline
+    from tidewater.quality import data_docs
+    from tidewater.runtime.ui import create_app
+
+    path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "docs1", warehouse_in_bucket=False,
+                     validation={"not_null": ["order_id"], "data_docs_dir": "s3://docs1/data-docs"})
+    spec = load_pipeline(path)
+    monkeypatch.setattr(data_docs, "INDEX_ROWS", 2)
+    batches = []
+    for i in range(3):
+        produce(broker.bootstrap, topic, pizza_events(20, seed=80 + i), partitions=1, create=i == 0)
+        batch = ingest_inline(spec).batch_id  # saves the report; renders the page too when GX is already loaded
+        data_docs.render_pending(spec, batch)
+        page = data_docs.page_of(spec, batch)
+        assert str(page).startswith("s3://docs1/data-docs/orders/gx/uncommitted/data_docs/local_site/validations/")
+        assert batch in page.read_text() and not data_docs.report_path(spec, batch).is_file()
+        batches.append(batch)
+    index = (data_docs.site_dir(spec) / "index.html").read_text()
+    assert batches[1] in index and batches[2] in index
+    assert data_docs.page_of(spec, batches[0]) is None, "the oldest result left the store, its page the site"
+    results = [k for k in _objects(s3_endpoint, "docs1/data-docs/orders/gx/uncommitted/validations") if k.endswith(".json")]
+    assert len(results) == 2 and not any(batches[0] in k for k in results)
+    assert not (home / "data-docs").exists()
+
+    monkeypatch.setenv("TIDEWATER_PIPELINES_DIR", str(path.parent))
+    app = create_app()
+    for dep in app.router.dependencies:
+        app.dependency_overrides[dep.dependency] = lambda: None
+    client = TestClient(app)
+    moved = client.get(f"/data-docs/orders/{batches[2]}.html", follow_redirects=False)
+    assert moved.status_code == 307 and moved.headers["location"].startswith("validations/")
+    page = client.get(f"/data-docs/orders/{moved.headers['location']}")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html") and batches[2] in page.text
+    assert client.get("/data-docs/orders/index.html").status_code == 200
+    assert client.get("/data-docs/orders/validations/../../../../docs1.json").status_code == 404
+    assert client.get(f"/data-docs/orders/{batches[0]}.html").status_code == 404

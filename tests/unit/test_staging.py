@@ -27,8 +27,8 @@ def test_local_locations_are_paths_and_object_storage_is_an_object_path(tmp_path
 def test_a_scheme_the_file_layer_cannot_serve_is_refused_by_validation_naming_the_setting():
     with pytest.raises(ConfigError, match=r"batch\.staging_dir: 'ftp://host/staging' uses the scheme 'ftp'"):
         parse_pipeline({**BASE, "batch": {"staging_dir": "ftp://host/staging"}})
-    with pytest.raises(ConfigError, match=r"validation\.data_docs_dir: 's3://b/docs'"):
-        parse_pipeline({**BASE, "validation": {"data_docs_dir": "s3://b/docs"}})
+    with pytest.raises(ConfigError, match=r"validation\.data_docs_dir: 'hdfs://nn/docs' uses the scheme 'hdfs'"):
+        parse_pipeline({**BASE, "validation": {"data_docs_dir": "hdfs://nn/docs"}})
     spec = parse_pipeline({**BASE, "batch": {"staging_dir": "s3://lake/staging",
                                              "staging_properties": {"s3.region": "eu-west-1"}}})
     assert str(spec.staging_dir()) == "s3://lake/staging"

@@ -396,7 +396,9 @@ class ValidationSpec:
     data_docs_dir: str | None = _doc(
         "Where each pipeline's great-expectations file data context lives (`<dir>/<pipeline>/gx/`: the batches' "
         "validation results and their Data Docs site, `gx/uncommitted/data_docs/local_site/`; the Tidewater view "
-        "serves it). Default: `$TIDEWATER_HOME/data-docs`.",
+        "serves it). A path the Airflow workers and the api-server share, or object storage (`s3://bucket/prefix`, "
+        "`gs://`, `abfs://`, with the staging file settings) when they share no disk: each page is rendered in a "
+        "private copy of the project and copied back. Default: `$TIDEWATER_HOME/data-docs`.",
         default=None,
     )
     on_failure: str = _doc(
@@ -684,12 +686,12 @@ class PipelineSpec:
         """The staging area (``tidewater.staging``: a Path, or an ObjectPath on object storage)."""
         return self.stage(self.batch.staging_dir) if self.batch.staging_dir else home_dir() / "staging"
 
-    def stage(self, location: Any) -> Any:
+    def stage(self, location: Any, setting: str = "batch.staging_dir") -> Any:
         """A staged location named by text (a plan's path in XCom or on a command line) in this pipeline's
-        staging area: a Path, or an ObjectPath reached with the staging file settings."""
+        staging area: a Path, or an ObjectPath reached with the staging file settings (errors name ``setting``)."""
         from tidewater.staging import locate
 
-        return locate(location, {**self.catalog_properties(), **self.batch.staging_properties})
+        return locate(location, {**self.catalog_properties(), **self.batch.staging_properties}, setting)
 
     def suite_path(self) -> Path | None:
         suite = self.table.suite or self.validation.suite

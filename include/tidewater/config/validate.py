@@ -205,17 +205,14 @@ def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
 
 
 def _check_staging(spec: PipelineSpec) -> None:
-    """The staging area: a local path or a scheme the file layer serves (its filesystem is built, not reached)."""
-    from tidewater.staging import LOCAL_SCHEMES, scheme_of
-
+    """The staging area and the Data Docs project: a local path or a scheme the file layer serves (its filesystem
+    is built, not reached); Spark's cluster deploy mode where Spark allows it."""
     if spec.batch.staging_dir:
         spec.stage(spec.batch.staging_dir)
     if spec.spark.master.startswith("spark://") and spec.spark.conf.get("spark.submit.deployMode") == "cluster":
         raise cluster_mode_refused("spark.conf spark.submit.deployMode")
-    docs = spec.validation.data_docs_dir
-    if docs and scheme_of(docs) not in LOCAL_SCHEMES:
-        raise ConfigError(f"validation.data_docs_dir: {docs!r}: the Data Docs site is kept on a local path (a directory "
-                          "the Airflow workers and the webserver share); object storage is not served for it yet")
+    if spec.validation.data_docs_dir:
+        spec.stage(spec.validation.data_docs_dir, "validation.data_docs_dir")
 
 
 def cluster_mode_refused(setting: str) -> ConfigError:

@@ -16,13 +16,21 @@ batch checked by the built-in checks alone gets its page from :func:`render_pend
 DAG runs as its ``data_docs`` task next to the commit (never before it) and ``tidewater run`` starts in
 the background once the batch is committed (``tidewater data-docs`` renders them by hand). A rendered
 batch's report file is removed (the result is in the store).
+
+On object storage (``validation.data_docs_dir: s3://...``) the project lives under the same prefix layout.
+great-expectations 1.x keeps a project on local files only (its S3, GCS and Azure store backends were removed;
+its advice is to keep the files and copy them), so a page is rendered in a private copy of the project in a
+temporary directory and what changed is copied back (:func:`_working_copy`); reports and pages are read from
+the bucket directly, by the Tidewater view too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
 import re
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -38,9 +46,11 @@ INDEX_ROWS = 200  # validation results kept in the context's store (the site's i
 EXTRA = ("table", "scope")  # our own qualifiers of a check, shown as notes
 
 
-def docs_dir(spec: PipelineSpec) -> Path:
-    base = Path(spec.validation.data_docs_dir.removeprefix("file://")) if spec.validation.data_docs_dir else home_dir() / "data-docs"
-    return base / spec.name
+def docs_dir(spec: PipelineSpec) -> Any:
+    """The pipeline's project: a local directory (a Path) or a prefix on object storage (an ObjectPath)."""
+    if spec.validation.data_docs_dir:
+        return spec.stage(spec.validation.data_docs_dir, "validation.data_docs_dir") / spec.name
+    return home_dir() / "data-docs" / spec.name
 
 
 def _result(check: Any) -> Any:
@@ -69,23 +79,31 @@ def _result(check: Any) -> Any:
                                        expectation_config=ExpectationConfiguration(type=etype, kwargs=kwargs, meta=meta))
 
 
-def report_path(spec: PipelineSpec, batch_id: str) -> Path:
+def report_path(spec: PipelineSpec, batch_id: str) -> Any:
     return docs_dir(spec) / f"{batch_id}.json"
 
 
-def site_dir(spec: PipelineSpec) -> Path:
-    """The root of the context's Data Docs site (great-expectations' default local site)."""
-    return docs_dir(spec) / "gx" / "uncommitted" / "data_docs" / "local_site"
+SITE = "gx/uncommitted/data_docs/local_site"  # great-expectations' default local site, in the project
+RESULTS = "gx/uncommitted/validations"  # its validation results store
+
+
+def site_dir(spec: PipelineSpec) -> Any:
+    """The root of the context's Data Docs site."""
+    return docs_dir(spec) / SITE
 
 
 _BATCH_ID = re.compile(r"^[A-Za-z0-9_.:+-]+$")
 
 
-def page_of(spec: PipelineSpec, batch_id: str) -> Path | None:
+def page_of(spec: PipelineSpec, batch_id: str) -> Any:
     """The batch's page in the site (``validations/<suite>/<batch id>/<run time>/<table>.html``), if rendered."""
     if not _BATCH_ID.match(batch_id):
         return None
-    pages = sorted((site_dir(spec) / "validations").glob(f"**/{batch_id}/*/*.html"))  # a dotted suite name nests
+    root = site_dir(spec) / "validations"
+    if isinstance(root, Path):
+        pages = sorted(root.glob(f"**/{batch_id}/*/*.html"))  # a dotted suite name nests
+    else:
+        pages = sorted(p for p in root.rglob("*") if p.name.endswith(".html") and p.parent.parent.name == batch_id)
     return pages[-1] if pages else None
 
 
@@ -94,7 +112,7 @@ def has_page(spec: PipelineSpec, batch_id: str) -> bool:
     return page_of(spec, batch_id) is not None or report_path(spec, batch_id).is_file()
 
 
-def save_report(spec: PipelineSpec, report: Any, table: str) -> Path:
+def save_report(spec: PipelineSpec, report: Any, table: str) -> Any:
     """Keep the gate's report for its page (rendered now or by :func:`render_pending`)."""
     import json
 
@@ -106,7 +124,7 @@ def save_report(spec: PipelineSpec, report: Any, table: str) -> Path:
     return path
 
 
-def publish(spec: PipelineSpec, report: Any, table: str) -> Path | None:
+def publish(spec: PipelineSpec, report: Any, table: str) -> Any:
     """Save the report and render its page when that is cheap (great-expectations already loaded) or
     needed now (the batch failed). Returns the page's path, or None when it is left for later."""
     import sys
@@ -117,13 +135,16 @@ def publish(spec: PipelineSpec, report: Any, table: str) -> Path | None:
     return None
 
 
-def render_pending(spec: PipelineSpec, batch_id: str | None = None) -> list[Path]:
+def render_pending(spec: PipelineSpec, batch_id: str | None = None) -> list[Any]:
     """Render the pages of saved reports that have none yet (only ``batch_id``'s when given)."""
     from tidewater.batch import read_json
     from tidewater.quality.gate import ValidationReport
 
     directory = docs_dir(spec)
-    reports = [report_path(spec, batch_id)] if batch_id else sorted(directory.glob("*.json"))
+    if batch_id:
+        reports = [report_path(spec, batch_id)]
+    else:
+        reports = sorted(p for p in directory.iterdir() if p.name.endswith(".json")) if directory.is_dir() else []
     done = []
     for path in reports:
         if not path.is_file():
@@ -146,10 +167,28 @@ def render_in_background(spec: PipelineSpec, batch_id: str) -> None:
                      start_new_session=True)
 
 
-def write_page(spec: PipelineSpec, report: Any, table: str) -> Path | None:
+def write_page(spec: PipelineSpec, report: Any, table: str) -> Any:
     """Store ``report`` as a validation result in the pipeline's data context and build its page; returns the
     page's path (None if that failed: the gate's verdict never depends on the page). The saved report
     file is removed once the page exists."""
+    project = docs_dir(spec)
+    if isinstance(project, Path):
+        _render(project, report, table, spec)
+    else:
+        try:
+            with _working_copy(project) as local:
+                _render(local, report, table, spec)
+        except Exception as e:  # noqa: BLE001 - the page is documentation, not the gate
+            log.warning("could not keep the Data Docs page of batch %s in %s: %r", report.batch_id, project, e)
+            return None
+    page = page_of(spec, report.batch_id)
+    if page is not None:
+        report_path(spec, report.batch_id).unlink(missing_ok=True)
+    return page
+
+
+def _render(project: Path, report: Any, table: str, spec: PipelineSpec) -> None:
+    """Build the batch's page in the local project ``project`` (a failure is logged, not raised)."""
     from tidewater.quality.gate import import_great_expectations
 
     try:
@@ -162,21 +201,53 @@ def write_page(spec: PipelineSpec, report: Any, table: str) -> Path | None:
         )
 
         now = datetime.now(timezone.utc)
-        context = gx.get_context(mode="file", project_root_dir=str(docs_dir(spec)))
+        context = gx.get_context(mode="file", project_root_dir=str(project))
         key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=report.suite),
                                          run_id=RunIdentifier(run_name=report.batch_id, run_time=now),
                                          batch_identifier=table)
         results = [_result(c) for c in report.checks]
         context.validation_results_store.set(key, _suite_result(spec, report, table, now, results))
-        _keep_newest(context.validation_results_store, spec)
+        _keep_newest(context.validation_results_store, project)
         context.build_data_docs(resource_identifiers=[key, *_suite_page(context, report.suite, results)])
     except Exception as e:  # noqa: BLE001 - the page is documentation, not the gate
         log.warning("could not render the Data Docs page of batch %s: %r", report.batch_id, e)
-        return None
-    page = page_of(spec, report.batch_id)
-    if page is not None:
-        report_path(spec, report.batch_id).unlink(missing_ok=True)
-    return page
+
+
+@contextlib.contextmanager
+def _working_copy(project: Any) -> Iterator[Path]:
+    """A private local copy of the project on object storage, for great-expectations to work in; afterwards what
+    it added or changed is copied back and what it removed (results past ``INDEX_ROWS``) is removed there, with
+    their pages. The pages of earlier batches, the bulk of the site, are not copied: they stand as empty files
+    (the site's index lists the pages it finds), and a build only adds its own page and rewrites the index and
+    the suite's page. Two renders at once each keep their own result and page; the index of the later one wins
+    and lists both once a next page is built."""
+    import hashlib
+    import tempfile
+
+    remote = project / "gx"
+    pages = SITE.removeprefix("gx/") + "/validations/"
+    empty = hashlib.sha256(b"").hexdigest()
+    with tempfile.TemporaryDirectory(prefix="tidewater-data-docs-") as tmp:
+        local = Path(tmp) / "gx"
+        copied: dict[str, str] = {}
+        for obj in remote.rglob("*"):
+            rel = obj.relative_to(remote).as_posix()
+            data = b"" if rel.startswith(pages) else obj.read_bytes()
+            (local / rel).parent.mkdir(parents=True, exist_ok=True)
+            (local / rel).write_bytes(data)
+            copied[rel] = hashlib.sha256(data).hexdigest()
+        yield Path(tmp)
+        now = {f.relative_to(local).as_posix(): f for f in local.rglob("*") if f.is_file()}
+        for rel, f in now.items():
+            data = f.read_bytes()
+            digest = hashlib.sha256(data).hexdigest()
+            if copied.get(rel) != digest and not (rel.startswith(pages) and digest == empty):
+                (remote / rel).write_bytes(data)
+        results = RESULTS.removeprefix("gx/") + "/"
+        for rel in sorted(copied.keys() - now.keys()):
+            (remote / rel).unlink(missing_ok=True)
+            if rel.startswith(results) and rel.endswith(".json"):  # a dropped result: its page goes too
+                (remote / (pages + rel[len(results):-len(".json")] + ".html")).unlink(missing_ok=True)
 
 
 def _suite_page(context: Any, suite: str, results: list[Any]) -> list[Any]:
@@ -217,7 +288,7 @@ def _suite_result(spec: PipelineSpec, report: Any, table: str, now: datetime, re
     )
 
 
-def _keep_newest(store: Any, spec: PipelineSpec) -> None:
+def _keep_newest(store: Any, project: Path) -> None:
     """Drop all but the newest ``INDEX_ROWS`` results from the store (the index is built from it and would
     grow with every batch; great-expectations then drops their pages from the site too), and the directories
     they leave empty (the store lists keys by walking them)."""
@@ -226,7 +297,7 @@ def _keep_newest(store: Any, spec: PipelineSpec) -> None:
         return
     for key in sorted(keys, key=lambda k: k.run_id.run_time)[:-INDEX_ROWS]:
         store.remove_key(key)
-    for root in (docs_dir(spec) / "gx" / "uncommitted" / "validations", site_dir(spec) / "validations"):
+    for root in (project / RESULTS, project / SITE / "validations"):
         _remove_empty_dirs(root)
 
 

@@ -45,7 +45,7 @@ def create_app() -> Any:
     """The FastAPI app (every route requires an authenticated Airflow user)."""
     from airflow.api_fastapi.core_api.security import requires_authenticated
     from fastapi import Depends, FastAPI, HTTPException
-    from fastapi.responses import FileResponse, HTMLResponse
+    from fastapi.responses import HTMLResponse
 
     app = FastAPI(title="Tidewater", description="Lag, freshness, batches and dead letters of Tidewater pipelines",
                   dependencies=[Depends(requires_authenticated())])
@@ -92,10 +92,25 @@ def create_app() -> Any:
                 raise HTTPException(status_code=404, detail=f"no Data Docs page for batch {batch} of pipeline {name}")
             # relative, so that the page's own relative links (Home, the suite, static files) resolve in the site
             return RedirectResponse(found.relative_to(site_dir(spec)).as_posix(), status_code=307)
-        root = site_dir(spec).resolve()
-        path = (root / page).resolve()
-        if not path.is_relative_to(root) or not path.is_file():
-            raise HTTPException(status_code=404, detail=f"no Data Docs file {page} for pipeline {name}")
-        return FileResponse(path)
+        return _site_file(site_dir(spec), page, HTTPException(status_code=404, detail=f"no Data Docs file {page} for "
+                                                                                       f"pipeline {name}"))
 
     return app
+
+
+def _site_file(site: Any, page: str, missing: Exception) -> Any:
+    """A file of a Data Docs site, local or on object storage (raises ``missing`` when absent or outside it)."""
+    import mimetypes
+
+    from fastapi.responses import FileResponse, Response
+
+    if isinstance(site, Path):
+        root = site.resolve()
+        path = (root / page).resolve()
+        if not path.is_relative_to(root) or not path.is_file():
+            raise missing
+        return FileResponse(path)
+    parts = page.split("/")  # on object storage: read through the file layer
+    if not page or ".." in parts or "" in parts or not (site / page).is_file():
+        raise missing
+    return Response((site / page).read_bytes(), media_type=mimetypes.guess_type(page)[0] or "application/octet-stream")

@@ -9,6 +9,7 @@ batch steps use, so a step does not care where the staging area lives.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -65,6 +66,14 @@ class ObjectPath:
     def parent(self) -> ObjectPath:
         return ObjectPath(self.fs, self.key.rsplit("/", 1)[0], self.scheme, self.setting)
 
+    def relative_to(self, other: ObjectPath) -> PurePosixPath:
+        if not self.key.startswith(other.key + "/"):
+            raise ValueError(f"{self} is not under {other}")
+        return PurePosixPath(self.key[len(other.key) + 1:])
+
+    def as_uri(self) -> str:
+        return str(self)
+
     def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
         """Nothing to do: a prefix exists once an object is under it."""
 
@@ -105,7 +114,8 @@ class ObjectPath:
         """Every object under this prefix (``pattern`` must be ``*``: the tests' and the audit's use)."""
         from pyarrow.fs import FileSelector, FileType
 
-        assert pattern == "*", "only rglob('*') is served"
+        if pattern != "*":
+            raise ValueError(f"rglob({pattern!r}): only '*' is served on object storage")
         infos = self._call(lambda: self.fs.get_file_info(FileSelector(self.key, allow_not_found=True, recursive=True)))
         return iter([ObjectPath(self.fs, i.path, self.scheme, self.setting) for i in infos if i.type == FileType.File])
 
