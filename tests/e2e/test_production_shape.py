@@ -201,7 +201,8 @@ def test_the_ingest_dag_through_airflows_local_executor_on_postgresql(broker, to
     """The ingest DAG run by Airflow's scheduler with PostgreSQL as its metadata database and its LocalExecutor
     (`airflow standalone`: each task a separate process), staging in the bucket and the catalog in PostgreSQL: one
     triggered run lands 150 records once with exact offsets; its tasks ran in separate processes; nothing was
-    staged under the Airflow workers' TIDEWATER_HOME, the batch's plan and manifest are in the bucket."""
+    staged under the Airflow workers' TIDEWATER_HOME, the batch's plan and manifest are in the bucket; XCom carries
+    the plan's location and no credential, and no task log shows the secret key."""
     import psycopg2
 
     from tests.conftest import REPO
@@ -249,8 +250,14 @@ def test_the_ingest_dag_through_airflows_local_executor_on_postgresql(broker, to
         with conn.cursor() as cur:
             cur.execute("SELECT task_id, state, pid FROM task_instance WHERE dag_id = 'ingest_orders'")
             tasks = {t: (state, pid) for t, state, pid in cur.fetchall()}
+            cur.execute("SELECT task_id, value::text FROM xcom WHERE dag_id = 'ingest_orders'")
+            xcoms = cur.fetchall()
     finally:
         conn.close()
+    assert any(t == "plan" and "s3://airflow-shape/staging/" in v for t, v in xcoms), xcoms
+    assert not any(SECRET in v or KEY in v for _, v in xcoms), "a credential in XCom"
+    logs = [p for p in (af / "logs").rglob("*") if p.is_file()]
+    assert logs and not any(SECRET in p.read_text(errors="replace") for p in logs), "a credential in a task log"
     steps = ("plan", "write", "validate", "commit")
     assert all(tasks[t][0] == "success" for t in steps), tasks
     assert len({tasks[t][1] for t in steps}) == len(steps), f"each task in its own process: {tasks}"

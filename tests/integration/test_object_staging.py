@@ -150,6 +150,25 @@ def test_killed_after_a_write_staged_in_the_bucket_then_rerun_commits_each_recor
     assert not any(killed in t.file.file_path for t in table.scan().plan_files())
 
 
+def test_a_batch_through_spark_connect_is_staged_in_the_bucket(broker, home, topic, s3_endpoint, monkeypatch,
+                                                               spark_connect):
+    """The write step on the real Spark Connect server (the session's): this process, its client, reads the plan
+    from the bucket and stages the manifest there; the server's workers never see the staging area."""
+    from tidewater.runtime.steps import run_once
+
+    path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage9", warehouse_in_bucket=False,
+                     spark={"connect_url": spark_connect.url})
+    produce(broker.bootstrap, topic, pizza_events(90, seed=71), partitions=3)
+    result = run_once(path, out=quiet)
+    assert (result["status"], result["records"]) == ("committed", 90)
+    table = table_of(path)
+    assert table.scan().to_arrow().num_rows == 90
+    assert committed_state(table).offsets == {topic: {0: 30, 1: 30, 2: 30}}
+    names = {k.rsplit("/", 1)[-1] for k in _objects(s3_endpoint, f"stage9/staging/orders/{result['batch_id']}")}
+    assert {"plan.json", "manifest.json"} <= names, names
+    assert not (home / "staging").exists()
+
+
 def test_two_committers_and_a_retry_read_the_staged_batch_from_the_bucket_and_commit_it_once(broker, home, topic,
                                                                                             s3_endpoint, monkeypatch):
     """A batch staged in the bucket is committed by two committers at once, each loading the plan and the
