@@ -227,6 +227,9 @@ def expire_snapshots(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) 
     out: dict[str, Any] = {"older_than": _ts_literal(cutoff)[10:-1], "kept_for_offsets": clamped}
     if dry_run:
         return {**out, "snapshots_to_expire": len(candidates)}
+    from tidewater.table import ledger
+
+    ledger.sync(load_catalog(spec), spec)  # the batches' ranges outlive their snapshots (raises: nothing expired)
     row = _one_row(
         spark,
         f"CALL {spec.catalog.name}.system.expire_snapshots(table => {_sql_str(spec.table.identifier)}, "

@@ -36,10 +36,10 @@ from tidewater.batch import (
 )
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
+from tidewater.table.summary import OPERATOR_SKIP
 
 log = logging.getLogger(__name__)
 
-OPERATOR_SKIP = "tidewater.operator-skip"
 ERROR_CLASS = "OperatorSkip"
 
 

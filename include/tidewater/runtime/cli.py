@@ -59,6 +59,31 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 1 if st["problems"] else 0  # a partition the next batch cannot plan
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    """Exit 0 when the table is exactly its topic as far as the checks see, 1 when not, 2 on an error."""
+    from tidewater.config.parse import load_pipeline
+    from tidewater.ops.audit import audit
+
+    try:
+        report = audit(load_pipeline(args.pipeline), args.table)
+    except TidewaterError as e:
+        print(f"tidewater: {'transient' if e.transient else 'error'}: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+        return 0 if report.clean else 1
+    print(f"audit of {report.table} (pipeline {report.pipeline}): {report.batches} batches in the ledger")
+    for f in report.findings:
+        print(f"  {f.text()}")
+    print(f"  {'topic':<30} {'part':>4} {'log start':>12} {'committed':>12} {'log end':>12}")
+    for p in report.partitions:
+        committed = "-" if p["committed"] is None else p["committed"]
+        print(f"  {p['topic']:<30} {p['partition']:>4} {p['log_start']:>12} {committed:>12} {p['log_end']:>12}")
+    errors = sum(f.severity == "error" for f in report.findings)
+    print("clean" if report.clean else f"{errors} discrepanc{'y' if errors == 1 else 'ies'}")
+    return 0 if report.clean else 1
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
     from tidewater.ops.status import history
@@ -390,6 +415,15 @@ def _add_status(sub: Any) -> None:
     p.set_defaults(fn=cmd_status)
 
 
+def _add_audit(sub: Any) -> None:
+    p = sub.add_parser("audit", help="check that the table is exactly its topic: ranges, counts, outside writes, "
+                       "Kafka (exit 0 clean, 1 discrepancies, 2 error)")
+    _pipeline_arg(p)
+    p.add_argument("--table", help="the table to audit (default: the pipeline's)")
+    p.add_argument("--json", action="store_true", help="one JSON document")
+    p.set_defaults(fn=cmd_audit)
+
+
 def _add_history(sub: Any) -> None:
     p = sub.add_parser("history", help="the table's snapshots with batch ids and offsets")
     _pipeline_arg(p)
@@ -474,6 +508,7 @@ _COMMANDS = (
     _add_skip,
     _add_status,
     _add_history,
+    _add_audit,
     _add_sql,
     _add_maintain,
     _add_broker,
@@ -498,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     from tidewater.runtime.logs import configure_logging
 
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level or ("WARNING" if args.command in ("status", "history", "docs") else None))
+    configure_logging(args.log_level or ("WARNING" if args.command in ("status", "history", "docs", "audit") else None))
     try:
         return int(args.fn(args) or 0)
     except Exception as e:  # one line per error: ours, or Spark's (never a Py4J stack trace)

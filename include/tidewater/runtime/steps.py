@@ -539,6 +539,26 @@ def plan_step(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) 
 
 
 def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None = None) -> CommitResult:
+    """Commit the batch (or find it committed), then record the table's new batches in its ledger (a batch whose
+    commit raised, a quarantined one among them, is recorded by the next sync)."""
+    result = _commit(spec, plan, manifest, dag_run_id)
+    record_in_ledger(spec)
+    return result
+
+
+def record_in_ledger(spec: PipelineSpec) -> None:
+    """Sync the ledger (``table/ledger.py``). A failure is logged, not raised: the batch is committed either way
+    and the next sync (the next commit, snapshot expiry, the audit) records it."""
+    from tidewater.table import ledger
+
+    try:
+        ledger.sync(load_catalog(spec), spec)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        log.warning("the ledger of %s was not brought up to date (the next commit or audit does it): %s",
+                    spec.table.identifier, e)
+
+
+def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None) -> CommitResult:
     reverted = batch_path(spec, plan) / REVERTED_NAME
     if reverted.is_file():
         why = read_json(reverted).get("why", "")

@@ -68,6 +68,9 @@ QUARANTINE_OF = PREFIX + "quarantine-of"  # the quarantine branch's snapshot: th
 PUBLISHED = PREFIX + "published"  # a published quarantined batch: its batch id
 
 
+OPERATOR_SKIP = PREFIX + "operator-skip"  # the batch that dead-letters a range an operator skipped: the request
+
+
 REPLAY = PREFIX + "replay"  # replays and backfills: mode, ranges, data interval
 
 

@@ -1,0 +1,159 @@
+"""The ledger: every committed batch's offset ranges and counts, kept as long as the table.
+
+Snapshot summaries hold each batch's ranges and counts, but snapshot expiry removes them. The ledger is an
+Iceberg table beside the target (``<table>_ledger``), one row per batch and range: queryable with Spark SQL
+(``tidewater sql``) and read by the audit (``ops/audit.py``).
+
+It is written from the table's own history, so it is never out of step with it: :func:`sync` walks the
+ancestors of the table's current snapshot back to the snapshot the ledger last recorded (its head's
+``tidewater.ledger-through``), and appends an entry for every Tidewater batch found, in one commit through the
+commit primitive (the table snapshot id is its marker: a second sync of the same history is a no-op, two at
+once commit once). The commit step syncs after every commit, and snapshot expiry syncs before it removes
+anything; a crash between a batch's commit and its entry is healed by the next sync, before any snapshot the
+ledger still needs can be expired by Tidewater.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pyarrow as pa
+
+from tidewater.config.spec import PipelineSpec
+from tidewater.table.summary import (
+    BATCH_ID,
+    CHANGES,
+    DAG_RUN_ID,
+    DEAD_LETTERS,
+    OFFSETS,
+    OPERATOR_SKIP,
+    QUARANTINED,
+    RANGES,
+    RECORDS,
+    REPLAY,
+    SKIPPED,
+    summary_dict,
+)
+
+log = logging.getLogger(__name__)
+
+THROUGH = "tidewater.ledger-through"  # on the ledger's snapshots: the table snapshot it has recorded up to
+
+SCHEMA = pa.schema([
+    pa.field("table", pa.string()),
+    pa.field("batch_id", pa.string()),
+    pa.field("kind", pa.string()),  # ingest, change, replay, skip, quarantine
+    pa.field("snapshot_id", pa.int64()),
+    pa.field("committed_at", pa.timestamp("us", tz="UTC")),
+    pa.field("dag_run_id", pa.string()),
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("start_offset", pa.int64()),
+    pa.field("end_offset", pa.int64()),
+    pa.field("records", pa.int64()),  # the batch's: records read
+    pa.field("rows", pa.int64()),  # rows the batch's snapshot added
+    pa.field("dead_letters", pa.int64()),
+    pa.field("skipped", pa.int64()),
+    pa.field("detail", pa.string()),  # JSON: the skip request, the replay, the change counts
+])
+
+
+def identifier(spec: PipelineSpec) -> str:
+    return f"{spec.table.identifier}_ledger"
+
+
+def _kind(props: dict[str, str]) -> str:
+    if REPLAY in props:
+        return "replay"
+    if OPERATOR_SKIP in props:
+        return "skip"
+    if QUARANTINED in props:
+        return "quarantine"
+    return "change" if CHANGES in props else "ingest"
+
+
+def _ranges(props: dict[str, str], previous: dict[str, dict[int, int]]) -> list[tuple[str, int, int, int]]:
+    """The batch's ranges: its own list, or (a summary too large to hold it) where its offsets moved."""
+    if RANGES in props:
+        return [(t, int(p), int(s), int(e)) for t, p, s, e in json.loads(props[RANGES])]
+    out = []
+    for topic, parts in json.loads(props.get(OFFSETS, "{}")).items():
+        for p, end in parts.items():
+            start = previous.get(topic, {}).get(int(p), end)
+            if int(end) > int(start):
+                out.append((topic, int(p), int(start), int(end)))
+    return out
+
+
+def entries(table_ident: str, snapshots: list[Any]) -> list[dict[str, Any]]:
+    """Ledger rows for the Tidewater batches among ``snapshots`` (oldest first), one per range."""
+    rows: list[dict[str, Any]] = []
+    previous: dict[str, dict[int, int]] = {}
+    for snap in snapshots:
+        props = summary_dict(snap)
+        if BATCH_ID not in props:
+            continue
+        kind = _kind(props)
+        detail = {k: props[k] for k in (REPLAY, OPERATOR_SKIP, CHANGES, QUARANTINED) if k in props}
+        for topic, part, start, end in _ranges(props, previous):
+            rows.append({
+                "table": table_ident, "batch_id": props[BATCH_ID], "kind": kind, "snapshot_id": snap.snapshot_id,
+                "committed_at": snap.timestamp_ms * 1000, "dag_run_id": props.get(DAG_RUN_ID), "topic": topic,
+                "partition": part, "start_offset": start, "end_offset": end, "records": int(props.get(RECORDS, 0)),
+                "rows": int(props.get("added-records", 0)), "dead_letters": int(props.get(DEAD_LETTERS, 0)),
+                "skipped": int(props.get(SKIPPED, 0)), "detail": json.dumps(detail, sort_keys=True) if detail else None,
+            })
+        if OFFSETS in props:
+            previous = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in json.loads(props[OFFSETS]).items()}
+    return rows
+
+
+def _unrecorded(table: Any, through: int | None) -> tuple[list[Any], bool]:
+    """The ancestors of the table's current snapshot after ``through``, oldest first, and whether the walk
+    reached ``through`` (False: the ledger is new, or its mark's snapshot is gone: entries must be deduplicated)."""
+    by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
+    walked, sid = [], table.metadata.current_snapshot_id
+    while sid is not None and sid in by_id and sid != through:
+        walked.append(by_id[sid])
+        sid = by_id[sid].parent_snapshot_id
+    return walked[::-1], sid is not None and sid == through
+
+
+def sync(catalog: Any, spec: PipelineSpec) -> int:
+    """Record the table's batches the ledger does not have yet; returns how many entries were added."""
+    from tidewater.commit.primitive import Change, commit
+    from tidewater.table.catalog import create_table, load_table
+
+    if spec.routed:
+        return 0  # routed pipelines' positions live in their checkpoint table: not recorded here yet
+    table = load_table(catalog, spec.table.identifier)
+    if table is None or table.metadata.current_snapshot_id is None:
+        return 0
+    head = table.metadata.current_snapshot_id
+    added = [0]
+
+    def prepare(ledger: Any) -> Any:
+        snap = ledger.current_snapshot()
+        through = summary_dict(snap).get(THROUGH) if snap is not None else None
+        todo, reached = _unrecorded(table, int(through) if through else None)
+        rows = entries(spec.table.identifier, todo)
+        if not reached and snap is not None and rows:
+            known = set(ledger.scan(selected_fields=("batch_id",)).to_arrow().column("batch_id").to_pylist())
+            rows = [r for r in rows if r["batch_id"] not in known]
+        added[0] = len(rows)
+        return Change(properties={THROUGH: str(head)}, rows=pa.Table.from_pylist(rows, schema=SCHEMA))
+
+    ident = identifier(spec)
+    commit(catalog, ident, prepare, marker=str(head), marker_key=THROUGH, what=f"ledger of {spec.table.identifier}",
+           on_missing=lambda: load_table(catalog, ident) or create_table(catalog, ident, SCHEMA, {"format-version": "2"}))
+    return added[0]
+
+
+def read(catalog: Any, spec: PipelineSpec) -> pa.Table:
+    """Every entry of the pipeline's table (empty when nothing was recorded)."""
+    from tidewater.table.catalog import load_table
+
+    ledger = load_table(catalog, identifier(spec))
+    return ledger.scan().to_arrow() if ledger is not None else SCHEMA.empty_table()
