@@ -130,3 +130,56 @@ def test_the_ledger_outlives_expired_snapshots_and_catches_up_after_a_failed_ent
         spark.stop()
     code, doc = _audit(path, capsys)
     assert code == 0 and doc["batches"] == 5, doc
+
+
+def _transactional(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    """Each value in a transaction of its own, committed: Kafka puts a commit marker at an offset after each."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-tx"})
+    p.init_transactions(30)
+    for v in values:
+        p.begin_transaction()
+        p.produce(topic, v, partition=0)
+        p.commit_transaction(30)
+
+
+def test_the_deep_audit_accounts_for_every_offset_and_names_duplicates_and_lost_rows(broker, home, topic, capsys):
+    """Metadata columns on. A record (offset 0), two records in transactions of their own (1 and 3; their commit
+    markers take 2 and 4), then a good, an undecodable and a good record (5, 6, 7): 5 rows and a dead letter.
+    The deep audit
+    is clean: every offset is a row or a dead letter, and Kafka holds no record at the marker offsets (reported
+    as such). Then the test appends a copy of the rows of offsets 0 and 1 and deletes the row of offset 3 with
+    pyiceberg: the deep audit names offsets [0, 2) as in the table twice and offset 3 as a record in Kafka with
+    neither a row nor a dead letter, and exits 1."""
+    from pyiceberg.expressions import EqualTo, In
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"metadata": "prefixed"})
+    events = pizza_events(5, seed=193)
+    produce_to_partition(broker.bootstrap, topic, 0, [events[0]])  # creates the topic; offset 0, no marker
+    _transactional(broker.bootstrap, topic, events[1:3])  # 1 and 3, markers at 2 and 4
+    produce_to_partition(broker.bootstrap, topic, 0, [events[3], b'{"order_id": ', events[4]])
+    spec = load_pipeline(path)
+    done = ingest_inline(spec)
+    assert (done.records, done.dead_letters) == (6, 1)
+    table = table_of(path)
+    offsets = sorted(table.scan(selected_fields=("_kafka_offset",)).to_arrow().column(0).to_pylist())
+    markers = sorted(set(range(offsets[-1] + 1)) - set(offsets) - {offsets[-1] - 1})
+    assert len(markers) == 2, (offsets, "the commit markers take an offset each")
+    capsys.readouterr()
+    assert main(["audit", "--pipeline", str(path), "--deep", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["clean"], doc
+    assert [f["message"] for f in doc["findings"] if f["check"] == "deep"] == [
+        "2 offsets hold no record in Kafka (transaction markers or compaction)"]
+
+    twice = table.scan(row_filter=In("_kafka_offset", offsets[:2])).to_arrow()
+    table.append(twice)
+    table_of(path).delete(EqualTo("_kafka_offset", offsets[2]))
+    capsys.readouterr()
+    assert main(["audit", "--pipeline", str(path), "--deep", "--json"]) == 1
+    deep = {(f["start"], f["end"], f["message"]) for f in json.loads(capsys.readouterr().out)["findings"]
+            if f["check"] == "deep" and f["severity"] == "error"}
+    assert offsets[:3] == [0, 1, 3]
+    assert deep == {(0, 2, "offsets in the table twice"), (3, 4, "records in Kafka with no row and no dead letter")}

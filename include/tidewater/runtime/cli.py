@@ -65,7 +65,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from tidewater.ops.audit import audit
 
     try:
-        report = audit(load_pipeline(args.pipeline), args.table)
+        report = audit(load_pipeline(args.pipeline), args.table, deep=args.deep)
     except TidewaterError as e:
         print(f"tidewater: {'transient' if e.transient else 'error'}: {e}", file=sys.stderr)
         return 2
@@ -420,6 +420,8 @@ def _add_audit(sub: Any) -> None:
                        "Kafka (exit 0 clean, 1 discrepancies, 2 error)")
     _pipeline_arg(p)
     p.add_argument("--table", help="the table to audit (default: the pipeline's)")
+    p.add_argument("--deep", action="store_true", help="also every row's source offset (format.metadata): none twice, "
+                   "none both a row and a dead letter, none missing unless skipped or absent from Kafka")
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(fn=cmd_audit)
 
