@@ -258,6 +258,29 @@ def build_skip_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an
     }, body)
 
 
+def build_audit_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+    """``audit_<name>``: is the table exactly its topic (``tidewater audit``); fails on a discrepancy."""
+    pipeline_path = str(path)
+
+    @dag(dag_id=f"audit_{spec.name}", schedule=spec.audit.schedule, **spec.airflow.dag_kwargs("audit"), doc_md=(
+        f"### audit of `{spec.table.identifier}`\n\nChecks the table against its topic from the ledger: per partition "
+        "the committed ranges follow each other with no gap or overlap, every batch's records read = rows + dead "
+        "letters + skipped, no snapshot changed rows outside Tidewater, no committed offset below the log start or "
+        f"beyond the log end{'; and every row source offset (`audit.deep`)' if spec.audit.deep else ''}. The run fails on "
+        "a discrepancy and its log names each one (topic, partition, offsets, batch, snapshot); the Tidewater view "
+        "shows the last verdict. Same as `tidewater audit`."))
+    def audit():
+        @task(task_id="audit", retries=spec.airflow.retries)
+        def run() -> dict:
+            from tidewater.runtime.airflow import audit_task
+
+            return audit_task(pipeline_path)
+
+        run()
+
+    return audit()
+
+
 def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
     """A DAG that shows a broken pipeline file in the UI instead of hiding it."""
 
@@ -281,10 +304,10 @@ def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
 
 
 def build_pipeline_dags(path: Path, spec: PipelineSpec) -> list:
-    """Every DAG of one pipeline file (ingest, and replay, skip and quarantine where they apply)."""
+    """Every DAG of one pipeline file (ingest, and replay, skip, audit and quarantine where they apply)."""
     dags = [build_ingest_dag(path, spec)]
-    if not spec.routed:  # replay and skip of routed pipelines: not yet
-        dags += [build_replay_dag(path, spec), build_skip_dag(path, spec)]
+    if not spec.routed:  # replay, skip and audit of routed pipelines: not yet
+        dags += [build_replay_dag(path, spec), build_skip_dag(path, spec), build_audit_dag(path, spec)]
     if spec.validation.on_failure == "quarantine":
         dags.append(build_quarantine_dag(path, spec))
     return dags

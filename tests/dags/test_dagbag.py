@@ -22,9 +22,10 @@ def dagbag(pipelines_dir: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN20
 def test_shipped_pipelines_import_without_errors(monkeypatch):
     bag = dagbag(REPO / "include" / "pipelines", monkeypatch)
     assert bag.import_errors == {}
-    assert {"ingest_pizzas", "maintain_pizzas", "replay_pizzas", "skip_pizzas"} <= set(bag.dags)
+    assert {"ingest_pizzas", "maintain_pizzas", "replay_pizzas", "skip_pizzas", "audit_pizzas"} <= set(bag.dags)
     for dag_id, dag in bag.dags.items():
-        kind = {"ingest": "ingest", "replay": "replay", "maintain": "maintenance", "skip": "skip"}[dag_id.split("_")[0]]
+        kind = {"ingest": "ingest", "replay": "replay", "maintain": "maintenance", "skip": "skip",
+                "audit": "audit"}[dag_id.split("_")[0]]
         assert {"tidewater", kind} <= set(dag.tags), dag_id
         assert dag.max_active_runs == 1
         assert dag.doc_md
@@ -177,3 +178,15 @@ def test_the_write_task_refuses_cluster_deploy_mode_on_a_standalone_master_befor
     context = {"ti": SimpleNamespace(xcom_pull=lambda task_ids: {"batch_id": "b", "plan_path": "s3://x/p/b/plan.json"})}
     with pytest.raises(AirflowFailException, match="deploy-mode: Spark runs a Python driver in cluster deploy mode"):
         op.execute(context)
+
+
+def test_the_audit_dag_runs_on_its_schedule_and_exists_for_single_table_pipelines(tmp_path, monkeypatch):
+    """audit_<name>: one task on `audit.schedule` (triggered only with null); none for a routed pipeline."""
+    (tmp_path / "p.yaml").write_text("name: p\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\ntable: ns.t\n"
+                                     "audit: {schedule: '@hourly'}\n")
+    (tmp_path / "q.yaml").write_text("name: q\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\ntable: ns.u\n"
+                                     "audit: {schedule: null}\n")
+    bag = dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert [t.task_id for t in bag.dags["audit_p"].tasks] == ["audit"]
+    assert bag.dags["audit_p"].schedule == "@hourly" and bag.dags["audit_q"].schedule is None

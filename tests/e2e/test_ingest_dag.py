@@ -361,3 +361,30 @@ def test_metrics_reach_statsd_through_airflows_stats(broker, topic, airflow_env)
     assert metrics["airflow.tidewater.orders.dead_letters"] == "0|c"
     assert metrics["airflow.tidewater.orders.commit_seconds"].endswith("|ms")
     assert metrics["airflow.tidewater.orders.batch_seconds"].endswith("|ms")
+
+
+def test_the_audit_dag_passes_on_a_clean_table_fails_on_a_discrepancy_and_the_view_shows_it(broker, topic, airflow_env):
+    """`audit_orders` (deep: every row's source offset) after a batch: success, and the verdict the Tidewater view
+    shows is clean. After rows appended outside Tidewater (a copy of 5 committed rows): the run fails without
+    retrying, its log names the outside append and the offsets now in the table twice, and the view's verdict
+    says so."""
+    from tests.conftest import ingest_inline
+    from tidewater.ops.overview import overview
+
+    pipeline = write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
+                              kafka={"bootstrap_servers": broker.bootstrap}, format={"metadata": "prefixed"},
+                              audit={"deep": True})
+    produce(broker.bootstrap, topic, pizza_events(60, seed=200), partitions=2)
+    spec = load_pipeline(pipeline)
+    ingest_inline(spec)
+    out = dags_test(airflow_env, "audit_orders")
+    assert "audit of rpc.orders: clean (1 batches)" in out
+    verdict = overview(spec)["audit"]
+    assert verdict["clean"] and verdict["deep"] and verdict["batches"] == 1
+    table = table_of(pipeline)
+    table.append(table.scan(limit=5).to_arrow())
+    out = dags_test(airflow_env, "audit_orders", expect="failed")
+    assert "made outside Tidewater: 5 rows added" in out and "offsets in the table twice" in out
+    assert "AirflowFailException" in out or "Marking task as FAILED" in out
+    verdict = overview(spec)["audit"]
+    assert not verdict["clean"] and verdict["errors"] >= 2 and any("outside Tidewater" in f for f in verdict["first"])

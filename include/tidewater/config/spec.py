@@ -563,6 +563,16 @@ class TriggerSpec:
 
 
 @dataclass(frozen=True)
+class AuditSpec:
+    """The `audit_<name>` DAG (`tidewater audit` by hand)."""
+
+    schedule: str | None = _doc("Airflow schedule of the audit DAG, which fails on a discrepancy. `null`: triggered "
+                                "only.", default="@daily")
+    deep: bool = _doc("Also check every row's source offset (`tidewater audit --deep`; needs `format.metadata`): reads "
+                      "the table's offset columns and the dead letters.", default=False)
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     """One pipeline: Kafka topics into one Iceberg table."""
 
@@ -597,6 +607,7 @@ class PipelineSpec:
     spark: SparkSpec = _doc("Spark job submission.", default_factory=SparkSpec)
     airflow: AirflowSpec = _doc("Airflow DAG settings.", default_factory=AirflowSpec)
     maintenance: MaintenanceSpec = _doc("Table maintenance.", default_factory=MaintenanceSpec)
+    audit: AuditSpec = _doc("Reconciliation of the table against its topic.", default_factory=AuditSpec)
     trigger: TriggerSpec = _doc("Batches started by pending data (lag), besides `schedule`.", default_factory=TriggerSpec)
     source_path: str | None = field(default=None, metadata={"internal": True})
 

@@ -215,6 +215,13 @@ def _check_staging(spec: PipelineSpec) -> None:
         spec.stage(spec.validation.data_docs_dir, "validation.data_docs_dir")
 
 
+def _check_audit(spec: PipelineSpec) -> None:
+    check_schedule("audit.schedule", spec.audit.schedule)
+    if spec.audit.deep and spec.format.metadata not in ("prefixed", "struct"):
+        raise ConfigError("audit.deep: the deep audit reads each row's source offset; set format.metadata to prefixed "
+                          "or struct (the default), or turn audit.deep off")
+
+
 def cluster_mode_refused(setting: str) -> ConfigError:
     """The terminal error for a Python driver in cluster deploy mode on a standalone master (Spark refuses it)."""
     return ConfigError(f"{setting}: Spark runs a Python driver in cluster deploy mode on YARN and Kubernetes only, not "
@@ -224,7 +231,8 @@ def cluster_mode_refused(setting: str) -> ConfigError:
 
 
 SECTIONS = (_check_name_and_topics, _check_targets, _check_kafka, _check_format, _check_quality_gate, _check_changes,
-            _check_dead_letters, _check_limits_and_maintenance, _check_catalog_airflow_suites, _check_staging)
+            _check_dead_letters, _check_limits_and_maintenance, _check_catalog_airflow_suites, _check_staging,
+            _check_audit)
 
 
 # Airflow's schedule presets (besides cron expressions).

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from tidewater.config.spec import PipelineSpec
@@ -89,6 +90,10 @@ def audit(spec: PipelineSpec, table: str | None = None, deep: bool = False) -> A
     report.findings += findings
     if deep:
         report.findings += deep_findings(spec, catalog, target, entries)
+    errors = [f.text() for f in report.findings if f.severity == "error"]
+    ledger.save_verdict(catalog, spec, {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "deep": deep,
+                                        "clean": report.clean, "batches": report.batches, "errors": len(errors),
+                                        "first": errors[:5]})
     return report
 
 

@@ -110,6 +110,16 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
         "dead_letters": dead_letter_classes(spec, catalog),
         "quarantined": quarantine.list_quarantined(spec, table) if table is not None else [],
         "maintenance": maintenance_state(table) if table is not None else None,
+        "audit": _last_audit(spec, catalog),
     }
     out["status"]["last_snapshot_id"] = str(st["last_snapshot_id"]) if st["last_snapshot_id"] is not None else None
     return out
+
+
+def _last_audit(spec: PipelineSpec, catalog: Any) -> dict[str, Any] | None:
+    """The last audit's verdict (None: never audited, or a routed pipeline)."""
+    if spec.routed:
+        return None
+    from tidewater.table import ledger
+
+    return ledger.last_verdict(catalog, spec)

@@ -40,6 +40,7 @@ from tidewater.table.summary import (
 log = logging.getLogger(__name__)
 
 THROUGH = "tidewater.ledger-through"  # on the ledger's snapshots: the table snapshot it has recorded up to
+LAST_AUDIT = "tidewater.last-audit"  # the ledger table's property: the last audit's verdict (JSON)
 
 SCHEMA = pa.schema([
     pa.field("table", pa.string()),
@@ -157,3 +158,29 @@ def read(catalog: Any, spec: PipelineSpec) -> pa.Table:
 
     ledger = load_table(catalog, identifier(spec))
     return ledger.scan().to_arrow() if ledger is not None else SCHEMA.empty_table()
+
+
+def save_verdict(catalog: Any, spec: PipelineSpec, verdict: dict[str, Any]) -> None:
+    """Keep the last audit's verdict as a property of the ledger table (the Tidewater view shows it)."""
+    from tidewater.table.catalog import catalog_failure, load_table
+
+    text = json.dumps(verdict, separators=(",", ":"), sort_keys=True, default=str)
+    for attempt in range(5):  # a batch's ledger entry may commit meanwhile
+        ledger = load_table(catalog, identifier(spec))
+        if ledger is None:
+            return
+        try:
+            with ledger.transaction() as tx:
+                tx.set_properties({LAST_AUDIT: text})
+            return
+        except Exception as e:
+            if catalog_failure(e) is None or attempt == 4:
+                raise
+
+
+def last_verdict(catalog: Any, spec: PipelineSpec) -> dict[str, Any] | None:
+    from tidewater.table.catalog import load_table
+
+    ledger = load_table(catalog, identifier(spec))
+    text = ledger.metadata.properties.get(LAST_AUDIT) if ledger is not None else None
+    return json.loads(text) if text else None
