@@ -103,31 +103,32 @@ def test_a_recreated_topic_leaves_committed_offsets_beyond_its_log_end(broker, h
 
 def test_the_ledger_outlives_expired_snapshots_and_catches_up_after_a_failed_entry(broker, home, topic, capsys,
                                                                                   monkeypatch):
-    """The ledger entry of the last batch fails after its commit (as if killed between the two commits): the batch
-    is committed, its entry missing. Snapshot expiry (Spark, every snapshot but the newest) records it first, so
-    afterwards the table's history holds one snapshot and the audit still sees five batches, clean; Spark SQL reads
-    the ledger as a table."""
-    from tidewater.ops.maintenance import maintain
-    from tidewater.runtime import spark as spark_session
+    """The ledger entry of every batch fails after its commit (as if killed between the two commits): the batches
+    are committed, their entries missing. Snapshot expiry (`tidewater maintain`, Spark, every snapshot but the
+    newest) records them first, so afterwards the table's history holds one snapshot and the audit still sees five
+    batches, clean; `tidewater sql` reads the ledger as a table."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
     real = ledger.sync
     monkeypatch.setattr(ledger, "sync", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
     spec, path = _setup(broker, home, topic)
     monkeypatch.setattr(ledger, "sync", real)
-    entries = ledger.read(load_catalog(spec), spec).to_pylist()
-    assert entries == [], "every entry failed: the commits landed without them"
+    assert ledger.read(load_catalog(spec), spec).num_rows == 0, "every entry failed: the commits landed without them"
     spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        maintenance={"expire_snapshots": {"older_than_hours": 0, "retain_last": 1},
-                                                     "rewrite_data_files": {"enabled": False}, "rewrite_manifests": False,
-                                                     "remove_orphan_files": {"enabled": False}}))
-    spark = spark_session.session(spec, app_name="tidewater-test-ledger")
-    try:
-        maintain(spec, actions=["expire_snapshots"], spark=spark)
-        assert len(table_of(path).snapshots()) == 1
-        count = spark.sql(f"SELECT count(DISTINCT batch_id) AS n FROM {spec.catalog.name}.{ledger.identifier(spec)}")
-        assert count.collect()[0]["n"] == 5
-    finally:
-        spark.stop()
+                                        maintenance={"expire_snapshots": {"older_than_hours": 0, "retain_last": 1}}))
+    tidewater = str(Path(sys.executable).parent / "tidewater")
+    env = {**os.environ, "TIDEWATER_HOME": str(home)}
+    done = subprocess.run([tidewater, "maintain", "--pipeline", str(path), "--actions", "expire_snapshots"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(table_of(path).snapshots()) == 1
+    sql = subprocess.run([tidewater, "sql", "--pipeline", str(path), "SELECT count(DISTINCT batch_id) AS batches FROM "
+                          f"{spec.catalog.name}.{ledger.identifier(spec)}"], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert sql.returncode == 0 and "5" in sql.stdout.split("batches", 1)[-1], sql.stdout + sql.stderr[-2000:]
     code, doc = _audit(path, capsys)
     assert code == 0 and doc["batches"] == 5, doc
 
@@ -183,3 +184,39 @@ def test_the_deep_audit_accounts_for_every_offset_and_names_duplicates_and_lost_
             if f["check"] == "deep" and f["severity"] == "error"}
     assert offsets[:3] == [0, 1, 3]
     assert deep == {(0, 2, "offsets in the table twice"), (3, 4, "records in Kafka with no row and no dead letter")}
+
+
+def test_the_deep_audit_of_a_change_table_finds_a_key_held_twice(broker, home, topic, capsys):
+    """A change table (Debezium, upserts by `id`) after two change batches equal to the reference model audits
+    clean, deep included (its rows' offsets are each once; offsets of superseded changes have no row by design).
+    A copy of one row appended outside Tidewater: the key is named as held twice (and its offset as in the
+    table twice), exit 1."""
+    from tidewater.dev.changes import apply, change_stream, encode
+
+    path = write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "debezium", "metadata": "prefixed"}, validation={"not_null": ["id"]},
+                          table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True})
+    spec = load_pipeline(path)
+    model: dict[int, dict] = {}
+    for b in range(2):
+        changes = change_stream(model, 40, keys=12, seed=210 + b)
+        produce_to_partition(broker.bootstrap, topic, 0, [v for _, v in encode(changes, model, "debezium")])
+        ingest_inline(spec)
+        model = apply(model, changes)
+    table = table_of(path)
+    assert {r["id"]: r["item"] for r in table.scan(selected_fields=("id", "item")).to_arrow().to_pylist()} == \
+        {k: v["item"] for k, v in model.items()}
+    code, doc = _audit_deep(path, capsys)
+    assert code == 0 and doc["clean"], doc
+    one = table.scan(limit=1).to_arrow()
+    table.append(one)
+    code, doc = _audit_deep(path, capsys)
+    keys = [f["message"] for f in doc["findings"] if f["check"] == "deep" and f["severity"] == "error"]
+    assert code == 1 and sorted(keys) == [f"key {{'id': {one.column('id')[0].as_py()}}} has 2 rows",
+                                          "offsets in the table twice"], doc
+
+
+def _audit_deep(path, capsys) -> tuple[int, dict]:  # noqa: ANN001
+    capsys.readouterr()
+    code = main(["audit", "--pipeline", str(path), "--deep", "--json"])
+    return code, json.loads(capsys.readouterr().out)

@@ -113,7 +113,7 @@ def test_route_values_cannot_leave_the_namespace_or_reach_reserved_or_foreign_ta
     assert "own checkpoint or dead-letter table" in dlq[3]["error_message"]
     assert "pipeline 'other'" in dlq[5]["error_message"]
     assert {".".join(t) for ns in catalog.list_namespaces() for t in catalog.list_tables(ns)} == {
-        "tenants.shared", "tenants.acme", spec.checkpoint_table(), spec.dead_letter_table()}
+        "tenants.shared", "tenants.shared_ledger", "tenants.acme", spec.checkpoint_table(), spec.dead_letter_table()}
     assert "own checkpoint or dead-letter table" in dlq[6]["error_message"] and "pipeline 'other'" in dlq[8]["error_message"]
     assert _rows(spec, "tenants.acme") == 2
     assert load_table(catalog, "tenants.shared").current_snapshot().snapshot_id == foreign_before

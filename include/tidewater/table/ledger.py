@@ -29,6 +29,7 @@ from tidewater.table.summary import (
     DEAD_LETTERS,
     OFFSETS,
     OPERATOR_SKIP,
+    PIPELINE,
     QUARANTINED,
     RANGES,
     RECORDS,
@@ -144,7 +145,8 @@ def sync(catalog: Any, spec: PipelineSpec) -> int:
             known = set(ledger.scan(selected_fields=("batch_id",)).to_arrow().column("batch_id").to_pylist())
             rows = [r for r in rows if r["batch_id"] not in known]
         added[0] = len(rows)
-        return Change(properties={THROUGH: str(head)}, rows=pa.Table.from_pylist(rows, schema=SCHEMA))
+        # the pipeline's name marks the ledger as its own: routed pipelines never write into it (ForeignTable)
+        return Change(properties={THROUGH: str(head), PIPELINE: spec.name}, rows=pa.Table.from_pylist(rows, schema=SCHEMA))
 
     ident = identifier(spec)
     commit(catalog, ident, prepare, marker=str(head), marker_key=THROUGH, what=f"ledger of {spec.table.identifier}",
@@ -162,20 +164,17 @@ def read(catalog: Any, spec: PipelineSpec) -> pa.Table:
 
 def save_verdict(catalog: Any, spec: PipelineSpec, verdict: dict[str, Any]) -> None:
     """Keep the last audit's verdict as a property of the ledger table (the Tidewater view shows it)."""
-    from tidewater.table.catalog import catalog_failure, load_table
+    from tidewater.table.catalog import load_table, retry_busy
 
     text = json.dumps(verdict, separators=(",", ":"), sort_keys=True, default=str)
-    for attempt in range(5):  # a batch's ledger entry may commit meanwhile
+
+    def save() -> None:  # loaded afresh each attempt: a batch's ledger entry may commit meanwhile
         ledger = load_table(catalog, identifier(spec))
-        if ledger is None:
-            return
-        try:
+        if ledger is not None:
             with ledger.transaction() as tx:
                 tx.set_properties({LAST_AUDIT: text})
-            return
-        except Exception as e:
-            if catalog_failure(e) is None or attempt == 4:
-                raise
+
+    retry_busy(save, "keeping the audit's verdict", identifier(spec))
 
 
 def last_verdict(catalog: Any, spec: PipelineSpec) -> dict[str, Any] | None:
