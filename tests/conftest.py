@@ -206,3 +206,17 @@ def commit_as_airflow_would(spec, plan, manifest):  # noqa: ANN001, ANN201
             if attempt == spec.airflow.retries:
                 raise
     return None
+
+
+def ingest_changes(broker: object, topic: str, spec, batches: int, changes: int, keys: int, seed: int) -> dict:  # noqa: ANN001
+    """``batches`` Debezium change batches to partition 0 of ``topic``, each ingested in this process
+    (:func:`ingest_inline`); returns the reference model of the source after them."""
+    from tidewater.dev.changes import apply, change_stream, encode
+
+    model: dict[int, dict] = {}
+    for b in range(batches):
+        stream = change_stream(model, changes, keys=keys, seed=seed + b)
+        produce_to_partition(broker.bootstrap, topic, 0, [v for _, v in encode(stream, model, "debezium")])
+        ingest_inline(spec)
+        model = apply(model, stream)
+    return model

@@ -115,3 +115,15 @@ def list_runs(env: dict[str, str], dag_id: str) -> list[dict]:
                          capture_output=True, text=True, timeout=120).stdout
     lines = [ln for ln in out.splitlines() if ln.startswith("[{") or ln.strip() == "[]"]  # logs share stdout
     return json.loads(lines[-1]) if lines else []
+
+
+def wait_for_runs(env: dict[str, str], dag_id: str, seconds: float) -> list[dict]:
+    """The DAG's runs once there is at least one and all have finished (or as they are after ``seconds``)."""
+    runs: list[dict] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        runs = list_runs(env, dag_id)
+        if runs and all(r["state"] in ("success", "failed") for r in runs):
+            break
+        time.sleep(5)
+    return runs

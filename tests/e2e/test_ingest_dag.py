@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, table_of, write_pipeline
-from tests.e2e.conftest import list_runs, standalone
+from tests.e2e.conftest import list_runs, standalone, wait_for_runs
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
@@ -179,13 +179,7 @@ def test_lag_trigger_starts_a_batch_through_the_scheduler(broker, topic, airflow
         time.sleep(15)  # several polls of the trigger
         assert list_runs(env, "ingest_orders") == []
         produce(broker.bootstrap, topic, pizza_events(50, seed=141), partitions=2, create=False)
-        runs: list[dict] = []
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            runs = list_runs(env, "ingest_orders")
-            if runs and all(r["state"] in ("success", "failed") for r in runs):
-                break
-            time.sleep(5)
+        runs = wait_for_runs(env, "ingest_orders", 300)
     assert [r["state"] for r in runs] == ["success"], runs
     assert runs[0]["run_id"].startswith("asset_triggered__"), runs
     table = table_of(pipeline)

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -206,7 +205,7 @@ def test_the_ingest_dag_through_airflows_local_executor_on_postgresql(broker, to
     import psycopg2
 
     from tests.conftest import REPO
-    from tests.e2e.conftest import list_runs, standalone
+    from tests.e2e.conftest import standalone, wait_for_runs
 
     monkeypatch.setenv("TEST_S3_KEY", KEY)
     monkeypatch.setenv("TEST_S3_SECRET", SECRET)
@@ -233,13 +232,7 @@ def test_the_ingest_dag_through_airflows_local_executor_on_postgresql(broker, to
     with standalone(env, tmp_path) as env:
         for cmd in (["dags", "unpause", "ingest_orders"], ["dags", "trigger", "ingest_orders"]):
             subprocess.run(["airflow", *cmd], env=env, check=True, capture_output=True, timeout=120)
-        runs: list[dict] = []
-        deadline = time.monotonic() + 420
-        while time.monotonic() < deadline:
-            runs = list_runs(env, "ingest_orders")
-            if runs and all(r["state"] in ("success", "failed") for r in runs):
-                break
-            time.sleep(5)
+        runs = wait_for_runs(env, "ingest_orders", 420)
     assert [r["state"] for r in runs] == ["success"], runs
     table = d.table(orders)
     ids = table.scan().to_arrow().column("order_id").to_pylist()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import ingest_inline, produce_to_partition, table_of, write_pipeline
+from tests.conftest import ingest_changes, ingest_inline, produce_to_partition, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events
 from tidewater.runtime.cli import main
@@ -191,18 +191,10 @@ def test_the_deep_audit_of_a_change_table_finds_a_key_held_twice(broker, home, t
     clean, deep included (its rows' offsets are each once; offsets of superseded changes have no row by design).
     A copy of one row appended outside Tidewater: the key is named as held twice (and its offset as in the
     table twice), exit 1."""
-    from tidewater.dev.changes import apply, change_stream, encode
-
     path = write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           format={"value": "debezium", "metadata": "prefixed"}, validation={"not_null": ["id"]},
                           table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True})
-    spec = load_pipeline(path)
-    model: dict[int, dict] = {}
-    for b in range(2):
-        changes = change_stream(model, 40, keys=12, seed=210 + b)
-        produce_to_partition(broker.bootstrap, topic, 0, [v for _, v in encode(changes, model, "debezium")])
-        ingest_inline(spec)
-        model = apply(model, changes)
+    model = ingest_changes(broker, topic, load_pipeline(path), batches=2, changes=40, keys=12, seed=210)
     table = table_of(path)
     assert {r["id"]: r["item"] for r in table.scan(selected_fields=("id", "item")).to_arrow().to_pylist()} == \
         {k: v["item"] for k, v in model.items()}

@@ -9,9 +9,8 @@ import json
 
 import pytest
 
-from tests.conftest import ingest_inline, produce_to_partition, write_pipeline
+from tests.conftest import ingest_changes, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.changes import apply, change_stream, encode
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import ConfigError
 from tidewater.table.catalog import load_catalog, load_table
@@ -74,12 +73,7 @@ def test_a_change_table_in_the_bucket_equals_its_source(broker, home, topic, s3_
         home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"value": "debezium"},
         validation={"not_null": ["id"]}, catalog=_catalog(home, s3_endpoint, "changes", monkeypatch),
         table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True}))
-    model: dict[int, dict] = {}
-    for b in range(2):
-        changes = change_stream(model, 80, keys=25, seed=90 + b)
-        produce_to_partition(broker.bootstrap, topic, 0, [v for _, v in encode(changes, model, "debezium")])
-        ingest_inline(spec)
-        model = apply(model, changes)
+    model = ingest_changes(broker, topic, spec, batches=2, changes=80, keys=25, seed=90)
     table = load_table(load_catalog(spec), spec.table.identifier)
     rows = {r["id"]: r["item"] for r in table.scan(selected_fields=("id", "item")).to_arrow().to_pylist()}
     assert rows == {k: v["item"] for k, v in model.items()}
