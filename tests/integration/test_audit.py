@@ -125,6 +125,7 @@ def test_the_ledger_outlives_expired_snapshots_and_catches_up_after_a_failed_ent
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(table_of(path).snapshots()) == 1
+    assert len(load_catalog(spec).load_table(ledger.identifier(spec)).snapshots()) == 1, "the ledger's history expired"
     sql = subprocess.run([tidewater, "sql", "--pipeline", str(path), "SELECT count(DISTINCT batch_id) AS batches FROM "
                           f"{spec.catalog.name}.{ledger.identifier(spec)}"], env=env, capture_output=True, text=True,
                          timeout=600)

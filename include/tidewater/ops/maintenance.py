@@ -229,7 +229,9 @@ def expire_snapshots(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) 
         return {**out, "snapshots_to_expire": len(candidates)}
     from tidewater.table import ledger
 
-    ledger.sync(load_catalog(spec), spec)  # the batches' ranges outlive their snapshots (raises: nothing expired)
+    catalog = load_catalog(spec)
+    ledger.sync(catalog, spec)  # the batches' ranges outlive their snapshots (raises: nothing expired)
+    ledger.expire_history(catalog, spec)
     row = _one_row(
         spark,
         f"CALL {spec.catalog.name}.system.expire_snapshots(table => {_sql_str(spec.table.identifier)}, "

@@ -154,6 +154,26 @@ def sync(catalog: Any, spec: PipelineSpec) -> int:
     return added[0]
 
 
+def expire_history(catalog: Any, spec: PipelineSpec) -> int:
+    """Expire every snapshot of the ledger but its newest: its rows are what matters, not its history, and each
+    snapshot makes its metadata (read by every sync) bigger. Returns how many were expired."""
+    from datetime import datetime, timezone
+
+    from tidewater.table.catalog import load_table, retry_busy
+
+    def expire() -> int:
+        ledger = load_table(catalog, identifier(spec))
+        head = ledger.current_snapshot() if ledger is not None else None
+        old = [s.snapshot_id for s in ledger.metadata.snapshots if head is not None and s.snapshot_id != head.snapshot_id] \
+            if ledger is not None else []
+        if old:
+            ledger.maintenance.expire_snapshots().older_than(
+                datetime.fromtimestamp(head.timestamp_ms / 1000, tz=timezone.utc)).commit()
+        return len(old)
+
+    return retry_busy(expire, "expiring the ledger's history", identifier(spec))
+
+
 def read(catalog: Any, spec: PipelineSpec) -> pa.Table:
     """Every entry of the pipeline's table (empty when nothing was recorded)."""
     from tidewater.table.catalog import load_table

@@ -1,0 +1,170 @@
+"""`make bench-audit`: what `tidewater audit` costs as the ledger grows, and what the deep audit costs on a big table.
+
+Summary level: a table and its ledger written as Tidewater writes them, one commit per batch (a pyiceberg append
+of one row per partition with the batch's summary, then the ledger's sync, as the commit step does), over a topic
+of 6 partitions on the embedded broker holding one record per partition per batch. At each mark the snapshots of
+both are expired as the maintenance DAG's expiry does, then the audit (ledger read, the checks, the table's
+history, Kafka's watermarks) is timed; the ledger sync is the per-commit cost the ledger adds. Deep: a 10M-row
+table with the Kafka metadata columns built directly (pyiceberg appends of 1M-row files) and a ledger of 100
+batches covering it; the deep checks are timed (the offsets of every row projected and compared per partition;
+no offset is missing, so Kafka is not asked).
+Writes a section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "include"))
+BEGIN, END = "<!-- audit:begin -->", "<!-- audit:end -->"
+PARTS = 6
+
+
+def _pipeline(home: Path, bootstrap: str, name: str, table: str, **more: object) -> object:
+    import yaml
+
+    from tidewater.config.parse import load_pipeline
+
+    path = home / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "topics": [name], "table": {"identifier": table},
+                                    "kafka": {"bootstrap_servers": bootstrap}, **more}))
+    return load_pipeline(path)
+
+
+def _batch(table: object, topic: str, n: int) -> None:
+    """Batch ``n`` (0-based) as Tidewater commits it: one row per partition, offsets ``n`` to ``n + 1``."""
+    import pyarrow as pa
+
+    from tidewater.table.summary import BATCH_ID, OFFSETS, RANGES, RECORDS
+
+    rows = pa.table({"v": pa.array(range(PARTS), pa.int64())})
+    table.append(rows, snapshot_properties={  # type: ignore[attr-defined]
+        BATCH_ID: f"bench-{n:06d}", RECORDS: str(PARTS),
+        OFFSETS: json.dumps({topic: {str(p): n + 1 for p in range(PARTS)}}),
+        RANGES: json.dumps([[topic, p, n, n + 1] for p in range(PARTS)])})
+
+
+def summary_level(home: Path, bootstrap: str, marks: list[int]) -> list[dict[str, float]]:
+    import pyarrow as pa
+
+    from tidewater.dev.sample_data import produce
+    from tidewater.ops.audit import audit
+    from tidewater.table import ledger
+    from tidewater.table.catalog import create_table, load_catalog
+
+    spec = _pipeline(home, bootstrap, "ledgered", "bench.ledgered")
+    catalog = load_catalog(spec)
+    table = create_table(catalog, "bench.ledgered", pa.schema([("v", pa.int64())]), {"format-version": "2"})
+    out, built, syncs = [], 0, []
+    for mark in marks:
+        produce(bootstrap, "ledgered", [b"{}"] * (PARTS * (mark - built)), partitions=PARTS, create=built == 0)
+        started = time.monotonic()
+        for n in range(built, mark):
+            _batch(table, "ledgered", n)
+            t = time.monotonic()
+            ledger.sync(catalog, spec)
+            syncs.append(time.monotonic() - t)
+            table = catalog.load_table("bench.ledgered")
+        build = time.monotonic() - started
+        built = mark
+        expired = ledger.expire_history(catalog, spec)  # as the maintenance DAG's expiry does, daily
+        head = table.current_snapshot()
+        table.maintenance.expire_snapshots().older_than(datetime.fromtimestamp(head.timestamp_ms / 1000, tz=timezone.utc)).commit()
+        table = catalog.load_table("bench.ledgered")
+        t = time.monotonic()
+        report = audit(spec)
+        seconds = time.monotonic() - t
+        assert report.clean and report.batches == mark, [f.text() for f in report.findings][:5]
+        out.append({"batches": mark, "audit_s": seconds, "sync_s": statistics.median(syncs[-100:]),
+                    "build_s": build, "expired": expired})
+        print(f"{mark} batches: audit {seconds:.2f} s, sync {out[-1]['sync_s'] * 1000:.0f} ms", file=sys.stderr)
+    return out
+
+
+def deep(home: Path, bootstrap: str, rows: int) -> dict[str, float]:
+    import numpy as np
+    import pyarrow as pa
+
+    from tidewater.ops.audit import deep_findings
+    from tidewater.table.catalog import create_table, load_catalog
+
+    spec = _pipeline(home, bootstrap, "deep", "bench.deep", format={"metadata": "prefixed"})
+    catalog = load_catalog(spec)
+    schema = pa.schema([("id", pa.int64()), ("item", pa.string()), ("_kafka_topic", pa.string()),
+                        ("_kafka_partition", pa.int32()), ("_kafka_offset", pa.int64())])
+    table = create_table(catalog, "bench.deep", schema, {"format-version": "2"})
+    t = time.monotonic()
+    for start in range(0, rows, 1_000_000):
+        ids = np.arange(start, min(rows, start + 1_000_000), dtype=np.int64)
+        table.append(pa.table({"id": ids, "item": pa.array(["item"] * len(ids)), "_kafka_topic": pa.array(["deep"] * len(ids)),
+                               "_kafka_partition": (ids % PARTS).astype(np.int32), "_kafka_offset": ids // PARTS},
+                              schema=schema))
+    build = time.monotonic() - t
+    per = rows // PARTS
+    entries = [{"table": "bench.deep", "batch_id": f"deep-{b:03d}", "kind": "ingest", "snapshot_id": 1,
+                "committed_at": 0, "dag_run_id": None, "topic": "deep", "partition": p,
+                "start_offset": b * per // 100, "end_offset": (b + 1) * per // 100, "records": 0, "rows": 0,
+                "dead_letters": 0, "skipped": 0, "detail": None} for b in range(100) for p in range(PARTS)]
+    from tidewater.dev.sample_data import produce  # the entries go to the checks directly (ledger cost: above)
+
+    produce(bootstrap, "deep", [b"{}"] * PARTS, partitions=PARTS)
+    t = time.monotonic()
+    findings = deep_findings(spec, catalog, catalog.load_table("bench.deep"), entries)
+    seconds = time.monotonic() - t
+    assert not [f for f in findings if f.severity == "error"], [f.text() for f in findings][:5]
+    return {"rows": rows, "deep_s": seconds, "build_s": build}
+
+
+def main() -> int:
+    from benchlib import command_line, fresh_home, write_section
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1000,5000,10000", help="audit after this many batches (comma-separated)")
+    ap.add_argument("--deep-rows", type=int, default=10_000_000)
+    ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
+    args = ap.parse_args()
+    home = fresh_home("bench-audit")
+    from tidewater.dev import broker as embedded
+
+    b = embedded.start(log_path=home / "broker.log")
+    try:
+        levels = summary_level(home, b.bootstrap, [int(x) for x in args.batches.split(",")])
+        big = deep(home, b.bootstrap, args.deep_rows)
+    finally:
+        b.stop()
+    write_section(args.output, BEGIN, END, _section(levels, big, command_line("make bench-audit")))
+    return 0
+
+
+def _section(levels: list[dict[str, float]], big: dict[str, float], command: str) -> str:
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
+    lines = [BEGIN, "## What the audit costs", "",
+             f"Produced by `{command}` on {now} (UTC): a table committed one batch at a time as Tidewater commits "
+             f"({PARTS} partitions, one row per partition per batch), its ledger synced after every commit; at each mark "
+             "the snapshots of the table and of the ledger are expired (as the maintenance DAG does), then the audit "
+             "(`tidewater audit`, summary level: ledger read, coverage and accounting checks, the table's history, "
+             "Kafka's watermarks) is timed. The ledger sync is the per-commit cost the ledger adds (median of the last "
+             "100 commits before the mark: the history of both tables grows between expiries).", "",
+             "| batches in the ledger | audit s | ledger sync per commit ms (last 100 before the mark) "
+             "| seconds to commit the batches since the previous mark |",
+             "| ---: | ---: | ---: | ---: |"]
+    lines += [f"| {x['batches']:,} | {x['audit_s']:.2f} | {x['sync_s'] * 1000:.0f} | {x['build_s']:.0f} |" for x in levels]
+    first, last = levels[0], levels[-1]
+    lines += ["", f"Audit time, {last['batches']:,} vs {first['batches']:,} batches: "
+              f"{last['audit_s'] / first['audit_s']:.2f}x for {last['batches'] / first['batches']:.0f}x the batches.", "",
+              f"Deep audit (`--deep`) of a {big['rows']:,}-row table (the offsets of every row projected and checked "
+              f"per partition against 100 batches' ranges): {big['deep_s']:.1f} s ({big['rows'] / big['deep_s'] / 1e6:.1f}M "
+              "rows/s).", END]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
