@@ -104,9 +104,10 @@ def test_a_recreated_topic_leaves_committed_offsets_beyond_its_log_end(broker, h
 def test_the_ledger_outlives_expired_snapshots_and_catches_up_after_a_failed_entry(broker, home, topic, capsys,
                                                                                   monkeypatch):
     """The ledger entry of every batch fails after its commit (as if killed between the two commits): the batches
-    are committed, their entries missing. Snapshot expiry (`tidewater maintain`, Spark, every snapshot but the
-    newest) records them first, so afterwards the table's history holds one snapshot and the audit still sees five
-    batches, clean; `tidewater sql` reads the ledger as a table."""
+    are committed, their entries missing. Compaction and snapshot expiry (`tidewater maintain`, Spark, every
+    snapshot but those expiry keeps) follow; expiry records the entries first, so afterwards the table has one
+    file and two snapshots and the audit still sees five batches, clean, the deep audit too (every offset is a row of the
+    compacted file or a dead letter); `tidewater sql` reads the ledger as a table."""
     import os
     import subprocess
     import sys
@@ -118,13 +119,16 @@ def test_the_ledger_outlives_expired_snapshots_and_catches_up_after_a_failed_ent
     monkeypatch.setattr(ledger, "sync", real)
     assert ledger.read(load_catalog(spec), spec).num_rows == 0, "every entry failed: the commits landed without them"
     spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        maintenance={"expire_snapshots": {"older_than_hours": 0, "retain_last": 1}}))
+                                        maintenance={"expire_snapshots": {"older_than_hours": 0, "retain_last": 1},
+                                                     "rewrite_data_files": {"min_input_files": 2}}))
+    files = len(table_of(path).inspect.files())
     tidewater = str(Path(sys.executable).parent / "tidewater")
     env = {**os.environ, "TIDEWATER_HOME": str(home)}
-    done = subprocess.run([tidewater, "maintain", "--pipeline", str(path), "--actions", "expire_snapshots"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([tidewater, "maintain", "--pipeline", str(path), "--actions",
+                           "rewrite_data_files,expire_snapshots"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert len(table_of(path).snapshots()) == 1
+    assert len(table_of(path).inspect.files()) == 1 < files, "compacted"
+    assert len(table_of(path).snapshots()) == 2  # the compaction's, and the newest batch's (it holds the offsets)
     assert len(load_catalog(spec).load_table(ledger.identifier(spec)).snapshots()) == 1, "the ledger's history expired"
     sql = subprocess.run([tidewater, "sql", "--pipeline", str(path), "SELECT count(DISTINCT batch_id) AS batches FROM "
                           f"{spec.catalog.name}.{ledger.identifier(spec)}"], env=env, capture_output=True, text=True,
@@ -132,6 +136,8 @@ def test_the_ledger_outlives_expired_snapshots_and_catches_up_after_a_failed_ent
     assert sql.returncode == 0 and "5" in sql.stdout.split("batches", 1)[-1], sql.stdout + sql.stderr[-2000:]
     code, doc = _audit(path, capsys)
     assert code == 0 and doc["batches"] == 5, doc
+    code, doc = _audit_deep(path, capsys)
+    assert code == 0 and doc["clean"], doc
 
 
 def _transactional(bootstrap: str, topic: str, values: list[bytes]) -> None:
