@@ -6,11 +6,13 @@ retried on its own: write never commits, validate never changes anything, and co
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -246,10 +248,23 @@ def _remote(url: str) -> Any:
     create a SparkContext (a process may write one pipeline through Connect and another through spark-submit)."""
     from pyspark.sql.connect.session import SparkSession
 
-    spark = SparkSession.builder.remote(url).create()
+    with warnings.catch_warnings():  # a refused session id: the builder warns, the caller's check says why
+        warnings.filterwarnings("ignore", message=r".*INVALID_HANDLE\.SESSION_CLOSED", category=UserWarning)
+        spark = SparkSession.builder.remote(url).create()
     # pyspark 3.5's builder takes no retry policy; its client keeps the policy in this dict (read per call)
     spark.client._retry_policy.update(CONNECT_RETRY_POLICY)
+    if not _CREATED:
+        atexit.register(_close_all)
+    _CREATED.append(spark)
     return spark
+
+
+_CREATED: list[Any] = []  # every session this process opened: closed at exit (see _close_client)
+
+
+def _close_all() -> None:
+    while _CREATED:
+        _close_client(_CREATED.pop())
 
 
 def shared_session(url: str) -> Any:
@@ -271,6 +286,7 @@ def shared_session(url: str) -> Any:
         spark = _remote(f"{base}/;{params}session_id={sid}")
         if _still_open(spark):
             return spark
+        _close_client(spark)
         log.info("Spark Connect session %s was closed by the server; taking the next one", sid)
     return _remote(url)  # every generation closed: a session of this process's own
 
@@ -279,10 +295,23 @@ def forget_connect_session(url: str) -> None:
     """Drop the cached session after a failure: the server may have restarted and lost it."""
     spark = _CONNECT_SESSIONS.pop(url, None)
     if spark is not None:
-        try:
-            spark.client.close()
-        except Exception:  # the channel of a server that went away: nothing left to close
-            log.debug("closing the Spark Connect session on a failed server", exc_info=True)
+        _close_client(spark)
+
+
+def _close_client(spark: Any) -> None:
+    """Close a session's channel while the process still runs (at once for a refused or failed session, at
+    exit for the others), and only once. pyspark's session closes its channel in ``__del__``, which for a
+    session still alive at exit runs during interpreter shutdown: gRPC's polling threads are frozen by then,
+    and closing a channel whose lock one of them held waited forever (seen: a task process that had finished
+    its batch never exited). So the client's ``close`` becomes a no-op once it has run."""
+    client = spark.client
+    if getattr(client, "is_closed", False):
+        return
+    try:
+        client.close()
+    except Exception:  # the channel of a server that went away: nothing left to close
+        log.debug("closing a Spark Connect session's channel", exc_info=True)
+    client.close = lambda: None  # pyspark's __del__ calls it again at shutdown
 
 
 def connect_failure(e: BaseException, url: str) -> Any:
