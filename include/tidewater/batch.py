@@ -354,6 +354,7 @@ PLAN_NAME = "plan.json"  # the planner's BatchPlan
 MANIFEST_NAME = "manifest.json"  # the write step's BatchManifest
 ERROR_NAME = "error.json"  # the write step's error document, when a Spark task failed
 VALIDATION_NAME = "validation.json"  # the quality gate's verdict, stamped at commit
+GATE_REPORT_NAME = "gate.json"  # every check of the quality gate (for lineage: runtime/lineage.py)
 REVERTED_NAME = "reverted.json"  # the batch will never commit: its schema changes were undone
 
 

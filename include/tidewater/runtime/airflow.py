@@ -167,11 +167,16 @@ def _staged(pipeline_path: str, planned: dict[str, Any]) -> tuple[Any, Any, Any]
 
 @fail_fast
 def validate_task(pipeline_path: str, planned: dict[str, Any]) -> dict[str, Any]:
+    from tidewater.errors import ValidationFailedError
+    from tidewater.runtime import lineage
     from tidewater.runtime.steps import validate_step
 
     spec, plan, manifest = _staged(pipeline_path, planned)
     try:
         return {"batch_id": plan.batch_id, **validate_step(spec, plan, manifest).summary()}
+    except ValidationFailedError:  # the FAIL event shows the failed checks and the batch's counts
+        lineage.guarded(lambda: lineage.attach(failure=lineage.batch_lineage(spec, plan, manifest, gate="failed")))
+        raise
     finally:
         log.info("Data Docs of batch %s in the Tidewater view: %s", plan.batch_id, data_docs_url(spec, plan.batch_id))
 
@@ -257,12 +262,17 @@ def commit_events(plan: Any, manifest: Any, result: Any, dag_run_id: str | None)
 def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | None, outlet_events: Any = None) -> dict[str, Any]:
     import time
 
-    from tidewater.runtime import metrics
+    from tidewater.runtime import lineage, metrics
     from tidewater.runtime.steps import commit_step
 
     spec, plan, manifest = _staged(pipeline_path, planned)
     started = time.monotonic()
-    result = commit_step(spec, plan, manifest, dag_run_id=dag_run_id)
+    try:
+        result = commit_step(spec, plan, manifest, dag_run_id=dag_run_id)
+    except Exception:  # a quarantined batch, a refused commit: the FAIL event still says what the batch read
+        lineage.guarded(lambda: lineage.attach(failure=lineage.batch_lineage(spec, plan, manifest)))
+        raise
+    lineage.guarded(lambda: lineage.attach(complete=lineage.batch_lineage(spec, plan, manifest, result)))
     metrics.committed(spec, plan, manifest, result, time.monotonic() - started)
     emit_table_events(outlet_events, spec, commit_events(plan, manifest, result, dag_run_id))
     return result.summary()
@@ -417,9 +427,13 @@ def audit_task(pipeline_path: str) -> dict[str, Any]:
     """The audit DAG's task: every finding logged; a discrepancy fails the task (terminal: retrying the same audit
     finds it again); the verdict is kept for the Tidewater view."""
     from tidewater.ops.audit import audit
+    from tidewater.runtime import lineage
 
     spec = load_pipeline(pipeline_path)
     report = audit(spec, deep=spec.audit.deep)
+    built = lineage.guarded(lambda: lineage.audit_lineage(spec, report, spec.audit.deep))
+    if built is not None:
+        lineage.attach(complete=built, failure=built)
     for f in report.findings:
         (log.error if f.severity == "error" else log.info)("%s", f.text())
     errors = [f.text() for f in report.findings if f.severity == "error"]
@@ -436,9 +450,12 @@ def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None,
     from tidewater.ops.maintenance import maintain
 
     spec = load_pipeline(pipeline_path)
+    from tidewater.runtime import lineage
+
     reports = maintain(spec, actions=[action], master=spark_master(spec.spark.conn_id, spec.spark.master))
     for r in reports:
         log.info("%s", r.text())
+    lineage.guarded(lambda: lineage.attach(complete=lineage.maintenance_lineage(spec, reports)))
     metas = [json.loads(json.dumps(r.metadata(), default=str)) for r in reports]
     meta = metas[0] if len(metas) == 1 else {"tables": metas}
     if outlet_events is not None and asset is not None:

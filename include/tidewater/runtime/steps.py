@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tidewater.batch import (
+    GATE_REPORT_NAME,
     MANIFEST_NAME,
     PLAN_NAME,
     REVERTED_NAME,
@@ -440,6 +441,10 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
             report = ValidationReport(plan.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))
     else:
         report = validate_batch(spec, table, manifest)
+    import json
+
+    # observed values may be dates or decimals: as text, like the Data Docs' pending report
+    write_json_atomic(batch_path(spec, plan) / GATE_REPORT_NAME, json.loads(json.dumps(report.to_json(), default=str)))
     page = publish(spec, report, plan.table)
     log.info("batch %s: Data Docs %s", plan.batch_id, page.as_uri() if page is not None else "page rendered after the commit")
     try:
