@@ -34,7 +34,7 @@ from tidewater.config.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
 
-SCHEMA_BASE = "urn:tidewater:openlineage:facet:"  # the custom facets' schema ids (docs/lineage.md describes them)
+SCHEMA_BASE = "urn:tidewater:openlineage:facet:"  # the custom facets' schema ids (README: Lineage)
 
 
 def enabled() -> bool:
