@@ -219,3 +219,41 @@ def _audit_deep(path, capsys) -> tuple[int, dict]:  # noqa: ANN001
     capsys.readouterr()
     code = main(["audit", "--pipeline", str(path), "--deep", "--json"])
     return code, json.loads(capsys.readouterr().out)
+
+
+def test_lag_beyond_retention_is_a_warning_naming_the_partition_and_the_setting(broker, home, topic, capsys):
+    """A topic with retention.ms one hour and a retention.bytes, whose records were written 55 minutes ago
+    (CreateTime set by the producer). After a batch of 2 of its 10 records (batch.max_records 2) the audit is
+    still clean (exit 0) but warns twice on the partition's unread range [2, 10): the oldest unread record is
+    0.9 h old against 1.0 h of retention.ms, and the 8 unread records are 80% of the retained log against
+    retention.bytes. Once everything is read, no warning. (The embedded broker keeps records past retention,
+    STACK.md, so the records are not actually deleted here: the check reads the settings and timestamps only.)"""
+    import time
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    created = admin.create_topics([NewTopic(topic, 1, 1, config={"retention.ms": "3600000",
+                                                                 "retention.bytes": "1048576"})])
+    created[topic].result(15)
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    written = int(time.time() * 1000) - 55 * 60_000
+    for i, value in enumerate(pizza_events(10, seed=191)):
+        producer.produce(topic, value, partition=0, timestamp=written + i)
+        if i == 8:
+            producer.flush(15)  # the last record in its own request (the embedded broker's high watermark)
+    producer.flush(15)
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          batch={"max_records": 2})
+    ingest_inline(load_pipeline(path))
+    code, doc = _audit(path, capsys)
+    assert code == 0 and doc["clean"], doc
+    warnings = [f for f in doc["findings"] if f["severity"] == "warning"]
+    assert [(f["topic"], f["partition"], f["start"], f["end"]) for f in warnings] == [(topic, 0, 2, 10)] * 2
+    assert "the oldest unread record is 0.9 h old and retention.ms is 1.0 h" in warnings[0]["message"]
+    assert "8 unread records are 80% of the partition's retained log (retention.bytes 1048576)" in warnings[1]["message"]
+    write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    ingest_inline(load_pipeline(path))
+    code, doc = _audit(path, capsys)
+    assert code == 0 and not [f for f in doc["findings"] if f["severity"] == "warning"], doc

@@ -37,7 +37,7 @@ MOVING = ("ingest", "change", "skip", "quarantine")  # kinds of batch that move 
 
 @dataclass(frozen=True)
 class Finding:
-    severity: str  # error, explained, info
+    severity: str  # error, warning, explained, info
     check: str  # coverage, accounting, outside-write, kafka
     message: str
     topic: str | None = None
@@ -340,7 +340,84 @@ def against_kafka(spec: PipelineSpec, table: Any) -> tuple[list[Finding], list[d
     committed = committed_state(table).offsets if table is not None else {}
     settings = kafka_settings(spec)
     topics = sorted(set(spec.topics or []) | set(committed))
-    return kafka_findings(committed, watermarks(settings, list_partitions(settings, topics)))
+    findings, parts = kafka_findings(committed, watermarks(settings, list_partitions(settings, topics)))
+    return findings + retention_findings(settings, parts), parts
+
+
+RETENTION_WARNING = 0.8  # warn once the unread records have used this share of what retention allows them
+
+
+def retention_findings(settings: dict[str, str], parts: list[dict[str, Any]], now_ms: int | None = None
+                       ) -> list[Finding]:
+    """Warnings for partitions whose unread records retention will delete before they are ingested, at the lag
+    of now: the oldest unread record's age against ``retention.ms``, and the unread share of the retained log
+    against ``retention.bytes`` (its size, in records). A topic whose settings cannot be read is reported as
+    not checked (info), never as clean."""
+    import time
+
+    lagging = [p for p in parts if p["lag"]]
+    if not lagging:
+        return []
+    try:
+        configs = topic_retention(settings, sorted({p["topic"] for p in lagging}))
+    except Exception as e:  # noqa: BLE001 - a broker that refuses DescribeConfigs: said, not fatal
+        return [Finding("info", "kafka", f"retention settings not read ({e}): lag beyond retention not checked")]
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    oldest = oldest_unread(settings, [p for p in lagging if configs.get(p["topic"], (-1, -1))[0] > 0])
+    out = []
+    for p in lagging:
+        ms, size = configs.get(p["topic"], (-1, -1))
+        where = (p["topic"], p["partition"], p["committed"], p["log_end"])
+        ts = oldest.get((p["topic"], p["partition"]))
+        if ms > 0 and ts is not None and now_ms - ts >= RETENTION_WARNING * ms:
+            left = max(ms - (now_ms - ts), 0)
+            out.append(Finding("warning", "kafka", f"lag beyond retention: the oldest unread record is "
+                               f"{(now_ms - ts) / 3_600_000:.1f} h old and retention.ms is {ms / 3_600_000:.1f} h; "
+                               f"unread records are deleted within {left / 3_600_000:.1f} h unless ingested", *where))
+        retained = p["log_end"] - p["log_start"]
+        if size > 0 and retained and p["lag"] / retained >= RETENTION_WARNING:
+            out.append(Finding("warning", "kafka", f"lag beyond retention: {p['lag']} unread records are "
+                               f"{100 * p['lag'] / retained:.0f}% of the partition's retained log (retention.bytes "
+                               f"{size}); as the log grows, the oldest unread ones are deleted first", *where))
+    return out
+
+
+def topic_retention(settings: dict[str, str], topics: list[str], timeout: float = 15.0) -> dict[str, tuple[int, int]]:
+    """(retention.ms, retention.bytes) per topic as the broker reports them (-1: unlimited)."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    from tidewater.source.kafka import client_logging
+
+    admin = AdminClient(client_logging(dict(settings)))
+    futures = admin.describe_configs([ConfigResource("topic", t) for t in topics], request_timeout=timeout)
+    out = {}
+    for resource, future in futures.items():
+        config = future.result(timeout)
+        value = {k: config[k].value for k in ("retention.ms", "retention.bytes") if k in config}
+        out[resource.name] = (int(value.get("retention.ms") or -1), int(value.get("retention.bytes") or -1))
+    return out
+
+
+def oldest_unread(settings: dict[str, str], parts: list[dict[str, Any]], timeout: float = 10.0
+                  ) -> dict[tuple[str, int], int]:
+    """The timestamp (ms) of the record at each partition's committed offset: the oldest one not yet read."""
+    from confluent_kafka import TopicPartition as KTP
+
+    from tidewater.source.kafka import new_consumer
+
+    if not parts:
+        return {}
+    consumer = new_consumer(settings, "audit-retention")
+    out: dict[tuple[str, int], int] = {}
+    try:
+        for p in parts:  # one record per lagging partition: few, and each needs its own position
+            consumer.assign([KTP(p["topic"], p["partition"], p["committed"])])
+            msg = consumer.consume(1, timeout)
+            if msg and msg[0].error() is None and msg[0].timestamp()[1] > 0:
+                out[(p["topic"], p["partition"])] = msg[0].timestamp()[1]
+    finally:
+        consumer.close()
+    return out
 
 
 def kafka_findings(committed: dict[str, dict[int, int]], marks: dict[tuple[str, int], tuple[int, int]]

@@ -435,7 +435,7 @@ def audit_task(pipeline_path: str) -> dict[str, Any]:
     if built is not None:
         lineage.attach(complete=built, failure=built)
     for f in report.findings:
-        (log.error if f.severity == "error" else log.info)("%s", f.text())
+        {"error": log.error, "warning": log.warning}.get(f.severity, log.info)("%s", f.text())
     errors = [f.text() for f in report.findings if f.severity == "error"]
     if errors:
         raise TerminalError(f"audit of {report.table}: {len(errors)} discrepanc{'y' if len(errors) == 1 else 'ies'}: "
