@@ -257,3 +257,20 @@ def test_lag_beyond_retention_is_a_warning_naming_the_partition_and_the_setting(
     ingest_inline(load_pipeline(path))
     code, doc = _audit(path, capsys)
     assert code == 0 and not [f for f in doc["findings"] if f["severity"] == "warning"], doc
+
+
+def test_a_data_file_removed_outside_tidewater_is_named_by_its_snapshot_and_rows(broker, home, topic, capsys):
+    """One of the table's data files deleted with pyiceberg (a delete snapshot that drops the file, as an operator
+    cleaning up by hand would): exit 1, the snapshot named with the rows it removed, and nothing else at fault."""
+    spec, path = _setup(broker, home, topic)
+    table = table_of(path)
+    victim = next(t.file for t in table.scan().plan_files() if t.file.record_count > 0)
+    with table.transaction() as tx, tx.update_snapshot().overwrite() as overwrite:
+        overwrite.delete_data_file(victim)
+    assert victim.file_path not in {t.file.file_path for t in table_of(path).scan().plan_files()}
+    removed = table_of(path).current_snapshot().snapshot_id
+    code, doc = _audit(path, capsys)
+    assert code == 1 and not doc["clean"]
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert [(f["check"], f["snapshot_id"]) for f in errors] == [("outside-write", removed)]
+    assert f"0 rows added, {victim.record_count} removed" in errors[0]["message"]
