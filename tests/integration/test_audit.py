@@ -274,3 +274,24 @@ def test_a_data_file_removed_outside_tidewater_is_named_by_its_snapshot_and_rows
     errors = [f for f in doc["findings"] if f["severity"] == "error"]
     assert [(f["check"], f["snapshot_id"]) for f in errors] == [("outside-write", removed)]
     assert f"0 rows added, {victim.record_count} removed" in errors[0]["message"]
+
+
+def test_the_ledger_is_compacted_into_one_file_and_keeps_recording_after(broker, home, topic, capsys):
+    """Five batches (four commits) leave a ledger of one small file per sync; compaction (what snapshot expiry runs once there
+    are 32) rewrites them into one file with the same entries, and the next batch's entry follows it: the
+    audit is clean over six batches."""
+    spec, path = _setup(broker, home, topic)
+    catalog = load_catalog(spec)
+    before = ledger.read(catalog, spec).sort_by([("batch_id", "ascending"), ("start_offset", "ascending")])
+    ledger_table = catalog.load_table(ledger.identifier(spec))
+    files = len(list(ledger_table.scan().plan_files()))
+    assert files >= 4  # the skip's two batches are one commit
+    assert ledger.compact(catalog, spec, at_files=files + 1) == 0  # below the threshold: untouched
+    assert ledger.compact(catalog, spec, at_files=3) == files
+    assert len(list(catalog.load_table(ledger.identifier(spec)).scan().plan_files())) == 1
+    assert ledger.read(catalog, spec).sort_by([("batch_id", "ascending"), ("start_offset", "ascending")]).equals(before)
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(7, seed=192))
+    ingest_inline(spec)
+    assert ledger.read(catalog, spec).num_rows == before.num_rows + 1
+    code, doc = _audit(path, capsys)
+    assert code == 0 and doc["clean"] and doc["batches"] == 6, doc

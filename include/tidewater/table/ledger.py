@@ -10,7 +10,8 @@ ancestors of the table's current snapshot back to the snapshot the ledger last r
 commit primitive (the table snapshot id is its marker: a second sync of the same history is a no-op, two at
 once commit once). The commit step syncs after every commit, and snapshot expiry syncs before it removes
 anything; a crash between a batch's commit and its entry is healed by the next sync, before any snapshot the
-ledger still needs can be expired by Tidewater.
+ledger still needs can be expired by Tidewater. Expiry also compacts the ledger (:func:`compact`): every sync
+adds a small file.
 """
 
 from __future__ import annotations
@@ -154,12 +155,47 @@ def sync(catalog: Any, spec: PipelineSpec) -> int:
     return added[0]
 
 
+COMPACT_AT_FILES = 32  # the ledger is rewritten into one file at expiry once it has this many
+
+
+def compact(catalog: Any, spec: PipelineSpec, at_files: int = COMPACT_AT_FILES) -> int:
+    """Rewrite the ledger into one data file once every sync's small file adds up (the audit reads them all:
+    measured 4 ms per file in ``make bench-audit``). The rows are kept as they are, and the new head snapshot
+    keeps the mark (``THROUGH``) the next sync starts from. A sync that commits meanwhile wins: this rewrite's
+    commit then fails on the moved head (nothing changed) and the next expiry tries again. Returns the number of
+    files rewritten (0: not needed, or lost to a concurrent sync)."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    from tidewater.table.catalog import load_table
+
+    ledger = load_table(catalog, identifier(spec))
+    head = ledger.current_snapshot() if ledger is not None else None
+    if head is None:
+        return 0
+    files = [t.file for t in ledger.scan().plan_files()]
+    if len(files) < at_files:
+        return 0
+    rows = ledger.scan().to_arrow()
+    props = {k: v for k, v in summary_dict(head).items() if k in (THROUGH, PIPELINE)}
+    try:
+        ledger.overwrite(rows, snapshot_properties=props)
+    except CommitFailedException as e:
+        log.info("the ledger of %s was not compacted (a batch recorded meanwhile: %s); the next expiry does it",
+                 spec.table.identifier, e)
+        return 0
+    log.info("the ledger of %s: %d files rewritten into one (%d entries)", spec.table.identifier, len(files), rows.num_rows)
+    return len(files)
+
+
 def expire_history(catalog: Any, spec: PipelineSpec) -> int:
-    """Expire every snapshot of the ledger but its newest: its rows are what matters, not its history, and each
-    snapshot makes its metadata (read by every sync) bigger. Returns how many were expired."""
+    """Compact the ledger (:func:`compact`), then expire every snapshot of it but its newest: its rows are what
+    matters, not its history, and each snapshot makes its metadata (read by every sync) bigger. Returns how many
+    snapshots were expired."""
     from datetime import datetime, timezone
 
     from tidewater.table.catalog import load_table, retry_busy
+
+    retry_busy(lambda: compact(catalog, spec), "compacting the ledger", identifier(spec))
 
     def expire() -> int:
         ledger = load_table(catalog, identifier(spec))
