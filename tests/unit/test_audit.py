@@ -28,6 +28,18 @@ def test_records_read_must_be_rows_plus_dead_letters_plus_skipped():
     assert bad.severity == "error" and bad.batch_id == "a" and "records read 10 != rows 7" in bad.message
 
 
+def test_a_change_batch_accounts_each_change_record_once_by_what_it_did():
+    import json
+
+    def change(**effects: int) -> dict:
+        detail = json.dumps({"tidewater.changes": json.dumps(effects)})
+        return entry("c", 0, 10, kind="change", rows=3, dead_letters=1, skipped=1, detail=detail)
+
+    assert accounting([change(inserted=3, updated=2, deleted=2, noop=1, position_deletes=4)]) == []
+    bad, = accounting([change(inserted=3, updated=2, deleted=1, noop=1)])
+    assert bad.batch_id == "c" and "records read 10 != changes applied 7 + dead letters 1 + skipped 1" in bad.message
+
+
 def test_offsets_deleted_by_retention_or_beyond_the_log_end_are_errors_and_lag_is_reported():
     findings, parts = kafka_findings({"t": {0: 5, 1: 40, 2: 7}}, {("t", 0): (9, 20), ("t", 1): (0, 3),
                                                                 ("t", 2): (0, 7), ("t", 3): (0, 4)})

@@ -29,6 +29,7 @@ from typing import Any
 
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
+from tidewater.table.summary import CHANGES
 
 log = logging.getLogger(__name__)
 
@@ -299,16 +300,24 @@ def coverage(entries: list[dict[str, Any]]) -> list[Finding]:
     return out
 
 
+CHANGE_EFFECTS = ("inserted", "updated", "deleted", "noop")  # what each change record did (commit/changes.py)
+
+
 def accounting(entries: list[dict[str, Any]]) -> list[Finding]:
-    """Appending batches whose records read are not rows + dead letters + skipped."""
+    """Batches whose records read are not rows + dead letters + skipped; for change batches, not the change
+    records applied (inserted + updated + deleted + no-op deletes, each record once) + dead letters + skipped."""
     out, seen = [], set()
     for e in entries:
-        if e["kind"] not in ("ingest", "skip") or e["batch_id"] in seen:
+        if e["kind"] not in ("ingest", "skip", "change") or e["batch_id"] in seen:
             continue
         seen.add(e["batch_id"])
-        accounted = e["rows"] + e["dead_letters"] + e["skipped"]
-        if e["records"] != accounted:
-            out.append(Finding("error", "accounting", f"records read {e['records']} != rows {e['rows']} + dead "
+        if e["kind"] == "change":
+            effects = json.loads(_detail(e).get(CHANGES, "{}"))
+            applied, what = sum(int(effects.get(k, 0)) for k in CHANGE_EFFECTS), "changes applied"
+        else:
+            applied, what = e["rows"], "rows"
+        if e["records"] != applied + e["dead_letters"] + e["skipped"]:
+            out.append(Finding("error", "accounting", f"records read {e['records']} != {what} {applied} + dead "
                                f"letters {e['dead_letters']} + skipped {e['skipped']}", batch_id=e["batch_id"],
                                snapshot_id=e["snapshot_id"]))
     return out
