@@ -13,7 +13,7 @@ from tidewater.dev.sample_data import pizza_events
 from tidewater.runtime.cli import main
 from tidewater.table import ledger
 from tidewater.table.catalog import load_catalog
-from tidewater.table.summary import BATCH_ID, OFFSETS, RANGES, RECORDS
+from tidewater.table.summary import BATCH_ID, OFFSETS, RANGES, RECORDS, committed_state
 
 pytestmark = [pytest.mark.integration]
 
@@ -140,8 +140,8 @@ def test_the_ledger_outlives_expired_snapshots_and_catches_up_after_a_failed_ent
     assert code == 0 and doc["clean"], doc
 
 
-def _transactional(bootstrap: str, topic: str, values: list[bytes]) -> None:
-    """Each value in a transaction of its own, committed: Kafka puts a commit marker at an offset after each."""
+def _transactional(bootstrap: str, topic: str, values: list[bytes], abort: bool = False) -> None:
+    """Each value in a transaction of its own, committed (or aborted): Kafka puts a marker at an offset after each."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-tx"})
@@ -149,7 +149,11 @@ def _transactional(bootstrap: str, topic: str, values: list[bytes]) -> None:
     for v in values:
         p.begin_transaction()
         p.produce(topic, v, partition=0)
-        p.commit_transaction(30)
+        if abort:
+            p.flush(30)
+            p.abort_transaction(30)
+        else:
+            p.commit_transaction(30)
 
 
 def test_the_deep_audit_accounts_for_every_offset_and_names_duplicates_and_lost_rows(broker, home, topic, capsys):
@@ -295,3 +299,33 @@ def test_the_ledger_is_compacted_into_one_file_and_keeps_recording_after(broker,
     assert ledger.read(catalog, spec).num_rows == before.num_rows + 1
     code, doc = _audit(path, capsys)
     assert code == 0 and doc["clean"] and doc["batches"] == 6, doc
+
+
+def test_an_aborted_transaction_leaves_offsets_the_deep_audit_explains(broker, home, topic, capsys):
+    """A record, a transaction of one record that is aborted, then two records. On Kafka a read_committed
+    consumer never sees the aborted record: its offset and the abort marker's hold no committed record, and the
+    deep audit asks Kafka and reports them as such (clean). The embedded broker delivers aborted records to
+    read_committed consumers (STACK.md), so here the aborted record becomes a row; what is checked is what holds
+    on both: the audit is clean, every offset of the range is a row or is reported as holding no record, and
+    at least the abort marker is among the latter."""
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"metadata": "prefixed"})
+    events = pizza_events(4, seed=194)
+    produce_to_partition(broker.bootstrap, topic, 0, [events[0]])
+    _transactional(broker.bootstrap, topic, [events[1]], abort=True)
+    produce_to_partition(broker.bootstrap, topic, 0, events[2:])
+    spec = load_pipeline(path)
+    ingest_inline(spec)
+    table = table_of(path)
+    offsets = sorted(table.scan(selected_fields=("_kafka_offset",)).to_arrow().column(0).to_pylist())
+    end = committed_state(table).offsets[topic][0]
+    assert offsets[0] == 0 and offsets[-1] == end - 1 and 3 <= len(offsets) <= 4
+    capsys.readouterr()
+    assert main(["audit", "--pipeline", str(path), "--deep", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["clean"], doc
+    holes = end - len(offsets)
+    assert holes >= 1
+    assert [f["message"] for f in doc["findings"] if f["check"] == "deep"] == [
+        f"{holes} offset{'s' if holes > 1 else ''} hold{'' if holes > 1 else 's'} no record in Kafka (transaction "
+        "markers or compaction)"]

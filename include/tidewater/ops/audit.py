@@ -244,8 +244,8 @@ def _absent_from_kafka(offsets: Any, rng: Any, batch: dict[str, Any], rereader: 
                    batch["batch_id"], batch["snapshot_id"]) for s, e in _runs(held)]
     never = np.setdiff1d(asked, held)
     if len(never):
-        out.append(_at("info", "deep", f"{len(never)} offsets hold no record in Kafka (transaction markers or "
-                       "compaction)", batch))
+        said = f"{len(never)} offsets hold" if len(never) > 1 else "1 offset holds"
+        out.append(_at("info", "deep", f"{said} no record in Kafka (transaction markers or compaction)", batch))
     if len(offsets) > CHECK_AT_MOST:
         out.append(_at("info", "deep", f"{len(offsets) - CHECK_AT_MOST} more offsets without a row were not asked of "
                        "Kafka", batch))
