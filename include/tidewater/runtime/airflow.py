@@ -431,9 +431,12 @@ def audit_task(pipeline_path: str) -> dict[str, Any]:
 
     spec = load_pipeline(pipeline_path)
     report = audit(spec, deep=spec.audit.deep)
-    built = lineage.guarded(lambda: lineage.audit_lineage(spec, report, spec.audit.deep))
-    if built is not None:
+
+    def attach_lineage() -> None:  # the same lineage whether the audit passes or fails the task
+        built = lineage.audit_lineage(spec, report, spec.audit.deep)
         lineage.attach(complete=built, failure=built)
+
+    lineage.guarded(attach_lineage)
     for f in report.findings:
         {"error": log.error, "warning": log.warning}.get(f.severity, log.info)("%s", f.text())
     errors = [f.text() for f in report.findings if f.severity == "error"]
@@ -448,10 +451,9 @@ def audit_task(pipeline_path: str) -> dict[str, Any]:
 def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None, asset: Any = None) -> dict[str, Any]:
     """One maintenance action on the pipeline's table; its report goes to the log, XCom and the asset event."""
     from tidewater.ops.maintenance import maintain
-
-    spec = load_pipeline(pipeline_path)
     from tidewater.runtime import lineage
 
+    spec = load_pipeline(pipeline_path)
     reports = maintain(spec, actions=[action], master=spark_master(spec.spark.conn_id, spec.spark.master))
     for r in reports:
         log.info("%s", r.text())

@@ -24,6 +24,7 @@ Kafka settings hold credentials): only names, locations without user info, and c
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -148,12 +149,10 @@ def topic_inputs(spec: PipelineSpec, ranges: Any) -> list[Any]:
 
 def _location_name(location: str) -> tuple[str, str]:
     """(namespace, name) of a table location: ``file`` + path, or ``scheme://bucket`` + key; no user info."""
-    parts = urlsplit(location)
+    parts = urlsplit(_strip_user_info(location))
     if parts.scheme in ("", "file"):
         return "file", parts.path or location
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, "", "", "")), parts.path.lstrip("/")
+    return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
 
 
 def _schema_fields(schema: Any) -> list[Any]:
@@ -207,6 +206,7 @@ def table_dataset(spec: PipelineSpec, table: Any, ident: str, output: bool = Tru
 
 
 def _strip_user_info(uri: str) -> str:
+    """``uri`` without ``user:password@`` (credentials in a location or warehouse URI)."""
     parts = urlsplit(uri)
     if not parts.username and not parts.password:
         return uri
@@ -234,8 +234,6 @@ def gate_assertions(report: dict[str, Any] | None) -> list[Any] | None:
 def _observed(observed: Any) -> str | None:
     if not observed:
         return None
-    import json
-
     return json.dumps(observed, default=str, sort_keys=True)[:500]
 
 
@@ -255,7 +253,7 @@ def batch_lineage(spec: PipelineSpec, plan: Any, manifest: Any, result: Any = No
     if gate is None:
         verdict = read_json(staged / VALIDATION_NAME) if (staged / VALIDATION_NAME).is_file() else {}
         gate = ("passed" if verdict.get("success", True) else "quarantined" if verdict.get("quarantine") else "warned")
-    reports = dict((t, r) for t, r in (report or {}).get("tables", [])) if report else {}
+    reports = dict(report.get("tables", [])) if report else {}  # routed: each table's own report
     catalog = load_catalog(spec)
     outputs = []
     for ident, files, rows in _written(plan, manifest):
@@ -295,8 +293,6 @@ def maintenance_lineage(spec: PipelineSpec, reports: list[Any]) -> Any:
     tables = [(r, load_table(catalog, r.table)) for r in reports]
     tables = [(r, t) for r, t in tables if t is not None]
     facet = _facets()["Maintenance"]
-    import json
-
     return OperatorLineage(
         inputs=[table_dataset(spec, t, r.table, output=False) for r, t in tables],
         outputs=[table_dataset(spec, t, r.table) for r, t in tables],

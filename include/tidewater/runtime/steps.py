@@ -7,6 +7,7 @@ retried on its own: write never commits, validate never changes anything, and co
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import subprocess
@@ -441,8 +442,6 @@ def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) 
             report = ValidationReport(plan.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))
     else:
         report = validate_batch(spec, table, manifest)
-    import json
-
     # observed values may be dates or decimals: as text, like the Data Docs' pending report
     write_json_atomic(batch_path(spec, plan) / GATE_REPORT_NAME, json.loads(json.dumps(report.to_json(), default=str)))
     page = publish(spec, report, plan.table)
