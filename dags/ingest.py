@@ -262,13 +262,17 @@ def build_audit_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns a
     """``audit_<name>``: is the table exactly its topic (``tidewater audit``); fails on a discrepancy."""
     pipeline_path = str(path)
 
+    what = f"`{spec.table.identifier}`" if not spec.routed else f"pipeline `{spec.name}` ({spec.describe_targets()})"
+    routed = (" For a routed pipeline, from its checkpoint table, and per target table: every batch the checkpoint "
+              "committed with rows for it is in it with the rows its writer counted.") if spec.routed else ""
+
     @dag(dag_id=f"audit_{spec.name}", schedule=spec.audit.schedule, **spec.airflow.dag_kwargs("audit"), doc_md=(
-        f"### audit of `{spec.table.identifier}`\n\nChecks the table against its topic from the ledger: per partition "
+        f"### audit of {what}\n\nChecks the table against its topic from the ledger: per partition "
         "the committed ranges follow each other with no gap or overlap, every batch's records read = rows + dead "
         "letters + skipped, no snapshot changed rows outside Tidewater, no committed offset below the log start or "
         f"beyond the log end{'; and every row source offset (`audit.deep`)' if spec.audit.deep else ''}. The run fails on "
         "a discrepancy and its log names each one (topic, partition, offsets, batch, snapshot); the Tidewater view "
-        "shows the last verdict. Same as `tidewater audit`."))
+        f"shows the last verdict. Same as `tidewater audit`.{routed}"))
     def audit():
         @task(task_id="audit", retries=spec.airflow.retries)
         def run() -> dict:
@@ -305,9 +309,9 @@ def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
 
 def build_pipeline_dags(path: Path, spec: PipelineSpec) -> list:
     """Every DAG of one pipeline file (ingest, and replay, skip, audit and quarantine where they apply)."""
-    dags = [build_ingest_dag(path, spec)]
-    if not spec.routed:  # replay, skip and audit of routed pipelines: not yet
-        dags += [build_replay_dag(path, spec), build_skip_dag(path, spec), build_audit_dag(path, spec)]
+    dags = [build_ingest_dag(path, spec), build_audit_dag(path, spec)]
+    if not spec.routed:  # replay and skip of routed pipelines: not yet
+        dags += [build_replay_dag(path, spec), build_skip_dag(path, spec)]
     if spec.validation.on_failure == "quarantine":
         dags.append(build_quarantine_dag(path, spec))
     return dags

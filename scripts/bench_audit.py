@@ -134,7 +134,7 @@ def deep(home: Path, bootstrap: str, rows: int) -> dict[str, float]:
 
     produce(bootstrap, "deep", [b"{}"] * PARTS, partitions=PARTS)
     t = time.monotonic()
-    findings = deep_findings(spec, catalog, catalog.load_table("bench.deep"), entries)
+    findings = deep_findings(spec, catalog, {"bench.deep": catalog.load_table("bench.deep")}, entries)
     seconds = time.monotonic() - t
     assert not [f for f in findings if f.severity == "error"], [f.text() for f in findings][:5]
     return {"rows": rows, "deep_s": seconds, "build_s": build}

@@ -79,7 +79,7 @@ def _routed(home, broker, topic, **routing):  # noqa: ANN001, ANN003, ANN201
 
 def test_route_values_cannot_leave_the_namespace_or_reach_reserved_or_foreign_tables(broker, home, topic):
     """Dynamic routing with the default `{value}` template. Route values `a.b`, `victim.t`, `acme\\n`,
-    the pipeline's own checkpoint and dead-letter table names, and the name of a table that another
+    the pipeline's own checkpoint, dead-letter and ledger table names, and the name of a table that another
     pipeline writes, each also spelled in other cases (`ORDERS_CHECKPOINTS`, `Orders_Dead_Letters`,
     `SHARED`: on a catalog that folds case these are the same tables): each is a dead letter (InvalidRoute
     or ForeignTable) naming it; no table is created outside `tenants`, none beside a protected table by case,
@@ -96,7 +96,7 @@ def test_route_values_cannot_leave_the_namespace_or_reach_reserved_or_foreign_ta
     names = ["acme", "a.b", "victim.t", "acme\n", spec.checkpoint_table().split(".")[1],
              spec.dead_letter_table().split(".")[1], "shared",
              spec.checkpoint_table().split(".")[1].upper(), spec.dead_letter_table().split(".")[1].title(), "SHARED",
-             "ACME"]
+             "ACME", spec.ledger_table().split(".")[1]]
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i, "tenant": n}).encode() for i, n in enumerate(names)])
     from tidewater.runtime.steps import commit_step, plan_step, run_write_step, validate_step
 
@@ -109,12 +109,14 @@ def test_route_values_cannot_leave_the_namespace_or_reach_reserved_or_foreign_ta
     dlq = load_table(catalog, spec.dead_letter_table()).scan().to_arrow().sort_by("offset").to_pylist()
     assert [(r["offset"], r["error_class"]) for r in dlq] == [
         (1, "InvalidRoute"), (2, "InvalidRoute"), (3, "InvalidRoute"), (4, "InvalidRoute"), (5, "InvalidRoute"),
-        (6, "ForeignTable"), (7, "InvalidRoute"), (8, "InvalidRoute"), (9, "ForeignTable")]
-    assert "own checkpoint or dead-letter table" in dlq[3]["error_message"]
+        (6, "ForeignTable"), (7, "InvalidRoute"), (8, "InvalidRoute"), (9, "ForeignTable"), (11, "InvalidRoute")]
+    assert "own checkpoint, dead-letter or ledger table" in dlq[3]["error_message"]
     assert "pipeline 'other'" in dlq[5]["error_message"]
     assert {".".join(t) for ns in catalog.list_namespaces() for t in catalog.list_tables(ns)} == {
-        "tenants.shared", "tenants.shared_ledger", "tenants.acme", spec.checkpoint_table(), spec.dead_letter_table()}
-    assert "own checkpoint or dead-letter table" in dlq[6]["error_message"] and "pipeline 'other'" in dlq[8]["error_message"]
+        "tenants.shared", "tenants.shared_ledger", "tenants.acme", spec.checkpoint_table(), spec.dead_letter_table(),
+        spec.ledger_table()}  # the pipeline's own ledger, written by the commit step, never by a route
+    assert "own checkpoint, dead-letter or ledger table" in dlq[6]["error_message"] and "pipeline 'other'" in dlq[8]["error_message"]
+    assert "own checkpoint, dead-letter or ledger table" in dlq[9]["error_message"]
     assert _rows(spec, "tenants.acme") == 2
     assert load_table(catalog, "tenants.shared").current_snapshot().snapshot_id == foreign_before
     assert "tenant" not in load_table(catalog, spec.checkpoint_table()).schema().column_names

@@ -14,6 +14,7 @@ from tests.conftest import ingest_inline, produce_to_partition, quiet, stage_inl
 from tidewater.commit import routed as committing
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import TransientError
+from tidewater.ops.audit import audit
 from tidewater.ops.status import status
 from tidewater.plan.ingest import plan_batch
 from tidewater.runtime.steps import commit_step, run_once, validate_step
@@ -154,7 +155,8 @@ def test_failure_after_some_tables_committed_never_duplicates(broker, home, topi
     """The commit step dies after the first of three tables committed. Retrying it commits the other two
     and the checkpoint, the first table is not touched again. Then the same failure on the next batch
     with its staged files lost: a new plan from the checkpoint re-reads the range, the writer drops
-    the records the first table already holds, and every table ends with each record once."""
+    the records the first table already holds, and every table ends with each record once; the audit finds the
+    pipeline clean and explains the first table's commit of the batch the checkpoint never committed."""
     tables = [{"identifier": f"rpc.t{i}", "route_regex": f"k{i}|all"} for i in range(3)]
     spec = routed_pipeline(home, broker, [topic], tables=tables, routing={"field": "k"})
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i, k=f"k{i % 3}") for i in range(30)] + [ev(30, k="all")])
@@ -202,6 +204,11 @@ def test_failure_after_some_tables_committed_never_duplicates(broker, home, topi
         assert committed_state(load_table(load_catalog(spec), f"rpc.t{i}")).offsets == {topic: {0: 43}}
     assert committed_state(checkpoint(spec)).offsets == {topic: {0: 43}}
     assert checkpoint(spec).scan().to_arrow().num_rows == 2
+    # the audit: clean; the batch whose checkpoint commit never happened is explained, on the one table it reached
+    report = audit(spec)
+    assert report.clean and report.batches == 2, [f.text() for f in report.findings]
+    assert [(f.check, f.table, f.batch_id) for f in report.findings if f.severity == "explained"] == [
+        ("routed", "rpc.t0", plan2.batch_id)]
 
 
 def test_imported_kafka_connect_configuration_runs_as_is(broker, home, topic):

@@ -17,9 +17,9 @@ def _router(case_sensitive: bool) -> Router:
     }))
 
 
-@pytest.mark.parametrize("value", ["RELROUTE2_CHECKPOINTS", "Relroute2_Dead_Letters", "relroute2_checkpoints"])
+@pytest.mark.parametrize("value", ["RELROUTE2_CHECKPOINTS", "Relroute2_Dead_Letters", "relroute2_checkpoints", "relroute2_ledger"])
 def test_a_case_variant_of_a_protected_table_is_refused_whatever_the_catalog(value):
-    """With the template `{value}`, a value naming the checkpoint or dead-letter table in any case is refused,
+    """With the template `{value}`, a value naming the checkpoint, dead-letter or ledger table in any case is refused,
     on a case-folding catalog and on a case-sensitive one alike (the names only differ by case)."""
     for case_sensitive in (False, True):
         router = Router(parse_pipeline({
@@ -30,7 +30,7 @@ def test_a_case_variant_of_a_protected_table_is_refused_whatever_the_catalog(val
         if case_sensitive and value != value.lower():
             assert refused is None, "a case-sensitive catalog keeps them apart"
         else:
-            assert refused is not None and "own checkpoint or dead-letter table" in refused
+            assert refused is not None and "own checkpoint, dead-letter or ledger table" in refused
 
 
 def test_values_that_differ_by_case_name_one_table_unless_the_catalog_is_case_sensitive():

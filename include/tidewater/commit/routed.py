@@ -23,7 +23,7 @@ from tidewater.commit.result import CommitResult, TableCommit
 from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
 from tidewater.table.catalog import create_table, load_table
 from tidewater.table.provisional import confirm_keys
-from tidewater.table.summary import committed_state, find_batch_snapshot, summary_properties
+from tidewater.table.summary import ROUTED, committed_state, find_batch_snapshot, summary_properties
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ def commit_table_output(catalog: Any, plan: BatchPlan, out: TableOutput, dag_run
                                    pipeline=plan.pipeline, records=out.rows, valid_through_ms=None, dag_run_id=dag_run_id,
                                    ignored_fields=out.ignored_fields,
                                    validation=(validation or {}).get("tables", {}).get(out.table))
+        props.update(batch_properties(plan))  # the batch's ranges, for the pipeline's ledger
         return Change(props, out.data_files, branch=out.branch, remove_properties=tuple(confirm_keys(table, plan.batch_id)))
 
     done = commit(catalog, out.table, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts)
@@ -106,6 +107,7 @@ def _commit_checkpoint(catalog: Any, plan: BatchPlan, manifest: BatchManifest, d
                                    valid_through_ms=manifest.valid_through_ms(), dag_run_id=dag_run_id,
                                    dead_letters=manifest.dead_letters, skipped=manifest.skipped, validation=validation)
         props.update(batch_properties(plan))
+        props[ROUTED] = str(manifest.routed)  # the ledger's accounting: read = routed + dead letters + skipped
         return Change(props, rows=checkpoint_row(plan, manifest, offsets))
 
     try:

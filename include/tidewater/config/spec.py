@@ -610,6 +610,9 @@ class PipelineSpec:
     audit: AuditSpec = _doc("Reconciliation of the table against its topic.", default_factory=AuditSpec)
     trigger: TriggerSpec = _doc("Batches started by pending data (lag), besides `schedule`.", default_factory=TriggerSpec)
     source_path: str | None = field(default=None, metadata={"internal": True})
+    # a single-table view of a routed pipeline (``for_table``) keeps the pipeline (a PipelineSpec): its ledger is the
+    # pipeline's. Typed Any: a self-reference would turn the editors' JSON schema (config/schema.py) into a $ref
+    routed_from: Any = field(default=None, metadata={"internal": True}, compare=False, repr=False)
 
     # ---- derived values -------------------------------------------------------------------------
     @property
@@ -667,7 +670,7 @@ class PipelineSpec:
         """A single-table view of a routed pipeline (for the gate and maintenance of one target table)."""
         return dataclasses.replace(
             self, table=self.table_spec(identifier), tables=[], routing=RoutingSpec(),
-            dead_letter=dataclasses.replace(self.dead_letter, table=self.dead_letter_table()),
+            dead_letter=dataclasses.replace(self.dead_letter, table=self.dead_letter_table()), routed_from=self,
         )
 
     def describe_targets(self) -> str:
@@ -681,6 +684,11 @@ class PipelineSpec:
     def checkpoint_table(self) -> str:
         """Where the pipeline's position lives: the target table, or the checkpoint table when routing."""
         return f"{self.routing.namespace}.{self.name}_checkpoints" if self.routed else self.table.identifier
+
+    def ledger_table(self) -> str:
+        """Every committed batch's ranges and counts (``table/ledger.py``): beside the target table, or in
+        ``routing.namespace`` for a routed pipeline (one ledger for the checkpoint and every target table)."""
+        return f"{self.routing.namespace}.{self.name}_ledger" if self.routed else f"{self.table.identifier}_ledger"
 
     def dead_letter_table(self) -> str:
         if self.dead_letter.table:

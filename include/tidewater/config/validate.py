@@ -279,9 +279,9 @@ def _validate_routing(spec: PipelineSpec) -> None:
     seen: set[str] = set()
     for i, t in enumerate(spec.tables):
         _check_route_table(spec, f"tables[{i}]", t, seen)
-    for ident in (spec.checkpoint_table(), spec.dead_letter_table()):
+    for ident in (spec.checkpoint_table(), spec.dead_letter_table(), spec.ledger_table()):
         if ident in seen:
-            raise ConfigError(f"tables: {ident!r} is the pipeline's own checkpoint or dead-letter table")
+            raise ConfigError(f"tables: {ident!r} is the pipeline's own checkpoint, dead-letter or ledger table")
 
 
 def _check_route_table(spec: PipelineSpec, key: str, t: RouteTableSpec, seen: set[str]) -> None:

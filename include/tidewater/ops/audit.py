@@ -14,12 +14,15 @@ Findings, each naming topic, partition and offset range, with the batch and snap
 
 - **deep** (``--deep``, from the metadata columns): see :func:`deep_findings`.
 
-Severity ``error`` makes the audit fail (exit 1); ``explained`` and ``info`` do not. Not covered yet: routed
-pipelines, change batches' accounting, retention settings (lag beyond retention as a warning).
+- **routed pipelines**: the checks above on the checkpoint table's batches, and per target table the batches the
+  checkpoint committed with rows for it (see :func:`audit_routed`).
+
+Severity ``error`` makes the audit fail (exit 1); ``explained``, ``warning`` and ``info`` do not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections import defaultdict
@@ -39,7 +42,7 @@ MOVING = ("ingest", "change", "skip", "quarantine")  # kinds of batch that move 
 @dataclass(frozen=True)
 class Finding:
     severity: str  # error, warning, explained, info
-    check: str  # coverage, accounting, outside-write, kafka
+    check: str  # coverage, accounting, outside-write, kafka, routed, deep
     message: str
     topic: str | None = None
     partition: int | None = None
@@ -47,9 +50,11 @@ class Finding:
     end: int | None = None
     batch_id: str | None = None
     snapshot_id: int | None = None
+    table: str | None = None  # routed pipelines: the target table at fault
 
     def text(self) -> str:
         where = f"{self.topic}[{self.partition}] [{self.start}, {self.end}) " if self.topic is not None else ""
+        where = f"{self.table}: {where}" if self.table else where
         at = f" (batch {self.batch_id}, snapshot {self.snapshot_id})" if self.batch_id else (
             f" (snapshot {self.snapshot_id})" if self.snapshot_id else "")
         return f"{self.severity:<9} {self.check:<13} {where}{self.message}{at}"
@@ -62,27 +67,42 @@ class AuditReport:
     batches: int
     findings: list[Finding] = field(default_factory=list)
     partitions: list[dict[str, Any]] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)  # routed pipelines: the target tables audited
 
     @property
     def clean(self) -> bool:
         return not any(f.severity == "error" for f in self.findings)
 
     def to_json(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "table": self.table, "clean": self.clean, "batches": self.batches,
+        return {"pipeline": self.pipeline, "table": self.table, "tables": self.tables, "clean": self.clean,
+                "batches": self.batches,
                 "partitions": self.partitions, "findings": [asdict(f) for f in self.findings]}
 
 
 def audit(spec: PipelineSpec, table: str | None = None, deep: bool = False) -> AuditReport:
     """Bring the ledger up to date with the table, then check it, the table's history and Kafka (``deep``: and
-    every row's source offset, see :func:`deep_findings`)."""
+    every row's source offset, see :func:`deep_findings`). Routed pipelines: see :func:`audit_routed`."""
     from tidewater.table import ledger
-    from tidewater.table.catalog import load_catalog, load_table
+    from tidewater.table.catalog import load_catalog
 
-    if spec.routed:
-        raise ConfigError("audit: routed pipelines are not audited yet (their positions live in the checkpoint table)")
+    catalog = load_catalog(spec)
+    report = audit_routed(spec, catalog, table, deep) if spec.routed else _audit_table(spec, catalog, table, deep)
+    errors = [f.text() for f in report.findings if f.severity == "error"]
+    verdict = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "deep": deep, "clean": report.clean,
+               "batches": report.batches, "errors": len(errors), "first": errors[:5], "table": report.table}
+    try:
+        ledger.save_verdict(catalog, spec, verdict)
+    except Exception as e:  # noqa: BLE001 - the verdict is for the view; the audit's answer stands without it
+        log.warning("the audit's verdict was not kept for the Tidewater view: %s", e)
+    return report
+
+
+def _audit_table(spec: PipelineSpec, catalog: Any, table: str | None, deep: bool) -> AuditReport:
+    from tidewater.table import ledger
+    from tidewater.table.catalog import load_table
+
     if table not in (None, spec.table.identifier):
         raise ConfigError(f"--table: {table!r} is not this pipeline's table {spec.table.identifier!r}")
-    catalog = load_catalog(spec)
     ledger.sync(catalog, spec)
     entries = ledger.read(catalog, spec).to_pylist()
     report = AuditReport(spec.name, spec.table.identifier, len({e["batch_id"] for e in entries}))
@@ -93,25 +113,87 @@ def audit(spec: PipelineSpec, table: str | None = None, deep: bool = False) -> A
     findings, report.partitions = against_kafka(spec, target)
     report.findings += findings
     if deep:
-        report.findings += deep_findings(spec, catalog, target, entries)
-    errors = [f.text() for f in report.findings if f.severity == "error"]
-    verdict = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "deep": deep, "clean": report.clean,
-               "batches": report.batches, "errors": len(errors), "first": errors[:5]}
-    try:
-        ledger.save_verdict(catalog, spec, verdict)
-    except Exception as e:  # noqa: BLE001 - the verdict is for the view; the audit's answer stands without it
-        log.warning("the audit's verdict was not kept for the Tidewater view: %s", e)
+        report.findings += deep_findings(spec, catalog, {spec.table.identifier: target}, entries)
     return report
+
+
+def audit_routed(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool) -> AuditReport:
+    """A routed pipeline: coverage, accounting (records read = records routed + dead letters + skipped) and Kafka
+    from its checkpoint table's batches; per target table (every one, or ``only``): each batch the checkpoint says
+    wrote rows to it has its commit there with the rows its writer counted, and no write outside Tidewater.
+    ``deep``: each table's rows once per offset, and (all tables audited) every offset of a committed range a row of
+    some table, a dead letter, skipped, or absent from Kafka."""
+    from tidewater.ops.status import target_tables
+    from tidewater.table import ledger
+    from tidewater.table.catalog import load_table
+
+    targets = target_tables(spec, catalog)
+    if only is not None and only not in targets:
+        raise ConfigError(f"--table: {only!r} is not one of this pipeline's target tables "
+                          f"({', '.join(targets) or 'none committed yet'})")
+    ledger.sync(catalog, spec)
+    cp_ident = spec.checkpoint_table()
+    entries = ledger.read(catalog, spec).to_pylist()
+    mine = [e for e in entries if e["table"] == cp_ident]
+    report = AuditReport(spec.name, only or cp_ident, len({e["batch_id"] for e in mine}), tables=[only] if only else targets)
+    report.findings += coverage(mine) + accounting(mine, "records routed")
+    checkpoint = load_table(catalog, cp_ident)
+    wrote = _tables_per_batch(checkpoint)
+    tables = {t: load_table(catalog, t) for t in ([only] if only else targets)}
+    for t, target in tables.items():
+        found = routed_table_findings(t, [e for e in entries if e["table"] == t], mine, wrote)
+        found += outside_writes(target) if target is not None else []
+        report.findings += [dataclasses.replace(f, table=t) for f in found]
+    findings, report.partitions = against_kafka(spec, checkpoint)
+    report.findings += findings
+    if deep:
+        report.findings += deep_findings(spec, catalog, tables, mine, every_table=only is None)
+    return report
+
+
+def _tables_per_batch(checkpoint: Any) -> dict[str, list[str]]:
+    """The checkpoint table's rows (they outlive its snapshots): batch id -> the tables it committed rows to."""
+    if checkpoint is None or checkpoint.current_snapshot() is None:
+        return {}
+    data = checkpoint.scan(selected_fields=("batch_id", "tables")).to_arrow()
+    return {b: json.loads(t or "[]") for b, t in zip(data.column("batch_id").to_pylist(), data.column("tables").to_pylist())}
+
+
+def routed_table_findings(ident: str, entries: list[dict[str, Any]], checkpoint: list[dict[str, Any]],
+                          wrote: dict[str, list[str]]) -> list[Finding]:
+    """One target table of a routed pipeline against the checkpoint's batches: a batch the checkpoint committed
+    with rows for the table but the table lacks (its rows are lost: an error); rows committed that are not those
+    the writer counted (an error); a batch in the table the checkpoint never committed (explained: its checkpoint
+    commit failed, and the next batch, planned from the checkpoint, left out the records this table held)."""
+    out: list[Finding] = []
+    own = {e["batch_id"]: e for e in entries}
+    committed = {e["batch_id"]: e for e in checkpoint}
+    for batch_id, e in committed.items():
+        if ident in wrote.get(batch_id, []) and batch_id not in own:
+            out.append(Finding("error", "routed", "the checkpoint committed this batch with rows for the table, but "
+                               "the table has no commit of it: those rows are missing", batch_id=batch_id,
+                               snapshot_id=e["snapshot_id"]))
+    for batch_id, e in own.items():
+        if e["rows"] is not None and e["rows"] != e["records"]:
+            out.append(Finding("error", "accounting", f"rows committed {e['rows']} != rows the writer routed to the "
+                               f"table {e['records']}", batch_id=batch_id, snapshot_id=e["snapshot_id"]))
+        if batch_id not in committed:
+            out.append(Finding("explained", "routed", "committed to this table while the batch's checkpoint commit "
+                               "failed; the next batch left out the records the table held", batch_id=batch_id,
+                               snapshot_id=e["snapshot_id"]))
+    return out
 
 
 CHECK_AT_MOST = 100_000  # missing offsets asked of Kafka per partition (beyond: reported as not checked)
 
 
-def deep_findings(spec: PipelineSpec, catalog: Any, table: Any, entries: list[dict[str, Any]]) -> list[Finding]:
-    """From the metadata columns: no (topic, partition, offset) twice in the table, none both a row and a dead
-    letter, and (append tables) every offset of a committed range present as a row or a dead letter, or counted
-    as skipped by its batch, or absent from Kafka (transaction markers, compaction). Change tables keep one row
-    per changed key, so their check is each key once instead of each offset present."""
+def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entries: list[dict[str, Any]],
+                  every_table: bool = True) -> list[Finding]:
+    """From the metadata columns of ``tables`` (the pipeline's table, or a routed pipeline's targets): no (topic,
+    partition, offset) twice in a table, none both a row and a dead letter, and (append tables; ``every_table``:
+    all of a routed pipeline's tables are in ``tables``) every offset of a committed range present as a row or a
+    dead letter, or counted as skipped by its batch, or absent from Kafka (transaction markers, compaction).
+    Change tables keep one row per changed key, so their check is each key once instead of each offset present."""
     import numpy as np
 
     from tidewater.plan.replay import present_offsets
@@ -121,20 +203,25 @@ def deep_findings(spec: PipelineSpec, catalog: Any, table: Any, entries: list[di
         raise ConfigError("--deep reads each row's source offset: it needs format.metadata prefixed or struct")
     moving = [e for e in entries if e["kind"] in MOVING]
     ranges = _merged(moving)
-    rows = present_offsets(spec, table, ranges) if table is not None else None
+    rows = {t: present_offsets(spec, table, ranges) for t, table in tables.items() if table is not None}
     letters = _dead_letters(catalog, spec)
-    out = _key_findings(spec, table) if spec.applies_changes else []
+    out = _key_findings(spec, tables.get(spec.table.identifier)) if spec.applies_changes else []
     settings = kafka_settings(spec)
     lows = {tp: low for tp, (low, _) in watermarks(settings, sorted({(r.topic, r.partition) for r in ranges})).items()}
     rereader = Rereader(settings, f"{spec.name}-audit", spec.kafka.read_timeout_seconds)
+    named = spec.routed  # a routed pipeline's findings name their table
     try:
         for rng in ranges:
-            mine = _offsets(rows, rng) if rows is not None else np.array([], np.int64)
+            held = []
+            for t, data in rows.items():
+                mine = _offsets(data, rng)
+                out += [dataclasses.replace(f, table=t if named else None) for f in _twice(mine, rng, "in the table twice")]
+                held.append(np.unique(mine))
+            anywhere = np.unique(np.concatenate(held)) if held else np.array([], np.int64)
             dead = _offsets(letters, rng)
-            out += _twice(mine, rng, "in the table twice")
-            out += _twice(np.intersect1d(np.unique(mine), np.unique(dead)), rng, "both a row and a dead letter", 0)
-            if not spec.applies_changes:
-                found = np.union1d(mine, dead)
+            out += _twice(np.intersect1d(anywhere, np.unique(dead)), rng, "both a row and a dead letter", 0)
+            if not spec.applies_changes and every_table:
+                found = np.union1d(anywhere, dead)
                 mine_batches = [e for e in moving if (e["topic"], e["partition"]) == (rng.topic, rng.partition)]
                 out += _missing(found, rng, mine_batches, rereader, lows.get((rng.topic, rng.partition), 0))
     finally:
@@ -303,19 +390,21 @@ def coverage(entries: list[dict[str, Any]]) -> list[Finding]:
 CHANGE_EFFECTS = ("inserted", "updated", "deleted", "noop")  # what each change record did (commit/changes.py)
 
 
-def accounting(entries: list[dict[str, Any]]) -> list[Finding]:
+def accounting(entries: list[dict[str, Any]], rows_are: str = "rows") -> list[Finding]:
     """Batches whose records read are not rows + dead letters + skipped; for change batches, not the change
-    records applied (inserted + updated + deleted + no-op deletes, each record once) + dead letters + skipped."""
+    records applied (inserted + updated + deleted + no-op deletes, each record once) + dead letters + skipped.
+    A routed pipeline's checkpoint counts as rows the records routed to at least one table (``rows_are``); a
+    checkpoint commit made before that count was recorded is left out."""
     out, seen = [], set()
     for e in entries:
-        if e["kind"] not in ("ingest", "skip", "change") or e["batch_id"] in seen:
+        if e["kind"] not in ("ingest", "skip", "change") or e["batch_id"] in seen or e["rows"] is None:
             continue
         seen.add(e["batch_id"])
         if e["kind"] == "change":
             effects = json.loads(_detail(e).get(CHANGES, "{}"))
             applied, what = sum(int(effects.get(k, 0)) for k in CHANGE_EFFECTS), "changes applied"
         else:
-            applied, what = e["rows"], "rows"
+            applied, what = e["rows"], rows_are
         if e["records"] != applied + e["dead_letters"] + e["skipped"]:
             out.append(Finding("error", "accounting", f"records read {e['records']} != {what} {applied} + dead "
                                f"letters {e['dead_letters']} + skipped {e['skipped']}", batch_id=e["batch_id"],
@@ -360,17 +449,19 @@ def retention_findings(settings: dict[str, str], parts: list[dict[str, Any]], no
                        ) -> list[Finding]:
     """Warnings for partitions whose unread records retention will delete before they are ingested, at the lag
     of now: the oldest unread record's age against ``retention.ms``, and the unread share of the retained log
-    against ``retention.bytes`` (its size, in records). A topic whose settings cannot be read is reported as
-    not checked (info), never as clean."""
+    against ``retention.bytes`` (its size, in records); only where cleanup.policy deletes. A compacted topic
+    with unread records gets a note (compaction may remove superseded ones first). A topic whose settings cannot
+    be read is reported as not checked (info), never as clean."""
     import time
 
     lagging = [p for p in parts if p["lag"]]
     if not lagging:
         return []
     try:
-        configs = topic_retention(settings, sorted({p["topic"] for p in lagging}))
+        cleanup = topic_cleanup(settings, sorted({p["topic"] for p in lagging}))
     except Exception as e:  # noqa: BLE001 - a broker that refuses DescribeConfigs: said, not fatal
         return [Finding("info", "kafka", f"retention settings not read ({e}): lag beyond retention not checked")]
+    configs = {t: (ms, size) for t, (ms, size, _, _) in cleanup.items()}
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     oldest = oldest_unread(settings, [p for p in lagging if configs.get(p["topic"], (-1, -1))[0] > 0])
     out = []
@@ -388,11 +479,19 @@ def retention_findings(settings: dict[str, str], parts: list[dict[str, Any]], no
             out.append(Finding("warning", "kafka", f"lag beyond retention: {p['lag']} unread records are "
                                f"{100 * p['lag'] / retained:.0f}% of the partition's retained log (retention.bytes "
                                f"{size}); as the log grows, the oldest unread ones are deleted first", *where))
+        compacted, lag_ms = cleanup.get(p["topic"], (-1, -1, False, 0))[2:]
+        if compacted:
+            out.append(Finding("info", "kafka", "compacted topic (cleanup.policy compact): an unread record that a "
+                               f"later record of its key supersedes may be removed before it is read (after "
+                               f"min.compaction.lag.ms {lag_ms}); the deep audit reports such offsets as holding no "
+                               "record", *where))
     return out
 
 
-def topic_retention(settings: dict[str, str], topics: list[str], timeout: float = 15.0) -> dict[str, tuple[int, int]]:
-    """(retention.ms, retention.bytes) per topic as the broker reports them (-1: unlimited)."""
+def topic_cleanup(settings: dict[str, str], topics: list[str], timeout: float = 15.0
+                  ) -> dict[str, tuple[int, int, bool, int]]:
+    """(retention.ms, retention.bytes, compacted, min.compaction.lag.ms) per topic as the broker reports them;
+    the retention settings are -1 (unlimited) unless cleanup.policy includes ``delete``."""
     from confluent_kafka.admin import AdminClient, ConfigResource
 
     from tidewater.source.kafka import client_logging
@@ -402,8 +501,13 @@ def topic_retention(settings: dict[str, str], topics: list[str], timeout: float 
     out = {}
     for resource, future in futures.items():
         config = future.result(timeout)
-        value = {k: config[k].value for k in ("retention.ms", "retention.bytes") if k in config}
-        out[resource.name] = (int(value.get("retention.ms") or -1), int(value.get("retention.bytes") or -1))
+        value = {k: config[k].value for k in ("retention.ms", "retention.bytes", "cleanup.policy",
+                                              "min.compaction.lag.ms") if k in config}
+        policy = {p.strip() for p in (value.get("cleanup.policy") or "delete").split(",")}
+        deletes = "delete" in policy
+        out[resource.name] = (int(value.get("retention.ms") or -1) if deletes else -1,
+                              int(value.get("retention.bytes") or -1) if deletes else -1,
+                              "compact" in policy, int(value.get("min.compaction.lag.ms") or 0))
     return out
 
 

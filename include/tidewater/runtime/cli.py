@@ -419,7 +419,7 @@ def _add_audit(sub: Any) -> None:
     p = sub.add_parser("audit", help="check that the table is exactly its topic: ranges, counts, outside writes, "
                        "Kafka (exit 0 clean, 1 discrepancies, 2 error)")
     _pipeline_arg(p)
-    p.add_argument("--table", help="the table to audit (default: the pipeline's)")
+    p.add_argument("--table", help="the table to audit (default: the pipeline's; routed pipelines: one target table, default all)")
     p.add_argument("--deep", action="store_true", help="also every row's source offset (format.metadata): none twice, "
                    "none both a row and a dead letter, none missing unless skipped or absent from Kafka")
     p.add_argument("--json", action="store_true", help="one JSON document")

@@ -300,24 +300,30 @@ def maintenance_lineage(spec: PipelineSpec, reports: list[Any]) -> Any:
             r.table for r, _ in tables), report=json.loads(json.dumps([r.metadata() for r in reports], default=str)))})
 
 
-AUDIT_CHECKS = ("coverage", "accounting", "outside-write", "kafka", "deep")
+AUDIT_CHECKS = ("coverage", "accounting", "outside-write", "kafka", "routed", "deep")  # routed, deep: when they run
 
 
 def audit_lineage(spec: PipelineSpec, report: Any, deep: bool) -> Any:
-    """An audit: the table (and the ranges its ledger covers) in, one assertion per kind of check, the verdict
-    and every discrepancy as a run facet."""
+    """An audit: the table (a routed pipeline's: each target table audited) in, one assertion per kind of check
+    (per table: failed by the findings about it and those about the whole pipeline), the verdict and every
+    discrepancy as a run facet."""
     from airflow.providers.openlineage.extractors import OperatorLineage
     from openlineage.client.facet_v2 import data_quality_assertions_dataset as dq
 
     from tidewater.table.catalog import load_catalog, load_table
 
     errors = [f for f in report.findings if f.severity == "error"]
-    kinds = list(AUDIT_CHECKS if deep else AUDIT_CHECKS[:-1])
+    kinds = [k for k in AUDIT_CHECKS if (k != "deep" or deep) and (k != "routed" or spec.routed)]
     kinds += sorted({f.check for f in errors} - set(kinds))
-    assertions = [dq.Assertion(assertion=f"tidewater_audit_{k}", success=not any(f.check == k for f in errors),
-                               description=next((f.text() for f in errors if f.check == k), None)) for k in kinds]
-    table = load_table(load_catalog(spec), report.table)
-    inputs = [table_dataset(spec, table, report.table, output=False, assertions=assertions)] if table is not None else []
+    catalog = load_catalog(spec)
+    inputs = []
+    for ident in report.tables or [report.table]:  # routed: each target table, with the findings that concern it
+        mine = [f for f in errors if f.table in (None, ident)]
+        assertions = [dq.Assertion(assertion=f"tidewater_audit_{k}", success=not any(f.check == k for f in mine),
+                                   description=next((f.text() for f in mine if f.check == k), None)) for k in kinds]
+        table = load_table(catalog, ident)
+        if table is not None:
+            inputs.append(table_dataset(spec, table, ident, output=False, assertions=assertions))
     run = _facets()["Audit"](table=report.table, clean=report.clean, deep=deep, batches=report.batches,
                              errors=len(errors), findings=[f.text() for f in errors][:100])
     return OperatorLineage(inputs=inputs, outputs=[], run_facets={"tidewater_audit": run})

@@ -587,8 +587,8 @@ def record_in_ledger(spec: PipelineSpec) -> None:
     try:
         ledger.sync(load_catalog(spec), spec)
     except Exception as e:  # noqa: BLE001 - see the docstring
-        log.warning("the ledger of %s was not brought up to date (the next commit or audit does it): %s",
-                    spec.table.identifier, e)
+        log.warning("the ledger %s was not brought up to date (the next commit or audit does it): %s",
+                    ledger.identifier(spec), e)
 
 
 def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None) -> CommitResult:

@@ -35,6 +35,7 @@ from tidewater.table.summary import (
     RANGES,
     RECORDS,
     REPLAY,
+    ROUTED,
     SKIPPED,
     summary_dict,
 )
@@ -64,7 +65,7 @@ SCHEMA = pa.schema([
 
 
 def identifier(spec: PipelineSpec) -> str:
-    return f"{spec.table.identifier}_ledger"
+    return (spec.routed_from or spec).ledger_table()
 
 
 def _kind(props: dict[str, str]) -> str:
@@ -90,8 +91,18 @@ def _ranges(props: dict[str, str], previous: dict[str, dict[int, int]]) -> list[
     return out
 
 
-def entries(table_ident: str, snapshots: list[Any]) -> list[dict[str, Any]]:
-    """Ledger rows for the Tidewater batches among ``snapshots`` (oldest first), one per range."""
+def _rows(props: dict[str, str], checkpoint: bool) -> int | None:
+    """Rows the batch accounts for: those its snapshot added; on a routed pipeline's checkpoint, the records
+    routed to at least one table (None where a checkpoint commit predates that count)."""
+    if props.get(ROUTED) is not None:
+        return int(props[ROUTED])
+    return None if checkpoint else int(props.get("added-records", 0))
+
+
+def entries(table_ident: str, snapshots: list[Any], checkpoint: bool = False, target: bool = False) -> list[dict[str, Any]]:
+    """Ledger rows for the Tidewater batches among ``snapshots`` (oldest first), one per range (``checkpoint``:
+    they are a routed pipeline's checkpoint table's; ``target``: a routed pipeline's target table's, where a batch
+    whose ranges its summary does not hold still gets one row, without a range: the audit checks it was committed)."""
     rows: list[dict[str, Any]] = []
     previous: dict[str, dict[int, int]] = {}
     for snap in snapshots:
@@ -100,12 +111,13 @@ def entries(table_ident: str, snapshots: list[Any]) -> list[dict[str, Any]]:
             continue
         kind = _kind(props)
         detail = {k: props[k] for k in (REPLAY, OPERATOR_SKIP, CHANGES, QUARANTINED) if k in props}
-        for topic, part, start, end in _ranges(props, previous):
+        ranges: list[tuple[Any, Any, Any, Any]] = list(_ranges(props, previous))
+        for topic, part, start, end in ranges or ([(None, None, None, None)] if target else []):
             rows.append({
                 "table": table_ident, "batch_id": props[BATCH_ID], "kind": kind, "snapshot_id": snap.snapshot_id,
                 "committed_at": snap.timestamp_ms * 1000, "dag_run_id": props.get(DAG_RUN_ID), "topic": topic,
                 "partition": part, "start_offset": start, "end_offset": end, "records": int(props.get(RECORDS, 0)),
-                "rows": int(props.get("added-records", 0)), "dead_letters": int(props.get(DEAD_LETTERS, 0)),
+                "rows": _rows(props, checkpoint), "dead_letters": int(props.get(DEAD_LETTERS, 0)),
                 "skipped": int(props.get(SKIPPED, 0)), "detail": json.dumps(detail, sort_keys=True) if detail else None,
             })
         if OFFSETS in props:
@@ -113,44 +125,87 @@ def entries(table_ident: str, snapshots: list[Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _unrecorded(table: Any, through: int | None) -> tuple[list[Any], bool]:
-    """The ancestors of the table's current snapshot after ``through``, oldest first, and whether the walk
-    reached ``through`` (False: the ledger is new, or its mark's snapshot is gone: entries must be deduplicated)."""
+def _unrecorded(table: Any, head: int, through: int | None) -> tuple[list[Any], bool]:
+    """The ancestors of ``head`` after ``through``, oldest first, and whether the walk reached ``through``
+    (False: the ledger is new, or its mark's snapshot is gone: entries must be deduplicated)."""
     by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
-    walked, sid = [], table.metadata.current_snapshot_id
+    walked, sid = [], head
     while sid is not None and sid in by_id and sid != through:
         walked.append(by_id[sid])
         sid = by_id[sid].parent_snapshot_id
     return walked[::-1], sid is not None and sid == through
 
 
+def _head(table: Any, branch: str | None) -> int | None:
+    """Where the table's batches end: the head of ``branch`` when the batches are written there, else main's."""
+    ref = table.metadata.refs.get(branch) if branch else None
+    return ref.snapshot_id if ref is not None else table.metadata.current_snapshot_id
+
+
+def recorded_tables(catalog: Any, spec: PipelineSpec) -> list[tuple[str, Any, int]]:
+    """(identifier, table, head snapshot) of each table whose history the ledger records: the pipeline's table,
+    or a routed pipeline's checkpoint table (its ranges and counts) and every target table (each its rows)."""
+    from tidewater.table.catalog import load_table
+
+    spec = spec.routed_from or spec
+    if spec.routed:
+        from tidewater.ops.status import target_tables
+
+        names = [(spec.checkpoint_table(), None)] + [(t, spec.table_spec(t).branch) for t in target_tables(spec, catalog)]
+    else:
+        names = [(spec.table.identifier, spec.table.branch)]
+    out = []
+    for ident, branch in names:
+        table = load_table(catalog, ident)
+        head = _head(table, branch) if table is not None else None
+        if head is not None:
+            out.append((ident, table, head))
+    return out
+
+
+def _through(text: str | None, spec: PipelineSpec) -> dict[str, int]:
+    """The ledger's mark: per recorded table, the snapshot it has recorded up to (a routed pipeline's mark is a
+    JSON object; a single table's, its snapshot id)."""
+    if not text:
+        return {}
+    if text.startswith("{"):
+        return {k: int(v) for k, v in json.loads(text).items()}
+    return {spec.table.identifier: int(text)}
+
+
 def sync(catalog: Any, spec: PipelineSpec) -> int:
-    """Record the table's batches the ledger does not have yet; returns how many entries were added."""
+    """Record the batches of the pipeline's tables the ledger does not have yet; returns how many entries were
+    added. A single-table view of a routed pipeline (maintenance) syncs the pipeline's ledger."""
     from tidewater.commit.primitive import Change, commit
     from tidewater.table.catalog import create_table, load_table
 
-    if spec.routed:
-        return 0  # routed pipelines' positions live in their checkpoint table: not recorded here yet
-    table = load_table(catalog, spec.table.identifier)
-    if table is None or table.metadata.current_snapshot_id is None:
+    spec = spec.routed_from or spec
+    sources = recorded_tables(catalog, spec)
+    if not sources:
         return 0
-    head = table.metadata.current_snapshot_id
+    heads = {ident: head for ident, _, head in sources}
+    mark = json.dumps(heads, sort_keys=True, separators=(",", ":")) if spec.routed else str(heads[spec.table.identifier])
     added = [0]
 
     def prepare(ledger: Any) -> Any:
         snap = ledger.current_snapshot()
-        through = summary_dict(snap).get(THROUGH) if snap is not None else None
-        todo, reached = _unrecorded(table, int(through) if through else None)
-        rows = entries(spec.table.identifier, todo)
-        if not reached and snap is not None and rows:
-            known = set(ledger.scan(selected_fields=("batch_id",)).to_arrow().column("batch_id").to_pylist())
-            rows = [r for r in rows if r["batch_id"] not in known]
+        through = _through(summary_dict(snap).get(THROUGH) if snap is not None else None, spec)
+        rows, unsure = [], False
+        for ident, table, head in sources:
+            todo, reached = _unrecorded(table, head, through.get(ident))
+            checkpoint = spec.routed and ident == spec.checkpoint_table()
+            rows += entries(ident, todo, checkpoint=checkpoint, target=spec.routed and not checkpoint)
+            unsure = unsure or not reached
+        if unsure and snap is not None and rows:
+            known_rows = ledger.scan(selected_fields=("table", "batch_id")).to_arrow()
+            known = set(zip(known_rows.column("table").to_pylist(), known_rows.column("batch_id").to_pylist()))
+            rows = [r for r in rows if (r["table"], r["batch_id"]) not in known]
         added[0] = len(rows)
-        # the pipeline's name marks the ledger as its own: routed pipelines never write into it (ForeignTable)
-        return Change(properties={THROUGH: str(head), PIPELINE: spec.name}, rows=pa.Table.from_pylist(rows, schema=SCHEMA))
+        # the pipeline's name marks the ledger as its own: another pipeline's routes never write into it (ForeignTable)
+        return Change(properties={THROUGH: mark, PIPELINE: spec.name}, rows=pa.Table.from_pylist(rows, schema=SCHEMA))
 
     ident = identifier(spec)
-    commit(catalog, ident, prepare, marker=str(head), marker_key=THROUGH, what=f"ledger of {spec.table.identifier}",
+    commit(catalog, ident, prepare, marker=mark, marker_key=THROUGH, what=f"ledger {ident}",
            on_missing=lambda: load_table(catalog, ident) or create_table(catalog, ident, SCHEMA, {"format-version": "2"}))
     return added[0]
 
@@ -180,10 +235,10 @@ def compact(catalog: Any, spec: PipelineSpec, at_files: int = COMPACT_AT_FILES) 
     try:
         ledger.overwrite(rows, snapshot_properties=props)
     except CommitFailedException as e:
-        log.info("the ledger of %s was not compacted (a batch recorded meanwhile: %s); the next expiry does it",
-                 spec.table.identifier, e)
+        log.info("the ledger %s was not compacted (a batch recorded meanwhile: %s); the next expiry does it",
+                 identifier(spec), e)
         return 0
-    log.info("the ledger of %s: %d files rewritten into one (%d entries)", spec.table.identifier, len(files), rows.num_rows)
+    log.info("the ledger %s: %d files rewritten into one (%d entries)", identifier(spec), len(files), rows.num_rows)
     return len(files)
 
 

@@ -47,6 +47,9 @@ DEAD_LETTERS = PREFIX + "dead-letters"  # of which written to the dead-letter ta
 SKIPPED = PREFIX + "skipped"  # of which dropped by the skip policy
 
 
+ROUTED = PREFIX + "routed"  # routed pipelines' checkpoint: of which routed to at least one table
+
+
 DEAD_LETTER_TOPIC = PREFIX + "dead-letter-topic"  # on dead-letter snapshots: the topic they were also sent to
 
 

@@ -65,7 +65,7 @@ class Router:
         self.routing = spec.routing
         self._static = [(t, re.compile(t.route_regex) if t.route_regex else None) for t in spec.tables]
         self._case_sensitive = spec.catalog.case_sensitive
-        self._reserved = {self._compared(spec.checkpoint_table()), self._compared(spec.dead_letter_table())}
+        self._reserved = {self._compared(t) for t in (spec.checkpoint_table(), spec.dead_letter_table(), spec.ledger_table())}
 
     def _compared(self, ident: str) -> str:
         """A name as the catalog compares names (``catalog.case_sensitive``)."""
@@ -83,14 +83,14 @@ class Router:
     def refusal(self, value: str) -> str | None:
         """Why a route value cannot name a table, or None. A value is one name part (letters, digits,
         `_`): it can never add a namespace, reach another pipeline's namespace or name this pipeline's
-        own checkpoint or dead-letter table."""
+        own checkpoint, dead-letter or ledger table."""
         if not _VALUE.fullmatch(value):
             return "a route value must be 1-128 letters, digits or '_' (no dots, spaces or line breaks)"
         ident = self.dynamic_identifier(value)
         if not valid_identifier(ident):
             return f"{ident[:300]!r} is not a valid table name (letters, digits and '_', at most {MAX_IDENTIFIER} characters)"
         if self._compared(ident) in self._reserved:
-            return f"{ident!r} is the pipeline's own checkpoint or dead-letter table"
+            return f"{ident!r} is the pipeline's own checkpoint, dead-letter or ledger table"
         return None
 
     def route(self, topic: str, data: pa.Table) -> Routed:
