@@ -575,17 +575,19 @@ def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, da
     """Commit the batch (or find it committed), then record the table's new batches in its ledger (a batch whose
     commit raised, a quarantined one among them, is recorded by the next sync)."""
     result = _commit(spec, plan, manifest, dag_run_id)
-    record_in_ledger(spec)
+    # a routed batch's sync loads only the tables it committed to (all of them when it committed none here)
+    touched = [t.table for t in result.tables if t.status != "checkpoint"] if result.tables else None
+    record_in_ledger(spec, touched)
     return result
 
 
-def record_in_ledger(spec: PipelineSpec) -> None:
-    """Sync the ledger (``table/ledger.py``). A failure is logged, not raised: the batch is committed either way
-    and the next sync (the next commit, snapshot expiry, the audit) records it."""
+def record_in_ledger(spec: PipelineSpec, touched: list[str] | None = None) -> None:
+    """Sync the ledger (``table/ledger.py``; ``touched``: see ``ledger.sync``). A failure is logged, not raised:
+    the batch is committed either way and the next sync (the next commit, snapshot expiry, the audit) records it."""
     from tidewater.table import ledger
 
     try:
-        ledger.sync(load_catalog(spec), spec)
+        ledger.sync(load_catalog(spec), spec, touched)
     except Exception as e:  # noqa: BLE001 - see the docstring
         log.warning("the ledger %s was not brought up to date (the next commit or audit does it): %s",
                     ledger.identifier(spec), e)

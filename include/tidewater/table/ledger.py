@@ -142,16 +142,18 @@ def _head(table: Any, branch: str | None) -> int | None:
     return ref.snapshot_id if ref is not None else table.metadata.current_snapshot_id
 
 
-def recorded_tables(catalog: Any, spec: PipelineSpec) -> list[tuple[str, Any, int]]:
+def recorded_tables(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> list[tuple[str, Any, int]]:
     """(identifier, table, head snapshot) of each table whose history the ledger records: the pipeline's table,
-    or a routed pipeline's checkpoint table (its ranges and counts) and every target table (each its rows)."""
+    or a routed pipeline's checkpoint table (its ranges and counts) and every target table (each its rows;
+    ``touched``: only these)."""
     from tidewater.table.catalog import load_table
 
     spec = spec.routed_from or spec
     if spec.routed:
         from tidewater.ops.status import target_tables
 
-        names = [(spec.checkpoint_table(), None)] + [(t, spec.table_spec(t).branch) for t in target_tables(spec, catalog)]
+        targets = touched if touched is not None else target_tables(spec, catalog)
+        names = [(spec.checkpoint_table(), None)] + [(t, spec.table_spec(t).branch) for t in targets]
     else:
         names = [(spec.table.identifier, spec.table.branch)]
     out = []
@@ -173,23 +175,26 @@ def _through(text: str | None, spec: PipelineSpec) -> dict[str, int]:
     return {spec.table.identifier: int(text)}
 
 
-def sync(catalog: Any, spec: PipelineSpec) -> int:
+def sync(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> int:
     """Record the batches of the pipeline's tables the ledger does not have yet; returns how many entries were
-    added. A single-table view of a routed pipeline (maintenance) syncs the pipeline's ledger."""
+    added. A single-table view of a routed pipeline (maintenance) syncs the pipeline's ledger. ``touched`` (routed
+    pipelines): the target tables a batch just committed to; the others keep their mark (the next full sync, by
+    the audit or snapshot expiry, walks them), so a commit loads only the tables it wrote."""
     from tidewater.commit.primitive import Change, commit
     from tidewater.table.catalog import create_table, load_table
 
     spec = spec.routed_from or spec
-    sources = recorded_tables(catalog, spec)
+    sources = recorded_tables(catalog, spec, touched)
     if not sources:
         return 0
     heads = {ident: head for ident, _, head in sources}
-    mark = json.dumps(heads, sort_keys=True, separators=(",", ":")) if spec.routed else str(heads[spec.table.identifier])
     added = [0]
 
     def prepare(ledger: Any) -> Any:
         snap = ledger.current_snapshot()
         through = _through(summary_dict(snap).get(THROUGH) if snap is not None else None, spec)
+        if spec.routed and snap is not None and through == {**through, **heads}:
+            return None  # nothing committed since the last sync
         rows, unsure = [], False
         for ident, table, head in sources:
             todo, reached = _unrecorded(table, head, through.get(ident))
@@ -201,11 +206,17 @@ def sync(catalog: Any, spec: PipelineSpec) -> int:
             known = set(zip(known_rows.column("table").to_pylist(), known_rows.column("batch_id").to_pylist()))
             rows = [r for r in rows if (r["table"], r["batch_id"]) not in known]
         added[0] = len(rows)
+        mark = json.dumps({**through, **heads}, sort_keys=True, separators=(",", ":")) if spec.routed \
+            else str(heads[spec.table.identifier])
         # the pipeline's name marks the ledger as its own: another pipeline's routes never write into it (ForeignTable)
         return Change(properties={THROUGH: mark, PIPELINE: spec.name}, rows=pa.Table.from_pylist(rows, schema=SCHEMA))
 
     ident = identifier(spec)
-    commit(catalog, ident, prepare, marker=mark, marker_key=THROUGH, what=f"ledger {ident}",
+    # a single table's mark is its head, known before the commit: it makes a second sync of the same history a
+    # no-op. A routed pipeline's mark merges the ledger's (``touched``), so each attempt computes it afresh, and a
+    # sync that finds nothing new commits nothing (see prepare)
+    marker = None if spec.routed else str(heads[spec.table.identifier])
+    commit(catalog, ident, prepare, marker=marker, marker_key=THROUGH, what=f"ledger {ident}",
            on_missing=lambda: load_table(catalog, ident) or create_table(catalog, ident, SCHEMA, {"format-version": "2"}))
     return added[0]
 
