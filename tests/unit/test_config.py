@@ -103,7 +103,15 @@ def test_routed_tables_take_their_defaults_from_table():
         ({"table": {"identifier": "ns.t", "op_field": "op", "id_columns": ["id"], "key_source": "message_key"}},
          "table.key_source: message_key is for upserts without an op field"),
         ({"table": "", "tables": [{"identifier": "ns.a", "upsert": True}], "routing": {"namespace": "ns"}},
-         "changes are not applied to routed tables yet"),
+         "tables[0].upsert: needs tables[0].id_columns"),
+        ({"table": {"identifier": "", "upsert": True}, "tables": [{"identifier": "ns.a"}], "routing": {"namespace": "ns"}},
+         "table.upsert / op_field: on a routed pipeline, set them per table under `tables`"),
+        ({"topics": ["a", "b"], "table": "", "routing": {"namespace": "ns"},
+          "tables": [{"identifier": "ns.a", "upsert": True, "id_columns": ["id"]}]},
+         "tables[0].topics: a change table takes the records of exactly one topic"),
+        ({"topics": ["a", "b"], "table": "", "routing": {"namespace": "ns"},
+          "tables": [{"identifier": "ns.a", "op_field": "op", "id_columns": ["id"], "topics": ["a"], "branch": "b"}]},
+         "tables[0].op_field: not available with tables[0].branch yet"),
     ],
 )
 def test_errors_name_the_key(patch, message):

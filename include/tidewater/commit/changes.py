@@ -21,9 +21,10 @@ import json
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from tidewater.batch import BatchManifest, BatchPlan, StagedFile, merge_offsets
+from tidewater.batch import BatchManifest, BatchPlan, Offsets, StagedFile, merge_offsets
 from tidewater.commit.batch import batch_summary, check_manifest, missing_table, refuse_moved_offsets
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
 from tidewater.commit.primitive import Change, commit
@@ -39,15 +40,15 @@ log = logging.getLogger(__name__)
 PATH_FIELD_ID, POS_FIELD_ID = 2147483546, 2147483545
 
 
-def read_staged(table: Any, manifest: BatchManifest) -> Any:
-    """The batch's staged change records, in the table's current schema."""
+def read_staged(table: Any, files: Any) -> Any:
+    """The batch's staged change records (``files``), in the table's current schema."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from tidewater.write.parquet import to_table_schema
 
     pieces = []
-    for f in manifest.data_files:
+    for f in files:
         with table.io.new_input(f.file_path).open() as fh:
             pieces.append(pq.read_table(fh))
     if not pieces:
@@ -210,12 +211,12 @@ def write_upserts(table: Any, rows: Any, prefix: str) -> list[StagedFile]:
     return [StagedFile.from_json(d) for d in writer.close()]
 
 
-def _net_once(table: Any, spec: PipelineSpec, manifest: BatchManifest, state: dict[str, Any]) -> Any:
+def _net_once(table: Any, spec: PipelineSpec, files: Any, state: dict[str, Any]) -> Any:
     """The batch's changes reduced to one per key (None without records), computed on the first attempt only."""
     from tidewater.transform.changes import net_changes
 
     if "net" not in state:
-        staged = read_staged(table, manifest)
+        staged = read_staged(table, files)
         state["net"] = None if staged is None else net_changes(staged, list(spec.table.id_columns), spec.op_column(),
                                                                spec.table.op_values)
     return state["net"]
@@ -234,7 +235,7 @@ def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
     offsets = committed_state(table).offsets
     refuse_uncommitted_ranges(plan, offsets)
     state["offsets"] = offsets
-    net = _net_once(table, spec, manifest, state)
+    net = _net_once(table, spec, manifest.data_files, state)
     state["attempt"] = attempt = state.get("attempt", 0) + 1
     found = find_rows(table, net.keys, ids, source=True) if net else []
     rows = pa.concat_tables([t for _, t in found]) if found else pa.table({"__key": pa.array([], pa.int64())})
@@ -260,15 +261,28 @@ def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
 def _attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, state: dict[str, Any],
              dag_run_id: str | None, validation: dict[str, Any] | None) -> Change:
     """One commit attempt's change against ``table`` as loaded now; ``state`` keeps what is done once."""
-    from tidewater.transform.changes import count_effects
-
     if plan.mode == "reapply":
         return _reapply(table, spec, plan, manifest, state, dag_run_id, validation)
+
+    def offsets_now(table: Any) -> Offsets:
+        current = committed_state(table).offsets
+        refuse_moved_offsets(plan, current)
+        return merge_offsets(current, plan.ranges)
+
+    return change_attempt(table, spec, plan, manifest.data_files, state, offsets_now,
+                          lambda offsets: batch_summary(plan, manifest, offsets, dag_run_id, validation, None))
+
+
+def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, state: dict[str, Any],
+                   offsets_now: Callable[[Any], Offsets], summary: Callable[[Offsets], dict[str, str]]) -> Change:
+    """One attempt to apply the staged change records ``files`` to ``table`` as loaded now: ``offsets_now`` checks
+    the table's offsets (raising when another writer moved them) and gives the ones to stamp; ``summary`` the
+    snapshot properties for them. ``state`` keeps what is done once (the net changes, the new row images)."""
+    from tidewater.transform.changes import count_effects
+
     ids = list(spec.table.id_columns)
-    current = committed_state(table).offsets
-    refuse_moved_offsets(plan, current)
-    state["offsets"] = offsets = merge_offsets(current, plan.ranges)
-    net = _net_once(table, spec, manifest, state)
+    state["offsets"] = offsets = offsets_now(table)
+    net = _net_once(table, spec, files, state)
     if "files" not in state:  # the new row images do not depend on the table: written once, whatever the attempts
         state["files"] = write_upserts(table, net.upserts if net else None, f"{plan.batch_id}-upserts")
     state["attempt"] = attempt = state.get("attempt", 0) + 1
@@ -277,12 +291,12 @@ def _attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
     counts.update(cross_partition_keys=net.cross_partition_keys if net else 0, position_deletes=sum(len(p) for _, p in hits))
     if net and net.cross_partition_keys:
         counts["cross_partition_examples"] = list(net.cross_partition_examples)
-        log.warning("batch %s: %d key(s) changed in more than one partition (e.g. %s): their order across partitions is "
-                    "not the source's; keys must be partitioned by key", plan.batch_id, net.cross_partition_keys,
-                    net.cross_partition_examples[:3])
+        log.warning("batch %s: %d key(s) of %s changed in more than one partition (e.g. %s): their order across "
+                    "partitions is not the source's; keys must be partitioned by key", plan.batch_id,
+                    net.cross_partition_keys, spec.table.identifier, net.cross_partition_examples[:3])
     state["counts"] = counts
     deletes = write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")
-    props = batch_summary(plan, manifest, offsets, dag_run_id, validation, None)
+    props = summary(offsets)
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True, default=str)
     return Change(props, tuple(state["files"]), deletes=tuple(deletes), remove_properties=tuple(confirm_keys(table, plan.batch_id)))
 
@@ -311,17 +325,17 @@ def commit_changes(
     if done.status == "committed":
         log.info("batch %s applied to %s: snapshot %s, %d records: %s", plan.batch_id, ident, done.snapshot_id,
                  manifest.records, ", ".join(f"{k} {v}" for k, v in state.get("counts", {}).items() if isinstance(v, int)))
-    _remove_staged(done.table, manifest)
+    remove_staged(done.table, manifest.data_files)
     commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
     return CommitResult(done.status, plan.batch_id, ident, done.snapshot_id, manifest.records, len(state.get("files", ())),
                         state.get("offsets", plan.end_offsets()), manifest.dead_letters)
 
 
-def _remove_staged(table: Any, manifest: BatchManifest) -> None:
+def remove_staged(table: Any, files: Any) -> None:
     """The staged change files once the batch is committed: no snapshot references them."""
     if table is None:
         return
-    for f in manifest.data_files:
+    for f in files:
         try:
             table.io.delete(f.file_path)
         except FileNotFoundError:

@@ -63,30 +63,61 @@ def _never_backwards(current: Offsets, plan: BatchPlan) -> Offsets:
     return offsets
 
 
+def _refuse_moved(table: Any, plan: BatchPlan, out: TableOutput) -> Offsets:
+    """The table's offsets as this batch's writer saw them, else OffsetsMovedError; returns the offsets to stamp:
+    advanced to the end of the batch's ranges, never moved back."""
+    state = committed_state(table, out.branch)
+    moved = [f"{topic}[{p}] written against {list(seen)}, table now at {state.offsets.get(topic, {}).get(int(p))}"
+             for topic, parts in out.seen_offsets.items() for p, seen in parts.items()
+             if any(s != state.offsets.get(topic, {}).get(int(p)) for s in seen)]
+    if moved:
+        raise OffsetsMovedError("the table's offsets moved since this batch was written (another writer committed); "
+                                "refusing to commit to avoid duplicates. Re-plan the batch: " + "; ".join(moved),
+                                table=out.table, batch_id=plan.batch_id)
+    return _never_backwards(state.offsets, plan)
+
+
+def _table_summary(plan: BatchPlan, out: TableOutput, offsets: Offsets, dag_run_id: str | None,
+                   validation: dict[str, Any] | None) -> dict[str, str]:
+    props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=out.rows,
+                               valid_through_ms=None, dag_run_id=dag_run_id, ignored_fields=out.ignored_fields,
+                               validation=(validation or {}).get("tables", {}).get(out.table))
+    props.update(batch_properties(plan))  # the batch's ranges, for the pipeline's ledger
+    return props
+
+
 def commit_table_output(catalog: Any, plan: BatchPlan, out: TableOutput, dag_run_id: str | None,
-                        validation: dict[str, Any] | None, max_attempts: int) -> str:
-    """Commit one table's files of a routed batch, once (by batch id), stamped with that table's offsets."""
+                        validation: dict[str, Any] | None, max_attempts: int, view: Any = None) -> str:
+    """Commit one table's files of a routed batch, once (by batch id), stamped with that table's offsets. A change
+    table (``view``: the pipeline's single-table view of it applies changes) gets the batch's changes to it as one
+    row delta (``commit/changes.py``), and its staged change files are removed after."""
+    if view is not None and view.applies_changes:
+        return _commit_table_changes(catalog, view, plan, out, dag_run_id, validation, max_attempts)
 
     def prepare(table: Any) -> Change:
-        state = committed_state(table, out.branch)
-        moved = [f"{topic}[{p}] written against {list(seen)}, table now at {state.offsets.get(topic, {}).get(int(p))}"
-                 for topic, parts in out.seen_offsets.items() for p, seen in parts.items()
-                 if any(s != state.offsets.get(topic, {}).get(int(p)) for s in seen)]
-        if moved:
-            raise OffsetsMovedError("the table's offsets moved since this batch was written (another writer committed); "
-                                    "refusing to commit to avoid duplicates. Re-plan the batch: " + "; ".join(moved),
-                                    table=out.table, batch_id=plan.batch_id)
-        props = summary_properties(offsets=_never_backwards(state.offsets, plan), batch_id=plan.batch_id,
-                                   pipeline=plan.pipeline, records=out.rows, valid_through_ms=None, dag_run_id=dag_run_id,
-                                   ignored_fields=out.ignored_fields,
-                                   validation=(validation or {}).get("tables", {}).get(out.table))
-        props.update(batch_properties(plan))  # the batch's ranges, for the pipeline's ledger
+        props = _table_summary(plan, out, _refuse_moved(table, plan, out), dag_run_id, validation)
         return Change(props, out.data_files, branch=out.branch, remove_properties=tuple(confirm_keys(table, plan.batch_id)))
 
     done = commit(catalog, out.table, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts)
     if done.status == "committed":
         log.info("batch %s: %d rows committed to %s%s", plan.batch_id, out.rows, out.table,
                  f" (branch {out.branch})" if out.branch else "")
+    return done.status
+
+
+def _commit_table_changes(catalog: Any, view: Any, plan: BatchPlan, out: TableOutput, dag_run_id: str | None,
+                          validation: dict[str, Any] | None, max_attempts: int) -> str:
+    from tidewater.commit.changes import change_attempt, remove_staged
+
+    state: dict[str, Any] = {}
+    done = commit(catalog, out.table, lambda table: change_attempt(
+        table, view, plan, out.data_files, state, lambda t: _refuse_moved(t, plan, out),
+        lambda offsets: _table_summary(plan, out, offsets, dag_run_id, validation)),
+        marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts)
+    if done.status == "committed":
+        log.info("batch %s: %d changes applied to %s (%s)", plan.batch_id, out.rows, out.table,
+                 ", ".join(f"{k} {v}" for k, v in state.get("counts", {}).items() if isinstance(v, int)))
+    remove_staged(done.table, out.data_files)
     return done.status
 
 
@@ -128,8 +159,10 @@ def commit_routed(
     max_attempts: int = 8,
     validation: dict[str, Any] | None = None,
     dead_letter_sink: DeadLetterSink | None = None,
+    spec: Any = None,
 ) -> CommitResult:
-    """Commit a routed batch: each target table once, then the checkpoint, then the dead letters."""
+    """Commit a routed batch: each target table once, then the checkpoint, then the dead letters. ``spec`` (the
+    pipeline) says which tables are change tables."""
     check_routed_manifest(plan, manifest)
     ident = plan.table
     files = sum(len(o.data_files) for o in manifest.outputs)
@@ -143,7 +176,8 @@ def commit_routed(
     for out in manifest.outputs:
         if out.data_files:
             t0 = time.monotonic()
-            status = commit_table_output(catalog, plan, out, dag_run_id, validation, max_attempts)
+            view = spec.for_table(out.table) if spec is not None else None
+            status = commit_table_output(catalog, plan, out, dag_run_id, validation, max_attempts, view)
             timings.append(TableCommit(out.table, status, out.rows, round(time.monotonic() - t0, 4)))  # type: ignore[arg-type]
     t0 = time.monotonic()
     offsets = _commit_checkpoint(catalog, plan, manifest, dag_run_id, validation, max_attempts)

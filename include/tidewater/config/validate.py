@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tidewater.config.spec import PipelineSpec, RouteTableSpec
+from tidewater.config.spec import PipelineSpec, RouteTableSpec, TableSpec
 from tidewater.errors import ConfigError, config_problems, problems_of
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -107,30 +107,51 @@ def _check_quality_gate(spec: PipelineSpec) -> None:
 
 
 def _check_changes(spec: PipelineSpec) -> None:
-    """Upserts and change streams (`table.upsert`, `table.op_field`)."""
-    t = spec.table
-    wants = t.upsert or bool(t.op_field)
-    if not wants:
-        if any(tt.upsert or tt.op_field for tt in spec.tables):
-            raise ConfigError("tables[].upsert / op_field: changes are not applied to routed tables yet")
-        return
-    key = "table.op_field" if t.op_field and not t.upsert else "table.upsert"
+    """Upserts and change streams (`table.upsert`, `table.op_field`; per table of a routed pipeline)."""
     if spec.routed:
-        raise ConfigError(f"{key}: changes are not applied to routed tables yet (use one pipeline per table)")
+        _check_routed_changes(spec)
+        return
+    t = spec.table
+    if t.upsert or t.op_field:
+        _check_change_table(spec, t, "table")
+
+
+def _check_change_table(spec: PipelineSpec, t: TableSpec, where: str) -> None:
+    """One change table's settings (``where``: `table` or `tables[i]`)."""
+    key = f"{where}.op_field" if t.op_field and not t.upsert else f"{where}.upsert"
     if not t.id_columns:
-        raise ConfigError(f"{key}: needs table.id_columns (the columns that identify a row)")
+        raise ConfigError(f"{key}: needs {where}.id_columns (the columns that identify a row)")
     if spec.format.metadata != "prefixed":
         raise ConfigError(f"{key}: needs format.metadata: prefixed (changes to a key are ordered by partition and offset)")
     if t.branch:
-        raise ConfigError(f"{key}: not available with table.branch yet")
+        raise ConfigError(f"{key}: not available with {where}.branch yet")
     if spec.validation.on_failure == "quarantine":
         raise ConfigError(f"{key}: validation.on_failure: quarantine is not available for change tables yet")
-    one_of("table.key_source", t.key_source, ("value", "message_key"))
+    one_of(f"{where}.key_source", t.key_source, ("value", "message_key"))
     if t.key_source == "message_key" and t.op_field:
-        raise ConfigError("table.key_source: message_key is for upserts without an op field (tombstones delete)")
+        raise ConfigError(f"{where}.key_source: message_key is for upserts without an op field (tombstones delete)")
     for value, op in t.op_values.items():
         if op not in ("insert", "update", "delete"):
-            raise ConfigError(f"table.op_values.{value}: {op!r} is not insert, update or delete")
+            raise ConfigError(f"{where}.op_values.{value}: {op!r} is not insert, update or delete")
+
+
+def _check_routed_changes(spec: PipelineSpec) -> None:
+    """Change tables of a routed pipeline: listed under `tables`, each fed by one topic (a key's changes are
+    ordered by partition and offset, which only means something within one topic), keys from the value."""
+    if spec.table.upsert or spec.table.op_field:
+        raise ConfigError("table.upsert / op_field: on a routed pipeline, set them per table under `tables` "
+                          "(dynamic routes to change tables: not yet)")
+    single_topic = len(spec.topics) == 1 and not spec.topic_pattern
+    for i, t in enumerate(spec.tables):
+        if not (t.upsert or t.op_field):
+            continue
+        where = f"tables[{i}]"
+        _check_change_table(spec, t, where)
+        if len(t.topics) != 1 and not single_topic:
+            raise ConfigError(f"{where}.topics: a change table takes the records of exactly one topic (a key's changes "
+                              "are ordered by partition and offset within a topic); list that topic")
+        if t.key_source != "value":
+            raise ConfigError(f"{where}.key_source: message_key is not available for routed change tables yet")
 
 
 def _check_dead_letters(spec: PipelineSpec) -> None:

@@ -49,7 +49,7 @@ def unwrap(outer: pa.Table, bad: list[BadRecord], n: int, explicit: pa.Schema | 
     elif after is None:
         image = flatten(before)
     else:
-        picked = pc.if_else(pc.equal(op, "d"), before.combine_chunks(), after.combine_chunks())
+        picked = pc.if_else(pc.equal(op, "d"), _whole(before), _whole(after))
         image = flatten(picked)
     if explicit is not None:
         want = {f.name: f.type for f in explicit}
@@ -81,8 +81,13 @@ def _same_type(before: Any, after: Any) -> tuple[Any, Any]:
     return before, after
 
 
+def _whole(col: Any) -> pa.Array:
+    """One array of a column (a decoded column is chunked; a cast image, see ``_same_type``, is not)."""
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
 def _cast_struct(col: Any, t: pa.StructType) -> Any:
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    arr = _whole(col)
     children = []
     for f in t:
         idx = arr.type.get_field_index(f.name)

@@ -410,7 +410,8 @@ def _assemble(d: _Draft) -> None:
             moved = [k for k, t in d.res.mapped if t.startswith(("table.op_field", "table.upsert"))]
             d.res.mapped = [(k, t) for k, t in d.res.mapped if k not in moved]
             for k in moved:
-                d.unmapped(k, "changes are not applied to routed tables yet (one pipeline per table does)")
+                d.unmapped(k, "a routed change table is listed under `tables` with its one topic and id_columns: set "
+                               "tables[].upsert there by hand (or one pipeline per table)")
         p["table"] = d.table
         first = (d.tables[0] if d.tables else "").rsplit(".", 1)
         d.routing["namespace"] = first[0] if len(first) == 2 else "default"

@@ -174,8 +174,9 @@ def routed_table_findings(ident: str, entries: list[dict[str, Any]], checkpoint:
                                "the table has no commit of it: those rows are missing", batch_id=batch_id,
                                snapshot_id=e["snapshot_id"]))
     for batch_id, e in own.items():
-        if e["rows"] is not None and e["rows"] != e["records"]:
-            out.append(Finding("error", "accounting", f"rows committed {e['rows']} != rows the writer routed to the "
+        applied, what = _applied(e, "rows committed")
+        if e["rows"] is not None and applied != e["records"]:
+            out.append(Finding("error", "accounting", f"{what} {applied} != rows the writer routed to the "
                                f"table {e['records']}", batch_id=batch_id, snapshot_id=e["snapshot_id"]))
         if batch_id not in committed:
             out.append(Finding("explained", "routed", "committed to this table while the batch's checkpoint commit "
@@ -390,6 +391,16 @@ def coverage(entries: list[dict[str, Any]]) -> list[Finding]:
 CHANGE_EFFECTS = ("inserted", "updated", "deleted", "noop")  # what each change record did (commit/changes.py)
 
 
+def _applied(e: dict[str, Any], rows_are: str) -> tuple[int, str]:
+    """What a ledger entry's batch made of its records: its rows, or for a change batch the change records
+    applied (inserted + updated + deleted + no-op deletes, each record once: the rows it added are only the new
+    row images); with its name for a finding."""
+    if e["kind"] == "change":
+        effects = json.loads(_detail(e).get(CHANGES, "{}"))
+        return sum(int(effects.get(k, 0)) for k in CHANGE_EFFECTS), "changes applied"
+    return e["rows"], rows_are
+
+
 def accounting(entries: list[dict[str, Any]], rows_are: str = "rows") -> list[Finding]:
     """Batches whose records read are not rows + dead letters + skipped; for change batches, not the change
     records applied (inserted + updated + deleted + no-op deletes, each record once) + dead letters + skipped.
@@ -400,11 +411,7 @@ def accounting(entries: list[dict[str, Any]], rows_are: str = "rows") -> list[Fi
         if e["kind"] not in ("ingest", "skip", "change") or e["batch_id"] in seen or e["rows"] is None:
             continue
         seen.add(e["batch_id"])
-        if e["kind"] == "change":
-            effects = json.loads(_detail(e).get(CHANGES, "{}"))
-            applied, what = sum(int(effects.get(k, 0)) for k in CHANGE_EFFECTS), "changes applied"
-        else:
-            applied, what = e["rows"], rows_are
+        applied, what = _applied(e, rows_are)
         if e["records"] != applied + e["dead_letters"] + e["skipped"]:
             out.append(Finding("error", "accounting", f"records read {e['records']} != {what} {applied} + dead "
                                f"letters {e['dead_letters']} + skipped {e['skipped']}", batch_id=e["batch_id"],

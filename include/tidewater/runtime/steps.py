@@ -619,7 +619,7 @@ def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_ru
         from tidewater.commit.routed import commit_routed
 
         return commit_routed(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
-                             dead_letter_sink=sink)
+                             dead_letter_sink=sink, spec=spec)
     quarantine = bool(validation and validation.get("quarantine"))
     result = commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
                           dead_letter_sink=sink, branch=spec.table.branch, quarantine=quarantine)

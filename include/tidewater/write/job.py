@@ -180,7 +180,8 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
         # No manifest will exist, so no commit can reference these files: remove them.
         by_table: dict[str, list[str]] = {}
         for r in results:
-            by_table.setdefault(spec.table.identifier, []).extend(f["file_path"] for f in r.get("files", []))
+            if not spec.routed:  # a routed pipeline's `table` names no table
+                by_table.setdefault(spec.table.identifier, []).extend(f["file_path"] for f in r.get("files", []))
             for out in r.get("outputs", []):
                 by_table.setdefault(out["table"], []).extend(f["file_path"] for f in out["data_files"])
             by_table.setdefault(spec.dead_letter_table(), []).extend(f["file_path"] for f in r.get("dead_letter_files", []))

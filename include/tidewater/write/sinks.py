@@ -20,6 +20,7 @@ class TableSink:
         from tidewater.table.summary import committed_state
 
         self.spec, self.tspec, self.catalog, self.prefix = spec, tspec, catalog, prefix
+        self.view = spec.for_table(tspec.identifier) if routed else spec  # the table's own settings (change tables)
         self.batch = batch  # (batch id, task tag): schema changes are provisional until the batch commits
         self.table = load_table(catalog, tspec.identifier)
         self.writer: Any = None

@@ -85,7 +85,7 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
                 failed.setdefault(rows_of[r].as_py(), ("TypeMismatch", f"table {ident}: {msg}"))
             rows_of = pc.filter(rows_of, keep_mask(len(rows_of), [r for r, _ in casts]))
     present = [c for c in sink.spec.validation.not_null if sink.table is not None and c in sink.table.schema().column_names]
-    for r, (cls, msg) in row_failures(sink.spec, sink.tspec, sub, present).items():  # error path
+    for r, (cls, msg) in row_failures(sink.view, sink.tspec, sub, present).items():  # error path
         failed.setdefault(rows_of[r].as_py(), (cls, f"table {ident}: {msg}"))
     sub, over = sink.admit(sub)
     if over:  # error path

@@ -1,0 +1,185 @@
+"""Change streams of a whole database in one routed pipeline (issue 24): one Debezium topic per source table,
+one change table per topic, through the real broker, the task code, the quality gate and the catalog. After
+every batch each table equals a reference model of its source table (each key once, values equal, deleted keys
+absent), and the accounting adds up per table and for the pipeline."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from tests.conftest import produce_to_partition, stage_inline, write_pipeline
+from tidewater.commit import routed as committing
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.changes import apply, change_stream, encode
+from tidewater.errors import TransientError
+from tidewater.ops.audit import audit
+from tidewater.plan.ingest import plan_batch
+from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import CHANGES, DEAD_LETTERS, RECORDS, SKIPPED, committed_state
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PARTITIONS = 2
+
+
+def database_pipeline(home, broker, topics: list[str], **more):  # noqa: ANN001, ANN201
+    """One pipeline over the topics of a database's tables: `rpc.src<i>` applies the changes of topic i."""
+    tables = [{"identifier": f"rpc.src{i}", "topics": [t], "id_columns": ["id"], "upsert": True}
+              for i, t in enumerate(topics)]
+    return load_pipeline(write_pipeline(
+        home, name="inventory", topics=topics, kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
+        tables=tables, routing={"namespace": "rpc"}, format={"value": "debezium"}, validation={"not_null": ["id"]},
+        **more))
+
+
+class Source:
+    """One source table: its reference model, and its changes encoded as Debezium JSON. From ``note_from`` on,
+    the source table has a new column `note` (every row image written from then carries it)."""
+
+    def __init__(self, topic: str, note_from: int | None = None) -> None:
+        self.topic, self.note_from = topic, note_from
+        self.model: dict[int, dict] = {}
+        self.records = 0
+
+    def produce(self, broker, batch: int, n: int, seed: int, snapshot: bool = False) -> int:  # noqa: ANN001
+        """``n`` generated changes (snapshot reads `r` instead of creates with ``snapshot``); returns records sent."""
+        changes = change_stream(self.model, n, keys=12, seed=seed)
+        noted = self.note_from is not None and batch >= self.note_from
+        by_part: dict[int, list] = defaultdict(list)
+        for key, value in encode(changes, self.model, "debezium"):
+            if value is not None:
+                env = json.loads(value)
+                if snapshot and env["op"] == "c":
+                    env["op"] = "r"
+                if noted and env["after"] is not None:
+                    env["after"]["note"] = f"{env['after']['item']}/note"
+                value = json.dumps(env).encode()
+            by_part[key % PARTITIONS].append(value)
+        for p, values in sorted(by_part.items()):
+            produce_to_partition(broker.bootstrap, self.topic, p, values, partitions=PARTITIONS)
+        self.model = apply(self.model, changes)
+        if noted:  # rows written before the column existed have none
+            last = {c.id: c for c in changes}  # each key's last image in this batch
+            for k, c in last.items():
+                if c.op != "delete":
+                    self.model[k] = {**self.model[k], "note": f"{c.item}/note"}
+        sent = sum(len(v) for v in by_part.values())
+        self.records += sent
+        return sent
+
+
+def table_rows(spec, ident: str) -> dict[int, dict]:  # noqa: ANN001
+    table = load_table(load_catalog(spec), ident)
+    cols = [c for c in ("id", "item", "price", "note") if c in table.schema().column_names]
+    rows = table.scan(selected_fields=tuple(cols)).to_arrow().to_pylist()
+    out = {r["id"]: r for r in rows}
+    assert len(out) == len(rows), f"{ident}: a key is in the table twice"
+    return out
+
+
+def assert_equals_source(spec, ident: str, source: Source) -> None:  # noqa: ANN001
+    import numpy as np
+
+    got = table_rows(spec, ident)
+    assert got.keys() == source.model.keys(), f"{ident}: keys differ from the source"
+    for k, want in source.model.items():
+        row = got[k]
+        assert row["item"] == want["item"], (ident, k)
+        assert np.float32(row["price"] or 0) == np.float32(want["price"] or 0), (ident, k)
+        assert row.get("note") == want.get("note"), (ident, k)
+
+
+def test_twenty_source_tables_in_one_pipeline_equal_their_sources_after_every_batch(broker, home, topic):
+    """20 source tables, 3 batches: a snapshot (`r` reads) of every table, then creates, updates, deletes with
+    tombstones, re-inserts, and a column added to 3 source tables in the second batch. After every batch each
+    table equals its source; each table's snapshot carries its own counts (inserted + updated + deleted + no-op =
+    its change records), the checkpoint's accounting adds up (tombstones skipped), every table's offsets and the
+    checkpoint's are the topics' ends, and the audit finds the pipeline clean."""
+    sources = [Source(f"{topic}-s{i}", note_from=1 if i < 3 else None) for i in range(20)]
+    spec = database_pipeline(home, broker, [s.topic for s in sources])
+    for b in range(3):
+        sent = sum(s.produce(broker, b, 20, seed=100 * b + i, snapshot=b == 0) for i, s in enumerate(sources))
+        plan, manifest = stage_inline(spec)
+        validate_step(spec, plan, manifest)
+        result = commit_step(spec, plan, manifest)
+        assert (result.status, result.records) == ("committed", sent)
+        catalog = load_catalog(spec)
+        checkpoint = load_table(catalog, spec.checkpoint_table()).current_snapshot().summary.additional_properties
+        routed = 0
+        for i, s in enumerate(sources):
+            ident = f"rpc.src{i}"
+            assert_equals_source(spec, ident, s)
+            table = load_table(catalog, ident)
+            props = table.current_snapshot().summary.additional_properties
+            counts = json.loads(props[CHANGES])
+            assert counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop"] == int(props[RECORDS])
+            assert counts["cross_partition_keys"] == 0
+            routed += int(props[RECORDS])
+            assert committed_state(table).offsets[s.topic] == committed_state(
+                load_table(catalog, spec.checkpoint_table())).offsets[s.topic]
+        assert int(checkpoint[RECORDS]) == sent == routed + int(checkpoint[SKIPPED]) + int(checkpoint[DEAD_LETTERS])
+        assert int(checkpoint[DEAD_LETTERS]) == 0 and int(checkpoint[SKIPPED]) > 0  # the tombstones
+    assert {f"rpc.src{i}" for i in range(3)} == {
+        f"rpc.src{i}" for i in range(20) if "note" in load_table(load_catalog(spec), f"rpc.src{i}").schema().column_names}
+    report = audit(spec)
+    assert report.clean, [f.text() for f in report.findings]
+
+
+def test_a_crash_between_two_tables_commits_applies_each_change_once(broker, home, topic, monkeypatch):
+    """The commit step dies after the first of three change tables committed its row delta. (1) Airflow's retry
+    of the commit step applies the other two and the checkpoint; the first table is not changed again. (2) The
+    same crash on the next batch, whose staged files are then lost: a new plan from the checkpoint re-reads the
+    range, the writer drops the changes the first table already applied, and every table equals its source."""
+    sources = [Source(f"{topic}-s{i}") for i in range(3)]
+    spec = database_pipeline(home, broker, [s.topic for s in sources])
+    real = committing.commit_table_output
+    calls: list[str] = []
+
+    def die_after_first(catalog, plan, out, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if calls:
+            raise TransientError("simulated crash between table commits")
+        calls.append(out.table)
+        return real(catalog, plan, out, *a, **kw)
+
+    def crash(seed: int):  # noqa: ANN202
+        for i, s in enumerate(sources):
+            s.produce(broker, 0, 30, seed=seed + i)
+        calls.clear()
+        monkeypatch.setattr(committing, "commit_table_output", die_after_first)
+        plan, manifest = stage_inline(spec)
+        validate_step(spec, plan, manifest)
+        with pytest.raises(TransientError):
+            commit_step(spec, plan, manifest)
+        monkeypatch.setattr(committing, "commit_table_output", real)
+        assert len(calls) == 1
+        return plan, manifest
+
+    plan, manifest = crash(seed=1)
+    first = calls[0]
+    assert_equals_source(spec, first, sources[int(first.removeprefix("rpc.src"))])
+    assert commit_step(spec, plan, manifest).status == "committed"  # Airflow's retry
+    for i, s in enumerate(sources):
+        assert_equals_source(spec, f"rpc.src{i}", s)
+    assert len(load_table(load_catalog(spec), first).snapshots()) == 1
+
+    dead_plan, _ = crash(seed=50)  # its staged batch is lost: the next run plans the range anew
+    replanned, manifest = stage_inline(spec)
+    assert replanned.batch_id != dead_plan.batch_id and replanned.ranges == dead_plan.ranges
+    already = {o.table: o.already_committed for o in manifest.outputs}
+    assert already[calls[0]] > 0 and sum(already.values()) == already[calls[0]]
+    validate_step(spec, replanned, manifest)
+    assert commit_step(spec, replanned, manifest).status == "committed"
+    catalog = load_catalog(spec)
+    ends = {s.topic: {p: n for p, n in committed_state(load_table(catalog, spec.checkpoint_table())).offsets[s.topic].items()}
+            for s in sources}
+    for i, s in enumerate(sources):
+        assert_equals_source(spec, f"rpc.src{i}", s)
+        assert committed_state(load_table(catalog, f"rpc.src{i}")).offsets[s.topic] == ends[s.topic]
+    assert sum(sum(v.values()) for v in ends.values()) == sum(s.records for s in sources)
+    assert not plan_batch(spec)[0].ranges  # nothing left to read
+    report = audit(spec)
+    assert report.clean, [f.text() for f in report.findings]
