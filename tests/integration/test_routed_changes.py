@@ -183,3 +183,72 @@ def test_a_crash_between_two_tables_commits_applies_each_change_once(broker, hom
     assert not plan_batch(spec)[0].ranges  # nothing left to read
     report = audit(spec)
     assert report.clean, [f.text() for f in report.findings]
+
+
+def database_by_pattern(home, broker, prefix: str, **more):  # noqa: ANN001, ANN201
+    """Every topic `<prefix>.<schema>.<table>` to a change table named by the topic's last part."""
+    import re
+
+    doc = {"name": "bypattern", "topics": [], "topic_pattern": re.escape(prefix) + r"\..+",
+           "kafka": {"bootstrap_servers": broker.bootstrap}, "table": {"identifier": "", "upsert": True, "id_columns": ["id"]},
+           "routing": {"namespace": "rpc", "dynamic": True, "table_template": "{topic[-1]}"},
+           "format": {"value": "debezium"}, "validation": {"not_null": ["id"]}, **more}
+    return load_pipeline(write_pipeline(home, **doc))
+
+
+def test_a_topic_pattern_routes_each_source_table_to_its_own_change_table(broker, home, topic):
+    """A Debezium server's topics picked by a pattern, each applied to the table its name's last part names
+    (auto-created with the default id_columns); a table added to the source between batches is picked up. After
+    each batch every table equals its source; the audit is clean."""
+    sources = {f"c{i}": Source(f"{topic}.inv.c{i}") for i in range(4)}
+    spec = database_by_pattern(home, broker, topic)
+    for b in range(2):
+        if b == 1:
+            sources["late"] = Source(f"{topic}.inv.late")
+        for i, s in enumerate(sources.values()):
+            s.produce(broker, b, 25, seed=7 * b + i)
+        plan, manifest = stage_inline(spec)
+        validate_step(spec, plan, manifest)
+        assert commit_step(spec, plan, manifest).status == "committed"
+        for name, s in sources.items():
+            assert_equals_source(spec, f"rpc.{name}", s)
+    assert audit(spec).clean
+
+
+def test_routes_that_mix_appended_rows_and_changes_or_two_topics_in_one_change_table_are_refused(broker, home, topic):
+    """(1) A table this pipeline appended rows to, then configured to apply changes: its records are dead letters
+    (`TableKindMismatch`) naming the table, and nothing of them lands; the accounting adds up. (2) Two topics whose
+    names route to one change table: the commit refuses the batch, naming the table and both topics, before any
+    change is applied."""
+    from tidewater.errors import TerminalError
+
+    appended = Source(f"{topic}.inv.kinds")
+    appended.produce(broker, 0, 10, seed=1)
+    as_rows = database_by_pattern(home, broker, topic, table={"identifier": "", "upsert": False})
+    plan, manifest = stage_inline(as_rows)
+    validate_step(as_rows, plan, manifest)
+    commit_step(as_rows, plan, manifest)
+    before = load_table(load_catalog(as_rows), "rpc.kinds").scan().to_arrow().num_rows
+    sent = appended.produce(broker, 1, 10, seed=2)
+    spec = database_by_pattern(home, broker, topic)
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    result = commit_step(spec, plan, manifest)
+    assert (result.records, result.dead_letters) == (sent, manifest.dead_letters)
+    letters = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().to_pylist()
+    kinds = [d for d in letters if d["error_class"] == "TableKindMismatch"]
+    assert kinds and "table rpc.kinds holds appended rows" in kinds[0]["error_message"]
+    assert len(kinds) + int(manifest.skipped) == sent  # every record refused (tombstones skipped)
+    assert load_table(load_catalog(spec), "rpc.kinds").scan().to_arrow().num_rows == before
+
+    twins = [Source(f"{topic}2.{schema}.orders") for schema in ("a", "b")]
+    for i, s in enumerate(twins):
+        s.produce(broker, 0, 10, seed=20 + i)
+    spec = database_by_pattern(home, broker, f"{topic}2", name="twins")
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    with pytest.raises(TerminalError, match=r"change table rpc.orders got changes of 2 topics") as e:
+        commit_step(spec, plan, manifest)
+    assert all(s.topic in str(e.value) for s in twins)
+    orders = load_table(load_catalog(spec), "rpc.orders")
+    assert orders is None or orders.current_snapshot() is None

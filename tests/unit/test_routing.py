@@ -42,3 +42,36 @@ def test_values_that_differ_by_case_name_one_table_unless_the_catalog_is_case_se
     assert folded.masks["ev.ev_vt"].to_pylist() == [True, True, True, False]
     kept = _router(True).route("t", data)
     assert sorted(kept.masks) == ["ev.ev_VT", "ev.ev_Vt", "ev.ev_other", "ev.ev_vt"]
+
+
+def _topic_router(template: str, field: str | None = None) -> Router:
+    return Router(parse_pipeline({
+        "name": "db", "topic_pattern": r"dbserver1\..*", "kafka": {"bootstrap_servers": "h:1"}, "table": {"identifier": ""},
+        "routing": {"namespace": "raw", "dynamic": True, "table_template": template, **({"field": field} if field else {})},
+    }))
+
+
+@pytest.mark.parametrize(("template", "topic", "table"), [
+    ("{topic[-1]}", "dbserver1.inventory.Customers", "raw.customers"),
+    ("{topic[1]}_{topic[2]}", "dbserver1.inventory.order-lines", "raw.inventory_order_lines"),
+    ("{topic[1]}.{topic[-1]}", "dbserver1.inventory.orders", "inventory.orders"),
+    ("cdc_{topic}", "dbserver1.inventory.orders", "raw.cdc_dbserver1_inventory_orders"),
+])
+def test_the_topic_names_the_table_of_every_record_of_a_chunk(template, topic, table):
+    """`{topic}` is the whole name and `{topic[N]}` its N-th dotted part (negative: from the end); other characters
+    become `_` and names fold to lower case; a template without a namespace puts the table in routing.namespace."""
+    routed = _topic_router(template).route(topic, pa.table({"id": [1, 2, 3]}))
+    assert list(routed.masks) == [table] and routed.masks[table].to_pylist() == [True] * 3
+    assert not routed.invalid and routed.unmatched.to_pylist() == [False] * 3
+
+
+def test_a_topic_that_cannot_name_a_table_is_refused_by_name_and_a_value_still_fills_its_part():
+    """A topic without the part the template asks for, or naming the pipeline's own tables, makes every record of
+    the chunk an invalid route naming the topic; `{topic[-1]}_{value}` takes both."""
+    missing = _topic_router("{topic[3]}").route("dbserver1.orders", pa.table({"id": [1, 2]}))
+    assert not missing.masks and [r for r, _ in missing.invalid] == [0, 1]
+    assert "topic 'dbserver1.orders' has no part {topic[3]}" in missing.invalid[0][1]
+    own = _topic_router("{topic[-1]}").route("dbserver1.db_checkpoints", pa.table({"id": [1]}))
+    assert not own.masks and "own checkpoint, dead-letter or ledger table" in own.invalid[0][1]
+    both = _topic_router("{topic[-1]}_{value}", field="kind").route("dbserver1.pay", pa.table({"kind": ["a", "b", "a"]}))
+    assert {k: m.to_pylist() for k, m in both.masks.items()} == {"raw.pay_a": [True, False, True], "raw.pay_b": [False, True, False]}

@@ -109,6 +109,10 @@ def _commit_table_changes(catalog: Any, view: Any, plan: BatchPlan, out: TableOu
                           validation: dict[str, Any] | None, max_attempts: int) -> str:
     from tidewater.commit.changes import change_attempt, remove_staged
 
+    if len(out.seen_offsets) > 1:  # a key's changes are ordered within one topic only
+        raise TerminalError(f"change table {out.table} got changes of {len(out.seen_offsets)} topics in one batch "
+                            f"({', '.join(sorted(out.seen_offsets))}): a change table takes one topic's changes; route "
+                            "each topic to its own table (routing.table_template)", table=out.table, batch_id=plan.batch_id)
     state: dict[str, Any] = {}
     done = commit(catalog, out.table, lambda table: change_attempt(
         table, view, plan, out.data_files, state, lambda t: _refuse_moved(t, plan, out),

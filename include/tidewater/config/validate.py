@@ -136,18 +136,24 @@ def _check_change_table(spec: PipelineSpec, t: TableSpec, where: str) -> None:
 
 
 def _check_routed_changes(spec: PipelineSpec) -> None:
-    """Change tables of a routed pipeline: listed under `tables`, each fed by one topic (a key's changes are
-    ordered by partition and offset, which only means something within one topic), keys from the value."""
+    """Change tables of a routed pipeline: dynamic ones (`table.upsert` / `op_field` as the defaults: every table
+    the routes name applies changes) and those listed under `tables`, each fed by one topic (a key's changes are
+    ordered by partition and offset, which only means something within one topic; the commit refuses a dynamic
+    table fed by two), keys from the value."""
     if spec.table.upsert or spec.table.op_field:
-        raise ConfigError("table.upsert / op_field: on a routed pipeline, set them per table under `tables` "
-                          "(dynamic routes to change tables: not yet)")
+        if not spec.routing.dynamic:
+            raise ConfigError("table.upsert / op_field: on a routed pipeline with static `tables`, set them per table "
+                              "under `tables` (or route dynamically: routing.dynamic)")
+        _check_change_table(spec, spec.table, "table")
+        if spec.table.key_source != "value":
+            raise ConfigError("table.key_source: message_key is not available for routed change tables yet")
     single_topic = len(spec.topics) == 1 and not spec.topic_pattern
     for i, t in enumerate(spec.tables):
         if not (t.upsert or t.op_field):
             continue
         where = f"tables[{i}]"
         _check_change_table(spec, t, where)
-        if len(t.topics) != 1 and not single_topic:
+        if len(t.topics) != 1 and not single_topic and not spec.routing.dynamic:
             raise ConfigError(f"{where}.topics: a change table takes the records of exactly one topic (a key's changes "
                               "are ordered by partition and offset within a topic); list that topic")
         if t.key_source != "value":
@@ -290,19 +296,33 @@ def _validate_routing(spec: PipelineSpec) -> None:
     if r.field is not None and not re.match(r"^[A-Za-z_$][A-Za-z0-9_$-]*(\.[A-Za-z_$][A-Za-z0-9_$-]*)*$", r.field):
         raise ConfigError(f"routing.field: {r.field!r} is not a field name or dotted path")
     if r.dynamic:
-        if not r.field:
-            raise ConfigError("routing.field: required with routing.dynamic")
-        if r.table_template.count("{value}") != 1:
-            raise ConfigError(f"routing.table_template: {r.table_template!r} must contain {{value}} once")
-        if "{value}" in r.table_template.rpartition(".")[0]:
-            raise ConfigError(f"routing.table_template: {r.table_template!r}: {{value}} may only be in the table name, "
-                              "never in the namespace (records must not choose where their table lives)")
+        _check_template(r.table_template, r.field)
     seen: set[str] = set()
     for i, t in enumerate(spec.tables):
         _check_route_table(spec, f"tables[{i}]", t, seen)
     for ident in (spec.checkpoint_table(), spec.dead_letter_table(), spec.ledger_table()):
         if ident in seen:
             raise ConfigError(f"tables: {ident!r} is the pipeline's own checkpoint, dead-letter or ledger table")
+
+
+def _check_template(template: str, field: str | None) -> None:
+    """`routing.table_template`: `{value}` (the route field's value) once, or the topic placeholders alone."""
+    from tidewater.transform.routing import TOPIC_PLACEHOLDER
+
+    by_topic = bool(TOPIC_PLACEHOLDER.search(template))
+    rest = TOPIC_PLACEHOLDER.sub("t", template).replace("{value}", "v")
+    if "{" in rest or "}" in rest:
+        raise ConfigError(f"routing.table_template: {template!r}: the placeholders are {{value}}, {{topic}} and "
+                          "{topic[N]} (the N-th dot-separated part of the topic's name, negative from the end)")
+    if not by_topic or "{value}" in template:
+        if not field:
+            raise ConfigError("routing.field: required with routing.dynamic (or name tables by {topic} in "
+                              "routing.table_template)")
+        if template.count("{value}") != 1:
+            raise ConfigError(f"routing.table_template: {template!r} must contain {{value}} once (or {{topic}})")
+        if "{value}" in template.rpartition(".")[0]:
+            raise ConfigError(f"routing.table_template: {template!r}: {{value}} may only be in the table name, "
+                              "never in the namespace (records must not choose where their table lives)")
 
 
 def _check_route_table(spec: PipelineSpec, key: str, t: RouteTableSpec, seen: set[str]) -> None:

@@ -1,5 +1,5 @@
 """Routing records to tables: topic-to-table mapping, static routing by a field's value, and dynamic
-routing where the field's value names the table.
+routing where the field's value or the record's topic names the table.
 
 All of it is Arrow work over a decoded chunk: the route field is read as one column, a regular
 expression is matched against the whole column, and dynamic names are worked out once per distinct
@@ -21,6 +21,8 @@ from tidewater.config.spec import PipelineSpec
 
 _PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _VALUE = re.compile(r"[A-Za-z0-9_]{1,128}")  # what a record's route value may put into a table name
+TOPIC_PLACEHOLDER = re.compile(r"\{topic(?:\[(-?\d+)\])?\}")  # {topic}, {topic[N]}: the topic or its N-th dotted part
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_]")
 
 
 MAX_IDENTIFIER = 255
@@ -66,32 +68,68 @@ class Router:
         self._static = [(t, re.compile(t.route_regex) if t.route_regex else None) for t in spec.tables]
         self._case_sensitive = spec.catalog.case_sensitive
         self._reserved = {self._compared(t) for t in (spec.checkpoint_table(), spec.dead_letter_table(), spec.ledger_table())}
+        self._topic_templates: dict[str, tuple[str, str | None]] = {}
 
     def _compared(self, ident: str) -> str:
         """A name as the catalog compares names (``catalog.case_sensitive``)."""
         return ident if self._case_sensitive else ident.casefold()
 
-    def dynamic_identifier(self, value: str) -> str:
-        """The table a route value names: the template with the value in it, in the template's namespace
-        or ``routing.namespace``. Only the configuration chooses the namespace (see ``refusal``). Unless the
-        catalog is case-sensitive, the value is folded to lower case, as Hive, Glue and Spark fold names: the
-        value's spelling never decides which of two tables it reaches."""
+    def dynamic_identifier(self, value: str, template: str | None = None) -> str:
+        """The table a route value names: the template (``template``: the one for the record's topic, see
+        ``topic_template``) with the value in it, in the template's namespace or ``routing.namespace``. Only the
+        configuration chooses the namespace (see ``refusal``). Unless the catalog is case-sensitive, the value is
+        folded to lower case, as Hive, Glue and Spark fold names: the value's spelling never decides which of two
+        tables it reaches."""
+        template = self.routing.table_template if template is None else template
         value = value if self._case_sensitive else value.lower()
-        name = self.routing.table_template.replace("{value}", value)
-        return name if "." in self.routing.table_template else f"{self.routing.namespace}.{name}"
+        name = template.replace("{value}", value)
+        return name if "." in template else f"{self.routing.namespace}.{name}"
 
-    def refusal(self, value: str) -> str | None:
+    def refusal(self, value: str, template: str | None = None) -> str | None:
         """Why a route value cannot name a table, or None. A value is one name part (letters, digits,
         `_`): it can never add a namespace, reach another pipeline's namespace or name this pipeline's
         own checkpoint, dead-letter or ledger table."""
         if not _VALUE.fullmatch(value):
             return "a route value must be 1-128 letters, digits or '_' (no dots, spaces or line breaks)"
-        ident = self.dynamic_identifier(value)
+        return self._refused_name(self.dynamic_identifier(value, template))
+
+    def _refused_name(self, ident: str) -> str | None:
         if not valid_identifier(ident):
             return f"{ident[:300]!r} is not a valid table name (letters, digits and '_', at most {MAX_IDENTIFIER} characters)"
         if self._compared(ident) in self._reserved:
             return f"{ident!r} is the pipeline's own checkpoint, dead-letter or ledger table"
         return None
+
+    def topic_template(self, topic: str) -> tuple[str, str | None]:
+        """``routing.table_template`` with the topic placeholders filled for ``topic`` (``{topic}``: the whole
+        name, ``{topic[N]}``: its N-th dot-separated part, from 0, or from the end when negative; characters
+        other than letters, digits and `_` become `_`, and the name is folded to lower case unless the catalog is
+        case-sensitive), and why the topic cannot fill it (None when it can). Topics are chosen by the
+        pipeline's configuration (`topics`, `topic_pattern`), so a topic part may name the namespace."""
+        cached = self._topic_templates.get(topic)
+        if cached is not None:
+            return cached
+        parts, missing = topic.split("."), []
+
+        def fill(m: re.Match[str]) -> str:
+            if m.group(1) is None:
+                text = topic
+            else:
+                i = int(m.group(1))
+                if not -len(parts) <= i < len(parts):
+                    missing.append(m.group(0))
+                    return "_"
+                text = parts[i]
+            text = _NOT_NAME.sub("_", text)
+            return text if self._case_sensitive else text.lower()
+
+        template = TOPIC_PLACEHOLDER.sub(fill, self.routing.table_template)
+        why = (f"topic {topic!r} has no part {', '.join(missing)} for routing.table_template "
+               f"{self.routing.table_template!r}") if missing else None
+        if why is None and "{value}" not in template:
+            why = self._refused_name(template if "." in template else f"{self.routing.namespace}.{template}")
+        self._topic_templates[topic] = (template, why)
+        return template, why
 
     def route(self, topic: str, data: pa.Table) -> Routed:
         n = data.num_rows
@@ -102,17 +140,20 @@ class Router:
         any_row = pa.array(np.zeros(n, dtype=bool))
         values = route_values(data, self.routing.field) if self.routing.field else None
         if self.routing.dynamic:
+            template, why_not = self.topic_template(topic)
+            if why_not is not None or "{value}" not in template:  # the topic alone names the table: the whole chunk
+                return self._whole_chunk(n, template, why_not)
             assert values is not None
             invalid_rows = pa.array(np.zeros(n, dtype=bool))
             reasons: dict[str, str] = {}
             for v in pc.unique(pc.drop_null(values)).to_pylist():  # once per distinct value, not per record
                 rows = pc.fill_null(pc.equal(values, v), False)
-                why = self.refusal(v)
+                why = self.refusal(v, template)
                 if why is not None:
                     reasons[v] = why
                     invalid_rows = pc.or_(invalid_rows, rows)
                     continue
-                ident = self.dynamic_identifier(v)  # values that differ by case alone may name one table
+                ident = self.dynamic_identifier(v, template)  # values that differ by case alone may name one table
                 out.masks[ident] = pc.or_(out.masks[ident], rows) if ident in out.masks else rows
                 any_row = pc.or_(any_row, rows)
             if reasons:
@@ -136,3 +177,10 @@ class Router:
                     any_row = pc.or_(any_row, rows)
         out.unmatched = pc.invert(any_row)
         return out
+
+    def _whole_chunk(self, n: int, template: str, why_not: str | None) -> Routed:
+        """A chunk routed by its topic alone: every row to the topic's table, or every row refused."""
+        if why_not is not None:
+            return Routed(invalid=[(r, why_not) for r in range(n)], unmatched=pa.array(np.zeros(n, dtype=bool)))  # error path
+        ident = template if "." in template else f"{self.routing.namespace}.{template}"
+        return Routed(masks={ident: pa.array(np.ones(n, dtype=bool))}, unmatched=pa.array(np.zeros(n, dtype=bool)))

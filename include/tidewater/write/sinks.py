@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from tidewater.config.spec import PipelineSpec
+from tidewater.table.summary import CHANGES, PIPELINE
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,13 @@ class TableSink:
         self.already = 0  # routed: rows of records this table committed before (a retried batch)
         self.seen: dict[str, dict[int, int | None]] = {}
         self._committed = committed_state(self.table, tspec.branch).offsets if routed and self.table is not None else {}
-        self.owner = table_owner(self.table) if routed and self.table is not None else None
+        newest = newest_batch(self.table) if routed and self.table is not None else None
+        self.owner = newest.get(PIPELINE) if newest else None
+        # a routed table's records must be what the table holds: changes to rows, or rows to append
+        self.kind_mismatch = None if newest is None or (CHANGES in newest) == self.view.applies_changes else (
+            f"table {tspec.identifier} holds " + ("changes applied to rows, but this pipeline appends rows to it"
+                                                  if CHANGES in newest else "appended rows, but this pipeline applies "
+                                                  "changes to it (table.upsert / op_field)"))
         self.added = 0  # fields this task added to the table (table.max_new_columns)
         # a schema probe (see task.probe_schema): the only sink that changes the table itself; it writes no file
         self.probe = False
@@ -143,15 +150,16 @@ def delete_files(table: Any, paths: list[str]) -> None:
             log.warning("could not delete uncommitted file %s", p)
 
 
-def table_owner(table: Any) -> str | None:
-    """The pipeline whose batches the table holds (the newest snapshot that names one), if any."""
-    from tidewater.table.summary import PIPELINE, summary_dict
+def newest_batch(table: Any) -> dict[str, str] | None:
+    """The summary of the newest snapshot of main that a pipeline's batch made (it names the pipeline whose
+    batches the table holds, and whether they were changes), if any."""
+    from tidewater.table.summary import summary_dict
 
     by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
     snap_id = table.metadata.current_snapshot_id
     while snap_id is not None and snap_id in by_id:
-        owner = summary_dict(by_id[snap_id]).get(PIPELINE)
-        if owner:
-            return owner
+        props = summary_dict(by_id[snap_id])
+        if props.get(PIPELINE):
+            return props
         snap_id = by_id[snap_id].parent_snapshot_id
     return None

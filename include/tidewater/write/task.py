@@ -65,9 +65,11 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
         for r in rows_of.to_pylist():  # error path
             failed.setdefault(r, ("UnknownTable", f"table {ident} does not exist and auto_create is off"))
         return None
-    if sink.foreign:
+    refused = (("ForeignTable", f"table {ident} holds the batches of pipeline {sink.owner!r}") if sink.foreign else
+               ("TableKindMismatch", sink.kind_mismatch) if sink.kind_mismatch else None)
+    if refused is not None:
         for r in rows_of.to_pylist():  # error path
-            failed.setdefault(r, ("ForeignTable", f"table {ident} holds the batches of pipeline {sink.owner!r}"))
+            failed.setdefault(r, refused)
         return None
     threshold = sink.threshold(chunk.topic, chunk.partition)
     if threshold is not None:
