@@ -218,8 +218,9 @@ class TableSpec:
         "to one key are applied in (partition, offset) order and the last wins; across batches in batch order "
         "(keys must be partitioned by key, as Debezium does; a key seen in two partitions of one batch is "
         "reported). Deletes are merge-on-read position delete files (never equality deletes). Needs `id_columns` "
-        "and `format.metadata: prefixed`. Replays re-apply changes (`tidewater replay --mode reapply`). Not yet with "
-        "routing, a branch or quarantine.",
+        "and `format.metadata: prefixed`. Replays re-apply changes (`tidewater replay --mode reapply`). In a routed "
+        "pipeline: per table under `tables` (one topic each), or as the `table` defaults with `routing.dynamic`. "
+        "Not yet with a branch or quarantine.",
         default=False,
     )
     op_field: str | None = _doc(
@@ -290,16 +291,22 @@ class RouteTableSpec(TableSpec):
 class RoutingSpec:
     """How a pipeline with several target tables routes records (with `tables:` or `routing.dynamic`)."""
 
-    field: str | None = _doc("Route field: a dotted path into the record value (`meta.type`).", default=None)
+    field: str | None = _doc("Route field: a dotted path into the record value (`meta.type`). Required for static "
+                             "`route_regex` entries and for a `table_template` with `{value}`.", default=None)
     dynamic: bool = _doc(
-        "The route field's value names the table: `table_template` with `{value}` replaced; names are "
-        "checked (letters, digits, `_`; at most 255 characters); tables are auto-created with the `table` "
-        "settings (an entry in `tables` overrides them for one table) when `table.auto_create` is on, "
-        "otherwise their records are dead letters (`UnknownTable`).",
+        "The record names its table: `table_template` filled with the route field's value and/or the record's "
+        "topic; names are checked (letters, digits, `_`; at most 255 characters); tables are auto-created with the "
+        "`table` settings (an entry in `tables` overrides them for one table) when `table.auto_create` is on, "
+        "otherwise their records are dead letters (`UnknownTable`). With `table.upsert` / `op_field` every such "
+        "table is a change table (one topic each: a change table fed by two topics in one batch is refused).",
         default=False,
     )
     table_template: str = _doc(
-        "Dynamic table name, e.g. `payments_{value}` or `ns.{value}`; without a namespace the table goes to "
+        "Dynamic table name. Placeholders: `{value}` (the route field's value, one name part: letters, digits, `_`; "
+        "never in the namespace), `{topic}` (the record's topic) and `{topic[N]}` (the N-th dot-separated part of the "
+        "topic's name from 0, negative from the end); in topic parts other characters become `_`. E.g. "
+        "`payments_{value}`, `ns.{value}`, or `{topic[-1]}` for Debezium's `<server>.<schema>.<table>` topics "
+        "(`{topic[1]}.{topic[2]}` puts each schema in its own namespace). Without a namespace the table goes to "
         "`routing.namespace`.",
         default="{value}",
     )
