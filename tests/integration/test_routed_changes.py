@@ -26,10 +26,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PARTITIONS = 2
 
 
-def database_pipeline(home, broker, topics: list[str], **more):  # noqa: ANN001, ANN201
-    """One pipeline over the topics of a database's tables: `rpc.src<i>` applies the changes of topic i."""
-    tables = [{"identifier": f"rpc.src{i}", "topics": [t], "id_columns": ["id"], "upsert": True}
-              for i, t in enumerate(topics)]
+def database_pipeline(home, broker, topics: list[str], truncate: dict[int, str] | None = None, **more):  # noqa: ANN001, ANN201
+    """One pipeline over the topics of a database's tables: `rpc.src<i>` applies the changes of topic i (``truncate``:
+    table index -> its `table.truncate`)."""
+    tables = [{"identifier": f"rpc.src{i}", "topics": [t], "id_columns": ["id"], "upsert": True,
+               **({"truncate": truncate[i]} if truncate and i in truncate else {})} for i, t in enumerate(topics)]
     return load_pipeline(write_pipeline(
         home, name="inventory", topics=topics, kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
         tables=tables, routing={"namespace": "rpc"}, format={"value": "debezium"}, validation={"not_null": ["id"]},
@@ -45,11 +46,18 @@ class Source:
         self.model: dict[int, dict] = {}
         self.records = 0
 
-    def produce(self, broker, batch: int, n: int, seed: int, snapshot: bool = False) -> int:  # noqa: ANN001
-        """``n`` generated changes (snapshot reads `r` instead of creates with ``snapshot``); returns records sent."""
+    def produce(self, broker, batch: int, n: int, seed: int, snapshot: bool = False,  # noqa: ANN001
+                truncate: str | None = None) -> int:
+        """``n`` generated changes (snapshot reads `r` instead of creates with ``snapshot``; with ``truncate``, a
+        truncate of the source table first, which the table applies or dead-letters: `apply`, `dead_letter`);
+        returns records sent."""
         changes = change_stream(self.model, n, keys=12, seed=seed)
         noted = self.note_from is not None and batch >= self.note_from
         by_part: dict[int, list] = defaultdict(list)
+        if truncate:
+            by_part[0].append(json.dumps({"before": None, "after": None, "op": "t", "source": {"table": "t"}}).encode())
+            if truncate == "apply":
+                self.model = {}
         for key, value in encode(changes, self.model, "debezium"):
             if value is not None:
                 env = json.loads(value)
@@ -95,14 +103,19 @@ def assert_equals_source(spec, ident: str, source: Source) -> None:  # noqa: ANN
 
 def test_twenty_source_tables_in_one_pipeline_equal_their_sources_after_every_batch(broker, home, topic):
     """20 source tables, 3 batches: a snapshot (`r` reads) of every table, then creates, updates, deletes with
-    tombstones, re-inserts, and a column added to 3 source tables in the second batch. After every batch each
-    table equals its source; each table's snapshot carries its own counts (inserted + updated + deleted + no-op =
-    its change records), the checkpoint's accounting adds up (tombstones skipped), every table's offsets and the
-    checkpoint's are the topics' ends, and the audit finds the pipeline clean."""
+    tombstones, re-inserts, a column added to 3 source tables in the second batch, and in the third a truncate of
+    two source tables: one table applies it (`table.truncate: apply`: its earlier rows are gone), the other keeps
+    the default (the truncate is a dead letter naming the setting; its rows stay). After every batch each table
+    equals its source; each table's snapshot carries its own counts (inserted + updated + deleted + no-op +
+    truncated + superseded = its change records), the checkpoint's accounting adds up (tombstones skipped, the
+    refused truncate dead-lettered), every table's offsets and the checkpoint's are the topics' ends, and the
+    audit finds the pipeline clean."""
     sources = [Source(f"{topic}-s{i}", note_from=1 if i < 3 else None) for i in range(20)]
-    spec = database_pipeline(home, broker, [s.topic for s in sources])
+    spec = database_pipeline(home, broker, [s.topic for s in sources], truncate={5: "apply"})
+    truncating = {5: "apply", 6: "dead_letter"}
     for b in range(3):
-        sent = sum(s.produce(broker, b, 20, seed=100 * b + i, snapshot=b == 0) for i, s in enumerate(sources))
+        sent = sum(s.produce(broker, b, 20, seed=100 * b + i, snapshot=b == 0, truncate=truncating.get(i) if b == 2 else None)
+                   for i, s in enumerate(sources))
         plan, manifest = stage_inline(spec)
         validate_step(spec, plan, manifest)
         result = commit_step(spec, plan, manifest)
@@ -116,13 +129,18 @@ def test_twenty_source_tables_in_one_pipeline_equal_their_sources_after_every_ba
             table = load_table(catalog, ident)
             props = table.current_snapshot().summary.additional_properties
             counts = json.loads(props[CHANGES])
-            assert counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop"] == int(props[RECORDS])
+            effects = ("inserted", "updated", "deleted", "noop", "truncated", "superseded")
+            assert sum(counts.get(k, 0) for k in effects) == int(props[RECORDS])
+            assert counts.get("truncated", 0) == (1 if b == 2 and i == 5 else 0)
             assert counts["cross_partition_keys"] == 0
             routed += int(props[RECORDS])
             assert committed_state(table).offsets[s.topic] == committed_state(
                 load_table(catalog, spec.checkpoint_table())).offsets[s.topic]
         assert int(checkpoint[RECORDS]) == sent == routed + int(checkpoint[SKIPPED]) + int(checkpoint[DEAD_LETTERS])
-        assert int(checkpoint[DEAD_LETTERS]) == 0 and int(checkpoint[SKIPPED]) > 0  # the tombstones
+        assert int(checkpoint[DEAD_LETTERS]) == (1 if b == 2 else 0) and int(checkpoint[SKIPPED]) > 0  # tombstones
+    letters = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().to_pylist()
+    assert [(d["topic"], d["error_class"]) for d in letters] == [(sources[6].topic, "Truncate")]
+    assert "table.truncate: apply" in letters[0]["error_message"]
     assert {f"rpc.src{i}" for i in range(3)} == {
         f"rpc.src{i}" for i in range(20) if "note" in load_table(load_catalog(spec), f"rpc.src{i}").schema().column_names}
     report = audit(spec)

@@ -65,3 +65,27 @@ def test_unknown_and_missing_operations_are_named_per_row():
                                      2: "operation None in 'op' is not one of I, U, D",
                                      3: "operation 'd' in 'op' is not one of I, U, D"}
     assert bad_ops(pa.table({"x": [1]}), "op", OPS) == {0: "no operation field 'op'"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2), st.sampled_from("IUDT"), st.integers(0, 99)), max_size=40))
+def test_a_truncate_supersedes_the_changes_before_it_in_its_partition_only(changes):
+    """`cut_at_truncates` keeps, in each partition with a truncate (`T`), the changes after its last one, and every
+    change of the other partitions; the truncates and the changes they supersede are counted, so kept + truncates +
+    superseded = the records. Without a truncate the changes come back as they are and nothing is reported."""
+    from tidewater.transform.changes import cut_at_truncates
+
+    t = _records(changes)
+    kept, truncated = cut_at_truncates(t, "op", {**OPS, "T": "truncate"})
+    rows = t.to_pylist()
+    last = {}
+    for r in rows:
+        if r["op"] == "T":
+            last[r["_kafka_partition"]] = r["_kafka_offset"]
+    expected = [r for r in rows if r["_kafka_offset"] > last.get(r["_kafka_partition"], -1)]
+    assert kept.to_pylist() == expected
+    if not last:
+        assert truncated is None
+    else:
+        truncates = sum(1 for r in rows if r["op"] == "T")
+        assert (truncated.truncates, truncated.superseded) == (truncates, len(rows) - len(expected) - truncates)

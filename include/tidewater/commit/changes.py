@@ -33,7 +33,7 @@ from tidewater.commit.result import CommitResult
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
 from tidewater.table.provisional import confirm_keys
-from tidewater.table.summary import CHANGES, REPLAY, committed_state, summary_properties
+from tidewater.table.summary import CHANGES, PIPELINE, REPLAY, TRUNCATE, committed_state, summary_properties
 
 log = logging.getLogger(__name__)
 
@@ -212,13 +212,17 @@ def write_upserts(table: Any, rows: Any, prefix: str) -> list[StagedFile]:
 
 
 def _net_once(table: Any, spec: PipelineSpec, files: Any, state: dict[str, Any]) -> Any:
-    """The batch's changes reduced to one per key (None without records), computed on the first attempt only."""
-    from tidewater.transform.changes import net_changes
+    """The batch's changes reduced to one per key (None without records), computed on the first attempt only.
+    Changes a truncate of the batch supersedes are left out (``state["truncated"]`` says what the truncates did;
+    they reach this point only when the table applies them, see ``table.truncate``)."""
+    from tidewater.transform.changes import cut_at_truncates, net_changes
 
     if "net" not in state:
         staged = read_staged(table, files)
-        state["net"] = None if staged is None else net_changes(staged, list(spec.table.id_columns), spec.op_column(),
-                                                               spec.table.op_values)
+        state["net"] = state["truncated"] = None
+        if staged is not None:
+            staged, state["truncated"] = cut_at_truncates(staged, spec.op_column(), spec.table.op_values)
+            state["net"] = net_changes(staged, list(spec.table.id_columns), spec.op_column(), spec.table.op_values)
     return state["net"]
 
 
@@ -286,9 +290,19 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
     if "files" not in state:  # the new row images do not depend on the table: written once, whatever the attempts
         state["files"] = write_upserts(table, net.upserts if net else None, f"{plan.batch_id}-upserts")
     state["attempt"] = attempt = state.get("attempt", 0) + 1
-    hits, existed = live_rows(table, net.keys, ids) if net else ([], None)
+    truncated = state["truncated"]
+    if truncated is not None:  # every row committed before the batch goes: the changes meet an empty table
+        import pyarrow as pa
+
+        hits, existed = [], pa.repeat(False, net.keys.num_rows)
+    else:
+        hits, existed = live_rows(table, net.keys, ids) if net else ([], None)
     counts: dict[str, Any] = count_effects(net, existed) if net else dict.fromkeys(("inserted", "updated", "deleted", "noop"), 0)
     counts.update(cross_partition_keys=net.cross_partition_keys if net else 0, position_deletes=sum(len(p) for _, p in hits))
+    if truncated is not None:
+        counts.update(truncated=truncated.truncates, superseded=truncated.superseded)
+        log.info("batch %s: %d truncate(s) of %s applied: its rows removed, %d earlier change(s) of the batch superseded",
+                 plan.batch_id, truncated.truncates, spec.table.identifier, truncated.superseded)
     if net and net.cross_partition_keys:
         counts["cross_partition_examples"] = list(net.cross_partition_examples)
         log.warning("batch %s: %d key(s) of %s changed in more than one partition (e.g. %s): their order across "
@@ -298,7 +312,13 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
     deletes = write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")
     props = summary(offsets)
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True, default=str)
-    return Change(props, tuple(state["files"]), deletes=tuple(deletes), remove_properties=tuple(confirm_keys(table, plan.batch_id)))
+    remove = tuple(confirm_keys(table, plan.batch_id))
+    if truncated is None:
+        return Change(props, tuple(state["files"]), deletes=tuple(deletes), remove_properties=remove)
+    from pyiceberg.expressions import AlwaysTrue
+
+    emptied = {TRUNCATE: json.dumps({"batch_id": plan.batch_id, "truncates": truncated.truncates}), PIPELINE: plan.pipeline}
+    return Change(props, tuple(state["files"]), delete_filter=AlwaysTrue(), delete_properties=emptied, remove_properties=remove)
 
 
 def commit_changes(

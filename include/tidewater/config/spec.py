@@ -230,11 +230,19 @@ class TableSpec:
         default=None,
     )
     op_values: dict[str, str] = _doc(
-        "What each value of `op_field` means: `insert`, `update` or `delete`. An insert of an existing key is "
-        "applied as an update, a delete of an absent key is a no-op (counted). A value not listed here makes the "
-        "record a dead letter (`UnknownOp`).",
+        "What each value of `op_field` means: `insert`, `update`, `delete` or `truncate` (see `truncate`). An insert "
+        "of an existing key is applied as an update (Debezium's snapshot reads `r` are inserts), a delete of an absent "
+        "key is a no-op (counted). A value not listed here makes the record a dead letter (`UnknownOp`).",
         default_factory=lambda: {"I": "insert", "c": "insert", "r": "insert", "U": "update", "u": "update",
-                                 "D": "delete", "d": "delete"},
+                                 "D": "delete", "d": "delete", "t": "truncate"},
+    )
+    truncate: str = _doc(
+        "What a truncate of the source table (Debezium's `op: t`, or an `op_values` entry meaning `truncate`) does: "
+        "`dead_letter` (default: the record is a dead letter, class `Truncate`, and no row is removed, so nothing is "
+        "lost silently) or `apply` (change tables: every row committed before the batch and every change of the "
+        "batch before it in its partition is removed; changes in other partitions of the same batch are applied "
+        "after it, as their order against it is not known). An append table always dead-letters them.",
+        default="dead_letter",
     )
     key_source: str = _doc(
         "Where a change's key (`id_columns`) comes from: `value` (its fields) or `message_key` (the Kafka message "

@@ -7,6 +7,7 @@ import re
 from tidewater.config.spec import PipelineSpec, RouteTableSpec, TableSpec
 from tidewater.errors import ConfigError, config_problems, problems_of
 
+OPERATIONS = ("insert", "update", "delete", "truncate")  # what an op value may mean (transform/changes.py)
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -131,8 +132,9 @@ def _check_change_table(spec: PipelineSpec, t: TableSpec, where: str) -> None:
     if t.key_source == "message_key" and t.op_field:
         raise ConfigError(f"{where}.key_source: message_key is for upserts without an op field (tombstones delete)")
     for value, op in t.op_values.items():
-        if op not in ("insert", "update", "delete"):
-            raise ConfigError(f"{where}.op_values.{value}: {op!r} is not insert, update or delete")
+        if op not in OPERATIONS:
+            raise ConfigError(f"{where}.op_values.{value}: {op!r} is not insert, update, delete or truncate")
+    one_of(f"{where}.truncate", t.truncate, ("dead_letter", "apply"))
 
 
 def _check_routed_changes(spec: PipelineSpec) -> None:

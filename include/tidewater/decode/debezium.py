@@ -12,7 +12,7 @@ from tidewater.decode.json import decode_json_lenient
 from tidewater.decode.records import BadRecord, DecodeContext
 from tidewater.source.kafka import Chunk
 
-OPS = ("c", "u", "d", "r")
+OPS = ("c", "u", "d", "r", "t")  # t: a truncate (no image): applied or set apart by table.truncate
 
 
 def decode_debezium(chunk: Chunk, explicit: pa.Schema | None, allow_non_numeric: bool = False) -> tuple[pa.Table, list[BadRecord]]:

@@ -388,7 +388,8 @@ def coverage(entries: list[dict[str, Any]]) -> list[Finding]:
     return out
 
 
-CHANGE_EFFECTS = ("inserted", "updated", "deleted", "noop")  # what each change record did (commit/changes.py)
+# what each change record did (commit/changes.py): a truncate, and each change it superseded, count once too
+CHANGE_EFFECTS = ("inserted", "updated", "deleted", "noop", "truncated", "superseded")
 
 
 def _applied(e: dict[str, Any], rows_are: str) -> tuple[int, str]:
@@ -421,14 +422,15 @@ def accounting(entries: list[dict[str, Any]], rows_are: str = "rows") -> list[Fi
 
 def outside_writes(table: Any) -> list[Finding]:
     """Snapshots still in the table's history that changed rows without a Tidewater batch id."""
-    from tidewater.table.summary import BATCH_ID, BRANCH_BASE, REPLAY, summary_dict
+    from tidewater.table.summary import BATCH_ID, BRANCH_BASE, REPLAY, TRUNCATE, summary_dict
 
     out = []
     for snap in table.metadata.snapshots:
         props = summary_dict(snap)
         operation = snap.summary.operation.value if snap.summary is not None else "?"
-        # ours (a replay's delete carries its replay, not the batch id), or compaction (replace keeps the rows)
-        if any(k in props for k in (BATCH_ID, REPLAY, BRANCH_BASE)) or operation == "replace":
+        # ours (a replay's delete carries its replay and a truncate's its truncate, not the batch id), or
+        # compaction (replace keeps the rows)
+        if any(k in props for k in (BATCH_ID, REPLAY, BRANCH_BASE, TRUNCATE)) or operation == "replace":
             continue
         added, removed = int(props.get("added-records", 0)), int(props.get("deleted-records", 0))
         if added or removed:

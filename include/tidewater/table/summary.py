@@ -83,6 +83,7 @@ DATA_INTERVAL = PREFIX + "data-interval"  # the Airflow run's data interval: "st
 RANGES = PREFIX + "ranges"  # the batch's offset ranges: [[topic, partition, start, end], ...]
 
 
+TRUNCATE = PREFIX + "truncate"  # the snapshot that emptied a change table for a truncate of its source (batch id, count)
 CHANGES = PREFIX + "changes"  # change tables: {"inserted", "updated", "deleted", "noop", "cross_partition_keys", ...}
 
 FORMAT_VERSION = PREFIX + "summary-version"

@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 PARTITION, OFFSET = "_kafka_partition", "_kafka_offset"
-OPERATIONS = ("insert", "update", "delete")
 
 
 def bad_ops(rows: pa.Table, op_column: str | None, op_values: dict[str, str]) -> dict[int, str]:
@@ -32,13 +31,44 @@ def bad_ops(rows: pa.Table, op_column: str | None, op_values: dict[str, str]) ->
     return {r: f"operation {v!r} in {op_column!r} is not one of {', '.join(op_values)}" for r, v in zip(bad, values)}
 
 
-def deletes_mask(rows: pa.Table, op_column: str | None, op_values: dict[str, str]) -> pa.Array:
-    """True where a record deletes its key (never true without an operation column: every record upserts)."""
-    if op_column is None or rows.num_rows == 0:
+def ops_mask(rows: pa.Table, op_column: str | None, op_values: dict[str, str], meaning: tuple[str, ...]) -> pa.Array:
+    """True where a record's operation means one of ``meaning`` (never true without an operation column)."""
+    if op_column is None or rows.num_rows == 0 or op_column not in rows.column_names:
         return pa.repeat(False, rows.num_rows)
-    deleting = [v for v, op in op_values.items() if op == "delete"]
+    values = [v for v, op in op_values.items() if op in meaning]
     ops = pc.cast(rows.column(op_column), pa.string()).combine_chunks()
-    return pc.fill_null(pc.is_in(ops, value_set=pa.array(deleting, pa.string())), False)
+    return pc.fill_null(pc.is_in(ops, value_set=pa.array(values, pa.string())), False)
+
+
+def deletes_mask(rows: pa.Table, op_column: str | None, op_values: dict[str, str]) -> pa.Array:
+    """True where a record carries no new row image: it deletes its key, or truncates the table (never true
+    without an operation column: every record upserts)."""
+    return ops_mask(rows, op_column, op_values, ("delete", "truncate"))
+
+
+@dataclass(frozen=True)
+class Truncated:
+    """What a batch's truncates did before its changes are netted (``cut_at_truncates``)."""
+
+    truncates: int  # truncate records
+    superseded: int  # changes before a truncate in its partition (removed with the rows)
+
+
+def cut_at_truncates(changes: pa.Table, op_column: str | None, op_values: dict[str, str]) -> tuple[pa.Table, Truncated | None]:
+    """The changes that outlive the batch's truncates: in each partition with a truncate, only the changes after
+    its last one (changes of other partitions are kept: their order against it is not known). None when the
+    batch has no truncate. The loop runs over the partitions that hold a truncate, not over records."""
+    truncating = ops_mask(changes, op_column, op_values, ("truncate",))
+    if not pc.any(truncating).as_py():
+        return changes, None
+    last = pa.TableGroupBy(changes.filter(truncating), PARTITION).aggregate([(OFFSET, "max")])
+    keep = pa.repeat(True, changes.num_rows)
+    for p, o in zip(last.column(PARTITION).to_pylist(), last.column(f"{OFFSET}_max").to_pylist()):
+        before = pc.and_(pc.equal(changes.column(PARTITION), p), pc.less_equal(changes.column(OFFSET), o))
+        keep = pc.and_(keep, pc.invert(before))
+    truncates = int(pc.sum(pc.cast(truncating, pa.int64())).as_py())
+    kept = changes.filter(keep)
+    return kept, Truncated(truncates, changes.num_rows - kept.num_rows - truncates)
 
 
 @dataclass(frozen=True)

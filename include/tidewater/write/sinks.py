@@ -74,6 +74,7 @@ class TableSink:
 
         if not decoded.num_rows:
             return
+        decoded = staged_truncates(self.view, decoded)
         table = self.table
         if table is not None and not self.tspec.evolve_schema:
             extra = new_fields(table, decoded.schema)
@@ -137,6 +138,40 @@ class TableSink:
         return {"table": self.tspec.identifier, "data_files": self.files, "rows": self.rows, "already_committed": self.already,
                 "seen_offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in self.seen.items()},
                 "ignored_fields": sorted(self.ignored_fields), "branch": self.tspec.branch}
+
+
+def staged_truncates(spec: PipelineSpec, rows: Any) -> Any:
+    """A change table that applies truncates (``table.truncate: apply``) stages them with its change records, in
+    the table's schema, whose id columns are required: a truncate has no key, so its id columns get a typed
+    placeholder. The commit finds truncates by their operation and never uses their id (``transform/changes.py:
+    cut_at_truncates`` removes them before the changes are netted); the gate never judges them (no row image)."""
+    import pyarrow.compute as pc
+
+    from tidewater.transform.changes import ops_mask
+
+    if not spec.applies_changes or spec.table.truncate != "apply":
+        return rows
+    truncating = ops_mask(rows, spec.op_column(), spec.table.op_values, ("truncate",))
+    if not pc.any(truncating).as_py():
+        return rows
+    for name in spec.table.id_columns:
+        if name in rows.column_names:
+            i = rows.column_names.index(name)
+            column = rows.column(i)
+            rows = rows.set_column(i, name, pc.if_else(truncating, _placeholder(column.type), column.combine_chunks()))
+    return rows
+
+
+def _placeholder(t: Any) -> Any:
+    """A value of type ``t`` (zero, empty text or bytes, whichever ``t`` takes)."""
+    import pyarrow as pa
+
+    for raw in (0, "", b""):
+        try:
+            return pa.scalar(raw).cast(t)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError):
+            continue
+    return pa.scalar(None, t)
 
 
 def delete_files(table: Any, paths: list[str]) -> None:

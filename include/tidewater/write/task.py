@@ -29,14 +29,18 @@ log = logging.getLogger(__name__)
 
 
 def row_failures(spec: PipelineSpec, tspec: Any, rows: Any, not_null: list[str]) -> dict[int, tuple[str, str]]:
-    """Rows that cannot be applied (row -> error class, message): an empty id column, an unknown change
-    operation, a null in a ``not_null`` column when the gate's policy dead-letters them. Each check is
-    vectorized; the loops run over failing rows only."""
+    """Rows that cannot be applied (row -> error class, message): a truncate the table does not apply, an empty
+    id column, an unknown change operation, a null in a ``not_null`` column when the gate's policy dead-letters
+    them (a truncate the table applies has no key and no image: neither check concerns it). Each check is
+    vectorized; the loops run over failing rows and truncates only."""
     from tidewater.decode.records import null_rows
 
-    failing: dict[int, tuple[str, str]] = {}
+    failing = _truncates(spec, tspec, rows)
+    applied = {r for r, (cls, _) in failing.items() if cls is None}  # truncates applied: no key, no image
+    failing = {r: f for r, f in failing.items() if r not in applied}
     for r, column in null_rows(rows, list(tspec.id_columns)).items():  # error path
-        failing.setdefault(r, ("MissingId", f"id column {column!r} is empty"))
+        if r not in applied:
+            failing.setdefault(r, ("MissingId", f"id column {column!r} is empty"))
     if spec.applies_changes:
         from tidewater.transform.changes import bad_ops
 
@@ -44,8 +48,29 @@ def row_failures(spec: PipelineSpec, tspec: Any, rows: Any, not_null: list[str])
             failing.setdefault(r, ("UnknownOp", why))
     if spec.validation.not_null_policy == "dead_letter":
         for r, column in null_rows(rows, not_null).items():  # error path
-            failing.setdefault(r, ("NullInRequiredColumn", f"column {column!r} is null or missing"))
+            if r not in applied:
+                failing.setdefault(r, ("NullInRequiredColumn", f"column {column!r} is null or missing"))
     return failing
+
+
+def _truncates(spec: PipelineSpec, tspec: Any, rows: Any) -> dict[int, tuple[Any, str]]:
+    """Records that truncate the source table (row -> (None, "") when the change table applies them, else the dead
+    letter's class and message: `table.truncate`). Vectorized; the loop runs over truncate records only."""
+    import pyarrow.compute as pc
+
+    from tidewater.transform.changes import ops_mask
+
+    fmt = FORMATS.get(spec.format.value)
+    op = spec.op_column() if spec.applies_changes else (fmt.op_column if fmt is not None else None)
+    found = pc.indices_nonzero(ops_mask(rows, op, tspec.op_values, ("truncate",))).to_pylist()
+    if not found:
+        return {}
+    if spec.applies_changes and tspec.truncate == "apply":
+        return dict.fromkeys(found, (None, ""))
+    why = ("a truncate of the source table: not applied (table.truncate: dead_letter); set table.truncate: apply to "
+           "remove the table's rows at this point of the stream" if spec.applies_changes else
+           "a truncate of the source table: an append table cannot apply it (it keeps its rows)")
+    return dict.fromkeys(found, ("Truncate", why))
 
 
 def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: Any, offsets: Any,
