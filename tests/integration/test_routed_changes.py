@@ -216,10 +216,13 @@ def database_by_pattern(home, broker, prefix: str, **more):  # noqa: ANN001, ANN
 
 def test_a_topic_pattern_routes_each_source_table_to_its_own_change_table(broker, home, topic):
     """A Debezium server's topics picked by a pattern, each applied to the table its name's last part names
-    (auto-created with the default id_columns); a table added to the source between batches is picked up. After
-    each batch every table equals its source; the audit is clean."""
+    (auto-created with the default id_columns); a table added to the source between batches is picked up, and the
+    connector's schema change topic, which the pattern also picks up, is skipped (`format.skip_control_events`)
+    and counted. After each batch every table equals its source; the audit is clean."""
     sources = {f"c{i}": Source(f"{topic}.inv.c{i}") for i in range(4)}
-    spec = database_by_pattern(home, broker, topic)
+    ddl = {"source": {"db": "inv"}, "databaseName": "inv", "ddl": "ALTER TABLE c0 ADD note text", "ts_ms": 1}
+    produce_to_partition(broker.bootstrap, f"{topic}.schema_changes", 0, [json.dumps(ddl).encode()] * 2)
+    spec = database_by_pattern(home, broker, topic, format={"value": "debezium", "skip_control_events": True})
     for b in range(2):
         if b == 1:
             sources["late"] = Source(f"{topic}.inv.late")
@@ -230,6 +233,10 @@ def test_a_topic_pattern_routes_each_source_table_to_its_own_change_table(broker
         assert commit_step(spec, plan, manifest).status == "committed"
         for name, s in sources.items():
             assert_equals_source(spec, f"rpc.{name}", s)
+        if b == 0:
+            ddl_skipped = [p.skipped for p in manifest.partitions if p.topic == f"{topic}.schema_changes"]
+            assert ddl_skipped == [2] and manifest.dead_letters == 0
+    assert load_table(load_catalog(spec), "rpc.schema_changes") is None
     assert audit(spec).clean
 
 

@@ -78,3 +78,22 @@ def test_debezium_inside_a_connect_envelope():
     table, bad = decode_debezium(chunk(values), None)
     assert bad == []
     assert table.to_pylist() == [{"id": 7, "v": "x", "_op": "c"}, {"id": 7, "v": "x", "_op": "d"}]
+
+
+def test_debezium_schema_changes_and_heartbeats_are_named_not_taken_for_rows():
+    """A pattern that picks up the connector's schema change topic or heartbeat topic meets events that are not row
+    changes: each is a bad record named for what it is (`SchemaChange`, `Heartbeat`), in a chunk of its own or
+    among change events; anything else without a valid `op` stays `NotDebezium`; a truncate (`t`) is a change event
+    without an image."""
+    ddl = {"source": {"db": "inventory"}, "databaseName": "inventory", "ddl": "ALTER TABLE orders ADD note text",
+           "tableChanges": [{"type": "ALTER", "id": "inventory.orders"}], "ts_ms": 5}
+    change = {"before": None, "after": {"id": 1}, "op": "c", "ts_ms": 1}
+    values = [json.dumps(v).encode() for v in (change, ddl, {"ts_ms": 6}, {"foo": 1},
+                                                {"before": None, "after": None, "op": "t", "ts_ms": 7})]
+    table, bad = decode_debezium(chunk(values), None)
+    assert [(b.index, b.error_class) for b in bad] == [(1, "SchemaChange"), (2, "Heartbeat"), (3, "NotDebezium")]
+    assert "schema change topic out of `topics` / `topic_pattern`" in bad[0].message
+    assert table.column("_op").to_pylist() == ["c", "t"] and table.column("id").to_pylist() == [1, None]
+    only_control = [json.dumps(v).encode() for v in (ddl, {"ts_ms": 8})]
+    table, bad = decode_debezium(chunk(only_control), None)
+    assert table.num_rows == 0 and [b.error_class for b in bad] == ["SchemaChange", "Heartbeat"]

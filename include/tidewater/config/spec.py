@@ -114,6 +114,12 @@ class FormatSpec:
         "they add about 10% to the data files of the pizza table (`make bench-metadata`, BENCHMARKS.md).",
         default="prefixed",
     )
+    skip_control_events: bool = _doc(
+        "`debezium` / `debezium_avro`: skip (count in `tidewater.skipped`) the connector's own events that a topic "
+        "list or pattern picks up: schema-change events (`ddl`, `tableChanges`) and heartbeats (`ts_ms` alone). Off "
+        "(default): each is a dead letter of class `SchemaChange` or `Heartbeat` that names the topic to leave out.",
+        default=False,
+    )
     flatten: bool = _doc(
         "Flatten nested objects into top-level columns (`a.b.c` -> `a_b_c`). Off: objects stay struct columns. "
         "`format.timestamps` and `table.partition_by` then name the flattened columns.",

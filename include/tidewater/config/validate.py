@@ -79,6 +79,9 @@ def _check_format(spec: PipelineSpec) -> None:
         raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: {', '.join(formats)})")
     if FORMATS[spec.format.value].registry and not spec.format.registry_url:
         raise ConfigError(f"format.registry_url: required for value format {spec.format.value}")
+    if spec.format.skip_control_events and not FORMATS[spec.format.value].control_classes:
+        raise ConfigError(f"format.skip_control_events: value format {spec.format.value} has no control events "
+                          "(debezium and debezium_avro do)")
     try:
         from zoneinfo import ZoneInfo
 

@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.decode.connect import all_failed, decode_connect, failures_where, first_schema, flatten
+from tidewater.decode.connect import decode_connect, failures_where, first_schema, flatten
 from tidewater.decode.json import decode_json_lenient
 from tidewater.decode.records import BadRecord, DecodeContext
 from tidewater.source.kafka import Chunk
@@ -33,10 +33,11 @@ def unwrap(outer: pa.Table, bad: list[BadRecord], n: int, explicit: pa.Schema | 
     """Decoded envelopes (``op``, ``before``, ``after`` columns; ``bad`` already set apart from the ``n``
     records) to the row image plus ``_op``, whatever the envelopes were encoded in (JSON, Avro)."""
     if "op" not in outer.column_names:
-        return all_failed(n, bad, "NotDebezium", "no `op` field in the change event")
+        outer = outer.append_column("op", pa.nulls(outer.num_rows, pa.string()))
     op = outer.column("op").cast(pa.string())
     valid = pc.fill_null(pc.is_in(op, value_set=pa.array(OPS)), False)
-    failures = failures_where(n, bad, pc.invert(valid), "NotDebezium", f"`op` is not one of {', '.join(OPS)}")
+    failures, rest = control_events(n, bad, outer, pc.invert(valid))
+    failures += failures_where(n, bad, rest, "NotDebezium", f"`op` is not one of {', '.join(OPS)}")
     outer = outer.filter(valid)
     op = op.filter(valid)
     before = outer.column("before") if "before" in outer.column_names else None
@@ -61,6 +62,40 @@ def unwrap(outer: pa.Table, bad: list[BadRecord], n: int, explicit: pa.Schema | 
                     pass  # the writer's cast names the column if it really cannot be converted
     image = image.append_column("_op", op)
     return image, sorted(bad + failures, key=lambda b: b.index)
+
+
+SCHEMA_CHANGE, HEARTBEAT = "SchemaChange", "Heartbeat"  # skipped with format.skip_control_events (decode/formats.py)
+_SCHEMA_FIELDS = ("ddl", "tableChanges", "historyRecord")
+
+
+def control_events(n: int, bad: list[BadRecord], outer: pa.Table, not_change: Any) -> tuple[list[BadRecord], Any]:
+    """Among the records that are not change events (``not_change``), Debezium's own: schema-change events (a
+    `ddl` / `tableChanges` / `historyRecord` field: the connector's schema change topic) and heartbeats (`ts_ms`
+    and nothing else: its heartbeat topic). They are named, so a pattern that picks up those topics is refused
+    record by record with the reason (or skipped, `format.skip_control_events`). Returns (their bad records, the
+    mask of the other records that are not change events)."""
+    names = outer.column_names
+    present = [pc.is_valid(outer.column(c)) for c in _SCHEMA_FIELDS if c in names]
+    schema = pc.and_(not_change, _any(present, outer.num_rows))
+    images = [pc.is_valid(outer.column(c)) for c in ("before", "after") if c in names]
+    heartbeat = pc.and_(pc.and_(not_change, pc.invert(schema)), pc.invert(_any(images, outer.num_rows)))
+    if "ts_ms" in names:
+        heartbeat = pc.and_(heartbeat, pc.is_valid(outer.column("ts_ms")))
+    else:
+        heartbeat = pc.and_(heartbeat, pa.repeat(False, outer.num_rows))
+    out = failures_where(n, bad, schema, SCHEMA_CHANGE, "a Debezium schema-change event, not a row change: leave the "
+                         "connector's schema change topic out of `topics` / `topic_pattern`, or set "
+                         "format.skip_control_events: true")
+    out += failures_where(n, bad, heartbeat, HEARTBEAT, "a Debezium heartbeat, not a row change: leave the heartbeat "
+                          "topic out of `topics` / `topic_pattern`, or set format.skip_control_events: true")
+    return out, pc.and_(not_change, pc.invert(pc.or_(schema, heartbeat)))
+
+
+def _any(masks: list[Any], n: int) -> Any:
+    out = pa.repeat(False, n)
+    for m in masks:
+        out = pc.or_(out, pc.fill_null(m, False))
+    return out
 
 
 def _same_type(before: Any, after: Any) -> tuple[Any, Any]:

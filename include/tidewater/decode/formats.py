@@ -16,14 +16,18 @@ class ValueFormat:
     skipped_classes: tuple[str, ...] = ()  # bad-record classes that are skipped by design, not dead letters
     registry: bool = False  # writer schemas come from the schema registry (format.registry_url)
     op_column: str | None = None  # change events: the column holding each record's operation
+    control_classes: tuple[str, ...] = ()  # the connector's own events (schema changes, heartbeats): format.skip_control_events
 
+
+_DEBEZIUM_CONTROL = ("SchemaChange", "Heartbeat")  # decode/debezium.py: control_events
 
 FORMATS: dict[str, ValueFormat] = {
     "json": ValueFormat("tidewater.decode.json"),
     "connect_json": ValueFormat("tidewater.decode.connect"),
-    "debezium": ValueFormat("tidewater.decode.debezium", skipped_classes=("Tombstone",), op_column="_op"),
+    "debezium": ValueFormat("tidewater.decode.debezium", skipped_classes=("Tombstone",), op_column="_op",
+                            control_classes=_DEBEZIUM_CONTROL),
     "debezium_avro": ValueFormat("tidewater.decode.debezium_avro", skipped_classes=("Tombstone",), registry=True,
-                                 op_column="_op"),
+                                 op_column="_op", control_classes=_DEBEZIUM_CONTROL),
     "avro": ValueFormat("tidewater.decode.avro", registry=True),
     "string": ValueFormat("tidewater.decode.raw", structured=False),
     "bytes": ValueFormat("tidewater.decode.raw", structured=False),

@@ -37,8 +37,9 @@ def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = 
     fail = spec.dead_letter.policy == "fail"
     decoded, bad = decoder(fmt)(chunk, DecodeContext(fmt, explicit, fail, registry, spec.format.max_nesting_depth,
                                                   spec.format.allow_non_numeric_numbers))
-    ignored = [b for b in bad if b.error_class in kind.skipped_classes]
-    bad = [b for b in bad if b.error_class not in kind.skipped_classes]
+    skipped = kind.skipped_classes + (kind.control_classes if spec.format.skip_control_events else ())
+    ignored = [b for b in bad if b.error_class in skipped]
+    bad = [b for b in bad if b.error_class not in skipped]
 
     def record_failures(failed: list[tuple[int, str]], error_class: str) -> list[Any]:
         """Failures by row of the current ``decoded`` -> BadRecords by chunk index, merged into ``bad``."""
