@@ -80,19 +80,20 @@ class Source:
         return sent
 
 
-def table_rows(spec, ident: str) -> dict[int, dict]:  # noqa: ANN001
+def table_rows(spec, ident: str, branch: str | None = None) -> dict[int, dict]:  # noqa: ANN001
     table = load_table(load_catalog(spec), ident)
     cols = [c for c in ("id", "item", "price", "note") if c in table.schema().column_names]
-    rows = table.scan(selected_fields=tuple(cols)).to_arrow().to_pylist()
+    head = table.snapshot_by_name(branch) if branch else table.current_snapshot()
+    rows = table.scan(selected_fields=tuple(cols), snapshot_id=head.snapshot_id).to_arrow().to_pylist() if head else []
     out = {r["id"]: r for r in rows}
     assert len(out) == len(rows), f"{ident}: a key is in the table twice"
     return out
 
 
-def assert_equals_source(spec, ident: str, source: Source) -> None:  # noqa: ANN001
+def assert_equals_source(spec, ident: str, source: Source, branch: str | None = None) -> None:  # noqa: ANN001
     import numpy as np
 
-    got = table_rows(spec, ident)
+    got = table_rows(spec, ident, branch)
     assert got.keys() == source.model.keys(), f"{ident}: keys differ from the source"
     for k, want in source.model.items():
         row = got[k]
@@ -277,3 +278,67 @@ def test_routes_that_mix_appended_rows_and_changes_or_two_topics_in_one_change_t
     assert all(s.topic in str(e.value) for s in twins)
     orders = load_table(load_catalog(spec), "rpc.orders")
     assert orders is None or orders.current_snapshot() is None
+
+
+def test_change_tables_on_a_branch_are_published_by_fast_forwarding_main(broker, home, topic):
+    """Write-audit-publish: three change tables commit to branch `audit`. After two batches each branch equals its
+    source and main holds no row; `tidewater publish --table T` fast-forwards main, which then equals the source;
+    a third batch moves the branch on while main stays at the published state until the next publish. A commit
+    made to main meanwhile makes the publish refuse (a fast-forward would drop it) and changes nothing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tidewater.errors import TerminalError
+    from tidewater.ops.publish import publish_branch
+
+    sources = [Source(f"{topic}-s{i}") for i in range(3)]
+    tables = [{"identifier": f"rpc.src{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True, "branch": "audit"}
+              for i, s in enumerate(sources)]
+    path = write_pipeline(home, name="inventory", topics=[s.topic for s in sources], table={"identifier": ""},
+                          kafka={"bootstrap_servers": broker.bootstrap}, tables=tables, routing={"namespace": "rpc"},
+                          format={"value": "debezium"}, validation={"not_null": ["id"]})
+    spec = load_pipeline(path)
+
+    def batch(seed: int) -> None:
+        for i, s in enumerate(sources):
+            s.produce(broker, 0, 30, seed=seed + i)
+        plan, manifest = stage_inline(spec)
+        validate_step(spec, plan, manifest)
+        assert commit_step(spec, plan, manifest).status == "committed"
+
+    batch(1)
+    batch(2)
+    for i, s in enumerate(sources):
+        assert_equals_source(spec, f"rpc.src{i}", s, branch="audit")
+        assert table_rows(spec, f"rpc.src{i}") == {}
+    cli = [str(Path(sys.executable).parent / "tidewater"), "publish", "--pipeline", str(path), "--json"]
+    out = subprocess.run([*cli, "--table", "rpc.src0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["snapshots"] == 2
+    for i in (1, 2):
+        publish_branch(spec, f"rpc.src{i}")
+    published = {i: dict(s.model) for i, s in enumerate(sources)}
+    for i, s in enumerate(sources):
+        assert_equals_source(spec, f"rpc.src{i}", s)
+
+    batch(3)
+    catalog = load_catalog(spec)
+    for i, s in enumerate(sources):
+        assert_equals_source(spec, f"rpc.src{i}", s, branch="audit")
+        assert {k: v["item"] for k, v in table_rows(spec, f"rpc.src{i}").items()} == {
+            k: v["item"] for k, v in published[i].items()}
+    assert publish_branch(spec, "rpc.src1")["snapshots"] == 1
+    assert_equals_source(spec, "rpc.src1", sources[1])
+    report = audit(spec)
+    assert report.clean, [f.text() for f in report.findings]
+
+    import pyarrow as pa
+
+    outside = load_table(catalog, "rpc.src2")
+    outside.append(pa.Table.from_pylist([{"id": 999, "_op": "c", "_kafka_topic": "x", "_kafka_partition": 0,
+                                          "_kafka_offset": 0}], schema=outside.schema().as_arrow()))
+    head = load_table(catalog, "rpc.src2").current_snapshot().snapshot_id
+    with pytest.raises(TerminalError, match="a fast-forward would drop main's commits"):
+        publish_branch(spec, "rpc.src2")
+    assert load_table(catalog, "rpc.src2").current_snapshot().snapshot_id == head

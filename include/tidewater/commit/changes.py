@@ -133,20 +133,24 @@ def _hits_in_file(table: Any, task: Any, indexed: Any, id_columns: list[str], so
     return hit.sort_by("__pos").select(["__pos", "__key", *extra]) if hit.num_rows else None
 
 
-def find_rows(table: Any, keys: Any, id_columns: list[str], source: bool = False) -> list[tuple[Any, Any]]:
-    """Where the changed keys live in ``table`` now: [(data file, rows)], rows as ``_hits_in_file`` gives them.
-    Reads only the id columns of files whose bounds admit the keys (files in parallel: Arrow's readers and
-    lookups release the GIL), and a file's delete files only when it holds a changed key."""
+def find_rows(table: Any, keys: Any, id_columns: list[str], source: bool = False,
+              branch: str | None = None) -> list[tuple[Any, Any]]:
+    """Where the changed keys live in ``table`` now (on ``branch``, default main): [(data file, rows)], rows as
+    ``_hits_in_file`` gives them. Reads only the id columns of files whose bounds admit the keys (files in
+    parallel: Arrow's readers and lookups release the GIL), and a file's delete files only when it holds a
+    changed key."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
     import pyarrow as pa
 
-    if table.current_snapshot() is None or keys.num_rows == 0:
+    head = table.snapshot_by_name(branch) if branch else table.current_snapshot()
+    if head is None or keys.num_rows == 0:
         return []
     indexed = keys.append_column("__key", pa.array(np.arange(keys.num_rows), pa.int64()))
-    tasks = list(table.scan(row_filter=_bounds_filter(keys, id_columns), selected_fields=tuple(id_columns)).plan_files())
+    tasks = list(table.scan(row_filter=_bounds_filter(keys, id_columns), selected_fields=tuple(id_columns),
+                            snapshot_id=head.snapshot_id).plan_files())
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         found = list(pool.map(lambda t: _hits_in_file(table, t, indexed, id_columns, source), tasks))
     return [(t.file, f) for t, f in zip(tasks, found) if f is not None]
@@ -162,9 +166,10 @@ def existed_keys(keys: Any, found: list[tuple[Any, Any]]) -> Any:
     return pc.is_in(pa.array(np.arange(keys.num_rows), pa.int64()), value_set=seen)
 
 
-def live_rows(table: Any, keys: Any, id_columns: list[str]) -> tuple[list[tuple[Any, Any]], Any]:
-    """[(data file, sorted positions of the changed keys' live rows)], and per key whether it existed."""
-    found = find_rows(table, keys, id_columns)
+def live_rows(table: Any, keys: Any, id_columns: list[str], branch: str | None = None) -> tuple[list[tuple[Any, Any]], Any]:
+    """[(data file, sorted positions of the changed keys' live rows)] on ``branch`` (default main), and per key
+    whether it existed."""
+    found = find_rows(table, keys, id_columns, branch=branch)
     return [(f, t.column("__pos").combine_chunks()) for f, t in found], existed_keys(keys, found)
 
 
@@ -235,13 +240,13 @@ def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
 
     from tidewater.transform.changes import reapply_decisions
 
-    ids = list(spec.table.id_columns)
-    offsets = committed_state(table).offsets
+    ids, branch = list(spec.table.id_columns), spec.table.branch
+    offsets = committed_state(table, branch).offsets
     refuse_uncommitted_ranges(plan, offsets)
     state["offsets"] = offsets
     net = _net_once(table, spec, manifest.data_files, state)
     state["attempt"] = attempt = state.get("attempt", 0) + 1
-    found = find_rows(table, net.keys, ids, source=True) if net else []
+    found = find_rows(table, net.keys, ids, source=True, branch=branch) if net else []
     rows = pa.concat_tables([t for _, t in found]) if found else pa.table({"__key": pa.array([], pa.int64())})
     applied, counts = reapply_decisions(net, rows) if net else (None, {"reapplied": 0, "superseded": 0, "absent": 0, "noop": 0})
     chosen = pc.indices_nonzero(applied) if net else pa.array([], pa.int64())
@@ -259,7 +264,7 @@ def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True)
     log.info("replay %s of %s: %s", plan.batch_id, plan.table, ", ".join(f"{v} {k}" for k, v in counts.items()))
     return Change(props, tuple(files), deletes=tuple(write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")),
-                  remove_properties=tuple(confirm_keys(table, plan.batch_id)))
+                  branch=branch, remove_properties=tuple(confirm_keys(table, plan.batch_id)))
 
 
 def _attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, state: dict[str, Any],
@@ -269,7 +274,7 @@ def _attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
         return _reapply(table, spec, plan, manifest, state, dag_run_id, validation)
 
     def offsets_now(table: Any) -> Offsets:
-        current = committed_state(table).offsets
+        current = committed_state(table, spec.table.branch).offsets
         refuse_moved_offsets(plan, current)
         return merge_offsets(current, plan.ranges)
 
@@ -296,7 +301,7 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
 
         hits, existed = [], pa.repeat(False, net.keys.num_rows)
     else:
-        hits, existed = live_rows(table, net.keys, ids) if net else ([], None)
+        hits, existed = live_rows(table, net.keys, ids, spec.table.branch) if net else ([], None)
     counts: dict[str, Any] = count_effects(net, existed) if net else dict.fromkeys(("inserted", "updated", "deleted", "noop"), 0)
     counts.update(cross_partition_keys=net.cross_partition_keys if net else 0, position_deletes=sum(len(p) for _, p in hits))
     if truncated is not None:
@@ -313,12 +318,14 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
     props = summary(offsets)
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True, default=str)
     remove = tuple(confirm_keys(table, plan.batch_id))
+    branch = spec.table.branch
     if truncated is None:
-        return Change(props, tuple(state["files"]), deletes=tuple(deletes), remove_properties=remove)
+        return Change(props, tuple(state["files"]), deletes=tuple(deletes), branch=branch, remove_properties=remove)
     from pyiceberg.expressions import AlwaysTrue
 
     emptied = {TRUNCATE: json.dumps({"batch_id": plan.batch_id, "truncates": truncated.truncates}), PIPELINE: plan.pipeline}
-    return Change(props, tuple(state["files"]), delete_filter=AlwaysTrue(), delete_properties=emptied, remove_properties=remove)
+    return Change(props, tuple(state["files"]), branch=branch, delete_filter=AlwaysTrue(), delete_properties=emptied,
+                  remove_properties=remove)
 
 
 def commit_changes(

@@ -226,7 +226,8 @@ class TableSpec:
         "reported). Deletes are merge-on-read position delete files (never equality deletes). Needs `id_columns` "
         "and `format.metadata: prefixed`. Replays re-apply changes (`tidewater replay --mode reapply`). In a routed "
         "pipeline: per table under `tables` (one topic each), or as the `table` defaults with `routing.dynamic`. "
-        "Not yet with a branch or quarantine.",
+        "With `branch` the changes apply to the branch (`tidewater publish` fast-forwards main). Not yet with "
+        "quarantine.",
         default=False,
     )
     op_field: str | None = _doc(
@@ -259,7 +260,7 @@ class TableSpec:
     )
     branch: str | None = _doc(
         "Commit to this branch instead of `main` (created by the first commit). The committed offsets are "
-        "read from the same branch.",
+        "read from the same branch; `tidewater publish` fast-forwards main to it (write-audit-publish).",
         default=None,
     )
     max_new_columns: int = _doc(

@@ -127,8 +127,6 @@ def _check_change_table(spec: PipelineSpec, t: TableSpec, where: str) -> None:
         raise ConfigError(f"{key}: needs {where}.id_columns (the columns that identify a row)")
     if spec.format.metadata != "prefixed":
         raise ConfigError(f"{key}: needs format.metadata: prefixed (changes to a key are ordered by partition and offset)")
-    if t.branch:
-        raise ConfigError(f"{key}: not available with {where}.branch yet")
     if spec.validation.on_failure == "quarantine":
         raise ConfigError(f"{key}: validation.on_failure: quarantine is not available for change tables yet")
     one_of(f"{where}.key_source", t.key_source, ("value", "message_key"))

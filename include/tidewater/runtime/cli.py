@@ -318,6 +318,16 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    from tidewater.config.parse import load_pipeline
+    from tidewater.ops.publish import publish_branch
+
+    r = publish_branch(load_pipeline(args.pipeline), args.table)
+    print(json.dumps(r) if args.json else f"published branch {r['branch']} of {r['table']}: main at {r['main_after']} "
+          f"({r['snapshots']} snapshot(s) gained)")
+    return 0
+
+
 def cmd_skip(args: argparse.Namespace) -> int:
     import getpass
 
@@ -406,6 +416,14 @@ def _add_quarantine(sub: Any) -> None:
     p.add_argument("--batch", default=None, help="batch id (publish, drop)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_quarantine)
+
+
+def _add_publish(sub: Any) -> None:
+    p = sub.add_parser("publish", help="fast-forward main to the table's branch (table.branch: write-audit-publish)")
+    _pipeline_arg(p)
+    p.add_argument("--table", default=None, help="the target table (routed pipelines)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_publish)
 
 
 def _add_status(sub: Any) -> None:
@@ -507,6 +525,7 @@ _COMMANDS = (
     _add_connect_import,
     _add_replay,
     _add_quarantine,
+    _add_publish,
     _add_skip,
     _add_status,
     _add_history,
