@@ -24,7 +24,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-data-docs bench-audit bench-cluster airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -35,7 +35,7 @@ help:
 	@echo "make executor-env - pack a virtualenv for Spark executors that lack the packages (spark.python_env)"
 	@echo "make s3-stand-in  - the local S3 endpoint the tests use (moto's server, its own virtualenv)"
 	@echo "make spark-connect - install (pyspark 4.0.x distribution, its own folder) and start a Spark Connect server on 127.0.0.1:15002; make spark-connect-stop stops it"
-	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage; make bench-cdc: change batches vs table size; make bench-data-docs: Data Docs page cost as history grows; make bench-audit: the audit's cost as the ledger grows; make bench-cluster: local[2] vs a standalone cluster)"
+	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage; make bench-cdc: change batches vs table size, then 100 change tables in one pipeline vs 100 pipelines (make bench-cdc-tables alone); make bench-data-docs: Data Docs page cost as history grows; make bench-audit: the audit's cost as the ledger grows; make bench-cluster: local[2] vs a standalone cluster)"
 
 # --- set-up (idempotent) -------------------------------------------------------------------------
 # Java and JDBC drivers for Spark; Chromium for the browser tests of the Airflow UI (Playwright drives it);
@@ -163,6 +163,10 @@ bench-metadata: setup
 
 bench-cdc: setup
 	$(PY) scripts/bench_cdc.py $(BENCH_ARGS)
+	$(PY) scripts/bench_cdc_tables.py
+
+bench-cdc-tables: setup
+	$(PY) scripts/bench_cdc_tables.py $(BENCH_ARGS)
 
 bench-data-docs: setup
 	$(PY) scripts/bench_data_docs.py $(BENCH_ARGS)
