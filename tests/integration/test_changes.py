@@ -33,8 +33,9 @@ STYLES = {
 
 
 def _spec(home, broker, topic, style, **more):  # noqa: ANN001, ANN202
+    validation = {"not_null": ["id"], **more.pop("validation", {})}
     return load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        validation={"not_null": ["id"]}, **STYLES[style], **more))
+                                        validation=validation, **STYLES[style], **more))
 
 
 def _produce(broker, topic, records) -> None:  # noqa: ANN001
@@ -530,3 +531,79 @@ def test_upserts_keyed_by_avro_message_keys_through_the_registry(broker, home, t
             assert _close(_rows(_table(spec)), model), f"batch {b}"
     finally:
         registry.stop()
+
+
+def test_a_quarantined_change_batch_waits_for_publish_or_drop_and_applies_in_order(broker, home, topic):
+    """validation.on_failure quarantine on a change table. A batch the suite refuses lands as a whole row delta on
+    its quarantine branch while main keeps its rows and moves its offsets on; the commit step fails with the report
+    (again when retried, adding nothing); the next batch is not planned until the quarantined one is decided.
+    Publishing applies its changes to main once (main then equals the source); a later batch applies after it. A
+    second quarantined batch is dropped: main keeps the source without its changes, and planning goes on."""
+    from tidewater.errors import TerminalError, ValidationFailedError
+    from tidewater.ops import quarantine
+    from tidewater.ops.audit import audit
+    from tidewater.plan.ingest import plan_batch
+
+    # items are item-<key>-<seed>-<i>: batches of seeds 31 and 33 fail the suite
+    (home / "strict.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": "item", "regex": "^item-[0-9]+-(31|33)-"}}]}))
+    spec = _spec(home, broker, topic, "debezium", validation={"not_null": ["id"], "suite": "strict.json",
+                                                               "on_failure": "quarantine"})
+    model = _batch(broker, topic, spec, {}, seed=30)
+    assert ingest_inline(spec).status == "committed"
+    before = dict(model)
+    model = _batch(broker, topic, spec, model, seed=31)
+    plan, manifest = stage_inline(spec)
+    assert not validate_step(spec, plan, manifest).success
+    for _ in range(2):
+        with pytest.raises(ValidationFailedError, match=f"quarantined on branch quarantine-{plan.batch_id}"):
+            commit_step(spec, plan, manifest)
+    table = _table(spec)
+    assert _close(_rows(table), before) and committed_state(table).offsets[topic] == plan.end_offsets()[topic]
+    with pytest.raises(TerminalError, match=f"batch {plan.batch_id} of change table rpc.prices is quarantined"):
+        plan_batch(spec)
+    assert quarantine.publish(spec, plan.batch_id)["status"] == "published"
+    assert quarantine.publish(spec, plan.batch_id)["status"] == "published"  # again: nothing more
+    assert _close(_rows(_table(spec)), model)
+    model = _batch(broker, topic, spec, model, seed=32)
+    assert ingest_inline(spec).status == "committed"
+    assert _close(_rows(_table(spec)), model)
+
+    kept = dict(model)
+    _batch(broker, topic, spec, model, seed=33)
+    plan2, manifest2 = stage_inline(spec)
+    validate_step(spec, plan2, manifest2)
+    with pytest.raises(ValidationFailedError):
+        commit_step(spec, plan2, manifest2)
+    assert quarantine.drop(spec, plan2.batch_id)["status"] == "dropped"
+    assert _close(_rows(_table(spec)), kept) and not plan_batch(spec)[0].ranges
+    assert quarantine.list_quarantined(spec, _table(spec)) == []
+    report = audit(spec)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def test_publishing_a_quarantined_change_batch_is_refused_once_main_has_moved(broker, home, topic):
+    """A quarantined change batch whose table's main changed afterwards (here an outside append) cannot be
+    published: its position deletes and order no longer hold. The refusal is terminal, names the batch and what to
+    do, and changes nothing."""
+    import pyarrow as pa
+
+    from tidewater.errors import TerminalError, ValidationFailedError
+    from tidewater.ops import quarantine
+
+    (home / "strict.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": "item", "regex": "^item-[0-9]+-41-"}}]}))
+    spec = _spec(home, broker, topic, "debezium", validation={"not_null": ["id"], "suite": "strict.json",
+                                                               "on_failure": "quarantine"})
+    _batch(broker, topic, spec, _batch(broker, topic, spec, {}, seed=40), seed=41)
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    with pytest.raises(ValidationFailedError):
+        commit_step(spec, plan, manifest)
+    table = _table(spec)
+    table.append(pa.Table.from_pylist([{"id": 10_000, "item": "outside", "_op": "c", "_kafka_topic": "x",
+                                        "_kafka_partition": 0, "_kafka_offset": 0}], schema=table.schema().as_arrow()))
+    head = _table(spec).current_snapshot().snapshot_id
+    with pytest.raises(TerminalError, match=f"moved past quarantined batch {plan.batch_id}.*Drop it, then replay"):
+        quarantine.publish(spec, plan.batch_id)
+    assert _table(spec).current_snapshot().snapshot_id == head

@@ -160,7 +160,8 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     """validation.on_failure quarantine with a failing suite: the batch lands on branch
     quarantine-<batch id>, main gets no rows but the offsets advance, the commit step fails with the
     report and fails again (adding nothing) when retried. Publishing appends the rows to main once;
-    a second quarantined batch is dropped and never reaches main. Row counts and offsets checked."""
+    a second quarantined batch is dropped and never reaches main. Row counts and offsets checked; the audit finds no
+    error (the quarantine branches and the publication are Tidewater's own commits, not outside writes)."""
     from tidewater.ops import quarantine
     from tidewater.table.summary import QUARANTINED, VALIDATION
 
@@ -206,6 +207,10 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     assert ids.length() == len(set(ids.to_pylist())) == 100
     assert quarantine.list_quarantined(spec, table) == []
     assert committed_state(table).offsets == {topic: {0: 70, 1: 70}}
+    from tidewater.ops.audit import audit  # the quarantine branches and the publication are Tidewater's own commits
+
+    report = audit(spec)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
 
 def test_id_uniqueness_in_the_batch_and_against_the_table_with_data_docs(broker, home, topic):

@@ -33,7 +33,18 @@ from tidewater.commit.result import CommitResult
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
 from tidewater.table.provisional import confirm_keys
-from tidewater.table.summary import CHANGES, PIPELINE, REPLAY, TRUNCATE, committed_state, summary_properties
+from tidewater.table.summary import (
+    BATCH_ID,
+    CHANGES,
+    OFFSETS,
+    PIPELINE,
+    QUARANTINE_OF,
+    QUARANTINED,
+    REPLAY,
+    TRUNCATE,
+    committed_state,
+    summary_properties,
+)
 
 log = logging.getLogger(__name__)
 
@@ -279,14 +290,17 @@ def _attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
         return merge_offsets(current, plan.ranges)
 
     return change_attempt(table, spec, plan, manifest.data_files, state, offsets_now,
-                          lambda offsets: batch_summary(plan, manifest, offsets, dag_run_id, validation, None))
+                          lambda offsets: batch_summary(plan, manifest, offsets, dag_run_id, validation, None),
+                          quarantine=state["quarantine"])
 
 
 def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, state: dict[str, Any],
-                   offsets_now: Callable[[Any], Offsets], summary: Callable[[Offsets], dict[str, str]]) -> Change:
+                   offsets_now: Callable[[Any], Offsets], summary: Callable[[Offsets], dict[str, str]],
+                   quarantine: bool = False) -> Change:
     """One attempt to apply the staged change records ``files`` to ``table`` as loaded now: ``offsets_now`` checks
     the table's offsets (raising when another writer moved them) and gives the ones to stamp; ``summary`` the
-    snapshot properties for them. ``state`` keeps what is done once (the net changes, the new row images)."""
+    snapshot properties for them. ``state`` keeps what is done once (the net changes, the new row images).
+    ``quarantine``: the row delta goes to the batch's quarantine branch instead (``quarantined``)."""
     from tidewater.transform.changes import count_effects
 
     ids = list(spec.table.id_columns)
@@ -319,6 +333,8 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True, default=str)
     remove = tuple(confirm_keys(table, plan.batch_id))
     branch = spec.table.branch
+    if quarantine:
+        return quarantined(plan, props, tuple(state["files"]), tuple(deletes), truncated is not None, branch, remove)
     if truncated is None:
         return Change(props, tuple(state["files"]), deletes=tuple(deletes), branch=branch, remove_properties=remove)
     from pyiceberg.expressions import AlwaysTrue
@@ -326,6 +342,27 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
     emptied = {TRUNCATE: json.dumps({"batch_id": plan.batch_id, "truncates": truncated.truncates}), PIPELINE: plan.pipeline}
     return Change(props, tuple(state["files"]), branch=branch, delete_filter=AlwaysTrue(), delete_properties=emptied,
                   remove_properties=remove)
+
+
+def quarantined(plan: BatchPlan, props: dict[str, str], files: tuple[Any, ...], deletes: tuple[Any, ...], truncates: bool,
+                branch: str | None, remove: tuple[str, ...]) -> Change:
+    """A change batch the gate refused (``validation.on_failure: quarantine``): its whole row delta (new row images
+    and position deletes, computed against the table as it is) lands on the branch ``quarantine-<batch id>``, and
+    main gets an empty snapshot with the batch id, the advanced offsets and the branch's name, in one transaction.
+    Main's rows do not change, so publishing can apply the same row delta to main as long as nothing was committed
+    after that snapshot; the next batch is not planned until a person publishes or drops it (a key's changes apply
+    in order). A batch with a truncate cannot be quarantined: its emptying of the table is not a row delta."""
+    from tidewater.commit.quarantine import branch_name
+
+    if truncates:
+        raise TerminalError(f"batch {plan.batch_id} failed the quality gate and holds a truncate, which a quarantine "
+                            "branch cannot carry: fix the data or the suite, or set validation.on_failure: fail",
+                            batch_id=plan.batch_id, table=plan.table)
+    name = branch_name(plan.batch_id)
+    to_branch = Change({**{k: v for k, v in props.items() if k not in (OFFSETS, BATCH_ID)}, QUARANTINE_OF: plan.batch_id},
+                       files, deletes=deletes, branch=name)
+    main = {k: v for k, v in props.items() if k != CHANGES}  # nothing of the batch is applied to main
+    return Change({**main, QUARANTINED: name}, (), branch=branch, also=(to_branch,), remove_properties=remove)
 
 
 def commit_changes(
@@ -338,11 +375,13 @@ def commit_changes(
     max_attempts: int = 8,
     validation: dict[str, Any] | None = None,
     dead_letter_sink: DeadLetterSink | None = None,
+    quarantine: bool = False,
 ) -> CommitResult:
-    """Apply the batch's staged changes to the table in one row delta stamped with the offsets and counts."""
+    """Apply the batch's staged changes to the table in one row delta stamped with the offsets and counts
+    (``quarantine``: to the batch's quarantine branch, see ``quarantined``)."""
     check_manifest(plan, manifest)
     ident = plan.table
-    state: dict[str, Any] = {}
+    state: dict[str, Any] = {"quarantine": quarantine}
 
     done = commit(catalog, ident, lambda table: _attempt(table, spec, plan, manifest, state, dag_run_id, validation),
                   marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts,

@@ -2,8 +2,10 @@
 
 A batch whose expectations fail lands on its own branch ``quarantine-<batch id>`` in the same
 transaction as main's empty snapshot that carries the batch id and the advanced offsets (see
-``commit.batch``). Publishing appends the branch's files to main once (marker ``tidewater.published``).
-Listing, publishing and dropping are operations: ``ops/quarantine.py``.
+``commit.batch``; a change table's row delta: ``commit.changes.quarantined``). Publishing appends the branch's
+files to main once (marker ``tidewater.published``); a change table's row delta is applied to main as it was
+computed, only while main is still at the batch's snapshot. Listing, publishing and dropping are operations:
+``ops/quarantine.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import logging
 from typing import Any
 
 from tidewater.commit.primitive import Change, commit
-from tidewater.table.summary import BATCH_ID, OFFSETS, PIPELINE, PUBLISHED, QUARANTINE_OF
+from tidewater.errors import TerminalError
+from tidewater.table.summary import BATCH_ID, CHANGES, OFFSETS, PIPELINE, PUBLISHED, QUARANTINE_OF, summary_dict
 
 log = logging.getLogger(__name__)
 
@@ -46,4 +49,48 @@ def publish_files(catalog: Any, ident: str, pipeline: str, batch_id: str) -> tup
     if done.status == "committed":
         log.info("published quarantined batch %s: %d rows in %d files appended to %s", batch_id, counted["rows"],
                  counted["files"], ident)
+    return done.status, counted.get("rows", 0), counted.get("files", 0)
+
+
+def added_files(table: Any, snapshot: Any) -> tuple[list[Any], list[Any]]:
+    """The data files and the delete files ``snapshot`` added."""
+    from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
+
+    data, deletes = [], []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id:
+                (data if entry.data_file.content == DataFileContent.DATA else deletes).append(entry.data_file)
+    return data, deletes
+
+
+def publish_changes(catalog: Any, ident: str, pipeline: str, batch_id: str) -> tuple[str, int, int]:
+    """Apply a quarantined change batch's row delta to main, once: its new row images and position deletes, as
+    computed against main when the batch was quarantined. Only while main's head is still the batch's own
+    snapshot (nothing changed main's rows since); otherwise a terminal error says what to do. Returns (status,
+    new row images, files)."""
+    counted: dict[str, int] = {}
+
+    def prepare(table: Any) -> Change | None:
+        head = table.snapshot_by_name(branch_name(batch_id))
+        if head is None:
+            return None
+        main = table.current_snapshot()
+        if main is None or summary_dict(main).get(BATCH_ID) != batch_id:
+            raise TerminalError(f"main of {ident} moved past quarantined batch {batch_id} (snapshot "
+                                f"{main.snapshot_id if main else None} is newer): its changes can no longer be applied "
+                                "in order. Drop it, then replay its range with mode reapply", table=ident, batch_id=batch_id)
+        data, deletes = added_files(table, head)
+        counted.update(rows=sum(f.record_count for f in data), files=len(data) + len(deletes))
+        props = {PUBLISHED: batch_id, PIPELINE: pipeline}
+        if CHANGES in summary_dict(head):
+            props[CHANGES] = summary_dict(head)[CHANGES]
+        return Change(props, tuple(data), deletes=tuple(deletes))
+
+    done = commit(catalog, ident, prepare, marker=batch_id, marker_key=PUBLISHED, what=f"publish {batch_id}")
+    if done.status == "committed":
+        log.info("published quarantined change batch %s: %d row images and %d files applied to %s", batch_id,
+                 counted["rows"], counted["files"], ident)
     return done.status, counted.get("rows", 0), counted.get("files", 0)

@@ -226,8 +226,9 @@ class TableSpec:
         "reported). Deletes are merge-on-read position delete files (never equality deletes). Needs `id_columns` "
         "and `format.metadata: prefixed`. Replays re-apply changes (`tidewater replay --mode reapply`). In a routed "
         "pipeline: per table under `tables` (one topic each), or as the `table` defaults with `routing.dynamic`. "
-        "With `branch` the changes apply to the branch (`tidewater publish` fast-forwards main). Not yet with "
-        "quarantine.",
+        "With `branch` the changes apply to the branch (`tidewater publish` fast-forwards main). With "
+        "`validation.on_failure: quarantine` a refused batch's row delta waits on its quarantine branch, and so does "
+        "the table's next batch (not yet in routed pipelines).",
         default=False,
     )
     op_field: str | None = _doc(
@@ -428,7 +429,8 @@ class ValidationSpec:
         "is committed and the failure is logged and recorded in the snapshot summary (`tidewater.validation`); "
         "`quarantine`: the batch's files are committed to a branch `quarantine-<batch id>` of the table, main gets "
         "an empty snapshot that advances the offsets (main stays clean), the run fails with the report, and a "
-        "person publishes or drops it (`tidewater quarantine publish|drop`). The accounting checks (row count, "
+        "person publishes or drops it (`tidewater quarantine publish|drop`); a change table's next batch waits for "
+        "that decision (changes apply in order). The accounting checks (row count, "
         "read = rows + dead letters + skipped) always fail the batch.",
         default="fail",
     )

@@ -127,8 +127,8 @@ def _check_change_table(spec: PipelineSpec, t: TableSpec, where: str) -> None:
         raise ConfigError(f"{key}: needs {where}.id_columns (the columns that identify a row)")
     if spec.format.metadata != "prefixed":
         raise ConfigError(f"{key}: needs format.metadata: prefixed (changes to a key are ordered by partition and offset)")
-    if spec.validation.on_failure == "quarantine":
-        raise ConfigError(f"{key}: validation.on_failure: quarantine is not available for change tables yet")
+    if spec.validation.on_failure == "quarantine" and spec.routed:
+        raise ConfigError(f"{key}: validation.on_failure: quarantine is not available for routed change tables yet")
     one_of(f"{where}.key_source", t.key_source, ("value", "message_key"))
     if t.key_source == "message_key" and t.op_field:
         raise ConfigError(f"{where}.key_source: message_key is for upserts without an op field (tombstones delete)")

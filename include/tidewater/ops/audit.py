@@ -422,15 +422,17 @@ def accounting(entries: list[dict[str, Any]], rows_are: str = "rows") -> list[Fi
 
 def outside_writes(table: Any) -> list[Finding]:
     """Snapshots still in the table's history that changed rows without a Tidewater batch id."""
-    from tidewater.table.summary import BATCH_ID, BRANCH_BASE, REPLAY, TRUNCATE, summary_dict
+    from tidewater.table.summary import BATCH_ID, BRANCH_BASE, PUBLISHED, QUARANTINE_OF, REPLAY, TRUNCATE, summary_dict
 
     out = []
     for snap in table.metadata.snapshots:
         props = summary_dict(snap)
         operation = snap.summary.operation.value if snap.summary is not None else "?"
-        # ours (a replay's delete carries its replay and a truncate's its truncate, not the batch id), or
-        # compaction (replace keeps the rows)
-        if any(k in props for k in (BATCH_ID, REPLAY, BRANCH_BASE, TRUNCATE)) or operation == "replace":
+        # ours (a replay's delete carries its replay, a truncate's its truncate, a quarantined batch's branch and
+        # its publication the batch id as `quarantine-of` and `published`, not the batch id), or compaction
+        # (replace keeps the rows)
+        ours = (BATCH_ID, REPLAY, BRANCH_BASE, TRUNCATE, PUBLISHED, QUARANTINE_OF)
+        if any(k in props for k in ours) or operation == "replace":
             continue
         added, removed = int(props.get("added-records", 0)), int(props.get("deleted-records", 0))
         if added or removed:

@@ -4,7 +4,9 @@ A batch whose expectations fail is not lost and not published: its data files ar
 branch ``quarantine-<batch id>`` of the table, and main gets an empty snapshot carrying the batch id
 and the advanced offsets, so ingestion goes on and main stays clean. The run fails with the report.
 A person then publishes the batch (its files appended to main in one commit) or drops it (the branch
-is removed; expiry and orphan removal delete its files later).
+is removed; expiry and orphan removal delete its files later). A change table's quarantined batch holds its row
+delta; the table's next batch waits for the decision (a key's changes apply in order), and dropping it leaves the
+table without those changes (a replay of the range with mode reapply applies them later).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import logging
 from typing import Any
 
-from tidewater.commit.quarantine import PREFIX, branch_name, publish_files
+from tidewater.commit.quarantine import PREFIX, branch_name, publish_changes, publish_files
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError
 
@@ -56,7 +58,8 @@ def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
     if done is None and table.snapshot_by_name(name) is None:
         raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier} "
                           f"(waiting: {', '.join(q['batch_id'] for q in list_quarantined(spec, table)) or 'none'})")
-    status, rows, _files = publish_files(load_catalog(spec), spec.table.identifier, spec.name, batch_id)
+    publishing = publish_changes if spec.applies_changes else publish_files
+    status, rows, _files = publishing(load_catalog(spec), spec.table.identifier, spec.name, batch_id)
     table = _table(spec)
     if status != "committed":
         done = next((s for s in table.metadata.snapshots if summary_dict(s).get(PUBLISHED) == batch_id), None)

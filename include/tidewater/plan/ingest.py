@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from tidewater.batch import (
     PLAN_NAME,
@@ -16,6 +17,7 @@ from tidewater.batch import (
     write_json_atomic,
 )
 from tidewater.config.spec import PipelineSpec
+from tidewater.errors import TerminalError
 from tidewater.plan.planner import plan_ranges
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
@@ -23,6 +25,18 @@ from tidewater.table.summary import committed_state
 log = logging.getLogger(__name__)
 
 # ---- plan ------------------------------------------------------------------------------------------
+
+
+def refuse_while_quarantined(spec: PipelineSpec, table: Any) -> None:
+    """A change table's next batch waits for its quarantined one: its changes come first (publish applies them
+    in order, drop discards them); planning past it would apply later changes before them."""
+    from tidewater.commit.quarantine import PREFIX
+
+    waiting = sorted(name[len(PREFIX):] for name in table.metadata.refs if name.startswith(PREFIX))
+    if waiting:
+        raise TerminalError(f"batch {waiting[0]} of change table {spec.table.identifier} is quarantined: publish or drop "
+                            f"it first (`tidewater quarantine publish|drop --batch {waiting[0]}`, or the quarantine_"
+                            f"{spec.name} DAG); the next batch's changes must follow it", table=spec.table.identifier)
 
 
 def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) -> tuple[BatchPlan, Path | None]:
@@ -36,6 +50,8 @@ def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None)
     table = load_table(catalog, spec.checkpoint_table())
     state = committed_state(table, None if spec.routed else spec.table.branch) if table is not None else None
     committed = state.offsets if state else {}
+    if spec.applies_changes and table is not None:
+        refuse_while_quarantined(spec, table)
     settings = kafka_settings(spec)
     parts = list_partitions(settings, resolve_topics(settings, spec))
     wm = watermarks(settings, parts)

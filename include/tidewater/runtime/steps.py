@@ -602,6 +602,7 @@ def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_ru
     path = batch_path(spec, plan) / VALIDATION_NAME
     validation = read_json(path) if path.is_file() else None
     sink = dead_letter_sink(spec, plan.batch_id)
+    quarantine = bool(validation and validation.get("quarantine"))
 
     if spec.applies_changes:
         from tidewater.commit.changes import commit_changes
@@ -609,8 +610,9 @@ def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_ru
         if plan.mode not in ("ingest", "reapply"):
             raise TerminalError(f"batch {plan.batch_id}: a change table (table.upsert / op_field) is replayed with mode "
                                 f"reapply, not {plan.mode}", batch_id=plan.batch_id, table=plan.table)
-        return commit_changes(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation,
-                              dead_letter_sink=sink)
+        result = commit_changes(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation,
+                                dead_letter_sink=sink, quarantine=quarantine)
+        return _quarantined(spec, plan, validation) if quarantine else result
     if plan.mode != "ingest":
         from tidewater.commit.replay import commit_replay
 
@@ -620,14 +622,16 @@ def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_ru
 
         return commit_routed(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
                              dead_letter_sink=sink, spec=spec)
-    quarantine = bool(validation and validation.get("quarantine"))
     result = commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
                           dead_letter_sink=sink, branch=spec.table.branch, quarantine=quarantine)
-    if quarantine:
-        from tidewater.ops.quarantine import quarantined_error
+    return _quarantined(spec, plan, validation) if quarantine else result
 
-        raise quarantined_error(plan.batch_id, plan.table, validation, str(spec.source_path))
-    return result
+
+def _quarantined(spec: PipelineSpec, plan: BatchPlan, validation: Any) -> CommitResult:
+    """A quarantined batch fails its run with the gate's report (its commit has landed)."""
+    from tidewater.ops.quarantine import quarantined_error
+
+    raise quarantined_error(plan.batch_id, plan.table, validation, str(spec.source_path))
 
 
 def run_once(spec_path: str | Path, master: str | None = None, out: Any = None, wait_for_spark: bool = True) -> dict[str, Any]:
