@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, command_line, fresh_home, write_section  # noqa: E402
+from benchlib import REPO, command_line, fresh_home, timed_batch, write_section  # noqa: E402
 
 BEGIN, END = "<!-- cdc-tables:begin -->", "<!-- cdc-tables:end -->"
 
@@ -43,31 +42,6 @@ def batch_records(models: dict[str, dict], tables: list[str], changes: int, seed
         out[name] = values
         models[name] = apply(models[name], stream)
     return out
-
-
-def run_batch(spec, write: str, master: str) -> dict:  # noqa: ANN001
-    from tidewater.batch import manifest_path, write_json_atomic
-    from tidewater.plan.ingest import plan_batch
-    from tidewater.runtime.steps import commit_step, run_write_step, validate_step
-    from tidewater.source.kafka import kafka_settings
-    from tidewater.write.job import run_inline
-
-    t0 = time.monotonic()
-    plan, path = plan_batch(spec)
-    t1 = time.monotonic()
-    if write == "inline":
-        manifest = run_inline(plan, spec, kafka_settings(spec))
-        write_json_atomic(manifest_path(path), manifest.to_json())
-    else:
-        manifest = run_write_step(spec, path, master=master)
-    t2 = time.monotonic()
-    validate_step(spec, plan, manifest)
-    t3 = time.monotonic()
-    result = commit_step(spec, plan, manifest)
-    t4 = time.monotonic()
-    return {"records": manifest.records, "plan": t1 - t0, "write": t2 - t1, "validate": t3 - t2, "commit": t4 - t3,
-            "total": t4 - t0, "result": result, "batch_id": plan.batch_id,
-            "staged": len(manifest.data_files) + sum(len(o.data_files) for o in manifest.outputs)}
 
 
 def committed_files(catalog, idents: list[str], batch_id: str) -> int:  # noqa: ANN001
@@ -138,9 +112,9 @@ def main() -> int:
                 produce(b.bootstrap, f"db.inv.{name}", values, partitions=1)
             sent = sum(len(v) for v in records.values())
             print(f"== batch {batch + 1}: {sent:,} records of {args.tables} tables, one routed pipeline", flush=True)
-            runs.append(run_batch(routed, args.write, args.master))
+            runs.append(timed_batch(routed, args.master, inline=args.write == "inline"))
             print(f"== batch {batch + 1}: the same through {args.tables} single-table pipelines", flush=True)
-            single_runs.append([run_batch(s, args.write, args.master) for s in singles[:args.singles]])
+            single_runs.append([timed_batch(s, args.master, inline=args.write == "inline") for s in singles[:args.singles]])
         catalog = load_catalog(routed)
         for name in names:
             check(catalog, f"bench.{name}", models[name])
@@ -176,13 +150,13 @@ def report(args: argparse.Namespace, command: str, started: str, runs: list[dict
     for i, r in enumerate(runs):
         t = [x.seconds for x in r["result"].tables if x.status != "checkpoint"]
         lines.append(f"| one pipeline | {i + 1} | {r['records']:,} | {steps(r)} | {min(t):.3f} / {statistics.median(t):.3f} / "
-                     f"{max(t):.3f} | {r['staged']} | {r['committed']} |")
+                     f"{max(t):.3f} | {r['files']} | {r['committed']} |")
     for i, batch_runs in enumerate(single_runs):
         total = {k: sum(r[k] for r in batch_runs) for k in ("plan", "write", "validate", "commit", "total", "records")}
         c = [r["commit"] for r in batch_runs]
         lines.append(f"| {len(batch_runs)} of the {args.tables} pipelines, one after another | {i + 1} | {int(total['records']):,} | "
                      f"{steps(total)} | {min(c):.3f} / {statistics.median(c):.3f} / {max(c):.3f} (whole commit step) | "
-                     f"{sum(r['staged'] for r in batch_runs)} | {sum(r['committed'] for r in batch_runs)} |")
+                     f"{sum(r['files'] for r in batch_runs)} | {sum(r['committed'] for r in batch_runs)} |")
     measured = len(single_runs[0])
     scale = args.tables / measured  # 1 unless fewer single pipelines ran
     ratios = [scale * sum(r["total"] for r in s) / max(r1["total"], 1e-9) for r1, s in zip(runs, single_runs)]

@@ -14,14 +14,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, command_line, fresh_home, write_section  # noqa: E402
+from benchlib import REPO, command_line, fresh_home, timed_batch, write_section  # noqa: E402
 
 BEGIN, END = "<!-- routing:begin -->", "<!-- routing:end -->"
 
@@ -29,24 +28,6 @@ BEGIN, END = "<!-- routing:begin -->", "<!-- routing:end -->"
 def events(n: int, tenants: int, seed: int) -> list[bytes]:
     return [json.dumps({"id": seed * 10_000_000 + i, "tenant": f"t{i % tenants:03d}", "amount": i % 997,
                         "note": "x" * (i % 40), "at": "2024-01-04 12:00:00"}).encode() for i in range(n)]
-
-
-def run_batch(spec, master: str) -> dict:  # noqa: ANN001
-    from tidewater.plan.ingest import plan_batch
-    from tidewater.runtime.steps import commit_step, run_write_step, validate_step
-
-    t0 = time.monotonic()
-    plan, path = plan_batch(spec)
-    t1 = time.monotonic()
-    manifest = run_write_step(spec, path, master=master)
-    t2 = time.monotonic()
-    validate_step(spec, plan, manifest)
-    t3 = time.monotonic()
-    result = commit_step(spec, plan, manifest)
-    t4 = time.monotonic()
-    return {"records": manifest.records, "plan": t1 - t0, "write": t2 - t1, "data_path": manifest.data_path_seconds(),
-            "validate": t3 - t2, "commit": t4 - t3, "total": t4 - t0, "result": result,
-            "files": len(manifest.data_files) + sum(len(o.data_files) for o in manifest.outputs)}
 
 
 def main() -> int:
@@ -84,10 +65,10 @@ def main() -> int:
         for i in range(2):
             produce(b.bootstrap, "tenants", events(args.records, args.tables, seed=i), partitions=6)
             print(f"== routed batch {i + 1}: {args.records:,} records -> {args.tables} tables", flush=True)
-            runs.append(run_batch(routed, args.master))
+            runs.append(timed_batch(routed, args.master))
         produce(b.bootstrap, "single", events(args.records, args.tables, seed=0), partitions=6)
         print(f"== one-table batch: {args.records:,} records", flush=True)
-        one = run_batch(single, args.master)
+        one = timed_batch(single, args.master)
 
         catalog = load_catalog(routed)
         per_table = [load_table(catalog, f"bench.tenant_t{t:03d}").scan(selected_fields=("id",)).to_arrow().num_rows

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,3 +39,30 @@ def write_section(output: str | Path, begin: str, end: str, section: str) -> Non
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     out.write_text(text)
     print(section)
+
+
+def timed_batch(spec: Any, master: str, inline: bool = False) -> dict[str, Any]:
+    """One batch through the real steps (plan, write, gate, commit), each timed. ``inline``: the write step's task
+    code in this process instead of spark-submit."""
+    from tidewater.batch import manifest_path, write_json_atomic
+    from tidewater.plan.ingest import plan_batch
+    from tidewater.runtime.steps import commit_step, run_write_step, validate_step
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.write.job import run_inline
+
+    t0 = time.monotonic()
+    plan, path = plan_batch(spec)
+    t1 = time.monotonic()
+    if inline:
+        manifest = run_inline(plan, spec, kafka_settings(spec))
+        write_json_atomic(manifest_path(path), manifest.to_json())
+    else:
+        manifest = run_write_step(spec, path, master=master)
+    t2 = time.monotonic()
+    validate_step(spec, plan, manifest)
+    t3 = time.monotonic()
+    result = commit_step(spec, plan, manifest)
+    t4 = time.monotonic()
+    return {"records": manifest.records, "plan": t1 - t0, "write": t2 - t1, "data_path": manifest.data_path_seconds(),
+            "validate": t3 - t2, "commit": t4 - t3, "total": t4 - t0, "result": result, "batch_id": plan.batch_id,
+            "files": len(manifest.data_files) + sum(len(o.data_files) for o in manifest.outputs)}

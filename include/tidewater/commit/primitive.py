@@ -18,8 +18,11 @@ retrying is right. One call:
    starts again at 1; anything else is re-raised at once.
 
 A change is an append of staged files (or of a few Arrow rows), optionally preceded in the same
-transaction by a copy-on-write delete (replays). Staged files whose ``content`` is ``deletes`` would
-make it a row delta; this version refuses them by name (see ``write.parquet.deserialize_data_file``).
+transaction by a copy-on-write delete (replays, a change table's truncate), or a row delta: data files plus
+position delete files in one snapshot (change tables, ``Change.deletes``; ``table/row_delta.py``), and it may
+carry changes to other branches in the same transaction (``Change.also``: quarantine branches). Staged files
+whose ``content`` is ``deletes`` are refused by name (see ``write.parquet.deserialize_data_file``): delete files
+reach a commit only as the position delete files the commit step wrote itself.
 """
 
 from __future__ import annotations

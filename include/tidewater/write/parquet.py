@@ -170,8 +170,8 @@ def deserialize_data_file(f: StagedFile, format_version: int) -> Any:
     from tidewater.table.partitioning import decode_values
 
     if f.content != "data":
-        raise TerminalError(f"staged file {f.file_path} holds {f.content}: row deltas are not committed by this version",
-                            table=None)
+        raise TerminalError(f"staged file {f.file_path} holds {f.content}: a write step stages data files only (a change "
+                            "table's position deletes are written by its commit step)", table=None)
     m = f.metrics
 
     def ints(x: dict[str, Any]) -> dict[int, int]:
