@@ -8,7 +8,8 @@ table a change table) runs two batches through the real steps (plan, write, gate
 go through 100 single-table pipelines run one after another, two batches each. Reported: each step's time, the
 per-table commit time (min / median / max), the files each batch wrote (staged change files, and the data and
 position delete files its commits added), and the ratio of the two ways. Every table is checked against the
-reference model of its source. The section between the cdc-tables markers of BENCHMARKS.md is replaced.
+reference model of its source. The section between the cdc-tables-<write step> markers of BENCHMARKS.md is
+replaced.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import REPO, command_line, fresh_home, timed_batch, write_section  # noqa: E402
 
-BEGIN, END = "<!-- cdc-tables:begin -->", "<!-- cdc-tables:end -->"
+
+def markers(write: str) -> tuple[str, str]:
+    """Each write step's results keep their own section of BENCHMARKS.md."""
+    return f"<!-- cdc-tables-{write}:begin -->", f"<!-- cdc-tables-{write}:end -->"
 
 
 def batch_records(models: dict[str, dict], tables: list[str], changes: int, seed: int) -> dict[str, list[bytes]]:
@@ -78,7 +82,8 @@ def main() -> int:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     args = ap.parse_args()
-    command = command_line("make bench-cdc-tables")
+    given = " ".join(sys.argv[1:])
+    command = command_line("make bench-cdc-tables" + (f' BENCH_ARGS="{given}"' if given else ""))
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
     work = fresh_home("bench-cdc-tables")
 
@@ -127,8 +132,8 @@ def main() -> int:
                 r["committed"] = committed_files(catalog, [f"single.{n}"], r["batch_id"])
     finally:
         b.stop()
-    section = report(args, command, started, runs, single_runs)
-    write_section(args.output, BEGIN, END, section)
+    begin, end = markers(args.write)
+    write_section(args.output, begin, end, report(args, command, started, runs, single_runs))
     return 0
 
 
@@ -137,8 +142,9 @@ def report(args: argparse.Namespace, command: str, started: str, runs: list[dict
     def steps(r: dict) -> str:
         return f"{r['plan']:.1f} | {r['write']:.1f} | {r['validate']:.1f} | {r['commit']:.1f} | {r['total']:.1f}"
 
+    begin, end = markers(args.write)
     lines = [
-        BEGIN, f"## {args.tables} change tables in one pipeline against {args.tables} pipelines", "",
+        begin, f"## {args.tables} change tables in one pipeline against {args.tables} pipelines (write step: {args.write})", "",
         f"Produced by `{command}` on {started} (UTC), write step `{args.write}`"
         + (f" (Spark `{args.master}`)" if args.write == "spark-submit" else "") + f": {args.tables} Debezium topics of "
         f"one partition, {args.changes:,} changes per table per batch (plus a tombstone per delete; batch 1's creates "
@@ -163,7 +169,7 @@ def report(args: argparse.Namespace, command: str, started: str, runs: list[dict
     how = ("measured in the same run" if measured == args.tables else
            f"projected from the {measured} measured in the same run (their total times {scale:.0f})")
     lines += ["", f"{args.tables} single-table pipelines one after another take {ratios[0]:.1f}x (batch 1) and "
-              f"{ratios[1]:.1f}x (batch 2) the time of one pipeline for the same changes, {how}.", END]
+              f"{ratios[1]:.1f}x (batch 2) the time of one pipeline for the same changes, {how}.", end]
     return "\n".join(lines)
 
 

@@ -17,7 +17,7 @@ from tidewater.dev.changes import apply, change_stream, encode
 from tidewater.errors import TransientError
 from tidewater.ops.audit import audit
 from tidewater.plan.ingest import plan_batch
-from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.runtime.steps import commit_step, run_write_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import CHANGES, DEAD_LETTERS, RECORDS, SKIPPED, committed_state
 
@@ -110,14 +110,18 @@ def test_twenty_source_tables_in_one_pipeline_equal_their_sources_after_every_ba
     equals its source; each table's snapshot carries its own counts (inserted + updated + deleted + no-op +
     truncated + superseded = its change records), the checkpoint's accounting adds up (tombstones skipped, the
     refused truncate dead-lettered), every table's offsets and the checkpoint's are the topics' ends, and the
-    audit finds the pipeline clean."""
+    audit finds the pipeline clean. The second batch is written through spark-submit, as the DAG writes."""
     sources = [Source(f"{topic}-s{i}", note_from=1 if i < 3 else None) for i in range(20)]
     spec = database_pipeline(home, broker, [s.topic for s in sources], truncate={5: "apply"})
     truncating = {5: "apply", 6: "dead_letter"}
     for b in range(3):
         sent = sum(s.produce(broker, b, 20, seed=100 * b + i, snapshot=b == 0, truncate=truncating.get(i) if b == 2 else None)
                    for i, s in enumerate(sources))
-        plan, manifest = stage_inline(spec)
+        if b == 1:  # as the DAG writes: spark-submit (the others run the same task code in this process)
+            plan, path = plan_batch(spec)
+            manifest = run_write_step(spec, path, master="local[2]")
+        else:
+            plan, manifest = stage_inline(spec)
         validate_step(spec, plan, manifest)
         result = commit_step(spec, plan, manifest)
         assert (result.status, result.records) == ("committed", sent)

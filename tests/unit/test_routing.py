@@ -75,3 +75,17 @@ def test_a_topic_that_cannot_name_a_table_is_refused_by_name_and_a_value_still_f
     assert not own.masks and "own checkpoint, dead-letter or ledger table" in own.invalid[0][1]
     both = _topic_router("{topic[-1]}_{value}", field="kind").route("dbserver1.pay", pa.table({"kind": ["a", "b", "a"]}))
     assert {k: m.to_pylist() for k, m in both.masks.items()} == {"raw.pay_a": [True, False, True], "raw.pay_b": [False, True, False]}
+
+
+def test_the_database_example_routes_each_topic_to_its_change_table():
+    """docs/examples/inventory_database.yaml validates, names `cdc.<table>` by each topic's last part, and every
+    table it names applies changes, with the override's id columns where one is listed."""
+    from pathlib import Path
+
+    from tidewater.config.parse import load_pipeline
+
+    spec = load_pipeline(Path(__file__).resolve().parents[2] / "docs" / "examples" / "inventory_database.yaml")
+    router = Router(spec)
+    assert list(router.route("dbserver1.inventory.orders", pa.table({"id": [1]})).masks) == ["cdc.orders"]
+    assert spec.for_table("cdc.orders").applies_changes and spec.for_table("cdc.orders").table.id_columns == ["id"]
+    assert spec.for_table("cdc.order_lines").table.id_columns == ["order_id", "line"]
