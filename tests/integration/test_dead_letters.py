@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.conftest import produce_to_partition, quiet, stage_inline, table_of, write_pipeline
+from tests.conftest import ingest_inline, produce_to_partition, quiet, stage_inline, table_of, write_pipeline
 from tidewater.commit.batch import commit_batch
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events
@@ -149,3 +149,28 @@ def test_failure_between_the_batch_commit_and_the_dead_letter_commit_is_repaired
     dlq = load_table(load_catalog(spec), spec.dead_letter_table())
     assert dlq.scan().to_arrow().num_rows == 2 and len(dlq.snapshots()) == 1
     assert table_of(path).scan().to_arrow().num_rows == 10
+
+
+def test_a_task_whose_working_directory_was_removed_still_writes_its_dead_letters(broker, home, topic, tmp_path, monkeypatch):
+    """A Spark Connect server reuses Python workers across sessions and removes a closed session's directory, where
+    a worker may still sit (seen once in a full test run). Here a write task (the code Spark runs) starts in a
+    working directory that is gone, with bad records that make it create the dead-letter table. Expected: the task
+    reports no error, its 8 records are 6 rows and 2 dead letters in its files (before the fix: a bare ENOENT from
+    pyiceberg's configuration lookup, reported as an unreachable catalog)."""
+    from tidewater.plan.ingest import plan_batch
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.write.task import write_subrange
+
+    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})).for_executors()
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(3, seed=6))
+    ingest_inline(spec)  # the table exists (tasks never create it); the dead-letter table does not yet
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(5, seed=7) + [b"{bad", b"\xff"] + pizza_events(1, seed=8))
+    plan, _ = plan_batch(spec)
+    gone = tmp_path / "removed"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    result = write_subrange(spec, kafka_settings(spec), plan.batch_id, 0, plan.ranges[0])
+    assert "error" not in result, result.get("error")
+    assert (result["stats"]["records"], result["stats"]["dead_letters"]) == (8, 2)
+    assert sum(f["record_count"] for f in result["files"]) == 6 and result["dead_letter_files"]

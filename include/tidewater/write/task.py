@@ -443,6 +443,20 @@ def worker_process() -> dict[str, Any]:
         return {"pid": os.getpid(), "python": sys.executable}
 
 
+def _leave_a_removed_directory() -> None:
+    """Work from the temporary directory when this process's working directory is gone. A Spark Connect server
+    reuses Python workers across sessions and removes a closed session's directory, where such a worker may still
+    sit; pyiceberg reads its configuration file from the working directory whenever it writes table metadata (a
+    task creating the dead-letter table), which then failed with a bare ENOENT, taken for an unreachable catalog."""
+    import os
+    import tempfile
+
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        os.chdir(tempfile.gettempdir())
+
+
 def write_subrange(
     spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
     mode: str = "ingest", exclude: Any = None,
@@ -457,6 +471,7 @@ def write_subrange(
     """
     import pyarrow as pa
 
+    _leave_a_removed_directory()
     writer = None
     try:
         writer = _TaskWriter(spec, settings, batch_id, task_id, rng, mode, exclude)
