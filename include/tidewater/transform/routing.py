@@ -82,8 +82,7 @@ class Router:
         tables it reaches."""
         template = self.routing.table_template if template is None else template
         value = value if self._case_sensitive else value.lower()
-        name = template.replace("{value}", value)
-        return name if "." in template else f"{self.routing.namespace}.{name}"
+        return self._qualified(template.replace("{value}", value), template)
 
     def refusal(self, value: str, template: str | None = None) -> str | None:
         """Why a route value cannot name a table, or None. A value is one name part (letters, digits,
@@ -92,6 +91,11 @@ class Router:
         if not _VALUE.fullmatch(value):
             return "a route value must be 1-128 letters, digits or '_' (no dots, spaces or line breaks)"
         return self._refused_name(self.dynamic_identifier(value, template))
+
+    def _qualified(self, name: str, template: str) -> str:
+        """``name`` in the template's namespace, or in ``routing.namespace`` when the template names none (the
+        namespace is decided by the template, never by what a value put into it)."""
+        return name if "." in template else f"{self.routing.namespace}.{name}"
 
     def _refused_name(self, ident: str) -> str | None:
         if not valid_identifier(ident):
@@ -127,7 +131,7 @@ class Router:
         why = (f"topic {topic!r} has no part {', '.join(missing)} for routing.table_template "
                f"{self.routing.table_template!r}") if missing else None
         if why is None and "{value}" not in template:
-            why = self._refused_name(template if "." in template else f"{self.routing.namespace}.{template}")
+            why = self._refused_name(self._qualified(template, template))
         self._topic_templates[topic] = (template, why)
         return template, why
 
@@ -182,5 +186,5 @@ class Router:
         """A chunk routed by its topic alone: every row to the topic's table, or every row refused."""
         if why_not is not None:
             return Routed(invalid=[(r, why_not) for r in range(n)], unmatched=pa.array(np.zeros(n, dtype=bool)))  # error path
-        ident = template if "." in template else f"{self.routing.namespace}.{template}"
+        ident = self._qualified(template, template)
         return Routed(masks={ident: pa.array(np.ones(n, dtype=bool))}, unmatched=pa.array(np.zeros(n, dtype=bool)))
