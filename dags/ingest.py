@@ -149,13 +149,13 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
         schedule=None,
         **spec.airflow.dag_kwargs("replay"),
         doc_md=(
-            f"### replay into `{spec.table.identifier}`\n\nTrigger with the form: a topic, partitions (empty: all), and "
+            f"### replay into {_replay_target(spec)}\n\nTrigger with the form: a topic, partitions (empty: all), and "
             "either a start and end offset (end exclusive) or a start and end time (ISO-8601, UTC when no zone). "
             "`replace` deletes the rows that came from the range and appends the re-read ones in one commit (replaying "
             "twice leaves the table identical); `append-missing` adds only offsets the table does not hold. "
             "`dry_run` logs what would change per partition. The committed offsets never move; records past them are "
-            "the scheduled batches' to ingest. Needs `format.metadata: prefixed` or `struct`.\n\n* pipeline file: `"
-            + pipeline_path + "`"
+            "the scheduled batches' to ingest. Needs `format.metadata: prefixed` or `struct`." + _routed_replay_doc(spec)
+            + "\n\n* pipeline file: `" + pipeline_path + "`"
         ),
         params={
             "topic": topic,
@@ -172,7 +172,8 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
             "end_time": Param(None, type=["null", "string"], pattern=ISO_TIME, title="End time (exclusive)",
                               description="ISO-8601 like Start time; records at or after it are not re-read"),
             "mode": Param("reapply" if spec.applies_changes else "replace", type="string",
-                          enum=["reapply"] if spec.applies_changes else ["replace", "append-missing"], title="Mode",
+                          enum=["reapply"] if spec.applies_changes else ["replace", "append-missing"] + (
+                              ["reapply"] if spec.routed else []), title="Mode",
                           description="reapply (change tables): apply each re-read change again where it is still its "
                                       "key's latest change; a healthy table stays unchanged. replace: delete the rows that "
                                       "came from the range and append the re-read records in one commit (replaying twice "
@@ -181,6 +182,10 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
             "dry_run": Param(True, type="boolean", title="Dry run",
                              description="On (default): only log the rows to delete and to add per partition; turn off "
                                          "to change the table"),
+            **({"tables": Param([], type="array", items={"type": "string"}, title="Tables",
+                                description="Target tables to replay (full names); empty: every table the re-read "
+                                            "records route to. Records routed only to other tables are skipped")}
+               if spec.routed else {}),
         },
     )
     def replay():
@@ -192,6 +197,19 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
         _batch_tasks(pipeline_path, spec, plan_fn)
 
     return replay()
+
+
+def _replay_target(spec: PipelineSpec) -> str:
+    return f"`{spec.table.identifier}`" if not spec.routed else f"the tables of `{spec.name}` ({spec.describe_targets()})"
+
+
+def _routed_replay_doc(spec: PipelineSpec) -> str:
+    if not spec.routed:
+        return ""
+    return (" A routed pipeline's replay rewrites each target table the re-read records route to (or the `tables` "
+            "named): its change tables are always reapplied (`reapply`: each change again where it is still its key's "
+            "latest), its append tables get the mode (`reapply` there means `replace`). The ranges are checked against "
+            "the checkpoint table's offsets; every table keeps its own. The dry run logs rows per table and partition.")
 
 
 def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body, outlets: list | None = None):  # noqa: ANN001, ANN201
@@ -310,8 +328,9 @@ def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
 def build_pipeline_dags(path: Path, spec: PipelineSpec) -> list:
     """Every DAG of one pipeline file (ingest, and replay, skip, audit and quarantine where they apply)."""
     dags = [build_ingest_dag(path, spec), build_audit_dag(path, spec)]
-    if not spec.routed:  # replay and skip of routed pipelines: not yet
-        dags += [build_replay_dag(path, spec), build_skip_dag(path, spec)]
+    dags.append(build_replay_dag(path, spec))
+    if not spec.routed:  # skip of routed pipelines: not yet (a blocked partition is skipped in every table)
+        dags.append(build_skip_dag(path, spec))
     if spec.validation.on_failure == "quarantine":
         dags.append(build_quarantine_dag(path, spec))
     return dags

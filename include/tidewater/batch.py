@@ -63,6 +63,7 @@ class BatchPlan:
     mode: str = "ingest"  # ingest | replace | append-missing (replays and backfills, see replay.py)
     exclude_path: str | None = None  # append-missing: offsets the table already holds (Parquet)
     data_interval: tuple[str, str] | None = None  # the Airflow run's data interval (ISO), recorded at commit
+    tables: tuple[str, ...] = ()  # routed replays: only these target tables (empty: every table records route to)
     version: int = PLAN_VERSION
 
     @property
@@ -100,6 +101,7 @@ class BatchPlan:
             mode=d.get("mode", "ingest"),
             exclude_path=d.get("exclude_path"),
             data_interval=tuple(d["data_interval"]) if d.get("data_interval") else None,  # type: ignore[arg-type]
+            tables=tuple(d.get("tables") or ()),
             version=d["version"],
         )
 

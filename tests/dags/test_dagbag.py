@@ -70,13 +70,17 @@ def test_broken_pipeline_file_shows_as_a_failing_dag(tmp_path, monkeypatch):
 
 
 def test_routed_pipeline_dags(tmp_path, monkeypatch):
-    """A routed pipeline (docs/examples/payments_by_type.yaml) makes its ingest, maintenance and audit DAGs; the
-    maintenance DAG's asset is the pipeline's checkpoint table and the documentation names the target tables."""
+    """A routed pipeline (docs/examples/payments_by_type.yaml) makes its ingest, replay (with a tables
+    field), maintenance and audit DAGs; the maintenance DAG's asset is the pipeline's checkpoint table and the
+    documentation names the target tables."""
     shutil.copy(REPO / "docs" / "examples" / "payments_by_type.yaml", tmp_path)
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
     assert "payments.debit, payments.credit, payments.bank_slip" in bag.dags["ingest_payments"].doc_md
-    assert "replay_payments" not in bag.dags  # replay of routed pipelines: not yet
+    replay = bag.dags["replay_payments"]
+    assert "payments.debit, payments.credit, payments.bank_slip" in replay.doc_md
+    assert replay.params["tables"] == [] and "reapply" in replay.params.get_param("mode").schema["enum"]
+    assert "skip_payments" not in bag.dags  # skip of routed pipelines: not yet
     assert "payments.debit, payments.credit, payments.bank_slip" in bag.dags["audit_payments"].doc_md
     maintain = bag.dags["maintain_payments"]
     assert {o.uri for t in maintain.tasks for o in t.outlets} == {"iceberg://tidewater/payments/payments_checkpoints"}

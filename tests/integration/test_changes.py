@@ -473,7 +473,7 @@ def test_replaying_a_committed_change_range_restores_damage_and_otherwise_change
 
     first = replay(0, 0, ends[0][0])
     assert first["status"] == "committed"
-    assert sum(first["changes"][k] for k in ("reapplied", "superseded", "absent", "noop")) > 0
+    assert sum(first["changes"][k] for k in ("reapplied", "restored", "superseded", "absent", "noop")) > 0
     table = _table(spec)
     assert _close(_rows(table), model) and committed_state(table).offsets == offsets
 

@@ -40,10 +40,8 @@ from tidewater.table.summary import (
     PIPELINE,
     QUARANTINE_OF,
     QUARANTINED,
-    REPLAY,
     TRUNCATE,
     committed_state,
-    summary_properties,
 )
 
 log = logging.getLogger(__name__)
@@ -242,10 +240,13 @@ def _net_once(table: Any, spec: PipelineSpec, files: Any, state: dict[str, Any])
     return state["net"]
 
 
-def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, state: dict[str, Any],
-             dag_run_id: str | None, validation: dict[str, Any] | None) -> Change:
-    """A replay attempt (mode reapply): the range's changes again, only where each is still its key's latest
-    (``transform.changes.reapply_decisions``); the committed offsets stay as they are."""
+def reapply_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, state: dict[str, Any],
+                    summary: Callable[[Offsets], dict[str, str]], check_ranges: bool = True) -> Change:
+    """A replay attempt (mode reapply): the staged changes ``files`` again, only where each is still its key's
+    latest (``transform.changes.reapply_decisions``); the committed offsets stay as they are (``summary`` gives
+    the snapshot's properties for them). ``check_ranges``: refuse ranges past the table's committed offsets (a
+    routed pipeline checks its checkpoint instead: a target table's offsets move only with batches that
+    have rows for it)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -253,36 +254,51 @@ def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
 
     ids, branch = list(spec.table.id_columns), spec.table.branch
     offsets = committed_state(table, branch).offsets
-    refuse_uncommitted_ranges(plan, offsets)
+    if check_ranges:
+        refuse_uncommitted_ranges(plan, offsets)
     state["offsets"] = offsets
-    net = _net_once(table, spec, manifest.data_files, state)
+    net = _net_once(table, spec, files, state)
     state["attempt"] = attempt = state.get("attempt", 0) + 1
     found = find_rows(table, net.keys, ids, source=True, branch=branch) if net else []
     rows = pa.concat_tables([t for _, t in found]) if found else pa.table({"__key": pa.array([], pa.int64())})
-    applied, counts = reapply_decisions(net, rows) if net else (None, {"reapplied": 0, "superseded": 0, "absent": 0, "noop": 0})
+    applied, counts = reapply_decisions(net, rows, restorable(table, plan, offsets, spec)) if net else (
+        None, {"reapplied": 0, "restored": 0, "superseded": 0, "absent": 0, "noop": 0})
     chosen = pc.indices_nonzero(applied) if net else pa.array([], pa.int64())
     hits = [(f, t.filter(pc.is_in(t.column("__key"), value_set=chosen)).column("__pos").combine_chunks()) for f, t in found]
     hits = [(f, p) for f, p in hits if len(p)]
     upserts = net.last.filter(pc.and_(applied, pc.invert(net.last_deletes))) if net else None
-    files = write_upserts(table, upserts, f"{plan.batch_id}-a{attempt}-upserts")
+    written = write_upserts(table, upserts, f"{plan.batch_id}-a{attempt}-upserts")
     counts["position_deletes"] = sum(len(p) for _, p in hits)
-    state["counts"], state["files"] = counts, files
-    props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=manifest.records,
-                               valid_through_ms=None, dag_run_id=dag_run_id, dead_letters=0, skipped=manifest.skipped,
-                               validation=validation)
-    props[REPLAY] = json.dumps({"mode": plan.mode, "ranges": [[r.topic, r.partition, r.start, r.end] for r in plan.ranges]},
-                               separators=(",", ":"))
+    state["counts"], state["files"] = counts, written
+    props = summary(offsets)
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True)
-    log.info("replay %s of %s: %s", plan.batch_id, plan.table, ", ".join(f"{v} {k}" for k, v in counts.items()))
-    return Change(props, tuple(files), deletes=tuple(write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")),
+    log.info("replay %s of %s: %s", plan.batch_id, spec.table.identifier, ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return Change(props, tuple(written), deletes=tuple(write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")),
                   branch=branch, remove_properties=tuple(confirm_keys(table, plan.batch_id)))
+
+
+def restorable(table: Any, plan: BatchPlan, offsets: Offsets, spec: PipelineSpec) -> list[int]:
+    """The partitions where a reapply may restore a lost row (``reapply_decisions``): those whose replayed range
+    reaches the table's committed offset, so no later change of the partition exists. None on a table that has
+    applied a truncate: a truncate is not ordered against other partitions' changes, so a row may be missing
+    because of it."""
+    from tidewater.table.summary import summary_dict
+
+    if any(TRUNCATE in summary_dict(s) for s in table.snapshots()):
+        log.info("replay %s: %s has applied a truncate: rows missing from it are not restored (counted absent)",
+                 plan.batch_id, spec.table.identifier)
+        return []
+    return sorted({r.partition for r in plan.ranges if r.end >= offsets.get(r.topic, {}).get(r.partition, r.end + 1)})
 
 
 def _attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, state: dict[str, Any],
              dag_run_id: str | None, validation: dict[str, Any] | None) -> Change:
     """One commit attempt's change against ``table`` as loaded now; ``state`` keeps what is done once."""
     if plan.mode == "reapply":
-        return _reapply(table, spec, plan, manifest, state, dag_run_id, validation)
+        from tidewater.commit.replay import replay_summary
+
+        return reapply_attempt(table, spec, plan, manifest.data_files, state, lambda offsets: replay_summary(
+            plan, offsets, manifest.records, manifest.skipped, dag_run_id, validation))
 
     def offsets_now(table: Any) -> Offsets:
         current = committed_state(table, spec.table.branch).offsets

@@ -3,19 +3,21 @@
 ``replace``: the rows that came from the plan's ranges are deleted (copy-on-write) and the re-read rows
 appended, both snapshots in one transaction. ``append-missing``: only the append. The snapshots carry
 the table's committed offsets unchanged and the replay's batch id, so a retry after success is a no-op
-and the offsets never move (backwards or forwards).
+and the offsets never move (backwards or forwards). A routed pipeline's replay commits each target table
+once the same way (``commit_routed_replay``); change tables reapply (``commit/changes.py``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
-from tidewater.batch import BatchManifest, BatchPlan, Offsets
+from tidewater.batch import BatchManifest, BatchPlan, Offsets, TableOutput
 from tidewater.commit.batch import check_manifest
 from tidewater.commit.primitive import Change, commit
-from tidewater.commit.result import CommitResult
+from tidewater.commit.result import CommitResult, TableCommit
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
 from tidewater.plan.replay import rows_filter
@@ -33,6 +35,39 @@ def refuse_uncommitted_ranges(plan: BatchPlan, offsets: Offsets) -> None:
                                 topic=r.topic, partition=r.partition, batch_id=plan.batch_id)
 
 
+def replay_mode(mode: str, view: PipelineSpec) -> str:
+    """The mode a table of a replay gets: a change table is always reapplied; an append table gets the
+    request's mode (``replace`` when a routed replay asks to reapply its change tables)."""
+    if view.applies_changes:
+        return "reapply"
+    return "replace" if mode == "reapply" else mode
+
+
+def replay_summary(plan: BatchPlan, offsets: Offsets, records: int, skipped: int, dag_run_id: str | None,
+                   validation: dict[str, Any] | None) -> dict[str, str]:
+    """A replay snapshot's properties: the table's committed offsets unchanged, the batch id, the ranges."""
+    props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=records,
+                               valid_through_ms=None, dag_run_id=dag_run_id, dead_letters=0, skipped=skipped,
+                               validation=validation)
+    props[REPLAY] = json.dumps({"mode": plan.mode, "ranges": [[r.topic, r.partition, r.start, r.end] for r in plan.ranges],
+                                **({"data_interval": list(plan.data_interval)} if plan.data_interval else {}),
+                                **({"tables": list(plan.tables)} if plan.tables else {})},
+                               separators=(",", ":"))
+    return props
+
+
+def replay_change(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, props: dict[str, str], mode: str) -> Change:
+    """``replace``: delete the range's rows and append ``files`` (one transaction); ``append-missing``: append."""
+    append = bool(files) or mode != "replace"
+    confirm = tuple(confirm_keys(table, plan.batch_id))
+    if mode != "replace":
+        return Change(props, files, branch=spec.table.branch, remove_properties=confirm)
+    # With nothing to append the delete's snapshot carries the batch id (the idempotency marker).
+    marker = {k: v for k, v in props.items() if k != BATCH_ID} if append else props
+    return Change(props, files, branch=spec.table.branch, delete_filter=rows_filter(spec, plan.ranges),
+                  delete_properties=marker, append=append, remove_properties=confirm)
+
+
 def commit_replay(catalog: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None = None,
                   validation: dict[str, Any] | None = None, max_attempts: int = 8) -> CommitResult:
     """Commit a replay once; refuses a range beyond the table's committed offsets."""
@@ -44,20 +79,8 @@ def commit_replay(catalog: Any, spec: PipelineSpec, plan: BatchPlan, manifest: B
         offsets = committed_state(table, branch).offsets
         seen["offsets"] = offsets
         refuse_uncommitted_ranges(plan, offsets)
-        props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=manifest.records,
-                                   valid_through_ms=None, dag_run_id=dag_run_id, dead_letters=0, skipped=manifest.skipped,
-                                   validation=validation)
-        props[REPLAY] = json.dumps({"mode": plan.mode, "ranges": [[r.topic, r.partition, r.start, r.end] for r in plan.ranges],
-                                    **({"data_interval": list(plan.data_interval)} if plan.data_interval else {})},
-                                   separators=(",", ":"))
-        append = bool(manifest.data_files) or plan.mode != "replace"
-        confirm = tuple(confirm_keys(table, plan.batch_id))
-        if plan.mode != "replace":
-            return Change(props, manifest.data_files, branch=branch, remove_properties=confirm)
-        # With nothing to append the delete's snapshot carries the batch id (the idempotency marker).
-        marker = {k: v for k, v in props.items() if k != BATCH_ID} if append else props
-        return Change(props, manifest.data_files, branch=branch, delete_filter=rows_filter(spec, plan.ranges),
-                      delete_properties=marker, append=append, remove_properties=confirm)
+        props = replay_summary(plan, offsets, manifest.records, manifest.skipped, dag_run_id, validation)
+        return replay_change(table, spec, plan, manifest.data_files, props, plan.mode)
 
     done = commit(catalog, ident, prepare, marker=plan.batch_id, what=f"replay {plan.batch_id}", max_attempts=max_attempts)
     offsets = seen.get("offsets")
@@ -71,3 +94,56 @@ def commit_replay(catalog: Any, spec: PipelineSpec, plan: BatchPlan, manifest: B
         found = find_batch_snapshot(done.table, plan.batch_id)
         snap_id = found.snapshot_id if found else None
     return CommitResult(done.status, plan.batch_id, ident, snap_id, manifest.records, len(manifest.data_files), offsets)
+
+
+def commit_routed_replay(catalog: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest,
+                         dag_run_id: str | None = None, validation: dict[str, Any] | None = None,
+                         max_attempts: int = 8) -> CommitResult:
+    """A replay or backfill of a routed pipeline: each target table the re-read records route to gets one commit
+    (once, by batch id; a retry skips the tables done): a change table reapplies its changes, an append table
+    gets the request's mode (``replay_mode``). Each table keeps its committed offsets; the checkpoint is not
+    touched. Ranges past the checkpoint's committed offsets are refused (the scheduled batches' records)."""
+    from tidewater.commit.routed import check_routed_manifest
+    from tidewater.table.catalog import load_table
+
+    check_routed_manifest(plan, manifest)
+    checkpoint = load_table(catalog, plan.table)
+    offsets = committed_state(checkpoint).offsets if checkpoint is not None else {}
+    refuse_uncommitted_ranges(plan, offsets)
+    timings = []
+    for out in manifest.outputs:
+        if out.data_files:
+            t0 = time.monotonic()
+            status = _replay_table(catalog, spec.for_table(out.table), plan, out, dag_run_id,
+                                   (validation or {}).get("tables", {}).get(out.table), max_attempts)
+            timings.append(TableCommit(out.table, status, out.rows, round(time.monotonic() - t0, 4)))  # type: ignore[arg-type]
+    log.info("replay %s (%s): %s", plan.batch_id, plan.mode,
+             ", ".join(f"{t.table}: {t.status}" for t in timings) or "no rows routed to any table")
+    status = "committed" if any(t.status == "committed" for t in timings) or not timings else "already-committed"
+    return CommitResult(status, plan.batch_id, plan.table, None, manifest.records,  # type: ignore[arg-type]
+                        sum(len(o.data_files) for o in manifest.outputs), offsets, 0, tuple(timings))
+
+
+def _replay_table(catalog: Any, view: PipelineSpec, plan: BatchPlan, out: TableOutput, dag_run_id: str | None,
+                  validation: dict[str, Any] | None, max_attempts: int) -> str:
+    """One target table's commit of a routed replay (see commit_routed_replay)."""
+    mode = replay_mode(plan.mode, view)
+    if mode == "reapply":
+        from tidewater.commit.changes import reapply_attempt, remove_staged
+
+        state: dict[str, Any] = {}
+        done = commit(catalog, out.table, lambda table: reapply_attempt(
+            table, view, plan, out.data_files, state, lambda offsets: replay_summary(
+                plan, offsets, out.rows, 0, dag_run_id, validation), check_ranges=False),
+            marker=plan.batch_id, what=f"replay {plan.batch_id}", max_attempts=max_attempts)
+        remove_staged(done.table, out.data_files)
+        return done.status
+
+    def prepare(table: Any) -> Change:
+        props = replay_summary(plan, committed_state(table, view.table.branch).offsets, out.rows, 0, dag_run_id, validation)
+        return replay_change(table, view, plan, out.data_files, props, mode)
+
+    done = commit(catalog, out.table, prepare, marker=plan.batch_id, what=f"replay {plan.batch_id}", max_attempts=max_attempts)
+    if done.status == "committed":
+        log.info("replay %s (%s) committed to %s: %d rows", plan.batch_id, mode, out.table, out.rows)
+    return done.status

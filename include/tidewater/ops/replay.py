@@ -36,11 +36,13 @@ def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None
         manifest = run_write_step(spec, path, master=master)
     validate_step(spec, plan, manifest)
     result = commit_step(spec, plan, manifest)
+    if spec.routed:
+        return _routed_result(spec, plan, manifest, result, shown, say)
     changes = _changes_of_replay(spec, plan.batch_id) if plan.mode == "reapply" else None
     if changes is not None:
         say(f"{result.status}: replay {plan.batch_id} (reapply) of {manifest.rows_in_files} changes: "
             + ", ".join(f"{v} {k}" for k, v in changes.items()) + " (reapplied: rows restored from their latest change; "
-            "superseded: a later change wins; absent: no row to restore)")
+            "restored: lost rows put back; superseded: a later change wins; absent: no row to restore)")
     else:
         say(f"{result.status}: replay {plan.batch_id} ({plan.mode}), {manifest.rows_in_files} rows written"
             + (f", {manifest.present} already present" if manifest.present else ""))
@@ -49,10 +51,28 @@ def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None
             **({"changes": changes} if changes is not None else {})}
 
 
-def _changes_of_replay(spec: PipelineSpec, batch_id: str) -> dict[str, Any] | None:
-    """The counts a reapply replay stamped on its snapshot."""
+def _routed_result(spec: PipelineSpec, plan: Any, manifest: Any, result: Any, shown: list[dict[str, Any]],
+                   say: Any) -> dict[str, Any]:
+    """A routed replay's outcome, one line per target table it committed to."""
+    from tidewater.commit.replay import replay_mode
+
+    tables = {}
+    for t in result.tables:
+        mode = replay_mode(plan.mode, spec.for_table(t.table))
+        changes = _changes_of_replay(spec, plan.batch_id, t.table) if mode == "reapply" else None
+        tables[t.table] = {"status": t.status, "mode": mode, "rows": t.rows, **({"changes": changes} if changes else {})}
+        say(f"{t.status}: {t.table} ({mode}), {t.rows} " + ("changes: " + ", ".join(f"{v} {k}" for k, v in changes.items())
+                                                            if changes else "rows written"))
+    say(f"{result.status}: replay {plan.batch_id} ({plan.mode}) of {manifest.records} records over {len(tables)} "
+        f"table(s); {manifest.skipped} skipped")
+    return {"status": result.status, "batch_id": plan.batch_id, "mode": plan.mode, "tables": tables,
+            "records": manifest.records, "skipped": manifest.skipped, "preview": shown}
+
+
+def _changes_of_replay(spec: PipelineSpec, batch_id: str, ident: str | None = None) -> dict[str, Any] | None:
+    """The counts a reapply replay stamped on its snapshot (``ident``: a routed pipeline's target table)."""
     from tidewater.table.catalog import load_catalog, load_table
     from tidewater.table.summary import changes_of, find_batch_snapshot, summary_dict
 
-    snap = find_batch_snapshot(load_table(load_catalog(spec), spec.table.identifier), batch_id)
+    snap = find_batch_snapshot(load_table(load_catalog(spec), ident or spec.table.identifier), batch_id)
     return changes_of(summary_dict(snap)) if snap is not None else None

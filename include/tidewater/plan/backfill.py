@@ -37,19 +37,22 @@ def plan_backfill(spec: PipelineSpec, data_interval: tuple[str, str], reprocess:
     - It was never ingested: the interval is mapped to offsets with Kafka's timestamp lookup, clipped to
       the committed offsets (later records are the scheduled batches'), and replayed with
       ``append-missing`` (``replace`` with ``reprocess``).
+
+    A routed pipeline's intervals and offsets are its checkpoint table's; its change tables are reapplied
+    (``commit.replay.replay_mode``), its append tables get the mode above.
     """
     from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics
     from tidewater.table.catalog import load_catalog, load_table
     from tidewater.table.summary import committed_state
 
     key = "/".join(data_interval)
-    table = load_table(load_catalog(spec), spec.table.identifier) if not spec.routed else None
-    if spec.routed:
-        raise ConfigError("backfill: pipelines that route to several tables cannot be backfilled yet")
+    catalog = load_catalog(spec)
+    # a routed pipeline's batches and intervals are its checkpoint table's; each target table is checked below
+    table = load_table(catalog, spec.checkpoint_table())
     if table is None:
         log.info("backfill %s: the table does not exist yet; the scheduled runs ingest from the log start", key)
         return None, None
-    state = committed_state(table, spec.table.branch)
+    state = committed_state(table, spec.table.branch if not spec.routed else None)
     known = committed_intervals(table)
     if key in known:
         if not reprocess:
@@ -76,7 +79,12 @@ def plan_backfill(spec: PipelineSpec, data_interval: tuple[str, str], reprocess:
     if spec.format.metadata == "none":
         raise ConfigError(f"format.metadata: the backfill of {key} needs rows that carry their source offsets "
                           "(format.metadata prefixed or struct)")
-    check_rows_carry_offsets(spec, table)
+    if spec.routed:
+        from tidewater.plan.replay import replay_tables
+
+        replay_tables(spec, catalog, ())  # every target table's rows must carry their offsets
+    else:
+        check_rows_carry_offsets(spec, table)
     log.info("backfill %s: %s over %s", key, mode, ", ".join(f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in ranges))
     return stage_replay_plan(spec, ranges, mode, state.offsets, state.snapshot_id, table, data_interval=data_interval,
                              batch_id="backfill-" + new_batch_id())

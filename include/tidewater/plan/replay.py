@@ -51,6 +51,7 @@ class ReplayRequest:
     end_time: str | None = None  # exclusive
     mode: str = "replace"
     dry_run: bool = False
+    tables: tuple[str, ...] = ()  # routed pipelines: only these target tables (empty: every table)
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ReplayRequest:
@@ -81,7 +82,14 @@ class ReplayRequest:
             end_time=params.get("end_time") or None,
             mode=str(params.get("mode") or "replace"),
             dry_run=bool(params.get("dry_run")),
+            tables=_names(params.get("tables")),
         )
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """Table names from a form's list or a comma-separated string."""
+    items = value.split(",") if isinstance(value, str) else (value or [])
+    return tuple(sorted({str(v).strip() for v in items if str(v).strip()}))
 
 
 def parse_time(value: str, name: str) -> int:
@@ -97,14 +105,14 @@ def parse_time(value: str, name: str) -> int:
 
 def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
     """Checks that need no broker. Raises ConfigError naming the parameter or setting."""
-    if spec.routed:
-        raise ConfigError("replay: pipelines that route to several tables cannot be replayed yet")
+    if req.tables and not spec.routed:
+        raise ConfigError(f"tables: pipeline {spec.name} writes one table ({spec.table.identifier}); leave tables empty")
     if spec.format.metadata == "none":
         raise ConfigError("format.metadata: replay needs the source of every row: set format.metadata to prefixed or "
                           "struct (rows written before that cannot be matched to their offsets)")
     if req.mode not in MODES:
         raise ConfigError(f"mode: {req.mode!r} is not one of {', '.join(MODES)}")
-    if spec.applies_changes != (req.mode == "reapply"):
+    if not spec.routed and spec.applies_changes != (req.mode == "reapply"):  # routed: per table, see replay_mode
         raise ConfigError("mode: a change table (table.upsert / op_field) is replayed with mode reapply (each change is "
                           "applied again where it is still its key's latest)" if spec.applies_changes else
                           "mode: reapply is for change tables (table.upsert / op_field); use replace or append-missing")
@@ -227,7 +235,8 @@ def check_rows_carry_offsets(spec: PipelineSpec, table: Any) -> None:
                           "records again")
 
 
-def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: str) -> list[dict[str, Any]]:
+def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: str,
+            table_name: str | None = None) -> list[dict[str, Any]]:
     """Per partition: offsets in the range, rows now from it, rows to delete and (at most) to add."""
     import pyarrow.compute as pc
 
@@ -241,35 +250,37 @@ def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: 
         out.append({"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end, "offsets": r.size,
                     "rows_now": now, "rows_to_delete": now if mode == "replace" else 0,
                     "rows_to_add_at_most": r.size if mode in ("replace", "reapply") else r.size - distinct,
-                    **({"mode": mode} if reapply else {})})
+                    **({"mode": mode} if reapply else {}), **({"table": table_name} if table_name else {})})
     return out
 
 
 def describe(row: dict[str, Any]) -> str:
     """One preview row as people read it (logs, the CLI, the replay DAG)."""
+    where = f"{row['table']}: " if row.get("table") else ""
     if row.get("mode") == "reapply":
-        return (f"{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} changes to re-read; "
-                f"{row['rows_now']} rows were written by them; each change is applied again only where it is still its "
-                "key's latest (a healthy table stays unchanged)")
-    return (f"{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} offsets; rows now "
-            f"{row['rows_now']}, to delete {row['rows_to_delete']}, to add at most {row['rows_to_add_at_most']}")
+        return (f"{where}{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} changes to "
+                f"re-read; {row['rows_now']} rows were written by them; each change is applied again only where it is "
+                "still its key's latest (a healthy table stays unchanged)")
+    return (f"{where}{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} offsets; rows "
+            f"now {row['rows_now']}, to delete {row['rows_to_delete']}, to add at most {row['rows_to_add_at_most']}")
 
 
 def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: str, committed: Offsets,
                       snapshot_id: int | None, table: Any, data_interval: tuple[str, str] | None = None,
-                      batch_id: str | None = None) -> tuple[BatchPlan, Any]:
-    """Write a replay plan (and, for append-missing, the offsets already present) to the staging area."""
+                      batch_id: str | None = None, tables: tuple[str, ...] = ()) -> tuple[BatchPlan, Any]:
+    """Write a replay plan (and, for append-missing, the offsets already present) to the staging area. Routed
+    pipelines: ``table`` is the checkpoint table, ``tables`` the target tables asked for (empty: all)."""
     from tidewater.staging import write_parquet
 
     bid = batch_id or "replay-" + new_batch_id()
     directory = batch_dir(spec.staging_dir(), spec.name, bid)
     exclude = None
-    if mode == "append-missing":
+    if mode == "append-missing" and not spec.routed:  # routed: each target table's own, see TableSink.held
         exclude = str(directory / PRESENT_NAME)
         write_parquet(present_offsets(spec, table, ranges), directory / PRESENT_NAME)
-    plan = BatchPlan(batch_id=bid, pipeline=spec.name, table=spec.table.identifier, pipeline_path=str(spec.source_path),
+    plan = BatchPlan(batch_id=bid, pipeline=spec.name, table=spec.checkpoint_table(), pipeline_path=str(spec.source_path),
                      ranges=tuple(ranges), base_offsets=committed, created_at=utc_now_iso(), base_snapshot_id=snapshot_id,
-                     mode=mode, exclude_path=exclude, data_interval=data_interval)
+                     mode=mode, exclude_path=exclude, data_interval=data_interval, tables=tables)
     from tidewater.batch import PLAN_NAME
 
     path = directory / PLAN_NAME
@@ -287,6 +298,8 @@ def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | N
     from tidewater.table.summary import committed_state
 
     check_request(spec, req)
+    if spec.routed:
+        return _plan_routed_replay(spec, req, lookup, log_preview)
     table = load_table(load_catalog(spec), spec.table.identifier)
     if table is None:
         raise ConfigError(f"table {spec.table.identifier} does not exist yet: nothing to replay")
@@ -299,4 +312,66 @@ def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | N
     if req.dry_run or not ranges:
         return None, None, shown
     plan, path = stage_replay_plan(spec, ranges, req.mode, state.offsets, state.snapshot_id, table)
+    return plan, path, shown
+
+
+def replay_tables(spec: PipelineSpec, catalog: Any, asked: tuple[str, ...]) -> dict[str, Any]:
+    """Routed pipelines: the target tables a replay looks at (``asked``, else every target table the pipeline
+    has), loaded; each must be a target table that exists and whose rows carry their source offsets."""
+    from tidewater.ops.status import target_tables
+    from tidewater.table.catalog import load_table
+
+    known = target_tables(spec, catalog)
+    unknown = sorted(set(asked) - set(known))
+    if unknown:
+        raise ConfigError(f"tables: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a target table of "
+                          f"pipeline {spec.name} (its tables: {', '.join(known) or 'none yet'})")
+    out = {}
+    for ident in asked or known:
+        table = load_table(catalog, ident)
+        if table is None:
+            if asked:
+                raise ConfigError(f"tables: {ident} does not exist yet: nothing to replay")
+            continue
+        check_rows_carry_offsets(spec.for_table(ident), table)
+        out[ident] = table
+    return out
+
+
+def routed_preview(spec: PipelineSpec, tables: dict[str, Any], ranges: list[PartitionRange], mode: str,
+                   asked: bool) -> list[dict[str, Any]]:
+    """Per target table and partition (see ``preview``), each with the mode the table gets. Without ``asked``
+    tables, only tables holding rows from the ranges are shown (records re-read may also route elsewhere)."""
+    from tidewater.commit.replay import replay_mode
+
+    shown = []
+    for ident, table in sorted(tables.items()):
+        view = spec.for_table(ident)
+        rows = preview(view, table, ranges, replay_mode(mode, view), table_name=ident)
+        if asked or any(r["rows_now"] for r in rows):
+            shown.extend(rows)
+    return shown
+
+
+def _plan_routed_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | None, log_preview: bool
+                        ) -> tuple[BatchPlan | None, Path | None, list[dict[str, Any]]]:
+    """``plan_replay`` of a routed pipeline: ranges checked against its checkpoint's offsets, the preview per
+    target table (each table keeps its own offsets; see ``commit.replay.commit_routed_replay``)."""
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.table.catalog import load_catalog, load_table
+    from tidewater.table.summary import committed_state
+
+    catalog = load_catalog(spec)
+    checkpoint = load_table(catalog, spec.checkpoint_table())
+    if checkpoint is None or checkpoint.current_snapshot() is None:
+        raise ConfigError(f"pipeline {spec.name} has committed no batch yet ({spec.checkpoint_table()}): nothing to replay")
+    state = committed_state(checkpoint)
+    ranges = resolve_ranges(spec, req, state.offsets, kafka_settings(spec), lookup)
+    tables = replay_tables(spec, catalog, req.tables)
+    shown = routed_preview(spec, tables, ranges, req.mode, bool(req.tables))
+    for row in shown if log_preview else ():
+        log.info("replay %s: %s", req.mode, describe(row))
+    if req.dry_run or not ranges:
+        return None, None, shown
+    plan, path = stage_replay_plan(spec, ranges, req.mode, state.offsets, state.snapshot_id, checkpoint, tables=req.tables)
     return plan, path, shown

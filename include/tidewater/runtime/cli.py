@@ -284,6 +284,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         "topic": args.topic, "partitions": args.partitions, "start_offset": args.start_offset, "end_offset": args.end_offset,
         "start_time": args.start_time, "end_time": args.end_time,
         "mode": args.mode or ("reapply" if spec.applies_changes else "replace"), "dry_run": args.dry_run,
+        "tables": args.tables,
     })
     result = run_replay(spec, req, master=args.master, out=None if args.json else print)
     if args.json:
@@ -393,7 +394,7 @@ def _add_connect_import(sub: Any) -> None:
 
 
 def _add_replay(sub: Any) -> None:
-    p = sub.add_parser("replay", help="re-read an offset range (or time range) into the table: replace or append-missing")
+    p = sub.add_parser("replay", help="re-read an offset range (or time range) into the table(s): replace, append-missing or reapply")
     _pipeline_arg(p)
     p.add_argument("--topic", required=True)
     p.add_argument("--partitions", default="", help="comma-separated partition numbers (default: all)")
@@ -402,7 +403,10 @@ def _add_replay(sub: Any) -> None:
     p.add_argument("--start-time", default=None, help="ISO-8601 (naive: UTC); instead of offsets")
     p.add_argument("--end-time", default=None, help="ISO-8601, exclusive")
     p.add_argument("--mode", default=None, choices=["replace", "append-missing", "reapply"],
-                   help="default: reapply for change tables, replace otherwise")
+                   help="default: reapply for change tables, replace otherwise; routed pipelines: the append tables' "
+                        "mode (their change tables are always reapplied)")
+    p.add_argument("--tables", default="", help="routed pipelines: comma-separated target tables to replay (default: "
+                                                "every table the re-read records route to)")
     p.add_argument("--dry-run", action="store_true", help="print rows to delete and to add per partition; change nothing")
     p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
     p.add_argument("--json", action="store_true")

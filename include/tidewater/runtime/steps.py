@@ -613,6 +613,10 @@ def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_ru
         result = commit_changes(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation,
                                 dead_letter_sink=sink, quarantine=quarantine)
         return _quarantined(spec, plan, validation) if quarantine else result
+    if plan.mode != "ingest" and spec.routed:
+        from tidewater.commit.replay import commit_routed_replay
+
+        return commit_routed_replay(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation)
     if plan.mode != "ingest":
         from tidewater.commit.replay import commit_replay
 

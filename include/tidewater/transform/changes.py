@@ -151,13 +151,16 @@ def count_effects(net: NetChanges, existed: pa.Array) -> dict[str, int]:
     }
 
 
-def reapply_decisions(net: NetChanges, rows: pa.Table) -> tuple[pa.Array, dict[str, int]]:
+def reapply_decisions(net: NetChanges, rows: pa.Table, reaching: list[int] | None = None) -> tuple[pa.Array, dict[str, int]]:
     """A replay of committed changes: which keys get their change again. ``rows``: the table's live rows of
     the changed keys (``__key`` into ``net.keys``, ``_kafka_partition``, ``_kafka_offset`` of the change that
     wrote each row). A key's change is applied again when its row was written by that change (the image is
     restored) or by an earlier one of the same partition (a lost change); a row written by a later change, or
-    in another partition (no order to compare), wins; a key without a row is left alone (a later change may
-    have deleted it). On a healthy table a replay changes no row. Returns (apply per key, counts)."""
+    in another partition (no order to compare), wins. A key without a row is left alone (a later change may
+    have deleted it), except in the partitions ``reaching`` lists (the replay's range reaches the table's
+    committed offset there, so no later change of the partition exists): there a key whose last change is not a
+    delete lost its row, which is restored. On a healthy table a replay changes no row. Returns (apply per key,
+    counts)."""
     import numpy as np
 
     n = net.keys.num_rows
@@ -171,13 +174,21 @@ def reapply_decisions(net: NetChanges, rows: pa.Table) -> tuple[pa.Array, dict[s
         existed = pc.is_in(every, value_set=pc.unique(key))
     else:
         applied = existed = pa.repeat(False, n)
+    lost = pc.and_(pc.invert(existed), pc.invert(net.last_deletes))
+    if reaching:
+        lost_here = pc.and_(lost, pc.is_in(net.last.column(PARTITION), value_set=pa.array(reaching, pa.int32()).cast(
+            net.last.schema.field(PARTITION).type)))
+        applied = pc.or_(applied, lost_here)
+    else:
+        lost_here = pa.repeat(False, n)
 
     def count(mask: pa.Array) -> int:
         return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
 
     return applied, {
-        "reapplied": count(applied),
+        "reapplied": count(pc.and_(applied, pc.invert(lost_here))),
+        "restored": count(lost_here),
         "superseded": count(pc.and_(existed, pc.invert(applied))),
-        "absent": count(pc.and_(pc.invert(existed), pc.invert(net.last_deletes))),
+        "absent": count(pc.and_(lost, pc.invert(lost_here))),
         "noop": count(pc.and_(pc.invert(existed), net.last_deletes)),
     }

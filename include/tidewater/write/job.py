@@ -60,13 +60,13 @@ def run(sc: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
     ranges = subranges(plan, spec.batch.records_per_task)
     log.info("batch %s: %d sub-ranges over %d partitions", plan.batch_id, len(ranges), len(plan.ranges))
     spec = spec.for_executors()
-    batch_id, mode = plan.batch_id, plan.mode
+    batch_id, mode, only = plan.batch_id, plan.mode, plan.tables
     excludes = present_by_subrange(plan, spec, ranges)
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
         work = [(i, ranges[i], excludes[i]) for i in ids]  # each task carries its own offsets to leave out
         rdd = sc.parallelize(work, numSlices=len(work))
-        return rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1], mode, x[2])).collect()
+        return rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1], mode, x[2], only)).collect()
 
     results = write_rounds(execute, plan, spec, len(ranges), timings)
     timings["job_done"] = time.time()
@@ -84,7 +84,7 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
     timings["job_submitted"] = time.time()
     ranges = subranges(plan, spec.batch.records_per_task)
     log.info("batch %s: %d sub-ranges over %d partitions (DataFrame API)", plan.batch_id, len(ranges), len(plan.ranges))
-    batch_id, mode, excludes = plan.batch_id, plan.mode, present_by_subrange(plan, spec, ranges)
+    batch_id, mode, excludes, only = plan.batch_id, plan.mode, present_by_subrange(plan, spec, ranges), plan.tables
     spec = spec.for_executors()
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
@@ -92,7 +92,8 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
             import pyarrow as pa
 
             for b in batches:
-                out = [json.dumps(write_subrange(spec, settings, batch_id, ids[k], ranges[ids[k]], mode, excludes[ids[k]]))
+                out = [json.dumps(write_subrange(spec, settings, batch_id, ids[k], ranges[ids[k]], mode, excludes[ids[k]],
+                                                  only))
                        for k in b.column(0).to_pylist()]
                 yield pa.RecordBatch.from_pydict({"result": out}, schema=pa.schema([("result", pa.string())]))
 
@@ -123,7 +124,8 @@ def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) ->
     excludes = present_by_subrange(plan, spec, ranges)
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
-        return [write_subrange(spec, settings, plan.batch_id, i, ranges[i], plan.mode, excludes[i]) for i in ids]
+        return [write_subrange(spec, settings, plan.batch_id, i, ranges[i], plan.mode, excludes[i], plan.tables)
+                for i in ids]
 
     timings: dict[str, float] = {}
     results = write_rounds(execute, plan, spec, len(ranges), timings)

@@ -16,7 +16,7 @@ class TableSink:
     and (routed pipelines) the rows it leaves out because the table already committed them."""
 
     def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Any, prefix: str, routed: bool,
-                 batch: tuple[str, str] | None = None) -> None:
+                 batch: tuple[str, str] | None = None, replay: tuple[str, Any] | None = None) -> None:
         from tidewater.table.catalog import load_table
         from tidewater.table.summary import committed_state
 
@@ -29,6 +29,9 @@ class TableSink:
         self.ignored_fields: set[str] = set()  # fields not added because evolve_schema is off
         self.rows = 0
         self.already = 0  # routed: rows of records this table committed before (a retried batch)
+        # routed replays: (mode, the task's range); append-missing leaves out the offsets this table holds
+        self.replay = replay
+        self._present: Any = None
         self.seen: dict[str, dict[int, int | None]] = {}
         self._committed = committed_state(self.table, tspec.branch).offsets if routed and self.table is not None else {}
         newest = newest_batch(self.table) if routed and self.table is not None else None
@@ -54,6 +57,25 @@ class TableSink:
         t = self._committed.get(topic, {}).get(partition)
         self.seen.setdefault(topic, {})[partition] = t
         return t
+
+    def held(self, topic: str, partition: int, offsets: Any) -> Any:
+        """Routed pipelines: which of these offsets (of rows routed to this table) the table already holds, as
+        a boolean mask, or None for none. A batch: those below the table's committed offset (a retried batch);
+        a replay re-lands committed records, so none, except with append-missing: the offsets of rows the table
+        holds from the task's range (read once per task, from the table's Kafka metadata columns)."""
+        import pyarrow.compute as pc
+
+        if self.replay is None:
+            t = self.threshold(topic, partition)
+            return None if t is None else pc.less(offsets, t)
+        mode, rng = self.replay
+        if mode != "append-missing" or self.table is None:
+            return None
+        if self._present is None:
+            from tidewater.plan.replay import present_offsets
+
+            self._present = present_offsets(self.view, self.table, [rng]).column("offset").combine_chunks()
+        return pc.is_in(offsets, value_set=self._present)
 
     def admit(self, decoded: Any) -> tuple[Any, list[Any]]:
         """(rows within the table's schema limits, rows over them as ``limits.Rejected``): see

@@ -96,9 +96,9 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
         for r in rows_of.to_pylist():  # error path
             failed.setdefault(r, refused)
         return None
-    threshold = sink.threshold(chunk.topic, chunk.partition)
-    if threshold is not None:
-        fresh = pc.filter(rows_of, pc.greater_equal(pc.take(offsets, rows_of), threshold))
+    held = sink.held(chunk.topic, chunk.partition, pc.take(offsets, rows_of))
+    if held is not None:
+        fresh = pc.filter(rows_of, pc.invert(held))
         sink.already += len(rows_of) - len(fresh)
         rows_of = fresh
     if not len(rows_of):
@@ -123,13 +123,14 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
 
 
 def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], open_sink: Any, chunk: Any,
-                 decoded: Any, bad_idx: list[int]) -> tuple[list[Any], int, int]:
+                 decoded: Any, bad_idx: list[int], only: frozenset[str] | None = None) -> tuple[list[Any], int, int]:
     """Routed pipelines: split decoded rows over the target tables and write them.
 
     Returns (records that become dead letters, records skipped as unmatched, records routed to at least
     one table). A record that cannot be written to one of its tables (its value does not take the
     column's type, an id column is empty, its dynamic table does not exist) is a dead letter and is
-    written to none, so records read = routed + dead letters + skipped holds.
+    written to none, so records read = routed + dead letters + skipped holds. ``only`` (a replay of some
+    target tables): records routed to none of them are skipped.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -140,6 +141,8 @@ def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], op
     chunk_idx = decoded_rows(len(chunk), bad_idx)
     offsets = pc.take(pa.array(chunk.offsets, pa.int64()), chunk_idx)
     routed = router.route(chunk.topic, decoded)
+    if only is not None:
+        routed = _only_tables(routed, only)
     failed: dict[int, tuple[str, str]] = {r: ("InvalidRoute", msg) for r, msg in routed.invalid}
     pending: list[tuple[TableSink, Any, Any]] = []
     for ident, mask in routed.masks.items():
@@ -156,7 +159,7 @@ def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], op
     unmatched_rows = pc.indices_nonzero(pc.and_(routed.unmatched, keep_mask(n, list(failed))))
     skipped = 0
     if len(unmatched_rows):
-        if spec.routing.unmatched == "skip":
+        if spec.routing.unmatched == "skip" or only is not None:  # a replay: their dead letters exist already
             skipped = len(unmatched_rows)
         else:
             field = spec.routing.field
@@ -166,12 +169,29 @@ def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], op
     return bad, skipped, n - len(failed) - len(unmatched_rows)
 
 
+def _only_tables(routed: Any, only: frozenset[str]) -> Any:
+    """The routing of a chunk kept to the tables ``only`` names: records routed to none of them become unmatched."""
+    import dataclasses
+    from functools import reduce
+
+    import pyarrow.compute as pc
+
+    kept = {ident: mask for ident, mask in routed.masks.items() if ident in only}
+    elsewhere = [mask for ident, mask in routed.masks.items() if ident not in only]
+    if not elsewhere:
+        return routed
+    anywhere = reduce(pc.or_, kept.values()) if kept else None
+    left_out = reduce(pc.or_, elsewhere)
+    left_out = left_out if anywhere is None else pc.and_(left_out, pc.invert(anywhere))
+    return dataclasses.replace(routed, masks=kept, unmatched=pc.or_(routed.unmatched, left_out))
+
+
 class _TaskWriter:
     """The state of one task: sinks per table, the dead-letter writer, counts. One method per step of
     the per-chunk loop; ``write_subrange`` drives it."""
 
     def __init__(self, spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
-                 mode: str, exclude: Any, probe: bool = False) -> None:
+                 mode: str, exclude: Any, probe: bool = False, tables: tuple[str, ...] = ()) -> None:
         from tidewater.source.kafka import Rereader
         from tidewater.table.catalog import load_catalog
 
@@ -180,6 +200,8 @@ class _TaskWriter:
         self.started, self.started_at = time.monotonic(), time.time()
         self.catalog = load_catalog(spec)
         self.policy = spec.dead_letter.policy if mode == "ingest" else "skip"
+        self.mode = mode
+        self.only = frozenset(tables) or None  # routed replays: the target tables asked for (None: every table)
         # offsets to leave out: already read by the driver (an Arrow array), or the plan's staged file (inline runs)
         self.present_set = exclude  # the offsets to leave out (present_by_subrange), read on the driver
         self.prefix = f"{batch_id}-{task_id:05d}"
@@ -210,7 +232,8 @@ class _TaskWriter:
     def open_sink(self, ident: str) -> TableSink:
         tspec = self.spec.table_spec(ident) if self.router is not None else self.spec.table
         self.sinks[ident] = TableSink(self.spec, tspec, self.catalog, self.prefix, routed=self.router is not None,
-                                      batch=(self.batch_id, f"t{self.task_id:05d}"))
+                                      batch=(self.batch_id, f"t{self.task_id:05d}"),
+                                      replay=(self.mode, self.rng) if self.mode != "ingest" else None)
         self.sinks[ident].probe = self.probe
         return self.sinks[ident]
 
@@ -309,7 +332,8 @@ class _TaskWriter:
         return decoded, bad, sorted(gone + [b.index for b in more])
 
     def route(self, chunk: Any, decoded: Any, gone: list[int], bad: list[Any]) -> list[Any]:
-        more, unmatched, routed_now = route_chunk(self.spec, self.router, self.sinks, self.open_sink, chunk, decoded, gone)
+        more, unmatched, routed_now = route_chunk(self.spec, self.router, self.sinks, self.open_sink, chunk, decoded, gone,
+                                                  self.only)
         self.skipped += unmatched
         self.routed += routed_now
         if more and self.policy == "fail":
@@ -459,7 +483,7 @@ def _leave_a_removed_directory() -> None:
 
 def write_subrange(
     spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
-    mode: str = "ingest", exclude: Any = None,
+    mode: str = "ingest", exclude: Any = None, tables: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Read ``rng``, decode, write data files (one TableSink per target table). Returns files and stats,
     or an error document, or (``evolve``) the schema changes its rows need, for the driver to make before it
@@ -467,14 +491,15 @@ def write_subrange(
 
     Replays (``mode`` replace or append-missing) count undecodable records as skipped (their dead letters
     were written when the range was first ingested); append-missing leaves out the offsets in ``exclude``
-    (the rows the table already holds: an Arrow array of offsets, or the path of the plan's file of them).
+    (the rows the table already holds: an Arrow array of offsets, or the path of the plan's file of them;
+    routed pipelines: per target table, see ``TableSink.held``). ``tables``: a routed replay of some target tables.
     """
     import pyarrow as pa
 
     _leave_a_removed_directory()
     writer = None
     try:
-        writer = _TaskWriter(spec, settings, batch_id, task_id, rng, mode, exclude)
+        writer = _TaskWriter(spec, settings, batch_id, task_id, rng, mode, exclude, tables=tables)
         for chunk in writer.chunks():
             writer.process(chunk)
         needs = writer.requests()
