@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import stage_inline, write_pipeline
 from tests.integration.test_replay import TimestampLookupStandIn
 from tests.integration.test_routed_changes import Source, assert_equals_source, table_rows
-from tidewater.commit import replay as replaying
+from tidewater.commit import routed_replay as replaying
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import ConfigError, TransientError
 from tidewater.ops.replay import run_replay

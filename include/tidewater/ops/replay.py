@@ -54,7 +54,7 @@ def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None
 def _routed_result(spec: PipelineSpec, plan: Any, manifest: Any, result: Any, shown: list[dict[str, Any]],
                    say: Any) -> dict[str, Any]:
     """A routed replay's outcome, one line per target table it committed to."""
-    from tidewater.commit.replay import replay_mode
+    from tidewater.plan.replay import replay_mode
 
     tables = {}
     for t in result.tables:

@@ -103,6 +103,14 @@ def parse_time(value: str, name: str) -> int:
     return int(t.timestamp() * 1000)
 
 
+def replay_mode(mode: str, view: PipelineSpec) -> str:
+    """The mode a table of a replay gets: a change table is always reapplied; an append table gets the
+    request's mode (``replace`` when a routed replay asks to reapply its change tables)."""
+    if view.applies_changes:
+        return "reapply"
+    return "replace" if mode == "reapply" else mode
+
+
 def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
     """Checks that need no broker. Raises ConfigError naming the parameter or setting."""
     if req.tables and not spec.routed:
@@ -342,8 +350,6 @@ def routed_preview(spec: PipelineSpec, tables: dict[str, Any], ranges: list[Part
                    asked: bool) -> list[dict[str, Any]]:
     """Per target table and partition (see ``preview``), each with the mode the table gets. Without ``asked``
     tables, only tables holding rows from the ranges are shown (records re-read may also route elsewhere)."""
-    from tidewater.commit.replay import replay_mode
-
     shown = []
     for ident, table in sorted(tables.items()):
         view = spec.for_table(ident)

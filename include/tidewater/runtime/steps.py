@@ -614,7 +614,7 @@ def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_ru
                                 dead_letter_sink=sink, quarantine=quarantine)
         return _quarantined(spec, plan, validation) if quarantine else result
     if plan.mode != "ingest" and spec.routed:
-        from tidewater.commit.replay import commit_routed_replay
+        from tidewater.commit.routed_replay import commit_routed_replay
 
         return commit_routed_replay(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation)
     if plan.mode != "ingest":
