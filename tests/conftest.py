@@ -140,8 +140,9 @@ def pipeline_file(home: Path, broker: object, topic: str) -> Path:
 
 
 def produce_to_partition(bootstrap: str, topic: str, partition: int, values: list[bytes | None], partitions: int = 1,
-                         producer_settings: dict | None = None) -> None:
-    """Produce ``values`` to one partition in order (creating the topic), last record in its own request."""
+                         producer_settings: dict | None = None, keys: list[bytes | None] | None = None) -> None:
+    """Produce ``values`` (with ``keys``, one per value) to one partition in order (creating the topic), last
+    record in its own request."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -150,10 +151,11 @@ def produce_to_partition(bootstrap: str, topic: str, partition: int, values: lis
     if topic not in admin.list_topics(timeout=10).topics:
         admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(timeout=15)
     p = Producer({**conf, "linger.ms": 5, **(producer_settings or {})})
-    for v in values[:-1]:
-        p.produce(topic, v, partition=partition)
+    keyed = keys or [None] * len(values)
+    for k, v in zip(keyed[:-1], values[:-1]):
+        p.produce(topic, v, key=k, partition=partition)
     p.flush(30)
-    p.produce(topic, values[-1], partition=partition)
+    p.produce(topic, values[-1], key=keyed[-1], partition=partition)
     p.flush(30)
 
 

@@ -41,8 +41,8 @@ class Source:
     """One source table: its reference model, and its changes encoded as Debezium JSON. From ``note_from`` on,
     the source table has a new column `note` (every row image written from then carries it)."""
 
-    def __init__(self, topic: str, note_from: int | None = None) -> None:
-        self.topic, self.note_from = topic, note_from
+    def __init__(self, topic: str, note_from: int | None = None, key_style: str | None = None) -> None:
+        self.topic, self.note_from, self.key_style = topic, note_from, key_style
         self.model: dict[int, dict] = {}
         self.records = 0
 
@@ -54,11 +54,14 @@ class Source:
         changes = change_stream(self.model, n, keys=12, seed=seed)
         noted = self.note_from is not None and batch >= self.note_from
         by_part: dict[int, list] = defaultdict(list)
+        keys: dict[int, list] = defaultdict(list)
         if truncate:
             by_part[0].append(json.dumps({"before": None, "after": None, "op": "t", "source": {"table": "t"}}).encode())
+            keys[0].append(None)
             if truncate == "apply":
                 self.model = {}
         for key, value in encode(changes, self.model, "debezium"):
+            keys[key % PARTITIONS].append(message_key(key, self.key_style))
             if value is not None:
                 env = json.loads(value)
                 if snapshot and env["op"] == "c":
@@ -68,7 +71,8 @@ class Source:
                 value = json.dumps(env).encode()
             by_part[key % PARTITIONS].append(value)
         for p, values in sorted(by_part.items()):
-            produce_to_partition(broker.bootstrap, self.topic, p, values, partitions=PARTITIONS)
+            produce_to_partition(broker.bootstrap, self.topic, p, values, partitions=PARTITIONS,
+                                 keys=keys[p] if self.key_style else None)
         self.model = apply(self.model, changes)
         if noted:  # rows written before the column existed have none
             last = {c.id: c for c in changes}  # each key's last image in this batch
@@ -78,6 +82,16 @@ class Source:
         sent = sum(len(v) for v in by_part.values())
         self.records += sent
         return sent
+
+
+def message_key(key: int, style: str | None) -> bytes | None:
+    """Debezium's message key for a row of key ``key``: JSON with its schema (`schema`), without (`plain`), or
+    none (`none`: a source table without a primary key)."""
+    if style == "schema":
+        schema = {"type": "struct", "optional": False, "name": "inv.Key",
+                  "fields": [{"field": "id", "type": "int64", "optional": False}]}
+        return json.dumps({"schema": schema, "payload": {"id": key}}).encode()
+    return json.dumps({"id": key}).encode() if style == "plain" else None
 
 
 def table_rows(spec, ident: str, branch: str | None = None) -> dict[int, dict]:  # noqa: ANN001
@@ -346,3 +360,37 @@ def test_change_tables_on_a_branch_are_published_by_fast_forwarding_main(broker,
     with pytest.raises(TerminalError, match="a fast-forward would drop main's commits"):
         publish_branch(spec, "rpc.src2")
     assert load_table(catalog, "rpc.src2").current_snapshot().snapshot_id == head
+
+
+def test_id_columns_left_empty_are_taken_from_the_debezium_message_keys(broker, home, topic):
+    """`table.upsert` with no `id_columns` on a routed Debezium pipeline: each table takes its records' message key
+    fields as its id columns, set as the Iceberg identifier fields when the first batch creates it (keys as JSON
+    with their schema, and without); the second batch reads them from the table. Every table equals its source
+    after each batch. A source table without a primary key (records without keys) cannot be applied: its records
+    are dead letters (`MissingId`) naming the table and the setting, nothing of them lands, the accounting adds up."""
+    sources = {"a": Source(f"{topic}.inv.a", key_style="schema"), "b": Source(f"{topic}.inv.b", key_style="plain")}
+    nopk = Source(f"{topic}.inv.nopk", key_style="none")
+    spec = database_by_pattern(home, broker, topic, table={"identifier": "", "upsert": True})
+    assert spec.ids_from_keys
+    catalog = load_catalog(spec)
+    for b in range(2):
+        for i, s in enumerate(sources.values()):
+            s.produce(broker, b, 25, seed=3 * b + i)
+        refused = nopk.produce(broker, b, 5, seed=90 + b)
+        plan, manifest = stage_inline(spec)
+        validate_step(spec, plan, manifest)
+        result = commit_step(spec, plan, manifest)
+        assert result.status == "committed" and result.dead_letters == manifest.dead_letters > 0
+        for name, s in sources.items():
+            assert_equals_source(spec, f"rpc.{name}", s)
+            schema = load_table(catalog, f"rpc.{name}").schema()
+            assert [schema.find_column_name(i) for i in schema.identifier_field_ids] == ["id"]
+        letters = load_table(catalog, spec.dead_letter_table()).scan().to_arrow().to_pylist()
+        assert {d["topic"] for d in letters} == {nopk.topic} and {d["error_class"] for d in letters} == {"MissingId"}
+        assert "table rpc.nopk: its id columns come from the message keys" in letters[0]["error_message"]
+        assert "set its id_columns" in letters[0]["error_message"]
+        tombstones = [p.skipped for p in manifest.partitions if p.topic == nopk.topic]
+        assert manifest.dead_letters + sum(tombstones) == refused
+    assert load_table(catalog, "rpc.nopk") is None
+    report = audit(spec)
+    assert report.clean, [f.text() for f in report.findings]

@@ -89,3 +89,21 @@ def test_a_truncate_supersedes_the_changes_before_it_in_its_partition_only(chang
     else:
         truncates = sum(1 for r in rows if r["op"] == "T")
         assert (truncated.truncates, truncated.superseded) == (truncates, len(rows) - len(expected) - truncates)
+
+
+def test_the_id_columns_are_the_field_names_of_the_first_message_key():
+    """Debezium's message key names the source table's primary key: JSON with its schema or without, read from the
+    first record that has a key; a key that is not an object names none (with its offset), no key at all neither."""
+    import json
+
+    from tidewater.source.kafka import Chunk
+    from tidewater.transform.keys import key_field_names
+
+    def chunk(keys: list) -> Chunk:
+        return Chunk("db.inv.orders", 0, [b"{}"] * len(keys), list(range(10, 10 + len(keys))), [0] * len(keys), keys)
+
+    with_schema = json.dumps({"schema": {"type": "struct", "fields": []}, "payload": {"order_id": 1, "line": 2}}).encode()
+    assert key_field_names(chunk([None, with_schema])) == (["order_id", "line"], 11)
+    assert key_field_names(chunk([b'{"id": 7}'])) == (["id"], 10)
+    assert key_field_names(chunk([b"7"])) == ([], 10)
+    assert key_field_names(chunk([None, None])) == ([], None)

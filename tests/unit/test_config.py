@@ -127,6 +127,19 @@ def test_errors_name_the_key(patch, message):
     assert message in str(e.value)
 
 
+def test_a_routed_debezium_pipeline_may_leave_id_columns_to_the_message_keys():
+    """Change tables of a routed Debezium pipeline without `id_columns` take them from the message keys; a table
+    listed with its own keeps them; other formats still need them (see test_errors_name_the_key)."""
+    doc = {**BASE, "table": {"identifier": "", "upsert": True}, "format": {"value": "debezium"},
+           "routing": {"namespace": "ns", "dynamic": True, "table_template": "{topic[-1]}"}}
+    spec = parse_pipeline(doc)
+    assert spec.ids_from_keys and spec.for_table("ns.orders").table.id_columns == []
+    keyed = parse_pipeline({**doc, "table": {"identifier": "", "upsert": True, "id_columns": ["id"]}})
+    assert not keyed.ids_from_keys
+    with pytest.raises(ConfigError, match="table.upsert: needs table.id_columns"):
+        parse_pipeline({**doc, "format": {"value": "json"}})
+
+
 def test_env_interpolation(monkeypatch):
     monkeypatch.setenv("KAFKA_PW", "s3cret")
     spec = parse_pipeline({**BASE, "kafka": {"bootstrap_servers": "${BROKERS:-b:1}", "settings": {"sasl.password": "${KAFKA_PW}"}}})

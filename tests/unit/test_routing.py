@@ -79,7 +79,7 @@ def test_a_topic_that_cannot_name_a_table_is_refused_by_name_and_a_value_still_f
 
 def test_the_database_example_routes_each_topic_to_its_change_table():
     """docs/examples/inventory_database.yaml validates, names `cdc.<table>` by each topic's last part, and every
-    table it names applies changes, with the override's id columns where one is listed."""
+    table it names applies changes, its id columns from the message keys (none listed) or the override's."""
     from pathlib import Path
 
     from tidewater.config.parse import load_pipeline
@@ -87,5 +87,5 @@ def test_the_database_example_routes_each_topic_to_its_change_table():
     spec = load_pipeline(Path(__file__).resolve().parents[2] / "docs" / "examples" / "inventory_database.yaml")
     router = Router(spec)
     assert list(router.route("dbserver1.inventory.orders", pa.table({"id": [1]})).masks) == ["cdc.orders"]
-    assert spec.for_table("cdc.orders").applies_changes and spec.for_table("cdc.orders").table.id_columns == ["id"]
-    assert spec.for_table("cdc.order_lines").table.id_columns == ["order_id", "line"]
+    assert spec.for_table("cdc.orders").applies_changes and spec.for_table("cdc.orders").table.id_columns == []
+    assert spec.ids_from_keys and spec.for_table("cdc.audit_log").table.id_columns == ["event_id"]

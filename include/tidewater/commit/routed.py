@@ -125,6 +125,18 @@ def _commit_table_changes(catalog: Any, view: Any, plan: BatchPlan, out: TableOu
     return done.status
 
 
+def table_view(spec: Any, catalog: Any, ident: str) -> Any:
+    """The pipeline's single-table view of one target table (``PipelineSpec.for_table``); a change table whose id
+    columns come from the message keys gets them from the table's identifier fields."""
+    view = spec.for_table(ident)
+    if view.applies_changes and not view.table.id_columns:
+        view = spec.for_table(ident, load_table(catalog, ident))
+        if not view.table.id_columns:
+            raise TerminalError(f"table {ident} has no id columns: id_columns is empty and the table has no identifier "
+                                "fields; set its id_columns", table=ident)
+    return view
+
+
 def ensure_checkpoint_table(catalog: Any, plan: BatchPlan, manifest: BatchManifest) -> Any:
     schema = checkpoint_row(plan, manifest, {}).schema
     return load_table(catalog, plan.table) or create_table(catalog, plan.table, schema, {"format-version": "2"})
@@ -180,7 +192,7 @@ def commit_routed(
     for out in manifest.outputs:
         if out.data_files:
             t0 = time.monotonic()
-            view = spec.for_table(out.table) if spec is not None else None
+            view = table_view(spec, catalog, out.table) if spec is not None else None
             status = commit_table_output(catalog, plan, out, dag_run_id, validation, max_attempts, view)
             timings.append(TableCommit(out.table, status, out.rows, round(time.monotonic() - t0, 4)))  # type: ignore[arg-type]
     t0 = time.monotonic()

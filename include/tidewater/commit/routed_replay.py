@@ -16,7 +16,7 @@ from tidewater.commit.changes import reapply_attempt, remove_staged
 from tidewater.commit.primitive import Change, commit
 from tidewater.commit.replay import refuse_uncommitted_ranges, replay_change, replay_summary
 from tidewater.commit.result import CommitResult, TableCommit
-from tidewater.commit.routed import check_routed_manifest
+from tidewater.commit.routed import check_routed_manifest, table_view
 from tidewater.config.spec import PipelineSpec
 from tidewater.plan.replay import replay_mode
 from tidewater.table.catalog import load_table
@@ -40,7 +40,7 @@ def commit_routed_replay(catalog: Any, spec: PipelineSpec, plan: BatchPlan, mani
     for out in manifest.outputs:
         if out.data_files:
             t0 = time.monotonic()
-            status = _replay_table(catalog, spec.for_table(out.table), plan, out, dag_run_id,
+            status = _replay_table(catalog, table_view(spec, catalog, out.table), plan, out, dag_run_id,
                                    (validation or {}).get("tables", {}).get(out.table), max_attempts)
             timings.append(TableCommit(out.table, status, out.rows, round(time.monotonic() - t0, 4)))  # type: ignore[arg-type]
     log.info("replay %s (%s): %s", plan.batch_id, plan.mode,

@@ -215,7 +215,10 @@ class TableSpec:
     )
     id_columns: list[str] = _doc(
         "Columns that identify a row. Set as the table's identifier fields (required columns) when it is "
-        "auto-created; a record without a value for one is a dead letter (`MissingId`).",
+        "auto-created; a record without a value for one is a dead letter (`MissingId`). A change table of a routed "
+        "pipeline reading Debezium (`debezium`, `debezium_avro`) may leave it empty: the fields of its records' "
+        "message key (the source table's primary key, JSON with or without its schema, or Avro) become the table's "
+        "identifier fields when it is created, and an existing table's identifier fields are its id columns.",
         default_factory=list,
     )
     upsert: bool = _doc(
@@ -690,12 +693,27 @@ class PipelineSpec:
                 return TableSpec(**{f.name: getattr(t, f.name) for f in dataclasses.fields(TableSpec)})
         return dataclasses.replace(self.table, identifier=identifier)
 
-    def for_table(self, identifier: str) -> PipelineSpec:
-        """A single-table view of a routed pipeline (for the gate and maintenance of one target table)."""
+    def for_table(self, identifier: str, table: Any = None) -> PipelineSpec:
+        """A single-table view of a routed pipeline (for the gate and maintenance of one target table). ``table``:
+        the loaded Iceberg table, whose identifier fields are the id columns of a change table that leaves
+        `id_columns` to the message keys (see ``ids_from_keys``)."""
+        tspec = self.table_spec(identifier)
+        if table is not None and (tspec.upsert or tspec.op_field) and not tspec.id_columns:
+            schema = table.schema()
+            tspec = dataclasses.replace(tspec, id_columns=[schema.find_column_name(i) for i in schema.identifier_field_ids])
         return dataclasses.replace(
-            self, table=self.table_spec(identifier), tables=[], routing=RoutingSpec(),
+            self, table=tspec, tables=[], routing=RoutingSpec(),
             dead_letter=dataclasses.replace(self.dead_letter, table=self.dead_letter_table()), routed_from=self,
         )
+
+    @property
+    def ids_from_keys(self) -> bool:
+        """A routed Debezium pipeline with a change table whose `id_columns` are left empty: each such table takes
+        the fields of its records' message keys (Debezium's key is the source table's primary key) as its id
+        columns, set as the Iceberg table's identifier fields when the table is created and read from there on."""
+        if not self.routed or self.format.value not in ("debezium", "debezium_avro"):
+            return False
+        return any((t.upsert or t.op_field) and not t.id_columns for t in [self.table, *self.tables])
 
     def describe_targets(self) -> str:
         """The target table(s), for logs and DAG documentation."""

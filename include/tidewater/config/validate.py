@@ -123,8 +123,9 @@ def _check_changes(spec: PipelineSpec) -> None:
 def _check_change_table(spec: PipelineSpec, t: TableSpec, where: str) -> None:
     """One change table's settings (``where``: `table` or `tables[i]`)."""
     key = f"{where}.op_field" if t.op_field and not t.upsert else f"{where}.upsert"
-    if not t.id_columns:
-        raise ConfigError(f"{key}: needs {where}.id_columns (the columns that identify a row)")
+    if not t.id_columns and not (spec.routed and spec.format.value in ("debezium", "debezium_avro")):
+        raise ConfigError(f"{key}: needs {where}.id_columns (the columns that identify a row; a routed Debezium "
+                          "pipeline may leave them to the message keys)")
     if spec.format.metadata != "prefixed":
         raise ConfigError(f"{key}: needs format.metadata: prefixed (changes to a key are ordered by partition and offset)")
     if spec.validation.on_failure == "quarantine" and spec.routed:

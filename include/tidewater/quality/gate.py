@@ -426,7 +426,7 @@ def validate_routed(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -
         if table is None:
             checks.append(CheckResult("table exists", {"table": ident}, False, {"error": "staged files exist but the table does not"}))
             continue
-        view = spec.for_table(ident)
+        view = spec.for_table(ident, table)
         names = {f.name for f in table.schema().fields}
         not_null = [c for c in spec.validation.not_null if c in names]
         not_null += [c for c in view.table.id_columns if c not in spec.validation.not_null]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -256,12 +257,13 @@ def unified(schemas: list[pa.Schema]) -> pa.Schema | None:
 DRIVER_TAG = "driver"  # the provisional tag of the changes the write job's driver makes (table/provisional.py)
 
 
-def change_request(ident: str, data: pa.Table, change: Evolution) -> dict[str, Any]:
-    """A task's report of a change its rows need (JSON: it travels in the task's result to the driver)."""
+def change_request(ident: str, data: pa.Table, change: Evolution, id_columns: list[str] | None = None) -> dict[str, Any]:
+    """A task's report of a change its rows need (JSON: it travels in the task's result to the driver).
+    ``id_columns``: the table's, as the task knows them (read from the message keys: see ``TableSink.key_ids``)."""
     import base64
 
     return {"table": ident, "schema": base64.b64encode(data.schema.serialize().to_pybytes()).decode("ascii"),
-            "optional": list(change.optional), "change": change.describe()}
+            "optional": list(change.optional), "change": change.describe(), "id_columns": list(id_columns or [])}
 
 
 def apply_requests(catalog: Any, spec: Any, requests: list[dict[str, Any]], batch_id: str) -> list[str]:
@@ -279,6 +281,8 @@ def apply_requests(catalog: Any, spec: Any, requests: list[dict[str, Any]], batc
     done = []
     for ident, reqs in sorted(by_table.items()):
         tspec = spec.table_spec(ident) if spec.routed else spec.table
+        if not tspec.id_columns:  # a table the message keys name the id columns of: the tasks read them
+            tspec = dataclasses.replace(tspec, id_columns=next((r["id_columns"] for r in reqs if r.get("id_columns")), []))
         schemas = [pa.ipc.read_schema(pa.py_buffer(base64.b64decode(r["schema"]))) for r in reqs]
         optional = tuple(sorted({p for r in reqs for p in r["optional"]}))
         one = unified(schemas)

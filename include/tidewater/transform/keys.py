@@ -116,3 +116,28 @@ def keyed_changes(spec: PipelineSpec, chunk: Chunk, decoded: pa.Table, bad: list
     both = pa.concat_tables([values.append_column("__at", pc.cast(rows_at, pa.int64())), deletes.append_column("__at", at)],
                            promote_options="permissive")
     return both.sort_by("__at").drop_columns(["__at"]), bad, ignored
+
+
+def key_field_names(chunk: Chunk, registry: Any = None) -> tuple[list[str], int | None]:
+    """The field names of the chunk's first message key that has any (Debezium's key: the source table's primary
+    key), read once per chunk: JSON with its schema (``{"schema": ..., "payload": {...}}``) or without, or a
+    Confluent-framed Avro record (``registry``). Returns (names, offset of the key read), ``([], offset)`` when
+    that key is not a record with fields, ``([], None)`` when no record has a key."""
+    import json
+
+    at = next((i for i, k in enumerate(chunk.keys or []) if k), None)
+    if at is None:
+        return [], None
+    key, offset = chunk.keys[at], chunk.offsets[at]
+    if key[:1] == b"\x00" and registry is not None:
+        from tidewater.decode.avro import decode_avro
+
+        parsed, bad = decode_avro(Chunk(chunk.topic, chunk.partition, [key], [offset], [0]), registry)
+        return ([] if bad else list(parsed.column_names)), offset
+    try:
+        doc = json.loads(key)
+    except ValueError:
+        return [], offset
+    if isinstance(doc, dict) and isinstance(doc.get("payload"), dict) and "schema" in doc:
+        doc = doc["payload"]
+    return (list(doc) if isinstance(doc, dict) else []), offset

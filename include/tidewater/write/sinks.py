@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -16,14 +17,17 @@ class TableSink:
     and (routed pipelines) the rows it leaves out because the table already committed them."""
 
     def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Any, prefix: str, routed: bool,
-                 batch: tuple[str, str] | None = None, replay: tuple[str, Any] | None = None) -> None:
+                 batch: tuple[str, str] | None = None, replay: tuple[str, Any] | None = None, registry: Any = None) -> None:
         from tidewater.table.catalog import load_table
         from tidewater.table.summary import committed_state
 
         self.spec, self.tspec, self.catalog, self.prefix = spec, tspec, catalog, prefix
-        self.view = spec.for_table(tspec.identifier) if routed else spec  # the table's own settings (change tables)
         self.batch = batch  # (batch id, task tag): schema changes are provisional until the batch commits
         self.table = load_table(catalog, tspec.identifier)
+        self.view = spec.for_table(tspec.identifier, self.table) if routed else spec  # the table's own settings
+        self.registry = registry  # Avro message keys (``key_ids``)
+        if routed:
+            self.tspec = tspec = dataclasses.replace(tspec, id_columns=self.view.table.id_columns)
         self.writer: Any = None
         self.files: list[dict[str, Any]] = []
         self.ignored_fields: set[str] = set()  # fields not added because evolve_schema is off
@@ -46,6 +50,28 @@ class TableSink:
         self.probe = False
         self.requests: list[dict[str, Any]] = []  # changes reported (see write), the driver makes them
         self.assumed: Any = None  # the Arrow schema the table will have once the driver made them
+
+    def key_ids(self, chunk: Any) -> str | None:
+        """A change table whose id columns come from the message keys (``PipelineSpec.ids_from_keys``): once the
+        table exists they are its identifier fields; before, the chunk's first key names them (and the table is
+        created with them). Returns why a record cannot be applied when no id columns can be found, else None."""
+        if not self.view.applies_changes or self.tspec.id_columns:
+            return None
+        where = f"table {self.tspec.identifier}: its id columns come from the message keys (id_columns is empty), but"
+        if self.table is not None:
+            return f"{where} the table has no identifier fields; set its id_columns"
+        from tidewater.transform.keys import key_field_names
+
+        names, offset = key_field_names(chunk, self.registry)
+        if not names:
+            found = (f"no record of {chunk.topic}[{chunk.partition}] in this chunk has a key" if offset is None else
+                     f"the key at {chunk.topic}[{chunk.partition}] offset {offset} is not a record of fields")
+            return f"{where} {found} (a source table without a primary key?); set its id_columns"
+        self.tspec = dataclasses.replace(self.tspec, id_columns=names)
+        self.view = dataclasses.replace(self.view, table=self.tspec)
+        log.info("table %s: id columns %s from the message key at %s[%d] offset %d", self.tspec.identifier, names,
+                 chunk.topic, chunk.partition, offset)
+        return None
 
     @property
     def foreign(self) -> bool:
@@ -129,7 +155,7 @@ class TableSink:
 
         from tidewater.table.evolution import arrow_paths, change_request, unified
 
-        req = change_request(self.tspec.identifier, decoded, change)
+        req = change_request(self.tspec.identifier, decoded, change, self.tspec.id_columns)
         if req not in self.requests:
             self.requests.append(req)
         before = self.schema_for_limits()

@@ -92,6 +92,9 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
         return None
     refused = (("ForeignTable", f"table {ident} holds the batches of pipeline {sink.owner!r}") if sink.foreign else
                ("TableKindMismatch", sink.kind_mismatch) if sink.kind_mismatch else None)
+    if refused is None:
+        no_ids = sink.key_ids(chunk)
+        refused = ("MissingId", no_ids) if no_ids else None
     if refused is not None:
         for r in rows_of.to_pylist():  # error path
             failed.setdefault(r, refused)
@@ -211,13 +214,13 @@ class _TaskWriter:
             from tidewater.transform.routing import Router
 
             self.router = Router(spec)
-        self.single = None if self.router is not None else self.open_sink(spec.table.identifier)
         self.registry: Any = None
         if FORMATS[spec.format.value].registry:
             from tidewater.decode.avro import RegistryClient
 
             self.registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth,
                                            spec.format.registry_settings)
+        self.single = None if self.router is not None else self.open_sink(spec.table.identifier)
         self.rereader = Rereader(settings, f"{spec.name}-{task_id}-dlq", spec.kafka.read_timeout_seconds)
         self.setup_seconds = time.monotonic() - self.started  # catalog, table and clients opened
         self.dlq_writer: Any = None
@@ -233,7 +236,8 @@ class _TaskWriter:
         tspec = self.spec.table_spec(ident) if self.router is not None else self.spec.table
         self.sinks[ident] = TableSink(self.spec, tspec, self.catalog, self.prefix, routed=self.router is not None,
                                       batch=(self.batch_id, f"t{self.task_id:05d}"),
-                                      replay=(self.mode, self.rng) if self.mode != "ingest" else None)
+                                      replay=(self.mode, self.rng) if self.mode != "ingest" else None,
+                                      registry=self.registry)
         self.sinks[ident].probe = self.probe
         return self.sinks[ident]
 
@@ -247,7 +251,8 @@ class _TaskWriter:
         spec = self.spec
         return read_range(self.settings, self.rng, chunk_records=spec.batch.chunk_records,
                           read_timeout=spec.kafka.read_timeout_seconds, client_id=f"{spec.name}-{self.task_id}",
-                          keys=spec.format.key != "none" or (spec.applies_changes and spec.table.key_source == "message_key"),
+                          keys=spec.format.key != "none" or (spec.applies_changes and spec.table.key_source == "message_key")
+                          or spec.ids_from_keys,
                           headers=spec.format.headers)
 
     def decoder_inputs(self) -> tuple[Any, Any]:
