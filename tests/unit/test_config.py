@@ -113,7 +113,7 @@ def test_routed_tables_take_their_defaults_from_table():
           "tables": [{"identifier": "ns.a", "upsert": True, "id_columns": ["id"]}]},
          "tables[0].topics: a change table takes the records of exactly one topic"),
         ({"table": "", "routing": {"namespace": "ns", "dynamic": True, "table_template": "{topic[-1]}_{source}"}},
-         "routing.table_template: '{topic[-1]}_{source}': the placeholders are {value}, {topic} and {topic[N]}"),
+         "routing.table_template: '{topic[-1]}_{source}': the placeholders are {value}, {topic}, {topic[N]}"),
         ({"table": "", "routing": {"namespace": "ns", "dynamic": True, "table_template": "t_{value}"}},
          "routing.field: required with routing.dynamic (or name tables by {topic}"),
         ({"table": {"identifier": "", "upsert": True}, "routing": {"namespace": "ns", "dynamic": True,

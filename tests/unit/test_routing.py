@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 import pytest
 
@@ -89,3 +91,49 @@ def test_the_database_example_routes_each_topic_to_its_change_table():
     assert list(router.route("dbserver1.inventory.orders", pa.table({"id": [1]})).masks) == ["cdc.orders"]
     assert spec.for_table("cdc.orders").applies_changes and spec.for_table("cdc.orders").table.id_columns == []
     assert spec.ids_from_keys and spec.for_table("cdc.audit_log").table.id_columns == ["event_id"]
+
+
+def test_the_debezium_source_block_names_the_table_of_each_record():
+    """`{source.schema}_{source.table}`: a topic carrying several source tables (Debezium's topic routing) goes to
+    one table per source table, worked out from the envelope's source block, which the decoder keeps for the router
+    only. A source value that is not a name part, or an event without the field, is refused by name per record."""
+    import json
+
+    from tidewater.decode.debezium import SOURCE_COLUMN, decode_debezium
+    from tidewater.source.kafka import Chunk
+
+    spec = parse_pipeline({
+        "name": "bysource", "topics": ["dbserver1.all"], "kafka": {"bootstrap_servers": "h:1"}, "format": {"value": "debezium"},
+        "table": {"identifier": "", "upsert": True, "id_columns": ["id"]},
+        "routing": {"namespace": "cdc", "dynamic": True, "table_template": "{source.schema}_{source.table}"}})
+    assert spec.routes_by_source
+
+    def event(i: int, source: dict) -> bytes:
+        return json.dumps({"before": None, "after": {"id": i}, "op": "c", "source": source}).encode()
+
+    values = [event(1, {"schema": "inv", "table": "Orders"}), event(2, {"schema": "inv", "table": "items"}),
+              event(3, {"schema": "inv", "table": "orders"}), event(4, {"schema": "inv", "table": "bad name"}),
+              event(5, {"schema": "inv"})]
+    decoded, bad = decode_debezium(Chunk("dbserver1.all", 0, values, list(range(5)), [0] * 5), None, keep_source=True)
+    assert not bad and SOURCE_COLUMN in decoded.column_names
+    routed = Router(spec).route("dbserver1.all", decoded)
+    assert {t: m.to_pylist() for t, m in routed.masks.items()} == {
+        "cdc.inv_orders": [True, False, True, False, False], "cdc.inv_items": [False, True, False, False, False]}
+    why = dict(routed.invalid)
+    assert sorted(why) == [3, 4] and "source.table = 'bad name'" in why[3]
+    assert "has no source.schema / source.table" in why[4]
+    plain, _ = decode_debezium(Chunk("dbserver1.all", 0, values[:1], [0], [0]), None)
+    assert SOURCE_COLUMN not in plain.column_names
+
+
+@pytest.mark.parametrize("routing,fmt,message", [
+    ({"table_template": "{source.table}"}, "json", "{source.<field>} needs a Debezium format"),
+    ({"table_template": "{source.db}.{source.table}"}, "debezium", "may only be in the table name"),
+    ({"table_template": "{source.table}_{value}", "field": "k"}, "debezium", "use {value} or {source.<field>}, not both"),
+])
+def test_source_placeholders_are_checked(routing, fmt, message):
+    from tidewater.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_pipeline({"name": "bysource", "topics": ["t"], "kafka": {"bootstrap_servers": "h:1"}, "format": {"value": fmt},
+                        "table": {"identifier": ""}, "routing": {"namespace": "cdc", "dynamic": True, **routing}})

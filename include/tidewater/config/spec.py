@@ -325,8 +325,10 @@ class RoutingSpec:
         "never in the namespace), `{topic}` (the record's topic) and `{topic[N]}` (the N-th dot-separated part of the "
         "topic's name from 0, negative from the end); in topic parts other characters become `_`. E.g. "
         "`payments_{value}`, `ns.{value}`, or `{topic[-1]}` for Debezium's `<server>.<schema>.<table>` topics "
-        "(`{topic[1]}.{topic[2]}` puts each schema in its own namespace). Without a namespace the table goes to "
-        "`routing.namespace`.",
+        "(`{topic[1]}.{topic[2]}` puts each schema in its own namespace). With a Debezium format, "
+        "`{source.<field>}` is a field of the change event's `source` block (`{source.schema}_{source.table}`: "
+        "the source table even when a topic carries several, as after Debezium's topic routing), one name part "
+        "like `{value}` and never in the namespace. Without a namespace the table goes to `routing.namespace`.",
         default="{value}",
     )
     namespace: str | None = _doc(
@@ -705,6 +707,11 @@ class PipelineSpec:
             self, table=tspec, tables=[], routing=RoutingSpec(),
             dead_letter=dataclasses.replace(self.dead_letter, table=self.dead_letter_table()), routed_from=self,
         )
+
+    @property
+    def routes_by_source(self) -> bool:
+        """Dynamic routing by the Debezium envelope's source block (``{source.<field>}`` in the table template)."""
+        return self.routing.dynamic and "{source." in self.routing.table_template
 
     @property
     def ids_from_keys(self) -> bool:

@@ -300,7 +300,7 @@ def _validate_routing(spec: PipelineSpec) -> None:
     if r.field is not None and not re.match(r"^[A-Za-z_$][A-Za-z0-9_$-]*(\.[A-Za-z_$][A-Za-z0-9_$-]*)*$", r.field):
         raise ConfigError(f"routing.field: {r.field!r} is not a field name or dotted path")
     if r.dynamic:
-        _check_template(r.table_template, r.field)
+        _check_template(r.table_template, r.field, spec.format.value)
     seen: set[str] = set()
     for i, t in enumerate(spec.tables):
         _check_route_table(spec, f"tables[{i}]", t, seen)
@@ -309,15 +309,28 @@ def _validate_routing(spec: PipelineSpec) -> None:
             raise ConfigError(f"tables: {ident!r} is the pipeline's own checkpoint, dead-letter or ledger table")
 
 
-def _check_template(template: str, field: str | None) -> None:
-    """`routing.table_template`: `{value}` (the route field's value) once, or the topic placeholders alone."""
-    from tidewater.transform.routing import TOPIC_PLACEHOLDER
+def _check_template(template: str, field: str | None, fmt: str) -> None:
+    """`routing.table_template`: `{value}` (the route field's value) once, or the topic placeholders alone, or
+    (Debezium formats) the envelope's `{source.<field>}` placeholders in the table name."""
+    from tidewater.transform.routing import SOURCE_PLACEHOLDER, TOPIC_PLACEHOLDER
 
     by_topic = bool(TOPIC_PLACEHOLDER.search(template))
-    rest = TOPIC_PLACEHOLDER.sub("t", template).replace("{value}", "v")
+    by_source = bool(SOURCE_PLACEHOLDER.search(template))
+    rest = SOURCE_PLACEHOLDER.sub("s", TOPIC_PLACEHOLDER.sub("t", template)).replace("{value}", "v")
     if "{" in rest or "}" in rest:
-        raise ConfigError(f"routing.table_template: {template!r}: the placeholders are {{value}}, {{topic}} and "
-                          "{topic[N]} (the N-th dot-separated part of the topic's name, negative from the end)")
+        raise ConfigError(f"routing.table_template: {template!r}: the placeholders are {{value}}, {{topic}}, "
+                          "{topic[N]} (the N-th dot-separated part of the topic's name, negative from the end) and, "
+                          "for Debezium formats, {source.<field>} (a field of the envelope's source block)")
+    if by_source:
+        if fmt not in ("debezium", "debezium_avro"):
+            raise ConfigError(f"routing.table_template: {template!r}: {{source.<field>}} needs a Debezium format "
+                              f"(format.value debezium or debezium_avro, not {fmt})")
+        if "{value}" in template:
+            raise ConfigError(f"routing.table_template: {template!r}: use {{value}} or {{source.<field>}}, not both")
+        if "\x00" in SOURCE_PLACEHOLDER.sub("\x00", template).rpartition(".")[0]:
+            raise ConfigError(f"routing.table_template: {template!r}: {{source.<field>}} may only be in the table "
+                              "name, never in the namespace (records must not choose where their table lives)")
+        return
     if not by_topic or "{value}" in template:
         if not field:
             raise ConfigError("routing.field: required with routing.dynamic (or name tables by {topic} in "

@@ -15,7 +15,8 @@ from tidewater.source.kafka import Chunk
 OPS = ("c", "u", "d", "r", "t")  # t: a truncate (no image): applied or set apart by table.truncate
 
 
-def decode_debezium(chunk: Chunk, explicit: pa.Schema | None, allow_non_numeric: bool = False) -> tuple[pa.Table, list[BadRecord]]:
+def decode_debezium(chunk: Chunk, explicit: pa.Schema | None, allow_non_numeric: bool = False,
+                    keep_source: bool = False) -> tuple[pa.Table, list[BadRecord]]:
     """Debezium change events (plain JSON or inside a Connect envelope): the row image plus ``_op``.
 
     ``after`` for c/u/r, ``before`` for d. Tombstones (null values after a delete) come back as bad
@@ -26,12 +27,17 @@ def decode_debezium(chunk: Chunk, explicit: pa.Schema | None, allow_non_numeric:
         outer, bad = decode_connect(chunk, None, allow_non_numeric)
     else:
         outer, bad = decode_json_lenient(chunk, None, allow_non_numeric=allow_non_numeric)
-    return unwrap(outer, bad, len(chunk), explicit)
+    return unwrap(outer, bad, len(chunk), explicit, keep_source)
 
 
-def unwrap(outer: pa.Table, bad: list[BadRecord], n: int, explicit: pa.Schema | None) -> tuple[pa.Table, list[BadRecord]]:
+SOURCE_COLUMN = "__debezium_source"  # the envelope's source block, for routing only (never written to a table)
+
+
+def unwrap(outer: pa.Table, bad: list[BadRecord], n: int, explicit: pa.Schema | None,
+           keep_source: bool = False) -> tuple[pa.Table, list[BadRecord]]:
     """Decoded envelopes (``op``, ``before``, ``after`` columns; ``bad`` already set apart from the ``n``
-    records) to the row image plus ``_op``, whatever the envelopes were encoded in (JSON, Avro)."""
+    records) to the row image plus ``_op``, whatever the envelopes were encoded in (JSON, Avro). ``keep_source``:
+    the envelope's ``source`` block too, as the column ``SOURCE_COLUMN`` (the router reads and drops it)."""
     if "op" not in outer.column_names:
         outer = outer.append_column("op", pa.nulls(outer.num_rows, pa.string()))
     op = outer.column("op").cast(pa.string())
@@ -61,6 +67,9 @@ def unwrap(outer: pa.Table, bad: list[BadRecord], n: int, explicit: pa.Schema | 
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                     pass  # the writer's cast names the column if it really cannot be converted
     image = image.append_column("_op", op)
+    if keep_source:
+        source = outer.column("source") if "source" in outer.column_names else pa.nulls(outer.num_rows)
+        image = image.append_column(SOURCE_COLUMN, source)
     return image, sorted(bad + failures, key=lambda b: b.index)
 
 
@@ -132,4 +141,4 @@ def _cast_struct(col: Any, t: pa.StructType) -> Any:
 
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
     """Registry entry for ``debezium``."""
-    return decode_debezium(chunk, ctx.explicit, ctx.allow_non_numeric)
+    return decode_debezium(chunk, ctx.explicit, ctx.allow_non_numeric, ctx.keep_source)

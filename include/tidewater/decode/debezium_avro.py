@@ -14,4 +14,4 @@ from tidewater.source.kafka import Chunk
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
     """Registry entry for ``debezium_avro``: tombstones come back as ``Tombstone`` bad records (skipped)."""
     outer, bad = decode_avro(chunk, ctx.registry)
-    return unwrap(outer, bad, len(chunk), ctx.explicit)
+    return unwrap(outer, bad, len(chunk), ctx.explicit, ctx.keep_source)

@@ -51,6 +51,7 @@ class DecodeContext:
     registry: Any = None  # schema registry client (avro)
     max_depth: int = MAX_DEPTH_DEFAULT  # format.max_nesting_depth: deeper records are dead letters (TooDeep)
     allow_non_numeric: bool = False  # format.allow_non_numeric_numbers: NaN and Infinity taken as numbers
+    keep_source: bool = False  # Debezium: keep the envelope's source block (routing by {source.<field>})
 
 
 def not_utf8(v: bytes) -> bool:

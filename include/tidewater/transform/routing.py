@@ -22,6 +22,7 @@ from tidewater.config.spec import PipelineSpec
 _PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _VALUE = re.compile(r"[A-Za-z0-9_]{1,128}")  # what a record's route value may put into a table name
 TOPIC_PLACEHOLDER = re.compile(r"\{topic(?:\[(-?\d+)\])?\}")  # {topic}, {topic[N]}: the topic or its N-th dotted part
+SOURCE_PLACEHOLDER = re.compile(r"\{source\.([A-Za-z_][A-Za-z0-9_]*)\}")  # a field of the Debezium envelope's source
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -130,7 +131,7 @@ class Router:
         template = TOPIC_PLACEHOLDER.sub(fill, self.routing.table_template)
         why = (f"topic {topic!r} has no part {', '.join(missing)} for routing.table_template "
                f"{self.routing.table_template!r}") if missing else None
-        if why is None and "{value}" not in template:
+        if why is None and "{value}" not in template and not SOURCE_PLACEHOLDER.search(template):
             why = self._refused_name(self._qualified(template, template))
         self._topic_templates[topic] = (template, why)
         return template, why
@@ -145,6 +146,8 @@ class Router:
         values = route_values(data, self.routing.field) if self.routing.field else None
         if self.routing.dynamic:
             template, why_not = self.topic_template(topic)
+            if why_not is None and SOURCE_PLACEHOLDER.search(template):
+                return self._by_source(data, template)
             if why_not is not None or "{value}" not in template:  # the topic alone names the table: the whole chunk
                 return self._whole_chunk(n, template, why_not)
             assert values is not None
@@ -181,6 +184,44 @@ class Router:
                     any_row = pc.or_(any_row, rows)
         out.unmatched = pc.invert(any_row)
         return out
+
+    def _by_source(self, data: pa.Table, template: str) -> Routed:
+        """Tables named by fields of the Debezium envelope's source block (``{source.<field>}``, kept by the decoder
+        in ``SOURCE_COLUMN``): worked out once per distinct combination of those fields' values, each checked
+        like a route value (one name part)."""
+        from tidewater.decode.debezium import SOURCE_COLUMN
+
+        n = data.num_rows
+        fields = SOURCE_PLACEHOLDER.findall(template)
+        columns = [route_values(data, f"{SOURCE_COLUMN}.{f}") for f in fields]
+        combined = pc.binary_join_element_wise(*columns, "\x1f") if len(columns) > 1 else columns[0]
+        out = Routed()
+        bad_rows = pc.fill_null(pc.is_null(combined), True)
+        reasons = {}
+        for combo in pc.unique(pc.drop_null(combined)).to_pylist():  # once per source table, not per record
+            rows = pc.fill_null(pc.equal(combined, combo), False)
+            ident, why = self._source_table(dict(zip(fields, combo.split("\x1f"))), template)
+            if why is not None:
+                reasons[combo] = why
+                bad_rows = pc.or_(bad_rows, rows)
+                continue
+            out.masks[ident] = pc.or_(out.masks[ident], rows) if ident in out.masks else rows
+        missing = f"the change event has no source.{' / source.'.join(fields)} to name its table"
+        out.invalid = [(r, reasons.get(combined[r].as_py(), missing))  # error path
+                       for r in pc.indices_nonzero(bad_rows).to_pylist()]
+        out.unmatched = pa.array(np.zeros(n, dtype=bool))
+        return out
+
+    def _source_table(self, values: dict[str, str], template: str) -> tuple[str, str | None]:
+        """The table one source block's values name, and why they cannot (None when they can)."""
+        why = next((f"source.{f} = {v[:300]!r}: a name part must be 1-128 letters, digits or '_'"
+                    for f, v in values.items() if not _VALUE.fullmatch(v)), None)
+        if why is not None:
+            return "", why
+        name = SOURCE_PLACEHOLDER.sub(lambda m: values[m.group(1)] if self._case_sensitive else values[m.group(1)].lower(),
+                                      template)
+        ident = self._qualified(name, SOURCE_PLACEHOLDER.sub("s", template))  # the dots of placeholders name no namespace
+        return ident, self._refused_name(ident)
 
     def _whole_chunk(self, n: int, template: str, why_not: str | None) -> Routed:
         """A chunk routed by its topic alone: every row to the topic's table, or every row refused."""

@@ -138,12 +138,15 @@ def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], op
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from tidewater.decode.debezium import SOURCE_COLUMN
     from tidewater.decode.records import BadRecord, decoded_rows, keep_mask
 
     n = decoded.num_rows
     chunk_idx = decoded_rows(len(chunk), bad_idx)
     offsets = pc.take(pa.array(chunk.offsets, pa.int64()), chunk_idx)
     routed = router.route(chunk.topic, decoded)
+    if SOURCE_COLUMN in decoded.column_names:  # read by the router only, never written
+        decoded = decoded.drop_columns([SOURCE_COLUMN])
     if only is not None:
         routed = _only_tables(routed, only)
     failed: dict[int, tuple[str, str]] = {r: ("InvalidRoute", msg) for r, msg in routed.invalid}
