@@ -149,7 +149,7 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
         schedule=None,
         **spec.airflow.dag_kwargs("replay"),
         doc_md=(
-            f"### replay into {_replay_target(spec)}\n\nTrigger with the form: a topic, partitions (empty: all), and "
+            f"### replay into {_targets(spec)}\n\nTrigger with the form: a topic, partitions (empty: all), and "
             "either a start and end offset (end exclusive) or a start and end time (ISO-8601, UTC when no zone). "
             "`replace` deletes the rows that came from the range and appends the re-read ones in one commit (replaying "
             "twice leaves the table identical); `append-missing` adds only offsets the table does not hold. "
@@ -199,7 +199,7 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
     return replay()
 
 
-def _replay_target(spec: PipelineSpec) -> str:
+def _targets(spec: PipelineSpec) -> str:
     return f"`{spec.table.identifier}`" if not spec.routed else f"the tables of `{spec.name}` ({spec.describe_targets()})"
 
 
@@ -236,13 +236,15 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - retu
         return quarantine_task(pipeline_path, params, outlet_events=context.get("outlet_events"))
 
     return _form_dag(spec, "quarantine", (
-        f"### quarantined batches of `{spec.table.identifier}`\n\nA batch that fails its expectations is committed "
+        f"### quarantined batches of {_targets(spec)}\n\nA batch that fails its expectations is committed "
         "to a branch `quarantine-<batch id>` (main unchanged, offsets advanced) and its ingest run fails. Trigger "
         "this DAG with `list` to see them, `publish` to append a batch to main, `drop` to discard it. The failed "
         "ingest run's validate log links the batch's Data Docs page.\n\n* pipeline file: `" + pipeline_path + "`"
     ), {
         "action": Param("list", type="string", enum=["list", "publish", "drop"], title="Action"),
         "batch_id": Param("", type="string", title="Batch id", description="For publish and drop (see list)"),
+        **({"table": Param("", type="string", title="Table", description="The target table (full name) of the batch to "
+                           "publish or drop; for list, empty lists every table")} if spec.routed else {}),
     }, body, outlets=[commits_alias(spec)])
 
 

@@ -81,6 +81,13 @@ def test_routed_pipeline_dags(tmp_path, monkeypatch):
     assert "payments.debit, payments.credit, payments.bank_slip" in replay.doc_md
     assert replay.params["tables"] == [] and "reapply" in replay.params.get_param("mode").schema["enum"]
     assert "skip_payments" not in bag.dags  # skip of routed pipelines: not yet
+    import yaml
+
+    doc = yaml.safe_load((tmp_path / "payments_by_type.yaml").read_text())
+    doc["validation"] = {**doc.get("validation", {}), "on_failure": "quarantine"}
+    (tmp_path / "payments_by_type.yaml").write_text(yaml.safe_dump(doc))
+    held = dagbag(tmp_path, monkeypatch).dags["quarantine_payments"]
+    assert held.params["table"] == "" and "the tables of `payments`" in held.doc_md
     assert "payments.debit, payments.credit, payments.bank_slip" in bag.dags["audit_payments"].doc_md
     maintain = bag.dags["maintain_payments"]
     assert {o.uri for t in maintain.tasks for o in t.outlets} == {"iceberg://tidewater/payments/payments_checkpoints"}

@@ -420,3 +420,83 @@ def test_the_envelope_source_block_names_the_table_when_one_topic_carries_severa
             assert not [c for c in columns if "source" in c]
     report = audit(spec)
     assert report.clean, [f.text() for f in report.findings]
+
+
+def test_a_quarantined_table_of_a_routed_batch_waits_for_publish_or_drop_while_the_others_commit(broker, home, topic):
+    """validation.on_failure quarantine on a routed pipeline: three change tables and an append table (the history
+    of topic 1). A batch whose topic-1 records fail the suite quarantines that topic's two tables (the change table's
+    whole row delta, the append table's files, each on branch `quarantine-<batch>` with main's offsets moved on);
+    the other tables and the checkpoint commit. The commit step fails naming both tables (again when retried,
+    adding nothing); the next batch waits while the change table's batch is undecided. Publishing (the quarantine
+    DAG's task, per table) applies it: every table equals its source and the history holds every record once. A
+    later quarantined batch is dropped: the change table keeps its source without those changes, planning goes on."""
+    from tidewater.errors import TerminalError, ValidationFailedError
+    from tidewater.ops import quarantine
+    from tidewater.runtime.airflow import quarantine_task
+
+    (home / "strict.json").write_text(json.dumps({"expectations": [  # items are item-<key>-<seed>-<i>
+        {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": "item", "regex": "^item-[0-9]+-(?:11|31)-"}}]}))
+    sources = [Source(f"{topic}-s{i}") for i in range(3)]
+    tables = [{"identifier": f"rpc.src{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True}
+              for i, s in enumerate(sources)] + [{"identifier": "rpc.hist1", "topics": [sources[1].topic]}]
+    path = write_pipeline(home, name="held", topics=[s.topic for s in sources], table={"identifier": ""},
+                          kafka={"bootstrap_servers": broker.bootstrap}, tables=tables, routing={"namespace": "rpc"},
+                          format={"value": "debezium"},
+                          validation={"not_null": ["id"], "suite": "strict.json", "on_failure": "quarantine"})
+    spec = load_pipeline(path)
+    catalog = load_catalog(spec)
+
+    def batch(b: int, quiet: int | None = None) -> tuple:
+        """Changes of every source but ``quiet`` (whose deletes would carry images of the refused items)."""
+        before = [dict(s.model) for s in sources]
+        for i, s in enumerate(sources):
+            if i != quiet:
+                s.produce(broker, b, 20, seed=10 * b + i)
+        plan, manifest = stage_inline(spec)
+        validate_step(spec, plan, manifest)
+        return plan, manifest, before
+
+    def history() -> int:
+        rows = load_table(catalog, "rpc.hist1").scan(selected_fields=("_kafka_partition", "_kafka_offset")).to_arrow()
+        assert len(set(zip(*rows.to_pydict().values()))) == rows.num_rows, "a record twice in the history"
+        return rows.num_rows
+
+    plan, manifest, _ = batch(0)
+    assert commit_step(spec, plan, manifest).status == "committed"
+    rows0 = history()
+    plan, manifest, before = batch(1)
+    for _ in range(2):
+        with pytest.raises(ValidationFailedError, match="quarantined on branch .* of rpc.hist1, rpc.src1") as e:
+            commit_step(spec, plan, manifest)
+    assert "--table T" in str(e.value)
+    for i in (0, 2):
+        assert_equals_source(spec, f"rpc.src{i}", sources[i])
+    assert table_rows(spec, "rpc.src1") == {k: table_rows(spec, "rpc.src1")[k] for k in before[1]}
+    assert set(table_rows(spec, "rpc.src1")) == set(before[1]) and history() == rows0
+    assert committed_state(load_table(catalog, "rpc.src1")).offsets[sources[1].topic] == plan.end_offsets()[sources[1].topic]
+    assert {(q["table"], q["batch_id"]) for q in quarantine.list_all(spec)} == {("rpc.src1", plan.batch_id),
+                                                                                ("rpc.hist1", plan.batch_id)}
+    with pytest.raises(TerminalError, match=f"batch {plan.batch_id} of change table rpc.src1 is quarantined.*--table rpc.src1"):
+        plan_batch(spec)
+    for ident in ("rpc.src1", "rpc.hist1"):
+        assert quarantine_task(str(path), {"action": "publish", "batch_id": plan.batch_id, "table": ident})["status"] == "published"
+    for i, s in enumerate(sources):
+        assert_equals_source(spec, f"rpc.src{i}", s)
+    published = history()
+    assert published > rows0
+
+    plan, manifest, _ = batch(2, quiet=1)
+    assert commit_step(spec, plan, manifest).status == "committed"
+    kept = dict(sources[1].model)
+    plan, manifest, _ = batch(3)
+    with pytest.raises(ValidationFailedError):
+        commit_step(spec, plan, manifest)
+    assert quarantine.drop(quarantine.view_for(spec, "rpc.src1"), plan.batch_id)["status"] == "dropped"
+    sources[1].model = kept
+    for i, s in enumerate(sources):
+        assert_equals_source(spec, f"rpc.src{i}", s)
+    assert not plan_batch(spec)[0].ranges  # planning goes on (the append table's waiting batch holds nothing up)
+    assert [q["table"] for q in quarantine.list_all(spec)] == ["rpc.hist1"]
+    report = audit(spec)
+    assert report.clean, [f.text() for f in report.findings]
+    assert any("quarantined" in f.text() for f in report.findings if f.table == "rpc.hist1")

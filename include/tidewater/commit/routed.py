@@ -19,11 +19,19 @@ from tidewater.batch import BatchManifest, BatchPlan, Offsets, TableOutput, offs
 from tidewater.commit.batch import batch_properties, check_manifest, offsets_moved, refuse_moved_offsets
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
 from tidewater.commit.primitive import Change, commit
+from tidewater.commit.quarantine import branch_name, quarantine_change
 from tidewater.commit.result import CommitResult, TableCommit
 from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
 from tidewater.table.catalog import create_table, load_table
 from tidewater.table.provisional import confirm_keys
-from tidewater.table.summary import ROUTED, committed_state, find_batch_snapshot, summary_properties
+from tidewater.table.summary import (
+    QUARANTINED,
+    QUARANTINED_TABLES,
+    ROUTED,
+    committed_state,
+    find_batch_snapshot,
+    summary_properties,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +95,24 @@ def _table_summary(plan: BatchPlan, out: TableOutput, offsets: Offsets, dag_run_
 
 
 def commit_table_output(catalog: Any, plan: BatchPlan, out: TableOutput, dag_run_id: str | None,
-                        validation: dict[str, Any] | None, max_attempts: int, view: Any = None) -> str:
+                        validation: dict[str, Any] | None, max_attempts: int, view: Any = None,
+                        quarantine: bool = False) -> str:
     """Commit one table's files of a routed batch, once (by batch id), stamped with that table's offsets. A change
     table (``view``: the pipeline's single-table view of it applies changes) gets the batch's changes to it as one
-    row delta (``commit/changes.py``), and its staged change files are removed after."""
+    row delta (``commit/changes.py``), and its staged change files are removed after. ``quarantine`` (the table
+    failed the gate, ``validation.on_failure: quarantine``): its files or row delta go to the batch's quarantine
+    branch of the table, and the table's main gets an empty snapshot with its offsets (``commit/quarantine.py``)."""
     if view is not None and view.applies_changes:
-        return _commit_table_changes(catalog, view, plan, out, dag_run_id, validation, max_attempts)
+        return _commit_table_changes(catalog, view, plan, out, dag_run_id, validation, max_attempts, quarantine)
 
     def prepare(table: Any) -> Change:
         props = _table_summary(plan, out, _refuse_moved(table, plan, out), dag_run_id, validation)
-        return Change(props, out.data_files, branch=out.branch, remove_properties=tuple(confirm_keys(table, plan.batch_id)))
+        confirm = tuple(confirm_keys(table, plan.batch_id))
+        if quarantine:
+            to_branch = quarantine_change(plan.batch_id, out.data_files, props)
+            return Change({**props, QUARANTINED: branch_name(plan.batch_id)}, (), branch=out.branch, also=(to_branch,),
+                          remove_properties=confirm)
+        return Change(props, out.data_files, branch=out.branch, remove_properties=confirm)
 
     done = commit(catalog, out.table, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts)
     if done.status == "committed":
@@ -106,7 +122,7 @@ def commit_table_output(catalog: Any, plan: BatchPlan, out: TableOutput, dag_run
 
 
 def _commit_table_changes(catalog: Any, view: Any, plan: BatchPlan, out: TableOutput, dag_run_id: str | None,
-                          validation: dict[str, Any] | None, max_attempts: int) -> str:
+                          validation: dict[str, Any] | None, max_attempts: int, quarantine: bool) -> str:
     from tidewater.commit.changes import change_attempt, remove_staged
 
     if len(out.seen_offsets) > 1:  # a key's changes are ordered within one topic only
@@ -116,7 +132,7 @@ def _commit_table_changes(catalog: Any, view: Any, plan: BatchPlan, out: TableOu
     state: dict[str, Any] = {}
     done = commit(catalog, out.table, lambda table: change_attempt(
         table, view, plan, out.data_files, state, lambda t: _refuse_moved(t, plan, out),
-        lambda offsets: _table_summary(plan, out, offsets, dag_run_id, validation)),
+        lambda offsets: _table_summary(plan, out, offsets, dag_run_id, validation), quarantine=quarantine),
         marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts)
     if done.status == "committed":
         log.info("batch %s: %d changes applied to %s (%s)", plan.batch_id, out.rows, out.table,
@@ -142,6 +158,15 @@ def ensure_checkpoint_table(catalog: Any, plan: BatchPlan, manifest: BatchManife
     return load_table(catalog, plan.table) or create_table(catalog, plan.table, schema, {"format-version": "2"})
 
 
+def quarantined_tables(validation: dict[str, Any] | None, manifest: BatchManifest) -> list[str]:
+    """The target tables whose part of the batch the gate quarantined (``validation.on_failure: quarantine``): those
+    with files whose own checks failed."""
+    if not (validation or {}).get("quarantine"):
+        return []
+    verdicts = (validation or {}).get("tables", {})
+    return [o.table for o in manifest.outputs if o.data_files and not verdicts.get(o.table, {}).get("success", True)]
+
+
 def _commit_checkpoint(catalog: Any, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None,
                        validation: dict[str, Any] | None, max_attempts: int) -> Offsets:
     offsets = plan.end_offsets()
@@ -155,6 +180,9 @@ def _commit_checkpoint(catalog: Any, plan: BatchPlan, manifest: BatchManifest, d
                                    dead_letters=manifest.dead_letters, skipped=manifest.skipped, validation=validation)
         props.update(batch_properties(plan))
         props[ROUTED] = str(manifest.routed)  # the ledger's accounting: read = routed + dead letters + skipped
+        held = quarantined_tables(validation, manifest)
+        if held:  # where the planner looks for change tables waiting on a quarantined batch
+            props[QUARANTINED_TABLES] = json.dumps(held, separators=(",", ":"))
         return Change(props, rows=checkpoint_row(plan, manifest, offsets))
 
     try:
@@ -189,11 +217,13 @@ def commit_routed(
                             manifest.dead_letters)
     refuse_moved_offsets(plan, committed_state(checkpoint).offsets, "the pipeline's checkpoint")
     timings = []
+    held = set(quarantined_tables(validation, manifest))
     for out in manifest.outputs:
         if out.data_files:
             t0 = time.monotonic()
             view = table_view(spec, catalog, out.table) if spec is not None else None
-            status = commit_table_output(catalog, plan, out, dag_run_id, validation, max_attempts, view)
+            status = commit_table_output(catalog, plan, out, dag_run_id, validation, max_attempts, view,
+                                         quarantine=out.table in held)
             timings.append(TableCommit(out.table, status, out.rows, round(time.monotonic() - t0, 4)))  # type: ignore[arg-type]
     t0 = time.monotonic()
     offsets = _commit_checkpoint(catalog, plan, manifest, dag_run_id, validation, max_attempts)

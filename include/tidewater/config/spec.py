@@ -231,7 +231,7 @@ class TableSpec:
         "pipeline: per table under `tables` (one topic each), or as the `table` defaults with `routing.dynamic`. "
         "With `branch` the changes apply to the branch (`tidewater publish` fast-forwards main). With "
         "`validation.on_failure: quarantine` a refused batch's row delta waits on its quarantine branch, and so does "
-        "the table's next batch (not yet in routed pipelines).",
+        "the table's next batch (in a routed pipeline: the pipeline's next batch).",
         default=False,
     )
     op_field: str | None = _doc(
@@ -435,8 +435,9 @@ class ValidationSpec:
         "`quarantine`: the batch's files are committed to a branch `quarantine-<batch id>` of the table, main gets "
         "an empty snapshot that advances the offsets (main stays clean), the run fails with the report, and a "
         "person publishes or drops it (`tidewater quarantine publish|drop`); a change table's next batch waits for "
-        "that decision (changes apply in order). The accounting checks (row count, "
-        "read = rows + dead letters + skipped) always fail the batch.",
+        "that decision (changes apply in order). In a routed pipeline each target table is judged on its own: only "
+        "those that fail are quarantined (`--table T` names one), the others commit. The accounting checks (row "
+        "count, read = rows + dead letters + skipped) always fail the batch.",
         default="fail",
     )
 

@@ -106,8 +106,6 @@ def _check_quality_gate(spec: PipelineSpec) -> None:
     one_of("validation.not_null_policy", spec.validation.not_null_policy, ("fail", "dead_letter"))
     if spec.validation.unique_ids != "none" and not spec.routed and not spec.table.id_columns:
         raise ConfigError("validation.unique_ids: needs table.id_columns")
-    if spec.validation.on_failure == "quarantine" and spec.routed:
-        raise ConfigError("validation.on_failure: quarantine is not available for pipelines that route to several tables yet")
 
 
 def _check_changes(spec: PipelineSpec) -> None:
@@ -128,8 +126,6 @@ def _check_change_table(spec: PipelineSpec, t: TableSpec, where: str) -> None:
                           "pipeline may leave them to the message keys)")
     if spec.format.metadata != "prefixed":
         raise ConfigError(f"{key}: needs format.metadata: prefixed (changes to a key are ordered by partition and offset)")
-    if spec.validation.on_failure == "quarantine" and spec.routed:
-        raise ConfigError(f"{key}: validation.on_failure: quarantine is not available for routed change tables yet")
     one_of(f"{where}.key_source", t.key_source, ("value", "message_key"))
     if t.key_source == "message_key" and t.op_field:
         raise ConfigError(f"{where}.key_source: message_key is for upserts without an op field (tombstones delete)")

@@ -174,6 +174,10 @@ def routed_table_findings(ident: str, entries: list[dict[str, Any]], checkpoint:
                                "the table has no commit of it: those rows are missing", batch_id=batch_id,
                                snapshot_id=e["snapshot_id"]))
     for batch_id, e in own.items():
+        if e["kind"] == "quarantine":  # its rows wait on the branch (published later as their own commit)
+            out.append(_at("explained", "routed", "quarantined: the rows are on the quarantine branch "
+                           f"{_detail(e).get('tidewater.quarantined', '')}", e))
+            continue
         applied, what = _applied(e, "rows committed")
         if e["rows"] is not None and applied != e["records"]:
             out.append(Finding("error", "accounting", f"{what} {applied} != rows the writer routed to the "

@@ -81,14 +81,50 @@ def drop(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
     return {"batch_id": batch_id, "status": "dropped", "rows": rows}
 
 
-def quarantined_error(plan_batch_id: str, table: str, validation: dict[str, Any] | None, pipeline_path: str) -> TerminalError:
+def quarantined_error(plan_batch_id: str, table: str, validation: dict[str, Any] | None, pipeline_path: str,
+                      routed: bool = False) -> TerminalError:
+    """The run's error for a quarantined batch (``routed``: ``table`` lists the target tables quarantined; the
+    others committed the batch as usual)."""
     from tidewater.errors import ValidationFailedError
 
     failed = (validation or {}).get("failed")
+    which = " --table T" if routed else ""
     return ValidationFailedError(
         f"batch {plan_batch_id} failed validation ({failed} check(s)) and was quarantined on branch "
-        f"{branch_name(plan_batch_id)} of {table}; the offsets moved on and main is unchanged. Publish it with "
-        f"`tidewater quarantine publish --pipeline {pipeline_path} --batch {plan_batch_id}` or drop it with "
+        f"{branch_name(plan_batch_id)} of {table}; the offsets moved on and main is unchanged"
+        + (" (the other tables committed the batch)" if routed else "") + ". Publish it with "
+        f"`tidewater quarantine publish --pipeline {pipeline_path}{which} --batch {plan_batch_id}` or drop it with "
         f"`tidewater quarantine drop ...`",
         batch_id=plan_batch_id, table=table,
     )
+
+
+def view_for(spec: PipelineSpec, table: str | None) -> PipelineSpec:
+    """The pipeline as one table's: a routed pipeline's target table ``table`` (required), else the pipeline."""
+    if not spec.routed:
+        if table and table != spec.table.identifier:
+            raise ConfigError(f"--table: pipeline {spec.name} writes {spec.table.identifier}, not {table}")
+        return spec
+    from tidewater.ops.status import target_tables
+    from tidewater.table.catalog import load_catalog
+
+    known = target_tables(spec, load_catalog(spec))
+    if not table or table not in known:
+        raise ConfigError(f"--table: {'required for a routed pipeline' if not table else repr(table) + ' is not a target table'}"
+                          f" (the target tables of {spec.name}: {', '.join(known) or 'none yet'})")
+    return spec.for_table(table)
+
+
+def list_all(spec: PipelineSpec, table: str | None = None) -> list[dict[str, Any]]:
+    """The quarantined batches of the pipeline's table, or of every target table of a routed pipeline (each row
+    names its table), or of the one ``table`` names."""
+    from tidewater.ops.status import target_tables
+    from tidewater.table.catalog import load_catalog, load_table
+
+    catalog = load_catalog(spec)
+    names = [view_for(spec, table).table.identifier] if table or not spec.routed else target_tables(spec, catalog)
+    out = []
+    for ident in names:
+        loaded = load_table(catalog, ident)
+        out += [{"table": ident, **q} for q in (list_quarantined(spec, loaded) if loaded is not None else [])]
+    return out

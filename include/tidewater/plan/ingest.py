@@ -34,9 +34,26 @@ def refuse_while_quarantined(spec: PipelineSpec, table: Any) -> None:
 
     waiting = sorted(name[len(PREFIX):] for name in table.metadata.refs if name.startswith(PREFIX))
     if waiting:
+        which = f" --table {spec.table.identifier}" if spec.routed_from is not None else ""
         raise TerminalError(f"batch {waiting[0]} of change table {spec.table.identifier} is quarantined: publish or drop "
-                            f"it first (`tidewater quarantine publish|drop --batch {waiting[0]}`, or the quarantine_"
+                            f"it first (`tidewater quarantine publish|drop{which} --batch {waiting[0]}`, or the quarantine_"
                             f"{spec.name} DAG); the next batch's changes must follow it", table=spec.table.identifier)
+
+
+def refuse_while_a_table_is_quarantined(spec: PipelineSpec, catalog: Any, checkpoint: Any) -> None:
+    """A routed pipeline: the next batch waits while a change table has a quarantined batch (its changes come
+    first). The checkpoint's history names the tables ever quarantined (``QUARANTINED_TABLES``), so only those
+    are loaded; an append table's quarantined batch does not hold the pipeline up."""
+    import json
+
+    from tidewater.table.summary import QUARANTINED_TABLES, summary_dict
+
+    held = {t for s in checkpoint.metadata.snapshots for t in json.loads(summary_dict(s).get(QUARANTINED_TABLES, "[]"))}
+    for ident in sorted(held):
+        view = spec.for_table(ident)
+        table = load_table(catalog, ident) if view.applies_changes else None
+        if table is not None:
+            refuse_while_quarantined(view, table)
 
 
 def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) -> tuple[BatchPlan, Path | None]:
@@ -52,6 +69,8 @@ def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None)
     committed = state.offsets if state else {}
     if spec.applies_changes and table is not None:
         refuse_while_quarantined(spec, table)
+    if spec.routed and table is not None:
+        refuse_while_a_table_is_quarantined(spec, catalog, table)
     settings = kafka_settings(spec)
     parts = list_partitions(settings, resolve_topics(settings, spec))
     wm = watermarks(settings, parts)

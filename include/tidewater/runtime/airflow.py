@@ -105,25 +105,25 @@ def replay_plan_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, An
 def quarantine_task(pipeline_path: str, params: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:
     """The quarantine DAG: list, publish or drop (errors name the parameter)."""
     from tidewater.ops import quarantine
-    from tidewater.table.catalog import load_catalog, load_table
 
     spec = load_pipeline(pipeline_path)
     action, batch_id = params.get("action") or "list", (params.get("batch_id") or "").strip()
+    table = (params.get("table") or "").strip() or None
     if action == "list":
-        table = load_table(load_catalog(spec), spec.table.identifier)
-        rows = quarantine.list_quarantined(spec, table) if table is not None else []
+        rows = quarantine.list_all(spec, table)
         for q in rows:
-            log.info("quarantined batch %s: %d rows on branch %s, validation %s", q["batch_id"], q["rows"], q["branch"],
-                     q["validation"])
+            log.info("quarantined batch %s of %s: %d rows on branch %s, validation %s", q["batch_id"], q["table"],
+                     q["rows"], q["branch"], q["validation"])
         if not rows:
             log.info("no quarantined batches")
         return {"quarantined": rows}
     if not batch_id:
         raise ConfigError(f"batch_id: required for {action}")
-    result = quarantine.publish(spec, batch_id) if action == "publish" else quarantine.drop(spec, batch_id)
-    log.info("%s batch %s: %d rows", result["status"], batch_id, result["rows"])
+    view = quarantine.view_for(spec, table)
+    result = quarantine.publish(view, batch_id) if action == "publish" else quarantine.drop(view, batch_id)
+    log.info("%s batch %s of %s: %d rows", result["status"], batch_id, view.table.identifier, result["rows"])
     if action == "publish" and result["rows"]:
-        emit_table_events(outlet_events, spec, [(spec.table.identifier, {"batch_id": batch_id, "mode": "quarantine-publish",
+        emit_table_events(outlet_events, spec, [(view.table.identifier, {"batch_id": batch_id, "mode": "quarantine-publish",
                                                                           "rows": result["rows"]})])
     return result
 

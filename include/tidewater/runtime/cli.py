@@ -296,25 +296,24 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
     from tidewater.errors import ConfigError
     from tidewater.ops import quarantine
-    from tidewater.table.catalog import load_catalog, load_table
 
     spec = load_pipeline(args.pipeline)
     if args.action == "list":
-        table = load_table(load_catalog(spec), spec.table.identifier)
-        rows = quarantine.list_quarantined(spec, table) if table is not None else []
+        rows = quarantine.list_all(spec, args.table)
         if args.json:
             print(json.dumps(rows, indent=2))
         else:
             for q in rows:
                 v = q["validation"] or {}
-                print(f"{q['batch_id']}  branch {q['branch']}  {q['rows']} rows in {q['files']} files  "
+                print(f"{q['batch_id']}  {q['table']} branch {q['branch']}  {q['rows']} rows in {q['files']} files  "
                       f"failed {v.get('failed', '?')}/{v.get('checks', '?')} checks ({v.get('suite', '?')})")
             if not rows:
                 print("no quarantined batches")
         return 0
     if not args.batch:
         raise ConfigError(f"--batch: required for {args.action}")
-    result = quarantine.publish(spec, args.batch) if args.action == "publish" else quarantine.drop(spec, args.batch)
+    view = quarantine.view_for(spec, args.table)
+    result = quarantine.publish(view, args.batch) if args.action == "publish" else quarantine.drop(view, args.batch)
     print(json.dumps(result) if args.json else f"{result['status']} batch {result['batch_id']}: {result['rows']} rows")
     return 0
 
@@ -418,6 +417,7 @@ def _add_quarantine(sub: Any) -> None:
     p.add_argument("action", choices=["list", "publish", "drop"])
     _pipeline_arg(p)
     p.add_argument("--batch", default=None, help="batch id (publish, drop)")
+    p.add_argument("--table", default=None, help="routed pipelines: the target table (publish, drop; list: default all)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_quarantine)
 

@@ -622,10 +622,16 @@ def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_ru
 
         return commit_replay(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation)
     if spec.routed:
-        from tidewater.commit.routed import commit_routed
+        from tidewater.commit.routed import commit_routed, quarantined_tables
 
-        return commit_routed(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
-                             dead_letter_sink=sink, spec=spec)
+        result = commit_routed(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
+                               dead_letter_sink=sink, spec=spec)
+        held = quarantined_tables(validation, manifest)
+        if held:
+            from tidewater.ops.quarantine import quarantined_error
+
+            raise quarantined_error(plan.batch_id, ", ".join(held), validation, str(spec.source_path), routed=True)
+        return result
     result = commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
                           dead_letter_sink=sink, branch=spec.table.branch, quarantine=quarantine)
     return _quarantined(spec, plan, validation) if quarantine else result

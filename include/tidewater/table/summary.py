@@ -66,6 +66,8 @@ QUARANTINED = PREFIX + "quarantined"  # main's empty snapshot of a quarantined b
 
 
 QUARANTINE_OF = PREFIX + "quarantine-of"  # the quarantine branch's snapshot: the batch id
+# a routed pipeline's checkpoint: the target tables whose part of the batch was quarantined (JSON list)
+QUARANTINED_TABLES = PREFIX + "quarantined-tables"
 
 
 PUBLISHED = PREFIX + "published"  # a published quarantined batch: its batch id
