@@ -104,11 +104,11 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
     vt = st["valid_through"]
     freshness = (datetime.now(timezone.utc) - datetime.fromisoformat(vt)).total_seconds() if vt else None
     out: dict[str, Any] = {
-        "pipeline": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "status": st,
+        "pipeline": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "routed": spec.routed, "status": st,
         "freshness_s": round(freshness, 1) if freshness is not None else None,
         "batches": recent_batches(spec, table, batches) if table is not None else [],
         "dead_letters": dead_letter_classes(spec, catalog),
-        "quarantined": quarantine.list_quarantined(spec, table) if table is not None else [],
+        "quarantined": quarantine.list_all(spec) if spec.routed or table is not None else [],
         "maintenance": maintenance_state(table) if table is not None else None,
         "audit": _last_audit(spec, catalog),
     }

@@ -118,11 +118,14 @@ def view_for(spec: PipelineSpec, table: str | None) -> PipelineSpec:
 def list_all(spec: PipelineSpec, table: str | None = None) -> list[dict[str, Any]]:
     """The quarantined batches of the pipeline's table, or of every target table of a routed pipeline (each row
     names its table), or of the one ``table`` names."""
-    from tidewater.ops.status import target_tables
     from tidewater.table.catalog import load_catalog, load_table
+    from tidewater.table.summary import ever_quarantined
 
     catalog = load_catalog(spec)
-    names = [view_for(spec, table).table.identifier] if table or not spec.routed else target_tables(spec, catalog)
+    if table or not spec.routed:
+        names = [view_for(spec, table).table.identifier]
+    else:  # only the tables the checkpoint says were ever quarantined are loaded
+        names = sorted(ever_quarantined(load_table(catalog, spec.checkpoint_table())))
     out = []
     for ident in names:
         loaded = load_table(catalog, ident)

@@ -44,12 +44,9 @@ def refuse_while_a_table_is_quarantined(spec: PipelineSpec, catalog: Any, checkp
     """A routed pipeline: the next batch waits while a change table has a quarantined batch (its changes come
     first). The checkpoint's history names the tables ever quarantined (``QUARANTINED_TABLES``), so only those
     are loaded; an append table's quarantined batch does not hold the pipeline up."""
-    import json
+    from tidewater.table.summary import ever_quarantined
 
-    from tidewater.table.summary import QUARANTINED_TABLES, summary_dict
-
-    held = {t for s in checkpoint.metadata.snapshots for t in json.loads(summary_dict(s).get(QUARANTINED_TABLES, "[]"))}
-    for ident in sorted(held):
+    for ident in sorted(ever_quarantined(checkpoint)):
         view = spec.for_table(ident)
         table = load_table(catalog, ident) if view.applies_changes else None
         if table is not None:

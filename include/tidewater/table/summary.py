@@ -203,3 +203,12 @@ def changes_of(props: Mapping[str, str]) -> dict[str, Any] | None:
     """A change batch's counts (inserted, updated, deleted, noop, ...) from its snapshot properties, or None."""
     text = props.get(CHANGES)
     return json.loads(text) if text else None
+
+
+def ever_quarantined(checkpoint: Any) -> set[str]:
+    """A routed pipeline's target tables that ever had part of a batch quarantined (its checkpoint's history)."""
+    import json
+
+    if checkpoint is None:
+        return set()
+    return {t for s in checkpoint.metadata.snapshots for t in json.loads(summary_dict(s).get(QUARANTINED_TABLES, "[]"))}
