@@ -55,12 +55,13 @@ def ends(spec, topic: str) -> dict[int, int]:  # noqa: ANN001
     return committed_state(load_table(load_catalog(spec), spec.checkpoint_table())).offsets[topic]
 
 
-def replay(spec, topic: str, end: dict[int, int], **kw):  # noqa: ANN001, ANN003, ANN201
-    """A replay of the topic's whole committed range, one partition at a time (offsets differ by partition)."""
+def replay(spec, topic: str, end: dict[int, int], spark: bool = False, **kw):  # noqa: ANN001, ANN003, ANN201
+    """A replay of the topic's whole committed range, one partition at a time (offsets differ by partition); the
+    write step in this process, or (``spark``) through spark-submit as the replay DAG runs it."""
     out = []
     for p, e in sorted(end.items()):
         out.append(run_replay(spec, ReplayRequest(topic=topic, partitions=(p,), start_offset=0, end_offset=e, **kw),
-                              out=None, inline=True))
+                              out=None, inline=not spark, master="local[2]" if spark else None))
     return out
 
 
@@ -70,9 +71,9 @@ def test_a_routed_replay_leaves_healthy_tables_unchanged_and_restores_damaged_on
     commits; Airflow's retry of the commit step finishes it: the change table equals its source again (its lost rows
     restored: the replay reaches the committed offsets), the append table holds every record once. A replay of topic
     1 (a healthy change table) restores no row and leaves its rows as they were; a second replay of topic 0 leaves
-    both tables identical; `tables` restricts a replay to the tables named (the others get no snapshot; records
-    routed to none of them are counted as skipped); a table that is not the pipeline's is refused by name. No offset
-    moves and no new batch is planned."""
+    both tables identical; `tables` restricts a replay to the tables named (through spark-submit; the others get no
+    snapshot; records routed to none of them are counted as skipped); a table that is not the pipeline's is refused
+    by name. No offset moves and no new batch is planned."""
     sources = [Source(f"{topic}-s{i}") for i in range(2)]
     spec = history_and_current(home, broker, sources)
     for b in range(2):
@@ -132,7 +133,7 @@ def test_a_routed_replay_leaves_healthy_tables_unchanged_and_restores_damaged_on
     assert_equals_source(spec, "rpc.cur0", sources[0])
 
     head = load_table(catalog, "rpc.cur0").current_snapshot().snapshot_id
-    only = replay(spec, sources[0].topic, {0: end0[0]}, tables=("rpc.hist0",))[0]
+    only = replay(spec, sources[0].topic, {0: end0[0]}, spark=True, tables=("rpc.hist0",))[0]  # as the DAG writes
     assert set(only["tables"]) == {"rpc.hist0"} and only["records"] == end0[0]
     assert load_table(catalog, "rpc.cur0").current_snapshot().snapshot_id == head
     skipped = replay(spec, sources[1].topic, {0: 5}, tables=("rpc.hist0",))[0]
