@@ -236,7 +236,18 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
         produce_to_partition(broker.bootstrap, topic, 0, events[i:i + 50_000])
     spec = load_pipeline(_pipeline(home, broker, topic, server.url, batch={"chunk_records": 2000}))
     _, plan_path = plan_step(spec)
-    stopper = threading.Timer(4.0, server.stop)
+    before = set(home.rglob("*.parquet"))
+    done = threading.Event()
+
+    def stop_while_writing() -> None:
+        """Stop the server once the tasks write their first data file (the job is under way: a fixed delay was
+        sometimes past the job's end on a quiet machine); at the latest after a minute."""
+        deadline = time.monotonic() + 60
+        while not done.is_set() and time.monotonic() < deadline and not set(home.rglob("*.parquet")) - before:
+            time.sleep(0.02)
+        server.stop()
+
+    stopper = threading.Thread(target=stop_while_writing, daemon=True)
     stopper.start()
     started = time.monotonic()
     try:
@@ -244,7 +255,8 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
                                                  r"(went away or is restarting|is unreachable)") as e:
             run_write_step(spec, plan_path)
     finally:
-        stopper.cancel()
+        done.set()
+        stopper.join(timeout=30)
         server.stop()
     assert e.value.transient is True and time.monotonic() - started < 120
     table = load_table(load_catalog(spec), spec.table.identifier)
