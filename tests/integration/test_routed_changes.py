@@ -513,7 +513,6 @@ def test_debezium_avro_topics_with_avro_keys_evolve_and_name_their_id_columns(br
     import fastavro
 
     from tests.integration.test_changes import VALUE, VALUE2, _envelope
-    from tidewater.dev.changes import change_stream
     from tidewater.dev.sample_data import LocalSchemaRegistry
 
     key_schema = {"type": "record", "name": "Key", "namespace": "pg.public.prices", "fields": [{"name": "id", "type": "int"}]}
@@ -566,3 +565,48 @@ def test_debezium_avro_topics_with_avro_keys_evolve_and_name_their_id_columns(br
         assert "currency" not in load_table(catalog, "rpc.b").schema().column_names
     finally:
         registry.stop()
+
+
+def test_routed_upsert_tables_keyed_by_the_message_key(broker, home, topic):
+    """`key_source: message_key` in a routed pipeline: two compacted-style topics of plain JSON values without their
+    id, each to its own change table keyed by the message key (a tombstone deletes its key, a record without a key
+    is a dead letter `MissingId`), beside an append table fed by a third topic. Two batches, each table against its
+    reference model, the accounting adding up. A message-key table that shares its topic with another table is
+    refused at validation, by name."""
+    from tests.integration.test_changes import _produce_keyed
+    from tidewater.errors import ConfigError
+
+    keyed = [f"{topic}-k{i}" for i in range(2)]
+    plain = f"{topic}-events"
+    tables = [{"identifier": f"rpc.kv{i}", "topics": [t], "id_columns": ["id"], "upsert": True, "key_source": "message_key"}
+              for i, t in enumerate(keyed)] + [{"identifier": "rpc.events", "topics": [plain]}]
+    doc = dict(name="keyed", topics=[*keyed, plain], kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
+               tables=tables, routing={"namespace": "rpc"}, validation={"not_null": []})
+    spec = load_pipeline(write_pipeline(home, **doc))
+    models: list[dict[int, dict]] = [{}, {}]
+    events = 0
+    for b in range(2):
+        sent = 0
+        for i, t in enumerate(keyed):
+            changes = change_stream(models[i], 40, keys=12, seed=20 * b + i)
+            records = [(json.dumps({"id": c.id}).encode(), None if c.op == "delete" else
+                        json.dumps({"item": c.item, "price": c.price}).encode(), c.id) for c in changes]
+            records.append((None, json.dumps({"item": "x", "price": 1.0}).encode(), 0))  # no key: a dead letter
+            _produce_keyed(broker, t, records)
+            models[i] = apply(models[i], changes)
+            sent += len(records)
+        produce_to_partition(broker.bootstrap, plain, 0, [json.dumps({"id": events + n, "item": "e"}).encode() for n in range(7)])
+        events, sent = events + 7, sent + 7
+        plan, manifest = stage_inline(spec)
+        validate_step(spec, plan, manifest)
+        result = commit_step(spec, plan, manifest)
+        assert (result.status, result.records, result.dead_letters) == ("committed", sent, 2)
+        for i in range(2):
+            got = table_rows(spec, f"rpc.kv{i}")
+            assert {k: v["item"] for k, v in got.items()} == {k: v["item"] for k, v in models[i].items()}, (b, i)
+        assert load_table(load_catalog(spec), "rpc.events").scan().to_arrow().num_rows == events
+    letters = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().to_pylist()
+    assert {d["error_class"] for d in letters} == {"MissingId"} and len(letters) == 4
+    shared = [*tables[:2], {"identifier": "rpc.copy", "topics": [keyed[0]]}, tables[2]]
+    with pytest.raises(ConfigError, match=r"tables\[0\].key_source: message_key needs .* \(rpc.copy does\)"):
+        load_pipeline(write_pipeline(home, **{**doc, "tables": shared}))

@@ -259,7 +259,9 @@ class TableSpec:
         "Where a change's key (`id_columns`) comes from: `value` (its fields) or `message_key` (the Kafka message "
         "key: a JSON object with the id columns, a Confluent-framed Avro record through `format.registry_url`, or a "
         "JSON scalar or plain string for a single id column). With "
-        "`message_key` a tombstone (null value) deletes its key, and the key's values replace the value's.",
+        "`message_key` a tombstone (null value) deletes its key, and the key's values replace the value's. In a "
+        "routed pipeline the table must take its one topic alone (a `tables` entry listing it, or tables named by "
+        "their topic with `routing.dynamic`).",
         default="value",
     )
     branch: str | None = _doc(
@@ -708,6 +710,13 @@ class PipelineSpec:
             self, table=tspec, tables=[], routing=RoutingSpec(),
             dead_letter=dataclasses.replace(self.dead_letter, table=self.dead_letter_table()), routed_from=self,
         )
+
+    @property
+    def keys_from_messages(self) -> bool:
+        """Some change table takes its keys from the message key (`key_source: message_key`)."""
+        if not self.routed:
+            return self.applies_changes and self.table.key_source == "message_key"
+        return any((t.upsert or t.op_field) and t.key_source == "message_key" for t in [self.table, *self.tables])
 
     @property
     def routes_by_source(self) -> bool:

@@ -145,8 +145,10 @@ def _check_routed_changes(spec: PipelineSpec) -> None:
             raise ConfigError("table.upsert / op_field: on a routed pipeline with static `tables`, set them per table "
                               "under `tables` (or route dynamically: routing.dynamic)")
         _check_change_table(spec, spec.table, "table")
-        if spec.table.key_source != "value":
-            raise ConfigError("table.key_source: message_key is not available for routed change tables yet")
+        template = spec.routing.table_template
+        if spec.table.key_source != "value" and ("{value}" in template or "{source." in template):
+            raise ConfigError("table.key_source: message_key needs tables named by their topic alone "
+                              f"(routing.table_template {template!r} takes the record's values)")
     single_topic = len(spec.topics) == 1 and not spec.topic_pattern
     for i, t in enumerate(spec.tables):
         if not (t.upsert or t.op_field):
@@ -157,7 +159,18 @@ def _check_routed_changes(spec: PipelineSpec) -> None:
             raise ConfigError(f"{where}.topics: a change table takes the records of exactly one topic (a key's changes "
                               "are ordered by partition and offset within a topic); list that topic")
         if t.key_source != "value":
-            raise ConfigError(f"{where}.key_source: message_key is not available for routed change tables yet")
+            _check_keyed_by_message(spec, t, where)
+
+
+def _check_keyed_by_message(spec: PipelineSpec, t: RouteTableSpec, where: str) -> None:
+    """A routed change table keyed by the message key: the key decides every record of its topic (tombstones become
+    deletes), so the topic must go to this table alone, by topic."""
+    others = [o.identifier for o in spec.tables if o.identifier != t.identifier and (not o.topics or
+                                                                                      set(o.topics) & set(t.topics))]
+    if len(t.topics) != 1 or t.route_regex or others:
+        raise ConfigError(f"{where}.key_source: message_key needs the table to take one topic by `topics`, without a "
+                          "route_regex, and no other table to take that topic" + (f" ({', '.join(others)} does)"
+                                                                                    if others else ""))
 
 
 def _check_dead_letters(spec: PipelineSpec) -> None:

@@ -185,6 +185,17 @@ class Router:
         out.unmatched = pc.invert(any_row)
         return out
 
+    def topic_table(self, topic: str) -> str | None:
+        """The one table every record of ``topic`` goes to, when the topic alone decides (a topic-only template, or
+        a single `tables` entry taking the topic without a route regex); None when records' values decide."""
+        if self.routing.dynamic:
+            template, why_not = self.topic_template(topic)
+            if why_not is not None or "{value}" in template or SOURCE_PLACEHOLDER.search(template):
+                return None
+            return self._qualified(template, template)
+        takers = [(t, regex) for t, regex in self._static if not t.topics or topic in t.topics]
+        return takers[0][0].identifier if len(takers) == 1 and takers[0][1] is None else None
+
     def _by_source(self, data: pa.Table, template: str) -> Routed:
         """Tables named by fields of the Debezium envelope's source block (``{source.<field>}``, kept by the decoder
         in ``SOURCE_COLUMN``): worked out once per distinct combination of those fields' values, each checked

@@ -212,6 +212,7 @@ class _TaskWriter:
         self.present_set = exclude  # the offsets to leave out (present_by_subrange), read on the driver
         self.prefix = f"{batch_id}-{task_id:05d}"
         self.sinks: dict[str, TableSink] = {}
+        self._keyed: dict[str, str | None] = {}  # topic -> its change table keyed by the message key (routed)
         self.router: Any = None
         if spec.routed:
             from tidewater.transform.routing import Router
@@ -254,8 +255,7 @@ class _TaskWriter:
         spec = self.spec
         return read_range(self.settings, self.rng, chunk_records=spec.batch.chunk_records,
                           read_timeout=spec.kafka.read_timeout_seconds, client_id=f"{spec.name}-{self.task_id}",
-                          keys=spec.format.key != "none" or (spec.applies_changes and spec.table.key_source == "message_key")
-                          or spec.ids_from_keys,
+                          keys=spec.format.key != "none" or spec.keys_from_messages or spec.ids_from_keys,
                           headers=spec.format.headers)
 
     def decoder_inputs(self) -> tuple[Any, Any]:
@@ -290,12 +290,13 @@ class _TaskWriter:
         explicit, shaper = self.decoder_inputs()
         decoded, bad, ignored = decode_chunk(self.spec, chunk, explicit, self.registry, shaper)
         self.skipped += len(ignored)
-        if self.spec.applies_changes and self.spec.table.key_source == "message_key":
+        keyed = self.keyed_by_message_key(chunk.topic)
+        if keyed is not None:
             from tidewater.table.evolution import table_arrow_schema
             from tidewater.transform.keys import keyed_changes
 
-            table = self.single.table if self.single is not None else None
-            decoded, bad, ignored = keyed_changes(self.spec, chunk, decoded, bad, ignored,
+            view, table = keyed
+            decoded, bad, ignored = keyed_changes(view, chunk, decoded, bad, ignored,
                                                   table_arrow_schema(table) if table is not None else None, self.registry)
         gone = sorted(b.index for b in bad + ignored)
         decoded = add_source_columns(self.spec.format, chunk, decoded, gone)
@@ -308,6 +309,26 @@ class _TaskWriter:
         if self.single is not None:
             self.single.write(decoded)
         self.count(chunk)
+
+    def keyed_by_message_key(self, topic: str) -> tuple[PipelineSpec, Any] | None:
+        """(the change table's view, its table or None) when ``topic``'s records are changes keyed by the message key
+        (``table.key_source: message_key``): the pipeline's table, or the one table a routed pipeline sends the
+        topic to (validation makes such a topic feed that table alone)."""
+        spec = self.spec
+        if self.router is None:
+            if spec.applies_changes and spec.table.key_source == "message_key":
+                return spec, self.single.table if self.single is not None else None
+            return None
+        if topic not in self._keyed:
+            ident = self.router.topic_table(topic)
+            view = spec.for_table(ident) if ident else None
+            keyed = view is not None and view.applies_changes and view.table.key_source == "message_key"
+            self._keyed[topic] = ident if keyed else None
+        ident = self._keyed[topic]
+        if ident is None:
+            return None
+        sink = self.sinks.get(ident) or self.open_sink(ident)
+        return sink.view, sink.table
 
     def admit(self, chunk: Any, decoded: Any, bad: list[Any], gone: list[int]) -> tuple[Any, list[Any], list[int]]:
         """Records over the table's schema limits (see ``table/limits.py``) and, with
