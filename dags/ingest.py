@@ -259,7 +259,7 @@ def build_skip_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an
         return skip_task(pipeline_path, params, by=str(user))
 
     return _form_dag(spec, "skip", (
-        f"### skip blocking records of `{spec.table.identifier}`\n\nWhen a partition is stuck on records that "
+        f"### skip blocking records of {_targets(spec)}\n\nWhen a partition is stuck on records that "
         "fail every retry, trigger this DAG with the partition, the range to skip (it starts at or after the "
         "partition's committed offset, see `tidewater status`) and a reason. Records before the range are "
         "ingested first; the range goes to the dead-letter table as `OperatorSkip` with the reason and the "
@@ -330,9 +330,7 @@ def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
 def build_pipeline_dags(path: Path, spec: PipelineSpec) -> list:
     """Every DAG of one pipeline file (ingest, and replay, skip, audit and quarantine where they apply)."""
     dags = [build_ingest_dag(path, spec), build_audit_dag(path, spec)]
-    dags.append(build_replay_dag(path, spec))
-    if not spec.routed:  # skip of routed pipelines: not yet (a blocked partition is skipped in every table)
-        dags.append(build_skip_dag(path, spec))
+    dags += [build_replay_dag(path, spec), build_skip_dag(path, spec)]
     if spec.validation.on_failure == "quarantine":
         dags.append(build_quarantine_dag(path, spec))
     return dags

@@ -71,7 +71,7 @@ def test_broken_pipeline_file_shows_as_a_failing_dag(tmp_path, monkeypatch):
 
 def test_routed_pipeline_dags(tmp_path, monkeypatch):
     """A routed pipeline (docs/examples/payments_by_type.yaml) makes its ingest, replay (with a tables
-    field), maintenance and audit DAGs; the maintenance DAG's asset is the pipeline's checkpoint table and the
+    field), skip, maintenance and audit DAGs; the maintenance DAG's asset is the pipeline's checkpoint table and the
     documentation names the target tables."""
     shutil.copy(REPO / "docs" / "examples" / "payments_by_type.yaml", tmp_path)
     bag = dagbag(tmp_path, monkeypatch)
@@ -80,7 +80,7 @@ def test_routed_pipeline_dags(tmp_path, monkeypatch):
     replay = bag.dags["replay_payments"]
     assert "payments.debit, payments.credit, payments.bank_slip" in replay.doc_md
     assert replay.params["tables"] == [] and "reapply" in replay.params.get_param("mode").schema["enum"]
-    assert "skip_payments" not in bag.dags  # skip of routed pipelines: not yet
+    assert "the tables of `payments`" in bag.dags["skip_payments"].doc_md
     import yaml
 
     doc = yaml.safe_load((tmp_path / "payments_by_type.yaml").read_text())

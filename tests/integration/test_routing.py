@@ -324,3 +324,40 @@ def test_each_table_has_its_own_suite(broker, home, topic):
     assert "expect_column_values_to_be_between(table='rpc.small', column='id'" in str(e.value)
     assert (rows(spec, "rpc.small").num_rows, rows(spec, "rpc.big").num_rows) == (5, 5)
     assert committed_state(checkpoint(spec)).offsets == {topic: {0: 10}}
+
+
+def test_an_operator_skips_a_blocking_record_of_a_routed_pipeline(broker, home, topic):
+    """dead_letter.policy fail and a poison record at offset 6 of topic A (topics A and B to their own tables): the
+    skip (the skip DAG's task) ingests A's records before it as a batch of their own, dead-letters [6, 7) as
+    `OperatorSkip` with the reason and who asked, and moves the checkpoint past it (its snapshot records the skip;
+    no target table gets a commit of the skip). The next batch ingests the rest of both topics; every record is
+    in its table once or a dead letter, and the audit explains the skip."""
+    from tidewater.errors import BatchWriteError
+    from tidewater.ops.skip import SkipRequest, skip
+    from tidewater.table.summary import OPERATOR_SKIP
+
+    a, b = topic + "-a", topic + "-b"
+    spec = routed_pipeline(home, broker, [a, b], dead_letter={"policy": "fail"},
+                           tables=[{"identifier": "rpc.ta", "topics": [a]}, {"identifier": "rpc.tb", "topics": [b]}])
+    produce_to_partition(broker.bootstrap, a, 0, [ev(i) for i in range(6)] + [b'{"id": '] + [ev(i) for i in range(7, 10)])
+    produce_to_partition(broker.bootstrap, b, 0, [ev(100 + i) for i in range(4)])
+    with pytest.raises(BatchWriteError) as e:
+        stage_inline(spec)
+    assert (e.value.topic, e.value.offset) == (a, 6)
+    assert skip(spec, SkipRequest(a, 0, 6, 7, "bad deploy", "alice", dry_run=True))["status"] == "dry-run"
+    assert checkpoint(spec) is None or checkpoint(spec).current_snapshot() is None
+    out = skip(spec, SkipRequest(a, 0, 6, 7, "bad deploy 4711", "alice"))
+    assert (out["status"], out["ingested_first"], out["dead_letters"]) == ("committed", 6, 1)
+    assert committed_state(checkpoint(spec)).offsets[a] == {0: 7}
+    props = checkpoint(spec).current_snapshot().summary.additional_properties
+    assert json.loads(props[OPERATOR_SKIP])["by"] == "alice"
+    assert rows(spec, "rpc.ta").num_rows == 6 and rows(spec, "rpc.tb") is None
+    letters = dead_letters(spec)
+    assert [(d["offset"], d["error_class"]) for d in letters] == [(6, "OperatorSkip")] and "bad deploy 4711" in letters[0]["error_message"]
+    assert ingest_inline(spec).status == "committed"
+    assert sorted(rows(spec, "rpc.ta").column("id").to_pylist()) == [0, 1, 2, 3, 4, 5, 7, 8, 9]
+    assert sorted(rows(spec, "rpc.tb").column("id").to_pylist()) == [100, 101, 102, 103]
+    assert committed_state(checkpoint(spec)).offsets == {a: {0: 10}, b: {0: 4}}
+    report = audit(spec)
+    assert report.clean, [f.text() for f in report.findings]
+    assert any("skipped by alice" in f.text() for f in report.findings)

@@ -168,7 +168,8 @@ def quarantined_tables(validation: dict[str, Any] | None, manifest: BatchManifes
 
 
 def _commit_checkpoint(catalog: Any, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None,
-                       validation: dict[str, Any] | None, max_attempts: int) -> Offsets:
+                       validation: dict[str, Any] | None, max_attempts: int,
+                       extra_properties: dict[str, str] | None = None) -> Offsets:
     offsets = plan.end_offsets()
 
     def prepare(checkpoint: Any) -> Change:
@@ -180,6 +181,7 @@ def _commit_checkpoint(catalog: Any, plan: BatchPlan, manifest: BatchManifest, d
                                    dead_letters=manifest.dead_letters, skipped=manifest.skipped, validation=validation)
         props.update(batch_properties(plan))
         props[ROUTED] = str(manifest.routed)  # the ledger's accounting: read = routed + dead letters + skipped
+        props.update(extra_properties or {})
         held = quarantined_tables(validation, manifest)
         if held:  # where the planner looks for change tables waiting on a quarantined batch
             props[QUARANTINED_TABLES] = json.dumps(held, separators=(",", ":"))
@@ -204,9 +206,11 @@ def commit_routed(
     validation: dict[str, Any] | None = None,
     dead_letter_sink: DeadLetterSink | None = None,
     spec: Any = None,
+    extra_properties: dict[str, str] | None = None,
 ) -> CommitResult:
     """Commit a routed batch: each target table once, then the checkpoint, then the dead letters. ``spec`` (the
-    pipeline) says which tables are change tables."""
+    pipeline) says which tables are change tables; ``extra_properties``: more for the checkpoint's snapshot
+    (an operator's skip records its request)."""
     check_routed_manifest(plan, manifest)
     ident = plan.table
     files = sum(len(o.data_files) for o in manifest.outputs)
@@ -226,7 +230,7 @@ def commit_routed(
                                          quarantine=out.table in held)
             timings.append(TableCommit(out.table, status, out.rows, round(time.monotonic() - t0, 4)))  # type: ignore[arg-type]
     t0 = time.monotonic()
-    offsets = _commit_checkpoint(catalog, plan, manifest, dag_run_id, validation, max_attempts)
+    offsets = _commit_checkpoint(catalog, plan, manifest, dag_run_id, validation, max_attempts, extra_properties)
     timings.append(TableCommit(ident, "checkpoint", 1, round(time.monotonic() - t0, 4)))
     log.info("batch %s: committed %d table(s) (%s) and the checkpoint %s", plan.batch_id, len(timings) - 1,
              ", ".join(f"{t.table}: {t.status}" for t in timings[:-1]) or "none", ident)

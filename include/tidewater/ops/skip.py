@@ -6,7 +6,9 @@ range that starts at the partition's committed offset, writes its records to the
 ``OperatorSkip`` with the reason and who asked, and advances the committed offset past it: one batch of
 its own (batch id ``skip-...``), committed like any batch (offsets and dead letters, idempotent, finished
 by the next run if interrupted between the two commits). The table's snapshot records
-``tidewater.operator-skip`` (range, reason, who), so the history shows every skip.
+``tidewater.operator-skip`` (range, reason, who), so the history shows every skip. A routed pipeline's skip
+moves its checkpoint table's offsets (no target table gets a commit; their offsets catch up with the next
+batch that has rows for them).
 
 The range starts at or after the partition's committed offset. When it starts after it, the records
 between the committed offset and the range are ingested first as a normal batch of their own (written
@@ -57,8 +59,6 @@ class SkipRequest:
 def check_request(spec: PipelineSpec, req: SkipRequest, committed: int | None, low: int, high: int) -> int:
     """The partition's next offset to ingest (the range starts there or later); raises ConfigError naming
     the parameter."""
-    if spec.routed:
-        raise ConfigError("skip: pipelines that route to several tables cannot skip ranges yet")
     if not req.reason.strip():
         raise ConfigError("reason: required (it is recorded with the dead letters and in the table's history)")
     expected = committed if committed is not None else low
@@ -93,7 +93,8 @@ def _dead_letter_files(spec: PipelineSpec, settings: dict[str, str], plan: Batch
         first = chunk.offsets[0] if first is None else first
         last = chunk.offsets[-1]
     rng = plan.ranges[0]
-    stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, count, first, last, None, None, dead_letters=count)
+    stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, count, first, last, None, None, dead_letters=count,
+                           routed=0 if spec.routed else None)
     return [StagedFile.from_json(f) for f in writer.close()], stats
 
 
@@ -106,8 +107,9 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     from tidewater.write.dead_letters import dead_letter_sink
 
     catalog = load_catalog(spec)
-    table = load_table(catalog, spec.table.identifier)
-    state = committed_state(table, spec.table.branch) if table is not None else None
+    branch = None if spec.routed else spec.table.branch  # a routed pipeline's offsets: its checkpoint table's
+    table = load_table(catalog, spec.checkpoint_table())
+    state = committed_state(table, branch) if table is not None else None
     offsets = state.offsets if state is not None else {}
     settings = kafka_settings(spec)
     low, high = watermarks(settings, [(req.topic, req.partition)])[(req.topic, req.partition)]
@@ -123,11 +125,11 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     if req.start_offset > nxt:
         ingested = _ingest_before(spec, settings, PartitionRange(req.topic, req.partition, nxt, req.start_offset), offsets,
                                   state.snapshot_id if state is not None else None)
-        table = load_table(catalog, spec.table.identifier)
-        state = committed_state(table, spec.table.branch)
+        table = load_table(catalog, spec.checkpoint_table())
+        state = committed_state(table, branch)
         offsets = state.offsets
     rng = PartitionRange(req.topic, req.partition, req.start_offset, req.end_offset)
-    plan = BatchPlan(batch_id="skip-" + new_batch_id(), pipeline=spec.name, table=spec.table.identifier,
+    plan = BatchPlan(batch_id="skip-" + new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
                      pipeline_path=str(spec.source_path), ranges=(rng,), base_offsets=offsets, created_at=utc_now_iso(),
                      base_snapshot_id=state.snapshot_id if state is not None else None, mode="skip")
     directory = batch_dir(spec.staging_dir(), spec.name, plan.batch_id)
@@ -138,9 +140,15 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
                              schema_id=table.schema().schema_id if table is not None else -1, written_at=utc_now_iso(),
                              dead_letter_table=spec.dead_letter_table(), dead_letter_files=tuple(files))
     write_json_atomic(directory / MANIFEST_NAME, manifest.to_json())
-    result = commit_batch(catalog, plan, manifest, branch=spec.table.branch,
-                          dead_letter_sink=dead_letter_sink(spec, plan.batch_id),
-                          extra_properties={OPERATOR_SKIP: json.dumps(preview, separators=(",", ":"))})
+    extra = {OPERATOR_SKIP: json.dumps(preview, separators=(",", ":"))}
+    if spec.routed:  # the checkpoint moves on; no target table gets a commit
+        from tidewater.commit.routed import commit_routed
+
+        result = commit_routed(catalog, plan, manifest, dead_letter_sink=dead_letter_sink(spec, plan.batch_id), spec=spec,
+                               extra_properties=extra)
+    else:
+        result = commit_batch(catalog, plan, manifest, branch=branch, dead_letter_sink=dead_letter_sink(spec, plan.batch_id),
+                              extra_properties=extra)
     log.info("skip %s: %d records of %s[%d] [%d, %d) dead-lettered by %s (%s); offset now %d", plan.batch_id, count,
              req.topic, req.partition, req.start_offset, req.end_offset, req.by, req.reason, req.end_offset)
     return {"status": result.status, "batch_id": plan.batch_id, "dead_letters": count, "ingested_first": ingested,
@@ -154,7 +162,7 @@ def _ingest_before(spec: PipelineSpec, settings: dict[str, str], rng: PartitionR
     from tidewater.runtime.steps import commit_step, validate_step
     from tidewater.write.job import run_inline
 
-    plan = BatchPlan(batch_id=new_batch_id(), pipeline=spec.name, table=spec.table.identifier,
+    plan = BatchPlan(batch_id=new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
                      pipeline_path=str(spec.source_path), ranges=(rng,), base_offsets=offsets, created_at=utc_now_iso(),
                      base_snapshot_id=snapshot_id)
     directory = batch_dir(spec.staging_dir(), spec.name, plan.batch_id)
