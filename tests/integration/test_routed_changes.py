@@ -507,13 +507,8 @@ def test_debezium_avro_topics_with_avro_keys_evolve_and_name_their_id_columns(br
     from the key schema (through the registry), and a second value schema version that adds a column evolves that
     table within the batch. After each batch both tables equal their sources. The registry is the local stand-in
     of `tidewater.dev.sample_data` (no schema registry can be installed here)."""
-    import io
-    import struct
-
-    import fastavro
-
     from tests.integration.test_changes import VALUE, VALUE2, _envelope
-    from tidewater.dev.sample_data import LocalSchemaRegistry
+    from tidewater.dev.sample_data import LocalSchemaRegistry, avro_framed
 
     key_schema = {"type": "record", "name": "Key", "namespace": "pg.public.prices", "fields": [{"name": "id", "type": "int"}]}
     schemas = {1: _envelope(VALUE), 2: _envelope(VALUE2), 3: key_schema}
@@ -521,9 +516,7 @@ def test_debezium_avro_topics_with_avro_keys_evolve_and_name_their_id_columns(br
     url = registry.start()
 
     def framed(schema_id: int, record: dict) -> bytes:
-        buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, fastavro.parse_schema(schemas[schema_id]), record)
-        return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
+        return avro_framed([json.dumps(record).encode()], schema_id, schemas[schema_id])[0]
 
     try:
         spec = database_by_pattern(home, broker, topic, table={"identifier": "", "upsert": True},
