@@ -289,7 +289,6 @@ class _TaskWriter:
 
         explicit, shaper = self.decoder_inputs()
         decoded, bad, ignored = decode_chunk(self.spec, chunk, explicit, self.registry, shaper)
-        self.skipped += len(ignored)
         keyed = self.keyed_by_message_key(chunk.topic)
         if keyed is not None:
             from tidewater.table.evolution import table_arrow_schema
@@ -298,6 +297,7 @@ class _TaskWriter:
             view, table = keyed
             decoded, bad, ignored = keyed_changes(view, chunk, decoded, bad, ignored,
                                                   table_arrow_schema(table) if table is not None else None, self.registry)
+        self.skipped += len(ignored)  # after keying: a tombstone keyed by the message key is a delete, not skipped
         gone = sorted(b.index for b in bad + ignored)
         decoded = add_source_columns(self.spec.format, chunk, decoded, gone)
         if self.router is not None:
