@@ -146,7 +146,7 @@ def _check_routed_changes(spec: PipelineSpec) -> None:
                               "under `tables` (or route dynamically: routing.dynamic)")
         _check_change_table(spec, spec.table, "table")
         template = spec.routing.table_template
-        if spec.table.key_source != "value" and ("{value}" in template or "{source." in template):
+        if spec.table.key_source != "value" and ("{value}" in template or spec.routes_by_source):
             raise ConfigError("table.key_source: message_key needs tables named by their topic alone "
                               f"(routing.table_template {template!r} takes the record's values)")
     single_topic = len(spec.topics) == 1 and not spec.topic_pattern
