@@ -1,0 +1,222 @@
+"""What every kind of commit leaves on disk, held to golden files written against the code before the one-commit
+redesign (issue 32): the snapshots of every table a pipeline touches, in order, with their operation, Tidewater's
+summary properties and Iceberg's record and file counts, and the references at the end.
+
+One scenario per combination of holder (fused: the table is its own offsets holder; checkpoint: a routed
+pipeline) and table kind (append, change), each going through every mode: ingest (with a dead letter), the replay
+modes (replace, append-missing, reapply), quarantine (published or dropped) and an operator's skip. Values that
+differ from run to run (batch ids, topic names, timestamps, file sizes, snapshot ids) are replaced by stable
+names before comparing. A plain batch makes exactly one snapshot carrying both its data and its offsets.
+
+Regenerate the golden files only on purpose: ``TIDEWATER_UPDATE_GOLDEN=1 pytest tests/integration/test_golden_commits.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ingest_inline, produce_to_partition, stage_inline, write_pipeline
+from tests.integration.test_routed_changes import Source, assert_equals_source
+from tidewater.config.parse import load_pipeline
+from tidewater.errors import ValidationFailedError
+from tidewater.ops import quarantine
+from tidewater.ops.replay import run_replay
+from tidewater.ops.skip import SkipRequest, skip
+from tidewater.plan.replay import ReplayRequest
+from tidewater.runtime.airflow import quarantine_task
+from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import BATCH_ID, OFFSETS, committed_state, summary_dict
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+GOLDEN = Path(__file__).parent / "golden"
+# Iceberg's own summary keys that say what a snapshot did (sizes are left out: they differ with the timestamps
+# the records carry)
+ICEBERG_KEYS = ("added-records", "deleted-records", "added-data-files", "deleted-data-files", "added-delete-files",
+                "removed-delete-files", "added-position-deletes", "removed-position-deletes", "total-records",
+                "total-data-files", "total-delete-files", "total-position-deletes")
+BATCH_IDS = re.compile(r"(?:skip-|replay-)?\d{8}T\d{6,9}Z-[0-9a-f]{8}")
+VOLATILE = ("tidewater.valid-through-ms", "tidewater.valid-through")
+
+
+def normalized(catalog, namespace: str, topics: dict[str, str]) -> dict:  # noqa: ANN001
+    """Every table of ``namespace``: its snapshots in commit order and its references, with batch ids named by
+    first appearance (b1, b2, ...), topic names by role, and volatile values replaced."""
+    names: dict[str, str] = {}
+
+    def stable(text: str) -> str:
+        for real, role in sorted(topics.items(), key=lambda kv: -len(kv[0])):
+            text = text.replace(real, role)
+        return BATCH_IDS.sub(lambda m: names.setdefault(m.group(0), f"<b{len(names) + 1}>"), text)
+
+    tables = {name: load_table(catalog, f"{namespace}.{name}") for _, name in sorted(catalog.list_tables(namespace))}
+    ordered = {name: sorted(t.metadata.snapshots, key=lambda s: (s.sequence_number, s.timestamp_ms))
+               for name, t in tables.items()}
+    everywhere = {str(s.snapshot_id): f"<{name}:s{i}>" for name, snaps in ordered.items() for i, s in enumerate(snaps)}
+
+    def value(key: str, text: str) -> str:  # snapshot ids in values (the ledger's position) by their stable names
+        return "<volatile>" if key in VOLATILE else re.sub(r"-?\d{12,}", lambda m: everywhere.get(m.group(0), "<id>"), stable(text))
+
+    out = {}
+    for name, table in tables.items():
+        snaps = ordered[name]
+        ids = {s.snapshot_id: f"s{i}" for i, s in enumerate(snaps)}
+        rows = []
+        for s in snaps:
+            props = summary_dict(s)
+            kept = {k: value(k, v) for k, v in sorted(props.items()) if k.startswith("tidewater.")}
+            kept.update({k: props[k] for k in ICEBERG_KEYS if k in props})
+            rows.append({"id": ids[s.snapshot_id], "parent": ids.get(s.parent_snapshot_id),
+                         "operation": s.summary.operation.value, "summary": kept})
+        refs = {stable(r): ids.get(ref.snapshot_id) for r, ref in sorted(table.metadata.refs.items())}
+        out[name] = {"snapshots": rows, "refs": refs}
+    return out
+
+
+def check_golden(name: str, doc: dict) -> None:
+    path = GOLDEN / f"{name}.json"
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    if os.environ.get("TIDEWATER_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    want = json.loads(path.read_text())
+    for table in sorted(set(want) | set(doc)):
+        assert doc.get(table) == want.get(table), f"{name}: table {table} differs from {path.name}"
+
+
+def ev(i: int, v: str | None = None) -> bytes:
+    return json.dumps({"id": i, "v": v or f"v{i}"}).encode()
+
+
+def strict_suite(home: Path, column: str, regex: str) -> str:
+    (home / "strict.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": column, "regex": regex}}]}))
+    return "strict.json"
+
+
+def one_batch_snapshots(spec, batch_id: str) -> list:  # noqa: ANN001
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    return [s for s in table.metadata.snapshots if summary_dict(s).get(BATCH_ID) == batch_id]
+
+
+def test_an_append_tables_commits_in_every_mode_match_the_golden_file(broker, home, topic):
+    """A plain append pipeline (fused holder): an ingest batch with a dead letter (one snapshot with data and offsets),
+    replays (replace, append-missing), a quarantined batch published, an operator's skip with the records before it
+    ingested first, and a last ingest batch. Expected: the snapshots equal golden/append_fused.json."""
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"metadata": "prefixed"},
+                          validation={"not_null": ["id"], "suite": strict_suite(home, "v", "^bad"), "on_failure": "quarantine"})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(20)] + [b"{not json"] + [ev(20)], partitions=2)
+    produce_to_partition(broker.bootstrap, topic, 1, [ev(100 + i) for i in range(15)])
+    first = ingest_inline(spec)
+    assert (first.status, first.records, first.dead_letters) == ("committed", 37, 1)
+    only = one_batch_snapshots(spec, first.batch_id)
+    assert len(only) == 1 and OFFSETS in summary_dict(only[0]) and int(summary_dict(only[0])["added-records"]) == 36
+    for req in (ReplayRequest(topic=topic, partitions=(0,), start_offset=5, end_offset=15),
+                ReplayRequest(topic=topic, partitions=(1,), start_offset=0, end_offset=15, mode="append-missing")):
+        assert run_replay(spec, req, out=None, inline=True)["status"] == "committed"
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(200 + i, "bad") for i in range(4)])
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    with pytest.raises(ValidationFailedError):
+        commit_step(spec, plan, manifest)
+    assert quarantine.publish(spec, plan.batch_id)["status"] == "published"
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(300 + i) for i in range(8)])
+    at = committed_state(load_table(load_catalog(spec), spec.table.identifier)).offsets[topic][0]
+    done = skip(spec, SkipRequest(topic=topic, partition=0, start_offset=at + 2, end_offset=at + 4, reason="golden", by="test"))
+    assert (done["status"], done["dead_letters"], done["ingested_first"]) == ("committed", 2, 2)
+    assert ingest_inline(spec).records == 4
+    check_golden("append_fused", normalized(load_catalog(spec), "rpc", {topic: "T"}))
+
+
+def _change_pipeline(home: Path, broker, topics: list[str], **more) -> Path:  # noqa: ANN001, ANN003
+    return write_pipeline(home, name="prices", topics=topics, kafka={"bootstrap_servers": broker.bootstrap},
+                          table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True},
+                          format={"value": "debezium"}, **more)
+
+
+def test_a_change_tables_commits_in_every_mode_match_the_golden_file(broker, home, topic):
+    """A plain change table (fused holder): two change batches (one snapshot each: the row delta with the offsets),
+    a reapply replay of one partition, a quarantined batch dropped, an operator's skip and a last batch. The table
+    equals its source's reference model where it should; the snapshots equal golden/change_fused.json."""
+    path = _change_pipeline(home, broker, [topic], validation={
+        "not_null": ["id"], "suite": strict_suite(home, "item", "^item-[0-9]+-31-"), "on_failure": "quarantine"})
+    spec = load_pipeline(path)
+    source = Source(topic)
+    for b in range(2):
+        source.produce(broker, b, 30, seed=b + 1)
+        result = ingest_inline(spec)
+        assert len(one_batch_snapshots(spec, result.batch_id)) == 1
+    assert_equals_source(spec, "rpc.prices", source)
+    end = committed_state(load_table(load_catalog(spec), "rpc.prices")).offsets[topic][0]
+    req = ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=end, mode="reapply")
+    assert run_replay(spec, req, out=None, inline=True)["status"] == "committed"
+    assert_equals_source(spec, "rpc.prices", source)
+    kept = dict(source.model)
+    source.produce(broker, 2, 20, seed=31)
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    with pytest.raises(ValidationFailedError):
+        commit_step(spec, plan, manifest)
+    assert quarantine.drop(spec, plan.batch_id)["status"] == "dropped"
+    source.model = kept
+    produce_to_partition(broker.bootstrap, topic, 1, [b"{not json", b"{nor this", b"{and this"], partitions=2)
+    at = committed_state(load_table(load_catalog(spec), "rpc.prices")).offsets[topic][1]
+    done = skip(spec, SkipRequest(topic=topic, partition=1, start_offset=at + 1, end_offset=at + 3, reason="golden", by="test"))
+    assert (done["status"], done["dead_letters"]) == ("committed", 2)
+    check_golden("change_fused", normalized(load_catalog(spec), "rpc", {topic: "T"}))
+
+
+def test_a_routed_pipelines_commits_in_every_mode_match_the_golden_file(broker, home, topic):
+    """A routed pipeline (checkpoint holder) over two Debezium topics: topic 0 feeds a change table (cur0) and an
+    append table with metadata columns (hist0), topic 1 the change table cur1. Two batches, a replay of topic 0
+    (cur0 reapplies, hist0 replaces) and one in append-missing mode, a batch whose topic-1 tables are quarantined
+    and published, an operator's skip, a last batch of topic 0. Expected: the snapshots of every table (targets, checkpoint,
+    ledger, dead letters) equal golden/routed_checkpoint.json."""
+    sources = [Source(f"{topic}-s{i}") for i in range(2)]
+    tables = [{"identifier": "rpc.cur0", "topics": [sources[0].topic], "id_columns": ["id"], "upsert": True},
+              {"identifier": "rpc.hist0", "topics": [sources[0].topic]},
+              {"identifier": "rpc.cur1", "topics": [sources[1].topic], "id_columns": ["id"], "upsert": True},
+              {"identifier": "rpc.hist1", "topics": [sources[1].topic]}]
+    path = write_pipeline(home, name="routed", topics=[s.topic for s in sources], kafka={"bootstrap_servers": broker.bootstrap},
+                          table={"identifier": ""}, tables=tables, routing={"namespace": "rpc"},
+                          format={"value": "debezium", "metadata": "prefixed"},
+                          validation={"not_null": ["id"], "suite": strict_suite(home, "item", "^item-[0-9]+-31-"),
+                                      "on_failure": "quarantine"})
+    spec = load_pipeline(path)
+    for b in range(2):
+        for i, s in enumerate(sources):
+            s.produce(broker, b, 20, seed=10 * b + i + 1)
+        assert ingest_inline(spec).status == "committed"
+    end = committed_state(load_table(load_catalog(spec), spec.checkpoint_table())).offsets[sources[0].topic]
+    for mode in ("replace", "append-missing"):
+        for p, e in sorted(end.items()):
+            req = ReplayRequest(topic=sources[0].topic, partitions=(p,), start_offset=0, end_offset=e, mode=mode)
+            assert run_replay(spec, req, out=None, inline=True)["status"] == "committed"
+    for i in range(2):
+        assert_equals_source(spec, f"rpc.cur{i}", sources[i])
+    sources[1].produce(broker, 2, 20, seed=31)
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    with pytest.raises(ValidationFailedError):
+        commit_step(spec, plan, manifest)
+    for ident in ("rpc.cur1", "rpc.hist1"):
+        assert quarantine_task(str(path), {"action": "publish", "batch_id": plan.batch_id, "table": ident})["status"] == "published"
+    produce_to_partition(broker.bootstrap, sources[0].topic, 0, [b"{not json", b"{nor this"], partitions=2)
+    at = committed_state(load_table(load_catalog(spec), spec.checkpoint_table())).offsets[sources[0].topic][0]
+    done = skip(spec, SkipRequest(topic=sources[0].topic, partition=0, start_offset=at, end_offset=at + 2, reason="golden",
+                                  by="test"))
+    assert (done["status"], done["dead_letters"]) == ("committed", 2)
+    sources[0].produce(broker, 3, 10, seed=40)  # source 1's deletes would carry images of the refused items
+    assert ingest_inline(spec).status == "committed"
+    for i in range(2):
+        assert_equals_source(spec, f"rpc.cur{i}", sources[i])
+    check_golden("routed_checkpoint", normalized(load_catalog(spec), "rpc",
+                                                 {sources[0].topic: "T0", sources[1].topic: "T1"}))
