@@ -26,9 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import REPO, command_line, fresh_home, timed_batch, write_section  # noqa: E402
 
 
-def markers(write: str) -> tuple[str, str]:
-    """Each write step's results keep their own section of BENCHMARKS.md."""
-    return f"<!-- cdc-tables-{write}:begin -->", f"<!-- cdc-tables-{write}:end -->"
+def markers(write: str, catalog: str = "sqlite") -> tuple[str, str]:
+    """Each write step's (and catalog's) results keep their own section of BENCHMARKS.md."""
+    name = write if catalog == "sqlite" else f"{write}-{catalog}"
+    return f"<!-- cdc-tables-{name}:begin -->", f"<!-- cdc-tables-{name}:end -->"
 
 
 def batch_records(models: dict[str, dict], tables: list[str], changes: int, seed: int) -> dict[str, list[bytes]]:
@@ -80,6 +81,9 @@ def main() -> int:
                     help="single-table pipelines to run (default: one per table); fewer are measured and the total for "
                          "all tables is projected from them (said so in the report)")
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--catalog", choices=["sqlite", "postgresql"], default="sqlite",
+                    help="the pyiceberg SQL catalog's database: SQLite (one writer at a time) or PostgreSQL (Debian's "
+                         "server started on a local port, as the production-shaped tests do)")
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     args = ap.parse_args()
     given = " ".join(sys.argv[1:])
@@ -93,8 +97,17 @@ def main() -> int:
     from tidewater.table.catalog import load_catalog
 
     names = [f"t{i:03d}" for i in range(args.tables)]
+    pg = None
+    catalog_doc: dict = {}
+    if args.catalog == "postgresql":
+        from tidewater.dev import postgres
+
+        pg = postgres.start(work / "postgres.log")
+        catalog_doc = {"properties": {"type": "sql", "uri": pg.create_database("bench"),
+                                      "warehouse": f"file://{work / 'warehouse'}"}}
     b = embedded.start(log_path=work / "broker.log")
     base = {"schedule": None, "kafka": {"bootstrap_servers": b.bootstrap, "read_timeout_seconds": 60},
+            **({"catalog": catalog_doc} if catalog_doc else {}),
             "format": {"value": "debezium"}, "validation": {"not_null": ["id"]},
             "batch": {"max_records": 10 * args.tables * args.changes}}
     routed_doc = {**base, "name": "inv", "topic_pattern": r"db\.inv\..+", "table": {"identifier": "", "upsert": True,
@@ -132,7 +145,9 @@ def main() -> int:
                 r["committed"] = committed_files(catalog, [f"single.{n}"], r["batch_id"])
     finally:
         b.stop()
-    begin, end = markers(args.write)
+        if pg is not None:
+            pg.stop()
+    begin, end = markers(args.write, args.catalog)
     write_section(args.output, begin, end, report(args, command, started, runs, single_runs))
     return 0
 
@@ -142,10 +157,11 @@ def report(args: argparse.Namespace, command: str, started: str, runs: list[dict
     def steps(r: dict) -> str:
         return f"{r['plan']:.1f} | {r['write']:.1f} | {r['validate']:.1f} | {r['commit']:.1f} | {r['total']:.1f}"
 
-    begin, end = markers(args.write)
+    begin, end = markers(args.write, args.catalog)
+    on = "" if args.catalog == "sqlite" else f", catalog: {args.catalog}"
     lines = [
-        begin, f"## {args.tables} change tables in one pipeline against {args.tables} pipelines (write step: {args.write})", "",
-        f"Produced by `{command}` on {started} (UTC), write step `{args.write}`"
+        begin, f"## {args.tables} change tables in one pipeline against {args.tables} pipelines (write step: {args.write}{on})",
+        "", f"Produced by `{command}` on {started} (UTC), write step `{args.write}`, SQL catalog on {args.catalog}"
         + (f" (Spark `{args.master}`)" if args.write == "spark-submit" else "") + f": {args.tables} Debezium topics of "
         f"one partition, {args.changes:,} changes per table per batch (plus a tombstone per delete; batch 1's creates "
         "are snapshot reads). Every table equals its source's reference model after both batches.", "",

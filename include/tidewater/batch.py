@@ -304,7 +304,7 @@ class BatchManifest:
 
 def merge_offsets(base: Offsets, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Offsets:
     """``base`` advanced to the end of each range (cumulative offsets after a batch). Routed tables keep
-    their own offsets where they are ahead instead (``commit/routed.py``, ``_never_backwards``)."""
+    their own offsets where they are ahead instead (``commit/batch.py``, ``advanced``)."""
     out: Offsets = {t: dict(ps) for t, ps in base.items()}
     for r in ranges:
         out.setdefault(r.topic, {})[r.partition] = r.end

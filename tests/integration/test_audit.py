@@ -360,7 +360,7 @@ def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(
 
     from pyiceberg.expressions import In
 
-    from tidewater.commit import routed as committing
+    from tidewater.commit import batch as committing
     from tidewater.runtime import lineage
     from tidewater.runtime.steps import commit_step, validate_step
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 
 from tests.conftest import produce_to_partition, stage_inline, write_pipeline
-from tidewater.commit import routed as committing
+from tidewater.commit import batch as committing
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.changes import apply, change_stream, encode
 from tidewater.errors import TransientError

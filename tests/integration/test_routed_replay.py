@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import stage_inline, write_pipeline
 from tests.integration.test_replay import TimestampLookupStandIn
 from tests.integration.test_routed_changes import Source, assert_equals_source, table_rows
-from tidewater.commit import routed_replay as replaying
+from tidewater.commit import batch as committing
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import ConfigError, TransientError
 from tidewater.ops.replay import run_replay
@@ -96,20 +96,20 @@ def test_a_routed_replay_leaves_healthy_tables_unchanged_and_restores_damaged_on
     assert {(r["table"], r.get("mode", "replace")) for r in shown} == {("rpc.cur0", "reapply"), ("rpc.hist0", "replace")}
     assert {t: load_table(catalog, t).current_snapshot().snapshot_id for t in heads} == heads
 
-    real, calls = replaying._replay_table, []
+    real, calls = committing.commit_table_output, []
 
-    def die_after_first(catalog, view, plan, out, *a):  # noqa: ANN001, ANN002, ANN202
+    def die_after_first(catalog, plan, out, *a):  # noqa: ANN001, ANN002, ANN202
         if calls:
             raise TransientError("simulated crash between table commits")
         calls.append(out.table)
-        return real(catalog, view, plan, out, *a)
+        return real(catalog, plan, out, *a)
 
-    replaying._replay_table = die_after_first
+    committing.commit_table_output = die_after_first
     try:
         with pytest.raises(TransientError):
             replay(spec, sources[0].topic, {0: end0[0]})
     finally:
-        replaying._replay_table = real
+        committing.commit_table_output = real
     assert len(calls) == 1
     from tidewater.runtime.steps import load_manifest, load_plan
 

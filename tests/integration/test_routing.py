@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, quiet, stage_inline, write_pipeline
-from tidewater.commit import routed as committing
+from tidewater.commit import batch as committing
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import TransientError
 from tidewater.ops.audit import audit

@@ -1,66 +1,440 @@
-"""Where a batch becomes visible: the single Iceberg commit per table per batch.
+"""Where a batch becomes visible: the one commit of a batch, over the pipeline's target set.
 
-Semantics (all through ``commit.primitive.commit``):
-- Idempotent: if a snapshot already carries this batch id, the commit is a no-op.
-- Exactly-once: the append is made only if the table's committed offsets for every planned partition
-  are still those the plan started from; otherwise another writer moved them and committing would
-  duplicate or skip records, so the commit is refused (OffsetsMovedError) and the batch must be re-planned.
-- The catalog's compare-and-swap on the table's current snapshot makes the check and the append
-  atomic: a commit that lost a race fails with CommitFailedException and is retried after a refresh
-  (which then finds the batch committed, or the offsets moved).
-- Unknown outcome (the catalog call failed without saying whether it applied): refresh, look for the
-  batch id, and retry only if it is not there.
+Shaped after the Iceberg Kafka Connect sink's ``Coordinator``: one loop over the batch's target tables with the
+same steps for every table, then the source offsets committed once, in the offsets holder
+(``config/targets.py``). One table is N = 1, and a plain pipeline's table is its own holder (fused): its data
+and its offsets land in ONE snapshot. Every commit goes through ``commit.primitive.commit``.
+
+- Per target the change is chosen from ``KINDS``, keyed on what the batch carries for the table (appended rows,
+  or changes by key) and the batch's mode (ingest, skip, replace, append-missing, reapply), as the Coordinator
+  picks an append or a row delta from the files. A target the quality gate quarantined
+  (``validation.on_failure: quarantine``) gets its change on branch ``quarantine-<batch id>``, and main an empty
+  snapshot with the batch id and the advanced offsets (``commit/quarantine.py``).
+- Exactly-once: every change carries the committed offsets its batch was planned and written against
+  (``OffsetsExpected``); the primitive checks them after every refresh and refuses to commit when another
+  writer moved them (the batch must be re-planned). The catalog's compare-and-swap makes the check and the
+  commit atomic; a conflict is retried after a refresh, which then finds the batch committed or the offsets moved.
+- Idempotent: a table whose snapshots carry the batch id has it already, so a retried commit step skips the
+  targets done. A separate holder is committed last: until it is, the batch is not committed, and a batch
+  re-planned from the holder drops, per table, the records the table already holds (the writer compares with
+  each table's own offsets).
+- Replays and backfills keep every table's offsets and leave a separate holder alone; their ranges must be
+  committed ones (checked against the holder).
+- The targets of a separate holder commit on a bounded pool: as many at once as the catalog allows
+  (``table.catalog.commit_slots``; SQLite one at a time).
+- The batch's dead letters are committed after the holder, once (``commit/dead_letters.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
-from tidewater.batch import BatchManifest, BatchPlan, Offsets, merge_offsets
+from tidewater.batch import BatchManifest, BatchPlan, Offsets, PartitionRange, TableOutput, offsets_to_json
+from tidewater.commit.changes import change_attempt, reapply_attempt, remove_staged
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
-from tidewater.commit.primitive import Change, commit
+from tidewater.commit.primitive import Change, Committed, OffsetsExpected, commit
 from tidewater.commit.quarantine import branch_name, quarantine_change
-from tidewater.commit.result import CommitResult
-from tidewater.errors import OffsetsMovedError, TerminalError
+from tidewater.commit.replay import refuse_uncommitted_ranges, replay_change, replay_summary
+from tidewater.commit.result import CommitResult, TableCommit
+from tidewater.config.spec import PipelineSpec
+from tidewater.errors import TerminalError, TransientError
+from tidewater.table.catalog import commit_slots, create_table, load_table
 from tidewater.table.provisional import confirm_keys
-from tidewater.table.summary import DATA_INTERVAL, QUARANTINED, RANGES, committed_state, summary_properties
+from tidewater.table.summary import (
+    DATA_INTERVAL,
+    QUARANTINED,
+    QUARANTINED_TABLES,
+    RANGES,
+    ROUTED,
+    committed_state,
+    find_batch_snapshot,
+    summary_properties,
+)
+from tidewater.table.targets import target_view
 
 log = logging.getLogger(__name__)
 
+INGEST_MODES = ("ingest", "skip")  # the modes that move offsets; the others are replays
 
-def check_manifest(plan: BatchPlan, manifest: BatchManifest, routed: bool = False) -> None:
-    """The manifest must be this plan's and cover every planned range completely."""
+
+@dataclass(frozen=True)
+class BatchCommit:
+    """One batch's commit: what was planned and written, the gate's verdict, and who asked. ``extra``: more
+    properties for the holder's snapshot (an operator's skip records its request)."""
+
+    spec: PipelineSpec
+    plan: BatchPlan
+    manifest: BatchManifest
+    dag_run_id: str | None = None
+    validation: Mapping[str, Any] | None = None
+    extra: Mapping[str, str] | None = None
+    max_attempts: int = 8
+
+    @property
+    def ingests(self) -> bool:
+        """The batch moves offsets (ingest, skip); otherwise it is a replay, which keeps them."""
+        return self.plan.mode in INGEST_MODES
+
+    @property
+    def what(self) -> str:
+        return f"{'batch' if self.ingests else 'replay'} {self.plan.batch_id}"
+
+    def verdict(self, ident: str) -> dict[str, Any] | None:
+        """The gate's verdict on one target: a fused table's is the batch's, others have their own."""
+        if self.spec.targets.holds(ident):
+            return dict(self.validation) if self.validation is not None else None
+        return (self.validation or {}).get("tables", {}).get(ident)
+
+    def quarantined(self, outputs: tuple[TableOutput, ...]) -> list[str]:
+        """The targets whose part of the batch the gate quarantined: a fused table whole, other tables those with
+        files whose own checks failed."""
+        if not (self.validation or {}).get("quarantine"):
+            return []
+        return [o.table for o in outputs if self.spec.targets.holds(o.table)
+                or (o.data_files and not (self.verdict(o.table) or {}).get("success", True))]
+
+    def holder_properties(self, offsets: Offsets, ignored: tuple[str, ...] = ()) -> dict[str, str]:
+        """The holder's snapshot properties: the batch's offsets and its accounting, as a whole."""
+        m = self.manifest
+        props = summary_properties(offsets=offsets, batch_id=self.plan.batch_id, pipeline=self.plan.pipeline,
+                                   records=m.records, valid_through_ms=m.valid_through_ms(), dag_run_id=self.dag_run_id,
+                                   dead_letters=m.dead_letters, skipped=m.skipped, ignored_fields=ignored,
+                                   validation=dict(self.validation) if self.validation is not None else None)
+        props.update(batch_properties(self.plan))
+        props.update(self.extra or {})
+        return props
+
+
+def written_against(plan: BatchPlan) -> dict[str, dict[int, tuple[int | None, ...]]]:
+    """The holder's committed offsets the plan started from, for each planned partition."""
+    seen: dict[str, dict[int, tuple[int | None, ...]]] = {}
+    for r in plan.ranges:
+        seen.setdefault(r.topic, {})[r.partition] = (plan.base_offsets.get(r.topic, {}).get(r.partition),)
+    return seen
+
+
+def outputs_of(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> tuple[TableOutput, ...]:
+    """The manifest's per-table outputs. A plain batch's manifest (a fused set) holds its one table's files at the
+    top; as an output they were written against the offsets the plan started from."""
+    if manifest.outputs or not spec.targets.fused:
+        return manifest.outputs
+    return (TableOutput(plan.table, manifest.data_files, manifest.rows_expected, manifest.present,
+                        written_against(plan), manifest.ignored_fields, spec.table.branch),)
+
+
+@dataclass
+class Target:
+    """One table of a batch's commit: what the write step left for it, its view of the pipeline, and whether the
+    gate quarantined it. ``state`` keeps what the attempts compute once (a change table's net changes and new
+    row images, the offsets stamped)."""
+
+    job: BatchCommit
+    out: TableOutput
+    view: PipelineSpec
+    held: bool = False
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fused(self) -> bool:
+        """The table is its own offsets holder: its snapshot carries the batch's offsets and whole accounting."""
+        return self.job.spec.targets.holds(self.out.table)
+
+    @property
+    def kind(self) -> str:
+        return "change" if self.view.applies_changes else "append"
+
+    @property
+    def mode(self) -> str:
+        """The batch's mode for this table: replays reapply change tables, whatever the request's mode."""
+        mode = self.job.plan.mode
+        if mode in INGEST_MODES:
+            return mode
+        return "reapply" if self.view.applies_changes else "replace" if mode == "reapply" else mode
+
+    def expected(self) -> OffsetsExpected | None:
+        """The offsets requirement of this table's change (replays keep offsets and have none)."""
+        if not self.job.ingests:
+            return None
+        seen = {t: {int(p): tuple(s) for p, s in ps.items()} for t, ps in self.out.seen_offsets.items()}
+        return OffsetsExpected(seen, self.view.table.branch, self.job.plan.batch_id, f"table {self.out.table}")
+
+    def properties(self, table: Any) -> dict[str, str]:
+        """The snapshot's properties on ``table`` as loaded now: its offsets (advanced by an ingest, kept by a
+        replay), the batch id and the counts (a fused table's: the whole batch's)."""
+        job, out, plan = self.job, self.out, self.job.plan
+        offsets = committed_state(table, self.view.table.branch).offsets
+        m = job.manifest
+        records, skipped = (m.records, m.skipped) if self.fused else (out.rows, 0)
+        if not job.ingests:
+            self.state["stamped"] = offsets
+            return replay_summary(plan, offsets, records, skipped, job.dag_run_id, job.verdict(out.table))
+        self.state["stamped"] = offsets = advanced(offsets, plan.ranges)
+        if self.fused:
+            return job.holder_properties(offsets, out.ignored_fields)
+        props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=records,
+                                   valid_through_ms=None, dag_run_id=job.dag_run_id, ignored_fields=out.ignored_fields,
+                                   validation=job.verdict(out.table))
+        props.update(batch_properties(plan))  # the batch's ranges, for the pipeline's ledger
+        return props
+
+
+def advanced(current: Offsets, ranges: tuple[PartitionRange, ...]) -> Offsets:
+    """The table's offsets advanced to the end of the batch's ranges, never moved back (a table that a later batch
+    already advanced keeps its own)."""
+    offsets: Offsets = {t: dict(ps) for t, ps in current.items()}
+    for r in ranges:
+        cur = offsets.setdefault(r.topic, {}).get(r.partition)
+        offsets[r.topic][r.partition] = r.end if cur is None else max(cur, r.end)
+    return offsets
+
+
+# ---- the change of one target: chosen by what the batch carries for it and its mode ----------------------
+
+
+def appended(table: Any, t: Target) -> Change:
+    """Rows appended (or, quarantined, appended to the quarantine branch with main's empty snapshot moving the
+    offsets); with no files, a snapshot that only moves the offsets (a batch of dead letters, a skip)."""
+    props, batch_id = t.properties(table), t.job.plan.batch_id
+    confirm = tuple(confirm_keys(table, batch_id))  # the batch's schema changes become permanent with it
+    if t.held:
+        to_branch = quarantine_change(batch_id, t.out.data_files, props)
+        return Change({**props, QUARANTINED: branch_name(batch_id)}, (), branch=t.out.branch, also=(to_branch,),
+                      remove_properties=confirm)
+    return Change(props, t.out.data_files, branch=t.out.branch, remove_properties=confirm)
+
+
+def row_delta(table: Any, t: Target) -> Change:
+    """A change table's batch: its changes by key as one row delta (``commit/changes.py``)."""
+    if not t.fused and len(t.out.seen_offsets) > 1:  # a key's changes are ordered within one topic only
+        raise TerminalError(f"change table {t.out.table} got changes of {len(t.out.seen_offsets)} topics in one batch "
+                            f"({', '.join(sorted(t.out.seen_offsets))}): a change table takes one topic's changes; route "
+                            "each topic to its own table (routing.table_template)", table=t.out.table,
+                            batch_id=t.job.plan.batch_id)
+    return change_attempt(table, t.view, t.job.plan, t.out.data_files, t.state, t.properties, quarantine=t.held)
+
+
+def replayed(table: Any, t: Target) -> Change:
+    """A replay of an append table: the range's rows replaced, or the missing ones appended."""
+    return replay_change(table, t.view, t.job.plan, t.out.data_files, t.properties(table), t.mode)
+
+
+def reapplied(table: Any, t: Target) -> Change:
+    """A replay of a change table: each change applied again where it is still its key's latest."""
+    return reapply_attempt(table, t.view, t.job.plan, t.out.data_files, t.state, t.properties)
+
+
+KINDS: dict[tuple[str, str], Callable[[Any, Target], Change]] = {
+    ("append", "ingest"): appended,
+    ("append", "skip"): appended,
+    ("change", "ingest"): row_delta,
+    ("change", "skip"): appended,  # nothing to apply: the snapshot moves the offsets past the skipped range
+    ("append", "replace"): replayed,
+    ("append", "append-missing"): replayed,
+    ("change", "reapply"): reapplied,
+}
+
+
+def commit_table_output(catalog: Any, plan: BatchPlan, out: TableOutput, target: Target) -> str:
+    """Commit one target table's part of the batch, once (by batch id), with the change ``KINDS`` gives it and its
+    offsets requirement; returns the status (the commit itself is kept in ``target.state["done"]``). A change
+    table's staged change files are removed after."""
+    choose = KINDS.get((target.kind, target.mode))
+    if choose is None:
+        raise TerminalError(f"{target.job.what}: a {target.kind} table is not committed in mode {target.mode}",
+                            table=out.table, batch_id=plan.batch_id)
+    expect = target.expected()
+
+    def prepare(table: Any) -> Change:
+        change = choose(table, target)
+        return dataclasses.replace(change, expect=expect) if expect is not None else change
+
+    on_missing = missing_table(catalog, plan, target.job.manifest) if target.fused and target.job.ingests else None
+    done = commit(catalog, out.table, prepare, marker=plan.batch_id, what=target.job.what,
+                  max_attempts=target.job.max_attempts, on_missing=on_missing)
+    target.state["done"] = done
+    if target.kind == "change":
+        remove_staged(done.table, out.data_files)
+    if done.status == "committed":
+        counts = target.state.get("counts", {})
+        log.info("%s (%s) committed to %s%s: %d rows%s", target.job.what, target.mode, out.table,
+                 f" (branch {out.branch})" if out.branch else "", out.rows,
+                 f" ({', '.join(f'{k} {v}' for k, v in counts.items() if isinstance(v, int))})" if counts else "")
+    return done.status
+
+
+# ---- the batch: every target, then the holder, then the dead letters ----------------------------------------
+
+
+def commit_batch(
+    catalog: Any,
+    plan: BatchPlan,
+    manifest: BatchManifest,
+    *,
+    spec: PipelineSpec | None = None,
+    dag_run_id: str | None = None,
+    max_attempts: int = 8,
+    validation: Mapping[str, Any] | None = None,
+    dead_letter_sink: DeadLetterSink | None = None,
+    extra_properties: Mapping[str, str] | None = None,
+) -> CommitResult:
+    """Commit a batch over the pipeline's target set (``spec``, default the pipeline the plan names); see the
+    module docstring. Raises ``OffsetsMovedError`` when another writer moved the offsets (terminal: re-plan),
+    ``TransientError`` when the catalog kept failing (retrying the commit step is safe)."""
+    from tidewater.config.parse import load_pipeline
+
+    job = BatchCommit(spec or load_pipeline(plan.pipeline_path), plan, manifest, dag_run_id, validation,
+                      extra_properties, max_attempts)
+    outputs = outputs_of(job.spec, plan, manifest)
+    check_manifest(job, outputs)
+    targets, ident = job.spec.targets, job.spec.targets.holder
+    held = set(job.quarantined(outputs)) if job.ingests else set()
+    holder = None if targets.fused and job.ingests else load_table(catalog, ident)
+    if not job.ingests:  # a replay re-reads committed records only
+        refuse_uncommitted_ranges(plan, committed_state(holder, targets.branch).offsets if holder is not None else {}, ident)
+    elif not targets.fused:
+        holder = holder or create_table(catalog, ident, checkpoint_row(plan, manifest, {}).schema, {"format-version": "2"})
+        if find_batch_snapshot(holder, plan.batch_id) is not None:
+            commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
+            return CommitResult("already-committed", plan.batch_id, ident, None, manifest.records, files_of(outputs),
+                                plan.end_offsets(), manifest.dead_letters, quarantined=tuple(sorted(held)))
+        OffsetsExpected(written_against(plan), None, plan.batch_id, "the pipeline's checkpoint").check(holder, ident)
+    todo = [Target(job, o, target_view(job.spec, catalog, o.table), o.table in held) for o in outputs
+            if o.data_files or targets.holds(o.table)]
+    timings = commit_targets(catalog, todo)
+    if targets.fused:
+        return fused_result(catalog, job, todo[0], dead_letter_sink)
+    if job.ingests:
+        t0 = time.monotonic()
+        commit_holder(catalog, job, sorted(held))
+        timings.append(TableCommit(ident, "checkpoint", 1, round(time.monotonic() - t0, 4)))
+        commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
+    log.info("%s: %s%s", job.what, ", ".join(f"{t.table}: {t.status}" for t in timings) or "no rows for any table",
+             f"; the checkpoint {ident}" if job.ingests else "")
+    done = job.ingests or any(t.status == "committed" for t in timings) or not timings
+    offsets = plan.end_offsets() if job.ingests else committed_state(holder).offsets if holder is not None else {}
+    return CommitResult("committed" if done else "already-committed", plan.batch_id, ident, None, manifest.records,
+                        files_of(outputs), offsets, manifest.dead_letters if job.ingests else 0, tuple(timings),
+                        tuple(sorted(held)))
+
+
+def commit_targets(catalog: Any, todo: list[Target]) -> list[TableCommit]:
+    """Each target's commit (``commit_table_output``), on a pool of the catalog's commit slots; in the targets'
+    order when one at a time. A failure is raised once the commits under way have ended; the targets committed
+    stay committed (a retry skips them by batch id)."""
+    def one(t: Target) -> TableCommit:
+        t0 = time.monotonic()
+        status = commit_table_output(catalog, t.job.plan, t.out, t)
+        return TableCommit(t.out.table, status, t.out.rows, round(time.monotonic() - t0, 4))  # type: ignore[arg-type]
+
+    slots = min(commit_slots(catalog), len(todo))
+    if slots <= 1:
+        return [one(t) for t in todo]
+    with ThreadPoolExecutor(max_workers=slots, thread_name_prefix="tidewater-commit") as pool:
+        futures = [pool.submit(one, t) for t in todo]
+    return [f.result() for f in futures]
+
+
+def fused_result(catalog: Any, job: BatchCommit, target: Target, sink: DeadLetterSink | None) -> CommitResult:
+    """A fused set's outcome: its one snapshot (data and offsets), then the batch's dead letters."""
+    plan, manifest = job.plan, job.manifest
+    done: Committed | None = target.state.get("done")
+    if done is None or done.status == "nothing-to-commit":
+        return CommitResult("nothing-to-commit", plan.batch_id, plan.table, None, 0, 0, {})
+    found = find_batch_snapshot(done.table, plan.batch_id) if done.status == "committed" else None
+    offsets = target.state.get("stamped")
+    if offsets is None:
+        offsets = plan.end_offsets() if job.ingests else committed_state(done.table, target.view.table.branch).offsets
+    files = len(target.state.get("files", ())) if target.kind == "change" else len(target.out.data_files)
+    if job.ingests:
+        commit_dead_letters(catalog, plan, manifest, sink)
+    return CommitResult(done.status, plan.batch_id, plan.table, found.snapshot_id if found else done.snapshot_id,
+                        manifest.records, files, offsets, manifest.dead_letters if job.ingests else 0,
+                        quarantined=(plan.table,) if target.held else ())
+
+
+def files_of(outputs: tuple[TableOutput, ...]) -> int:
+    return sum(len(o.data_files) for o in outputs)
+
+
+# ---- the holder of a routed pipeline: its checkpoint table -------------------------------------------------
+
+
+def checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -> Any:
+    """The checkpoint table's row for a batch (its schema is this row's)."""
+    import pyarrow as pa
+
+    tables = [o.table for o in manifest.outputs if o.data_files]
+    return pa.table({
+        "batch_id": [plan.batch_id], "pipeline": [plan.pipeline],
+        "committed_at": pa.array([datetime.now(timezone.utc)], pa.timestamp("us", tz="UTC")),
+        "records": pa.array([manifest.records], pa.int64()), "dead_letters": pa.array([manifest.dead_letters], pa.int64()),
+        "skipped": pa.array([manifest.skipped], pa.int64()), "tables": [json.dumps(tables)],
+        "offsets": [json.dumps(offsets_to_json(offsets), separators=(",", ":"))],
+    })
+
+
+def commit_holder(catalog: Any, job: BatchCommit, held: list[str]) -> None:
+    """The checkpoint's row and snapshot, last: the batch's offsets and accounting (records read = records routed
+    to at least one table + dead letters + skipped), and the tables the gate quarantined (where the planner looks
+    for change tables waiting on a quarantined batch)."""
+    plan, manifest = job.plan, job.manifest
+    offsets = plan.end_offsets()
+    expect = OffsetsExpected(written_against(plan), None, plan.batch_id, "the pipeline's checkpoint")
+
+    def prepare(checkpoint: Any) -> Change:
+        props = job.holder_properties(offsets)
+        props[ROUTED] = str(manifest.routed)
+        if held:
+            props[QUARANTINED_TABLES] = json.dumps(held, separators=(",", ":"))
+        return Change(props, rows=checkpoint_row(plan, manifest, offsets), expect=expect)
+
+    try:
+        commit(catalog, plan.table, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id} (checkpoint)",
+               max_attempts=job.max_attempts)
+    except TransientError:
+        raise TransientError("the tables are committed but the checkpoint is not yet; retry the commit step",
+                             table=plan.table, batch_id=plan.batch_id) from None
+
+
+# ---- checks and helpers -------------------------------------------------------------------------------------
+
+
+def check_manifest(job: BatchCommit, outputs: tuple[TableOutput, ...]) -> None:
+    """The manifest must be this plan's and cover every planned range completely; its files hold the rows the
+    writer counted per table; the dead-letter files hold the dead letters; a routed batch's records read =
+    records routed to at least one table + dead letters + skipped."""
+    plan, manifest = job.plan, job.manifest
     if manifest.batch_id != plan.batch_id:
         raise TerminalError(f"manifest is for batch {manifest.batch_id}, not {plan.batch_id}", batch_id=plan.batch_id)
     got = manifest.next_offsets()
     for r in plan.ranges:
         reached = got.get(r.topic, {}).get(r.partition)
         if reached != r.end:
-            raise TerminalError(
-                f"manifest does not cover the planned range [{r.start}, {r.end}) (reached {reached})",
-                batch_id=plan.batch_id,
-                topic=r.topic,
-                partition=r.partition,
-            )
-    if routed:
-        if manifest.routed is None or manifest.records != manifest.routed + manifest.dead_letters + manifest.skipped \
-                or manifest.dead_letters_in_files != manifest.dead_letters:
-            raise TerminalError(
-                f"accounting does not add up: {manifest.records} records read, {manifest.routed} routed to tables, "
-                f"{manifest.dead_letters} dead letters ({manifest.dead_letters_in_files} in files), {manifest.skipped} skipped",
-                batch_id=plan.batch_id,
-            )
-        return
-    if manifest.rows_in_files != manifest.rows_expected or manifest.dead_letters_in_files != manifest.dead_letters:
+            raise TerminalError(f"manifest does not cover the planned range [{r.start}, {r.end}) (reached {reached})",
+                                batch_id=plan.batch_id, topic=r.topic, partition=r.partition)
+    routed = manifest.routed
+    if manifest.dead_letters_in_files != manifest.dead_letters or (
+            routed is not None and manifest.records != routed + manifest.dead_letters + manifest.skipped):
         raise TerminalError(
-            f"accounting does not add up: {manifest.records} records read, but data files hold {manifest.rows_in_files} "
-            f"rows and dead-letter files {manifest.dead_letters_in_files} records ({manifest.dead_letters} dead letters, "
-            f"{manifest.skipped} skipped, {manifest.present} already present)",
-            batch_id=plan.batch_id,
-        )
+            f"accounting does not add up: {manifest.records} records read, "
+            + (f"{routed} routed to tables, " if routed is not None else "")
+            + f"{manifest.dead_letters} dead letters ({manifest.dead_letters_in_files} in files), {manifest.skipped} "
+            f"skipped, {manifest.present} already present", batch_id=plan.batch_id)
+    for o in outputs:
+        in_files = sum(f.record_count for f in o.data_files)
+        if in_files != o.rows:
+            raise TerminalError(f"accounting does not add up: data files hold {in_files} rows but the writer counted "
+                                f"{o.rows} ({manifest.records} records read, {manifest.dead_letters} dead letters, "
+                                f"{manifest.skipped} skipped, {manifest.present} already present)", table=o.table,
+                                batch_id=plan.batch_id)
 
 
 def batch_properties(plan: BatchPlan) -> dict[str, str]:
@@ -73,102 +447,14 @@ def batch_properties(plan: BatchPlan) -> dict[str, str]:
     return props
 
 
-def offsets_moved(plan: BatchPlan, current: Offsets) -> list[str]:
-    """The planned partitions whose committed offsets are no longer those the plan started from."""
-    moved = []
-    for r in plan.ranges:
-        was = plan.base_offsets.get(r.topic, {}).get(r.partition)
-        now = current.get(r.topic, {}).get(r.partition)
-        if was != now:
-            moved.append(f"{r.topic}[{r.partition}] planned from {was if was is not None else r.start}, table now at {now}")
-    return moved
-
-
-def refuse_moved_offsets(plan: BatchPlan, current: Offsets, what: str = "the table's offsets") -> None:
-    """Raise OffsetsMovedError when ``current`` is not what the plan started from: another writer committed,
-    and committing would duplicate or skip records."""
-    moved = offsets_moved(plan, current)
-    if moved:
-        raise OffsetsMovedError(f"{what} moved since this batch was planned (another writer committed); refusing to "
-                                "commit to avoid duplicates. Re-plan the batch: " + "; ".join(moved),
-                                table=plan.table, batch_id=plan.batch_id)
-
-
-def batch_summary(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets, dag_run_id: str | None,
-                   validation: dict[str, Any] | None, extra: dict[str, str] | None) -> dict[str, str]:
-    """The snapshot summary properties of a batch's commit."""
-    props = summary_properties(
-        offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=manifest.records,
-        valid_through_ms=manifest.valid_through_ms(), dag_run_id=dag_run_id, dead_letters=manifest.dead_letters,
-        skipped=manifest.skipped, ignored_fields=manifest.ignored_fields, validation=validation,
-    )
-    props.update(batch_properties(plan))
-    props.update(extra or {})
-    return props
-
-
-def create_empty_table(catalog: Any, ident: str) -> Any:
-    """Every record of the first batch was dead-lettered or skipped: the offsets still have to move, so
-    the table is created without columns (they come with the first good record)."""
-    import pyarrow as pa
-
-    from tidewater.table.catalog import create_table
-
-    return create_table(catalog, ident, pa.schema([]), {"format-version": "2"})
-
-
 def missing_table(catalog: Any, plan: BatchPlan, manifest: BatchManifest) -> Callable[[], Any]:
-    """What a batch's commit does when its table does not exist: refuse if files were written for it (it was
-    dropped in between), create it empty if records were read (the offsets must move), else nothing."""
+    """What a fused table's commit does when the table does not exist: refuse if files were written for it (it was
+    dropped in between), create it empty if records were read (every one was a dead letter or skipped, and the
+    offsets must move; its columns come with the first good record), else nothing."""
     def on_missing() -> Any:
+        import pyarrow as pa
+
         if manifest.data_files:
             raise TerminalError("table disappeared between write and commit", table=plan.table, batch_id=plan.batch_id)
-        return create_empty_table(catalog, plan.table) if manifest.records else None
+        return create_table(catalog, plan.table, pa.schema([]), {"format-version": "2"}) if manifest.records else None
     return on_missing
-
-
-def commit_batch(
-    catalog: Any,
-    plan: BatchPlan,
-    manifest: BatchManifest,
-    *,
-    dag_run_id: str | None = None,
-    max_attempts: int = 8,
-    validation: dict[str, Any] | None = None,
-    dead_letter_sink: DeadLetterSink | None = None,
-    branch: str | None = None,
-    quarantine: bool = False,
-    extra_properties: dict[str, str] | None = None,
-) -> CommitResult:
-    """Append the manifest's files in one snapshot (on ``branch``, default main) stamped with offsets and
-    the batch id, then the batch's dead letters. ``quarantine``: the files go to the batch's quarantine
-    branch instead and main gets an empty snapshot with the offsets (see commit/quarantine.py).
-    ``extra_properties``: more snapshot summary properties (an operator's skip records its reason)."""
-
-    check_manifest(plan, manifest)
-    ident = plan.table
-    stamped: dict[str, Offsets] = {}
-
-    def prepare(table: Any) -> Change:
-        state = committed_state(table, branch)
-        refuse_moved_offsets(plan, state.offsets)
-        stamped["offsets"] = merge_offsets(state.offsets, plan.ranges)
-        props = batch_summary(plan, manifest, stamped["offsets"], dag_run_id, validation, extra_properties)
-        confirm = tuple(confirm_keys(table, plan.batch_id))  # the batch's schema changes become permanent with it
-        if quarantine:
-            to_branch = quarantine_change(plan.batch_id, manifest.data_files, props)
-            return Change({**props, QUARANTINED: branch_name(plan.batch_id)}, (), branch=branch, also=(to_branch,),
-                          remove_properties=confirm)
-        return Change(props, manifest.data_files, branch=branch, remove_properties=confirm)
-
-    done = commit(catalog, ident, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts,
-                  on_missing=missing_table(catalog, plan, manifest))
-    if done.status == "committed":
-        log.info("batch %s committed to %s: snapshot %s, %d records, %d files%s", plan.batch_id, ident, done.snapshot_id,
-                 manifest.records, len(manifest.data_files),
-                 f", {manifest.dead_letters} dead letters" if manifest.dead_letters else "")
-    if done.status == "nothing-to-commit":
-        return CommitResult("nothing-to-commit", plan.batch_id, ident, None, 0, 0, {})
-    commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
-    return CommitResult(done.status, plan.batch_id, ident, done.snapshot_id, manifest.records, len(manifest.data_files),
-                        stamped.get("offsets", plan.end_offsets()), manifest.dead_letters)

@@ -1,8 +1,8 @@
 """Where a change batch becomes visible: upserts and deletes by key, in the batch's single commit.
 
 The write step staged the batch's change records (row images with their operation, partition and offset)
-as Parquet files. Committing them (all through ``commit.primitive.commit``, so idempotent by batch id and
-refused when the offsets moved, exactly like an append):
+as Parquet files. The batch's commit (``commit/batch.py``: idempotent by batch id, refused when the offsets
+moved, exactly like an append) asks this module for the change of each change table; computing it:
 1. the records are reduced to the net change per key (``transform.changes``: (partition, offset) order,
    the last change wins);
 2. against the table as this attempt loaded it, the live rows of every changed key are found (data files
@@ -24,12 +24,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from tidewater.batch import BatchManifest, BatchPlan, Offsets, StagedFile, merge_offsets
-from tidewater.commit.batch import batch_summary, check_manifest, missing_table, refuse_moved_offsets
-from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
-from tidewater.commit.primitive import Change, commit
-from tidewater.commit.replay import refuse_uncommitted_ranges
-from tidewater.commit.result import CommitResult
+from tidewater.batch import BatchPlan, Offsets, StagedFile
+from tidewater.commit.primitive import Change
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
 from tidewater.table.provisional import confirm_keys
@@ -241,12 +237,10 @@ def _net_once(table: Any, spec: PipelineSpec, files: Any, state: dict[str, Any])
 
 
 def reapply_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, state: dict[str, Any],
-                    summary: Callable[[Offsets], dict[str, str]], check_ranges: bool = True) -> Change:
+                    properties: Callable[[Any], dict[str, str]]) -> Change:
     """A replay attempt (mode reapply): the staged changes ``files`` again, only where each is still its key's
-    latest (``transform.changes.reapply_decisions``); the committed offsets stay as they are (``summary`` gives
-    the snapshot's properties for them). ``check_ranges``: refuse ranges past the table's committed offsets (a
-    routed pipeline checks its checkpoint instead: a target table's offsets move only with batches that
-    have rows for it)."""
+    latest (``transform.changes.reapply_decisions``); the committed offsets stay as they are (``properties``
+    gives the snapshot's properties on ``table``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -254,9 +248,6 @@ def reapply_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any,
 
     ids, branch = list(spec.table.id_columns), spec.table.branch
     offsets = committed_state(table, branch).offsets
-    if check_ranges:
-        refuse_uncommitted_ranges(plan, offsets)
-    state["offsets"] = offsets
     net = _net_once(table, spec, files, state)
     state["attempt"] = attempt = state.get("attempt", 0) + 1
     found = find_rows(table, net.keys, ids, source=True, branch=branch) if net else []
@@ -270,7 +261,7 @@ def reapply_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any,
     written = write_upserts(table, upserts, f"{plan.batch_id}-a{attempt}-upserts")
     counts["position_deletes"] = sum(len(p) for _, p in hits)
     state["counts"], state["files"] = counts, written
-    props = summary(offsets)
+    props = properties(table)
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True)
     log.info("replay %s of %s: %s", plan.batch_id, spec.table.identifier, ", ".join(f"{v} {k}" for k, v in counts.items()))
     return Change(props, tuple(written), deletes=tuple(write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")),
@@ -291,36 +282,15 @@ def restorable(table: Any, plan: BatchPlan, offsets: Offsets, spec: PipelineSpec
     return sorted({r.partition for r in plan.ranges if r.end >= offsets.get(r.topic, {}).get(r.partition, r.end + 1)})
 
 
-def _attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, state: dict[str, Any],
-             dag_run_id: str | None, validation: dict[str, Any] | None) -> Change:
-    """One commit attempt's change against ``table`` as loaded now; ``state`` keeps what is done once."""
-    if plan.mode == "reapply":
-        from tidewater.commit.replay import replay_summary
-
-        return reapply_attempt(table, spec, plan, manifest.data_files, state, lambda offsets: replay_summary(
-            plan, offsets, manifest.records, manifest.skipped, dag_run_id, validation))
-
-    def offsets_now(table: Any) -> Offsets:
-        current = committed_state(table, spec.table.branch).offsets
-        refuse_moved_offsets(plan, current)
-        return merge_offsets(current, plan.ranges)
-
-    return change_attempt(table, spec, plan, manifest.data_files, state, offsets_now,
-                          lambda offsets: batch_summary(plan, manifest, offsets, dag_run_id, validation, None),
-                          quarantine=state["quarantine"])
-
-
 def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, state: dict[str, Any],
-                   offsets_now: Callable[[Any], Offsets], summary: Callable[[Offsets], dict[str, str]],
-                   quarantine: bool = False) -> Change:
-    """One attempt to apply the staged change records ``files`` to ``table`` as loaded now: ``offsets_now`` checks
-    the table's offsets (raising when another writer moved them) and gives the ones to stamp; ``summary`` the
-    snapshot properties for them. ``state`` keeps what is done once (the net changes, the new row images).
-    ``quarantine``: the row delta goes to the batch's quarantine branch instead (``quarantined``)."""
+                   properties: Callable[[Any], dict[str, str]], quarantine: bool = False) -> Change:
+    """One attempt to apply the staged change records ``files`` to ``table`` as loaded now; ``properties`` gives
+    the snapshot's properties (offsets included) on it. ``state`` keeps what is done once (the net changes, the
+    new row images). ``quarantine``: the row delta goes to the batch's quarantine branch instead
+    (``quarantined``)."""
     from tidewater.transform.changes import count_effects
 
     ids = list(spec.table.id_columns)
-    state["offsets"] = offsets = offsets_now(table)
     net = _net_once(table, spec, files, state)
     if "files" not in state:  # the new row images do not depend on the table: written once, whatever the attempts
         state["files"] = write_upserts(table, net.upserts if net else None, f"{plan.batch_id}-upserts")
@@ -345,7 +315,7 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
                     net.cross_partition_keys, spec.table.identifier, net.cross_partition_examples[:3])
     state["counts"] = counts
     deletes = write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")
-    props = summary(offsets)
+    props = properties(table)
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True, default=str)
     remove = tuple(confirm_keys(table, plan.batch_id))
     branch = spec.table.branch
@@ -379,38 +349,6 @@ def quarantined(plan: BatchPlan, props: dict[str, str], files: tuple[Any, ...], 
                        files, deletes=deletes, branch=name)
     main = {k: v for k, v in props.items() if k != CHANGES}  # nothing of the batch is applied to main
     return Change({**main, QUARANTINED: name}, (), branch=branch, also=(to_branch,), remove_properties=remove)
-
-
-def commit_changes(
-    catalog: Any,
-    spec: PipelineSpec,
-    plan: BatchPlan,
-    manifest: BatchManifest,
-    *,
-    dag_run_id: str | None = None,
-    max_attempts: int = 8,
-    validation: dict[str, Any] | None = None,
-    dead_letter_sink: DeadLetterSink | None = None,
-    quarantine: bool = False,
-) -> CommitResult:
-    """Apply the batch's staged changes to the table in one row delta stamped with the offsets and counts
-    (``quarantine``: to the batch's quarantine branch, see ``quarantined``)."""
-    check_manifest(plan, manifest)
-    ident = plan.table
-    state: dict[str, Any] = {"quarantine": quarantine}
-
-    done = commit(catalog, ident, lambda table: _attempt(table, spec, plan, manifest, state, dag_run_id, validation),
-                  marker=plan.batch_id, what=f"batch {plan.batch_id}", max_attempts=max_attempts,
-                  on_missing=missing_table(catalog, plan, manifest))
-    if done.status == "nothing-to-commit":
-        return CommitResult("nothing-to-commit", plan.batch_id, ident, None, 0, 0, {})
-    if done.status == "committed":
-        log.info("batch %s applied to %s: snapshot %s, %d records: %s", plan.batch_id, ident, done.snapshot_id,
-                 manifest.records, ", ".join(f"{k} {v}" for k, v in state.get("counts", {}).items() if isinstance(v, int)))
-    remove_staged(done.table, manifest.data_files)
-    commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
-    return CommitResult(done.status, plan.batch_id, ident, done.snapshot_id, manifest.records, len(state.get("files", ())),
-                        state.get("offsets", plan.end_offsets()), manifest.dead_letters)
 
 
 def remove_staged(table: Any, files: Any) -> None:

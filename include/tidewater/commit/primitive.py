@@ -8,12 +8,15 @@ retrying is right. One call:
 2. looks for the marker (by default ``tidewater.batch-id`` = the batch id) in the table's snapshots: if
    a snapshot carries it, the change already landed and the call returns ``already-committed``
    (idempotent: a retry after success, or after an unknown outcome that did apply, is a no-op);
-3. asks ``prepare(table)`` for the :class:`Change` to apply. ``prepare`` makes the checks that decide
-   whether committing is still right (offsets moved: ``OffsetsMovedError``); whatever it raises is
-   re-raised, never retried. It returns ``None`` when there is nothing to do;
-4. applies the change in one transaction on a view of the table whose pyiceberg-level retries are off
+3. asks ``prepare(table)`` for the :class:`Change` to apply (``None``: nothing to do); whatever it raises is
+   re-raised, never retried;
+4. checks the change's requirement on the table as just loaded: ``Change.expect``, the committed offsets the
+   batch was planned and written against (:class:`OffsetsExpected`; ``OffsetsMovedError`` when another
+   writer moved them). This is the one offsets guard that exactly-once rests on, carried as data by every
+   kind of commit, the way pyiceberg attaches ``AssertRefSnapshotId`` to a transaction;
+5. applies the change in one transaction on a view of the table whose pyiceberg-level retries are off
    (a conflict must come back here to re-check offsets, not be rebased blindly);
-5. on a commit conflict (``CommitFailedException``: another writer committed first) or an unknown
+6. on a commit conflict (``CommitFailedException``: another writer committed first) or an unknown
    outcome (the catalog call failed on I/O or a lock, so it may or may not have applied) it backs off and
    starts again at 1; anything else is re-raised at once.
 
@@ -34,9 +37,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from tidewater.errors import TransientError
+from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
 from tidewater.table.catalog import catalog_failure, load_table
-from tidewater.table.summary import BATCH_ID, BRANCH_BASE, find_marked_snapshot
+from tidewater.table.row_delta import row_delta
+from tidewater.table.summary import BATCH_ID, BRANCH_BASE, committed_state, find_marked_snapshot
 from tidewater.write.parquet import deserialize_data_file
 
 if TYPE_CHECKING:
@@ -46,6 +50,36 @@ log = logging.getLogger(__name__)
 
 Status = Literal["committed", "already-committed", "nothing-to-commit"]
 DEFAULT_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class OffsetsExpected:
+    """A commit's requirement: the committed offsets of ``table`` (on ``branch``) are still those the batch was
+    planned and written against. ``seen``: topic -> partition -> every committed offset the batch's planner or
+    writers saw for that partition (several when sub-ranges were written by several tasks); all must equal the
+    table's offset now (``None``: the partition had none). Checked by :func:`commit` on every attempt, after the
+    refresh, for every kind of commit; a mismatch is terminal (``OffsetsMovedError``): committing would
+    duplicate or skip records, the batch must be re-planned."""
+
+    seen: Mapping[str, Mapping[int, tuple[int | None, ...]]]
+    branch: str | None = None
+    batch_id: str | None = None
+    holder: str = "the table"  # how errors name the offsets holder
+
+    def moved(self, table: Any) -> list[str]:
+        """The partitions whose offsets are no longer what the batch saw, each described."""
+        now = committed_state(table, self.branch).offsets
+        return [f"{topic}[{p}] written against {seen[0] if len(set(seen)) == 1 else list(seen)}, "
+                f"now at {now.get(topic, {}).get(p)}"
+                for topic, parts in sorted(self.seen.items()) for p, seen in sorted(parts.items())
+                if any(s != now.get(topic, {}).get(p) for s in seen)]
+
+    def check(self, table: Any, ident: str) -> None:
+        moved = self.moved(table)
+        if moved:
+            raise OffsetsMovedError(f"{self.holder}'s offsets moved since this batch was planned (another writer "
+                                    "committed); refusing to commit to avoid duplicates. Re-plan the batch: "
+                                    + "; ".join(moved), table=ident, batch_id=self.batch_id)
 
 
 @dataclass(frozen=True)
@@ -69,6 +103,7 @@ class Change:
     also: tuple[Change, ...] = ()  # changes to other branches, made after this one in the same transaction
     deletes: tuple[Any, ...] = ()  # position delete files (pyiceberg DataFiles) committed with ``files`` as one row delta
     remove_properties: tuple[str, ...] = ()  # table properties removed in the same transaction (confirmations)
+    expect: OffsetsExpected | None = None  # the requirement checked before the change is applied (see OffsetsExpected)
 
     @property
     def kind(self) -> str:
@@ -125,8 +160,6 @@ def apply_change(tx: Any, table: Any, change: Change) -> None:
         tx.delete(delete_filter=change.delete_filter, snapshot_properties=dict(change.delete_properties or change.properties),
                   branch=branch)
     if change.deletes:
-        from tidewater.table.row_delta import row_delta
-
         row_delta(tx, table, _data_files(table, change.files), list(change.deletes), dict(change.properties), branch)
     elif change.append and change.rows is not None:
         tx.append(change.rows, snapshot_properties=dict(change.properties), branch=branch)
@@ -192,8 +225,6 @@ def commit(
     missing table is terminal.
     Raises ``TransientError`` after ``max_attempts`` conflicts or unknown outcomes.
     """
-    from tidewater.errors import TerminalError
-
     for attempt in range(1, max_attempts + 1):
         table, loaded = _load(catalog, ident, what, attempt)
         if not loaded:
@@ -212,6 +243,8 @@ def commit(
         change = prepare(table)
         if change is None:
             return Committed("nothing-to-commit", table, None, attempt)
+        if change.expect is not None:
+            change.expect.check(table, ident)
         view = without_commit_retries(table)
         try:
             _ensure_branch_base(view, change.branch)

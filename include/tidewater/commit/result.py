@@ -31,7 +31,8 @@ class CommitResult:
     data_files: int
     offsets: Offsets
     dead_letters: int = 0
-    tables: tuple[TableCommit, ...] = ()  # routed batches: per table, then the checkpoint
+    tables: tuple[TableCommit, ...] = ()  # a separate holder's batches: per table, then the checkpoint
+    quarantined: tuple[str, ...] = ()  # the target tables whose part of the batch the gate quarantined
 
     def summary(self) -> dict[str, Any]:
         return {

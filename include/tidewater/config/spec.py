@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidewater.config.targets import TargetSet
+
 if TYPE_CHECKING:
     from tidewater.table.limits import SchemaLimits
 
@@ -740,19 +742,31 @@ class PipelineSpec:
             return f"tables named by {self.routing.field!r} ({self.routing.table_template})"
         return ", ".join(t.identifier for t in self.tables)
 
+    @property
+    def targets(self) -> TargetSet:
+        """The one answer to "which tables may a batch commit, and where are its offsets" (``config/targets.py``):
+        a plain pipeline is one table holding its own offsets; a routed pipeline's holder is its checkpoint
+        table, and its ledger and dead letters live beside it in ``routing.namespace``."""
+        dead = self.dead_letter.table
+        if not self.routed:
+            ident = self.table.identifier
+            return TargetSet(ident, True, (ident,), self.table.branch, f"{ident}_ledger", dead or f"{ident}_dead_letters")
+        base = f"{self.routing.namespace}.{self.name}"
+        return TargetSet(f"{base}_checkpoints", False, tuple(t.identifier for t in self.tables), None, f"{base}_ledger",
+                         dead or f"{base}_dead_letters")
+
     def checkpoint_table(self) -> str:
-        """Where the pipeline's position lives: the target table, or the checkpoint table when routing."""
-        return f"{self.routing.namespace}.{self.name}_checkpoints" if self.routed else self.table.identifier
+        """Where the pipeline's position lives (``targets.holder``): the target table, or the checkpoint table when
+        routing."""
+        return self.targets.holder
 
     def ledger_table(self) -> str:
-        """Every committed batch's ranges and counts (``table/ledger.py``): beside the target table, or in
+        """Every committed batch's ranges and counts (``targets.ledger``): beside the target table, or in
         ``routing.namespace`` for a routed pipeline (one ledger for the checkpoint and every target table)."""
-        return f"{self.routing.namespace}.{self.name}_ledger" if self.routed else f"{self.table.identifier}_ledger"
+        return self.targets.ledger
 
     def dead_letter_table(self) -> str:
-        if self.dead_letter.table:
-            return self.dead_letter.table
-        return f"{self.routing.namespace}.{self.name}_dead_letters" if self.routed else f"{self.table.identifier}_dead_letters"
+        return self.targets.dead_letters
 
     def longest_batch_seconds(self) -> int:
         """Upper bound on a batch's life: plan, write, validate and commit, each with every retry."""

@@ -201,8 +201,8 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
     Change tables keep one row per changed key, so their check is each key once instead of each offset present."""
     import numpy as np
 
-    from tidewater.plan.replay import present_offsets
     from tidewater.source.kafka import Rereader, kafka_settings, watermarks
+    from tidewater.table.provenance import present_offsets
 
     if spec.format.metadata not in ("prefixed", "struct"):
         raise ConfigError("--deep reads each row's source offset: it needs format.metadata prefixed or struct")

@@ -102,14 +102,12 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     """Dead-letter ``req``'s range and advance the committed offset past it (see the module docstring)."""
     from tidewater.commit.batch import commit_batch
     from tidewater.source.kafka import kafka_settings, watermarks
-    from tidewater.table.catalog import load_catalog, load_table
-    from tidewater.table.summary import committed_state
+    from tidewater.table.catalog import load_catalog
+    from tidewater.table.targets import holder_state
     from tidewater.write.dead_letters import dead_letter_sink
 
     catalog = load_catalog(spec)
-    branch = None if spec.routed else spec.table.branch  # a routed pipeline's offsets: its checkpoint table's
-    table = load_table(catalog, spec.checkpoint_table())
-    state = committed_state(table, branch) if table is not None else None
+    table, state = holder_state(catalog, spec)
     offsets = state.offsets if state is not None else {}
     settings = kafka_settings(spec)
     low, high = watermarks(settings, [(req.topic, req.partition)])[(req.topic, req.partition)]
@@ -125,9 +123,8 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     if req.start_offset > nxt:
         ingested = _ingest_before(spec, settings, PartitionRange(req.topic, req.partition, nxt, req.start_offset), offsets,
                                   state.snapshot_id if state is not None else None)
-        table = load_table(catalog, spec.checkpoint_table())
-        state = committed_state(table, branch)
-        offsets = state.offsets
+        table, state = holder_state(catalog, spec)
+        offsets = state.offsets if state is not None else {}
     rng = PartitionRange(req.topic, req.partition, req.start_offset, req.end_offset)
     plan = BatchPlan(batch_id="skip-" + new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
                      pipeline_path=str(spec.source_path), ranges=(rng,), base_offsets=offsets, created_at=utc_now_iso(),
@@ -141,14 +138,9 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
                              dead_letter_table=spec.dead_letter_table(), dead_letter_files=tuple(files))
     write_json_atomic(directory / MANIFEST_NAME, manifest.to_json())
     extra = {OPERATOR_SKIP: json.dumps(preview, separators=(",", ":"))}
-    if spec.routed:  # the checkpoint moves on; no target table gets a commit
-        from tidewater.commit.routed import commit_routed
-
-        result = commit_routed(catalog, plan, manifest, dead_letter_sink=dead_letter_sink(spec, plan.batch_id), spec=spec,
-                               extra_properties=extra)
-    else:
-        result = commit_batch(catalog, plan, manifest, branch=branch, dead_letter_sink=dead_letter_sink(spec, plan.batch_id),
-                              extra_properties=extra)
+    # the holder moves on (a routed pipeline's target tables get no commit: no rows)
+    result = commit_batch(catalog, plan, manifest, spec=spec, dead_letter_sink=dead_letter_sink(spec, plan.batch_id),
+                          extra_properties=extra)
     log.info("skip %s: %d records of %s[%d] [%d, %d) dead-lettered by %s (%s); offset now %d", plan.batch_id, count,
              req.topic, req.partition, req.start_offset, req.end_offset, req.by, req.reason, req.end_offset)
     return {"status": result.status, "batch_id": plan.batch_id, "dead_letters": count, "ingested_first": ingested,

@@ -10,8 +10,9 @@ from typing import Any
 from tidewater.batch import BatchPlan, PartitionRange, new_batch_id
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
-from tidewater.plan.replay import check_rows_carry_offsets, parse_time, stage_replay_plan
+from tidewater.plan.replay import parse_time, stage_replay_plan
 from tidewater.source.timestamps import KafkaOffsetLookup, OffsetLookup, interval_offsets
+from tidewater.table.provenance import check_rows_carry_offsets
 
 log = logging.getLogger(__name__)
 

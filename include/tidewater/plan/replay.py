@@ -29,6 +29,7 @@ from tidewater.batch import BatchPlan, Offsets, PartitionRange, batch_dir, new_b
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.source.timestamps import KafkaOffsetLookup, OffsetLookup, interval_offsets
+from tidewater.table.provenance import check_rows_carry_offsets, present_offsets
 
 log = logging.getLogger(__name__)
 
@@ -183,64 +184,6 @@ def resolve_ranges(spec: PipelineSpec, req: ReplayRequest, committed: Offsets, s
         if end > start:
             out.append(PartitionRange(req.topic, p, start, end))
     return out
-
-
-def metadata_columns(spec: PipelineSpec) -> tuple[str, str, str]:
-    """Names of the topic, partition and offset columns (dotted for the struct form)."""
-    if spec.format.metadata == "struct":
-        return "_kafka.topic", "_kafka.partition", "_kafka.offset"
-    return "_kafka_topic", "_kafka_partition", "_kafka_offset"
-
-
-def rows_filter(spec: PipelineSpec, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
-    """An Iceberg row filter selecting the rows that came from ``ranges``."""
-    from functools import reduce
-
-    from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan, Or
-
-    topic, partition, offset = metadata_columns(spec)
-    terms = [And(EqualTo(topic, r.topic), And(EqualTo(partition, r.partition),
-                                              And(GreaterThanOrEqual(offset, r.start), LessThan(offset, r.end))))
-             for r in ranges]
-    return reduce(Or, terms)
-
-
-def present_offsets(spec: PipelineSpec, table: Any, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
-    """(topic, partition, offset) of the rows the table holds from ``ranges`` (Arrow table)."""
-    import pyarrow as pa
-
-    if table is None or not ranges or table.current_snapshot() is None:
-        return pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()),
-                         "offset": pa.array([], pa.int64())})
-    cols = metadata_columns(spec)
-    top = cols[0].split(".")[0]
-    data = table.scan(row_filter=rows_filter(spec, ranges), selected_fields=tuple({c.split(".")[0] for c in cols} | {top})).to_arrow()
-    if spec.format.metadata == "struct":
-        s = data.column("_kafka").combine_chunks()
-        return pa.table({"topic": s.field("topic"), "partition": s.field("partition").cast(pa.int32()), "offset": s.field("offset")})
-    return pa.table({"topic": data.column("_kafka_topic"), "partition": data.column("_kafka_partition").cast(pa.int32()),
-                     "offset": data.column("_kafka_offset")})
-
-
-def check_rows_carry_offsets(spec: PipelineSpec, table: Any) -> None:
-    """Refuse when some rows lack their source offset (written before ``format.metadata`` was set): a
-    replay could not find them and would add their records a second time. Uses file metrics only."""
-    if table.current_snapshot() is None:
-        return
-    offset_col = metadata_columns(spec)[2]
-    try:
-        field_id = table.schema().find_field(offset_col).field_id
-    except ValueError:
-        raise ConfigError(f"format.metadata: the table has no {offset_col} column yet: its rows cannot be matched "
-                          "to offsets") from None
-    missing = 0
-    for task in table.scan(selected_fields=(offset_col.split(".")[0],)).plan_files():
-        counts = task.file.null_value_counts or {}
-        missing += int(counts.get(field_id, 0)) if field_id in counts else task.file.record_count
-    if missing:
-        raise ConfigError(f"format.metadata: {missing} rows of {spec.table.identifier} have no {offset_col} (written "
-                          "before format.metadata was set); a replay cannot match them to offsets and would add their "
-                          "records again")
 
 
 def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: str,

@@ -601,47 +601,14 @@ def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_ru
                             "run plans its records anew", batch_id=plan.batch_id, table=plan.table)
     path = batch_path(spec, plan) / VALIDATION_NAME
     validation = read_json(path) if path.is_file() else None
-    sink = dead_letter_sink(spec, plan.batch_id)
-    quarantine = bool(validation and validation.get("quarantine"))
+    result = commit_batch(load_catalog(spec), plan, manifest, spec=spec, dag_run_id=dag_run_id, validation=validation,
+                          dead_letter_sink=dead_letter_sink(spec, plan.batch_id))
+    if result.quarantined:  # a quarantined batch fails its run with the gate's report (its commit has landed)
+        from tidewater.ops.quarantine import quarantined_error
 
-    if spec.applies_changes:
-        from tidewater.commit.changes import commit_changes
-
-        if plan.mode not in ("ingest", "reapply"):
-            raise TerminalError(f"batch {plan.batch_id}: a change table (table.upsert / op_field) is replayed with mode "
-                                f"reapply, not {plan.mode}", batch_id=plan.batch_id, table=plan.table)
-        result = commit_changes(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation,
-                                dead_letter_sink=sink, quarantine=quarantine)
-        return _quarantined(spec, plan, validation) if quarantine else result
-    if plan.mode != "ingest" and spec.routed:
-        from tidewater.commit.routed_replay import commit_routed_replay
-
-        return commit_routed_replay(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation)
-    if plan.mode != "ingest":
-        from tidewater.commit.replay import commit_replay
-
-        return commit_replay(load_catalog(spec), spec, plan, manifest, dag_run_id=dag_run_id, validation=validation)
-    if spec.routed:
-        from tidewater.commit.routed import commit_routed, quarantined_tables
-
-        result = commit_routed(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
-                               dead_letter_sink=sink, spec=spec)
-        held = quarantined_tables(validation, manifest)
-        if held:
-            from tidewater.ops.quarantine import quarantined_error
-
-            raise quarantined_error(plan.batch_id, ", ".join(held), validation, str(spec.source_path), routed=True)
-        return result
-    result = commit_batch(load_catalog(spec), plan, manifest, dag_run_id=dag_run_id, validation=validation,
-                          dead_letter_sink=sink, branch=spec.table.branch, quarantine=quarantine)
-    return _quarantined(spec, plan, validation) if quarantine else result
-
-
-def _quarantined(spec: PipelineSpec, plan: BatchPlan, validation: Any) -> CommitResult:
-    """A quarantined batch fails its run with the gate's report (its commit has landed)."""
-    from tidewater.ops.quarantine import quarantined_error
-
-    raise quarantined_error(plan.batch_id, plan.table, validation, str(spec.source_path))
+        raise quarantined_error(plan.batch_id, ", ".join(result.quarantined), validation, str(spec.source_path),
+                                routed=not spec.targets.fused)
+    return result
 
 
 def run_once(spec_path: str | Path, master: str | None = None, out: Any = None, wait_for_spark: bool = True) -> dict[str, Any]:

@@ -76,6 +76,17 @@ def load_catalog(spec: PipelineSpec) -> Any:
     raise AssertionError("unreachable")
 
 
+MAX_COMMIT_SLOTS = 8
+
+
+def commit_slots(catalog: Any) -> int:
+    """How many tables may commit at once through ``catalog``: one on SQLite (one writer at a time: concurrent
+    commits only take turns on its lock, each retrying), else ``MAX_COMMIT_SLOTS`` (PostgreSQL, REST, Glue and
+    Hive commit different tables independently)."""
+    engine = getattr(catalog, "engine", None)
+    return 1 if engine is not None and engine.dialect.name == "sqlite" else MAX_COMMIT_SLOTS
+
+
 def retry_busy(fn: Any, what: str, table: str, attempts: int = 8) -> Any:
     """``fn()``, retried with backoff while the catalog is busy or unreachable (SQLite answers "database is
     locked" at once when two writers each hold a read lock and want to write); then a ``TransientError``."""

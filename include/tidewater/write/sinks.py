@@ -98,7 +98,7 @@ class TableSink:
         if mode != "append-missing" or self.table is None:
             return None
         if self._present is None:
-            from tidewater.plan.replay import present_offsets
+            from tidewater.table.provenance import present_offsets
 
             self._present = present_offsets(self.view, self.table, [rng]).column("offset").combine_chunks()
         return pc.is_in(offsets, value_set=self._present)

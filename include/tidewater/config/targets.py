@@ -1,0 +1,27 @@
+"""Which tables a pipeline's batches commit, and where its offsets live: the target set.
+
+The Iceberg Kafka Connect sink's coordinator commits N tables, then the source offsets once. Ours is the same
+with one deliberate difference, kept as a property of the type rather than a branch: a plain pipeline is a set
+of ONE table that is its own offsets holder (``fused``): its data and its offsets land in one snapshot. A
+routed pipeline's holder is its checkpoint table (``<routing.namespace>.<name>_checkpoints``); its targets are
+the tables its configuration lists plus those the holder's history names (dynamic routing,
+``table.targets.target_tables``). Pure: names only, nothing is loaded here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TargetSet:
+    holder: str  # the table whose snapshots carry the pipeline's offsets
+    fused: bool  # the holder is the one target table itself (data and offsets in one snapshot)
+    static: tuple[str, ...]  # the target tables known from the configuration (a fused set: the holder)
+    branch: str | None = None  # the holder's branch that carries the offsets (None: main)
+    ledger: str = ""  # every committed batch's ranges and counts (``ops/ledger.py``)
+    dead_letters: str = ""  # the dead-letter table
+
+    def holds(self, ident: str) -> bool:
+        """``ident`` is the offsets holder (for a fused set: the target table too)."""
+        return ident == self.holder

@@ -1,0 +1,56 @@
+"""The target set (``config/targets.py``) against the catalog: which tables a pipeline's batches have committed
+to, where its offsets stand, and each target table's own view of the pipeline.
+
+Every reader of "which tables are mine" and "where are my offsets" asks here: status, planning, replays,
+quarantine listings, maintenance, the ledger, the audit and the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tidewater.config.spec import PipelineSpec
+from tidewater.errors import TerminalError
+from tidewater.table.catalog import load_table
+from tidewater.table.summary import CommittedState, committed_state
+
+
+def holder_state(catalog: Any, spec: PipelineSpec) -> tuple[Any, CommittedState | None]:
+    """The offsets holder (None if it does not exist yet) and its committed state on the holder's branch."""
+    targets = spec.targets
+    holder = load_table(catalog, targets.holder)
+    return holder, (committed_state(holder, targets.branch) if holder is not None else None)
+
+
+def named_by_holder(holder: Any) -> set[str]:
+    """The tables a non-fused holder's batches committed to (its rows' ``tables`` column; none for a fused one)."""
+    if holder is None or holder.current_snapshot() is None or "tables" not in holder.schema().column_names:
+        return set()
+    cells = holder.scan(selected_fields=("tables",)).to_arrow().column("tables").to_pylist()
+    return {t for cell in cells for t in json.loads(cell or "[]")}
+
+
+def target_tables(catalog: Any, spec: PipelineSpec, holder: Any = None) -> list[str]:
+    """Every target table: those the configuration lists and those the holder's history names (dynamic routing).
+    ``holder``: the holder table when the caller has loaded it already."""
+    targets = spec.targets
+    if targets.fused:
+        return [targets.holder]
+    holder = holder if holder is not None else load_table(catalog, targets.holder)
+    return sorted(set(targets.static) | named_by_holder(holder))
+
+
+def target_view(spec: PipelineSpec, catalog: Any, ident: str) -> PipelineSpec:
+    """The pipeline as target table ``ident`` sees it (its own settings: ``PipelineSpec.for_table``; a fused set's
+    one table: the pipeline itself). A change table whose id columns come from the message keys gets them from
+    the table's identifier fields."""
+    if spec.targets.fused:
+        return spec
+    view = spec.for_table(ident)
+    if view.applies_changes and not view.table.id_columns:
+        view = spec.for_table(ident, load_table(catalog, ident))
+        if not view.table.id_columns:
+            raise TerminalError(f"table {ident} has no id columns: id_columns is empty and the table has no identifier "
+                                "fields; set its id_columns", table=ident)
+    return view
