@@ -26,8 +26,6 @@ def table_asset(spec: PipelineSpec) -> Asset:
 
 
 def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
-    from tidewater.ops.maintenance import enabled_actions
-
     pipeline_path = str(path)
     asset = table_asset(spec)
     m = spec.maintenance
@@ -47,7 +45,7 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - return
     )
     def maintain():
         previous = None
-        for action in enabled_actions(spec):
+        for action in m.enabled_actions(spec.applies_changes):
 
             @task(task_id=action, outlets=[asset])
             def run(action: str = action, **context) -> dict:

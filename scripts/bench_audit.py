@@ -58,7 +58,7 @@ CHUNK = 100  # after the sampled commits: batches committed between two ledger s
 def _expire(catalog: object, spec: object, table: object) -> int:
     """Expire every snapshot but the newest of the table and of its ledger, as the maintenance DAG's expiry does
     (the ledger first records what it has not yet)."""
-    from tidewater.table import ledger
+    from tidewater.audit import ledger
 
     expired = ledger.expire_history(catalog, spec)
     head = table.current_snapshot()  # type: ignore[attr-defined]
@@ -70,9 +70,9 @@ def _expire(catalog: object, spec: object, table: object) -> int:
 def summary_level(home: Path, bootstrap: str, marks: list[int], sample: int = 300) -> list[dict[str, float]]:
     import pyarrow as pa
 
+    from tidewater.audit import ledger
+    from tidewater.audit.pipeline import audit
     from tidewater.dev.sample_data import produce
-    from tidewater.ops.audit import audit
-    from tidewater.table import ledger
     from tidewater.table.catalog import create_table, load_catalog
 
     spec = _pipeline(home, bootstrap, "ledgered", "bench.ledgered")
@@ -110,7 +110,7 @@ def deep(home: Path, bootstrap: str, rows: int) -> dict[str, float]:
     import numpy as np
     import pyarrow as pa
 
-    from tidewater.ops.audit import deep_findings
+    from tidewater.audit.deep import deep_findings
     from tidewater.table.catalog import create_table, load_catalog
 
     spec = _pipeline(home, bootstrap, "deep", "bench.deep", format={"metadata": "prefixed"})

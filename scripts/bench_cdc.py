@@ -118,7 +118,7 @@ def end_to_end(catalog, args) -> dict[str, list[float]]:  # noqa: ANN001
     from tidewater.batch import offsets_to_json
     from tidewater.dev import broker as embedded
     from tidewater.dev.sample_data import produce
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
     from tidewater.table.summary import OFFSETS
 
     home = Path(os.environ["TIDEWATER_HOME"])

@@ -40,7 +40,7 @@ def main() -> int:
     from tidewater.dev import broker as embedded
     from tidewater.dev.cluster import start_standalone
     from tidewater.dev.sample_data import pizza_events, produce
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
     from tidewater.table.catalog import load_catalog, load_table
 
     b = embedded.start(log_path=home / "broker.log")

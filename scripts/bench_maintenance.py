@@ -40,9 +40,9 @@ def main() -> int:
     from tidewater.dev.sample_data import pizza_events, produce
     from tidewater.ops.maintenance import ACTIONS, TableStats, run_action
     from tidewater.plan.ingest import plan_batch
-    from tidewater.runtime import spark as spark_session
-    from tidewater.runtime.steps import commit_step
     from tidewater.source.kafka import kafka_settings
+    from tidewater.steps import spark as spark_session
+    from tidewater.steps.lifecycle import commit_step
     from tidewater.table.catalog import load_catalog
     from tidewater.table.summary import committed_state
     from tidewater.write.job import run_inline

@@ -46,8 +46,9 @@ def timed_batch(spec: Any, master: str, inline: bool = False) -> dict[str, Any]:
     code in this process instead of spark-submit."""
     from tidewater.batch import manifest_path, write_json_atomic
     from tidewater.plan.ingest import plan_batch
-    from tidewater.runtime.steps import commit_step, run_write_step, validate_step
     from tidewater.source.kafka import kafka_settings
+    from tidewater.steps.lifecycle import commit_step, validate_step
+    from tidewater.steps.write import run_write_step
     from tidewater.write.job import run_inline
 
     t0 = time.monotonic()

@@ -11,7 +11,7 @@ import time
 
 STARTED = time.time()  # when spark-submit's JVM had started this Python driver (the write step's breakdown)
 
-from tidewater.write.job import main  # noqa: E402 - after the timestamp on purpose
+from tidewater.runtime.spark_job import main  # noqa: E402 - after the timestamp on purpose
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:], driver_started=STARTED))

@@ -188,7 +188,7 @@ def stage_inline(spec):  # noqa: ANN001, ANN201
 
 def ingest_inline(spec):  # noqa: ANN001, ANN201
     """One whole batch in this process: stage (the Spark task code, inline), validate, commit."""
-    from tidewater.runtime.steps import commit_step, validate_step
+    from tidewater.steps.lifecycle import commit_step, validate_step
 
     plan, manifest = stage_inline(spec)
     validate_step(spec, plan, manifest)
@@ -199,7 +199,7 @@ def commit_as_airflow_would(spec, plan, manifest):  # noqa: ANN001, ANN201
     """The commit step, retried on a transient error up to the DAG's ``airflow.retries`` (what Airflow does with
     a commit that lost every attempt to concurrent writers); the last error is raised."""
     from tidewater.errors import TransientError
-    from tidewater.runtime.steps import commit_step
+    from tidewater.steps.lifecycle import commit_step
 
     for attempt in range(spec.airflow.retries + 1):
         try:

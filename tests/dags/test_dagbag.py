@@ -202,3 +202,29 @@ def test_the_audit_dag_runs_on_its_schedule_and_exists_for_single_table_pipeline
     assert bag.import_errors == {}
     assert [t.task_id for t in bag.dags["audit_p"].tasks] == ["audit"]
     assert bag.dags["audit_p"].schedule == "@hourly" and bag.dags["audit_q"].schedule is None
+
+
+HEAVY = ("pyarrow", "pyspark", "pyiceberg", "confluent_kafka", "great_expectations")
+
+
+def test_parsing_the_dag_folder_imports_no_heavy_library(tmp_path):
+    """Airflow parses the DAG folder often: a fresh interpreter parses it (the shipped pipelines and a routed one)
+    and none of the heavy libraries the tasks use is imported: they load inside the task bodies only."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pipelines = tmp_path / "pipelines"
+    shutil.copytree(REPO / "include" / "pipelines", pipelines)
+    shutil.copy(REPO / "docs" / "examples" / "inventory_database.yaml", pipelines)
+    code = ("import json, sys\nfrom airflow.dag_processing.dagbag import DagBag\n"
+            f"bag = DagBag(dag_folder={str(REPO / 'dags')!r})\n"
+            f"print(json.dumps({{'dags': sorted(bag.dags), 'errors': list(bag.import_errors), "
+            f"'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))\n")
+    env = {**os.environ, "TIDEWATER_PIPELINES_DIR": str(pipelines), "AIRFLOW_HOME": str(tmp_path / "airflow")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    assert doc["errors"] == [] and "ingest_pizzas" in doc["dags"] and "ingest_inventory" in doc["dags"], doc
+    assert doc["heavy"] == []

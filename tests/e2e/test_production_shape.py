@@ -40,7 +40,7 @@ if task == "plan":
 elif task == "replay_plan":
     out = tasks.replay_plan_task(pipeline, args)
 elif task == "write":
-    from tidewater.runtime.steps import run_write_step
+    from tidewater.steps.write import run_write_step
     spec = load_pipeline(pipeline)
     out = {"records": run_write_step(spec, spec.stage(args["plan_path"])).records}
 elif task == "validate":

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from tests.conftest import ingest_changes, ingest_inline, produce_to_partition, stage_inline, table_of, write_pipeline
+from tidewater.audit import ledger
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events
 from tidewater.runtime.cli import main
-from tidewater.table import ledger
 from tidewater.table.catalog import load_catalog
 from tidewater.table.summary import BATCH_ID, OFFSETS, RANGES, RECORDS, committed_state
 
@@ -362,7 +362,7 @@ def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(
 
     from tidewater.commit import batch as committing
     from tidewater.runtime import lineage
-    from tidewater.runtime.steps import commit_step, validate_step
+    from tidewater.steps.lifecycle import commit_step, validate_step
 
     a, b = topic + "-a", topic + "-b"
     spec, path = _routed(home, broker, a, b)
@@ -432,7 +432,7 @@ def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(
     text = capsys.readouterr().out
     assert "rpc.b: " in text and "rpc.a: " in text, text
     # lineage last: importing Airflow's OpenLineage provider sets up its logging on stdout in this process
-    from tidewater.ops.audit import audit
+    from tidewater.audit.pipeline import audit
 
     batch = lineage.batch_lineage(spec, plan, manifest, second)
     assert [(i.name, [(r["partition"], r["start"], r["end"]) for r in i.inputFacets["tidewater_offsetRanges"].ranges])

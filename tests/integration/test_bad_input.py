@@ -34,7 +34,8 @@ def test_every_kind_of_bad_input_has_its_outcome_alone_or_mixed(broker, home, to
     Expected: each kind gets its listed outcome (a row, or a dead letter of the listed class) whether it
     is alone in its chunk or not; read = rows + dead letters + skipped; the batch commits (rows and dead
     letters counted in the tables) and the next batch still lands."""
-    from tidewater.runtime.steps import commit_step, plan_step, run_write_step, validate_step
+    from tidewater.steps.lifecycle import commit_step, plan_step, validate_step
+    from tidewater.steps.write import run_write_step
 
     # no not-null checks: `{}` lands as a row of nulls, and the gate would stop the batch (its own policy)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},

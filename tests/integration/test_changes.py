@@ -15,8 +15,8 @@ from tests.conftest import commit_as_airflow_would, ingest_inline, produce_to_pa
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.changes import apply, change_stream, encode
 from tidewater.errors import OffsetsMovedError, TransientError
-from tidewater.runtime import spark as spark_session
-from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.steps import spark as spark_session
+from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import CHANGES, committed_state
 
@@ -248,7 +248,7 @@ def test_bad_changes_are_dead_letters_naming_their_record_through_spark(broker, 
     with topic, partition, offset and class; the good changes apply (a delete of a key inserted in the same
     batch leaves nothing), and the snapshot's counts add up to the records read."""
     from tests.conftest import quiet
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
 
     path = write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           validation={"not_null": ["id"]}, **STYLES["op_field"])
@@ -561,9 +561,9 @@ def test_a_quarantined_change_batch_waits_for_publish_or_drop_and_applies_in_ord
     (again when retried, adding nothing); the next batch is not planned until the quarantined one is decided.
     Publishing applies its changes to main once (main then equals the source); a later batch applies after it. A
     second quarantined batch is dropped: main keeps the source without its changes, and planning goes on."""
+    from tidewater.audit.pipeline import audit
     from tidewater.errors import TerminalError, ValidationFailedError
     from tidewater.ops import quarantine
-    from tidewater.ops.audit import audit
     from tidewater.plan.ingest import plan_batch
 
     # items are item-<key>-<seed>-<i>: batches of seeds 31 and 33 fail the suite

@@ -63,7 +63,7 @@ def test_maintain_and_replay_dry_runs_show_each_line_once(broker, home, topic):
 STEPS_SCRIPT = """
 import json, sys
 from tidewater.config.parse import load_pipeline
-from tidewater.runtime.steps import commit_step, plan_step, validate_step
+from tidewater.steps.lifecycle import commit_step, plan_step, validate_step
 spec = load_pipeline(sys.argv[1])
 plan, path = plan_step(spec)
 seen = {"empty_plan": sorted(m for m in ("pyspark", "great_expectations") if m in sys.modules)}
@@ -175,7 +175,7 @@ logging.basicConfig(level=logging.INFO, stream=sys.stderr)  # a task's log, as A
 sys.path.insert(0, sys.argv[2])
 from tests.conftest import stage_inline
 from tidewater.config.parse import load_pipeline
-from tidewater.runtime.steps import validate_step
+from tidewater.steps.lifecycle import validate_step
 spec = load_pipeline(sys.argv[1])
 plan, manifest = stage_inline(spec)
 print("=====VALIDATE", file=sys.stderr, flush=True)

@@ -40,7 +40,8 @@ def test_ingest_replay_and_maintenance_run_on_workers_without_the_projects_packa
     from tidewater.ops.maintenance import maintain
     from tidewater.ops.replay import run_replay
     from tidewater.plan.replay import ReplayRequest
-    from tidewater.runtime.steps import commit_step, plan_step, run_write_step, validate_step
+    from tidewater.steps.lifecycle import commit_step, plan_step, validate_step
+    from tidewater.steps.write import run_write_step
 
     base = {"topics": [topic], "kafka": {"bootstrap_servers": broker.bootstrap},
             "maintenance": {"rewrite_data_files": {"min_input_files": 2}}}

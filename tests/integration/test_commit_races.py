@@ -196,7 +196,7 @@ def test_catalog_locked_at_commit_time_is_transient_and_the_commit_lands_after(p
     configuration error; the commit step retries and, once the lock is gone, commits the batch once
     with its offsets."""
     from tidewater.errors import ConfigError, TransientError
-    from tidewater.runtime.steps import commit_step
+    from tidewater.steps.lifecycle import commit_step
 
     spec = load_pipeline(pipeline_file)
     produce(broker.bootstrap, topic, pizza_events(60, seed=7), partitions=3)

@@ -14,7 +14,7 @@ from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events
 from tidewater.errors import TransientError
 from tidewater.ops.status import status
-from tidewater.runtime.steps import commit_step, run_once, validate_step
+from tidewater.steps.lifecycle import commit_step, run_once, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import DEAD_LETTERS, RECORDS, SKIPPED, committed_state
 

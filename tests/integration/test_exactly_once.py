@@ -19,7 +19,8 @@ from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import BatchWriteError, OffsetGapError
 from tidewater.plan.ingest import plan_batch
-from tidewater.runtime.steps import commit_step, run_once, run_write_step, validate_step
+from tidewater.steps.lifecycle import commit_step, run_once, validate_step
+from tidewater.steps.write import run_write_step
 from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -57,7 +58,8 @@ def test_three_batches_with_new_data_between_land_every_record_once(broker, pipe
 WRITE_THEN_HANG = """
 import sys, time
 from tidewater.config.parse import load_pipeline
-from tidewater.runtime.steps import plan_step, run_write_step
+from tidewater.steps.lifecycle import plan_step
+from tidewater.steps.write import run_write_step
 spec = load_pipeline(sys.argv[1])
 plan, path = plan_step(spec)
 run_write_step(spec, path)
@@ -191,7 +193,7 @@ os.environ["TIDEWATER_HOME"] = driver_home  # the driver's own environment from 
 from tidewater.batch import manifest_path, write_json_atomic
 from tidewater.config.parse import load_pipeline
 from tidewater.plan.ingest import plan_batch
-from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.source.kafka import kafka_settings
 from tidewater.write.job import run
 spec = load_pipeline(sys.argv[3])
@@ -233,7 +235,7 @@ def test_a_first_batch_creates_its_table_once_before_the_spark_tasks(broker, hom
     Spark tasks find it instead of racing to create it (one `00000-*.metadata.json` per racing task before).
     Rows and offsets exact; a field that only later records carry is reported by the tasks that meet it and
     added once by the write job's driver (tagged `driver`), before those tasks run again."""
-    from tidewater.runtime.steps import plan_step
+    from tidewater.steps.lifecycle import plan_step
     from tidewater.write import task
 
     monkeypatch.setattr(task, "PROBE_RECORDS", 50)  # the probe reads the first 50 records of each partition
@@ -271,8 +273,8 @@ def test_schema_changes_the_tasks_find_are_made_once_by_the_driver_and_undone_wi
     import pyarrow as pa
 
     from tidewater.batch import manifest_path, write_json_atomic
-    from tidewater.runtime.steps import plan_step
     from tidewater.source.kafka import kafka_settings
+    from tidewater.steps.lifecycle import plan_step
     from tidewater.table.provisional import PREFIX
     from tidewater.write.job import run_inline
 
@@ -314,7 +316,7 @@ def test_schema_changes_the_tasks_find_are_made_once_by_the_driver_and_undone_wi
     assert manifest.records == 120 and manifest.data_files
 
     # the run dies here (no commit): the next plan step undoes the batch's fields, then plans the range anew
-    from tidewater.runtime.steps import revert_abandoned
+    from tidewater.steps.lifecycle import revert_abandoned
 
     assert revert_abandoned(spec) == [plan.batch_id]
     table = table_of(path)
@@ -340,7 +342,7 @@ def test_a_routed_first_batch_creates_each_table_once_before_the_spark_tasks(bro
     """Dynamic routing by `type` over six partitions, through spark-submit: the plan step's probe creates every
     table the first records name, so each has one `00000-*.metadata.json` (the tasks found it), and rows and
     offsets are exact."""
-    from tidewater.runtime.steps import plan_step
+    from tidewater.steps.lifecycle import plan_step
     from tidewater.table.catalog import load_catalog, load_table
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, table="",

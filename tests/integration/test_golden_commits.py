@@ -29,7 +29,7 @@ from tidewater.ops.replay import run_replay
 from tidewater.ops.skip import SkipRequest, skip
 from tidewater.plan.replay import ReplayRequest
 from tidewater.runtime.airflow import quarantine_task
-from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import BATCH_ID, OFFSETS, committed_state, summary_dict
 

@@ -36,7 +36,7 @@ def test_killed_between_the_batch_commit_and_its_dead_letters_loses_no_dead_lett
     run finishes the dead-letter commit before it plans, then ingests the new records. In the end every
     record is once in the table or once in the dead-letter table, and read = rows + dead letters."""
     import tidewater.commit.batch as commit_batch_module
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     spec = load_pipeline(path)
@@ -98,7 +98,8 @@ def test_route_values_cannot_leave_the_namespace_or_reach_reserved_or_foreign_ta
              spec.checkpoint_table().split(".")[1].upper(), spec.dead_letter_table().split(".")[1].title(), "SHARED",
              "ACME", spec.ledger_table().split(".")[1]]
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i, "tenant": n}).encode() for i, n in enumerate(names)])
-    from tidewater.runtime.steps import commit_step, plan_step, run_write_step, validate_step
+    from tidewater.steps.lifecycle import commit_step, plan_step, validate_step
+    from tidewater.steps.write import run_write_step
 
     plan, plan_path = plan_step(spec)
     manifest = run_write_step(spec, plan_path, master="local[2]")  # through spark-submit
@@ -139,7 +140,7 @@ def test_orphan_removal_refuses_a_location_another_table_shares(broker, home, to
     import pyarrow as pa
 
     from tidewater.ops.maintenance import run_action
-    from tidewater.runtime import spark as spark_session
+    from tidewater.steps import spark as spark_session
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           maintenance={"remove_orphan_files": {"older_than_hours": 24}})
@@ -221,7 +222,7 @@ def test_no_secret_on_the_spark_submit_command_line(broker, home, topic, monkeyp
     command line, the job's log, the event log, a staged file of the batch or the plan task's XCom value holds
     a secret; the private properties file is removed afterwards."""
     from tidewater.runtime.airflow import plan_task
-    from tidewater.runtime.steps import run_write_step
+    from tidewater.steps.write import run_write_step
 
     conf_dir, events = home / "spark-conf", home / "events"
     conf_dir.mkdir()
@@ -261,7 +262,7 @@ def test_the_properties_file_keeps_the_cluster_defaults_and_lets_secrets_win(tmp
     trailing continuation line and no final newline included), then the secrets, which win over a default of
     the same key. This pins the layout (java.util.Properties ends a continued line at the blank line after it);
     the test above shows spark-submit reading such a file, its defaults file ending without a newline."""
-    from tidewater.runtime.spark import properties_file, remove_properties_file, spark_defaults_file
+    from tidewater.steps.spark import properties_file, remove_properties_file, spark_defaults_file
 
     (tmp_path / "spark-defaults.conf").write_text("spark.a  1\nspark.shared  cluster\nspark.b  x \\")
     defaults = spark_defaults_file({"SPARK_CONF_DIR": str(tmp_path)})
@@ -334,7 +335,7 @@ def test_an_operator_skips_the_record_that_blocks_a_partition(broker, home, topi
     import sys
 
     from tidewater.errors import BatchWriteError
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           dead_letter={"policy": "fail"})
@@ -382,7 +383,7 @@ def test_a_null_in_a_not_null_column_fails_the_batch_or_becomes_a_dead_letter(br
     `dead_letter`: they are dead letters (NullInRequiredColumn naming the column), the eight others land,
     read = rows + dead letters."""
     from tidewater.errors import ValidationFailedError
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           validation={"not_null": ["order_id"], "not_null_policy": policy})
@@ -423,7 +424,8 @@ def test_a_rejected_batch_leaves_no_column_and_no_table_behind(broker, home, top
     provisional tag remains, and the rejected batch can never be committed afterwards."""
     from tidewater.batch import REVERTED_NAME
     from tidewater.errors import TerminalError, ValidationFailedError
-    from tidewater.runtime.steps import commit_step, load_manifest, plan_step, run_once, run_write_step, validate_step
+    from tidewater.steps.lifecycle import commit_step, plan_step, run_once, validate_step
+    from tidewater.steps.write import load_manifest, run_write_step
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     spec = load_pipeline(path)
@@ -457,7 +459,7 @@ def test_a_batch_that_died_before_its_commit_has_its_new_columns_undone_then_lan
     """`tidewater run` (spark-submit) dies in the commit step of a batch whose records bring `coupon`.
     Expected: `coupon` exists, tagged as that batch's; the next run undoes it before planning, plans the
     same records anew, adds `coupon` again and confirms it with its commit (no tag left); every record once."""
-    import tidewater.runtime.steps as steps
+    import tidewater.steps.lifecycle as steps
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     spec = load_pipeline(path)
@@ -490,7 +492,7 @@ def test_a_failed_write_step_undoes_the_columns_it_added(broker, home, topic):
     chunk holds a truncated record and the task fails. Expected: the batch fails naming the record, its
     files are gone and `coupon` is removed again."""
     from tidewater.errors import BatchWriteError
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           dead_letter={"policy": "fail"}, batch={"chunk_records": 2})

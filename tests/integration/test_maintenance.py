@@ -20,8 +20,8 @@ from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import TerminalError, TransientError
 from tidewater.ops.maintenance import maintain, run_action
-from tidewater.runtime import spark as spark_session
-from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.steps import spark as spark_session
+from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
 
@@ -232,7 +232,7 @@ def test_orphan_removal_deletes_abandoned_files_past_the_safe_age_only(broker, h
     assert all(Path(_local(p)).exists() for p in committed_files)
     assert not staging.exists()
 
-    from tidewater.runtime.steps import validate_step
+    from tidewater.steps.lifecycle import validate_step
 
     validate_step(spec, plan, manifest)
     commit_step(spec, plan, manifest)

@@ -81,7 +81,7 @@ def test_a_batch_staged_in_the_bucket_lands_exactly_and_nothing_is_staged_on_loc
     offsets; the plan, manifest, quality report and spark-submit's log are objects of the batch's prefix; the
     local staging directory was never made and the log's temporary copy is gone; no secret in any object or
     progress line."""
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
 
     path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage1")
     produce(broker.bootstrap, topic, pizza_events(120, seed=61), partitions=3)
@@ -110,7 +110,8 @@ def test_a_batch_staged_in_the_bucket_lands_exactly_and_nothing_is_staged_on_loc
 WRITE_THEN_HANG = """
 import sys, time
 from tidewater.config.parse import load_pipeline
-from tidewater.runtime.steps import plan_step, run_write_step
+from tidewater.steps.lifecycle import plan_step
+from tidewater.steps.write import run_write_step
 spec = load_pipeline(sys.argv[1])
 plan, path = plan_step(spec)
 run_write_step(spec, path)
@@ -124,7 +125,7 @@ def test_killed_after_a_write_staged_in_the_bucket_then_rerun_commits_each_recor
     """The process running a batch is SIGKILLed after its write step (manifest on the bucket), before the
     commit: nothing committed; the rerun plans the same offsets under a new batch id and commits 600 records
     once; the killed batch's files are not in the table."""
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
 
     path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage2")
     produce(broker.bootstrap, topic, pizza_events(600, seed=62), partitions=3)
@@ -154,7 +155,7 @@ def test_a_batch_through_spark_connect_is_staged_in_the_bucket(broker, home, top
                                                                spark_connect):
     """The write step on the real Spark Connect server (the session's): this process, its client, reads the plan
     from the bucket and stages the manifest there; the server's workers never see the staging area."""
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
 
     path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage9", warehouse_in_bucket=False,
                      spark={"connect_url": spark_connect.url})
@@ -174,7 +175,8 @@ def test_two_committers_and_a_retry_read_the_staged_batch_from_the_bucket_and_co
     """A batch staged in the bucket is committed by two committers at once, each loading the plan and the
     manifest from the bucket by the location text Airflow passes (XCom), then once more after success:
     one 'committed', the others 'already-committed'; rows and offsets exact."""
-    from tidewater.runtime.steps import commit_step, load_manifest, load_plan
+    from tidewater.steps.lifecycle import commit_step
+    from tidewater.steps.write import load_manifest, load_plan
 
     path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage3", warehouse_in_bucket=False)
     produce(broker.bootstrap, topic, pizza_events(300, seed=63), partitions=3)
@@ -260,8 +262,8 @@ def test_a_manifest_that_cannot_be_read_whole_is_never_committed(broker, home, t
 
     from tidewater.batch import manifest_path, write_json_atomic
     from tidewater.runtime.airflow import commit_task, plan_task, validate_task
-    from tidewater.runtime.steps import load_plan
     from tidewater.source.kafka import kafka_settings
+    from tidewater.steps.write import load_plan
     from tidewater.write.job import run_inline
 
     path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage6", warehouse_in_bucket=False)
@@ -291,7 +293,7 @@ def test_an_unreachable_bucket_is_transient_and_a_missing_one_terminal_naming_th
                                                                                          s3_endpoint, monkeypatch):
     """The plan step stages its plan: an endpoint nobody listens on is worth retrying, a bucket that does not
     exist is not; both errors name `batch.staging_dir`, and neither carries the secret key."""
-    from tidewater.runtime.steps import plan_step
+    from tidewater.steps.lifecycle import plan_step
 
     produce(broker.bootstrap, topic, pizza_events(10, seed=68), partitions=1)
     path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage7", warehouse_in_bucket=False)
@@ -318,7 +320,7 @@ def spec_batch(spec) -> dict:  # noqa: ANN001
 def test_refused_credentials_are_a_terminal_error(broker, home, topic, monkeypatch):
     """A local S3 endpoint that checks credentials (moto's server with authentication on: the stand-in for a
     bucket whose policy refuses the key) refuses the staging write: a terminal error naming the setting."""
-    from tidewater.runtime.steps import plan_step
+    from tidewater.steps.lifecycle import plan_step
 
     port = _free_port()
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
@@ -355,7 +357,8 @@ def test_cluster_deploy_mode_on_a_standalone_master_is_a_terminal_error_saying_w
     which run such drivers, cannot run here). Set in the pipeline, `tidewater validate` refuses it; set in the
     cluster's spark-defaults.conf, the write step says so and what to use instead, rather than retrying.
     spark-submit refuses before it reaches the master, so none is started."""
-    from tidewater.runtime.steps import plan_step, run_write_step
+    from tidewater.steps.lifecycle import plan_step
+    from tidewater.steps.write import run_write_step
 
     spark = {"master": "spark://127.0.0.1:1"}
     with pytest.raises(ConfigError, match=r"spark\.conf spark\.submit\.deployMode: Spark runs a Python driver"):

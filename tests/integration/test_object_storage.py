@@ -42,7 +42,7 @@ def test_batches_land_in_the_bucket_through_spark_submit_and_secrets_stay_out(br
                                                                              monkeypatch):
     """`tidewater run` (spark-submit): the executors write the data files into the bucket, the commit lands
     every record once with exact offsets, and the secret key is in no staged file, log line or snapshot."""
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
 
     _bucket(s3_endpoint, "lake")
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
@@ -84,7 +84,7 @@ def test_a_change_table_in_the_bucket_equals_its_source(broker, home, topic, s3_
 def test_spark_on_object_storage_names_the_aws_bundle_it_needs(home, s3_endpoint, monkeypatch):
     """Maintenance and `tidewater sql` run Iceberg in Spark, whose S3FileIO needs the AWS SDK bundle: without
     it (no Maven here) the session is refused before the JVM starts, naming the artifact and the setting."""
-    from tidewater.runtime import spark as spark_session
+    from tidewater.steps import spark as spark_session
 
     spec = load_pipeline(write_pipeline(home, catalog=_catalog(home, s3_endpoint, "lake2", monkeypatch)))
     conf = spark_session.catalog_conf(spec)

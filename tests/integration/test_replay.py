@@ -191,8 +191,8 @@ def _run_planned(spec, planned):  # noqa: ANN001, ANN201
     """The write, validate and commit tasks for what the plan task staged (write inline, not spark-submit)."""
     from tidewater.batch import manifest_path, write_json_atomic
     from tidewater.runtime.airflow import commit_task, validate_task
-    from tidewater.runtime.steps import load_plan
     from tidewater.source.kafka import kafka_settings
+    from tidewater.steps.write import load_plan
     from tidewater.write.job import run_inline
 
     plan = load_plan(planned["plan_path"])

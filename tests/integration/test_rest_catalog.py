@@ -64,7 +64,7 @@ def test_rest_catalog_unreachable_is_transient_and_refused_credentials_are_termi
 
 
 def test_spark_gets_the_rest_catalog_with_its_secret_off_the_command_line(home, monkeypatch):
-    from tidewater.runtime import spark as spark_session
+    from tidewater.steps import spark as spark_session
 
     monkeypatch.setenv("TEST_REST_SECRET", "s3cr3t-value")
     conf = spark_session.spark_conf(_spec(home, "https://catalog.example"))

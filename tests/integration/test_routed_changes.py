@@ -11,13 +11,14 @@ from collections import defaultdict
 import pytest
 
 from tests.conftest import produce_to_partition, stage_inline, write_pipeline
+from tidewater.audit.pipeline import audit
 from tidewater.commit import batch as committing
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.changes import apply, change_stream, encode
 from tidewater.errors import TransientError
-from tidewater.ops.audit import audit
 from tidewater.plan.ingest import plan_batch
-from tidewater.runtime.steps import commit_step, run_write_step, validate_step
+from tidewater.steps.lifecycle import commit_step, validate_step
+from tidewater.steps.write import run_write_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import CHANGES, DEAD_LETTERS, RECORDS, SKIPPED, committed_state
 

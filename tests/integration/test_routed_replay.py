@@ -21,7 +21,7 @@ from tidewater.errors import ConfigError, TransientError
 from tidewater.ops.replay import run_replay
 from tidewater.plan.ingest import plan_batch
 from tidewater.plan.replay import ReplayRequest
-from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import CHANGES, REPLAY, committed_state, summary_dict
 
@@ -111,7 +111,7 @@ def test_a_routed_replay_leaves_healthy_tables_unchanged_and_restores_damaged_on
     finally:
         committing.commit_table_output = real
     assert len(calls) == 1
-    from tidewater.runtime.steps import load_manifest, load_plan
+    from tidewater.steps.write import load_manifest, load_plan
 
     staged = max((spec.staging_dir() / spec.name).glob("replay-*/plan.json"), key=lambda p: p.stat().st_mtime)
     plan = load_plan(staged)

@@ -11,13 +11,13 @@ import json
 import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, quiet, stage_inline, write_pipeline
+from tidewater.audit.pipeline import audit
 from tidewater.commit import batch as committing
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import TransientError
-from tidewater.ops.audit import audit
 from tidewater.ops.status import status
 from tidewater.plan.ingest import plan_batch
-from tidewater.runtime.steps import commit_step, run_once, validate_step
+from tidewater.steps.lifecycle import commit_step, run_once, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import BATCH_ID, BRANCH_BASE, DEAD_LETTERS, RECORDS, SKIPPED, committed_state
 
@@ -289,7 +289,7 @@ def test_per_table_id_columns_and_branch(broker, home, topic):
 def test_single_table_pipeline_on_a_branch(broker, home, topic):
     """table.branch on a one-table pipeline: batches go to the branch, offsets come from it, a retried
     commit adds nothing."""
-    from tidewater.runtime.steps import commit_step
+    from tidewater.steps.lifecycle import commit_step
 
     spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                                         table={"identifier": "rpc.orders", "branch": "ingest"}, validation={"not_null": ["id"]}))

@@ -20,7 +20,8 @@ import pytest
 from tests.conftest import produce_to_partition, quiet, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events
-from tidewater.runtime.steps import commit_step, plan_step, run_once, run_write_step, validate_step
+from tidewater.steps.lifecycle import commit_step, plan_step, run_once, validate_step
+from tidewater.steps.write import run_write_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import CHANGES, DEAD_LETTERS, RECORDS, committed_state
 
@@ -267,7 +268,7 @@ def _session_id(url: str) -> str:
     """The session id a new process takes for ``url`` (a separate interpreter, as an Airflow task is)."""
     # a process that hangs prints where (its stacks) and exits, so that the assertion below shows them
     code = ("import faulthandler, sys; faulthandler.dump_traceback_later(90, exit=True); "
-            "from tidewater.runtime.steps import connect_session; "
+            "from tidewater.steps.write import connect_session; "
             "s = connect_session(sys.argv[1]); print(s.client._session_id); assert s.range(3).count() == 3")
     out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -279,7 +280,7 @@ def _sessions_are_shared_and_a_closed_one_is_replaced(url: str) -> None:
     once the server closed it (idle past its timeout), the next process takes the next id, works and exits
     (twice, so that a process walks past one and then two refused ids: a refused session left to pyspark's
     ``__del__`` at interpreter shutdown once hung the process after its work was done, in CI)."""
-    from tidewater.runtime.steps import connect_session
+    from tidewater.steps.write import connect_session
 
     first = _session_id(url)
     assert _session_id(url) == first

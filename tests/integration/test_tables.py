@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import ingest_inline, produce_to_partition, quiet, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events
-from tidewater.runtime.steps import run_once
+from tidewater.steps.lifecycle import run_once
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.evolution import ensure_table
 from tidewater.table.summary import DEAD_LETTER_TOPIC, DEAD_LETTERS, RECORDS, committed_state, find_batch_snapshot
@@ -257,7 +257,7 @@ def test_dead_letters_also_go_to_a_kafka_topic_once(broker, home, topic):
     source record and the error; a retried commit step does not send them again."""
     from confluent_kafka import Consumer
 
-    from tidewater.runtime.steps import commit_step
+    from tidewater.steps.lifecycle import commit_step
 
     dlq_topic = topic + "-dlq"
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
@@ -271,7 +271,7 @@ def test_dead_letters_also_go_to_a_kafka_topic_once(broker, home, topic):
     values = good[:4] + [b"{broken", b'"just a string"'] + good[4:]
     produce_to_partition(broker.bootstrap, topic, 0, values)
     from tests.conftest import stage_inline
-    from tidewater.runtime.steps import validate_step
+    from tidewater.steps.lifecycle import validate_step
 
     plan, manifest = stage_inline(spec)
     validate_step(spec, plan, manifest)
@@ -311,7 +311,7 @@ def test_partitioned_batch_failure_leaves_no_files_and_a_retried_commit_adds_not
 
     from tests.conftest import stage_inline
     from tidewater.errors import TidewaterError
-    from tidewater.runtime.steps import commit_step, validate_step
+    from tidewater.steps.lifecycle import commit_step, validate_step
 
     settings = dict(topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                     table={"identifier": "rpc.orders", "partition_by": ["hour(date_ordered)", "store_id"]},

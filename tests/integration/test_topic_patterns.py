@@ -10,7 +10,7 @@ from tidewater.commit.batch import commit_batch
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.plan.ingest import plan_batch
-from tidewater.runtime.steps import validate_step
+from tidewater.steps.lifecycle import validate_step
 from tidewater.table.catalog import load_catalog
 from tidewater.table.summary import committed_state
 

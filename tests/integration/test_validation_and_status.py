@@ -17,7 +17,7 @@ from tests.conftest import produce_to_partition, stage_inline, table_of, write_p
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import ValidationFailedError
-from tidewater.runtime.steps import commit_step, validate_step
+from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.summary import committed_state
 
 pytestmark = [pytest.mark.integration]
@@ -207,7 +207,7 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     assert ids.length() == len(set(ids.to_pylist())) == 100
     assert quarantine.list_quarantined(spec, table) == []
     assert committed_state(table).offsets == {topic: {0: 70, 1: 70}}
-    from tidewater.ops.audit import audit  # the quarantine branches and the publication are Tidewater's own commits
+    from tidewater.audit.pipeline import audit  # the quarantine branches and the publication are Tidewater's own commits
 
     report = audit(spec)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]

@@ -78,6 +78,40 @@ def test_the_package_has_no_import_cycle() -> None:
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph) or [])}"
 
 
+# The rooms of the package from the bottom up: a room imports only rooms below it (and its own modules). The
+# place of a room is part of its meaning: configuration is pure grammar; the source, decoding and transforms
+# know nothing of tables; the batch's stages (write, quality, plan, commit) sit on the table room; the audit
+# reads what the commits left (its ledger beside it); the batch's steps string the stages together; operations
+# run steps; interop, dev and the runtime (Airflow tasks, the CLI, Spark entry points) are the entry points.
+ROOMS = ("errors", "staging", "batch", "config", "source", "decode", "transform", "table", "write", "quality", "plan",
+         "commit", "audit", "steps", "ops", "interop", "dev", "runtime")
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "tidewater"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that run up the room order (inside functions included; the package's ``__init__`` is no room)."""
+    rank = {r: i for i, r in enumerate(ROOMS)}
+    return [f"{m} -> {d}" for m, deps in sorted(graph.items()) for d in sorted(deps)
+            if "tidewater" not in (room_of(m), room_of(d)) and rank[room_of(d)] > rank[room_of(m)]]
+
+
+def test_rooms_import_downward_only() -> None:
+    """Every module lives in a declared room, and no import (at module level or inside a function) reaches up."""
+    assert sorted({room_of(m) for m in MODULES} - {"tidewater"}) == sorted(ROOMS), "a room is missing from ROOMS"
+    graph = {m: imports_of(m) for m in MODULES}
+    assert upward_imports(graph) == []
+
+
+def test_the_room_check_finds_an_upward_import() -> None:
+    assert upward_imports({"tidewater.audit.ledger": {"tidewater.ops.status"}}) == [
+        "tidewater.audit.ledger -> tidewater.ops.status"]
+    assert upward_imports({"tidewater.ops.status": {"tidewater.table.summary"}}) == []
+
+
 def test_the_cycle_finder_finds_cycles() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
@@ -106,7 +140,7 @@ def test_long_functions_say_why_in_their_docstring() -> None:
 def test_stages_are_packages_named_after_the_pipeline() -> None:
     """Where offsets are decided, where the one commit is, how a record travels: from file names alone."""
     for module in ("tidewater.plan.planner", "tidewater.commit.primitive", "tidewater.source.kafka",
-                   "tidewater.decode.registry", "tidewater.decode.formats", "tidewater.write.task",
+                   "tidewater.decode.registry", "tidewater.config.formats", "tidewater.write.task",
                    "tidewater.table.catalog", "tidewater.quality.gate"):
         assert module in MODULES
     assert not [m for m in MODULES if m.count(".") == 1 and m not in (

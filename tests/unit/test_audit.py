@@ -3,7 +3,8 @@ catalog: tests/integration/test_audit.py)."""
 
 from __future__ import annotations
 
-from tidewater.ops.audit import accounting, coverage, kafka_findings
+from tidewater.audit.history import accounting, coverage
+from tidewater.audit.kafka import kafka_findings
 
 
 def entry(batch: str, start: int, end: int, kind: str = "ingest", **counts: int) -> dict:

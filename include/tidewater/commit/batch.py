@@ -41,7 +41,7 @@ from tidewater.batch import BatchManifest, BatchPlan, Offsets, PartitionRange, T
 from tidewater.commit.changes import change_attempt, reapply_attempt, remove_staged
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
 from tidewater.commit.primitive import Change, Committed, OffsetsExpected, commit
-from tidewater.commit.quarantine import branch_name, quarantine_change
+from tidewater.commit.quarantine import quarantine_change
 from tidewater.commit.replay import refuse_uncommitted_ranges, replay_change, replay_summary
 from tidewater.commit.result import CommitResult, TableCommit
 from tidewater.config.spec import PipelineSpec
@@ -56,6 +56,7 @@ from tidewater.table.summary import (
     ROUTED,
     committed_state,
     find_batch_snapshot,
+    quarantine_branch,
     summary_properties,
 )
 from tidewater.table.targets import target_view
@@ -206,7 +207,7 @@ def appended(table: Any, t: Target) -> Change:
     confirm = tuple(confirm_keys(table, batch_id))  # the batch's schema changes become permanent with it
     if t.held:
         to_branch = quarantine_change(batch_id, t.out.data_files, props)
-        return Change({**props, QUARANTINED: branch_name(batch_id)}, (), branch=t.out.branch, also=(to_branch,),
+        return Change({**props, QUARANTINED: quarantine_branch(batch_id)}, (), branch=t.out.branch, also=(to_branch,),
                       remove_properties=confirm)
     return Change(props, t.out.data_files, branch=t.out.branch, remove_properties=confirm)
 

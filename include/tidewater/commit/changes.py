@@ -338,13 +338,13 @@ def quarantined(plan: BatchPlan, props: dict[str, str], files: tuple[Any, ...], 
     Main's rows do not change, so publishing can apply the same row delta to main as long as nothing was committed
     after that snapshot; the next batch is not planned until a person publishes or drops it (a key's changes apply
     in order). A batch with a truncate cannot be quarantined: its emptying of the table is not a row delta."""
-    from tidewater.commit.quarantine import branch_name
+    from tidewater.table.summary import quarantine_branch
 
     if truncates:
         raise TerminalError(f"batch {plan.batch_id} failed the quality gate and holds a truncate, which a quarantine "
                             "branch cannot carry: fix the data or the suite, or set validation.on_failure: fail",
                             batch_id=plan.batch_id, table=plan.table)
-    name = branch_name(plan.batch_id)
+    name = quarantine_branch(plan.batch_id)
     to_branch = Change({**{k: v for k, v in props.items() if k not in (OFFSETS, BATCH_ID)}, QUARANTINE_OF: plan.batch_id},
                        files, deletes=deletes, branch=name)
     main = {k: v for k, v in props.items() if k != CHANGES}  # nothing of the batch is applied to main

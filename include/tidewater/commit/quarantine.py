@@ -14,23 +14,25 @@ import logging
 from typing import Any
 
 from tidewater.commit.primitive import Change, commit
-from tidewater.errors import TerminalError
-from tidewater.table.summary import BATCH_ID, CHANGES, OFFSETS, PIPELINE, PUBLISHED, QUARANTINE_OF, summary_dict
+from tidewater.errors import TerminalError, ValidationFailedError
+from tidewater.table.summary import (
+    BATCH_ID,
+    CHANGES,
+    OFFSETS,
+    PIPELINE,
+    PUBLISHED,
+    QUARANTINE_OF,
+    quarantine_branch,
+    summary_dict,
+)
 
 log = logging.getLogger(__name__)
-
-PREFIX = "quarantine-"
-
-
-def branch_name(batch_id: str) -> str:
-    return PREFIX + batch_id
-
 
 def quarantine_change(batch_id: str, data_files: Any, props: dict[str, str]) -> Change:
     """The batch's files on its quarantine branch; main's snapshot carries offsets and batch id."""
     branch_props = {k: v for k, v in props.items() if k not in (OFFSETS, BATCH_ID)}
     branch_props[QUARANTINE_OF] = batch_id
-    return Change(branch_props, tuple(data_files), branch=branch_name(batch_id))
+    return Change(branch_props, tuple(data_files), branch=quarantine_branch(batch_id))
 
 
 def publish_files(catalog: Any, ident: str, pipeline: str, batch_id: str) -> tuple[str, int, int]:
@@ -38,7 +40,7 @@ def publish_files(catalog: Any, ident: str, pipeline: str, batch_id: str) -> tup
     counted: dict[str, int] = {}
 
     def prepare(table: Any) -> Change | None:
-        head = table.snapshot_by_name(branch_name(batch_id))
+        head = table.snapshot_by_name(quarantine_branch(batch_id))
         if head is None:
             return None
         files = tuple(t.file for t in table.scan(snapshot_id=head.snapshot_id).plan_files())
@@ -74,7 +76,7 @@ def publish_changes(catalog: Any, ident: str, pipeline: str, batch_id: str) -> t
     counted: dict[str, int] = {}
 
     def prepare(table: Any) -> Change | None:
-        head = table.snapshot_by_name(branch_name(batch_id))
+        head = table.snapshot_by_name(quarantine_branch(batch_id))
         if head is None:
             return None
         main = table.current_snapshot()
@@ -94,3 +96,19 @@ def publish_changes(catalog: Any, ident: str, pipeline: str, batch_id: str) -> t
         log.info("published quarantined change batch %s: %d row images and %d files applied to %s", batch_id,
                  counted["rows"], counted["files"], ident)
     return done.status, counted.get("rows", 0), counted.get("files", 0)
+
+
+def quarantined_error(plan_batch_id: str, table: str, validation: dict[str, Any] | None, pipeline_path: str,
+                      routed: bool = False) -> TerminalError:
+    """The run's error for a quarantined batch (``routed``: ``table`` lists the target tables quarantined; the
+    others committed the batch as usual)."""
+    failed = (validation or {}).get("failed")
+    which = " --table T" if routed else ""
+    return ValidationFailedError(
+        f"batch {plan_batch_id} failed validation ({failed} check(s)) and was quarantined on branch "
+        f"{quarantine_branch(plan_batch_id)} of {table}; the offsets moved on and main is unchanged"
+        + (" (the other tables committed the batch)" if routed else "") + ". Publish it with "
+        f"`tidewater quarantine publish --pipeline {pipeline_path}{which} --batch {plan_batch_id}` or drop it with "
+        f"`tidewater quarantine drop ...`",
+        batch_id=plan_batch_id, table=table,
+    )

@@ -16,12 +16,9 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tidewater.config.targets import TargetSet
-
-if TYPE_CHECKING:
-    from tidewater.table.limits import SchemaLimits
 
 PIPELINES_DIR_ENV = "TIDEWATER_PIPELINES_DIR"
 HOME_ENV = "TIDEWATER_HOME"
@@ -42,6 +39,15 @@ def pipelines_dir() -> Path:
 
 
 KEYED_OP = "_op"  # the operation column of upserts keyed by the message key (U, or D for a tombstone)
+
+
+@dataclass(frozen=True)
+class SchemaLimits:
+    """What records may do to a table's schema (``table/limits.py`` checks chunks against them)."""
+
+    max_new_columns: int  # fields (nested ones included) one write task may add to the table
+    max_columns: int  # fields the table may have in all
+    max_field_name_length: int  # characters in one field name
 
 
 def _doc(text: str, **kw: Any) -> Any:
@@ -288,8 +294,6 @@ class TableSpec:
     )
 
     def limits(self) -> SchemaLimits:
-        from tidewater.table.limits import SchemaLimits
-
         return SchemaLimits(self.max_new_columns, self.max_columns, self.max_field_name_length)
 
 
@@ -575,6 +579,22 @@ class MaintenanceSpec:
     expire_snapshots: ExpirySpec = _doc("Snapshot expiry.", default_factory=ExpirySpec)
     remove_orphan_files: OrphanSpec = _doc("Orphan file removal.", default_factory=OrphanSpec)
 
+    def enabled_actions(self, applies_changes: bool) -> list[str]:
+        """The actions the maintenance DAG and `tidewater maintain` run, in order (position delete files are
+        rewritten on change tables only)."""
+        on = {
+            "rewrite_data_files": self.rewrite_data_files.enabled,
+            "rewrite_position_delete_files": self.rewrite_position_deletes and applies_changes,
+            "rewrite_manifests": self.rewrite_manifests,
+            "expire_snapshots": self.expire_snapshots.enabled,
+            "remove_orphan_files": self.remove_orphan_files.enabled,
+        }
+        return [a for a in MAINTENANCE_ACTIONS if on[a]]
+
+
+MAINTENANCE_ACTIONS = ("rewrite_data_files", "rewrite_position_delete_files", "rewrite_manifests", "expire_snapshots",
+                       "remove_orphan_files")
+
 
 @dataclass(frozen=True)
 class TriggerSpec:
@@ -659,7 +679,7 @@ class PipelineSpec:
             return self.table.op_field
         if self.applies_changes and self.table.key_source == "message_key":
             return KEYED_OP  # set by the task: tombstones delete, other records upsert
-        from tidewater.decode.formats import FORMATS
+        from tidewater.config.formats import FORMATS
 
         fmt = FORMATS.get(self.format.value)
         return fmt.op_column if self.table.upsert and fmt is not None else None

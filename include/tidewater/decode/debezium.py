@@ -73,7 +73,7 @@ def unwrap(outer: pa.Table, bad: list[BadRecord], n: int, explicit: pa.Schema | 
     return image, sorted(bad + failures, key=lambda b: b.index)
 
 
-SCHEMA_CHANGE, HEARTBEAT = "SchemaChange", "Heartbeat"  # skipped with format.skip_control_events (decode/formats.py)
+SCHEMA_CHANGE, HEARTBEAT = "SchemaChange", "Heartbeat"  # skipped with format.skip_control_events (config/formats.py)
 _SCHEMA_FIELDS = ("ddl", "tableChanges", "historyRecord")
 
 

@@ -1,7 +1,7 @@
 """Table maintenance: compaction, manifest rewrite, snapshot expiry and orphan removal, safe beside ingestion.
 
 Each action runs Iceberg's Spark procedure on the pipeline's catalog (one SparkSession, configured by
-:mod:`tidewater.runtime.spark`) and returns an :class:`ActionReport` with the table's files and bytes
+:mod:`tidewater.steps.spark`) and returns an :class:`ActionReport` with the table's files and bytes
 before and after. The rules that keep ingestion safe:
 
 - Compaction commits a ``replace`` snapshot. An ingest commit racing it either lands first (the
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from tidewater.batch import MANIFEST_NAME, BatchManifest, read_json
-from tidewater.config.spec import PipelineSpec
+from tidewater.config.spec import MAINTENANCE_ACTIONS, PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TransientError
-from tidewater.runtime import spark as spark_session
+from tidewater.steps import spark as spark_session
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
 from tidewater.write.parquet import TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT
@@ -38,7 +38,7 @@ from tidewater.write.parquet import TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT
 log = logging.getLogger(__name__)
 
 
-ACTIONS = ("rewrite_data_files", "rewrite_position_delete_files", "rewrite_manifests", "expire_snapshots", "remove_orphan_files")
+ACTIONS = MAINTENANCE_ACTIONS
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ def expire_snapshots(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) 
     out: dict[str, Any] = {"older_than": _ts_literal(cutoff)[10:-1], "kept_for_offsets": clamped}
     if dry_run:
         return {**out, "snapshots_to_expire": len(candidates)}
-    from tidewater.table import ledger
+    from tidewater.audit import ledger
 
     catalog = load_catalog(spec)
     ledger.sync(catalog, spec)  # the batches' ranges outlive their snapshots (raises: nothing expired)
@@ -357,18 +357,6 @@ _RUNNERS = {
 }
 
 
-def enabled_actions(spec: PipelineSpec) -> list[str]:
-    m = spec.maintenance
-    on = {
-        "rewrite_data_files": m.rewrite_data_files.enabled,
-        "rewrite_position_delete_files": m.rewrite_position_deletes and spec.applies_changes,
-        "rewrite_manifests": m.rewrite_manifests,
-        "expire_snapshots": m.expire_snapshots.enabled,
-        "remove_orphan_files": m.remove_orphan_files.enabled,
-    }
-    return [a for a in ACTIONS if on[a]]
-
-
 def run_action(spark: Any, spec: PipelineSpec, action: str, dry_run: bool = False) -> ActionReport:
     if action not in _RUNNERS:
         raise ConfigError(f"maintenance action {action!r} is not one of {', '.join(ACTIONS)}")
@@ -393,7 +381,7 @@ def maintain(spec: PipelineSpec, actions: list[str] | None = None, dry_run: bool
              master: str | None = None, table: str | None = None) -> list[ActionReport]:
     """Run the enabled actions (or ``actions``) in order on the pipeline's table (routed pipelines: on
     each target table in turn, or on ``table``)."""
-    todo = actions or enabled_actions(spec)
+    todo = actions or spec.maintenance.enabled_actions(spec.applies_changes)
     own = spark is None
     if spec.routed:
         from tidewater.ops.status import target_tables

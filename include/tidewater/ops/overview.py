@@ -118,6 +118,6 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
 
 def _last_audit(spec: PipelineSpec, catalog: Any) -> dict[str, Any] | None:
     """The last audit's verdict (None: never audited)."""
-    from tidewater.table import ledger
+    from tidewater.audit import ledger
 
     return ledger.last_verdict(catalog, spec)

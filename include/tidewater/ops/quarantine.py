@@ -15,9 +15,10 @@ import json
 import logging
 from typing import Any
 
-from tidewater.commit.quarantine import PREFIX, branch_name, publish_changes, publish_files
+from tidewater.commit.quarantine import publish_changes, publish_files
 from tidewater.config.spec import PipelineSpec
-from tidewater.errors import ConfigError, TerminalError
+from tidewater.errors import ConfigError
+from tidewater.table.summary import QUARANTINE_BRANCH, quarantine_branch
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,11 @@ def list_quarantined(spec: PipelineSpec, table: Any) -> list[dict[str, Any]]:
 
     out = []
     for name, ref in sorted(table.metadata.refs.items()):
-        if not name.startswith(PREFIX):
+        if not name.startswith(QUARANTINE_BRANCH):
             continue
         snap = table.metadata.snapshot_by_id(ref.snapshot_id)
         props = summary_dict(snap)
-        out.append({"batch_id": name[len(PREFIX):], "branch": name, "rows": int(props.get("added-records", 0)),
+        out.append({"batch_id": name[len(QUARANTINE_BRANCH):], "branch": name, "rows": int(props.get("added-records", 0)),
                     "files": int(props.get("added-data-files", 0)),
                     "validation": json.loads(props[VALIDATION]) if VALIDATION in props else None})
     return out
@@ -53,7 +54,7 @@ def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
     from tidewater.table.summary import PUBLISHED, summary_dict
 
     table = _table(spec)
-    name = branch_name(batch_id)
+    name = quarantine_branch(batch_id)
     done = next((s for s in table.metadata.snapshots if summary_dict(s).get(PUBLISHED) == batch_id), None)
     if done is None and table.snapshot_by_name(name) is None:
         raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier} "
@@ -72,31 +73,13 @@ def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
 def drop(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
     """Remove a quarantined batch's branch (its rows never reach main)."""
     table = _table(spec)
-    name = branch_name(batch_id)
+    name = quarantine_branch(batch_id)
     if table.snapshot_by_name(name) is None:
         raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier}")
     rows = next((q["rows"] for q in list_quarantined(spec, table) if q["batch_id"] == batch_id), 0)
     table.manage_snapshots().remove_branch(name).commit()
     log.info("dropped quarantined batch %s (%d rows) from %s", batch_id, rows, spec.table.identifier)
     return {"batch_id": batch_id, "status": "dropped", "rows": rows}
-
-
-def quarantined_error(plan_batch_id: str, table: str, validation: dict[str, Any] | None, pipeline_path: str,
-                      routed: bool = False) -> TerminalError:
-    """The run's error for a quarantined batch (``routed``: ``table`` lists the target tables quarantined; the
-    others committed the batch as usual)."""
-    from tidewater.errors import ValidationFailedError
-
-    failed = (validation or {}).get("failed")
-    which = " --table T" if routed else ""
-    return ValidationFailedError(
-        f"batch {plan_batch_id} failed validation ({failed} check(s)) and was quarantined on branch "
-        f"{branch_name(plan_batch_id)} of {table}; the offsets moved on and main is unchanged"
-        + (" (the other tables committed the batch)" if routed else "") + ". Publish it with "
-        f"`tidewater quarantine publish --pipeline {pipeline_path}{which} --batch {plan_batch_id}` or drop it with "
-        f"`tidewater quarantine drop ...`",
-        batch_id=plan_batch_id, table=table,
-    )
 
 
 def view_for(spec: PipelineSpec, table: str | None) -> PipelineSpec:

@@ -17,7 +17,8 @@ def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None
                lookup: OffsetLookup | None = None, inline: bool = False) -> dict[str, Any]:
     """Plan, write (spark-submit, or in this process with ``inline``), validate and commit a replay."""
     from tidewater.batch import manifest_path
-    from tidewater.runtime.steps import commit_step, run_write_step, validate_step
+    from tidewater.steps.lifecycle import commit_step, validate_step
+    from tidewater.steps.write import run_write_step
 
     say = out or (lambda _s: None)
     plan, path, shown = plan_replay(spec, req, lookup, log_preview=out is None)

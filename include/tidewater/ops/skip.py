@@ -151,7 +151,7 @@ def _ingest_before(spec: PipelineSpec, settings: dict[str, str], rng: PartitionR
                    snapshot_id: int | None) -> int:
     """Ingest the records before the skipped range as a batch of their own (same task code as Spark runs,
     validated and committed like any batch). Returns the records read."""
-    from tidewater.runtime.steps import commit_step, validate_step
+    from tidewater.steps.lifecycle import commit_step, validate_step
     from tidewater.write.job import run_inline
 
     plan = BatchPlan(batch_id=new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),

@@ -10,17 +10,18 @@ from typing import Any
 from tidewater.batch import BatchPlan, PartitionRange, new_batch_id
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
-from tidewater.plan.replay import parse_time, stage_replay_plan
+from tidewater.plan.replay import parse_time, replay_tables, stage_replay_plan
+from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics
 from tidewater.source.timestamps import KafkaOffsetLookup, OffsetLookup, interval_offsets
-from tidewater.table.provenance import check_rows_carry_offsets
+from tidewater.table.catalog import load_catalog
+from tidewater.table.summary import DATA_INTERVAL, RANGES, REPLAY, summary_dict
+from tidewater.table.targets import holder_state
 
 log = logging.getLogger(__name__)
 
 
 def committed_intervals(table: Any) -> dict[str, list[list[Any]]]:
     """Data interval ("start/end") -> ranges, from the ingest batches the table's history records."""
-    from tidewater.table.summary import DATA_INTERVAL, RANGES, REPLAY, summary_dict
-
     out: dict[str, list[list[Any]]] = {}
     for snap in table.metadata.snapshots:
         props = summary_dict(snap)
@@ -39,21 +40,15 @@ def plan_backfill(spec: PipelineSpec, data_interval: tuple[str, str], reprocess:
       the committed offsets (later records are the scheduled batches'), and replayed with
       ``append-missing`` (``replace`` with ``reprocess``).
 
-    A routed pipeline's intervals and offsets are its checkpoint table's; its change tables are reapplied
-    (``commit.replay.replay_mode``), its append tables get the mode above.
+    The intervals and offsets are the offsets holder's (a routed pipeline's checkpoint table); change tables are
+    reapplied (``plan.replay.replay_mode``), append tables get the mode above.
     """
-    from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics
-    from tidewater.table.catalog import load_catalog, load_table
-    from tidewater.table.summary import committed_state
-
     key = "/".join(data_interval)
     catalog = load_catalog(spec)
-    # a routed pipeline's batches and intervals are its checkpoint table's; each target table is checked below
-    table = load_table(catalog, spec.checkpoint_table())
-    if table is None:
+    table, state = holder_state(catalog, spec)  # each target table is checked below
+    if table is None or state is None:
         log.info("backfill %s: the table does not exist yet; the scheduled runs ingest from the log start", key)
         return None, None
-    state = committed_state(table, spec.table.branch if not spec.routed else None)
     known = committed_intervals(table)
     if key in known:
         if not reprocess:
@@ -80,12 +75,7 @@ def plan_backfill(spec: PipelineSpec, data_interval: tuple[str, str], reprocess:
     if spec.format.metadata == "none":
         raise ConfigError(f"format.metadata: the backfill of {key} needs rows that carry their source offsets "
                           "(format.metadata prefixed or struct)")
-    if spec.routed:
-        from tidewater.plan.replay import replay_tables
-
-        replay_tables(spec, catalog, ())  # every target table's rows must carry their offsets
-    else:
-        check_rows_carry_offsets(spec, table)
+    replay_tables(spec, catalog, (), table)  # every target table's rows must carry their offsets
     log.info("backfill %s: %s over %s", key, mode, ", ".join(f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in ranges))
     return stage_replay_plan(spec, ranges, mode, state.offsets, state.snapshot_id, table, data_interval=data_interval,
                              batch_id="backfill-" + new_batch_id())

@@ -19,8 +19,10 @@ from tidewater.batch import (
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
 from tidewater.plan.planner import plan_ranges
+from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
 from tidewater.table.catalog import load_catalog, load_table
-from tidewater.table.summary import committed_state
+from tidewater.table.summary import ever_quarantined, quarantined_batches
+from tidewater.table.targets import holder_state, target_spec
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +32,7 @@ log = logging.getLogger(__name__)
 def refuse_while_quarantined(spec: PipelineSpec, table: Any) -> None:
     """A change table's next batch waits for its quarantined one: its changes come first (publish applies them
     in order, drop discards them); planning past it would apply later changes before them."""
-    from tidewater.commit.quarantine import PREFIX
-
-    waiting = sorted(name[len(PREFIX):] for name in table.metadata.refs if name.startswith(PREFIX))
+    waiting = quarantined_batches(table)
     if waiting:
         which = f" --table {spec.table.identifier}" if spec.routed_from is not None else ""
         raise TerminalError(f"batch {waiting[0]} of change table {spec.table.identifier} is quarantined: publish or drop "
@@ -40,15 +40,15 @@ def refuse_while_quarantined(spec: PipelineSpec, table: Any) -> None:
                             f"{spec.name} DAG); the next batch's changes must follow it", table=spec.table.identifier)
 
 
-def refuse_while_a_table_is_quarantined(spec: PipelineSpec, catalog: Any, checkpoint: Any) -> None:
-    """A routed pipeline: the next batch waits while a change table has a quarantined batch (its changes come
-    first). The checkpoint's history names the tables ever quarantined (``QUARANTINED_TABLES``), so only those
-    are loaded; an append table's quarantined batch does not hold the pipeline up."""
-    from tidewater.table.summary import ever_quarantined
-
-    for ident in sorted(ever_quarantined(checkpoint)):
-        view = spec.for_table(ident)
-        table = load_table(catalog, ident) if view.applies_changes else None
+def refuse_while_a_change_table_is_quarantined(spec: PipelineSpec, catalog: Any, holder: Any) -> None:
+    """The next batch waits while one of the pipeline's change tables has a quarantined batch (its changes come
+    first); an append table's quarantined batch holds nothing up. A fused set's table is the holder itself; a
+    separate holder's history names the tables ever quarantined (``QUARANTINED_TABLES``), so only those are
+    loaded."""
+    targets = spec.targets
+    for ident in [targets.holder] if targets.fused else sorted(ever_quarantined(holder)):
+        view = target_spec(spec, ident)
+        table = (holder if targets.holds(ident) else load_table(catalog, ident)) if view.applies_changes else None
         if table is not None:
             refuse_while_quarantined(view, table)
 
@@ -58,16 +58,11 @@ def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None)
 
     An empty plan is not staged (returns path None): nothing to do, no Spark start.
     """
-    from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
-
     catalog = load_catalog(spec)
-    table = load_table(catalog, spec.checkpoint_table())
-    state = committed_state(table, None if spec.routed else spec.table.branch) if table is not None else None
+    table, state = holder_state(catalog, spec)
     committed = state.offsets if state else {}
-    if spec.applies_changes and table is not None:
-        refuse_while_quarantined(spec, table)
-    if spec.routed and table is not None:
-        refuse_while_a_table_is_quarantined(spec, catalog, table)
+    if table is not None:
+        refuse_while_a_change_table_is_quarantined(spec, catalog, table)
     settings = kafka_settings(spec)
     parts = list_partitions(settings, resolve_topics(settings, spec))
     wm = watermarks(settings, parts)

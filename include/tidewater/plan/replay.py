@@ -28,8 +28,12 @@ from typing import Any
 from tidewater.batch import BatchPlan, Offsets, PartitionRange, batch_dir, new_batch_id, utc_now_iso, write_json_atomic
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
+from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
 from tidewater.source.timestamps import KafkaOffsetLookup, OffsetLookup, interval_offsets
+from tidewater.staging import write_parquet
+from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.provenance import check_rows_carry_offsets, present_offsets
+from tidewater.table.targets import holder_state, target_spec, target_tables
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +56,7 @@ class ReplayRequest:
     end_time: str | None = None  # exclusive
     mode: str = "replace"
     dry_run: bool = False
-    tables: tuple[str, ...] = ()  # routed pipelines: only these target tables (empty: every table)
+    tables: tuple[str, ...] = ()  # only these target tables of a routed pipeline (empty: every table)
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ReplayRequest:
@@ -114,14 +118,14 @@ def replay_mode(mode: str, view: PipelineSpec) -> str:
 
 def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
     """Checks that need no broker. Raises ConfigError naming the parameter or setting."""
-    if req.tables and not spec.routed:
+    if req.tables and spec.targets.fused:
         raise ConfigError(f"tables: pipeline {spec.name} writes one table ({spec.table.identifier}); leave tables empty")
     if spec.format.metadata == "none":
         raise ConfigError("format.metadata: replay needs the source of every row: set format.metadata to prefixed or "
                           "struct (rows written before that cannot be matched to their offsets)")
     if req.mode not in MODES:
         raise ConfigError(f"mode: {req.mode!r} is not one of {', '.join(MODES)}")
-    if not spec.routed and spec.applies_changes != (req.mode == "reapply"):  # routed: per table, see replay_mode
+    if spec.applies_changes != (req.mode == "reapply") and spec.targets.fused:  # others: per table, see replay_mode
         raise ConfigError("mode: a change table (table.upsert / op_field) is replayed with mode reapply (each change is "
                           "applied again where it is still its key's latest)" if spec.applies_changes else
                           "mode: reapply is for change tables (table.upsert / op_field); use replace or append-missing")
@@ -150,8 +154,6 @@ def resolve_ranges(spec: PipelineSpec, req: ReplayRequest, committed: Offsets, s
     By offset: a range beyond the committed offset is an error (those records are the scheduled
     batches' to ingest). By time: the ranges are clipped to the committed offsets.
     """
-    from tidewater.source.kafka import list_partitions, resolve_topics, watermarks
-
     if req.topic not in resolve_topics(settings, spec):
         raise ConfigError(f"topic: {req.topic!r} is not one of the pipeline's topics")
     available = [p for t, p in list_partitions(settings, [req.topic])]
@@ -221,12 +223,10 @@ def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: st
                       batch_id: str | None = None, tables: tuple[str, ...] = ()) -> tuple[BatchPlan, Any]:
     """Write a replay plan (and, for append-missing, the offsets already present) to the staging area. Routed
     pipelines: ``table`` is the checkpoint table, ``tables`` the target tables asked for (empty: all)."""
-    from tidewater.staging import write_parquet
-
     bid = batch_id or "replay-" + new_batch_id()
     directory = batch_dir(spec.staging_dir(), spec.name, bid)
     exclude = None
-    if mode == "append-missing" and not spec.routed:  # routed: each target table's own, see TableSink.held
+    if mode == "append-missing" and spec.targets.fused:  # other tables: each its own, see TableSink.held
         exclude = str(directory / PRESENT_NAME)
         write_parquet(present_offsets(spec, table, ranges), directory / PRESENT_NAME)
     plan = BatchPlan(batch_id=bid, pipeline=spec.name, table=spec.checkpoint_table(), pipeline_path=str(spec.source_path),
@@ -241,86 +241,56 @@ def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: st
 
 def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | None = None, log_preview: bool = True
                 ) -> tuple[BatchPlan | None, Path | None, list[dict[str, Any]]]:
-    """Check and plan a replay. Returns (plan, path, preview); plan and path are None for a dry run or
-    when the request selects no committed records. ``log_preview``: log each preview row (the DAG's
-    task log); a caller that prints the preview itself turns it off."""
-    from tidewater.source.kafka import kafka_settings
-    from tidewater.table.catalog import load_catalog, load_table
-    from tidewater.table.summary import committed_state
-
+    """Check and plan a replay: its ranges are checked against the holder's committed offsets, and previewed per
+    target table and partition (each table keeps its own offsets). Returns (plan, path, preview); plan and path
+    are None for a dry run or when the request selects no committed records. ``log_preview``: log each preview
+    row (the DAG's task log); a caller that prints the preview itself turns it off."""
     check_request(spec, req)
-    if spec.routed:
-        return _plan_routed_replay(spec, req, lookup, log_preview)
-    table = load_table(load_catalog(spec), spec.table.identifier)
-    if table is None:
-        raise ConfigError(f"table {spec.table.identifier} does not exist yet: nothing to replay")
-    check_rows_carry_offsets(spec, table)
-    state = committed_state(table, spec.table.branch)
+    catalog = load_catalog(spec)
+    holder, state = holder_state(catalog, spec)
+    if holder is None or state is None or state.snapshot_id is None:
+        raise ConfigError(f"pipeline {spec.name} has committed no batch yet ({spec.targets.holder}): nothing to replay")
     ranges = resolve_ranges(spec, req, state.offsets, kafka_settings(spec), lookup)
-    shown = preview(spec, table, ranges, req.mode)
+    tables = replay_tables(spec, catalog, req.tables, holder)
+    shown = replay_preview(spec, tables, ranges, req.mode, bool(req.tables))
     for row in shown if log_preview else ():
         log.info("replay %s: %s", req.mode, describe(row))
     if req.dry_run or not ranges:
         return None, None, shown
-    plan, path = stage_replay_plan(spec, ranges, req.mode, state.offsets, state.snapshot_id, table)
+    plan, path = stage_replay_plan(spec, ranges, req.mode, state.offsets, state.snapshot_id, holder, tables=req.tables)
     return plan, path, shown
 
 
-def replay_tables(spec: PipelineSpec, catalog: Any, asked: tuple[str, ...]) -> dict[str, Any]:
-    """Routed pipelines: the target tables a replay looks at (``asked``, else every target table the pipeline
-    has), loaded; each must be a target table that exists and whose rows carry their source offsets."""
-    from tidewater.ops.status import target_tables
-    from tidewater.table.catalog import load_table
-
-    known = target_tables(spec, catalog)
+def replay_tables(spec: PipelineSpec, catalog: Any, asked: tuple[str, ...], holder: Any) -> dict[str, Any]:
+    """The target tables a replay looks at (``asked``, else every target table of the pipeline), loaded; each must
+    be a target table that exists and whose rows carry their source offsets."""
+    known = target_tables(catalog, spec, holder)
     unknown = sorted(set(asked) - set(known))
     if unknown:
         raise ConfigError(f"tables: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a target table of "
                           f"pipeline {spec.name} (its tables: {', '.join(known) or 'none yet'})")
     out = {}
     for ident in asked or known:
-        table = load_table(catalog, ident)
+        table = holder if spec.targets.holds(ident) else load_table(catalog, ident)
         if table is None:
             if asked:
                 raise ConfigError(f"tables: {ident} does not exist yet: nothing to replay")
             continue
-        check_rows_carry_offsets(spec.for_table(ident), table)
+        check_rows_carry_offsets(target_spec(spec, ident), table)
         out[ident] = table
     return out
 
 
-def routed_preview(spec: PipelineSpec, tables: dict[str, Any], ranges: list[PartitionRange], mode: str,
+def replay_preview(spec: PipelineSpec, tables: dict[str, Any], ranges: list[PartitionRange], mode: str,
                    asked: bool) -> list[dict[str, Any]]:
-    """Per target table and partition (see ``preview``), each with the mode the table gets. Without ``asked``
-    tables, only tables holding rows from the ranges are shown (records re-read may also route elsewhere)."""
+    """Per target table and partition (see ``preview``), each with the mode the table gets. Tables of a separate
+    holder are named, and without ``asked`` tables only those holding rows from the ranges are shown (records
+    re-read may also route elsewhere); a fused set's one table is always shown."""
     shown = []
     for ident, table in sorted(tables.items()):
-        view = spec.for_table(ident)
-        rows = preview(view, table, ranges, replay_mode(mode, view), table_name=ident)
-        if asked or any(r["rows_now"] for r in rows):
+        view = target_spec(spec, ident)
+        fused = spec.targets.holds(ident)
+        rows = preview(view, table, ranges, replay_mode(mode, view), table_name=None if fused else ident)
+        if fused or asked or any(r["rows_now"] for r in rows):
             shown.extend(rows)
     return shown
-
-
-def _plan_routed_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | None, log_preview: bool
-                        ) -> tuple[BatchPlan | None, Path | None, list[dict[str, Any]]]:
-    """``plan_replay`` of a routed pipeline: ranges checked against its checkpoint's offsets, the preview per
-    target table (each table keeps its own offsets; see ``commit.replay.commit_routed_replay``)."""
-    from tidewater.source.kafka import kafka_settings
-    from tidewater.table.catalog import load_catalog, load_table
-    from tidewater.table.summary import committed_state
-
-    catalog = load_catalog(spec)
-    checkpoint = load_table(catalog, spec.checkpoint_table())
-    if checkpoint is None or checkpoint.current_snapshot() is None:
-        raise ConfigError(f"pipeline {spec.name} has committed no batch yet ({spec.checkpoint_table()}): nothing to replay")
-    state = committed_state(checkpoint)
-    ranges = resolve_ranges(spec, req, state.offsets, kafka_settings(spec), lookup)
-    tables = replay_tables(spec, catalog, req.tables)
-    shown = routed_preview(spec, tables, ranges, req.mode, bool(req.tables))
-    for row in shown if log_preview else ():
-        log.info("replay %s: %s", req.mode, describe(row))
-    if req.dry_run or not ranges:
-        return None, None, shown
-    plan, path = stage_replay_plan(spec, ranges, req.mode, state.offsets, state.snapshot_id, checkpoint, tables=req.tables)
-    return plan, path, shown

@@ -15,7 +15,8 @@ from typing import Any, Iterator
 
 from tidewater.batch import BatchManifest, StagedFile
 from tidewater.config.spec import PipelineSpec
-from tidewater.errors import ConfigError, ValidationFailedError
+from tidewater.errors import ConfigError, TerminalError, ValidationFailedError
+from tidewater.table.catalog import load_table
 
 log = logging.getLogger(__name__)
 
@@ -408,7 +409,6 @@ def validate_routed(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -
     import dataclasses
 
     from tidewater.batch import PartitionStats
-    from tidewater.table.catalog import load_table
 
     routed = manifest.routed
     checks = [CheckResult(
@@ -455,3 +455,20 @@ def require_valid(report: ValidationReport, on_failure: str = "fail") -> None:
         return
     if not report.success:
         raise ValidationFailedError(report.text() + "\nNothing was committed; the offsets did not move.", batch_id=report.batch_id)
+
+
+def judge(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -> ValidationReport:
+    """The gate's verdict on a staged batch: a routed pipeline's per target table (``validate_routed``); a single
+    table's on its files, or, when every record was a dead letter or skipped before the table exists, on the
+    accounting alone."""
+    if not spec.targets.fused:
+        return validate_routed(spec, catalog, manifest)
+    table = load_table(catalog, spec.table.identifier)
+    if table is not None:
+        return validate_batch(spec, table, manifest)
+    if manifest.data_files:
+        raise TerminalError("staged files exist but the table does not", table=spec.table.identifier)
+    if manifest.records:  # every record dead-lettered or skipped: only the accounting to check
+        checks = tuple(builtin_checks(spec, None, manifest))
+        return ValidationReport(manifest.batch_id, "builtin", all(c.success for c in checks), 0, checks)
+    return ValidationReport(manifest.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))

@@ -68,7 +68,7 @@ def plan_task(pipeline_path: str, run_type: str | None = None, data_interval: tu
     Behavior": "All Runs" clears and re-runs the runs that ran before, which is the user asking for their
     intervals again; the form sends our run parameter only with "Override parameters on existing runs" on,
     and a task cannot see the backfill's settings, so the clear number is what tells them apart."""
-    from tidewater.runtime.steps import plan_step
+    from tidewater.steps.lifecycle import plan_step
 
     spec = load_pipeline(pipeline_path)
     if run_type == "backfill" and data_interval is not None:
@@ -159,7 +159,7 @@ def _planned(plan: Any, path: Any) -> dict[str, Any] | None:
 
 def _staged(pipeline_path: str, planned: dict[str, Any]) -> tuple[Any, Any, Any]:
     """The pipeline, and the plan and manifest the plan and write tasks staged."""
-    from tidewater.runtime.steps import load_manifest, load_plan
+    from tidewater.steps.write import load_manifest, load_plan
 
     spec = load_pipeline(pipeline_path)
     return spec, load_plan(planned["plan_path"], spec), load_manifest(planned["plan_path"], spec)
@@ -169,7 +169,7 @@ def _staged(pipeline_path: str, planned: dict[str, Any]) -> tuple[Any, Any, Any]
 def validate_task(pipeline_path: str, planned: dict[str, Any]) -> dict[str, Any]:
     from tidewater.errors import ValidationFailedError
     from tidewater.runtime import lineage
-    from tidewater.runtime.steps import validate_step
+    from tidewater.steps.lifecycle import validate_step
 
     spec, plan, manifest = _staged(pipeline_path, planned)
     try:
@@ -195,7 +195,7 @@ def data_docs_url(spec: PipelineSpec, batch_id: str) -> str:
 def connect_write_task(pipeline_path: str, planned: dict[str, Any], url: str | None = None) -> None:
     """The write step on a Spark Connect server (``url``: an Airflow Spark Connect connection's; default
     ``spark.connect_url``), from this task."""
-    from tidewater.runtime.steps import run_connect_write
+    from tidewater.steps.write import run_connect_write
 
     spec = load_pipeline(pipeline_path)
     manifest = run_connect_write(spec, spec.stage(planned["plan_path"]), url=url)
@@ -263,7 +263,7 @@ def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | N
     import time
 
     from tidewater.runtime import lineage, metrics
-    from tidewater.runtime.steps import commit_step
+    from tidewater.steps.lifecycle import commit_step
 
     spec, plan, manifest = _staged(pipeline_path, planned)
     started = time.monotonic()
@@ -294,7 +294,7 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
     ui_color = "#d8f3ff"
 
     def __init__(self, *, pipeline_path: str, plan_task_id: str = "plan", **kwargs: Any) -> None:
-        from tidewater.runtime.steps import spark_app_path
+        from tidewater.steps.write import spark_app_path
 
         super().__init__(application=str(spark_app_path()), **kwargs)
         self.pipeline_path = pipeline_path
@@ -303,8 +303,8 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         from airflow.sdk import BaseHook
 
-        from tidewater.runtime.spark import remove_properties_file, write_submit_settings
-        from tidewater.runtime.steps import write_job_args
+        from tidewater.steps.spark import remove_properties_file, write_submit_settings
+        from tidewater.steps.write import write_job_args
 
         planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
         if not planned:
@@ -357,8 +357,8 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         spark-submit inherits this process's environment; only connection-resolved Kafka settings are
         added. On YARN and Kubernetes the hook would turn environment variables into --conf arguments
         (visible in the process list): there they go to the properties file instead."""
-        from tidewater.runtime.spark import launcher_env, properties_file, spark_defaults_file
         from tidewater.source.kafka import kafka_settings
+        from tidewater.steps.spark import launcher_env, properties_file, spark_defaults_file
 
         env_conf = _CLUSTER_ENV_CONF.get(master.split(":", 1)[0])
         # (the Spark hook refuses environment variables in standalone cluster mode)
@@ -426,7 +426,7 @@ def _deploy_mode(conn_id: str) -> str | None:
 def audit_task(pipeline_path: str) -> dict[str, Any]:
     """The audit DAG's task: every finding logged; a discrepancy fails the task (terminal: retrying the same audit
     finds it again); the verdict is kept for the Tidewater view."""
-    from tidewater.ops.audit import audit
+    from tidewater.audit.pipeline import audit
     from tidewater.runtime import lineage
 
     spec = load_pipeline(pipeline_path)

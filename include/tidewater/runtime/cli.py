@@ -26,7 +26,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tidewater.runtime.steps import run_once
+    from tidewater.steps.lifecycle import run_once
 
     result = run_once(args.pipeline, master=args.master, wait_for_spark=False)
     if args.json:
@@ -61,8 +61,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Exit 0 when the table is exactly its topic as far as the checks see, 1 when not, 2 on an error."""
+    from tidewater.audit.pipeline import audit
     from tidewater.config.parse import load_pipeline
-    from tidewater.ops.audit import audit
 
     try:
         report = audit(load_pipeline(args.pipeline), args.table, deep=args.deep)
@@ -122,7 +122,7 @@ def _master(spec: Any, given: str | None) -> str:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
-    from tidewater.runtime import spark as spark_session
+    from tidewater.steps import spark as spark_session
 
     spec = load_pipeline(args.pipeline)
     spark = spark_session.session(spec, app_name="tidewater-sql", master=_master(spec, args.master))
@@ -563,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     except Exception as e:  # one line per error: ours, or Spark's (never a Py4J stack trace)
         if not isinstance(e, TidewaterError):
-            from tidewater.runtime.spark import spark_failure
+            from tidewater.steps.spark import spark_failure
 
             failure = spark_failure(e)
             if failure is None:

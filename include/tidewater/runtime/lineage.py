@@ -245,7 +245,7 @@ def batch_lineage(spec: PipelineSpec, plan: Any, manifest: Any, result: Any = No
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     from tidewater.batch import GATE_REPORT_NAME, VALIDATION_NAME, read_json
-    from tidewater.runtime.steps import batch_path
+    from tidewater.steps.lifecycle import batch_path
     from tidewater.table.catalog import load_catalog, load_table
 
     staged = batch_path(spec, plan)

@@ -16,7 +16,7 @@ import importlib
 PRELOAD = (
     # the write step's own modules
     "tidewater.write.task", "tidewater.write.sinks", "tidewater.write.parquet", "tidewater.write.dead_letters",
-    "tidewater.decode.registry", "tidewater.decode.json", "tidewater.table.catalog", "tidewater.table.evolution",
+    "tidewater.transform.chunk", "tidewater.decode.json", "tidewater.table.catalog", "tidewater.table.evolution",
     "tidewater.source.kafka", "tidewater.transform.source_columns",
     # what they import inside functions on a task's path (catalog, table, file IO, Kafka client, Parquet)
     "pyiceberg.catalog", "pyiceberg.catalog.sql", "pyiceberg.io.pyarrow", "pyiceberg.table", "sqlalchemy",

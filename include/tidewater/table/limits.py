@@ -18,14 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tidewater.config.spec import SchemaLimits
+
 Path = tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class SchemaLimits:
-    max_new_columns: int  # fields (nested ones included) one write task may add to the table
-    max_columns: int  # fields the table may have in all
-    max_field_name_length: int  # characters in one field name
 
 
 @dataclass(frozen=True)

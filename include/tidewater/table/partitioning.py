@@ -1,10 +1,5 @@
-"""Partition specs and sort orders from the pipeline (``table.partition_by``, ``table.sort_by``), and
-splitting Arrow data by partition for the writer.
-
-Partition fields are written the way Spark SQL and the Kafka Connect Iceberg sink write them:
-``col`` or ``identity(col)``, ``year(col)``, ``month(col)``, ``day(col)``, ``hour(col)`` (plural forms
-accepted), ``bucket(N, col)`` and ``truncate(W, col)`` (the argument order ``bucket(col, N)`` is accepted
-too). Columns may be nested (``a.b``). Sort fields are ``col [asc|desc] [nulls first|nulls last]``.
+"""Partition specs and sort orders from the pipeline (``table.partition_by``, ``table.sort_by``, parsed by
+``config/partitioning.py``), and splitting Arrow data by partition for the writer.
 
 Splitting is vectorized: the transforms run as Arrow kernels over the whole chunk, rows are ordered by
 their partition values once, and each partition is a zero-copy slice.
@@ -13,104 +8,31 @@ their partition values once, and each partition is a zero-copy slice.
 from __future__ import annotations
 
 import base64
-import re
 import uuid
-from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg import transforms as t
+from pyiceberg.partitioning import PartitionField as IcebergPartitionField
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
+from pyiceberg.table.sorting import SortField as IcebergSortField
 
-from tidewater.errors import ConfigError, TerminalError
-
-_CALL = re.compile(r"^\s*([A-Za-z_]+)\s*\(\s*(.+?)\s*\)\s*$")
-
-
-_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-_TIME = {"year": "year", "years": "year", "month": "month", "months": "month", "day": "day", "days": "day",
-         "hour": "hour", "hours": "hour"}
+from tidewater.config.partitioning import PartitionField, parse_partition_field, parse_sort_field
+from tidewater.errors import TerminalError
 
 
-_SORT = re.compile(r"^\s*(?P<col>\S+)(\s+(?P<dir>asc|desc))?(\s+nulls\s+(?P<nulls>first|last))?\s*$", re.I)
-
-
-@dataclass(frozen=True)
-class PartitionField:
-    """One parsed ``table.partition_by`` entry."""
-
-    column: str
-    transform: str  # identity, year, month, day, hour, bucket, truncate
-    width: int | None = None
-
-    @property
-    def name(self) -> str:
-        """The partition field's name, as Iceberg's Java builder names it."""
-        suffix = {"identity": "", "bucket": "_bucket", "truncate": "_trunc"}.get(self.transform, f"_{self.transform}")
-        return self.column + suffix
-
-    def iceberg_transform(self) -> Any:
-        from pyiceberg import transforms as t
-
-        return {
-            "identity": t.IdentityTransform, "year": t.YearTransform, "month": t.MonthTransform,
-            "day": t.DayTransform, "hour": t.HourTransform,
-        }[self.transform]() if self.width is None else (
-            t.BucketTransform(self.width) if self.transform == "bucket" else t.TruncateTransform(self.width)
-        )
-
-
-def parse_partition_field(text: str, key: str) -> PartitionField:
-    """Parse one entry; ``key`` names the setting in errors."""
-    m = _CALL.match(text)
-    if m is None:
-        if not _COLUMN.match(text.strip()):
-            raise ConfigError(f"{key}: {text!r} is neither a column name nor a transform like day(ts) or bucket(16, id)")
-        return PartitionField(text.strip(), "identity")
-    name, args = m.group(1).lower(), [a.strip() for a in m.group(2).split(",")]
-    if name == "identity" and len(args) == 1 and _COLUMN.match(args[0]):
-        return PartitionField(args[0], "identity")
-    if name in _TIME and len(args) == 1 and _COLUMN.match(args[0]):
-        return PartitionField(args[0], _TIME[name])
-    if name in ("bucket", "truncate") and len(args) == 2:
-        numbers = [a for a in args if a.isdigit()]
-        columns = [a for a in args if _COLUMN.match(a)]
-        if len(numbers) == 1 and len(columns) == 1 and int(numbers[0]) > 0:
-            return PartitionField(columns[0], name, int(numbers[0]))
-        raise ConfigError(f"{key}: {text!r}: {name} takes a positive whole number and a column, e.g. {name}(16, id)")
-    raise ConfigError(
-        f"{key}: {text!r} is not a supported partition transform "
-        "(identity, year, month, day, hour, bucket(N, col), truncate(W, col))"
+def iceberg_transform(f: PartitionField) -> Any:
+    """The Iceberg transform of a parsed ``table.partition_by`` entry."""
+    return {
+        "identity": t.IdentityTransform, "year": t.YearTransform, "month": t.MonthTransform,
+        "day": t.DayTransform, "hour": t.HourTransform,
+    }[f.transform]() if f.width is None else (
+        t.BucketTransform(f.width) if f.transform == "bucket" else t.TruncateTransform(f.width)
     )
-
-
-@dataclass(frozen=True)
-class SortField:
-    column: str
-    descending: bool = False
-    nulls_first: bool | None = None  # None: Iceberg's default (first for asc, last for desc)
-
-
-def parse_sort_field(text: str, key: str) -> SortField:
-    m = _SORT.match(text)
-    if m is None or not _COLUMN.match(m.group("col")):
-        raise ConfigError(f"{key}: {text!r} is not `column [asc|desc] [nulls first|nulls last]`")
-    nulls = m.group("nulls")
-    return SortField(m.group("col"), (m.group("dir") or "asc").lower() == "desc",
-                     None if nulls is None else nulls.lower() == "first")
-
-
-def check_config(partition_by: list[str], sort_by: list[str], prefix: str) -> None:
-    """Syntax checks at load time (columns are checked against the data when the table is created)."""
-    fields = [parse_partition_field(p, f"{prefix}.partition_by[{i}]") for i, p in enumerate(partition_by)]
-    names = [f.name for f in fields]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{prefix}.partition_by: two entries make the same partition field")
-    for i, s in enumerate(sort_by):
-        parse_sort_field(s, f"{prefix}.sort_by[{i}]")
 
 
 def build(schema: Any, partition_by: list[str], sort_by: list[str], prefix: str = "table") -> tuple[Any, Any]:
@@ -118,12 +40,6 @@ def build(schema: Any, partition_by: list[str], sort_by: list[str], prefix: str 
 
     Raises TerminalError naming the setting when a column is missing or its type does not suit the transform.
     """
-    from pyiceberg.partitioning import PartitionField as IcebergPartitionField
-    from pyiceberg.partitioning import PartitionSpec
-    from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
-    from pyiceberg.table.sorting import SortField as IcebergSortField
-    from pyiceberg.transforms import IdentityTransform
-
     def source(column: str, key: str) -> Any:
         try:
             return schema.find_field(column)
@@ -138,7 +54,7 @@ def build(schema: Any, partition_by: list[str], sort_by: list[str], prefix: str 
         key = f"{prefix}.partition_by[{i}]"
         pf = parse_partition_field(text, key)
         src = source(pf.column, key)
-        transform = pf.iceberg_transform()
+        transform = iceberg_transform(pf)
         if not transform.can_transform(src.field_type):
             raise TerminalError(f"{key}: {text!r}: a {pf.transform} transform cannot apply to {src.field_type} column {pf.column!r}")
         pfields.append(IcebergPartitionField(source_id=src.field_id, field_id=1000 + i, transform=transform, name=pf.name))
@@ -149,7 +65,7 @@ def build(schema: Any, partition_by: list[str], sort_by: list[str], prefix: str 
         src = source(sf.column, key)
         direction = SortDirection.DESC if sf.descending else SortDirection.ASC
         nulls_first = (not sf.descending) if sf.nulls_first is None else sf.nulls_first
-        sfields.append(IcebergSortField(source_id=src.field_id, transform=IdentityTransform(), direction=direction,
+        sfields.append(IcebergSortField(source_id=src.field_id, transform=t.IdentityTransform(), direction=direction,
                                         null_order=NullOrder.NULLS_FIRST if nulls_first else NullOrder.NULLS_LAST))
     spec = PartitionSpec(*pfields) if pfields else PartitionSpec()
     order = SortOrder(*sfields) if sfields else SortOrder()

@@ -66,6 +66,7 @@ QUARANTINED = PREFIX + "quarantined"  # main's empty snapshot of a quarantined b
 
 
 QUARANTINE_OF = PREFIX + "quarantine-of"  # the quarantine branch's snapshot: the batch id
+QUARANTINE_BRANCH = "quarantine-"  # a quarantined batch's branch: quarantine-<batch id>
 # a routed pipeline's checkpoint: the target tables whose part of the batch was quarantined (JSON list)
 QUARANTINED_TABLES = PREFIX + "quarantined-tables"
 
@@ -207,8 +208,16 @@ def changes_of(props: Mapping[str, str]) -> dict[str, Any] | None:
 
 def ever_quarantined(checkpoint: Any) -> set[str]:
     """A routed pipeline's target tables that ever had part of a batch quarantined (its checkpoint's history)."""
-    import json
-
     if checkpoint is None:
         return set()
     return {t for s in checkpoint.metadata.snapshots for t in json.loads(summary_dict(s).get(QUARANTINED_TABLES, "[]"))}
+
+
+def quarantine_branch(batch_id: str) -> str:
+    """The branch that holds a quarantined batch (``validation.on_failure: quarantine``)."""
+    return QUARANTINE_BRANCH + batch_id
+
+
+def quarantined_batches(table: Any) -> list[str]:
+    """The batch ids of the table's quarantine branches (batches waiting for publish or drop), oldest first."""
+    return sorted(name[len(QUARANTINE_BRANCH):] for name in table.metadata.refs if name.startswith(QUARANTINE_BRANCH))

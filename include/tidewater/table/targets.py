@@ -41,14 +41,18 @@ def target_tables(catalog: Any, spec: PipelineSpec, holder: Any = None) -> list[
     return sorted(set(targets.static) | named_by_holder(holder))
 
 
+def target_spec(spec: PipelineSpec, ident: str) -> PipelineSpec:
+    """The pipeline's settings for target table ``ident`` (``PipelineSpec.for_table``; a fused set's one table: the
+    pipeline itself). Nothing is loaded: see ``target_view`` for a change table's id columns from its keys."""
+    return spec if spec.targets.fused else spec.for_table(ident)
+
+
 def target_view(spec: PipelineSpec, catalog: Any, ident: str) -> PipelineSpec:
     """The pipeline as target table ``ident`` sees it (its own settings: ``PipelineSpec.for_table``; a fused set's
     one table: the pipeline itself). A change table whose id columns come from the message keys gets them from
     the table's identifier fields."""
-    if spec.targets.fused:
-        return spec
-    view = spec.for_table(ident)
-    if view.applies_changes and not view.table.id_columns:
+    view = target_spec(spec, ident)
+    if view is not spec and view.applies_changes and not view.table.id_columns:
         view = spec.for_table(ident, load_table(catalog, ident))
         if not view.table.id_columns:
             raise TerminalError(f"table {ident} has no id columns: id_columns is empty and the table has no identifier "

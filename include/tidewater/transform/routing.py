@@ -17,23 +17,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tidewater.config.routes import (
+    MAX_IDENTIFIER,
+    NOT_NAME,
+    ROUTE_VALUE,
+    SOURCE_PLACEHOLDER,
+    TOPIC_PLACEHOLDER,
+    valid_identifier,
+)
 from tidewater.config.spec import PipelineSpec
-
-_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_VALUE = re.compile(r"[A-Za-z0-9_]{1,128}")  # what a record's route value may put into a table name
-TOPIC_PLACEHOLDER = re.compile(r"\{topic(?:\[(-?\d+)\])?\}")  # {topic}, {topic[N]}: the topic or its N-th dotted part
-SOURCE_PLACEHOLDER = re.compile(r"\{source\.([A-Za-z_][A-Za-z0-9_]*)\}")  # a field of the Debezium envelope's source
-_NOT_NAME = re.compile(r"[^A-Za-z0-9_]")
-
-
-MAX_IDENTIFIER = 255
-
-
-def valid_identifier(ident: str) -> bool:
-    """`namespace.name` made of letters, digits and `_` (no empty, dotted-away or over-long parts).
-    Whole-string matches: a trailing newline is not a name character."""
-    parts = ident.split(".")
-    return len(ident) <= MAX_IDENTIFIER and len(parts) >= 2 and all(_PART.fullmatch(p) for p in parts)
 
 
 def route_values(data: pa.Table, path: str) -> pa.Array:
@@ -89,7 +81,7 @@ class Router:
         """Why a route value cannot name a table, or None. A value is one name part (letters, digits,
         `_`): it can never add a namespace, reach another pipeline's namespace or name this pipeline's
         own checkpoint, dead-letter or ledger table."""
-        if not _VALUE.fullmatch(value):
+        if not ROUTE_VALUE.fullmatch(value):
             return "a route value must be 1-128 letters, digits or '_' (no dots, spaces or line breaks)"
         return self._refused_name(self.dynamic_identifier(value, template))
 
@@ -125,7 +117,7 @@ class Router:
                     missing.append(m.group(0))
                     return "_"
                 text = parts[i]
-            text = _NOT_NAME.sub("_", text)
+            text = NOT_NAME.sub("_", text)
             return text if self._case_sensitive else text.lower()
 
         template = TOPIC_PLACEHOLDER.sub(fill, self.routing.table_template)
@@ -226,7 +218,7 @@ class Router:
     def _source_table(self, values: dict[str, str], template: str) -> tuple[str, str | None]:
         """The table one source block's values name, and why they cannot (None when they can)."""
         why = next((f"source.{f} = {v[:300]!r}: a name part must be 1-128 letters, digits or '_'"
-                    for f, v in values.items() if not _VALUE.fullmatch(v)), None)
+                    for f, v in values.items() if not ROUTE_VALUE.fullmatch(v)), None)
         if why is not None:
             return "", why
         name = SOURCE_PLACEHOLDER.sub(lambda m: values[m.group(1)] if self._case_sensitive else values[m.group(1)].lower(),

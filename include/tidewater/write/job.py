@@ -18,12 +18,9 @@ first batch's tables from its first records, so most batches need one round.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from tidewater.batch import (
@@ -39,7 +36,6 @@ from tidewater.batch import (
     utc_now_iso,
     write_json_atomic,
 )
-from tidewater.config.parse import load_pipeline
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import BatchWriteError
 from tidewater.write.sinks import delete_files
@@ -287,59 +283,3 @@ def stage_manifest(out_dir: Any, write: Any) -> BatchManifest:
     manifest = dataclasses.replace(manifest, driver_timings={**manifest.driver_timings, "manifest_built": time.time()})
     write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
     return manifest
-
-
-def main(argv: list[str] | None = None, driver_started: float | None = None) -> int:
-    """spark-submit entry point: ``ingest_batch.py [--pipeline PIPELINE.yaml] --plan PLAN.json``."""
-    from pyspark import SparkConf, SparkContext
-
-    from tidewater.runtime.logs import configure_logging
-    from tidewater.source.kafka import kafka_settings
-
-    configure_logging()
-    ap = argparse.ArgumentParser(prog="ingest_batch.py", description="Write one Tidewater batch (never commits).")
-    ap.add_argument("--plan", required=True, help="location of the batch plan JSON (a path or an object-storage URI)")
-    ap.add_argument("--pipeline", help="the pipeline file (default: the one the plan names); its settings reach "
-                    "the staging area when it is on object storage")
-    args = ap.parse_args(argv)
-    if args.pipeline:
-        spec = load_pipeline(args.pipeline)
-        plan_path = spec.stage(args.plan)
-        plan = BatchPlan.from_json(read_json(plan_path))
-    else:  # a local staging directory: the plan names its pipeline
-        plan_path = Path(args.plan)
-        plan = BatchPlan.from_json(read_json(plan_path))
-        spec = load_pipeline(plan.pipeline_path)
-    settings = kafka_settings(spec)
-    out_dir = plan_path.parent
-    (out_dir / ERROR_NAME).unlink(missing_ok=True)
-    timings = {"driver_started": driver_started or time.time(), "imports_done": time.time()}
-    # A SparkContext, not a SparkSession: the job is RDD-only and never uses Spark SQL.
-    sc = SparkContext(conf=SparkConf().setAppName(f"tidewater-{plan.pipeline}-{plan.batch_id}"))
-    timings["session_ready"] = time.time()
-    try:
-        started = time.monotonic()
-        manifest = stage_manifest(out_dir, lambda: run(sc, plan, spec, settings, timings))
-        log.info(
-            "batch %s: wrote %d records in %d files in %.1fs; manifest %s",
-            plan.batch_id,
-            manifest.records,
-            len(manifest.data_files),
-            time.monotonic() - started,
-            out_dir / MANIFEST_NAME,
-        )
-        return 0
-    except BatchWriteError as e:  # its document is staged as error.json
-        print(f"TIDEWATER-ERROR: {e}", file=sys.stderr)
-        return 3
-    except Exception as e:  # Spark could not run the tasks: staged as error.json when no retry can heal it
-        from tidewater.errors import error_document
-
-        fault = deployment_fault(str(e))
-        if fault is None:
-            raise
-        write_json_atomic(out_dir / ERROR_NAME, error_document(fault))
-        print(f"TIDEWATER-ERROR: {fault}", file=sys.stderr)
-        return 3
-    finally:
-        sc.stop()

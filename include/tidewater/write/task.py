@@ -1,7 +1,7 @@
 """One Spark task of the write step: read an offset sub-range, decode, transform, route, write Parquet.
 
 How a record travels: ``source.kafka.read_range`` (Arrow-friendly chunks of raw values) ->
-``decode.registry.decode_chunk`` (format decoder, shaping, date-time conversions; bad records set apart) ->
+``transform.chunk.decode_chunk`` (format decoder, shaping, date-time conversions; bad records set apart) ->
 ``transform.source_columns`` (key, headers, coordinates) -> ``transform.routing`` (routed pipelines) ->
 ``write.sinks.TableSink`` (per table: evolution, Parquet files via ``write.parquet``) and
 ``write.dead_letters`` (bad records as rows of the dead-letter table).
@@ -19,10 +19,10 @@ from tidewater.batch import (
     PartitionRange,
     PartitionStats,
 )
+from tidewater.config.formats import FORMATS
 from tidewater.config.spec import PipelineSpec
-from tidewater.decode.formats import FORMATS
-from tidewater.decode.registry import decode_chunk
 from tidewater.errors import TidewaterError, TransientError, error_document
+from tidewater.transform.chunk import decode_chunk
 from tidewater.write.sinks import TableSink, delete_files
 
 log = logging.getLogger(__name__)

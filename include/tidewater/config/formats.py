@@ -1,5 +1,5 @@
-"""The value formats: name -> the module that decodes it (kept free of heavy imports: configuration
-validation reads it at DAG parse time).
+"""The value formats: name -> the module that decodes it (part of the configuration's grammar: `format.value`;
+pure, read by configuration checks at DAG parse time and by the decoders' registry, `decode/registry.py`).
 
 A new format is one new module in ``decode/`` with ``decode(chunk, ctx)`` plus one line here.
 """

@@ -2,7 +2,7 @@
 
 Snapshot summaries hold each batch's ranges and counts, but snapshot expiry removes them. The ledger is an
 Iceberg table beside the target (``<table>_ledger``), one row per batch and range: queryable with Spark SQL
-(``tidewater sql``) and read by the audit (``ops/audit.py``).
+(``tidewater sql``) and read by the audit (``audit/pipeline.py``).
 
 It is written from the table's own history, so it is never out of step with it: :func:`sync` walks the
 ancestors of the table's current snapshot back to the snapshot the ledger last recorded (its head's
@@ -22,7 +22,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from tidewater.commit.primitive import Change, commit
 from tidewater.config.spec import PipelineSpec
+from tidewater.table.catalog import create_table, load_table, retry_busy
 from tidewater.table.summary import (
     BATCH_ID,
     CHANGES,
@@ -39,6 +41,7 @@ from tidewater.table.summary import (
     SKIPPED,
     summary_dict,
 )
+from tidewater.table.targets import target_spec, target_tables
 
 log = logging.getLogger(__name__)
 
@@ -143,21 +146,13 @@ def _head(table: Any, branch: str | None) -> int | None:
 
 
 def recorded_tables(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> list[tuple[str, Any, int]]:
-    """(identifier, table, head snapshot) of each table whose history the ledger records: the pipeline's table,
-    or a routed pipeline's checkpoint table (its ranges and counts) and every target table (each its rows;
-    ``touched``: only these)."""
-    from tidewater.table.catalog import load_table
-
+    """(identifier, table, head snapshot) of each table whose history the ledger records: the offsets holder (its
+    ranges and counts), then every other target table (each its rows; ``touched``: only these)."""
     spec = spec.routed_from or spec
-    if spec.routed:
-        from tidewater.ops.status import target_tables
-
-        targets = touched if touched is not None else target_tables(spec, catalog)
-        names = [(spec.checkpoint_table(), None)] + [(t, spec.table_spec(t).branch) for t in targets]
-    else:
-        names = [(spec.table.identifier, spec.table.branch)]
+    targets = spec.targets
+    others = [t for t in (touched if touched is not None else target_tables(catalog, spec)) if not targets.holds(t)]
     out = []
-    for ident, branch in names:
+    for ident, branch in [(targets.holder, targets.branch)] + [(t, target_spec(spec, t).table.branch) for t in others]:
         table = load_table(catalog, ident)
         head = _head(table, branch) if table is not None else None
         if head is not None:
@@ -180,10 +175,8 @@ def sync(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> 
     added. A single-table view of a routed pipeline (maintenance) syncs the pipeline's ledger. ``touched`` (routed
     pipelines): the target tables a batch just committed to; the others keep their mark (the next full sync, by
     the audit or snapshot expiry, walks them), so a commit loads only the tables it wrote."""
-    from tidewater.commit.primitive import Change, commit
-    from tidewater.table.catalog import create_table, load_table
-
     spec = spec.routed_from or spec
+    fused = spec.targets.fused  # one table, its own holder: the mark is its head (else a JSON object per table)
     sources = recorded_tables(catalog, spec, touched)
     if not sources:
         return 0
@@ -193,21 +186,21 @@ def sync(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> 
     def prepare(ledger: Any) -> Any:
         snap = ledger.current_snapshot()
         through = _through(summary_dict(snap).get(THROUGH) if snap is not None else None, spec)
-        if spec.routed and snap is not None and through == {**through, **heads}:
+        if not fused and snap is not None and through == {**through, **heads}:
             return None  # nothing committed since the last sync
         rows, unsure = [], False
         for ident, table, head in sources:
             todo, reached = _unrecorded(table, head, through.get(ident))
-            checkpoint = spec.routed and ident == spec.checkpoint_table()
-            rows += entries(ident, todo, checkpoint=checkpoint, target=spec.routed and not checkpoint)
+            holder = spec.targets.holds(ident)
+            rows += entries(ident, todo, checkpoint=holder and not fused, target=not holder)
             unsure = unsure or not reached
         if unsure and snap is not None and rows:
             known_rows = ledger.scan(selected_fields=("table", "batch_id")).to_arrow()
             known = set(zip(known_rows.column("table").to_pylist(), known_rows.column("batch_id").to_pylist()))
             rows = [r for r in rows if (r["table"], r["batch_id"]) not in known]
         added[0] = len(rows)
-        mark = json.dumps({**through, **heads}, sort_keys=True, separators=(",", ":")) if spec.routed \
-            else str(heads[spec.table.identifier])
+        mark = str(heads[spec.targets.holder]) if fused \
+            else json.dumps({**through, **heads}, sort_keys=True, separators=(",", ":"))
         # the pipeline's name marks the ledger as its own: another pipeline's routes never write into it (ForeignTable)
         return Change(properties={THROUGH: mark, PIPELINE: spec.name}, rows=pa.Table.from_pylist(rows, schema=SCHEMA))
 
@@ -215,7 +208,7 @@ def sync(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> 
     # a single table's mark is its head, known before the commit: it makes a second sync of the same history a
     # no-op. A routed pipeline's mark merges the ledger's (``touched``), so each attempt computes it afresh, and a
     # sync that finds nothing new commits nothing (see prepare)
-    marker = None if spec.routed else str(heads[spec.table.identifier])
+    marker = str(heads[spec.targets.holder]) if fused else None
     commit(catalog, ident, prepare, marker=marker, marker_key=THROUGH, what=f"ledger {ident}",
            on_missing=lambda: load_table(catalog, ident) or create_table(catalog, ident, SCHEMA, {"format-version": "2"}))
     return added[0]
@@ -232,7 +225,6 @@ def compact(catalog: Any, spec: PipelineSpec, at_files: int = COMPACT_AT_FILES) 
     files rewritten (0: not needed, or lost to a concurrent sync)."""
     from pyiceberg.exceptions import CommitFailedException
 
-    from tidewater.table.catalog import load_table
 
     ledger = load_table(catalog, identifier(spec))
     head = ledger.current_snapshot() if ledger is not None else None
@@ -259,7 +251,6 @@ def expire_history(catalog: Any, spec: PipelineSpec) -> int:
     snapshots were expired."""
     from datetime import datetime, timezone
 
-    from tidewater.table.catalog import load_table, retry_busy
 
     retry_busy(lambda: compact(catalog, spec), "compacting the ledger", identifier(spec))
 
@@ -278,7 +269,6 @@ def expire_history(catalog: Any, spec: PipelineSpec) -> int:
 
 def read(catalog: Any, spec: PipelineSpec) -> pa.Table:
     """Every entry of the pipeline's table (empty when nothing was recorded)."""
-    from tidewater.table.catalog import load_table
 
     ledger = load_table(catalog, identifier(spec))
     return ledger.scan().to_arrow() if ledger is not None else SCHEMA.empty_table()
@@ -286,7 +276,6 @@ def read(catalog: Any, spec: PipelineSpec) -> pa.Table:
 
 def save_verdict(catalog: Any, spec: PipelineSpec, verdict: dict[str, Any]) -> None:
     """Keep the last audit's verdict as a property of the ledger table (the Tidewater view shows it)."""
-    from tidewater.table.catalog import load_table, retry_busy
 
     text = json.dumps(verdict, separators=(",", ":"), sort_keys=True, default=str)
 
@@ -300,7 +289,6 @@ def save_verdict(catalog: Any, spec: PipelineSpec, verdict: dict[str, Any]) -> N
 
 
 def last_verdict(catalog: Any, spec: PipelineSpec) -> dict[str, Any] | None:
-    from tidewater.table.catalog import load_table
 
     ledger = load_table(catalog, identifier(spec))
     text = ledger.metadata.properties.get(LAST_AUDIT) if ledger is not None else None

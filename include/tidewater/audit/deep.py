@@ -1,0 +1,182 @@
+"""The deep audit (``tidewater audit --deep``): from the tables' metadata columns, every row's source offset against
+the committed ranges, the dead letters and Kafka."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tidewater.audit.findings import MOVING, Finding, finding_at
+from tidewater.config.spec import PipelineSpec
+from tidewater.errors import ConfigError
+
+CHECK_AT_MOST = 100_000  # missing offsets asked of Kafka per partition (beyond: reported as not checked)
+
+
+def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entries: list[dict[str, Any]],
+                  every_table: bool = True) -> list[Finding]:
+    """From the metadata columns of ``tables`` (the pipeline's table, or a routed pipeline's targets): no (topic,
+    partition, offset) twice in a table, none both a row and a dead letter, and (append tables; ``every_table``:
+    all of a routed pipeline's tables are in ``tables``) every offset of a committed range present as a row or a
+    dead letter, or counted as skipped by its batch, or absent from Kafka (transaction markers, compaction).
+    Change tables keep one row per changed key, so their check is each key once instead of each offset present."""
+    import numpy as np
+
+    from tidewater.source.kafka import Rereader, kafka_settings, watermarks
+    from tidewater.table.provenance import present_offsets
+
+    if spec.format.metadata not in ("prefixed", "struct"):
+        raise ConfigError("--deep reads each row's source offset: it needs format.metadata prefixed or struct")
+    moving = [e for e in entries if e["kind"] in MOVING]
+    ranges = _merged(moving)
+    rows = {t: present_offsets(spec, table, ranges) for t, table in tables.items() if table is not None}
+    letters = _dead_letters(catalog, spec)
+    out = _key_findings(spec, tables.get(spec.table.identifier)) if spec.applies_changes else []
+    settings = kafka_settings(spec)
+    lows = {tp: low for tp, (low, _) in watermarks(settings, sorted({(r.topic, r.partition) for r in ranges})).items()}
+    rereader = Rereader(settings, f"{spec.name}-audit", spec.kafka.read_timeout_seconds)
+    named = not spec.targets.fused  # the findings of a separate holder's tables name their table
+    try:
+        for rng in ranges:
+            held = []
+            for t, data in rows.items():
+                mine = _offsets(data, rng)
+                out += [dataclasses.replace(f, table=t if named else None) for f in _twice(mine, rng, "in the table twice")]
+                held.append(np.unique(mine))
+            anywhere = np.unique(np.concatenate(held)) if held else np.array([], np.int64)
+            dead = _offsets(letters, rng)
+            out += _twice(np.intersect1d(anywhere, np.unique(dead)), rng, "both a row and a dead letter", 0)
+            if not spec.applies_changes and every_table:
+                found = np.union1d(anywhere, dead)
+                mine_batches = [e for e in moving if (e["topic"], e["partition"]) == (rng.topic, rng.partition)]
+                out += _missing(found, rng, mine_batches, rereader, lows.get((rng.topic, rng.partition), 0))
+    finally:
+        rereader.close()
+    return out
+
+
+def _merged(entries: list[dict[str, Any]]) -> list[Any]:
+    """The committed ranges per partition, adjacent ones merged."""
+    from tidewater.batch import PartitionRange
+
+    out: list[Any] = []
+    for e in sorted(entries, key=lambda e: (e["topic"], e["partition"], e["start_offset"])):
+        last = out[-1] if out else None
+        if last is not None and (last.topic, last.partition) == (e["topic"], e["partition"]) and e["start_offset"] <= last.end:
+            out[-1] = PartitionRange(last.topic, last.partition, last.start, max(last.end, e["end_offset"]))
+        else:
+            out.append(PartitionRange(e["topic"], e["partition"], e["start_offset"], e["end_offset"]))
+    return out
+
+
+def _offsets(data: Any, rng: Any) -> Any:
+    """The offsets ``data`` (topic, partition, offset columns) holds in ``rng``, sorted, as a numpy array."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if data is None or data.num_rows == 0:
+        return np.array([], np.int64)
+    mask = pc.and_(pc.and_(pc.equal(data.column("topic"), rng.topic), pc.equal(data.column("partition"), rng.partition)),
+                   pc.and_(pc.greater_equal(data.column("offset"), rng.start), pc.less(data.column("offset"), rng.end)))
+    return np.sort(data.column("offset").filter(mask).to_numpy())
+
+
+def _dead_letters(catalog: Any, spec: PipelineSpec) -> Any:
+    """(topic, partition, offset) of the pipeline's dead letters (None when it has none)."""
+    import pyarrow as pa
+    from pyiceberg.expressions import EqualTo
+
+    from tidewater.table.catalog import load_table
+
+    dlq = load_table(catalog, spec.dead_letter_table())
+    if dlq is None or dlq.current_snapshot() is None:
+        return None
+    data = dlq.scan(row_filter=EqualTo("pipeline", spec.name), selected_fields=("topic", "partition", "offset")).to_arrow()
+    return pa.table({"topic": data.column("topic"), "partition": data.column("partition").cast(pa.int32()),
+                     "offset": data.column("offset")})
+
+
+def _runs(values: Any) -> list[tuple[int, int]]:
+    """Sorted distinct integers as [start, end) runs of consecutive values."""
+    import numpy as np
+
+    if len(values) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(values) != 1)
+    starts = np.concatenate(([values[0]], values[breaks + 1]))
+    ends = np.concatenate((values[breaks], [values[-1]])) + 1
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+def _twice(offsets: Any, rng: Any, what: str, more_than: int = 1) -> list[Finding]:
+    """Offsets that occur more than ``more_than`` times in ``offsets`` (sorted), as ranges."""
+    import numpy as np
+
+    values, counts = np.unique(offsets, return_counts=True)
+    return [Finding("error", "deep", f"offsets {what}", rng.topic, rng.partition, s, e)
+            for s, e in _runs(values[counts > more_than])]
+
+
+def _missing(found: Any, rng: Any, batches: list[dict[str, Any]], rereader: Any, low: int) -> list[Finding]:
+    """Offsets of ``rng`` neither rows nor dead letters: explained by the batches' skipped counts, or by Kafka not
+    holding them (transaction markers, compaction); else lost (an error)."""
+    import numpy as np
+
+    expected = np.arange(rng.start, rng.end, dtype=np.int64)
+    gone = np.setdiff1d(expected, found, assume_unique=True)
+    if len(gone) == 0:
+        return []
+    allowance = {e["batch_id"]: e["skipped"] for e in batches}
+    out: list[Finding] = []
+    for e in sorted(batches, key=lambda e: e["start_offset"]):
+        inside = gone[(gone >= e["start_offset"]) & (gone < e["end_offset"])]
+        skipped = min(len(inside), allowance.get(e["batch_id"], 0))
+        allowance[e["batch_id"]] = allowance.get(e["batch_id"], 0) - skipped
+        if skipped:
+            out.append(finding_at("explained", "deep", f"{skipped} offsets without a row: records the batch skipped", e))
+        rest = inside[skipped:] if skipped < len(inside) else inside[:0]
+        out += _absent_from_kafka(rest, rng, e, rereader, low)
+    return out
+
+
+def _absent_from_kafka(offsets: Any, rng: Any, batch: dict[str, Any], rereader: Any, low: int) -> list[Finding]:
+    """Ask Kafka which of ``offsets`` hold a record: those are lost rows (errors), the others never held one.
+    Offsets below the log start ``low`` cannot be asked any more (retention removed them): said so."""
+    import numpy as np
+
+    out: list[Finding] = []
+    if len(offsets) and offsets[0] < low:
+        out.append(finding_at("info", "deep", f"{int((offsets < low).sum())} offsets without a row could not be checked: "
+                       "retention removed them from Kafka", batch))
+        offsets = offsets[offsets >= low]
+    if len(offsets) == 0:
+        return out
+    asked = offsets[:CHECK_AT_MOST]
+    held = np.array(sorted(rereader.fetch(rng.topic, rng.partition, asked.tolist())), dtype=np.int64)
+    out += [Finding("error", "deep", "records in Kafka with no row and no dead letter", rng.topic, rng.partition, s, e,
+                   batch["batch_id"], batch["snapshot_id"]) for s, e in _runs(held)]
+    never = np.setdiff1d(asked, held)
+    if len(never):
+        said = f"{len(never)} offsets hold" if len(never) > 1 else "1 offset holds"
+        out.append(finding_at("info", "deep", f"{said} no record in Kafka (transaction markers or compaction)", batch))
+    if len(offsets) > CHECK_AT_MOST:
+        out.append(finding_at("info", "deep", f"{len(offsets) - CHECK_AT_MOST} more offsets without a row were not asked of "
+                       "Kafka", batch))
+    return out
+
+
+def _key_findings(spec: PipelineSpec, table: Any) -> list[Finding]:
+    """Change tables: keys that have more than one row."""
+    import pyarrow as pa
+
+    keys = list(spec.table.id_columns or [])
+    if table is None or not keys or table.current_snapshot() is None:
+        return []
+    data = table.scan(selected_fields=tuple(keys)).to_arrow()
+    counts = data.group_by(keys).aggregate([([], "count_all")])
+    twice = counts.filter(pa.compute.greater(counts.column("count_all"), 1))
+    out = []
+    for row in twice.slice(0, 100).to_pylist():
+        n = row.pop("count_all")
+        out.append(Finding("error", "deep", f"key {row} has {n} rows"))
+    return out

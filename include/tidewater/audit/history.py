@@ -1,0 +1,134 @@
+"""The audit's checks of the ledger and the tables' histories: coverage (the batches that moved the offsets tile each
+partition), accounting (records read = rows + dead letters + skipped), each target table of a separate offsets
+holder against the holder's batches, and writes made outside Tidewater."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any
+
+from tidewater.audit.findings import MOVING, Finding, detail, finding_at
+from tidewater.table.summary import CHANGES
+
+
+def tables_per_batch(checkpoint: Any) -> dict[str, list[str]]:
+    """The checkpoint table's rows (they outlive its snapshots): batch id -> the tables it committed rows to."""
+    if checkpoint is None or checkpoint.current_snapshot() is None:
+        return {}
+    data = checkpoint.scan(selected_fields=("batch_id", "tables")).to_arrow()
+    return {b: json.loads(t or "[]") for b, t in zip(data.column("batch_id").to_pylist(), data.column("tables").to_pylist())}
+
+
+def target_findings(ident: str, entries: list[dict[str, Any]], checkpoint: list[dict[str, Any]],
+                    wrote: dict[str, list[str]]) -> list[Finding]:
+    """One target table of a routed pipeline against the checkpoint's batches: a batch the checkpoint committed
+    with rows for the table but the table lacks (its rows are lost: an error); rows committed that are not those
+    the writer counted (an error); a batch in the table the checkpoint never committed (explained: its checkpoint
+    commit failed, and the next batch, planned from the checkpoint, left out the records this table held)."""
+    out: list[Finding] = []
+    own = {e["batch_id"]: e for e in entries}
+    committed = {e["batch_id"]: e for e in checkpoint}
+    for batch_id, e in committed.items():
+        if ident in wrote.get(batch_id, []) and batch_id not in own:
+            out.append(Finding("error", "routed", "the checkpoint committed this batch with rows for the table, but "
+                               "the table has no commit of it: those rows are missing", batch_id=batch_id,
+                               snapshot_id=e["snapshot_id"]))
+    for batch_id, e in own.items():
+        if e["kind"] == "quarantine":  # its rows wait on the branch (published later as their own commit)
+            out.append(finding_at("explained", "routed", "quarantined: the rows are on the quarantine branch "
+                           f"{detail(e).get('tidewater.quarantined', '')}", e))
+            continue
+        applied, what = _applied(e, "rows committed")
+        if e["rows"] is not None and applied != e["records"]:
+            out.append(Finding("error", "accounting", f"{what} {applied} != rows the writer routed to the "
+                               f"table {e['records']}", batch_id=batch_id, snapshot_id=e["snapshot_id"]))
+        if batch_id not in committed:
+            out.append(Finding("explained", "routed", "committed to this table while the batch's checkpoint commit "
+                               "failed; the next batch left out the records the table held", batch_id=batch_id,
+                               snapshot_id=e["snapshot_id"]))
+    return out
+
+
+def coverage(entries: list[dict[str, Any]]) -> list[Finding]:
+    """Gaps and overlaps between the ranges of the batches that moved each partition's offsets."""
+    out: list[Finding] = []
+    by_partition: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in entries:
+        if e["kind"] in MOVING:
+            by_partition[(e["topic"], e["partition"])].append(e)
+        elif e["kind"] == "replay":
+            out.append(finding_at("info", "coverage", f"replayed ({detail(e).get('tidewater.replay', '')})", e))
+    for (topic, part), ranges in sorted(by_partition.items()):
+        ranges.sort(key=lambda e: (e["start_offset"], e["end_offset"]))
+        for prev, cur in zip(ranges, ranges[1:]):
+            if cur["start_offset"] > prev["end_offset"]:
+                out.append(Finding("error", "coverage", f"offsets never committed: between batch {prev['batch_id']} "
+                                   "and the next", topic, part, prev["end_offset"], cur["start_offset"], cur["batch_id"],
+                                   cur["snapshot_id"]))
+            elif cur["start_offset"] < prev["end_offset"]:
+                out.append(Finding("error", "coverage", f"offsets committed twice: also by batch {prev['batch_id']}",
+                                   topic, part, cur["start_offset"], min(prev["end_offset"], cur["end_offset"]),
+                                   cur["batch_id"], cur["snapshot_id"]))
+        for e in ranges:
+            if e["kind"] == "skip":
+                request = json.loads(detail(e).get("tidewater.operator-skip", "{}"))
+                out.append(finding_at("explained", "coverage", f"skipped by {request.get('by', '?')}: "
+                               f"{request.get('reason', '')} (its records are in the dead-letter table)", e))
+            elif e["kind"] == "quarantine":
+                out.append(finding_at("explained", "coverage", "quarantined: the rows are on the quarantine branch "
+                               f"{detail(e).get('tidewater.quarantined', '')}", e))
+    return out
+
+
+# what each change record did (commit/changes.py): a truncate, and each change it superseded, count once too
+CHANGE_EFFECTS = ("inserted", "updated", "deleted", "noop", "truncated", "superseded")
+
+
+def _applied(e: dict[str, Any], rows_are: str) -> tuple[int, str]:
+    """What a ledger entry's batch made of its records: its rows, or for a change batch the change records
+    applied (inserted + updated + deleted + no-op deletes, each record once: the rows it added are only the new
+    row images); with its name for a finding."""
+    if e["kind"] == "change":
+        effects = json.loads(detail(e).get(CHANGES, "{}"))
+        return sum(int(effects.get(k, 0)) for k in CHANGE_EFFECTS), "changes applied"
+    return e["rows"], rows_are
+
+
+def accounting(entries: list[dict[str, Any]], rows_are: str = "rows") -> list[Finding]:
+    """Batches whose records read are not rows + dead letters + skipped; for change batches, not the change
+    records applied (inserted + updated + deleted + no-op deletes, each record once) + dead letters + skipped.
+    A routed pipeline's checkpoint counts as rows the records routed to at least one table (``rows_are``); a
+    checkpoint commit made before that count was recorded is left out."""
+    out, seen = [], set()
+    for e in entries:
+        if e["kind"] not in ("ingest", "skip", "change") or e["batch_id"] in seen or e["rows"] is None:
+            continue
+        seen.add(e["batch_id"])
+        applied, what = _applied(e, rows_are)
+        if e["records"] != applied + e["dead_letters"] + e["skipped"]:
+            out.append(Finding("error", "accounting", f"records read {e['records']} != {what} {applied} + dead "
+                               f"letters {e['dead_letters']} + skipped {e['skipped']}", batch_id=e["batch_id"],
+                               snapshot_id=e["snapshot_id"]))
+    return out
+
+
+def outside_writes(table: Any) -> list[Finding]:
+    """Snapshots still in the table's history that changed rows without a Tidewater batch id."""
+    from tidewater.table.summary import BATCH_ID, BRANCH_BASE, PUBLISHED, QUARANTINE_OF, REPLAY, TRUNCATE, summary_dict
+
+    out = []
+    for snap in table.metadata.snapshots:
+        props = summary_dict(snap)
+        operation = snap.summary.operation.value if snap.summary is not None else "?"
+        # ours (a replay's delete carries its replay, a truncate's its truncate, a quarantined batch's branch and
+        # its publication the batch id as `quarantine-of` and `published`, not the batch id), or compaction
+        # (replace keeps the rows)
+        ours = (BATCH_ID, REPLAY, BRANCH_BASE, TRUNCATE, PUBLISHED, QUARANTINE_OF)
+        if any(k in props for k in ours) or operation == "replace":
+            continue
+        added, removed = int(props.get("added-records", 0)), int(props.get("deleted-records", 0))
+        if added or removed:
+            out.append(Finding("error", "outside-write", f"{operation} made outside Tidewater: {added} rows added, "
+                               f"{removed} removed", snapshot_id=snap.snapshot_id))
+    return out
