@@ -33,6 +33,7 @@ from tidewater.errors import ConfigError, TerminalError, TransientError
 from tidewater.steps import spark as spark_session
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
+from tidewater.table.targets import target_spec, target_tables
 from tidewater.write.parquet import TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT
 
 log = logging.getLogger(__name__)
@@ -379,18 +380,10 @@ def run_action(spark: Any, spec: PipelineSpec, action: str, dry_run: bool = Fals
 
 def maintain(spec: PipelineSpec, actions: list[str] | None = None, dry_run: bool = False, spark: Any = None,
              master: str | None = None, table: str | None = None) -> list[ActionReport]:
-    """Run the enabled actions (or ``actions``) in order on the pipeline's table (routed pipelines: on
-    each target table in turn, or on ``table``)."""
+    """Run the enabled actions (or ``actions``) in order on each target table in turn (or on ``table``)."""
     todo = actions or spec.maintenance.enabled_actions(spec.applies_changes)
     own = spark is None
-    if spec.routed:
-        from tidewater.ops.status import target_tables
-        from tidewater.table.catalog import load_catalog
-
-        names = [table] if table else [t for t in target_tables(spec, load_catalog(spec))]
-        views = [spec.for_table(t) for t in names]
-    else:
-        views = [spec]
+    views = [target_spec(spec, t) for t in ([table] if table else target_tables(load_catalog(spec), spec))]
     if own:
         spark = spark_session.session(spec, app_name=f"tidewater-maintain-{spec.name}", master=master)
     try:

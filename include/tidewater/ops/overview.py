@@ -100,15 +100,16 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
 
     st = status(spec)
     catalog = load_catalog(spec)
-    table = load_table(catalog, spec.table.identifier) if not spec.routed else None
+    fused = spec.targets.fused  # a routed pipeline's batches and maintenance are its tables' (the view lists them)
+    table = load_table(catalog, spec.targets.holder) if fused else None
     vt = st["valid_through"]
     freshness = (datetime.now(timezone.utc) - datetime.fromisoformat(vt)).total_seconds() if vt else None
     out: dict[str, Any] = {
-        "pipeline": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "routed": spec.routed, "status": st,
+        "pipeline": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "routed": not fused, "status": st,
         "freshness_s": round(freshness, 1) if freshness is not None else None,
         "batches": recent_batches(spec, table, batches) if table is not None else [],
         "dead_letters": dead_letter_classes(spec, catalog),
-        "quarantined": quarantine.list_all(spec) if spec.routed or table is not None else [],
+        "quarantined": quarantine.list_all(spec) if not fused or table is not None else [],
         "maintenance": maintenance_state(table) if table is not None else None,
         "audit": _last_audit(spec, catalog),
     }

@@ -14,6 +14,7 @@ from typing import Any
 
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TransientError
+from tidewater.table.targets import target_spec
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,11 @@ def publish_branch(spec: PipelineSpec, table_ident: str | None = None) -> dict[s
 
     from tidewater.table.catalog import load_catalog, load_table
 
-    if spec.routed and not table_ident:
+    targets = spec.targets
+    if not table_ident and not targets.fused:
         raise ConfigError("--table: required for a routed pipeline (which target table to publish)")
-    ident = table_ident or spec.table.identifier
-    branch = spec.table_spec(ident).branch if spec.routed else spec.table.branch
+    ident = table_ident or targets.holder
+    branch = target_spec(spec, ident).table.branch
     if not branch or branch == "main":
         raise ConfigError(f"table.branch: {ident} commits to main; there is no branch to publish")
     table = load_table(load_catalog(spec), ident)

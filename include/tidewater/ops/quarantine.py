@@ -18,7 +18,9 @@ from typing import Any
 from tidewater.commit.quarantine import publish_changes, publish_files
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
+from tidewater.table.catalog import load_catalog
 from tidewater.table.summary import QUARANTINE_BRANCH, quarantine_branch
+from tidewater.table.targets import target_tables
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +86,12 @@ def drop(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
 
 def view_for(spec: PipelineSpec, table: str | None) -> PipelineSpec:
     """The pipeline as one table's: a routed pipeline's target table ``table`` (required), else the pipeline."""
-    if not spec.routed:
-        if table and table != spec.table.identifier:
-            raise ConfigError(f"--table: pipeline {spec.name} writes {spec.table.identifier}, not {table}")
+    targets = spec.targets
+    if targets.fused:
+        if table and not targets.holds(table):
+            raise ConfigError(f"--table: pipeline {spec.name} writes {targets.holder}, not {table}")
         return spec
-    from tidewater.ops.status import target_tables
-    from tidewater.table.catalog import load_catalog
-
-    known = target_tables(spec, load_catalog(spec))
+    known = target_tables(load_catalog(spec), spec)
     if not table or table not in known:
         raise ConfigError(f"--table: {'required for a routed pipeline' if not table else repr(table) + ' is not a target table'}"
                           f" (the target tables of {spec.name}: {', '.join(known) or 'none yet'})")
@@ -105,10 +105,10 @@ def list_all(spec: PipelineSpec, table: str | None = None) -> list[dict[str, Any
     from tidewater.table.summary import ever_quarantined
 
     catalog = load_catalog(spec)
-    if table or not spec.routed:
+    if table or spec.targets.fused:
         names = [view_for(spec, table).table.identifier]
-    else:  # only the tables the checkpoint says were ever quarantined are loaded
-        names = sorted(ever_quarantined(load_table(catalog, spec.checkpoint_table())))
+    else:  # only the tables the holder says were ever quarantined are loaded
+        names = sorted(ever_quarantined(load_table(catalog, spec.targets.holder)))
     out = []
     for ident in names:
         loaded = load_table(catalog, ident)

@@ -37,7 +37,7 @@ def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None
         manifest = run_write_step(spec, path, master=master)
     validate_step(spec, plan, manifest)
     result = commit_step(spec, plan, manifest)
-    if spec.routed:
+    if not spec.targets.fused:  # one line per target table
         return _routed_result(spec, plan, manifest, result, shown, say)
     changes = _changes_of_replay(spec, plan.batch_id) if plan.mode == "reapply" else None
     if changes is not None:

@@ -94,7 +94,7 @@ def _dead_letter_files(spec: PipelineSpec, settings: dict[str, str], plan: Batch
         last = chunk.offsets[-1]
     rng = plan.ranges[0]
     stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, count, first, last, None, None, dead_letters=count,
-                           routed=0 if spec.routed else None)
+                           routed=None if spec.targets.fused else 0)
     return [StagedFile.from_json(f) for f in writer.close()], stats
 
 

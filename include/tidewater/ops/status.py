@@ -9,6 +9,7 @@ from typing import Any
 from tidewater.config.spec import PipelineSpec
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import DEAD_LETTERS, SKIPPED, changes_of, committed_state, summary_dict
+from tidewater.table.targets import holder_state, target_spec, target_tables
 
 # ---- status ----------------------------------------------------------------------------------------
 
@@ -44,8 +45,7 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
     from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
 
     catalog = load_catalog(spec)
-    table = load_table(catalog, spec.checkpoint_table())
-    state = committed_state(table, None if spec.routed else spec.table.branch) if table is not None else None
+    table, state = holder_state(catalog, spec)
     settings = kafka_settings(spec)
     wm = watermarks(settings, list_partitions(settings, resolve_topics(settings, spec)))
     parts = [
@@ -81,29 +81,17 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
             for p in parts
         ],
     }
-    if spec.routed:
+    if not spec.targets.fused:  # each target table's own offsets and last batch
         out["tables"] = table_status(spec, catalog, wm, iso)
     return out
-
-
-def target_tables(spec: PipelineSpec, catalog: Any) -> list[str]:
-    """Routed pipelines: the listed tables and every table a committed batch wrote to (dynamic ones)."""
-    import json
-
-    names = {t.identifier for t in spec.tables}
-    checkpoint = load_table(catalog, spec.checkpoint_table())
-    if checkpoint is not None and checkpoint.current_snapshot() is not None:
-        for cell in checkpoint.scan(selected_fields=("tables",)).to_arrow().column("tables").to_pylist():
-            names.update(json.loads(cell or "[]"))
-    return sorted(names)
 
 
 def table_status(spec: PipelineSpec, catalog: Any, wm: dict[Any, Any], iso: Any) -> list[dict[str, Any]]:
     """Routed pipelines: each target table's last batch and lag (its own offsets against the log end)."""
     rows = []
-    for ident in target_tables(spec, catalog):
+    for ident in target_tables(catalog, spec):
         t = load_table(catalog, ident)
-        st = committed_state(t, spec.table_spec(ident).branch) if t is not None else None
+        st = committed_state(t, target_spec(spec, ident).table.branch) if t is not None else None
         lag = sum(hi - (st.offsets.get(tp, {}).get(p, lo) if st else lo) for (tp, p), (lo, hi) in wm.items())
         rows.append({"table": ident, "exists": t is not None, "last_batch_id": st.batch_id if st else None,
                      "committed_at": iso(st.committed_at_ms) if st else None, "lag": lag})

@@ -63,11 +63,10 @@ def _first_pending(settings: dict[str, str], starts: dict[tuple[str, int], int])
 
 def pending(spec: PipelineSpec) -> Pending:
     from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
-    from tidewater.table.catalog import load_catalog, load_table
-    from tidewater.table.summary import committed_state
+    from tidewater.table.catalog import load_catalog
+    from tidewater.table.targets import holder_state
 
-    table = load_table(load_catalog(spec), spec.checkpoint_table())
-    state = committed_state(table, None if spec.routed else spec.table.branch) if table is not None else None
+    _, state = holder_state(load_catalog(spec), spec)
     committed = state.offsets if state is not None else {}
     settings = kafka_settings(spec)
     wm = watermarks(settings, list_partitions(settings, resolve_topics(settings, spec)))

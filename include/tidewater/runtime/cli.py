@@ -209,7 +209,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from tidewater.ops.maintenance import ACTIONS, maintain, reports_json
 
     spec = load_pipeline(args.pipeline)
-    if args.table and not spec.routed and args.table != spec.table.identifier:
+    if args.table and spec.targets.fused and not spec.targets.holds(args.table):
         raise ConfigError(f"--table: pipeline {spec.name} writes {spec.table.identifier}, not {args.table}")
     actions = [a.strip() for a in args.actions.split(",")] if args.actions else None
     for a in actions or []:

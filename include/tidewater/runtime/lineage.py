@@ -313,7 +313,7 @@ def audit_lineage(spec: PipelineSpec, report: Any, deep: bool) -> Any:
     from tidewater.table.catalog import load_catalog, load_table
 
     errors = [f for f in report.findings if f.severity == "error"]
-    kinds = [k for k in AUDIT_CHECKS if (k != "deep" or deep) and (k != "routed" or spec.routed)]
+    kinds = [k for k in AUDIT_CHECKS if (k != "deep" or deep) and (k != "routed" or not spec.targets.fused)]
     kinds += sorted({f.check for f in errors} - set(kinds))
     catalog = load_catalog(spec)
     inputs = []

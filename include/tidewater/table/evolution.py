@@ -13,6 +13,7 @@ import pyarrow as pa
 from tidewater.config.spec import TableSpec
 from tidewater.errors import TerminalError, TransientError
 from tidewater.table.catalog import create_table
+from tidewater.table.targets import target_spec
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +281,7 @@ def apply_requests(catalog: Any, spec: Any, requests: list[dict[str, Any]], batc
         by_table.setdefault(r["table"], []).append(r)
     done = []
     for ident, reqs in sorted(by_table.items()):
-        tspec = spec.table_spec(ident) if spec.routed else spec.table
+        tspec = target_spec(spec, ident).table
         if not tspec.id_columns:  # a table the message keys name the id columns of: the tasks read them
             tspec = dataclasses.replace(tspec, id_columns=next((r["id_columns"] for r in reqs if r.get("id_columns")), []))
         schemas = [pa.ipc.read_schema(pa.py_buffer(base64.b64decode(r["schema"]))) for r in reqs]

@@ -178,8 +178,8 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
         # No manifest will exist, so no commit can reference these files: remove them.
         by_table: dict[str, list[str]] = {}
         for r in results:
-            if not spec.routed:  # a routed pipeline's `table` names no table
-                by_table.setdefault(spec.table.identifier, []).extend(f["file_path"] for f in r.get("files", []))
+            if r.get("files"):  # a plain batch's files are its one table's
+                by_table.setdefault(spec.targets.holder, []).extend(f["file_path"] for f in r["files"])
             for out in r.get("outputs", []):
                 by_table.setdefault(out["table"], []).extend(f["file_path"] for f in out["data_files"])
             by_table.setdefault(spec.dead_letter_table(), []).extend(f["file_path"] for f in r.get("dead_letter_files", []))
@@ -188,7 +188,7 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
                 delete_files(load_table(catalog, ident), paths)
         from tidewater.table.provisional import revert
 
-        for ident in {spec.table.identifier} if not spec.routed else set(by_table) - {spec.dead_letter_table()}:
+        for ident in set(by_table) - {spec.dead_letter_table()} if not spec.targets.fused else {spec.targets.holder}:
             revert(catalog, ident, plan.batch_id)  # nothing of this batch can commit: undo its schema changes
         raise BatchWriteError.from_document(errors[0]["error"], len(errors))
     results = sorted(results, key=lambda r: r["task_id"])

@@ -214,7 +214,7 @@ class _TaskWriter:
         self.sinks: dict[str, TableSink] = {}
         self._keyed: dict[str, str | None] = {}  # topic -> its change table keyed by the message key (routed)
         self.router: Any = None
-        if spec.routed:
+        if not spec.targets.fused:  # records go to tables by topic and routes
             from tidewater.transform.routing import Router
 
             self.router = Router(spec)
@@ -542,7 +542,7 @@ def write_subrange(
         from tidewater.table.catalog import catalog_failure
 
         if not isinstance(e, TidewaterError) and catalog_failure(e) is not None:  # a busy catalog is worth a retry
-            e = TransientError(f"catalog unreachable or busy: {e}", table=spec.table.identifier if not spec.routed else None)
+            e = TransientError(f"catalog unreachable or busy: {e}", table=spec.targets.holder if spec.targets.fused else None)
         return {"task_id": task_id, "error": error_document(e)}
     # Python workers are reused across tasks: hand Arrow's cached buffers back so memory stays per task.
     pa.default_memory_pool().release_unused()
