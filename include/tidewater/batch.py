@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tidewater.errors import TerminalError
+from tidewater.staging import read_json as read
+from tidewater.staging import write_json
 
 PLAN_VERSION = 1
 
@@ -338,14 +340,12 @@ def batch_dir(staging_dir: Any, pipeline: str, batch_id: str) -> Any:
 def write_json_atomic(path: Any, doc: dict[str, Any]) -> None:
     """Write a JSON document so readers see either nothing or the whole file (a local path or an object:
     ``tidewater.staging`` says how on each)."""
-    from tidewater.staging import write_json
 
     write_json(Path(path) if isinstance(path, str) else path, doc)
 
 
 def read_json(path: Any) -> dict[str, Any]:
     """A staged JSON document (a local path as text, a Path, or an ObjectPath)."""
-    from tidewater.staging import read_json as read
 
     return read(Path(path) if isinstance(path, str) else path)
 

@@ -6,9 +6,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.expressions import EqualTo
+
 from tidewater.audit.findings import MOVING, Finding, finding_at
+from tidewater.batch import PartitionRange
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
+from tidewater.source.kafka import Rereader, kafka_settings, watermarks
+from tidewater.table.catalog import load_table
+from tidewater.table.provenance import present_offsets
 
 CHECK_AT_MOST = 100_000  # missing offsets asked of Kafka per partition (beyond: reported as not checked)
 
@@ -20,10 +29,6 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
     all of a routed pipeline's tables are in ``tables``) every offset of a committed range present as a row or a
     dead letter, or counted as skipped by its batch, or absent from Kafka (transaction markers, compaction).
     Change tables keep one row per changed key, so their check is each key once instead of each offset present."""
-    import numpy as np
-
-    from tidewater.source.kafka import Rereader, kafka_settings, watermarks
-    from tidewater.table.provenance import present_offsets
 
     if spec.format.metadata not in ("prefixed", "struct"):
         raise ConfigError("--deep reads each row's source offset: it needs format.metadata prefixed or struct")
@@ -57,7 +62,6 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
 
 def _merged(entries: list[dict[str, Any]]) -> list[Any]:
     """The committed ranges per partition, adjacent ones merged."""
-    from tidewater.batch import PartitionRange
 
     out: list[Any] = []
     for e in sorted(entries, key=lambda e: (e["topic"], e["partition"], e["start_offset"])):
@@ -71,8 +75,6 @@ def _merged(entries: list[dict[str, Any]]) -> list[Any]:
 
 def _offsets(data: Any, rng: Any) -> Any:
     """The offsets ``data`` (topic, partition, offset columns) holds in ``rng``, sorted, as a numpy array."""
-    import numpy as np
-    import pyarrow.compute as pc
 
     if data is None or data.num_rows == 0:
         return np.array([], np.int64)
@@ -83,10 +85,6 @@ def _offsets(data: Any, rng: Any) -> Any:
 
 def _dead_letters(catalog: Any, spec: PipelineSpec) -> Any:
     """(topic, partition, offset) of the pipeline's dead letters (None when it has none)."""
-    import pyarrow as pa
-    from pyiceberg.expressions import EqualTo
-
-    from tidewater.table.catalog import load_table
 
     dlq = load_table(catalog, spec.dead_letter_table())
     if dlq is None or dlq.current_snapshot() is None:
@@ -98,7 +96,6 @@ def _dead_letters(catalog: Any, spec: PipelineSpec) -> Any:
 
 def _runs(values: Any) -> list[tuple[int, int]]:
     """Sorted distinct integers as [start, end) runs of consecutive values."""
-    import numpy as np
 
     if len(values) == 0:
         return []
@@ -110,7 +107,6 @@ def _runs(values: Any) -> list[tuple[int, int]]:
 
 def _twice(offsets: Any, rng: Any, what: str, more_than: int = 1) -> list[Finding]:
     """Offsets that occur more than ``more_than`` times in ``offsets`` (sorted), as ranges."""
-    import numpy as np
 
     values, counts = np.unique(offsets, return_counts=True)
     return [Finding("error", "deep", f"offsets {what}", rng.topic, rng.partition, s, e)
@@ -120,7 +116,6 @@ def _twice(offsets: Any, rng: Any, what: str, more_than: int = 1) -> list[Findin
 def _missing(found: Any, rng: Any, batches: list[dict[str, Any]], rereader: Any, low: int) -> list[Finding]:
     """Offsets of ``rng`` neither rows nor dead letters: explained by the batches' skipped counts, or by Kafka not
     holding them (transaction markers, compaction); else lost (an error)."""
-    import numpy as np
 
     expected = np.arange(rng.start, rng.end, dtype=np.int64)
     gone = np.setdiff1d(expected, found, assume_unique=True)
@@ -142,7 +137,6 @@ def _missing(found: Any, rng: Any, batches: list[dict[str, Any]], rereader: Any,
 def _absent_from_kafka(offsets: Any, rng: Any, batch: dict[str, Any], rereader: Any, low: int) -> list[Finding]:
     """Ask Kafka which of ``offsets`` hold a record: those are lost rows (errors), the others never held one.
     Offsets below the log start ``low`` cannot be asked any more (retention removed them): said so."""
-    import numpy as np
 
     out: list[Finding] = []
     if len(offsets) and offsets[0] < low:
@@ -167,7 +161,6 @@ def _absent_from_kafka(offsets: Any, rng: Any, batch: dict[str, Any], rereader: 
 
 def _key_findings(spec: PipelineSpec, table: Any) -> list[Finding]:
     """Change tables: keys that have more than one row."""
-    import pyarrow as pa
 
     keys = list(spec.table.id_columns or [])
     if table is None or not keys or table.current_snapshot() is None:

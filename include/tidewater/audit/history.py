@@ -9,7 +9,7 @@ from collections import defaultdict
 from typing import Any
 
 from tidewater.audit.findings import MOVING, Finding, detail, finding_at
-from tidewater.table.summary import CHANGES
+from tidewater.table.summary import BATCH_ID, BRANCH_BASE, CHANGES, PUBLISHED, QUARANTINE_OF, REPLAY, TRUNCATE, summary_dict
 
 
 def tables_per_batch(checkpoint: Any) -> dict[str, list[str]]:
@@ -115,7 +115,6 @@ def accounting(entries: list[dict[str, Any]], rows_are: str = "rows") -> list[Fi
 
 def outside_writes(table: Any) -> list[Finding]:
     """Snapshots still in the table's history that changed rows without a Tidewater batch id."""
-    from tidewater.table.summary import BATCH_ID, BRANCH_BASE, PUBLISHED, QUARANTINE_OF, REPLAY, TRUNCATE, summary_dict
 
     out = []
     for snap in table.metadata.snapshots:

@@ -3,16 +3,20 @@ read) or beyond the log end (the topic was recreated), the lag, and how close un
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from confluent_kafka import TopicPartition as KTP
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tidewater.audit.findings import Finding
 from tidewater.config.spec import PipelineSpec
+from tidewater.source.kafka import client_logging, kafka_settings, list_partitions, new_consumer, watermarks
+from tidewater.table.summary import committed_state
 
 
 def against_kafka(spec: PipelineSpec, table: Any) -> tuple[list[Finding], list[dict[str, Any]]]:
     """The committed offsets against each partition's log start and end now."""
-    from tidewater.source.kafka import kafka_settings, list_partitions, watermarks
-    from tidewater.table.summary import committed_state
 
     committed = committed_state(table).offsets if table is not None else {}
     settings = kafka_settings(spec)
@@ -31,7 +35,6 @@ def retention_findings(settings: dict[str, str], parts: list[dict[str, Any]], no
     against ``retention.bytes`` (its size, in records); only where cleanup.policy deletes. A compacted topic
     with unread records gets a note (compaction may remove superseded ones first). A topic whose settings cannot
     be read is reported as not checked (info), never as clean."""
-    import time
 
     lagging = [p for p in parts if p["lag"]]
     if not lagging:
@@ -71,9 +74,6 @@ def topic_cleanup(settings: dict[str, str], topics: list[str], timeout: float = 
                   ) -> dict[str, tuple[int, int, bool, int]]:
     """(retention.ms, retention.bytes, compacted, min.compaction.lag.ms) per topic as the broker reports them;
     the retention settings are -1 (unlimited) unless cleanup.policy includes ``delete``."""
-    from confluent_kafka.admin import AdminClient, ConfigResource
-
-    from tidewater.source.kafka import client_logging
 
     admin = AdminClient(client_logging(dict(settings)))
     futures = admin.describe_configs([ConfigResource("topic", t) for t in topics], request_timeout=timeout)
@@ -93,9 +93,6 @@ def topic_cleanup(settings: dict[str, str], topics: list[str], timeout: float = 
 def oldest_unread(settings: dict[str, str], parts: list[dict[str, Any]], timeout: float = 10.0
                   ) -> dict[tuple[str, int], int]:
     """The timestamp (ms) of the record at each partition's committed offset: the oldest one not yet read."""
-    from confluent_kafka import TopicPartition as KTP
-
-    from tidewater.source.kafka import new_consumer
 
     if not parts:
         return {}

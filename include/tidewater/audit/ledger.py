@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
+from pyiceberg.exceptions import CommitFailedException
 
 from tidewater.commit.primitive import Change, commit
 from tidewater.config.spec import PipelineSpec
@@ -223,7 +225,6 @@ def compact(catalog: Any, spec: PipelineSpec, at_files: int = COMPACT_AT_FILES) 
     keeps the mark (``THROUGH``) the next sync starts from. A sync that commits meanwhile wins: this rewrite's
     commit then fails on the moved head (nothing changed) and the next expiry tries again. Returns the number of
     files rewritten (0: not needed, or lost to a concurrent sync)."""
-    from pyiceberg.exceptions import CommitFailedException
 
 
     ledger = load_table(catalog, identifier(spec))
@@ -249,7 +250,6 @@ def expire_history(catalog: Any, spec: PipelineSpec) -> int:
     """Compact the ledger (:func:`compact`), then expire every snapshot of it but its newest: its rows are what
     matters, not its history, and each snapshot makes its metadata (read by every sync) bigger. Returns how many
     snapshots were expired."""
-    from datetime import datetime, timezone
 
 
     retry_busy(lambda: compact(catalog, spec), "compacting the ledger", identifier(spec))
@@ -289,7 +289,6 @@ def save_verdict(catalog: Any, spec: PipelineSpec, verdict: dict[str, Any]) -> N
 
 
 def last_verdict(catalog: Any, spec: PipelineSpec) -> dict[str, Any] | None:
-
     ledger = load_table(catalog, identifier(spec))
     text = ledger.metadata.properties.get(LAST_AUDIT) if ledger is not None else None
     return json.loads(text) if text else None

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import pyarrow as pa
+
 from tidewater.batch import BatchManifest, BatchPlan, Offsets, PartitionRange, TableOutput, offsets_to_json
 from tidewater.commit.changes import change_attempt, reapply_attempt, remove_staged
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
@@ -44,6 +46,7 @@ from tidewater.commit.primitive import Change, Committed, OffsetsExpected, commi
 from tidewater.commit.quarantine import quarantine_change
 from tidewater.commit.replay import refuse_uncommitted_ranges, replay_change, replay_summary
 from tidewater.commit.result import CommitResult, TableCommit
+from tidewater.config.parse import load_pipeline
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError, TransientError
 from tidewater.table.catalog import commit_slots, create_table, load_table
@@ -289,7 +292,6 @@ def commit_batch(
     """Commit a batch over the pipeline's target set (``spec``, default the pipeline the plan names); see the
     module docstring. Raises ``OffsetsMovedError`` when another writer moved the offsets (terminal: re-plan),
     ``TransientError`` when the catalog kept failing (retrying the commit step is safe)."""
-    from tidewater.config.parse import load_pipeline
 
     job = BatchCommit(spec or load_pipeline(plan.pipeline_path), plan, manifest, dag_run_id, validation,
                       extra_properties, max_attempts)
@@ -370,7 +372,6 @@ def files_of(outputs: tuple[TableOutput, ...]) -> int:
 
 def checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -> Any:
     """The checkpoint table's row for a batch (its schema is this row's)."""
-    import pyarrow as pa
 
     tables = [o.table for o in manifest.outputs if o.data_files]
     return pa.table({
@@ -453,8 +454,6 @@ def missing_table(catalog: Any, plan: BatchPlan, manifest: BatchManifest) -> Cal
     dropped in between), create it empty if records were read (every one was a dead letter or skipped, and the
     offsets must move; its columns come with the first good record), else nothing."""
     def on_missing() -> Any:
-        import pyarrow as pa
-
         if manifest.data_files:
             raise TerminalError("table disappeared between write and commit", table=plan.table, batch_id=plan.batch_id)
         return create_table(catalog, plan.table, pa.schema([]), {"format-version": "2"}) if manifest.records else None

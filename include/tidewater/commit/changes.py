@@ -22,7 +22,15 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThanOrEqual
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 
 from tidewater.batch import BatchPlan, Offsets, StagedFile
 from tidewater.commit.primitive import Change
@@ -38,7 +46,11 @@ from tidewater.table.summary import (
     QUARANTINED,
     TRUNCATE,
     committed_state,
+    quarantine_branch,
+    summary_dict,
 )
+from tidewater.transform.changes import OFFSET, PARTITION, count_effects, cut_at_truncates, net_changes, reapply_decisions
+from tidewater.write.parquet import DataFileWriter, to_table_schema
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +59,6 @@ PATH_FIELD_ID, POS_FIELD_ID = 2147483546, 2147483545
 
 def read_staged(table: Any, files: Any) -> Any:
     """The batch's staged change records (``files``), in the table's current schema."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from tidewater.write.parquet import to_table_schema
 
     pieces = []
     for f in files:
@@ -74,10 +82,6 @@ def _file_columns(pf: Any, table: Any, id_columns: list[str]) -> dict[str, str]:
 
 def _deleted_positions(table: Any, task: Any) -> Any:
     """Positions of ``task.file`` already deleted by the table's position delete files."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-    from pyiceberg.manifest import DataFileContent
 
     gone = []
     for d in task.delete_files:
@@ -93,8 +97,6 @@ def _deleted_positions(table: Any, task: Any) -> Any:
 
 def _bounds_filter(keys: Any, id_columns: list[str]) -> Any:
     """A filter that prunes data files by the changed keys' min/max (per id column)."""
-    import pyarrow.compute as pc
-    from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThanOrEqual
 
     expr: Any = AlwaysTrue()
     for c in id_columns:
@@ -109,11 +111,6 @@ def _bounds_filter(keys: Any, id_columns: list[str]) -> Any:
 def _hits_in_file(table: Any, task: Any, indexed: Any, id_columns: list[str], source: bool) -> Any | None:
     """The live rows of one data file whose keys are in ``indexed``: a table of ``__pos`` (sorted) and
     ``__key`` (index into ``indexed``), with ``source`` also each row's ``_kafka_partition``/``_kafka_offset``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from tidewater.transform.changes import OFFSET, PARTITION
 
     extra = [PARTITION, OFFSET] if source else []
     with table.io.new_input(task.file.file_path).open() as fh:
@@ -144,11 +141,6 @@ def find_rows(table: Any, keys: Any, id_columns: list[str], source: bool = False
     ``_hits_in_file`` gives them. Reads only the id columns of files whose bounds admit the keys (files in
     parallel: Arrow's readers and lookups release the GIL), and a file's delete files only when it holds a
     changed key."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
-    import numpy as np
-    import pyarrow as pa
 
     head = table.snapshot_by_name(branch) if branch else table.current_snapshot()
     if head is None or keys.num_rows == 0:
@@ -163,9 +155,6 @@ def find_rows(table: Any, keys: Any, id_columns: list[str], source: bool = False
 
 def existed_keys(keys: Any, found: list[tuple[Any, Any]]) -> Any:
     """Per key of ``keys``: whether ``found`` holds a live row of it."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     seen = pa.concat_arrays([t.column("__key").combine_chunks() for _, t in found]) if found else pa.array([], pa.int64())
     return pc.is_in(pa.array(np.arange(keys.num_rows), pa.int64()), value_set=seen)
@@ -180,9 +169,6 @@ def live_rows(table: Any, keys: Any, id_columns: list[str], branch: str | None =
 
 def write_position_deletes(table: Any, hits: list[tuple[Any, Any]], prefix: str) -> list[Any]:
     """One position delete file per data file in ``hits``, beside it (same partition directory)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 
     schema = pa.schema([
         pa.field("file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": str(PATH_FIELD_ID)}),
@@ -212,7 +198,6 @@ def write_position_deletes(table: Any, hits: list[tuple[Any, Any]], prefix: str)
 
 def write_upserts(table: Any, rows: Any, prefix: str) -> list[StagedFile]:
     """The new row images as data files of ``table``."""
-    from tidewater.write.parquet import DataFileWriter, to_table_schema
 
     if rows is None or rows.num_rows == 0:
         return []
@@ -225,7 +210,6 @@ def _net_once(table: Any, spec: PipelineSpec, files: Any, state: dict[str, Any])
     """The batch's changes reduced to one per key (None without records), computed on the first attempt only.
     Changes a truncate of the batch supersedes are left out (``state["truncated"]`` says what the truncates did;
     they reach this point only when the table applies them, see ``table.truncate``)."""
-    from tidewater.transform.changes import cut_at_truncates, net_changes
 
     if "net" not in state:
         staged = read_staged(table, files)
@@ -241,10 +225,6 @@ def reapply_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any,
     """A replay attempt (mode reapply): the staged changes ``files`` again, only where each is still its key's
     latest (``transform.changes.reapply_decisions``); the committed offsets stay as they are (``properties``
     gives the snapshot's properties on ``table``)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from tidewater.transform.changes import reapply_decisions
 
     ids, branch = list(spec.table.id_columns), spec.table.branch
     offsets = committed_state(table, branch).offsets
@@ -273,7 +253,6 @@ def restorable(table: Any, plan: BatchPlan, offsets: Offsets, spec: PipelineSpec
     reaches the table's committed offset, so no later change of the partition exists. None on a table that has
     applied a truncate: a truncate is not ordered against other partitions' changes, so a row may be missing
     because of it."""
-    from tidewater.table.summary import summary_dict
 
     if any(TRUNCATE in summary_dict(s) for s in table.snapshots()):
         log.info("replay %s: %s has applied a truncate: rows missing from it are not restored (counted absent)",
@@ -288,7 +267,6 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
     the snapshot's properties (offsets included) on it. ``state`` keeps what is done once (the net changes, the
     new row images). ``quarantine``: the row delta goes to the batch's quarantine branch instead
     (``quarantined``)."""
-    from tidewater.transform.changes import count_effects
 
     ids = list(spec.table.id_columns)
     net = _net_once(table, spec, files, state)
@@ -297,7 +275,6 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
     state["attempt"] = attempt = state.get("attempt", 0) + 1
     truncated = state["truncated"]
     if truncated is not None:  # every row committed before the batch goes: the changes meet an empty table
-        import pyarrow as pa
 
         hits, existed = [], pa.repeat(False, net.keys.num_rows)
     else:
@@ -323,7 +300,6 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
         return quarantined(plan, props, tuple(state["files"]), tuple(deletes), truncated is not None, branch, remove)
     if truncated is None:
         return Change(props, tuple(state["files"]), deletes=tuple(deletes), branch=branch, remove_properties=remove)
-    from pyiceberg.expressions import AlwaysTrue
 
     emptied = {TRUNCATE: json.dumps({"batch_id": plan.batch_id, "truncates": truncated.truncates}), PIPELINE: plan.pipeline}
     return Change(props, tuple(state["files"]), branch=branch, delete_filter=AlwaysTrue(), delete_properties=emptied,
@@ -338,7 +314,6 @@ def quarantined(plan: BatchPlan, props: dict[str, str], files: tuple[Any, ...], 
     Main's rows do not change, so publishing can apply the same row delta to main as long as nothing was committed
     after that snapshot; the next batch is not planned until a person publishes or drops it (a key's changes apply
     in order). A batch with a truncate cannot be quarantined: its emptying of the table is not a row delta."""
-    from tidewater.table.summary import quarantine_branch
 
     if truncates:
         raise TerminalError(f"batch {plan.batch_id} failed the quality gate and holds a truncate, which a quarantine "

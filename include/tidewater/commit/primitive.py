@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from pyiceberg.manifest import DataFile
+
 from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
 from tidewater.table.catalog import catalog_failure, load_table
 from tidewater.table.row_delta import row_delta
@@ -136,8 +138,6 @@ def without_commit_retries(table: Any) -> Any:
 
 
 def _data_files(table: Any, files: tuple[Any, ...]) -> list[Any]:
-    from pyiceberg.manifest import DataFile
-
     return [f if isinstance(f, DataFile) else deserialize_data_file(f, table.format_version) for f in files]
 
 

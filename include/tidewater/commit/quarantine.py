@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
+
 from tidewater.commit.primitive import Change, commit
 from tidewater.errors import TerminalError, ValidationFailedError
 from tidewater.table.summary import (
@@ -56,7 +58,6 @@ def publish_files(catalog: Any, ident: str, pipeline: str, batch_id: str) -> tup
 
 def added_files(table: Any, snapshot: Any) -> tuple[list[Any], list[Any]]:
     """The data files and the delete files ``snapshot`` added."""
-    from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
 
     data, deletes = [], []
     for manifest in snapshot.manifests(table.io):

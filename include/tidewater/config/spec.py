@@ -15,10 +15,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from tidewater.config.formats import FORMATS
 from tidewater.config.targets import TargetSet
+from tidewater.staging import locate
 
 PIPELINES_DIR_ENV = "TIDEWATER_PIPELINES_DIR"
 HOME_ENV = "TIDEWATER_HOME"
@@ -36,6 +39,14 @@ def pipelines_dir() -> Path:
     if env:
         return Path(env).resolve()
     return Path(__file__).resolve().parents[2] / "pipelines"
+
+
+def spark_app_path() -> Path:
+    """spark_apps/ingest_batch.py of this checkout (the package lives in include/)."""
+    env = os.environ.get("TIDEWATER_SPARK_APP")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "spark_apps" / "ingest_batch.py"
 
 
 KEYED_OP = "_op"  # the operation column of upserts keyed by the message key (U, or D for a tombstone)
@@ -496,7 +507,6 @@ class AirflowSpec:
 
     def dag_kwargs(self, kind: str) -> dict[str, Any]:
         """Arguments every DAG of the pipeline shares (``kind``: ingest, replay, quarantine, maintenance)."""
-        from datetime import datetime, timezone
 
         return {
             "start_date": datetime(2024, 1, 1, tzinfo=timezone.utc),
@@ -508,7 +518,6 @@ class AirflowSpec:
 
     def default_args(self) -> dict[str, Any]:
         """Airflow ``default_args`` shared by the pipeline's DAGs."""
-        from datetime import timedelta
 
         return {
             "owner": self.owner,
@@ -679,7 +688,6 @@ class PipelineSpec:
             return self.table.op_field
         if self.applies_changes and self.table.key_source == "message_key":
             return KEYED_OP  # set by the task: tombstones delete, other records upsert
-        from tidewater.config.formats import FORMATS
 
         fmt = FORMATS.get(self.format.value)
         return fmt.op_column if self.table.upsert and fmt is not None else None
@@ -801,7 +809,6 @@ class PipelineSpec:
     def stage(self, location: Any, setting: str = "batch.staging_dir") -> Any:
         """A staged location named by text (a plan's path in XCom or on a command line) in this pipeline's
         staging area: a Path, or an ObjectPath reached with the staging file settings (errors name ``setting``)."""
-        from tidewater.staging import locate
 
         return locate(location, {**self.catalog_properties(), **self.batch.staging_properties}, setting)
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+from tidewater.config.formats import FORMATS
+from tidewater.config.partitioning import check_config
+from tidewater.config.routes import SOURCE_PLACEHOLDER, TOPIC_PLACEHOLDER
 from tidewater.config.spec import PipelineSpec, RouteTableSpec, TableSpec
 from tidewater.errors import ConfigError, config_problems, problems_of
 
@@ -54,7 +57,6 @@ def _check_targets(spec: PipelineSpec) -> None:
         raise ConfigError("table.identifier: required (namespace.name)")
     else:
         check_identifier("table.identifier", spec.table.identifier)
-    from tidewater.config.partitioning import check_config
 
     check_config(spec.table.partition_by, spec.table.sort_by, "table")
 
@@ -72,7 +74,6 @@ def _check_kafka(spec: PipelineSpec) -> None:
 
 def _check_format(spec: PipelineSpec) -> None:
     """Value format, key format, time zone, date-time columns, flattening, source columns."""
-    from tidewater.config.formats import FORMATS
 
     formats = tuple(FORMATS)
     if spec.format.value not in formats:
@@ -321,7 +322,6 @@ def _validate_routing(spec: PipelineSpec) -> None:
 def _check_template(template: str, field: str | None, fmt: str) -> None:
     """`routing.table_template`: `{value}` (the route field's value) once, or the topic placeholders alone, or
     (Debezium formats) the envelope's `{source.<field>}` placeholders in the table name."""
-    from tidewater.config.routes import SOURCE_PLACEHOLDER, TOPIC_PLACEHOLDER
 
     by_topic = bool(TOPIC_PLACEHOLDER.search(template))
     by_source = bool(SOURCE_PLACEHOLDER.search(template))
@@ -373,7 +373,6 @@ def _check_route_table(spec: PipelineSpec, key: str, t: RouteTableSpec, seen: se
         listed = topic in spec.topics or (spec.topic_pattern and re.fullmatch(spec.topic_pattern, topic))
         if not listed:
             raise ConfigError(f"{key}.topics: {topic!r} is not one of the pipeline's topics (or topic_pattern)")
-    from tidewater.config.partitioning import check_config
 
     check_config(t.partition_by, t.sort_by, key)
 

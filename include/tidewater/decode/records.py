@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 # ---- error path: separate the records that cannot be decoded -------------------------------------
 
@@ -65,7 +66,6 @@ def not_utf8(v: bytes) -> bool:
 def null_rows(rows: pa.Table, columns: list[str]) -> dict[int, str]:
     """Rows (positions) with a null or missing value in one of ``columns``: row -> the first such column.
     Vectorized per column; Python only over the rows found (error path)."""
-    import pyarrow.compute as pc
 
     out: dict[int, str] = {}
     for column in columns:

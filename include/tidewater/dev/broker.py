@@ -60,8 +60,6 @@ class Broker(LocalServer):
 
 def start(port: int | None = None, log_path: Path | None = None, detach: bool = False) -> Broker:
     if port and not port_free(port):
-        from tidewater.errors import ConfigError
-
         raise ConfigError(f"--port: 127.0.0.1:{port} is already in use by another process; choose another port")
     port = port or free_port()
     log_path = log_path or home_dir() / f"tansu-{port}.log"
@@ -112,7 +110,6 @@ def read_state() -> Broker | None:
 def stop_background(port: int | None = None) -> bool:
     """Stop the recorded demo broker (only if it listens on ``port``, when given). Raises ConfigError
     when the recorded broker listens on another port."""
-    from tidewater.errors import ConfigError
 
     b = read_state()
     if b is None:

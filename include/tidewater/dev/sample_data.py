@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import random
+import struct
+import threading
 import uuid
 from datetime import datetime, timedelta
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 SAUCES = ["regular", "light", "extra", "none", "bbq", "alfredo"]
 
@@ -50,8 +58,6 @@ def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 6
     The last record of every partition is flushed as its own produce request so that brokers that
     report the high watermark per batch (the embedded one) see the whole partition.
     """
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     conf = {"bootstrap.servers": bootstrap, **(settings or {})}
     if create:
@@ -94,8 +100,6 @@ PIZZA_AVRO_SCHEMA = {
 
 def avro_framed(values: list[bytes], schema_id: int = 1, schema: dict | None = None) -> list[bytes]:
     """JSON pizza events re-encoded as Confluent-framed Avro (magic byte, schema id, body)."""
-    import io
-    import struct
 
     import fastavro
 
@@ -119,10 +123,6 @@ class LocalSchemaRegistry:
         self._server = None
 
     def start(self) -> str:
-        import base64
-        import threading
-        from http.server import BaseHTTPRequestHandler, HTTPServer
-
         schemas = self.schemas
         expected = "Basic " + base64.b64encode(self.basic_auth.encode()).decode() if self.basic_auth else None
 

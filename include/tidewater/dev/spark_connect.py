@@ -13,6 +13,7 @@ in Spark, so the server runs none.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from tidewater.config.spec import home_dir
+from tidewater.dev.broker import free_port, port_free, wait_listening
 from tidewater.dev.process import LocalServer
 from tidewater.errors import ConfigError, TransientError
 
@@ -91,7 +93,6 @@ def start(dist: Path | None = None, port: int | None = None, log_path: Path | No
           timeout: float = 180) -> ConnectServer:
     """Start a server on 127.0.0.1 (its own process group) and return once it accepts connections. ``python``:
     the workers' interpreter (default: this one, which has the project's packages). ``conf``: more settings."""
-    from tidewater.dev.broker import free_port, port_free, wait_listening
 
     dist = dist or default_dist()
     if port and not port_free(port):
@@ -140,7 +141,6 @@ def stop_background() -> bool:
 def serve(argv: list[str] | None = None) -> None:
     """Run a server in the foreground, in place of this process (a container's command: see docker-compose.yml's
     ``spark-connect`` service): ``python -m tidewater.dev.spark_connect --dist D --host 0.0.0.0 --port 15002``."""
-    import argparse
 
     ap = argparse.ArgumentParser(prog="python -m tidewater.dev.spark_connect", description=serve.__doc__)
     ap.add_argument("--dist", type=Path, default=None, help="the unpacked pyspark 4.0.x distribution")

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
 from tidewater.config.secrets import embeds_secret, is_secret
 from tidewater.errors import ConfigError
 
@@ -465,7 +467,5 @@ def convert(doc: dict[str, Any], name: str | None = None, bootstrap: str | None 
 
 
 def to_yaml(res: ImportResult) -> str:
-    import yaml
-
     head = "# Imported by `tidewater connect-import`.\n" + "".join(f"# {line}\n" for line in res.report().splitlines())
     return head + yaml.safe_dump(res.pipeline, sort_keys=False)

@@ -27,9 +27,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tidewater.audit import ledger
 from tidewater.batch import MANIFEST_NAME, BatchManifest, read_json
 from tidewater.config.spec import MAINTENANCE_ACTIONS, PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TransientError
+from tidewater.staging import modified, remove_tree
 from tidewater.steps import spark as spark_session
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
@@ -228,7 +230,6 @@ def expire_snapshots(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) 
     out: dict[str, Any] = {"older_than": _ts_literal(cutoff)[10:-1], "kept_for_offsets": clamped}
     if dry_run:
         return {**out, "snapshots_to_expire": len(candidates)}
-    from tidewater.audit import ledger
 
     catalog = load_catalog(spec)
     ledger.sync(catalog, spec)  # the batches' ranges outlive their snapshots (raises: nothing expired)
@@ -244,7 +245,6 @@ def expire_snapshots(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) 
 def _batch_dirs(spec: PipelineSpec) -> list[tuple[Any, float]]:
     """Staging directories of the pipeline's batches (local or on object storage) with their last change
     (their newest file, or the directory itself)."""
-    from tidewater.staging import modified
 
     root = spec.staging_dir() / spec.name
     if not root.is_dir():
@@ -300,7 +300,6 @@ def remove_orphan_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: boo
     """Delete files under the table's location that no snapshot references and that are older than the
     safety margin, except files of staged batches that may still commit. Refuses (deletes nothing) when
     another table of the catalog shares the location: its files are not this table's to judge."""
-    from tidewater.table.catalog import load_catalog
 
     sharing = tables_sharing_location(load_catalog(spec), table)
     if sharing:
@@ -340,7 +339,6 @@ def remove_orphan_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: boo
 def remove_stale_staging(spec: PipelineSpec, cutoff_s: float, dry_run: bool = False) -> int:
     """Remove the staging directories of batches last changed before the cutoff (past any retry, committed or
     abandoned), local or on object storage; returns how many there were."""
-    from tidewater.staging import remove_tree
 
     stale = [d for d, changed in _batch_dirs(spec) if changed < cutoff_s]
     if not dry_run:

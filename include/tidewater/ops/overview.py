@@ -7,7 +7,11 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from tidewater.audit import ledger
 from tidewater.config.spec import PipelineSpec
+from tidewater.ops import quarantine
+from tidewater.ops.status import status
+from tidewater.quality.data_docs import has_page
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import (
     BATCH_ID,
@@ -31,7 +35,6 @@ def _iso(ms: int | None) -> str | None:
 def recent_batches(spec: PipelineSpec, table: Any, limit: int) -> list[dict[str, Any]]:
     """The newest ``limit`` batches committed to the table, newest first, with what each did. ``latency_s``
     is the commit time minus the batch's valid-through (how far behind the source the batch landed)."""
-    from tidewater.quality.data_docs import has_page
 
     out = []
     snaps = sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0, reverse=True)
@@ -95,8 +98,6 @@ def maintenance_state(table: Any) -> dict[str, Any]:
 
 def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
     """Everything the Tidewater view shows for one pipeline."""
-    from tidewater.ops import quarantine
-    from tidewater.ops.status import status
 
     st = status(spec)
     catalog = load_catalog(spec)
@@ -119,6 +120,5 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
 
 def _last_audit(spec: PipelineSpec, catalog: Any) -> dict[str, Any] | None:
     """The last audit's verdict (None: never audited)."""
-    from tidewater.audit import ledger
 
     return ledger.last_verdict(catalog, spec)

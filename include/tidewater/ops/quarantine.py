@@ -18,8 +18,8 @@ from typing import Any
 from tidewater.commit.quarantine import publish_changes, publish_files
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
-from tidewater.table.catalog import load_catalog
-from tidewater.table.summary import QUARANTINE_BRANCH, quarantine_branch
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import PUBLISHED, QUARANTINE_BRANCH, VALIDATION, ever_quarantined, quarantine_branch, summary_dict
 from tidewater.table.targets import target_tables
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 
 def list_quarantined(spec: PipelineSpec, table: Any) -> list[dict[str, Any]]:
     """The batches waiting on a quarantine branch: batch id, branch, rows, files, the gate's verdict."""
-    from tidewater.table.summary import VALIDATION, summary_dict
 
     out = []
     for name, ref in sorted(table.metadata.refs.items()):
@@ -42,8 +41,6 @@ def list_quarantined(spec: PipelineSpec, table: Any) -> list[dict[str, Any]]:
 
 
 def _table(spec: PipelineSpec) -> Any:
-    from tidewater.table.catalog import load_catalog, load_table
-
     table = load_table(load_catalog(spec), spec.table.identifier)
     if table is None:
         raise ConfigError(f"table {spec.table.identifier} does not exist")
@@ -52,8 +49,6 @@ def _table(spec: PipelineSpec) -> Any:
 
 def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
     """Append a quarantined batch's files to main (one commit; done once), then remove its branch."""
-    from tidewater.table.catalog import load_catalog
-    from tidewater.table.summary import PUBLISHED, summary_dict
 
     table = _table(spec)
     name = quarantine_branch(batch_id)
@@ -101,8 +96,6 @@ def view_for(spec: PipelineSpec, table: str | None) -> PipelineSpec:
 def list_all(spec: PipelineSpec, table: str | None = None) -> list[dict[str, Any]]:
     """The quarantined batches of the pipeline's table, or of every target table of a routed pipeline (each row
     names its table), or of the one ``table`` names."""
-    from tidewater.table.catalog import load_catalog, load_table
-    from tidewater.table.summary import ever_quarantined
 
     catalog = load_catalog(spec)
     if table or spec.targets.fused:

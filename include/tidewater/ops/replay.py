@@ -7,18 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidewater.batch import write_json_atomic
+from tidewater.batch import manifest_path, write_json_atomic
 from tidewater.config.spec import PipelineSpec
-from tidewater.plan.replay import ReplayRequest, describe, plan_replay
+from tidewater.plan.replay import ReplayRequest, describe, plan_replay, replay_mode
+from tidewater.source.kafka import kafka_settings
 from tidewater.source.timestamps import OffsetLookup
+from tidewater.steps.lifecycle import commit_step, validate_step
+from tidewater.steps.write import run_write_step
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import changes_of, find_batch_snapshot, summary_dict
+from tidewater.write.job import run_inline
 
 
 def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None, out: Any = print,
                lookup: OffsetLookup | None = None, inline: bool = False) -> dict[str, Any]:
     """Plan, write (spark-submit, or in this process with ``inline``), validate and commit a replay."""
-    from tidewater.batch import manifest_path
-    from tidewater.steps.lifecycle import commit_step, validate_step
-    from tidewater.steps.write import run_write_step
 
     say = out or (lambda _s: None)
     plan, path, shown = plan_replay(spec, req, lookup, log_preview=out is None)
@@ -28,9 +31,6 @@ def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None
         say("dry run: nothing changed" if req.dry_run else "nothing to replay: the request selects no committed records")
         return {"status": "dry-run" if req.dry_run else "empty", "preview": shown}
     if inline:
-        from tidewater.source.kafka import kafka_settings
-        from tidewater.write.job import run_inline
-
         manifest = run_inline(plan, spec, kafka_settings(spec))
         write_json_atomic(manifest_path(path), manifest.to_json())
     else:
@@ -55,7 +55,6 @@ def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None
 def _routed_result(spec: PipelineSpec, plan: Any, manifest: Any, result: Any, shown: list[dict[str, Any]],
                    say: Any) -> dict[str, Any]:
     """A routed replay's outcome, one line per target table it committed to."""
-    from tidewater.plan.replay import replay_mode
 
     tables = {}
     for t in result.tables:
@@ -72,8 +71,6 @@ def _routed_result(spec: PipelineSpec, plan: Any, manifest: Any, result: Any, sh
 
 def _changes_of_replay(spec: PipelineSpec, batch_id: str, ident: str | None = None) -> dict[str, Any] | None:
     """The counts a reapply replay stamped on its snapshot (``ident``: a routed pipeline's target table)."""
-    from tidewater.table.catalog import load_catalog, load_table
-    from tidewater.table.summary import changes_of, find_batch_snapshot, summary_dict
 
     snap = find_batch_snapshot(load_table(load_catalog(spec), ident or spec.table.identifier), batch_id)
     return changes_of(summary_dict(snap)) if snap is not None else None

@@ -36,9 +36,18 @@ from tidewater.batch import (
     utc_now_iso,
     write_json_atomic,
 )
+from tidewater.commit.batch import commit_batch
 from tidewater.config.spec import PipelineSpec
+from tidewater.decode.records import BadRecord
 from tidewater.errors import ConfigError
+from tidewater.source.kafka import kafka_settings, read_range, watermarks
+from tidewater.steps.lifecycle import commit_step, validate_step
+from tidewater.table.catalog import ensure_dead_letter_table, load_catalog
 from tidewater.table.summary import OPERATOR_SKIP
+from tidewater.table.targets import holder_state
+from tidewater.write.dead_letters import dead_letter_rows, dead_letter_sink
+from tidewater.write.job import run_inline
+from tidewater.write.parquet import DataFileWriter, to_table_schema
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +83,6 @@ def check_request(spec: PipelineSpec, req: SkipRequest, committed: int | None, l
 def _dead_letter_files(spec: PipelineSpec, settings: dict[str, str], plan: BatchPlan,
                        req: SkipRequest) -> tuple[list[StagedFile], PartitionStats]:
     """The range's records as dead-letter rows (OperatorSkip, with the reason), written as staged files."""
-    from tidewater.decode.records import BadRecord
-    from tidewater.source.kafka import read_range
-    from tidewater.table.catalog import ensure_dead_letter_table, load_catalog
-    from tidewater.write.dead_letters import dead_letter_rows
-    from tidewater.write.parquet import DataFileWriter, to_table_schema
 
     table = ensure_dead_letter_table(load_catalog(spec), spec)
     writer = DataFileWriter(table, f"{plan.batch_id}-skip")
@@ -100,11 +104,6 @@ def _dead_letter_files(spec: PipelineSpec, settings: dict[str, str], plan: Batch
 
 def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     """Dead-letter ``req``'s range and advance the committed offset past it (see the module docstring)."""
-    from tidewater.commit.batch import commit_batch
-    from tidewater.source.kafka import kafka_settings, watermarks
-    from tidewater.table.catalog import load_catalog
-    from tidewater.table.targets import holder_state
-    from tidewater.write.dead_letters import dead_letter_sink
 
     catalog = load_catalog(spec)
     table, state = holder_state(catalog, spec)
@@ -151,8 +150,6 @@ def _ingest_before(spec: PipelineSpec, settings: dict[str, str], rng: PartitionR
                    snapshot_id: int | None) -> int:
     """Ingest the records before the skipped range as a batch of their own (same task code as Spark runs,
     validated and committed like any batch). Returns the records read."""
-    from tidewater.steps.lifecycle import commit_step, validate_step
-    from tidewater.write.job import run_inline
 
     plan = BatchPlan(batch_id=new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
                      pipeline_path=str(spec.source_path), ranges=(rng,), base_offsets=offsets, created_at=utc_now_iso(),

@@ -7,8 +7,19 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tidewater.config.spec import PipelineSpec
+from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
 from tidewater.table.catalog import load_catalog, load_table
-from tidewater.table.summary import DEAD_LETTERS, SKIPPED, changes_of, committed_state, summary_dict
+from tidewater.table.summary import (
+    BATCH_ID,
+    DEAD_LETTERS,
+    OFFSETS,
+    RECORDS,
+    SKIPPED,
+    VALID_THROUGH,
+    changes_of,
+    committed_state,
+    summary_dict,
+)
 from tidewater.table.targets import holder_state, target_spec, target_tables
 
 # ---- status ----------------------------------------------------------------------------------------
@@ -42,7 +53,6 @@ class PartitionStatus:
 
 def status(spec: PipelineSpec) -> dict[str, Any]:
     """Committed offset, end offset and lag per partition; last snapshot; valid-through."""
-    from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
 
     catalog = load_catalog(spec)
     table, state = holder_state(catalog, spec)
@@ -100,7 +110,6 @@ def table_status(spec: PipelineSpec, catalog: Any, wm: dict[Any, Any], iso: Any)
 
 def history(spec: PipelineSpec) -> list[dict[str, Any]]:
     """The table's snapshots, oldest first, with the Tidewater properties of each."""
-    from tidewater.table.summary import BATCH_ID, OFFSETS, RECORDS, VALID_THROUGH, changes_of, summary_dict
 
     table = load_table(load_catalog(spec), spec.table.identifier)
     if table is None:

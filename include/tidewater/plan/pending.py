@@ -11,7 +11,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka import TopicPartition as KTP
+
 from tidewater.config.spec import PipelineSpec
+from tidewater.source.kafka import kafka_settings, list_partitions, new_consumer, resolve_topics, watermarks
+from tidewater.table.catalog import load_catalog
+from tidewater.table.targets import holder_state
 
 
 @dataclass(frozen=True)
@@ -40,9 +45,6 @@ class Pending:
 
 def _first_pending(settings: dict[str, str], starts: dict[tuple[str, int], int]) -> list[Any]:
     """The first pending record of each partition (one consumer, one record each)."""
-    from confluent_kafka import TopicPartition as KTP
-
-    from tidewater.source.kafka import new_consumer
 
     if not starts:
         return []
@@ -62,10 +64,6 @@ def _first_pending(settings: dict[str, str], starts: dict[tuple[str, int], int])
 
 
 def pending(spec: PipelineSpec) -> Pending:
-    from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
-    from tidewater.table.catalog import load_catalog
-    from tidewater.table.targets import holder_state
-
     _, state = holder_state(load_catalog(spec), spec)
     committed = state.offsets if state is not None else {}
     settings = kafka_settings(spec)

@@ -25,7 +25,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tidewater.batch import BatchPlan, Offsets, PartitionRange, batch_dir, new_batch_id, utc_now_iso, write_json_atomic
+import pyarrow.compute as pc
+
+from tidewater.batch import PLAN_NAME, BatchPlan, Offsets, PartitionRange, batch_dir, new_batch_id, utc_now_iso, write_json_atomic
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
@@ -191,7 +193,6 @@ def resolve_ranges(spec: PipelineSpec, req: ReplayRequest, committed: Offsets, s
 def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: str,
             table_name: str | None = None) -> list[dict[str, Any]]:
     """Per partition: offsets in the range, rows now from it, rows to delete and (at most) to add."""
-    import pyarrow.compute as pc
 
     present = present_offsets(spec, table, ranges)
     out = []
@@ -232,7 +233,6 @@ def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: st
     plan = BatchPlan(batch_id=bid, pipeline=spec.name, table=spec.checkpoint_table(), pipeline_path=str(spec.source_path),
                      ranges=tuple(ranges), base_offsets=committed, created_at=utc_now_iso(), base_snapshot_id=snapshot_id,
                      mode=mode, exclude_path=exclude, data_interval=data_interval, tables=tables)
-    from tidewater.batch import PLAN_NAME
 
     path = directory / PLAN_NAME
     write_json_atomic(path, plan.to_json())

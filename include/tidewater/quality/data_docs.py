@@ -27,15 +27,23 @@ the bucket directly, by the Tidewater view too.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import html
+import json
 import logging
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tidewater.batch import read_json, write_json_atomic
 from tidewater.config.spec import PipelineSpec, home_dir
+from tidewater.quality.gate import ValidationReport, import_great_expectations
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +122,6 @@ def has_page(spec: PipelineSpec, batch_id: str) -> bool:
 
 def save_report(spec: PipelineSpec, report: Any, table: str) -> Any:
     """Keep the gate's report for its page (rendered now or by :func:`render_pending`)."""
-    import json
-
-    from tidewater.batch import write_json_atomic
 
     path = report_path(spec, report.batch_id)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +132,6 @@ def save_report(spec: PipelineSpec, report: Any, table: str) -> Any:
 def publish(spec: PipelineSpec, report: Any, table: str) -> Any:
     """Save the report and render its page when that is cheap (great-expectations already loaded) or
     needed now (the batch failed). Returns the page's path, or None when it is left for later."""
-    import sys
 
     save_report(spec, report, table)
     if "great_expectations" in sys.modules or not report.success:
@@ -137,8 +141,6 @@ def publish(spec: PipelineSpec, report: Any, table: str) -> Any:
 
 def render_pending(spec: PipelineSpec, batch_id: str | None = None) -> list[Any]:
     """Render the pages of saved reports that have none yet (only ``batch_id``'s when given)."""
-    from tidewater.batch import read_json
-    from tidewater.quality.gate import ValidationReport
 
     directory = docs_dir(spec)
     if batch_id:
@@ -158,8 +160,6 @@ def render_pending(spec: PipelineSpec, batch_id: str | None = None) -> list[Any]
 
 def render_in_background(spec: PipelineSpec, batch_id: str) -> None:
     """Start ``tidewater data-docs`` for one batch in its own session (it outlives this process)."""
-    import subprocess
-    import sys
 
     cmd = [sys.executable, "-m", "tidewater.runtime.cli", "data-docs", "--pipeline", str(spec.source_path),
            "--batch", batch_id]
@@ -189,7 +189,6 @@ def write_page(spec: PipelineSpec, report: Any, table: str) -> Any:
 
 def _render(project: Path, report: Any, table: str, spec: PipelineSpec) -> None:
     """Build the batch's page in the local project ``project`` (a failure is logged, not raised)."""
-    from tidewater.quality.gate import import_great_expectations
 
     try:
         import_great_expectations()
@@ -221,8 +220,6 @@ def _working_copy(project: Any) -> Iterator[Path]:
     (the site's index lists the pages it finds), and a build only adds its own page and rewrites the index and
     the suite's page. Two renders at once each keep their own result and page; the index of the later one wins
     and lists both once a next page is built."""
-    import hashlib
-    import tempfile
 
     remote = project / "gx"
     pages = SITE.removeprefix("gx/") + "/validations/"
@@ -302,8 +299,6 @@ def _keep_newest(store: Any, project: Path) -> None:
 
 
 def _remove_empty_dirs(root: Path) -> None:
-    import os
-
     for here, _dirs, _files in sorted(os.walk(root), key=lambda w: -len(w[0])):  # deepest first
         if Path(here) != root and not any(Path(here).iterdir()):
             Path(here).rmdir()

@@ -7,16 +7,23 @@ per-pipeline suite file adds more; only the columns its expectations name are re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from tidewater.batch import BatchManifest, StagedFile
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.expressions import In
+
+from tidewater.batch import BatchManifest, PartitionStats, StagedFile
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, ValidationFailedError
 from tidewater.table.catalog import load_table
+from tidewater.transform.changes import deletes_mask
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +144,6 @@ def chunks(table: Any, manifest: BatchManifest, columns: list[str], chunk_rows: 
            images: tuple[str, dict[str, str]] | None = None) -> Iterator[Any]:
     """The named columns of the staged files, as Arrow tables of at most ``chunk_rows`` rows (with
     ``images``: the delete records left out, see ``row_images``)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from tidewater.transform.changes import deletes_mask
 
     read = columns + [images[0]] if images and images[0] not in columns else columns
     pending: list[Any] = []
@@ -169,8 +171,6 @@ def chunks(table: Any, manifest: BatchManifest, columns: list[str], chunk_rows: 
 
 
 def _whole(table: Any, manifest: BatchManifest, columns: list[str], images: tuple[str, dict[str, str]] | None = None) -> Any:
-    import pyarrow as pa
-
     pieces = list(chunks(table, manifest, columns, 1 << 30, images))
     if not pieces:
         return pa.table({c: pa.array([], pa.null()) for c in columns} or {"__row": pa.array([], pa.int8())})
@@ -233,8 +233,6 @@ IN_CHUNK = 10_000  # ids per table lookup
 
 def unique_id_checks(table: Any, manifest: BatchManifest, id_columns: list[str], against_table: bool) -> list[CheckResult]:
     """No two rows of the batch share an id; with ``against_table``, no id of the batch is in the table yet."""
-    import pyarrow.compute as pc
-    from pyiceberg.expressions import In
 
     ids = _whole(table, manifest, id_columns)
     if any(c not in ids.column_names for c in id_columns):
@@ -272,8 +270,6 @@ def unique_id_checks(table: Any, manifest: BatchManifest, id_columns: list[str],
 
 
 def _count_nulls(table: Any, data_file: StagedFile, column: str, chunk_rows: int) -> int:
-    import pyarrow.parquet as pq
-
     with table.io.new_input(data_file.file_path).open() as fh:
         pf = pq.ParquetFile(fh)
         if column not in pf.schema_arrow.names:
@@ -406,9 +402,6 @@ ACCOUNTING_CHECKS = ("expect_table_row_count_to_equal", "accounting: records rea
 def validate_routed(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -> ValidationReport:
     """The gate for a routed batch: the batch's accounting, then each target table's checks and suite on
     that table's files (the pipeline's not-null columns where the table has them, plus its id columns)."""
-    import dataclasses
-
-    from tidewater.batch import PartitionStats
 
     routed = manifest.routed
     checks = [CheckResult(

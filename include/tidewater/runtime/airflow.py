@@ -294,7 +294,7 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
     ui_color = "#d8f3ff"
 
     def __init__(self, *, pipeline_path: str, plan_task_id: str = "plan", **kwargs: Any) -> None:
-        from tidewater.steps.write import spark_app_path
+        from tidewater.config.spec import spark_app_path
 
         super().__init__(application=str(spark_app_path()), **kwargs)
         self.pipeline_path = pipeline_path

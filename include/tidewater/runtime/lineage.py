@@ -31,7 +31,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import attr
 
+from tidewater.batch import GATE_REPORT_NAME, VALIDATION_NAME, read_json
 from tidewater.config.spec import PipelineSpec
+from tidewater.source.kafka import kafka_settings
+from tidewater.steps.lifecycle import batch_path
+from tidewater.table.catalog import load_catalog, load_table
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +131,6 @@ _FACETS: dict[str, Any] | None = None
 
 def kafka_namespace(spec: PipelineSpec) -> str:
     """``kafka://host:port`` of the first bootstrap server (OpenLineage's naming of Kafka)."""
-    from tidewater.source.kafka import kafka_settings
 
     first = kafka_settings(spec)["bootstrap.servers"].split(",")[0].strip()
     return "kafka://" + first.split("://", 1)[-1]  # a SASL_SSL://host:port listener name is not part of it
@@ -244,10 +247,6 @@ def batch_lineage(spec: PipelineSpec, plan: Any, manifest: Any, result: Any = No
     table) out, with what this batch added; the gate's checks; the batch's counts as a run facet."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-    from tidewater.batch import GATE_REPORT_NAME, VALIDATION_NAME, read_json
-    from tidewater.steps.lifecycle import batch_path
-    from tidewater.table.catalog import load_catalog, load_table
-
     staged = batch_path(spec, plan)
     report = read_json(staged / GATE_REPORT_NAME) if (staged / GATE_REPORT_NAME).is_file() else None
     if gate is None:
@@ -287,8 +286,6 @@ def maintenance_lineage(spec: PipelineSpec, reports: list[Any]) -> Any:
     """A maintenance action: each table it worked on is its input and its output (a new snapshot, same rows)."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-    from tidewater.table.catalog import load_catalog, load_table
-
     catalog = load_catalog(spec)
     tables = [(r, load_table(catalog, r.table)) for r in reports]
     tables = [(r, t) for r, t in tables if t is not None]
@@ -309,8 +306,6 @@ def audit_lineage(spec: PipelineSpec, report: Any, deep: bool) -> Any:
     discrepancy as a run facet."""
     from airflow.providers.openlineage.extractors import OperatorLineage
     from openlineage.client.facet_v2 import data_quality_assertions_dataset as dq
-
-    from tidewater.table.catalog import load_catalog, load_table
 
     errors = [f for f in report.findings if f.severity == "error"]
     kinds = [k for k in AUDIT_CHECKS if (k != "deep" or deep) and (k != "routed" or not spec.targets.fused)]

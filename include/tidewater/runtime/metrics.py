@@ -22,6 +22,8 @@ import logging
 from datetime import datetime, timezone
 from typing import Any
 
+from tidewater.ops.status import status
+
 log = logging.getLogger(__name__)
 
 
@@ -47,7 +49,6 @@ def lag(spec: Any) -> dict[str, int]:
     """Gauge the pipeline's lag per partition (and in all); returns what was sent (empty when metrics are off)."""
     if not enabled():
         return {}
-    from tidewater.ops.status import status
 
     st = status(spec)
     sent = {}

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+from tidewater.config.parse import load_pipeline
+from tidewater.errors import TidewaterError
+from tidewater.plan.pending import pending
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +36,6 @@ class PendingDataTrigger(BaseEventTrigger):
                 {"pipeline_path": self.pipeline_path, "poll_seconds": self.poll_seconds})
 
     async def run(self) -> Any:
-        import time
-
-        from tidewater.config.parse import load_pipeline
-        from tidewater.errors import TidewaterError
-        from tidewater.plan.pending import pending
-
         fired_at: dict[str, dict[int, int]] | None = None
         fired_time = 0.0
         while True:

@@ -3,10 +3,10 @@ with what a write task imports loaded first, so every worker it forks starts wit
 
 Spark kills a Python worker after a minute idle (a constant in Spark 4.0's PythonWorkerFactory), so on a
 schedule of minutes every batch would get new workers and pay the imports again. The daemon that forks the
-workers lives as long as the server: importing here pays them once per server. Most of a fresh task's set-up
-was imports made lazily inside functions (profiled: pyiceberg's catalog and SQLAlchemy 0.5 s, pyiceberg's
-pyarrow FileIO 0.35 s): they are listed here. Nothing is opened (no client, catalog, file or thread), so
-forking stays safe.
+workers lives as long as the server: importing here pays them once per server (profiled before: pyiceberg's
+catalog and SQLAlchemy 0.5 s, pyiceberg's pyarrow FileIO 0.35 s of a fresh task's set-up). The list follows from
+the imports: the task's module, and the loaders a registry defers. Nothing is opened (no client, catalog, file
+or thread), so forking stays safe.
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ from __future__ import annotations
 import importlib
 
 PRELOAD = (
-    # the write step's own modules
-    "tidewater.write.task", "tidewater.write.sinks", "tidewater.write.parquet", "tidewater.write.dead_letters",
-    "tidewater.transform.chunk", "tidewater.decode.json", "tidewater.table.catalog", "tidewater.table.evolution",
-    "tidewater.source.kafka", "tidewater.transform.source_columns",
-    # what they import inside functions on a task's path (catalog, table, file IO, Kafka client, Parquet)
-    "pyiceberg.catalog", "pyiceberg.catalog.sql", "pyiceberg.io.pyarrow", "pyiceberg.table", "sqlalchemy",
-    "confluent_kafka", "pyarrow.json", "pyarrow.parquet", "pyarrow.compute",
+    # a write task and everything it imports (the package imports its own modules and Arrow, pyiceberg and the
+    # Kafka client at the top of each module, so this one name brings in the task's whole path)
+    "tidewater.write.task",
+    # what is loaded by name, on purpose late, in a registry: pyiceberg's SQL catalog (with SQLAlchemy), which
+    # table.catalog.load_catalog asks pyiceberg for; the value formats other than JSON load on first use
+    "pyiceberg.catalog.sql",
 )
 
 

@@ -10,11 +10,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import TopicPartition as KTP
 
 from tidewater.batch import PartitionRange, TopicPartition
 from tidewater.config.secrets import redact
@@ -36,8 +41,6 @@ class RateLimit(logging.Filter):
         self._seen: dict[str, list[float]] = {}  # kind -> [window start, passed, held back]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        import re
-
         kind = re.sub(r"\d+", "#", record.getMessage())[:300]
         now = time.monotonic()
         state = self._seen.get(kind)
@@ -142,8 +145,6 @@ def consumer_config(settings: dict[str, str], client_id: str) -> dict[str, Any]:
 
 
 def new_consumer(settings: dict[str, str], client_id: str) -> Any:
-    from confluent_kafka import Consumer
-
     try:
         return Consumer(client_logging(consumer_config(settings, client_id)))
     except Exception as e:
@@ -152,7 +153,6 @@ def new_consumer(settings: dict[str, str], client_id: str) -> Any:
 
 def resolve_topics(settings: dict[str, str], spec: PipelineSpec, timeout: float = 15.0) -> list[str]:
     """The pipeline's topics: the listed ones plus every topic that fully matches ``topic_pattern`` now."""
-    import re
 
     topics = list(spec.topics)
     if spec.topic_pattern is None:
@@ -198,7 +198,6 @@ def watermarks(
     settings: dict[str, str], partitions: list[TopicPartition], timeout: float = 15.0
 ) -> dict[TopicPartition, tuple[int, int]]:
     """(log start offset, end offset) per partition, as a read_committed consumer sees them."""
-    from confluent_kafka import TopicPartition as KTP
 
     consumer = new_consumer(settings, "watermarks")
     try:
@@ -246,10 +245,6 @@ class _Columns:
         self.header_list: list[Any] | None = [] if self.headers else None
 
     def add(self, msgs: list[Any], offs: list[int]) -> None:
-        from operator import itemgetter
-
-        from confluent_kafka import Message
-
         self.values.extend(map(Message.value, msgs))
         self.stamps.extend(map(itemgetter(1), map(Message.timestamp, msgs)))
         self.offsets.extend(offs)
@@ -267,7 +262,6 @@ class _Columns:
 
 def _without_errors(msgs: list[Any], rng: PartitionRange, pos: int) -> tuple[list[Any], bool]:
     """(the batch without its end-of-partition events, whether one was there). Any other error raises."""
-    from confluent_kafka import KafkaError, Message
 
     if not any(map(Message.error, msgs)):
         return msgs, False
@@ -293,8 +287,6 @@ def read_range(
     compacted topics and transaction markers). Raises KafkaReadError when no progress is made for
     ``read_timeout`` seconds, naming the partition and position.
     """
-    from confluent_kafka import Message
-    from confluent_kafka import TopicPartition as KTP
 
     if rng.size <= 0:
         return
@@ -347,9 +339,6 @@ class Rereader:
         self.new_consumer: Any = None
 
     def fetch(self, topic: str, partition: int, offsets: list[int]) -> dict[int, tuple[bytes | None, Any]]:
-        from confluent_kafka import KafkaError
-        from confluent_kafka import TopicPartition as KTP
-
         if not offsets:
             return {}
         if self.new_consumer is None:

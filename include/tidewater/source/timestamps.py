@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from confluent_kafka import TopicPartition as KTP
+
+from tidewater.errors import TransientError
+from tidewater.source.kafka import new_consumer, watermarks
+
 
 class OffsetLookup(Protocol):
     """Kafka's ListOffsets by time (librdkafka ``offsets_for_times``), as replay needs it."""
@@ -19,11 +24,6 @@ class KafkaOffsetLookup:
         self.settings = settings
 
     def offsets_for_times(self, topic: str, partitions: list[int], ms: int) -> dict[int, int]:
-        from confluent_kafka import TopicPartition as KTP
-
-        from tidewater.errors import TransientError
-        from tidewater.source.kafka import new_consumer, watermarks
-
         consumer = new_consumer(self.settings, "offsets-for-times")
         try:
             found = consumer.offsets_for_times([KTP(topic, p, ms) for p in partitions], timeout=15)

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tidewater.errors import ConfigError, TerminalError
 from tidewater.staging.objects import ObjectPath, object_path
 
 StagePath = Path | ObjectPath
@@ -56,7 +57,6 @@ def locate(location: str | StagePath, properties: Mapping[str, str], setting: st
         return Path(location[len("file://"):] if scheme else location).expanduser()
     if scheme in OBJECT_SCHEMES:
         return object_path(location, properties, setting)
-    from tidewater.errors import ConfigError
 
     raise ConfigError(f"{setting}: {location!r} uses the scheme {scheme!r}, which the staging file layer cannot serve "
                       f"(a path, file://, or one of {', '.join(s + '://' for s in OBJECT_SCHEMES)})")
@@ -88,13 +88,9 @@ def read_json(path: StagePath) -> dict[str, Any]:
     try:
         doc = json.loads(data)
     except ValueError as e:
-        from tidewater.errors import TerminalError
-
         raise TerminalError(f"{path} is not a whole JSON document ({len(data)} bytes: {e}); the step that wrote it "
                             "has to run again (its batch is planned anew)") from None
     if not isinstance(doc, dict):
-        from tidewater.errors import TerminalError
-
         raise TerminalError(f"{path} holds JSON {type(doc).__name__}, not a staged document")
     return doc
 

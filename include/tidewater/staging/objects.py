@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
+from tidewater.errors import ConfigError, TransientError
+
 T = TypeVar("T")
 
 # Words in pyarrow's error text (the AWS, Google and Azure SDKs' own) that mean a person has to act: the
@@ -25,7 +27,6 @@ _REFUSED = ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoe
 def storage_failure(e: BaseException, location: str, setting: str) -> Exception:
     """The error to raise for a failed call on the staging store: terminal naming ``setting`` when the store
     refused the credentials or has no such bucket, transient otherwise (unreachable, timed out, busy)."""
-    from tidewater.errors import ConfigError, TransientError
 
     text = str(e)
     if any(word in text for word in _REFUSED):
@@ -171,8 +172,6 @@ def object_path(location: str, properties: Mapping[str, str], setting: str) -> O
     """The location ``<scheme>://<bucket>/<key>`` on the filesystem pyiceberg's FileIO builds from
     ``properties`` (the same ``s3.*``/``gcs.*``/``adls.*`` settings, so the same credentials)."""
     from pyiceberg.io.pyarrow import PyArrowFileIO
-
-    from tidewater.errors import ConfigError
 
     io = PyArrowFileIO(dict(properties))
     scheme, netloc, key = io.parse_location(location)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tidewater.audit import ledger
 from tidewater.batch import (
     GATE_REPORT_NAME,
     MANIFEST_NAME,
@@ -32,22 +33,25 @@ from tidewater.commit.dead_letters import commit_dead_letters
 from tidewater.commit.quarantine import quarantined_error
 from tidewater.commit.result import CommitResult
 from tidewater.config.parse import load_pipeline
-from tidewater.config.spec import PipelineSpec
+from tidewater.config.spec import PipelineSpec, spark_app_path
 from tidewater.errors import TerminalError, ValidationFailedError
 from tidewater.plan.ingest import plan_batch
+from tidewater.quality.data_docs import page_of, publish, render_in_background, site_dir
 from tidewater.quality.gate import ValidationReport, judge, require_valid
-from tidewater.steps.write import load_plan, run_write_step, spark_app_path, write_breakdown
+from tidewater.source.kafka import kafka_settings
+from tidewater.steps.write import load_plan, run_write_step, write_breakdown
 from tidewater.table.catalog import load_catalog, load_table
-from tidewater.table.summary import DEAD_LETTERS, find_batch_snapshot, summary_dict
+from tidewater.table.provisional import revert
+from tidewater.table.summary import BATCH_ID, DEAD_LETTERS, find_batch_snapshot, summary_dict
 from tidewater.table.targets import holder_state, target_tables
 from tidewater.write.dead_letters import dead_letter_sink
+from tidewater.write.task import probe_schema
 
 log = logging.getLogger(__name__)
 
 
 def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> ValidationReport:
     """Run the quality gate; raises ValidationFailedError (nothing committed) when it fails."""
-    from tidewater.quality.data_docs import publish
 
     report = judge(spec, load_catalog(spec), manifest)
     # observed values may be dates or decimals: as text, like the Data Docs' pending report
@@ -113,7 +117,6 @@ def _written_tables(spec: PipelineSpec, catalog: Any, manifest: BatchManifest | 
 def reject_batch(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest | None, why: str) -> None:
     """A batch that will never commit: undo its schema changes on every table it wrote to, and mark its
     staging directory so that no later commit step can commit its files (they may hold dropped columns)."""
-    from tidewater.table.provisional import revert
 
     catalog = load_catalog(spec)
     undone = {ident: revert(catalog, ident, plan.batch_id) for ident in _written_tables(spec, catalog, manifest)}
@@ -127,7 +130,6 @@ def _abandoned_batches(spec: PipelineSpec, catalog: Any) -> list[Path]:
     """Staged ingest batches planned after the newest committed one that never committed and were not
     undone yet: the only ones whose schema changes can still need undoing (earlier ones were handled by
     the plan step that came before the next commit). One directory listing; no table scan."""
-    from tidewater.table.summary import BATCH_ID
 
     root = spec.staging_dir() / spec.name
     if not root.is_dir():
@@ -165,8 +167,6 @@ def plan_step(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) 
         # A first batch: the table (routed: each table its first records name) is created here from the first
         # records of each range, so that the write job needs one round. Anything else (a field past those
         # records, a routed table a later batch names) the tasks report and the write job's driver makes once.
-        from tidewater.source.kafka import kafka_settings
-        from tidewater.write.task import probe_schema
 
         probe_schema(spec, kafka_settings(spec), plan.batch_id, plan.ranges)
     return plan, path
@@ -185,7 +185,6 @@ def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, da
 def record_in_ledger(spec: PipelineSpec, touched: list[str] | None = None) -> None:
     """Sync the ledger (``audit/ledger.py``; ``touched``: see ``ledger.sync``). A failure is logged, not raised:
     the batch is committed either way and the next sync (the next commit, snapshot expiry, the audit) records it."""
-    from tidewater.audit import ledger
 
     try:
         ledger.sync(load_catalog(spec), spec, touched)
@@ -269,7 +268,6 @@ def _validate_and_commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
     t4 = time.monotonic()
     say(f"      {result.status}: snapshot {result.snapshot_id}, {result.records} records ({t4 - t0:.1f}s total)")
     steps = {"plan": t1 - t0, "write": t2 - t1, "validate": t3 - t2, "commit": t4 - t3}
-    from tidewater.quality.data_docs import page_of, render_in_background, site_dir
 
     if page_of(spec, plan.batch_id) is None:
         render_in_background(spec, plan.batch_id)

@@ -11,18 +11,23 @@ The Spark catalog gets the pyiceberg catalog's name, so both see the same tables
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import logging
+import os
+import shutil
 import struct
 import sys
+import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from tidewater.config.secrets import SPARK_REDACTION_REGEX, split_secrets
 from tidewater.config.spec import PipelineSpec, home_dir
-from tidewater.errors import ConfigError
+from tidewater.errors import ConfigError, TerminalError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +287,6 @@ WRITE_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 def launcher_env() -> dict[str, str]:
     """Environment for spark-submit's launcher JVM (it only builds the command line): the same fast-start
     options, unless SPARK_LAUNCHER_OPTS is set already."""
-    import os
 
     return {} if "SPARK_LAUNCHER_OPTS" in os.environ else {"SPARK_LAUNCHER_OPTS": WRITE_DRIVER_JAVA_OPTIONS}
 
@@ -329,7 +333,6 @@ def write_submit_settings(spec: PipelineSpec, master: str | None = None) -> dict
     command line. Spark's own redaction (its UI, event logs) is widened to the same rules unless
     ``spark.conf`` sets ``spark.redaction.regex``.
     """
-    from tidewater.config.secrets import SPARK_REDACTION_REGEX, split_secrets
 
     conf = {**_BASE_CONF, **python_conf(spec, master or spec.spark.master)}
     conf["spark.driver.extraJavaOptions"] += " " + WRITE_DRIVER_JAVA_OPTIONS
@@ -348,7 +351,6 @@ def _escape_property(text: str) -> str:
 def spark_defaults_file(env: Mapping[str, str] | None = None) -> Path | None:
     """The ``spark-defaults.conf`` spark-submit would load: ``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``, else
     the conf folder of this environment's pyspark (where its spark-submit finds its home); None if absent."""
-    import os
 
     env = os.environ if env is None else env
     if env.get("SPARK_CONF_DIR"):
@@ -356,8 +358,6 @@ def spark_defaults_file(env: Mapping[str, str] | None = None) -> Path | None:
     elif env.get("SPARK_HOME"):
         folder = Path(env["SPARK_HOME"]) / "conf"
     else:
-        import importlib.util
-
         found = importlib.util.find_spec("pyspark")
         if found is None or not found.submit_search_locations:
             return None
@@ -376,8 +376,6 @@ def properties_file(conf: dict[str, str], defaults: Path | None = None) -> Path:
     it: java.util.Properties keeps the last value of a key, so ``conf`` wins over a default and the
     command line's ``--conf`` over both, the order spark-submit itself applies. Copying the text, not
     parsing it, keeps every default exactly as Spark would read it."""
-    import os
-    import tempfile
 
     directory = Path(tempfile.mkdtemp(prefix="tidewater-spark-"))  # mode 0700
     path = directory / "secrets.properties"
@@ -394,8 +392,6 @@ def properties_file(conf: dict[str, str], defaults: Path | None = None) -> Path:
 
 
 def remove_properties_file(path: Path | None) -> None:
-    import shutil
-
     if path is not None:
         shutil.rmtree(path.parent, ignore_errors=True)
 
@@ -456,7 +452,6 @@ _TRANSIENT_SPARK = ("CommitFailedException", "database is locked", "Connection r
 def spark_failure(e: BaseException) -> Any:
     """A failure raised by Spark (Py4J or PySpark) as one ``TidewaterError`` line (the Java exception's first line,
     not its stack trace), transient or terminal by its text; None for anything else."""
-    from tidewater.errors import TerminalError, TransientError
 
     module = type(e).__module__ or ""
     if not (module.startswith("py4j") or module.startswith("pyspark")):

@@ -7,31 +7,39 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from tidewater.batch import (
+    ERROR_NAME,
     BatchManifest,
     BatchPlan,
     manifest_path,
     read_json,
 )
-from tidewater.config.spec import PipelineSpec
+from tidewater.config.spec import PipelineSpec, spark_app_path
 from tidewater.errors import ConfigError, TerminalError, TransientError
+from tidewater.source.kafka import kafka_settings
+from tidewater.steps.spark import (
+    launcher_env,
+    local_master,
+    properties_file,
+    remove_properties_file,
+    spark_defaults_file,
+    spark_submit_command,
+    write_submit_settings,
+)
+from tidewater.write.job import deployment_fault, missing_module, read_error, run_arrow, stage_manifest
 
 log = logging.getLogger(__name__)
-
-
-def spark_app_path() -> Path:
-    """spark_apps/ingest_batch.py of this checkout (the package lives in include/)."""
-    env = os.environ.get("TIDEWATER_SPARK_APP")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "spark_apps" / "ingest_batch.py"
 
 
 def load_plan(plan_path: Any, spec: PipelineSpec | None = None) -> BatchPlan:
@@ -42,7 +50,6 @@ def load_plan(plan_path: Any, spec: PipelineSpec | None = None) -> BatchPlan:
 
 def load_manifest(plan_path: Any, spec: PipelineSpec | None = None) -> BatchManifest:
     """The write step's manifest; raises the write step's own error if it failed."""
-    from tidewater.write.job import read_error
 
     plan_path = spec.stage(plan_path) if spec is not None else plan_path
     mpath = manifest_path(plan_path)
@@ -63,15 +70,6 @@ class WriteJob:
 
     def __init__(self, spec: PipelineSpec, plan_path: Any, master: str | None = None,
                  timings: dict[str, float] | None = None) -> None:
-        from tidewater.batch import ERROR_NAME
-        from tidewater.steps.spark import (
-            properties_file,
-            remove_properties_file,
-            spark_defaults_file,
-            spark_submit_command,
-            write_submit_settings,
-        )
-
         self.timings = {} if timings is None else timings
         (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
         manifest_path(plan_path).unlink(missing_ok=True)
@@ -92,7 +90,6 @@ class WriteJob:
 
     def wait(self, plan_path: Any, progress: Any = None, background: list[Any] | None = None) -> BatchManifest:
         """The job's manifest once it exists (``background``: without waiting for the JVM to exit)."""
-        from tidewater.steps.spark import remove_properties_file
 
         mpath = manifest_path(plan_path)
         poll = 0.1 if isinstance(mpath, Path) else 0.5  # a HEAD request per look on object storage
@@ -116,8 +113,6 @@ class WriteJob:
         return load_manifest(plan_path)
 
     def _raise_failure(self, plan_path: Any, shown: Any) -> None:
-        from tidewater.write.job import deployment_fault, read_error
-
         err = read_error(plan_path.parent)
         if err is not None:
             raise err
@@ -135,7 +130,6 @@ def write_job_args(spec: PipelineSpec, plan_path: Any) -> list[str]:
 
 def _job_log(plan_path: Any) -> tuple[Path, Any]:
     """Where spark-submit's output goes while it runs, and where it is staged afterwards (None: in place)."""
-    import tempfile
 
     staged = plan_path.parent / "spark-submit.log"
     if isinstance(staged, Path):
@@ -173,8 +167,6 @@ def run_write_step(spec: PipelineSpec, plan_path: Path, master: str | None = Non
 
 
 def _connect_endpoint(url: str) -> tuple[str, int]:
-    from urllib.parse import urlparse
-
     parsed = urlparse(url.split(";", 1)[0])
     if parsed.scheme != "sc" or not parsed.hostname:
         raise ConfigError(f"spark.connect_url: {url!r} is not a Spark Connect URL (sc://host:port)")
@@ -198,7 +190,6 @@ def connect_session(url: str) -> Any:
 
     Not ``builder.remote(url).getOrCreate()``: it returns the process's first session whatever the URL, so a
     second server (or pipeline) would silently get the first one's."""
-    import socket
 
     host, port = _connect_endpoint(url)
     try:
@@ -259,7 +250,6 @@ def shared_session(url: str) -> Any:
     ``spark.connect.session.manager.defaultSessionTimeout`` and refuses its id from then on: the next
     generation's id is taken, the same walk in every process. A URL that names its own ``session_id`` is
     used as it is."""
-    import uuid
 
     if "session_id=" in url:
         return _remote(url)
@@ -301,7 +291,6 @@ def _close_client(spark: Any) -> None:
 def connect_failure(e: BaseException, url: str) -> Any:
     """A failure of the Connect server itself as a TidewaterError naming ``spark.connect_url``, else None:
     a server gone or restarting is transient; workers without the project's packages are terminal."""
-    from tidewater.write.job import missing_module
 
     module = type(e).__module__ or ""
     if not (module.startswith("pyspark") or module.startswith("grpc")):
@@ -328,9 +317,6 @@ def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, fl
                       url: str | None = None) -> BatchManifest:
     """The write step on a Spark Connect server (``url``, default ``spark.connect_url``), from this process:
     the same plan, tasks, manifest and error document as the spark-submit job."""
-    from tidewater.batch import ERROR_NAME
-    from tidewater.source.kafka import kafka_settings
-    from tidewater.write.job import run_arrow, stage_manifest
 
     timings = {} if timings is None else timings
     url = url or str(spec.spark.connect_url)
@@ -388,7 +374,6 @@ def write_breakdown(manifest: BatchManifest, submitted: float, returned: float) 
 def _spark_env(master: str) -> dict[str, str]:
     """spark-submit's environment: this interpreter for the driver, and for the executors on a local master
     only (on a cluster, its own choice applies: see ``runtime.spark.python_conf``)."""
-    from tidewater.steps.spark import launcher_env, local_master
 
     env = {**os.environ, **launcher_env()}
     if local_master(master):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import logging
 import time
@@ -9,10 +10,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.types import StructType
 
 from tidewater.config.spec import TableSpec
 from tidewater.errors import TerminalError, TransientError
-from tidewater.table.catalog import create_table
+from tidewater.table import provisional as prov
+from tidewater.table.catalog import create_table, load_table, retry_busy
+from tidewater.table.limits import field_paths
 from tidewater.table.targets import target_spec
 
 log = logging.getLogger(__name__)
@@ -34,8 +41,6 @@ def arrow_paths(t: pa.DataType, prefix: str = "") -> set[str]:
 
 
 def table_arrow_schema(table: Any) -> pa.Schema:
-    from pyiceberg.io.pyarrow import schema_to_pyarrow
-
     return schema_to_pyarrow(table.schema(), include_field_ids=False)
 
 
@@ -89,9 +94,6 @@ _WIDER = {("int", "long"), ("float", "double")}
 
 def _walk(fields: Any, arrays: dict[str, pa.Array], valid: pa.Array | None, prefix: str,
           widen: list[str], optional: list[str]) -> None:
-    import pyarrow.compute as pc
-    from pyiceberg.types import StructType
-
     for f in fields:
         path = f"{prefix}{f.name}"
         arr = arrays.get(f.name)
@@ -138,8 +140,6 @@ def evolution_needed(table: Any | None, data: pa.Table) -> Evolution:
 
 
 def _has_required_or_narrow(f: Any) -> bool:
-    from pyiceberg.types import StructType
-
     if f.required or str(f.field_type) in ("int", "float"):
         return True
     return isinstance(f.field_type, StructType) and any(_has_required_or_narrow(c) for c in f.field_type.fields)
@@ -148,7 +148,6 @@ def _has_required_or_narrow(f: Any) -> bool:
 def _keep_required(table: Any, schema: pa.Schema, relax: set[str]) -> pa.Schema:
     """``schema`` with fields the table has as required (and that stay required) marked non-nullable,
     so that ``union_by_name`` changes nothing about them."""
-    from pyiceberg.types import StructType
 
     def walk(fields: Any, t: pa.StructType, prefix: str) -> list[pa.Field]:
         ice = {f.name: f for f in fields}
@@ -205,10 +204,6 @@ def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Tab
     ``tspec``: the table's settings (a pipeline's ``table``, or one target of a routed pipeline).
     ``provisional``: (batch id, tag): the changes are tagged as that batch's, confirmed by its commit
     or reverted (see ``table/provisional.py``). ``optional``: see :func:`pending_change`."""
-    from pyiceberg.exceptions import CommitFailedException
-
-    from tidewater.table import provisional as prov
-    from tidewater.table.limits import field_paths
 
     ident = tspec.identifier
     schema = data.schema
@@ -261,7 +256,6 @@ DRIVER_TAG = "driver"  # the provisional tag of the changes the write job's driv
 def change_request(ident: str, data: pa.Table, change: Evolution, id_columns: list[str] | None = None) -> dict[str, Any]:
     """A task's report of a change its rows need (JSON: it travels in the task's result to the driver).
     ``id_columns``: the table's, as the task knows them (read from the message keys: see ``TableSink.key_ids``)."""
-    import base64
 
     return {"table": ident, "schema": base64.b64encode(data.schema.serialize().to_pybytes()).decode("ascii"),
             "optional": list(change.optional), "change": change.describe(), "id_columns": list(id_columns or [])}
@@ -272,9 +266,6 @@ def apply_requests(catalog: Any, spec: Any, requests: list[dict[str, Any]], batc
     with them (the tasks never change a table: see ``write/job.py``). The schemas a table's tasks saw are
     unified into one change when their types agree (one schema commit per table per batch); otherwise each
     is applied in turn and the conflicting one fails naming the field. Returns what changed, per table."""
-    import base64
-
-    from tidewater.table.catalog import load_table, retry_busy
 
     by_table: dict[str, list[dict[str, Any]]] = {}
     for r in requests:

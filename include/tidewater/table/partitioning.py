@@ -16,8 +16,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg import transforms as t
+from pyiceberg.io.pyarrow import _get_field_from_arrow_table
 from pyiceberg.partitioning import PartitionField as IcebergPartitionField
-from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.partitioning import PartitionFieldValue, PartitionKey, PartitionSpec
 from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
 from pyiceberg.table.sorting import SortField as IcebergSortField
 
@@ -75,8 +76,6 @@ def build(schema: Any, partition_by: list[str], sort_by: list[str], prefix: str 
 def split(table: Any, data: pa.Table) -> list[tuple[Any, pa.Table]]:
     """``data`` (already in the table's schema) split by the table's current partition spec:
     [(PartitionKey, rows)]. Unpartitioned tables give one piece with key None."""
-    from pyiceberg.io.pyarrow import _get_field_from_arrow_table
-    from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
 
     spec, schema = table.spec(), table.schema()
     if spec.is_unpartitioned():

@@ -7,6 +7,9 @@ from __future__ import annotations
 from functools import reduce
 from typing import Any
 
+import pyarrow as pa
+from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan, Or
+
 from tidewater.batch import PartitionRange
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
@@ -21,7 +24,6 @@ def metadata_columns(spec: PipelineSpec) -> tuple[str, str, str]:
 
 def rows_filter(spec: PipelineSpec, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
     """An Iceberg row filter selecting the rows that came from ``ranges``."""
-    from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan, Or
 
     topic, partition, offset = metadata_columns(spec)
     terms = [And(EqualTo(topic, r.topic), And(EqualTo(partition, r.partition),
@@ -32,7 +34,6 @@ def rows_filter(spec: PipelineSpec, ranges: list[PartitionRange] | tuple[Partiti
 
 def present_offsets(spec: PipelineSpec, table: Any, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
     """(topic, partition, offset) of the rows the table holds from ``ranges`` (Arrow table)."""
-    import pyarrow as pa
 
     if table is None or not ranges or table.current_snapshot() is None:
         return pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()),

@@ -21,6 +21,8 @@ import json
 import logging
 from typing import Any
 
+from pyiceberg.exceptions import NoSuchTableError
+
 log = logging.getLogger(__name__)
 
 PREFIX = "tidewater.provisional."
@@ -63,7 +65,6 @@ def _fields_with_data(table: Any, field_ids: set[int]) -> set[int]:
 
 def revert(catalog: Any, ident: str, batch_id: str) -> list[str]:
     """Undo the provisional changes of a batch that will never commit. Returns what was undone."""
-    from pyiceberg.exceptions import NoSuchTableError
 
     try:
         table = catalog.load_table(ident)

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestWriterV2
+from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+
+from tidewater.errors import TerminalError
+
 
 def _delete_manifest_writer(producer: Any, spec: Any) -> Any:
-    from pyiceberg.manifest import ManifestContent, ManifestWriterV2
-
     class DeleteManifestWriter(ManifestWriterV2):
         def content(self) -> ManifestContent:
             return ManifestContent.DELETES
@@ -34,13 +38,8 @@ def _delete_manifest_writer(producer: Any, spec: Any) -> Any:
 
 def row_delta(tx: Any, table: Any, files: list[Any], deletes: list[Any], properties: dict[str, str], branch: str) -> None:
     """Add ``files`` (data) and ``deletes`` (position delete files) to ``branch`` in one snapshot of ``tx``."""
-    from pyiceberg.manifest import ManifestEntry, ManifestEntryStatus
-    from pyiceberg.table.snapshots import Operation
-    from pyiceberg.table.update.snapshot import _FastAppendFiles
 
     if table.format_version < 2:
-        from tidewater.errors import TerminalError
-
         raise TerminalError("position deletes need a format-version 2 table; upgrade it with "
                             "`ALTER TABLE ... SET TBLPROPERTIES ('format-version'='2')`", table=table.name())
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidewater.config.spec import FormatSpec
+from tidewater.decode.records import keep_mask
 
 UTC_US = pa.timestamp("us", tz="UTC")
 
@@ -99,7 +101,6 @@ def _iso(col: pa.Array, tz: str) -> pa.Array:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     # Error path: parse value by value so only the bad ones fail.
-    from zoneinfo import ZoneInfo
 
     zone = ZoneInfo(tz)
     out = []
@@ -151,7 +152,5 @@ def apply(table: pa.Table, spec_format: FormatSpec) -> tuple[pa.Table, list[tupl
                 failed.setdefault(r, f"column {name!r}: {originals[r]!r} is not a date-time in format {fmt!r}")
         table = _set(table, name, new)
     if failed:
-        from tidewater.decode.records import keep_mask
-
         table = table.filter(keep_mask(table.num_rows, list(failed)))
     return table, sorted(failed.items())

@@ -8,12 +8,16 @@ type. A key that cannot be read leaves the id empty, which the task sets apart a
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidewater.config.spec import KEYED_OP, PipelineSpec
+from tidewater.decode.avro import decode_avro
+from tidewater.decode.json import decode_json_lenient
 from tidewater.decode.records import BadRecord, decoded_rows
 from tidewater.source.kafka import Chunk
 
@@ -42,14 +46,10 @@ def _key_columns(chunk: Chunk, ids: list[str], types: dict[str, pa.DataType], re
     raw = pa.array(keyed.values, pa.binary())
     if registry is not None and pc.any(pc.fill_null(pc.starts_with(pc.cast(raw, pa.string(), safe=False), "\x00"),
                                                     False)).as_py():
-        from tidewater.decode.avro import decode_avro
-
         parsed, bad = decode_avro(keyed, registry)
         return _spread(parsed, bad, n, ids, types)
     text = pc.cast(raw, pa.string(), safe=False)
     if pc.any(pc.fill_null(pc.starts_with(pc.utf8_ltrim_whitespace(text), "{"), False)).as_py():
-        from tidewater.decode.json import decode_json_lenient
-
         parsed, bad = decode_json_lenient(keyed, None)
         return _spread(parsed, bad, n, ids, types)
     if len(ids) != 1:
@@ -64,7 +64,6 @@ def _key_columns(chunk: Chunk, ids: list[str], types: dict[str, pa.DataType], re
 
 def _at(n: int, rows: Any) -> pa.Array:
     """A mask of length ``n`` true at ``rows``."""
-    import numpy as np
 
     mask = np.zeros(n, dtype=bool)
     mask[np.asarray(rows)] = True
@@ -123,15 +122,12 @@ def key_field_names(chunk: Chunk, registry: Any = None) -> tuple[list[str], int 
     key), read once per chunk: JSON with its schema (``{"schema": ..., "payload": {...}}``) or without, or a
     Confluent-framed Avro record (``registry``). Returns (names, offset of the key read), ``([], offset)`` when
     that key is not a record with fields, ``([], None)`` when no record has a key."""
-    import json
 
     at = next((i for i, k in enumerate(chunk.keys or []) if k), None)
     if at is None:
         return [], None
     key, offset = chunk.keys[at], chunk.offsets[at]
     if key[:1] == b"\x00" and registry is not None:
-        from tidewater.decode.avro import decode_avro
-
         parsed, bad = decode_avro(Chunk(chunk.topic, chunk.partition, [key], [offset], [0]), registry)
         return ([] if bad else list(parsed.column_names)), offset
     try:

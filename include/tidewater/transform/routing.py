@@ -26,6 +26,7 @@ from tidewater.config.routes import (
     valid_identifier,
 )
 from tidewater.config.spec import PipelineSpec
+from tidewater.decode.debezium import SOURCE_COLUMN
 
 
 def route_values(data: pa.Table, path: str) -> pa.Array:
@@ -192,7 +193,6 @@ class Router:
         """Tables named by fields of the Debezium envelope's source block (``{source.<field>}``, kept by the decoder
         in ``SOURCE_COLUMN``): worked out once per distinct combination of those fields' values, each checked
         like a route value (one name part)."""
-        from tidewater.decode.debezium import SOURCE_COLUMN
 
         n = data.num_rows
         fields = SOURCE_PLACEHOLDER.findall(template)

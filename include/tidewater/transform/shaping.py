@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.types import StructType
 
 from tidewater.config.spec import FormatSpec, TableSpec
+from tidewater.decode.records import keep_mask
 from tidewater.errors import TerminalError
 
 NAME_MAPPING = "schema.name-mapping.default"
@@ -160,8 +162,6 @@ class NameMatcher:
                     collect(mf.fields)
             collect(mapping)
 
-        from pyiceberg.types import StructType
-
         def level(fields: Any, path: tuple[str, ...]) -> None:
             lookup: dict[str, str] = {}
             for f in fields:
@@ -235,8 +235,6 @@ def conform(data: pa.Table, target: pa.Schema | None) -> tuple[pa.Table, list[tu
                 out.append(None)
         data = data.set_column(i, name, pa.array(out, want))
     if failed:
-        from tidewater.decode.records import keep_mask
-
         data = data.filter(keep_mask(data.num_rows, list(failed)))
     return data, sorted(failed.items())
 

@@ -12,10 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+from confluent_kafka import KafkaException, Producer
 
 from tidewater.batch import StagedFile
 from tidewater.decode.records import BadRecord
-from tidewater.source.kafka import Chunk, client_logging
+from tidewater.errors import TransientError
+from tidewater.source.kafka import Chunk, client_logging, kafka_settings
 from tidewater.table.catalog import DEAD_LETTER_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -75,10 +78,6 @@ def produce_to_topic(settings: dict[str, str], topic: str, table: Any, files: li
     Delivery is at least once: ``tidewater.batch-id`` with the source coordinates identifies duplicates.
     Raises TransientError when a message is not acknowledged.
     """
-    import pyarrow.parquet as pq
-    from confluent_kafka import KafkaException, Producer
-
-    from tidewater.errors import TransientError
 
     consumer_only = ("auto.offset.reset", "fetch.", "max.partition.fetch.bytes", "queued.", "session.timeout.ms",
                      "group.", "heartbeat.", "max.poll.interval.ms", "check.crcs", "isolation.level")
@@ -130,7 +129,6 @@ def dead_letter_sink(spec: Any, batch_id: str) -> Any:
     """The Kafka dead-letter topic as a sink for the dead-letter commit (None without ``dead_letter.topic``)."""
     if not spec.dead_letter.topic:
         return None
-    from tidewater.source.kafka import kafka_settings
 
     topic = spec.dead_letter.topic
 

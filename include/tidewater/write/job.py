@@ -19,9 +19,13 @@ first batch's tables from its first records, so most batches need one round.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import re
 import time
 from typing import Any
+
+import pyarrow as pa
 
 from tidewater.batch import (
     ERROR_NAME,
@@ -37,9 +41,14 @@ from tidewater.batch import (
     write_json_atomic,
 )
 from tidewater.config.spec import PipelineSpec
-from tidewater.errors import BatchWriteError
+from tidewater.config.validate import cluster_mode_refused
+from tidewater.errors import BatchWriteError, ConfigError, TerminalError, TidewaterError, error_document
+from tidewater.staging import read_parquet
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.evolution import apply_requests
+from tidewater.table.provisional import revert
 from tidewater.write.sinks import delete_files
-from tidewater.write.task import write_subrange
+from tidewater.write.task import present_offsets, write_subrange
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +83,6 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
     """The same write step through Spark's DataFrame API, for Spark Connect (which has no RDDs): one
     partition per sub-range, each running the task code once in ``mapInArrow`` and returning its result
     as one JSON string. Works on a classic SparkSession too."""
-    import json
 
     timings = {} if timings is None else timings
     timings["job_submitted"] = time.time()
@@ -85,8 +93,6 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
         def tasks(batches: Any) -> Any:
-            import pyarrow as pa
-
             for b in batches:
                 out = [json.dumps(write_subrange(spec, settings, batch_id, ids[k], ranges[ids[k]], mode, excludes[ids[k]],
                                                   only))
@@ -107,8 +113,6 @@ def present_by_subrange(plan: BatchPlan, spec: PipelineSpec, ranges: list[Any]) 
     from the plan's staged file (once), so that executors never need the staging area."""
     if not plan.exclude_path:
         return [None] * len(ranges)
-    from tidewater.staging import read_parquet
-    from tidewater.write.task import present_offsets
 
     present = read_parquet(spec.stage(plan.exclude_path))
     return [present_offsets(present, r) for r in ranges]
@@ -136,9 +140,6 @@ def write_rounds(execute: Any, plan: BatchPlan, spec: PipelineSpec, n: int,
     """Run the tasks ``0..n-1`` (``execute(ids)`` returns their results); while some report schema changes
     their rows need, make the changes here, once per table, and run those tasks again. A change that
     cannot be made (a setting forbids it, conflicting types) becomes the batch's error."""
-    from tidewater.errors import TerminalError, TidewaterError, error_document
-    from tidewater.table.catalog import load_catalog
-    from tidewater.table.evolution import apply_requests
 
     results: dict[int, dict[str, Any]] = {}
     todo = list(range(n))
@@ -170,7 +171,6 @@ def write_rounds(execute: Any, plan: BatchPlan, spec: PipelineSpec, n: int,
 def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]],
                      timings: dict[str, float] | None = None) -> BatchManifest:
     """Gather the tasks' results; raise the first task error (all tasks' files are then uncommitted)."""
-    from tidewater.table.catalog import load_catalog, load_table
 
     errors = [r for r in results if "error" in r]
     if errors:
@@ -186,7 +186,6 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
         for ident, paths in by_table.items():
             if paths:
                 delete_files(load_table(catalog, ident), paths)
-        from tidewater.table.provisional import revert
 
         for ident in set(by_table) - {spec.dead_letter_table()} if not spec.targets.fused else {spec.targets.holder}:
             revert(catalog, ident, plan.batch_id)  # nothing of this batch can commit: undo its schema changes
@@ -242,7 +241,6 @@ def read_error(batch_dir: Any) -> BatchWriteError | None:
 
 def missing_module(text: str) -> str | None:
     """The module a Python worker could not import, from a Spark error's text, if that is what it says."""
-    import re
 
     found = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
     return found.group(1) if found else None
@@ -251,9 +249,6 @@ def missing_module(text: str) -> str | None:
 def deployment_fault(text: str) -> Any:
     """A terminal error for a failure of the Spark job itself that no retry can heal (the executors' Python
     lacks the project's packages or does not exist on the workers), else None. ``text``: the job's error or log."""
-    import re
-
-    from tidewater.errors import ConfigError
 
     missing = missing_module(text)
     if missing:
@@ -266,8 +261,6 @@ def deployment_fault(text: str) -> Any:
                            "exist on the workers; ship an environment with spark.python_env (`make executor-env`) or "
                            "set spark.conf spark.pyspark.python to the workers' interpreter")
     if "Cluster deploy mode is currently not supported for python applications" in text:
-        from tidewater.config.validate import cluster_mode_refused
-
         return cluster_mode_refused("deploy mode")
     return None
 

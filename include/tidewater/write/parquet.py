@@ -15,9 +15,23 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.io.fileformat import FileFormatFactory
+from pyiceberg.io.pyarrow import (
+    _get_parquet_writer_kwargs,
+    _to_requested_schema,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    pyarrow_to_schema,
+    schema_to_pyarrow,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.typedef import Record
 
 from tidewater.batch import StagedFile
 from tidewater.errors import TerminalError
+from tidewater.table.partitioning import decode_values, encode_values, split
 
 TARGET_FILE_SIZE = "write.target-file-size-bytes"
 
@@ -27,9 +41,6 @@ TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
 
 def to_table_schema(table: Any, decoded: pa.Table) -> pa.Table:
     """Reorder, fill, promote and tag ``decoded`` with the table schema's field ids."""
-    from pyiceberg.io.fileformat import FileFormatFactory
-    from pyiceberg.io.pyarrow import _to_requested_schema, pyarrow_to_schema, schema_to_pyarrow
-    from pyiceberg.manifest import FileFormat
 
     fmt = FileFormatFactory.get(FileFormat.PARQUET)
     schema = table.schema()
@@ -56,9 +67,6 @@ class DataFileWriter:
     file per partition of the table's current partition spec."""
 
     def __init__(self, table: Any, file_prefix: str) -> None:
-        from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs
-        from pyiceberg.table.locations import load_location_provider
-
         meta = table.metadata
         self._table = table
         self._io = table.io
@@ -74,8 +82,6 @@ class DataFileWriter:
         self.files: list[dict[str, Any]] = []
 
     def write(self, data: pa.Table) -> None:
-        from tidewater.table.partitioning import split
-
         if data.num_rows == 0:
             return
         for key, rows in split(self._table, data):
@@ -93,14 +99,6 @@ class DataFileWriter:
                 self._roll(self._open.pop(record))
 
     def _roll(self, f: _OpenFile) -> None:
-        from pyiceberg.io.pyarrow import (
-            compute_statistics_plan,
-            data_file_statistics_from_parquet_metadata,
-            parquet_path_to_id_mapping,
-        )
-
-        from tidewater.table.partitioning import encode_values
-
         f.writer.close()
         metadata = f.writer.writer.metadata
         f.stream.close()
@@ -164,10 +162,6 @@ def serialize_data_file(path: str, size: int, spec_id: int, stats: dict[str, Any
 
 def deserialize_data_file(f: StagedFile, format_version: int) -> Any:
     """The pyiceberg DataFile of a staged data file (what a commit adds to a manifest)."""
-    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-    from pyiceberg.typedef import Record
-
-    from tidewater.table.partitioning import decode_values
 
     if f.content != "data":
         raise TerminalError(f"staged file {f.file_path} holds {f.content}: a write step stages data files only (a change "

@@ -6,8 +6,27 @@ import dataclasses
 import logging
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from tidewater.config.spec import PipelineSpec
-from tidewater.table.summary import CHANGES, PIPELINE
+from tidewater.table import limits
+from tidewater.table.catalog import load_table, retry_busy
+from tidewater.table.evolution import (
+    arrow_paths,
+    change_request,
+    ensure_table,
+    new_fields,
+    pending_change,
+    table_arrow_schema,
+    unified,
+    without_new_fields,
+)
+from tidewater.table.provenance import present_offsets
+from tidewater.table.summary import CHANGES, PIPELINE, committed_state, summary_dict
+from tidewater.transform.changes import ops_mask
+from tidewater.transform.keys import key_field_names
+from tidewater.write.parquet import DataFileWriter, to_table_schema
 
 log = logging.getLogger(__name__)
 
@@ -18,9 +37,6 @@ class TableSink:
 
     def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Any, prefix: str, routed: bool,
                  batch: tuple[str, str] | None = None, replay: tuple[str, Any] | None = None, registry: Any = None) -> None:
-        from tidewater.table.catalog import load_table
-        from tidewater.table.summary import committed_state
-
         self.spec, self.tspec, self.catalog, self.prefix = spec, tspec, catalog, prefix
         self.batch = batch  # (batch id, task tag): schema changes are provisional until the batch commits
         self.table = load_table(catalog, tspec.identifier)
@@ -60,7 +76,6 @@ class TableSink:
         where = f"table {self.tspec.identifier}: its id columns come from the message keys (id_columns is empty), but"
         if self.table is not None:
             return f"{where} the table has no identifier fields; set its id_columns"
-        from tidewater.transform.keys import key_field_names
 
         names, offset = key_field_names(chunk, self.registry)
         if not names:
@@ -89,7 +104,6 @@ class TableSink:
         a boolean mask, or None for none. A batch: those below the table's committed offset (a retried batch);
         a replay re-lands committed records, so none, except with append-missing: the offsets of rows the table
         holds from the task's range (read once per task, from the table's Kafka metadata columns)."""
-        import pyarrow.compute as pc
 
         if self.replay is None:
             t = self.threshold(topic, partition)
@@ -98,15 +112,12 @@ class TableSink:
         if mode != "append-missing" or self.table is None:
             return None
         if self._present is None:
-            from tidewater.table.provenance import present_offsets
-
             self._present = present_offsets(self.view, self.table, [rng]).column("offset").combine_chunks()
         return pc.is_in(offsets, value_set=self._present)
 
     def admit(self, decoded: Any) -> tuple[Any, list[Any]]:
         """(rows within the table's schema limits, rows over them as ``limits.Rejected``): see
         ``table/limits.py``. With ``evolve_schema`` off nothing is added, so nothing is over a limit."""
-        from tidewater.table import limits
 
         if not decoded.num_rows or (self.table is not None and not self.tspec.evolve_schema):
             return decoded, []
@@ -117,8 +128,6 @@ class TableSink:
         changed is not written: the change is recorded in ``requests`` for the write job's driver, which makes
         it once and runs the task again (``write/job.py``); only the plan step's probe (``probe``)
         changes the table itself."""
-        from tidewater.table.evolution import new_fields, pending_change, without_new_fields
-        from tidewater.write.parquet import DataFileWriter, to_table_schema
 
         if not decoded.num_rows:
             return
@@ -134,9 +143,6 @@ class TableSink:
             self.request(decoded, change)
             return
         if change:
-            from tidewater.table.catalog import retry_busy
-            from tidewater.table.evolution import ensure_table
-
             self.added += len(new_fields(table, decoded.schema)) if table is not None else 0
             current = table
             table = self.table = retry_busy(lambda: ensure_table(self.catalog, self.tspec, current, decoded, self.batch),
@@ -151,9 +157,6 @@ class TableSink:
     def request(self, decoded: Any, change: Any) -> None:
         """Record a change for the driver; later chunks are checked against the schema the table will have
         (``assumed``), so the limits count the fields this task asks for as added."""
-        import pyarrow as pa
-
-        from tidewater.table.evolution import arrow_paths, change_request, unified
 
         req = change_request(self.tspec.identifier, decoded, change, self.tspec.id_columns)
         if req not in self.requests:
@@ -166,7 +169,6 @@ class TableSink:
 
     def schema_for_limits(self) -> Any:
         """The table's schema as this task's rows will find it (with the changes it asked for), or None."""
-        from tidewater.table.evolution import table_arrow_schema
 
         if self.assumed is not None:
             return self.assumed
@@ -193,9 +195,6 @@ def staged_truncates(spec: PipelineSpec, rows: Any) -> Any:
     the table's schema, whose id columns are required: a truncate has no key, so its id columns get a typed
     placeholder. The commit finds truncates by their operation and never uses their id (``transform/changes.py:
     cut_at_truncates`` removes them before the changes are netted); the gate never judges them (no row image)."""
-    import pyarrow.compute as pc
-
-    from tidewater.transform.changes import ops_mask
 
     if not spec.applies_changes or spec.table.truncate != "apply":
         return rows
@@ -212,7 +211,6 @@ def staged_truncates(spec: PipelineSpec, rows: Any) -> Any:
 
 def _placeholder(t: Any) -> Any:
     """A value of type ``t`` (zero, empty text or bytes, whichever ``t`` takes)."""
-    import pyarrow as pa
 
     for raw in (0, "", b""):
         try:
@@ -236,7 +234,6 @@ def delete_files(table: Any, paths: list[str]) -> None:
 def newest_batch(table: Any) -> dict[str, str] | None:
     """The summary of the newest snapshot of main that a pipeline's batch made (it names the pipeline whose
     batches the table holds, and whether they were changes), if any."""
-    from tidewater.table.summary import summary_dict
 
     by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
     snap_id = table.metadata.current_snapshot_id

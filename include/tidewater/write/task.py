@@ -9,20 +9,44 @@ How a record travels: ``source.kafka.read_range`` (Arrow-friendly chunks of raw 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import os
+import sys
+import tempfile
 import time
 from dataclasses import asdict
+from functools import reduce
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tidewater.batch import (
     PartitionRange,
     PartitionStats,
 )
 from tidewater.config.formats import FORMATS
-from tidewater.config.spec import PipelineSpec
-from tidewater.errors import TidewaterError, TransientError, error_document
+from tidewater.config.spec import KEYED_OP, PipelineSpec
+from tidewater.decode.avro import RegistryClient
+from tidewater.decode.debezium import SOURCE_COLUMN
+from tidewater.decode.records import BadRecord, decoded_rows, keep_mask, null_rows
+from tidewater.errors import RecordError, TidewaterError, TransientError, error_document
+from tidewater.source.kafka import Rereader, read_range
+from tidewater.table.catalog import catalog_failure, ensure_dead_letter_table, load_catalog
+from tidewater.table.evolution import table_arrow_schema
+from tidewater.transform import shaping
+from tidewater.transform.changes import bad_ops, ops_mask
 from tidewater.transform.chunk import decode_chunk
+from tidewater.transform.conversions import decoder_schema
+from tidewater.transform.keys import keyed_changes
+from tidewater.transform.routing import Router
+from tidewater.transform.shaping import NameMatcher, conform
+from tidewater.transform.source_columns import add_source_columns, without_source_columns
+from tidewater.write.dead_letters import dead_letter_rows
+from tidewater.write.parquet import DataFileWriter, to_table_schema
 from tidewater.write.sinks import TableSink, delete_files
 
 log = logging.getLogger(__name__)
@@ -33,7 +57,6 @@ def row_failures(spec: PipelineSpec, tspec: Any, rows: Any, not_null: list[str])
     id column, an unknown change operation, a null in a ``not_null`` column when the gate's policy dead-letters
     them (a truncate the table applies has no key and no image: neither check concerns it). Each check is
     vectorized; the loops run over failing rows and truncates only."""
-    from tidewater.decode.records import null_rows
 
     failing = _truncates(spec, tspec, rows)
     applied = {r for r, (cls, _) in failing.items() if cls is None}  # truncates applied: no key, no image
@@ -42,8 +65,6 @@ def row_failures(spec: PipelineSpec, tspec: Any, rows: Any, not_null: list[str])
         if r not in applied:
             failing.setdefault(r, ("MissingId", f"id column {column!r} is empty"))
     if spec.applies_changes:
-        from tidewater.transform.changes import bad_ops
-
         for r, why in bad_ops(rows, spec.op_column(), tspec.op_values).items():  # error path
             failing.setdefault(r, ("UnknownOp", why))
     if spec.validation.not_null_policy == "dead_letter":
@@ -56,9 +77,6 @@ def row_failures(spec: PipelineSpec, tspec: Any, rows: Any, not_null: list[str])
 def _truncates(spec: PipelineSpec, tspec: Any, rows: Any) -> dict[int, tuple[Any, str]]:
     """Records that truncate the source table (row -> (None, "") when the change table applies them, else the dead
     letter's class and message: `table.truncate`). Vectorized; the loop runs over truncate records only."""
-    import pyarrow.compute as pc
-
-    from tidewater.transform.changes import ops_mask
 
     fmt = FORMATS.get(spec.format.value)
     op = spec.op_column() if spec.applies_changes else (fmt.op_column if fmt is not None else None)
@@ -79,11 +97,6 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
 
     Rows the table already holds (below its own committed offset) are dropped and counted; rows that
     cannot go to this table are added to ``failed`` (row -> error class, message)."""
-    import pyarrow.compute as pc
-
-    from tidewater.decode.records import keep_mask
-    from tidewater.table.evolution import table_arrow_schema
-    from tidewater.transform.shaping import NameMatcher, conform
 
     rows_of = pc.indices_nonzero(mask)
     if sink.table is None and not sink.tspec.auto_create:
@@ -135,11 +148,6 @@ def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], op
     written to none, so records read = routed + dead letters + skipped holds. ``only`` (a replay of some
     target tables): records routed to none of them are skipped.
     """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from tidewater.decode.debezium import SOURCE_COLUMN
-    from tidewater.decode.records import BadRecord, decoded_rows, keep_mask
 
     n = decoded.num_rows
     chunk_idx = decoded_rows(len(chunk), bad_idx)
@@ -177,10 +185,6 @@ def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], op
 
 def _only_tables(routed: Any, only: frozenset[str]) -> Any:
     """The routing of a chunk kept to the tables ``only`` names: records routed to none of them become unmatched."""
-    import dataclasses
-    from functools import reduce
-
-    import pyarrow.compute as pc
 
     kept = {ident: mask for ident, mask in routed.masks.items() if ident in only}
     elsewhere = [mask for ident, mask in routed.masks.items() if ident not in only]
@@ -198,9 +202,6 @@ class _TaskWriter:
 
     def __init__(self, spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
                  mode: str, exclude: Any, probe: bool = False, tables: tuple[str, ...] = ()) -> None:
-        from tidewater.source.kafka import Rereader
-        from tidewater.table.catalog import load_catalog
-
         self.probe = probe
         self.spec, self.settings, self.batch_id, self.task_id, self.rng = spec, settings, batch_id, task_id, rng
         self.started, self.started_at = time.monotonic(), time.time()
@@ -215,13 +216,10 @@ class _TaskWriter:
         self._keyed: dict[str, str | None] = {}  # topic -> its change table keyed by the message key (routed)
         self.router: Any = None
         if not spec.targets.fused:  # records go to tables by topic and routes
-            from tidewater.transform.routing import Router
 
             self.router = Router(spec)
         self.registry: Any = None
         if FORMATS[spec.format.value].registry:
-            from tidewater.decode.avro import RegistryClient
-
             self.registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth,
                                            spec.format.registry_settings)
         self.single = None if self.router is not None else self.open_sink(spec.table.identifier)
@@ -250,8 +248,6 @@ class _TaskWriter:
         return [r for sink in self.sinks.values() for r in sink.requests]
 
     def chunks(self) -> Any:
-        from tidewater.source.kafka import read_range
-
         spec = self.spec
         return read_range(self.settings, self.rng, chunk_records=spec.batch.chunk_records,
                           read_timeout=spec.kafka.read_timeout_seconds, client_id=f"{spec.name}-{self.task_id}",
@@ -260,10 +256,6 @@ class _TaskWriter:
 
     def decoder_inputs(self) -> tuple[Any, Any]:
         """(explicit schema, shaper) for the decoder: the single table's types, or none when routing."""
-        from tidewater.table.evolution import table_arrow_schema
-        from tidewater.transform import shaping
-        from tidewater.transform.conversions import decoder_schema
-        from tidewater.transform.source_columns import without_source_columns
 
         spec = self.spec
         if self.single is None:  # per-table name matching comes after routing
@@ -271,10 +263,6 @@ class _TaskWriter:
         table = self.single.table
         table_schema = table_arrow_schema(table) if table is not None else None
         if table_schema is not None and spec.applies_changes and spec.table.key_source == "message_key":
-            import pyarrow as pa
-
-            from tidewater.config.spec import KEYED_OP
-
             # the key and the operation come from the message key, not from the value
             keyed = {*spec.table.id_columns, KEYED_OP}
             table_schema = pa.schema([f for f in table_schema if f.name not in keyed])
@@ -285,15 +273,10 @@ class _TaskWriter:
                                                                 table_schema)
 
     def process(self, chunk: Any) -> None:
-        from tidewater.transform.source_columns import add_source_columns
-
         explicit, shaper = self.decoder_inputs()
         decoded, bad, ignored = decode_chunk(self.spec, chunk, explicit, self.registry, shaper)
         keyed = self.keyed_by_message_key(chunk.topic)
         if keyed is not None:
-            from tidewater.table.evolution import table_arrow_schema
-            from tidewater.transform.keys import keyed_changes
-
             view, table = keyed
             decoded, bad, ignored = keyed_changes(view, chunk, decoded, bad, ignored,
                                                   table_arrow_schema(table) if table is not None else None, self.registry)
@@ -334,17 +317,12 @@ class _TaskWriter:
         """Records over the table's schema limits (see ``table/limits.py``) and, with
         ``validation.not_null_policy: dead_letter``, records with a null in a ``not_null`` column join the
         bad records."""
-        from tidewater.decode.records import BadRecord, decoded_rows
-        from tidewater.errors import RecordError
 
         assert self.single is not None
         decoded, over = self.single.admit(decoded)
         over_rows = [(o.row, o.error_class, o.message) for o in over]
         failing = row_failures(self.spec, self.spec.table, decoded, list(self.spec.validation.not_null)) if decoded.num_rows else {}
         if failing:  # error path
-            import numpy as np
-
-            from tidewater.decode.records import keep_mask
 
             # position of each admitted row among the rows before admission (error path)
             kept_pos = np.delete(np.arange(decoded.num_rows + len(over)), [o.row for o in over]).tolist()
@@ -366,17 +344,12 @@ class _TaskWriter:
         self.skipped += unmatched
         self.routed += routed_now
         if more and self.policy == "fail":
-            from tidewater.errors import RecordError
-
             raise RecordError(f"{more[0].error_class}: {more[0].message}", topic=chunk.topic, partition=chunk.partition,
                               offset=chunk.offsets[more[0].index])
         return sorted(bad + more, key=lambda b: b.index)
 
     def set_apart(self, chunk: Any, bad: list[Any]) -> None:
         """Bad records become rows of the dead-letter table (or are skipped and logged, by policy)."""
-        from tidewater.table.catalog import ensure_dead_letter_table
-        from tidewater.write.dead_letters import dead_letter_rows
-        from tidewater.write.parquet import DataFileWriter, to_table_schema
 
         if not bad or self.probe or self.requests():  # a task that needs a schema change writes nothing more
             return
@@ -395,10 +368,6 @@ class _TaskWriter:
 
     def drop_present(self, chunk: Any, decoded: Any, gone: list[int]) -> Any:
         """Append-missing replays: leave out the records whose offsets the table already holds."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        from tidewater.decode.records import decoded_rows
 
         if self.present_set is None or not decoded.num_rows or not len(self.present_set):
             return decoded
@@ -408,9 +377,6 @@ class _TaskWriter:
         return decoded.filter(pc.invert(held))
 
     def count(self, chunk: Any) -> None:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         self.records += len(chunk)
         self.first = chunk.offsets[0] if self.first is None else self.first
         self.last = chunk.offsets[-1]
@@ -485,8 +451,6 @@ def probe_schema(spec: PipelineSpec, settings: dict[str, str], batch_id: str, ra
 
 def worker_process() -> dict[str, Any]:
     """This process's id, interpreter and start time (a Python worker is reused for many tasks)."""
-    import os
-    import sys
 
     try:
         import psutil
@@ -501,8 +465,6 @@ def _leave_a_removed_directory() -> None:
     reuses Python workers across sessions and removes a closed session's directory, where such a worker may still
     sit; pyiceberg reads its configuration file from the working directory whenever it writes table metadata (a
     task creating the dead-letter table), which then failed with a bare ENOENT, taken for an unreachable catalog."""
-    import os
-    import tempfile
 
     try:
         os.getcwd()
@@ -523,7 +485,6 @@ def write_subrange(
     (the rows the table already holds: an Arrow array of offsets, or the path of the plan's file of them;
     routed pipelines: per target table, see ``TableSink.held``). ``tables``: a routed replay of some target tables.
     """
-    import pyarrow as pa
 
     _leave_a_removed_directory()
     writer = None
@@ -539,8 +500,6 @@ def write_subrange(
     except Exception as e:  # the task reports its error to the driver, which raises it (BatchWriteError)
         if writer is not None:
             writer.abort()
-        from tidewater.table.catalog import catalog_failure
-
         if not isinstance(e, TidewaterError) and catalog_failure(e) is not None:  # a busy catalog is worth a retry
             e = TransientError(f"catalog unreachable or busy: {e}", table=spec.targets.holder if spec.targets.fused else None)
         return {"task_id": task_id, "error": error_document(e)}
@@ -552,7 +511,6 @@ def write_subrange(
 def present_offsets(t: Any, rng: PartitionRange) -> Any:
     """Offsets of ``rng``'s partition that the table already holds (append-missing replays), from the
     replay plan's staged (topic, partition, offset) table ``t``."""
-    import pyarrow.compute as pc
 
     mask = pc.and_(pc.equal(t.column("topic"), rng.topic), pc.equal(t.column("partition"), rng.partition))
     return t.column("offset").filter(mask).combine_chunks()
