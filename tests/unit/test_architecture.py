@@ -139,7 +139,8 @@ def test_long_functions_say_why_in_their_docstring() -> None:
 
 def test_stages_are_packages_named_after_the_pipeline() -> None:
     """Where offsets are decided, where the one commit is, how a record travels: from file names alone."""
-    for module in ("tidewater.plan.planner", "tidewater.commit.primitive", "tidewater.source.kafka",
+    for module in ("tidewater.plan.planner", "tidewater.commit.primitive", "tidewater.commit.batch",
+                   "tidewater.config.targets", "tidewater.table.targets", "tidewater.audit.ledger", "tidewater.source.kafka",
                    "tidewater.decode.registry", "tidewater.config.formats", "tidewater.write.task",
                    "tidewater.table.catalog", "tidewater.quality.gate"):
         assert module in MODULES

@@ -19,7 +19,7 @@ class TargetSet:
     fused: bool  # the holder is the one target table itself (data and offsets in one snapshot)
     static: tuple[str, ...]  # the target tables known from the configuration (a fused set: the holder)
     branch: str | None = None  # the holder's branch that carries the offsets (None: main)
-    ledger: str = ""  # every committed batch's ranges and counts (``ops/ledger.py``)
+    ledger: str = ""  # every committed batch's ranges and counts (``audit/ledger.py``)
     dead_letters: str = ""  # the dead-letter table
 
     def holds(self, ident: str) -> bool:
