@@ -22,7 +22,10 @@ from tidewater.staging import write_json
 PLAN_VERSION = 1
 
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+# Version 1 (staged by Tidewater 0.1 before the one-commit redesign; still read, so batches in flight during an
+# upgrade commit): a plain batch's files at the top and no outputs; per-table outputs for routed batches only.
+READABLE_MANIFESTS = (1, 2)
 
 
 TopicPartition = tuple[str, int]
@@ -80,6 +83,14 @@ class BatchPlan:
     def end_offsets(self) -> Offsets:
         """The cumulative offsets the table will hold once this batch is committed."""
         return merge_offsets(self.base_offsets, self.ranges)
+
+    def seen_offsets(self) -> dict[str, dict[str, tuple[int | None, ...]]]:
+        """The offsets holder's committed offset each planned partition started from (a ``TableOutput``'s
+        ``seen_offsets`` for a table that is its own holder)."""
+        seen: dict[str, dict[str, tuple[int | None, ...]]] = {}
+        for r in self.ranges:
+            seen.setdefault(r.topic, {})[str(r.partition)] = (self.base_offsets.get(r.topic, {}).get(r.partition),)
+        return seen
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -166,7 +177,8 @@ class StagedFile:
 
 @dataclass(frozen=True)
 class TableOutput:
-    """What the write step left for one target table of a routed batch."""
+    """What the write step left for one target table of a batch (every batch has one per table it wrote; a plain
+    batch's one table is its own offsets holder)."""
 
     table: str
     data_files: tuple[StagedFile, ...]
@@ -202,8 +214,8 @@ class BatchManifest:
     dead_letter_table: str | None = None
     dead_letter_files: tuple[StagedFile, ...] = ()
     ignored_fields: tuple[str, ...] = ()  # record fields left out because table.evolve_schema is off
-    # Routed pipelines: one output per target table; ``table`` is then the checkpoint table and
-    # ``data_files`` is empty.
+    # One output per target table. ``data_files`` are the files of ``table``'s own output: a plain batch's
+    # (its table holds its offsets); a routed batch's ``table`` is its checkpoint table, which gets no files.
     outputs: tuple[TableOutput, ...] = ()
     # The Spark driver's milestones (epoch seconds): driver_started, session_ready, job_submitted, job_done,
     # manifest_built; with the task timings they break a batch's write step down (``make bench``).
@@ -274,7 +286,8 @@ class BatchManifest:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["partitions"] = [asdict(p) for p in self.partitions]
-        d["data_files"] = [f.to_json() for f in self.data_files]
+        # the files are listed once, in their table's output (``from_json`` puts the holder's back at the top)
+        d["data_files"] = [] if self.own_output() is not None else [f.to_json() for f in self.data_files]
         d["task_timings"] = list(self.task_timings)
         d["dead_letter_files"] = [f.to_json() for f in self.dead_letter_files]
         d["ignored_fields"] = list(self.ignored_fields)
@@ -283,14 +296,15 @@ class BatchManifest:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> BatchManifest:
-        if d.get("version") != MANIFEST_VERSION:
-            raise TerminalError(
-                f"batch manifest version {d.get('version')!r} is not supported (expected {MANIFEST_VERSION})"
-            )
+        if d.get("version") not in READABLE_MANIFESTS:
+            raise TerminalError(f"batch manifest version {d.get('version')!r} is not supported (this version reads "
+                                f"{', '.join(map(str, READABLE_MANIFESTS))})")
+        outputs = tuple(TableOutput.from_json(o) for o in d.get("outputs", ()))
+        own = next((o for o in outputs if o.table == d["table"]), None)
         return cls(
             batch_id=d["batch_id"],
             table=d["table"],
-            data_files=tuple(StagedFile.from_json(f) for f in d["data_files"]),
+            data_files=own.data_files if own is not None else tuple(StagedFile.from_json(f) for f in d["data_files"]),
             partitions=tuple(PartitionStats(**p) for p in d["partitions"]),
             schema_id=d["schema_id"],
             written_at=d["written_at"],
@@ -298,10 +312,21 @@ class BatchManifest:
             dead_letter_table=d.get("dead_letter_table"),
             dead_letter_files=tuple(StagedFile.from_json(f) for f in d.get("dead_letter_files", ())),
             ignored_fields=tuple(d.get("ignored_fields", ())),
-            outputs=tuple(TableOutput.from_json(o) for o in d.get("outputs", ())),
+            outputs=outputs,
             driver_timings=dict(d.get("driver_timings", {})),
             version=d["version"],
         )
+
+    def own_output(self) -> TableOutput | None:
+        """The output of the manifest's own table (a plain batch's; a version-1 manifest has none)."""
+        return next((o for o in self.outputs if o.table == self.table), None)
+
+
+def fused_output(plan: BatchPlan, files: tuple[StagedFile, ...], rows: int, present: int, ignored: tuple[str, ...],
+                 branch: str | None) -> TableOutput:
+    """The one output of a plain batch: its table holds its own offsets, so its files were written against the
+    offsets the plan started from."""
+    return TableOutput(plan.table, tuple(files), rows, present, plan.seen_offsets(), tuple(ignored), branch)
 
 
 def merge_offsets(base: Offsets, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Offsets:

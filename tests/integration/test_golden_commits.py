@@ -220,3 +220,55 @@ def test_a_routed_pipelines_commits_in_every_mode_match_the_golden_file(broker, 
         assert_equals_source(spec, f"rpc.cur{i}", sources[i])
     check_golden("routed_checkpoint", normalized(load_catalog(spec), "rpc",
                                                  {sources[0].topic: "T0", sources[1].topic: "T1"}))
+
+
+def test_manifests_staged_by_the_previous_version_commit_once(broker, home, topic):
+    """A batch staged before an upgrade commits after it: its manifest is the previous version's (version 1: a plain
+    batch's files at the top and no per-table outputs). Expected: the batch commits once (a retry finds it), the
+    offsets advance exactly over its ranges and the table holds each record once; the same for a routed batch's
+    version-1 manifest (outputs for its tables, as before)."""
+    from tidewater.batch import BatchManifest, manifest_path, read_json, write_json_atomic
+    from tidewater.plan.ingest import plan_batch
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.write.job import run_inline
+
+    def staged_as_version_1(spec):  # noqa: ANN001, ANN202
+        plan, path = plan_batch(spec)
+        doc = run_inline(plan, spec, kafka_settings(spec)).to_json()
+        own = [o for o in doc["outputs"] if o["table"] == doc["table"]]
+        doc.update(version=1, data_files=own[0]["data_files"] if own else doc["data_files"],
+                   outputs=[o for o in doc["outputs"] if o["table"] != doc["table"]])
+        write_json_atomic(manifest_path(path), doc)
+        manifest = BatchManifest.from_json(read_json(manifest_path(path)))
+        assert manifest.version == 1 and (manifest.data_files or manifest.outputs)
+        validate_step(spec, plan, manifest)
+        return plan, manifest
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(25)], partitions=2)
+    produce_to_partition(broker.bootstrap, topic, 1, [ev(100 + i) for i in range(7)])
+    plan, manifest = staged_as_version_1(spec)
+    assert not manifest.outputs and len(manifest.data_files) >= 1
+    assert [commit_step(spec, plan, manifest).status for _ in range(2)] == ["committed", "already-committed"]
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert committed_state(table).offsets == {topic: {0: 25, 1: 7}}
+    ids = table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+    assert sorted(ids) == sorted([*range(25), *range(100, 107)])
+    assert len(one_batch_snapshots(spec, plan.batch_id)) == 1
+
+    sources = [Source(f"{topic}-r{i}") for i in range(2)]
+    tables = [{"identifier": f"rpc.r{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True}
+              for i, s in enumerate(sources)]
+    routed = load_pipeline(write_pipeline(home, name="upgraded", topics=[s.topic for s in sources], table={"identifier": ""},
+                                          kafka={"bootstrap_servers": broker.bootstrap}, tables=tables,
+                                          routing={"namespace": "rpc"}, format={"value": "debezium"}))
+    for i, s in enumerate(sources):
+        s.produce(broker, 0, 15, seed=70 + i)
+    plan, manifest = staged_as_version_1(routed)
+    assert len(manifest.outputs) == 2
+    assert [commit_step(routed, plan, manifest).status for _ in range(2)] == ["committed", "already-committed"]
+    for i, s in enumerate(sources):
+        assert_equals_source(routed, f"rpc.r{i}", s)
+    checkpoint = load_table(load_catalog(routed), routed.checkpoint_table())
+    assert committed_state(checkpoint).offsets == plan.end_offsets()

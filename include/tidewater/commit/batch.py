@@ -39,7 +39,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from tidewater.batch import BatchManifest, BatchPlan, Offsets, PartitionRange, TableOutput, offsets_to_json
+from tidewater.batch import (
+    BatchManifest,
+    BatchPlan,
+    Offsets,
+    PartitionRange,
+    TableOutput,
+    fused_output,
+    offsets_to_json,
+)
 from tidewater.commit.changes import change_attempt, reapply_attempt, remove_staged
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
 from tidewater.commit.primitive import Change, Committed, OffsetsExpected, commit
@@ -119,19 +127,17 @@ class BatchCommit:
 
 def written_against(plan: BatchPlan) -> dict[str, dict[int, tuple[int | None, ...]]]:
     """The holder's committed offsets the plan started from, for each planned partition."""
-    seen: dict[str, dict[int, tuple[int | None, ...]]] = {}
-    for r in plan.ranges:
-        seen.setdefault(r.topic, {})[r.partition] = (plan.base_offsets.get(r.topic, {}).get(r.partition),)
-    return seen
+    return {t: {int(p): s for p, s in ps.items()} for t, ps in plan.seen_offsets().items()}
 
 
 def outputs_of(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> tuple[TableOutput, ...]:
-    """The manifest's per-table outputs. A plain batch's manifest (a fused set) holds its one table's files at the
-    top; as an output they were written against the offsets the plan started from."""
+    """The manifest's per-table outputs. A manifest staged by the previous version (``batch.READABLE_MANIFESTS``)
+    kept a plain batch's files at the top: as its table's output they were written against the offsets the plan
+    started from."""
     if manifest.outputs or not spec.targets.fused:
         return manifest.outputs
-    return (TableOutput(plan.table, manifest.data_files, manifest.rows_expected, manifest.present,
-                        written_against(plan), manifest.ignored_fields, spec.table.branch),)
+    return (fused_output(plan, manifest.data_files, manifest.rows_expected, manifest.present, manifest.ignored_fields,
+                         spec.table.branch),)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from tidewater.batch import (
     PartitionStats,
     StagedFile,
     batch_dir,
+    fused_output,
     new_batch_id,
     utc_now_iso,
     write_json_atomic,
@@ -132,9 +133,11 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     write_json_atomic(directory / PLAN_NAME, plan.to_json())
     files, stats = _dead_letter_files(spec, settings, plan, req)
     count = stats.records
+    # no rows for any table: a plain pipeline's one table gets an empty output (its offsets move past the range)
+    own = (fused_output(plan, (), 0, 0, (), spec.table.branch),) if spec.targets.fused else ()
     manifest = BatchManifest(batch_id=plan.batch_id, table=plan.table, data_files=(), partitions=(stats,),
                              schema_id=table.schema().schema_id if table is not None else -1, written_at=utc_now_iso(),
-                             dead_letter_table=spec.dead_letter_table(), dead_letter_files=tuple(files))
+                             dead_letter_table=spec.dead_letter_table(), dead_letter_files=tuple(files), outputs=own)
     write_json_atomic(directory / MANIFEST_NAME, manifest.to_json())
     extra = {OPERATOR_SKIP: json.dumps(preview, separators=(",", ":"))}
     # the holder moves on (a routed pipeline's target tables get no commit: no rows)

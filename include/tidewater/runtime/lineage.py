@@ -273,9 +273,8 @@ def batch_lineage(spec: PipelineSpec, plan: Any, manifest: Any, result: Any = No
 
 def _written(plan: Any, manifest: Any) -> list[tuple[str, Any, int]]:
     """(table, staged files, rows) per table the batch wrote, the dead-letter table included."""
-    if manifest.outputs:  # routed: per target table
-        out = [(o.table, o.data_files, o.rows) for o in manifest.outputs if o.data_files]
-    else:
+    out = [(o.table, o.data_files, o.rows) for o in manifest.outputs if o.data_files or o.table == plan.table]
+    if not manifest.outputs:  # a manifest staged by the previous version: a plain batch's files at the top
         out = [(plan.table, manifest.data_files, manifest.rows_in_files)]
     if manifest.dead_letter_table and manifest.dead_letter_files:
         out.append((manifest.dead_letter_table, manifest.dead_letter_files, manifest.dead_letters_in_files))

@@ -252,7 +252,7 @@ def _validate_and_commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
     extra += f", {manifest.skipped} skipped" if manifest.skipped else ""
     if manifest.ignored_fields:
         say(f"      fields not added (table.evolve_schema is off): {', '.join(manifest.ignored_fields)}")
-    if manifest.outputs:
+    if not spec.targets.fused:
         files = sum(len(o.data_files) for o in manifest.outputs)
         say(f"      {manifest.records} records -> {files} data file(s) in {len(manifest.outputs)} table(s){extra} "
             f"({time.monotonic() - t1:.1f}s)")

@@ -36,6 +36,7 @@ from tidewater.batch import (
     PartitionStats,
     StagedFile,
     TableOutput,
+    fused_output,
     read_json,
     utc_now_iso,
     write_json_atomic,
@@ -193,7 +194,7 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
     results = sorted(results, key=lambda r: r["task_id"])
     # The newest schema the tasks wrote with (tasks report it: the driver never opens the catalog on success).
     schema_id = max((r.get("schema_id", -1) for r in results), default=-1)
-    return BatchManifest(
+    manifest = BatchManifest(
         batch_id=plan.batch_id,
         table=plan.table,
         data_files=tuple(StagedFile.from_json(f) for r in results for f in r["files"]),
@@ -207,6 +208,13 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
         outputs=merge_outputs([o for r in results for o in r.get("outputs", [])]),
         driver_timings=dict(timings or {}),
     )
+    if not spec.targets.fused:
+        return manifest
+    # a plain batch's one table: its output holds the files, the rows the writer counted into them, and the offsets
+    # they were written against (the plan's)
+    own = fused_output(plan, manifest.data_files, manifest.rows_expected, manifest.present, manifest.ignored_fields,
+                       spec.table.branch)
+    return dataclasses.replace(manifest, outputs=(own,))
 
 
 def merge_outputs(outputs: list[dict[str, Any]]) -> tuple[TableOutput, ...]:
