@@ -8,6 +8,9 @@ modes (replace, append-missing, reapply), quarantine (published or dropped) and 
 differ from run to run (batch ids, topic names, timestamps, file sizes, snapshot ids) are replaced by stable
 names before comparing. A plain batch makes exactly one snapshot carrying both its data and its offsets.
 
+Beside them, two failure tests of the redesigned commit: manifests staged by the previous version commit once,
+and target tables committing on a pool (PostgreSQL) survive a crash among them.
+
 Regenerate the golden files only on purpose: ``TIDEWATER_UPDATE_GOLDEN=1 pytest tests/integration/test_golden_commits.py``.
 """
 
@@ -272,3 +275,56 @@ def test_manifests_staged_by_the_previous_version_commit_once(broker, home, topi
         assert_equals_source(routed, f"rpc.r{i}", s)
     checkpoint = load_table(load_catalog(routed), routed.checkpoint_table())
     assert committed_state(checkpoint).offsets == plan.end_offsets()
+
+
+def test_target_tables_commit_concurrently_on_postgresql_and_a_failure_among_them_commits_once(broker, home, topic,
+                                                                                              postgres, monkeypatch):
+    """A routed batch of six change tables on a PostgreSQL catalog, whose tables commit on a pool of several slots
+    (SQLite's would be one). One table's commit fails (a crash in the middle of the pool): the step fails, the
+    checkpoint does not move, the tables that committed keep the batch once. Retrying the step commits the rest
+    and the checkpoint: every table equals its source, each holds exactly one snapshot of the batch, and the
+    checkpoint's offsets are the batch's ends."""
+    from tidewater.commit import batch as committing
+    from tidewater.errors import TransientError
+    from tidewater.table.catalog import commit_slots
+
+    sources = [Source(f"{topic}-p{i}") for i in range(6)]
+    tables = [{"identifier": f"rpc.p{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True}
+              for i, s in enumerate(sources)]
+    spec = load_pipeline(write_pipeline(
+        home, name="pooled", topics=[s.topic for s in sources], table={"identifier": ""},
+        kafka={"bootstrap_servers": broker.bootstrap}, tables=tables, routing={"namespace": "rpc"},
+        format={"value": "debezium"}, validation={"not_null": ["id"]},
+        catalog={"properties": {"type": "sql", "uri": postgres.create_database("pooled_catalog"),
+                                "warehouse": f"file://{home / 'warehouse'}"}}))
+    assert commit_slots(load_catalog(spec)) > 1
+    for i, s in enumerate(sources):
+        s.produce(broker, 0, 25, seed=90 + i)
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    real = committing.commit_table_output
+    threads = set()
+
+    def crash_on_p3(catalog, plan, out, *a):  # noqa: ANN001, ANN002, ANN202
+        import threading
+
+        threads.add(threading.current_thread().name)
+        if out.table == "rpc.p3":
+            raise TransientError("simulated crash during one table's commit")
+        return real(catalog, plan, out, *a)
+
+    monkeypatch.setattr(committing, "commit_table_output", crash_on_p3)
+    with pytest.raises(TransientError):
+        commit_step(spec, plan, manifest)
+    assert len(threads) > 1 and all(t.startswith("tidewater-commit") for t in threads), threads  # on the pool
+    catalog = load_catalog(spec)
+    assert load_table(catalog, spec.checkpoint_table()).snapshots() == []
+    assert load_table(catalog, "rpc.p3").snapshots() == []
+    monkeypatch.setattr(committing, "commit_table_output", real)
+    result = commit_step(spec, plan, manifest)
+    assert result.status == "committed" and {t.table: t.status for t in result.tables}["rpc.p3"] == "committed"
+    for i, s in enumerate(sources):
+        assert_equals_source(spec, f"rpc.p{i}", s)
+        assert len([x for x in load_table(catalog, f"rpc.p{i}").snapshots()
+                    if summary_dict(x).get(BATCH_ID) == plan.batch_id]) == 1
+    assert committed_state(load_table(catalog, spec.checkpoint_table())).offsets == plan.end_offsets()
