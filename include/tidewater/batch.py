@@ -365,13 +365,11 @@ def batch_dir(staging_dir: Any, pipeline: str, batch_id: str) -> Any:
 def write_json_atomic(path: Any, doc: dict[str, Any]) -> None:
     """Write a JSON document so readers see either nothing or the whole file (a local path or an object:
     ``tidewater.staging`` says how on each)."""
-
     write_json(Path(path) if isinstance(path, str) else path, doc)
 
 
 def read_json(path: Any) -> dict[str, Any]:
     """A staged JSON document (a local path as text, a Path, or an ObjectPath)."""
-
     return read(Path(path) if isinstance(path, str) else path)
 
 

@@ -29,7 +29,6 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
     all of a routed pipeline's tables are in ``tables``) every offset of a committed range present as a row or a
     dead letter, or counted as skipped by its batch, or absent from Kafka (transaction markers, compaction).
     Change tables keep one row per changed key, so their check is each key once instead of each offset present."""
-
     if spec.format.metadata not in ("prefixed", "struct"):
         raise ConfigError("--deep reads each row's source offset: it needs format.metadata prefixed or struct")
     moving = [e for e in entries if e["kind"] in MOVING]
@@ -62,7 +61,6 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
 
 def _merged(entries: list[dict[str, Any]]) -> list[Any]:
     """The committed ranges per partition, adjacent ones merged."""
-
     out: list[Any] = []
     for e in sorted(entries, key=lambda e: (e["topic"], e["partition"], e["start_offset"])):
         last = out[-1] if out else None
@@ -75,7 +73,6 @@ def _merged(entries: list[dict[str, Any]]) -> list[Any]:
 
 def _offsets(data: Any, rng: Any) -> Any:
     """The offsets ``data`` (topic, partition, offset columns) holds in ``rng``, sorted, as a numpy array."""
-
     if data is None or data.num_rows == 0:
         return np.array([], np.int64)
     mask = pc.and_(pc.and_(pc.equal(data.column("topic"), rng.topic), pc.equal(data.column("partition"), rng.partition)),
@@ -85,7 +82,6 @@ def _offsets(data: Any, rng: Any) -> Any:
 
 def _dead_letters(catalog: Any, spec: PipelineSpec) -> Any:
     """(topic, partition, offset) of the pipeline's dead letters (None when it has none)."""
-
     dlq = load_table(catalog, spec.dead_letter_table())
     if dlq is None or dlq.current_snapshot() is None:
         return None
@@ -96,7 +92,6 @@ def _dead_letters(catalog: Any, spec: PipelineSpec) -> Any:
 
 def _runs(values: Any) -> list[tuple[int, int]]:
     """Sorted distinct integers as [start, end) runs of consecutive values."""
-
     if len(values) == 0:
         return []
     breaks = np.flatnonzero(np.diff(values) != 1)
@@ -107,7 +102,6 @@ def _runs(values: Any) -> list[tuple[int, int]]:
 
 def _twice(offsets: Any, rng: Any, what: str, more_than: int = 1) -> list[Finding]:
     """Offsets that occur more than ``more_than`` times in ``offsets`` (sorted), as ranges."""
-
     values, counts = np.unique(offsets, return_counts=True)
     return [Finding("error", "deep", f"offsets {what}", rng.topic, rng.partition, s, e)
             for s, e in _runs(values[counts > more_than])]
@@ -116,7 +110,6 @@ def _twice(offsets: Any, rng: Any, what: str, more_than: int = 1) -> list[Findin
 def _missing(found: Any, rng: Any, batches: list[dict[str, Any]], rereader: Any, low: int) -> list[Finding]:
     """Offsets of ``rng`` neither rows nor dead letters: explained by the batches' skipped counts, or by Kafka not
     holding them (transaction markers, compaction); else lost (an error)."""
-
     expected = np.arange(rng.start, rng.end, dtype=np.int64)
     gone = np.setdiff1d(expected, found, assume_unique=True)
     if len(gone) == 0:
@@ -137,7 +130,6 @@ def _missing(found: Any, rng: Any, batches: list[dict[str, Any]], rereader: Any,
 def _absent_from_kafka(offsets: Any, rng: Any, batch: dict[str, Any], rereader: Any, low: int) -> list[Finding]:
     """Ask Kafka which of ``offsets`` hold a record: those are lost rows (errors), the others never held one.
     Offsets below the log start ``low`` cannot be asked any more (retention removed them): said so."""
-
     out: list[Finding] = []
     if len(offsets) and offsets[0] < low:
         out.append(finding_at("info", "deep", f"{int((offsets < low).sum())} offsets without a row could not be checked: "
@@ -161,7 +153,6 @@ def _absent_from_kafka(offsets: Any, rng: Any, batch: dict[str, Any], rereader: 
 
 def _key_findings(spec: PipelineSpec, table: Any) -> list[Finding]:
     """Change tables: keys that have more than one row."""
-
     keys = list(spec.table.id_columns or [])
     if table is None or not keys or table.current_snapshot() is None:
         return []

@@ -115,7 +115,6 @@ def accounting(entries: list[dict[str, Any]], rows_are: str = "rows") -> list[Fi
 
 def outside_writes(table: Any) -> list[Finding]:
     """Snapshots still in the table's history that changed rows without a Tidewater batch id."""
-
     out = []
     for snap in table.metadata.snapshots:
         props = summary_dict(snap)

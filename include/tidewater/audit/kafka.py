@@ -17,8 +17,7 @@ from tidewater.table.summary import committed_state
 
 def against_kafka(spec: PipelineSpec, table: Any) -> tuple[list[Finding], list[dict[str, Any]]]:
     """The committed offsets against each partition's log start and end now."""
-
-    committed = committed_state(table).offsets if table is not None else {}
+    committed = committed_state(table, spec.targets.branch).offsets if table is not None else {}
     settings = kafka_settings(spec)
     topics = sorted(set(spec.topics or []) | set(committed))
     findings, parts = kafka_findings(committed, watermarks(settings, list_partitions(settings, topics)))
@@ -35,7 +34,6 @@ def retention_findings(settings: dict[str, str], parts: list[dict[str, Any]], no
     against ``retention.bytes`` (its size, in records); only where cleanup.policy deletes. A compacted topic
     with unread records gets a note (compaction may remove superseded ones first). A topic whose settings cannot
     be read is reported as not checked (info), never as clean."""
-
     lagging = [p for p in parts if p["lag"]]
     if not lagging:
         return []
@@ -74,7 +72,6 @@ def topic_cleanup(settings: dict[str, str], topics: list[str], timeout: float = 
                   ) -> dict[str, tuple[int, int, bool, int]]:
     """(retention.ms, retention.bytes, compacted, min.compaction.lag.ms) per topic as the broker reports them;
     the retention settings are -1 (unlimited) unless cleanup.policy includes ``delete``."""
-
     admin = AdminClient(client_logging(dict(settings)))
     futures = admin.describe_configs([ConfigResource("topic", t) for t in topics], request_timeout=timeout)
     out = {}
@@ -93,7 +90,6 @@ def topic_cleanup(settings: dict[str, str], topics: list[str], timeout: float = 
 def oldest_unread(settings: dict[str, str], parts: list[dict[str, Any]], timeout: float = 10.0
                   ) -> dict[tuple[str, int], int]:
     """The timestamp (ms) of the record at each partition's committed offset: the oldest one not yet read."""
-
     if not parts:
         return {}
     consumer = new_consumer(settings, "audit-retention")

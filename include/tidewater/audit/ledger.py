@@ -226,7 +226,6 @@ def compact(catalog: Any, spec: PipelineSpec, at_files: int = COMPACT_AT_FILES) 
     commit then fails on the moved head (nothing changed) and the next expiry tries again. Returns the number of
     files rewritten (0: not needed, or lost to a concurrent sync)."""
 
-
     ledger = load_table(catalog, identifier(spec))
     head = ledger.current_snapshot() if ledger is not None else None
     if head is None:
@@ -251,7 +250,6 @@ def expire_history(catalog: Any, spec: PipelineSpec) -> int:
     matters, not its history, and each snapshot makes its metadata (read by every sync) bigger. Returns how many
     snapshots were expired."""
 
-
     retry_busy(lambda: compact(catalog, spec), "compacting the ledger", identifier(spec))
 
     def expire() -> int:
@@ -269,14 +267,12 @@ def expire_history(catalog: Any, spec: PipelineSpec) -> int:
 
 def read(catalog: Any, spec: PipelineSpec) -> pa.Table:
     """Every entry of the pipeline's table (empty when nothing was recorded)."""
-
     ledger = load_table(catalog, identifier(spec))
     return ledger.scan().to_arrow() if ledger is not None else SCHEMA.empty_table()
 
 
 def save_verdict(catalog: Any, spec: PipelineSpec, verdict: dict[str, Any]) -> None:
     """Keep the last audit's verdict as a property of the ledger table (the Tidewater view shows it)."""
-
     text = json.dumps(verdict, separators=(",", ":"), sort_keys=True, default=str)
 
     def save() -> None:  # loaded afresh each attempt: a batch's ledger entry may commit meanwhile

@@ -298,7 +298,6 @@ def commit_batch(
     """Commit a batch over the pipeline's target set (``spec``, default the pipeline the plan names); see the
     module docstring. Raises ``OffsetsMovedError`` when another writer moved the offsets (terminal: re-plan),
     ``TransientError`` when the catalog kept failing (retrying the commit step is safe)."""
-
     job = BatchCommit(spec or load_pipeline(plan.pipeline_path), plan, manifest, dag_run_id, validation,
                       extra_properties, max_attempts)
     outputs = outputs_of(job.spec, plan, manifest)
@@ -378,7 +377,6 @@ def files_of(outputs: tuple[TableOutput, ...]) -> int:
 
 def checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -> Any:
     """The checkpoint table's row for a batch (its schema is this row's)."""
-
     tables = [o.table for o in manifest.outputs if o.data_files]
     return pa.table({
         "batch_id": [plan.batch_id], "pipeline": [plan.pipeline],

@@ -59,7 +59,6 @@ PATH_FIELD_ID, POS_FIELD_ID = 2147483546, 2147483545
 
 def read_staged(table: Any, files: Any) -> Any:
     """The batch's staged change records (``files``), in the table's current schema."""
-
     pieces = []
     for f in files:
         with table.io.new_input(f.file_path).open() as fh:
@@ -82,7 +81,6 @@ def _file_columns(pf: Any, table: Any, id_columns: list[str]) -> dict[str, str]:
 
 def _deleted_positions(table: Any, task: Any) -> Any:
     """Positions of ``task.file`` already deleted by the table's position delete files."""
-
     gone = []
     for d in task.delete_files:
         if d.content != DataFileContent.POSITION_DELETES:
@@ -97,7 +95,6 @@ def _deleted_positions(table: Any, task: Any) -> Any:
 
 def _bounds_filter(keys: Any, id_columns: list[str]) -> Any:
     """A filter that prunes data files by the changed keys' min/max (per id column)."""
-
     expr: Any = AlwaysTrue()
     for c in id_columns:
         mm = pc.min_max(keys.column(c))
@@ -111,7 +108,6 @@ def _bounds_filter(keys: Any, id_columns: list[str]) -> Any:
 def _hits_in_file(table: Any, task: Any, indexed: Any, id_columns: list[str], source: bool) -> Any | None:
     """The live rows of one data file whose keys are in ``indexed``: a table of ``__pos`` (sorted) and
     ``__key`` (index into ``indexed``), with ``source`` also each row's ``_kafka_partition``/``_kafka_offset``."""
-
     extra = [PARTITION, OFFSET] if source else []
     with table.io.new_input(task.file.file_path).open() as fh:
         pf = pq.ParquetFile(fh)
@@ -141,7 +137,6 @@ def find_rows(table: Any, keys: Any, id_columns: list[str], source: bool = False
     ``_hits_in_file`` gives them. Reads only the id columns of files whose bounds admit the keys (files in
     parallel: Arrow's readers and lookups release the GIL), and a file's delete files only when it holds a
     changed key."""
-
     head = table.snapshot_by_name(branch) if branch else table.current_snapshot()
     if head is None or keys.num_rows == 0:
         return []
@@ -155,7 +150,6 @@ def find_rows(table: Any, keys: Any, id_columns: list[str], source: bool = False
 
 def existed_keys(keys: Any, found: list[tuple[Any, Any]]) -> Any:
     """Per key of ``keys``: whether ``found`` holds a live row of it."""
-
     seen = pa.concat_arrays([t.column("__key").combine_chunks() for _, t in found]) if found else pa.array([], pa.int64())
     return pc.is_in(pa.array(np.arange(keys.num_rows), pa.int64()), value_set=seen)
 
@@ -169,7 +163,6 @@ def live_rows(table: Any, keys: Any, id_columns: list[str], branch: str | None =
 
 def write_position_deletes(table: Any, hits: list[tuple[Any, Any]], prefix: str) -> list[Any]:
     """One position delete file per data file in ``hits``, beside it (same partition directory)."""
-
     schema = pa.schema([
         pa.field("file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": str(PATH_FIELD_ID)}),
         pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": str(POS_FIELD_ID)}),
@@ -198,7 +191,6 @@ def write_position_deletes(table: Any, hits: list[tuple[Any, Any]], prefix: str)
 
 def write_upserts(table: Any, rows: Any, prefix: str) -> list[StagedFile]:
     """The new row images as data files of ``table``."""
-
     if rows is None or rows.num_rows == 0:
         return []
     writer = DataFileWriter(table, prefix)
@@ -210,7 +202,6 @@ def _net_once(table: Any, spec: PipelineSpec, files: Any, state: dict[str, Any])
     """The batch's changes reduced to one per key (None without records), computed on the first attempt only.
     Changes a truncate of the batch supersedes are left out (``state["truncated"]`` says what the truncates did;
     they reach this point only when the table applies them, see ``table.truncate``)."""
-
     if "net" not in state:
         staged = read_staged(table, files)
         state["net"] = state["truncated"] = None
@@ -225,7 +216,6 @@ def reapply_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any,
     """A replay attempt (mode reapply): the staged changes ``files`` again, only where each is still its key's
     latest (``transform.changes.reapply_decisions``); the committed offsets stay as they are (``properties``
     gives the snapshot's properties on ``table``)."""
-
     ids, branch = list(spec.table.id_columns), spec.table.branch
     offsets = committed_state(table, branch).offsets
     net = _net_once(table, spec, files, state)
@@ -253,7 +243,6 @@ def restorable(table: Any, plan: BatchPlan, offsets: Offsets, spec: PipelineSpec
     reaches the table's committed offset, so no later change of the partition exists. None on a table that has
     applied a truncate: a truncate is not ordered against other partitions' changes, so a row may be missing
     because of it."""
-
     if any(TRUNCATE in summary_dict(s) for s in table.snapshots()):
         log.info("replay %s: %s has applied a truncate: rows missing from it are not restored (counted absent)",
                  plan.batch_id, spec.table.identifier)
@@ -267,7 +256,6 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
     the snapshot's properties (offsets included) on it. ``state`` keeps what is done once (the net changes, the
     new row images). ``quarantine``: the row delta goes to the batch's quarantine branch instead
     (``quarantined``)."""
-
     ids = list(spec.table.id_columns)
     net = _net_once(table, spec, files, state)
     if "files" not in state:  # the new row images do not depend on the table: written once, whatever the attempts
@@ -314,7 +302,6 @@ def quarantined(plan: BatchPlan, props: dict[str, str], files: tuple[Any, ...], 
     Main's rows do not change, so publishing can apply the same row delta to main as long as nothing was committed
     after that snapshot; the next batch is not planned until a person publishes or drops it (a key's changes apply
     in order). A batch with a truncate cannot be quarantined: its emptying of the table is not a row delta."""
-
     if truncates:
         raise TerminalError(f"batch {plan.batch_id} failed the quality gate and holds a truncate, which a quarantine "
                             "branch cannot carry: fix the data or the suite, or set validation.on_failure: fail",

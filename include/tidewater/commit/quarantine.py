@@ -58,7 +58,6 @@ def publish_files(catalog: Any, ident: str, pipeline: str, batch_id: str) -> tup
 
 def added_files(table: Any, snapshot: Any) -> tuple[list[Any], list[Any]]:
     """The data files and the delete files ``snapshot`` added."""
-
     data, deletes = [], []
     for manifest in snapshot.manifests(table.io):
         if manifest.added_snapshot_id != snapshot.snapshot_id:

@@ -507,7 +507,6 @@ class AirflowSpec:
 
     def dag_kwargs(self, kind: str) -> dict[str, Any]:
         """Arguments every DAG of the pipeline shares (``kind``: ingest, replay, quarantine, maintenance)."""
-
         return {
             "start_date": datetime(2024, 1, 1, tzinfo=timezone.utc),
             "catchup": False,
@@ -518,7 +517,6 @@ class AirflowSpec:
 
     def default_args(self) -> dict[str, Any]:
         """Airflow ``default_args`` shared by the pipeline's DAGs."""
-
         return {
             "owner": self.owner,
             "retries": self.retries,
@@ -809,7 +807,6 @@ class PipelineSpec:
     def stage(self, location: Any, setting: str = "batch.staging_dir") -> Any:
         """A staged location named by text (a plan's path in XCom or on a command line) in this pipeline's
         staging area: a Path, or an ObjectPath reached with the staging file settings (errors name ``setting``)."""
-
         return locate(location, {**self.catalog_properties(), **self.batch.staging_properties}, setting)
 
     def suite_path(self) -> Path | None:

@@ -74,7 +74,6 @@ def _check_kafka(spec: PipelineSpec) -> None:
 
 def _check_format(spec: PipelineSpec) -> None:
     """Value format, key format, time zone, date-time columns, flattening, source columns."""
-
     formats = tuple(FORMATS)
     if spec.format.value not in formats:
         raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: {', '.join(formats)})")
@@ -322,7 +321,6 @@ def _validate_routing(spec: PipelineSpec) -> None:
 def _check_template(template: str, field: str | None, fmt: str) -> None:
     """`routing.table_template`: `{value}` (the route field's value) once, or the topic placeholders alone, or
     (Debezium formats) the envelope's `{source.<field>}` placeholders in the table name."""
-
     by_topic = bool(TOPIC_PLACEHOLDER.search(template))
     by_source = bool(SOURCE_PLACEHOLDER.search(template))
     rest = SOURCE_PLACEHOLDER.sub("s", TOPIC_PLACEHOLDER.sub("t", template)).replace("{value}", "v")

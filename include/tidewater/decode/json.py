@@ -142,7 +142,6 @@ SUSPECT_MAGNITUDE = 2.0 ** 63  # an integer token at least this large does not f
 def _suspect_numbers(table: pa.Table, allow_non_numeric: bool) -> bool:
     """Whether a float column (nested ones included) holds a value that may come from a number token JSON cannot
     hold exactly: NaN or an infinity (allowed NaN/Infinity aside) or a magnitude of at least 2^63. Vectorized."""
-
     stack = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in table.columns]
     while stack:
         a = stack.pop()
@@ -167,7 +166,6 @@ def _buffer_problem(buf: bytes, values: list[bytes]) -> str | None:
     Every value starting with ``{`` (the first bytes are gathered by a C slice mapped over the list, as
     cheap as ``len``) rules out null values at once; otherwise a regular expression looks for them.
     """
-
     data = pa.py_buffer(buf)
     offsets = pa.array([0, len(buf)], pa.int64()).buffers()[1]
     whole = pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, data])

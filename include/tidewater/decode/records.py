@@ -66,7 +66,6 @@ def not_utf8(v: bytes) -> bool:
 def null_rows(rows: pa.Table, columns: list[str]) -> dict[int, str]:
     """Rows (positions) with a null or missing value in one of ``columns``: row -> the first such column.
     Vectorized per column; Python only over the rows found (error path)."""
-
     out: dict[int, str] = {}
     for column in columns:
         empty = pc.is_null(rows.column(column)) if column in rows.column_names else pa.nulls(rows.num_rows).is_null()

@@ -110,7 +110,6 @@ def read_state() -> Broker | None:
 def stop_background(port: int | None = None) -> bool:
     """Stop the recorded demo broker (only if it listens on ``port``, when given). Raises ConfigError
     when the recorded broker listens on another port."""
-
     b = read_state()
     if b is None:
         return False

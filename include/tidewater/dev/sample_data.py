@@ -58,7 +58,6 @@ def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 6
     The last record of every partition is flushed as its own produce request so that brokers that
     report the high watermark per batch (the embedded one) see the whole partition.
     """
-
     conf = {"bootstrap.servers": bootstrap, **(settings or {})}
     if create:
         admin = AdminClient(conf)
@@ -100,7 +99,6 @@ PIZZA_AVRO_SCHEMA = {
 
 def avro_framed(values: list[bytes], schema_id: int = 1, schema: dict | None = None) -> list[bytes]:
     """JSON pizza events re-encoded as Confluent-framed Avro (magic byte, schema id, body)."""
-
     import fastavro
 
     parsed = fastavro.parse_schema(schema or PIZZA_AVRO_SCHEMA)

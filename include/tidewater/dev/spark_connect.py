@@ -93,7 +93,6 @@ def start(dist: Path | None = None, port: int | None = None, log_path: Path | No
           timeout: float = 180) -> ConnectServer:
     """Start a server on 127.0.0.1 (its own process group) and return once it accepts connections. ``python``:
     the workers' interpreter (default: this one, which has the project's packages). ``conf``: more settings."""
-
     dist = dist or default_dist()
     if port and not port_free(port):
         raise ConfigError(f"--port: 127.0.0.1:{port} is already in use by another process; choose another port")
@@ -141,7 +140,6 @@ def stop_background() -> bool:
 def serve(argv: list[str] | None = None) -> None:
     """Run a server in the foreground, in place of this process (a container's command: see docker-compose.yml's
     ``spark-connect`` service): ``python -m tidewater.dev.spark_connect --dist D --host 0.0.0.0 --port 15002``."""
-
     ap = argparse.ArgumentParser(prog="python -m tidewater.dev.spark_connect", description=serve.__doc__)
     ap.add_argument("--dist", type=Path, default=None, help="the unpacked pyspark 4.0.x distribution")
     ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0 in a container)")

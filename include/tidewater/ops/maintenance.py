@@ -245,7 +245,6 @@ def expire_snapshots(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) 
 def _batch_dirs(spec: PipelineSpec) -> list[tuple[Any, float]]:
     """Staging directories of the pipeline's batches (local or on object storage) with their last change
     (their newest file, or the directory itself)."""
-
     root = spec.staging_dir() / spec.name
     if not root.is_dir():
         return []
@@ -300,7 +299,6 @@ def remove_orphan_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: boo
     """Delete files under the table's location that no snapshot references and that are older than the
     safety margin, except files of staged batches that may still commit. Refuses (deletes nothing) when
     another table of the catalog shares the location: its files are not this table's to judge."""
-
     sharing = tables_sharing_location(load_catalog(spec), table)
     if sharing:
         log.warning("remove_orphan_files: %s shares its location %s with %s; nothing removed",
@@ -339,7 +337,6 @@ def remove_orphan_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: boo
 def remove_stale_staging(spec: PipelineSpec, cutoff_s: float, dry_run: bool = False) -> int:
     """Remove the staging directories of batches last changed before the cutoff (past any retry, committed or
     abandoned), local or on object storage; returns how many there were."""
-
     stale = [d for d, changed in _batch_dirs(spec) if changed < cutoff_s]
     if not dry_run:
         for d in stale:

@@ -35,7 +35,6 @@ def _iso(ms: int | None) -> str | None:
 def recent_batches(spec: PipelineSpec, table: Any, limit: int) -> list[dict[str, Any]]:
     """The newest ``limit`` batches committed to the table, newest first, with what each did. ``latency_s``
     is the commit time minus the batch's valid-through (how far behind the source the batch landed)."""
-
     out = []
     snaps = sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0, reverse=True)
     for s in snaps:
@@ -98,7 +97,6 @@ def maintenance_state(table: Any) -> dict[str, Any]:
 
 def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
     """Everything the Tidewater view shows for one pipeline."""
-
     st = status(spec)
     catalog = load_catalog(spec)
     fused = spec.targets.fused  # a routed pipeline's batches and maintenance are its tables' (the view lists them)
@@ -120,5 +118,4 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
 
 def _last_audit(spec: PipelineSpec, catalog: Any) -> dict[str, Any] | None:
     """The last audit's verdict (None: never audited)."""
-
     return ledger.last_verdict(catalog, spec)

@@ -35,7 +35,6 @@ def _ancestors(table: Any, snapshot_id: int | None) -> list[int]:
 def _only_branch_base(table: Any, snapshot_id: int) -> bool:
     """Main holds nothing but the empty snapshot a table's first branch commit starts from (``BRANCH_BASE``; the
     branch's first snapshot has no parent, so main's head is not its ancestor, yet nothing on main is lost)."""
-
     by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
     return all(BRANCH_BASE in summary_dict(by_id[i]) for i in _ancestors(table, snapshot_id))
 
@@ -44,7 +43,6 @@ def publish_branch(spec: PipelineSpec, table_ident: str | None = None) -> dict[s
     """Fast-forward main to the head of the table's branch (``table_ident``: one target table of a routed
     pipeline). Returns the branch, main's head before and after, and how many snapshots main gained (0: main
     already was the branch's head)."""
-
     targets = spec.targets
     if not table_ident and not targets.fused:
         raise ConfigError("--table: required for a routed pipeline (which target table to publish)")

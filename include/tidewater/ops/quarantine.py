@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 
 def list_quarantined(spec: PipelineSpec, table: Any) -> list[dict[str, Any]]:
     """The batches waiting on a quarantine branch: batch id, branch, rows, files, the gate's verdict."""
-
     out = []
     for name, ref in sorted(table.metadata.refs.items()):
         if not name.startswith(QUARANTINE_BRANCH):
@@ -49,7 +48,6 @@ def _table(spec: PipelineSpec) -> Any:
 
 def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
     """Append a quarantined batch's files to main (one commit; done once), then remove its branch."""
-
     table = _table(spec)
     name = quarantine_branch(batch_id)
     done = next((s for s in table.metadata.snapshots if summary_dict(s).get(PUBLISHED) == batch_id), None)
@@ -96,7 +94,6 @@ def view_for(spec: PipelineSpec, table: str | None) -> PipelineSpec:
 def list_all(spec: PipelineSpec, table: str | None = None) -> list[dict[str, Any]]:
     """The quarantined batches of the pipeline's table, or of every target table of a routed pipeline (each row
     names its table), or of the one ``table`` names."""
-
     catalog = load_catalog(spec)
     if table or spec.targets.fused:
         names = [view_for(spec, table).table.identifier]

@@ -22,7 +22,6 @@ from tidewater.write.job import run_inline
 def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None, out: Any = print,
                lookup: OffsetLookup | None = None, inline: bool = False) -> dict[str, Any]:
     """Plan, write (spark-submit, or in this process with ``inline``), validate and commit a replay."""
-
     say = out or (lambda _s: None)
     plan, path, shown = plan_replay(spec, req, lookup, log_preview=out is None)
     for row in shown:
@@ -55,7 +54,6 @@ def run_replay(spec: PipelineSpec, req: ReplayRequest, master: str | None = None
 def _routed_result(spec: PipelineSpec, plan: Any, manifest: Any, result: Any, shown: list[dict[str, Any]],
                    say: Any) -> dict[str, Any]:
     """A routed replay's outcome, one line per target table it committed to."""
-
     tables = {}
     for t in result.tables:
         mode = replay_mode(plan.mode, spec.for_table(t.table))
@@ -71,6 +69,5 @@ def _routed_result(spec: PipelineSpec, plan: Any, manifest: Any, result: Any, sh
 
 def _changes_of_replay(spec: PipelineSpec, batch_id: str, ident: str | None = None) -> dict[str, Any] | None:
     """The counts a reapply replay stamped on its snapshot (``ident``: a routed pipeline's target table)."""
-
     snap = find_batch_snapshot(load_table(load_catalog(spec), ident or spec.table.identifier), batch_id)
     return changes_of(summary_dict(snap)) if snap is not None else None

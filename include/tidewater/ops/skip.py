@@ -84,7 +84,6 @@ def check_request(spec: PipelineSpec, req: SkipRequest, committed: int | None, l
 def _dead_letter_files(spec: PipelineSpec, settings: dict[str, str], plan: BatchPlan,
                        req: SkipRequest) -> tuple[list[StagedFile], PartitionStats]:
     """The range's records as dead-letter rows (OperatorSkip, with the reason), written as staged files."""
-
     table = ensure_dead_letter_table(load_catalog(spec), spec)
     writer = DataFileWriter(table, f"{plan.batch_id}-skip")
     message = f"skipped by {req.by}: {req.reason}"
@@ -105,7 +104,6 @@ def _dead_letter_files(spec: PipelineSpec, settings: dict[str, str], plan: Batch
 
 def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     """Dead-letter ``req``'s range and advance the committed offset past it (see the module docstring)."""
-
     catalog = load_catalog(spec)
     table, state = holder_state(catalog, spec)
     offsets = state.offsets if state is not None else {}
@@ -153,7 +151,6 @@ def _ingest_before(spec: PipelineSpec, settings: dict[str, str], rng: PartitionR
                    snapshot_id: int | None) -> int:
     """Ingest the records before the skipped range as a batch of their own (same task code as Spark runs,
     validated and committed like any batch). Returns the records read."""
-
     plan = BatchPlan(batch_id=new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
                      pipeline_path=str(spec.source_path), ranges=(rng,), base_offsets=offsets, created_at=utc_now_iso(),
                      base_snapshot_id=snapshot_id)

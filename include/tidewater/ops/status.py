@@ -53,7 +53,6 @@ class PartitionStatus:
 
 def status(spec: PipelineSpec) -> dict[str, Any]:
     """Committed offset, end offset and lag per partition; last snapshot; valid-through."""
-
     catalog = load_catalog(spec)
     table, state = holder_state(catalog, spec)
     settings = kafka_settings(spec)
@@ -110,7 +109,6 @@ def table_status(spec: PipelineSpec, catalog: Any, wm: dict[Any, Any], iso: Any)
 
 def history(spec: PipelineSpec) -> list[dict[str, Any]]:
     """The table's snapshots, oldest first, with the Tidewater properties of each."""
-
     table = load_table(load_catalog(spec), spec.table.identifier)
     if table is None:
         return []

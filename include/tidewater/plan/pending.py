@@ -45,7 +45,6 @@ class Pending:
 
 def _first_pending(settings: dict[str, str], starts: dict[tuple[str, int], int]) -> list[Any]:
     """The first pending record of each partition (one consumer, one record each)."""
-
     if not starts:
         return []
     consumer = new_consumer(settings, "tidewater-pending")

@@ -193,7 +193,6 @@ def resolve_ranges(spec: PipelineSpec, req: ReplayRequest, committed: Offsets, s
 def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: str,
             table_name: str | None = None) -> list[dict[str, Any]]:
     """Per partition: offsets in the range, rows now from it, rows to delete and (at most) to add."""
-
     present = present_offsets(spec, table, ranges)
     out = []
     for r in ranges:

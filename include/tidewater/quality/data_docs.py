@@ -122,7 +122,6 @@ def has_page(spec: PipelineSpec, batch_id: str) -> bool:
 
 def save_report(spec: PipelineSpec, report: Any, table: str) -> Any:
     """Keep the gate's report for its page (rendered now or by :func:`render_pending`)."""
-
     path = report_path(spec, report.batch_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, json.loads(json.dumps({"table": table, "report": report.to_json()}, default=str)))
@@ -132,7 +131,6 @@ def save_report(spec: PipelineSpec, report: Any, table: str) -> Any:
 def publish(spec: PipelineSpec, report: Any, table: str) -> Any:
     """Save the report and render its page when that is cheap (great-expectations already loaded) or
     needed now (the batch failed). Returns the page's path, or None when it is left for later."""
-
     save_report(spec, report, table)
     if "great_expectations" in sys.modules or not report.success:
         return write_page(spec, report, table)
@@ -141,7 +139,6 @@ def publish(spec: PipelineSpec, report: Any, table: str) -> Any:
 
 def render_pending(spec: PipelineSpec, batch_id: str | None = None) -> list[Any]:
     """Render the pages of saved reports that have none yet (only ``batch_id``'s when given)."""
-
     directory = docs_dir(spec)
     if batch_id:
         reports = [report_path(spec, batch_id)]
@@ -160,7 +157,6 @@ def render_pending(spec: PipelineSpec, batch_id: str | None = None) -> list[Any]
 
 def render_in_background(spec: PipelineSpec, batch_id: str) -> None:
     """Start ``tidewater data-docs`` for one batch in its own session (it outlives this process)."""
-
     cmd = [sys.executable, "-m", "tidewater.runtime.cli", "data-docs", "--pipeline", str(spec.source_path),
            "--batch", batch_id]
     subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -189,7 +185,6 @@ def write_page(spec: PipelineSpec, report: Any, table: str) -> Any:
 
 def _render(project: Path, report: Any, table: str, spec: PipelineSpec) -> None:
     """Build the batch's page in the local project ``project`` (a failure is logged, not raised)."""
-
     try:
         import_great_expectations()
         import great_expectations as gx
@@ -220,7 +215,6 @@ def _working_copy(project: Any) -> Iterator[Path]:
     (the site's index lists the pages it finds), and a build only adds its own page and rewrites the index and
     the suite's page. Two renders at once each keep their own result and page; the index of the later one wins
     and lists both once a next page is built."""
-
     remote = project / "gx"
     pages = SITE.removeprefix("gx/") + "/validations/"
     empty = hashlib.sha256(b"").hexdigest()

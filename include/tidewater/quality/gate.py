@@ -144,7 +144,6 @@ def chunks(table: Any, manifest: BatchManifest, columns: list[str], chunk_rows: 
            images: tuple[str, dict[str, str]] | None = None) -> Iterator[Any]:
     """The named columns of the staged files, as Arrow tables of at most ``chunk_rows`` rows (with
     ``images``: the delete records left out, see ``row_images``)."""
-
     read = columns + [images[0]] if images and images[0] not in columns else columns
     pending: list[Any] = []
     size = 0
@@ -233,7 +232,6 @@ IN_CHUNK = 10_000  # ids per table lookup
 
 def unique_id_checks(table: Any, manifest: BatchManifest, id_columns: list[str], against_table: bool) -> list[CheckResult]:
     """No two rows of the batch share an id; with ``against_table``, no id of the batch is in the table yet."""
-
     ids = _whole(table, manifest, id_columns)
     if any(c not in ids.column_names for c in id_columns):
         return [CheckResult("expect_compound_columns_to_be_unique", {"column_list": id_columns}, False,
@@ -402,7 +400,6 @@ ACCOUNTING_CHECKS = ("expect_table_row_count_to_equal", "accounting: records rea
 def validate_routed(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -> ValidationReport:
     """The gate for a routed batch: the batch's accounting, then each target table's checks and suite on
     that table's files (the pipeline's not-null columns where the table has them, plus its id columns)."""
-
     routed = manifest.routed
     checks = [CheckResult(
         ROUTED_ACCOUNTING,

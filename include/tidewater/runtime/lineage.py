@@ -131,7 +131,6 @@ _FACETS: dict[str, Any] | None = None
 
 def kafka_namespace(spec: PipelineSpec) -> str:
     """``kafka://host:port`` of the first bootstrap server (OpenLineage's naming of Kafka)."""
-
     first = kafka_settings(spec)["bootstrap.servers"].split(",")[0].strip()
     return "kafka://" + first.split("://", 1)[-1]  # a SASL_SSL://host:port listener name is not part of it
 

@@ -153,7 +153,6 @@ def new_consumer(settings: dict[str, str], client_id: str) -> Any:
 
 def resolve_topics(settings: dict[str, str], spec: PipelineSpec, timeout: float = 15.0) -> list[str]:
     """The pipeline's topics: the listed ones plus every topic that fully matches ``topic_pattern`` now."""
-
     topics = list(spec.topics)
     if spec.topic_pattern is None:
         return topics
@@ -198,7 +197,6 @@ def watermarks(
     settings: dict[str, str], partitions: list[TopicPartition], timeout: float = 15.0
 ) -> dict[TopicPartition, tuple[int, int]]:
     """(log start offset, end offset) per partition, as a read_committed consumer sees them."""
-
     consumer = new_consumer(settings, "watermarks")
     try:
         out = {}
@@ -262,7 +260,6 @@ class _Columns:
 
 def _without_errors(msgs: list[Any], rng: PartitionRange, pos: int) -> tuple[list[Any], bool]:
     """(the batch without its end-of-partition events, whether one was there). Any other error raises."""
-
     if not any(map(Message.error, msgs)):
         return msgs, False
     for m in msgs:
@@ -287,7 +284,6 @@ def read_range(
     compacted topics and transaction markers). Raises KafkaReadError when no progress is made for
     ``read_timeout`` seconds, naming the partition and position.
     """
-
     if rng.size <= 0:
         return
     consumer = new_consumer(settings, client_id)

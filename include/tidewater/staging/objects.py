@@ -27,7 +27,6 @@ _REFUSED = ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoe
 def storage_failure(e: BaseException, location: str, setting: str) -> Exception:
     """The error to raise for a failed call on the staging store: terminal naming ``setting`` when the store
     refused the credentials or has no such bucket, transient otherwise (unreachable, timed out, busy)."""
-
     text = str(e)
     if any(word in text for word in _REFUSED):
         return ConfigError(f"{setting}: the store refused access to {location} (credentials or bucket): {text.splitlines()[0]}")

@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 
 def validate_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> ValidationReport:
     """Run the quality gate; raises ValidationFailedError (nothing committed) when it fails."""
-
     report = judge(spec, load_catalog(spec), manifest)
     # observed values may be dates or decimals: as text, like the Data Docs' pending report
     write_json_atomic(batch_path(spec, plan) / GATE_REPORT_NAME, json.loads(json.dumps(report.to_json(), default=str)))
@@ -117,7 +116,6 @@ def _written_tables(spec: PipelineSpec, catalog: Any, manifest: BatchManifest | 
 def reject_batch(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest | None, why: str) -> None:
     """A batch that will never commit: undo its schema changes on every table it wrote to, and mark its
     staging directory so that no later commit step can commit its files (they may hold dropped columns)."""
-
     catalog = load_catalog(spec)
     undone = {ident: revert(catalog, ident, plan.batch_id) for ident in _written_tables(spec, catalog, manifest)}
     write_json_atomic(batch_path(spec, plan) / REVERTED_NAME, {"why": why, "undone": undone})
@@ -130,7 +128,6 @@ def _abandoned_batches(spec: PipelineSpec, catalog: Any) -> list[Path]:
     """Staged ingest batches planned after the newest committed one that never committed and were not
     undone yet: the only ones whose schema changes can still need undoing (earlier ones were handled by
     the plan step that came before the next commit). One directory listing; no table scan."""
-
     root = spec.staging_dir() / spec.name
     if not root.is_dir():
         return []
@@ -185,7 +182,6 @@ def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, da
 def record_in_ledger(spec: PipelineSpec, touched: list[str] | None = None) -> None:
     """Sync the ledger (``audit/ledger.py``; ``touched``: see ``ledger.sync``). A failure is logged, not raised:
     the batch is committed either way and the next sync (the next commit, snapshot expiry, the audit) records it."""
-
     try:
         ledger.sync(load_catalog(spec), spec, touched)
     except Exception as e:  # noqa: BLE001 - see the docstring

@@ -287,7 +287,6 @@ WRITE_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 def launcher_env() -> dict[str, str]:
     """Environment for spark-submit's launcher JVM (it only builds the command line): the same fast-start
     options, unless SPARK_LAUNCHER_OPTS is set already."""
-
     return {} if "SPARK_LAUNCHER_OPTS" in os.environ else {"SPARK_LAUNCHER_OPTS": WRITE_DRIVER_JAVA_OPTIONS}
 
 
@@ -333,7 +332,6 @@ def write_submit_settings(spec: PipelineSpec, master: str | None = None) -> dict
     command line. Spark's own redaction (its UI, event logs) is widened to the same rules unless
     ``spark.conf`` sets ``spark.redaction.regex``.
     """
-
     conf = {**_BASE_CONF, **python_conf(spec, master or spec.spark.master)}
     conf["spark.driver.extraJavaOptions"] += " " + WRITE_DRIVER_JAVA_OPTIONS
     conf["spark.redaction.regex"] = SPARK_REDACTION_REGEX
@@ -351,7 +349,6 @@ def _escape_property(text: str) -> str:
 def spark_defaults_file(env: Mapping[str, str] | None = None) -> Path | None:
     """The ``spark-defaults.conf`` spark-submit would load: ``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``, else
     the conf folder of this environment's pyspark (where its spark-submit finds its home); None if absent."""
-
     env = os.environ if env is None else env
     if env.get("SPARK_CONF_DIR"):
         folder = Path(env["SPARK_CONF_DIR"])
@@ -376,7 +373,6 @@ def properties_file(conf: dict[str, str], defaults: Path | None = None) -> Path:
     it: java.util.Properties keeps the last value of a key, so ``conf`` wins over a default and the
     command line's ``--conf`` over both, the order spark-submit itself applies. Copying the text, not
     parsing it, keeps every default exactly as Spark would read it."""
-
     directory = Path(tempfile.mkdtemp(prefix="tidewater-spark-"))  # mode 0700
     path = directory / "secrets.properties"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -452,7 +448,6 @@ _TRANSIENT_SPARK = ("CommitFailedException", "database is locked", "Connection r
 def spark_failure(e: BaseException) -> Any:
     """A failure raised by Spark (Py4J or PySpark) as one ``TidewaterError`` line (the Java exception's first line,
     not its stack trace), transient or terminal by its text; None for anything else."""
-
     module = type(e).__module__ or ""
     if not (module.startswith("py4j") or module.startswith("pyspark")):
         return None

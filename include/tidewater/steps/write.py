@@ -50,7 +50,6 @@ def load_plan(plan_path: Any, spec: PipelineSpec | None = None) -> BatchPlan:
 
 def load_manifest(plan_path: Any, spec: PipelineSpec | None = None) -> BatchManifest:
     """The write step's manifest; raises the write step's own error if it failed."""
-
     plan_path = spec.stage(plan_path) if spec is not None else plan_path
     mpath = manifest_path(plan_path)
     if not mpath.is_file():
@@ -90,7 +89,6 @@ class WriteJob:
 
     def wait(self, plan_path: Any, progress: Any = None, background: list[Any] | None = None) -> BatchManifest:
         """The job's manifest once it exists (``background``: without waiting for the JVM to exit)."""
-
         mpath = manifest_path(plan_path)
         poll = 0.1 if isinstance(mpath, Path) else 0.5  # a HEAD request per look on object storage
         try:
@@ -130,7 +128,6 @@ def write_job_args(spec: PipelineSpec, plan_path: Any) -> list[str]:
 
 def _job_log(plan_path: Any) -> tuple[Path, Any]:
     """Where spark-submit's output goes while it runs, and where it is staged afterwards (None: in place)."""
-
     staged = plan_path.parent / "spark-submit.log"
     if isinstance(staged, Path):
         return staged, None
@@ -190,7 +187,6 @@ def connect_session(url: str) -> Any:
 
     Not ``builder.remote(url).getOrCreate()``: it returns the process's first session whatever the URL, so a
     second server (or pipeline) would silently get the first one's."""
-
     host, port = _connect_endpoint(url)
     try:
         socket.create_connection((host, port), timeout=10).close()
@@ -250,7 +246,6 @@ def shared_session(url: str) -> Any:
     ``spark.connect.session.manager.defaultSessionTimeout`` and refuses its id from then on: the next
     generation's id is taken, the same walk in every process. A URL that names its own ``session_id`` is
     used as it is."""
-
     if "session_id=" in url:
         return _remote(url)
     base = url.split(";", 1)[0].rstrip("/")
@@ -291,7 +286,6 @@ def _close_client(spark: Any) -> None:
 def connect_failure(e: BaseException, url: str) -> Any:
     """A failure of the Connect server itself as a TidewaterError naming ``spark.connect_url``, else None:
     a server gone or restarting is transient; workers without the project's packages are terminal."""
-
     module = type(e).__module__ or ""
     if not (module.startswith("pyspark") or module.startswith("grpc")):
         return None
@@ -317,7 +311,6 @@ def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, fl
                       url: str | None = None) -> BatchManifest:
     """The write step on a Spark Connect server (``url``, default ``spark.connect_url``), from this process:
     the same plan, tasks, manifest and error document as the spark-submit job."""
-
     timings = {} if timings is None else timings
     url = url or str(spec.spark.connect_url)
     (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
@@ -374,7 +367,6 @@ def write_breakdown(manifest: BatchManifest, submitted: float, returned: float) 
 def _spark_env(master: str) -> dict[str, str]:
     """spark-submit's environment: this interpreter for the driver, and for the executors on a local master
     only (on a cluster, its own choice applies: see ``runtime.spark.python_conf``)."""
-
     env = {**os.environ, **launcher_env()}
     if local_master(master):
         env.setdefault("PYSPARK_PYTHON", sys.executable)

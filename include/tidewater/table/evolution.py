@@ -204,7 +204,6 @@ def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Tab
     ``tspec``: the table's settings (a pipeline's ``table``, or one target of a routed pipeline).
     ``provisional``: (batch id, tag): the changes are tagged as that batch's, confirmed by its commit
     or reverted (see ``table/provisional.py``). ``optional``: see :func:`pending_change`."""
-
     ident = tspec.identifier
     schema = data.schema
     change = pending_change(tspec, table, data, optional)
@@ -256,7 +255,6 @@ DRIVER_TAG = "driver"  # the provisional tag of the changes the write job's driv
 def change_request(ident: str, data: pa.Table, change: Evolution, id_columns: list[str] | None = None) -> dict[str, Any]:
     """A task's report of a change its rows need (JSON: it travels in the task's result to the driver).
     ``id_columns``: the table's, as the task knows them (read from the message keys: see ``TableSink.key_ids``)."""
-
     return {"table": ident, "schema": base64.b64encode(data.schema.serialize().to_pybytes()).decode("ascii"),
             "optional": list(change.optional), "change": change.describe(), "id_columns": list(id_columns or [])}
 
@@ -266,7 +264,6 @@ def apply_requests(catalog: Any, spec: Any, requests: list[dict[str, Any]], batc
     with them (the tasks never change a table: see ``write/job.py``). The schemas a table's tasks saw are
     unified into one change when their types agree (one schema commit per table per batch); otherwise each
     is applied in turn and the conflicting one fails naming the field. Returns what changed, per table."""
-
     by_table: dict[str, list[dict[str, Any]]] = {}
     for r in requests:
         by_table.setdefault(r["table"], []).append(r)

@@ -76,7 +76,6 @@ def build(schema: Any, partition_by: list[str], sort_by: list[str], prefix: str 
 def split(table: Any, data: pa.Table) -> list[tuple[Any, pa.Table]]:
     """``data`` (already in the table's schema) split by the table's current partition spec:
     [(PartitionKey, rows)]. Unpartitioned tables give one piece with key None."""
-
     spec, schema = table.spec(), table.schema()
     if spec.is_unpartitioned():
         return [(None, data)]

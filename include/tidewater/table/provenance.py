@@ -24,7 +24,6 @@ def metadata_columns(spec: PipelineSpec) -> tuple[str, str, str]:
 
 def rows_filter(spec: PipelineSpec, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
     """An Iceberg row filter selecting the rows that came from ``ranges``."""
-
     topic, partition, offset = metadata_columns(spec)
     terms = [And(EqualTo(topic, r.topic), And(EqualTo(partition, r.partition),
                                               And(GreaterThanOrEqual(offset, r.start), LessThan(offset, r.end))))
@@ -34,7 +33,6 @@ def rows_filter(spec: PipelineSpec, ranges: list[PartitionRange] | tuple[Partiti
 
 def present_offsets(spec: PipelineSpec, table: Any, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
     """(topic, partition, offset) of the rows the table holds from ``ranges`` (Arrow table)."""
-
     if table is None or not ranges or table.current_snapshot() is None:
         return pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()),
                          "offset": pa.array([], pa.int64())})

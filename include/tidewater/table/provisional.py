@@ -65,7 +65,6 @@ def _fields_with_data(table: Any, field_ids: set[int]) -> set[int]:
 
 def revert(catalog: Any, ident: str, batch_id: str) -> list[str]:
     """Undo the provisional changes of a batch that will never commit. Returns what was undone."""
-
     try:
         table = catalog.load_table(ident)
     except NoSuchTableError:

@@ -38,7 +38,6 @@ def _delete_manifest_writer(producer: Any, spec: Any) -> Any:
 
 def row_delta(tx: Any, table: Any, files: list[Any], deletes: list[Any], properties: dict[str, str], branch: str) -> None:
     """Add ``files`` (data) and ``deletes`` (position delete files) to ``branch`` in one snapshot of ``tx``."""
-
     if table.format_version < 2:
         raise TerminalError("position deletes need a format-version 2 table; upgrade it with "
                             "`ALTER TABLE ... SET TBLPROPERTIES ('format-version'='2')`", table=table.name())

@@ -162,7 +162,6 @@ def reapply_decisions(net: NetChanges, rows: pa.Table, reaching: list[int] | Non
     committed offset there, so no later change of the partition exists): there a key whose last change is not a
     delete lost its row, which is restored. On a healthy table a replay changes no row. Returns (apply per key,
     counts)."""
-
     n = net.keys.num_rows
     every = pa.array(np.arange(n), pa.int64())
     if rows.num_rows:

@@ -64,7 +64,6 @@ def _key_columns(chunk: Chunk, ids: list[str], types: dict[str, pa.DataType], re
 
 def _at(n: int, rows: Any) -> pa.Array:
     """A mask of length ``n`` true at ``rows``."""
-
     mask = np.zeros(n, dtype=bool)
     mask[np.asarray(rows)] = True
     return pa.array(mask)
@@ -122,7 +121,6 @@ def key_field_names(chunk: Chunk, registry: Any = None) -> tuple[list[str], int 
     key), read once per chunk: JSON with its schema (``{"schema": ..., "payload": {...}}``) or without, or a
     Confluent-framed Avro record (``registry``). Returns (names, offset of the key read), ``([], offset)`` when
     that key is not a record with fields, ``([], None)`` when no record has a key."""
-
     at = next((i for i, k in enumerate(chunk.keys or []) if k), None)
     if at is None:
         return [], None

@@ -193,7 +193,6 @@ class Router:
         """Tables named by fields of the Debezium envelope's source block (``{source.<field>}``, kept by the decoder
         in ``SOURCE_COLUMN``): worked out once per distinct combination of those fields' values, each checked
         like a route value (one name part)."""
-
         n = data.num_rows
         fields = SOURCE_PLACEHOLDER.findall(template)
         columns = [route_values(data, f"{SOURCE_COLUMN}.{f}") for f in fields]

@@ -78,7 +78,6 @@ def produce_to_topic(settings: dict[str, str], topic: str, table: Any, files: li
     Delivery is at least once: ``tidewater.batch-id`` with the source coordinates identifies duplicates.
     Raises TransientError when a message is not acknowledged.
     """
-
     consumer_only = ("auto.offset.reset", "fetch.", "max.partition.fetch.bytes", "queued.", "session.timeout.ms",
                      "group.", "heartbeat.", "max.poll.interval.ms", "check.crcs", "isolation.level")
     conf = {k: v for k, v in settings.items() if not k.startswith(consumer_only)}

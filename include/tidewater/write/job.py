@@ -84,7 +84,6 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
     """The same write step through Spark's DataFrame API, for Spark Connect (which has no RDDs): one
     partition per sub-range, each running the task code once in ``mapInArrow`` and returning its result
     as one JSON string. Works on a classic SparkSession too."""
-
     timings = {} if timings is None else timings
     timings["job_submitted"] = time.time()
     ranges = subranges(plan, spec.batch.records_per_task)
@@ -141,7 +140,6 @@ def write_rounds(execute: Any, plan: BatchPlan, spec: PipelineSpec, n: int,
     """Run the tasks ``0..n-1`` (``execute(ids)`` returns their results); while some report schema changes
     their rows need, make the changes here, once per table, and run those tasks again. A change that
     cannot be made (a setting forbids it, conflicting types) becomes the batch's error."""
-
     results: dict[int, dict[str, Any]] = {}
     todo = list(range(n))
     for round_no in range(1, MAX_ROUNDS + 1):
@@ -172,7 +170,6 @@ def write_rounds(execute: Any, plan: BatchPlan, spec: PipelineSpec, n: int,
 def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]],
                      timings: dict[str, float] | None = None) -> BatchManifest:
     """Gather the tasks' results; raise the first task error (all tasks' files are then uncommitted)."""
-
     errors = [r for r in results if "error" in r]
     if errors:
         catalog = load_catalog(spec)
@@ -249,7 +246,6 @@ def read_error(batch_dir: Any) -> BatchWriteError | None:
 
 def missing_module(text: str) -> str | None:
     """The module a Python worker could not import, from a Spark error's text, if that is what it says."""
-
     found = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
     return found.group(1) if found else None
 
@@ -257,7 +253,6 @@ def missing_module(text: str) -> str | None:
 def deployment_fault(text: str) -> Any:
     """A terminal error for a failure of the Spark job itself that no retry can heal (the executors' Python
     lacks the project's packages or does not exist on the workers), else None. ``text``: the job's error or log."""
-
     missing = missing_module(text)
     if missing:
         return ConfigError(f"spark.python_env: the executors' Python cannot import {missing!r} (it lacks the "

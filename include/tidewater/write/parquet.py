@@ -41,7 +41,6 @@ TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
 
 def to_table_schema(table: Any, decoded: pa.Table) -> pa.Table:
     """Reorder, fill, promote and tag ``decoded`` with the table schema's field ids."""
-
     fmt = FileFormatFactory.get(FileFormat.PARQUET)
     schema = table.schema()
     file_schema = pyarrow_to_schema(decoded.schema, name_mapping=schema.name_mapping, format_version=table.format_version)
@@ -162,7 +161,6 @@ def serialize_data_file(path: str, size: int, spec_id: int, stats: dict[str, Any
 
 def deserialize_data_file(f: StagedFile, format_version: int) -> Any:
     """The pyiceberg DataFile of a staged data file (what a commit adds to a manifest)."""
-
     if f.content != "data":
         raise TerminalError(f"staged file {f.file_path} holds {f.content}: a write step stages data files only (a change "
                             "table's position deletes are written by its commit step)", table=None)

@@ -104,7 +104,6 @@ class TableSink:
         a boolean mask, or None for none. A batch: those below the table's committed offset (a retried batch);
         a replay re-lands committed records, so none, except with append-missing: the offsets of rows the table
         holds from the task's range (read once per task, from the table's Kafka metadata columns)."""
-
         if self.replay is None:
             t = self.threshold(topic, partition)
             return None if t is None else pc.less(offsets, t)
@@ -118,7 +117,6 @@ class TableSink:
     def admit(self, decoded: Any) -> tuple[Any, list[Any]]:
         """(rows within the table's schema limits, rows over them as ``limits.Rejected``): see
         ``table/limits.py``. With ``evolve_schema`` off nothing is added, so nothing is over a limit."""
-
         if not decoded.num_rows or (self.table is not None and not self.tspec.evolve_schema):
             return decoded, []
         return limits.check(decoded, self.schema_for_limits(), self.tspec.limits(), self.added)
@@ -128,7 +126,6 @@ class TableSink:
         changed is not written: the change is recorded in ``requests`` for the write job's driver, which makes
         it once and runs the task again (``write/job.py``); only the plan step's probe (``probe``)
         changes the table itself."""
-
         if not decoded.num_rows:
             return
         decoded = staged_truncates(self.view, decoded)
@@ -157,7 +154,6 @@ class TableSink:
     def request(self, decoded: Any, change: Any) -> None:
         """Record a change for the driver; later chunks are checked against the schema the table will have
         (``assumed``), so the limits count the fields this task asks for as added."""
-
         req = change_request(self.tspec.identifier, decoded, change, self.tspec.id_columns)
         if req not in self.requests:
             self.requests.append(req)
@@ -169,7 +165,6 @@ class TableSink:
 
     def schema_for_limits(self) -> Any:
         """The table's schema as this task's rows will find it (with the changes it asked for), or None."""
-
         if self.assumed is not None:
             return self.assumed
         return table_arrow_schema(self.table) if self.table is not None else None
@@ -195,7 +190,6 @@ def staged_truncates(spec: PipelineSpec, rows: Any) -> Any:
     the table's schema, whose id columns are required: a truncate has no key, so its id columns get a typed
     placeholder. The commit finds truncates by their operation and never uses their id (``transform/changes.py:
     cut_at_truncates`` removes them before the changes are netted); the gate never judges them (no row image)."""
-
     if not spec.applies_changes or spec.table.truncate != "apply":
         return rows
     truncating = ops_mask(rows, spec.op_column(), spec.table.op_values, ("truncate",))
@@ -211,7 +205,6 @@ def staged_truncates(spec: PipelineSpec, rows: Any) -> Any:
 
 def _placeholder(t: Any) -> Any:
     """A value of type ``t`` (zero, empty text or bytes, whichever ``t`` takes)."""
-
     for raw in (0, "", b""):
         try:
             return pa.scalar(raw).cast(t)
@@ -234,7 +227,6 @@ def delete_files(table: Any, paths: list[str]) -> None:
 def newest_batch(table: Any) -> dict[str, str] | None:
     """The summary of the newest snapshot of main that a pipeline's batch made (it names the pipeline whose
     batches the table holds, and whether they were changes), if any."""
-
     by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
     snap_id = table.metadata.current_snapshot_id
     while snap_id is not None and snap_id in by_id:

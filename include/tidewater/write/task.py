@@ -57,7 +57,6 @@ def row_failures(spec: PipelineSpec, tspec: Any, rows: Any, not_null: list[str])
     id column, an unknown change operation, a null in a ``not_null`` column when the gate's policy dead-letters
     them (a truncate the table applies has no key and no image: neither check concerns it). Each check is
     vectorized; the loops run over failing rows and truncates only."""
-
     failing = _truncates(spec, tspec, rows)
     applied = {r for r, (cls, _) in failing.items() if cls is None}  # truncates applied: no key, no image
     failing = {r: f for r, f in failing.items() if r not in applied}
@@ -77,7 +76,6 @@ def row_failures(spec: PipelineSpec, tspec: Any, rows: Any, not_null: list[str])
 def _truncates(spec: PipelineSpec, tspec: Any, rows: Any) -> dict[int, tuple[Any, str]]:
     """Records that truncate the source table (row -> (None, "") when the change table applies them, else the dead
     letter's class and message: `table.truncate`). Vectorized; the loop runs over truncate records only."""
-
     fmt = FORMATS.get(spec.format.value)
     op = spec.op_column() if spec.applies_changes else (fmt.op_column if fmt is not None else None)
     found = pc.indices_nonzero(ops_mask(rows, op, tspec.op_values, ("truncate",))).to_pylist()
@@ -97,7 +95,6 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
 
     Rows the table already holds (below its own committed offset) are dropped and counted; rows that
     cannot go to this table are added to ``failed`` (row -> error class, message)."""
-
     rows_of = pc.indices_nonzero(mask)
     if sink.table is None and not sink.tspec.auto_create:
         for r in rows_of.to_pylist():  # error path
@@ -148,7 +145,6 @@ def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], op
     written to none, so records read = routed + dead letters + skipped holds. ``only`` (a replay of some
     target tables): records routed to none of them are skipped.
     """
-
     n = decoded.num_rows
     chunk_idx = decoded_rows(len(chunk), bad_idx)
     offsets = pc.take(pa.array(chunk.offsets, pa.int64()), chunk_idx)
@@ -185,7 +181,6 @@ def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], op
 
 def _only_tables(routed: Any, only: frozenset[str]) -> Any:
     """The routing of a chunk kept to the tables ``only`` names: records routed to none of them become unmatched."""
-
     kept = {ident: mask for ident, mask in routed.masks.items() if ident in only}
     elsewhere = [mask for ident, mask in routed.masks.items() if ident not in only]
     if not elsewhere:
@@ -256,7 +251,6 @@ class _TaskWriter:
 
     def decoder_inputs(self) -> tuple[Any, Any]:
         """(explicit schema, shaper) for the decoder: the single table's types, or none when routing."""
-
         spec = self.spec
         if self.single is None:  # per-table name matching comes after routing
             return None, ((shaping.NameMatcher(None, False), None) if spec.format.flatten or spec.format.map_columns else None)
@@ -317,7 +311,6 @@ class _TaskWriter:
         """Records over the table's schema limits (see ``table/limits.py``) and, with
         ``validation.not_null_policy: dead_letter``, records with a null in a ``not_null`` column join the
         bad records."""
-
         assert self.single is not None
         decoded, over = self.single.admit(decoded)
         over_rows = [(o.row, o.error_class, o.message) for o in over]
@@ -350,7 +343,6 @@ class _TaskWriter:
 
     def set_apart(self, chunk: Any, bad: list[Any]) -> None:
         """Bad records become rows of the dead-letter table (or are skipped and logged, by policy)."""
-
         if not bad or self.probe or self.requests():  # a task that needs a schema change writes nothing more
             return
         if self.policy != "dead_letter":
@@ -368,7 +360,6 @@ class _TaskWriter:
 
     def drop_present(self, chunk: Any, decoded: Any, gone: list[int]) -> Any:
         """Append-missing replays: leave out the records whose offsets the table already holds."""
-
         if self.present_set is None or not decoded.num_rows or not len(self.present_set):
             return decoded
         offsets = pc.take(pa.array(chunk.offsets, pa.int64()), decoded_rows(len(chunk), gone))
@@ -451,7 +442,6 @@ def probe_schema(spec: PipelineSpec, settings: dict[str, str], batch_id: str, ra
 
 def worker_process() -> dict[str, Any]:
     """This process's id, interpreter and start time (a Python worker is reused for many tasks)."""
-
     try:
         import psutil
 
@@ -465,7 +455,6 @@ def _leave_a_removed_directory() -> None:
     reuses Python workers across sessions and removes a closed session's directory, where such a worker may still
     sit; pyiceberg reads its configuration file from the working directory whenever it writes table metadata (a
     task creating the dead-letter table), which then failed with a bare ENOENT, taken for an unreachable catalog."""
-
     try:
         os.getcwd()
     except FileNotFoundError:
@@ -485,7 +474,6 @@ def write_subrange(
     (the rows the table already holds: an Arrow array of offsets, or the path of the plan's file of them;
     routed pipelines: per target table, see ``TableSink.held``). ``tables``: a routed replay of some target tables.
     """
-
     _leave_a_removed_directory()
     writer = None
     try:
@@ -511,7 +499,6 @@ def write_subrange(
 def present_offsets(t: Any, rng: PartitionRange) -> Any:
     """Offsets of ``rng``'s partition that the table already holds (append-missing replays), from the
     replay plan's staged (topic, partition, offset) table ``t``."""
-
     mask = pc.and_(pc.equal(t.column("topic"), rng.topic), pc.equal(t.column("partition"), rng.partition))
     return t.column("offset").filter(mask).combine_chunks()
 
