@@ -23,7 +23,7 @@ from tidewater.ops.maintenance import maintain, run_action
 from tidewater.steps import spark as spark_session
 from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
-from tidewater.table.summary import committed_state
+from tidewater.table.summary import OFFSETS_TAG, committed_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -179,9 +179,14 @@ def test_expiry_keeps_offsets_readable_and_time_travel_to_retained_snapshots(bro
     assert n == 120
     spark_session.release_catalog(spark, spec)  # Spark's JDBC catalog holds SQLite's read lock until closed
 
-    # Another tool expires the snapshot that carries the offsets: the chain is broken, planning refuses.
-    table.maintenance.expire_snapshots().by_id(state.tidewater_snapshot_id).commit()
-    with pytest.raises(TerminalError, match="committed offsets are unreadable"):
+    # Another tool tries to expire the snapshot that carries the offsets: the tag keeps it (Iceberg never expires a
+    # referenced snapshot). Only once the tag is removed too is the chain broken: planning refuses, naming the tag.
+    assert table.metadata.refs[OFFSETS_TAG].snapshot_id == state.tidewater_snapshot_id
+    with pytest.raises(ValueError, match="protected"):
+        table.maintenance.expire_snapshots().by_id(state.tidewater_snapshot_id).commit()
+    table.manage_snapshots().remove_tag(OFFSETS_TAG).commit()
+    _table(spec).maintenance.expire_snapshots().by_id(state.tidewater_snapshot_id).commit()
+    with pytest.raises(TerminalError, match=f"committed offsets are unreadable.*the tag {OFFSETS_TAG} .* is missing"):
         committed_state(_table(spec))
 
 

@@ -61,6 +61,7 @@ from tidewater.table.catalog import commit_slots, create_table, load_table
 from tidewater.table.provisional import confirm_keys
 from tidewater.table.summary import (
     DATA_INTERVAL,
+    OFFSETS_TAG,
     QUARANTINED,
     QUARANTINED_TABLES,
     RANGES,
@@ -263,8 +264,8 @@ def commit_table_output(catalog: Any, plan: BatchPlan, out: TableOutput, target:
     expect = target.expected()
 
     def prepare(table: Any) -> Change:
-        change = choose(table, target)
-        return dataclasses.replace(change, expect=expect) if expect is not None else change
+        # every target's snapshot carries its offsets: the tag keeps the newest through other tools' expiry
+        return dataclasses.replace(choose(table, target), expect=expect, tag=OFFSETS_TAG)
 
     on_missing = missing_table(catalog, plan, target.job.manifest) if target.fused and target.job.ingests else None
     done = commit(catalog, out.table, prepare, marker=plan.batch_id, what=target.job.what,
@@ -400,7 +401,7 @@ def commit_holder(catalog: Any, job: BatchCommit, held: list[str]) -> None:
         props[ROUTED] = str(manifest.routed)
         if held:
             props[QUARANTINED_TABLES] = json.dumps(held, separators=(",", ":"))
-        return Change(props, rows=checkpoint_row(plan, manifest, offsets), expect=expect)
+        return Change(props, rows=checkpoint_row(plan, manifest, offsets), expect=expect, tag=OFFSETS_TAG)
 
     try:
         commit(catalog, plan.table, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id} (checkpoint)",

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pyiceberg.manifest import DataFile
+from pyiceberg.table.update.snapshot import ManageSnapshots
 
 from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
 from tidewater.table.catalog import catalog_failure, load_table
@@ -106,6 +107,7 @@ class Change:
     deletes: tuple[Any, ...] = ()  # position delete files (pyiceberg DataFiles) committed with ``files`` as one row delta
     remove_properties: tuple[str, ...] = ()  # table properties removed in the same transaction (confirmations)
     expect: OffsetsExpected | None = None  # the requirement checked before the change is applied (see OffsetsExpected)
+    tag: str | None = None  # a tag moved to the snapshot this change makes on its branch, in the same transaction
 
     @property
     def kind(self) -> str:
@@ -167,6 +169,9 @@ def apply_change(tx: Any, table: Any, change: Change) -> None:
         with tx.update_snapshot(snapshot_properties=dict(change.properties), branch=branch).fast_append() as append:
             for f in _data_files(table, change.files):
                 append.append_data_file(f)
+    if change.tag:  # the snapshot just made; the tag's own requirement refuses a tag another writer moved meanwhile
+        with ManageSnapshots(tx) as refs:
+            refs.create_tag(tx.table_metadata.refs[branch].snapshot_id, change.tag)
     for other in change.also:
         apply_change(tx, table, other)
     if change.remove_properties:

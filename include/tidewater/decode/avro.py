@@ -14,8 +14,6 @@ import logging
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from tidewater.decode.records import BadRecord, DecodeContext
 from tidewater.errors import TerminalError, TransientError
@@ -37,6 +35,9 @@ class RegistryClient:
 
     def __init__(self, url: str, auth: str | None = None, settings: dict[str, str] | None = None,
                  timeout: float = 10.0) -> None:
+        # an optional backend (httpx, authlib, attrs): imported by the Avro formats only
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
         self.url = url.rstrip("/")
         conf: dict[str, Any] = {"url": self.url, "timeout": timeout, "max.retries": 2, **(settings or {})}
         if auth:
@@ -50,6 +51,7 @@ class RegistryClient:
     def schema(self, schema_id: int) -> Any:
         """The parsed writer schema for ``schema_id`` (cached)."""
         import fastavro
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         if schema_id in self._cache:
             return self._cache[schema_id]

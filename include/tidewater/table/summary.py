@@ -4,6 +4,16 @@ The table is the source of truth: every Tidewater commit stamps the NEXT offset 
 topic-partition the table has ever ingested (cumulative), so the latest Tidewater snapshot alone tells
 where each partition stands. Snapshots made by others (compaction, expiry, manual writes) carry no such
 keys; readers walk back through the snapshot's ancestors to the newest one that does.
+
+Other tools' snapshot expiry (Spark's ``expire_snapshots`` with ``retain_last => 1``, a platform's nightly run)
+would remove every ancestor that carries offsets. Each commit that stamps them therefore also moves the tag
+``tidewater-offsets`` to its snapshot: Iceberg never expires a referenced snapshot, so the newest snapshot with
+offsets stays, and with it the history of every later snapshot (compactions, deletes, other writers' appends).
+The tag keeps that one snapshot's files alive until the next commit moves it. Where the expiry removed a snapshot
+between the tagged one and the current one (an outside overwrite makes two), the current history is cut (an
+expired parent is forgotten); readers then take the tagged snapshot, older (by sequence number) than all that is
+left. A history that ends without offsets otherwise means the tag was removed, or the table was rolled back or
+restored past it: the offsets are not guessed, and the error says which.
 """
 
 from __future__ import annotations
@@ -86,6 +96,9 @@ DATA_INTERVAL = PREFIX + "data-interval"  # the Airflow run's data interval: "st
 RANGES = PREFIX + "ranges"  # the batch's offset ranges: [[topic, partition, start, end], ...]
 
 
+OFFSETS_TAG = "tidewater-offsets"  # the tag on the newest snapshot that carries the table's offsets (see above)
+
+
 TRUNCATE = PREFIX + "truncate"  # the snapshot that emptied a change table for a truncate of its source (batch id, count)
 CHANGES = PREFIX + "changes"  # change tables: {"inserted", "updated", "deleted", "noop", "cross_partition_keys", ...}
 
@@ -149,38 +162,55 @@ def summary_dict(snapshot: Any) -> dict[str, str]:
     return dict(summary.additional_properties) if hasattr(summary, "additional_properties") else dict(summary)
 
 
+def _newest_with_offsets(by_id: dict[int, Any], start: int | None) -> tuple[tuple[Any, dict[str, str]] | None, Any]:
+    """Walking from ``start`` back through its ancestors: (the newest snapshot that carries offsets with its
+    properties, or None), and the oldest snapshot reached."""
+    snap_id, last = start, None
+    while snap_id is not None and snap_id in by_id:
+        last = by_id[snap_id]
+        props = summary_dict(last)
+        if OFFSETS in props:
+            return (last, props), last
+        snap_id = last.parent_snapshot_id
+    return None, last
+
+
 def committed_state(table: Any, branch: str | None = None) -> CommittedState:
-    """Read committed offsets from the head of ``branch`` (default ``main``), walking back through ancestors."""
+    """Read committed offsets from the head of ``branch`` (default ``main``), walking back through ancestors (the
+    tag ``OFFSETS_TAG`` keeps the newest one there through other tools' expiry)."""
     meta = table.metadata
     current = meta.current_snapshot_id
     if branch and branch != "main":
         ref = meta.refs.get(branch)
         current = ref.snapshot_id if ref is not None else None
-    snap_id = current
     by_id = {s.snapshot_id: s for s in meta.snapshots}
-    while snap_id is not None and snap_id in by_id:
-        snap = by_id[snap_id]
-        props = summary_dict(snap)
-        if OFFSETS in props:
-            vt = props.get(VALID_THROUGH_MS)
-            return CommittedState(
-                offsets=offsets_from_json(json.loads(props[OFFSETS])),
-                snapshot_id=current,
-                tidewater_snapshot_id=snap.snapshot_id,
-                batch_id=props.get(BATCH_ID),
-                valid_through_ms=int(vt) if vt else None,
-                committed_at_ms=snap.timestamp_ms,
-            )
-        snap_id = snap.parent_snapshot_id
+    found, oldest = _newest_with_offsets(by_id, current)
+    tag = meta.refs.get(OFFSETS_TAG)
+    if found is None and oldest is not None and tag is not None and tag.snapshot_id in by_id \
+            and by_id[tag.snapshot_id].sequence_number < oldest.sequence_number:
+        # another tool's expiry cut the history (expired parents are forgotten) above the tagged snapshot, which is
+        # older than all that is left of it: the offsets where the history went on from there
+        found, _ = _newest_with_offsets(by_id, tag.snapshot_id)
+    if found is not None:
+        snap, props = found
+        vt = props.get(VALID_THROUGH_MS)
+        return CommittedState(offsets=offsets_from_json(json.loads(props[OFFSETS])), snapshot_id=current,
+                              tidewater_snapshot_id=snap.snapshot_id, batch_id=props.get(BATCH_ID),
+                              valid_through_ms=int(vt) if vt else None, committed_at_ms=snap.timestamp_ms)
     if current in by_id and BRANCH_BASE in summary_dict(by_id[current]):
         return CommittedState({}, current, None, None, None, None)  # only the empty base of a branch
     if current is not None:
         # The table has history but none of it carries offsets: they were expired (another tool removed
         # the snapshot that held them) or the table was filled by something else. Planning from nothing
         # would re-read everything into a table that already has data.
+        where = (f"and the tag {OFFSETS_TAG} points to snapshot {tag.snapshot_id}, which is not in that history (the table "
+                 "was rolled back or restored past it, or another tool moved the tag): the rows of its batches may be gone"
+                 if tag is not None else
+                 f"and the tag {OFFSETS_TAG} that keeps the newest one is missing (removed by another tool, or the table "
+                 "predates it)")
         raise TerminalError(
             f"committed offsets are unreadable: no snapshot in the history of the current snapshot {current} "
-            f"carries {OFFSETS} (expired by another tool, or the table was written by something else); "
+            f"carries {OFFSETS} (expired by another tool, or the table was written by something else), {where}; "
             "refusing to plan from the start of the log into a table that has history",
             table=".".join(table.name()) if hasattr(table, "name") else None,
         )
