@@ -11,6 +11,8 @@ broker, catalog and Spark. Every test counts rows against what was produced and 
 - A rollback past two batches: the offsets are those of the snapshot rolled back to, so the records of the
   rolled-back batches are ingested again, each once.
 - The tag removed and the offsets expired anyway: planning refuses, naming the tag.
+- ``tidewater recover-offsets`` (``ops/recover.py``): proposals from the ledger and the rows, committed when they
+  agree or the operator confirms, refused when nothing can prove them; plain and routed; the audit explains it.
 """
 
 from __future__ import annotations
@@ -189,3 +191,128 @@ def test_with_the_tag_removed_and_the_offsets_expired_planning_refuses_naming_th
         plan_batch(spec)
     assert ids(spec) == list(range(10))
 
+
+
+def lose_offsets(spec, ident: str) -> None:  # noqa: ANN001
+    """What it takes to lose a table's offsets despite the tag: the tag removed, an outside overwrite, an expiry."""
+    catalog = load_catalog(spec)
+    load_table(catalog, ident).manage_snapshots().remove_tag(OFFSETS_TAG).commit()
+    table = load_table(catalog, ident)
+    table.overwrite(table.scan().to_arrow())
+    expire_all_unreferenced(load_table(catalog, ident))
+
+
+def test_recover_offsets_commits_what_the_ledger_and_the_rows_agree_on_and_the_audit_explains_it(broker, home, topic,
+                                                                                                  capsys):
+    """Two batches, then the offsets are lost (tag removed, outside overwrite, expiry): planning refuses. A dry run
+    shows the ledger's and the rows' offsets and changes nothing. The recovery commits them (they agree); the next
+    batch adds only new records (every id once), and the audit explains the recovery."""
+    from tidewater.audit.pipeline import audit
+    from tidewater.ops.recover import recover
+
+    spec = pipeline(home, broker, topic)
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(12)], partitions=2)
+    produce_to_partition(broker.bootstrap, topic, 1, [ev(100 + i) for i in range(6)])
+    ingest_inline(spec)
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(12 + i) for i in range(4)])
+    ingest_inline(spec)
+    lose_offsets(spec, spec.table.identifier)
+    with pytest.raises(TerminalError, match="committed offsets are unreadable"):
+        plan_batch(spec)
+    from tidewater.runtime.cli import main
+
+    capsys.readouterr()
+    assert main(["recover-offsets", "--pipeline", str(spec.source_path), "--dry-run"]) == 0
+    shown = capsys.readouterr().out
+    assert "the ledger and the rows agree" in shown and "dry run: nothing committed" in shown
+    dry = recover(spec, "ops", dry_run=True)
+    assert dry["status"] == "dry-run" and [t["agree"] for t in dry["tables"]] == [True]
+    assert dry["tables"][0]["ledger"] == dry["tables"][0]["rows"] == {topic: {"0": 16, "1": 6}}
+    with pytest.raises(TerminalError):
+        plan_batch(spec)  # the dry run changed nothing
+    done = recover(spec, "ops")
+    assert done["status"] == "committed"
+    assert recover(spec, "ops")["status"] == "nothing-to-recover"
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert committed_state(table).offsets == {topic: {0: 16, 1: 6}}
+    produce_to_partition(broker.bootstrap, topic, 1, [ev(200 + i) for i in range(3)])
+    assert ingest_inline(spec).records == 3
+    assert ids(spec) == [*range(16), *range(100, 106), *range(200, 203)]
+    report = audit(spec)  # the overwrite that lost the offsets is reported as a write outside Tidewater, nothing else
+    assert [f.check for f in report.findings if f.severity == "error"] == ["outside-write"], [f.text() for f in report.findings]
+    assert any(f.severity == "explained" and "recovered by ops" in f.message for f in report.findings)
+
+
+def test_recover_offsets_refuses_when_the_rows_lost_their_tail_until_the_operator_confirms(broker, home, topic):
+    """The last batch's rows were deleted before the offsets were lost: the rows end before the ledger's last range.
+    Expected: the recovery refuses (nothing committed, planning still refuses); confirmed by the operator, it commits
+    the ledger's offsets, and the deleted rows are not read again."""
+    from tidewater.ops.recover import recover
+
+    spec = pipeline(home, broker, topic)
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(10)], partitions=1)
+    ingest_inline(spec)
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(10 + i) for i in range(5)])
+    ingest_inline(spec)
+    load_table(load_catalog(spec), spec.table.identifier).delete("id >= 10")
+    lose_offsets(spec, spec.table.identifier)
+    refused = recover(spec, "ops")
+    assert refused["status"] == "refused" and "has no rows in the table" in refused["tables"][0]["disagreements"][0]
+    with pytest.raises(TerminalError):
+        plan_batch(spec)
+    assert recover(spec, "ops", confirmed=True)["status"] == "committed"
+    assert committed_state(load_table(load_catalog(spec), spec.table.identifier)).offsets == {topic: {0: 15}}
+    _, path = plan_batch(spec)
+    assert path is None and ids(spec) == list(range(10))
+
+
+def test_recover_offsets_without_a_ledger_or_metadata_columns_cannot_prove_anything_and_changes_nothing(broker, home,
+                                                                                                      topic):
+    """A table without metadata columns whose ledger was dropped: the recovery says it cannot prove the offsets
+    (naming the table and the ledger) and changes nothing."""
+    from tidewater.errors import ConfigError
+    from tidewater.ops.recover import recover
+
+    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                        format={"metadata": "none"}, validation={"not_null": ["id"]}))
+    produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(6)], partitions=1)
+    ingest_inline(spec)
+    load_catalog(spec).drop_table(spec.ledger_table())
+    lose_offsets(spec, spec.table.identifier)
+    before = load_table(load_catalog(spec), spec.table.identifier).metadata.snapshots
+    with pytest.raises(ConfigError, match=f"{spec.table.identifier}: its offsets cannot be proven.*nothing was changed"):
+        recover(spec, "ops")
+    assert load_table(load_catalog(spec), spec.table.identifier).metadata.snapshots == before
+
+
+def test_recover_offsets_of_a_routed_pipelines_checkpoint_and_table(broker, home, topic):
+    """A routed pipeline's checkpoint and one of its change tables lose their offsets. Expected: one proposal per
+    stuck table (the checkpoint's rows evidence is all its tables' rows), committed when they agree; the next batch
+    then applies only new changes: every table equals its source, nothing is left to read."""
+    from tidewater.ops.recover import recover
+
+    sources = [Source(f"{topic}-y{i}") for i in range(2)]
+    tables = [{"identifier": f"rpc.y{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True}
+              for i, s in enumerate(sources)]
+    spec = load_pipeline(write_pipeline(
+        home, name="lost", topics=[s.topic for s in sources], table={"identifier": ""},
+        kafka={"bootstrap_servers": broker.bootstrap}, tables=tables, routing={"namespace": "rpc"},
+        format={"value": "debezium", "metadata": "prefixed"}, validation={"not_null": ["id"]}))
+    for b in range(2):
+        for i, s in enumerate(sources):
+            s.produce(broker, b, 20, seed=60 + 10 * b + i)
+        ingest_inline(spec)
+    for ident in (spec.checkpoint_table(), "rpc.y0"):
+        lose_offsets(spec, ident)
+    with pytest.raises(TerminalError):
+        plan_batch(spec)
+    done = recover(spec, "ops")
+    assert done["status"] == "committed", done
+    assert [t["table"] for t in done["tables"]] == ["rpc.y0", spec.checkpoint_table()]
+    for i, s in enumerate(sources):
+        s.produce(broker, 2, 10, seed=90 + i)
+    assert ingest_inline(spec).status == "committed"
+    for i, s in enumerate(sources):
+        assert_equals_source(spec, f"rpc.y{i}", s)
+    _, path = plan_batch(spec)
+    assert path is None

@@ -35,6 +35,8 @@ def target_findings(ident: str, entries: list[dict[str, Any]], checkpoint: list[
                                "the table has no commit of it: those rows are missing", batch_id=batch_id,
                                snapshot_id=e["snapshot_id"]))
     for batch_id, e in own.items():
+        if e["kind"] == "recover":  # explained with the holder's (see recoveries)
+            continue
         if e["kind"] == "quarantine":  # its rows wait on the branch (published later as their own commit)
             out.append(finding_at("explained", "routed", "quarantined: the rows are on the quarantine branch "
                            f"{detail(e).get('tidewater.quarantined', '')}", e))
@@ -129,4 +131,17 @@ def outside_writes(table: Any) -> list[Finding]:
         if added or removed:
             out.append(Finding("error", "outside-write", f"{operation} made outside Tidewater: {added} rows added, "
                                f"{removed} removed", snapshot_id=snap.snapshot_id))
+    return out
+
+
+def recoveries(entries: list[dict[str, Any]]) -> list[Finding]:
+    """Offsets an operator recovered (``tidewater recover-offsets``): explained, with the evidence and who asked."""
+    out = []
+    for e in entries:
+        if e["kind"] != "recover":
+            continue
+        why = json.loads(detail(e).get("tidewater.recovered", "{}"))
+        how = "the ledger and the rows agreed" if why.get("agree") else "confirmed by the operator"
+        out.append(finding_at("explained", "coverage", f"offsets of {e['table']} recovered by {why.get('by')} ({how}; "
+                              f"ledger {why.get('ledger')}, rows {why.get('rows')})", e))
     return out

@@ -38,6 +38,7 @@ from tidewater.table.summary import (
     QUARANTINED,
     RANGES,
     RECORDS,
+    RECOVERED,
     REPLAY,
     ROUTED,
     SKIPPED,
@@ -74,6 +75,8 @@ def identifier(spec: PipelineSpec) -> str:
 
 
 def _kind(props: dict[str, str]) -> str:
+    if RECOVERED in props:
+        return "recover"
     if REPLAY in props:
         return "replay"
     if OPERATOR_SKIP in props:
@@ -115,9 +118,10 @@ def entries(table_ident: str, snapshots: list[Any], checkpoint: bool = False, ta
         if BATCH_ID not in props:
             continue
         kind = _kind(props)
-        detail = {k: props[k] for k in (REPLAY, OPERATOR_SKIP, CHANGES, QUARANTINED) if k in props}
-        ranges: list[tuple[Any, Any, Any, Any]] = list(_ranges(props, previous))
-        for topic, part, start, end in ranges or ([(None, None, None, None)] if target else []):
+        detail = {k: props[k] for k in (REPLAY, OPERATOR_SKIP, CHANGES, QUARANTINED, RECOVERED) if k in props}
+        # a recovery read no range: one row without a range says where it set the offsets (the audit explains it)
+        ranges: list[tuple[Any, Any, Any, Any]] = list(_ranges(props, previous)) if kind != "recover" else []
+        for topic, part, start, end in ranges or ([(None, None, None, None)] if target or kind == "recover" else []):
             rows.append({
                 "table": table_ident, "batch_id": props[BATCH_ID], "kind": kind, "snapshot_id": snap.snapshot_id,
                 "committed_at": snap.timestamp_ms * 1000, "dag_run_id": props.get(DAG_RUN_ID), "topic": topic,

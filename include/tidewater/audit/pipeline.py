@@ -27,7 +27,7 @@ from typing import Any
 from tidewater.audit import ledger
 from tidewater.audit.deep import deep_findings
 from tidewater.audit.findings import AuditReport
-from tidewater.audit.history import accounting, coverage, outside_writes, tables_per_batch, target_findings
+from tidewater.audit.history import accounting, coverage, outside_writes, recoveries, tables_per_batch, target_findings
 from tidewater.audit.kafka import against_kafka
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
@@ -69,6 +69,7 @@ def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool
     report = AuditReport(spec.name, only or holder_ident, len({e["batch_id"] for e in mine}),
                          tables=[] if targets.fused else audited)
     report.findings += coverage(mine) + accounting(mine, "rows" if targets.fused else "records routed")
+    report.findings += recoveries(entries)
     holder = load_table(catalog, holder_ident)
     wrote = tables_per_batch(holder) if not targets.fused else {}
     tables = {t: holder if targets.holds(t) else load_table(catalog, t) for t in audited}

@@ -363,6 +363,45 @@ def _add_skip(sub: Any) -> None:
     p.set_defaults(fn=cmd_skip)
 
 
+def cmd_recover_offsets(args: argparse.Namespace) -> int:
+    import getpass
+
+    from tidewater.config.parse import load_pipeline
+    from tidewater.ops.recover import recover
+
+    doc = recover(load_pipeline(args.pipeline), args.by or getpass.getuser(), dry_run=args.dry_run, confirmed=args.yes)
+    if args.json:
+        print(json.dumps(doc))
+        return 0 if doc["status"] != "refused" else 1
+    if doc["status"] == "nothing-to-recover":
+        print("nothing to recover: every table's committed offsets are readable")
+    for t in doc["tables"]:
+        print(f"{t['table']}: {'the ledger and the rows agree' if t['agree'] else 'the evidence does not agree'}")
+        print(f"  from the ledger: {json.dumps(t['ledger'])}")
+        print(f"  from the rows:   {json.dumps(t['rows']) if t['rows'] is not None else '(no metadata columns)'}")
+        for d in t["disagreements"]:
+            print(f"  ! {d}")
+        print(f"  proposed:        {json.dumps(t['offsets'])}")
+    if doc["status"] == "refused":
+        print("nothing committed: check the evidence, then run again with --yes to commit the proposal")
+    elif doc["status"] == "dry-run":
+        print("dry run: nothing committed")
+    elif doc["status"] == "committed":
+        print(f"committed: {doc['batch_id']} (the planner reads these offsets from now on)")
+    return 1 if doc["status"] == "refused" else 0
+
+
+def _add_recover_offsets(sub: Any) -> None:
+    p = sub.add_parser("recover-offsets", help="propose a table's lost offsets from the ledger and its rows; commit "
+                       "them when both agree (or with --yes)")
+    _pipeline_arg(p)
+    p.add_argument("--dry-run", action="store_true", help="show the evidence and the proposal; change nothing")
+    p.add_argument("--yes", action="store_true", help="commit the proposal even where the evidence does not agree")
+    p.add_argument("--by", default=None, help="who asks (default: the user running the command)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(fn=cmd_recover_offsets)
+
+
 def _add_validate(sub: Any) -> None:
     p = sub.add_parser("validate", help="check a pipeline file")
     _pipeline_arg(p)
@@ -531,6 +570,7 @@ _COMMANDS = (
     _add_quarantine,
     _add_publish,
     _add_skip,
+    _add_recover_offsets,
     _add_status,
     _add_history,
     _add_audit,

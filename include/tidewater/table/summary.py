@@ -84,6 +84,9 @@ QUARANTINED_TABLES = PREFIX + "quarantined-tables"
 PUBLISHED = PREFIX + "published"  # a published quarantined batch: its batch id
 
 
+RECOVERED = PREFIX + "recovered"  # offsets recovered by `tidewater recover-offsets`: the evidence and who asked
+
+
 OPERATOR_SKIP = PREFIX + "operator-skip"  # the batch that dead-letters a range an operator skipped: the request
 
 
