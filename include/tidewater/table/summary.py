@@ -13,7 +13,7 @@ The tag keeps that one snapshot's files alive until the next commit moves it. Wh
 between the tagged one and the current one (an outside overwrite makes two), the current history is cut (an
 expired parent is forgotten); readers then take the tagged snapshot, older (by sequence number) than all that is
 left. A history that ends without offsets otherwise means the tag was removed, or the table was rolled back or
-restored past it: the offsets are not guessed, and the error says which.
+restored past it: the offsets are not guessed, the error says which, and ``ops/recover.py`` proposes them.
 """
 
 from __future__ import annotations
@@ -214,7 +214,8 @@ def committed_state(table: Any, branch: str | None = None) -> CommittedState:
         raise TerminalError(
             f"committed offsets are unreadable: no snapshot in the history of the current snapshot {current} "
             f"carries {OFFSETS} (expired by another tool, or the table was written by something else), {where}; "
-            "refusing to plan from the start of the log into a table that has history",
+            "refusing to plan from the start of the log into a table that has history. `tidewater recover-offsets` "
+            "proposes them from the ledger and the rows",
             table=".".join(table.name()) if hasattr(table, "name") else None,
         )
     return CommittedState({}, current, None, None, None, None)
