@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, stage_inline, write_pipeline
-from tests.integration.test_routed_changes import Source, assert_equals_source
+from tests.integration.test_routed_changes import Source, assert_equals_source, database_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import ValidationFailedError
 from tidewater.ops import quarantine
@@ -289,14 +289,8 @@ def test_target_tables_commit_concurrently_on_postgresql_and_a_failure_among_the
     from tidewater.table.catalog import commit_slots
 
     sources = [Source(f"{topic}-p{i}") for i in range(6)]
-    tables = [{"identifier": f"rpc.p{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True}
-              for i, s in enumerate(sources)]
-    spec = load_pipeline(write_pipeline(
-        home, name="pooled", topics=[s.topic for s in sources], table={"identifier": ""},
-        kafka={"bootstrap_servers": broker.bootstrap}, tables=tables, routing={"namespace": "rpc"},
-        format={"value": "debezium"}, validation={"not_null": ["id"]},
-        catalog={"properties": {"type": "sql", "uri": postgres.create_database("pooled_catalog"),
-                                "warehouse": f"file://{home / 'warehouse'}"}}))
+    spec = database_pipeline(home, broker, [s.topic for s in sources], name="pooled", catalog={"properties": {
+        "type": "sql", "uri": postgres.create_database("pooled_catalog"), "warehouse": f"file://{home / 'warehouse'}"}})
     assert commit_slots(load_catalog(spec)) > 1
     for i, s in enumerate(sources):
         s.produce(broker, 0, 25, seed=90 + i)
@@ -305,26 +299,26 @@ def test_target_tables_commit_concurrently_on_postgresql_and_a_failure_among_the
     real = committing.commit_table_output
     threads = set()
 
-    def crash_on_p3(catalog, plan, out, *a):  # noqa: ANN001, ANN002, ANN202
+    def crash_on_src3(catalog, plan, out, *a):  # noqa: ANN001, ANN002, ANN202
         import threading
 
         threads.add(threading.current_thread().name)
-        if out.table == "rpc.p3":
+        if out.table == "rpc.src3":
             raise TransientError("simulated crash during one table's commit")
         return real(catalog, plan, out, *a)
 
-    monkeypatch.setattr(committing, "commit_table_output", crash_on_p3)
+    monkeypatch.setattr(committing, "commit_table_output", crash_on_src3)
     with pytest.raises(TransientError):
         commit_step(spec, plan, manifest)
     assert len(threads) > 1 and all(t.startswith("tidewater-commit") for t in threads), threads  # on the pool
     catalog = load_catalog(spec)
     assert load_table(catalog, spec.checkpoint_table()).snapshots() == []
-    assert load_table(catalog, "rpc.p3").snapshots() == []
+    assert load_table(catalog, "rpc.src3").snapshots() == []
     monkeypatch.setattr(committing, "commit_table_output", real)
     result = commit_step(spec, plan, manifest)
-    assert result.status == "committed" and {t.table: t.status for t in result.tables}["rpc.p3"] == "committed"
+    assert result.status == "committed" and {t.table: t.status for t in result.tables}["rpc.src3"] == "committed"
     for i, s in enumerate(sources):
-        assert_equals_source(spec, f"rpc.p{i}", s)
-        assert len([x for x in load_table(catalog, f"rpc.p{i}").snapshots()
+        assert_equals_source(spec, f"rpc.src{i}", s)
+        assert len([x for x in load_table(catalog, f"rpc.src{i}").snapshots()
                     if summary_dict(x).get(BATCH_ID) == plan.batch_id]) == 1
     assert committed_state(load_table(catalog, spec.checkpoint_table())).offsets == plan.end_offsets()

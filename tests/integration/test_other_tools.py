@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, write_pipeline
-from tests.integration.test_routed_changes import Source, assert_equals_source
+from tests.integration.test_routed_changes import Source, assert_equals_source, database_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import TerminalError
 from tidewater.plan.ingest import plan_batch
@@ -108,22 +108,17 @@ def test_outside_expiry_of_a_routed_pipelines_checkpoint_and_tables_loses_and_re
     batch plans from the checkpoint's tag, each table dedupes against its own tag's offsets, every table equals its
     source."""
     sources = [Source(f"{topic}-x{i}") for i in range(2)]
-    tables = [{"identifier": f"rpc.x{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True}
-              for i, s in enumerate(sources)]
-    spec = load_pipeline(write_pipeline(
-        home, name="neighbours", topics=[s.topic for s in sources], table={"identifier": ""},
-        kafka={"bootstrap_servers": broker.bootstrap}, tables=tables, routing={"namespace": "rpc"},
-        format={"value": "debezium"}, validation={"not_null": ["id"]}))
+    spec = database_pipeline(home, broker, [s.topic for s in sources], name="neighbours")
     for b in range(2):
         for i, s in enumerate(sources):
             s.produce(broker, b, 20, seed=50 + 10 * b + i)
         assert ingest_inline(spec).status == "committed"
     catalog = load_catalog(spec)
-    x0 = load_table(catalog, "rpc.x0")
+    x0 = load_table(catalog, "rpc.src0")
     x0.overwrite(x0.scan().to_arrow())  # another writer rewrites the table's rows as they are (no batch id)
-    for ident in (spec.checkpoint_table(), "rpc.x0", "rpc.x1"):
+    for ident in (spec.checkpoint_table(), "rpc.src0", "rpc.src1"):
         expire_all_unreferenced(load_table(catalog, ident))
-    x0 = load_table(catalog, "rpc.x0")  # the overwrite's append, its history cut at its expired delete; the tag's batch
+    x0 = load_table(catalog, "rpc.src0")  # the overwrite's append, its history cut at its expired delete; the tag's batch
     assert len(x0.snapshots()) == 2 and not history_carries_offsets(x0)
     assert committed_state(x0).tidewater_snapshot_id == x0.metadata.refs[OFFSETS_TAG].snapshot_id
     before = committed_state(load_table(catalog, spec.checkpoint_table())).offsets
@@ -133,7 +128,7 @@ def test_outside_expiry_of_a_routed_pipelines_checkpoint_and_tables_loses_and_re
     assert plan.base_offsets == before
     assert ingest_inline(spec).status == "committed"
     for i, s in enumerate(sources):
-        assert_equals_source(spec, f"rpc.x{i}", s)
+        assert_equals_source(spec, f"rpc.src{i}", s)
     _, path = plan_batch(spec)
     assert path is None  # the checkpoint reached the end of every partition: nothing left, nothing read twice
 
@@ -292,27 +287,23 @@ def test_recover_offsets_of_a_routed_pipelines_checkpoint_and_table(broker, home
     from tidewater.ops.recover import recover
 
     sources = [Source(f"{topic}-y{i}") for i in range(2)]
-    tables = [{"identifier": f"rpc.y{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True}
-              for i, s in enumerate(sources)]
-    spec = load_pipeline(write_pipeline(
-        home, name="lost", topics=[s.topic for s in sources], table={"identifier": ""},
-        kafka={"bootstrap_servers": broker.bootstrap}, tables=tables, routing={"namespace": "rpc"},
-        format={"value": "debezium", "metadata": "prefixed"}, validation={"not_null": ["id"]}))
+    spec = database_pipeline(home, broker, [s.topic for s in sources], name="lost",
+                             format={"value": "debezium", "metadata": "prefixed"})
     for b in range(2):
         for i, s in enumerate(sources):
             s.produce(broker, b, 20, seed=60 + 10 * b + i)
         ingest_inline(spec)
-    for ident in (spec.checkpoint_table(), "rpc.y0"):
+    for ident in (spec.checkpoint_table(), "rpc.src0"):
         lose_offsets(spec, ident)
     with pytest.raises(TerminalError):
         plan_batch(spec)
     done = recover(spec, "ops")
     assert done["status"] == "committed", done
-    assert [t["table"] for t in done["tables"]] == ["rpc.y0", spec.checkpoint_table()]
+    assert [t["table"] for t in done["tables"]] == ["rpc.src0", spec.checkpoint_table()]
     for i, s in enumerate(sources):
         s.produce(broker, 2, 10, seed=90 + i)
     assert ingest_inline(spec).status == "committed"
     for i, s in enumerate(sources):
-        assert_equals_source(spec, f"rpc.y{i}", s)
+        assert_equals_source(spec, f"rpc.src{i}", s)
     _, path = plan_batch(spec)
     assert path is None

@@ -27,15 +27,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PARTITIONS = 2
 
 
-def database_pipeline(home, broker, topics: list[str], truncate: dict[int, str] | None = None, **more):  # noqa: ANN001, ANN201
+def database_pipeline(home, broker, topics: list[str], truncate: dict[int, str] | None = None, name: str = "inventory",  # noqa: ANN001, ANN201
+                      **more):
     """One pipeline over the topics of a database's tables: `rpc.src<i>` applies the changes of topic i (``truncate``:
     table index -> its `table.truncate`)."""
     tables = [{"identifier": f"rpc.src{i}", "topics": [t], "id_columns": ["id"], "upsert": True,
                **({"truncate": truncate[i]} if truncate and i in truncate else {})} for i, t in enumerate(topics)]
+    settings = {"format": {"value": "debezium"}, "validation": {"not_null": ["id"]}, **more}
     return load_pipeline(write_pipeline(
-        home, name="inventory", topics=topics, kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
-        tables=tables, routing={"namespace": "rpc"}, format={"value": "debezium"}, validation={"not_null": ["id"]},
-        **more))
+        home, name=name, topics=topics, kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
+        tables=tables, routing={"namespace": "rpc"}, **settings))
 
 
 class Source:
