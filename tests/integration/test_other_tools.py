@@ -9,7 +9,7 @@ broker, catalog and Spark. Every test counts rows against what was produced and 
   read from the tagged snapshot, older than the cut.
 - A user's ``DELETE`` followed by an expiry: the deleted rows stay deleted, the next batch lands once.
 - A rollback past two batches: the offsets are those of the snapshot rolled back to, so the records of the
-  rolled-back batches are ingested again, each once.
+  rolled-back batches are ingested again, each once; the audit (deep) explains the rolled-back batches.
 - The tag removed and the offsets expired anyway: planning refuses, naming the tag.
 - ``tidewater recover-offsets`` (``ops/recover.py``): proposals from the ledger and the rows, committed when they
   agree or the operator confirms, refused when nothing can prove them; plain and routed; the audit explains it.
@@ -168,6 +168,11 @@ def test_a_rollback_past_two_batches_ingests_their_records_again_once(broker, ho
     assert again.records == 20
     assert ids(spec) == list(range(30))
     assert committed_state(load_table(load_catalog(spec), spec.table.identifier)).offsets == {topic: {0: 30}}
+    from tidewater.audit.pipeline import audit  # the rolled-back batches are explained, not counted twice
+
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings]
+    assert sum("rolled back by another tool" in f.message for f in report.findings) == 2
 
 
 def test_with_the_tag_removed_and_the_offsets_expired_planning_refuses_naming_the_tag(broker, home, topic):

@@ -145,3 +145,22 @@ def recoveries(entries: list[dict[str, Any]]) -> list[Finding]:
         out.append(finding_at("explained", "coverage", f"offsets of {e['table']} recovered by {why.get('by')} ({how}; "
                               f"ledger {why.get('ledger')}, rows {why.get('rows')})", e))
     return out
+
+
+def rolled_back(table: Any, branch: str | None, entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Finding]]:
+    """The entries whose batches another tool rolled back (their snapshot is still in the table's metadata but no
+    longer in the history of the branch's head): the remaining entries, and a finding explaining each rolled-back
+    batch (its records were read again by the batches after the rollback). Expired snapshots are not told apart."""
+    if table is None:
+        return entries, []
+    by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
+    ref = table.metadata.refs.get(branch or "main")
+    history, sid = set(), ref.snapshot_id if ref is not None else None
+    while sid is not None and sid in by_id:
+        history.add(sid)
+        sid = by_id[sid].parent_snapshot_id
+    gone = {e["batch_id"] for e in entries if e["snapshot_id"] in by_id and e["snapshot_id"] not in history}
+    found = [finding_at("explained", "coverage", "rolled back by another tool: the batch's snapshot is no longer in the "
+                        "table's history, and its records were read again after the rollback", e)
+             for e in entries if e["batch_id"] in gone and e["kind"] in MOVING]
+    return [e for e in entries if e["batch_id"] not in gone], found

@@ -2,7 +2,8 @@
 histories and Kafka. Findings, each naming topic, partition and offset range, with the batch and snapshot at fault:
 
 - **coverage**: per partition, the ranges of the offsets holder's batches that moved the offsets (ingest, change,
-  operator skip, quarantine), sorted: each starts where the previous ended. A gap (offsets never committed) or an
+  operator skip, quarantine), sorted: each starts where the previous ended (batches another tool rolled back are
+  explained and left out: their records were read again). A gap (offsets never committed) or an
   overlap (offsets committed twice) is an error; a range an operator skipped (dead-lettered, see ``ops/skip.py``)
   or a quarantined batch is reported as explained. Replays re-read committed ranges and are listed, not counted.
 - **accounting**: for every appending batch, records read = rows + dead letters + skipped (a separate holder's:
@@ -27,7 +28,15 @@ from typing import Any
 from tidewater.audit import ledger
 from tidewater.audit.deep import deep_findings
 from tidewater.audit.findings import AuditReport
-from tidewater.audit.history import accounting, coverage, outside_writes, recoveries, tables_per_batch, target_findings
+from tidewater.audit.history import (
+    accounting,
+    coverage,
+    outside_writes,
+    recoveries,
+    rolled_back,
+    tables_per_batch,
+    target_findings,
+)
 from tidewater.audit.kafka import against_kafka
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
@@ -64,13 +73,13 @@ def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool
                           f"({', '.join(known) or 'none committed yet'})")
     ledger.sync(catalog, spec)
     entries = ledger.read(catalog, spec).to_pylist()
-    mine = [e for e in entries if e["table"] == holder_ident]
+    holder = load_table(catalog, holder_ident)
+    mine, undone = rolled_back(holder, targets.branch, [e for e in entries if e["table"] == holder_ident])
     audited = [only] if only else known
     report = AuditReport(spec.name, only or holder_ident, len({e["batch_id"] for e in mine}),
                          tables=[] if targets.fused else audited)
-    report.findings += coverage(mine) + accounting(mine, "rows" if targets.fused else "records routed")
+    report.findings += undone + coverage(mine) + accounting(mine, "rows" if targets.fused else "records routed")
     report.findings += recoveries(entries)
-    holder = load_table(catalog, holder_ident)
     wrote = tables_per_batch(holder) if not targets.fused else {}
     tables = {t: holder if targets.holds(t) else load_table(catalog, t) for t in audited}
     for t, target in tables.items():
