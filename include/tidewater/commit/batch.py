@@ -114,6 +114,11 @@ class BatchCommit:
         return [o.table for o in outputs if self.spec.targets.holds(o.table)
                 or (o.data_files and not (self.verdict(o.table) or {}).get("success", True))]
 
+    def holder_expected(self) -> OffsetsExpected:
+        """A separate holder's requirement: its offsets are those the plan started from (checked before the targets
+        commit, and again on the holder's own commit)."""
+        return OffsetsExpected(written_against(self.plan), None, self.plan.batch_id, "the pipeline's checkpoint")
+
     def holder_properties(self, offsets: Offsets, ignored: tuple[str, ...] = ()) -> dict[str, str]:
         """The holder's snapshot properties: the batch's offsets and its accounting, as a whole."""
         m = self.manifest
@@ -314,7 +319,7 @@ def commit_batch(
             commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
             return CommitResult("already-committed", plan.batch_id, ident, None, manifest.records, files_of(outputs),
                                 plan.end_offsets(), manifest.dead_letters, quarantined=tuple(sorted(held)))
-        OffsetsExpected(written_against(plan), None, plan.batch_id, "the pipeline's checkpoint").check(holder, ident)
+        job.holder_expected().check(holder, ident)
     todo = [Target(job, o, target_view(job.spec, catalog, o.table), o.table in held) for o in outputs
             if o.data_files or targets.holds(o.table)]
     timings = commit_targets(catalog, todo)
@@ -394,7 +399,7 @@ def commit_holder(catalog: Any, job: BatchCommit, held: list[str]) -> None:
     for change tables waiting on a quarantined batch)."""
     plan, manifest = job.plan, job.manifest
     offsets = plan.end_offsets()
-    expect = OffsetsExpected(written_against(plan), None, plan.batch_id, "the pipeline's checkpoint")
+    expect = job.holder_expected()
 
     def prepare(checkpoint: Any) -> Change:
         props = job.holder_properties(offsets)
