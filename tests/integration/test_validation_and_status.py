@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import produce_to_partition, stage_inline, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
-from tidewater.errors import ValidationFailedError
+from tidewater.errors import ConfigError, ValidationFailedError
 from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.summary import committed_state
 
@@ -160,10 +160,12 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     """validation.on_failure quarantine with a failing suite: the batch lands on branch
     quarantine-<batch id>, main gets no rows but the offsets advance, the commit step fails with the
     report and fails again (adding nothing) when retried. Publishing appends the rows to main once;
-    a second quarantined batch is dropped and never reaches main. Row counts and offsets checked; the audit finds no
-    error (the quarantine branches and the publication are Tidewater's own commits, not outside writes)."""
+    a second quarantined batch is dropped and never reaches main: the drop is recorded on main (an empty snapshot
+    the ledger keeps). Row counts and offsets checked; the deep audit finds no error, while the batches wait and
+    after the decisions, and explains each (the quarantine branches, the publication and the drop are Tidewater's
+    own commits, not outside writes; the offsets of a waiting or dropped batch have no row on main)."""
     from tidewater.ops import quarantine
-    from tidewater.table.summary import QUARANTINED, VALIDATION
+    from tidewater.table.summary import DROPPED, QUARANTINED, VALIDATION
 
     (home / "strict.json").write_text(json.dumps({"expectations": [
         {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
@@ -199,6 +201,15 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     with pytest.raises(ValidationFailedError):
         commit_step(spec, plan2, manifest2)
 
+    from tidewater.audit.pipeline import audit  # the quarantine branches and the publication are Tidewater's own commits
+
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+    assert sorted((f.batch_id, f.message) for f in report.findings if f.check == "deep" and f.severity == "explained") == sorted([
+        (plan.batch_id, f"50 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan.batch_id}"),
+        (plan.batch_id, f"50 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan.batch_id}"),
+        (plan2.batch_id, f"20 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan2.batch_id}"),
+        (plan2.batch_id, f"20 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan2.batch_id}")])
     assert quarantine.publish(spec, plan.batch_id) == {"batch_id": plan.batch_id, "status": "published", "rows": 100}
     assert quarantine.publish(spec, plan.batch_id)["status"] == "published"  # again: nothing more
     assert quarantine.drop(spec, plan2.batch_id)["rows"] == 40
@@ -207,10 +218,15 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     assert ids.length() == len(set(ids.to_pylist())) == 100
     assert quarantine.list_quarantined(spec, table) == []
     assert committed_state(table).offsets == {topic: {0: 70, 1: 70}}
-    from tidewater.audit.pipeline import audit  # the quarantine branches and the publication are Tidewater's own commits
-
-    report = audit(spec)
+    dropped = json.loads(table.current_snapshot().summary.additional_properties[DROPPED])
+    assert dropped == {"batch": plan2.batch_id, "rows": 40, "ranges": [[topic, 0, 50, 70], [topic, 1, 50, 70]]}
+    with pytest.raises(ConfigError, match=f"no quarantined batch {plan2.batch_id}"):
+        quarantine.drop(spec, plan2.batch_id)  # decided once
+    report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+    explained = {(f.check, f.batch_id, f.message) for f in report.findings if f.severity == "explained"}
+    assert ("quarantine", plan2.batch_id, "quarantined batch dropped by an operator: its 40 rows never reached the table") in explained
+    assert {m for c, b, m in explained if c == "deep"} == {"20 offsets without a row: a quarantined batch an operator dropped (40 rows)"}
 
 
 def test_id_uniqueness_in_the_batch_and_against_the_table_with_data_docs(broker, home, topic):

@@ -12,12 +12,14 @@ import pyarrow.compute as pc
 from pyiceberg.expressions import EqualTo
 
 from tidewater.audit.findings import MOVING, Finding, finding_at
+from tidewater.audit.history import dropped_batches
 from tidewater.batch import PartitionRange
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.source.kafka import Rereader, kafka_settings, watermarks
 from tidewater.table.catalog import load_table
 from tidewater.table.provenance import present_offsets
+from tidewater.table.summary import QUARANTINE_BRANCH
 
 CHECK_AT_MOST = 100_000  # missing offsets asked of Kafka per partition (beyond: reported as not checked)
 
@@ -33,6 +35,7 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
         raise ConfigError("--deep reads each row's source offset: it needs format.metadata prefixed or struct")
     moving = [e for e in entries if e["kind"] in MOVING]
     ranges = _merged(moving)
+    undecided = _waiting(tables, dropped_batches(entries))
     rows = {t: present_offsets(spec, table, ranges) for t, table in tables.items() if table is not None}
     letters = _dead_letters(catalog, spec)
     out = _key_findings(spec, tables.get(spec.table.identifier)) if spec.applies_changes else []
@@ -53,7 +56,7 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
             if not spec.applies_changes and every_table:
                 found = np.union1d(anywhere, dead)
                 mine_batches = [e for e in moving if (e["topic"], e["partition"]) == (rng.topic, rng.partition)]
-                out += _missing(found, rng, mine_batches, rereader, lows.get((rng.topic, rng.partition), 0))
+                out += _missing(found, rng, mine_batches, rereader, lows.get((rng.topic, rng.partition), 0), undecided)
     finally:
         rereader.close()
     return out
@@ -107,9 +110,22 @@ def _twice(offsets: Any, rng: Any, what: str, more_than: int = 1) -> list[Findin
             for s, e in _runs(values[counts > more_than])]
 
 
-def _missing(found: Any, rng: Any, batches: list[dict[str, Any]], rereader: Any, low: int) -> list[Finding]:
-    """Offsets of ``rng`` neither rows nor dead letters: explained by the batches' skipped counts, or by Kafka not
-    holding them (transaction markers, compaction); else lost (an error)."""
+def _waiting(tables: dict[str, Any], dropped: dict[str, Any]) -> dict[str, str]:
+    """Quarantined batches whose rows are not in main by an operator's decision or while they wait for one: batch id
+    -> why (dropped, recorded in the ledger; or still on its quarantine branch)."""
+    out = {batch: f"a quarantined batch an operator dropped ({d.get('rows', 0)} rows)" for batch, d in dropped.items()}
+    for table in tables.values():
+        for name in (table.metadata.refs if table is not None else {}):
+            if name.startswith(QUARANTINE_BRANCH):
+                out.setdefault(name[len(QUARANTINE_BRANCH):], f"a quarantined batch waiting on its branch {name}")
+    return out
+
+
+def _missing(found: Any, rng: Any, batches: list[dict[str, Any]], rereader: Any, low: int,
+             undecided: dict[str, str]) -> list[Finding]:
+    """Offsets of ``rng`` neither rows nor dead letters: explained by the batches' skipped counts, by the batch being
+    a quarantined one that was dropped or still waits (``undecided``), or by Kafka not holding them (transaction
+    markers, compaction); else lost (an error)."""
     expected = np.arange(rng.start, rng.end, dtype=np.int64)
     gone = np.setdiff1d(expected, found, assume_unique=True)
     if len(gone) == 0:
@@ -123,6 +139,9 @@ def _missing(found: Any, rng: Any, batches: list[dict[str, Any]], rereader: Any,
         if skipped:
             out.append(finding_at("explained", "deep", f"{skipped} offsets without a row: records the batch skipped", e))
         rest = inside[skipped:] if skipped < len(inside) else inside[:0]
+        if e["kind"] == "quarantine" and e["batch_id"] in undecided and len(rest):
+            out.append(finding_at("explained", "deep", f"{len(rest)} offsets without a row: {undecided[e['batch_id']]}", e))
+            continue
         out += _absent_from_kafka(rest, rng, e, rereader, low)
     return out
 

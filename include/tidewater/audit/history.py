@@ -9,7 +9,17 @@ from collections import defaultdict
 from typing import Any
 
 from tidewater.audit.findings import MOVING, Finding, detail, finding_at
-from tidewater.table.summary import BATCH_ID, BRANCH_BASE, CHANGES, PUBLISHED, QUARANTINE_OF, REPLAY, TRUNCATE, summary_dict
+from tidewater.table.summary import (
+    BATCH_ID,
+    BRANCH_BASE,
+    CHANGES,
+    DROPPED,
+    PUBLISHED,
+    QUARANTINE_OF,
+    REPLAY,
+    TRUNCATE,
+    summary_dict,
+)
 
 
 def tables_per_batch(checkpoint: Any) -> dict[str, list[str]]:
@@ -35,7 +45,7 @@ def target_findings(ident: str, entries: list[dict[str, Any]], checkpoint: list[
                                "the table has no commit of it: those rows are missing", batch_id=batch_id,
                                snapshot_id=e["snapshot_id"]))
     for batch_id, e in own.items():
-        if e["kind"] == "recover":  # explained with the holder's (see recoveries)
+        if e["kind"] in ("recover", "drop"):  # explained with the holder's (see recoveries), or by decisions
             continue
         if e["kind"] == "quarantine":  # its rows wait on the branch (published later as their own commit)
             out.append(finding_at("explained", "routed", "quarantined: the rows are on the quarantine branch "
@@ -134,9 +144,23 @@ def outside_writes(table: Any) -> list[Finding]:
     return out
 
 
-def recoveries(entries: list[dict[str, Any]]) -> list[Finding]:
-    """Offsets an operator recovered (``tidewater recover-offsets``): explained, with the evidence and who asked."""
-    out = []
+def dropped_batches(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The quarantined batches an operator dropped (``tidewater quarantine drop``): batch id -> the recorded drop
+    (``batch``, ``rows``, ``ranges``) and the ledger row that recorded it (``entry``)."""
+    out = {}
+    for e in entries:
+        if e["kind"] == "drop":
+            drop = json.loads(detail(e).get(DROPPED, "{}"))
+            out[drop.get("batch")] = {**drop, "entry": e}
+    return out
+
+
+def decisions(entries: list[dict[str, Any]]) -> list[Finding]:
+    """What operators decided: quarantined batches dropped (explained with the rows that never reached the table),
+    and offsets recovered (``tidewater recover-offsets``: explained with the evidence and who asked)."""
+    out = [Finding("explained", "quarantine", f"quarantined batch dropped by an operator: its {d.get('rows', 0)} rows "
+                   "never reached the table", batch_id=batch, snapshot_id=d["entry"]["snapshot_id"], table=d["entry"]["table"])
+           for batch, d in dropped_batches(entries).items()]
     for e in entries:
         if e["kind"] != "recover":
             continue

@@ -32,6 +32,7 @@ from tidewater.table.summary import (
     CHANGES,
     DAG_RUN_ID,
     DEAD_LETTERS,
+    DROPPED,
     OFFSETS,
     OPERATOR_SKIP,
     PIPELINE,
@@ -77,6 +78,8 @@ def identifier(spec: PipelineSpec) -> str:
 def _kind(props: dict[str, str]) -> str:
     if RECOVERED in props:
         return "recover"
+    if DROPPED in props:
+        return "drop"
     if REPLAY in props:
         return "replay"
     if OPERATOR_SKIP in props:
@@ -118,10 +121,11 @@ def entries(table_ident: str, snapshots: list[Any], checkpoint: bool = False, ta
         if BATCH_ID not in props:
             continue
         kind = _kind(props)
-        detail = {k: props[k] for k in (REPLAY, OPERATOR_SKIP, CHANGES, QUARANTINED, RECOVERED) if k in props}
-        # a recovery read no range: one row without a range says where it set the offsets (the audit explains it)
-        ranges: list[tuple[Any, Any, Any, Any]] = list(_ranges(props, previous)) if kind != "recover" else []
-        for topic, part, start, end in ranges or ([(None, None, None, None)] if target or kind == "recover" else []):
+        detail = {k: props[k] for k in (REPLAY, OPERATOR_SKIP, CHANGES, QUARANTINED, RECOVERED, DROPPED) if k in props}
+        # a recovery or a drop read no range: one row without a range records it (the audit explains it)
+        unranged = kind in ("recover", "drop")
+        ranges: list[tuple[Any, Any, Any, Any]] = list(_ranges(props, previous)) if not unranged else []
+        for topic, part, start, end in ranges or ([(None, None, None, None)] if target or unranged else []):
             rows.append({
                 "table": table_ident, "batch_id": props[BATCH_ID], "kind": kind, "snapshot_id": snap.snapshot_id,
                 "committed_at": snap.timestamp_ms * 1000, "dag_run_id": props.get(DAG_RUN_ID), "topic": topic,

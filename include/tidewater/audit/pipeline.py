@@ -31,8 +31,8 @@ from tidewater.audit.findings import AuditReport
 from tidewater.audit.history import (
     accounting,
     coverage,
+    decisions,
     outside_writes,
-    recoveries,
     rolled_back,
     tables_per_batch,
     target_findings,
@@ -79,7 +79,7 @@ def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool
     report = AuditReport(spec.name, only or holder_ident, len({e["batch_id"] for e in mine}),
                          tables=[] if targets.fused else audited)
     report.findings += undone + coverage(mine) + accounting(mine, "rows" if targets.fused else "records routed")
-    report.findings += recoveries(entries)
+    report.findings += decisions(entries)
     wrote = tables_per_batch(holder) if not targets.fused else {}
     tables = {t: holder if targets.holds(t) else load_table(catalog, t) for t in audited}
     for t, target in tables.items():

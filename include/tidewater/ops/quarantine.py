@@ -3,8 +3,9 @@
 A batch whose expectations fail is not lost and not published: its data files are committed to a
 branch ``quarantine-<batch id>`` of the table, and main gets an empty snapshot carrying the batch id
 and the advanced offsets, so ingestion goes on and main stays clean. The run fails with the report.
-A person then publishes the batch (its files appended to main in one commit) or drops it (the branch
-is removed; expiry and orphan removal delete its files later). A change table's quarantined batch holds its row
+A person then publishes the batch (its files appended to main in one commit) or drops it (main gets an empty
+snapshot recording the decision, which the ledger keeps and the audit explains; then the branch is removed, and
+expiry and orphan removal delete its files later). A change table's quarantined batch holds its row
 delta; the table's next batch waits for the decision (a key's changes apply in order), and dropping it leaves the
 table without those changes (a replay of the range with mode reapply applies them later).
 """
@@ -15,14 +16,27 @@ import json
 import logging
 from typing import Any
 
+from tidewater.commit.primitive import Change, commit
 from tidewater.commit.quarantine import publish_changes, publish_files
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.table.catalog import load_catalog, load_table
-from tidewater.table.summary import PUBLISHED, QUARANTINE_BRANCH, VALIDATION, ever_quarantined, quarantine_branch, summary_dict
+from tidewater.table.summary import (
+    BATCH_ID,
+    DROPPED,
+    PIPELINE,
+    PUBLISHED,
+    QUARANTINE_BRANCH,
+    RANGES,
+    VALIDATION,
+    ever_quarantined,
+    quarantine_branch,
+    summary_dict,
+)
 from tidewater.table.targets import target_tables
 
 log = logging.getLogger(__name__)
+DROP_PREFIX = "drop-"  # the batch id of the snapshot recording a drop: drop-<the quarantined batch's id>
 
 
 def list_quarantined(spec: PipelineSpec, table: Any) -> list[dict[str, Any]]:
@@ -66,13 +80,22 @@ def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
 
 
 def drop(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
-    """Remove a quarantined batch's branch (its rows never reach main)."""
+    """Give up a quarantined batch (its rows never reach main): record the decision on main (an empty snapshot with
+    the batch's ranges, committed once: a retry after it finds it), then remove the batch's branch."""
     table = _table(spec)
     name = quarantine_branch(batch_id)
-    if table.snapshot_by_name(name) is None:
+    head = table.snapshot_by_name(name)
+    if head is None:
         raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier}")
     rows = next((q["rows"] for q in list_quarantined(spec, table) if q["batch_id"] == batch_id), 0)
-    table.manage_snapshots().remove_branch(name).commit()
+    ranges = json.loads(summary_dict(head).get(RANGES, "[]"))
+    record = {BATCH_ID: DROP_PREFIX + batch_id, PIPELINE: spec.name,
+              DROPPED: json.dumps({"batch": batch_id, "rows": rows, "ranges": ranges}, separators=(",", ":"))}
+    commit(load_catalog(spec), spec.table.identifier, lambda _t: Change(record, (), branch=spec.table.branch),
+           marker=record[BATCH_ID], what=f"drop of quarantined batch {batch_id}")
+    table = _table(spec)
+    if table.snapshot_by_name(name) is not None:
+        table.manage_snapshots().remove_branch(name).commit()
     log.info("dropped quarantined batch %s (%d rows) from %s", batch_id, rows, spec.table.identifier)
     return {"batch_id": batch_id, "status": "dropped", "rows": rows}
 

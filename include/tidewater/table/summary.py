@@ -82,6 +82,8 @@ QUARANTINED_TABLES = PREFIX + "quarantined-tables"
 
 
 PUBLISHED = PREFIX + "published"  # a published quarantined batch: its batch id
+# a dropped quarantined batch (main's empty snapshot recording the decision): {"batch", "rows", "ranges"} as JSON
+DROPPED = PREFIX + "dropped"
 
 
 RECOVERED = PREFIX + "recovered"  # offsets recovered by `tidewater recover-offsets`: the evidence and who asked

@@ -23,7 +23,7 @@ from tidewater.table.evolution import (
     without_new_fields,
 )
 from tidewater.table.provenance import present_offsets
-from tidewater.table.summary import CHANGES, PIPELINE, RECOVERED, committed_state, summary_dict
+from tidewater.table.summary import CHANGES, DROPPED, PIPELINE, RECOVERED, committed_state, summary_dict
 from tidewater.transform.changes import ops_mask
 from tidewater.transform.keys import key_field_names
 from tidewater.write.parquet import DataFileWriter, to_table_schema
@@ -227,12 +227,13 @@ def delete_files(table: Any, paths: list[str]) -> None:
 def newest_batch(table: Any) -> dict[str, str] | None:
     """The summary of the newest snapshot of main that a pipeline's batch made (it names the pipeline whose
     batches the table holds, and whether they were changes), if any. Recovered offsets (``ops/recover.py``) are no
-    batch: they say nothing of what the table holds."""
+    batch, nor is the record of a dropped quarantined batch (``ops/quarantine.py``): they say nothing of what the
+    table holds."""
     by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
     snap_id = table.metadata.current_snapshot_id
     while snap_id is not None and snap_id in by_id:
         props = summary_dict(by_id[snap_id])
-        if props.get(PIPELINE) and RECOVERED not in props:
+        if props.get(PIPELINE) and RECOVERED not in props and DROPPED not in props:
             return props
         snap_id = by_id[snap_id].parent_snapshot_id
     return None
