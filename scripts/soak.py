@@ -240,7 +240,7 @@ class Producers(threading.Thread):
     """Continuous producers for the three pipelines, and the models of what they produced: the events and readings
     by id (the events by partition and offset too, for the dropped quarantined batch), each source table by key."""
 
-    def __init__(self, bootstrap: str, seed: int, null_times: list[float]) -> None:
+    def __init__(self, bootstrap: str, seed: int, first_null: float) -> None:
         super().__init__(name="producers", daemon=True)
         from confluent_kafka import Producer
 
@@ -251,7 +251,10 @@ class Producers(threading.Thread):
         self.readings: collections.Counter = collections.Counter()
         self.models: list[dict[int, dict]] = [{} for _ in range(DB_TABLES)]
         self.sent: collections.Counter = collections.Counter()
-        self.null_times = sorted(null_times)  # monotonic times at which a record without order_id is produced
+        # a record without order_id at ``first_null`` (monotonic time), another once ``more_nulls`` is set (after the
+        # first quarantined batch was decided: the two are then in different batches)
+        self.null_times = [first_null]
+        self.more_nulls = threading.Event()
         self.nulls: list[tuple[int, int]] = []
         self.seq = 0
         self.errors: list[str] = []
@@ -272,8 +275,12 @@ class Producers(threading.Thread):
         for _ in range(self.rng.randint(10, 30)):
             self.seq += 1
             oid: str | None = f"e{self.seq}"
-            if self.null_times and time.monotonic() >= self.null_times[0]:
-                self.null_times.pop(0)
+            due = bool(self.null_times) and time.monotonic() >= self.null_times[0]
+            if due or self.more_nulls.is_set():
+                if due:
+                    self.null_times.pop(0)
+                else:
+                    self.more_nulls.clear()
                 oid = None  # the quality gate quarantines its batch
             doc = {"order_id": oid, "store": self.seq % 17, "amount": round(self.rng.uniform(1, 90), 2)}
             records.append(("soak-events", self.seq % EVENT_PARTITIONS, None, json.dumps(doc).encode(), ("event", oid)))
@@ -343,6 +350,15 @@ def create_topics(bootstrap: str) -> None:
         fut.result(timeout=30)
 
 
+def _is_task_process(pid: int) -> bool:
+    import psutil
+
+    try:
+        return "airflow" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+
+
 def metadata_query(svc: Services, sql: str) -> list[tuple]:
     import psycopg2
 
@@ -362,9 +378,11 @@ def trigger(svc: Services, dag_id: str, conf: dict | None = None) -> None:
 class Chaos(threading.Thread):
     """The faults and operations, one at a time at their planned times, and the quarantine's decisions."""
 
-    def __init__(self, svc: Services, files: dict[str, Path], plan: list[tuple[float, str]], seed: int) -> None:
+    def __init__(self, svc: Services, files: dict[str, Path], plan: list[tuple[float, str]], seed: int,
+                 producers: Producers) -> None:
         super().__init__(name="chaos", daemon=True)
         self.svc, self.files, self.plan, self.rng = svc, files, plan, random.Random(seed)
+        self.producers = producers
         self.t0 = time.monotonic()
         self.stopping = threading.Event()
         self.done: list[dict] = []
@@ -395,6 +413,8 @@ class Chaos(threading.Thread):
                                             "AND pid IS NOT NULL AND dag_id LIKE 'ingest_soak_%'")
             rows.sort(key=lambda r: {"commit": 0, "write": 1, "validate": 2}.get(r[1], 3))
             for dag_id, task_id, pid in rows:
+                if not _is_task_process(pid):  # a stale pid (its task died with a scheduler) may be reused
+                    continue
                 try:
                     os.kill(pid, signal.SIGKILL)
                     return f"{dag_id}.{task_id} (pid {pid})"
@@ -441,12 +461,24 @@ class Chaos(threading.Thread):
         return "iceberg_tables locked for 20 s"
 
     def _outside(self, call: str) -> str:
-        table = self.rng.choice(["rpc.soak_events", "rpc.soak_avro", *(f"rpc.soak_db_{i}" for i in range(DB_TABLES))])
+        from tidewater.config.parse import load_pipeline
+        from tidewater.table.catalog import load_catalog, load_table
+
+        catalog = load_catalog(load_pipeline(self.files["soak_events"]))
+        names = ["rpc.soak_events", "rpc.soak_avro", *(f"rpc.soak_db_{i}" for i in range(DB_TABLES))]
+        written = [n for n in names if (t := load_table(catalog, n)) is not None and t.current_snapshot() is not None]
+        if not written:
+            raise RuntimeError("no table has a snapshot yet")
+        table = self.rng.choice(written)
         sql = call.format(catalog=CATALOG, table=table)
-        proc = subprocess.run(["tidewater", "sql", "--pipeline", str(self.files["soak_events"]), sql], env=self.svc.env(),
-                              capture_output=True, text=True, timeout=900)
-        # another tool's commit may lose a race with a batch (Iceberg's validation): that is its failure, said here
-        return f"{table}: exit {proc.returncode}" + ("" if proc.returncode == 0 else f" ({proc.stderr.strip()[-300:]})")
+        failures = []
+        for _ in range(3):  # another tool's commit may lose a race with a batch (Iceberg's validation): it tries again
+            proc = subprocess.run(["tidewater", "sql", "--pipeline", str(self.files["soak_events"]), sql],
+                                  env=self.svc.env(), capture_output=True, text=True, timeout=900)
+            if proc.returncode == 0:
+                return f"{table}" + (f" (after {len(failures)} failed attempts: {failures[-1]})" if failures else "")
+            failures.append(proc.stderr.strip().splitlines()[-1][-300:] if proc.stderr.strip() else f"exit {proc.returncode}")
+        raise RuntimeError(f"{table}: {failures}")
 
     def outside_expire(self) -> str:
         return self._outside("CALL {catalog}.system.expire_snapshots(table => '{table}', "
@@ -465,10 +497,15 @@ class Chaos(threading.Thread):
         from tidewater.config.parse import load_pipeline
         from tidewater.ops.status import status
 
-        parts = [p for p in status(load_pipeline(self.files[name]))["partitions"]
-                 if p["topic"] in topics and (p["committed"] or 0) >= 2]
+        deadline = time.monotonic() + 300
+        while True:  # early in a run: wait for the pipeline's first commits
+            parts = [p for p in status(load_pipeline(self.files[name]))["partitions"]
+                     if p["topic"] in topics and (p["committed"] or 0) >= 2]
+            if parts or time.monotonic() > deadline:
+                break
+            time.sleep(10)
         if not parts:
-            return "nothing committed yet: no replay"
+            raise RuntimeError(f"nothing of {topics} committed within 300 s: no range to replay")
         p = self.rng.choice(parts)
         start = self.rng.randrange(0, p["committed"] - 1)
         end = min(p["committed"], start + self.rng.randint(1, 300))
@@ -501,6 +538,8 @@ class Chaos(threading.Thread):
                 self.dropped_ranges += [tuple(r) for r in json.loads(head[RANGES])]
             trigger(self.svc, "quarantine_soak_events", {"action": action, "batch_id": q["batch_id"]})
             self.decisions[q["batch_id"]] = action
+            if len(self.decisions) == 1:
+                self.producers.more_nulls.set()  # the second, for a batch of its own
             self.done.append({"name": f"quarantine_{action}", "at": round(time.monotonic() - self.t0), "outcome": "done",
                               "detail": q["batch_id"], "seconds": 0})
             log(f"quarantine_{action}: {q['batch_id']} ({q['rows']} rows)")
@@ -559,10 +598,12 @@ def drain(svc: Services, files: dict[str, Path], chaos: Chaos, seconds: float) -
     current: dict[str, int] = {}
     while time.monotonic() < deadline:
         chaos.watch_quarantine()
+        if chaos.producers.more_nulls.is_set():  # asked for after the producers stopped: produced here
+            chaos.producers.tick()
         current = lags(files)
         waiting = quarantine.list_all(load_pipeline(files["soak_events"]))
-        log(f"draining: lag {current}, quarantined waiting {len(waiting)}")
-        if not any(current.values()) and not waiting:
+        log(f"draining: lag {current}, quarantined waiting {len(waiting)}, decided {len(chaos.decisions)}")
+        if not any(current.values()) and not waiting and len(chaos.decisions) >= 2:
             break
         time.sleep(15)
     for name in files:
@@ -665,7 +706,9 @@ def verdict(report: dict) -> list[str]:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"Soak of {report['minutes']} minutes ({report['started']}, seed {report['seed']}, schedule "
+    lines = ["# Soak", "", f"Produced by `make soak SOAK_MINUTES={report['minutes']:g}` (scripts/soak.py: its docstring says what "
+             "runs and what is checked) on this machine (2 cores), while nothing else ran.", "",
+             f"Soak of {report['minutes']} minutes ({report['started']}, seed {report['seed']}, schedule "
              f"`{report['schedule']}`): **{'passed' if not report['failures'] else 'FAILED'}**", "",
              f"Produced: {report['produced']}. Drained in {report['drain_seconds']} s.", "",
              "| table | rows | model | equal |", "| --- | ---: | ---: | --- |"]
@@ -701,8 +744,8 @@ def soak(work: Path, minutes: float, seed: int, schedule: str, drain_minutes: fl
         log(f"Airflow up (api-server :{svc.api_port}); producing for {minutes} minutes")
         seconds = minutes * 60
         t0 = time.monotonic()
-        producers = Producers(svc.broker.bootstrap, seed, [t0 + 0.30 * seconds, t0 + 0.50 * seconds])
-        chaos = Chaos(svc, files, chaos_plan(t0, seconds, seed), seed)
+        producers = Producers(svc.broker.bootstrap, seed, t0 + 0.25 * seconds)
+        chaos = Chaos(svc, files, chaos_plan(t0, seconds, seed), seed, producers)
         monitor = Monitor(svc)
         for thread in (producers, chaos, monitor):
             thread.start()
@@ -716,6 +759,8 @@ def soak(work: Path, minutes: float, seed: int, schedule: str, drain_minutes: fl
         drain_seconds = round(time.monotonic() - drained)
         monitor.stopping.set()
         runs = run_states(svc)
+        producers.producer.flush(30)
+        producers.producer = None  # its connections go before the broker does
         svc.stop_airflow()
         log("auditing every pipeline (tidewater audit --deep) and comparing every table with its model")
         report = {

@@ -33,9 +33,10 @@ def api_server(airflow_env, tmp_path):  # noqa: ANN001, ANN201
     procs: list[subprocess.Popen] = []
     log = open(tmp_path / "api-server.log", "w")
 
-    def start() -> tuple[str, str, str]:
+    def start(**more_env: str) -> tuple[str, str, str]:
         port = free_port()
-        env = {**airflow_env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}"}
+        env = {**airflow_env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+               **more_env}
         subprocess.run(["airflow", "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
         procs.append(subprocess.Popen(["airflow", "api-server", "--port", str(port)], env=env, stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True))
@@ -154,6 +155,41 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     assert (conf["start_offset"], conf["end_offset"], conf["dry_run"], conf["mode"]) == (0, 5, True, "replace")
     status, queued = call_api(f"{base}/api/v2/dags/quarantine_held/dagRuns", token)
     assert [r["conf"] for r in queued["dag_runs"]] == [{"action": "publish", "batch_id": held}], queued
+
+
+def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(broker, topic, airflow_env, api_server,
+                                                                              home):
+    """Two pipelines; an auth manager (``tests/e2e/one_dag_auth.py``: Airflow's simple one, with a user ``limited``
+    who may read only ``ingest_orders``) behind the real API server. ``limited`` lists only `orders`, reads its
+    overview and Data Docs, and gets 403 for every route of the other pipeline; the admin sees both."""
+    pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
+    batches = {}
+    for name in ("orders", "secret"):
+        spec = load_pipeline(write_pipeline(pipelines, name=name, topics=[topic], table={"identifier": f"rpc.{name}"},
+                                            kafka={"bootstrap_servers": broker.bootstrap}))
+        produce(broker.bootstrap, topic, pizza_events(12, seed=130), partitions=2)
+        batches[name] = ingest_inline(spec).batch_id
+    base, admin, admin_password = api_server(
+        AIRFLOW__CORE__AUTH_MANAGER="tests.e2e.one_dag_auth.OneDagAuthManager",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin,limited:viewer", TIDEWATER_TEST_READABLE_DAGS="ingest_orders",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    passwords = json.loads((Path(airflow_env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated").read_text())
+    tokens = {}
+    for user in ("admin", "limited"):
+        status, body = call_api(f"{base}/auth/token", body={"username": user, "password": passwords[user]})
+        assert status in (200, 201), body
+        tokens[user] = body["access_token"]
+    status, listed = call_api(f"{base}/tidewater/api/pipelines", tokens["admin"])
+    assert status == 200 and sorted(p["name"] for p in listed) == ["orders", "secret"]
+    status, listed = call_api(f"{base}/tidewater/api/pipelines", tokens["limited"])
+    assert status == 200 and [p["name"] for p in listed] == ["orders"]
+    assert call_api(f"{base}/tidewater/api/pipelines/orders", tokens["limited"])[0] == 200
+    status, page = call_api(f"{base}/tidewater/data-docs/orders/{batches['orders']}.html", tokens["limited"])
+    assert status == 200 and "Data documentation compiled by Great Expectations" in page
+    for route in ("api/pipelines/secret", f"data-docs/secret/{batches['secret']}.html", "data-docs/secret/index.html"):
+        status, body = call_api(f"{base}/tidewater/{route}", tokens["limited"])
+        assert status == 403 and "ingest_secret" in body, (route, status, body)
+        assert call_api(f"{base}/tidewater/{route}", tokens["admin"])[0] in (200, 307), route
 
 
 def _quarantined_batch(pipelines: Path, broker, topic: str) -> str:  # noqa: ANN001

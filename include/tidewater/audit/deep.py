@@ -20,6 +20,7 @@ from tidewater.source.kafka import Rereader, kafka_settings, watermarks
 from tidewater.table.catalog import load_table
 from tidewater.table.provenance import present_offsets
 from tidewater.table.summary import QUARANTINE_BRANCH
+from tidewater.table.targets import target_spec, target_view
 
 CHECK_AT_MOST = 100_000  # missing offsets asked of Kafka per partition (beyond: reported as not checked)
 
@@ -30,7 +31,8 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
     partition, offset) twice in a table, none both a row and a dead letter, and (append tables; ``every_table``:
     all of a routed pipeline's tables are in ``tables``) every offset of a committed range present as a row or a
     dead letter, or counted as skipped by its batch, or absent from Kafka (transaction markers, compaction).
-    Change tables keep one row per changed key, so their check is each key once instead of each offset present."""
+    Change tables keep one row per changed key, so their check is each key once instead of each offset present; in a
+    routed pipeline, so are the topics whose records go to change tables (see ``_change_topics``)."""
     if spec.format.metadata not in ("prefixed", "struct"):
         raise ConfigError("--deep reads each row's source offset: it needs format.metadata prefixed or struct")
     moving = [e for e in entries if e["kind"] in MOVING]
@@ -39,6 +41,14 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
     rows = {t: present_offsets(spec, table, ranges) for t, table in tables.items() if table is not None}
     letters = _dead_letters(catalog, spec)
     out = _key_findings(spec, tables.get(spec.table.identifier)) if spec.applies_changes else []
+    changed = _change_topics(spec, tables)
+    if not spec.targets.fused:  # a routed pipeline's change tables: each key once
+        for ident, table in tables.items():
+            if target_spec(spec, ident).applies_changes:
+                out += [dataclasses.replace(f, table=ident) for f in _key_findings(target_view(spec, catalog, ident), table)]
+    if changed is None or changed:
+        out.append(Finding("info", "deep", "offsets read for change tables are not checked one by one (a key keeps "
+                           "one row): " + ("every topic may feed one" if changed is None else ", ".join(sorted(changed)))))
     settings = kafka_settings(spec)
     lows = {tp: low for tp, (low, _) in watermarks(settings, sorted({(r.topic, r.partition) for r in ranges})).items()}
     rereader = Rereader(settings, f"{spec.name}-audit", spec.kafka.read_timeout_seconds)
@@ -53,7 +63,7 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
             anywhere = np.unique(np.concatenate(held)) if held else np.array([], np.int64)
             dead = _offsets(letters, rng)
             out += _twice(np.intersect1d(anywhere, np.unique(dead)), rng, "both a row and a dead letter", 0)
-            if not spec.applies_changes and every_table:
+            if not spec.applies_changes and every_table and changed is not None and rng.topic not in changed:
                 found = np.union1d(anywhere, dead)
                 mine_batches = [e for e in moving if (e["topic"], e["partition"]) == (rng.topic, rng.partition)]
                 out += _missing(found, rng, mine_batches, rereader, lows.get((rng.topic, rng.partition), 0), undecided)
@@ -108,6 +118,22 @@ def _twice(offsets: Any, rng: Any, what: str, more_than: int = 1) -> list[Findin
     values, counts = np.unique(offsets, return_counts=True)
     return [Finding("error", "deep", f"offsets {what}", rng.topic, rng.partition, s, e)
             for s, e in _runs(values[counts > more_than])]
+
+
+def _change_topics(spec: PipelineSpec, tables: dict[str, Any]) -> set[str] | None:
+    """A routed pipeline's topics whose records may go to a change table (their offsets need no row of their own);
+    None when any topic may (a change table without a `topics` list, as with dynamic routing)."""
+    out: set[str] = set()
+    if spec.targets.fused:
+        return out
+    listed = {t.identifier: t.topics for t in spec.tables}
+    for ident in tables:
+        if target_spec(spec, ident).applies_changes:
+            topics = listed.get(ident) or (spec.topics if len(spec.topics) == 1 and not spec.topic_pattern else None)
+            if not topics:
+                return None
+            out |= set(topics)
+    return out
 
 
 def _waiting(tables: dict[str, Any], dropped: dict[str, Any]) -> dict[str, str]:
