@@ -13,7 +13,7 @@ RUN python -m pip download -q --no-deps --no-binary pyspark -d /tmp/spark-connec
  && tar xzf /tmp/spark-connect/pyspark-*.tar.gz -C /opt/spark-connect --strip-components=1 \
  && chmod +x /opt/spark-connect/deps/bin/* && rm -rf /tmp/spark-connect
 USER airflow
-COPY --chown=airflow requirements.txt constraints.txt pyproject.toml /opt/tidewater/
+COPY --chown=airflow requirements.txt constraints.txt pyproject.toml README.md /opt/tidewater/
 COPY --chown=airflow include /opt/tidewater/include
 COPY --chown=airflow spark_apps /opt/tidewater/spark_apps
 RUN pip install --no-cache-dir -r /opt/tidewater/requirements.txt -c /opt/tidewater/constraints.txt \

@@ -664,7 +664,7 @@ def dag_empty_run(work: Path, path: Path, env: dict[str, str]) -> float:
     (work / "airflow").mkdir(exist_ok=True)
     dags = work / "dags"
     dags.mkdir(exist_ok=True)
-    shutil.copy(REPO / "dags" / "ingest.py", dags / "ingest.py")
+    shutil.copy(REPO / "dags" / "tidewater_dags.py", dags / "tidewater_dags.py")
     (dags / "bench_noop.py").write_text(NOOP_DAG)
     aenv = dag_env(work, env)
     subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=aenv, check=True, capture_output=True)

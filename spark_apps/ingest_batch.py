@@ -1,17 +1,14 @@
-"""spark-submit entry point of the write step: read a planned offset range, write data files, never commit.
+"""The write step's spark-submit entry point, for clusters given this repository's file rather than the installed
+package's: it runs the one the package ships (``tidewater/runtime/spark_app/ingest_batch.py``, which the write step
+submits by default; ``TIDEWATER_SPARK_APP`` names another).
 
 Usage: spark-submit ... spark_apps/ingest_batch.py --pipeline PIPELINE.yaml --plan STAGING/<pipeline>/<batch>/plan.json
-(STAGING: a local directory or an object-storage URI, `batch.staging_dir`)
 """
 
-from __future__ import annotations
+import runpy
+from pathlib import Path
 
-import sys
-import time
-
-STARTED = time.time()  # when spark-submit's JVM had started this Python driver (the write step's breakdown)
-
-from tidewater.runtime.spark_job import main  # noqa: E402 - after the timestamp on purpose
+import tidewater.runtime.spark_app as app
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], driver_started=STARTED))
+    runpy.run_path(str(Path(app.__file__).parent / "ingest_batch.py"), run_name="__main__")

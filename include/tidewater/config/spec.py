@@ -42,11 +42,11 @@ def pipelines_dir() -> Path:
 
 
 def spark_app_path() -> Path:
-    """spark_apps/ingest_batch.py of this checkout (the package lives in include/)."""
+    """The write step's spark-submit entry point: the one the package ships (``TIDEWATER_SPARK_APP``: another)."""
     env = os.environ.get("TIDEWATER_SPARK_APP")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "spark_apps" / "ingest_batch.py"
+    return Path(__file__).resolve().parents[1] / "runtime" / "spark_app" / "ingest_batch.py"
 
 
 KEYED_OP = "_op"  # the operation column of upserts keyed by the message key (U, or D for a tombstone)

@@ -283,7 +283,7 @@ _CLUSTER_ENV_CONF = {"yarn": "spark.yarn.appMasterEnv.", "k8s": "spark.kubernete
 
 
 class IngestSparkSubmitOperator(SparkSubmitOperator):
-    """spark-submit of ``spark_apps/ingest_batch.py`` for the batch the ``plan`` task staged.
+    """spark-submit of the package's ``runtime/spark_app/ingest_batch.py`` for the batch the ``plan`` task staged.
 
     Spark settings are computed when the task runs, not when the DAG file is parsed. Secrets never reach
     the command line: secret Spark settings go through a private properties file (0600, deleted after the

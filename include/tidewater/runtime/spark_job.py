@@ -1,4 +1,4 @@
-"""The write step's spark-submit entry point (``spark_apps/ingest_batch.py`` calls :func:`main`): the Spark
+"""The write step's spark-submit entry point (``tidewater/runtime/spark_app/ingest_batch.py`` calls :func:`main`): the Spark
 driver of one batch reads the staged plan, runs the write job (``write/job.py``) and stages its manifest, or
 its error document; it never commits.
 """

@@ -1,6 +1,6 @@
 """The Tidewater view in the Airflow UI: a FastAPI app that Airflow's API server mounts at ``/tidewater``
-(registered by ``plugins/tidewater_plugin.py``), behind Airflow's own authentication (the UI's session
-token, or a bearer token for the API).
+(registered by ``tidewater.runtime.plugin`` through the package's ``airflow.plugins`` entry point), behind
+Airflow's own authentication (the UI's session token, or a bearer token for the API).
 
 | route | what |
 | --- | --- |

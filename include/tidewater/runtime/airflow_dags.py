@@ -1,20 +1,30 @@
-"""Ingest DAGs: one ``ingest_<name>`` DAG per pipeline file in the pipelines directory.
+"""Tidewater's DAGs, built for every pipeline file of a folder: what a deployment's DAG file calls, in two lines::
 
-plan -> write (spark-submit) -> validate (great-expectations) -> commit (one Iceberg append).
-The plan task short-circuits the rest when every partition is caught up. Task bodies live in
-``tidewater.runtime.airflow``; nothing heavy is imported and nothing is contacted at parse time.
+    from tidewater.runtime.airflow_dags import pipeline_dags
+    globals().update(pipeline_dags())  # every pipeline file in $TIDEWATER_PIPELINES_DIR: its DAGs
+
+(Airflow parses only files that mention both "airflow" and "dag": this module's name carries both.)
+
+Per pipeline: ``ingest_<name>`` (plan -> write (spark-submit or Spark Connect) -> validate (great-expectations) ->
+commit (one Iceberg commit); the plan task short-circuits the rest when every partition is caught up),
+``replay_<name>``, ``skip_<name>``, ``audit_<name>``, ``maintain_<name>`` and, with
+``validation.on_failure: quarantine``, ``quarantine_<name>``. A file that does not load shows as a failing
+``ingest_invalid_<file>`` DAG and never hides the others. Task bodies live in ``tidewater.runtime.airflow``;
+nothing heavy is imported and nothing is contacted at parse time.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Asset, Param, dag, task
 
 from tidewater.config.parse import discover_pipelines, load_pipeline
-from tidewater.config.spec import PipelineSpec
+from tidewater.config.spec import PipelineSpec, pipelines_dir
 from tidewater.errors import ConfigError
 from tidewater.runtime.airflow import commits_alias
 
@@ -335,13 +345,68 @@ def build_pipeline_dags(path: Path, spec: PipelineSpec) -> list:
         dags.append(build_quarantine_dag(path, spec))
     return dags
 
+def table_asset(spec: PipelineSpec) -> Asset:
+    """The table maintained (routed pipelines: their checkpoint table stands for the pipeline's tables)."""
+    from tidewater.runtime.airflow import table_asset as asset_of
 
-for _path in discover_pipelines():
-    # One file's problem, whatever it is, shows as that file's failing DAG and never hides the others.
-    try:
-        _dags = build_pipeline_dags(_path, load_pipeline(_path))
-    except Exception as _e:  # noqa: BLE001 - reported in the UI as the file's ingest_invalid_<file> DAG
-        log.error("%s: %s", _path, _e)
-        _dags = [build_invalid_dag(_path, _e if isinstance(_e, ConfigError) else ConfigError(f"{_path}: {_e}"))]
-    for _dag in _dags:
-        globals()[_dag.dag_id] = _dag
+    return asset_of(spec.catalog.name, spec.checkpoint_table())
+
+
+def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+    pipeline_path = str(path)
+    asset = table_asset(spec)
+    m = spec.maintenance
+
+    @dag(
+        dag_id=f"maintain_{spec.name}",
+        schedule=m.schedule,
+        **spec.airflow.dag_kwargs("maintenance"),
+        doc_md=(
+            f"### maintenance of `{spec.describe_targets()}`\n\n"
+            f"* compaction: {m.rewrite_data_files.strategy}, at least {m.rewrite_data_files.min_input_files} files per group\n"
+            f"* expire snapshots older than {m.expire_snapshots.older_than_hours:g} h, keep {m.expire_snapshots.retain_last}; "
+            "the snapshot holding the committed offsets and every later one are always kept\n"
+            f"* remove orphan files older than {m.remove_orphan_files.older_than_hours:g} h; staged files of batches "
+            "in flight are never removed\n* pipeline file: `" + pipeline_path + "`"
+        ),
+    )
+    def maintain():
+        previous = None
+        for action in m.enabled_actions(spec.applies_changes):
+
+            @task(task_id=action, outlets=[asset])
+            def run(action: str = action, **context) -> dict:
+                from tidewater.runtime.airflow import maintenance_task
+
+                return maintenance_task(pipeline_path, action, context.get("outlet_events"), asset)
+
+            current = run()
+            if previous is not None:
+                previous >> current
+            previous = current
+
+    return maintain()
+
+
+def pipeline_dags(dag_file: str | None = None, folder: str | Path | None = None) -> dict[str, Any]:
+    """Every DAG of every pipeline file in ``folder`` (default: ``$TIDEWATER_PIPELINES_DIR``), by DAG id, for the
+    calling DAG file's ``globals()``. ``dag_file``: that file (default: the caller's), recorded as each DAG's file
+    so that Airflow's workers parse the DAG file they were given, not this module."""
+    dag_file = dag_file or sys._getframe(1).f_code.co_filename
+    where = Path(folder) if folder else pipelines_dir()
+    if not where.is_dir():
+        log.warning("no pipelines folder at %s: set TIDEWATER_PIPELINES_DIR, or pass folder= to pipeline_dags in %s",
+                    where, dag_file)
+    out: dict[str, Any] = {}
+    for path in discover_pipelines(where):
+        # One file's problem, whatever it is, shows as that file's failing DAG and never hides the others.
+        try:
+            spec = load_pipeline(path)
+            dags = [*build_pipeline_dags(path, spec), build_maintain_dag(path, spec)]
+        except Exception as e:  # noqa: BLE001 - reported in the UI as the file's ingest_invalid_<file> DAG
+            log.error("%s: %s", path, e)
+            dags = [build_invalid_dag(path, e if isinstance(e, ConfigError) else ConfigError(f"{path}: {e}"))]
+        for dag_obj in dags:
+            dag_obj.fileloc = dag_file
+            out[dag_obj.dag_id] = dag_obj
+    return out

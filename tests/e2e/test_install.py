@@ -1,0 +1,179 @@
+"""Tidewater installed as a user would install it, not from this checkout: the package is built (`python -m build`:
+a wheel and an sdist), then installed into a fresh virtualenv with the tested pins (constraints.txt), first alone
+(the command line, no Airflow), then with its `airflow` extra into the same virtualenv, as into an Airflow that
+already runs: a DAGs folder holding only the two-line DAG file, a pipelines folder holding one pipeline, and no
+plugins folder. The broker is the session's embedded one; nothing of this checkout is on the path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.e2e.conftest import call_api, free_port, stop_group
+from tidewater import __version__
+from tidewater.dev.sample_data import pizza_events, produce
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+# the whole DAG file; the pipelines folder is TIDEWATER_PIPELINES_DIR, which the Tidewater view reads too
+TWO_LINES = "from tidewater.runtime.airflow_dags import pipeline_dags\nglobals().update(pipeline_dags())\n"
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory) -> Path:  # noqa: ANN001
+    """The wheel and the sdist `python -m build` makes of this checkout."""
+    out = tmp_path_factory.mktemp("dist")
+    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--sdist", "--outdir", str(out), str(REPO)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def _clean_env() -> dict[str, str]:
+    """This process's environment without what would put this checkout (or its virtualenv) on a path."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "AIRFLOW_HOME", "TIDEWATER_HOME", "TIDEWATER_PIPELINES_DIR")}
+
+
+def _pip(venv: Path, *args: str) -> None:
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile",
+                           "--disable-pip-version-check", *args, "-c", str(REPO / "constraints.txt")],
+                          capture_output=True, text=True, timeout=1500, env=_clean_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_data(dist):
+    """The wheel's metadata lists the runtime dependencies (with ranges) and the extras; its entry points register the
+    command, the Airflow plugin and the provider metadata; it and the sdist carry the view's page and the Spark
+    entry point."""
+    wheel = next(dist.glob(f"tidewater-{__version__}-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        meta = z.read(f"tidewater-{__version__}.dist-info/METADATA").decode()
+        entry = z.read(f"tidewater-{__version__}.dist-info/entry_points.txt").decode()
+    requires = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
+    core = {r.split("[")[0].split("<")[0].split(">")[0].split(";")[0].strip().lower() for r in requires if "extra ==" not in r}
+    assert {"pyiceberg", "confluent-kafka", "great-expectations", "pyspark", "pyarrow", "fastavro", "pyyaml"} <= core, core
+    assert any(r.startswith("apache-airflow<4,>=3.1") and 'extra == "airflow"' in r for r in requires), requires
+    assert {"airflow", "spark-connect", "lineage", "s3", "dev"} <= {
+        ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Provides-Extra:")}
+    assert "tidewater = tidewater.runtime.plugin:TidewaterPlugin" in entry
+    assert "provider_info = tidewater.runtime.provider:get_provider_info" in entry
+    assert "tidewater = tidewater.runtime.cli:entry" in entry
+    shipped = {"tidewater/runtime/ui_page.html", "tidewater/runtime/spark_app/ingest_batch.py", "tidewater/runtime/airflow_dags.py"}
+    assert shipped <= names
+    sdist = next(dist.glob(f"tidewater-{__version__}.tar.gz"))
+    with tarfile.open(sdist) as t:
+        inside = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    assert {f"include/{n}" for n in shipped} <= inside
+
+
+def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker, tmp_path):
+    """Alone: `tidewater --version` is the package's, Airflow is absent, `validate` and `run` (spark-submit from the
+    installed pyspark, the Spark entry point from the wheel) commit 60 records once. With the `airflow` extra:
+    `airflow dags list` shows the pipeline's ingest, replay, skip, audit, maintenance and quarantine DAGs from the
+    two-line file; `airflow providers list` names the package; an ingest run commits the next 30 records exactly;
+    the api-server, with no plugins folder, serves the Tidewater view's API."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_clean_env())
+    wheel = next(dist.glob("tidewater-*.whl"))
+    _pip(venv, str(wheel))
+    pipelines, home = tmp_path / "pipelines", tmp_path / "home"
+    pipelines.mkdir()
+    topic = f"install-{os.getpid()}"
+    doc = {"name": "orders", "topics": [topic], "kafka": {"bootstrap_servers": broker.bootstrap},
+           "table": {"identifier": "rpc.orders"}, "validation": {"not_null": ["order_id"], "on_failure": "quarantine"},
+           "spark": {"master": "local[2]"}, "schedule": None}
+    path = pipelines / "orders.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = _clean_env()
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", TIDEWATER_HOME=str(home))
+    bin_ = venv / "bin"
+
+    def run(*cmd: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        proc = subprocess.run(list(cmd), env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+        assert proc.returncode == 0, f"{cmd}: {proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        return proc
+
+    assert run(str(bin_ / "tidewater"), "--version").stdout.strip() == f"tidewater {__version__}"
+    assert subprocess.run([str(bin_ / "python"), "-c", "import airflow"], env=env, capture_output=True).returncode != 0
+    where = run(str(bin_ / "python"), "-c", "import tidewater; print(tidewater.__file__)").stdout.strip()
+    assert where.startswith(str(venv)), where  # the installed package, not this checkout's
+    run(str(bin_ / "tidewater"), "validate", "--pipeline", str(path))
+    produce(broker.bootstrap, topic, pizza_events(60, seed=360), partitions=2)
+    run(str(bin_ / "tidewater"), "run", "--pipeline", str(path), timeout=900)
+    assert _committed(bin_, env, path) == (60, 60, {"0": 30, "1": 30})
+
+    _pip(venv, f"{wheel}[airflow]")
+    dags, af, no_plugins = tmp_path / "dags", tmp_path / "airflow", tmp_path / "no-plugins"
+    for d in (dags, af, no_plugins):
+        d.mkdir()
+    (dags / "tidewater_dags.py").write_text(TWO_LINES)
+    env.update(TIDEWATER_PIPELINES_DIR=str(pipelines), AIRFLOW_HOME=str(af), AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+               AIRFLOW__CORE__PLUGINS_FOLDER=str(no_plugins),
+               AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW_CONN_TIDEWATER_SPARK='{"conn_type": "spark", "host": "local[2]"}',
+               AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{af / 'airflow.db'}")
+    run(str(bin_ / "airflow"), "db", "migrate")
+    run(str(bin_ / "airflow"), "dags", "reserialize")  # what the DAG processor does: the DAG file parsed into the database
+    listed = run(str(bin_ / "airflow"), "dags", "list", "--output", "json").stdout
+    table = [ln for ln in listed.splitlines() if ln.startswith("[{")]  # log lines share stdout
+    dag_ids = {d["dag_id"] for d in json.loads(table[-1])} if table else set()
+    assert {f"{k}_orders" for k in ("ingest", "replay", "skip", "audit", "maintain", "quarantine")} <= dag_ids, dag_ids
+    assert "tidewater" in run(str(bin_ / "airflow"), "providers", "list").stdout
+    produce(broker.bootstrap, topic, pizza_events(30, seed=361), partitions=2)
+    run(str(bin_ / "airflow"), "dags", "test", "ingest_orders", timeout=900)
+    assert _committed(bin_, env, path) == (90, 90, {"0": 45, "1": 45})
+    _view_served(bin_, env, tmp_path)
+
+
+def _committed(bin_: Path, env: dict[str, str], path: Path) -> tuple[int, int, dict]:
+    """(rows, distinct order ids, committed offsets of the one topic) as the installed package reads them."""
+    code = ("import json, sys\nfrom tidewater.config.parse import load_pipeline\n"
+            "from tidewater.table.catalog import load_catalog, load_table\nfrom tidewater.table.summary import committed_state\n"
+            "spec = load_pipeline(sys.argv[1]); t = load_table(load_catalog(spec), spec.table.identifier)\n"
+            "ids = t.scan().to_arrow().column('order_id').to_pylist()\n"
+            "print(json.dumps([len(ids), len(set(ids)), list(committed_state(t).offsets.values())[0]]))\n")
+    proc = subprocess.run([str(bin_ / "python"), "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows, distinct, offsets = json.loads(proc.stdout.strip().splitlines()[-1])
+    return rows, distinct, offsets
+
+
+def _view_served(bin_: Path, env: dict[str, str], tmp_path: Path) -> None:
+    """The installed Airflow's api-server, with an empty plugins folder, serves the view's API to a signed-in user."""
+    port = free_port()
+    env = {**env, "AIRFLOW__API__PORT": str(port)}
+    log = open(tmp_path / "api-server.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([str(bin_ / "airflow"), "api-server", "--port", str(port)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if call_api(f"{base}/api/v2/monitor/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "api-server.log").read_text()[-3000:]
+            time.sleep(1)
+        passwords = json.loads((Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated").read_text())
+        status, token = call_api(f"{base}/auth/token", body={"username": "admin", "password": passwords["admin"]})
+        assert status in (200, 201), token
+        status, listed = call_api(f"{base}/tidewater/api/pipelines", token["access_token"])
+        assert status == 200 and [p["name"] for p in listed] == ["orders"], listed
+        status, page = call_api(f"{base}/tidewater/", token["access_token"])
+        assert status == 200 and "Tidewater" in page
+    finally:
+        stop_group(proc)
+        log.close()
