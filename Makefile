@@ -30,7 +30,7 @@ help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
 	@echo "make test   - set up and run the test suite"
 	@echo "make ui     - start the Airflow UI (api-server, scheduler, ...) on http://127.0.0.1:8080"
-	@echo "make docs   - regenerate docs/configuration.md from the code"
+	@echo "make docs   - regenerate docs/configuration.md from the code and build the documentation site into site/ (MkDocs, strict)"
 	@echo "make lint   - ruff (part of make test)"
 	@echo "make executor-env - pack a virtualenv for Spark executors that lack the packages (spark.python_env)"
 	@echo "make s3-stand-in  - the local S3 endpoint the tests use (moto's server, its own virtualenv)"
@@ -137,8 +137,11 @@ broker-start: venv
 broker-stop: venv
 	tidewater broker stop
 
+# The configuration reference (generated from the code), then the documentation site into site/ (strict: a broken
+# link fails; tests/unit/test_docs.py runs the same build in make test).
 docs: venv
 	tidewater docs --output docs/configuration.md --schema docs/pipeline.schema.json
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 clean:
 	-tidewater broker stop 2>/dev/null
