@@ -409,9 +409,15 @@ def test_data_docs_live_in_the_bucket_and_the_tidewater_view_serves_them_from_th
     assert not (home / "data-docs").exists()
 
     monkeypatch.setenv("TIDEWATER_PIPELINES_DIR", str(path.parent))
+    from airflow.api_fastapi.core_api.security import get_user
+
+    from tidewater.runtime import ui
+
     app = create_app()
     for dep in app.router.dependencies:
         app.dependency_overrides[dep.dependency] = lambda: None
+    app.dependency_overrides[get_user] = lambda: None  # the signed-in user, and the auth manager letting them read the DAG
+    monkeypatch.setattr(ui, "_readable", lambda user, dag_ids: set(dag_ids))
     client = TestClient(app)
     moved = client.get(f"/data-docs/orders/{batches[2]}.html", follow_redirects=False)
     assert moved.status_code == 307 and moved.headers["location"].startswith("validations/")
