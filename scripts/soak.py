@@ -42,6 +42,8 @@ from pathlib import Path
 
 import yaml
 
+from tidewater.dev.broker import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CATALOG = "lake"
@@ -76,7 +78,7 @@ class Services:
         self.catalog_url = self.postgres.create_database("soak_catalog")
         self.metadata_url = self.postgres.create_database("soak_airflow")
         self.airflow: dict[str, subprocess.Popen] = {}
-        self.api_port = _free_port()
+        self.api_port = free_port()
 
     def _start_s3(self) -> tuple[str, subprocess.Popen]:
         import urllib.request
@@ -84,7 +86,7 @@ class Services:
         server = REPO / ".data" / "moto" / "bin" / "moto_server"
         if not server.is_file():
             raise SystemExit(f"{server} is missing: run `make s3-stand-in`")
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=open(self.work / "s3.log", "wb"),
                                 stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
@@ -168,14 +170,6 @@ class Services:
         self.s3.terminate()
         self.broker.stop()
         self.postgres.stop()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, seconds: float) -> None:

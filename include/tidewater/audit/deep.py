@@ -19,7 +19,7 @@ from tidewater.errors import ConfigError
 from tidewater.source.kafka import Rereader, kafka_settings, watermarks
 from tidewater.table.catalog import load_table
 from tidewater.table.provenance import present_offsets
-from tidewater.table.summary import QUARANTINE_BRANCH
+from tidewater.table.summary import quarantine_branch, quarantined_batches
 from tidewater.table.targets import target_spec, target_view
 
 CHECK_AT_MOST = 100_000  # missing offsets asked of Kafka per partition (beyond: reported as not checked)
@@ -37,7 +37,7 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
         raise ConfigError("--deep reads each row's source offset: it needs format.metadata prefixed or struct")
     moving = [e for e in entries if e["kind"] in MOVING]
     ranges = _merged(moving)
-    undecided = _waiting(tables, dropped_batches(entries))
+    undecided = _not_on_main(tables, dropped_batches(entries))
     rows = {t: present_offsets(spec, table, ranges) for t, table in tables.items() if table is not None}
     letters = _dead_letters(catalog, spec)
     out = _key_findings(spec, tables.get(spec.table.identifier)) if spec.applies_changes else []
@@ -136,14 +136,13 @@ def _change_topics(spec: PipelineSpec, tables: dict[str, Any]) -> set[str] | Non
     return out
 
 
-def _waiting(tables: dict[str, Any], dropped: dict[str, Any]) -> dict[str, str]:
-    """Quarantined batches whose rows are not in main by an operator's decision or while they wait for one: batch id
+def _not_on_main(tables: dict[str, Any], dropped: dict[str, Any]) -> dict[str, str]:
+    """Quarantined batches whose rows are not on main by an operator's decision or while they wait for one: batch id
     -> why (dropped, recorded in the ledger; or still on its quarantine branch)."""
     out = {batch: f"a quarantined batch an operator dropped ({d.get('rows', 0)} rows)" for batch, d in dropped.items()}
-    for table in tables.values():
-        for name in (table.metadata.refs if table is not None else {}):
-            if name.startswith(QUARANTINE_BRANCH):
-                out.setdefault(name[len(QUARANTINE_BRANCH):], f"a quarantined batch waiting on its branch {name}")
+    for table in (t for t in tables.values() if t is not None):
+        for batch in quarantined_batches(table):
+            out.setdefault(batch, f"a quarantined batch waiting on its branch {quarantine_branch(batch)}")
     return out
 
 
