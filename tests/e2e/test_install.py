@@ -2,7 +2,11 @@
 a wheel and an sdist), then installed into a fresh virtualenv with the tested pins (constraints.txt), first alone
 (the command line, no Airflow), then with its `airflow` extra into the same virtualenv, as into an Airflow that
 already runs: a DAGs folder holding only the two-line DAG file, a pipelines folder holding one pipeline, and no
-plugins folder. The broker is the session's embedded one; nothing of this checkout is on the path."""
+plugins folder. The broker is the session's embedded one; nothing of this checkout is on the path.
+
+Airflow's own constraint files (constraints-3.x.y/constraints-3.11.txt) are served from GitHub, which these machines
+do not reach (only the package registries): the virtualenv takes Airflow's versions from constraints.txt, which pins
+the Airflow release and providers that make test runs with, instead."""
 
 from __future__ import annotations
 
@@ -63,14 +67,15 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
         entry = z.read(f"tidewater-{__version__}.dist-info/entry_points.txt").decode()
     requires = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
     core = {r.split("[")[0].split("<")[0].split(">")[0].split(";")[0].strip().lower() for r in requires if "extra ==" not in r}
-    assert {"pyiceberg", "confluent-kafka", "great-expectations", "pyspark", "pyarrow", "fastavro", "pyyaml"} <= core, core
+    assert {"pyiceberg", "confluent-kafka", "great-expectations", "pyspark", "pyarrow", "fastavro", "pyyaml", "croniter"} <= core, core
     assert any(r.startswith("apache-airflow<4,>=3.1") and 'extra == "airflow"' in r for r in requires), requires
     assert {"airflow", "spark-connect", "lineage", "s3", "dev"} <= {
         ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Provides-Extra:")}
     assert "tidewater = tidewater.runtime.plugin:TidewaterPlugin" in entry
     assert "provider_info = tidewater.runtime.provider:get_provider_info" in entry
     assert "tidewater = tidewater.runtime.cli:entry" in entry
-    shipped = {"tidewater/runtime/ui_page.html", "tidewater/runtime/spark_app/ingest_batch.py", "tidewater/runtime/airflow_dags.py"}
+    shipped = {"tidewater/runtime/ui_page.html", "tidewater/runtime/spark_app/ingest_batch.py", "tidewater/runtime/airflow_dags.py",
+               "tidewater/examples/pizzas.yaml", "tidewater/examples/pizzas.expectations.json"}
     assert shipped <= names
     sdist = next(dist.glob(f"tidewater-{__version__}.tar.gz"))
     with tarfile.open(sdist) as t:
@@ -79,7 +84,8 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
 
 
 def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker, tmp_path):
-    """Alone: `tidewater --version` is the package's, Airflow is absent, `validate` and `run` (spark-submit from the
+    """Alone: `tidewater --version` is the package's, Airflow is absent, `init` writes the example from the wheel,
+    `validate` and `run` (spark-submit from the
     installed pyspark, the Spark entry point from the wheel) commit 60 records once. With the `airflow` extra:
     `airflow dags list` shows the pipeline's ingest, replay, skip, audit, maintenance and quarantine DAGs from the
     two-line file; `airflow providers list` names the package; an ingest run commits the next 30 records exactly;
@@ -110,6 +116,8 @@ def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker
     where = run(str(bin_ / "python"), "-c", "import tidewater; print(tidewater.__file__)").stdout.strip()
     assert where.startswith(str(venv)), where  # the installed package, not this checkout's
     run(str(bin_ / "tidewater"), "validate", "--pipeline", str(path))
+    run(str(bin_ / "tidewater"), "init", "--dir", str(tmp_path / "example"))  # the example and its suite, from the wheel
+    assert "ok (pipeline pizzas" in run(str(bin_ / "tidewater"), "validate", "--pipeline", str(tmp_path / "example" / "pizzas.yaml")).stdout
     produce(broker.bootstrap, topic, pizza_events(60, seed=360), partitions=2)
     run(str(bin_ / "tidewater"), "run", "--pipeline", str(path), timeout=900)
     assert _committed(bin_, env, path) == (60, 60, {"0": 30, "1": 30})

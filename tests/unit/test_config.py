@@ -24,6 +24,30 @@ def test_shipped_pipelines_are_valid():
         assert spec.dag_id == f"ingest_{spec.name}"
 
 
+def test_init_writes_the_packaged_example_that_the_demo_runs_and_never_overwrites(tmp_path, capsys):
+    """`tidewater init` copies the example pipeline and its suite (package data, the files the repository's demo
+    reads through include/pipelines/) and the JSON Schema the pipeline file points editors at; a second init into
+    the same folder refuses, naming the file, and leaves the operator's edits alone."""
+    from tidewater.runtime.cli import main
+
+    folder = tmp_path / "pipelines"
+    assert main(["init", "--dir", str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["pipeline.schema.json", "pizzas.expectations.json", "pizzas.yaml"]
+    written = (folder / "pizzas.yaml").read_text()
+    assert written.startswith("# yaml-language-server: $schema=pipeline.schema.json\n")
+    demo = (REPO / "include" / "pipelines" / "pizzas.yaml").read_text()
+    assert written.split("\n", 1)[1] == demo.split("\n", 1)[1]  # the demo's pipeline, the schema line aside
+    assert (folder / "pizzas.expectations.json").read_text() == (REPO / "include" / "pipelines" / "pizzas.expectations.json").read_text()
+    spec = load_pipeline(folder / "pizzas.yaml")
+    assert spec.suite_path() == folder / "pizzas.expectations.json" and spec.dag_id == "ingest_pizzas"
+    assert json.loads((folder / "pipeline.schema.json").read_text())["type"] == "object"
+    (folder / "pizzas.yaml").write_text(written + "# edited\n")
+    capsys.readouterr()
+    assert main(["init", "--dir", str(folder)]) == 2
+    assert "pizzas.yaml exists already" in capsys.readouterr().err
+    assert (folder / "pizzas.yaml").read_text().endswith("# edited\n")
+
+
 def test_defaults_and_shorthand():
     spec = parse_pipeline(BASE)
     assert spec.table.identifier == "ns.t"

@@ -203,6 +203,26 @@ def cmd_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from tidewater.config.schema import pipeline_schema
+    from tidewater.examples import EXAMPLE, write_example
+
+    folder = Path(args.dir)
+    for path in write_example(folder, schema=pipeline_schema()):
+        print(f"wrote {path}")
+    pipeline = folder / f"{EXAMPLE}.yaml"
+    print(f"next: edit {pipeline} (topics, kafka.bootstrap_servers, table.identifier), then\n"
+          f"  tidewater validate --pipeline {pipeline}\n  tidewater run --pipeline {pipeline}\n"
+          f"and point TIDEWATER_PIPELINES_DIR at {folder.resolve()} for the DAGs and the Tidewater view")
+    return 0
+
+
+def _add_init(sub: Any) -> None:
+    p = sub.add_parser("init", help="write the example pipeline file and its expectation suite into a pipelines folder")
+    p.add_argument("--dir", default="pipelines", help="the pipelines folder (created if missing; default ./pipelines)")
+    p.set_defaults(fn=cmd_init)
+
+
 def cmd_maintain(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
     from tidewater.errors import ConfigError
@@ -563,6 +583,7 @@ def _add_docs(sub: Any) -> None:
 
 
 _COMMANDS = (
+    _add_init,
     _add_validate,
     _add_run,
     _add_connect_import,
