@@ -84,9 +84,9 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
 
 
 def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker, tmp_path):
-    """Alone: `tidewater --version` is the package's, Airflow is absent, `init` writes the example from the wheel,
-    `validate` and `run` (spark-submit from the
-    installed pyspark, the Spark entry point from the wheel) commit 60 records once. With the `airflow` extra:
+    """Alone: `tidewater --version` is the package's, Airflow is absent, `init` writes the example from the wheel
+    (which validates), `validate` and `run` (spark-submit from the installed pyspark, the Spark entry point from the
+    wheel) commit 60 records once. With the `airflow` extra:
     `airflow dags list` shows the pipeline's ingest, replay, skip, audit, maintenance and quarantine DAGs from the
     two-line file; `airflow providers list` names the package; an ingest run commits the next 30 records exactly;
     the api-server, with no plugins folder, serves the Tidewater view's API."""
