@@ -339,3 +339,46 @@ def test_partitioned_batch_failure_leaves_no_files_and_a_retried_commit_adds_not
     assert len({p["partition"]["date_ordered_hour"] for p in table.inspect.partitions().to_pylist()}) == 2
     assert committed_state(table).offsets == {topic: {0: 60, 1: 61}}
     _accounting(table, 121, 1)
+
+
+def test_columns_of_mostly_distinct_values_are_written_without_a_dictionary_with_the_same_rows_and_metrics(home):
+    """The writer leaves Parquet's dictionary out for columns whose values are mostly distinct (ids, offsets, times:
+    write.parquet.DISTINCT_SHARE): the same 60,000 pizza events written with a dictionary for every column (as before)
+    and with the choice give the same rows, and the same Iceberg metrics but the sizes (value, null and NaN counts,
+    lower and upper bounds); the chosen files are smaller, and their encodings show the choice."""
+    import io
+
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    import tidewater.write.parquet as parquet
+
+    path = write_pipeline(home, topics=["t"], kafka={"bootstrap_servers": "127.0.0.1:1"}, table={"identifier": "rpc.dict"})
+    spec = load_pipeline(path)
+    events = pj.read_json(io.BytesIO(b"\n".join(pizza_events(60_000, seed=34))))
+    table = ensure_table(load_catalog(spec), spec.table, None, events)
+
+    def written(prefix: str) -> tuple[list[dict], pa.Table]:
+        writer = parquet.DataFileWriter(table, prefix)
+        for batch in parquet.to_table_schema(table, events).to_batches(max_chunksize=20_000):
+            writer.write(pa.Table.from_batches([batch]))
+        files = writer.close()
+        rows = pa.concat_tables(pq.read_table(f["file_path"].removeprefix("file://")) for f in files)
+        return files, rows.sort_by("order_id")
+
+    assert parquet.dictionary_columns(parquet.to_table_schema(table, events)) == [
+        "store_id", "sauce", "cheese", "meats", "veggies"]  # order_id and date_ordered: mostly distinct
+    chosen, chosen_rows = written("chosen")
+    original = parquet.dictionary_columns
+    parquet.dictionary_columns = lambda rows: True  # every column with a dictionary: the writer before the choice
+    try:
+        every, every_rows = written("every")
+    finally:
+        parquet.dictionary_columns = original
+    assert chosen_rows.equals(every_rows) and chosen_rows.num_rows == 60_000
+    same = ("record_count", "value_counts", "null_value_counts", "nan_value_counts", "lower_bounds", "upper_bounds")
+    assert [{k: f[k] for k in same} for f in chosen] == [{k: f[k] for k in same} for f in every]
+    assert sum(f["file_size_in_bytes"] for f in chosen) < sum(f["file_size_in_bytes"] for f in every)
+    meta = pq.ParquetFile(chosen[0]["file_path"].removeprefix("file://")).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    assert "RLE_DICTIONARY" not in encodings["order_id"] and "RLE_DICTIONARY" in encodings["sauce"], encodings

@@ -9,8 +9,10 @@ How a record travels: ``source.kafka.read_range`` (Arrow-friendly chunks of raw 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import os
 import sys
@@ -461,6 +463,25 @@ def _leave_a_removed_directory() -> None:
         os.chdir(tempfile.gettempdir())
 
 
+# Allocations between two young-generation collections of Python's cyclic garbage collector while a task runs.
+# Each consumed record allocates a few objects (librdkafka's message, its offset and timestamp) that die by reference
+# counting, yet every 700 allocations (Python's default) start a collection whose older generations also walk the
+# objects of every module the worker imported: that alone doubled consumption's CPU (scripts/profile_data_path.py,
+# BENCHMARKS.md). Cycles are still collected, every GC_GEN0_ALLOCATIONS allocations instead.
+GC_GEN0_ALLOCATIONS = 100_000
+
+
+@contextlib.contextmanager
+def fewer_collections() -> Any:
+    """Python's collector runs less often inside (see GC_GEN0_ALLOCATIONS); its thresholds are restored after."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(GC_GEN0_ALLOCATIONS, before[0]), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
 def write_subrange(
     spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
     mode: str = "ingest", exclude: Any = None, tables: tuple[str, ...] = (),
@@ -475,6 +496,12 @@ def write_subrange(
     routed pipelines: per target table, see ``TableSink.held``). ``tables``: a routed replay of some target tables.
     """
     _leave_a_removed_directory()
+    with fewer_collections():
+        return _write_subrange(spec, settings, batch_id, task_id, rng, mode, exclude, tables)
+
+
+def _write_subrange(spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
+                    mode: str, exclude: Any, tables: tuple[str, ...]) -> dict[str, Any]:
     writer = None
     try:
         writer = _TaskWriter(spec, settings, batch_id, task_id, rng, mode, exclude, tables=tables)
