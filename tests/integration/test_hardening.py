@@ -324,6 +324,44 @@ def test_unreachable_broker_gives_one_clear_error_not_a_flood_of_librdkafka_line
     assert 1 <= len(refused) <= 8, f"{len(refused)} connection-refused lines"
 
 
+def test_watermarks_of_every_partition_in_one_request_equal_a_consumers_per_partition_answers(broker, topic):
+    """`source.kafka.watermarks` asks the leader once for every partition's log start and once for every end (the
+    admin client's ListOffsets, read_committed): the same (start, end) as a read_committed consumer's
+    get_watermark_offsets per partition (whatever the broker answers for an open, then aborted, transaction: the
+    embedded broker's last stable offset differs from Kafka's, STACK.md), and a transient error naming the topic when it does not exist."""
+    from confluent_kafka import Producer
+    from confluent_kafka import TopicPartition as KTP
+
+    from tidewater.errors import TransientError
+    from tidewater.source.kafka import new_consumer, watermarks
+
+    settings = {"bootstrap.servers": broker.bootstrap}
+    for p, n in ((0, 3), (2, 7)):  # partition 1 stays empty
+        produce_to_partition(broker.bootstrap, topic, p, pizza_events(n, seed=p), partitions=3)
+    txn = Producer({**settings, "transactional.id": f"wm-{topic}"})
+    txn.init_transactions(15)
+    txn.begin_transaction()
+    txn.produce(topic, b'{"order_id": "open"}', partition=2)
+    txn.flush(15)
+
+    def per_partition() -> dict:
+        consumer = new_consumer(settings, "wm-test")
+        try:
+            return {(topic, p): consumer.get_watermark_offsets(KTP(topic, p), timeout=15, cached=False) for p in range(3)}
+        finally:
+            consumer.close()
+
+    parts = [(topic, p) for p in range(3)]
+    while_open = watermarks(settings, parts)
+    assert while_open == per_partition() and while_open[(topic, 0)] == (0, 3), while_open
+    txn.abort_transaction(15)
+    after = watermarks(settings, parts)
+    assert after == per_partition() and after[(topic, 1)] == (0, 0), after
+    with pytest.raises(TransientError) as err:
+        watermarks(settings, [(f"{topic}-missing", 0)], timeout=5)
+    assert err.value.transient and f"{topic}-missing" in str(err.value)
+
+
 def test_an_operator_skips_the_record_that_blocks_a_partition(broker, home, topic):
     """dead_letter.policy fail and a poison record at offset 10: every run fails naming it. The operator
     runs `tidewater skip` for [10, 11) with a reason. Expected: the 10 records before it are ingested by

@@ -193,22 +193,40 @@ def list_partitions(settings: dict[str, str], topics: list[str], timeout: float 
         consumer.close()
 
 
+def new_admin(settings: dict[str, str], client_id: str) -> Any:
+    """An admin client on the pipeline's librdkafka settings (metadata and offsets only: nothing is consumed)."""
+    from confluent_kafka.admin import AdminClient
+
+    conf = {k: v for k, v in settings.items() if k not in THROUGHPUT_DEFAULTS}  # consumer tuning, not the admin's
+    try:
+        return AdminClient(client_logging({**conf, "client.id": f"tidewater-{client_id}"}))
+    except Exception as e:
+        raise ConfigError(f"kafka.settings: librdkafka rejected the configuration: {e}") from None
+
+
 def watermarks(
     settings: dict[str, str], partitions: list[TopicPartition], timeout: float = 15.0
 ) -> dict[TopicPartition, tuple[int, int]]:
-    """(log start offset, end offset) per partition, as a read_committed consumer sees them."""
-    consumer = new_consumer(settings, "watermarks")
-    try:
-        out = {}
-        for topic, p in partitions:
+    """(log start offset, end offset) per partition, as a read_committed consumer sees them (the end is the last
+    stable offset). One ListOffsets request per partition leader for all the partitions' starts and one for their
+    ends, sent together (a consumer's ``get_watermark_offsets`` asks for one partition at a time)."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import OffsetSpec
+
+    if not partitions:
+        return {}
+    admin = new_admin(settings, "watermarks")
+    asked = [KTP(topic, p) for topic, p in partitions]
+    futures = [admin.list_offsets({tp: spec for tp in asked}, isolation_level=IsolationLevel.READ_COMMITTED,
+                                  request_timeout=timeout) for spec in (OffsetSpec.earliest(), OffsetSpec.latest())]
+    out: dict[TopicPartition, list[int]] = {}
+    for futs in futures:
+        for tp, fut in futs.items():
             try:
-                low, high = consumer.get_watermark_offsets(KTP(topic, p), timeout=timeout, cached=False)
-            except Exception as e:
-                raise TransientError(f"cannot read watermarks: {e}", topic=topic, partition=p) from None
-            out[(topic, p)] = (int(low), int(high))
-        return out
-    finally:
-        consumer.close()
+                out.setdefault((tp.topic, tp.partition), []).append(int(fut.result().offset))
+            except Exception as e:  # the broker unreachable, or the partition's leader unknown for now
+                raise TransientError(f"cannot read watermarks: {e}", topic=tp.topic, partition=tp.partition) from None
+    return {tp: (low, high) for tp, (low, high) in ((tp, out[tp]) for tp in partitions)}
 
 
 @dataclass

@@ -46,8 +46,13 @@ def catalog_failure(e: BaseException) -> str | None:
     return None
 
 
+_LOADED: dict[tuple, Any] = {}  # catalogs this process loaded, by process, name and properties (see load_catalog)
+
+
 def load_catalog(spec: PipelineSpec) -> Any:
-    """The pipeline's pyiceberg catalog.
+    """The pipeline's pyiceberg catalog, loaded once per process and set of properties: a step asks for it several
+    times (the holder, the tables, the ledger), and a SQL catalog opens a connection pool and checks its own tables
+    at every load. A forked process (Airflow's task runner) loads its own, never its parent's connections.
 
     Raises ``TransientError`` when the catalog is unreachable or locked (retrying may succeed) and
     ``ConfigError`` naming ``catalog.properties`` when its settings are wrong.
@@ -62,9 +67,13 @@ def load_catalog(spec: PipelineSpec) -> Any:
         warehouse = str(props.get("warehouse", ""))
         if warehouse.startswith("file://"):
             Path(warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
+    key = (os.getpid(), spec.catalog.name, tuple(sorted((k, str(v)) for k, v in props.items())))
+    if key in _LOADED:
+        return _LOADED[key]
     for attempt in range(5):
         try:
-            return _load(spec.catalog.name, **props)
+            _LOADED[key] = _load(spec.catalog.name, **props)
+            return _LOADED[key]
         except Exception as e:
             # A new SQL catalog creates its own tables on first load; concurrent first loads collide
             # ("already exists"), and the next attempt finds the tables in place.
