@@ -206,7 +206,10 @@ class TableSpec:
         default=True,
     )
     properties: dict[str, str] = _doc(
-        "Iceberg table properties used when the table is auto-created (e.g. `write.target-file-size-bytes`).",
+        "Iceberg table properties used when the table is auto-created (e.g. `write.target-file-size-bytes`). The "
+        "writer honours `write.target-file-size-bytes` and the `write.parquet.*` codec, level, page and dictionary "
+        "sizes; a column whose values are mostly distinct (more than half of a file's first 10,000) is written without "
+        "a dictionary in that file.",
         default_factory=dict,
     )
     case_insensitive: bool = _doc(

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
 
 from tidewater.config.parse import load_pipeline
 from tidewater.config.secrets import is_secret
@@ -282,8 +282,14 @@ def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | N
 _CLUSTER_ENV_CONF = {"yarn": "spark.yarn.appMasterEnv.", "k8s": "spark.kubernetes.driverEnv."}
 
 
-class IngestSparkSubmitOperator(SparkSubmitOperator):
-    """spark-submit of the package's ``runtime/spark_app/ingest_batch.py`` for the batch the ``plan`` task staged.
+class IngestSparkSubmitOperator(BaseOperator):
+    """spark-submit of the package's ``runtime/spark_app/ingest_batch.py`` for the batch the ``plan`` task staged,
+    through the Spark provider's ``SparkSubmitHook`` (its connection, its process handling and ``on_kill``); or, for
+    a pipeline with ``spark.connect_url`` or a ``spark_connect`` connection, the write through that server.
+
+    Not a subclass of the provider's ``SparkSubmitOperator``: Airflow parses the DAG file at every task's start, and
+    importing that operator's module (which loads the Kubernetes client and OpenLineage's Spark helpers) took 0.9 s
+    of each parse; the hook is imported when a spark-submit write runs (BENCHMARKS.md, DAG latency).
 
     Spark settings are computed when the task runs, not when the DAG file is parsed. Secrets never reach
     the command line: secret Spark settings go through a private properties file (0600, deleted after the
@@ -293,12 +299,34 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
 
     ui_color = "#d8f3ff"
 
-    def __init__(self, *, pipeline_path: str, plan_task_id: str = "plan", **kwargs: Any) -> None:
+    def __init__(self, *, pipeline_path: str, conn_id: str = "spark_default", verbose: bool = False,
+                 plan_task_id: str = "plan", **kwargs: Any) -> None:
         from tidewater.config.spec import spark_app_path
 
-        super().__init__(application=str(spark_app_path()), **kwargs)
+        super().__init__(**kwargs)
+        self.application = str(spark_app_path())
         self.pipeline_path = pipeline_path
         self.plan_task_id = plan_task_id
+        self._conn_id, self._verbose = conn_id, verbose
+        self.conf: dict[str, Any] | None = None
+        self.jars: str | None = None
+        self.packages: str | None = None
+        self.application_args: list[str] | None = None
+        self.name = "tidewater-write"
+        self.env_vars: dict[str, str] | None = None
+        self.properties_file: str | None = None
+        self._hook: Any = None
+
+    def _get_hook(self) -> Any:
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        return SparkSubmitHook(conf=self.conf or {}, conn_id=self._conn_id, jars=self.jars, packages=self.packages,
+                               name=self.name, application_args=self.application_args, env_vars=self.env_vars,
+                               verbose=self._verbose, properties_file=self.properties_file)
+
+    def on_kill(self) -> None:
+        if self._hook is not None:  # the spark-submit process (and, on a cluster, the driver it started)
+            self._hook.on_kill()
 
     def execute(self, context: Any) -> None:
         from airflow.sdk import BaseHook
@@ -339,10 +367,10 @@ class IngestSparkSubmitOperator(SparkSubmitOperator):
         self.application_args = write_job_args(spec, planned["plan_path"])
         self.name = f"tidewater-{spec.name}-{planned['batch_id']}"
         secrets_file = self._pass_settings(spec, master, dict(settings["secret_conf"]))
-        self._hook = None
         log.info("batch %s: submitting the write job for %s", planned["batch_id"], spec.describe_targets())
         try:
-            super().execute(context)
+            self._hook = self._get_hook()
+            self._hook.submit(self.application)
         except Exception:
             self._raise_batch_error(spec, planned["plan_path"])
             raise
