@@ -32,7 +32,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.benchlib import command_line, fresh_home, write_section  # noqa: E402
 
-BEGIN, END = "<!-- profile: begin -->", "<!-- profile: end -->"
+
+def markers(records: int) -> tuple[str, str]:
+    """The report's markers in BENCHMARKS.md: one section per batch size."""
+    return f"<!-- profile {records}: begin -->", f"<!-- profile {records}: end -->"
+
+
 MEMORY = "replay of the read chunks from memory (not a cost of the worker)"
 STAGES = (MEMORY, "decode", "source columns", "admit and route", "cast to the table schema", "parquet encode",
           "file close and Iceberg metrics")
@@ -224,7 +229,8 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
     cpu, wall = total(best), best["wall"] + cw
     rest_cpu = best["cpu"] - sum(st.cpu[s] for s in STAGES if s != MEMORY)
     rest_wall = best["wall"] - sum(st.wall[s] for s in STAGES if s != MEMORY)
-    lines = [BEGIN, f"## Profile of the data path in one worker ({n:,} records, one partition)", "",
+    begin, end = markers(args.records)
+    lines = [begin, f"## Profile of the data path in one worker ({n:,} records, one partition)", "",
              f"Command: `{command_line('make bench-profile')}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
              f"the run with the least CPU of {len(runs)}. The write step's task code in one process "
              "(scripts/profile_data_path.py): the range is consumed into chunks first (librdkafka's fetch thread "
@@ -246,7 +252,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
               f"{args.codec or 'the table default (zstd)'}, level {args.level if args.level is not None else 'default'}"
               f", row group {args.row_group or 'default'}.",
               "- Every run: " + ", ".join(f"{total(r) / r['records'] * 1e6:.2f}" for r in runs) + " us of CPU per record.",
-              END]
+              end]
     return "\n".join(lines)
 
 
@@ -280,7 +286,7 @@ def main() -> int:
         b.stop()
     text = report(runs, args)
     if args.markdown:
-        write_section(args.markdown, BEGIN, END, text)
+        write_section(args.markdown, *markers(args.records), text)
     else:
         print(text)
     return 0
