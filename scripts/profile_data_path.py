@@ -118,13 +118,21 @@ def pipeline(work: Path, topic: str, bootstrap: str, args: argparse.Namespace) -
     return path
 
 
+def task_collections() -> Any:
+    """The write task's collector thresholds (``write.task.fewer_collections``), or Python's defaults when profiling
+    code from before it (a baseline checkout on PYTHONPATH)."""
+    try:
+        from tidewater.write.task import fewer_collections
+    except ImportError:
+        return contextlib.nullcontext()
+    return fewer_collections()
+
+
 def consume_only(settings: dict[str, str], plan: Any, chunk_records: int) -> tuple[tuple[float, float, int], dict]:
     """((wall, CPU, records) of reading the batch's ranges into chunks and nothing else, the records read by
     partition: (values, offsets, timestamps), for the processing pass to replay from memory)."""
-    from tidewater.write.task import fewer_collections
-
     w, c, n, held = time.perf_counter(), time.process_time(), 0, {}
-    with fewer_collections():  # as in the write task
+    with task_collections():  # as in the write task
         _read_into(settings, plan, chunk_records, held)
         n = sum(len(v[0]) for v in held.values())
     return (time.perf_counter() - w, time.process_time() - c, n), held
@@ -163,13 +171,12 @@ def raw_consumption(settings: dict[str, str], plan: Any) -> tuple[float, float, 
     from confluent_kafka import Consumer, TopicPartition
 
     from tidewater.source.kafka import consumer_config
-    from tidewater.write.task import fewer_collections
 
     c = Consumer(consumer_config(settings, "profile-raw"))
     c.assign([TopicPartition(r.topic, r.partition, r.start) for r in plan.ranges])
     target, n = sum(r.size for r in plan.ranges), 0
     w, cpu = time.perf_counter(), time.process_time()
-    with fewer_collections():  # as the write task: this process holds every module the worker imports
+    with task_collections():  # as the write task: this process holds every module the worker imports
         while n < target:
             for m in c.consume(num_messages=10_000, timeout=1.0):
                 if m.error() is None and m.value() is not None:

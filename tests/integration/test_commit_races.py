@@ -203,6 +203,9 @@ def test_catalog_locked_at_commit_time_is_transient_and_the_commit_lands_after(p
     plan, manifest = stage_inline(spec)
     db = spec.catalog_properties()["uri"][len("sqlite:///"):]
 
+    import tidewater.table.catalog as catalogs
+
+    catalogs._LOADED.clear()  # a process that has not loaded this catalog yet (the step's stage_inline did)
     holder = _lock_catalog(db, 13)  # longer than the catalog's two 5 s SQLite waits on first load
     with pytest.raises(TransientError) as e:
         load_catalog(spec)
