@@ -322,7 +322,8 @@ def manifest_of(home: Path, pipeline: str, batch_id: str) -> dict:
 def data_path(manifest: dict) -> tuple[float, int, int, int]:
     t = manifest["task_timings"]
     secs = max(x["finished_at"] for x in t) - min(x["started_at"] for x in t)
-    files = manifest["data_files"]
+    # version 2 manifests list every table's files under outputs (the table's own included); version 1 at the top
+    files = [f for o in manifest.get("outputs") or [] for f in o["data_files"]] or manifest["data_files"]
     return secs, len(files), sum(f["file_size_in_bytes"] for f in files), len(t)
 
 
