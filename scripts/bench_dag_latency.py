@@ -32,7 +32,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.benchlib import command_line, write_section  # noqa: E402
-from scripts.soak import REPO, Services, metadata_query, run  # noqa: E402
+from scripts.soak import REPO, Services, metadata_query, trigger  # noqa: E402
 
 BEGIN, END = "<!-- dag latency: begin -->", "<!-- dag latency: end -->"
 PARTITIONS = 6
@@ -89,7 +89,7 @@ def pipelines(svc: Services) -> dict[str, Path]:
 
 def trigger_and_wait(svc: Services, dag_id: str, timeout: float = 600) -> str:
     run_id = f"bench__{dag_id}__{time.time_ns()}"
-    run(["airflow", "dags", "trigger", dag_id, "--run-id", run_id], svc.env(), timeout=180)
+    trigger(svc, dag_id, run_id=run_id)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rows = metadata_query(svc, f"SELECT state FROM dag_run WHERE dag_id = '{dag_id}' AND run_id = '{run_id}'")

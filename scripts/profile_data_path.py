@@ -1,12 +1,13 @@
 """Profile of the write step's data path in one worker: where the CPU of a batch goes, stage by stage.
 
 Runs the write step's task code (``write.task.write_subrange``, what each Spark task runs) in this process over one
-partition of N pizza events (default 1M) on the embedded broker, with each stage timed by wrapping the function that
-does it: consume (librdkafka, the chunk's Python lists), decode (the join into one buffer and Arrow's JSON parse,
-shaping, conversions), source columns (the metadata columns), the cast to the table's schema, Parquet encoding and
-compression, and the files' Iceberg metrics. CPU is this process's (every thread: Arrow's parse and librdkafka's
-fetch threads included); the broker's CPU is measured on its process and reported apart. A consume-only pass over
-the same range gives what raw consumption costs here.
+partition of N pizza events (default 1M) on the embedded broker, in two passes: the range is consumed into chunks
+(``source.kafka.read_range``: librdkafka and the chunk's Python lists), then the task runs over those chunks held in
+memory, with each stage timed by wrapping the function that does it: decode (the join into one buffer and Arrow's
+JSON parse, shaping, conversions), source columns (the metadata columns), the cast to the table's schema, Parquet
+encoding and compression, and the files' Iceberg metrics. Consuming first keeps librdkafka's fetch thread from
+running beside the other stages. CPU is this process's (every thread); the broker's CPU is measured on its process
+and reported apart, and the raw librdkafka loop is measured beside consumption.
 
     make bench-profile [PROFILE_ARGS="--records 1000000 --repeat 2 --markdown BENCHMARKS.md"]
 
@@ -49,6 +50,16 @@ class Stages:
     def __init__(self) -> None:
         self.wall = dict.fromkeys(STAGES, 0.0)
         self.cpu = dict.fromkeys(STAGES, 0.0)
+        self._originals: list[tuple[Any, str, Any]] = []
+
+    def replace(self, owner: Any, name: str, new: Any) -> None:
+        self._originals.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
+
+    def restore(self) -> None:
+        """Put back every function replaced, last first."""
+        while self._originals:
+            setattr(*self._originals.pop())
 
     @contextlib.contextmanager
     def timing(self, stage: str):  # noqa: ANN201
@@ -67,7 +78,7 @@ class Stages:
             with self.timing(stage):
                 return fn(*a, **k)
 
-        setattr(owner, name, timed)
+        self.replace(owner, name, timed)
 
     def wrap_generator(self, owner: Any, name: str, stage: str) -> None:
         fn = getattr(owner, name)
@@ -83,16 +94,18 @@ class Stages:
                         return
                 yield item
 
-        setattr(owner, name, timed)
+        self.replace(owner, name, timed)
 
 
 def instrument(stages: Stages, held: dict) -> None:
-    """Nested stages are subtracted from their callers' by timing the inner ones only where they do not nest."""
+    """The task reads ``held`` instead of Kafka, and each stage's function is timed (``stages.restore`` undoes it).
+    The stages do not nest: ``_roll`` runs inside ``write`` only when a file reaches its target size, 128 MB here,
+    which the profile's files never do (they close at the end of each task)."""
     import tidewater.write.parquet as parquet
     import tidewater.write.sinks as sinks
     import tidewater.write.task as task
 
-    task.read_range = from_memory(held)
+    stages.replace(task, "read_range", from_memory(held))
     stages.wrap_generator(task, "read_range", MEMORY)
     stages.wrap(task, "decode_chunk", "decode")
     stages.wrap(task, "add_source_columns", "source columns")
@@ -204,19 +217,14 @@ def one_pass(spec: Any, settings: dict[str, str], broker: psutil.Process, py_spy
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1)
     w0, c0 = time.perf_counter(), time.process_time()
-    manifest = run_inline(plan, spec, settings)
+    try:
+        manifest = run_inline(plan, spec, settings)
+    finally:
+        stages.restore()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     if spy is not None:
         spy.send_signal(2)
         spy.wait(60)
-    import importlib
-
-    import tidewater.write.parquet
-    import tidewater.write.sinks
-    import tidewater.write.task
-
-    for m in (tidewater.write.parquet, tidewater.write.sinks, tidewater.write.task):  # undo the wrappers, bottom up
-        importlib.reload(m)
     files = [f for o in manifest.outputs for f in o.data_files]  # every table's files (the table's own included)
     assert manifest.records == c_n, (manifest.records, c_n)
     return {"records": manifest.records, "wall": wall - stages.wall[MEMORY], "cpu": cpu - stages.cpu[MEMORY],

@@ -365,8 +365,9 @@ def metadata_query(svc: Services, sql: str) -> list[tuple]:
         conn.close()
 
 
-def trigger(svc: Services, dag_id: str, conf: dict | None = None) -> None:
-    run(["airflow", "dags", "trigger", dag_id, *(["--conf", json.dumps(conf)] if conf else [])], svc.env(), timeout=180)
+def trigger(svc: Services, dag_id: str, conf: dict | None = None, run_id: str | None = None) -> None:
+    run(["airflow", "dags", "trigger", dag_id, *(["--conf", json.dumps(conf)] if conf else []),
+         *(["--run-id", run_id] if run_id else [])], svc.env(), timeout=180)
 
 
 class Chaos(threading.Thread):

@@ -341,7 +341,7 @@ def test_partitioned_batch_failure_leaves_no_files_and_a_retried_commit_adds_not
     _accounting(table, 121, 1)
 
 
-def test_columns_of_mostly_distinct_values_are_written_without_a_dictionary_with_the_same_rows_and_metrics(home):
+def test_columns_of_mostly_distinct_values_are_written_without_a_dictionary_with_the_same_rows_and_metrics(home, monkeypatch):
     """The writer leaves Parquet's dictionary out for columns whose values are mostly distinct (ids, offsets, times:
     write.parquet.DISTINCT_SHARE): the same 60,000 pizza events written with a dictionary for every column (as before)
     and with the choice give the same rows, and the same Iceberg metrics but the sizes (value, null and NaN counts,
@@ -369,12 +369,8 @@ def test_columns_of_mostly_distinct_values_are_written_without_a_dictionary_with
     assert parquet.dictionary_columns(parquet.to_table_schema(table, events)) == [
         "store_id", "sauce", "cheese", "meats", "veggies"]  # order_id and date_ordered: mostly distinct
     chosen, chosen_rows = written("chosen")
-    original = parquet.dictionary_columns
-    parquet.dictionary_columns = lambda rows: True  # every column with a dictionary: the writer before the choice
-    try:
-        every, every_rows = written("every")
-    finally:
-        parquet.dictionary_columns = original
+    monkeypatch.setattr(parquet, "dictionary_columns", lambda rows: True)  # every column: the writer before the choice
+    every, every_rows = written("every")
     assert chosen_rows.equals(every_rows) and chosen_rows.num_rows == 60_000
     same = ("record_count", "value_counts", "null_value_counts", "nan_value_counts", "lower_bounds", "upper_bounds")
     assert [{k: f[k] for k in same} for f in chosen] == [{k: f[k] for k in same} for f in every]

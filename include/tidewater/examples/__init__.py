@@ -4,6 +4,7 @@ expectation suite (``pizzas.expectations.json``). The repository's demo reads th
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from pathlib import Path
 
@@ -23,8 +24,6 @@ def write_example(folder: Path, *, schema: dict | None = None) -> list[Path]:
     """Copy the example into ``folder`` (created if missing). Refuses, naming the file, when one is there already:
     an operator's pipeline is never overwritten. With ``schema``, the pipeline file's JSON Schema is written beside
     it and the pipeline file points editors at it."""
-    import json
-
     files = example_files()
     if schema is not None:
         files["pipeline.schema.json"] = json.dumps(schema, indent=2) + "\n"

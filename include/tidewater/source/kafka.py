@@ -217,16 +217,21 @@ def watermarks(
         return {}
     admin = new_admin(settings, "watermarks")
     asked = [KTP(topic, p) for topic, p in partitions]
-    futures = [admin.list_offsets({tp: spec for tp in asked}, isolation_level=IsolationLevel.READ_COMMITTED,
-                                  request_timeout=timeout) for spec in (OffsetSpec.earliest(), OffsetSpec.latest())]
-    out: dict[TopicPartition, list[int]] = {}
-    for futs in futures:
-        for tp, fut in futs.items():
-            try:
-                out.setdefault((tp.topic, tp.partition), []).append(int(fut.result().offset))
-            except Exception as e:  # the broker unreachable, or the partition's leader unknown for now
-                raise TransientError(f"cannot read watermarks: {e}", topic=tp.topic, partition=tp.partition) from None
-    return {tp: (low, high) for tp, (low, high) in ((tp, out[tp]) for tp in partitions)}
+    starts, ends = (admin.list_offsets({tp: spec for tp in asked}, isolation_level=IsolationLevel.READ_COMMITTED,
+                                       request_timeout=timeout) for spec in (OffsetSpec.earliest(), OffsetSpec.latest()))
+    low, high = _offsets(starts), _offsets(ends)
+    return {tp: (low[tp], high[tp]) for tp in partitions}
+
+
+def _offsets(futures: dict[Any, Any]) -> dict[TopicPartition, int]:
+    """The offsets of a ListOffsets request, by partition; a transient error naming the first partition without one."""
+    out = {}
+    for tp, fut in futures.items():
+        try:
+            out[(tp.topic, tp.partition)] = int(fut.result().offset)
+        except Exception as e:  # the broker unreachable, or the partition's leader unknown for now
+            raise TransientError(f"cannot read watermarks: {e}", topic=tp.topic, partition=tp.partition) from None
+    return out
 
 
 @dataclass

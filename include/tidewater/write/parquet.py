@@ -59,7 +59,7 @@ def to_table_schema(table: Any, decoded: pa.Table) -> pa.Table:
 # times) the writer builds a dictionary of nearly every value until the dictionary page limit, then falls back to
 # plain encoding: CPU spent for a larger file. Measured on the pizza events (scripts/profile_data_path.py,
 # BENCHMARKS.md): without a dictionary for such columns Parquet encoding took a third less CPU and the files were
-# 19% smaller. A column goes without a dictionary in a file when more than DISTINCT_SHARE of the non-null values of
+# 18% smaller. A column goes without a dictionary in a file when more than DISTINCT_SHARE of the non-null values of
 # the file's first rows (up to DICTIONARY_SAMPLE) are distinct; decided once per file, from its data alone.
 DISTINCT_SHARE = 0.5
 DICTIONARY_SAMPLE = 10_000
