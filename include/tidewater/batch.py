@@ -65,10 +65,11 @@ class BatchPlan:
     base_offsets: Offsets  # committed offsets of every known partition when the plan was made
     created_at: str
     base_snapshot_id: int | None = None
-    mode: str = "ingest"  # ingest | replace | append-missing (replays and backfills, see replay.py)
+    mode: str = "ingest"  # ingest | replace | append-missing (replays and backfills, see replay.py) | retry (dead letters)
     exclude_path: str | None = None  # append-missing: offsets the table already holds (Parquet)
     data_interval: tuple[str, str] | None = None  # the Airflow run's data interval (ISO), recorded at commit
     tables: tuple[str, ...] = ()  # routed replays: only these target tables (empty: every table records route to)
+    retry_of: tuple[str, ...] = ()  # dead-letter retries (mode retry): the batches that dead-lettered the records
     version: int = PLAN_VERSION
 
     @property
@@ -115,6 +116,7 @@ class BatchPlan:
             exclude_path=d.get("exclude_path"),
             data_interval=tuple(d["data_interval"]) if d.get("data_interval") else None,  # type: ignore[arg-type]
             tables=tuple(d.get("tables") or ()),
+            retry_of=tuple(d.get("retry_of") or ()),
             version=d["version"],
         )
 

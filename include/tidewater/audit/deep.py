@@ -18,6 +18,7 @@ from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.source.kafka import Rereader, kafka_settings, watermarks
 from tidewater.table.catalog import load_table
+from tidewater.table.letters import letters as letters_in
 from tidewater.table.provenance import present_offsets
 from tidewater.table.summary import quarantine_branch, quarantined_batches
 from tidewater.table.targets import target_spec, target_view
@@ -28,7 +29,8 @@ CHECK_AT_MOST = 100_000  # missing offsets asked of Kafka per partition (beyond:
 def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entries: list[dict[str, Any]],
                   every_table: bool = True) -> list[Finding]:
     """From the metadata columns of ``tables`` (the pipeline's table, or a routed pipeline's targets): no (topic,
-    partition, offset) twice in a table, none both a row and a dead letter, and (append tables; ``every_table``:
+    partition, offset) twice in a table, none both a row and a dead letter (but a letter a retry resolved, which must be
+    a row of an append table), and (append tables; ``every_table``:
     all of a routed pipeline's tables are in ``tables``) every offset of a committed range present as a row or a
     dead letter, or counted as skipped by its batch, or absent from Kafka (transaction markers, compaction).
     Change tables keep one row per changed key, so their check is each key once instead of each offset present; in a
@@ -40,6 +42,7 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
     undecided = _not_on_main(tables, dropped_batches(entries))
     rows = {t: present_offsets(spec, table, ranges) for t, table in tables.items() if table is not None}
     letters = _dead_letters(catalog, spec)
+    fixed = _resolved_letters(catalog, spec)
     out = _key_findings(spec, tables.get(spec.table.identifier)) if spec.applies_changes else []
     changed = _change_topics(spec, tables)
     if not spec.targets.fused:  # a routed pipeline's change tables: each key once
@@ -62,7 +65,12 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
                 held.append(np.unique(mine))
             anywhere = np.unique(np.concatenate(held)) if held else np.array([], np.int64)
             dead = _offsets(letters, rng)
-            out += _twice(np.intersect1d(anywhere, np.unique(dead)), rng, "both a row and a dead letter", 0)
+            resolved = _offsets(fixed, rng)
+            # a letter a retry resolved is a row now (append tables: its own; a change table may have moved on)
+            out += _twice(np.intersect1d(anywhere, np.setdiff1d(np.unique(dead), resolved)), rng,
+                          "both a row and a dead letter", 0)
+            if not spec.applies_changes and changed is not None and rng.topic not in changed:
+                out += _twice(np.setdiff1d(resolved, anywhere), rng, "resolved by a retry but no row", 0)
             if not spec.applies_changes and every_table and changed is not None and rng.topic not in changed:
                 found = np.union1d(anywhere, dead)
                 mine_batches = [e for e in moving if (e["topic"], e["partition"]) == (rng.topic, rng.partition)]
@@ -101,6 +109,12 @@ def _dead_letters(catalog: Any, spec: PipelineSpec) -> Any:
     data = dlq.scan(row_filter=EqualTo("pipeline", spec.name), selected_fields=("topic", "partition", "offset")).to_arrow()
     return pa.table({"topic": data.column("topic"), "partition": data.column("partition").cast(pa.int32()),
                      "offset": data.column("offset")})
+
+
+def _resolved_letters(catalog: Any, spec: PipelineSpec) -> Any:
+    """(topic, partition, offset) of the letters a retry resolved (``ops/dead_letters.py``)."""
+    done = letters_in(spec, catalog, state="resolved", payload=False)
+    return done.select(["topic", "partition", "offset"]) if done.num_rows else None
 
 
 def _runs(values: Any) -> list[tuple[int, int]]:

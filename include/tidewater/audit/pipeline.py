@@ -13,6 +13,8 @@ histories and Kafka. Findings, each naming topic, partition and offset range, wi
 - **writes outside Tidewater**: a snapshot of a table that added or removed rows without a batch id (an append by
   another tool, a hand-made delete) while it is still in the history.
 - **against Kafka now** (``audit/kafka.py``): a committed offset below the log start or beyond the log end; the lag.
+- **dead letters**: how many are open, resolved by retries and dropped (``ops/dead_letters.py``); a retry that did
+  not finish is a warning.
 - **deep** (``--deep``, from the metadata columns): see ``audit/deep.py``.
 
 Severity ``error`` makes the audit fail (exit 1); ``explained``, ``warning`` and ``info`` do not.
@@ -27,7 +29,7 @@ from typing import Any
 
 from tidewater.audit import ledger
 from tidewater.audit.deep import deep_findings
-from tidewater.audit.findings import AuditReport
+from tidewater.audit.findings import AuditReport, Finding
 from tidewater.audit.history import (
     accounting,
     coverage,
@@ -41,6 +43,7 @@ from tidewater.audit.kafka import against_kafka
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.letters import counts as letter_counts
 from tidewater.table.targets import target_tables
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,20 @@ def audit(spec: PipelineSpec, table: str | None = None, deep: bool = False) -> A
     return report
 
 
+def letter_findings(spec: PipelineSpec, catalog: Any) -> list[Finding]:
+    """The dead letters and what became of them (``tidewater dead-letters``): retried letters resolved are rows now,
+    dropped ones given up; a retry under way (claimed, no outcome: killed) is a warning until the next retry ends it."""
+    n = letter_counts(spec, catalog)
+    if not n["total"]:
+        return []
+    out = [Finding("info", "dead-letters", f"{n['total']} dead letters: {n['open']} open, {n['resolved']} resolved by "
+                   f"retries, {n['dropped']} dropped")]
+    if n["retrying"]:
+        out.append(Finding("warning", "dead-letters", f"{n['retrying']} dead letters claimed by a retry that did not "
+                           "finish: the next `tidewater dead-letters retry` finishes it"))
+    return out
+
+
 def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool) -> AuditReport:
     """Coverage, accounting and Kafka from the holder's batches; per target table (every one, or ``only``) the
     writes outside Tidewater and, for tables of a separate holder, the holder's batches against the table's commits.
@@ -79,7 +96,7 @@ def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool
     report = AuditReport(spec.name, only or holder_ident, len({e["batch_id"] for e in mine}),
                          tables=[] if targets.fused else audited)
     report.findings += undone + coverage(mine) + accounting(mine, "rows" if targets.fused else "records routed")
-    report.findings += decisions(entries)
+    report.findings += decisions(entries) + letter_findings(spec, catalog)
     wrote = tables_per_batch(holder) if not targets.fused else {}
     tables = {t: holder if targets.holds(t) else load_table(catalog, t) for t in audited}
     for t, target in tables.items():

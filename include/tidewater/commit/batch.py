@@ -6,7 +6,7 @@ same steps for every table, then the source offsets committed once, in the offse
 and its offsets land in ONE snapshot. Every commit goes through ``commit.primitive.commit``.
 
 - Per target the change is chosen from ``KINDS``, keyed on what the batch carries for the table (appended rows,
-  or changes by key) and the batch's mode (ingest, skip, replace, append-missing, reapply), as the Coordinator
+  or changes by key) and the batch's mode (ingest, skip, replace, append-missing, reapply, retry), as the Coordinator
   picks an append or a row delta from the files. A target the quality gate quarantined
   (``validation.on_failure: quarantine``) gets its change on branch ``quarantine-<batch id>``, and main an empty
   snapshot with the batch id and the advanced offsets (``commit/quarantine.py``).
@@ -48,7 +48,7 @@ from tidewater.batch import (
     fused_output,
     offsets_to_json,
 )
-from tidewater.commit.changes import change_attempt, reapply_attempt, remove_staged
+from tidewater.commit.changes import change_attempt, reapply_attempt, remove_staged, retry_attempt
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
 from tidewater.commit.primitive import Change, Committed, OffsetsExpected, commit
 from tidewater.commit.quarantine import quarantine_change
@@ -171,7 +171,7 @@ class Target:
     def mode(self) -> str:
         """The batch's mode for this table: replays reapply change tables, whatever the request's mode."""
         mode = self.job.plan.mode
-        if mode in INGEST_MODES:
+        if mode in INGEST_MODES or mode == "retry":
             return mode
         return "reapply" if self.view.applies_changes else "replace" if mode == "reapply" else mode
 
@@ -242,6 +242,12 @@ def replayed(table: Any, t: Target) -> Change:
     return replay_change(table, t.view, t.job.plan, t.out.data_files, t.properties(table), t.mode)
 
 
+def retried(table: Any, t: Target) -> Change:
+    """A dead-letter retry of a change table: the changes applied in source order where no later one of their key is
+    applied (``commit/changes.py: retry_attempt``)."""
+    return retry_attempt(table, t.view, t.job.plan, t.out.data_files, t.state, t.properties)
+
+
 def reapplied(table: Any, t: Target) -> Change:
     """A replay of a change table: each change applied again where it is still its key's latest."""
     return reapply_attempt(table, t.view, t.job.plan, t.out.data_files, t.state, t.properties)
@@ -255,6 +261,8 @@ KINDS: dict[tuple[str, str], Callable[[Any, Target], Change]] = {
     ("append", "replace"): replayed,
     ("append", "append-missing"): replayed,
     ("change", "reapply"): reapplied,
+    ("append", "retry"): replayed,  # the letters' records that now pass, appended (offsets already held left out)
+    ("change", "retry"): retried,
 }
 
 

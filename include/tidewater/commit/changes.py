@@ -49,7 +49,15 @@ from tidewater.table.summary import (
     quarantine_branch,
     summary_dict,
 )
-from tidewater.transform.changes import OFFSET, PARTITION, count_effects, cut_at_truncates, net_changes, reapply_decisions
+from tidewater.transform.changes import (
+    OFFSET,
+    PARTITION,
+    count_effects,
+    cut_at_truncates,
+    net_changes,
+    reapply_decisions,
+    retry_decisions,
+)
 from tidewater.write.parquet import DataFileWriter, to_table_schema
 
 log = logging.getLogger(__name__)
@@ -324,3 +332,86 @@ def remove_staged(table: Any, files: Any) -> None:
             pass
         except OSError as e:  # left for remove_orphan_files
             log.warning("could not remove staged change file %s: %s", f.file_path, e)
+
+
+MAX_LATER_SNAPSHOTS = 200  # snapshots that removed rows, searched for a later delete of a retried key (beyond: refused)
+
+
+def retry_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, state: dict[str, Any],
+                  properties: Callable[[Any], dict[str, str]]) -> Change:
+    """A dead-letter retry of a change table (``ops/dead_letters.py``): the retried changes are applied in source
+    order (reduced to one per key, like a batch) where no later change of the same key is already applied, and
+    refused where one is: a live row written by a later offset or by another partition, or (no live row) a
+    snapshot since the letters' batch that removed a row of the key (``transform.changes.retry_decisions``). The
+    refused letters are stamped on the snapshot (``refused_letters``: [partition, offset]) for the retry to leave
+    them open; the committed offsets stay as they are."""
+    ids, branch = list(spec.table.id_columns), spec.table.branch
+    if "rows" not in state:
+        staged = read_staged(table, files)
+        state["rows"] = staged.sort_by([(c, "ascending") for c in ids] + [(PARTITION, "ascending"), (OFFSET, "ascending")]) \
+            if staged is not None else None
+    rows = state["rows"]
+    state["attempt"] = attempt = state.get("attempt", 0) + 1
+    if rows is None or rows.num_rows == 0:
+        state["counts"], state["files"] = {"applied": 0, "refused": 0, "refused_letters": []}, []
+        props = properties(table)
+        props[CHANGES] = json.dumps(state["counts"], separators=(",", ":"))
+        return Change(props, (), branch=branch)
+    net = net_changes(rows, ids, spec.op_column(), spec.table.op_values)
+    found = find_rows(table, net.keys, ids, source=True, branch=branch)
+    live = pa.concat_tables([t for _, t in found]) if found else None
+    removed = removed_since(table, net.keys, ids, plan.retry_of, branch)
+    applied, reasons = retry_decisions(net, live, removed)
+    chosen = pc.indices_nonzero(applied)
+    hits = [(f, t.filter(pc.is_in(t.column("__key"), value_set=chosen)).column("__pos").combine_chunks()) for f, t in found]
+    hits = [(f, p) for f, p in hits if len(p)]
+    upserts = net.last.filter(pc.and_(applied, pc.invert(net.last_deletes)))
+    written = write_upserts(table, upserts, f"{plan.batch_id}-a{attempt}-upserts")
+    refused_rows = rows.filter(pc.invert(pc.take(applied, net.group)))  # every retried change of a refused key
+    examples = [{"key": {c: net.keys.column(c)[i].as_py() for c in ids}, "why": why} for i, why in reasons[:5]]
+    counts: dict[str, Any] = {
+        "applied": int(pc.sum(pc.cast(pc.take(applied, net.group), pa.int64())).as_py() or 0),
+        "refused": refused_rows.num_rows,
+        "refused_letters": [[p, o] for p, o in zip(refused_rows.column(PARTITION).to_pylist(),
+                                                    refused_rows.column(OFFSET).to_pylist())],
+        "refused_examples": examples, "position_deletes": sum(len(p) for _, p in hits)}
+    state["counts"], state["files"] = counts, written
+    props = properties(table)
+    props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True, default=str)
+    log.info("retry %s of %s: %d changes applied, %d refused (a later change of their key is applied)", plan.batch_id,
+             spec.table.identifier, counts["applied"], counts["refused"])
+    return Change(props, tuple(written), deletes=tuple(write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")),
+                  branch=branch, remove_properties=tuple(confirm_keys(table, plan.batch_id)))
+
+
+def removed_since(table: Any, keys: Any, ids: list[str], letter_batches: tuple[str, ...], branch: str | None) -> Any:
+    """Per key of ``keys``: None when no snapshot since the earliest of ``letter_batches`` (their own included)
+    removed a row of the key, else why it may have (a row of the key was live before a snapshot that removed rows,
+    or the history cannot tell: the letters' batch is no longer in it, too many snapshots removed rows)."""
+    from tidewater.table.summary import find_batch_snapshot
+
+    n = keys.num_rows
+    found = [find_batch_snapshot(table, b) for b in letter_batches]
+    if not letter_batches or any(s is None for s in found):
+        return ["the history no longer holds the letters' batch, so a later delete of the key cannot be ruled out"] * n
+    since = min(s.sequence_number or 0 for s in found)
+    head = table.snapshot_by_name(branch) if branch else table.current_snapshot()
+    chain, snap = [], head
+    while snap is not None and (snap.sequence_number or 0) >= since:
+        chain.append(snap)
+        snap = table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
+    removing = [s for s in chain if s.parent_snapshot_id is not None and s.summary is not None
+                and (int(s.summary.get("added-position-deletes", 0) or 0) or int(s.summary.get("deleted-records", 0) or 0))]
+    if len(removing) > MAX_LATER_SNAPSHOTS:
+        return [f"{len(removing)} snapshots removed rows since the letters' batch (more than {MAX_LATER_SNAPSHOTS} "
+                "searched)"] * n
+    out: list[str | None] = [None] * n
+    indexed = keys.append_column("__key", pa.array(np.arange(n), pa.int64()))
+    for s in removing:
+        before = table.scan(row_filter=_bounds_filter(keys, ids), selected_fields=tuple(ids),
+                            snapshot_id=s.parent_snapshot_id).to_arrow()
+        if before.num_rows:
+            hit = before.cast(indexed.select(ids).schema).join(indexed, keys=ids, join_type="inner")
+            for k in hit.column("__key").to_pylist():  # error path: the retried keys only
+                out[k] = out[k] or f"a row of the key was removed by snapshot {s.snapshot_id}, after the letter's batch"
+    return out

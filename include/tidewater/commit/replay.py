@@ -38,7 +38,8 @@ def replay_summary(plan: BatchPlan, offsets: Offsets, records: int, skipped: int
                                validation=validation)
     props[REPLAY] = json.dumps({"mode": plan.mode, "ranges": [[r.topic, r.partition, r.start, r.end] for r in plan.ranges],
                                 **({"data_interval": list(plan.data_interval)} if plan.data_interval else {}),
-                                **({"tables": list(plan.tables)} if plan.tables else {})},
+                                **({"tables": list(plan.tables)} if plan.tables else {}),
+                                **({"retry_of": list(plan.retry_of)} if plan.retry_of else {})},
                                separators=(",", ":"))
     return props
 

@@ -312,6 +312,49 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    from tidewater.config.parse import load_pipeline
+    from tidewater.ops import dead_letters
+    from tidewater.table.letters import listing
+
+    spec = load_pipeline(args.pipeline)
+    say = None if args.json else print
+    common = {"error_class": args.error_class or None, "batch": args.batch or None}
+    if args.action == "list":
+        result = listing(spec, state=args.state, limit=args.limit, **common)
+        if not args.json:
+            print(", ".join(f"{n} {s}" for s, n in result["counts"].items()) + " dead letters")
+            for r in result["letters"]:
+                print(f"{r['topic']}[{r['partition']}]@{r['offset']} {r['status']:<12} {r['error_class']}: "
+                      f"{(r['error_message'] or '')[:120]} (batch {r['letter_batch_id']})")
+            if result["matching"] > len(result["letters"]):
+                print(f"... {result['matching'] - len(result['letters'])} more (--limit)")
+    elif args.action == "retry":
+        result = dead_letters.retry(spec, dry_run=args.dry_run, out=say, **common)
+    else:
+        result = dead_letters.drop(spec, reason=args.reason, dry_run=args.dry_run, out=say, **common)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def _add_dead_letters(sub: Any) -> None:
+    p = sub.add_parser("dead-letters", help="list dead letters; retry them with the current settings, or drop them")
+    p.add_argument("action", choices=["list", "retry", "drop"],
+                   help="list: letters and their state; retry: decode the open letters again and commit those that pass "
+                        "(once, as a batch of its own); drop: give the open letters up, with --reason")
+    _pipeline_arg(p)
+    p.add_argument("--class", dest="error_class", default="", help="only letters of this error class")
+    p.add_argument("--batch", default="", help="only letters this batch dead-lettered")
+    p.add_argument("--state", default="open", choices=["open", "retrying", "resolved", "failed-again", "dropped", "all"],
+                   help="list: letters in this state (default open)")
+    p.add_argument("--limit", type=int, default=100, help="list: at most this many letters")
+    p.add_argument("--reason", default="", help="drop: why they are given up (kept with each letter)")
+    p.add_argument("--dry-run", action="store_true", help="retry, drop: say what would be done; change nothing")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_dead_letters)
+
+
 def cmd_quarantine(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
     from tidewater.errors import ConfigError
@@ -588,6 +631,7 @@ _COMMANDS = (
     _add_run,
     _add_connect_import,
     _add_replay,
+    _add_dead_letters,
     _add_quarantine,
     _add_publish,
     _add_skip,

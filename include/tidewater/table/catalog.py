@@ -195,3 +195,33 @@ def ensure_dead_letter_table(catalog: Any, spec: PipelineSpec) -> Any:
     """The pipeline's dead-letter table (raw records that could not be decoded), created when missing."""
     ident = spec.dead_letter_table()
     return load_table(catalog, ident) or create_table(catalog, ident, DEAD_LETTER_SCHEMA, {"format-version": "2"})
+
+
+# What became of dead letters (``ops/dead_letters.py``): one row per letter and step, appended, never rewritten. A letter
+# is (topic, partition, offset, letter_batch_id): the record and the batch that dead-lettered it.
+RESOLUTION_SCHEMA = pa.schema([
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("letter_batch_id", pa.string()),
+    pa.field("pipeline", pa.string()),
+    # retrying (claimed by a retry under way), resolved (its record committed), failed-again (a new letter with the
+    # new error), refused (a change table holds a later change of its key), released (the retry failed before any
+    # commit), dropped (given up, with a reason)
+    pa.field("state", pa.string()),
+    pa.field("action_id", pa.string()),  # the retry's batch id, or the drop's id
+    pa.field("snapshots", pa.string()),  # resolved: {table: snapshot id} of the retry's commit (JSON)
+    pa.field("reason", pa.string()),  # dropped: the operator's reason; failed-again, refused: why
+    pa.field("by", pa.string()),
+    pa.field("at", pa.timestamp("us", tz="UTC")),
+])
+
+
+def resolution_table_name(spec: PipelineSpec) -> str:
+    """The dead-letter table's companion that records what became of each letter (retried, dropped)."""
+    return spec.dead_letter_table() + "_resolutions"
+
+
+def ensure_resolution_table(catalog: Any, spec: PipelineSpec) -> Any:
+    ident = resolution_table_name(spec)
+    return load_table(catalog, ident) or create_table(catalog, ident, RESOLUTION_SCHEMA, {"format-version": "2"})

@@ -191,3 +191,30 @@ def reapply_decisions(net: NetChanges, rows: pa.Table, reaching: list[int] | Non
         "absent": count(pc.and_(lost, pc.invert(lost_here))),
         "noop": count(pc.and_(pc.invert(existed), net.last_deletes)),
     }
+
+
+def retry_decisions(net: NetChanges, rows: pa.Table | None, removed: list[str | None]) -> tuple[pa.Array, list[tuple[int, str]]]:
+    """A dead-letter retry of changes: which keys get their (net) retried change. ``rows``: the table's live rows of
+    the keys (``__key``, ``_kafka_partition``, ``_kafka_offset``; None for none); ``removed``: per key, why a later
+    change may have deleted it (None: no snapshot since the letters' batch removed a row of it). A key is applied
+    when its live row was written by an earlier offset of the same partition, or when it has no live row and nothing
+    removed one since; otherwise a later change of the key is (or may be) applied and the retry refuses it. Returns
+    (apply per key, [(key, why refused)])."""
+    n = net.keys.num_rows
+    refused: dict[int, str] = {}
+    if rows is not None and rows.num_rows:
+        key = rows.column("__key").combine_chunks()
+        mine_p, mine_o = pc.take(net.last.column(PARTITION), key), pc.take(net.last.column(OFFSET), key)
+        later = pc.fill_null(pc.or_(pc.not_equal(rows.column(PARTITION).combine_chunks(), mine_p),
+                                    pc.greater(rows.column(OFFSET).combine_chunks(), mine_o)), True)
+        live = set(key.to_pylist())
+        for k, p, o in zip(key.filter(later).to_pylist(), rows.column(PARTITION).filter(later).to_pylist(),
+                           rows.column(OFFSET).filter(later).to_pylist()):  # error path: refused keys only
+            refused[k] = f"a later change of the key is applied (its row comes from partition {p} offset {o})"
+    else:
+        live = set()
+    for k, why in enumerate(removed):
+        if why is not None and k not in live:
+            refused.setdefault(k, why)
+    apply = pa.array([k not in refused for k in range(n)], pa.bool_())
+    return apply, sorted(refused.items())

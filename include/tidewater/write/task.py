@@ -36,7 +36,7 @@ from tidewater.decode.avro import RegistryClient
 from tidewater.decode.debezium import SOURCE_COLUMN
 from tidewater.decode.records import BadRecord, decoded_rows, keep_mask, null_rows
 from tidewater.errors import RecordError, TidewaterError, TransientError, error_document
-from tidewater.source.kafka import Rereader, read_range
+from tidewater.source.kafka import Chunk, Rereader, read_range
 from tidewater.table.catalog import catalog_failure, ensure_dead_letter_table, load_catalog
 from tidewater.table.evolution import table_arrow_schema
 from tidewater.transform import shaping
@@ -502,9 +502,14 @@ def write_subrange(
 
 def _write_subrange(spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
                     mode: str, exclude: Any, tables: tuple[str, ...]) -> dict[str, Any]:
+    return _run_task(spec, task_id, lambda: _TaskWriter(spec, settings, batch_id, task_id, rng, mode, exclude, tables=tables))
+
+
+def _run_task(spec: PipelineSpec, task_id: int, make: Any) -> dict[str, Any]:
+    """Run the writer ``make()`` returns over its chunks: its result, the schema changes it needs, or its error."""
     writer = None
     try:
-        writer = _TaskWriter(spec, settings, batch_id, task_id, rng, mode, exclude, tables=tables)
+        writer = make()
         for chunk in writer.chunks():
             writer.process(chunk)
         needs = writer.requests()
@@ -530,3 +535,31 @@ def present_offsets(t: Any, rng: PartitionRange) -> Any:
     return t.column("offset").filter(mask).combine_chunks()
 
 
+
+
+class _LetterWriter(_TaskWriter):
+    """A dead-letter retry's task (``ops/dead_letters.py``): the records are the letters' stored raw records (key,
+    value, headers, timestamp) instead of a read of Kafka, so a retry works when Kafka no longer holds them; they are
+    decoded, transformed and routed with the pipeline's current settings like any replay that appends the missing
+    rows (offsets a table already holds are left out), and a record that fails again becomes a new dead letter."""
+
+    def __init__(self, spec: PipelineSpec, batch_id: str, task_id: int, rng: PartitionRange, letters: Any,
+                 exclude: Any) -> None:
+        super().__init__(spec, {}, batch_id, task_id, rng, "append-missing", exclude)
+        self.policy = "dead_letter"
+        self.letters = letters
+
+    def chunks(self) -> Any:
+        t = self.letters
+        stamps = t.column("timestamp").cast(pa.int64()).to_pylist()  # microseconds; Kafka's are milliseconds
+        headers = [[(h["key"], h["value"]) for h in hs] if hs else [] for hs in t.column("headers").to_pylist()]
+        yield Chunk(self.rng.topic, self.rng.partition, t.column("value").to_pylist(), t.column("offset").to_pylist(),
+                    [s // 1000 if s is not None else -1 for s in stamps], t.column("key").to_pylist(), headers)
+
+
+def write_letters(spec: PipelineSpec, batch_id: str, task_id: int, rng: PartitionRange, letters: Any,
+                  exclude: Any = None) -> dict[str, Any]:
+    """Decode and write the dead letters ``letters`` (rows of the dead-letter table of ``rng``'s partition, sorted by
+    offset) as one task of a retry; the result is ``write_subrange``'s. The error path: a Python step per letter to
+    make the chunk is fine here (letters are few)."""
+    return _run_task(spec, task_id, lambda: _LetterWriter(spec, batch_id, task_id, rng, letters, exclude))

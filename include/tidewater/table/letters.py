@@ -1,0 +1,113 @@
+"""The pipeline's dead letters and what became of them, as read from its dead-letter table and that table's companion
+``<dead-letter table>_resolutions`` (``table.catalog.RESOLUTION_SCHEMA``; written by ``ops/dead_letters.py``, which
+describes the states). For the CLI's listing, the Tidewater view and the audit."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.expressions import And, EqualTo
+
+from tidewater.config.spec import PipelineSpec
+from tidewater.errors import ConfigError
+from tidewater.table.catalog import RESOLUTION_SCHEMA, load_catalog, load_table, resolution_table_name
+
+KEY = ["topic", "partition", "offset", "letter_batch_id"]
+OPEN = ("released", "refused", "failed-again")  # states after which a letter is open again
+STATES = ("open", "retrying", "resolved", "failed-again", "dropped")
+PREVIEW_BYTES = 512  # of a letter's payload, in the view and the CLI's listing
+
+
+KEY_TYPES = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                       ("letter_batch_id", pa.string())])
+
+
+def keys_of(t: pa.Table) -> pa.Table:
+    """The letter keys of ``t`` with one set of types (pyiceberg reads strings as large strings)."""
+    return t.select(KEY).cast(KEY_TYPES)
+
+
+def letter_states(catalog: Any, spec: PipelineSpec) -> pa.Table:
+    """Each letter's newest resolution row: ``KEY`` + state, action_id, snapshots, reason, by, at (none: all open)."""
+    table = load_table(catalog, resolution_table_name(spec))
+    if table is None or table.current_snapshot() is None:
+        return RESOLUTION_SCHEMA.empty_table().drop_columns(["pipeline"])
+    rows = table.scan(row_filter=EqualTo("pipeline", spec.name)).to_arrow()
+    rows = rows.append_column("__n", pa.array(range(rows.num_rows), pa.int64())).sort_by([("at", "ascending"),
+                                                                                         ("__n", "ascending")])
+    rest = [c for c in RESOLUTION_SCHEMA.names if c not in KEY and c != "pipeline"]
+    latest = rows.group_by(KEY, use_threads=False).aggregate([(c, "last") for c in rest])
+    latest = latest.rename_columns([c.removesuffix("_last") for c in latest.column_names])
+    for c in KEY:
+        latest = latest.set_column(latest.schema.get_field_index(c), c, latest.column(c).cast(KEY_TYPES.field(c).type))
+    return latest
+
+
+def letters(spec: PipelineSpec, catalog: Any | None = None, *, error_class: str | None = None, batch: str | None = None,
+            state: str = "open", payload: bool = True) -> pa.Table:
+    """The pipeline's dead letters (rows of its dead-letter table, with ``letter_batch_id`` for their batch) and their
+    ``state``, filtered by error class, the batch that dead-lettered them, and state (``open``, ``retrying``,
+    ``resolved``, ``failed-again``, ``dropped`` or ``all``), sorted by topic, partition and offset."""
+    if state not in (*STATES, "all"):
+        raise ConfigError(f"state: {state!r} is not one of {', '.join((*STATES, 'all'))}")
+    catalog = catalog or load_catalog(spec)
+    dlq = load_table(catalog, spec.dead_letter_table())
+    if dlq is None or dlq.current_snapshot() is None:
+        return pa.table({})
+    cond: Any = EqualTo("pipeline", spec.name)
+    if error_class:
+        cond = And(cond, EqualTo("error_class", error_class))
+    if batch:
+        cond = And(cond, EqualTo("batch_id", batch))
+    fields = ("*",) if payload else ("topic", "partition", "offset", "timestamp", "error_class", "error_message", "batch_id")
+    rows = dlq.scan(row_filter=cond, selected_fields=fields).to_arrow()
+    rows = rows.rename_columns(["letter_batch_id" if n == "batch_id" else n for n in rows.column_names])
+    rows = rows.set_column(rows.schema.get_field_index("partition"), "partition", rows.column("partition").cast(pa.int32()))
+    # joined by key and row number: Arrow's join carries no list columns (the headers)
+    index = keys_of(rows).append_column("__i", pa.array(range(rows.num_rows), pa.int64()))
+    found = index.join(letter_states(catalog, spec), keys=KEY, join_type="left outer").sort_by("__i")
+    joined = rows
+    for c in found.column_names:
+        if c not in KEY and c != "__i":
+            joined = joined.append_column(c, found.column(c))
+    now = pc.if_else(pc.or_(pc.is_null(joined.column("state")), pc.is_in(joined.column("state"), pa.array(OPEN))),
+                     "open", joined.column("state"))
+    joined = joined.append_column("status", now)
+    if state != "all":
+        joined = joined.filter(pc.equal(joined.column("status"), state))
+    return joined.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+
+
+def counts(spec: PipelineSpec, catalog: Any | None = None) -> dict[str, int]:
+    """How many of the pipeline's letters are in each state (``STATES``), and in all."""
+    rows = letters(spec, catalog, state="all", payload=False)
+    out = dict.fromkeys(STATES, 0)
+    if rows.num_rows:
+        vc = pc.value_counts(rows.column("status").combine_chunks())
+        out.update(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
+    out["total"] = rows.num_rows
+    return out
+
+
+def listing(spec: PipelineSpec, catalog: Any | None = None, *, error_class: str | None = None, batch: str | None = None,
+            state: str = "open", limit: int = 100, preview: bool = True) -> dict[str, Any]:
+    """Letters as JSON for the view and ``tidewater dead-letters list``: the first ``limit`` rows (a payload preview of
+    ``PREVIEW_BYTES`` when ``preview``), the counts per state."""
+    rows = letters(spec, catalog, error_class=error_class, batch=batch, state=state, payload=preview)
+    out = []
+    for r in rows.slice(0, limit).to_pylist() if rows.num_rows else []:  # bounded by limit: the error path
+        item = {k: r[k] for k in ("topic", "partition", "offset", "error_class", "error_message", "letter_batch_id",
+                                  "status", "action_id", "reason", "by")}
+        item["timestamp"] = r["timestamp"].isoformat() if r.get("timestamp") else None
+        if r.get("snapshots"):
+            item["snapshots"] = json.loads(r["snapshots"])
+        if preview:
+            value = r.get("value")
+            item["payload_preview"] = value[:PREVIEW_BYTES].decode("utf-8", "replace") if value is not None else None
+            item["payload_bytes"] = len(value) if value is not None else 0
+        out.append(item)
+    return {"pipeline": spec.name, "state": state, "matching": rows.num_rows, "letters": out,
+            "counts": counts(spec, catalog)}

@@ -1,0 +1,182 @@
+"""Dead letters retried and dropped (``tidewater dead-letters``, ``ops/dead_letters.py``) through the real broker and
+catalog: the letters that now pass land once, as a batch of their own, with the offsets unchanged; those that fail
+again stay letters with their new error; the audit (and ``--deep``) counts resolved and dropped letters; a retry
+killed between its commits lands once on the next run; change tables apply retried changes in source order or
+refuse them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+import yaml
+
+from tests.conftest import REPO, ingest_inline, produce_to_partition, table_of, write_pipeline
+from tidewater.audit.pipeline import audit
+from tidewater.config.parse import load_pipeline
+from tidewater.dev.sample_data import pizza_events
+from tidewater.ops import dead_letters
+from tidewater.table import letters as state
+from tidewater.runtime.cli import main
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import committed_state, find_batch_snapshot
+
+pytestmark = [pytest.mark.integration]
+
+
+def _null_order_ids(n: int, seed: int) -> list[bytes]:
+    out = []
+    for raw in pizza_events(n, seed=seed):
+        doc = json.loads(raw)
+        doc["order_id"] = None
+        out.append(json.dumps(doc).encode())
+    return out
+
+
+def _relax(path: Path) -> None:
+    """The operator's fix: the pipeline no longer requires order_id."""
+    doc = yaml.safe_load(path.read_text())
+    doc["validation"] = {"not_null": []}
+    path.write_text(yaml.safe_dump(doc))
+
+
+def _plain(home: Path, broker, topic: str) -> Path:  # noqa: ANN001
+    """A plain pipeline whose batch dead-letters 3 records without an order_id and 2 that are not JSON."""
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"not_null": ["order_id"], "not_null_policy": "dead_letter"})
+    good = pizza_events(10, seed=301)
+    produce_to_partition(broker.bootstrap, topic, 0, good[:4] + _null_order_ids(3, 302) + [b"{nope", b"[1"] + good[4:])
+    result = ingest_inline(load_pipeline(path))
+    assert (result.records, result.dead_letters) == (15, 5)
+    return path
+
+
+def test_retry_commits_the_letters_that_now_pass_once_and_keeps_those_that_fail_again(broker, home, topic, capsys):
+    """After the fix, a retry commits the 3 records once as its own batch (a snapshot with its id, the offsets
+    unchanged), marks them resolved pointing to that snapshot; the 2 broken ones stay open with their new error. A
+    second retry commits nothing more; the audit and --deep are clean; the dead-letter table still holds 5 rows."""
+    path = _plain(home, broker, topic)
+    spec = load_pipeline(path)
+    assert state.counts(spec)["open"] == 5
+    assert main(["dead-letters", "retry", "--pipeline", str(path), "--dry-run", "--json"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert (dry["status"], dry["letters"], dry["by_class"]) == ("dry-run", 5, {"NullInRequiredColumn": 3,
+                                                                               "InvalidJson": 2}), dry
+    assert table_of(path).scan().to_arrow().num_rows == 10  # the dry run changed nothing
+
+    _relax(path)
+    spec = load_pipeline(path)
+    before = committed_state(table_of(path)).offsets
+    assert main(["dead-letters", "retry", "--pipeline", str(path), "--json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert (done["letters"], done["resolved"], done["failed_again"], done["rows"]) == (5, 3, 2, 3), done
+    table = table_of(path)
+    rows = table.scan().to_arrow()
+    assert rows.num_rows == 13 and sorted(rows.column("_kafka_offset").to_pylist()) == list(range(15))[:4] + \
+        [4, 5, 6] + list(range(9, 15))
+    assert committed_state(table).offsets == before == {topic: {0: 15}}
+    snap = find_batch_snapshot(table, done["batch_id"])
+    assert snap is not None and done["snapshots"] == {spec.table.identifier: str(snap.snapshot_id)}
+
+    resolved = state.letters(spec, state="resolved")
+    assert sorted(resolved.column("offset").to_pylist()) == [4, 5, 6]
+    assert {json.loads(s)[spec.table.identifier] for s in resolved.column("snapshots").to_pylist()} == {str(snap.snapshot_id)}
+    still = state.letters(spec, state="open")
+    assert sorted(still.column("offset").to_pylist()) == [7, 8]
+    assert all(r.startswith("InvalidJson: JSON parse error") for r in still.column("reason").to_pylist()), still.column("reason")
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table())
+    assert dlq.scan().to_arrow().num_rows == 5  # nothing new in the dead-letter table
+
+    again = dead_letters.retry(spec)  # the two broken ones fail again; nothing is committed for them
+    assert (again["resolved"], again["failed_again"], again["status"]) == (0, 2, "nothing-to-commit"), again
+    assert table_of(path).scan().to_arrow().num_rows == 13 and len(table_of(path).snapshots()) == len(table.snapshots())
+    assert state.counts(spec) == {"open": 2, "retrying": 0, "resolved": 3, "failed-again": 0, "dropped": 0,
+                                         "total": 5}
+
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+    assert any("3 resolved" in f.text() for f in report.findings), [f.text() for f in report.findings]
+
+
+def test_drop_gives_letters_up_with_a_reason_and_the_audit_counts_them(broker, home, topic):
+    """`dead-letters drop` needs a reason; the dropped letters are no longer open, a retry leaves them alone, and the
+    deep audit counts them as dead letters given up (no offset unaccounted for)."""
+    path = _plain(home, broker, topic)
+    spec = load_pipeline(path)
+    assert main(["dead-letters", "drop", "--pipeline", str(path), "--class", "InvalidJson"]) == 2  # no reason
+    assert main(["dead-letters", "drop", "--pipeline", str(path), "--class", "InvalidJson",
+                 "--reason", "garbage from a test producer"]) == 0
+    dropped = state.letters(spec, state="dropped")
+    assert sorted(dropped.column("offset").to_pylist()) == [7, 8]
+    assert set(dropped.column("reason").to_pylist()) == {"garbage from a test producer"}
+    _relax(path)
+    spec = load_pipeline(path)
+    assert dead_letters.retry(spec)["resolved"] == 3
+    assert dead_letters.retry(spec)["status"] == "nothing-to-retry"
+    assert state.counts(spec) == {"open": 0, "retrying": 0, "resolved": 3, "failed-again": 0, "dropped": 2,
+                                         "total": 5}
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+    assert any("2 dropped" in f.text() for f in report.findings)
+
+
+def test_a_retry_killed_after_its_commit_lands_once_on_the_next_run(broker, home, topic):
+    """The retry's process is killed (SIGKILL) right after the records' commit, before the outcome is recorded: the
+    letters stay claimed; the next retry finishes that retry by its batch id (no second commit of the rows), records
+    the outcome, and a third run is a no-op. Rows counted, offsets checked, deep audit clean."""
+    path = _plain(home, broker, topic)
+    _relax(path)
+    spec = load_pipeline(path)
+    code = f"""
+import os, signal, sys
+sys.path.insert(0, {str(REPO / 'include')!r})
+from tidewater.config.parse import load_pipeline
+from tidewater.ops import dead_letters as d
+real = d._record
+def record(catalog, spec, rows_of, marker, what):
+    if marker.endswith('/done'):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(catalog, spec, rows_of, marker, what)
+d._record = record
+d.retry(load_pipeline({str(path)!r}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], env=os.environ.copy(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    table = table_of(path)
+    assert table.scan().to_arrow().num_rows == 13  # the records' commit landed before the kill
+    claimed = state.letters(spec, state="retrying")
+    assert claimed.num_rows == 5 and len(set(claimed.column("action_id").to_pylist())) == 1
+    rid = claimed.column("action_id")[0].as_py()
+
+    result = dead_letters.retry(spec)
+    assert [f["batch_id"] for f in result["finished"]] == [rid] and result["finished"][0]["status"] == "already-committed"
+    assert result["finished"][0]["resolved"] == 3
+    table = table_of(path)
+    assert table.scan().to_arrow().num_rows == 13
+    assert sum(1 for s in table.snapshots() if (s.summary.additional_properties or {}).get("tidewater.batch-id") == rid) == 1
+    assert committed_state(table).offsets == {topic: {0: 15}}
+    assert dead_letters.retry(spec)["resolved"] == 0
+    assert state.counts(spec)["resolved"] == 3 and state.counts(spec)["retrying"] == 0
+    offsets = table.scan().to_arrow().column("_kafka_offset")
+    assert pc.count_distinct(offsets).as_py() == 13
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def test_retry_reads_the_stored_records_when_kafka_no_longer_holds_them(broker, home, topic):
+    """The letters' records are decoded from the dead-letter table: with the pipeline pointed at a broker that is not
+    there (as when retention removed the records), the retry still lands them."""
+    path = _plain(home, broker, topic)
+    doc = yaml.safe_load(path.read_text())
+    doc["validation"] = {"not_null": []}
+    doc["kafka"]["bootstrap_servers"] = "127.0.0.1:9"  # nothing listens there
+    path.write_text(yaml.safe_dump(doc))
+    result = dead_letters.retry(load_pipeline(path))
+    assert (result["resolved"], result["failed_again"], result["rows"]) == (3, 2, 3), result
+    assert table_of(path).scan().to_arrow().num_rows == 13
