@@ -180,3 +180,87 @@ def test_retry_reads_the_stored_records_when_kafka_no_longer_holds_them(broker, 
     result = dead_letters.retry(load_pipeline(path))
     assert (result["resolved"], result["failed_again"], result["rows"]) == (3, 2, 3), result
     assert table_of(path).scan().to_arrow().num_rows == 13
+
+
+def _change(i: int, op: str, item: str | None, price: float = 1.0) -> bytes:
+    return json.dumps({"id": i, "item": item, "price": price, "op": op}).encode()
+
+
+def test_change_table_retry_applies_in_source_order_or_refuses(broker, home, topic):
+    """A change table (op field, one partition) whose changes with a null `item` were dead-lettered. After the fix the
+    retry applies a key's change when no later change of the key is applied (id 1: an update after its insert; id 3:
+    an insert with no later change) and refuses it when one is (id 2: a later update is the row; id 4: deleted later,
+    no row left). The table equals the reference model of the source with the refused changes still missing, the
+    refused letters stay open with their reason, offsets unchanged, the audit clean."""
+    path = write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          table={"identifier": "rpc.prices", "id_columns": ["id"], "op_field": "op"},
+                          validation={"not_null": ["id", "item"], "not_null_policy": "dead_letter"})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, topic, 0, [_change(1, "I", "a"), _change(2, "I", "b"), _change(3, "I", None),
+                                                      _change(4, "I", "d")])
+    assert ingest_inline(spec).dead_letters == 1
+    produce_to_partition(broker.bootstrap, topic, 0, [_change(1, "U", None, 2.0), _change(2, "U", None, 2.0),
+                                                      _change(2, "U", "b3", 3.0), _change(4, "U", None, 2.0),
+                                                      _change(4, "D", "d", 2.0)])
+    assert ingest_inline(spec).dead_letters == 3
+    table = load_table(load_catalog(spec), "rpc.prices")
+    assert {r["id"]: r["item"] for r in table.scan().to_arrow().to_pylist()} == {1: "a", 2: "b3"}
+
+    doc = yaml.safe_load(path.read_text())
+    doc["validation"] = {"not_null": ["id"]}
+    path.write_text(yaml.safe_dump(doc))
+    spec = load_pipeline(path)
+    result = dead_letters.retry(spec)
+    assert (result["letters"], result["resolved"], result["refused"], result["failed_again"]) == (4, 2, 2, 0), result
+    table = load_table(load_catalog(spec), "rpc.prices")
+    got = {r["id"]: (r["item"], r["price"]) for r in table.scan().to_arrow().to_pylist()}
+    # the source's table with the two refused changes missing: id 1 updated (item null), id 3 inserted
+    assert got == {1: (None, 2.0), 2: ("b3", 3.0), 3: (None, 1.0)}, got
+    assert committed_state(table).offsets == {topic: {0: 9}}
+    refused = state.letters(spec, state="open")
+    assert sorted(refused.column("offset").to_pylist()) == [5, 7]
+    reasons = dict(zip(refused.column("offset").to_pylist(), refused.column("reason").to_pylist()))
+    assert "later change of the key is applied (its row comes from partition 0 offset 6)" in reasons[5], reasons
+    assert "removed by snapshot" in reasons[7], reasons
+    assert sorted(state.letters(spec, state="resolved").column("offset").to_pylist()) == [2, 4]
+    again = dead_letters.retry(spec)  # the refused ones are refused again; nothing changes
+    assert (again["refused"], again["resolved"]) == (2, 0), again
+    assert {r["id"]: (r["item"], r["price"]) for r in load_table(load_catalog(spec), "rpc.prices").scan().to_arrow()
+            .to_pylist()} == got
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def test_routed_retry_commits_each_table_once_and_keeps_the_checkpoint(broker, home, topic):
+    """A routed pipeline (two topics, two tables) whose records without a `name` were dead-lettered: one retry lands
+    them in both tables as one batch (each table's snapshot carries its id, the checkpoint does not move), the
+    letters point to both snapshots; a second retry is a no-op; the deep audit is clean."""
+    a, b = topic + "-a", topic + "-b"
+    path = write_pipeline(home, name="routed", topics=[a, b], kafka={"bootstrap_servers": broker.bootstrap},
+                          table={"identifier": ""}, routing={"namespace": "rpc"},
+                          tables=[{"identifier": "rpc.ra", "topics": [a]}, {"identifier": "rpc.rb", "topics": [b]}],
+                          validation={"not_null": ["name"], "not_null_policy": "dead_letter"})
+    spec = load_pipeline(path)
+    ev = [json.dumps({"id": i, "name": None if i % 3 == 0 else f"n{i}"}).encode() for i in range(9)]
+    produce_to_partition(broker.bootstrap, a, 0, ev)
+    produce_to_partition(broker.bootstrap, b, 0, ev[:6])
+    assert ingest_inline(spec).dead_letters == 5
+    catalog = load_catalog(spec)
+    before = committed_state(load_table(catalog, spec.checkpoint_table())).offsets
+    doc = yaml.safe_load(path.read_text())
+    doc["validation"] = {"not_null": []}
+    path.write_text(yaml.safe_dump(doc))
+    spec = load_pipeline(path)
+    result = dead_letters.retry(spec)
+    assert (result["letters"], result["resolved"], result["rows"]) == (5, 5, 5), result
+    assert sorted(result["snapshots"]) == ["rpc.ra", "rpc.rb"]
+    catalog = load_catalog(spec)
+    assert load_table(catalog, "rpc.ra").scan().to_arrow().num_rows == 9
+    assert load_table(catalog, "rpc.rb").scan().to_arrow().num_rows == 6
+    assert committed_state(load_table(catalog, spec.checkpoint_table())).offsets == before == {a: {0: 9}, b: {0: 6}}
+    for ident in ("rpc.ra", "rpc.rb"):
+        assert find_batch_snapshot(load_table(catalog, ident), result["batch_id"]) is not None
+    assert dead_letters.retry(spec)["status"] == "nothing-to-retry"
+    assert load_table(catalog, "rpc.ra").scan().to_arrow().num_rows == 9
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]

@@ -367,14 +367,16 @@ def retry_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, s
     hits = [(f, p) for f, p in hits if len(p)]
     upserts = net.last.filter(pc.and_(applied, pc.invert(net.last_deletes)))
     written = write_upserts(table, upserts, f"{plan.batch_id}-a{attempt}-upserts")
-    refused_rows = rows.filter(pc.invert(pc.take(applied, net.group)))  # every retried change of a refused key
-    examples = [{"key": {c: net.keys.column(c)[i].as_py() for c in ids}, "why": why} for i, why in reasons[:5]]
+    refusing = pc.invert(pc.take(applied, net.group))
+    refused_rows = rows.filter(refusing)  # every retried change of a refused key
+    why = dict(reasons)
     counts: dict[str, Any] = {
         "applied": int(pc.sum(pc.cast(pc.take(applied, net.group), pa.int64())).as_py() or 0),
         "refused": refused_rows.num_rows,
-        "refused_letters": [[p, o] for p, o in zip(refused_rows.column(PARTITION).to_pylist(),
-                                                    refused_rows.column(OFFSET).to_pylist())],
-        "refused_examples": examples, "position_deletes": sum(len(p) for _, p in hits)}
+        "refused_letters": [[p, o, why[k]] for p, o, k in zip(refused_rows.column(PARTITION).to_pylist(),
+                                                               refused_rows.column(OFFSET).to_pylist(),
+                                                               net.group.filter(refusing).to_pylist())],
+        "position_deletes": sum(len(p) for _, p in hits)}
     state["counts"], state["files"] = counts, written
     props = properties(table)
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True, default=str)

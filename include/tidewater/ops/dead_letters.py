@@ -146,7 +146,7 @@ def finish(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, by: st
     try:
         manifest = write_claimed(spec, plan, claimed)
         status = "nothing-to-commit"
-        if manifest.rows_in_files or committed_before:
+        if any(o.data_files for o in manifest.outputs) or committed_before:
             validate_step(spec, plan, manifest)
             status = commit_step(spec, plan, manifest).status
     except TidewaterError as e:
@@ -162,12 +162,17 @@ def finish(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, by: st
     _record(catalog, spec, lambda _t: outcome, f"{rid}/done", f"retry {rid} (outcome)")
     n = _by_state(outcome)
     say(f"{status}: retry {rid} of {claimed.num_rows} dead letters: {n.get('resolved', 0)} resolved "
-        f"({manifest.rows_in_files} rows written, {manifest.present} already present), {n.get('failed-again', 0)} failed "
+        f"({_rows(manifest)} rows written, {manifest.present} already present), {n.get('failed-again', 0)} failed "
         f"again, {n.get('refused', 0)} refused")
-    return {"status": status, "batch_id": rid, "letters": claimed.num_rows, "rows": manifest.rows_in_files,
+    return {"status": status, "batch_id": rid, "letters": claimed.num_rows, "rows": _rows(manifest),
             "already_present": manifest.present, "resolved": n.get("resolved", 0),
             "failed_again": n.get("failed-again", 0), "refused": n.get("refused", 0),
             "snapshots": _snapshots(catalog, spec, rid)}
+
+
+def _rows(manifest: BatchManifest) -> int:
+    """Rows the retry wrote, over every table."""
+    return sum(o.rows for o in manifest.outputs)
 
 
 def _by_state(rows: pa.Table) -> dict[str, int]:
@@ -239,9 +244,8 @@ def _outcome(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, mani
     snapshots = _snapshots(catalog, spec, rid)
     for ident, snap_id in snapshots.items():
         changes = changes_of(summary_dict(load_table(catalog, ident).snapshot_by_id(int(snap_id)))) or {}
-        why = "; ".join(e["why"] for e in changes.get("refused_examples", [])[:1])
-        for p, o in changes.get("refused_letters", []):
-            refused[(int(p), int(o))] = f"refused by {ident}: {why}" if why else f"refused by {ident}"
+        for p, o, why in changes.get("refused_letters", []):
+            refused[(int(p), int(o))] = f"refused by {ident}: {why}"
     states, reasons = [], []
     for t, p, o in zip(*(claimed.column(c).to_pylist() for c in ("topic", "partition", "offset"))):
         if (t, p, o) in again:
