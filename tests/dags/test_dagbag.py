@@ -22,10 +22,11 @@ def dagbag(pipelines_dir: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN20
 def test_shipped_pipelines_import_without_errors(monkeypatch):
     bag = dagbag(REPO / "include" / "pipelines", monkeypatch)
     assert bag.import_errors == {}
-    assert {"ingest_pizzas", "maintain_pizzas", "replay_pizzas", "skip_pizzas", "audit_pizzas"} <= set(bag.dags)
+    assert {"ingest_pizzas", "maintain_pizzas", "replay_pizzas", "skip_pizzas", "audit_pizzas",
+            "retry_dead_letters_pizzas"} <= set(bag.dags)
     for dag_id, dag in bag.dags.items():
         kind = {"ingest": "ingest", "replay": "replay", "maintain": "maintenance", "skip": "skip",
-                "audit": "audit"}[dag_id.split("_")[0]]
+                "audit": "audit", "retry": "retry_dead_letters"}[dag_id.split("_")[0]]
         assert {"tidewater", kind} <= set(dag.tags), dag_id
         assert dag.max_active_runs == 1
         assert dag.doc_md

@@ -144,6 +144,22 @@ def skip_task(pipeline_path: str, params: dict[str, Any], by: str) -> dict[str, 
     return skip(load_pipeline(pipeline_path), req)
 
 
+@fail_fast
+def retry_dead_letters_task(pipeline_path: str, params: dict[str, Any], by: str,
+                            outlet_events: Any = None) -> dict[str, Any]:
+    """The dead-letter retry DAG: retry the open letters (of a class, of a batch), or only say what it would do."""
+    from tidewater.ops.dead_letters import retry
+
+    spec = load_pipeline(pipeline_path)
+    result = retry(spec, error_class=(params.get("error_class") or "").strip() or None,
+                   batch=(params.get("batch_id") or "").strip() or None, dry_run=bool(params.get("dry_run", True)),
+                   by=by, out=log.info)
+    if result.get("rows"):
+        emit_table_events(outlet_events, spec, [(t, {"batch_id": result["batch_id"], "mode": "dead-letter-retry"})
+                                                for t in result.get("snapshots", {})])
+    return result
+
+
 def _planned(plan: Any, path: Any) -> dict[str, Any] | None:
     if plan is None or path is None:
         return None

@@ -7,7 +7,7 @@
 
 Per pipeline: ``ingest_<name>`` (plan -> write (spark-submit or Spark Connect) -> validate (great-expectations) ->
 commit (one Iceberg commit); the plan task short-circuits the rest when every partition is caught up),
-``replay_<name>``, ``skip_<name>``, ``audit_<name>``, ``maintain_<name>`` and, with
+``replay_<name>``, ``skip_<name>``, ``retry_dead_letters_<name>``, ``audit_<name>``, ``maintain_<name>`` and, with
 ``validation.on_failure: quarantine``, ``quarantine_<name>``. A file that does not load shows as a failing
 ``ingest_invalid_<file>`` DAG and never hides the others. Task bodies live in ``tidewater.runtime.airflow``;
 nothing heavy is imported and nothing is contacted at parse time.
@@ -288,6 +288,35 @@ def build_skip_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an
     }, body)
 
 
+def build_retry_dead_letters_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+    """``retry_dead_letters_<name>``: decode the open dead letters again with the current settings and commit those
+    that pass, once (``tidewater dead-letters retry``; triggered with a form, or from the Tidewater view)."""
+    pipeline_path = str(path)
+
+    def body(params: dict, context: dict) -> dict:
+        from tidewater.runtime.airflow import retry_dead_letters_task
+
+        user = getattr(context.get("dag_run"), "triggering_user_name", None) or "airflow"
+        return retry_dead_letters_task(pipeline_path, params, by=str(user), outlet_events=context.get("outlet_events"))
+
+    return _form_dag(spec, "retry_dead_letters", (
+        f"### retry the dead letters of {_targets(spec)}\n\nAfter a fix (a schema, a pipeline setting, a quality rule "
+        "that was too strict), trigger this DAG to decode the open dead letters again with the current settings: the "
+        "records that now pass are committed once, as a batch of their own (offsets do not move), and their letters "
+        "are marked resolved with the snapshot; records that fail again stay letters with their new error; change "
+        "tables apply them in source order or refuse them when a later change of the key is applied. The stored "
+        "records are decoded, so Kafka need not hold them any more. Choose an error class or a batch to retry only "
+        "those; `dry_run` (on by default) only counts them. `tidewater dead-letters drop` gives letters up.\n\n"
+        "* pipeline file: `" + pipeline_path + "`"
+    ), {
+        "error_class": Param("", type="string", title="Error class", description="Only letters of this class (empty: all)"),
+        "batch_id": Param("", type="string", title="Batch id", description="Only letters this batch dead-lettered "
+                                                                             "(empty: all)"),
+        "dry_run": Param(True, type="boolean", title="Dry run", description="On (default): only count the letters; turn "
+                                                                            "off to retry them"),
+    }, body, outlets=[commits_alias(spec)])
+
+
 def build_audit_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
     """``audit_<name>``: is the table exactly its topic (``tidewater audit``); fails on a discrepancy."""
     pipeline_path = str(path)
@@ -338,9 +367,10 @@ def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
 
 
 def build_pipeline_dags(path: Path, spec: PipelineSpec) -> list:
-    """Every DAG of one pipeline file (ingest, and replay, skip, audit and quarantine where they apply)."""
+    """Every DAG of one pipeline file (ingest, and replay, skip, dead-letter retry, audit and quarantine where they
+    apply)."""
     dags = [build_ingest_dag(path, spec), build_audit_dag(path, spec)]
-    dags += [build_replay_dag(path, spec), build_skip_dag(path, spec)]
+    dags += [build_replay_dag(path, spec), build_skip_dag(path, spec), build_retry_dead_letters_dag(path, spec)]
     if spec.validation.on_failure == "quarantine":
         dags.append(build_quarantine_dag(path, spec))
     return dags
