@@ -24,7 +24,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -69,7 +69,16 @@ $(DATA)/airflow/.migrated: $(VENV)/.installed
 	airflow db migrate >/dev/null
 	@touch $@
 
-setup: system-deps venv airflow-db
+setup: system-deps venv airflow-db ui-bundle
+
+# The Tidewater apps inside Airflow's UI (React, TypeScript): npm installs the locked build tools, vite builds one
+# bundle into the package (tidewater/runtime/ui_static/), which the plugin serves and the wheel ships.
+UI_APP    := $(ROOT)/include/tidewater/runtime/ui_app
+UI_BUNDLE := $(ROOT)/include/tidewater/runtime/ui_static/tidewater-ui.js
+ui-bundle: $(UI_BUNDLE)
+$(UI_BUNDLE): $(UI_APP)/package-lock.json $(UI_APP)/vite.config.ts $(UI_APP)/tsconfig.json $(wildcard $(UI_APP)/src/*.ts* $(UI_APP)/src/*/*.ts*)
+	@command -v npm >/dev/null || { echo "npm (Node 20) is needed to build the Tidewater UI apps: apt-get install nodejs npm"; exit 1; }
+	cd $(UI_APP) && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build
 
 # The local S3 endpoint the tests start (moto's server): its own virtualenv, since its dependencies
 # (python-dateutil 2, Flask) conflict with Airflow's; a stand-in for MinIO/S3, never used by the product.

@@ -110,8 +110,8 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
             page.fill("input[name=password]", password)
             page.click("button:has-text('Sign in')")
             page.wait_for_url(base + "/", timeout=60_000)
-            page.click("a[href='/plugin/tidewater']")
-            view = page.frame_locator("iframe")
+            page.click("a[href='/plugin/tidewater']")  # the React app in the navigation (no frame)
+            view = page
             view.locator("#total-lag").wait_for(timeout=60_000)
             view.locator("#pipeline").select_option("orders")
             view.locator("#total-lag", has_text=re.compile(r"^30$")).wait_for(timeout=60_000)

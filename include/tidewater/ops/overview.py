@@ -7,15 +7,20 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+import pyarrow.compute as pc
+
 from tidewater.audit import ledger
+from tidewater.audit.findings import MOVING
 from tidewater.config.spec import PipelineSpec
 from tidewater.ops import quarantine
 from tidewater.ops.status import status
 from tidewater.quality.data_docs import has_page
 from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.letters import counts as letter_counts
 from tidewater.table.summary import (
     BATCH_ID,
     DEAD_LETTERS,
+    OFFSETS,
     RECORDS,
     SKIPPED,
     VALID_THROUGH_MS,
@@ -111,6 +116,7 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
         "quarantined": quarantine.list_all(spec) if not fused or table is not None else [],
         "maintenance": maintenance_state(table) if table is not None else None,
         "audit": _last_audit(spec, catalog),
+        "letters": letter_counts(spec, catalog),
     }
     out["status"]["last_snapshot_id"] = str(st["last_snapshot_id"]) if st["last_snapshot_id"] is not None else None
     return out
@@ -119,3 +125,59 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
 def _last_audit(spec: PipelineSpec, catalog: Any) -> dict[str, Any] | None:
     """The last audit's verdict (None: never audited)."""
     return ledger.last_verdict(catalog, spec)
+
+
+def lag_history(spec: PipelineSpec, limit: int = 100) -> list[dict[str, Any]]:
+    """Lag over time, from the ledger: for each of the last ``limit`` batches that moved the offsets, the records
+    between the committed offsets and the log end when it was planned (its ranges' span, summed over partitions: the
+    planner reads up to the log end, unless ``batch.max_records`` capped the batch, marked ``capped``)."""
+    entries = ledger.read(load_catalog(spec), spec)
+    holder = spec.targets.holder
+    per: dict[str, dict[str, Any]] = {}
+    for e in entries.filter(pc.equal(entries.column("table"), holder)).to_pylist():  # one row per range
+        if e["kind"] not in MOVING or e["start_offset"] is None:
+            continue
+        b = per.setdefault(e["batch_id"], {"at": e["committed_at"].isoformat(timespec="seconds"), "batch_id": e["batch_id"],
+                                           "lag": 0})
+        b["lag"] += e["end_offset"] - e["start_offset"]
+    out = sorted(per.values(), key=lambda b: b["at"])[-limit:]
+    for b in out:
+        b["capped"] = b["lag"] >= spec.batch.max_records
+    return out
+
+
+def run_detail(spec: PipelineSpec, run_id: str) -> dict[str, Any]:
+    """The batch a DAG run committed (``dag_run_id`` in the ledger): its ranges per table and partition, its counts,
+    the gate's verdict with its Data Docs page, the snapshot and the offsets after it; ``found`` False when the run
+    committed none (caught up, running, failed before its commit)."""
+    catalog = load_catalog(spec)
+    ledger.sync(catalog, spec)
+    entries = ledger.read(catalog, spec)
+    mine = entries.filter(pc.equal(entries.column("dag_run_id"), run_id)).to_pylist()
+    if not mine:
+        return {"pipeline": spec.name, "run_id": run_id, "found": False, "ranges": [], "tables": []}
+    holder = spec.targets.holder
+    main = [e for e in mine if e["table"] == holder] or mine
+    batch_id = main[0]["batch_id"]
+    tables: dict[str, dict[str, Any]] = {}
+    for e in mine:
+        tables.setdefault(e["table"], {"table": e["table"], "rows": e["rows"] or 0, "snapshot_id": str(e["snapshot_id"]),
+                                       "kind": e["kind"]})
+    table = load_table(catalog, holder)
+    snap = table.snapshot_by_id(main[0]["snapshot_id"]) if table is not None else None
+    props = summary_dict(snap) if snap is not None else {}
+    verdict = json.loads(props[VALIDATION]) if props.get(VALIDATION) else None
+    return {
+        "pipeline": spec.name, "run_id": run_id, "found": True, "batch_id": batch_id, "kind": main[0]["kind"],
+        "snapshot_id": str(main[0]["snapshot_id"]),
+        "ranges": [{"table": e["table"], "topic": e["topic"], "partition": e["partition"], "start_offset": e["start_offset"],
+                    "end_offset": e["end_offset"], "records": (e["end_offset"] or 0) - (e["start_offset"] or 0),
+                    "rows": e["rows"], "dead_letters": e["dead_letters"], "skipped": e["skipped"]}
+                   for e in mine if e["start_offset"] is not None],
+        "tables": sorted(tables.values(), key=lambda t: t["table"]),
+        "records": main[0]["records"], "rows": sum(t["rows"] for t in tables.values() if t["table"] != holder or spec.targets.fused),
+        "dead_letters": main[0]["dead_letters"], "skipped": main[0]["skipped"],
+        "validation": None if verdict is None else {k: verdict.get(k) for k in ("success", "failed", "checks")},
+        "data_docs": f"{spec.name}/{batch_id}.html" if has_page(spec, batch_id) else None,
+        "offsets": json.loads(props[OFFSETS]) if props.get(OFFSETS) else None,
+    }

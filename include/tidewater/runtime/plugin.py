@@ -1,17 +1,59 @@
-"""Tidewater in Airflow: the plugin that serves the Tidewater view (a FastAPI app at ``/tidewater`` on the API server
-and a "Tidewater" entry in the UI's navigation; the app is ``tidewater.runtime.ui``). Airflow finds it through the
-package's ``airflow.plugins`` entry point (pyproject.toml), so an Airflow that has the package installed needs no
-plugins folder. The provider metadata is ``tidewater.runtime.provider``'s.
+"""Tidewater in Airflow: the plugin that serves the Tidewater view. Airflow finds it through the package's
+``airflow.plugins`` entry point (pyproject.toml), so an Airflow that has the package installed needs no plugins folder.
+The provider metadata is ``tidewater.runtime.provider``'s.
+
+- A FastAPI app at ``/tidewater`` on the API server (``tidewater.runtime.ui``): the JSON API, the Data Docs sites, the
+  React apps' bundle and a plain HTML page.
+- **Airflow 3.1 and later** (``AirflowPlugin.react_apps``), when the bundle is built (``make setup`` builds it from
+  ``ui_app/``, TypeScript with Airflow's React and Chakra UI as externals; the wheel ships it): three React apps in
+  Airflow's own UI and look (dark mode included): the "Tidewater" page in the navigation (every pipeline, then one in
+  detail), a "Tidewater" tab on every DAG (its pipeline: partitions, lag over time, batches, dead letters to browse
+  and retry, quarantine, maintenance) and a "Tidewater batch" tab on every DAG run (that run's batch).
+- **Airflow 3.0**, or without the bundle: the plain page as the "Tidewater" entry of the navigation (an external
+  view in a frame).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from airflow.plugins_manager import AirflowPlugin
 
-from tidewater.runtime.ui import create_app
+from tidewater.runtime.ui import STATIC, create_app
+
+BUNDLE = STATIC / "tidewater-ui.js"
+
+
+def react_apps_supported() -> bool:
+    """Airflow's plugin manager knows React apps (3.1 and later)."""
+    return hasattr(AirflowPlugin, "react_apps")
+
+
+def react_apps(bundle: Path = BUNDLE) -> list[dict[str, str]]:
+    """The React apps (none without the bundle). One bundle serves the three: the component chooses its page from the
+    route's ids; each app gets its own URL (a query) because the UI imports a bundle once per URL and keeps the
+    component it exported under the app's name."""
+    if not bundle.is_file():
+        return []
+    url = f"/tidewater/static/{bundle.name}?v={int(bundle.stat().st_mtime)}"
+    return [
+        {"name": "Tidewater", "bundle_url": url + "&page=nav", "destination": "nav", "url_route": "tidewater"},
+        {"name": "Tidewater pipeline", "bundle_url": url + "&page=dag", "destination": "dag",
+         "url_route": "tidewater-pipeline"},
+        {"name": "Tidewater batch", "bundle_url": url + "&page=run", "destination": "dag_run",
+         "url_route": "tidewater-batch"},
+    ]
+
+
+def _views() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(React apps, external views): the apps where Airflow loads them, else the plain page."""
+    apps = react_apps() if react_apps_supported() else []
+    if apps:
+        return apps, []
+    return [], [{"name": "Tidewater", "href": "/tidewater/", "destination": "nav", "url_route": "tidewater"}]
 
 
 class TidewaterPlugin(AirflowPlugin):
     name = "tidewater"
     fastapi_apps = [{"app": create_app(), "url_prefix": "/tidewater", "name": "Tidewater"}]
-    external_views = [{"name": "Tidewater", "href": "/tidewater/", "destination": "nav", "url_route": "tidewater"}]
+    react_apps, external_views = _views()

@@ -4,11 +4,17 @@ Airflow's own authentication (the UI's session token, or a bearer token for the 
 
 | route | what |
 | --- | --- |
-| ``GET /tidewater/`` | the view (HTML; the Airflow navigation embeds it) |
+| ``GET /tidewater/`` | the plain page (HTML), for an Airflow that cannot load the React apps (``plugin.py``) |
 | ``GET /tidewater/api/pipelines`` | the pipelines: name, DAG ids, target table |
 | ``GET /tidewater/api/pipelines/{name}`` | one pipeline's overview (``tidewater.ops.overview``): lag and |
 | | committed vs end offsets per partition, freshness, the last batches, dead letters by error class, |
 | | quarantined batches, maintenance state |
+| ``GET /tidewater/api/pipelines/{name}/lag-history`` | lag when each recent batch was planned (the ledger) |
+| ``GET /tidewater/api/pipelines/{name}/dead-letters`` | the dead letters (``state``, ``error_class``, ``batch``, |
+| | ``limit``) with a payload preview, and the counts per state (``table/letters.py``) |
+| ``GET /tidewater/api/pipelines/{name}/runs/{run id}`` | the batch a DAG run committed: ranges, counts, verdict, |
+| | snapshot and offsets, per table for routed pipelines |
+| ``GET /tidewater/static/{file}`` | the React apps' bundle (``plugin.py``) |
 | ``GET /tidewater/data-docs/{name}/{path}`` | the pipeline's great-expectations Data Docs site (``index.html``, |
 | | its pages and static files); ``{batch id}.html`` redirects to that batch's page, rendering it on first |
 | | request if the batch left it for later |
@@ -18,8 +24,8 @@ the list leaves the others out, their routes answer 403), so a deployment's DAG-
 view too.
 
 Read-only itself: the view's actions are DAG runs, so every change is audited: Publish and Drop of a
-quarantined batch trigger the quarantine DAG (Airflow's REST API, with the user's own session), replay and
-skip link to their DAGs' trigger forms.
+quarantined batch trigger the quarantine DAG, Retry of dead letters the retry DAG (Airflow's REST API, with the
+user's own session), replay and skip link to their DAGs.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "ui_static"  # the React apps' bundle, built by `make setup` (ui_app/)
 
 
 def _pipelines() -> dict[str, Any]:
@@ -78,19 +86,16 @@ def create_app() -> Any:
     def pipelines(user: Any = Depends(get_user)) -> list[dict[str, Any]]:  # noqa: B008 - FastAPI's idiom
         specs = _pipelines().values()
         readable = _readable(user, {s.dag_id for s in specs})
-        return [{"name": s.name, "dag_id": s.dag_id, "table": s.checkpoint_table(), "targets": s.describe_targets(),
-                 "replay_dag_id": f"replay_{s.name}", "quarantine_dag_id": f"quarantine_{s.name}"}
-                for s in specs if s.dag_id in readable]
+        return [_ref(s) for s in specs if s.dag_id in readable]
 
     @app.get("/api/pipelines/{name}")
     def pipeline(name: str, batches: int = 20, user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008
-        from tidewater.errors import TidewaterError
         from tidewater.ops.overview import overview
 
-        try:
-            return overview(spec_of(name, user), batches=max(1, min(batches, 200)))
-        except TidewaterError as e:
-            raise HTTPException(status_code=503 if e.transient else 500, detail=str(e)) from None
+        return _answer(lambda: overview(spec_of(name, user), batches=max(1, min(batches, 200))))
+
+    _history_letters_and_runs(app, spec_of)
+    _bundle(app)
 
     @app.get("/data-docs/{name}/{page:path}")
     def data_docs(name: str, page: str, user: Any = Depends(get_user)) -> Any:  # noqa: B008
@@ -112,6 +117,73 @@ def create_app() -> Any:
                                                                                        f"pipeline {name}"))
 
     return app
+
+
+def _history_letters_and_runs(app: Any, spec_of: Any) -> None:
+    """The routes of the React apps' charts, dead letters and DAG run tab."""
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi import Depends
+
+    @app.get("/api/pipelines/{name}/lag-history")
+    def lag_history(name: str, limit: int = 100, user: Any = Depends(get_user)) -> list[dict[str, Any]]:  # noqa: B008
+        from tidewater.ops.overview import lag_history
+
+        return _answer(lambda: lag_history(spec_of(name, user), max(1, min(limit, 1000))))
+
+    @app.get("/api/pipelines/{name}/dead-letters")
+    def letters(name: str, state: str = "open", error_class: str = "", batch: str = "", limit: int = 50,
+                user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008
+        from tidewater.table.letters import listing
+
+        spec = spec_of(name, user)  # payloads only for users who may read the pipeline's DAG
+        return _answer(lambda: listing(spec, state=state, error_class=error_class or None, batch=batch or None,
+                                       limit=max(1, min(limit, 500))))
+
+    @app.get("/api/pipelines/{name}/runs/{run_id:path}")
+    def run(name: str, run_id: str, user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008
+        from tidewater.ops.overview import run_detail
+
+        return _answer(lambda: run_detail(spec_of(name, user), run_id))
+
+
+def _bundle(app: Any) -> None:
+    """The React apps' bundle (``plugin.py`` gives Airflow its URL)."""
+    from fastapi import HTTPException
+
+    @app.get("/static/{file}")
+    def static(file: str) -> Any:
+        from fastapi.responses import FileResponse
+
+        path = STATIC / file
+        if "/" in file or not path.is_file():
+            raise HTTPException(status_code=404, detail=f"no file {file}")
+        return FileResponse(path, media_type="text/javascript" if file.endswith(".js") else None,
+                            headers={"Cache-Control": "no-cache"})
+
+
+def _ref(spec: Any) -> dict[str, Any]:
+    """A pipeline as the view lists it: its name, tables and the ids of its DAGs (the DAG tab finds its pipeline by
+    any of them)."""
+    dags = {kind: f"{kind}_{spec.name}" for kind in ("replay", "skip", "quarantine", "retry_dead_letters", "audit",
+                                                      "maintain")}
+    return {"name": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "targets": spec.describe_targets(),
+            "dag_ids": [spec.dag_id, *dags.values()], "replay_dag_id": dags["replay"], "skip_dag_id": dags["skip"],
+            "quarantine_dag_id": dags["quarantine"], "retry_dag_id": dags["retry_dead_letters"]}
+
+
+def _answer(make: Any) -> Any:
+    """``make()``, with Tidewater's errors as HTTP errors: transient 503 (worth retrying), terminal 500, a bad
+    parameter 400."""
+    from fastapi import HTTPException
+
+    from tidewater.errors import ConfigError, TidewaterError
+
+    try:
+        return make()
+    except ConfigError as e:
+        raise HTTPException(status_code=400, detail=str(e)) from None
+    except TidewaterError as e:
+        raise HTTPException(status_code=503 if e.transient else 500, detail=str(e)) from None
 
 
 def _site_file(site: Any, page: str, missing: Exception) -> Any:

@@ -17,7 +17,7 @@ from tidewater.table.catalog import RESOLUTION_SCHEMA, load_catalog, load_table,
 
 KEY = ["topic", "partition", "offset", "letter_batch_id"]
 OPEN = ("released", "refused", "failed-again")  # states after which a letter is open again
-STATES = ("open", "retrying", "resolved", "failed-again", "dropped")
+STATES = ("open", "retrying", "resolved", "dropped")  # a letter that failed again is open
 PREVIEW_BYTES = 512  # of a letter's payload, in the view and the CLI's listing
 
 
@@ -49,8 +49,8 @@ def letter_states(catalog: Any, spec: PipelineSpec) -> pa.Table:
 def letters(spec: PipelineSpec, catalog: Any | None = None, *, error_class: str | None = None, batch: str | None = None,
             state: str = "open", payload: bool = True) -> pa.Table:
     """The pipeline's dead letters (rows of its dead-letter table, with ``letter_batch_id`` for their batch) and their
-    ``state``, filtered by error class, the batch that dead-lettered them, and state (``open``, ``retrying``,
-    ``resolved``, ``failed-again``, ``dropped`` or ``all``), sorted by topic, partition and offset."""
+    ``state`` (``STATES``), filtered by error class, the batch that dead-lettered them, and state (one of ``STATES``
+    or ``all``), sorted by topic, partition and offset."""
     if state not in (*STATES, "all"):
         raise ConfigError(f"state: {state!r} is not one of {', '.join((*STATES, 'all'))}")
     catalog = catalog or load_catalog(spec)
