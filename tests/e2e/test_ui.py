@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, ingest_inline, write_pipeline
+from tests.conftest import REPO, ingest_inline, stage_inline, write_pipeline
 from tests.e2e.conftest import call_api, free_port, stop_group
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
@@ -186,10 +186,141 @@ def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(bro
     assert call_api(f"{base}/tidewater/api/pipelines/orders", tokens["limited"])[0] == 200
     status, page = call_api(f"{base}/tidewater/data-docs/orders/{batches['orders']}.html", tokens["limited"])
     assert status == 200 and "Data documentation compiled by Great Expectations" in page
-    for route in ("api/pipelines/secret", f"data-docs/secret/{batches['secret']}.html", "data-docs/secret/index.html"):
+    for route in ("api/pipelines/secret", f"data-docs/secret/{batches['secret']}.html", "data-docs/secret/index.html",
+                  "api/pipelines/secret/dead-letters", "api/pipelines/secret/lag-history",
+                  "api/pipelines/secret/runs/manual__x"):
         status, body = call_api(f"{base}/tidewater/{route}", tokens["limited"])
         assert status == 403 and "ingest_secret" in body, (route, status, body)
         assert call_api(f"{base}/tidewater/{route}", tokens["admin"])[0] in (200, 307), route
+
+    # In the browser: `limited` gets the tab of the DAG it may read, and neither the other's tab nor its letters.
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            _login(page, base, "limited", passwords["limited"])
+            page.goto(f"{base}/dags/ingest_orders/plugin/tidewater-pipeline")
+            page.locator("[data-testid=pipeline-detail][data-pipeline=orders]").wait_for(timeout=60_000)
+            page.goto(f"{base}/dags/ingest_secret/plugin/tidewater-pipeline")
+            page.locator("#not-tidewater").wait_for(timeout=60_000)  # the tab finds no pipeline it may show
+            assert page.locator("[data-testid=pipeline-detail]").count() == 0
+            assert page.locator("#dead-letters").count() == 0 and "rpc.secret" not in page.content()
+            page.screenshot(path=str(ARTIFACTS / "limited-user-other-dag.png"))
+            page.goto(f"{base}/plugin/tidewater")
+            page.locator("tr.pipeline").first.wait_for(timeout=60_000)
+            assert page.locator("tr.pipeline").count() == 1 and page.locator("#pipeline option").all_inner_texts() == [
+                "orders -> rpc.orders"]
+        finally:
+            browser.close()
+
+
+def _login(page, base: str, user: str, password: str) -> None:  # noqa: ANN001
+    page.goto(base + "/")
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", password)
+    page.click("button:has-text('Sign in')")
+    page.wait_for_url(base + "/", timeout=60_000)
+
+
+def _null_order_ids(n: int, seed: int) -> list[bytes]:
+    out = []
+    for raw in pizza_events(n, seed=seed):
+        doc = json.loads(raw)
+        doc["order_id"] = None
+        out.append(json.dumps(doc).encode())
+    return out
+
+
+def test_dag_and_run_tabs_show_the_pipeline_and_a_retry_from_the_view_runs_the_retry_dag(broker, topic, airflow_env,
+                                                                                         api_server, home):
+    """The React apps in Airflow's own pages. On the ingest DAG's "Tidewater pipeline" tab: the lag per partition
+    equals `tidewater status --json`, the lag chart is drawn (two batches), the 3 dead letters of the second batch are
+    listed with their payload. On the "Tidewater batch" tab of the DAG run that committed the second batch: its batch
+    id, records and dead letters equal the ledger's, one range per partition. After the fix, Retry (armed, then
+    confirmed) queues a run of retry_dead_letters_orders with dry_run off; Airflow runs that DAG (`airflow dags test`
+    with the run's configuration, no scheduler here) and the tab then shows no open letter. Screenshots are kept."""
+    from playwright.sync_api import sync_playwright
+
+    from tidewater.audit import ledger
+    from tidewater.dev.sample_data import produce as produce_round_robin
+    from tidewater.steps.lifecycle import commit_step, validate_step
+    from tidewater.table.catalog import load_catalog
+
+    pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
+    path = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          validation={"not_null": ["order_id"], "not_null_policy": "dead_letter"})
+    spec = load_pipeline(path)
+    produce_round_robin(broker.bootstrap, topic, pizza_events(30, seed=140), partitions=3)
+    ingest_inline(spec)
+    produce_round_robin(broker.bootstrap, topic, pizza_events(12, seed=141) + _null_order_ids(3, 142), partitions=3)
+    base, user, password = api_server()
+    status, token = call_api(f"{base}/auth/token", body={"username": user, "password": password})
+    token = token["access_token"]
+    status, run = call_api(f"{base}/api/v2/dags/ingest_orders/dagRuns", token,
+                           body={"dag_run_id": "manual__tab-1", "logical_date": None})
+    assert status in (200, 201), run
+    plan, manifest = stage_inline(spec)  # the run's batch, committed with its run id as the commit task would
+    validate_step(spec, plan, manifest)
+    committed = commit_step(spec, plan, manifest, dag_run_id="manual__tab-1")
+    assert (committed.records, committed.dead_letters) == (15, 3)
+    produce_round_robin(broker.bootstrap, topic, pizza_events(6, seed=143), partitions=3)  # lag 6 for the tab
+    st = json.loads(subprocess.run(["tidewater", "status", "--pipeline", str(path), "--json"], env=airflow_env,
+                                   check=True, capture_output=True, text=True, timeout=300).stdout)
+    entries = [e for e in ledger.read(load_catalog(spec), spec).to_pylist() if e["dag_run_id"] == "manual__tab-1"]
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1300})
+            _login(page, base, user, password)
+            page.goto(f"{base}/dags/ingest_orders")
+            page.click("a[href$='plugin/tidewater-pipeline']")  # the DAG's tab
+            page.locator("#total-lag", has_text=re.compile(rf"^{st['total_lag']}$")).wait_for(timeout=60_000)
+            assert st["total_lag"] == 6
+            assert page.locator(".lag").all_inner_texts() == [str(x["lag"]) for x in st["partitions"]]
+            page.locator("#lag-chart").wait_for(timeout=60_000)
+            assert page.locator("#open-letters").inner_text() == "3"
+            page.locator("tr.letter").first.wait_for(timeout=60_000)
+            assert page.locator("tr.letter").count() == 3
+            assert all('"order_id": null' in t for t in page.locator("tr.letter .payload").all_inner_texts())
+            page.screenshot(path=str(ARTIFACTS / "dag-tab.png"), full_page=True)
+
+            page.goto(f"{base}/dags/ingest_orders/runs/manual__tab-1")
+            page.click("a[href$='plugin/tidewater-batch']")  # the DAG run's tab
+            page.locator("#run-batch", has_text=plan.batch_id).wait_for(timeout=60_000)
+            assert page.locator("#run-records").inner_text() == str(entries[0]["records"]) == "15"
+            assert page.locator("#run-dead-letters").inner_text() == str(entries[0]["dead_letters"]) == "3"
+            assert page.locator("#run-snapshot").inner_text() == str(entries[0]["snapshot_id"])
+            assert page.locator("tr.range").count() == len(entries) == 3
+            page.screenshot(path=str(ARTIFACTS / "run-tab.png"), full_page=True)
+
+            doc = json.loads(json.dumps(__import__("yaml").safe_load(path.read_text())))
+            doc["validation"] = {"not_null": []}  # the operator's fix
+            path.write_text(__import__("yaml").safe_dump(doc))
+            page.goto(f"{base}/dags/ingest_orders/plugin/tidewater-pipeline")
+            retry = page.locator("button.retry-letters")
+            retry.click()
+            assert retry.inner_text().startswith("Confirm")  # nothing sent on the first click
+            retry.click()
+            page.locator("#retry-run").wait_for(timeout=60_000)
+            status, runs = call_api(f"{base}/api/v2/dags/retry_dead_letters_orders/dagRuns", token)
+            assert [r["conf"] for r in runs["dag_runs"]] == [{"dry_run": False}], runs
+            done = subprocess.run(["airflow", "dags", "test", "retry_dead_letters_orders", "--conf",
+                                   json.dumps(runs["dag_runs"][0]["conf"])], env=airflow_env, capture_output=True,
+                                  text=True, timeout=600)
+            assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+            page.reload()
+            page.locator("#open-letters", has_text=re.compile(r"^0$")).wait_for(timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "dag-tab-after-retry.png"), full_page=True)
+        finally:
+            browser.close()
+    from tidewater.table.letters import counts
+
+    assert counts(spec) == {"open": 0, "retrying": 0, "resolved": 3, "dropped": 0, "total": 3}
 
 
 def _quarantined_batch(pipelines: Path, broker, topic: str) -> str:  # noqa: ANN001

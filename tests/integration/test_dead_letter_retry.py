@@ -22,8 +22,8 @@ from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events
 from tidewater.ops import dead_letters
-from tidewater.table import letters as state
 from tidewater.runtime.cli import main
+from tidewater.table import letters as state
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state, find_batch_snapshot
 

@@ -45,7 +45,7 @@ def react_apps(bundle: Path = BUNDLE) -> list[dict[str, str]]:
     ]
 
 
-def _views() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+def views() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(React apps, external views): the apps where Airflow loads them, else the plain page."""
     apps = react_apps() if react_apps_supported() else []
     if apps:
@@ -56,4 +56,4 @@ def _views() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
 class TidewaterPlugin(AirflowPlugin):
     name = "tidewater"
     fastapi_apps = [{"app": create_app(), "url_prefix": "/tidewater", "name": "Tidewater"}]
-    react_apps, external_views = _views()
+    react_apps, external_views = views()

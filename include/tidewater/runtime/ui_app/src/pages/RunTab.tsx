@@ -28,9 +28,8 @@ export function RunTab({ dagId, runId }: { dagId: string; runId: string }) {
         <Text id="run-gate">gate {r.validation ? <Verdict ok={r.validation.success} yes="passed" no="failed" /> : "-"} <DocsLink page={r.data_docs} /></Text>
       </HStack>
       <Section title="Ranges">
-        <Rows id="run-ranges" rowClass="range" head={["table", "topic", "partition", "from", "to (exclusive)", "records", "rows", "dead letters", "skipped"]}
-          rows={r.ranges.map((x) => [x.table, x.topic, x.partition, x.start_offset, x.end_offset, x.records,
-            x.rows ?? "-", x.dead_letters, x.skipped])} />
+        <Rows id="run-ranges" rowClass="range" head={["table", "topic", "partition", "from", "to (exclusive)", "offsets"]}
+          rows={r.ranges.map((x) => [x.table, x.topic, x.partition, x.start_offset, x.end_offset, x.records])} />
       </Section>
       {r.tables.length > 1 ? <Section title="Tables">
         <Rows head={["table", "kind", "rows", "snapshot"]} rows={r.tables.map((t) => [t.table, t.kind, t.rows, t.snapshot_id])} />

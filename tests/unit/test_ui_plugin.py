@@ -1,0 +1,41 @@
+"""The plugin gives Airflow the React apps when it can load them (3.1+, the bundle built) and the plain page
+otherwise; the pure decision of a change table's dead-letter retry."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from tidewater.runtime import plugin
+from tidewater.transform.changes import OFFSET, PARTITION, net_changes, retry_decisions
+
+
+def test_react_apps_when_the_bundle_is_built_else_the_plain_page(tmp_path, monkeypatch):
+    bundle = tmp_path / "tidewater-ui.js"
+    assert plugin.react_apps(bundle) == []  # not built: no apps
+    bundle.write_text("globalThis.AirflowPlugin = () => null;")
+    apps = plugin.react_apps(bundle)
+    assert [a["destination"] for a in apps] == ["nav", "dag", "dag_run"]
+    assert len({a["bundle_url"] for a in apps}) == 3 and len({a["name"] for a in apps}) == 3  # one URL and name each
+    assert all(a["bundle_url"].startswith("/tidewater/static/tidewater-ui.js?") for a in apps)
+    monkeypatch.setattr(plugin, "BUNDLE", bundle)
+    assert plugin.react_apps_supported()  # the Airflow this project pins
+    apps, views = plugin.views()
+    assert len(apps) == 3 and views == []
+    monkeypatch.setattr(plugin, "react_apps_supported", lambda: False)  # Airflow 3.0
+    apps, views = plugin.views()
+    assert apps == [] and [v["href"] for v in views] == ["/tidewater/"]
+
+
+def test_retry_decisions_apply_in_source_order_and_refuse_a_later_change():
+    """Keys 1..4 retried at offsets 10..13 of partition 0: key 1's row was written earlier (applied), key 2's later
+    (refused), key 3's in another partition (refused: no order), key 4 has no row but one was removed since
+    (refused); key 5 has no row and nothing removed (applied)."""
+    changes = pa.table({"id": [1, 2, 3, 4, 5], PARTITION: pa.array([0] * 5, pa.int32()),
+                        OFFSET: pa.array([10, 11, 12, 13, 14], pa.int64()), "op": ["U"] * 5})
+    net = net_changes(changes, ["id"], "op", {"U": "update", "I": "insert", "D": "delete"})
+    rows = pa.table({"__key": pa.array([0, 1, 2], pa.int64()), PARTITION: pa.array([0, 0, 1], pa.int32()),
+                     OFFSET: pa.array([3, 20, 1], pa.int64())})
+    apply, refused = retry_decisions(net, rows, [None, None, None, "removed by snapshot 7", None])
+    assert apply.to_pylist() == [True, False, False, False, True]
+    assert [k for k, _ in refused] == [1, 2, 3]
+    assert "offset 20" in refused[0][1] and "partition 1" in refused[1][1] and refused[2][1] == "removed by snapshot 7"
