@@ -126,36 +126,47 @@ def test_drop_gives_letters_up_with_a_reason_and_the_audit_counts_them(broker, h
     assert any("2 dropped" in f.text() for f in report.findings)
 
 
-def test_a_retry_killed_after_its_commit_lands_once_on_the_next_run(broker, home, topic):
-    """The retry's process is killed (SIGKILL) right after the records' commit, before the outcome is recorded: the
-    letters stay claimed; the next retry finishes that retry by its batch id (no second commit of the rows), records
-    the outcome, and a third run is a no-op. Rows counted, offsets checked, deep audit clean."""
+# Where a retry's process is killed: code run in it just before that step (the step never starts).
+KILL_POINTS = {
+    # claimed, nothing written or committed yet
+    "before-the-records-commit": ("commit_step", "tidewater.ops.dead_letters", 13 - 3),
+    # the records committed, their letters not yet marked
+    "before-the-outcome": ("_outcome", "tidewater.ops.dead_letters", 13),
+}
+
+
+@pytest.mark.parametrize("point", sorted(KILL_POINTS))
+def test_a_retry_killed_between_its_commits_lands_once_on_the_next_run(broker, home, topic, point):
+    """The retry's process is killed (SIGKILL) after it claimed the letters, before the records' commit or before their
+    outcome is recorded: the letters stay claimed; the next retry finishes that retry with its batch id (the rows are
+    committed once: by it, or found committed), records the outcome, and a third run is a no-op. Rows counted,
+    offsets checked, deep audit clean."""
     path = _plain(home, broker, topic)
     _relax(path)
     spec = load_pipeline(path)
+    name, module, rows_at_kill = KILL_POINTS[point]
     code = f"""
-import os, signal, sys
+import importlib, os, signal, sys
 sys.path.insert(0, {str(REPO / 'include')!r})
 from tidewater.config.parse import load_pipeline
 from tidewater.ops import dead_letters as d
-real = d._record
-def record(catalog, spec, rows_of, marker, what):
-    if marker.endswith('/done'):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real(catalog, spec, rows_of, marker, what)
-d._record = record
+target = importlib.import_module({module!r})
+def killed(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+setattr(target, {name!r}, killed)
 d.retry(load_pipeline({str(path)!r}))
 """
     proc = subprocess.run([sys.executable, "-c", code], env=os.environ.copy(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     table = table_of(path)
-    assert table.scan().to_arrow().num_rows == 13  # the records' commit landed before the kill
+    assert table.scan().to_arrow().num_rows == rows_at_kill
     claimed = state.letters(spec, state="retrying")
     assert claimed.num_rows == 5 and len(set(claimed.column("action_id").to_pylist())) == 1
     rid = claimed.column("action_id")[0].as_py()
 
     result = dead_letters.retry(spec)
-    assert [f["batch_id"] for f in result["finished"]] == [rid] and result["finished"][0]["status"] == "already-committed"
+    assert [f["batch_id"] for f in result["finished"]] == [rid]
+    assert result["finished"][0]["status"] == ("committed" if point == "before-the-records-commit" else "already-committed")
     assert result["finished"][0]["resolved"] == 3
     table = table_of(path)
     assert table.scan().to_arrow().num_rows == 13
@@ -264,3 +275,38 @@ def test_routed_retry_commits_each_table_once_and_keeps_the_checkpoint(broker, h
     assert load_table(catalog, "rpc.ra").scan().to_arrow().num_rows == 9
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def test_two_retries_at_once_commit_each_letter_once(broker, home, topic):
+    """Two retries of the same letters start together (threads, one catalog): each letter is claimed by one of them
+    (the claim is checked on the resolution table as each commit attempt loads it), so every record lands once. The
+    two undecodable letters are dropped first: one that failed again is open again, and a later retry may take it."""
+    import threading
+
+    path = _plain(home, broker, topic)
+    _relax(path)
+    spec = load_pipeline(path)
+    assert dead_letters.drop(spec, reason="not JSON", error_class="InvalidJson")["letters"] == 2
+    results: list[dict] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def run() -> None:
+        start.wait()
+        try:
+            results.append(dead_letters.retry(spec))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert errors == [] and len(results) == 2, (errors, results)
+    assert sum(r.get("letters", 0) for r in results) == 3, results  # every letter claimed by exactly one retry
+    assert sum(r.get("resolved", 0) for r in results) == 3, results
+    rows = table_of(path).scan().to_arrow()
+    assert rows.num_rows == 13 and pc.count_distinct(rows.column("_kafka_offset")).as_py() == 13
+    assert committed_state(table_of(path)).offsets == {topic: {0: 15}}
+    assert state.counts(spec)["resolved"] == 3
