@@ -121,7 +121,7 @@ def claim(catalog: Any, spec: PipelineSpec, chosen: pa.Table, rid: str, by: str)
     taken: dict[str, pa.Table] = {}
 
     def still_open(table: Any) -> pa.Table:
-        states = letter_states(catalog, spec) if table.current_snapshot() is not None else None
+        states = letter_states(catalog, spec, table) if table.current_snapshot() is not None else None
         if states is None or states.num_rows == 0:
             return chosen
         busy = states.filter(pc.invert(pc.is_in(states.column("state"), pa.array(OPEN))))
@@ -148,7 +148,9 @@ def finish(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, by: st
         status = "nothing-to-commit"
         if any(o.data_files for o in manifest.outputs) or committed_before:
             validate_step(spec, plan, manifest)
-            status = commit_step(spec, plan, manifest).status
+            result = commit_step(spec, plan, manifest)
+            status = result.status
+            _remove_unused(catalog, manifest, result)
     except TidewaterError as e:
         if not e.transient and not committed_before and not _landed(catalog, spec, rid):
             why = str(e)
@@ -168,6 +170,15 @@ def finish(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, by: st
             "already_present": manifest.present, "resolved": n.get("resolved", 0),
             "failed_again": n.get("failed-again", 0), "refused": n.get("refused", 0),
             "snapshots": _snapshots(catalog, spec, rid)}
+
+
+def _remove_unused(catalog: Any, manifest: BatchManifest, result: Any) -> None:
+    """The files this run wrote for tables that had the retry already (a rerun after a kill): never committed."""
+    done = {t.table for t in result.tables if t.status == "already-committed"} if result.tables else (
+        {result.table} if result.status == "already-committed" else set())
+    for out in manifest.outputs:
+        if out.table in done and out.data_files:
+            delete_files(load_table(catalog, out.table), [f.file_path for f in out.data_files])
 
 
 def _rows(manifest: BatchManifest) -> int:

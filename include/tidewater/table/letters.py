@@ -30,9 +30,10 @@ def keys_of(t: pa.Table) -> pa.Table:
     return t.select(KEY).cast(KEY_TYPES)
 
 
-def letter_states(catalog: Any, spec: PipelineSpec) -> pa.Table:
-    """Each letter's newest resolution row: ``KEY`` + state, action_id, snapshots, reason, by, at (none: all open)."""
-    table = load_table(catalog, resolution_table_name(spec))
+def letter_states(catalog: Any, spec: PipelineSpec, table: Any = None) -> pa.Table:
+    """Each letter's newest resolution row: ``KEY`` + state, action_id, snapshots, reason, by, at (none: all open);
+    from ``table`` (the resolution table as a commit attempt loaded it) or the catalog's current one."""
+    table = table if table is not None else load_table(catalog, resolution_table_name(spec))
     if table is None or table.current_snapshot() is None:
         return RESOLUTION_SCHEMA.empty_table().drop_columns(["pipeline"])
     rows = table.scan(row_filter=EqualTo("pipeline", spec.name)).to_arrow()
