@@ -186,6 +186,20 @@ def stage_inline(spec):  # noqa: ANN001, ANN201
     return plan, manifest
 
 
+def null_order_ids(n: int, seed: int) -> list[bytes]:
+    """``n`` pizza events without an order_id (dead letters under ``validation.not_null_policy: dead_letter``)."""
+    import json
+
+    from tidewater.dev.sample_data import pizza_events
+
+    out = []
+    for raw in pizza_events(n, seed=seed):
+        doc = json.loads(raw)
+        doc["order_id"] = None
+        out.append(json.dumps(doc).encode())
+    return out
+
+
 def ingest_inline(spec):  # noqa: ANN001, ANN201
     """One whole batch in this process: stage (the Spark task code, inline), validate, commit."""
     from tidewater.steps.lifecycle import commit_step, validate_step

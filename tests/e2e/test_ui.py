@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, ingest_inline, stage_inline, write_pipeline
+from tests.conftest import REPO, ingest_inline, null_order_ids, stage_inline, write_pipeline
 from tests.e2e.conftest import call_api, free_port, stop_group
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
@@ -225,15 +225,6 @@ def _login(page, base: str, user: str, password: str) -> None:  # noqa: ANN001
     page.wait_for_url(base + "/", timeout=60_000)
 
 
-def _null_order_ids(n: int, seed: int) -> list[bytes]:
-    out = []
-    for raw in pizza_events(n, seed=seed):
-        doc = json.loads(raw)
-        doc["order_id"] = None
-        out.append(json.dumps(doc).encode())
-    return out
-
-
 def test_dag_and_run_tabs_show_the_pipeline_and_a_retry_from_the_view_runs_the_retry_dag(broker, topic, airflow_env,
                                                                                          api_server, home):
     """The React apps in Airflow's own pages. On the ingest DAG's "Tidewater pipeline" tab: the lag per partition
@@ -255,7 +246,7 @@ def test_dag_and_run_tabs_show_the_pipeline_and_a_retry_from_the_view_runs_the_r
     spec = load_pipeline(path)
     produce_round_robin(broker.bootstrap, topic, pizza_events(30, seed=140), partitions=3)
     ingest_inline(spec)
-    produce_round_robin(broker.bootstrap, topic, pizza_events(12, seed=141) + _null_order_ids(3, 142), partitions=3)
+    produce_round_robin(broker.bootstrap, topic, pizza_events(12, seed=141) + null_order_ids(3, 142), partitions=3)
     base, user, password = api_server()
     status, token = call_api(f"{base}/auth/token", body={"username": user, "password": password})
     token = token["access_token"]

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 import yaml
 
-from tests.conftest import REPO, ingest_inline, produce_to_partition, table_of, write_pipeline
+from tests.conftest import REPO, ingest_inline, null_order_ids, produce_to_partition, table_of, write_pipeline
 from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events
@@ -28,15 +28,6 @@ from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state, find_batch_snapshot
 
 pytestmark = [pytest.mark.integration]
-
-
-def _null_order_ids(n: int, seed: int) -> list[bytes]:
-    out = []
-    for raw in pizza_events(n, seed=seed):
-        doc = json.loads(raw)
-        doc["order_id"] = None
-        out.append(json.dumps(doc).encode())
-    return out
 
 
 def _relax(path: Path) -> None:
@@ -51,7 +42,7 @@ def _plain(home: Path, broker, topic: str) -> Path:  # noqa: ANN001
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           validation={"not_null": ["order_id"], "not_null_policy": "dead_letter"})
     good = pizza_events(10, seed=301)
-    produce_to_partition(broker.bootstrap, topic, 0, good[:4] + _null_order_ids(3, 302) + [b"{nope", b"[1"] + good[4:])
+    produce_to_partition(broker.bootstrap, topic, 0, good[:4] + null_order_ids(3, 302) + [b"{nope", b"[1"] + good[4:])
     result = ingest_inline(load_pipeline(path))
     assert (result.records, result.dead_letters) == (15, 5)
     return path
