@@ -41,17 +41,19 @@ help:
 # --- set-up (idempotent) -------------------------------------------------------------------------
 # Java and JDBC drivers for Spark; Chromium for the browser tests of the Airflow UI (Playwright drives it);
 # the compose client, which the tests use to validate docker-compose.yml; PostgreSQL's server programs, which the
-# production-shaped tests start on a local port (the package's own service is not used).
-system-deps: $(DATA)/.system-deps-4
-$(DATA)/.system-deps-4:
+# production-shaped tests start on a local port (the package's own service is not used); Node.js and npm, which
+# build the Tidewater apps in Airflow's UI (ui-bundle).
+system-deps: $(DATA)/.system-deps-5
+$(DATA)/.system-deps-5:
 	@mkdir -p $(DATA)
 	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/sqlite-jdbc.jar ] || [ ! -x /usr/bin/chromium ] \
-	    || ! command -v docker-compose >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
-	  echo "installing Java 17, JDBC drivers, Chromium, docker-compose and PostgreSQL (apt-get)"; \
+	    || ! command -v docker-compose >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+	    || ! command -v npm >/dev/null; then \
+	  echo "installing Java 17, JDBC drivers, Chromium, docker-compose, PostgreSQL and Node.js (apt-get)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
 	    openjdk-17-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java chromium docker-compose \
-	    postgresql >/dev/null; \
+	    postgresql $$(command -v npm >/dev/null || echo nodejs npm) >/dev/null; \
 	fi
 	@touch $@
 
@@ -75,9 +77,9 @@ setup: system-deps venv airflow-db ui-bundle
 # bundle into the package (tidewater/runtime/ui_static/), which the plugin serves and the wheel ships.
 UI_APP    := $(ROOT)/include/tidewater/runtime/ui_app
 UI_BUNDLE := $(ROOT)/include/tidewater/runtime/ui_static/tidewater-ui.js
-ui-bundle: $(UI_BUNDLE)
+ui-bundle: system-deps $(UI_BUNDLE)
 $(UI_BUNDLE): $(UI_APP)/package-lock.json $(UI_APP)/vite.config.ts $(UI_APP)/tsconfig.json $(wildcard $(UI_APP)/src/*.ts* $(UI_APP)/src/*/*.ts*)
-	@command -v npm >/dev/null || { echo "npm (Node 20) is needed to build the Tidewater UI apps: apt-get install nodejs npm"; exit 1; }
+	@command -v npm >/dev/null || { echo "npm (Node.js 18+) is needed to build the Tidewater UI apps: apt-get install nodejs npm"; exit 1; }
 	cd $(UI_APP) && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build
 
 # The local S3 endpoint the tests start (moto's server): its own virtualenv, since its dependencies

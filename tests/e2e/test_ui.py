@@ -65,9 +65,10 @@ def _health(base: str) -> int | None:
 def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, home):
     """The plugin's JSON API refuses anonymous calls and, with an Airflow token, lists the pipeline and its
     overview (lag per partition, the batch just committed, its Data Docs page, rendered on first request).
-    In the browser: log in, open "Tidewater" in the navigation, see the lag of 30 records, ingest, refresh
-    and see it drop to 0; press Publish on another pipeline's quarantined batch and find the quarantine DAG's
-    run with that configuration; submit the replay form's dry run (on by default) and find its run too.
+    In the browser: log in, open "Tidewater" in the navigation (the React app), see the lag of 30 records, ingest,
+    refresh and see it drop to 0; on the other pipeline's ingest DAG tab press Publish on its quarantined batch and
+    find the quarantine DAG's run with that configuration; submit the replay form's dry run (on by default) and find
+    its run too.
     Screenshots go to the test artifacts directory."""
     from playwright.sync_api import sync_playwright
 
@@ -125,8 +126,8 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
             view.locator("#total-lag", has_text=re.compile(r"^0$")).wait_for(timeout=60_000)
             page.screenshot(path=str(ARTIFACTS / "tidewater-view-lag-0.png"))
 
-            # the quarantined batch of the other pipeline: Publish is a run of its quarantine DAG
-            view.locator("#pipeline").select_option("held")
+            # the quarantined batch of the other pipeline, on its ingest DAG's tab: Publish is a run of its quarantine DAG
+            page.goto(f"{base}/dags/ingest_held/plugin/tidewater-pipeline")
             view.locator("button.quarantine[data-action=publish]").wait_for(timeout=60_000)
             publish = view.locator("button.quarantine[data-action=publish]")
             publish.click()
