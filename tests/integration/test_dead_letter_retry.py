@@ -17,12 +17,22 @@ import pyarrow.compute as pc
 import pytest
 import yaml
 
-from tests.conftest import REPO, ingest_inline, null_order_ids, produce_to_partition, table_of, write_pipeline
+from tests.conftest import (
+    REPO,
+    ingest_inline,
+    null_order_ids,
+    produce_to_partition,
+    stage_inline,
+    table_of,
+    write_pipeline,
+)
 from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events
 from tidewater.ops import dead_letters
+from tidewater.ops.overview import lag_history, run_detail
 from tidewater.runtime.cli import main
+from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table import letters as state
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state, find_batch_snapshot
@@ -251,7 +261,18 @@ def test_routed_retry_commits_each_table_once_and_keeps_the_checkpoint(broker, h
     ev = [json.dumps({"id": i, "name": None if i % 3 == 0 else f"n{i}"}).encode() for i in range(9)]
     produce_to_partition(broker.bootstrap, a, 0, ev)
     produce_to_partition(broker.bootstrap, b, 0, ev[:6])
-    assert ingest_inline(spec).dead_letters == 5
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    assert commit_step(spec, plan, manifest, dag_run_id="manual__r1").dead_letters == 5
+    run = run_detail(spec, "manual__r1")  # the DAG run tab's data: the batch per table and partition
+    assert (run["found"], run["batch_id"], run["records"], run["dead_letters"], run["rows"]) == (True, plan.batch_id, 15, 5, 10)
+    assert {t["table"] for t in run["tables"]} == {spec.checkpoint_table(), "rpc.ra", "rpc.rb"}
+    assert sorted((r["topic"], r["start_offset"], r["end_offset"]) for r in run["ranges"]) == [(a, 0, 9), (b, 0, 6)]
+    assert {t["table"]: t["rows"] for t in run["tables"] if t["table"] != spec.checkpoint_table()} == {"rpc.ra": 6,
+                                                                                                     "rpc.rb": 4}
+    assert run["offsets"] == {a: {"0": 9}, b: {"0": 6}}
+    assert run_detail(spec, "manual__none")["found"] is False
+    assert [p["lag"] for p in lag_history(spec)] == [15]
     catalog = load_catalog(spec)
     before = committed_state(load_table(catalog, spec.checkpoint_table())).offsets
     doc = yaml.safe_load(path.read_text())

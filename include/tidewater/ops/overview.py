@@ -147,9 +147,10 @@ def lag_history(spec: PipelineSpec, limit: int = 100) -> list[dict[str, Any]]:
 
 
 def run_detail(spec: PipelineSpec, run_id: str) -> dict[str, Any]:
-    """The batch a DAG run committed (``dag_run_id`` in the ledger): its ranges per table and partition, its counts,
-    the gate's verdict with its Data Docs page, the snapshot and the offsets after it; ``found`` False when the run
-    committed none (caught up, running, failed before its commit)."""
+    """The batch a DAG run committed (``dag_run_id`` in the ledger): its ranges per partition, its counts, each table's
+    rows and snapshot (a routed pipeline's checkpoint and target tables), the gate's verdict with its Data Docs page,
+    the snapshot and the offsets after it; ``found`` False when the run committed none (caught up, running, failed
+    before its commit)."""
     catalog = load_catalog(spec)
     ledger.sync(catalog, spec)
     entries = ledger.read(catalog, spec)
@@ -173,7 +174,7 @@ def run_detail(spec: PipelineSpec, run_id: str) -> dict[str, Any]:
         "ranges": [{"table": e["table"], "topic": e["topic"], "partition": e["partition"], "start_offset": e["start_offset"],
                     "end_offset": e["end_offset"], "records": (e["end_offset"] or 0) - (e["start_offset"] or 0),
                     "rows": e["rows"], "dead_letters": e["dead_letters"], "skipped": e["skipped"]}
-                   for e in mine if e["start_offset"] is not None],
+                   for e in main if e["start_offset"] is not None],  # the batch's (each table's summary repeats them)
         "tables": sorted(tables.values(), key=lambda t: t["table"]),
         "records": main[0]["records"], "rows": sum(t["rows"] for t in tables.values() if t["table"] != holder or spec.targets.fused),
         "dead_letters": main[0]["dead_letters"], "skipped": main[0]["skipped"],
