@@ -327,3 +327,22 @@ def test_two_retries_at_once_commit_each_letter_once(broker, home, topic):
     assert rows.num_rows == 13 and pc.count_distinct(rows.column("_kafka_offset")).as_py() == 13
     assert committed_state(table_of(path)).offsets == {topic: {0: 15}}
     assert state.counts(spec)["resolved"] == 3
+
+
+def test_an_abandoned_ingest_batch_after_a_retry_still_has_its_columns_undone(broker, home, topic):
+    """A retry's snapshot on the table is not an ingest batch: an ingest batch written after it (adding a column) and
+    never committed is still found abandoned by the next plan step and its column undone (a retry's batch id sorts
+    after every ingest batch id, and must not hide them)."""
+    from tidewater.steps.lifecycle import revert_abandoned
+
+    path = _plain(home, broker, topic)
+    _relax(path)
+    spec = load_pipeline(path)
+    assert dead_letters.retry(spec)["resolved"] == 3
+    doc = json.loads(pizza_events(1, seed=310)[0])
+    produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({**doc, "tip": 2.5}).encode()])
+    plan, _manifest = stage_inline(spec)  # written, its new column provisional, never committed
+    assert "tip" in table_of(path).schema().column_names
+    assert revert_abandoned(spec) == [plan.batch_id]
+    assert "tip" not in table_of(path).schema().column_names
+    assert table_of(path).scan().to_arrow().num_rows == 13

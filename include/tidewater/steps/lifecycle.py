@@ -121,7 +121,7 @@ def reject_batch(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest | 
     write_json_atomic(batch_path(spec, plan) / REVERTED_NAME, {"why": why, "undone": undone})
 
 
-_NOT_INGEST = ("replay-", "backfill-", "skip-")
+_NOT_INGEST = ("replay-", "backfill-", "skip-", "retry-")  # batch ids of what is not an ingest batch
 
 
 def _abandoned_batches(spec: PipelineSpec, catalog: Any) -> list[Path]:
