@@ -97,7 +97,7 @@ def test_retry_commits_the_letters_that_now_pass_once_and_keeps_those_that_fail_
     again = dead_letters.retry(spec)  # the two broken ones fail again; nothing is committed for them
     assert (again["resolved"], again["failed_again"], again["status"]) == (0, 2, "nothing-to-commit"), again
     assert table_of(path).scan().to_arrow().num_rows == 13 and len(table_of(path).snapshots()) == len(table.snapshots())
-    assert state.counts(spec) == {"open": 2, "retrying": 0, "resolved": 3, "dropped": 0,
+    assert state.counts(spec) == {"open": 2, "retrying": 0, "resolved": 3, "skipped": 0, "dropped": 0,
                                          "total": 5}
 
     report = audit(spec, deep=True)
@@ -120,7 +120,7 @@ def test_drop_gives_letters_up_with_a_reason_and_the_audit_counts_them(broker, h
     spec = load_pipeline(path)
     assert dead_letters.retry(spec)["resolved"] == 3
     assert dead_letters.retry(spec)["status"] == "nothing-to-retry"
-    assert state.counts(spec) == {"open": 0, "retrying": 0, "resolved": 3, "dropped": 2,
+    assert state.counts(spec) == {"open": 0, "retrying": 0, "resolved": 3, "skipped": 0, "dropped": 2,
                                          "total": 5}
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
@@ -346,3 +346,25 @@ def test_an_abandoned_ingest_batch_after_a_retry_still_has_its_columns_undone(br
     assert revert_abandoned(spec) == [plan.batch_id]
     assert "tip" not in table_of(path).schema().column_names
     assert table_of(path).scan().to_arrow().num_rows == 13
+
+
+def test_letters_the_new_settings_skip_are_marked_skipped_not_resolved(broker, home, topic):
+    """A routed pipeline dead-letters the records no route takes (`unmatched: dead_letter`); the operator decides they
+    are to be skipped (`unmatched: skip`) and retries: the letters are marked skipped (no table holds them), not
+    resolved; nothing is committed; the deep audit is clean."""
+    def routed(unmatched: str) -> Path:
+        return write_pipeline(home, name="typed", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                              table={"identifier": ""}, routing={"namespace": "rpc", "field": "kind", "unmatched": unmatched},
+                              tables=[{"identifier": "rpc.pay", "route_regex": "pay"}], validation={"not_null": []})
+
+    spec = load_pipeline(routed("dead_letter"))
+    values = [json.dumps({"id": i, "kind": "pay" if i < 3 else "other"}).encode() for i in range(5)]
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    assert ingest_inline(spec).dead_letters == 2
+    spec = load_pipeline(routed("skip"))
+    result = dead_letters.retry(spec)
+    assert (result["letters"], result["resolved"], result["status"]) == (2, 0, "nothing-to-commit"), result
+    assert state.counts(spec) == {"open": 0, "retrying": 0, "resolved": 0, "skipped": 2, "dropped": 0, "total": 2}
+    assert load_table(load_catalog(spec), "rpc.pay").scan().to_arrow().num_rows == 3
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]

@@ -71,7 +71,7 @@ def letter_findings(spec: PipelineSpec, catalog: Any) -> list[Finding]:
     if not n["total"]:
         return []
     out = [Finding("info", "dead-letters", f"{n['total']} dead letters: {n['open']} open, {n['resolved']} resolved by "
-                   f"retries, {n['dropped']} dropped")]
+                   f"retries, {n['skipped']} skipped by retries, {n['dropped']} dropped")]
     if n["retrying"]:
         out.append(Finding("warning", "dead-letters", f"{n['retrying']} dead letters claimed by a retry that did not "
                            "finish: the next `tidewater dead-letters retry` finishes it"))

@@ -9,7 +9,7 @@ dead-lettered it (``batch_id``). What became of it is recorded, append only, in 
   **open**, a retry may take it;
 - ``retrying``: claimed by a retry under way (its ``action_id``); the next retry finishes that one first;
 - ``resolved``: its record is in the table(s), committed by the retry ``action_id`` (``snapshots``: each table's
-  snapshot);
+  snapshot); ``skipped``: it decoded, but the current settings skip it (a tombstone, a record no route takes);
 - ``dropped``: an operator gave it up (``reason``, ``by``).
 
 A retry (``retry``) is a batch of its own, exactly once, in three commits, each idempotent by the retry's batch id:
@@ -158,17 +158,17 @@ def finish(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, by: st
                     f"{rid}/done", f"retry {rid} (released)")
             say(f"retry {rid} failed before it committed anything; its {claimed.num_rows} letters are open again: {e}")
         raise
-    outcome = _outcome(spec, catalog, rid, claimed, manifest, by)
+    outcome = _outcome(spec, catalog, plan, claimed, manifest, by)
     # the records that failed again stay the letters they were: the new letters' files are not committed
     delete_files(load_table(catalog, spec.dead_letter_table()), [f.file_path for f in manifest.dead_letter_files])
     _record(catalog, spec, lambda _t: outcome, f"{rid}/done", f"retry {rid} (outcome)")
     n = _by_state(outcome)
     say(f"{status}: retry {rid} of {claimed.num_rows} dead letters: {n.get('resolved', 0)} resolved "
         f"({_rows(manifest)} rows written, {manifest.present} already present), {n.get('failed-again', 0)} failed "
-        f"again, {n.get('refused', 0)} refused")
+        f"again, {n.get('refused', 0)} refused, {n.get('skipped', 0)} skipped")
     return {"status": status, "batch_id": rid, "letters": claimed.num_rows, "rows": _rows(manifest),
             "already_present": manifest.present, "resolved": n.get("resolved", 0),
-            "failed_again": n.get("failed-again", 0), "refused": n.get("refused", 0),
+            "failed_again": n.get("failed-again", 0), "refused": n.get("refused", 0), "skipped": n.get("skipped", 0),
             "snapshots": _snapshots(catalog, spec, rid)}
 
 
@@ -240,10 +240,12 @@ def _snapshots(catalog: Any, spec: PipelineSpec, rid: str) -> dict[str, str]:
     return out
 
 
-def _outcome(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, manifest: BatchManifest,
+def _outcome(spec: PipelineSpec, catalog: Any, plan: BatchPlan, claimed: pa.Table, manifest: BatchManifest,
              by: str) -> pa.Table:
     """Step 3's rows: per claimed letter, failed-again (a new letter of the retry holds its offset; its new error is
-    the reason), refused (a change table's commit stamped it), else resolved (pointing to the retry's snapshots)."""
+    the reason), refused (a change table's commit stamped it), skipped (the retry skipped records, and no table holds
+    this one's offset), else resolved (pointing to the retry's snapshots)."""
+    rid = plan.batch_id
     again: dict[tuple[str, int, int], str] = {}
     dlq = load_table(catalog, spec.dead_letter_table())
     for f in manifest.dead_letter_files:  # the error path: the letters that failed again
@@ -257,6 +259,7 @@ def _outcome(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, mani
         changes = changes_of(summary_dict(load_table(catalog, ident).snapshot_by_id(int(snap_id)))) or {}
         for p, o, why in changes.get("refused_letters", []):
             refused[(int(p), int(o))] = f"refused by {ident}: {why}"
+    no_row = _without_a_row(spec, catalog, plan) if manifest.skipped else set()
     states, reasons = [], []
     for t, p, o in zip(*(claimed.column(c).to_pylist() for c in ("topic", "partition", "offset"))):
         if (t, p, o) in again:
@@ -265,12 +268,34 @@ def _outcome(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, mani
         elif (p, o) in refused:
             states.append("refused")
             reasons.append(refused[(p, o)])
+        elif (t, p, o) in no_row:
+            states.append("skipped")
+            reasons.append("decoded, but the pipeline's settings skip it (a tombstone, a record no route takes): no row")
         else:
             states.append("resolved")
             reasons.append(None)
     rows = _resolution_rows(spec, claimed, "resolved", rid, by, snapshots=json.dumps(snapshots, sort_keys=True))
     return rows.set_column(rows.schema.get_field_index("state"), "state", pa.array(states, pa.string())).set_column(
         rows.schema.get_field_index("reason"), "reason", pa.array(reasons, pa.string()))
+
+
+def _without_a_row(spec: PipelineSpec, catalog: Any, plan: BatchPlan) -> set[tuple[str, int, int]]:
+    """Offsets of the retry's ranges that no target table holds as a row (asked only when the retry skipped records;
+    none when a change table may have taken them, or rows carry no source offset)."""
+    from tidewater.table.targets import target_tables, target_view
+
+    if spec.format.metadata not in ("prefixed", "struct"):
+        return set()
+    held: set[tuple[str, int, int]] = set()
+    for ident in target_tables(catalog, spec) or [spec.targets.holder]:
+        view, table = target_view(spec, catalog, ident), load_table(catalog, ident)
+        if view.applies_changes:
+            return set()
+        if table is not None:
+            rows = present_offsets(view, table, list(plan.ranges))
+            held |= set(zip(*(rows.column(c).to_pylist() for c in ("topic", "partition", "offset"))))
+    every = {(r.topic, r.partition, o) for r in plan.ranges for o in range(r.start, r.end)}
+    return every - held
 
 
 # ---- drop -----------------------------------------------------------------------------------------------------------

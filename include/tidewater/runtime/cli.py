@@ -346,7 +346,7 @@ def _add_dead_letters(sub: Any) -> None:
     _pipeline_arg(p)
     p.add_argument("--class", dest="error_class", default="", help="only letters of this error class")
     p.add_argument("--batch", default="", help="only letters this batch dead-lettered")
-    p.add_argument("--state", default="open", choices=["open", "retrying", "resolved", "dropped", "all"],
+    p.add_argument("--state", default="open", choices=["open", "retrying", "resolved", "skipped", "dropped", "all"],
                    help="list: letters in this state (default open)")
     p.add_argument("--limit", type=int, default=100, help="list: at most this many letters")
     p.add_argument("--reason", default="", help="drop: why they are given up (kept with each letter)")

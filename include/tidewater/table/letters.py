@@ -17,7 +17,7 @@ from tidewater.table.catalog import RESOLUTION_SCHEMA, load_catalog, load_table,
 
 KEY = ["topic", "partition", "offset", "letter_batch_id"]
 OPEN = ("released", "refused", "failed-again")  # states after which a letter is open again
-STATES = ("open", "retrying", "resolved", "dropped")  # a letter that failed again is open
+STATES = ("open", "retrying", "resolved", "skipped", "dropped")  # a letter that failed again is open
 PREVIEW_BYTES = 512  # of a letter's payload, in the view and the CLI's listing
 
 

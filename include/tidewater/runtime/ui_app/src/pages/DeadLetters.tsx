@@ -6,7 +6,7 @@ import { useState } from "react";
 import { get, type Letter, type LetterClass, type PipelineRef } from "../api";
 import { Loading, Rows, RunButton, useLoad } from "../parts";
 
-const STATES = ["open", "resolved", "dropped", "retrying", "all"];
+const STATES = ["open", "resolved", "skipped", "dropped", "retrying", "all"];
 
 export function DeadLetters({ pipeline, classes, counts }: { pipeline: PipelineRef; classes: LetterClass[];
   counts: Record<string, number> }) {
