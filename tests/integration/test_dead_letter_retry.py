@@ -368,3 +368,26 @@ def test_letters_the_new_settings_skip_are_marked_skipped_not_resolved(broker, h
     assert load_table(load_catalog(spec), "rpc.pay").scan().to_arrow().num_rows == 3
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def test_a_retry_the_quality_gate_rejects_commits_nothing_and_releases_its_letters(broker, home, topic):
+    """The operator switches `not_null_policy` to `fail` and retries the letters without an order_id: they decode, the
+    quality gate fails on them, nothing is committed and the claimed letters are open again with the gate's error as
+    their reason (a later retry may take them)."""
+    from tidewater.errors import ValidationFailedError
+
+    path = _plain(home, broker, topic)
+    doc = yaml.safe_load(path.read_text())
+    doc["validation"] = {"not_null": ["order_id"], "not_null_policy": "fail"}
+    path.write_text(yaml.safe_dump(doc))
+    spec = load_pipeline(path)
+    snapshots = len(table_of(path).snapshots())
+    with pytest.raises(ValidationFailedError):
+        dead_letters.retry(spec, error_class="NullInRequiredColumn")
+    assert table_of(path).scan().to_arrow().num_rows == 10 and len(table_of(path).snapshots()) == snapshots
+    released = state.letters(spec, state="open", error_class="NullInRequiredColumn")
+    assert released.num_rows == 3 and set(released.column("state").to_pylist()) == {"released"}
+    assert all("order_id" in r for r in released.column("reason").to_pylist()), released.column("reason")
+    assert state.counts(spec)["retrying"] == 0
+    _relax(path)
+    assert dead_letters.retry(load_pipeline(path), error_class="NullInRequiredColumn")["resolved"] == 3
