@@ -69,9 +69,10 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
             # a letter a retry resolved is a row now (append tables: its own; a change table may have moved on)
             out += _twice(np.intersect1d(anywhere, np.setdiff1d(np.unique(dead), resolved)), rng,
                           "both a row and a dead letter", 0)
-            if not spec.applies_changes and changed is not None and rng.topic not in changed:
+            one_row_per_offset = not spec.applies_changes and changed is not None and rng.topic not in changed
+            if one_row_per_offset:
                 out += _twice(np.setdiff1d(resolved, anywhere), rng, "resolved by a retry but no row", 0)
-            if not spec.applies_changes and every_table and changed is not None and rng.topic not in changed:
+            if one_row_per_offset and every_table:
                 found = np.union1d(anywhere, dead)
                 mine_batches = [e for e in moving if (e["topic"], e["partition"]) == (rng.topic, rng.partition)]
                 out += _missing(found, rng, mine_batches, rereader, lows.get((rng.topic, rng.partition), 0), undecided)

@@ -46,6 +46,7 @@ from tidewater.table.summary import (
     QUARANTINED,
     TRUNCATE,
     committed_state,
+    find_batch_snapshot,
     quarantine_branch,
     summary_dict,
 )
@@ -343,10 +344,10 @@ def retry_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, s
     order (reduced to one per key, like a batch) where no later change of the same key is already applied, and
     refused where one is: a live row written by a later offset or by another partition, or (no live row) a
     snapshot since the letters' batch that removed a row of the key (``transform.changes.retry_decisions``). The
-    refused letters are stamped on the snapshot (``refused_letters``: [partition, offset]) for the retry to leave
-    them open; the committed offsets stay as they are."""
+    refused letters are stamped on the snapshot (``refused_letters``: [partition, offset, why]) for the retry to
+    leave them open; the committed offsets stay as they are."""
     ids, branch = list(spec.table.id_columns), spec.table.branch
-    if "rows" not in state:
+    if "rows" not in state:  # sorted as net_changes sorts them, so that net.group indexes these rows
         staged = read_staged(table, files)
         state["rows"] = staged.sort_by([(c, "ascending") for c in ids] + [(PARTITION, "ascending"), (OFFSET, "ascending")]) \
             if staged is not None else None
@@ -390,8 +391,6 @@ def removed_since(table: Any, keys: Any, ids: list[str], letter_batches: tuple[s
     """Per key of ``keys``: None when no snapshot since the earliest of ``letter_batches`` (their own included)
     removed a row of the key, else why it may have (a row of the key was live before a snapshot that removed rows,
     or the history cannot tell: the letters' batch is no longer in it, too many snapshots removed rows)."""
-    from tidewater.table.summary import find_batch_snapshot
-
     n = keys.num_rows
     found = [find_batch_snapshot(table, b) for b in letter_batches]
     if not letter_batches or any(s is None for s in found):

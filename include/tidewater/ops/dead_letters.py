@@ -54,10 +54,10 @@ from tidewater.table.catalog import (
     load_table,
     resolution_table_name,
 )
-from tidewater.table.letters import KEY, OPEN, keys_of, letter_states, letters
+from tidewater.table.letters import KEY, OPEN, keys_of, letter_states, letters, tally
 from tidewater.table.provenance import present_offsets
 from tidewater.table.summary import BATCH_ID, PIPELINE, RECORDS, changes_of, find_batch_snapshot, summary_dict
-from tidewater.table.targets import holder_state
+from tidewater.table.targets import holder_state, target_tables, target_view
 from tidewater.write.job import collect_manifest, write_rounds
 from tidewater.write.sinks import delete_files
 from tidewater.write.task import present_offsets as offsets_of_range
@@ -82,7 +82,7 @@ def retry(spec: PipelineSpec, *, error_class: str | None = None, batch: str | No
     if chosen.num_rows == 0:
         say("nothing to retry: no open dead letters" + _filters(error_class, batch))
         return {"status": "nothing-to-retry", "letters": 0, "finished": finished}
-    by_class = _by_class(chosen)
+    by_class = tally(chosen.column("error_class"))
     say(f"{chosen.num_rows} open dead letters to retry" + _filters(error_class, batch) + ": "
         + ", ".join(f"{n} {c}" for c, n in by_class.items()))
     if dry_run:
@@ -97,11 +97,6 @@ def retry(spec: PipelineSpec, *, error_class: str | None = None, batch: str | No
 
 def _filters(error_class: str | None, batch: str | None) -> str:
     return "".join(f" {k} {v}" for k, v in (("of class", error_class), ("of batch", batch)) if v)
-
-
-def _by_class(rows: pa.Table) -> dict[str, int]:
-    vc = pc.value_counts(rows.column("error_class").combine_chunks())
-    return dict(sorted(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()), key=lambda x: -x[1]))
 
 
 def in_flight(catalog: Any, spec: PipelineSpec) -> list[tuple[str, pa.Table]]:
@@ -158,18 +153,19 @@ def finish(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, by: st
                     f"{rid}/done", f"retry {rid} (released)")
             say(f"retry {rid} failed before it committed anything; its {claimed.num_rows} letters are open again: {e}")
         raise
-    outcome = _outcome(spec, catalog, plan, claimed, manifest, by)
+    snapshots = _snapshots(catalog, spec, rid)
+    outcome = _outcome(spec, catalog, plan, claimed, manifest, snapshots, by)
     # the records that failed again stay the letters they were: the new letters' files are not committed
     delete_files(load_table(catalog, spec.dead_letter_table()), [f.file_path for f in manifest.dead_letter_files])
     _record(catalog, spec, lambda _t: outcome, f"{rid}/done", f"retry {rid} (outcome)")
-    n = _by_state(outcome)
+    n = tally(outcome.column("state"))
     say(f"{status}: retry {rid} of {claimed.num_rows} dead letters: {n.get('resolved', 0)} resolved "
         f"({_rows(manifest)} rows written, {manifest.present} already present), {n.get('failed-again', 0)} failed "
         f"again, {n.get('refused', 0)} refused, {n.get('skipped', 0)} skipped")
     return {"status": status, "batch_id": rid, "letters": claimed.num_rows, "rows": _rows(manifest),
             "already_present": manifest.present, "resolved": n.get("resolved", 0),
             "failed_again": n.get("failed-again", 0), "refused": n.get("refused", 0), "skipped": n.get("skipped", 0),
-            "snapshots": _snapshots(catalog, spec, rid)}
+            "snapshots": snapshots}
 
 
 def _remove_unused(catalog: Any, manifest: BatchManifest, result: Any) -> None:
@@ -184,11 +180,6 @@ def _remove_unused(catalog: Any, manifest: BatchManifest, result: Any) -> None:
 def _rows(manifest: BatchManifest) -> int:
     """Rows the retry wrote, over every table."""
     return sum(o.rows for o in manifest.outputs)
-
-
-def _by_state(rows: pa.Table) -> dict[str, int]:
-    vc = pc.value_counts(rows.column("state").combine_chunks())
-    return dict(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
 
 
 def _plan(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table) -> BatchPlan:
@@ -229,8 +220,6 @@ def _landed(catalog: Any, spec: PipelineSpec, rid: str) -> bool:
 
 def _snapshots(catalog: Any, spec: PipelineSpec, rid: str) -> dict[str, str]:
     """{table: snapshot id} of the retry ``rid``'s commits (the pipeline's tables that have one)."""
-    from tidewater.table.targets import target_tables
-
     out = {}
     for ident in target_tables(catalog, spec) or [spec.targets.holder]:
         table = load_table(catalog, ident)
@@ -241,11 +230,10 @@ def _snapshots(catalog: Any, spec: PipelineSpec, rid: str) -> dict[str, str]:
 
 
 def _outcome(spec: PipelineSpec, catalog: Any, plan: BatchPlan, claimed: pa.Table, manifest: BatchManifest,
-             by: str) -> pa.Table:
+             snapshots: dict[str, str], by: str) -> pa.Table:
     """Step 3's rows: per claimed letter, failed-again (a new letter of the retry holds its offset; its new error is
     the reason), refused (a change table's commit stamped it), skipped (the retry skipped records, and no table holds
-    this one's offset), else resolved (pointing to the retry's snapshots)."""
-    rid = plan.batch_id
+    this one's offset), else resolved (pointing to the retry's ``snapshots``)."""
     again: dict[tuple[str, int, int], str] = {}
     dlq = load_table(catalog, spec.dead_letter_table())
     for f in manifest.dead_letter_files:  # the error path: the letters that failed again
@@ -254,12 +242,11 @@ def _outcome(spec: PipelineSpec, catalog: Any, plan: BatchPlan, claimed: pa.Tabl
         for r in t.to_pylist():
             again[(r["topic"], r["partition"], r["offset"])] = f"{r['error_class']}: {r['error_message']}"
     refused: dict[tuple[int, int], str] = {}
-    snapshots = _snapshots(catalog, spec, rid)
     for ident, snap_id in snapshots.items():
         changes = changes_of(summary_dict(load_table(catalog, ident).snapshot_by_id(int(snap_id)))) or {}
         for p, o, why in changes.get("refused_letters", []):
             refused[(int(p), int(o))] = f"refused by {ident}: {why}"
-    no_row = _without_a_row(spec, catalog, plan) if manifest.skipped else set()
+    no_row = _without_a_row(spec, catalog, plan, claimed) if manifest.skipped else set()
     states, reasons = [], []
     for t, p, o in zip(*(claimed.column(c).to_pylist() for c in ("topic", "partition", "offset"))):
         if (t, p, o) in again:
@@ -274,16 +261,14 @@ def _outcome(spec: PipelineSpec, catalog: Any, plan: BatchPlan, claimed: pa.Tabl
         else:
             states.append("resolved")
             reasons.append(None)
-    rows = _resolution_rows(spec, claimed, "resolved", rid, by, snapshots=json.dumps(snapshots, sort_keys=True))
+    rows = _resolution_rows(spec, claimed, "resolved", plan.batch_id, by, snapshots=json.dumps(snapshots, sort_keys=True))
     return rows.set_column(rows.schema.get_field_index("state"), "state", pa.array(states, pa.string())).set_column(
         rows.schema.get_field_index("reason"), "reason", pa.array(reasons, pa.string()))
 
 
-def _without_a_row(spec: PipelineSpec, catalog: Any, plan: BatchPlan) -> set[tuple[str, int, int]]:
-    """Offsets of the retry's ranges that no target table holds as a row (asked only when the retry skipped records;
-    none when a change table may have taken them, or rows carry no source offset)."""
-    from tidewater.table.targets import target_tables, target_view
-
+def _without_a_row(spec: PipelineSpec, catalog: Any, plan: BatchPlan, claimed: pa.Table) -> set[tuple[str, int, int]]:
+    """The ``claimed`` letters' offsets that no target table holds as a row (asked only when the retry skipped
+    records; none when a change table may have taken them, or rows carry no source offset)."""
     if spec.format.metadata not in ("prefixed", "struct"):
         return set()
     held: set[tuple[str, int, int]] = set()
@@ -294,8 +279,7 @@ def _without_a_row(spec: PipelineSpec, catalog: Any, plan: BatchPlan) -> set[tup
         if table is not None:
             rows = present_offsets(view, table, list(plan.ranges))
             held |= set(zip(*(rows.column(c).to_pylist() for c in ("topic", "partition", "offset"))))
-    every = {(r.topic, r.partition, o) for r in plan.ranges for o in range(r.start, r.end)}
-    return every - held
+    return set(zip(*(claimed.column(c).to_pylist() for c in ("topic", "partition", "offset")))) - held
 
 
 # ---- drop -----------------------------------------------------------------------------------------------------------
@@ -316,7 +300,7 @@ def drop(spec: PipelineSpec, *, reason: str, error_class: str | None = None, bat
         return {"status": "nothing-to-drop", "letters": 0}
     if dry_run:
         say(f"dry run: would drop {chosen.num_rows} dead letters" + _filters(error_class, batch))
-        return {"status": "dry-run", "letters": chosen.num_rows, "by_class": _by_class(chosen)}
+        return {"status": "dry-run", "letters": chosen.num_rows, "by_class": tally(chosen.column("error_class"))}
     did = "drop-" + new_batch_id()
     kept: dict[str, int] = {}
 

@@ -7,6 +7,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidewater.audit import ledger
@@ -131,28 +132,23 @@ def lag_history(spec: PipelineSpec, limit: int = 100) -> list[dict[str, Any]]:
     """Lag over time, from the ledger: for each of the last ``limit`` batches that moved the offsets, the records
     between the committed offsets and the log end when it was planned (its ranges' span, summed over partitions: the
     planner reads up to the log end, unless ``batch.max_records`` capped the batch, marked ``capped``)."""
-    entries = ledger.read(load_catalog(spec), spec)
-    holder = spec.targets.holder
-    per: dict[str, dict[str, Any]] = {}
-    for e in entries.filter(pc.equal(entries.column("table"), holder)).to_pylist():  # one row per range
-        if e["kind"] not in MOVING or e["start_offset"] is None:
-            continue
-        b = per.setdefault(e["batch_id"], {"at": e["committed_at"].isoformat(timespec="seconds"), "batch_id": e["batch_id"],
-                                           "lag": 0})
-        b["lag"] += e["end_offset"] - e["start_offset"]
-    out = sorted(per.values(), key=lambda b: b["at"])[-limit:]
-    for b in out:
-        b["capped"] = b["lag"] >= spec.batch.max_records
-    return out
+    entries = ledger.read(load_catalog(spec), spec)  # one row per batch and range
+    mine = entries.filter(pc.and_(pc.and_(pc.equal(entries.column("table"), spec.targets.holder),
+                                          pc.is_in(entries.column("kind"), pa.array(MOVING))),
+                                  pc.is_valid(entries.column("start_offset"))))
+    spans = mine.append_column("span", pc.subtract(mine.column("end_offset"), mine.column("start_offset")))
+    per = spans.group_by("batch_id").aggregate([("span", "sum"), ("committed_at", "max")]).sort_by("committed_at_max")
+    per = per.slice(max(0, per.num_rows - limit))
+    return [{"at": at.isoformat(timespec="seconds"), "batch_id": batch, "lag": lag, "capped": lag >= spec.batch.max_records}
+            for batch, lag, at in zip(*(per.column(c).to_pylist() for c in ("batch_id", "span_sum", "committed_at_max")))]
 
 
 def run_detail(spec: PipelineSpec, run_id: str) -> dict[str, Any]:
     """The batch a DAG run committed (``dag_run_id`` in the ledger): its ranges per partition, its counts, each table's
     rows and snapshot (a routed pipeline's checkpoint and target tables), the gate's verdict with its Data Docs page,
     the snapshot and the offsets after it; ``found`` False when the run committed none (caught up, running, failed
-    before its commit)."""
+    before its commit; the commit step records each batch in the ledger)."""
     catalog = load_catalog(spec)
-    ledger.sync(catalog, spec)
     entries = ledger.read(catalog, spec)
     mine = entries.filter(pc.equal(entries.column("dag_run_id"), run_id)).to_pylist()
     if not mine:
@@ -172,8 +168,7 @@ def run_detail(spec: PipelineSpec, run_id: str) -> dict[str, Any]:
         "pipeline": spec.name, "run_id": run_id, "found": True, "batch_id": batch_id, "kind": main[0]["kind"],
         "snapshot_id": str(main[0]["snapshot_id"]),
         "ranges": [{"table": e["table"], "topic": e["topic"], "partition": e["partition"], "start_offset": e["start_offset"],
-                    "end_offset": e["end_offset"], "records": (e["end_offset"] or 0) - (e["start_offset"] or 0),
-                    "rows": e["rows"], "dead_letters": e["dead_letters"], "skipped": e["skipped"]}
+                    "end_offset": e["end_offset"], "offsets": e["end_offset"] - e["start_offset"]}
                    for e in main if e["start_offset"] is not None],  # the batch's (each table's summary repeats them)
         "tables": sorted(tables.values(), key=lambda t: t["table"]),
         "records": main[0]["records"], "rows": sum(t["rows"] for t in tables.values() if t["table"] != holder or spec.targets.fused),

@@ -82,13 +82,18 @@ def letters(spec: PipelineSpec, catalog: Any | None = None, *, error_class: str 
     return joined.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
 
 
+def tally(column: Any) -> dict[Any, int]:
+    """How many times each value occurs in ``column``, most frequent first."""
+    vc = pc.value_counts(column.combine_chunks())
+    return dict(sorted(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()), key=lambda x: -x[1]))
+
+
 def counts(spec: PipelineSpec, catalog: Any | None = None) -> dict[str, int]:
     """How many of the pipeline's letters are in each state (``STATES``), and in all."""
     rows = letters(spec, catalog, state="all", payload=False)
     out = dict.fromkeys(STATES, 0)
     if rows.num_rows:
-        vc = pc.value_counts(rows.column("status").combine_chunks())
-        out.update(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
+        out.update(tally(rows.column("status")))
     out["total"] = rows.num_rows
     return out
 

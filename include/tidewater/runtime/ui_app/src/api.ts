@@ -28,8 +28,7 @@ export type Letter = { topic: string; partition: number; offset: number; error_c
 export type LagPoint = { at: string; batch_id: string; lag: number; capped: boolean };
 export type RunDetail = {
   pipeline: string; run_id: string; found: boolean; batch_id?: string; kind?: string; snapshot_id?: string;
-  ranges: { table: string; topic: string; partition: number; start_offset: number; end_offset: number; records: number;
-            rows: number | null; dead_letters: number; skipped: number }[];
+  ranges: { table: string; topic: string; partition: number; start_offset: number; end_offset: number; offsets: number }[];
   tables: { table: string; rows: number; snapshot_id: string; kind: string }[];
   records: number; rows: number; dead_letters: number; skipped: number;
   validation: { success: boolean; failed?: number; checks?: number } | null; data_docs: string | null;

@@ -15,7 +15,6 @@ export function useLoad<T>(fetcher: () => Promise<T>, deps: unknown[]) {
       (data) => { if (mine === seq.current) setState({ data, loading: false }); },
       (error) => { if (mine === seq.current) setState({ error, loading: false }); },
     );
-    // eslint-disable-next-line react-hooks/exhaustive-deps
   }, deps);
   useEffect(reload, [reload]);
   return { ...state, reload };

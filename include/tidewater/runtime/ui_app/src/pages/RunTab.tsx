@@ -29,7 +29,7 @@ export function RunTab({ dagId, runId }: { dagId: string; runId: string }) {
       </HStack>
       <Section title="Ranges">
         <Rows id="run-ranges" rowClass="range" head={["table", "topic", "partition", "from", "to (exclusive)", "offsets"]}
-          rows={r.ranges.map((x) => [x.table, x.topic, x.partition, x.start_offset, x.end_offset, x.records])} />
+          rows={r.ranges.map((x) => [x.table, x.topic, x.partition, x.start_offset, x.end_offset, x.offsets])} />
       </Section>
       {r.tables.length > 1 ? <Section title="Tables">
         <Rows head={["table", "kind", "rows", "snapshot"]} rows={r.tables.map((t) => [t.table, t.kind, t.rows, t.snapshot_id])} />
