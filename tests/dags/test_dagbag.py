@@ -245,3 +245,72 @@ def test_parsing_the_dag_folder_imports_no_heavy_library(tmp_path):
     doc = json.loads(done.stdout.strip().splitlines()[-1])
     assert doc["errors"] == [] and "ingest_pizzas" in doc["dags"] and "ingest_inventory" in doc["dags"], doc
     assert doc["heavy"] == []
+
+
+def many_pipelines(folder: Path, n: int, broken: int | None = None) -> list[str]:
+    """``n`` pipeline files ``p0000.yaml``... (the example's settings, each its own name, topic and table), the
+    ``broken``-th with a misspelled key; returns their names."""
+    folder.mkdir(parents=True, exist_ok=True)
+    example = (REPO / "include" / "pipelines" / "pizzas.yaml").read_text()
+    shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", folder)
+    names = []
+    for i in range(n):
+        name = f"p{i:04d}"
+        text = (example.replace("name: pizzas", f"name: {name}").replace("completed-pizzas", f"topic-{name}")
+                .replace("rpc.pizzas", f"rpc.{name}"))
+        if i == broken:
+            text = text.replace("bootstrap_servers:", "bootstrp_servers:")
+        (folder / f"{name}.yaml").write_text(text)
+        names.append(name)
+    return names
+
+
+def parse_in_subprocess(folder: Path, tmp_path: Path, dag_id: str | None) -> dict:
+    """The DAG folder parsed by a fresh interpreter as Airflow's task runner does (its parsing context names the
+    task's DAG when ``dag_id`` is given): the DAG ids and import errors."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json\nfrom airflow.dag_processing.dagbag import DagBag\n"
+            f"bag = DagBag(dag_folder={str(REPO / 'dags')!r})\n"
+            "print(json.dumps({'dags': sorted(bag.dags), 'errors': list(bag.import_errors)}))\n")
+    env = {**os.environ, "TIDEWATER_PIPELINES_DIR": str(folder), "AIRFLOW_HOME": str(tmp_path / "airflow")}
+    env.pop("_AIRFLOW_PARSING_CONTEXT_DAG_ID", None)
+    if dag_id:
+        env["_AIRFLOW_PARSING_CONTEXT_DAG_ID"] = dag_id
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_task_parse_builds_only_its_own_pipelines_dags_and_the_dag_processor_sees_all(tmp_path):
+    """Airflow parses a task's DAG file when the task starts, with its parsing context naming the task's DAG: that
+    parse builds the DAGs of the one pipeline file named after the DAG's pipeline (any of its kinds), so a task's
+    start does not grow with the folder. Without a parsing context (the DAG processor) every DAG is built; a DAG
+    whose file is named otherwise than its pipeline is still found (every file is built then)."""
+    folder = tmp_path / "pipelines"
+    many_pipelines(folder, 20)
+    (folder / "p0019.yaml").rename(folder / "renamed.yaml")  # pipeline p0019 in a file named otherwise
+    every = parse_in_subprocess(folder, tmp_path, None)
+    assert every["errors"] == [] and len(every["dags"]) == 20 * 6, every
+    own = {f"{kind}_p0007" for kind in ("ingest", "replay", "skip", "retry_dead_letters", "audit", "maintain")}
+    for dag_id in ("ingest_p0007", "retry_dead_letters_p0007", "maintain_p0007"):  # the longest kind, the first, last
+        assert set(parse_in_subprocess(folder, tmp_path, dag_id)["dags"]) == own, dag_id
+    assert parse_in_subprocess(folder, tmp_path, "ingest_p0019")["dags"] == every["dags"]
+
+
+@pytest.mark.slow
+def test_one_broken_file_among_500_hides_none_of_the_other_499(tmp_path):
+    """A platform's folder: 500 pipeline files, one with a misspelled key. The DAG processor's parse builds the 499
+    good pipelines' DAGs (6 each) and shows the broken file as its failing DAG; a task of that failing DAG parses
+    it alone."""
+    folder = tmp_path / "pipelines"
+    names = many_pipelines(folder, 500, broken=123)
+    every = parse_in_subprocess(folder, tmp_path, None)
+    assert every["errors"] == []
+    assert len(every["dags"]) == 499 * 6 + 1
+    assert "ingest_invalid_p0123" in every["dags"] and "ingest_p0123" not in every["dags"]
+    assert {f"ingest_{n}" for n in names if n != "p0123"} <= set(every["dags"])
+    assert parse_in_subprocess(folder, tmp_path, "ingest_invalid_p0123")["dags"] == ["ingest_invalid_p0123"]

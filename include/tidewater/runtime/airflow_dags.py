@@ -418,25 +418,63 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - return
     return maintain()
 
 
+# The DAG ids a pipeline file makes, by kind: a DAG id is ``<kind>_<pipeline name>`` (build_pipeline_dags and
+# build_maintain_dag), and a file that does not load makes ``ingest_invalid_<file stem>`` (build_invalid_dag).
+DAG_KINDS = ("ingest_invalid", "retry_dead_letters", "ingest", "replay", "skip", "audit", "maintain", "quarantine")
+
+
+def _parsing_dag_id() -> str | None:
+    """The DAG a task of which this parse is for (Airflow's parsing context), or None when every DAG is wanted (the
+    DAG processor, ``airflow dags list``)."""
+    from airflow.sdk import get_parsing_context
+
+    return get_parsing_context().dag_id
+
+
+def _files_for(dag_id: str, paths: list[Path]) -> list[Path]:
+    """The pipeline files whose DAGs may include ``dag_id``, from the file names alone: ``<name>.yaml`` for a DAG id
+    ``<kind>_<name>`` (a file named after its pipeline, as ``tidewater init`` and the examples name them)."""
+    names = {dag_id[len(kind) + 1:] for kind in DAG_KINDS if dag_id.startswith(kind + "_")}
+    return [p for p in paths if p.stem in names or p.stem.replace(".", "_").replace("-", "_") in names]
+
+
+def _file_dags(path: Path, dag_file: str) -> dict[str, Any]:
+    """Every DAG of one pipeline file by DAG id; one file's problem, whatever it is, shows as that file's failing
+    DAG and never hides the others."""
+    try:
+        spec = load_pipeline(path)
+        dags = [*build_pipeline_dags(path, spec), build_maintain_dag(path, spec)]
+    except Exception as e:  # noqa: BLE001 - reported in the UI as the file's ingest_invalid_<file> DAG
+        log.error("%s: %s", path, e)
+        dags = [build_invalid_dag(path, e if isinstance(e, ConfigError) else ConfigError(f"{path}: {e}"))]
+    for dag_obj in dags:
+        dag_obj.fileloc = dag_file
+    return {d.dag_id: d for d in dags}
+
+
 def pipeline_dags(dag_file: str | None = None, folder: str | Path | None = None) -> dict[str, Any]:
     """Every DAG of every pipeline file in ``folder`` (default: ``$TIDEWATER_PIPELINES_DIR``), by DAG id, for the
     calling DAG file's ``globals()``. ``dag_file``: that file (default: the caller's), recorded as each DAG's file
-    so that Airflow's workers parse the DAG file they were given, not this module."""
+    so that Airflow's workers parse the DAG file they were given, not this module.
+
+    A task's parse (Airflow's parsing context names its DAG) builds only the DAGs of the file named after the DAG's
+    pipeline, so a task's start costs one pipeline's DAGs however many files the folder holds; when no such file
+    makes that DAG (a file named otherwise than its pipeline), every file is built, as the DAG processor does."""
     dag_file = dag_file or sys._getframe(1).f_code.co_filename
     where = Path(folder) if folder else pipelines_dir()
     if not where.is_dir():
         log.warning("no pipelines folder at %s: set TIDEWATER_PIPELINES_DIR, or pass folder= to pipeline_dags in %s",
                     where, dag_file)
-    out: dict[str, Any] = {}
-    for path in discover_pipelines(where):
-        # One file's problem, whatever it is, shows as that file's failing DAG and never hides the others.
-        try:
-            spec = load_pipeline(path)
-            dags = [*build_pipeline_dags(path, spec), build_maintain_dag(path, spec)]
-        except Exception as e:  # noqa: BLE001 - reported in the UI as the file's ingest_invalid_<file> DAG
-            log.error("%s: %s", path, e)
-            dags = [build_invalid_dag(path, e if isinstance(e, ConfigError) else ConfigError(f"{path}: {e}"))]
-        for dag_obj in dags:
-            dag_obj.fileloc = dag_file
-            out[dag_obj.dag_id] = dag_obj
+    paths = discover_pipelines(where)
+    wanted = _parsing_dag_id()
+    if wanted:
+        out: dict[str, Any] = {}
+        for path in _files_for(wanted, paths):
+            out.update(_file_dags(path, dag_file))
+        if wanted in out:
+            return out
+        log.info("DAG %s: no pipeline file named after it in %s; building every pipeline's DAGs", wanted, where)
+    out = {}
+    for path in paths:
+        out.update(_file_dags(path, dag_file))
     return out
