@@ -1,6 +1,6 @@
 """Profile of the write step's data path in one worker: where the CPU of a batch goes, stage by stage.
 
-Runs the write step's task code (``write.task.write_subrange``, what each Spark task runs) in this process over one
+Runs the write step's task code (``write.task.write_ranges``, what each Spark task runs) in this process over one
 partition of N pizza events (default 1M) on the embedded broker, in two passes: the range is consumed into chunks
 (``source.kafka.read_range``: librdkafka and the chunk's Python lists), then the task runs over those chunks held in
 memory, with each stage timed by wrapping the function that does it: decode (the join into one buffer and Arrow's

@@ -159,7 +159,7 @@ def test_a_task_whose_working_directory_was_removed_still_writes_its_dead_letter
     pyiceberg's configuration lookup, reported as an unreachable catalog)."""
     from tidewater.plan.ingest import plan_batch
     from tidewater.source.kafka import kafka_settings
-    from tidewater.write.task import write_subrange
+    from tidewater.write.task import write_ranges
 
     spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})).for_executors()
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(3, seed=6))
@@ -170,7 +170,7 @@ def test_a_task_whose_working_directory_was_removed_still_writes_its_dead_letter
     gone.mkdir()
     monkeypatch.chdir(gone)
     gone.rmdir()
-    result = write_subrange(spec, kafka_settings(spec), plan.batch_id, 0, plan.ranges[0])
+    result = write_ranges(spec, kafka_settings(spec), plan.batch_id, 0, (plan.ranges[0],))
     assert "error" not in result, result.get("error")
-    assert (result["stats"]["records"], result["stats"]["dead_letters"]) == (8, 2)
+    assert [(st["records"], st["dead_letters"]) for st in result["stats"]] == [(8, 2)]
     assert sum(f["record_count"] for f in result["files"]) == 6 and result["dead_letter_files"]

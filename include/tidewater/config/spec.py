@@ -400,6 +400,18 @@ class BatchSpec:
     chunk_records: int = _doc(
         "Records decoded and written at a time inside one Spark task (bounds memory per task).", default=50_000
     )
+    pack_ranges: bool = _doc(
+        "Short partition ranges are read by one Spark task together, which writes their rows into the same data "
+        "files: a batch's files grow with its data, not with the topic's partitions. A task reads at most "
+        "`records_per_task` records, and no more than the batch's records shared over `write_parallelism` tasks. "
+        "Ingest batches only (replays read one range a task); which rows and offsets a batch commits is the same "
+        "either way.", default=True
+    )
+    write_parallelism: int = _doc(
+        "How many tasks packing spreads a batch over at least (when it has as many ranges). 0: Spark's default "
+        "parallelism (the cores Spark has); through Spark Connect the server's `spark.default.parallelism`, or this "
+        "machine's cores when it is unset; the inline write (no Spark), this machine's cores.", default=0
+    )
     staging_dir: str | None = _doc(
         "Where each batch's steps leave what the next step reads (plan, manifest, error, quality verdict, "
         "replay and skip records), under `<dir>/<pipeline>/<batch id>/`: a local path (or `file://`) that every "

@@ -196,6 +196,7 @@ def _check_limits_and_maintenance(spec: PipelineSpec) -> None:
         ("batch.max_records", spec.batch.max_records, 1),
         ("batch.records_per_task", spec.batch.records_per_task, 1),
         ("batch.chunk_records", spec.batch.chunk_records, 1),
+        ("batch.write_parallelism", spec.batch.write_parallelism, 0),
         ("validation.chunk_rows", spec.validation.chunk_rows, 1),
         ("format.flatten_max_depth", spec.format.flatten_max_depth, 1),
         ("format.max_nesting_depth", spec.format.max_nesting_depth, 1),

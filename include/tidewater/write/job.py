@@ -1,4 +1,5 @@
-"""The write step as a Spark job: one Spark task per partition sub-range, files written, never committed.
+"""The write step as a Spark job: one Spark task per partition sub-range, or per pack of short ones
+(``write/packing.py``), files written, never committed.
 
 The plan is made before Spark starts and passed in; Spark never decides offsets. Each task reads its
 exact range with confluent-kafka inside the Python worker, decodes with Arrow, and writes Parquet data
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import time
 from typing import Any
@@ -32,7 +34,6 @@ from tidewater.batch import (
     MANIFEST_NAME,
     BatchManifest,
     BatchPlan,
-    PartitionRange,
     PartitionStats,
     StagedFile,
     TableOutput,
@@ -48,87 +49,100 @@ from tidewater.staging import read_parquet
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.evolution import apply_requests
 from tidewater.table.provisional import revert
+from tidewater.write.packing import Pack, task_ranges
 from tidewater.write.sinks import delete_files
-from tidewater.write.task import present_offsets, write_subrange
+from tidewater.write.task import present_offsets, write_ranges
 
 log = logging.getLogger(__name__)
 
 
-def subranges(plan: BatchPlan, records_per_task: int) -> list[PartitionRange]:
-    return [s for r in plan.ranges for s in r.split(records_per_task)]
+def tasks_of(plan: BatchPlan, spec: PipelineSpec, parallelism: int) -> list[Pack]:
+    """The ranges each task of the write step reads (``write/packing.py``): an ingest batch packs its short ranges
+    over ``batch.write_parallelism`` tasks, or ``parallelism`` (the engine's) when that is 0; a replay reads one
+    sub-range a task (the offsets it leaves out are a partition's)."""
+    tasks = task_ranges(plan.ranges, spec.batch.records_per_task, spec.batch.write_parallelism or parallelism,
+                        pack=spec.batch.pack_ranges and plan.mode == "ingest")
+    log.info("batch %s: %d task(s) over %d partition range(s)", plan.batch_id, len(tasks), len(plan.ranges))
+    return tasks
 
 
 def run(sc: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
         timings: dict[str, float] | None = None) -> BatchManifest:
-    """Run the write step on the SparkContext ``sc`` (one Spark task per sub-range) and return the manifest."""
+    """Run the write step on the SparkContext ``sc`` (one Spark task per sub-range or pack) and return the manifest."""
     timings = {} if timings is None else timings
     timings["job_submitted"] = time.time()
-    ranges = subranges(plan, spec.batch.records_per_task)
-    log.info("batch %s: %d sub-ranges over %d partitions", plan.batch_id, len(ranges), len(plan.ranges))
+    tasks = tasks_of(plan, spec, sc.defaultParallelism)
     spec = spec.for_executors()
     batch_id, mode, only = plan.batch_id, plan.mode, plan.tables
-    excludes = present_by_subrange(plan, spec, ranges)
+    excludes = present_by_task(plan, spec, tasks)
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
-        work = [(i, ranges[i], excludes[i]) for i in ids]  # each task carries its own offsets to leave out
+        work = [(i, tasks[i], excludes[i]) for i in ids]  # each task carries its own offsets to leave out
         rdd = sc.parallelize(work, numSlices=len(work))
-        return rdd.map(lambda x: write_subrange(spec, settings, batch_id, x[0], x[1], mode, x[2], only)).collect()
+        return rdd.map(lambda x: write_ranges(spec, settings, batch_id, x[0], x[1], mode, x[2], only)).collect()
 
-    results = write_rounds(execute, plan, spec, len(ranges), timings)
+    results = write_rounds(execute, plan, spec, len(tasks), timings)
     timings["job_done"] = time.time()
     return collect_manifest(plan, spec, results, timings)
+
+
+def connect_parallelism(spark: Any) -> int:
+    """The parallelism packing assumes through the DataFrame API: the session's ``spark.default.parallelism``, or
+    this machine's cores when it is unset (a Spark Connect client cannot ask the server's cores)."""
+    value = spark.conf.get("spark.default.parallelism", None)
+    return int(value) if value else (os.cpu_count() or 1)
 
 
 def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
               timings: dict[str, float] | None = None) -> BatchManifest:
     """The same write step through Spark's DataFrame API, for Spark Connect (which has no RDDs): one
-    partition per sub-range, each running the task code once in ``mapInArrow`` and returning its result
+    partition per task, each running the task code once in ``mapInArrow`` and returning its result
     as one JSON string. Works on a classic SparkSession too."""
     timings = {} if timings is None else timings
     timings["job_submitted"] = time.time()
-    ranges = subranges(plan, spec.batch.records_per_task)
-    log.info("batch %s: %d sub-ranges over %d partitions (DataFrame API)", plan.batch_id, len(ranges), len(plan.ranges))
-    batch_id, mode, excludes, only = plan.batch_id, plan.mode, present_by_subrange(plan, spec, ranges), plan.tables
+    tasks = tasks_of(plan, spec, connect_parallelism(spark))
+    batch_id, mode, excludes, only = plan.batch_id, plan.mode, present_by_task(plan, spec, tasks), plan.tables
     spec = spec.for_executors()
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
-        def tasks(batches: Any) -> Any:
+        def run_tasks(batches: Any) -> Any:
             for b in batches:
-                out = [json.dumps(write_subrange(spec, settings, batch_id, ids[k], ranges[ids[k]], mode, excludes[ids[k]],
-                                                  only))
+                out = [json.dumps(write_ranges(spec, settings, batch_id, ids[k], tasks[ids[k]], mode, excludes[ids[k]],
+                                               only))
                        for k in b.column(0).to_pylist()]
                 yield pa.RecordBatch.from_pydict({"result": out}, schema=pa.schema([("result", pa.string())]))
 
-        # spark.range splits 0..n-1 evenly: exactly one sub-range per partition
-        rows = spark.range(len(ids), numPartitions=len(ids)).mapInArrow(tasks, "result string").collect()
+        # spark.range splits 0..n-1 evenly: exactly one task per partition
+        rows = spark.range(len(ids), numPartitions=len(ids)).mapInArrow(run_tasks, "result string").collect()
         return [json.loads(r["result"]) for r in rows]
 
-    results = write_rounds(execute, plan, spec, len(ranges), timings)
+    results = write_rounds(execute, plan, spec, len(tasks), timings)
     timings["job_done"] = time.time()
     return collect_manifest(plan, spec, results, timings)
 
 
-def present_by_subrange(plan: BatchPlan, spec: PipelineSpec, ranges: list[Any]) -> list[Any]:
-    """Append-missing replays: per sub-range, the offsets the table already holds, read here on the driver
-    from the plan's staged file (once), so that executors never need the staging area."""
+def present_by_task(plan: BatchPlan, spec: PipelineSpec, tasks: list[Pack]) -> list[Any]:
+    """Append-missing replays: per task (one sub-range each: replays are not packed), the offsets the table already
+    holds, read here on the driver from the plan's staged file (once), so that executors never need the staging
+    area."""
     if not plan.exclude_path:
-        return [None] * len(ranges)
-
+        return [None] * len(tasks)
     present = read_parquet(spec.stage(plan.exclude_path))
-    return [present_offsets(present, r) for r in ranges]
+    return [present_offsets(present, only) for (only,) in tasks]
 
 
 def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
-    """The same write step without Spark: sub-ranges one after another in this process."""
-    ranges = subranges(plan, spec.batch.records_per_task)
-    excludes = present_by_subrange(plan, spec, ranges)
+    """The same write step without Spark: the tasks one after another in this process (packed as over this
+    machine's cores)."""
+    tasks = tasks_of(plan, spec, os.cpu_count() or 1)
+    excludes = present_by_task(plan, spec, tasks)
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
-        return [write_subrange(spec, settings, plan.batch_id, i, ranges[i], plan.mode, excludes[i], plan.tables)
+        return [write_ranges(spec, settings, plan.batch_id, i, tasks[i], plan.mode, excludes[i], plan.tables)
                 for i in ids]
 
     timings: dict[str, float] = {}
-    results = write_rounds(execute, plan, spec, len(ranges), timings)
+    results = write_rounds(execute, plan, spec, len(tasks), timings)
     return collect_manifest(plan, spec, results, timings)
 
 
@@ -195,7 +209,7 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
         batch_id=plan.batch_id,
         table=plan.table,
         data_files=tuple(StagedFile.from_json(f) for r in results for f in r["files"]),
-        partitions=tuple(PartitionStats(**r["stats"]) for r in results),
+        partitions=tuple(PartitionStats(**st) for r in results for st in r["stats"]),
         schema_id=schema_id,
         written_at=utc_now_iso(),
         task_timings=tuple(r["timing"] for r in results),

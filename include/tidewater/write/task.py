@@ -195,7 +195,7 @@ def _only_tables(routed: Any, only: frozenset[str]) -> Any:
 
 class _TaskWriter:
     """The state of one task: sinks per table, the dead-letter writer, counts. One method per step of
-    the per-chunk loop; ``write_subrange`` drives it."""
+    the per-chunk loop; ``write_ranges`` drives it."""
 
     def __init__(self, spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
                  mode: str, exclude: Any, probe: bool = False, tables: tuple[str, ...] = ()) -> None:
@@ -207,7 +207,7 @@ class _TaskWriter:
         self.mode = mode
         self.only = frozenset(tables) or None  # routed replays: the target tables asked for (None: every table)
         # offsets to leave out: already read by the driver (an Arrow array), or the plan's staged file (inline runs)
-        self.present_set = exclude  # the offsets to leave out (present_by_subrange), read on the driver
+        self.present_set = exclude  # the offsets to leave out (present_by_task), read on the driver
         self.prefix = f"{batch_id}-{task_id:05d}"
         self.sinks: dict[str, TableSink] = {}
         self._keyed: dict[str, str | None] = {}  # topic -> its change table keyed by the message key (routed)
@@ -225,11 +225,27 @@ class _TaskWriter:
         self.dlq_writer: Any = None
         self.dlq_table: Any = None
         self.dlq_files: list[Any] = []
+        self.done: list[PartitionStats] = []  # the counts of the ranges read before ``rng`` (packed tasks)
+        self.reset_counts()
+
+    def reset_counts(self) -> None:
+        """The counts of one range (``rng``), from zero."""
         self.records = self.dead = self.skipped = self.routed = self.present = 0
         self.first: int | None = None
         self.last: int | None = None
         self.tmin: int | None = None
         self.tmax: int | None = None
+
+    def read(self, ranges: tuple[PartitionRange, ...]) -> None:
+        """Read and write ``ranges`` one after another (the task's first range is ``rng``), each counted apart: a
+        packed task's rows share its sinks, so its files hold several ranges' rows (``write/packing.py``)."""
+        for i, rng in enumerate(ranges):
+            if i:
+                self.done.append(self.range_stats())
+                self.rng = rng
+                self.reset_counts()
+            for chunk in self.chunks():
+                self.process(chunk)
 
     def open_sink(self, ident: str) -> TableSink:
         tspec = self.spec.table_spec(ident) if self.router is not None else self.spec.table
@@ -395,18 +411,21 @@ class _TaskWriter:
         if self.dlq_writer is not None:
             delete_files(self.dlq_table, self.dlq_writer.abort())
 
-    def result(self) -> dict[str, Any]:
+    def range_stats(self) -> PartitionStats:
         rng = self.rng
-        stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, self.records, self.first, self.last, self.tmin,
-                               self.tmax, self.dead, self.skipped, self.routed if self.router is not None else None,
-                               self.present)
+        return PartitionStats(rng.topic, rng.partition, rng.start, rng.end, self.records, self.first, self.last, self.tmin,
+                              self.tmax, self.dead, self.skipped, self.routed if self.router is not None else None,
+                              self.present)
+
+    def result(self) -> dict[str, Any]:
+        stats = [*self.done, self.range_stats()]
         result: dict[str, Any] = {
             "task_id": self.task_id,
             "dead_letter_files": self.dlq_files,
-            "stats": asdict(stats),
+            "stats": [asdict(s) for s in stats],  # one per range the task read
             "timing": {"task_id": self.task_id, "started_at": self.started_at, "finished_at": time.time(),
                        "seconds": time.monotonic() - self.started, "setup_seconds": self.setup_seconds,
-                       "records": self.records, **worker_process()},
+                       "records": sum(s.records for s in stats), **worker_process()},
         }
         if self.single is not None:
             table = self.single.table
@@ -482,13 +501,14 @@ def fewer_collections() -> Any:
         gc.set_threshold(*before)
 
 
-def write_subrange(
-    spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
+def write_ranges(
+    spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, ranges: tuple[PartitionRange, ...],
     mode: str = "ingest", exclude: Any = None, tables: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Read ``rng``, decode, write data files (one TableSink per target table). Returns files and stats,
-    or an error document, or (``evolve``) the schema changes its rows need, for the driver to make before it
-    runs the task again; in both of the latter nothing of what the task wrote is left behind.
+    """One task of the write step: read ``ranges`` (one sub-range, or several short ones packed: see
+    ``write/packing.py``), decode, write data files (one TableSink per target table, shared by the ranges). Returns
+    files and stats (one per range), or an error document, or (``evolve``) the schema changes its rows need, for the
+    driver to make before it runs the task again; in both of the latter nothing of what the task wrote is left behind.
 
     Replays (``mode`` replace or append-missing) count undecodable records as skipped (their dead letters
     were written when the range was first ingested); append-missing leaves out the offsets in ``exclude``
@@ -497,21 +517,16 @@ def write_subrange(
     """
     _leave_a_removed_directory()
     with fewer_collections():
-        return _write_subrange(spec, settings, batch_id, task_id, rng, mode, exclude, tables)
+        return _run_task(spec, task_id, ranges, lambda: _TaskWriter(spec, settings, batch_id, task_id, ranges[0], mode,
+                                                                    exclude, tables=tables))
 
 
-def _write_subrange(spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
-                    mode: str, exclude: Any, tables: tuple[str, ...]) -> dict[str, Any]:
-    return _run_task(spec, task_id, lambda: _TaskWriter(spec, settings, batch_id, task_id, rng, mode, exclude, tables=tables))
-
-
-def _run_task(spec: PipelineSpec, task_id: int, make: Any) -> dict[str, Any]:
-    """Run the writer ``make()`` returns over its chunks: its result, the schema changes it needs, or its error."""
+def _run_task(spec: PipelineSpec, task_id: int, ranges: tuple[PartitionRange, ...], make: Any) -> dict[str, Any]:
+    """Run the writer ``make()`` returns over ``ranges``: its result, the schema changes it needs, or its error."""
     writer = None
     try:
         writer = make()
-        for chunk in writer.chunks():
-            writer.process(chunk)
+        writer.read(ranges)
         needs = writer.requests()
         if needs:  # the driver changes the table and runs this task again: nothing written here may count
             writer.abort()
@@ -560,6 +575,6 @@ class _LetterWriter(_TaskWriter):
 def write_letters(spec: PipelineSpec, batch_id: str, task_id: int, rng: PartitionRange, letters: Any,
                   exclude: Any = None) -> dict[str, Any]:
     """Decode and write the dead letters ``letters`` (rows of the dead-letter table of ``rng``'s partition, sorted by
-    offset) as one task of a retry; the result is ``write_subrange``'s. The error path: a Python step per letter to
+    offset) as one task of a retry; the result is ``write_ranges``'. The error path: a Python step per letter to
     make the chunk is fine here (letters are few)."""
-    return _run_task(spec, task_id, lambda: _LetterWriter(spec, batch_id, task_id, rng, letters, exclude))
+    return _run_task(spec, task_id, (rng,), lambda: _LetterWriter(spec, batch_id, task_id, rng, letters, exclude))
