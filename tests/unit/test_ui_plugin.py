@@ -39,3 +39,36 @@ def test_retry_decisions_apply_in_source_order_and_refuse_a_later_change():
     assert apply.to_pylist() == [True, False, False, False, True]
     assert [k for k, _ in refused] == [1, 2, 3]
     assert "offset 20" in refused[0][1] and "partition 1" in refused[1][1] and refused[2][1] == "removed by snapshot 7"
+
+
+def test_the_view_loads_a_pipeline_file_again_only_when_it_changed(tmp_path, monkeypatch):
+    """The navigation page asks for the list, then each pipeline's overview; every request looks pipelines up. Each
+    file is loaded once while it is unchanged (three lookups: three loads for three files, not nine); a changed file
+    is loaded again, a removed one is gone, a broken one is left out without hiding the others."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from tidewater.config import parse
+    from tidewater.runtime import ui
+
+    repo = Path(__file__).resolve().parents[2]
+    example = (repo / "include" / "pipelines" / "pizzas.yaml").read_text()
+    shutil.copy(repo / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
+    for name in ("a", "b", "c"):
+        (tmp_path / f"{name}.yaml").write_text(example.replace("name: pizzas", f"name: {name}"))
+    monkeypatch.setenv("TIDEWATER_PIPELINES_DIR", str(tmp_path))
+    monkeypatch.setattr(ui, "_LOADED", {})
+    loads = []
+    real = parse.load_pipeline
+    monkeypatch.setattr(parse, "load_pipeline", lambda path: loads.append(Path(path).stem) or real(path))
+    for _ in range(3):
+        assert sorted(ui._pipelines()) == ["a", "b", "c"]
+    assert sorted(loads) == ["a", "b", "c"]
+    changed = tmp_path / "b.yaml"
+    changed.write_text(example.replace("name: pizzas", "name: b2"))
+    os.utime(changed, ns=(1, 1))  # a different modification time whatever the clock's resolution
+    (tmp_path / "c.yaml").unlink()
+    (tmp_path / "d.yaml").write_text("name: d\nkafka: {bootstrp_servers: x}\n")
+    assert sorted(ui._pipelines()) == ["a", "b2"]
+    assert sorted(loads) == ["a", "b", "b", "c", "d"]

@@ -39,17 +39,37 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "ui_static"  # the React apps' bundle, built by `make setup` (ui_app/)
 
 
+# pipeline file -> ((modification time, size), its spec or None when it does not load): see _pipelines
+_LOADED: dict[Path, tuple[tuple[int, int], Any]] = {}
+
+
 def _pipelines() -> dict[str, Any]:
+    """Every pipeline of the pipelines folder that loads, by name. A file is loaded again only when it changed (its
+    modification time or size): the navigation page asks for the list, then for each pipeline's overview, and each
+    of those requests looks its pipeline up here, so loading every file per request made the page's cost grow with the
+    square of the pipelines (``make bench-scale``). A broken file is logged when it is first seen broken."""
     from tidewater.config.parse import discover_pipelines, load_pipeline
 
     out = {}
-    for path in discover_pipelines():
+    paths = discover_pipelines()
+    for path in paths:
         try:
-            spec = load_pipeline(path)
-        except Exception as e:  # noqa: BLE001 - a broken file is shown as such, never hides the others
-            log.warning("pipeline file %s: %s", path, e)
+            st = path.stat()
+        except OSError:  # removed since the folder was listed
             continue
-        out[spec.name] = spec
+        stamp = (st.st_mtime_ns, st.st_size)
+        cached = _LOADED.get(path)
+        if cached is None or cached[0] != stamp:
+            try:
+                spec = load_pipeline(path)
+            except Exception as e:  # noqa: BLE001 - a broken file is shown as such, never hides the others
+                log.warning("pipeline file %s: %s", path, e)
+                spec = None
+            cached = _LOADED[path] = (stamp, spec)
+        if cached[1] is not None:
+            out[cached[1].name] = cached[1]
+    for gone in set(_LOADED) - set(paths):
+        _LOADED.pop(gone, None)
     return out
 
 
