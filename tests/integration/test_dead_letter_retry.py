@@ -391,3 +391,38 @@ def test_a_retry_the_quality_gate_rejects_commits_nothing_and_releases_its_lette
     assert state.counts(spec)["retrying"] == 0
     _relax(path)
     assert dead_letters.retry(load_pipeline(path), error_class="NullInRequiredColumn")["resolved"] == 3
+
+
+def test_a_refusal_lands_on_its_own_topics_letter_when_two_topics_share_an_offset(broker, home, topic):
+    """A routed retry over two topics whose letters sit at the same partition and offset: topic a's letter (an update
+    of id 2 to a null item, followed by a later update that is the row) is refused by the change table rpc.ca; topic
+    b's letter (a row with a null item) is appended to rpc.hb. Expected: a's letter stays open with the refusal's
+    reason, b's is resolved, rpc.hb holds all 4 rows and rpc.ca the source's rows (before the fix the refusal, keyed
+    by partition and offset only, also fell on b's letter, which stayed open though its row had landed)."""
+    a, b = topic + "-a", topic + "-b"
+    path = write_pipeline(home, name="two", topics=[a, b], kafka={"bootstrap_servers": broker.bootstrap},
+                          table={"identifier": ""}, routing={"namespace": "rpc"}, format={"metadata": "prefixed"},
+                          tables=[{"identifier": "rpc.ca", "topics": [a], "id_columns": ["id"], "op_field": "op"},
+                                  {"identifier": "rpc.hb", "topics": [b]}],
+                          validation={"not_null": ["id", "item"], "not_null_policy": "dead_letter"})
+    spec = load_pipeline(path)
+    produce_to_partition(broker.bootstrap, a, 0, [_change(1, "I", "a"), _change(2, "I", "b"), _change(2, "U", None, 2.0),
+                                                  _change(2, "U", "b3", 3.0)])
+    produce_to_partition(broker.bootstrap, b, 0, [json.dumps({"id": i, "item": None if i == 2 else f"i{i}"}).encode()
+                                                  for i in range(4)])
+    assert ingest_inline(spec).dead_letters == 2
+    assert sorted((r["topic"], r["offset"]) for r in state.letters(spec).to_pylist()) == [(a, 2), (b, 2)]
+    doc = yaml.safe_load(path.read_text())
+    doc["validation"] = {"not_null": ["id"]}
+    path.write_text(yaml.safe_dump(doc))
+    spec = load_pipeline(path)
+
+    result = dead_letters.retry(spec)
+    assert (result["letters"], result["resolved"], result["refused"]) == (2, 1, 1), result
+    opened = state.letters(spec, state="open").to_pylist()
+    assert [(r["topic"], r["offset"]) for r in opened] == [(a, 2)]
+    assert "later change of the key is applied" in opened[0]["reason"]
+    assert [(r["topic"], r["offset"]) for r in state.letters(spec, state="resolved").to_pylist()] == [(b, 2)]
+    catalog = load_catalog(spec)
+    assert sorted(load_table(catalog, "rpc.hb").scan().to_arrow().column("id").to_pylist()) == [0, 1, 2, 3]
+    assert {r["id"]: r["item"] for r in load_table(catalog, "rpc.ca").scan().to_arrow().to_pylist()} == {1: "a", 2: "b3"}

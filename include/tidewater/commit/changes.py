@@ -53,6 +53,7 @@ from tidewater.table.summary import (
 from tidewater.transform.changes import (
     OFFSET,
     PARTITION,
+    TOPIC,
     count_effects,
     cut_at_truncates,
     net_changes,
@@ -344,7 +345,7 @@ def retry_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, s
     order (reduced to one per key, like a batch) where no later change of the same key is already applied, and
     refused where one is: a live row written by a later offset or by another partition, or (no live row) a
     snapshot since the letters' batch that removed a row of the key (``transform.changes.retry_decisions``). The
-    refused letters are stamped on the snapshot (``refused_letters``: [partition, offset, why]) for the retry to
+    refused letters are stamped on the snapshot (``refused_letters``: [topic, partition, offset, why]) for the retry to
     leave them open; the committed offsets stay as they are."""
     ids, branch = list(spec.table.id_columns), spec.table.branch
     if "rows" not in state:  # sorted as net_changes sorts them, so that net.group indexes these rows
@@ -374,9 +375,10 @@ def retry_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, s
     counts: dict[str, Any] = {
         "applied": int(pc.sum(pc.cast(pc.take(applied, net.group), pa.int64())).as_py() or 0),
         "refused": refused_rows.num_rows,
-        "refused_letters": [[p, o, why[k]] for p, o, k in zip(refused_rows.column(PARTITION).to_pylist(),
-                                                               refused_rows.column(OFFSET).to_pylist(),
-                                                               net.group.filter(refusing).to_pylist())],
+        "refused_letters": [[t, p, o, why[k]] for t, p, o, k in zip(refused_rows.column(TOPIC).to_pylist(),
+                                                                     refused_rows.column(PARTITION).to_pylist(),
+                                                                     refused_rows.column(OFFSET).to_pylist(),
+                                                                     net.group.filter(refusing).to_pylist(), strict=True)],
         "position_deletes": sum(len(p) for _, p in hits)}
     state["counts"], state["files"] = counts, written
     props = properties(table)

@@ -54,7 +54,7 @@ from tidewater.table.catalog import (
     load_table,
     resolution_table_name,
 )
-from tidewater.table.letters import KEY, OPEN, keys_of, letter_states, letters, tally
+from tidewater.table.letters import KEY, OPEN, OUTCOMES, LetterState, classify, keys_of, letter_states, letters, refusals, tally
 from tidewater.table.provenance import present_offsets
 from tidewater.table.summary import BATCH_ID, PIPELINE, RECORDS, changes_of, find_batch_snapshot, summary_dict
 from tidewater.table.targets import holder_state, target_tables, target_view
@@ -101,7 +101,7 @@ def _filters(error_class: str | None, batch: str | None) -> str:
 
 def in_flight(catalog: Any, spec: PipelineSpec) -> list[tuple[str, pa.Table]]:
     """Retries that claimed letters and recorded no outcome (killed): (batch id, the claimed letters with payloads)."""
-    claimed = letters(spec, catalog, state="retrying")
+    claimed = letters(spec, catalog, state=LetterState.RETRYING)
     if claimed.num_rows == 0:
         return []
     out = []
@@ -126,7 +126,7 @@ def claim(catalog: Any, spec: PipelineSpec, chosen: pa.Table, rid: str, by: str)
 
     def rows_of(table: Any) -> pa.Table:
         taken["letters"] = still_open(table)
-        return _resolution_rows(spec, taken["letters"], "retrying", rid, by)
+        return _resolution_rows(spec, taken["letters"], LetterState.RETRYING, rid, by)
 
     _record(catalog, spec, rows_of, f"{rid}/claim", f"retry {rid} (claim)")
     return taken["letters"]  # set by the attempt that committed (a fresh id: never committed before this call)
@@ -149,7 +149,7 @@ def finish(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, by: st
     except TidewaterError as e:
         if not e.transient and not committed_before and not _landed(catalog, spec, rid):
             why = str(e)
-            _record(catalog, spec, lambda _t: _resolution_rows(spec, claimed, "released", rid, by, reason=why),
+            _record(catalog, spec, lambda _t: _resolution_rows(spec, claimed, LetterState.RELEASED, rid, by, reason=why),
                     f"{rid}/done", f"retry {rid} (released)")
             say(f"retry {rid} failed before it committed anything; its {claimed.num_rows} letters are open again: {e}")
         raise
@@ -163,8 +163,7 @@ def finish(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, by: st
         f"({_rows(manifest)} rows written, {manifest.present} already present), {n.get('failed-again', 0)} failed "
         f"again, {n.get('refused', 0)} refused, {n.get('skipped', 0)} skipped")
     return {"status": status, "batch_id": rid, "letters": claimed.num_rows, "rows": _rows(manifest),
-            "already_present": manifest.present, "resolved": n.get("resolved", 0),
-            "failed_again": n.get("failed-again", 0), "refused": n.get("refused", 0), "skipped": n.get("skipped", 0),
+            "already_present": manifest.present, **{s.value.replace("-", "_"): n.get(s.value, 0) for s in OUTCOMES},
             "snapshots": snapshots}
 
 
@@ -241,29 +240,17 @@ def _outcome(spec: PipelineSpec, catalog: Any, plan: BatchPlan, claimed: pa.Tabl
             t = pq.read_table(fh, columns=["topic", "partition", "offset", "error_class", "error_message"])
         for r in t.to_pylist():
             again[(r["topic"], r["partition"], r["offset"])] = f"{r['error_class']}: {r['error_message']}"
-    refused: dict[tuple[int, int], str] = {}
+    refused: dict[tuple[str | None, int, int], str] = {}
     for ident, snap_id in snapshots.items():
         changes = changes_of(summary_dict(load_table(catalog, ident).snapshot_by_id(int(snap_id)))) or {}
-        for p, o, why in changes.get("refused_letters", []):
-            refused[(int(p), int(o))] = f"refused by {ident}: {why}"
+        refused.update(refusals(changes.get("refused_letters", []), ident))
     no_row = _without_a_row(spec, catalog, plan, claimed) if manifest.skipped else set()
-    states, reasons = [], []
-    for t, p, o in zip(*(claimed.column(c).to_pylist() for c in ("topic", "partition", "offset"))):
-        if (t, p, o) in again:
-            states.append("failed-again")
-            reasons.append(again[(t, p, o)])
-        elif (p, o) in refused:
-            states.append("refused")
-            reasons.append(refused[(p, o)])
-        elif (t, p, o) in no_row:
-            states.append("skipped")
-            reasons.append("decoded, but the pipeline's settings skip it (a tombstone, a record no route takes): no row")
-        else:
-            states.append("resolved")
-            reasons.append(None)
-    rows = _resolution_rows(spec, claimed, "resolved", plan.batch_id, by, snapshots=json.dumps(snapshots, sort_keys=True))
-    return rows.set_column(rows.schema.get_field_index("state"), "state", pa.array(states, pa.string())).set_column(
-        rows.schema.get_field_index("reason"), "reason", pa.array(reasons, pa.string()))
+    coordinates = list(zip(*(claimed.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
+    states, reasons = zip(*classify(coordinates, again, refused, no_row), strict=True) if coordinates else ((), ())
+    rows = _resolution_rows(spec, claimed, LetterState.RESOLVED, plan.batch_id, by, snapshots=json.dumps(snapshots, sort_keys=True))
+    return rows.set_column(rows.schema.get_field_index("state"), "state",
+                           pa.array([st.value for st in states], pa.string())).set_column(
+        rows.schema.get_field_index("reason"), "reason", pa.array(list(reasons), pa.string()))
 
 
 def _without_a_row(spec: PipelineSpec, catalog: Any, plan: BatchPlan, claimed: pa.Table) -> set[tuple[str, int, int]]:
@@ -307,7 +294,7 @@ def drop(spec: PipelineSpec, *, reason: str, error_class: str | None = None, bat
     def rows_of(_table: Any) -> pa.Table:
         still = letters(spec, catalog, error_class=error_class, batch=batch, state="open", payload=False)
         kept["n"] = still.num_rows
-        return _resolution_rows(spec, still, "dropped", did, by, reason=reason.strip())
+        return _resolution_rows(spec, still, LetterState.DROPPED, did, by, reason=reason.strip())
 
     _record(catalog, spec, rows_of, did, f"drop {did}")
     say(f"dropped {kept.get('n', 0)} dead letters ({did}): {reason.strip()}")
@@ -317,13 +304,13 @@ def drop(spec: PipelineSpec, *, reason: str, error_class: str | None = None, bat
 # ---- the resolution table -------------------------------------------------------------------------------------------
 
 
-def _resolution_rows(spec: PipelineSpec, chosen: pa.Table, state: str, action: str, by: str, reason: str | None = None,
-                     snapshots: str | None = None) -> pa.Table:
+def _resolution_rows(spec: PipelineSpec, chosen: pa.Table, state: LetterState, action: str, by: str,
+                     reason: str | None = None, snapshots: str | None = None) -> pa.Table:
     n = chosen.num_rows
     return pa.table({
         "topic": chosen.column("topic"), "partition": chosen.column("partition").cast(pa.int32()),
         "offset": chosen.column("offset"), "letter_batch_id": chosen.column("letter_batch_id"),
-        "pipeline": pa.array([spec.name] * n, pa.string()), "state": pa.array([state] * n, pa.string()),
+        "pipeline": pa.array([spec.name] * n, pa.string()), "state": pa.array([state.value] * n, pa.string()),
         "action_id": pa.array([action] * n, pa.string()), "snapshots": pa.array([snapshots] * n, pa.string()),
         "reason": pa.array([reason] * n, pa.string()), "by": pa.array([by] * n, pa.string()),
         "at": pa.array([datetime.now(timezone.utc)] * n, pa.timestamp("us", tz="UTC")),
@@ -340,7 +327,7 @@ def _record(catalog: Any, spec: PipelineSpec, rows_of: Any, marker: str, what: s
         if table.current_snapshot() is not None:
             done = table.scan(row_filter=EqualTo("action_id", action), selected_fields=("state",)).to_arrow()
             states = set(done.column("state").to_pylist())
-            if (phase == "claim" and states) or (phase != "claim" and states - {"retrying"}):
+            if (phase == "claim" and states) or (phase != "claim" and states - {LetterState.RETRYING.value}):
                 return None
         rows = rows_of(table)
         if rows.num_rows == 0:

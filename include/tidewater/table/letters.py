@@ -5,6 +5,8 @@ describes the states). For the CLI's listing, the Tidewater view and the audit."
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
@@ -16,8 +18,59 @@ from tidewater.errors import ConfigError
 from tidewater.table.catalog import RESOLUTION_SCHEMA, load_catalog, load_table, resolution_table_name
 
 KEY = ["topic", "partition", "offset", "letter_batch_id"]
-OPEN = ("released", "refused", "failed-again")  # states after which a letter is open again
-STATES = ("open", "retrying", "resolved", "skipped", "dropped")  # a letter that failed again is open
+
+
+class LetterState(StrEnum):
+    """What a row of the resolution table says became of a letter (``ops/dead_letters.py`` describes each); a
+    letter's state is its newest row's, and a letter without one is open."""
+
+    RELEASED = "released"
+    REFUSED = "refused"
+    FAILED_AGAIN = "failed-again"
+    RETRYING = "retrying"
+    RESOLVED = "resolved"
+    SKIPPED = "skipped"
+    DROPPED = "dropped"
+
+
+OPEN = tuple(s.value for s in (LetterState.RELEASED, LetterState.REFUSED, LetterState.FAILED_AGAIN))  # open again
+STATES = ("open", "retrying", "resolved", "skipped", "dropped")  # what a letter is now (a letter that failed again is open)
+OUTCOMES = (LetterState.RESOLVED, LetterState.FAILED_AGAIN, LetterState.REFUSED, LetterState.SKIPPED)  # of a retry
+SKIPPED_REASON = "decoded, but the pipeline's settings skip it (a tombstone, a record no route takes): no row"
+
+Coordinates = tuple[str, int, int]  # a record's topic, partition and offset
+
+
+def classify(claimed: list[Coordinates], again: Mapping[Coordinates, str],
+             refused: Mapping[tuple[str | None, int, int], str],
+             without_row: set[Coordinates]) -> list[tuple[LetterState, str | None]]:
+    """The outcome of each letter a retry claimed, in order, with its reason: ``failed-again`` when a new letter of the
+    retry holds its coordinates (``again``: its new error), ``refused`` when a change table refused its change
+    (``refused``, keyed by topic, partition and offset; a refusal an earlier version stamped names no topic, None, and
+    stands for that partition and offset in every topic), ``skipped`` when it decoded but no table holds its offset
+    (``without_row``), else ``resolved``. Pure: the caller reads the files and snapshots."""
+    out: list[tuple[LetterState, str | None]] = []
+    for c in claimed:  # the error path: letters are few
+        why = refused.get(c) or refused.get((None, c[1], c[2]))
+        if c in again:
+            out.append((LetterState.FAILED_AGAIN, again[c]))
+        elif why is not None:
+            out.append((LetterState.REFUSED, why))
+        elif c in without_row:
+            out.append((LetterState.SKIPPED, SKIPPED_REASON))
+        else:
+            out.append((LetterState.RESOLVED, None))
+    return out
+
+
+def refusals(stamped: list[list[Any]], table: str) -> dict[tuple[str | None, int, int], str]:
+    """A change table's refused letters as its retry commit stamped them (``refused_letters``: [topic, partition,
+    offset, why], or [partition, offset, why] from before the topic was stamped), keyed for ``classify``."""
+    out: dict[tuple[str | None, int, int], str] = {}
+    for entry in stamped:
+        t, p, o, why = entry if len(entry) == 4 else (None, *entry)
+        out[(t, int(p), int(o))] = f"refused by {table}: {why}"
+    return out
 PREVIEW_BYTES = 512  # of a letter's payload, in the view and the CLI's listing
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-PARTITION, OFFSET = "_kafka_partition", "_kafka_offset"
+TOPIC, PARTITION, OFFSET = "_kafka_topic", "_kafka_partition", "_kafka_offset"
 
 
 def bad_ops(rows: pa.Table, op_column: str | None, op_values: dict[str, str]) -> dict[int, str]:

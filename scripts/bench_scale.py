@@ -1,0 +1,246 @@
+"""`make bench-scale`: what Tidewater's costs do as a platform grows, each against its N, with the fixes' before
+and after measured in the same run. Writes a section of BENCHMARKS.md and the chart docs/img/bench-scale.png.
+
+Curves (each one's N in brackets, as run by default):
+
+1. pipelines [1, 50, 200, 500]: the DAG file parsed as a task's start parses it (Airflow's parsing context naming
+   the task's DAG) and as the DAG processor parses it (every DAG); before the parsing-context fix every task paid
+   the processor's parse. The view's pipeline lookups: the navigation page asks for the list, then each pipeline's
+   overview, every request looking its pipeline up; before, each lookup loaded every pipeline file (the page's
+   file loads, N+1 times a folder load, are projected from the folder load measured here), now a file is loaded
+   again only when it changed (the page's lookups measured).
+2. partitions of one topic [6, 100, 1000], 100,000 records a batch: one batch through the real steps (plan,
+   spark-submit write on local[2], gate, commit) with short ranges packed into a task (now) and one task per
+   partition (before, `batch.pack_ranges: false`): each step's time, the data files and bytes the batch commits.
+
+Each parse runs in a fresh interpreter (the DagBag's construction timed inside it, the interpreter's start and
+Airflow's import left out); the median of ``--repeat`` runs is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "include"))
+sys.path.insert(0, str(REPO))
+
+from scripts.benchlib import command_line, fresh_home, timed_batch, write_section  # noqa: E402
+
+BEGIN, END = "<!-- scale:begin -->", "<!-- scale:end -->"
+CHART = REPO / "docs" / "img" / "bench-scale.png"
+
+PARSE = """
+import json, sys, time
+from airflow.dag_processing.dagbag import DagBag
+t0 = time.perf_counter()
+bag = DagBag(dag_folder=sys.argv[1])
+print(json.dumps({"seconds": time.perf_counter() - t0, "dags": len(bag.dags), "errors": len(bag.import_errors)}))
+"""
+
+
+def pipeline_folder(folder: Path, n: int) -> None:
+    """``n`` pipeline files (the pizza example, each its own name, topic and table), as tests/dags does."""
+    folder.mkdir(parents=True, exist_ok=True)
+    example = (REPO / "include" / "pipelines" / "pizzas.yaml").read_text()
+    shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", folder)
+    for i in range(n):
+        name = f"p{i:04d}"
+        (folder / f"{name}.yaml").write_text(example.replace("name: pizzas", f"name: {name}")
+                                             .replace("completed-pizzas", f"topic-{name}").replace("rpc.pizzas", f"rpc.{name}"))
+
+
+def parse_seconds(folder: Path, dag_id: str | None, repeat: int) -> tuple[float, int]:
+    """(median seconds of the DagBag's construction, DAGs built) in fresh interpreters."""
+    env = {**os.environ, "TIDEWATER_PIPELINES_DIR": str(folder)}
+    env.pop("_AIRFLOW_PARSING_CONTEXT_DAG_ID", None)
+    if dag_id:
+        env["_AIRFLOW_PARSING_CONTEXT_DAG_ID"] = dag_id
+    runs = []
+    for _ in range(repeat):
+        done = subprocess.run([sys.executable, "-c", PARSE, str(REPO / "dags")], env=env, capture_output=True, text=True,
+                              check=True)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert all(r["errors"] == 0 for r in runs), runs
+    return statistics.median(r["seconds"] for r in runs), runs[0]["dags"]
+
+
+def view_lookups(folder: Path, n: int, repeat: int) -> tuple[float, float]:
+    """(seconds to load every pipeline file once, seconds of the navigation page's N+1 lookups now): the list, then
+    one lookup per pipeline's overview, through the view's lookup (files loaded again only when changed)."""
+    from tidewater.config.parse import discover_pipelines, load_pipeline
+    from tidewater.runtime import ui
+
+    os.environ["TIDEWATER_PIPELINES_DIR"] = str(folder)
+    load_all, page = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for path in discover_pipelines():
+            load_pipeline(path)
+        load_all.append(time.perf_counter() - t0)
+        ui._LOADED.clear()
+        t0 = time.perf_counter()
+        names = list(ui._pipelines())
+        for name in names:
+            ui._pipelines().get(name)
+        page.append(time.perf_counter() - t0)
+        assert len(names) == n
+    return statistics.median(load_all), statistics.median(page)
+
+
+def pipelines_curve(work: Path, counts: list[int], repeat: int) -> list[dict]:
+    rows = []
+    for n in counts:
+        folder = work / f"pipelines-{n}"
+        pipeline_folder(folder, n)
+        task, task_dags = parse_seconds(folder, "ingest_p0000", repeat)
+        processor, dags = parse_seconds(folder, None, repeat)
+        load_all, page = view_lookups(folder, n, repeat)
+        rows.append({"pipelines": n, "dags": dags, "task_dags": task_dags, "task_parse": task, "processor_parse": processor,
+                     "load_all": load_all, "page_before": (n + 1) * load_all, "page_after": page})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def partitions_curve(work: Path, counts: list[int], records: int, master: str) -> list[dict]:
+    import yaml
+
+    from tidewater.config.parse import load_pipeline
+    from tidewater.dev import broker as embedded
+    from tidewater.dev.sample_data import pizza_events, produce
+    from tidewater.table.catalog import load_catalog, load_table
+
+    rows = []
+    values = pizza_events(records, seed=1)
+    b = embedded.start(log_path=work / "broker.log")
+    try:
+        for parts in counts:
+            topic = f"scale-{parts}"
+            produce(b.bootstrap, topic, values, partitions=parts)
+            for packed in (False, True):
+                name = f"p{parts}_{'packed' if packed else 'apart'}"
+                path = work / f"{name}.yaml"
+                path.write_text(yaml.safe_dump({
+                    "name": name, "topics": [topic], "table": {"identifier": f"bench.{name}"}, "schedule": None,
+                    "kafka": {"bootstrap_servers": b.bootstrap}, "spark": {"master": master},
+                    "batch": {"max_records": records, "pack_ranges": packed}}))
+                spec = load_pipeline(path)
+                out = timed_batch(spec, master)
+                snap = load_table(load_catalog(spec), spec.table.identifier).current_snapshot()
+                props = snap.summary.additional_properties
+                rows.append({"partitions": parts, "packed": packed, "records": out["records"],
+                             "plan": out["plan"], "write": out["write"], "validate": out["validate"],
+                             "commit": out["commit"], "total": out["total"],
+                             "files": int(props["added-data-files"]), "bytes": int(props["added-files-size"])})
+                print(rows[-1], flush=True)
+    finally:
+        b.stop()
+    return rows
+
+
+def chart(pipes: list[dict], parts: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    if pipes:
+        n = [r["pipelines"] for r in pipes]
+        ax = axes[0]
+        ax.plot(n, [r["processor_parse"] for r in pipes], "o-", label="task start, before (= the DAG processor's parse)")
+        ax.plot(n, [r["task_parse"] for r in pipes], "o-", label="task start, now (parsing context)")
+        ax.set(xscale="log", yscale="log", xlabel="pipelines in the folder", ylabel="seconds",
+               title="Parsing the DAG file")
+        ax.legend(fontsize=8)
+        ax = axes[1]
+        ax.plot(n, [r["page_before"] for r in pipes], "o--", label="before (projected: N+1 folder loads)")
+        ax.plot(n, [r["page_after"] for r in pipes], "o-", label="now (each file loaded once)")
+        ax.set(xscale="log", yscale="log", xlabel="pipelines", ylabel="seconds",
+               title="Navigation page: pipeline lookups")
+        ax.legend(fontsize=8)
+    if parts:
+        ax = axes[2]
+        for packed, style in ((False, "o--"), (True, "o-")):
+            sel = [r for r in parts if r["packed"] == packed]
+            ax.plot([r["partitions"] for r in sel], [r["files"] for r in sel], style,
+                    label="files, " + ("packed (now)" if packed else "a task per partition (before)"))
+        ax.set(xscale="log", yscale="log", xlabel="partitions of the topic (100,000 records a batch)",
+               ylabel="data files a batch commits", title="Files per batch")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    CHART.parent.mkdir(exist_ok=True)
+    fig.savefig(CHART, dpi=90)
+
+
+def section(cmd: str, pipes: list[dict], parts: list[dict], cores: int) -> str:
+    lines = [BEGIN, "## Platform scale (`make bench-scale`)", "",
+             f"Command: `{cmd}` ({time.strftime('%Y-%m-%d', time.gmtime())}, {cores} cores). "
+             "Chart: [docs/img/bench-scale.png](docs/img/bench-scale.png).", "",
+             "![costs against their N](docs/img/bench-scale.png)", ""]
+    if pipes:
+        one = pipes[0]
+        lines += ["### 1. Pipelines in one folder", "",
+                  "| pipelines | DAGs | task start: parse now (DAGs built) | before = the DAG processor's parse | "
+                  "now / 1 pipeline | view: folder load | navigation page lookups before (projected) | now |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in pipes:
+            lines.append(f"| {r['pipelines']} | {r['dags']} | {r['task_parse']:.2f} s ({r['task_dags']}) | "
+                         f"{r['processor_parse']:.2f} s | {r['task_parse'] / one['task_parse']:.2f}x | "
+                         f"{r['load_all']:.2f} s | {r['page_before']:.1f} s | {r['page_after']:.2f} s |")
+        last = pipes[-1]
+        lines += ["", f"A task's parse at {last['pipelines']} pipelines is {last['task_parse'] / one['task_parse']:.2f}x "
+                  f"one pipeline's (before: {last['processor_parse'] / one['processor_parse']:.1f}x, the whole folder "
+                  "built for every task). The DAG processor still builds every DAG, so its parse grows with the "
+                  "folder: that is Airflow's own cost, once per parse interval, not once per task. The navigation page "
+                  "looked every file up again for each pipeline's overview (quadratic); now each file is loaded once "
+                  "while unchanged, so the page's lookups grow with the pipelines. The page's overview requests still "
+                  "ask Kafka and the catalog once per pipeline (not measured here).", ""]
+    if parts:
+        lines += [f"### 2. Partitions of one topic, {parts[0]['records']:,} records a batch (spark-submit, local[2])", "",
+                  "| partitions | tasks | plan | write | gate | commit | batch | data files | MB |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in parts:
+            lines.append(f"| {r['partitions']} | {'packed' if r['packed'] else 'one per partition'} | {r['plan']:.2f} s | "
+                         f"{r['write']:.1f} s | {r['validate']:.2f} s | {r['commit']:.2f} s | {r['total']:.1f} s | "
+                         f"{r['files']} | {r['bytes'] / 1e6:.2f} |")
+        big = [r for r in parts if r["partitions"] == max(p["partitions"] for p in parts)]
+        apart, packed = (next(r for r in big if r["packed"] == k) for k in (False, True))
+        lines += ["", f"At {apart['partitions']} partitions one task per partition wrote {apart['files']} files "
+                  f"({apart['bytes'] / 1e6:.1f} MB) for {apart['records']:,} records; packed, {packed['files']} "
+                  f"({packed['bytes'] / 1e6:.1f} MB), and the batch took {packed['total'] / apart['total']:.2f}x the "
+                  "time. Files now grow with the data and the write's parallelism, not the partitions; plan and commit "
+                  "still grow with the partitions (one watermark and one offset per partition).", ""]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pipelines", default="1,50,200,500", help="pipeline counts (empty: skip the curve)")
+    ap.add_argument("--partitions", default="6,100,1000", help="partition counts (empty: skip the curve)")
+    ap.add_argument("--records", type=int, default=100_000, help="records a batch in the partitions curve")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per parse measurement (median)")
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
+    args = ap.parse_args(argv)
+    work = fresh_home("bench-scale")
+    counts = [int(x) for x in args.pipelines.split(",") if x]
+    pipes = pipelines_curve(work, counts, args.repeat) if counts else []
+    counts = [int(x) for x in args.partitions.split(",") if x]
+    parts = partitions_curve(work, counts, args.records, args.master) if counts else []
+    chart(pipes, parts)
+    write_section(args.output, BEGIN, END, section(command_line("make bench-scale"), pipes, parts, os.cpu_count() or 0))
+
+
+if __name__ == "__main__":
+    main()
