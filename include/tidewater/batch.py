@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,6 +56,50 @@ class PartitionRange:
         ]
 
 
+class Mode(StrEnum):
+    """What a batch is: whether it moves the committed offsets, how its batch id starts, and what each target table
+    does with it (``for_table``). Replays and backfills re-read committed ranges (``plan/replay.py``)."""
+
+    INGEST = "ingest"  # the next offsets (a scheduled or triggered batch)
+    SKIP = "skip"  # an operator's skip: the range becomes dead letters and the offsets move past it (ops/skip.py)
+    REPLACE = "replace"  # a replay: the range's rows deleted, the re-read ones appended
+    APPEND_MISSING = "append-missing"  # a replay: only offsets the table does not hold are appended
+    REAPPLY = "reapply"  # a replay of changes: each applied again where it is still its key's latest
+    RETRY = "retry"  # a dead-letter retry (ops/dead_letters.py)
+
+    @property
+    def moves_offsets(self) -> bool:
+        """Its commit advances the holder's offsets (the others keep them: their ranges are committed already)."""
+        return self in (Mode.INGEST, Mode.SKIP)
+
+    @property
+    def prefix(self) -> str:
+        """How its batch ids start (an ingest batch's id is the bare time-ordered id: see ``is_ingest_batch``)."""
+        return _PREFIXES[self]
+
+    def new_batch_id(self) -> str:
+        return self.prefix + new_batch_id()
+
+    def for_table(self, applies_changes: bool) -> Mode:
+        """The mode a target table commits the batch in: a replay's change table is always reapplied, its append table
+        gets the replay's mode (``replace`` for a replay that reapplies); other modes are every table's."""
+        if self not in (Mode.REPLACE, Mode.APPEND_MISSING, Mode.REAPPLY):
+            return self
+        if applies_changes:
+            return Mode.REAPPLY
+        return Mode.REPLACE if self is Mode.REAPPLY else self
+
+
+_PREFIXES = {Mode.INGEST: "", Mode.SKIP: "skip-", Mode.REPLACE: "replay-", Mode.APPEND_MISSING: "replay-",
+             Mode.REAPPLY: "replay-", Mode.RETRY: "retry-"}
+BACKFILL_PREFIX = "backfill-"  # a backfill's batch id: a replay planned from an Airflow run's data interval
+
+
+def is_ingest_batch(batch_id: str) -> bool:
+    """An ingest batch's id (no mode's prefix, no backfill's): the ids the plan step orders to find abandoned ones."""
+    return not batch_id.startswith(tuple({m.prefix for m in Mode if m.prefix} | {BACKFILL_PREFIX}))
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     batch_id: str
@@ -65,12 +110,19 @@ class BatchPlan:
     base_offsets: Offsets  # committed offsets of every known partition when the plan was made
     created_at: str
     base_snapshot_id: int | None = None
-    mode: str = "ingest"  # ingest | replace | append-missing (replays and backfills, see replay.py) | retry (dead letters)
+    mode: Mode = Mode.INGEST
     exclude_path: str | None = None  # append-missing: offsets the table already holds (Parquet)
     data_interval: tuple[str, str] | None = None  # the Airflow run's data interval (ISO), recorded at commit
     tables: tuple[str, ...] = ()  # routed replays: only these target tables (empty: every table records route to)
     retry_of: tuple[str, ...] = ()  # dead-letter retries (mode retry): the batches that dead-lettered the records
     version: int = PLAN_VERSION
+
+    def __post_init__(self) -> None:
+        try:  # a plan read from JSON, or built with the mode's name
+            object.__setattr__(self, "mode", Mode(self.mode))
+        except ValueError:
+            raise TerminalError(f"batch plan {self.batch_id}: unknown mode {self.mode!r} (one of "
+                                f"{', '.join(m.value for m in Mode)})") from None
 
     @property
     def is_empty(self) -> bool:
@@ -97,6 +149,7 @@ class BatchPlan:
         d = asdict(self)
         d["ranges"] = [asdict(r) for r in self.ranges]
         d["base_offsets"] = offsets_to_json(self.base_offsets)
+        d["mode"] = self.mode.value
         return d
 
     @classmethod

@@ -42,6 +42,7 @@ import pyarrow as pa
 from tidewater.batch import (
     BatchManifest,
     BatchPlan,
+    Mode,
     Offsets,
     PartitionRange,
     TableOutput,
@@ -75,9 +76,6 @@ from tidewater.table.targets import target_view
 
 log = logging.getLogger(__name__)
 
-INGEST_MODES = ("ingest", "skip")  # the modes that move offsets; the others are replays
-
-
 @dataclass(frozen=True)
 class BatchCommit:
     """One batch's commit: what was planned and written, the gate's verdict, and who asked. ``extra``: more
@@ -94,7 +92,7 @@ class BatchCommit:
     @property
     def ingests(self) -> bool:
         """The batch moves offsets (ingest, skip); otherwise it is a replay, which keeps them."""
-        return self.plan.mode in INGEST_MODES
+        return self.plan.mode.moves_offsets
 
     @property
     def what(self) -> str:
@@ -168,12 +166,9 @@ class Target:
         return "change" if self.view.applies_changes else "append"
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> Mode:
         """The batch's mode for this table: replays reapply change tables, whatever the request's mode."""
-        mode = self.job.plan.mode
-        if mode in INGEST_MODES or mode == "retry":
-            return mode
-        return "reapply" if self.view.applies_changes else "replace" if mode == "reapply" else mode
+        return self.job.plan.mode.for_table(self.view.applies_changes)
 
     def expected(self) -> OffsetsExpected | None:
         """The offsets requirement of this table's change (replays keep offsets and have none)."""
@@ -253,16 +248,16 @@ def reapplied(table: Any, t: Target) -> Change:
     return reapply_attempt(table, t.view, t.job.plan, t.out.data_files, t.state, t.properties)
 
 
-KINDS: dict[tuple[str, str], Callable[[Any, Target], Change]] = {
-    ("append", "ingest"): appended,
-    ("append", "skip"): appended,
-    ("change", "ingest"): row_delta,
-    ("change", "skip"): appended,  # nothing to apply: the snapshot moves the offsets past the skipped range
-    ("append", "replace"): replayed,
-    ("append", "append-missing"): replayed,
-    ("change", "reapply"): reapplied,
-    ("append", "retry"): replayed,  # the letters' records that now pass, appended (offsets already held left out)
-    ("change", "retry"): retried,
+KINDS: dict[tuple[str, Mode], Callable[[Any, Target], Change]] = {
+    ("append", Mode.INGEST): appended,
+    ("append", Mode.SKIP): appended,
+    ("change", Mode.INGEST): row_delta,
+    ("change", Mode.SKIP): appended,  # nothing to apply: the snapshot moves the offsets past the skipped range
+    ("append", Mode.REPLACE): replayed,
+    ("append", Mode.APPEND_MISSING): replayed,
+    ("change", Mode.REAPPLY): reapplied,
+    ("append", Mode.RETRY): replayed,  # the letters' records that now pass, appended (offsets already held left out)
+    ("change", Mode.RETRY): retried,
 }
 
 

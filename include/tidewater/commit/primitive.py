@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pyiceberg.manifest import DataFile
 from pyiceberg.table.update.snapshot import ManageSnapshots
 
+from tidewater.batch import Offsets
 from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
 from tidewater.table.catalog import catalog_failure, load_table
 from tidewater.table.row_delta import row_delta
@@ -70,8 +71,11 @@ class OffsetsExpected:
     holder: str = "the table"  # how errors name the offsets holder
 
     def moved(self, table: Any) -> list[str]:
-        """The partitions whose offsets are no longer what the batch saw, each described."""
-        now = committed_state(table, self.branch).offsets
+        """The partitions whose offsets in ``table`` are no longer what the batch saw, each described."""
+        return self.moved_from(committed_state(table, self.branch).offsets)
+
+    def moved_from(self, now: Offsets) -> list[str]:
+        """The partitions whose committed offsets ``now`` are not what the batch saw, each described (pure)."""
         return [f"{topic}[{p}] written against {seen[0] if len(set(seen)) == 1 else list(seen)}, "
                 f"now at {now.get(topic, {}).get(p)}"
                 for topic, parts in sorted(self.seen.items()) for p, seen in sorted(parts.items())

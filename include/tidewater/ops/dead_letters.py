@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.expressions import EqualTo
 
-from tidewater.batch import BatchManifest, BatchPlan, PartitionRange, new_batch_id, utc_now_iso
+from tidewater.batch import BatchManifest, BatchPlan, Mode, PartitionRange, new_batch_id, utc_now_iso
 from tidewater.commit.primitive import Change, commit
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TidewaterError
@@ -87,7 +87,7 @@ def retry(spec: PipelineSpec, *, error_class: str | None = None, batch: str | No
         + ", ".join(f"{n} {c}" for c, n in by_class.items()))
     if dry_run:
         return {"status": "dry-run", "letters": chosen.num_rows, "by_class": by_class, "finished": finished}
-    rid = "retry-" + new_batch_id()
+    rid = Mode.RETRY.new_batch_id()
     claimed = claim(catalog, spec, chosen, rid, by)
     if claimed.num_rows == 0:
         say("nothing to retry: another retry claimed these letters first")
@@ -192,7 +192,7 @@ def _plan(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table) -> Batc
     return BatchPlan(batch_id=rid, pipeline=spec.name, table=spec.checkpoint_table(), pipeline_path=str(spec.source_path),
                      ranges=tuple(sorted(ranges)), base_offsets=state.offsets if state is not None else {},
                      created_at=utc_now_iso(), base_snapshot_id=state.snapshot_id if state is not None else None,
-                     mode="retry", retry_of=tuple(sorted(set(claimed.column("letter_batch_id").to_pylist()))))
+                     mode=Mode.RETRY, retry_of=tuple(sorted(set(claimed.column("letter_batch_id").to_pylist()))))
 
 
 def write_claimed(spec: PipelineSpec, plan: BatchPlan, claimed: pa.Table) -> BatchManifest:

@@ -9,7 +9,7 @@ from typing import Any
 
 from tidewater.batch import manifest_path, write_json_atomic
 from tidewater.config.spec import PipelineSpec
-from tidewater.plan.replay import ReplayRequest, describe, plan_replay, replay_mode
+from tidewater.plan.replay import ReplayRequest, describe, plan_replay
 from tidewater.source.kafka import kafka_settings
 from tidewater.source.timestamps import OffsetLookup
 from tidewater.steps.lifecycle import commit_step, validate_step
@@ -56,7 +56,7 @@ def _routed_result(spec: PipelineSpec, plan: Any, manifest: Any, result: Any, sh
     """A routed replay's outcome, one line per target table it committed to."""
     tables = {}
     for t in result.tables:
-        mode = replay_mode(plan.mode, spec.for_table(t.table))
+        mode = plan.mode.for_table(spec.for_table(t.table).applies_changes)
         changes = _changes_of_replay(spec, plan.batch_id, t.table) if mode == "reapply" else None
         tables[t.table] = {"status": t.status, "mode": mode, "rows": t.rows, **({"changes": changes} if changes else {})}
         say(f"{t.status}: {t.table} ({mode}), {t.rows} " + ("changes: " + ", ".join(f"{v} {k}" for k, v in changes.items())

@@ -28,6 +28,7 @@ from tidewater.batch import (
     PLAN_NAME,
     BatchManifest,
     BatchPlan,
+    Mode,
     PartitionRange,
     PartitionStats,
     StagedFile,
@@ -124,9 +125,9 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
         table, state = holder_state(catalog, spec)
         offsets = state.offsets if state is not None else {}
     rng = PartitionRange(req.topic, req.partition, req.start_offset, req.end_offset)
-    plan = BatchPlan(batch_id="skip-" + new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
+    plan = BatchPlan(batch_id=Mode.SKIP.new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
                      pipeline_path=str(spec.source_path), ranges=(rng,), base_offsets=offsets, created_at=utc_now_iso(),
-                     base_snapshot_id=state.snapshot_id if state is not None else None, mode="skip")
+                     base_snapshot_id=state.snapshot_id if state is not None else None, mode=Mode.SKIP)
     directory = batch_dir(spec.staging_dir(), spec.name, plan.batch_id)
     write_json_atomic(directory / PLAN_NAME, plan.to_json())
     files, stats = _dead_letter_files(spec, settings, plan, req)

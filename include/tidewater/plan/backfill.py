@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from tidewater.batch import BatchPlan, PartitionRange, new_batch_id
+from tidewater.batch import BACKFILL_PREFIX, BatchPlan, PartitionRange, new_batch_id
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.plan.replay import parse_time, replay_tables, stage_replay_plan
@@ -41,7 +41,7 @@ def plan_backfill(spec: PipelineSpec, data_interval: tuple[str, str], reprocess:
       ``append-missing`` (``replace`` with ``reprocess``).
 
     The intervals and offsets are the offsets holder's (a routed pipeline's checkpoint table); change tables are
-    reapplied (``plan.replay.replay_mode``), append tables get the mode above.
+    reapplied (``batch.Mode.for_table``), append tables get the mode above.
     """
     key = "/".join(data_interval)
     catalog = load_catalog(spec)
@@ -78,4 +78,4 @@ def plan_backfill(spec: PipelineSpec, data_interval: tuple[str, str], reprocess:
     replay_tables(spec, catalog, (), table)  # every target table's rows must carry their offsets
     log.info("backfill %s: %s over %s", key, mode, ", ".join(f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in ranges))
     return stage_replay_plan(spec, ranges, mode, state.offsets, state.snapshot_id, table, data_interval=data_interval,
-                             batch_id="backfill-" + new_batch_id())
+                             batch_id=BACKFILL_PREFIX + new_batch_id())

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from tidewater.batch import PLAN_NAME, BatchPlan, Offsets, PartitionRange, batch_dir, new_batch_id, utc_now_iso, write_json_atomic
+from tidewater.batch import PLAN_NAME, BatchPlan, Mode, Offsets, PartitionRange, batch_dir, utc_now_iso, write_json_atomic
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
@@ -40,7 +40,7 @@ from tidewater.table.targets import holder_state, target_spec, target_tables
 log = logging.getLogger(__name__)
 
 
-MODES = ("replace", "append-missing", "reapply")
+MODES = tuple(m.value for m in (Mode.REPLACE, Mode.APPEND_MISSING, Mode.REAPPLY))
 
 
 PRESENT_NAME = "present.parquet"
@@ -110,14 +110,6 @@ def parse_time(value: str, name: str) -> int:
     return int(t.timestamp() * 1000)
 
 
-def replay_mode(mode: str, view: PipelineSpec) -> str:
-    """The mode a table of a replay gets: a change table is always reapplied; an append table gets the
-    request's mode (``replace`` when a routed replay asks to reapply its change tables)."""
-    if view.applies_changes:
-        return "reapply"
-    return "replace" if mode == "reapply" else mode
-
-
 def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
     """Checks that need no broker. Raises ConfigError naming the parameter or setting."""
     if req.tables and spec.targets.fused:
@@ -127,7 +119,7 @@ def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
                           "struct (rows written before that cannot be matched to their offsets)")
     if req.mode not in MODES:
         raise ConfigError(f"mode: {req.mode!r} is not one of {', '.join(MODES)}")
-    if spec.applies_changes != (req.mode == "reapply") and spec.targets.fused:  # others: per table, see replay_mode
+    if spec.applies_changes != (req.mode == "reapply") and spec.targets.fused:  # others: per table, see Mode.for_table
         raise ConfigError("mode: a change table (table.upsert / op_field) is replayed with mode reapply (each change is "
                           "applied again where it is still its key's latest)" if spec.applies_changes else
                           "mode: reapply is for change tables (table.upsert / op_field); use replace or append-missing")
@@ -223,7 +215,7 @@ def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: st
                       batch_id: str | None = None, tables: tuple[str, ...] = ()) -> tuple[BatchPlan, Any]:
     """Write a replay plan (and, for append-missing, the offsets already present) to the staging area. Routed
     pipelines: ``table`` is the checkpoint table, ``tables`` the target tables asked for (empty: all)."""
-    bid = batch_id or "replay-" + new_batch_id()
+    bid = batch_id or Mode(mode).new_batch_id()
     directory = batch_dir(spec.staging_dir(), spec.name, bid)
     exclude = None
     if mode == "append-missing" and spec.targets.fused:  # other tables: each its own, see TableSink.held
@@ -289,7 +281,7 @@ def replay_preview(spec: PipelineSpec, tables: dict[str, Any], ranges: list[Part
     for ident, table in sorted(tables.items()):
         view = target_spec(spec, ident)
         fused = spec.targets.holds(ident)
-        rows = preview(view, table, ranges, replay_mode(mode, view), table_name=None if fused else ident)
+        rows = preview(view, table, ranges, Mode(mode).for_table(view.applies_changes), table_name=None if fused else ident)
         if fused or asked or any(r["rows_now"] for r in rows):
             shown.extend(rows)
     return shown

@@ -25,6 +25,7 @@ from tidewater.batch import (
     BatchManifest,
     BatchPlan,
     batch_dir,
+    is_ingest_batch,
     read_json,
     write_json_atomic,
 )
@@ -121,9 +122,6 @@ def reject_batch(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest | 
     write_json_atomic(batch_path(spec, plan) / REVERTED_NAME, {"why": why, "undone": undone})
 
 
-_NOT_INGEST = ("replay-", "backfill-", "skip-", "retry-")  # batch ids of what is not an ingest batch
-
-
 def _abandoned_batches(spec: PipelineSpec, catalog: Any) -> list[Path]:
     """Staged ingest batches planned after the newest committed one that never committed and were not
     undone yet: the only ones whose schema changes can still need undoing (earlier ones were handled by
@@ -133,9 +131,9 @@ def _abandoned_batches(spec: PipelineSpec, catalog: Any) -> list[Path]:
         return []
     table = load_table(catalog, spec.checkpoint_table())
     committed = {summary_dict(s).get(BATCH_ID) for s in table.metadata.snapshots} if table is not None else set()
-    newest = max((b for b in committed if b and not b.startswith(_NOT_INGEST)), default="")
+    newest = max((b for b in committed if b and is_ingest_batch(b)), default="")
     return [d for d in sorted(root.iterdir())
-            if d.name > newest and not d.name.startswith(_NOT_INGEST) and d.name not in committed
+            if d.name > newest and is_ingest_batch(d.name) and d.name not in committed
             and (d / PLAN_NAME).is_file() and not (d / REVERTED_NAME).is_file()]
 
 

@@ -34,6 +34,7 @@ from tidewater.batch import (
     MANIFEST_NAME,
     BatchManifest,
     BatchPlan,
+    Mode,
     PartitionStats,
     StagedFile,
     TableOutput,
@@ -61,7 +62,7 @@ def tasks_of(plan: BatchPlan, spec: PipelineSpec, parallelism: int) -> list[Pack
     over ``batch.write_parallelism`` tasks, or ``parallelism`` (the engine's) when that is 0; a replay reads one
     sub-range a task (the offsets it leaves out are a partition's)."""
     tasks = task_ranges(plan.ranges, spec.batch.records_per_task, spec.batch.write_parallelism or parallelism,
-                        pack=spec.batch.pack_ranges and plan.mode == "ingest")
+                        pack=spec.batch.pack_ranges and plan.mode is Mode.INGEST)
     log.info("batch %s: %d task(s) over %d partition range(s)", plan.batch_id, len(tasks), len(plan.ranges))
     return tasks
 
