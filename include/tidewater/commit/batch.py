@@ -320,26 +320,28 @@ def commit_batch(
         holder = holder or create_table(catalog, ident, checkpoint_row(plan, manifest, {}).schema, {"format-version": "2"})
         if find_batch_snapshot(holder, plan.batch_id) is not None:
             commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
-            return CommitResult("already-committed", plan.batch_id, ident, None, manifest.records, files_of(outputs),
-                                plan.end_offsets(), manifest.dead_letters, quarantined=tuple(sorted(held)))
+            return CommitResult(status="already-committed", batch_id=plan.batch_id, table=ident, records=manifest.records,
+                                data_files=files_of(outputs), offsets=plan.end_offsets(), dead_letters=manifest.dead_letters,
+                                quarantined=tuple(sorted(held)))
         job.holder_expected().check(holder, ident)
     todo = [Target(job, o, target_view(job.spec, catalog, o.table), o.table in held) for o in outputs
             if o.data_files or targets.holds(o.table)]
     timings = commit_targets(catalog, todo)
     if targets.fused:
-        return fused_result(catalog, job, todo[0], dead_letter_sink)
+        return fused_result(catalog, job, todo[0], dead_letter_sink, timings[0])
     if job.ingests:
         t0 = time.monotonic()
         commit_holder(catalog, job, sorted(held))
-        timings.append(TableCommit(ident, "checkpoint", 1, round(time.monotonic() - t0, 4)))
+        timings.append(TableCommit(table=ident, status="checkpoint", rows=0, seconds=round(time.monotonic() - t0, 4)))
         commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
     log.info("%s: %s%s", job.what, ", ".join(f"{t.table}: {t.status}" for t in timings) or "no rows for any table",
              f"; the checkpoint {ident}" if job.ingests else "")
     done = job.ingests or any(t.status == "committed" for t in timings) or not timings
     offsets = plan.end_offsets() if job.ingests else committed_state(holder).offsets if holder is not None else {}
-    return CommitResult("committed" if done else "already-committed", plan.batch_id, ident, None, manifest.records,
-                        files_of(outputs), offsets, manifest.dead_letters if job.ingests else 0, tuple(timings),
-                        tuple(sorted(held)))
+    return CommitResult(status="committed" if done else "already-committed", batch_id=plan.batch_id, table=ident,
+                        records=manifest.records, data_files=files_of(outputs), offsets=offsets,
+                        dead_letters=manifest.dead_letters if job.ingests else 0, tables=tuple(timings),
+                        quarantined=tuple(sorted(held)))
 
 
 def commit_targets(catalog: Any, todo: list[Target]) -> list[TableCommit]:
@@ -349,7 +351,9 @@ def commit_targets(catalog: Any, todo: list[Target]) -> list[TableCommit]:
     def one(t: Target) -> TableCommit:
         t0 = time.monotonic()
         status = commit_table_output(catalog, t.job.plan, t.out, t)
-        return TableCommit(t.out.table, status, t.out.rows, round(time.monotonic() - t0, 4))  # type: ignore[arg-type]
+        done = t.state.get("done")
+        return TableCommit(table=t.out.table, status=status, rows=t.out.rows,  # type: ignore[arg-type]
+                           seconds=round(time.monotonic() - t0, 4), snapshot_id=done.snapshot_id if done else None)
 
     slots = min(commit_slots(catalog), len(todo))
     if slots <= 1:
@@ -359,12 +363,14 @@ def commit_targets(catalog: Any, todo: list[Target]) -> list[TableCommit]:
     return [f.result() for f in futures]
 
 
-def fused_result(catalog: Any, job: BatchCommit, target: Target, sink: DeadLetterSink | None) -> CommitResult:
+def fused_result(catalog: Any, job: BatchCommit, target: Target, sink: DeadLetterSink | None,
+                 timing: TableCommit) -> CommitResult:
     """A fused set's outcome: its one snapshot (data and offsets), then the batch's dead letters."""
     plan, manifest = job.plan, job.manifest
     done: Committed | None = target.state.get("done")
     if done is None or done.status == "nothing-to-commit":
-        return CommitResult("nothing-to-commit", plan.batch_id, plan.table, None, 0, 0, {})
+        return CommitResult(status="nothing-to-commit", batch_id=plan.batch_id, table=plan.table, records=0, data_files=0,
+                            offsets={})
     found = find_batch_snapshot(done.table, plan.batch_id) if done.status == "committed" else None
     offsets = target.state.get("stamped")
     if offsets is None:
@@ -372,9 +378,10 @@ def fused_result(catalog: Any, job: BatchCommit, target: Target, sink: DeadLette
     files = len(target.state.get("files", ())) if target.kind == "change" else len(target.out.data_files)
     if job.ingests:
         commit_dead_letters(catalog, plan, manifest, sink)
-    return CommitResult(done.status, plan.batch_id, plan.table, found.snapshot_id if found else done.snapshot_id,
-                        manifest.records, files, offsets, manifest.dead_letters if job.ingests else 0,
-                        quarantined=(plan.table,) if target.held else ())
+    own = dataclasses.replace(timing, rows=manifest.rows_in_files, snapshot_id=found.snapshot_id if found else done.snapshot_id)
+    return CommitResult(status=done.status, batch_id=plan.batch_id, table=plan.table, records=manifest.records,
+                        data_files=files, offsets=offsets, dead_letters=manifest.dead_letters if job.ingests else 0,
+                        tables=(own,), quarantined=(plan.table,) if target.held else ())
 
 
 def files_of(outputs: tuple[TableOutput, ...]) -> int:

@@ -1,4 +1,6 @@
-"""What a commit step returns (to the CLI, the Airflow task's XCom and the logs)."""
+"""What a commit step returns (to the CLI, the Airflow task's XCom and the logs): one shape for every batch, the
+batch's commit of each table it touched (a plain pipeline's one table, which holds its offsets; a routed pipeline's
+target tables, then its checkpoint table)."""
 
 from __future__ import annotations
 
@@ -13,26 +15,49 @@ TableStatus = Literal["committed", "already-committed", "checkpoint"]
 
 @dataclass(frozen=True)
 class TableCommit:
-    """One table's commit of a routed batch (and the checkpoint's, last), with its duration."""
+    """One table's commit of a batch, with its duration. ``rows``: what the batch wrote to it (a checkpoint table's
+    row is its batch's record, counted as no row); ``snapshot_id``: the snapshot that carries the batch, when known."""
 
     table: str
     status: TableStatus
     rows: int
     seconds: float
+    snapshot_id: int | None = None
+
+    @property
+    def holds_rows(self) -> bool:
+        """A target table's commit (not the checkpoint's record of the batch)."""
+        return self.status != "checkpoint"
 
 
 @dataclass(frozen=True)
 class CommitResult:
+    """A batch's commit. ``table``: the offsets holder; ``tables``: every table's commit, the holder's among them
+    (a plain pipeline's one table) or last (a routed pipeline's checkpoint)."""
+
     status: CommitStatus
     batch_id: str
     table: str
-    snapshot_id: int | None
     records: int
     data_files: int
     offsets: Offsets
     dead_letters: int = 0
-    tables: tuple[TableCommit, ...] = ()  # a separate holder's batches: per table, then the checkpoint
+    tables: tuple[TableCommit, ...] = ()
     quarantined: tuple[str, ...] = ()  # the target tables whose part of the batch the gate quarantined
+
+    @property
+    def snapshot_id(self) -> int | None:
+        """The holder's snapshot of the batch, when known (a plain pipeline's one snapshot of data and offsets)."""
+        return next((t.snapshot_id for t in self.tables if t.table == self.table), None)
+
+    @property
+    def rows(self) -> int:
+        """Rows the batch wrote, over its tables."""
+        return sum(t.rows for t in self.tables if t.holds_rows)
+
+    def touched(self) -> list[str]:
+        """The target tables the batch committed to, besides its offsets holder."""
+        return [t.table for t in self.tables if t.holds_rows and t.table != self.table]
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -169,8 +169,7 @@ def finish(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, by: st
 
 def _remove_unused(catalog: Any, manifest: BatchManifest, result: Any) -> None:
     """The files this run wrote for tables that had the retry already (a rerun after a kill): never committed."""
-    done = {t.table for t in result.tables if t.status == "already-committed"} if result.tables else (
-        {result.table} if result.status == "already-committed" else set())
+    done = {t.table for t in result.tables if t.status == "already-committed"}
     for out in manifest.outputs:
         if out.table in done and out.data_files:
             delete_files(load_table(catalog, out.table), [f.file_path for f in out.data_files])

@@ -268,10 +268,8 @@ def commit_events(plan: Any, manifest: Any, result: Any, dag_run_id: str | None)
             "dag_run_id": dag_run_id}
     if result.status == "nothing-to-commit":
         return []
-    if result.tables:  # routed: per target table (the checkpoint table's own entry carries no rows)
-        return [(t.table, {**base, "rows": t.rows}) for t in result.tables if t.status != "checkpoint" and t.rows]
-    rows = manifest.rows_in_files
-    return [(result.table, {**base, "rows": rows, "snapshot_id": str(result.snapshot_id)})] if rows else []
+    return [(t.table, {**base, "rows": t.rows, **({"snapshot_id": str(t.snapshot_id)} if t.snapshot_id is not None else {})})
+            for t in result.tables if t.holds_rows and t.rows]
 
 
 @fail_fast

@@ -63,7 +63,7 @@ def lag(spec: Any) -> dict[str, int]:
 def committed(spec: Any, plan: Any, manifest: Any, result: Any, commit_seconds: float) -> None:
     """Count what one batch committed and time it."""
     s = _stats()
-    s.incr(_name(spec.name, "rows"), count=manifest.rows_in_files if not result.tables else sum(t.rows for t in result.tables))
+    s.incr(_name(spec.name, "rows"), count=result.rows)
     s.incr(_name(spec.name, "records"), count=manifest.records)
     s.incr(_name(spec.name, "dead_letters"), count=manifest.dead_letters)
     s.timing(_name(spec.name, "commit_seconds"), commit_seconds * 1000.0)

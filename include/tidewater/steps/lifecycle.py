@@ -172,7 +172,7 @@ def commit_step(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, da
     commit raised, a quarantined one among them, is recorded by the next sync)."""
     result = _commit(spec, plan, manifest, dag_run_id)
     # a routed batch's sync loads only the tables it committed to (all of them when it committed none here)
-    touched = [t.table for t in result.tables if t.status != "checkpoint"] if result.tables else None
+    touched = result.touched() if result.tables else None
     record_in_ledger(spec, touched)
     return result
 
