@@ -160,3 +160,38 @@ def test_the_connect_workers_daemon_preloads_modules_that_exist():
     preload()
     assert all(name in sys.modules for name in PRELOAD)
     assert all(importlib.util.find_spec(name) is not None for name in PRELOAD)
+
+
+# The plain-or-routed question: one shape for N tables answers it in config/ and table/targets.py, not in every room.
+# A condition site is the test of an if, a conditional expression, a while, an assert or a comprehension's filter that
+# names one of these. The ceiling only comes down: 80 when it was first counted (2026-11-26); the goal is 25.
+SHAPE_WORDS = {"fused", "routed", "router", "single", "holds"}
+MAX_SHAPE_CONDITIONS = 80
+
+
+def shape_condition_sites() -> list[str]:
+    sites = []
+    for name, path in MODULES.items():
+        rel = path.relative_to(PKG).as_posix()
+        if rel.startswith("config/") or rel == "table/targets.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.If, ast.IfExp, ast.While, ast.Assert)):
+                conditions = [node.test]
+            elif isinstance(node, ast.comprehension):
+                conditions = list(node.ifs)
+            else:
+                continue
+            for cond in conditions:
+                words = {n.id for n in ast.walk(cond) if isinstance(n, ast.Name)} | {
+                    n.attr for n in ast.walk(cond) if isinstance(n, ast.Attribute)}
+                if words & SHAPE_WORDS:
+                    sites.append(f"{rel}:{cond.lineno}")
+    return sites
+
+
+def test_the_plain_or_routed_question_is_asked_in_no_more_places_than_before():
+    sites = shape_condition_sites()
+    assert len(sites) <= MAX_SHAPE_CONDITIONS, (
+        f"{len(sites)} conditions ask whether a pipeline is plain or routed outside config/ and table/targets.py "
+        f"(at most {MAX_SHAPE_CONDITIONS}): ask the target set or a target's value object instead. " + ", ".join(sites))
