@@ -195,3 +195,18 @@ def test_the_plain_or_routed_question_is_asked_in_no_more_places_than_before():
     assert len(sites) <= MAX_SHAPE_CONDITIONS, (
         f"{len(sites)} conditions ask whether a pipeline is plain or routed outside config/ and table/targets.py "
         f"(at most {MAX_SHAPE_CONDITIONS}): ask the target set or a target's value object instead. " + ", ".join(sites))
+
+
+def test_the_spark_submit_driver_starts_without_the_task_libraries():
+    """Every spark-submit batch waits for its driver's imports before Spark starts: the entry point loads the plan, the
+    pipeline and the Kafka settings, not pyarrow, pyiceberg or pandas (the executors import the task code; the
+    driver opens the catalog only for a schema change or a failed task). Checked in a fresh interpreter."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nimport tidewater.runtime.spark_app.ingest_batch\n"
+            "print(json.dumps([m for m in ('pyarrow', 'pyiceberg', 'pandas', 'great_expectations', 'pyspark.sql') "
+            "if m in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

@@ -15,6 +15,11 @@ widened or a column made optional reads its whole range, writes nothing, and rep
 found; the driver makes them once (one schema change per table, tagged as the batch's until it commits:
 ``table/provisional.py``) and runs those tasks again (``write_rounds``). The plan step's probe creates a
 first batch's tables from its first records, so most batches need one round.
+
+This module is what the spark-submit driver runs (``runtime/spark_job.py``), and every batch waits for the driver's
+start: it imports only the light modules at its top. The task code (pyarrow, pyiceberg, the decoders) is imported by
+the executors that run it (``task_body``), and the catalog on the driver only where a schema change or a failed task
+needs it (``make bench``'s write breakdown: the driver's imports).
 """
 
 from __future__ import annotations
@@ -26,8 +31,6 @@ import os
 import re
 import time
 from typing import Any
-
-import pyarrow as pa
 
 from tidewater.batch import (
     ERROR_NAME,
@@ -46,15 +49,17 @@ from tidewater.batch import (
 from tidewater.config.spec import PipelineSpec
 from tidewater.config.validate import cluster_mode_refused
 from tidewater.errors import BatchWriteError, ConfigError, TerminalError, TidewaterError, error_document
-from tidewater.staging import read_parquet
-from tidewater.table.catalog import load_catalog, load_table
-from tidewater.table.evolution import apply_requests
-from tidewater.table.provisional import revert
 from tidewater.write.packing import Pack, task_ranges
-from tidewater.write.sinks import delete_files
-from tidewater.write.task import present_offsets, write_ranges
 
 log = logging.getLogger(__name__)
+
+
+def task_body(spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, ranges: Pack, mode: str,
+              exclude: Any, tables: tuple[str, ...]) -> dict[str, Any]:
+    """One task of the write step where it runs (``write.task.write_ranges``, imported there: see the docstring)."""
+    from tidewater.write.task import write_ranges
+
+    return write_ranges(spec, settings, batch_id, task_id, ranges, mode, exclude, tables)
 
 
 def tasks_of(plan: BatchPlan, spec: PipelineSpec, parallelism: int) -> list[Pack]:
@@ -80,7 +85,7 @@ def run(sc: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
     def execute(ids: list[int]) -> list[dict[str, Any]]:
         work = [(i, tasks[i], excludes[i]) for i in ids]  # each task carries its own offsets to leave out
         rdd = sc.parallelize(work, numSlices=len(work))
-        return rdd.map(lambda x: write_ranges(spec, settings, batch_id, x[0], x[1], mode, x[2], only)).collect()
+        return rdd.map(lambda x: task_body(spec, settings, batch_id, x[0], x[1], mode, x[2], only)).collect()
 
     results = write_rounds(execute, plan, spec, len(tasks), timings)
     timings["job_done"] = time.time()
@@ -107,9 +112,10 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
         def run_tasks(batches: Any) -> Any:
+            import pyarrow as pa  # where the tasks run
+
             for b in batches:
-                out = [json.dumps(write_ranges(spec, settings, batch_id, ids[k], tasks[ids[k]], mode, excludes[ids[k]],
-                                               only))
+                out = [json.dumps(task_body(spec, settings, batch_id, ids[k], tasks[ids[k]], mode, excludes[ids[k]], only))
                        for k in b.column(0).to_pylist()]
                 yield pa.RecordBatch.from_pydict({"result": out}, schema=pa.schema([("result", pa.string())]))
 
@@ -128,6 +134,9 @@ def present_by_task(plan: BatchPlan, spec: PipelineSpec, tasks: list[Pack]) -> l
     area."""
     if not plan.exclude_path:
         return [None] * len(tasks)
+    from tidewater.staging import read_parquet
+    from tidewater.write.task import present_offsets
+
     present = read_parquet(spec.stage(plan.exclude_path))
     return [present_offsets(present, only) for (only,) in tasks]
 
@@ -139,8 +148,7 @@ def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) ->
     excludes = present_by_task(plan, spec, tasks)
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
-        return [write_ranges(spec, settings, plan.batch_id, i, tasks[i], plan.mode, excludes[i], plan.tables)
-                for i in ids]
+        return [task_body(spec, settings, plan.batch_id, i, tasks[i], plan.mode, excludes[i], plan.tables) for i in ids]
 
     timings: dict[str, float] = {}
     results = write_rounds(execute, plan, spec, len(tasks), timings)
@@ -171,7 +179,7 @@ def write_rounds(execute: Any, plan: BatchPlan, spec: PipelineSpec, n: int,
                 raise TerminalError(f"the tasks still need schema changes after {MAX_ROUNDS} rounds: "
                                     f"{'; '.join(sorted({r['table'] + ': ' + r['change'] for r in requests}))}",
                                     batch_id=plan.batch_id)
-            changed = apply_requests(load_catalog(spec), spec, requests, plan.batch_id)
+            changed = change_schemas(spec, requests, plan.batch_id)
         except TidewaterError as e:
             results[-1] = {"task_id": -1, "error": error_document(e)}
             break
@@ -182,26 +190,43 @@ def write_rounds(execute: Any, plan: BatchPlan, spec: PipelineSpec, n: int,
     return list(results.values())
 
 
+def change_schemas(spec: PipelineSpec, requests: list[dict[str, Any]], batch_id: str) -> list[str]:
+    """Make the schema changes the tasks asked for, once per table (``table/evolution.py``, loaded here only: most
+    batches change no schema)."""
+    from tidewater.table.catalog import load_catalog
+    from tidewater.table.evolution import apply_requests
+
+    return apply_requests(load_catalog(spec), spec, requests, batch_id)
+
+
+def discard(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]]) -> None:
+    """A batch that failed: no manifest will exist, so no commit can reference the files its tasks wrote; remove them
+    and undo its schema changes. The catalog is loaded here only (a batch that succeeds never opens it)."""
+    from tidewater.table.catalog import load_catalog, load_table
+    from tidewater.table.provisional import revert
+    from tidewater.write.sinks import delete_files
+
+    catalog = load_catalog(spec)
+    by_table: dict[str, list[str]] = {}
+    for r in results:
+        if r.get("files"):  # a plain batch's files are its one table's
+            by_table.setdefault(spec.targets.holder, []).extend(f["file_path"] for f in r["files"])
+        for out in r.get("outputs", []):
+            by_table.setdefault(out["table"], []).extend(f["file_path"] for f in out["data_files"])
+        by_table.setdefault(spec.dead_letter_table(), []).extend(f["file_path"] for f in r.get("dead_letter_files", []))
+    for ident, paths in by_table.items():
+        if paths:
+            delete_files(load_table(catalog, ident), paths)
+    for ident in set(by_table) - {spec.dead_letter_table()} if not spec.targets.fused else {spec.targets.holder}:
+        revert(catalog, ident, plan.batch_id)  # nothing of this batch can commit: undo its schema changes
+
+
 def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]],
                      timings: dict[str, float] | None = None) -> BatchManifest:
     """Gather the tasks' results; raise the first task error (all tasks' files are then uncommitted)."""
     errors = [r for r in results if "error" in r]
     if errors:
-        catalog = load_catalog(spec)
-        # No manifest will exist, so no commit can reference these files: remove them.
-        by_table: dict[str, list[str]] = {}
-        for r in results:
-            if r.get("files"):  # a plain batch's files are its one table's
-                by_table.setdefault(spec.targets.holder, []).extend(f["file_path"] for f in r["files"])
-            for out in r.get("outputs", []):
-                by_table.setdefault(out["table"], []).extend(f["file_path"] for f in out["data_files"])
-            by_table.setdefault(spec.dead_letter_table(), []).extend(f["file_path"] for f in r.get("dead_letter_files", []))
-        for ident, paths in by_table.items():
-            if paths:
-                delete_files(load_table(catalog, ident), paths)
-
-        for ident in set(by_table) - {spec.dead_letter_table()} if not spec.targets.fused else {spec.targets.holder}:
-            revert(catalog, ident, plan.batch_id)  # nothing of this batch can commit: undo its schema changes
+        discard(plan, spec, results)
         raise BatchWriteError.from_document(errors[0]["error"], len(errors))
     results = sorted(results, key=lambda r: r["task_id"])
     # The newest schema the tasks wrote with (tasks report it: the driver never opens the catalog on success).
