@@ -171,7 +171,7 @@ MAX_SHAPE_CONDITIONS = 80
 
 def shape_condition_sites() -> list[str]:
     sites = []
-    for name, path in MODULES.items():
+    for path in MODULES.values():
         rel = path.relative_to(PKG).as_posix()
         if rel.startswith("config/") or rel == "table/targets.py":
             continue

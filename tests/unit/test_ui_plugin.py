@@ -72,3 +72,8 @@ def test_the_view_loads_a_pipeline_file_again_only_when_it_changed(tmp_path, mon
     (tmp_path / "d.yaml").write_text("name: d\nkafka: {bootstrp_servers: x}\n")
     assert sorted(ui._pipelines()) == ["a", "b2"]
     assert sorted(loads) == ["a", "b", "b", "c", "d"]
+    loads.clear()
+    assert ui._pipeline("a").name == "a" and ui._pipeline("b2").name == "b2"  # b2 lives in b.yaml: every file looked at
+    assert ui._pipeline("zz") is None and loads == [], "nothing changed: nothing loaded again"
+    os.utime(tmp_path / "a.yaml", ns=(2, 2))
+    assert ui._pipeline("a").name == "a" and loads == ["a"], "a's own file, and only it"

@@ -43,34 +43,50 @@ STATIC = Path(__file__).parent / "ui_static"  # the React apps' bundle, built by
 _LOADED: dict[Path, tuple[tuple[int, int], Any]] = {}
 
 
-def _pipelines() -> dict[str, Any]:
-    """Every pipeline of the pipelines folder that loads, by name. A file is loaded again only when it changed (its
-    modification time or size): the navigation page asks for the list, then for each pipeline's overview, and each
-    of those requests looks its pipeline up here, so loading every file per request made the page's cost grow with the
-    square of the pipelines (``make bench-scale``). A broken file is logged when it is first seen broken."""
-    from tidewater.config.parse import discover_pipelines, load_pipeline
+def _loaded(path: Path) -> Any:
+    """The pipeline of ``path`` (None when it does not load or is gone), loaded again only when the file changed (its
+    modification time or size). A broken file is logged when it is first seen broken."""
+    from tidewater.config.parse import load_pipeline
 
-    out = {}
-    paths = discover_pipelines()
-    for path in paths:
+    try:
+        st = path.stat()
+    except OSError:  # no such file, or removed since the folder was listed
+        _LOADED.pop(path, None)
+        return None
+    stamp = (st.st_mtime_ns, st.st_size)
+    cached = _LOADED.get(path)
+    if cached is None or cached[0] != stamp:
         try:
-            st = path.stat()
-        except OSError:  # removed since the folder was listed
-            continue
-        stamp = (st.st_mtime_ns, st.st_size)
-        cached = _LOADED.get(path)
-        if cached is None or cached[0] != stamp:
-            try:
-                spec = load_pipeline(path)
-            except Exception as e:  # noqa: BLE001 - a broken file is shown as such, never hides the others
-                log.warning("pipeline file %s: %s", path, e)
-                spec = None
-            cached = _LOADED[path] = (stamp, spec)
-        if cached[1] is not None:
-            out[cached[1].name] = cached[1]
+            spec = load_pipeline(path)
+        except Exception as e:  # noqa: BLE001 - a broken file is shown as such, never hides the others
+            log.warning("pipeline file %s: %s", path, e)
+            spec = None
+        cached = _LOADED[path] = (stamp, spec)
+    return cached[1]
+
+
+def _pipelines() -> dict[str, Any]:
+    """Every pipeline of the pipelines folder that loads, by name (each file loaded again only when it changed)."""
+    from tidewater.config.parse import discover_pipelines
+
+    paths = discover_pipelines()
     for gone in set(_LOADED) - set(paths):
         _LOADED.pop(gone, None)
-    return out
+    return {spec.name: spec for spec in map(_loaded, paths) if spec is not None}
+
+
+def _pipeline(name: str) -> Any:
+    """The pipeline ``name``, or None. The navigation page asks for the list, then for each pipeline's overview, and
+    each of those requests looks its pipeline up: from the file named after it (one file, as ``tidewater init`` and
+    the examples name them), else from every file. Loading every file per request made the page's cost grow with the
+    square of the pipelines (``make bench-scale``)."""
+    from tidewater.config.spec import pipelines_dir
+
+    for path in (pipelines_dir() / f"{name}.yaml", pipelines_dir() / f"{name}.yml"):
+        spec = _loaded(path)
+        if spec is not None and spec.name == name:
+            return spec
+    return _pipelines().get(name)
 
 
 def _readable(user: Any, dag_ids: set[str]) -> set[str]:
@@ -91,7 +107,7 @@ def create_app() -> Any:
                   dependencies=[Depends(requires_authenticated())])
 
     def spec_of(name: str, user: Any) -> Any:
-        spec = _pipelines().get(name)
+        spec = _pipeline(name)
         if spec is None:
             raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
         if not _readable(user, {spec.dag_id}):

@@ -246,21 +246,21 @@ def _validate_and_commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
     extra += f", {manifest.skipped} skipped" if manifest.skipped else ""
     if manifest.ignored_fields:
         say(f"      fields not added (table.evolve_schema is off): {', '.join(manifest.ignored_fields)}")
-    if not spec.targets.fused:
-        files = sum(len(o.data_files) for o in manifest.outputs)
-        say(f"      {manifest.records} records -> {files} data file(s) in {len(manifest.outputs)} table(s){extra} "
-            f"({time.monotonic() - t1:.1f}s)")
-    else:
-        say(f"      {manifest.records} records -> {len(manifest.data_files)} data file(s){extra} ({time.monotonic() - t1:.1f}s)")
+    files = sum(len(o.data_files) for o in manifest.outputs)
+    say(f"      {manifest.records} records -> {files} file(s) for {len(manifest.outputs)} table(s){extra} "
+        f"({time.monotonic() - t1:.1f}s)")
     t2 = time.monotonic()
     say("[3/4] validate the quality gate on the staged files")
     report = validate_step(spec, plan, manifest)
     say(f"      {sum(c.success for c in report.checks)}/{len(report.checks)} expectations passed ({time.monotonic() - t2:.1f}s)")
     t3 = time.monotonic()
-    say("[4/4] commit   one Iceberg append with offsets in the snapshot summary")
+    say(f"[4/4] commit   each table once, the offsets in {spec.targets.holder}'s snapshot")
     result = commit_step(spec, plan, manifest)
     t4 = time.monotonic()
-    say(f"      {result.status}: snapshot {result.snapshot_id}, {result.records} records ({t4 - t0:.1f}s total)")
+    for t in result.tables:  # what the batch did to each table
+        say(f"      {t.table}: {t.status}" + (f", snapshot {t.snapshot_id}" if t.snapshot_id is not None else "")
+            + (f", {t.rows} row(s)" if t.holds_rows else ""))
+    say(f"      {result.status}: {result.records} records ({t4 - t0:.1f}s total)")
     steps = {"plan": t1 - t0, "write": t2 - t1, "validate": t3 - t2, "commit": t4 - t3}
 
     if page_of(spec, plan.batch_id) is None:
