@@ -431,11 +431,12 @@ def _parsing_dag_id() -> str | None:
     return get_parsing_context().dag_id
 
 
-def _files_for(dag_id: str, paths: list[Path]) -> list[Path]:
-    """The pipeline files whose DAGs may include ``dag_id``, from the file names alone: ``<name>.yaml`` for a DAG id
-    ``<kind>_<name>`` (a file named after its pipeline, as ``tidewater init`` and the examples name them)."""
+def _files_for(dag_id: str, folder: Path) -> list[Path]:
+    """The pipeline files whose DAGs may include ``dag_id``, from the file names alone: ``<name>.yaml`` (or ``.yml``)
+    for a DAG id ``<kind>_<name>`` (a file named after its pipeline, as ``tidewater init`` and the examples name
+    them). The folder is not listed: a task's parse costs the same however many files it holds."""
     names = {dag_id[len(kind) + 1:] for kind in DAG_KINDS if dag_id.startswith(kind + "_")}
-    return [p for p in paths if p.stem in names or p.stem.replace(".", "_").replace("-", "_") in names]
+    return sorted(p for n in names for p in (folder / f"{n}.yaml", folder / f"{n}.yml") if p.is_file())
 
 
 def _file_dags(path: Path, dag_file: str) -> dict[str, Any]:
@@ -465,16 +466,15 @@ def pipeline_dags(dag_file: str | None = None, folder: str | Path | None = None)
     if not where.is_dir():
         log.warning("no pipelines folder at %s: set TIDEWATER_PIPELINES_DIR, or pass folder= to pipeline_dags in %s",
                     where, dag_file)
-    paths = discover_pipelines(where)
     wanted = _parsing_dag_id()
     if wanted:
         out: dict[str, Any] = {}
-        for path in _files_for(wanted, paths):
+        for path in _files_for(wanted, where):
             out.update(_file_dags(path, dag_file))
         if wanted in out:
             return out
         log.info("DAG %s: no pipeline file named after it in %s; building every pipeline's DAGs", wanted, where)
     out = {}
-    for path in paths:
+    for path in discover_pipelines(where):
         out.update(_file_dags(path, dag_file))
     return out
