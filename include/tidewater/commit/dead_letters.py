@@ -13,6 +13,7 @@ from typing import Any
 from tidewater.batch import BatchManifest, BatchPlan, StagedFile
 from tidewater.commit.primitive import Change, commit
 from tidewater.errors import TransientError
+from tidewater.table.letters import totals_after
 from tidewater.table.summary import BATCH_ID, DEAD_LETTER_TOPIC, PIPELINE, RECORDS
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,8 @@ DeadLetterSink = Callable[[Any, list[StagedFile]], str]
 
 def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest, sink: DeadLetterSink | None = None,
                         max_attempts: int = 8) -> None:
-    """Append the batch's dead-letter files, once: after the batch's own commit, idempotent by batch id.
+    """Append the batch's dead-letter files, once: after the batch's own commit, idempotent by batch id; the same
+    commit keeps the table's count of each pipeline's letters (``table.letters.KEPT_TOTALS``).
 
     ``sink`` (the Kafka dead-letter topic) gets the files before the dead-letter commit, which records
     that it did: a retry after that commit never sends them again; a failure between the two sends them
@@ -38,7 +40,9 @@ def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest, 
         props = {BATCH_ID: plan.batch_id, PIPELINE: plan.pipeline, RECORDS: str(manifest.dead_letters)}
         if sink is not None and DEAD_LETTER_TOPIC not in sent:
             sent[DEAD_LETTER_TOPIC] = sink(table, list(manifest.dead_letter_files))
-        return Change({**props, **sent}, manifest.dead_letter_files)
+        added = sum(f.record_count for f in manifest.dead_letter_files)
+        return Change({**props, **sent}, manifest.dead_letter_files,
+                      set_properties=totals_after(table, plan.pipeline, added))
 
     try:
         done = commit(catalog, ident, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id} (dead letters)",

@@ -110,6 +110,7 @@ class Change:
     also: tuple[Change, ...] = ()  # changes to other branches, made after this one in the same transaction
     deletes: tuple[Any, ...] = ()  # position delete files (pyiceberg DataFiles) committed with ``files`` as one row delta
     remove_properties: tuple[str, ...] = ()  # table properties removed in the same transaction (confirmations)
+    set_properties: Mapping[str, str] | None = None  # table properties set in the same transaction (kept counts)
     expect: OffsetsExpected | None = None  # the requirement checked before the change is applied (see OffsetsExpected)
     tag: str | None = None  # a tag moved to the snapshot this change makes on its branch, in the same transaction
 
@@ -180,6 +181,8 @@ def apply_change(tx: Any, table: Any, change: Change) -> None:
         apply_change(tx, table, other)
     if change.remove_properties:
         tx.remove_properties(*change.remove_properties)
+    if change.set_properties:
+        tx.set_properties(dict(change.set_properties))
 
 
 def failed_attempt(catalog: Any, e: BaseException, kind: str, what: str, ident: str, attempt: int) -> None:

@@ -54,7 +54,19 @@ from tidewater.table.catalog import (
     load_table,
     resolution_table_name,
 )
-from tidewater.table.letters import KEY, OPEN, OUTCOMES, LetterState, classify, keys_of, letter_states, letters, refusals, tally
+from tidewater.table.letters import (
+    KEY,
+    OPEN,
+    OUTCOMES,
+    LetterState,
+    classify,
+    keys_of,
+    letter_states,
+    letters,
+    refusals,
+    states_after,
+    tally,
+)
 from tidewater.table.provenance import present_offsets
 from tidewater.table.summary import BATCH_ID, PIPELINE, RECORDS, changes_of, find_batch_snapshot, summary_dict
 from tidewater.table.targets import holder_state, target_tables, target_view
@@ -318,7 +330,8 @@ def _resolution_rows(spec: PipelineSpec, chosen: pa.Table, state: LetterState, a
 
 def _record(catalog: Any, spec: PipelineSpec, rows_of: Any, marker: str, what: str) -> None:
     """Append ``rows_of(table)`` to the resolution table, once: by ``marker`` in its snapshots and, should those be
-    expired, by its rows (a step of an action already recorded is not recorded again)."""
+    expired, by its rows (a step of an action already recorded is not recorded again); the same commit keeps the
+    count of letters in each state (``table.letters.KEPT_STATES``)."""
     ensure_resolution_table(catalog, spec)
     action, _, phase = marker.partition("/")
 
@@ -331,6 +344,7 @@ def _record(catalog: Any, spec: PipelineSpec, rows_of: Any, marker: str, what: s
         rows = rows_of(table)
         if rows.num_rows == 0:
             return None
-        return Change({BATCH_ID: marker, PIPELINE: spec.name, RECORDS: str(rows.num_rows)}, rows=rows)
+        return Change({BATCH_ID: marker, PIPELINE: spec.name, RECORDS: str(rows.num_rows)}, rows=rows,
+                      set_properties=states_after(table, spec, rows))
 
     commit(catalog, resolution_table_name(spec), prepare, marker=marker, what=what)
