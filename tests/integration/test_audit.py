@@ -62,6 +62,40 @@ def test_a_clean_table_audits_clean_and_an_operator_skip_is_explained(broker, ho
     assert main(["audit", "--pipeline", str(path)]) == 0 and capsys.readouterr().out.strip().endswith("clean")
 
 
+def test_an_audit_checks_the_batches_since_the_last_clean_one_and_full_checks_all(broker, home, topic, capsys):
+    """Clean over five batches, then a sixth: the next audit checks that one only, from where the checked ranges
+    ended (60). Two hand-made commits (summaries edited to look like batches): [65, 68), offsets committed twice below
+    the checked end 70, and [75, 78), a hole from 70. Each audit after names both at their offsets, however often it
+    runs: an audit with errors keeps the last clean audit's mark. `--full` checks all eight batches."""
+    spec, path = _setup(broker, home, topic)
+    code, doc = _audit(path, capsys)
+    assert code == 0 and doc["batches"] == 5 and doc["since"] is None, doc
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(10, seed=192))
+    ingest_inline(spec)
+    code, doc = _audit(path, capsys)
+    assert code == 0 and doc["batches"] == 1 and doc["since"], doc
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(10, seed=193))
+    for batch, rng in (("twice", [65, 68]), ("after-a-hole", [75, 78])):
+        rows = table_of(path).scan(limit=3).to_arrow()
+        table_of(path).append(rows, snapshot_properties={BATCH_ID: batch, RANGES: json.dumps([[topic, 0, *rng]]),
+                                                         OFFSETS: json.dumps({topic: {"0": rng[1]}}), RECORDS: "3"})
+    for _ in range(2):
+        code, doc = _audit(path, capsys)
+        assert code == 1 and doc["batches"] == 2 and doc["since"], doc
+        errors = {(f["start"], f["end"], f["batch_id"]): f["message"] for f in doc["findings"] if f["check"] == "coverage"
+                  and f["severity"] == "error"}
+        assert errors == {(65, 68, "twice"): "offsets committed twice: below 70, where the batches the last clean audit "
+                          "checked end",
+                          (70, 75, "after-a-hole"): "offsets never committed: between the batches the last clean audit "
+                          "checked and this one"}, errors
+    capsys.readouterr()
+    assert main(["audit", "--pipeline", str(path), "--full", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["batches"] == 8 and doc["since"] is None
+    assert {(f["start"], f["end"]) for f in doc["findings"] if f["check"] == "coverage" and f["severity"] == "error"} \
+        == {(65, 68), (70, 75)}
+
+
 def test_rows_written_outside_tidewater_and_a_hole_in_the_committed_ranges_are_named(broker, home, topic, capsys):
     """A duplicate of 5 committed rows appended with pyiceberg by the test, and a hand-made commit whose ranges
     start past the committed offset (a summary edited to look like a batch): exit 1, the outside append named by
@@ -351,7 +385,7 @@ def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(
     reads the checkpoint's ranges and counts (read = routed + dead letters + skipped) and each table's commits: clean,
     deep too, for the pipeline and for one table (`--table`); an unknown table is an error (exit 2). A single-table
     view (maintenance's) syncs the pipeline's ledger, and after every old snapshot of the tables is expired the audit
-    still sees both batches. Batch 2's lineage: both topics' ranges in, each table's rows and the dead letter out.
+    (`--full`) still sees both batches. Batch 2's lineage: both topics' ranges in, each table's rows and the dead letter out.
     Then two faults, each named with its table: 2 rows of rpc.a appended with pyiceberg (an
     outside write; the deep audit: offsets in the table twice), and a batch 3 whose commit to rpc.b is lost while the
     checkpoint commits (the checkpoint's batch is missing from rpc.b; the deep audit: B's records have no row); the
@@ -402,7 +436,9 @@ def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(
         t.maintenance.expire_snapshots().older_than(datetime.now(timezone.utc) + timedelta(seconds=1)).commit()
         assert len(catalog.load_table(ident).snapshots()) == 1
     code, doc = _audit_args(["--deep"], path, capsys)
-    assert code == 0 and doc["batches"] == 2, doc
+    assert code == 0 and doc["batches"] == 0 and doc["since"], ("nothing new since the last clean deep audit", doc)
+    code, doc = _audit_args(["--deep", "--full"], path, capsys)
+    assert code == 0 and doc["batches"] == 2 and doc["since"] is None, doc
 
     table_a = catalog.load_table("rpc.a")
     table_a.append(table_a.scan(row_filter=In("_kafka_offset", [3, 4])).to_arrow())

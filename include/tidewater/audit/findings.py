@@ -40,6 +40,8 @@ class AuditReport:
     findings: list[Finding] = field(default_factory=list)
     partitions: list[dict[str, Any]] = field(default_factory=list)
     tables: list[str] = field(default_factory=list)  # routed pipelines: the target tables audited
+    since: str | None = None  # the batches checked are those committed after this (None: every batch in the ledger)
+    mark: dict[str, Any] | None = None  # where this audit's checks end (``audit/mark.py``), kept when it is clean
 
     @property
     def clean(self) -> bool:
@@ -47,7 +49,7 @@ class AuditReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"pipeline": self.pipeline, "table": self.table, "tables": self.tables, "clean": self.clean,
-                "batches": self.batches,
+                "batches": self.batches, "since": self.since,
                 "partitions": self.partitions, "findings": [asdict(f) for f in self.findings]}
 
 

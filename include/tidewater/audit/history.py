@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 from tidewater.audit.findings import MOVING, Finding, detail, finding_at
@@ -16,6 +17,7 @@ from tidewater.table.summary import (
     DROPPED,
     PUBLISHED,
     QUARANTINE_OF,
+    RECOVERED,
     REPLAY,
     TRUNCATE,
     summary_dict,
@@ -62,8 +64,10 @@ def target_findings(ident: str, entries: list[dict[str, Any]], checkpoint: list[
     return out
 
 
-def coverage(entries: list[dict[str, Any]]) -> list[Finding]:
-    """Gaps and overlaps between the ranges of the batches that moved each partition's offsets."""
+def coverage(entries: list[dict[str, Any]], ends: Mapping[tuple[str, int], int] | None = None) -> list[Finding]:
+    """Gaps and overlaps between the ranges of the batches that moved each partition's offsets; ``ends`` (an audit
+    from the last clean one's mark, ``audit/mark.py``): where the batches it checked ended, per partition, so the
+    first new range must start there."""
     out: list[Finding] = []
     by_partition: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for e in entries:
@@ -73,7 +77,12 @@ def coverage(entries: list[dict[str, Any]]) -> list[Finding]:
             out.append(finding_at("info", "coverage", f"replayed ({detail(e).get('tidewater.replay', '')})", e))
     for (topic, part), ranges in sorted(by_partition.items()):
         ranges.sort(key=lambda e: (e["start_offset"], e["end_offset"]))
-        for prev, cur in zip(ranges, ranges[1:]):
+        if ends and (topic, part) in ends:
+            out += _after_mark(ranges, ends[(topic, part)])
+            ranges = [e for e in ranges if e["start_offset"] >= ends[(topic, part)]]
+        reach = ranges[0] if ranges else None  # of the ranges so far, the one that ends furthest
+        for cur in ranges[1:]:
+            prev, reach = reach, max(reach, cur, key=lambda e: e["end_offset"])
             if cur["start_offset"] > prev["end_offset"]:
                 out.append(Finding("error", "coverage", f"offsets never committed: between batch {prev['batch_id']} "
                                    "and the next", topic, part, prev["end_offset"], cur["start_offset"], cur["batch_id"],
@@ -90,6 +99,21 @@ def coverage(entries: list[dict[str, Any]]) -> list[Finding]:
             elif e["kind"] == "quarantine":
                 out.append(finding_at("explained", "coverage", "quarantined: the rows are on the quarantine branch "
                                f"{detail(e).get('tidewater.quarantined', '')}", e))
+    return out
+
+
+def _after_mark(ranges: list[dict[str, Any]], end: int) -> list[Finding]:
+    """The new ranges of a partition against ``end``, where the batches the last clean audit checked ended: below it,
+    offsets committed twice; a first range after it, offsets never committed."""
+    out = [Finding("error", "coverage", f"offsets committed twice: below {end}, where the batches the last clean "
+                   "audit checked end", e["topic"], e["partition"], e["start_offset"], min(e["end_offset"], end),
+                   e["batch_id"], e["snapshot_id"]) for e in ranges if e["start_offset"] < end]
+    later = [e for e in ranges if e["start_offset"] >= end]
+    if later and later[0]["start_offset"] > end:
+        first = later[0]
+        out.append(Finding("error", "coverage", "offsets never committed: between the batches the last clean audit "
+                           "checked and this one", first["topic"], first["partition"], end, first["start_offset"],
+                           first["batch_id"], first["snapshot_id"]))
     return out
 
 
@@ -125,17 +149,43 @@ def accounting(entries: list[dict[str, Any]], rows_are: str = "rows") -> list[Fi
     return out
 
 
+# ours: a batch's, a replay's delete (its replay), a truncate's, a quarantined batch's branch and its publication (the
+# batch id as `quarantine-of` and `published`, not the batch id)
+OURS = (BATCH_ID, REPLAY, BRANCH_BASE, TRUNCATE, PUBLISHED, QUARANTINE_OF)
+
+
+def operation_of(snap: Any) -> str:
+    return snap.summary.operation.value if snap.summary is not None else "?"
+
+
+# a Tidewater commit that changes rows of ranges committed before it: a replay or a dead-letter retry, a quarantined
+# batch published or dropped, offsets recovered, a change table emptied by its source's truncate
+REWRITES = (REPLAY, PUBLISHED, DROPPED, RECOVERED, TRUNCATE)
+
+
+def rewritten_since(table: Any, after_us: int, only: tuple[str, ...] | None = None) -> Any:
+    """The first snapshot committed after ``after_us`` (µs since the epoch) that may have changed rows committed
+    before it: one no Tidewater batch made (a write outside Tidewater, a compaction: its rows are the same, unless the
+    tool that made it lost some), or one of Tidewater's ``REWRITES``; ``only``: one of these Tidewater rewrites. None:
+    there is none."""
+    for snap in sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms):
+        props = summary_dict(snap)
+        if snap.timestamp_ms * 1000 <= after_us:
+            continue
+        if any(k in props for k in (only if only is not None else REWRITES)):
+            return snap
+        if only is None and not any(k in props for k in OURS):
+            return snap
+    return None
+
+
 def outside_writes(table: Any) -> list[Finding]:
     """Snapshots still in the table's history that changed rows without a Tidewater batch id."""
     out = []
     for snap in table.metadata.snapshots:
         props = summary_dict(snap)
-        operation = snap.summary.operation.value if snap.summary is not None else "?"
-        # ours (a replay's delete carries its replay, a truncate's its truncate, a quarantined batch's branch and
-        # its publication the batch id as `quarantine-of` and `published`, not the batch id), or compaction
-        # (replace keeps the rows)
-        ours = (BATCH_ID, REPLAY, BRANCH_BASE, TRUNCATE, PUBLISHED, QUARANTINE_OF)
-        if any(k in props for k in ours) or operation == "replace":
+        operation = operation_of(snap)
+        if any(k in props for k in OURS) or operation == "replace":  # ours, or compaction (replace keeps the rows)
             continue
         added, removed = int(props.get("added-records", 0)), int(props.get("deleted-records", 0))
         if added or removed:

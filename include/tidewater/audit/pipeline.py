@@ -17,6 +17,10 @@ histories and Kafka. Findings, each naming topic, partition and offset range, wi
   not finish is a warning.
 - **deep** (``--deep``, from the metadata columns): see ``audit/deep.py``.
 
+An audit checks the batches committed since the last clean audit (``audit/mark.py``); ``--full`` checks every batch
+in the ledger. Kafka, the writes outside Tidewater still in the tables' histories and the dead letters are checked
+whole each time (they cost the same whatever the history).
+
 Severity ``error`` makes the audit fail (exit 1); ``explained``, ``warning`` and ``info`` do not.
 """
 
@@ -31,37 +35,79 @@ from tidewater.audit import ledger
 from tidewater.audit.deep import deep_findings
 from tidewater.audit.findings import AuditReport, Finding
 from tidewater.audit.history import (
+    REWRITES,
     accounting,
     coverage,
     decisions,
+    operation_of,
     outside_writes,
+    rewritten_since,
     rolled_back,
     tables_per_batch,
     target_findings,
 )
 from tidewater.audit.kafka import against_kafka
+from tidewater.audit.mark import ends_of, mark_of, next_mark, since
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.letters import counts as letter_counts
+from tidewater.table.summary import RECOVERED, summary_dict
 from tidewater.table.targets import target_tables
 
 log = logging.getLogger(__name__)
 
 
-def audit(spec: PipelineSpec, table: str | None = None, deep: bool = False) -> AuditReport:
+def audit(spec: PipelineSpec, table: str | None = None, deep: bool = False, full: bool = False) -> AuditReport:
     """Bring the ledger up to date with the tables, then check it, the tables' histories and Kafka (``deep``: and
-    every row's source offset); ``table``: one target table only. The verdict is kept for the Tidewater view."""
+    every row's source offset); ``table``: one target table only; ``full``: every batch, not only those since the
+    last clean audit. The verdict, with the mark the next audit starts from, is kept for the Tidewater view."""
     catalog = load_catalog(spec)
-    report = audit_targets(spec, catalog, table, deep)
+    previous = ledger.last_verdict(catalog, spec)
+    mark, why = (None, None) if full else _usable_mark(catalog, mark_of(previous, deep), deep)
+    report = audit_targets(spec, catalog, table, deep, mark)
+    report.findings += [why] if why else []
     errors = [f.text() for f in report.findings if f.severity == "error"]
     verdict = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "deep": deep, "clean": report.clean,
-               "batches": report.batches, "errors": len(errors), "first": errors[:5], "table": report.table}
+               "batches": report.batches, "errors": len(errors), "first": errors[:5], "table": report.table,
+               "since": report.since, **_marks(previous, report, deep, whole=table is None)}
     try:
         ledger.save_verdict(catalog, spec, verdict)
     except Exception as e:  # noqa: BLE001 - the verdict is for the view; the audit's answer stands without it
         log.warning("the audit's verdict was not kept for the Tidewater view: %s", e)
     return report
+
+
+def _usable_mark(catalog: Any, mark: dict[str, Any] | None, deep: bool) -> tuple[dict[str, Any] | None, Finding | None]:
+    """The mark to audit from, unless a table was rewritten since it: every batch is checked again (None, and a
+    finding saying why). For a deep audit, any rewrite (``audit.history.rewritten_since``: a write outside Tidewater,
+    a compaction, a replay, a retry, a quarantine decision ...) may have changed rows of the batches checked before;
+    the other checks read the ledger, and only recovered offsets change what its earlier entries mean."""
+    for ident, after in (mark or {}).get("at", {}).items():
+        table = load_table(catalog, ident)
+        snap = rewritten_since(table, after, None if deep else (RECOVERED,)) if table is not None else None
+        if snap is not None:
+            return None, Finding("info", "deep" if deep else "coverage", f"every batch checked: {ident} was rewritten "
+                                 f"since the last clean audit ({operation_of(snap)} snapshot {snap.snapshot_id}: "
+                                 f"{_what(snap)})")
+    return mark, None
+
+
+def _what(snap: Any) -> str:
+    props = summary_dict(snap)
+    done = [k.removeprefix("tidewater.") for k in REWRITES if k in props]
+    return f"Tidewater's {done[0]}" if done else "not a Tidewater batch"
+
+
+def _marks(previous: dict[str, Any] | None, report: AuditReport, deep: bool, whole: bool) -> dict[str, Any]:
+    """The marks the verdict keeps: a clean audit of every table moves the mark (a deep one the deep mark too);
+    otherwise the previous marks stay."""
+    kept = {k: (previous or {}).get(k) for k in ("mark", "deep_mark")}
+    if report.clean and whole and report.mark is not None:
+        kept["mark"] = report.mark
+        if deep:
+            kept["deep_mark"] = report.mark
+    return {k: v for k, v in kept.items() if v is not None}
 
 
 def letter_findings(spec: PipelineSpec, catalog: Any) -> list[Finding]:
@@ -78,24 +124,28 @@ def letter_findings(spec: PipelineSpec, catalog: Any) -> list[Finding]:
     return out
 
 
-def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool) -> AuditReport:
+def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool,
+                  mark: dict[str, Any] | None = None) -> AuditReport:
     """Coverage, accounting and Kafka from the holder's batches; per target table (every one, or ``only``) the
     writes outside Tidewater and, for tables of a separate holder, the holder's batches against the table's commits.
     ``deep``: each table's rows once per offset, and (all tables audited) every offset of a committed range a row
-    of some table, a dead letter, skipped, or absent from Kafka."""
+    of some table, a dead letter, skipped, or absent from Kafka. ``mark``: only the batches since it (see
+    ``audit/mark.py``; None: every batch)."""
     targets, holder_ident = spec.targets, spec.targets.holder
     known = target_tables(catalog, spec)
     if only is not None and only not in known:
         raise ConfigError(f"--table: {only!r} is not one of this pipeline's target tables "
                           f"({', '.join(known) or 'none committed yet'})")
     ledger.sync(catalog, spec)
-    entries = ledger.read(catalog, spec).to_pylist()
+    everything = ledger.read(catalog, spec)
+    entries = since(everything, mark, holder_ident).to_pylist()
     holder = load_table(catalog, holder_ident)
     mine, undone = rolled_back(holder, targets.branch, [e for e in entries if e["table"] == holder_ident])
     audited = [only] if only else known
     report = AuditReport(spec.name, only or holder_ident, len({e["batch_id"] for e in mine}),
-                         tables=[] if targets.fused else audited)
-    report.findings += undone + coverage(mine) + accounting(mine, "rows" if targets.fused else "records routed")
+                         tables=[] if targets.fused else audited,
+                         since=_mark_time(mark, holder_ident), mark=next_mark(everything, mine, holder_ident, mark))
+    report.findings += undone + coverage(mine, ends_of(mark)) + accounting(mine, "rows" if targets.fused else "records routed")
     report.findings += decisions(entries) + letter_findings(spec, catalog)
     wrote = tables_per_batch(holder) if not targets.fused else {}
     tables = {t: holder if targets.holds(t) else load_table(catalog, t) for t in audited}
@@ -111,3 +161,9 @@ def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool
     if deep:
         report.findings += deep_findings(spec, catalog, tables, mine, every_table=only is None)
     return report
+
+
+def _mark_time(mark: dict[str, Any] | None, holder: str) -> str | None:
+    """When the batches the mark's audit checked ended (the holder's newest commit then), for the report."""
+    at = (mark or {}).get("at", {}).get(holder)
+    return datetime.fromtimestamp(at / 1e6, tz=timezone.utc).isoformat(timespec="seconds") if at is not None else None

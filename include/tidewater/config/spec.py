@@ -646,6 +646,9 @@ class AuditSpec:
                                 "only.", default="@daily")
     deep: bool = _doc("Also check every row's source offset (`tidewater audit --deep`; needs `format.metadata`): reads "
                       "the table's offset columns and the dead letters.", default=False)
+    full: bool = _doc("Check every batch in the ledger on each run (`tidewater audit --full`). By default a run checks "
+                      "the batches committed since the last clean audit (a deep run: since the last clean deep audit), "
+                      "and Kafka, the dead letters and the writes outside Tidewater whole.", default=False)
 
 
 @dataclass(frozen=True)

@@ -472,7 +472,7 @@ def audit_task(pipeline_path: str) -> dict[str, Any]:
     from tidewater.runtime import lineage
 
     spec = load_pipeline(pipeline_path)
-    report = audit(spec, deep=spec.audit.deep)
+    report = audit(spec, deep=spec.audit.deep, full=spec.audit.full)
 
     def attach_lineage() -> None:  # the same lineage whether the audit passes or fails the task
         built = lineage.audit_lineage(spec, report, spec.audit.deep)

@@ -65,14 +65,16 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
 
     try:
-        report = audit(load_pipeline(args.pipeline), args.table, deep=args.deep)
+        report = audit(load_pipeline(args.pipeline), args.table, deep=args.deep, full=args.full)
     except TidewaterError as e:
         print(f"tidewater: {'transient' if e.transient else 'error'}: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
         return 0 if report.clean else 1
-    print(f"audit of {report.table} (pipeline {report.pipeline}): {report.batches} batches in the ledger")
+    since = f"committed since the last clean audit's, {report.since} (--full: every batch)" if report.since \
+        else "in the ledger"
+    print(f"audit of {report.table} (pipeline {report.pipeline}): {report.batches} batches {since}")
     for f in report.findings:
         print(f"  {f.text()}")
     print(f"  {'topic':<30} {'part':>4} {'log start':>12} {'committed':>12} {'log end':>12}")
@@ -546,6 +548,8 @@ def _add_audit(sub: Any) -> None:
     p.add_argument("--table", help="the table to audit (default: the pipeline's; routed pipelines: one target table, default all)")
     p.add_argument("--deep", action="store_true", help="also every row's source offset (format.metadata): none twice, "
                    "none both a row and a dead letter, none missing unless skipped or absent from Kafka")
+    p.add_argument("--full", action="store_true", help="check every batch in the ledger (default: the batches committed "
+                   "since the last clean audit; Kafka, dead letters and outside writes are checked whole either way)")
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(fn=cmd_audit)
 
