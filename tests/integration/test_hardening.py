@@ -37,6 +37,7 @@ def test_killed_between_the_batch_commit_and_its_dead_letters_loses_no_dead_lett
     record is once in the table or once in the dead-letter table, and read = rows + dead letters."""
     import tidewater.commit.batch as commit_batch_module
     from tidewater.steps.lifecycle import run_once
+    from tidewater.table import letters
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     spec = load_pipeline(path)
@@ -62,6 +63,8 @@ def test_killed_between_the_batch_commit_and_its_dead_letters_loses_no_dead_lett
     assert _rows(spec, spec.dead_letter_table()) == 3 + 1
     dlq = load_table(load_catalog(spec), spec.dead_letter_table())
     assert sorted(dlq.scan().to_arrow().column("offset").to_pylist()) == [6, 7, 8, 20]
+    assert letters.kept(dlq, letters.KEPT_TOTALS) == {"rows": 4, "pipelines": {spec.name: 4}}, "kept once per commit"
+    assert letters.counts(spec)["open"] == letters.scanned(spec)["open"] == 4
     reads = dead = 0
     for s in load_table(load_catalog(spec), spec.table.identifier).snapshots():
         props = s.summary.additional_properties
