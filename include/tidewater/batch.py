@@ -117,6 +117,16 @@ class BatchPlan:
     retry_of: tuple[str, ...] = ()  # dead-letter retries (mode retry): the batches that dead-lettered the records
     version: int = PLAN_VERSION
 
+    @classmethod
+    def new(cls, spec: Any, ranges: Any, offsets: Offsets | None, snapshot_id: int | None, mode: Mode = Mode.INGEST,
+            batch_id: str | None = None, **more: Any) -> BatchPlan:
+        """A new batch of ``spec``'s pipeline (a ``PipelineSpec``) over ``ranges``: its id minted for ``mode`` (unless
+        given), planned now from the offsets holder's committed ``offsets`` at ``snapshot_id``; ``more``: the other
+        fields of its mode (exclude_path, data_interval, tables, retry_of)."""
+        return cls(batch_id=batch_id or Mode(mode).new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
+                   pipeline_path=str(spec.source_path), ranges=tuple(ranges), base_offsets=offsets or {},
+                   created_at=utc_now_iso(), base_snapshot_id=snapshot_id, mode=mode, **more)
+
     def __post_init__(self) -> None:
         try:  # a plan read from JSON, or built with the mode's name
             object.__setattr__(self, "mode", Mode(self.mode))

@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.expressions import EqualTo
 
-from tidewater.batch import BatchManifest, BatchPlan, Mode, PartitionRange, new_batch_id, utc_now_iso
+from tidewater.batch import BatchManifest, BatchPlan, Mode, PartitionRange, new_batch_id
 from tidewater.commit.primitive import Change, commit
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TidewaterError
@@ -200,10 +200,9 @@ def _plan(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table) -> Batc
     for t, p, lo, hi in zip(*(parts.column(c).to_pylist() for c in ("topic", "partition", "offset_min", "offset_max"))):
         ranges.append(PartitionRange(t, int(p), int(lo), int(hi) + 1))
     holder, state = holder_state(catalog, spec)
-    return BatchPlan(batch_id=rid, pipeline=spec.name, table=spec.checkpoint_table(), pipeline_path=str(spec.source_path),
-                     ranges=tuple(sorted(ranges)), base_offsets=state.offsets if state is not None else {},
-                     created_at=utc_now_iso(), base_snapshot_id=state.snapshot_id if state is not None else None,
-                     mode=Mode.RETRY, retry_of=tuple(sorted(set(claimed.column("letter_batch_id").to_pylist()))))
+    return BatchPlan.new(spec, sorted(ranges), state.offsets if state is not None else None,
+                         state.snapshot_id if state is not None else None, Mode.RETRY, batch_id=rid,
+                         retry_of=tuple(sorted(set(claimed.column("letter_batch_id").to_pylist()))))
 
 
 def write_claimed(spec: PipelineSpec, plan: BatchPlan, claimed: pa.Table) -> BatchManifest:

@@ -34,7 +34,6 @@ from tidewater.batch import (
     StagedFile,
     batch_dir,
     fused_output,
-    new_batch_id,
     utc_now_iso,
     write_json_atomic,
 )
@@ -125,9 +124,7 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
         table, state = holder_state(catalog, spec)
         offsets = state.offsets if state is not None else {}
     rng = PartitionRange(req.topic, req.partition, req.start_offset, req.end_offset)
-    plan = BatchPlan(batch_id=Mode.SKIP.new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
-                     pipeline_path=str(spec.source_path), ranges=(rng,), base_offsets=offsets, created_at=utc_now_iso(),
-                     base_snapshot_id=state.snapshot_id if state is not None else None, mode=Mode.SKIP)
+    plan = BatchPlan.new(spec, (rng,), offsets, state.snapshot_id if state is not None else None, Mode.SKIP)
     directory = batch_dir(spec.staging_dir(), spec.name, plan.batch_id)
     write_json_atomic(directory / PLAN_NAME, plan.to_json())
     files, stats = _dead_letter_files(spec, settings, plan, req)
@@ -152,9 +149,7 @@ def _ingest_before(spec: PipelineSpec, settings: dict[str, str], rng: PartitionR
                    snapshot_id: int | None) -> int:
     """Ingest the records before the skipped range as a batch of their own (same task code as Spark runs,
     validated and committed like any batch). Returns the records read."""
-    plan = BatchPlan(batch_id=new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
-                     pipeline_path=str(spec.source_path), ranges=(rng,), base_offsets=offsets, created_at=utc_now_iso(),
-                     base_snapshot_id=snapshot_id)
+    plan = BatchPlan.new(spec, (rng,), offsets, snapshot_id)
     directory = batch_dir(spec.staging_dir(), spec.name, plan.batch_id)
     write_json_atomic(directory / PLAN_NAME, plan.to_json())
     manifest = run_inline(plan, spec, settings)

@@ -12,8 +12,6 @@ from tidewater.batch import (
     PLAN_NAME,
     BatchPlan,
     batch_dir,
-    new_batch_id,
-    utc_now_iso,
     write_json_atomic,
 )
 from tidewater.config.spec import PipelineSpec
@@ -67,17 +65,7 @@ def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None)
     parts = kafka.list_partitions(settings, kafka.resolve_topics(settings, spec))
     wm = kafka.watermarks(settings, parts)
     ranges = plan_ranges(committed, wm, spec.batch.max_records)
-    plan = BatchPlan(
-        batch_id=new_batch_id(),
-        pipeline=spec.name,
-        table=spec.checkpoint_table(),
-        pipeline_path=str(spec.source_path),
-        ranges=tuple(ranges),
-        base_offsets=committed,
-        created_at=utc_now_iso(),
-        base_snapshot_id=state.snapshot_id if state else None,
-        data_interval=data_interval,
-    )
+    plan = BatchPlan.new(spec, ranges, committed, state.snapshot_id if state else None, data_interval=data_interval)
     if plan.is_empty:
         log.info("pipeline %s: nothing to ingest (%d partitions caught up)", spec.name, len(parts))
         return plan, None

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from tidewater.batch import PLAN_NAME, BatchPlan, Mode, Offsets, PartitionRange, batch_dir, utc_now_iso, write_json_atomic
+from tidewater.batch import PLAN_NAME, BatchPlan, Mode, Offsets, PartitionRange, batch_dir, write_json_atomic
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
@@ -215,15 +215,14 @@ def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: st
                       batch_id: str | None = None, tables: tuple[str, ...] = ()) -> tuple[BatchPlan, Any]:
     """Write a replay plan (and, for append-missing, the offsets already present) to the staging area. Routed
     pipelines: ``table`` is the checkpoint table, ``tables`` the target tables asked for (empty: all)."""
-    bid = batch_id or Mode(mode).new_batch_id()
+    bid = batch_id or Mode(mode).new_batch_id()  # the staging directory's name, before the plan
     directory = batch_dir(spec.staging_dir(), spec.name, bid)
     exclude = None
     if mode == "append-missing" and spec.targets.fused:  # other tables: each its own, see TableSink.held
         exclude = str(directory / PRESENT_NAME)
         write_parquet(present_offsets(spec, table, ranges), directory / PRESENT_NAME)
-    plan = BatchPlan(batch_id=bid, pipeline=spec.name, table=spec.checkpoint_table(), pipeline_path=str(spec.source_path),
-                     ranges=tuple(ranges), base_offsets=committed, created_at=utc_now_iso(), base_snapshot_id=snapshot_id,
-                     mode=mode, exclude_path=exclude, data_interval=data_interval, tables=tables)
+    plan = BatchPlan.new(spec, ranges, committed, snapshot_id, mode, batch_id=bid, exclude_path=exclude,
+                         data_interval=data_interval, tables=tables)
 
     path = directory / PLAN_NAME
     write_json_atomic(path, plan.to_json())
