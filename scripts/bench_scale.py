@@ -17,6 +17,9 @@ Curves (each one's N in brackets, as run by default):
    the view's pipeline page, `status`-like summaries and the audit read, kept by the commits (now) and counted from
    the tables (before); `dead-letters list` (its first 100 open letters, with the counts).
 
+The figures are kept in docs/img/bench-scale.json; a curve measured alone is merged into them by hand and the report
+redrawn with ``--from-json docs/img/bench-scale.json``.
+
 Each parse runs in a fresh interpreter (the DagBag's construction timed inside it, the interpreter's start and
 Airflow's import left out); the median of ``--repeat`` runs is reported.
 """
@@ -42,6 +45,7 @@ from scripts.benchlib import command_line, fresh_home, timed_batch, write_sectio
 
 BEGIN, END = "<!-- scale:begin -->", "<!-- scale:end -->"
 CHART = REPO / "docs" / "img" / "bench-scale.png"
+FIGURES = REPO / "docs" / "img" / "bench-scale.json"  # the figures of the report in BENCHMARKS.md and the docs
 PAGE = REPO / "docs" / "explanation" / "scale.md"  # the docs' page on scale: the same section, its chart beside it
 
 PARSE = """
@@ -359,6 +363,7 @@ def main(argv: list[str] | None = None) -> None:
                "day": time.strftime("%Y-%m-%d", time.gmtime()), "pipelines": pipes, "partitions": parts,
                "letters": letters}
         (work / "rows.json").write_text(json.dumps(run, indent=1))
+        FIGURES.write_text(json.dumps(run, indent=1))  # kept beside the chart: --from-json redraws it
     chart(run["pipelines"], run["partitions"], run.get("letters", []))
     for output, image in ((args.output, "docs/img/bench-scale.png"), (PAGE, "../img/bench-scale.png")):
         write_section(output, BEGIN, END, section(run["command"], run["pipelines"], run["partitions"],
