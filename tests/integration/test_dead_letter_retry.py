@@ -304,6 +304,7 @@ def test_routed_retry_commits_each_table_once_and_keeps_the_checkpoint(broker, h
         assert find_batch_snapshot(load_table(catalog, ident), result["batch_id"]) is not None
     assert dead_letters.retry(spec)["status"] == "nothing-to-retry"
     assert load_table(catalog, "rpc.ra").scan().to_arrow().num_rows == 9
+    assert _counts(spec) == {"open": 0, "retrying": 0, "resolved": 5, "skipped": 0, "dropped": 0, "total": 5}
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
