@@ -73,3 +73,30 @@ def test_coverage_measures_a_hole_from_the_range_that_reaches_furthest():
     entries = [_entry(HOLDER, "a", 1, 0, 20), _entry(HOLDER, "b", 2, 5, 8), _entry(HOLDER, "c", 3, 25, 30)]
     found = {(f.start, f.end, f.batch_id) for f in coverage(entries)}
     assert found == {(5, 8, "b"), (20, 25, "c")}
+
+
+def _table(*snaps: tuple[int, str, dict]) -> object:
+    """A stand-in for a pyiceberg table: only its metadata's snapshots are read (built with pyiceberg's own model)."""
+    from types import SimpleNamespace
+
+    from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+
+    built = [Snapshot(snapshot_id=i, timestamp_ms=at_s * 1000, summary=Summary(Operation(op), **props), manifest_list="m",
+                      sequence_number=i) for i, (at_s, op, props) in enumerate(snaps, start=1)]
+    return SimpleNamespace(metadata=SimpleNamespace(snapshots=built))
+
+
+def test_a_deep_audit_starts_over_after_a_rewrite_and_the_summary_checks_after_recovered_offsets():
+    from tidewater.audit.history import rewritten_since
+    from tidewater.table.summary import BATCH_ID, PUBLISHED, RECOVERED, REPLAY
+
+    batch = (20, "append", {BATCH_ID: "b2"})
+    assert rewritten_since(_table((10, "append", {BATCH_ID: "b1"}), batch), 15 * 10**6) is None, "new batches only"
+    old_compaction = (5, "replace", {})
+    assert rewritten_since(_table(old_compaction, batch), 15 * 10**6) is None, "before the mark"
+    for rewrite in ((30, "replace", {}), (30, "append", {}), (30, "overwrite", {BATCH_ID: "r", REPLAY: "{}"}),
+                    (30, "append", {PUBLISHED: "b"}), (30, "append", {BATCH_ID: "x", RECOVERED: "{}"})):
+        assert rewritten_since(_table(batch, rewrite), 15 * 10**6).snapshot_id == 2, rewrite
+    only = (RECOVERED,)
+    assert rewritten_since(_table(batch, (30, "replace", {}), (31, "append", {PUBLISHED: "b"})), 15 * 10**6, only) is None
+    assert rewritten_since(_table(batch, (30, "append", {BATCH_ID: "x", RECOVERED: "{}"})), 15 * 10**6, only) is not None
