@@ -237,9 +237,9 @@ def totals_after(table: Any, pipeline: str, added: int) -> dict[str, str]:
     commit attempt loaded it): the kept totals plus those, or, when they are not current, the table's letters counted
     by pipeline (once: the commit keeps them from then on)."""
     current = kept(table, KEPT_TOTALS) if table.current_snapshot() is not None else {"rows": 0, "pipelines": {}}
-    if current is None:
+    if current is None:  # the rows they count are the summary's total (which counts rows a delete file removed too)
         rows = table.scan(selected_fields=("pipeline",)).to_arrow()
-        current = {"rows": rows.num_rows, "pipelines": tally(rows.column("pipeline")) if rows.num_rows else {}}
+        current = {"rows": total_records(table) or 0, "pipelines": tally(rows.column("pipeline")) if rows.num_rows else {}}
     pipelines = dict(current["pipelines"])
     pipelines[pipeline] = int(pipelines.get(pipeline, 0)) + added
     return {KEPT_TOTALS: json.dumps({"rows": current["rows"] + added, "pipelines": pipelines}, sort_keys=True,
