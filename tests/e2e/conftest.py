@@ -39,12 +39,33 @@ def airflow_env(tmp_path: Path, home: Path) -> dict[str, str]:
 
 
 def stop_group(proc: subprocess.Popen) -> None:
-    """Stop a server started in its own session (the whole process group), killing it after 30 s."""
+    """Stop a server started in its own session (the whole process group), killing it after 30 s. The group's other
+    members are waited for too and killed if they outlive it: `airflow standalone` can exit before its scheduler,
+    which then kept polling (and running DAGs) for the rest of the suite."""
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if _group_alive(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group is still running (zombies, waiting for their parent to reap them, are not)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # state, ppid, pgrp
+            return True
+    return False
 
 
 def call_api(url: str, token: str | None = None, body: dict | None = None) -> tuple[int, object]:
