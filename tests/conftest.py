@@ -6,6 +6,7 @@ import itertools
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -236,3 +237,23 @@ def ingest_changes(broker: object, topic: str, spec, batches: int, changes: int,
         ingest_inline(spec)
         model = apply(model, stream)
     return model
+
+
+def race(*calls):  # noqa: ANN002, ANN201
+    """Run the calls in threads released together; return each call's result or exception."""
+    barrier = threading.Barrier(len(calls))
+    out: list[object] = [None] * len(calls)
+
+    def runner(i, fn):  # noqa: ANN001
+        barrier.wait()
+        try:
+            out[i] = fn()
+        except Exception as e:  # collected for the assertions
+            out[i] = e
+
+    threads = [threading.Thread(target=runner, args=(i, fn)) for i, fn in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from tests.conftest import stage_inline, table_of
+from tests.conftest import race, stage_inline, table_of
 from tidewater.commit.batch import commit_batch
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
@@ -21,26 +21,6 @@ from tidewater.table.summary import committed_state
 
 pytestmark = [pytest.mark.integration]
 
-
-
-def race(*calls):  # noqa: ANN002, ANN201
-    """Run the calls in threads released together; return each call's result or exception."""
-    barrier = threading.Barrier(len(calls))
-    out: list[object] = [None] * len(calls)
-
-    def runner(i, fn):  # noqa: ANN001
-        barrier.wait()
-        try:
-            out[i] = fn()
-        except Exception as e:  # collected for the assertions
-            out[i] = e
-
-    threads = [threading.Thread(target=runner, args=(i, fn)) for i, fn in enumerate(calls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return out
 
 
 def test_two_committers_of_one_batch_race_one_commits_the_other_finds_it(broker, pipeline_file, topic):

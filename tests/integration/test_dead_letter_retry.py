@@ -22,6 +22,7 @@ from tests.conftest import (
     ingest_inline,
     null_order_ids,
     produce_to_partition,
+    race,
     stage_inline,
     table_of,
     write_pipeline,
@@ -465,29 +466,18 @@ def test_two_pipelines_sharing_a_dead_letter_table_keep_each_ones_count_when_the
     """Two pipelines write their dead letters to one table and commit three batches each at the same time (threads,
     one catalog): each commit of letters keeps both pipelines' counts (a conflict refreshes the table and counts
     again), so the kept counts are each pipeline's letters and the table's rows."""
-    import threading
-
     specs = []
     for name in ("north", "south"):
         path = write_pipeline(home, name=name, topics=[f"{topic}-{name}"], kafka={"bootstrap_servers": broker.bootstrap},
                               table={"identifier": f"rpc.{name}"}, dead_letter={"table": "rpc.shared_dead_letters"})
         specs.append(load_pipeline(path))
-    errors: list[BaseException] = []
 
     def batches(spec) -> None:  # noqa: ANN001
-        try:
-            for i in range(3):
-                produce_to_partition(broker.bootstrap, spec.topics[0], 0, pizza_events(2, seed=400 + i) + [b"{bad"] * (i + 1))
-                assert ingest_inline(spec).dead_letters == i + 1
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for i in range(3):
+            produce_to_partition(broker.bootstrap, spec.topics[0], 0, pizza_events(2, seed=400 + i) + [b"{bad"] * (i + 1))
+            assert ingest_inline(spec).dead_letters == i + 1
 
-    threads = [threading.Thread(target=batches, args=(s,)) for s in specs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert errors == []
+    assert race(*(lambda s=s: batches(s) for s in specs)) == [None, None]
     dlq = load_table(load_catalog(specs[0]), "rpc.shared_dead_letters")
     assert state.kept(dlq, state.KEPT_TOTALS) == {"rows": 12, "pipelines": {"north": 6, "south": 6}}
     for spec in specs:

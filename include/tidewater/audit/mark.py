@@ -43,7 +43,7 @@ def since(entries: pa.Table, mark: dict[str, Any] | None, holder: str) -> pa.Tab
     if not mark or entries.num_rows == 0:
         return entries
     at = pc.cast(entries.column("committed_at"), pa.int64())
-    new = pa.array([False] * entries.num_rows)
+    new = pa.repeat(False, entries.num_rows)
     tables = entries.column("table")
     for table in pc.unique(tables).to_pylist():
         after = mark["at"].get(table)
