@@ -31,6 +31,8 @@ def test_shipped_pipelines_import_without_errors(monkeypatch):
         assert dag.max_active_runs == 1
         assert dag.doc_md
         assert all(t.retries >= 1 for t in dag.tasks), f"{dag_id}: every task has retries"
+        # Airflow 3.3: every task asks the pipeline's retry policy (terminal errors fail at once, runtime/retries.py)
+        assert all(type(t.retry_policy).__name__ == "ErrorClassRetryPolicy" for t in dag.tasks), dag_id
 
 
 def test_the_dag_file_is_two_lines_and_every_dag_names_it_as_its_file(monkeypatch):

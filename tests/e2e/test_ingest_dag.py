@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, table_of, write_pipeline
-from tests.e2e.conftest import list_runs, standalone, wait_for_runs
+from tests.e2e.conftest import list_runs, standalone, through_spark_connect, wait_for_runs
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
@@ -98,9 +98,7 @@ def test_dag_writes_through_a_spark_connect_connection(broker, topic, airflow_en
     """The DAG's Spark connection is the provider's `spark_connect` type, pointing at the session's real Spark
     Connect server (no `spark.connect_url` in the pipeline). Expected: the write task takes the Connect path
     (no spark-submit), the batch commits with rows and offsets exact, and the log names the server."""
-    host, port = spark_connect.url.removeprefix("sc://").split(":")
-    env = {**airflow_env,
-           "AIRFLOW_CONN_TIDEWATER_SPARK": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)})}
+    env = through_spark_connect(airflow_env, spark_connect)
     pipeline = write_pipeline(Path(env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
                               kafka={"bootstrap_servers": broker.bootstrap})
     produce(broker.bootstrap, topic, pizza_events(300, seed=60), partitions=2)
@@ -111,10 +109,11 @@ def test_dag_writes_through_a_spark_connect_connection(broker, topic, airflow_en
     assert committed_state(table).offsets == {topic: {0: 150, 1: 150}}
 
 
-def test_replay_dag_from_its_form(broker, topic, airflow_env):
+def test_replay_dag_from_its_form(broker, topic, airflow_env, spark_connect):
     """replay_<name> run through Airflow with the form's parameters (`--conf`): a dry run changes nothing,
     a replace replay leaves the table identical with unchanged offsets, and a range past the committed
-    offset fails the run with a message naming the parameter."""
+    offset fails the run with a message naming the parameter. Writes through the session's Spark Connect server."""
+    airflow_env = through_spark_connect(airflow_env, spark_connect)
     pipeline = write_pipeline(
         Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
         format={"metadata": "prefixed"},
@@ -166,10 +165,12 @@ downstream_orders()
 """
 
 
-def test_lag_trigger_starts_a_batch_through_the_scheduler(broker, topic, airflow_env, tmp_path):
+def test_lag_trigger_starts_a_batch_through_the_scheduler(broker, topic, airflow_env, tmp_path, spark_connect):
     """`trigger.pending_records: 50` and no cron schedule: with 30 records waiting nothing runs; once 80
     wait, Airflow's triggerer (`airflow standalone`) sees the lag without Spark and the scheduler starts an
-    asset-triggered ingest run that lands all 80 records with exact offsets."""
+    asset-triggered ingest run that lands all 80 records with exact offsets (written through the session's Spark
+    Connect server)."""
+    airflow_env = through_spark_connect(airflow_env, spark_connect)
     pipeline = write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
                               kafka={"bootstrap_servers": broker.bootstrap}, schedule=None,
                               trigger={"pending_records": 50, "poll_seconds": 2})
@@ -187,7 +188,7 @@ def test_lag_trigger_starts_a_batch_through_the_scheduler(broker, topic, airflow
     assert committed_state(table).offsets == {topic: {0: 40, 1: 40}}
 
 
-def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env, tmp_path, postgres):
+def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env, tmp_path, postgres, spark_connect):
     """Backfills as Airflow's backfill form creates them (`POST /api/v2/backfills` with the form's body: no run
     configuration, since the form sends one only with "Override parameters on existing runs" on), run by a
     real scheduler (`airflow standalone`) over two hourly intervals, one of which a batch committed:
@@ -199,12 +200,13 @@ def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env,
       scheduled on the table's asset runs after that commit.
     Airflow's metadata is in PostgreSQL, as in production: on SQLite, the scheduler, DAG processor and API server
     contend for one write lock, and in CI the second backfill request answered 503 "database is locked", then 409
-    "already a running backfill"."""
+    "already a running backfill". The write tasks run on the session's Spark Connect server."""
     from datetime import datetime, timedelta
 
     from tests.e2e.conftest import admin_token, call_api
 
-    airflow_env = {**airflow_env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.create_database("airflow_backfill")}
+    airflow_env = {**through_spark_connect(airflow_env, spark_connect),
+                   "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.create_database("airflow_backfill")}
     migrate = subprocess.run(["airflow", "db", "migrate"], env=airflow_env, capture_output=True, text=True, timeout=600)
     assert migrate.returncode == 0, migrate.stdout[-2000:] + migrate.stderr[-2000:]
     pipeline = write_pipeline(
@@ -299,11 +301,13 @@ def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env,
     assert committed_state(table).offsets == {topic: {0: 50, 1: 50}}
 
 
-def test_skip_dag_from_its_form_steps_past_a_blocking_record(broker, topic, airflow_env):
+def test_skip_dag_from_its_form_steps_past_a_blocking_record(broker, topic, airflow_env, spark_connect):
     """dead_letter.policy fail, a truncated record at offset 4: the ingest DAG fails. The skip DAG's form:
     a dry run changes nothing; the real run dead-letters offset 4 (OperatorSkip, the reason and the
     triggering user), ingests offsets 0-3 first and moves the offset to 5; a range before the committed
-    offset fails the run naming start_offset; the next ingest run lands the rest."""
+    offset fails the run naming start_offset; the next ingest run lands the rest. Writes through the session's
+    Spark Connect server."""
+    airflow_env = through_spark_connect(airflow_env, spark_connect)
     from tidewater.table.catalog import load_catalog, load_table
 
     pipeline = write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
@@ -330,10 +334,12 @@ def test_skip_dag_from_its_form_steps_past_a_blocking_record(broker, topic, airf
     assert table_of(pipeline).scan().to_arrow().num_rows == 6
 
 
-def test_metrics_reach_statsd_through_airflows_stats(broker, topic, airflow_env):
+def test_metrics_reach_statsd_through_airflows_stats(broker, topic, airflow_env, spark_connect):
     """With Airflow's StatsD metrics on, an ingest run sends the pipeline's lag per partition (plan task),
     rows, records, dead letters and the commit and batch durations (commit task) under Airflow's prefix.
-    No StatsD server is installed here: a UDP socket of the test receives the packets Airflow sends."""
+    No StatsD server is installed here: a UDP socket of the test receives the packets Airflow sends. The write
+    runs on the session's Spark Connect server."""
+    airflow_env = through_spark_connect(airflow_env, spark_connect)
     import socket
 
     write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],

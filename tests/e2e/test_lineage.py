@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import produce_to_partition, table_of, write_pipeline
+from tests.e2e.conftest import through_spark_connect
 from tests.e2e.test_ingest_dag import dags_test
 from tidewater.dev.sample_data import pizza_events
 from tidewater.table.summary import committed_state
@@ -35,16 +36,18 @@ def _output(event: dict, ident: str) -> dict:
     raise AssertionError(f"no output {ident} in {[d['name'] for d in event['outputs']]}")
 
 
-def test_ingest_replay_maintenance_audit_and_a_refused_batch_emit_openlineage_events(broker, topic, airflow_env, tmp_path):
+def test_ingest_replay_maintenance_audit_and_a_refused_batch_emit_openlineage_events(broker, topic, airflow_env, tmp_path,
+                                                                                      spark_connect):
     """One batch of 120 pizza events and 2 records that are not JSON, through ingest_orders: the commit task's
     COMPLETE event has the topic as input (kafka://<bootstrap>, the batch's offset ranges), the table as output
     (its schema, the snapshot as version, rows/bytes/files equal to the snapshot's added rows, size and files,
     the gate's checks as assertions), the dead-letter table as a second output with 2 rows, and the batch's
     counts (read 122 = 120 rows + 2 dead letters). A replace replay's commit names its range and mode;
     compaction and the audit name the table; the audit's verdict is clean. A suite that fails the next batch:
-    the validate task's FAIL event carries the failed check and the gate's verdict. No setting's value appears."""
+    the validate task's FAIL event carries the failed check and the gate's verdict. No setting's value appears.
+    The write tasks run on the session's Spark Connect server."""
     events_file = tmp_path / "openlineage.jsonl"
-    env = {**airflow_env, "AIRFLOW__OPENLINEAGE__NAMESPACE": "tidewater-test",
+    env = {**through_spark_connect(airflow_env, spark_connect), "AIRFLOW__OPENLINEAGE__NAMESPACE": "tidewater-test",
            "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events_file),
                                                           "append": True})}
     pipelines = Path(env["TIDEWATER_PIPELINES_DIR"])

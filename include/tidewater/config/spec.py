@@ -510,8 +510,13 @@ class SparkSpec:
 class AirflowSpec:
     """DAG settings."""
 
-    retries: int = _doc("Task retries.", default=2)
-    retry_delay_seconds: int = _doc("Delay between task retries.", default=60)
+    retries: int = _doc(
+        "Task retries. On Airflow 3.3 and later only errors worth retrying (an unreachable broker or catalog, a commit "
+        "conflict) use them: an error retrying cannot help (a bad setting, a refused schema) fails the task at once, "
+        "and other failures keep Airflow's default retries.", default=2)
+    retry_delay_seconds: int = _doc(
+        "Delay before the first retry. On Airflow 3.3 and later an error worth retrying waits this long, doubled at each "
+        "further try, at most an hour.", default=60)
     owner: str = _doc("DAG owner shown in the UI.", default="tidewater")
     tags: list[str] = _doc("Extra DAG tags (`tidewater` and `ingest` are always set).", default_factory=list)
     task_timeout_minutes: int = _doc(

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from airflow.sdk import BaseOperator
 
@@ -36,23 +36,31 @@ def ids_as_strings(value: Any) -> Any:
     return value
 
 
+def fail_task(e: TidewaterError, prefix: str = "") -> NoReturn:
+    """Fail the task with one of our errors. Where Airflow has retry policies (3.3) the error itself is raised: the
+    pipeline's policy (runtime/retries.py) fails a terminal one at once and retries a transient one with a growing
+    delay. On older Airflow a terminal error becomes ``AirflowFailException`` (no retry); a transient one stays."""
+    from tidewater.runtime import retries
+
+    if e.transient or retries.supported():
+        raise e
+    try:
+        from airflow.sdk.exceptions import AirflowFailException
+    except ImportError:  # pragma: no cover - older Airflow
+        from airflow.exceptions import AirflowFailException
+    raise AirflowFailException(f"{prefix}{type(e).__name__}: {e}") from e
+
+
 def fail_fast(fn: F) -> F:
-    """Terminal errors fail the task at once (retrying cannot help); transient ones keep Airflow's retries.
-    The task's result goes to XCom with snapshot ids as strings (``ids_as_strings``)."""
+    """Terminal errors fail the task at once (retrying cannot help); transient ones keep Airflow's retries
+    (see ``fail_task``). The task's result goes to XCom with snapshot ids as strings (``ids_as_strings``)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            from airflow.sdk.exceptions import AirflowFailException
-        except ImportError:  # pragma: no cover - older Airflow
-            from airflow.exceptions import AirflowFailException
-
-        try:
             return ids_as_strings(fn(*args, **kwargs))
         except TidewaterError as e:
-            if e.transient:
-                raise
-            raise AirflowFailException(f"{type(e).__name__}: {e}") from e
+            fail_task(e)
 
     return wrapper  # type: ignore[return-value]
 
@@ -369,11 +377,9 @@ class IngestSparkSubmitOperator(BaseOperator):
             return
         master = spark_master(self._conn_id, spec.spark.master)
         if master.startswith("spark://") and _deploy_mode(self._conn_id) == "cluster":
-            from airflow.sdk.exceptions import AirflowFailException
-
             from tidewater.config.validate import cluster_mode_refused
 
-            raise AirflowFailException(str(cluster_mode_refused(f"Airflow connection {self._conn_id!r}: deploy-mode")))
+            fail_task(cluster_mode_refused(f"Airflow connection {self._conn_id!r}: deploy-mode"))
         settings = write_submit_settings(spec, master)
         self.conf = {**settings["conf"], **(self.conf or {})}
         self.jars = settings["jars"] or None
@@ -426,19 +432,11 @@ class IngestSparkSubmitOperator(BaseOperator):
     @staticmethod
     def _raise_batch_error(spec: PipelineSpec, plan_path: str) -> None:
         """Turn the job's error.json (a record or Kafka error) into a readable task failure."""
-        try:
-            from airflow.sdk.exceptions import AirflowFailException
-        except ImportError:  # pragma: no cover - older Airflow
-            from airflow.exceptions import AirflowFailException
-
         from tidewater.write.job import read_error
 
         e = read_error(spec.stage(plan_path).parent)
-        if e is None:
-            return
-        if e.transient:
-            raise e
-        raise AirflowFailException(f"write failed: {e}") from e
+        if e is not None:
+            fail_task(e, prefix="write failed: ")
 
 
 def spark_master(conn_id: str, default: str) -> str:

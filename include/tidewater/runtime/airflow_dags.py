@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,20 @@ from tidewater.config.parse import discover_pipelines, load_pipeline
 from tidewater.config.spec import PipelineSpec, pipelines_dir
 from tidewater.errors import ConfigError
 from tidewater.runtime.airflow import commits_alias
+from tidewater.runtime.retries import retry_policy
 
 log = logging.getLogger(__name__)
 START = datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+
+def _dag_kwargs(spec: PipelineSpec, kind: str) -> dict[str, Any]:
+    """The pipeline's DAG arguments (``AirflowSpec.dag_kwargs``) with, where Airflow has them (3.3), its retry policy on
+    every task: terminal errors fail at once, transient ones retry with a growing delay (runtime/retries.py)."""
+    kwargs = spec.airflow.dag_kwargs(kind)
+    policy = retry_policy(timedelta(seconds=spec.airflow.retry_delay_seconds))
+    if policy is not None:
+        kwargs["default_args"] = {**kwargs["default_args"], "retry_policy": policy}
+    return kwargs
 
 
 def _doc(spec: PipelineSpec, path: Path) -> str:
@@ -119,7 +130,7 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
     @dag(
         dag_id=spec.dag_id,
         schedule=_schedule(spec, pipeline_path),
-        **spec.airflow.dag_kwargs("ingest"),
+        **_dag_kwargs(spec, "ingest"),
         doc_md=_doc(spec, path),
         params={"reprocess": Param(False, type="boolean", title="Re-ingest committed intervals (new backfill runs)", description=(
             "Backfill runs only. A backfill run that re-runs an earlier run (Reprocess Behavior 'All Runs' or "
@@ -157,7 +168,7 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
     @dag(
         dag_id=f"replay_{spec.name}",
         schedule=None,
-        **spec.airflow.dag_kwargs("replay"),
+        **_dag_kwargs(spec, "replay"),
         doc_md=(
             f"### replay into {_targets(spec)}\n\nTrigger with the form: a topic, partitions (empty: all), and "
             "either a start and end offset (end exclusive) or a start and end time (ISO-8601, UTC when no zone). "
@@ -225,7 +236,7 @@ def _routed_replay_doc(spec: PipelineSpec) -> str:
 def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body, outlets: list | None = None):  # noqa: ANN001, ANN201
     """A DAG of one task, triggered from the UI with a typed form: ``body(params, context)`` runs it."""
 
-    @dag(dag_id=f"{kind}_{spec.name}", schedule=None, **spec.airflow.dag_kwargs(kind), doc_md=doc_md, params=params)
+    @dag(dag_id=f"{kind}_{spec.name}", schedule=None, **_dag_kwargs(spec, kind), doc_md=doc_md, params=params)
     def form_dag():
         @task(task_id=kind, outlets=outlets or [])
         def run(**context) -> dict:
@@ -325,7 +336,7 @@ def build_audit_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns a
     routed = (" For a routed pipeline, from its checkpoint table, and per target table: every batch the checkpoint "
               "committed with rows for it is in it with the rows its writer counted.") if spec.routed else ""
 
-    @dag(dag_id=f"audit_{spec.name}", schedule=spec.audit.schedule, **spec.airflow.dag_kwargs("audit"), doc_md=(
+    @dag(dag_id=f"audit_{spec.name}", schedule=spec.audit.schedule, **_dag_kwargs(spec, "audit"), doc_md=(
         f"### audit of {what}\n\nChecks the table against its topic from the ledger: per partition "
         "the committed ranges follow each other with no gap or overlap, every batch's records read = rows + dead "
         "letters + skipped, no snapshot changed rows outside Tidewater, no committed offset below the log start or "
@@ -390,7 +401,7 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - return
     @dag(
         dag_id=f"maintain_{spec.name}",
         schedule=m.schedule,
-        **spec.airflow.dag_kwargs("maintenance"),
+        **_dag_kwargs(spec, "maintenance"),
         doc_md=(
             f"### maintenance of `{spec.describe_targets()}`\n\n"
             f"* compaction: {m.rewrite_data_files.strategy}, at least {m.rewrite_data_files.min_input_files} files per group\n"
