@@ -189,12 +189,16 @@ def test_task_results_carry_snapshot_ids_as_strings():
 
 def test_the_write_task_refuses_cluster_deploy_mode_on_a_standalone_master_before_spark_submit(tmp_path, monkeypatch):
     """The ingest DAG's write task, whose Spark connection asks for cluster deploy mode on a standalone master
-    (Spark refuses Python drivers there): it fails at once, without retries, saying what works instead."""
+    (Spark refuses Python drivers there): it fails at once, without retries (the task's retry policy fails a
+    ConfigError), saying what works instead."""
+    from datetime import timedelta
     from types import SimpleNamespace
 
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.sdk.definitions.retry_policy import RetryAction
 
+    from tidewater.errors import ConfigError
     from tidewater.runtime.airflow import IngestSparkSubmitOperator
+    from tidewater.runtime.retries import retry_policy
 
     pipeline = tmp_path / "p.yaml"
     pipeline.write_text("name: p\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\ntable: ns.t\n"
@@ -203,8 +207,22 @@ def test_the_write_task_refuses_cluster_deploy_mode_on_a_standalone_master_befor
                        '"port": 7077, "extra": {"deploy-mode": "cluster"}}')
     op = IngestSparkSubmitOperator(task_id="write", pipeline_path=str(pipeline), conn_id="standalone_cluster")
     context = {"ti": SimpleNamespace(xcom_pull=lambda task_ids: {"batch_id": "b", "plan_path": "s3://x/p/b/plan.json"})}
-    with pytest.raises(AirflowFailException, match="deploy-mode: Spark runs a Python driver in cluster deploy mode"):
+    with pytest.raises(ConfigError, match="deploy-mode: Spark runs a Python driver in cluster deploy mode") as raised:
         op.execute(context)
+    assert retry_policy(timedelta(seconds=60)).evaluate(raised.value, 1, 2).action is RetryAction.FAIL
+
+
+def test_a_spark_connect_connection_is_not_a_master_for_maintenance_sessions(monkeypatch):
+    """The DAGs' Spark connection of the provider's `spark_connect` type: the write step runs on that server, and the
+    maintenance task's own Spark session uses the pipeline's spark.master (it was given the server's host as a master,
+    which spark-submit refused). A `spark` connection's host and port stay the master; no connection: spark.master."""
+    from tidewater.runtime.airflow import spark_master
+
+    monkeypatch.setenv("AIRFLOW_CONN_TW_CONNECT", '{"conn_type": "spark_connect", "host": "127.0.0.1", "port": 15002}')
+    monkeypatch.setenv("AIRFLOW_CONN_TW_CLUSTER", '{"conn_type": "spark", "host": "spark://10.0.0.5", "port": 7077}')
+    assert spark_master("tw_connect", "local[2]") == "local[2]"
+    assert spark_master("tw_cluster", "local[2]") == "spark://10.0.0.5:7077"
+    assert spark_master("tw_missing", "local[3]") == "local[3]"
 
 
 def test_the_audit_dag_runs_on_its_schedule_and_exists_for_single_table_pipelines(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -61,6 +62,15 @@ def through_spark_connect(env: dict[str, str], server: object) -> dict[str, str]
     host, port = server.url.removeprefix("sc://").split(":")  # type: ignore[attr-defined]
     return {**env, "AIRFLOW_CONN_TIDEWATER_SPARK": json.dumps({"conn_type": "spark_connect", "host": host,
                                                                "port": int(port)})}
+
+
+def task_tries(env: dict[str, str], dag_id: str) -> dict[str, tuple[str, int]]:
+    """(state, try number) of each task of the DAG's latest run, from Airflow's database."""
+    db = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(db, timeout=30)) as c:
+        rows = c.execute("SELECT task_id, state, try_number FROM task_instance WHERE dag_id = ? AND run_id = "
+                         "(SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)", (dag_id, dag_id))
+        return {task: (state, tries) for task, state, tries in rows.fetchall()}
 
 
 def stop_group(proc: subprocess.Popen) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, table_of, write_pipeline
-from tests.e2e.conftest import list_runs, standalone, through_spark_connect, wait_for_runs
+from tests.e2e.conftest import list_runs, standalone, task_tries, through_spark_connect, wait_for_runs
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
@@ -392,6 +392,7 @@ def test_the_audit_dag_passes_on_a_clean_table_fails_on_a_discrepancy_and_the_vi
     table.append(table.scan(limit=5).to_arrow())
     out = dags_test(airflow_env, "audit_orders", expect="failed")
     assert "made outside Tidewater: 5 rows added" in out and "offsets in the table twice" in out
-    assert "AirflowFailException" in out or "Marking task as FAILED" in out
+    assert "TerminalError (retrying cannot help): audit of rpc.orders" in out  # the retry policy: no second try
+    assert task_tries(airflow_env, "audit_orders")["audit"] == ("failed", 1)
     verdict = overview(spec)["audit"]
     assert not verdict["clean"] and verdict["errors"] >= 2 and any("outside Tidewater" in f for f in verdict["first"])

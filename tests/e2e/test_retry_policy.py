@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import sqlite3
 import subprocess
 import threading
 import time
@@ -15,21 +14,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import table_of, write_pipeline
-from tests.e2e.conftest import free_port, through_spark_connect
+from tests.e2e.conftest import free_port, task_tries, through_spark_connect
 from tests.e2e.test_ingest_dag import dags_test
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.summary import committed_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def task_tries(env: dict[str, str], dag_id: str) -> dict[str, tuple[str, int]]:
-    """(state, try number) of each task of the DAG's latest run, from Airflow's database."""
-    db = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")
-    with contextlib.closing(sqlite3.connect(db, timeout=30)) as c:
-        rows = c.execute("SELECT task_id, state, try_number FROM task_instance WHERE dag_id = ? AND run_id = "
-                         "(SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)", (dag_id, dag_id))
-        return {task: (state, tries) for task, state, tries in rows.fetchall()}
 
 
 @contextlib.contextmanager

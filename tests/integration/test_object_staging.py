@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import REPO, produce_to_partition, quiet, stage_inline, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
-from tidewater.errors import ConfigError, TransientError
+from tidewater.errors import ConfigError, TerminalError, TransientError
 from tidewater.table.summary import committed_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -257,9 +257,8 @@ def test_maintenance_finds_in_flight_batches_and_removes_stale_staging_in_the_bu
 
 def test_a_manifest_that_cannot_be_read_whole_is_never_committed(broker, home, topic, s3_endpoint, monkeypatch):
     """The Airflow tasks of a batch whose manifest object was cut short (a copy or a tool that broke off):
-    validate and commit fail at once naming the manifest, and nothing is committed."""
-    from airflow.sdk.exceptions import AirflowFailException
-
+    validate and commit fail at once naming the manifest (a terminal error, which the tasks' retry policy fails
+    without retrying), and nothing is committed."""
     from tidewater.batch import manifest_path, write_json_atomic
     from tidewater.runtime.airflow import commit_task, plan_task, validate_task
     from tidewater.source.kafka import kafka_settings
@@ -277,7 +276,7 @@ def test_a_manifest_that_cannot_be_read_whole_is_never_committed(broker, home, t
     whole = staged.read_bytes()
     staged.write_bytes(whole[: len(whole) // 2])
     for task in (validate_task, lambda p, pl: commit_task(p, pl, dag_run_id="manual__cut")):
-        with pytest.raises(AirflowFailException, match=r"manifest\.json is not a whole JSON document"):
+        with pytest.raises(TerminalError, match=r"manifest\.json is not a whole JSON document"):
             task(str(path), planned)
     table = table_of(path)
     assert table is None or table.snapshots() == []

@@ -440,12 +440,19 @@ class IngestSparkSubmitOperator(BaseOperator):
 
 
 def spark_master(conn_id: str, default: str) -> str:
-    """The master of the Airflow Spark connection the ingest DAG submits to, else the pipeline's."""
+    """The master of the Airflow Spark connection the ingest DAG submits to, else the pipeline's. A connection of the
+    provider's ``spark_connect`` type names a Spark Connect server, not a master: the write step runs there, and the
+    Spark sessions of maintenance and ``tidewater sql`` (which need the Iceberg runtime and SQL extensions in their
+    own JVM) use the pipeline's ``spark.master``."""
     try:
         from airflow.sdk import BaseHook
 
         conn = BaseHook.get_connection(conn_id)
     except Exception:  # no such connection: the pipeline's spark.master
+        return default
+    if conn.conn_type == "spark_connect":
+        log.info("Airflow connection %r is a Spark Connect server: Spark sessions of this task use spark.master %s",
+                 conn_id, default)
         return default
     host = conn.host or ""
     if host and conn.port and "://" in host:
