@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
 
+from tidewater.config.spec import MAX_RETRY_DELAY
 from tidewater.errors import CommitConflictError, ConfigError, KafkaReadError, OffsetGapError, TransientError
 from tidewater.runtime import retries
 from tidewater.runtime.airflow import fail_fast
@@ -30,7 +31,7 @@ def test_a_transient_error_retries_with_a_delay_that_doubles_up_to_an_hour():
     p = policy()
     delays = [p.evaluate(KafkaReadError("broker down"), try_number=n, max_tries=12).retry_delay for n in range(1, 11)]
     assert delays[:4] == [timedelta(seconds=s) for s in (10, 20, 40, 80)]
-    assert delays[-1] == retries.MAX_DELAY and max(delays) == retries.MAX_DELAY
+    assert delays[-1] == MAX_RETRY_DELAY and max(delays) == MAX_RETRY_DELAY
     decision = p.evaluate(CommitConflictError("table changed"), try_number=2, max_tries=2)
     assert decision.action is RetryAction.RETRY
     assert decision.reason == "CommitConflictError (worth retrying; try 2 of at most 3, the next in 20 s): table changed"

@@ -506,6 +506,10 @@ class SparkSpec:
     )
 
 
+MAX_RETRY_DELAY = timedelta(hours=1)
+"""The longest wait between two tries of a transient failure, however many retries a pipeline allows."""
+
+
 @dataclass(frozen=True)
 class AirflowSpec:
     """DAG settings."""
@@ -534,6 +538,13 @@ class AirflowSpec:
             "tags": sorted({"tidewater", kind, *self.tags}),
             "default_args": self.default_args(),
         }
+
+    def retry_delay(self, try_number: int) -> timedelta:
+        """The wait before the next try after try ``try_number`` (1-based) failed with an error worth retrying:
+        ``retry_delay_seconds`` doubled at each try, at most :data:`MAX_RETRY_DELAY` (or the first delay, if longer).
+        Airflow 3.3's retry policy of the pipeline's tasks waits this long (runtime/retries.py)."""
+        base = timedelta(seconds=self.retry_delay_seconds)
+        return min(base * (2 ** max(try_number - 1, 0)), max(MAX_RETRY_DELAY, base))
 
     def default_args(self) -> dict[str, Any]:
         """Airflow ``default_args`` shared by the pipeline's DAGs."""
@@ -820,7 +831,8 @@ class PipelineSpec:
     def longest_batch_seconds(self) -> int:
         """Upper bound on a batch's life: plan, write, validate and commit, each with every retry."""
         a = self.airflow
-        per_task = a.task_timeout_minutes * 60 * (a.retries + 1) + a.retry_delay_seconds * a.retries
+        waits = sum(a.retry_delay(n).total_seconds() for n in range(1, a.retries + 1))  # doubling (Airflow 3.3)
+        per_task = a.task_timeout_minutes * 60 * (a.retries + 1) + int(waits)
         return 4 * per_task
 
     def staging_dir(self) -> Any:

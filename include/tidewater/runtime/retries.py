@@ -7,7 +7,8 @@ Every error of ours says whether retrying can help (``tidewater.errors``). Each 
   task at once, with the error as the decision's reason: no retry can help, and the operator learns of it now, not
   ``retries x retry_delay`` later;
 - a transient error (an unreachable broker or catalog, a commit conflict) is retried after a growing delay:
-  ``airflow.retry_delay_seconds`` doubled at every try, at most :data:`MAX_DELAY`, within ``airflow.retries``;
+  ``airflow.retry_delay_seconds`` doubled at every try, at most an hour (``AirflowSpec.retry_delay``),
+  within ``airflow.retries``;
 - anything else (a bug, a killed process, spark-submit's own failure) keeps Airflow's default.
 
 The error is found on the exception or its causes, so a wrapper raised ``from`` one of ours is judged by ours.
@@ -21,10 +22,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from tidewater.config.spec import AirflowSpec
 from tidewater.errors import TidewaterError
-
-MAX_DELAY = timedelta(hours=1)
-"""The longest wait between two tries of a transient failure, however many retries a pipeline allows."""
 
 
 def tidewater_error(exc: BaseException | None) -> TidewaterError | None:
@@ -40,8 +39,8 @@ def tidewater_error(exc: BaseException | None) -> TidewaterError | None:
 
 
 def transient_delay(base: timedelta, try_number: int) -> timedelta:
-    """The wait before the next try after try ``try_number`` (1-based) failed: ``base`` doubled each try, capped."""
-    return min(base * (2 ** max(try_number - 1, 0)), max(MAX_DELAY, base))
+    """The wait before the next try after try ``try_number`` (1-based) failed (``AirflowSpec.retry_delay``)."""
+    return AirflowSpec(retry_delay_seconds=int(base.total_seconds())).retry_delay(try_number)
 
 
 def _policy_base() -> type | None:
