@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 from tidewater.config.formats import FORMATS
 from tidewater.config.targets import TargetSet
+from tidewater.errors import ConfigError
 from tidewater.staging import locate
 
 PIPELINES_DIR_ENV = "TIDEWATER_PIPELINES_DIR"
@@ -528,6 +530,30 @@ class AirflowSpec:
         "`maintenance.remove_orphan_files.older_than_hours` may never undercut.",
         default=60,
     )
+    freshness: str | None = _doc(
+        "A promise of freshness, as a deadline on each ingest run (Airflow 3.1+ deadline alerts, which Airflow marks "
+        "experimental): a run still unfinished this long after it was queued (`90s`, `15m`, `2h`, `1d`) calls "
+        "`airflow.on_late`, once per run. It catches a batch that is slow or stuck; a pipeline whose runs are not "
+        "queued at all (paused, scheduler down) is caught by the lag trigger or the audit DAG instead (docs: From "
+        "the Airflow UI). Unset: no deadline.",
+        default=None,
+    )
+    on_late: str | None = _doc(
+        "What a missed `airflow.freshness` deadline calls: the dotted path of a callable, or of an Airflow notifier "
+        "class (made without arguments), given one dict (`pipeline`, `freshness`, `message`, `dag_run`, "
+        "`deadline`). It runs in Airflow's triggerer, which must be able to import it. Always, before it: a warning in "
+        "the triggerer's log and the metric `tidewater.<name>.late`.",
+        default=None,
+    )
+
+    def freshness_interval(self) -> timedelta | None:
+        """``freshness`` as a duration (None when unset); a ConfigError naming the setting when it is not one."""
+        if self.freshness is None:
+            return None
+        m = re.fullmatch(r"\s*(\d+)\s*([smhd])\s*", str(self.freshness))
+        if not m or int(m.group(1)) == 0:
+            raise ConfigError(f"airflow.freshness: {self.freshness!r} is not a duration such as 90s, 15m, 2h or 1d")
+        return timedelta(seconds=int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)])
 
     def dag_kwargs(self, kind: str) -> dict[str, Any]:
         """Arguments every DAG of the pipeline shares (``kind``: ingest, replay, quarantine, maintenance)."""

@@ -235,6 +235,10 @@ def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
         raise ConfigError("catalog.properties: set at least `type` (sql, rest, glue, hive) or `uri`")
     if spec.airflow.retries < 0:
         raise ConfigError("airflow.retries: must be zero or more")
+    spec.airflow.freshness_interval()  # a ConfigError naming airflow.freshness when it is not a duration
+    if spec.airflow.on_late is not None and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", spec.airflow.on_late):
+        raise ConfigError(f"airflow.on_late: {spec.airflow.on_late!r} is not a dotted path such as "
+                          "my_alerts.page_on_call or my_alerts.OnCallNotifier")
     suite = spec.suite_path()
     if suite is not None and not suite.is_file():
         raise ConfigError(f"{'table.suite' if spec.table.suite else 'validation.suite'}: file {suite} does not exist")

@@ -27,6 +27,7 @@ from tidewater.config.parse import discover_pipelines, load_pipeline
 from tidewater.config.spec import PipelineSpec, pipelines_dir
 from tidewater.errors import ConfigError
 from tidewater.runtime.airflow import commits_alias
+from tidewater.runtime.deadlines import freshness_alert
 from tidewater.runtime.retries import retry_policy
 
 log = logging.getLogger(__name__)
@@ -127,10 +128,13 @@ def _schedule(spec: PipelineSpec, pipeline_path: str):  # noqa: ANN202
 def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
     pipeline_path = str(path)
 
+    alert = freshness_alert(spec)  # airflow.freshness (Airflow 3.1+): a deadline on each run
+
     @dag(
         dag_id=spec.dag_id,
         schedule=_schedule(spec, pipeline_path),
         **_dag_kwargs(spec, "ingest"),
+        **({"deadline": alert} if alert is not None else {}),
         doc_md=_doc(spec, path),
         params={"reprocess": Param(False, type="boolean", title="Re-ingest committed intervals (new backfill runs)", description=(
             "Backfill runs only. A backfill run that re-runs an earlier run (Reprocess Behavior 'All Runs' or "

@@ -11,6 +11,7 @@ Names, under Airflow's metric prefix (``airflow.`` by default), per pipeline:
 | ``tidewater.<pipeline>.dead_letters`` | counter | commit task: records dead-lettered |
 | ``tidewater.<pipeline>.commit_seconds`` | timer | commit task: the commit step |
 | ``tidewater.<pipeline>.batch_seconds`` | timer | commit task: from the plan to the commit |
+| ``tidewater.<pipeline>.late`` | counter | an ingest run missed its ``airflow.freshness`` deadline (triggerer) |
 
 Airflow's stats are a no-op when metrics are off, so this costs nothing then; the per-partition lag is
 read from the broker only when metrics are on.
@@ -72,3 +73,11 @@ def committed(spec: Any, plan: Any, manifest: Any, result: Any, commit_seconds: 
         s.timing(_name(spec.name, "batch_seconds"), (datetime.now(timezone.utc) - planned).total_seconds() * 1000.0)
     except (TypeError, ValueError):  # a plan without its creation time: no batch duration
         log.debug("plan %s has no creation time", plan.batch_id)
+
+
+def late(pipeline: str) -> None:
+    """Count an ingest run that missed its freshness deadline (sent from Airflow's triggerer)."""
+    try:
+        _stats().incr(_name(pipeline, "late"))
+    except Exception:  # metrics must never hide the warning the caller logged
+        log.exception("pipeline %s: could not send the late metric", pipeline)

@@ -1,10 +1,13 @@
-"""Airflow 3.3's retry policies on the ingest DAG (`airflow dags test`, the real broker, catalog and Spark Connect
-server): an error retrying cannot help fails its task in one try, an error worth retrying is retried with a growing
-delay until the cause is gone (runtime/retries.py)."""
+"""Airflow's own primitives on the ingest DAG, with the real broker, catalog and Spark Connect server: retry policies
+(`airflow dags test`: an error retrying cannot help fails its task in one try, an error worth retrying is retried
+with a growing delay until the cause is gone; runtime/retries.py) and freshness deadlines (a scheduler and triggerer:
+`airflow standalone`; runtime/deadlines.py)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import socket
 import subprocess
 import threading
@@ -13,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import table_of, write_pipeline
-from tests.e2e.conftest import free_port, task_tries, through_spark_connect
+from tests.conftest import REPO, table_of, write_pipeline
+from tests.e2e.conftest import free_port, list_runs, standalone, task_tries, through_spark_connect, wait_for_runs
 from tests.e2e.test_ingest_dag import dags_test
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.summary import committed_state
@@ -103,3 +106,41 @@ def test_a_misspelled_topic_fails_in_one_try_and_an_unreachable_broker_is_retrie
     table = table_of(pipeline)
     assert table.scan().to_arrow().num_rows == 40
     assert committed_state(table).offsets == {topic: {0: 20, 1: 20}}
+
+
+def test_a_run_still_unfinished_at_its_freshness_deadline_calls_on_late_once(broker, topic, airflow_env, tmp_path,
+                                                                            spark_connect):
+    """`airflow.freshness: 5s` and `airflow.on_late` naming a callable of the tests: a triggered ingest run takes longer
+    than that (plan, write, validate, commit), so Airflow's scheduler marks its deadline missed and its triggerer calls
+    Tidewater: the triggerer's log has the warning naming the pipeline and the run, `on_late` receives the run once,
+    and the batch itself commits with rows and offsets exact."""
+    late_file = tmp_path / "late.jsonl"
+    env = {**through_spark_connect(airflow_env, spark_connect), "TIDEWATER_TEST_LATE_FILE": str(late_file),
+           "PYTHONPATH": str(REPO) + os.pathsep + airflow_env.get("PYTHONPATH", "")}
+    pipeline = write_pipeline(Path(env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
+                              kafka={"bootstrap_servers": broker.bootstrap},
+                              airflow={"freshness": "5s", "on_late": "tests.e2e.late_hook.record"})
+    produce(broker.bootstrap, topic, pizza_events(50, seed=410), partitions=2)
+    with standalone(env, tmp_path) as env:
+        for cmd in (["dags", "unpause", "ingest_orders"], ["dags", "trigger", "ingest_orders"]):
+            subprocess.run(["airflow", *cmd], env=env, check=True, capture_output=True, timeout=120)
+        runs = wait_for_runs(env, "ingest_orders", 300)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not late_file.is_file():
+            time.sleep(2)
+        time.sleep(5)  # a second call, if there were one, would have come with the first
+        runs = list_runs(env, "ingest_orders")
+    assert [r["state"] for r in runs] == ["success"], runs
+    assert late_file.is_file(), "on_late was not called: " + (tmp_path / "standalone.log").read_text()[-3000:]
+    calls = [json.loads(line) for line in late_file.read_text().splitlines()]
+    assert len(calls) == 1, calls
+    (late,) = calls
+    assert late["pipeline"] == "orders" and late["freshness"] == "5s"
+    assert late["dag_run"]["dag_run_id"] == runs[0]["run_id"] and late["dag_run"]["dag_id"] == "ingest_orders"
+    assert f"ingest run {runs[0]['run_id']} is still unfinished 5s after it was queued" in late["message"]
+    log = (tmp_path / "standalone.log").read_text()
+    assert late["message"] in log  # the triggerer's warning
+    assert "ProgrammingError" not in log  # the callback's output is stored (Airflow keeps it as text)
+    table = table_of(pipeline)
+    assert table.scan().to_arrow().num_rows == 50
+    assert committed_state(table).offsets == {topic: {0: 25, 1: 25}}
