@@ -35,9 +35,17 @@ TWO_LINES = "from tidewater.runtime.airflow_dags import pipeline_dags\nglobals()
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:  # noqa: ANN001
-    """The wheel and the sdist `python -m build` makes of this checkout."""
+    """The wheel and the sdist `python -m build` makes of this checkout, built from a copy of it: setuptools writes
+    `include/tidewater.egg-info` into the tree it builds, and in the checkout that second copy of the package's
+    metadata made Airflow load the plugin's entry point twice ("Plugin 'tidewater' already registered": a plugin
+    import error on every later test's Airflow home page)."""
+    import shutil
+
     out = tmp_path_factory.mktemp("dist")
-    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--sdist", "--outdir", str(out), str(REPO)],
+    src = tmp_path_factory.mktemp("src") / "tidewater"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", ".data", "node_modules", "*.egg-info",
+                                                             "build", "__pycache__", ".pytest_cache", ".hypothesis"))
+    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--sdist", "--outdir", str(out), str(src)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out

@@ -66,7 +66,9 @@ def _health(base: str) -> int | None:
 def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, home):
     """The plugin's JSON API refuses anonymous calls and, with an Airflow token, lists the pipeline and its
     overview (lag per partition, the batch just committed, its Data Docs page, rendered on first request).
-    In the browser: log in, open "Tidewater" in the navigation (the React app), see the lag of 30 records, ingest,
+    In the browser: log in, find the Tidewater panel on Airflow's dashboard (both pipelines: the lag of 30, the
+    freshness against the 15-minute deadline, the other's quarantined batch, links to their DAG tabs); open "Tidewater"
+    in the navigation (the React app), see the lag of 30 records, ingest,
     refresh and see it drop to 0; on the other pipeline's ingest DAG tab press Publish on its quarantined batch and
     find the quarantine DAG's run with that configuration; submit the replay form's dry run (on by default) and find
     its run too.
@@ -74,7 +76,8 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     from playwright.sync_api import sync_playwright
 
     pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
-    path = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    path = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          airflow={"freshness": "15m"})
     spec = load_pipeline(path)
     produce(broker.bootstrap, topic, pizza_events(60, seed=120), partitions=3)
     ingest_inline(spec)
@@ -88,6 +91,9 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     token = token["access_token"]
     status, listed = call_api(f"{base}/tidewater/api/pipelines", token)
     assert status == 200 and sorted(p["name"] for p in listed) == ["held", "orders"]
+    assert {p["name"]: p["freshness_deadline_s"] for p in listed} == {"held": None, "orders": 900}
+    status, errors = call_api(f"{base}/api/v2/plugins/importErrors", token)
+    assert status == 200 and errors["total_entries"] == 0, errors  # the plugin loads once, from its entry point
     status, o = call_api(f"{base}/tidewater/api/pipelines/orders", token)
     assert status == 200, o
     assert o["status"]["total_lag"] == 30 and [p["lag"] for p in o["status"]["partitions"]] == [10, 10, 10]
@@ -112,6 +118,17 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
             page.fill("input[name=password]", password)
             page.click("button:has-text('Sign in')")
             page.wait_for_url(base + "/", timeout=60_000)
+            # the dashboard's Tidewater panel (Airflow 3.3's `dashboard` destination), on the home page
+            page.locator("#tidewater-dashboard tr.dashboard-pipeline").nth(1).wait_for(timeout=60_000)
+            cells = {r[0]: r[1:] for r in (row.locator("td").all_inner_texts()
+                                           for row in page.locator("#tidewater-dashboard tr.dashboard-pipeline").all())}
+            assert cells["orders"][0] == "30" and re.fullmatch(r"\d+ s of 900 s", cells["orders"][1]), cells
+            assert cells["held"][2] == "1" and cells["orders"][2] == "0", cells  # quarantined batches
+            links = page.locator("#tidewater-dashboard a").evaluate_all("els => els.map(e => e.getAttribute('href'))")
+            assert sorted(links) == [f"{base}/dags/ingest_held/plugin/tidewater-pipeline",
+                                     f"{base}/dags/ingest_orders/plugin/tidewater-pipeline"], links
+            page.locator("#tidewater-dashboard").scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "tidewater-dashboard.png"), full_page=True)
             page.click("a[href='/plugin/tidewater']")  # the React app in the navigation (no frame)
             view = page
             view.locator("#total-lag").wait_for(timeout=60_000)
@@ -163,7 +180,8 @@ def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(bro
                                                                               home):
     """Two pipelines; an auth manager (``tests/e2e/one_dag_auth.py``: Airflow's simple one, with a user ``limited``
     who may read only ``ingest_orders``) behind the real API server. ``limited`` lists only `orders`, reads its
-    overview and Data Docs, and gets 403 for every route of the other pipeline; the admin sees both."""
+    overview and Data Docs, and gets 403 for every route of the other pipeline (the dashboard's panel lists only
+    `orders` too); the admin sees both."""
     pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
     batches = {}
     for name in ("orders", "secret"):
@@ -211,6 +229,10 @@ def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(bro
             assert page.locator("[data-testid=pipeline-detail]").count() == 0
             assert page.locator("#dead-letters").count() == 0 and "rpc.secret" not in page.content()
             page.screenshot(path=str(ARTIFACTS / "limited-user-other-dag.png"))
+            page.goto(f"{base}/")  # the dashboard's panel: the pipeline it may read, only
+            page.locator("#tidewater-dashboard tr.dashboard-pipeline").first.wait_for(timeout=60_000)
+            assert [r.locator("td").first.inner_text() for r in
+                    page.locator("#tidewater-dashboard tr.dashboard-pipeline").all()] == ["orders"]
             page.goto(f"{base}/plugin/tidewater")
             page.locator("tr.pipeline").first.wait_for(timeout=60_000)
             assert page.locator("tr.pipeline").count() == 1 and page.locator("#pipeline option").all_inner_texts() == [

@@ -14,13 +14,19 @@ def test_react_apps_when_the_bundle_is_built_else_the_plain_page(tmp_path, monke
     assert plugin.react_apps(bundle) == []  # not built: no apps
     bundle.write_text("globalThis.AirflowPlugin = () => null;")
     apps = plugin.react_apps(bundle)
-    assert [a["destination"] for a in apps] == ["nav", "dag", "dag_run"]
-    assert len({a["bundle_url"] for a in apps}) == 3 and len({a["name"] for a in apps}) == 3  # one URL and name each
+    assert [a["destination"] for a in apps] == ["nav", "dag", "dag_run", "dashboard"]  # Airflow 3.3: the dashboard too
+    assert len({a["bundle_url"] for a in apps}) == 4 and len({a["name"] for a in apps}) == 4  # one URL and name each
     assert all(a["bundle_url"].startswith("/tidewater/static/tidewater-ui.js?") for a in apps)
+    from airflow.api_fastapi.core_api.datamodels.plugins import ReactAppResponse
+
+    assert all(ReactAppResponse.model_validate(a) for a in apps)  # as this Airflow's API server lists them
+    monkeypatch.setattr(plugin, "dashboard_supported", lambda: False)  # Airflow 3.1/3.2: no dashboard destination
+    assert [a["destination"] for a in plugin.react_apps(bundle)] == ["nav", "dag", "dag_run"]
+    monkeypatch.undo()
     monkeypatch.setattr(plugin, "BUNDLE", bundle)
     assert plugin.react_apps_supported()  # the Airflow this project pins
     apps, views = plugin.views()
-    assert len(apps) == 3 and views == []
+    assert len(apps) == 4 and views == []
     monkeypatch.setattr(plugin, "react_apps_supported", lambda: False)  # Airflow 3.0
     apps, views = plugin.views()
     assert apps == [] and [v["href"] for v in views] == ["/tidewater/"]

@@ -5,10 +5,11 @@ The provider metadata is ``tidewater.runtime.provider``'s.
 - A FastAPI app at ``/tidewater`` on the API server (``tidewater.runtime.ui``): the JSON API, the Data Docs sites, the
   React apps' bundle and a plain HTML page.
 - **Airflow 3.1 and later** (``AirflowPlugin.react_apps``), when the bundle is built (``make setup`` builds it from
-  ``ui_app/``, TypeScript with Airflow's React and Chakra UI as externals; the wheel ships it): three React apps in
+  ``ui_app/``, TypeScript with Airflow's React and Chakra UI as externals; the wheel ships it): React apps in
   Airflow's own UI and look (dark mode included): the "Tidewater" page in the navigation (every pipeline, then one in
   detail), a "Tidewater" tab on every DAG (its pipeline: partitions, lag over time, batches, dead letters to browse
-  and retry, quarantine, maintenance) and a "Tidewater batch" tab on every DAG run (that run's batch).
+  and retry, quarantine, maintenance), a "Tidewater batch" tab on every DAG run (that run's batch) and, on Airflow
+  3.3, a panel on the dashboard (every pipeline's lag, freshness against its deadline, quarantines, dead letters).
 - **Airflow 3.0**, or without the bundle: the plain page as the "Tidewater" entry of the navigation (an external
   view in a frame).
 """
@@ -29,20 +30,33 @@ def react_apps_supported() -> bool:
     return hasattr(AirflowPlugin, "react_apps")
 
 
+def dashboard_supported() -> bool:
+    """Airflow's UI takes React apps on its dashboard (``destination: dashboard``, Airflow 3.3): an older API server
+    would refuse the destination when it lists the plugins, so the panel is offered only where it is known."""
+    try:
+        from airflow.api_fastapi.core_api.datamodels.plugins import ReactAppResponse
+    except ImportError:  # Airflow 3.0: no React apps at all
+        return False
+    return "dashboard" in str(ReactAppResponse.model_fields["destination"].annotation)
+
+
 def react_apps(bundle: Path = BUNDLE) -> list[dict[str, str]]:
-    """The React apps (none without the bundle). One bundle serves the three: the component chooses its page from the
-    route's ids; each app gets its own URL (a query) because the UI imports a bundle once per URL and keeps the
-    component it exported under the app's name."""
+    """The React apps (none without the bundle). One bundle serves them all: the component chooses its page from the
+    route (its ids, and the dashboard's home page); each app gets its own URL (a query) because the UI imports a bundle
+    once per URL and keeps the component it exported under the app's name."""
     if not bundle.is_file():
         return []
     url = f"/tidewater/static/{bundle.name}?v={int(bundle.stat().st_mtime)}"
-    return [
+    apps = [
         {"name": "Tidewater", "bundle_url": url + "&page=nav", "destination": "nav", "url_route": "tidewater"},
         {"name": "Tidewater pipeline", "bundle_url": url + "&page=dag", "destination": "dag",
          "url_route": "tidewater-pipeline"},
         {"name": "Tidewater batch", "bundle_url": url + "&page=run", "destination": "dag_run",
          "url_route": "tidewater-batch"},
     ]
+    if dashboard_supported():
+        apps.append({"name": "Tidewater pipelines", "bundle_url": url + "&page=dashboard", "destination": "dashboard"})
+    return apps
 
 
 def views() -> tuple[list[dict[str, str]], list[dict[str, str]]]:

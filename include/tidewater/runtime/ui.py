@@ -204,7 +204,8 @@ def _ref(spec: Any) -> dict[str, Any]:
                                                       "maintain")}
     return {"name": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "targets": spec.describe_targets(),
             "dag_ids": [spec.dag_id, *dags.values()], "replay_dag_id": dags["replay"], "skip_dag_id": dags["skip"],
-            "quarantine_dag_id": dags["quarantine"], "retry_dag_id": dags["retry_dead_letters"]}
+            "quarantine_dag_id": dags["quarantine"], "retry_dag_id": dags["retry_dead_letters"],
+            "freshness_deadline_s": int(fresh.total_seconds()) if (fresh := spec.airflow.freshness_interval()) else None}
 
 
 def _answer(make: Any) -> Any:

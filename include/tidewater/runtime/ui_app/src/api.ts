@@ -21,7 +21,8 @@ export type Overview = {
   letters: Record<string, number>;
 };
 export type PipelineRef = { name: string; dag_id: string; table: string; targets: string; dag_ids: string[];
-  replay_dag_id: string; skip_dag_id: string; quarantine_dag_id: string; retry_dag_id: string };
+  replay_dag_id: string; skip_dag_id: string; quarantine_dag_id: string; retry_dag_id: string;
+  freshness_deadline_s: number | null };
 export type Letter = { topic: string; partition: number; offset: number; error_class: string; error_message: string;
   letter_batch_id: string; status: string; reason: string | null; action_id: string | null;
   payload_preview?: string | null; payload_bytes?: number; timestamp: string | null };

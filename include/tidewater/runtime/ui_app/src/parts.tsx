@@ -2,7 +2,7 @@
 import { Badge, Box, Button, Heading, Link, Spinner, Table, Text } from "@chakra-ui/react";
 import { useCallback, useEffect, useRef, useState, type ReactNode } from "react";
 
-import { ApiError, root, trigger, type LagPoint } from "./api";
+import { ApiError, get, root, trigger, type LagPoint, type Overview, type PipelineRef } from "./api";
 
 /** Load ``fetcher`` now and on ``reload()``; a response that arrives after a newer load started is dropped. */
 export function useLoad<T>(fetcher: () => Promise<T>, deps: unknown[]) {
@@ -109,4 +109,15 @@ export function RunButton({ label, dagId, conf, className, action, resultId, onD
       {result ? <Text as="span" ml={2} fontSize="sm">{result}</Text> : null}
     </>
   );
+}
+
+/** Every pipeline the user may read, each with its overview (null when it could not be loaded): the navigation page's
+ * list and the dashboard panel. ``nonce`` reloads it. */
+export function usePipelineOverviews(nonce: number) {
+  return useLoad(async () => {
+    const refs = await get<PipelineRef[]>("pipelines");
+    const overviews = await Promise.all(refs.map((p) =>
+      get<Overview>(`pipelines/${encodeURIComponent(p.name)}?batches=1`).catch(() => null)));
+    return refs.map((p, i) => ({ ref: p, o: overviews[i] }));
+  }, [nonce]);
 }

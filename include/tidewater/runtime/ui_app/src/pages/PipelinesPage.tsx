@@ -3,19 +3,13 @@
 import { Button, HStack, NativeSelect, Stack, Text } from "@chakra-ui/react";
 import { useState } from "react";
 
-import { get, type Overview, type PipelineRef } from "../api";
-import { Loading, Rows, Section, Verdict, useLoad } from "../parts";
+import { Loading, Rows, Section, Verdict, usePipelineOverviews } from "../parts";
 import { PipelineDetail } from "./PipelineDetail";
 
 export function PipelinesPage() {
   const [nonce, setNonce] = useState(0);
   const [chosen, setChosen] = useState<string>("");
-  const list = useLoad(async () => {
-    const refs = await get<PipelineRef[]>("pipelines");
-    const overviews = await Promise.all(refs.map((p) =>
-      get<Overview>(`pipelines/${encodeURIComponent(p.name)}?batches=1`).catch(() => null)));
-    return refs.map((p, i) => ({ ref: p, o: overviews[i] }));
-  }, [nonce]);
+  const list = usePipelineOverviews(nonce);
   if (!list.data) return <Loading error={list.error} what="the pipelines" />;
   if (!list.data.length) return <Text color="fg.muted">no pipelines</Text>;
   const name = chosen || list.data[0].ref.name;
