@@ -334,3 +334,41 @@ def test_one_broken_file_among_500_hides_none_of_the_other_499(tmp_path):
     assert "ingest_invalid_p0123" in every["dags"] and "ingest_p0123" not in every["dags"]
     assert {f"ingest_{n}" for n in names if n != "p0123"} <= set(every["dags"])
     assert parse_in_subprocess(folder, tmp_path, "ingest_invalid_p0123")["dags"] == ["ingest_invalid_p0123"]
+
+
+def test_a_multi_host_executor_refuses_the_per_host_default_catalog_and_staging(tmp_path, monkeypatch):
+    """Airflow's executor set to Celery (tasks of one run may land on different hosts): a pipeline without
+    `catalog.properties` and `batch.staging_dir` would have each host read and write offsets in its own SQLite catalog
+    under $TIDEWATER_HOME. Its file shows as a failing DAG naming both settings, and `tidewater validate` refuses it
+    (exit 2, the same message); a pipeline that sets both keeps its DAGs; under the LocalExecutor the defaults stand."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    shutil.copy(REPO / "include" / "pipelines" / "pizzas.yaml", tmp_path / "pizzas.yaml")
+    shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
+    doc = yaml.safe_load((tmp_path / "pizzas.yaml").read_text())
+    doc.pop("catalog", None)
+    doc.get("batch", {}).pop("staging_dir", None)
+    (tmp_path / "pizzas.yaml").write_text(yaml.safe_dump(doc))
+    shared = {**doc, "name": "shared", "table": {"identifier": "web.shared"},
+              "catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/catalog", "warehouse": "s3://lake/w"}},
+              "batch": {**doc.get("batch", {}), "staging_dir": "s3://lake/staging"}}
+    (tmp_path / "shared.yaml").write_text(yaml.safe_dump(shared))
+
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
+    bag = dagbag(tmp_path, monkeypatch)
+    assert "ingest_pizzas" not in bag.dags and {"ingest_shared", "replay_shared"} <= set(bag.dags)
+    doc_md = bag.dags["ingest_invalid_pizzas"].doc_md
+    assert "catalog.properties: Airflow's executor (CeleryExecutor) can run a batch's tasks on different hosts" in doc_md
+    assert "batch.staging_dir: Airflow's executor (CeleryExecutor)" in doc_md
+    cli = [sys.executable, "-m", "tidewater.runtime.cli", "validate", "--pipeline"]
+    env = {**os.environ, "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor"}
+    refused = subprocess.run([*cli, str(tmp_path / "pizzas.yaml")], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "catalog.properties: Airflow's executor (CeleryExecutor)" in refused.stderr, refused
+    assert subprocess.run([*cli, str(tmp_path / "shared.yaml")], env=env, capture_output=True, timeout=120).returncode == 0
+
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    assert "ingest_pizzas" in dagbag(tmp_path, monkeypatch).dags

@@ -318,3 +318,14 @@ def test_spark_redaction_covers_what_the_write_job_passes_as_secret():
     rx = re.compile(SPARK_REDACTION_REGEX.replace("(?i)", ""), re.I)
     missed = [(k, v) for k, v, secret in SECRET_CASES if secret and not (rx.search(k) or rx.search(v))]
     assert missed == []
+
+
+
+@pytest.mark.parametrize(("executor", "many"), [
+    (None, False), ("", False), ("LocalExecutor", False), ("airflow.executors.local_executor.LocalExecutor", False),
+    ("fast:LocalExecutor", False), ("CeleryExecutor", True), ("LocalExecutor,KubernetesExecutor", True),
+    ("edge:airflow.providers.edge3.executors.EdgeExecutor", True), ("my_company.executors.CustomExecutor", True)])
+def test_which_executors_can_run_a_batchs_tasks_on_different_hosts(executor, many):
+    from tidewater.config.validate import multi_host
+
+    assert multi_host(executor) is many

@@ -383,3 +383,38 @@ def _check_route_table(spec: PipelineSpec, key: str, t: RouteTableSpec, seen: se
 def one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+
+
+SINGLE_HOST_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor", "DebugExecutor"})
+"""Airflow executors that run every task of a DAG run on the host of the scheduler that runs them."""
+
+
+def multi_host(executor: str | None) -> bool:
+    """Whether Airflow's ``[core] executor`` setting (one executor or a comma-separated list, each by name or import
+    path, with an optional ``alias:`` in front) can run a DAG run's tasks on different hosts: any executor but the
+    single-host ones (Celery, Kubernetes, Edge, a custom one)."""
+    names = [part.split(":")[-1].strip().rsplit(".", 1)[-1] for part in (executor or "").split(",") if part.strip()]
+    return any(n not in SINGLE_HOST_EXECUTORS for n in names)
+
+
+def check_hosts(spec: PipelineSpec, executor: str | None) -> None:
+    """Refuse the per-host defaults when Airflow's executor can run a batch's tasks on different hosts: without
+    ``catalog.properties`` each host gets its own SQLite catalog under ``$TIDEWATER_HOME`` (the plan task and the
+    commit task would read and write offsets in different catalogs: exactly-once broken with no error), and without
+    ``batch.staging_dir`` each host stages under its own ``$TIDEWATER_HOME/staging`` (the write task would not find the
+    plan). One ConfigError names both settings when both are missing."""
+    if not multi_host(executor):
+        return
+    problems = []
+    if not spec.catalog.properties:
+        problems.append(f"catalog.properties: Airflow's executor ({executor}) can run a batch's tasks on different "
+                        "hosts, and without catalog properties each host has its own SQLite catalog under "
+                        "$TIDEWATER_HOME, so each would read and write the committed offsets in a different catalog. "
+                        "Set a catalog every host reaches (PostgreSQL `type: sql`, `rest`, `glue` or `hive`)")
+    if spec.batch.staging_dir is None:
+        problems.append(f"batch.staging_dir: Airflow's executor ({executor}) can run a batch's tasks on different hosts, "
+                        "and by default each host stages under its own $TIDEWATER_HOME/staging, where the next task "
+                        "would not find the batch. Set object storage (`s3://bucket/prefix`) or a path every worker "
+                        "mounts")
+    if problems:
+        raise config_problems(problems)

@@ -25,9 +25,11 @@ from airflow.sdk import Asset, Param, dag, task
 
 from tidewater.config.parse import discover_pipelines, load_pipeline
 from tidewater.config.spec import PipelineSpec, pipelines_dir
+from tidewater.config.validate import check_hosts
 from tidewater.errors import ConfigError
 from tidewater.runtime.airflow import commits_alias
 from tidewater.runtime.deadlines import freshness_alert
+from tidewater.runtime.hosts import airflow_executor
 from tidewater.runtime.retries import retry_policy
 
 log = logging.getLogger(__name__)
@@ -459,6 +461,7 @@ def _file_dags(path: Path, dag_file: str) -> dict[str, Any]:
     DAG and never hides the others."""
     try:
         spec = load_pipeline(path)
+        check_hosts(spec, airflow_executor())  # a multi-host executor: no per-host default catalog or staging
         dags = [*build_pipeline_dags(path, spec), build_maintain_dag(path, spec)]
     except Exception as e:  # noqa: BLE001 - reported in the UI as the file's ingest_invalid_<file> DAG
         log.error("%s: %s", path, e)

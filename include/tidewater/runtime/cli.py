@@ -18,8 +18,11 @@ def _pipeline_arg(p: argparse.ArgumentParser) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
+    from tidewater.config.validate import check_hosts
+    from tidewater.runtime.hosts import airflow_executor
 
     spec = load_pipeline(args.pipeline)
+    check_hosts(spec, airflow_executor())  # as the DAG factory does: per-host defaults under a multi-host executor
     print(f"{args.pipeline}: ok (pipeline {spec.name}, DAG {spec.dag_id}, {len(spec.topics)} topic(s)"
           f"{' + pattern ' + repr(spec.topic_pattern) if spec.topic_pattern else ''} -> {spec.describe_targets()})")
     return 0
