@@ -512,6 +512,13 @@ MAX_RETRY_DELAY = timedelta(hours=1)
 """The longest wait between two tries of a transient failure, however many retries a pipeline allows."""
 
 
+def doubled_delay(base: timedelta, try_number: int) -> timedelta:
+    """``base`` doubled at each try after the first, at most :data:`MAX_RETRY_DELAY` (or ``base``, if longer): the wait
+    after try ``try_number`` (1-based) failed. Airflow 3.3's retry policy of the pipeline's tasks waits this long
+    (runtime/retries.py), and the longest possible batch counts it."""
+    return min(base * (2 ** max(try_number - 1, 0)), max(MAX_RETRY_DELAY, base))
+
+
 @dataclass(frozen=True)
 class AirflowSpec:
     """DAG settings."""
@@ -566,11 +573,9 @@ class AirflowSpec:
         }
 
     def retry_delay(self, try_number: int) -> timedelta:
-        """The wait before the next try after try ``try_number`` (1-based) failed with an error worth retrying:
-        ``retry_delay_seconds`` doubled at each try, at most :data:`MAX_RETRY_DELAY` (or the first delay, if longer).
-        Airflow 3.3's retry policy of the pipeline's tasks waits this long (runtime/retries.py)."""
-        base = timedelta(seconds=self.retry_delay_seconds)
-        return min(base * (2 ** max(try_number - 1, 0)), max(MAX_RETRY_DELAY, base))
+        """The wait before the next try after try ``try_number`` (1-based) failed with an error worth retrying
+        (:func:`doubled_delay` of ``retry_delay_seconds``)."""
+        return doubled_delay(timedelta(seconds=self.retry_delay_seconds), try_number)
 
     def default_args(self) -> dict[str, Any]:
         """Airflow ``default_args`` shared by the pipeline's DAGs."""

@@ -7,7 +7,7 @@ Every error of ours says whether retrying can help (``tidewater.errors``). Each 
   task at once, with the error as the decision's reason: no retry can help, and the operator learns of it now, not
   ``retries x retry_delay`` later;
 - a transient error (an unreachable broker or catalog, a commit conflict) is retried after a growing delay:
-  ``airflow.retry_delay_seconds`` doubled at every try, at most an hour (``AirflowSpec.retry_delay``),
+  ``airflow.retry_delay_seconds`` doubled at every try, at most an hour (``config.spec.doubled_delay``),
   within ``airflow.retries``;
 - anything else (a bug, a killed process, spark-submit's own failure) keeps Airflow's default.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from tidewater.config.spec import AirflowSpec
+from tidewater.config.spec import doubled_delay
 from tidewater.errors import TidewaterError
 
 
@@ -38,9 +38,8 @@ def tidewater_error(exc: BaseException | None) -> TidewaterError | None:
     return None
 
 
-def transient_delay(base: timedelta, try_number: int) -> timedelta:
-    """The wait before the next try after try ``try_number`` (1-based) failed (``AirflowSpec.retry_delay``)."""
-    return AirflowSpec(retry_delay_seconds=int(base.total_seconds())).retry_delay(try_number)
+transient_delay = doubled_delay
+"""The wait before the next try after try ``try_number`` (1-based) failed with a transient error."""
 
 
 def _policy_base() -> type | None:
