@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
 
-from tidewater.config.spec import MAX_RETRY_DELAY
+from tidewater.config.spec import MAX_RETRY_DELAY, doubled_delay
 from tidewater.errors import CommitConflictError, ConfigError, KafkaReadError, OffsetGapError, TransientError
 from tidewater.runtime import retries
 from tidewater.runtime.airflow import fail_fast
@@ -36,7 +36,7 @@ def test_a_transient_error_retries_with_a_delay_that_doubles_up_to_an_hour():
     assert decision.action is RetryAction.RETRY
     assert decision.reason == "CommitConflictError (worth retrying; try 2 of at most 3, the next in 20 s): table changed"
     # a pipeline whose first delay is already above the cap keeps its own delay
-    assert retries.transient_delay(timedelta(hours=2), 3) == timedelta(hours=2)
+    assert doubled_delay(timedelta(hours=2), 3) == timedelta(hours=2)
 
 
 def test_an_error_raised_from_ours_is_judged_by_ours_and_any_other_keeps_airflows_default():

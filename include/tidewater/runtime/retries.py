@@ -19,6 +19,7 @@ Importing this module is cheap (no heavy library): DAG files are parsed at every
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any
 
@@ -37,9 +38,6 @@ def tidewater_error(exc: BaseException | None) -> TidewaterError | None:
         exc = exc.__cause__ or exc.__context__
     return None
 
-
-transient_delay = doubled_delay
-"""The wait before the next try after try ``try_number`` (1-based) failed with a transient error."""
 
 
 def _policy_base() -> type | None:
@@ -64,14 +62,10 @@ def supported() -> bool:
     return _policy_base() is not None
 
 
-_CLASSES: dict[type, type] = {}
-
-
+@functools.cache
 def _policy_class(base: type) -> type:
     """The policy class on this Airflow's ``RetryPolicy`` (made once: Airflow's base class is imported only when it
     exists, so this module also loads on older Airflow)."""
-    if base in _CLASSES:
-        return _CLASSES[base]
     from airflow.sdk.definitions.retry_policy import RetryDecision
 
     class ErrorClassRetryPolicy(base):  # type: ignore[misc, valid-type]
@@ -88,7 +82,7 @@ def _policy_class(base: type) -> type:
             name = type(err).__name__
             if not err.transient:
                 return RetryDecision.fail(reason=f"{name} (retrying cannot help): {err}")
-            delay = transient_delay(self.base_delay, try_number)
+            delay = doubled_delay(self.base_delay, try_number)
             return RetryDecision.retry(delay=delay, reason=f"{name} (worth retrying; try {try_number} of at most "
                                                            f"{max_tries + 1}, the next in {int(delay.total_seconds())} s): "
                                                            f"{err}")
@@ -106,5 +100,4 @@ def _policy_class(base: type) -> type:
         def __hash__(self) -> int:
             return hash(self.base_delay)
 
-    _CLASSES[base] = ErrorClassRetryPolicy
     return ErrorClassRetryPolicy
