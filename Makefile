@@ -8,6 +8,8 @@ PY       := $(VENV)/bin/python
 DATA     := $(ROOT)/.data
 PORT     ?= 19092
 PYTEST_ARGS ?=
+# make test runs the suite on this many pytest-xdist workers (0: in this one process)
+TEST_WORKERS ?= 2
 
 export TIDEWATER_HOME := $(DATA)
 export TIDEWATER_KAFKA_BOOTSTRAP ?= 127.0.0.1:$(PORT)
@@ -133,7 +135,7 @@ demo: setup
 	@bash scripts/demo.sh
 
 test: setup s3-stand-in executor-env spark-connect-install lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # ruff: pyflakes, pycodestyle, import order, bugbear, complexity (configured in pyproject.toml)
 lint: venv

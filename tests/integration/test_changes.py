@@ -194,7 +194,7 @@ def test_compaction_racing_change_batches_never_resurrects_or_double_deletes_a_r
     def changes() -> None:
         m = model
         try:
-            for i in range(6):
+            for i in range(3):
                 m = _batch(broker, topic, spec, m, seed=31 + i, n=80)
                 plan, manifest = stage_inline(spec)
                 validate_step(spec, plan, manifest)
