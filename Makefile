@@ -65,11 +65,13 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt pyproj
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt -c constraints.txt
+	@# the distribution was named tidewater up to 0.2: its editable install would keep a second plugin entry point
+	$(PY) -m pip uninstall -q -y tidewater 2>/dev/null || true
 	$(PY) -m pip install -q --no-deps -e .
 	@# the editable install leaves setuptools' egg-info beside the package, on the path the install puts include/ on:
 	@# a second copy of the package's metadata, and Airflow then loads the plugin's entry point twice ("already
 	@# registered", a plugin import error on its home page). The installed dist-info is the one that counts.
-	rm -rf $(ROOT)/include/tidewater.egg-info
+	rm -rf $(ROOT)/include/*.egg-info
 	@touch $@
 
 airflow-db: $(DATA)/airflow/.migrated

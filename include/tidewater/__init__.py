@@ -2,4 +2,6 @@
 
 from __future__ import annotations
 
-__version__ = "0.2.0"
+# The one place the version is kept (the package's metadata reads it). Between releases main is the next version's
+# development release (PEP 440 ``.devN``): a wheel built from main never claims to be a release.
+__version__ = "0.3.0.dev0"

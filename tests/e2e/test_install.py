@@ -30,6 +30,7 @@ from tidewater.dev.sample_data import pizza_events, produce
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("install")]  # one worker builds `dist` once
 
 # the whole DAG file; the pipelines folder is TIDEWATER_PIPELINES_DIR, which the Tidewater view reads too
+DIST = "airflow_provider_tidewater"  # the distribution's file-name form (PEP 427) of airflow-provider-tidewater
 TWO_LINES = "from tidewater.runtime.airflow_dags import pipeline_dags\nglobals().update(pipeline_dags())\n"
 
 
@@ -68,17 +69,23 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
     """The wheel's metadata lists the runtime dependencies (with ranges) and the extras; its entry points register the
     command, the Airflow plugin and the provider metadata; it and the sdist carry the view's page and the Spark
     entry point."""
-    wheel = next(dist.glob(f"tidewater-{__version__}-*.whl"))
+    wheel = next(dist.glob(f"{DIST}-{__version__}-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        meta = z.read(f"tidewater-{__version__}.dist-info/METADATA").decode()
-        entry = z.read(f"tidewater-{__version__}.dist-info/entry_points.txt").decode()
+        meta = z.read(f"{DIST}-{__version__}.dist-info/METADATA").decode()
+        entry = z.read(f"{DIST}-{__version__}.dist-info/entry_points.txt").decode()
+        license_text = z.read(f"{DIST}-{__version__}.dist-info/licenses/LICENSE").decode()
     requires = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
     core = {r.split("[")[0].split("<")[0].split(">")[0].split(";")[0].strip().lower() for r in requires if "extra ==" not in r}
     assert {"pyiceberg", "confluent-kafka", "great-expectations", "pyspark", "pyarrow", "fastavro", "pyyaml", "croniter"} <= core, core
     assert any(r.startswith("apache-airflow<4,>=3.1") and 'extra == "airflow"' in r for r in requires), requires
     assert {"airflow", "spark-connect", "lineage", "s3", "dev"} <= {
         ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Provides-Extra:")}
+    # a distribution of its own name (`tidewater` on the package index is another project), Apache-2.0, classified
+    fields = [ln.split(":", 1) for ln in meta.splitlines() if ": " in ln and not ln.startswith(" ")]
+    assert ("Name", " airflow-provider-tidewater") in [(k, v) for k, v in fields]
+    assert ("License-Expression", " Apache-2.0") in [(k, v) for k, v in fields]
+    assert "Framework :: Apache Airflow :: Provider" in meta and "Apache License" in license_text
     assert "tidewater = tidewater.runtime.plugin:TidewaterPlugin" in entry
     assert "provider_info = tidewater.runtime.provider:get_provider_info" in entry
     assert "tidewater = tidewater.runtime.cli:entry" in entry
@@ -87,7 +94,7 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
                "tidewater/runtime/ui_static/tidewater-ui.js"}  # the React apps' bundle, built by make setup
     assert shipped <= names
     assert not any("node_modules" in n or "/ui_app/" in n for n in names)  # the apps' sources and build tools stay out
-    sdist = next(dist.glob(f"tidewater-{__version__}.tar.gz"))
+    sdist = next(dist.glob(f"{DIST}-{__version__}.tar.gz"))
     with tarfile.open(sdist) as t:
         inside = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     assert {f"include/{n}" for n in shipped} <= inside
@@ -102,7 +109,7 @@ def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker
     the api-server, with no plugins folder, serves the Tidewater view's API."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_clean_env())
-    wheel = next(dist.glob("tidewater-*.whl"))
+    wheel = next(dist.glob(f"{DIST}-*.whl"))
     _pip(venv, str(wheel))
     pipelines, home = tmp_path / "pipelines", tmp_path / "home"
     pipelines.mkdir()

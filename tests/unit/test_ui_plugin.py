@@ -88,10 +88,11 @@ def test_the_view_loads_a_pipeline_file_again_only_when_it_changed(tmp_path, mon
 def test_the_package_metadata_is_seen_once_so_airflow_loads_the_plugin_once():
     """`make setup`'s editable install left `include/tidewater.egg-info` on the path it adds, a second copy of the
     package's metadata: Airflow found the plugin's entry point twice and showed a plugin import error ("already
-    registered"). The Makefile removes it; one distribution named tidewater, one plugin entry point."""
+    registered"). The Makefile removes it; one distribution of the package (named airflow-provider-tidewater since 0.3; the
+    Makefile uninstalls one named tidewater), one plugin entry point."""
     from importlib.metadata import distributions, entry_points
 
-    found = [str(getattr(d, "_path", d)) for d in distributions() if d.metadata["Name"] == "tidewater"]
+    found = [str(getattr(d, "_path", d)) for d in distributions() if d.metadata["Name"] in ("tidewater", "airflow-provider-tidewater")]
     assert len(found) == 1, found
     assert [e.value for e in entry_points(group="airflow.plugins") if e.name == "tidewater"] == [
         "tidewater.runtime.plugin:TidewaterPlugin"]

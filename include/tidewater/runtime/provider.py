@@ -11,7 +11,7 @@ from tidewater import __version__
 def get_provider_info() -> dict[str, Any]:
     """What ``airflow providers list`` shows of the package, and the connections its DAGs use."""
     return {
-        "package-name": "tidewater",
+        "package-name": "airflow-provider-tidewater",
         "name": "Tidewater",
         # shown by `airflow providers list`, which renders it as Markdown: no names with underscores
         "description": (
