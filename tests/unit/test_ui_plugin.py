@@ -16,7 +16,8 @@ def test_react_apps_when_the_bundle_is_built_else_the_plain_page(tmp_path, monke
     apps = plugin.react_apps(bundle)
     assert [a["destination"] for a in apps] == ["nav", "dag", "dag_run", "dashboard"]  # Airflow 3.3: the dashboard too
     assert len({a["bundle_url"] for a in apps}) == 4 and len({a["name"] for a in apps}) == 4  # one URL and name each
-    assert all(a["bundle_url"].startswith("/tidewater/static/tidewater-ui.js?") for a in apps)
+    # relative: resolved against the page's base, so a base-URL prefix ([api] base_url with a path) is kept
+    assert all(a["bundle_url"].startswith("tidewater/static/tidewater-ui.js?") for a in apps)
     from airflow.api_fastapi.core_api.datamodels.plugins import ReactAppResponse
 
     assert all(ReactAppResponse.model_validate(a) for a in apps)  # as this Airflow's API server lists them

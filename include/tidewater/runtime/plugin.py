@@ -43,10 +43,12 @@ def dashboard_supported() -> bool:
 def react_apps(bundle: Path = BUNDLE) -> list[dict[str, str]]:
     """The React apps (none without the bundle). One bundle serves them all: the component chooses its page from the
     route (its ids, and the dashboard's home page); each app gets its own URL (a query) because the UI imports a bundle
-    once per URL and keeps the component it exported under the app's name."""
+    once per URL and keeps the component it exported under the app's name. The URL is relative: Airflow's UI resolves
+    it against the page's base (``new URL(bundle_url, document.baseURI)``), so it holds behind a base-URL prefix
+    (``[api] base_url`` with a path), where ``/tidewater/...`` would leave the prefix out."""
     if not bundle.is_file():
         return []
-    url = f"/tidewater/static/{bundle.name}?v={int(bundle.stat().st_mtime)}"
+    url = f"tidewater/static/{bundle.name}?v={int(bundle.stat().st_mtime)}"
     apps = [
         {"name": "Tidewater", "bundle_url": url + "&page=nav", "destination": "nav", "url_route": "tidewater"},
         {"name": "Tidewater pipeline", "bundle_url": url + "&page=dag", "destination": "dag",
