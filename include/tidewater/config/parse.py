@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from tidewater.config.spec import PipelineSpec, pipelines_dir
+from tidewater.config.spec import PIPELINES_DIR_ENV, PipelineSpec, pipelines_dir
 from tidewater.config.validate import validate
 from tidewater.errors import ConfigError, config_problems, problems_of
 
@@ -187,3 +187,34 @@ def discover_pipelines(directory: str | os.PathLike[str] | None = None) -> list[
     if not d.is_dir():
         return []
     return sorted(p for p in d.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def find_pipeline(name: str, directory: str | os.PathLike[str] | None = None) -> Path:
+    """The file of the pipeline called ``name`` in the pipelines directory: ``<name>.yaml`` (or ``.yml``) when its
+    pipeline has that name (how ``tidewater init`` and the examples name files), else the one file whose ``name:`` it
+    is. A file that is not YAML is skipped here (``tidewater validate`` reports it). No file, or two, is a
+    ConfigError naming the directory and the pipelines it holds."""
+    d = Path(directory) if directory else pipelines_dir()
+    for path in (d / f"{name}.yaml", d / f"{name}.yml"):
+        if path.is_file() and _name_in(path) == name:
+            return path
+    found = {p: _name_in(p) for p in discover_pipelines(d)}
+    matches = [p for p, n in found.items() if n == name]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ConfigError(f"pipeline {name!r}: {len(matches)} files in {d} name it ({', '.join(p.name for p in matches)});"
+                          " pass one with --pipeline FILE")
+    known = sorted(n for n in found.values() if n)
+    hint = difflib.get_close_matches(name, known, n=1)
+    raise ConfigError(f"no pipeline named {name!r} in {d} (set {PIPELINES_DIR_ENV} or pass --pipeline FILE)"
+                      + (f"; did you mean {hint[0]!r}?" if hint else f"; pipelines there: {', '.join(known) or 'none'}"))
+
+
+def _name_in(path: Path) -> str | None:
+    """The ``name:`` a pipeline file declares, read without validating the rest (None if it has none or is not YAML)."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return doc.get("name") if isinstance(doc, dict) and isinstance(doc.get("name"), str) else None

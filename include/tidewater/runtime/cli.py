@@ -12,20 +12,90 @@ from tidewater import __version__
 from tidewater.errors import TidewaterError
 
 
-def _pipeline_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pipeline", required=True, metavar="FILE", help="pipeline specification (YAML)")
+def _pipeline_arg(p: argparse.ArgumentParser, folder: bool = False) -> None:
+    """The pipeline a command acts on: its name (looked up in the pipelines folder) or ``--pipeline FILE``. With
+    ``folder``, neither means every pipeline file of the folder."""
+    p.add_argument("pipeline_name", nargs="?", metavar="NAME",
+                   help="the pipeline's name, looked up in the pipelines folder ($TIDEWATER_PIPELINES_DIR)")
+    p.add_argument("--pipeline", metavar="FILE", help="the pipeline file (YAML), instead of a NAME")
+    p.set_defaults(pipeline_folder=folder)
+
+
+def _resolve_pipeline(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Sets ``args.pipeline`` (a file) from the NAME, or checks that exactly one of NAME and --pipeline was given."""
+    if not hasattr(args, "pipeline_folder"):
+        return
+    if args.pipeline_name and args.pipeline:
+        ap.error(f"{args.command}: give a pipeline NAME or --pipeline FILE, not both")
+    if args.pipeline_name:
+        from tidewater.config.parse import find_pipeline
+
+        args.pipeline = str(find_pipeline(args.pipeline_name))
+    elif not args.pipeline and not args.pipeline_folder:
+        ap.error(f"{args.command}: which pipeline? Give its NAME (from the pipelines folder) or --pipeline FILE")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """One pipeline (NAME or --pipeline): its first error fails the command. No pipeline: every file of the pipelines
+    folder, each reported with all of its problems (and pipelines that share a name), then the exit code."""
+    from tidewater.config.parse import discover_pipelines
+    from tidewater.config.spec import pipelines_dir
+    from tidewater.errors import ConfigError
+
+    if args.pipeline:
+        report = _validated(Path(args.pipeline))
+        if report["problems"]:
+            raise ConfigError(f"{args.pipeline}: " + "; ".join(report["problems"]))
+        reports = [report]
+    else:
+        paths = discover_pipelines()
+        if not paths:
+            raise ConfigError(f"no pipeline files (*.yaml, *.yml) in {pipelines_dir()}: set TIDEWATER_PIPELINES_DIR, "
+                              "or give a NAME or --pipeline FILE")
+        reports = [_validated(p) for p in paths]
+        _shared_names(reports)
+    failed = [r for r in reports if r["problems"]]
+    if args.json:
+        print(json.dumps({"ok": not failed, "pipelines": reports}, indent=1))
+    else:
+        for r in reports:
+            if r["problems"]:
+                print(f"{r['file']}: {len(r['problems'])} problem(s)", *(f"  - {x}" for x in r["problems"]), sep="\n")
+            else:
+                print(f"{r['file']}: ok ({r['summary']})")
+        if len(reports) > 1:
+            print(f"{len(reports) - len(failed)} of {len(reports)} pipeline files are valid")
+    return 2 if failed else 0
+
+
+def _validated(path: Path) -> dict[str, Any]:
+    """What ``validate`` says of one file: the pipeline, its DAG and targets, or every problem (a ConfigError's)."""
     from tidewater.config.parse import load_pipeline
     from tidewater.config.validate import check_hosts
+    from tidewater.errors import ConfigError, problems_of
     from tidewater.runtime.hosts import airflow_executor
 
-    spec = load_pipeline(args.pipeline)
-    check_hosts(spec, airflow_executor())  # as the DAG factory does: per-host defaults under a multi-host executor
-    print(f"{args.pipeline}: ok (pipeline {spec.name}, DAG {spec.dag_id}, {len(spec.topics)} topic(s)"
-          f"{' + pattern ' + repr(spec.topic_pattern) if spec.topic_pattern else ''} -> {spec.describe_targets()})")
-    return 0
+    try:
+        spec = load_pipeline(path)
+        check_hosts(spec, airflow_executor())  # as the DAG factory does: per-host defaults under a multi-host executor
+    except ConfigError as e:
+        prefix = f"{path}: "
+        return {"file": str(path), "pipeline": None, "problems": [x.removeprefix(prefix) for x in problems_of(e)]}
+    return {"file": str(path), "pipeline": spec.name, "dag_id": spec.dag_id, "problems": [],
+            "summary": f"pipeline {spec.name}, DAG {spec.dag_id}, {len(spec.topics)} topic(s)"
+                       f"{' + pattern ' + repr(spec.topic_pattern) if spec.topic_pattern else ''} -> {spec.describe_targets()}"}
+
+
+def _shared_names(reports: list[dict[str, Any]]) -> None:
+    """Two files of one folder naming the same pipeline would give the same DAG ids: a problem of each."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for r in reports:
+        if r["pipeline"]:
+            by_name.setdefault(r["pipeline"], []).append(r)
+    for name, same in by_name.items():
+        for r in same if len(same) > 1 else []:
+            others = ", ".join(Path(o["file"]).name for o in same if o is not r)
+            r["problems"].append(f"name: pipeline {name!r} is also the name in {others} (its DAG ids would clash)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -471,8 +541,9 @@ def _add_recover_offsets(sub: Any) -> None:
 
 
 def _add_validate(sub: Any) -> None:
-    p = sub.add_parser("validate", help="check a pipeline file")
-    _pipeline_arg(p)
+    p = sub.add_parser("validate", help="check a pipeline, or every pipeline file of the pipelines folder")
+    _pipeline_arg(p, folder=True)
+    p.add_argument("--json", action="store_true", help="print the result (every file and its problems) as JSON")
     p.set_defaults(fn=cmd_validate)
 
 
@@ -669,9 +740,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from tidewater.runtime.logs import configure_logging
 
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     configure_logging(args.log_level or ("WARNING" if args.command in ("status", "history", "docs", "audit") else None))
     try:
+        _resolve_pipeline(ap, args)
         return int(args.fn(args) or 0)
     except Exception as e:  # one line per error: ours, or Spark's (never a Py4J stack trace)
         if not isinstance(e, TidewaterError):
@@ -683,7 +756,12 @@ def main(argv: list[str] | None = None) -> int:
             e = failure
         kind = "transient" if e.transient else "error"
         print(f"tidewater: {kind}: {e}", file=sys.stderr)
-        return 75 if e.transient else 2
+        code = 75 if e.transient else 2
+        if getattr(args, "json", False):  # a caller that reads JSON reads the error as JSON too
+            from tidewater.errors import error_document
+
+            print(json.dumps({"error": {**error_document(e), "exit": code}}, indent=1, default=str))
+        return code
 
 
 def entry() -> Any:
