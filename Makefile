@@ -160,7 +160,7 @@ broker-stop: venv
 # The configuration reference (generated from the code), then the documentation site into site/ (strict: a broken
 # link fails; tests/unit/test_docs.py runs the same build in make test).
 docs: venv
-	tidewater docs --output docs/configuration.md --schema docs/pipeline.schema.json
+	tidewater docs --output docs/configuration.md --schema docs/pipeline.schema.json --cli docs/reference/cli.md
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 clean:

@@ -83,3 +83,21 @@ def test_an_error_of_a_command_with_json_is_json_too(folder, capsys):
     err = json.loads(captured.out)["error"]
     assert err["class"] == "ConfigError" and err["transient"] is False and err["exit"] == 2
     assert "no pipeline named 'nope'" in err["message"] and "tidewater: error: no pipeline named" in captured.err
+
+
+def test_the_command_line_reference_is_generated_from_the_parser():
+    """docs/reference/cli.md is what the parser generates (regenerate with `make docs`): every command, its usage and
+    each of its arguments; a command added without a description fails the parser itself."""
+    from tidewater.runtime.cli import build_parser, cli_reference
+    from tidewater.runtime.cli_reference import DETAILS
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "cli.md").read_text()
+    assert page == cli_reference()
+    commands = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - the test reads argparse's own
+    assert set(commands) == set(DETAILS)
+    for name, parser in commands.items():
+        assert f"## tidewater {name}\n" in page
+        for action in parser._actions:  # noqa: SLF001
+            for option in action.option_strings:
+                assert action.dest == "help" or f"`{option}" in page or f", {option}" in page, (name, option)
+    assert "tidewater status [-h] [--pipeline FILE] [--json] [NAME]" in page

@@ -266,8 +266,11 @@ def cmd_docs(args: argparse.Namespace) -> int:
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}")
-    elif not args.schema:
+    elif not args.schema and not args.cli:
         sys.stdout.write(text)
+    if args.cli:
+        Path(args.cli).write_text(cli_reference())
+        print(f"wrote {args.cli}")
     if args.schema:
         import json
 
@@ -700,6 +703,7 @@ def _add_docs(sub: Any) -> None:
     p = sub.add_parser("docs", help="print (or write) the configuration reference, and the pipeline file's JSON Schema")
     p.add_argument("--output", default=None, help="write the reference (Markdown) here instead of printing it")
     p.add_argument("--schema", default=None, help="write the JSON Schema of a pipeline file here (for editors)")
+    p.add_argument("--cli", default=None, metavar="FILE", help="write the command-line reference (Markdown) here")
     p.set_defaults(fn=cmd_docs)
 
 
@@ -728,13 +732,30 @@ _COMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return _parser_and_commands()[0]
+
+
+def _parser_and_commands() -> tuple[argparse.ArgumentParser, Any]:
+    """The parser and its sub-commands' action (``choices``: each command's parser; ``_choices_actions``: their help)."""
+    from tidewater.runtime.cli_reference import describe
+
     ap = argparse.ArgumentParser(prog="tidewater", description="Exactly-once Kafka to Iceberg micro-batches.")
     ap.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
     ap.add_argument("--version", action="version", version=f"tidewater {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     for add in _COMMANDS:
         add(sub)
-    return ap
+    describe(sub.choices)
+    return ap, sub
+
+
+def cli_reference() -> str:
+    """docs/reference/cli.md: generated from the parser (``tidewater docs --cli FILE``)."""
+    from tidewater.runtime.cli_reference import reference
+
+    _, sub = _parser_and_commands()
+    summaries = {a.dest: a.help for a in sub._choices_actions}  # noqa: SLF001 - argparse keeps each command's help here
+    return reference(dict(sub.choices), summaries)
 
 
 def main(argv: list[str] | None = None) -> int:
