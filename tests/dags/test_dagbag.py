@@ -372,3 +372,29 @@ def test_a_multi_host_executor_refuses_the_per_host_default_catalog_and_staging(
 
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
     assert "ingest_pizzas" in dagbag(tmp_path, monkeypatch).dags
+
+
+def test_pool_queue_and_failure_callback_reach_every_task_and_a_bad_callback_is_named(tmp_path, monkeypatch):
+    """`airflow.pool`, `airflow.queue` and `airflow.on_failure` (a notifier class, made once at parse time) are set on
+    every task of every DAG of the pipeline; an `on_failure` path that does not import shows the pipeline as its
+    failing DAG naming the setting, and the other pipelines keep theirs."""
+    import yaml
+
+    shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
+    doc = yaml.safe_load((REPO / "include" / "pipelines" / "pizzas.yaml").read_text())
+    doc["airflow"] = {**doc.get("airflow", {}), "pool": "tidewater", "queue": "spark",
+                      "on_failure": "tests.e2e.late_hook.FailureFile"}
+    (tmp_path / "pizzas.yaml").write_text(yaml.safe_dump(doc))
+    bad = {**doc, "name": "bad", "table": "web.bad", "airflow": {"on_failure": "tests.e2e.late_hook.nothing_here"}}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    monkeypatch.syspath_prepend(str(REPO))
+    bag = dagbag(tmp_path, monkeypatch)
+    ours = [d for d in bag.dags.values() if d.dag_id.endswith("_pizzas")]
+    assert len(ours) >= 6
+    for d in ours:
+        for t in d.tasks:
+            assert (t.pool, t.queue) == ("tidewater", "spark"), (d.dag_id, t.task_id)
+            callbacks = t.on_failure_callback if isinstance(t.on_failure_callback, list) else [t.on_failure_callback]
+            assert [type(c).__name__ for c in callbacks] == ["FailureFile"], (d.dag_id, t.task_id)
+    assert "airflow.on_failure: cannot import 'tests.e2e.late_hook.nothing_here'" in bag.dags["ingest_invalid_bad"].doc_md
+    assert not any(d.endswith("_bad") and not d.startswith("ingest_invalid") for d in bag.dags)

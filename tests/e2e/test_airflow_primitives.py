@@ -64,21 +64,27 @@ def forwarder(port: int, upstream: str):  # noqa: ANN201
 
 
 def test_a_misspelled_topic_fails_in_one_try_and_an_unreachable_broker_is_retried_until_it_is_back(
-        broker, topic, airflow_env, spark_connect):
+        broker, topic, airflow_env, spark_connect, tmp_path):
     """`airflow.retries: 3`, one second's delay. A misspelled topic (a ConfigError: retrying cannot help): the plan
     task fails on its first try, its log giving the policy's reason with the topic, and nothing is written. Then the
     pipeline's bootstrap address is a port where no broker listens: the plan task's first try fails with a transient
     error, the policy retries it; once the port forwards to the broker, a retry succeeds and the batch commits with
-    rows and offsets exact. Writes through the session's Spark Connect server."""
-    env = through_spark_connect(airflow_env, spark_connect)
+    rows and offsets exact. Writes through the session's Spark Connect server. `airflow.on_failure` names a notifier
+    class of the tests: it hears of the failed plan task once, with its error, and of nothing in the run that passes."""
+    failures = tmp_path / "failures.jsonl"
+    env = {**through_spark_connect(airflow_env, spark_connect), "TIDEWATER_TEST_FAILURE_FILE": str(failures),
+           "PYTHONPATH": str(REPO) + os.pathsep + airflow_env.get("PYTHONPATH", "")}
     pipelines = Path(env["TIDEWATER_PIPELINES_DIR"])
     produce(broker.bootstrap, topic, pizza_events(40, seed=400), partitions=2)
-    settings = {"airflow": {"retries": 3, "retry_delay_seconds": 1}}
+    settings = {"airflow": {"retries": 3, "retry_delay_seconds": 1, "on_failure": "tests.e2e.late_hook.FailureFile"}}
 
     write_pipeline(pipelines, topics=[f"{topic}-ordres"], kafka={"bootstrap_servers": broker.bootstrap}, **settings)
     out = dags_test(env, "ingest_orders", expect="failed")
     assert task_tries(env, "ingest_orders")["plan"] == ("failed", 1), out[-3000:]
     assert f"ConfigError (retrying cannot help): topics: topic '{topic}-ordres' is not available" in out, out[-3000:]
+    heard = [json.loads(line) for line in failures.read_text().splitlines()] if failures.is_file() else []
+    assert [(h["dag_id"], h["task_id"]) for h in heard] == [("ingest_orders", "plan")], out[-3000:]
+    assert f"topic '{topic}-ordres' is not available" in heard[0]["exception"]
 
     port = free_port()
     pipeline = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": f"127.0.0.1:{port}"}, **settings)
@@ -106,6 +112,7 @@ def test_a_misspelled_topic_fails_in_one_try_and_an_unreachable_broker_is_retrie
     table = table_of(pipeline)
     assert table.scan().to_arrow().num_rows == 40
     assert committed_state(table).offsets == {topic: {0: 20, 1: 20}}
+    assert len(failures.read_text().splitlines()) == 1  # the retried try was no failure of the task
 
 
 def test_a_run_still_unfinished_at_its_freshness_deadline_calls_on_late_once(broker, topic, airflow_env, tmp_path,

@@ -545,6 +545,18 @@ class AirflowSpec:
         "the Airflow UI). Unset: no deadline.",
         default=None,
     )
+    pool: str | None = _doc(
+        "The Airflow pool every task of the pipeline's DAGs runs in (create it in Airflow: Admin > Pools), to bound how "
+        "many Tidewater tasks a shared Airflow runs at once. Unset: Airflow's `default_pool`.", default=None)
+    queue: str | None = _doc(
+        "The executor queue of every task (the Celery executor's queues, for example workers that have Java and "
+        "Spark). Unset: the executor's default queue.", default=None)
+    on_failure: str | None = _doc(
+        "What a failed task calls (Airflow's `on_failure_callback` on every task of the pipeline's DAGs): the dotted "
+        "path of a callable, given Airflow's task context, or of an Airflow notifier class (made without arguments). "
+        "It is imported when the DAG file is parsed, so the DAG processor and the workers must be able to import it; "
+        "a path that does not import shows the pipeline as its failing `ingest_invalid_<file>` DAG naming this "
+        "setting. Unset: none.", default=None)
     on_late: str | None = _doc(
         "What a missed `airflow.freshness` deadline calls: the dotted path of a callable, or of an Airflow notifier "
         "class (made without arguments), given one dict (`pipeline`, `freshness`, `message`, `dag_run`, "
@@ -579,11 +591,13 @@ class AirflowSpec:
 
     def default_args(self) -> dict[str, Any]:
         """Airflow ``default_args`` shared by the pipeline's DAGs."""
+        placement = {k: v for k, v in (("pool", self.pool), ("queue", self.queue)) if v}
         return {
             "owner": self.owner,
             "retries": self.retries,
             "retry_delay": timedelta(seconds=self.retry_delay_seconds),
             "execution_timeout": timedelta(minutes=self.task_timeout_minutes),
+            **placement,
         }
 
 

@@ -236,6 +236,9 @@ def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
     if spec.airflow.retries < 0:
         raise ConfigError("airflow.retries: must be zero or more")
     spec.airflow.freshness_interval()  # a ConfigError naming airflow.freshness when it is not a duration
+    if spec.airflow.on_failure is not None and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", spec.airflow.on_failure):
+        raise ConfigError(f"airflow.on_failure: {spec.airflow.on_failure!r} is not a dotted path such as "
+                          "'my_company.alerts.page_on_call'")
     if spec.airflow.on_late is not None and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", spec.airflow.on_late):
         raise ConfigError(f"airflow.on_late: {spec.airflow.on_late!r} is not a dotted path such as "
                           "my_alerts.page_on_call or my_alerts.OnCallNotifier")

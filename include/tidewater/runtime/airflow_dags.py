@@ -43,7 +43,29 @@ def _dag_kwargs(spec: PipelineSpec, kind: str) -> dict[str, Any]:
     policy = retry_policy(timedelta(seconds=spec.airflow.retry_delay_seconds))
     if policy is not None:
         kwargs["default_args"] = {**kwargs["default_args"], "retry_policy": policy}
+    if spec.airflow.on_failure:
+        kwargs["default_args"] = {**kwargs["default_args"], "on_failure_callback": _failure_callback(spec.airflow.on_failure)}
     return kwargs
+
+
+def _failure_callback(path: str) -> Any:
+    """``airflow.on_failure``: the callable at ``path``, or an instance of the notifier class there (Airflow calls a
+    notifier with the task's context). A path that does not import, or names neither, is a ConfigError naming the
+    setting (the pipeline's failing DAG shows it)."""
+    from airflow.sdk.module_loading import import_string
+
+    try:
+        target = import_string(path)
+    except Exception as e:  # noqa: BLE001 - whatever the import raised, the setting is at fault
+        raise ConfigError(f"airflow.on_failure: cannot import {path!r}: {e}") from None
+    if isinstance(target, type):
+        try:
+            target = target()
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"airflow.on_failure: {path} cannot be made without arguments: {e}") from None
+    if not callable(target):
+        raise ConfigError(f"airflow.on_failure: {path} is neither a callable nor a notifier class")
+    return target
 
 
 def _doc(spec: PipelineSpec, path: Path) -> str:
