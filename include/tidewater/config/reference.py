@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
+from tidewater.config.airflow_section import OPTIONS
 from tidewater.config.spec import HOME_ENV, KAFKA_CONFIG_ENV, PIPELINES_DIR_ENV, PipelineSpec, RouteTableSpec, TableSpec
 
 # ---- reference documentation -----------------------------------------------------------------------
@@ -26,9 +27,21 @@ def reference_markdown() -> str:
         "| variable | meaning |",
         "| --- | --- |",
         f"| `{HOME_ENV}` | Data directory for the embedded defaults (catalog, warehouse, staging, repaired jars). "
-        "Default `~/.tidewater`; the Makefile uses `.data/` in the checkout. |",
-        f"| `{PIPELINES_DIR_ENV}` | Directory of pipeline files. Default `include/pipelines`. |",
+        "Else `[tidewater] home` of Airflow's configuration; default `~/.tidewater`; the Makefile uses `.data/` in "
+        "the checkout. |",
+        f"| `{PIPELINES_DIR_ENV}` | Directory of pipeline files. Else `[tidewater] pipelines_dir` of Airflow's "
+        "configuration; default `include/pipelines`. |",
         f"| `{KAFKA_CONFIG_ENV}` | Set by the ingest DAG for its Spark job: resolved librdkafka settings (JSON). Not for people. |",
+        "",
+        "## Airflow's configuration: `[tidewater]`",
+        "",
+        "The same deployment settings can live in Airflow's configuration, beside Airflow's own: a `[tidewater]` "
+        "section of airflow.cfg or `AIRFLOW__TIDEWATER__<OPTION>` variables (the provider declares the section, so "
+        "`airflow config list` shows it). A `TIDEWATER_*` variable wins over both.",
+        "",
+        "| option | overridden by | meaning |",
+        "| --- | --- | --- |",
+        *(f"| `{option}` | `{env}` | {text} |" for option, (env, text) in OPTIONS.items()),
         "",
     ]
 

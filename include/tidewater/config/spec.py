@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from tidewater.config.airflow_section import setting
 from tidewater.config.formats import FORMATS
 from tidewater.config.targets import TargetSet
 from tidewater.errors import ConfigError
@@ -31,15 +32,17 @@ KAFKA_CONFIG_ENV = "TIDEWATER_KAFKA_CONFIG"
 
 
 def home_dir() -> Path:
-    """The data directory for embedded defaults (catalog, warehouse, staging, repaired jars)."""
-    return Path(os.environ.get(HOME_ENV) or Path.home() / ".tidewater").resolve()
+    """The data directory for embedded defaults (catalog, warehouse, staging, repaired jars): ``$TIDEWATER_HOME``,
+    else ``[tidewater] home`` of Airflow's configuration (``config/airflow_section.py``), else ``~/.tidewater``."""
+    return Path(setting("home") or Path.home() / ".tidewater").expanduser().resolve()
 
 
 def pipelines_dir() -> Path:
-    """Where pipeline specifications live: ``$TIDEWATER_PIPELINES_DIR`` or ``include/pipelines``."""
-    env = os.environ.get(PIPELINES_DIR_ENV)
-    if env:
-        return Path(env).resolve()
+    """Where pipeline specifications live: ``$TIDEWATER_PIPELINES_DIR``, else ``[tidewater] pipelines_dir`` of
+    Airflow's configuration (``config/airflow_section.py``), else ``include/pipelines`` beside the package."""
+    where = setting("pipelines_dir")
+    if where:
+        return Path(where).expanduser().resolve()
     return Path(__file__).resolve().parents[2] / "pipelines"
 
 

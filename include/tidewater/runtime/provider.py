@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidewater import __version__
+from tidewater.config.airflow_section import OPTIONS, SECTION
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -20,4 +21,10 @@ def get_provider_info() -> dict[str, Any]:
             "its id is the pipeline's spark.conn_id setting); the brokers and the catalog come from the pipeline files."),
         "versions": [__version__],
         "triggers": [{"integration-name": "Tidewater", "python-modules": ["tidewater.runtime.triggers"]}],
+        "config": {SECTION: {
+            "description": "Tidewater's deployment settings; a TIDEWATER_* variable of the same meaning wins.",
+            "options": {option: {"description": f"{text} (The variable {env} overrides it.)", "version_added": "0.3.0",
+                                 "type": "string", "example": None, "default": None}
+                        for option, (env, text) in OPTIONS.items()},
+        }},
     }
