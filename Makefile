@@ -87,7 +87,7 @@ setup: system-deps venv airflow-db ui-bundle
 UI_APP    := $(ROOT)/include/tidewater/runtime/ui_app
 UI_BUNDLE := $(ROOT)/include/tidewater/runtime/ui_static/tidewater-ui.js
 ui-bundle: system-deps $(UI_BUNDLE)
-$(UI_BUNDLE): $(UI_APP)/package-lock.json $(UI_APP)/vite.config.ts $(UI_APP)/tsconfig.json $(wildcard $(UI_APP)/src/*.ts* $(UI_APP)/src/*/*.ts*)
+$(UI_BUNDLE): $(UI_APP)/package-lock.json $(UI_APP)/vite.config.ts $(UI_APP)/tsconfig.json $(wildcard $(UI_APP)/src/*.ts* $(UI_APP)/src/*/*.ts*) $(wildcard $(UI_APP)/public/*)
 	@command -v npm >/dev/null || { echo "npm (Node.js 18+) is needed to build the Tidewater UI apps: apt-get install nodejs npm"; exit 1; }
 	cd $(UI_APP) && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build
 

@@ -91,7 +91,8 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
     assert "tidewater = tidewater.runtime.cli:entry" in entry
     shipped = {"tidewater/runtime/ui_page.html", "tidewater/runtime/spark_app/ingest_batch.py", "tidewater/runtime/airflow_dags.py",
                "tidewater/examples/pizzas.yaml", "tidewater/examples/pizzas.expectations.json",
-               "tidewater/runtime/ui_static/tidewater-ui.js"}  # the React apps' bundle, built by make setup
+               "tidewater/runtime/ui_static/tidewater-ui.js",  # the React apps' bundle, built by make setup
+               "tidewater/runtime/ui_static/tidewater.svg"}  # the navigation entry's icon
     assert shipped <= names
     assert not any("node_modules" in n or "/ui_app/" in n for n in names)  # the apps' sources and build tools stay out
     sdist = next(dist.glob(f"{DIST}-{__version__}.tar.gz"))

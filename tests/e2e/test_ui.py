@@ -129,6 +129,11 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
                                      f"{base}/dags/ingest_orders/plugin/tidewater-pipeline"], links
             page.locator("#tidewater-dashboard").scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "tidewater-dashboard.png"), full_page=True)
+            # the navigation entry's icon, from the plugin's relative URL, resolved against the page's base and loaded
+            icon = page.locator("img[src='tidewater/static/tidewater.svg']").first
+            icon.wait_for(state="attached", timeout=60_000)
+            page.wait_for_function("() => [...document.querySelectorAll(\"img[src='tidewater/static/tidewater.svg']\")]"
+                                   ".some(i => i.complete && i.naturalWidth > 0)", timeout=60_000)
             page.click("a[href='/plugin/tidewater']")  # the React app in the navigation (no frame)
             view = page
             view.locator("#total-lag").wait_for(timeout=60_000)

@@ -18,6 +18,9 @@ def test_react_apps_when_the_bundle_is_built_else_the_plain_page(tmp_path, monke
     assert len({a["bundle_url"] for a in apps}) == 4 and len({a["name"] for a in apps}) == 4  # one URL and name each
     # relative: resolved against the page's base, so a base-URL prefix ([api] base_url with a path) is kept
     assert all(a["bundle_url"].startswith("tidewater/static/tidewater-ui.js?") for a in apps)
+    assert "icon" not in apps[0]  # no icon beside this bundle; the built one has it (below)
+    (tmp_path / "tidewater.svg").write_text("<svg/>")
+    assert plugin.react_apps(bundle)[0]["icon"] == "tidewater/static/tidewater.svg"
     from airflow.api_fastapi.core_api.datamodels.plugins import ReactAppResponse
 
     assert all(ReactAppResponse.model_validate(a) for a in apps)  # as this Airflow's API server lists them

@@ -10,8 +10,9 @@ The provider metadata is ``tidewater.runtime.provider``'s.
   detail), a "Tidewater" tab on every DAG (its pipeline: partitions, lag over time, batches, dead letters to browse
   and retry, quarantine, maintenance), a "Tidewater batch" tab on every DAG run (that run's batch) and, on Airflow
   3.3, a panel on the dashboard (every pipeline's lag, freshness against its deadline, quarantines, dead letters).
-- **Airflow 3.0**, or without the bundle: the plain page as the "Tidewater" entry of the navigation (an external
-  view in a frame).
+- **Without the bundle**: the plain page as the "Tidewater" entry of the navigation (an external view in a frame).
+  Airflow 3.0 has neither external views nor React apps (both 3.1): there the plain page answers at ``/tidewater/``
+  only, outside Airflow's navigation.
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ def react_apps(bundle: Path = BUNDLE) -> list[dict[str, str]]:
     if not bundle.is_file():
         return []
     url = f"tidewater/static/{bundle.name}?v={int(bundle.stat().st_mtime)}"
+    nav = {"name": "Tidewater", "bundle_url": url + "&page=nav", "destination": "nav", "url_route": "tidewater"}
+    icon = bundle.parent / "tidewater.svg"  # copied from ui_app/public/ by the build; relative as the bundle's URL
+    if icon.is_file():
+        nav["icon"] = f"tidewater/static/{icon.name}"
     apps = [
-        {"name": "Tidewater", "bundle_url": url + "&page=nav", "destination": "nav", "url_route": "tidewater"},
+        nav,
         {"name": "Tidewater pipeline", "bundle_url": url + "&page=dag", "destination": "dag",
          "url_route": "tidewater-pipeline"},
         {"name": "Tidewater batch", "bundle_url": url + "&page=run", "destination": "dag_run",
