@@ -83,6 +83,9 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     ingest_inline(spec)
     produce(broker.bootstrap, topic, pizza_events(30, seed=121), partitions=3)
     held = _quarantined_batch(pipelines, broker, topic)
+    # a pipeline file that does not load on the API server (a variable unset on that host): an error row, not nothing
+    (pipelines / "broken.yaml").write_text("name: broken\ntopics: [b]\ntable: ns.broken\nschedule: null\n"
+                                           "kafka: {bootstrap_servers: '${TIDEWATER_TEST_UNSET_BROKERS}'}\n")
     base, user, password = api_server()
 
     assert call_api(f"{base}/tidewater/api/pipelines")[0] == 401
@@ -92,6 +95,9 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     status, listed = call_api(f"{base}/tidewater/api/pipelines", token)
     assert status == 200 and sorted(p["name"] for p in listed) == ["held", "orders"]
     assert {p["name"]: p["freshness_deadline_s"] for p in listed} == {"held": None, "orders": 900}
+    status, problems = call_api(f"{base}/tidewater/api/problems", token)
+    assert status == 200 and [(p["file"], p["dag_id"]) for p in problems] == [("broken.yaml", "ingest_invalid_broken")]
+    assert "TIDEWATER_TEST_UNSET_BROKERS" in problems[0]["error"], problems
     status, errors = call_api(f"{base}/api/v2/plugins/importErrors", token)
     assert status == 200 and errors["total_entries"] == 0, errors  # the plugin loads once, from its entry point
     status, o = call_api(f"{base}/tidewater/api/pipelines/orders", token)
@@ -127,6 +133,9 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
             links = page.locator("#tidewater-dashboard a").evaluate_all("els => els.map(e => e.getAttribute('href'))")
             assert sorted(links) == [f"{base}/dags/ingest_held/plugin/tidewater-pipeline",
                                      f"{base}/dags/ingest_orders/plugin/tidewater-pipeline"], links
+            broken = page.locator("#tidewater-dashboard-problems tr.pipeline-problem")
+            broken.first.wait_for(timeout=60_000)
+            assert broken.count() == 1 and "TIDEWATER_TEST_UNSET_BROKERS" in broken.first.inner_text()
             page.locator("#tidewater-dashboard").scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "tidewater-dashboard.png"), full_page=True)
             # the navigation entry's icon, from the plugin's relative URL, resolved against the page's base and loaded
@@ -141,6 +150,7 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
             view.locator("#total-lag", has_text=re.compile(r"^30$")).wait_for(timeout=60_000)
             assert view.locator(".lag").all_inner_texts() == ["10", "10", "10"]
             assert view.locator("#lag-chart").count() == 0  # one batch: no chart yet, said in words
+            assert view.locator("#problems tr.pipeline-problem td").first.inner_text() == "broken.yaml"
             page.screenshot(path=str(ARTIFACTS / "tidewater-view-lag-30.png"))
 
             ingest_inline(spec)

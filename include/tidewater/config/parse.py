@@ -181,6 +181,11 @@ def load_pipeline(path: str | os.PathLike[str]) -> PipelineSpec:
         raise err from None
 
 
+def invalid_dag_id(path: Path) -> str:
+    """The DAG id under which a pipeline file that does not load shows in Airflow (a failing DAG naming its error)."""
+    return f"ingest_invalid_{path.stem.replace('.', '_').replace('-', '_')}"
+
+
 def discover_pipelines(directory: str | os.PathLike[str] | None = None) -> list[Path]:
     """Pipeline files (``*.yaml``/``*.yml``) in the pipelines directory, sorted."""
     d = Path(directory) if directory else pipelines_dir()

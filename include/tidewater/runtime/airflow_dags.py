@@ -23,7 +23,7 @@ from typing import Any
 
 from airflow.sdk import Asset, Param, dag, task
 
-from tidewater.config.parse import discover_pipelines, load_pipeline
+from tidewater.config.parse import discover_pipelines, invalid_dag_id, load_pipeline
 from tidewater.config.spec import PipelineSpec, pipelines_dir
 from tidewater.config.validate import check_hosts
 from tidewater.errors import ConfigError
@@ -387,7 +387,7 @@ def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
     """A DAG that shows a broken pipeline file in the UI instead of hiding it."""
 
     @dag(
-        dag_id=f"ingest_invalid_{path.stem.replace('.', '_').replace('-', '_')}",
+        dag_id=invalid_dag_id(path),
         schedule=None,
         start_date=START,
         catchup=False,

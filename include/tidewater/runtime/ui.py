@@ -6,6 +6,7 @@ Airflow's own authentication (the UI's session token, or a bearer token for the 
 | --- | --- |
 | ``GET /tidewater/`` | the plain page (HTML), for an Airflow that cannot load the React apps (``plugin.py``) |
 | ``GET /tidewater/api/pipelines`` | the pipelines: name, DAG ids, target table |
+| ``GET /tidewater/api/problems`` | pipeline files that do not load on this server: file, failing DAG id, error |
 | ``GET /tidewater/api/pipelines/{name}`` | one pipeline's overview (``tidewater.ops.overview``): lag and |
 | | committed vs end offsets per partition, freshness, the last batches, dead letters by error class, |
 | | quarantined batches, maintenance state |
@@ -39,8 +40,8 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "ui_static"  # the React apps' bundle, built by `make setup` (ui_app/)
 
 
-# pipeline file -> ((modification time, size), its spec or None when it does not load): see _pipelines
-_LOADED: dict[Path, tuple[tuple[int, int], Any]] = {}
+# pipeline file -> ((modification time, size), its spec or None when it does not load, why not): see _pipelines
+_LOADED: dict[Path, tuple[tuple[int, int], Any, str | None]] = {}
 
 
 def _loaded(path: Path) -> Any:
@@ -56,13 +57,27 @@ def _loaded(path: Path) -> Any:
     stamp = (st.st_mtime_ns, st.st_size)
     cached = _LOADED.get(path)
     if cached is None or cached[0] != stamp:
+        spec, error = None, None
         try:
             spec = load_pipeline(path)
-        except Exception as e:  # noqa: BLE001 - a broken file is shown as such, never hides the others
+        except Exception as e:  # noqa: BLE001 - a broken file is shown as such (_problems), never hides the others
             log.warning("pipeline file %s: %s", path, e)
-            spec = None
-        cached = _LOADED[path] = (stamp, spec)
+            error = str(e)
+        cached = _LOADED[path] = (stamp, spec, error)
     return cached[1]
+
+
+def _problems() -> list[dict[str, str]]:
+    """Every pipeline file of the folder that does not load here, on the API server (a `${VAR}` unset on this host,
+    a mistake in the file): its file, the DAG id it has in Airflow (the failing ``ingest_invalid_<file>`` DAG, when the
+    DAG processor fails it too) and the error."""
+    from tidewater.config.parse import discover_pipelines, invalid_dag_id
+
+    out = []
+    for path in discover_pipelines():
+        if _loaded(path) is None and path in _LOADED:
+            out.append({"file": path.name, "dag_id": invalid_dag_id(path), "error": _LOADED[path][2] or ""})
+    return out
 
 
 def _pipelines() -> dict[str, Any]:
@@ -123,6 +138,13 @@ def create_app() -> Any:
         specs = _pipelines().values()
         readable = _readable(user, {s.dag_id for s in specs})
         return [_ref(s) for s in specs if s.dag_id in readable]
+
+    @app.get("/api/problems")
+    def problems(user: Any = Depends(get_user)) -> list[dict[str, str]]:  # noqa: B008 - FastAPI's idiom
+        """Pipeline files that do not load on this server, for users who may read their failing DAG."""
+        found = _problems()
+        readable = _readable(user, {p["dag_id"] for p in found})
+        return [p for p in found if p["dag_id"] in readable]
 
     @app.get("/api/pipelines/{name}")
     def pipeline(name: str, batches: int = 20, user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008

@@ -23,6 +23,7 @@ export type Overview = {
 export type PipelineRef = { name: string; dag_id: string; table: string; targets: string; dag_ids: string[];
   replay_dag_id: string; skip_dag_id: string; quarantine_dag_id: string; retry_dag_id: string;
   freshness_deadline_s: number | null };
+export type Problem = { file: string; dag_id: string; error: string };
 export type Letter = { topic: string; partition: number; offset: number; error_class: string; error_message: string;
   letter_batch_id: string; status: string; reason: string | null; action_id: string | null;
   payload_preview?: string | null; payload_bytes?: number; timestamp: string | null };

@@ -2,7 +2,7 @@
 import { Badge, Box, Button, Heading, Link, Spinner, Table, Text } from "@chakra-ui/react";
 import { useCallback, useEffect, useRef, useState, type ReactNode } from "react";
 
-import { ApiError, get, root, trigger, type LagPoint, type Overview, type PipelineRef } from "./api";
+import { ApiError, get, root, trigger, type LagPoint, type Overview, type PipelineRef, type Problem } from "./api";
 
 /** Load ``fetcher`` now and on ``reload()``; a response that arrives after a newer load started is dropped. */
 export function useLoad<T>(fetcher: () => Promise<T>, deps: unknown[]) {
@@ -120,4 +120,21 @@ export function usePipelineOverviews(nonce: number) {
       get<Overview>(`pipelines/${encodeURIComponent(p.name)}?batches=1`).catch(() => null)));
     return refs.map((p, i) => ({ ref: p, o: overviews[i] }));
   }, [nonce]);
+}
+
+/** Pipeline files that do not load on the API server (a variable unset on this host, a mistake in the file), for
+ * users who may read their failing DAG: shown, never silently left out. Nothing when there are none. */
+export function Problems({ id, nonce }: { id: string; nonce: number }) {
+  const found = useLoad(() => get<Problem[]>("problems"), [nonce]);
+  if (found.error) return <Loading error={found.error} what="the pipeline files' problems" />;
+  if (!found.data || !found.data.length) return null;
+  return (
+    <Box mt={3}>
+      <Text fontWeight="semibold" color="fg.error">Pipeline files that do not load here</Text>
+      <Rows id={id} rowClass="pipeline-problem" head={["file", "DAG", "error"]}
+        rows={found.data.map((p) => [p.file,
+          <Link key="d" colorPalette="blue" href={airflowLink(`dags/${p.dag_id}`)}>{p.dag_id}</Link>,
+          <Text key="e" color="fg.error" whiteSpace="pre-wrap">{p.error}</Text>])} />
+    </Box>
+  );
 }

@@ -3,7 +3,7 @@
 // pipeline's tab on its ingest DAG. The API lists only pipelines whose ingest DAG the user may read.
 import { Badge, Link, Text } from "@chakra-ui/react";
 
-import { Loading, Rows, Section, airflowLink, usePipelineOverviews } from "../parts";
+import { Loading, Problems, Rows, Section, airflowLink, usePipelineOverviews } from "../parts";
 
 function Freshness({ seconds, deadline }: { seconds: number | null | undefined; deadline: number | null }) {
   if (seconds === null || seconds === undefined) return <>-</>;
@@ -29,6 +29,7 @@ export function DashboardPanel() {
             o ? (o.letters.open ?? 0) : "?",
           ])} />
       ) : <Text color="fg.muted">no pipelines you may read</Text>}
+      <Problems id="tidewater-dashboard-problems" nonce={0} />
     </Section>
   );
 }

@@ -3,7 +3,7 @@
 import { Button, HStack, NativeSelect, Stack, Text } from "@chakra-ui/react";
 import { useState } from "react";
 
-import { Loading, Rows, Section, Verdict, usePipelineOverviews } from "../parts";
+import { Loading, Problems, Rows, Section, Verdict, usePipelineOverviews } from "../parts";
 import { PipelineDetail } from "./PipelineDetail";
 
 export function PipelinesPage() {
@@ -11,7 +11,7 @@ export function PipelinesPage() {
   const [chosen, setChosen] = useState<string>("");
   const list = usePipelineOverviews(nonce);
   if (!list.data) return <Loading error={list.error} what="the pipelines" />;
-  if (!list.data.length) return <Text color="fg.muted">no pipelines</Text>;
+  if (!list.data.length) return <Stack><Text color="fg.muted">no pipelines</Text><Problems id="problems" nonce={nonce} /></Stack>;
   const name = chosen || list.data[0].ref.name;
   const current = list.data.find((p) => p.ref.name === name)?.ref;
   return (
@@ -21,6 +21,7 @@ export function PipelinesPage() {
           rows={list.data.map(({ ref, o }) => [ref.name, ref.targets, o ? o.status.total_lag : "?",
             o?.freshness_s ?? "-", o?.audit ? <Verdict ok={o.audit.clean} yes="clean" no={`${o.audit.errors} discrepancies`} /> : "never",
             o ? o.quarantined.length : "?"])} />
+        <Problems id="problems" nonce={nonce} />
       </Section>
       <HStack mt={4}>
         <NativeSelect.Root size="sm" width="24rem">
