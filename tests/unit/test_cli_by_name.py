@@ -101,3 +101,21 @@ def test_the_command_line_reference_is_generated_from_the_parser():
             for option in action.option_strings:
                 assert action.dest == "help" or f"`{option}" in page or f", {option}" in page, (name, option)
     assert "tidewater status [-h] [--pipeline FILE] [--json] [NAME]" in page
+
+
+def test_read_only_commands_leave_no_catalog_or_warehouse_behind(folder, tmp_path, monkeypatch, capsys):
+    """On a host where nothing ran yet, `history`, `dead-letters list` and `quarantine list` answer that there is
+    nothing (no table, no letters, no quarantined batch) and create neither the data folder nor the default SQLite
+    catalog or warehouse. (`status` is read-only too, but asks the broker; `audit` records its verdict, so it writes.)"""
+    home = tmp_path / "fresh-home"
+    monkeypatch.setenv("TIDEWATER_HOME", str(home))
+    _write(folder, "orders.yaml", "orders")
+    assert main(["history", "orders"]) == 0
+    assert main(["dead-letters", "list", "orders"]) == 0
+    assert main(["quarantine", "list", "orders"]) == 0
+    out = capsys.readouterr().out
+    assert "0 total dead letters" in out and "no quarantined batches" in out
+    assert not home.exists()
+    import os
+
+    assert "TIDEWATER_READ_ONLY" not in os.environ  # the mode ends with the command (main() runs in this process)

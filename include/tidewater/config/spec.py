@@ -28,6 +28,8 @@ from tidewater.staging import locate
 
 PIPELINES_DIR_ENV = "TIDEWATER_PIPELINES_DIR"
 HOME_ENV = "TIDEWATER_HOME"
+# Set by read-only commands (`tidewater status`, ...): the embedded default catalog is not created when it is missing
+READ_ONLY_ENV = "TIDEWATER_READ_ONLY"
 KAFKA_CONFIG_ENV = "TIDEWATER_KAFKA_CONFIG"
 
 

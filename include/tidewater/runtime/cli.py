@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -758,12 +759,22 @@ def cli_reference() -> str:
     return reference(dict(sub.choices), summaries)
 
 
+# commands that only read: they leave no file behind where nothing was (a missing default catalog stays missing)
+READ_ONLY = ("status", "history", "validate", "docs")
+
+
 def main(argv: list[str] | None = None) -> int:
     from tidewater.runtime.logs import configure_logging
 
     ap = build_parser()
     args = ap.parse_args(argv)
     configure_logging(args.log_level or ("WARNING" if args.command in ("status", "history", "docs", "audit") else None))
+    from tidewater.config.spec import READ_ONLY_ENV
+
+    read_only = args.command in READ_ONLY or (args.command in ("dead-letters", "quarantine") and args.action == "list")
+    before = os.environ.get(READ_ONLY_ENV)
+    if read_only:
+        os.environ[READ_ONLY_ENV] = "1"  # creates no catalog or warehouse where there is none (table/catalog.py)
     try:
         _resolve_pipeline(ap, args)
         return int(args.fn(args) or 0)
@@ -783,6 +794,9 @@ def main(argv: list[str] | None = None) -> int:
 
             print(json.dumps({"error": {**error_document(e), "exit": code}}, indent=1, default=str))
         return code
+    finally:
+        if read_only and before is None:
+            os.environ.pop(READ_ONLY_ENV, None)
 
 
 def entry() -> Any:

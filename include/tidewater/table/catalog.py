@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tidewater.config.spec import PipelineSpec
+from tidewater.config.spec import READ_ONLY_ENV, PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TransientError
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ def catalog_failure(e: BaseException) -> str | None:
 _LOADED: dict[tuple, Any] = {}  # catalogs this process loaded, by process, name and properties (see load_catalog)
 
 
+
 def load_catalog(spec: PipelineSpec) -> Any:
     """The pipeline's pyiceberg catalog, loaded once per process and set of properties: a step asks for it several
     times (the holder, the tables, the ledger), and a SQL catalog opens a connection pool and checks its own tables
@@ -63,10 +64,16 @@ def load_catalog(spec: PipelineSpec) -> Any:
     if props.get("type") == "sql" and str(props.get("uri", "")).startswith("sqlite:///"):
         from pathlib import Path
 
-        Path(props["uri"][len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-        warehouse = str(props.get("warehouse", ""))
-        if warehouse.startswith("file://"):
-            Path(warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
+        database = Path(props["uri"][len("sqlite:///") :])
+        if os.environ.get(READ_ONLY_ENV) and not database.exists():
+            # a read-only command creates nothing: a catalog that does not exist yet holds no table, which an empty
+            # in-memory catalog of the same name answers
+            props = {**props, "uri": "sqlite:///:memory:"}
+        else:
+            database.parent.mkdir(parents=True, exist_ok=True)
+            warehouse = str(props.get("warehouse", ""))
+            if warehouse.startswith("file://"):
+                Path(warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
     key = (os.getpid(), spec.catalog.name, tuple(sorted((k, str(v)) for k, v in props.items())))
     if key in _LOADED:
         return _LOADED[key]
