@@ -27,7 +27,7 @@ from tests.e2e.conftest import call_api, free_port, stop_group
 from tidewater import __version__
 from tidewater.dev.sample_data import pizza_events, produce
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("install")]  # one worker builds `dist` once
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # the whole DAG file; the pipelines folder is TIDEWATER_PIPELINES_DIR, which the Tidewater view reads too
 DIST = "airflow_provider_tidewater"  # the distribution's file-name form (PEP 427) of airflow-provider-tidewater
