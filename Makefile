@@ -28,7 +28,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: bench-scale ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: bench-scale ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -48,17 +48,28 @@ help:
 # the compose client, which the tests use to validate docker-compose.yml; PostgreSQL's server programs, which the
 # production-shaped tests start on a local port (the package's own service is not used); Node.js and npm, which
 # build the Tidewater apps in Airflow's UI (ui-bundle).
-system-deps: $(DATA)/.system-deps-5
-$(DATA)/.system-deps-5:
+# what the demo needs: Java for Spark, SQLite's JDBC driver (the demo's catalog), Node.js to build the UI apps
+system-deps: $(DATA)/.system-deps-6
+$(DATA)/.system-deps-6:
 	@mkdir -p $(DATA)
-	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/sqlite-jdbc.jar ] || [ ! -x /usr/bin/chromium ] \
-	    || ! command -v docker-compose >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
-	    || ! command -v npm >/dev/null; then \
-	  echo "installing Java 17, JDBC drivers, Chromium, docker-compose, PostgreSQL and Node.js (apt-get)"; \
+	@if ! command -v java >/dev/null || [ ! -f /usr/share/java/sqlite-jdbc.jar ] || ! command -v npm >/dev/null; then \
+	  echo "installing Java 17, the SQLite JDBC driver and Node.js (apt-get)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
-	    openjdk-17-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java chromium docker-compose \
-	    postgresql $$(command -v npm >/dev/null || echo nodejs npm) >/dev/null; \
+	    openjdk-17-jre-headless libxerial-sqlite-jdbc-java $$(command -v npm >/dev/null || echo nodejs npm) >/dev/null; \
+	fi
+	@touch $@
+
+# what only the tests need: Chromium (browser tests), PostgreSQL and its JDBC driver (production-shaped tests),
+# docker-compose (the compose file is checked)
+test-system-deps: $(DATA)/.test-system-deps-1
+$(DATA)/.test-system-deps-1: $(DATA)/.system-deps-6
+	@if [ ! -x /usr/bin/chromium ] || ! command -v docker-compose >/dev/null || [ ! -f /usr/share/java/postgresql.jar ] \
+	    || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  echo "installing Chromium, docker-compose, PostgreSQL and its JDBC driver for the tests (apt-get)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
+	    libpostgresql-jdbc-java chromium docker-compose postgresql >/dev/null; \
 	fi
 	@touch $@
 
@@ -138,7 +149,7 @@ $(DATA)/executor-env.tar.gz: requirements-executor.txt constraints.txt pyproject
 demo: setup
 	@bash scripts/demo.sh
 
-test: setup s3-stand-in executor-env spark-connect-install lint
+test: setup test-system-deps s3-stand-in executor-env spark-connect-install lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # ruff: pyflakes, pycodestyle, import order, bugbear, complexity (configured in pyproject.toml)
@@ -177,7 +188,7 @@ airflow tidewater: setup
 # An hour of production with faults (scripts/soak.py; SOAK_MINUTES, default 60), audited at the end: writes SOAK.md.
 # tests/e2e/test_soak.py runs its 3-minute version in make test.
 SOAK_MINUTES ?= 60
-soak: setup s3-stand-in executor-env spark-connect-install
+soak: setup test-system-deps s3-stand-in executor-env spark-connect-install
 	$(PY) scripts/soak.py --minutes $(SOAK_MINUTES) --markdown SOAK.md
 
 # Benchmarks (several minutes): writes BENCHMARKS.md. BENCH_ARGS="--sizes 1000000 --single 0" for a short run.
@@ -197,7 +208,7 @@ bench-cdc: setup
 	$(PY) scripts/bench_cdc.py $(BENCH_ARGS)
 	$(PY) scripts/bench_cdc_tables.py
 
-bench-cdc-tables: setup
+bench-cdc-tables: setup test-system-deps
 	$(PY) scripts/bench_cdc_tables.py $(BENCH_ARGS)
 
 bench-data-docs: setup
@@ -212,7 +223,7 @@ bench-cluster: setup executor-env
 bench-profile: setup
 	$(PY) scripts/profile_data_path.py $(PROFILE_ARGS)
 
-bench-dag: setup s3-stand-in executor-env spark-connect-install
+bench-dag: setup test-system-deps s3-stand-in executor-env spark-connect-install
 	$(PY) scripts/bench_dag_latency.py $(BENCH_ARGS)
 
 # Costs as a platform grows (pipelines in the folder, partitions of a topic), with the fixes' before and after:
