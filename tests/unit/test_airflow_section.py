@@ -35,9 +35,9 @@ def test_the_section_of_airflow_cfg_then_airflows_variable_then_ours_win_in_turn
     assert pipelines_dir() == base / "ours"
     from tidewater.config.airflow_section import _from_file
 
-    assert _from_file("pipelines_dir") == str(base / "from-cfg")  # AIRFLOW_CONFIG unset: $AIRFLOW_HOME/airflow.cfg
+    assert _from_file("tidewater", "pipelines_dir") == str(base / "from-cfg")  # $AIRFLOW_HOME/airflow.cfg
     monkeypatch.setenv("AIRFLOW_CONFIG", str(base / "missing.cfg"))
-    assert _from_file("pipelines_dir") is None
+    assert _from_file("tidewater", "pipelines_dir") is None
 
 
 def test_the_command_line_finds_a_pipeline_through_airflow_cfg_and_airflow_knows_the_section(airflow_cfg):

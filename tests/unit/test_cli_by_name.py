@@ -109,7 +109,10 @@ def test_read_only_commands_leave_no_catalog_or_warehouse_behind(folder, tmp_pat
     catalog or warehouse. (`status` is read-only too, but asks the broker; `audit` records its verdict, so it writes.)"""
     home = tmp_path / "fresh-home"
     monkeypatch.setenv("TIDEWATER_HOME", str(home))
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "fresh-airflow"))
     _write(folder, "orders.yaml", "orders")
+    assert main(["validate", "orders"]) == 0  # asks Airflow's executor without loading Airflow (no airflow.cfg made)
+    assert not (tmp_path / "fresh-airflow").exists()
     assert main(["history", "orders"]) == 0
     assert main(["dead-letters", "list", "orders"]) == 0
     assert main(["quarantine", "list", "orders"]) == 0

@@ -31,22 +31,28 @@ OPTIONS: dict[str, tuple[str, str]] = {
 def setting(option: str) -> str | None:
     """The value of ``option`` (see the module's precedence), or None when nothing sets it."""
     env, _ = OPTIONS[option]
-    for name in (env, f"AIRFLOW__{SECTION.upper()}__{option.upper()}"):
-        if os.environ.get(name):
-            return os.environ[name]
+    return os.environ.get(env) or airflow_option(SECTION, option)
+
+
+def airflow_option(section: str, option: str) -> str | None:
+    """An option of Airflow's configuration as Airflow would read it, without loading Airflow (importing its
+    configuration writes a default airflow.cfg where there is none): ``AIRFLOW__<SECTION>__<OPTION>``, else the loaded
+    configuration inside Airflow's processes, else airflow.cfg. None when nothing sets it."""
+    value = os.environ.get(f"AIRFLOW__{section.upper()}__{option.upper()}")
+    if value:
+        return value
     loaded = sys.modules.get("airflow.configuration")
     if loaded is not None and hasattr(loaded, "conf"):
-        value = loaded.conf.get(SECTION, option, fallback=None)
-        return value or None
-    return _from_file(option)
+        return loaded.conf.get(section, option, fallback=None) or None
+    return _from_file(section, option)
 
 
-def _from_file(option: str) -> str | None:
-    """``[tidewater] option`` of airflow.cfg, without loading Airflow (no interpolation, as Airflow's own)."""
+def _from_file(section: str, option: str) -> str | None:
+    """``[section] option`` of airflow.cfg (``$AIRFLOW_CONFIG``, else ``$AIRFLOW_HOME/airflow.cfg``), no interpolation."""
     path = Path(os.environ.get("AIRFLOW_CONFIG") or Path(os.environ.get("AIRFLOW_HOME") or "~/airflow") / "airflow.cfg")
     parser = configparser.ConfigParser(interpolation=None)
     try:
         parser.read(path.expanduser(), encoding="utf-8")
     except (OSError, configparser.Error):
         return None
-    return parser.get(SECTION, option, fallback=None) or None
+    return parser.get(section, option, fallback=None) or None
