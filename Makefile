@@ -142,7 +142,9 @@ $(DATA)/executor-env.tar.gz: requirements-executor.txt constraints.txt pyproject
 	python3 -m venv $(DATA)/executor-venv
 	$(DATA)/executor-venv/bin/python -m pip install -q -r requirements-executor.txt -c constraints.txt
 	$(DATA)/executor-venv/bin/python -m pip install -q --no-deps .
-	@rm -rf build
+	@# the in-tree build leaves setuptools' egg-info in include/, a second copy of the package's metadata on the
+	@# checkout's path: Airflow would load the plugin twice (see the venv target)
+	@rm -rf build $(ROOT)/include/*.egg-info
 	$(VENV)/bin/venv-pack -q -p $(DATA)/executor-venv -o $@ --force
 
 # --- the two commands ----------------------------------------------------------------------------

@@ -15,6 +15,16 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = str(Path(sys.executable).parent)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one temporary directory per pytest-xdist worker (make test runs two): each worker's session services (broker,
+    # PostgreSQL, S3 and Connect server logs) and its tests' temporary files stay apart from the other worker's, so a
+    # test that checks what a run left in the temporary directory sees only its own worker's (JVMs still use /tmp)
+    import tempfile
+
+    _worker_tmp = Path(tempfile.gettempdir()) / f"tidewater-tests-{os.environ['PYTEST_XDIST_WORKER']}-{os.getpid()}"
+    _worker_tmp.mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(_worker_tmp)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 os.environ["PATH"] = VENV_BIN + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 # py4j logs at INFO while the interpreter exits, after pytest has closed the streams it captured.

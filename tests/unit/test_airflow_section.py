@@ -27,6 +27,8 @@ def airflow_cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_the_section_of_airflow_cfg_then_airflows_variable_then_ours_win_in_turn(airflow_cfg, monkeypatch):
+    """As in a process that has not loaded Airflow (the command line): airflow.cfg is read as a file."""
+    monkeypatch.delitem(sys.modules, "airflow.configuration", raising=False)  # restored after the test
     base = airflow_cfg.parent
     assert (pipelines_dir(), home_dir()) == (base / "from-cfg", base / "home-from-cfg")
     monkeypatch.setenv("AIRFLOW__TIDEWATER__PIPELINES_DIR", str(base / "from-airflow-variable"))

@@ -104,6 +104,18 @@ def _pipeline(name: str) -> Any:
     return _pipelines().get(name)
 
 
+def _problem_route(app: Any) -> None:
+    """``GET /api/problems``: pipeline files that do not load on this server, for users who may read their failing DAG."""
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi import Depends
+
+    @app.get("/api/problems")
+    def problems(user: Any = Depends(get_user)) -> list[dict[str, str]]:  # noqa: B008 - FastAPI's idiom
+        found = _problems()
+        readable = _readable(user, {p["dag_id"] for p in found})
+        return [p for p in found if p["dag_id"] in readable]
+
+
 def _readable(user: Any, dag_ids: set[str]) -> set[str]:
     """The DAG ids among ``dag_ids`` the auth manager lets ``user`` read."""
     from airflow.api_fastapi.app import get_auth_manager
@@ -139,13 +151,7 @@ def create_app() -> Any:
         readable = _readable(user, {s.dag_id for s in specs})
         return [_ref(s) for s in specs if s.dag_id in readable]
 
-    @app.get("/api/problems")
-    def problems(user: Any = Depends(get_user)) -> list[dict[str, str]]:  # noqa: B008 - FastAPI's idiom
-        """Pipeline files that do not load on this server, for users who may read their failing DAG."""
-        found = _problems()
-        readable = _readable(user, {p["dag_id"] for p in found})
-        return [p for p in found if p["dag_id"] in readable]
-
+    _problem_route(app)
     @app.get("/api/pipelines/{name}")
     def pipeline(name: str, batches: int = 20, user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008
         from tidewater.ops.overview import overview
