@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,9 @@ def test_read_only_commands_leave_no_catalog_or_warehouse_behind(folder, tmp_pat
     home = tmp_path / "fresh-home"
     monkeypatch.setenv("TIDEWATER_HOME", str(home))
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "fresh-airflow"))
+    monkeypatch.delenv("AIRFLOW__CORE__EXECUTOR", raising=False)
+    # as the command line runs, without Airflow loaded (restored after the test): the executor is read from the file
+    monkeypatch.delitem(sys.modules, "airflow.configuration", raising=False)
     _write(folder, "orders.yaml", "orders")
     assert main(["validate", "orders"]) == 0  # asks Airflow's executor without loading Airflow (no airflow.cfg made)
     assert not (tmp_path / "fresh-airflow").exists()
