@@ -401,3 +401,34 @@ def test_pool_queue_and_failure_callback_reach_every_task_and_a_bad_callback_is_
             assert [type(c).__name__ for c in callbacks] == ["FailureFile"], (d.dag_id, t.task_id)
     assert "airflow.on_failure: cannot import 'tests.e2e.late_hook.nothing_here'" in bag.dags["ingest_invalid_bad"].doc_md
     assert not any(d.endswith("_bad") and not d.startswith("ingest_invalid") for d in bag.dags)
+
+
+def test_a_dag_id_prefix_and_a_choice_of_optional_dags(tmp_path, monkeypatch):
+    """`airflow.dag_id_prefix` goes before every DAG id of the pipeline and `airflow.dags` keeps only the optional DAGs
+    named: the DAG processor's parse has exactly those, a task's parse of a prefixed DAG still builds only its own
+    pipeline's file, the view lists those ids (null for the others), and a bad prefix or an unknown DAG is refused
+    naming the setting."""
+    import yaml
+
+    from tidewater.config.parse import parse_pipeline
+    from tidewater.errors import ConfigError
+    from tidewater.runtime.ui import _ref
+
+    folder = tmp_path / "pipelines"
+    many_pipelines(folder, 3)
+    doc = yaml.safe_load((folder / "p0001.yaml").read_text())
+    doc["airflow"] = {**doc.get("airflow", {}), "dag_id_prefix": "team_a.", "dags": ["replay", "audit"]}
+    (folder / "p0001.yaml").write_text(yaml.safe_dump(doc))
+    every = parse_in_subprocess(folder, tmp_path, None)
+    ours = {"team_a.ingest_p0001", "team_a.replay_p0001", "team_a.audit_p0001"}
+    assert every["errors"] == [] and ours <= set(every["dags"]) and len(every["dags"]) == 2 * 6 + 3, every
+    assert not any(d.endswith("_p0001") and d not in ours for d in every["dags"])
+    assert set(parse_in_subprocess(folder, tmp_path, "team_a.replay_p0001")["dags"]) == ours
+    spec = parse_pipeline({**doc, "validation": {"not_null": ["order_id"]}})
+    ref = _ref(spec)
+    assert ref["dag_id"] == "team_a.ingest_p0001" and ref["replay_dag_id"] == "team_a.replay_p0001"
+    assert (ref["skip_dag_id"], ref["retry_dag_id"], ref["quarantine_dag_id"]) == (None, None, None)
+    for bad, message in (({"dag_id_prefix": "team a "}, "airflow.dag_id_prefix: 'team a ' may hold only"),
+                         ({"dags": ["replay", "compact"]}, "airflow.dags: 'compact' is not an optional DAG")):
+        with pytest.raises(ConfigError, match=message):
+            parse_pipeline({**doc, "airflow": bad})

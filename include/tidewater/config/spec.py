@@ -524,6 +524,10 @@ def doubled_delay(base: timedelta, try_number: int) -> timedelta:
     return min(base * (2 ** max(try_number - 1, 0)), max(MAX_RETRY_DELAY, base))
 
 
+# The DAGs a pipeline may go without (``airflow.dags``); every pipeline has its ingest DAG
+OPTIONAL_DAGS = ("replay", "skip", "retry_dead_letters", "audit", "maintain")
+
+
 @dataclass(frozen=True)
 class AirflowSpec:
     """DAG settings."""
@@ -550,6 +554,15 @@ class AirflowSpec:
         "the Airflow UI). Unset: no deadline.",
         default=None,
     )
+    dag_id_prefix: str = _doc(
+        "Put before every DAG id of the pipeline (`team_a_` gives `team_a_ingest_orders`, `team_a_replay_orders`, ...), "
+        "for a shared Airflow where another team's DAG may have the name. Letters, digits, `_`, `-` and `.` only. A "
+        "task's parse still builds only its own pipeline's DAGs when the file is named after the pipeline.", default="")
+    dags: list[str] = _doc(
+        "Which optional DAGs the pipeline gets beside its ingest DAG: any of `replay`, `skip`, `retry_dead_letters`, "
+        "`audit`, `maintain` (default: all). The quarantine DAG comes with `validation.on_failure: quarantine`. The "
+        "Tidewater view leaves out the links and buttons of DAGs a pipeline does not have.",
+        default_factory=lambda: list(OPTIONAL_DAGS))
     pool: str | None = _doc(
         "The Airflow pool every task of the pipeline's DAGs runs in (create it in Airflow: Admin > Pools), to bound how "
         "many Tidewater tasks a shared Airflow runs at once. Unset: Airflow's `default_pool`.", default=None)
@@ -762,7 +775,15 @@ class PipelineSpec:
     # ---- derived values -------------------------------------------------------------------------
     @property
     def dag_id(self) -> str:
-        return f"ingest_{self.name}"
+        return self.dag_ids()["ingest"]
+
+    def dag_ids(self) -> dict[str, str]:
+        """The id of each DAG the pipeline has, by kind: ``<airflow.dag_id_prefix><kind>_<name>`` for its ingest DAG,
+        the optional DAGs of ``airflow.dags`` and, under the quarantine policy, its quarantine DAG."""
+        kinds = ["ingest", *(k for k in OPTIONAL_DAGS if k in self.airflow.dags)]
+        if self.validation.on_failure == "quarantine":
+            kinds.append("quarantine")
+        return {kind: f"{self.airflow.dag_id_prefix}{kind}_{self.name}" for kind in kinds}
 
     def op_column(self) -> str | None:
         """The column that carries each change's operation (None: every record is an upsert)."""

@@ -226,6 +226,19 @@ def _check_limits_and_maintenance(spec: PipelineSpec) -> None:
         )
 
 
+def _check_dag_ids(spec: PipelineSpec) -> None:
+    """``airflow.dag_id_prefix`` makes valid DAG ids; ``airflow.dags`` names optional DAGs only."""
+    from tidewater.config.spec import OPTIONAL_DAGS
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]*", spec.airflow.dag_id_prefix):
+        raise ConfigError(f"airflow.dag_id_prefix: {spec.airflow.dag_id_prefix!r} may hold only letters, digits, "
+                          "'_', '-' and '.' (Airflow's DAG ids)")
+    unknown = [k for k in spec.airflow.dags if k not in OPTIONAL_DAGS]
+    if unknown:
+        raise ConfigError(f"airflow.dags: {', '.join(map(repr, unknown))} is not an optional DAG; choose among "
+                          f"{', '.join(OPTIONAL_DAGS)} (the ingest DAG is always there)")
+
+
 def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
     """Catalog properties, Airflow schedules and retries, and the expectation suite files."""
     check_schedule("schedule", spec.schedule)
@@ -236,6 +249,7 @@ def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
     if spec.airflow.retries < 0:
         raise ConfigError("airflow.retries: must be zero or more")
     spec.airflow.freshness_interval()  # a ConfigError naming airflow.freshness when it is not a duration
+    _check_dag_ids(spec)
     if spec.airflow.on_failure is not None and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", spec.airflow.on_failure):
         raise ConfigError(f"airflow.on_failure: {spec.airflow.on_failure!r} is not a dotted path such as "
                           "'my_company.alerts.page_on_call'")

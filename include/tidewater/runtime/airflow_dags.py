@@ -194,7 +194,7 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
                   **({"enum": list(spec.topics)} if spec.topics and not spec.topic_pattern else {}))
 
     @dag(
-        dag_id=f"replay_{spec.name}",
+        dag_id=spec.dag_ids()["replay"],
         schedule=None,
         **_dag_kwargs(spec, "replay"),
         doc_md=(
@@ -264,7 +264,7 @@ def _routed_replay_doc(spec: PipelineSpec) -> str:
 def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body, outlets: list | None = None):  # noqa: ANN001, ANN201
     """A DAG of one task, triggered from the UI with a typed form: ``body(params, context)`` runs it."""
 
-    @dag(dag_id=f"{kind}_{spec.name}", schedule=None, **_dag_kwargs(spec, kind), doc_md=doc_md, params=params)
+    @dag(dag_id=spec.dag_ids()[kind], schedule=None, **_dag_kwargs(spec, kind), doc_md=doc_md, params=params)
     def form_dag():
         @task(task_id=kind, outlets=outlets or [])
         def run(**context) -> dict:
@@ -364,7 +364,7 @@ def build_audit_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns a
     routed = (" For a routed pipeline, from its checkpoint table, and per target table: every batch the checkpoint "
               "committed with rows for it is in it with the rows its writer counted.") if spec.routed else ""
 
-    @dag(dag_id=f"audit_{spec.name}", schedule=spec.audit.schedule, **_dag_kwargs(spec, "audit"), doc_md=(
+    @dag(dag_id=spec.dag_ids()["audit"], schedule=spec.audit.schedule, **_dag_kwargs(spec, "audit"), doc_md=(
         f"### audit of {what}\n\nChecks the table against its topic from the ledger: per partition "
         "the committed ranges follow each other with no gap or overlap, every batch's records read = rows + dead "
         "letters + skipped, no snapshot changed rows outside Tidewater, no committed offset below the log start or "
@@ -406,13 +406,12 @@ def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
 
 
 def build_pipeline_dags(path: Path, spec: PipelineSpec) -> list:
-    """Every DAG of one pipeline file (ingest, and replay, skip, dead-letter retry, audit and quarantine where they
-    apply)."""
-    dags = [build_ingest_dag(path, spec), build_audit_dag(path, spec)]
-    dags += [build_replay_dag(path, spec), build_skip_dag(path, spec), build_retry_dead_letters_dag(path, spec)]
-    if spec.validation.on_failure == "quarantine":
-        dags.append(build_quarantine_dag(path, spec))
-    return dags
+    """Every DAG of one pipeline file (``PipelineSpec.dag_ids``): ingest, the optional DAGs of ``airflow.dags``
+    (replay, skip, dead-letter retry, audit, maintenance) and quarantine under the quarantine policy."""
+    builders = {"ingest": build_ingest_dag, "audit": build_audit_dag, "replay": build_replay_dag,
+                "skip": build_skip_dag, "retry_dead_letters": build_retry_dead_letters_dag,
+                "quarantine": build_quarantine_dag, "maintain": build_maintain_dag}
+    return [builders[kind](path, spec) for kind in spec.dag_ids()]
 
 def table_asset(spec: PipelineSpec) -> Asset:
     """The table maintained (routed pipelines: their checkpoint table stands for the pipeline's tables)."""
@@ -427,7 +426,7 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - return
     m = spec.maintenance
 
     @dag(
-        dag_id=f"maintain_{spec.name}",
+        dag_id=spec.dag_ids()["maintain"],
         schedule=m.schedule,
         **_dag_kwargs(spec, "maintenance"),
         doc_md=(
@@ -457,9 +456,19 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - return
     return maintain()
 
 
-# The DAG ids a pipeline file makes, by kind: a DAG id is ``<kind>_<pipeline name>`` (build_pipeline_dags and
-# build_maintain_dag), and a file that does not load makes ``ingest_invalid_<file stem>`` (build_invalid_dag).
+# The DAG ids a pipeline file makes, by kind: a DAG id is ``<airflow.dag_id_prefix><kind>_<pipeline name>``
+# (PipelineSpec.dag_ids, build_pipeline_dags), and a file that does not load makes ``ingest_invalid_<file stem>``
+# (build_invalid_dag).
 DAG_KINDS = ("ingest_invalid", "retry_dead_letters", "ingest", "replay", "skip", "audit", "maintain", "quarantine")
+
+
+def _occurrences(text: str, part: str) -> list[int]:
+    """Every index where ``part`` starts in ``text``."""
+    out, i = [], text.find(part)
+    while i >= 0:
+        out.append(i)
+        i = text.find(part, i + 1)
+    return out
 
 
 def _parsing_dag_id() -> str | None:
@@ -474,7 +483,8 @@ def _files_for(dag_id: str, folder: Path) -> list[Path]:
     """The pipeline files whose DAGs may include ``dag_id``, from the file names alone: ``<name>.yaml`` (or ``.yml``)
     for a DAG id ``<kind>_<name>`` (a file named after its pipeline, as ``tidewater init`` and the examples name
     them). The folder is not listed: a task's parse costs the same however many files it holds."""
-    names = {dag_id[len(kind) + 1:] for kind in DAG_KINDS if dag_id.startswith(kind + "_")}
+    # each place a kind's "<kind>_" occurs: at the start, or after a pipeline's airflow.dag_id_prefix
+    names = {dag_id[i + len(kind) + 1:] for kind in DAG_KINDS for i in _occurrences(dag_id, kind + "_")}
     return sorted(p for n in names for p in (folder / f"{n}.yaml", folder / f"{n}.yml") if p.is_file())
 
 
@@ -484,7 +494,7 @@ def _file_dags(path: Path, dag_file: str) -> dict[str, Any]:
     try:
         spec = load_pipeline(path)
         check_hosts(spec, airflow_executor())  # a multi-host executor: no per-host default catalog or staging
-        dags = [*build_pipeline_dags(path, spec), build_maintain_dag(path, spec)]
+        dags = build_pipeline_dags(path, spec)
     except Exception as e:  # noqa: BLE001 - reported in the UI as the file's ingest_invalid_<file> DAG
         log.error("%s: %s", path, e)
         dags = [build_invalid_dag(path, e if isinstance(e, ConfigError) else ConfigError(f"{path}: {e}"))]

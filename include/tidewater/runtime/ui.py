@@ -227,12 +227,11 @@ def _bundle(app: Any) -> None:
 
 def _ref(spec: Any) -> dict[str, Any]:
     """A pipeline as the view lists it: its name, tables and the ids of its DAGs (the DAG tab finds its pipeline by
-    any of them)."""
-    dags = {kind: f"{kind}_{spec.name}" for kind in ("replay", "skip", "quarantine", "retry_dead_letters", "audit",
-                                                      "maintain")}
+    any of them; a DAG the pipeline does not have, by ``airflow.dags`` or its quarantine policy, is null)."""
+    dags = spec.dag_ids()
     return {"name": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "targets": spec.describe_targets(),
-            "dag_ids": [spec.dag_id, *dags.values()], "replay_dag_id": dags["replay"], "skip_dag_id": dags["skip"],
-            "quarantine_dag_id": dags["quarantine"], "retry_dag_id": dags["retry_dead_letters"],
+            "dag_ids": list(dags.values()), "replay_dag_id": dags.get("replay"), "skip_dag_id": dags.get("skip"),
+            "quarantine_dag_id": dags.get("quarantine"), "retry_dag_id": dags.get("retry_dead_letters"),
             "freshness_deadline_s": int(fresh.total_seconds()) if (fresh := spec.airflow.freshness_interval()) else None}
 
 

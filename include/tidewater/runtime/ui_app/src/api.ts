@@ -21,7 +21,8 @@ export type Overview = {
   letters: Record<string, number>;
 };
 export type PipelineRef = { name: string; dag_id: string; table: string; targets: string; dag_ids: string[];
-  replay_dag_id: string; skip_dag_id: string; quarantine_dag_id: string; retry_dag_id: string;
+  // null: the pipeline has no such DAG (airflow.dags, or no quarantine policy)
+  replay_dag_id: string | null; skip_dag_id: string | null; quarantine_dag_id: string | null; retry_dag_id: string | null;
   freshness_deadline_s: number | null };
 export type Problem = { file: string; dag_id: string; error: string };
 export type Letter = { topic: string; partition: number; offset: number; error_class: string; error_message: string;

@@ -32,7 +32,7 @@ export function DeadLetters({ pipeline, classes, counts }: { pipeline: PipelineR
             {classes.map((c) => <option key={c.error_class} value={c.error_class}>{c.error_class}</option>)}
           </NativeSelect.Field>
         </NativeSelect.Root>
-        {counts.open ? <RunButton label={`Retry ${errorClass || "open letters"}`} dagId={pipeline.retry_dag_id}
+        {counts.open && pipeline.retry_dag_id ? <RunButton label={`Retry ${errorClass || "open letters"}`} dagId={pipeline.retry_dag_id}
           resultId="retry-run" className="retry-letters"
           conf={{ dry_run: false, ...(errorClass ? { error_class: errorClass } : {}) }} /> : null}
       </HStack>

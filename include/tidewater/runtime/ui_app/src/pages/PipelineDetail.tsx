@@ -48,8 +48,8 @@ export function PipelineDetail({ pipeline, nonce }: { pipeline: PipelineRef; non
         <Rows head={["batch", "table", "rows", "files", "validation", ""]} rows={v.quarantined.map((q) => [
           q.batch_id, q.table, q.rows, q.files,
           q.validation ? `${q.validation.failed ?? "?"} of ${q.validation.checks ?? "?"} checks failed` : "-",
-          <HStack>{(["publish", "drop"] as const).map((action) =>
-            <RunButton key={action} label={action === "publish" ? "Publish" : "Drop"} dagId={pipeline.quarantine_dag_id}
+          <HStack>{pipeline.quarantine_dag_id && (["publish", "drop"] as const).map((action) =>
+            <RunButton key={action} label={action === "publish" ? "Publish" : "Drop"} dagId={pipeline.quarantine_dag_id!}
               className="quarantine" action={action} resultId="quarantine-run"
               conf={{ action, batch_id: q.batch_id, ...(v.routed ? { table: q.table } : {}) }} />)}</HStack>])} />
         {v.quarantined.length ? <Text fontSize="sm" color="fg.muted">Publish appends the batch to main once; Drop
@@ -63,9 +63,12 @@ export function PipelineDetail({ pipeline, nonce }: { pipeline: PipelineRef; non
       <Box mt={4}>
         <HStack gap={4}>
           <Link colorPalette="blue" href={airflowLink(`dags/${v.dag_id}`)}>ingest DAG</Link>
-          <Link colorPalette="blue" id="replay-link" href={airflowLink(`dags/${pipeline.replay_dag_id}`)}>replay a range</Link>
-          <Link colorPalette="blue" href={airflowLink(`dags/${pipeline.skip_dag_id}`)}>skip blocking records</Link>
-          <Link colorPalette="blue" href={airflowLink(`dags/${pipeline.retry_dag_id}`)}>dead-letter retries</Link>
+          {pipeline.replay_dag_id ? <Link colorPalette="blue" id="replay-link"
+            href={airflowLink(`dags/${pipeline.replay_dag_id}`)}>replay a range</Link> : null}
+          {pipeline.skip_dag_id ? <Link colorPalette="blue" href={airflowLink(`dags/${pipeline.skip_dag_id}`)}>skip
+            blocking records</Link> : null}
+          {pipeline.retry_dag_id ? <Link colorPalette="blue" href={airflowLink(`dags/${pipeline.retry_dag_id}`)}>dead-letter
+            retries</Link> : null}
         </HStack>
       </Box>
     </Stack>
