@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -53,6 +54,9 @@ def test_maintain_and_replay_dry_runs_show_each_line_once(broker, home, topic):
     assert maintain.returncode == 0, maintain.stderr[-2000:]
     both = maintain.stdout + maintain.stderr
     assert both.count("rewrite_manifests on rpc.orders (dry run)") == 1
+    # progress on stderr, as each action starts and ends
+    assert "[1/1] rewrite_manifests on rpc.orders ..." in maintain.stderr
+    assert re.search(r"\[1/1\] rewrite_manifests on rpc\.orders: done in \d+\.\d s", maintain.stderr), maintain.stderr
     replay = cli(home, "replay", "--pipeline", str(path), "--topic", topic, "--start-offset", "0", "--end-offset", "5",
                  "--dry-run")
     assert replay.returncode == 0, replay.stderr[-2000:]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -374,15 +375,28 @@ def run_action(spark: Any, spec: PipelineSpec, action: str, dry_run: bool = Fals
 
 
 def maintain(spec: PipelineSpec, actions: list[str] | None = None, dry_run: bool = False, spark: Any = None,
-             master: str | None = None, table: str | None = None) -> list[ActionReport]:
-    """Run the enabled actions (or ``actions``) in order on each target table in turn (or on ``table``)."""
+             master: str | None = None, table: str | None = None,
+             progress: Callable[[str], None] | None = None) -> list[ActionReport]:
+    """Run the enabled actions (or ``actions``) in order on each target table in turn (or on ``table``).
+    ``progress``: told of each action as it starts and ends (``[2/8] rewrite_manifests on rpc.orders``), for long
+    work on many tables (the command line prints it on stderr)."""
     todo = actions or spec.maintenance.enabled_actions(spec.applies_changes)
     own = spark is None
     views = [target_spec(spec, t) for t in ([table] if table else target_tables(load_catalog(spec), spec))]
+    steps = [(v, a) for v in views for a in todo]
     if own:
         spark = spark_session.session(spec, app_name=f"tidewater-maintain-{spec.name}", master=master)
     try:
-        return [run_action(spark, v, a, dry_run) for v in views for a in todo]
+        reports = []
+        for i, (view, action) in enumerate(steps, start=1):
+            started = time.monotonic()
+            if progress:
+                progress(f"[{i}/{len(steps)}] {action} on {view.table.identifier} ...")
+            reports.append(run_action(spark, view, action, dry_run))
+            if progress:
+                progress(f"[{i}/{len(steps)}] {action} on {view.table.identifier}: done in "
+                         f"{time.monotonic() - started:.1f} s")
+        return reports
     finally:
         if own:
             spark.stop()

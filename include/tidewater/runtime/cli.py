@@ -322,16 +322,23 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         saved = os.dup(1)
         os.dup2(2, 1)
         try:
-            reports = maintain(spec, actions=actions, dry_run=args.dry_run, master=_master(spec, args.master), table=args.table)
+            reports = maintain(spec, actions=actions, dry_run=args.dry_run, master=_master(spec, args.master),
+                               table=args.table, progress=_progress)
         finally:
             sys.stdout.flush()
             os.dup2(saved, 1)
             os.close(saved)
         print(reports_json(reports))
     else:
-        for r in maintain(spec, actions=actions, dry_run=args.dry_run, master=_master(spec, args.master), table=args.table):
+        for r in maintain(spec, actions=actions, dry_run=args.dry_run, master=_master(spec, args.master),
+                          table=args.table, progress=_progress):
             print(r.text())
     return 0
+
+
+def _progress(line: str) -> None:
+    """Progress of long work, on stderr: stdout keeps the command's result (and --json its document alone)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def cmd_connect_import(args: argparse.Namespace) -> int:
