@@ -10,7 +10,9 @@ PORT     ?= 19092
 PYTEST_ARGS ?=
 # make test runs the suite on this many pytest-xdist workers (0: in this one process), a test file to a worker, so
 # that a module's fixtures (the install tests' built package, the standalone cluster) are made once. (xdist_group
-# marks are not honoured with pytest 9.2 here: the group never reaches the test ids.)
+# marks are not honoured with pytest 9.2 here: the group never reaches the test ids.) Files are dealt in the order
+# pytest collects them (--no-loadscope-reorder): xdist would otherwise start the files with most tests first, which
+# left the end-to-end files (few tests, the longest: the soak alone takes 9 minutes) to the end of the run.
 TEST_WORKERS ?= 2
 
 export TIDEWATER_HOME := $(DATA)
@@ -152,7 +154,7 @@ demo: setup
 	@bash scripts/demo.sh
 
 test: setup test-system-deps s3-stand-in executor-env spark-connect-install lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # ruff: pyflakes, pycodestyle, import order, bugbear, complexity (configured in pyproject.toml)
 lint: venv
