@@ -226,6 +226,12 @@ def _check_limits_and_maintenance(spec: PipelineSpec) -> None:
         )
 
 
+def _check_dotted(setting: str, value: str | None, example: str) -> None:
+    """A setting naming a callable or a class to import: a dotted path (``module.name``), when set."""
+    if value is not None and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", value):
+        raise ConfigError(f"{setting}: {value!r} is not a dotted path such as {example}")
+
+
 def _check_dag_ids(spec: PipelineSpec) -> None:
     """``airflow.dag_id_prefix`` makes valid DAG ids; ``airflow.dags`` names optional DAGs only."""
     from tidewater.config.spec import OPTIONAL_DAGS
@@ -250,12 +256,8 @@ def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
         raise ConfigError("airflow.retries: must be zero or more")
     spec.airflow.freshness_interval()  # a ConfigError naming airflow.freshness when it is not a duration
     _check_dag_ids(spec)
-    if spec.airflow.on_failure is not None and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", spec.airflow.on_failure):
-        raise ConfigError(f"airflow.on_failure: {spec.airflow.on_failure!r} is not a dotted path such as "
-                          "'my_company.alerts.page_on_call'")
-    if spec.airflow.on_late is not None and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", spec.airflow.on_late):
-        raise ConfigError(f"airflow.on_late: {spec.airflow.on_late!r} is not a dotted path such as "
-                          "my_alerts.page_on_call or my_alerts.OnCallNotifier")
+    _check_dotted("airflow.on_failure", spec.airflow.on_failure, "'my_company.alerts.page_on_call'")
+    _check_dotted("airflow.on_late", spec.airflow.on_late, "my_alerts.page_on_call or my_alerts.OnCallNotifier")
     suite = spec.suite_path()
     if suite is not None and not suite.is_file():
         raise ConfigError(f"{'table.suite' if spec.table.suite else 'validation.suite'}: file {suite} does not exist")
