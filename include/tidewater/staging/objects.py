@@ -21,14 +21,17 @@ T = TypeVar("T")
 # throttling, 5xx) may heal on a retry.
 _REFUSED = ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "INVALID_ACCESS_KEY",
             "NoSuchBucket", "NO_SUCH_BUCKET", "Forbidden", "AuthorizationFailure", "AuthenticationFailed",
-            "PermissionDenied", "403", "ExpiredToken", "InvalidToken")
+            "PermissionDenied", "HTTP status 403", "ExpiredToken", "InvalidToken")
+# The SDKs' words for a store that did not answer: transient even when the rest of the text (a host name, a
+# port such as 40305) happens to contain one of the words above.
+_UNREACHED = ("NETWORK_CONNECTION", "curlCode", "Could not connect", "Connection refused", "timed out")
 
 
 def storage_failure(e: BaseException, location: str, setting: str) -> Exception:
     """The error to raise for a failed call on the staging store: terminal naming ``setting`` when the store
     refused the credentials or has no such bucket, transient otherwise (unreachable, timed out, busy)."""
     text = str(e)
-    if any(word in text for word in _REFUSED):
+    if not any(word in text for word in _UNREACHED) and any(word in text for word in _REFUSED):
         return ConfigError(f"{setting}: the store refused access to {location} (credentials or bucket): {text.splitlines()[0]}")
     return TransientError(f"{setting}: the store at {location} could not be reached: {text.splitlines()[0]}")
 
