@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.expressions import In
 
-from tidewater.batch import BatchManifest, PartitionStats, StagedFile
+from tidewater.batch import BatchManifest, StagedFile, TableOutput
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, ValidationFailedError
 from tidewater.table.catalog import load_table
@@ -83,6 +83,42 @@ class ValidationReport:
         }
 
 
+@dataclass(frozen=True)
+class TableFiles:
+    """One target table's staged files and the records behind their rows: what its checks hold the files to.
+
+    A plain pipeline's one table takes every record of the batch, so its counts are the batch's (read = rows +
+    dead letters + skipped + already present: ``of_batch``). A routed pipeline's table is held to the rows the
+    writer routed to it (``of_output``); the batch's own accounting is then checked once, over all its tables
+    (``routed_accounting``)."""
+
+    table: str
+    data_files: tuple[StagedFile, ...]
+    records: int  # records read into this table
+    dead_letters: int = 0
+    skipped: int = 0
+    present: int = 0
+    dead_letters_in_files: int = 0
+
+    @classmethod
+    def of_batch(cls, manifest: BatchManifest) -> TableFiles:
+        return cls(manifest.table, tuple(manifest.data_files), manifest.records, manifest.dead_letters,
+                   manifest.skipped, manifest.present, manifest.dead_letters_in_files)
+
+    @classmethod
+    def of_output(cls, out: TableOutput) -> TableFiles:
+        return cls(out.table, tuple(out.data_files), out.rows)
+
+    @property
+    def rows_expected(self) -> int:
+        """Rows the data files must hold (see ``BatchManifest.rows_expected``)."""
+        return self.records - self.dead_letters - self.skipped - self.present
+
+    @property
+    def rows_in_files(self) -> int:
+        return sum(f.record_count for f in self.data_files)
+
+
 def load_suite_file(spec: PipelineSpec) -> list[dict[str, Any]]:
     path = spec.suite_path()
     if path is None:
@@ -140,14 +176,14 @@ def row_images(spec: PipelineSpec) -> tuple[str, dict[str, str]] | None:
     return (op, dict(spec.table.op_values)) if op else None
 
 
-def chunks(table: Any, manifest: BatchManifest, columns: list[str], chunk_rows: int,
+def chunks(table: Any, files: TableFiles, columns: list[str], chunk_rows: int,
            images: tuple[str, dict[str, str]] | None = None) -> Iterator[Any]:
     """The named columns of the staged files, as Arrow tables of at most ``chunk_rows`` rows (with
     ``images``: the delete records left out, see ``row_images``)."""
     read = columns + [images[0]] if images and images[0] not in columns else columns
     pending: list[Any] = []
     size = 0
-    for f in manifest.data_files:
+    for f in files.data_files:
         with table.io.new_input(f.file_path).open() as fh:
             pf = pq.ParquetFile(fh)
             present = [c for c in read if c in pf.schema_arrow.names]
@@ -169,70 +205,70 @@ def chunks(table: Any, manifest: BatchManifest, columns: list[str], chunk_rows: 
         yield pa.concat_tables(pending, promote_options="permissive")
 
 
-def _whole(table: Any, manifest: BatchManifest, columns: list[str], images: tuple[str, dict[str, str]] | None = None) -> Any:
-    pieces = list(chunks(table, manifest, columns, 1 << 30, images))
+def _whole(table: Any, files: TableFiles, columns: list[str], images: tuple[str, dict[str, str]] | None = None) -> Any:
+    pieces = list(chunks(table, files, columns, 1 << 30, images))
     if not pieces:
         return pa.table({c: pa.array([], pa.null()) for c in columns} or {"__row": pa.array([], pa.int8())})
     return pa.concat_tables(pieces, promote_options="permissive")
 
 
-def builtin_checks(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> list[CheckResult]:
+def builtin_checks(spec: PipelineSpec, table: Any, files: TableFiles) -> list[CheckResult]:
     """Row count and not-null, from the row and null counts the writer put in the manifest: no data is read.
 
     A not-null column without a null count in some file (a struct or list column, or metrics switched
     off) is counted by reading that column in chunks.
     """
-    rows = manifest.rows_in_files
+    rows = files.rows_in_files
     checks = [
         CheckResult(
-            "expect_table_row_count_to_equal", {"value": manifest.rows_expected}, rows == manifest.rows_expected,
+            "expect_table_row_count_to_equal", {"value": files.rows_expected}, rows == files.rows_expected,
             {"observed_value": rows},
         ),
         CheckResult(
             "accounting: records read = rows + dead letters + skipped",
-            {"read": manifest.records, "dead_letters": manifest.dead_letters, "skipped": manifest.skipped,
-             **({"already_present": manifest.present} if manifest.present else {})},
-            manifest.records == rows + manifest.dead_letters_in_files + manifest.skipped + manifest.present,
-            {"observed_value": f"{rows} rows + {manifest.dead_letters_in_files} dead letters + {manifest.skipped} skipped"
-                               + (f" + {manifest.present} already present" if manifest.present else "")},
+            {"read": files.records, "dead_letters": files.dead_letters, "skipped": files.skipped,
+             **({"already_present": files.present} if files.present else {})},
+            files.records == rows + files.dead_letters_in_files + files.skipped + files.present,
+            {"observed_value": f"{rows} rows + {files.dead_letters_in_files} dead letters + {files.skipped} skipped"
+                               + (f" + {files.present} already present" if files.present else "")},
         ),
     ]
     schema = table.schema() if table is not None else None
     for column in spec.validation.not_null:
-        if not manifest.data_files:  # no rows (every record dead-lettered or skipped): nothing can be null
+        if not files.data_files:  # no rows (every record dead-lettered or skipped): nothing can be null
             checks.append(CheckResult("expect_column_values_to_not_be_null", {"column": column}, True, {}))
             continue
         try:
             field = schema.find_field(column)
         except ValueError:
             checks.append(CheckResult("expect_column_values_to_not_be_null", {"column": column}, False,
-                                      {"error": f"column {column!r} is not in table {spec.table.identifier}"}))
+                                      {"error": f"column {column!r} is not in table {files.table}"}))
             continue
         nulls = 0
         images = row_images(spec)
         if images:  # change tables: the new row images only (a delete record may carry its key alone)
             nulls = sum(t.column(column).null_count if column in t.column_names else t.num_rows
-                        for t in chunks(table, manifest, [column], spec.validation.chunk_rows, images))
-        for f in manifest.data_files if not images else ():
+                        for t in chunks(table, files, [column], spec.validation.chunk_rows, images))
+        for f in files.data_files if not images else ():
             counted = f.metrics["null_value_counts"].get(str(field.field_id))
             if counted is None or not field.field_type.is_primitive:
                 nulls += _count_nulls(table, f, column, spec.validation.chunk_rows)
             else:
                 nulls += int(counted)
-        observed = {"element_count": manifest.rows_in_files, "unexpected_count": nulls} if nulls else {}
+        observed = {"element_count": files.rows_in_files, "unexpected_count": nulls} if nulls else {}
         checks.append(CheckResult("expect_column_values_to_not_be_null", {"column": column}, nulls == 0, observed))
     # a change table's batch holds several changes per key by design; the commit keeps keys unique in the table
     if spec.validation.unique_ids != "none" and spec.table.id_columns and table is not None and not spec.applies_changes:
-        checks += unique_id_checks(table, manifest, spec.table.id_columns, spec.validation.unique_ids == "table")
+        checks += unique_id_checks(table, files, spec.table.id_columns, spec.validation.unique_ids == "table")
     return checks
 
 
 IN_CHUNK = 10_000  # ids per table lookup
 
 
-def unique_id_checks(table: Any, manifest: BatchManifest, id_columns: list[str], against_table: bool) -> list[CheckResult]:
+def unique_id_checks(table: Any, files: TableFiles, id_columns: list[str], against_table: bool) -> list[CheckResult]:
     """No two rows of the batch share an id; with ``against_table``, no id of the batch is in the table yet."""
-    ids = _whole(table, manifest, id_columns)
+    ids = _whole(table, files, id_columns)
     if any(c not in ids.column_names for c in id_columns):
         return [CheckResult("expect_compound_columns_to_be_unique", {"column_list": id_columns}, False,
                             {"error": f"id columns {id_columns} are not all in the staged files"})]
@@ -355,8 +391,8 @@ def _merge(per_chunk: list[list[CheckResult]]) -> list[CheckResult]:
     return merged
 
 
-def validate_batch(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> ValidationReport:
-    """Run the gate on the staged files. Returns the report; does not raise on failure.
+def validate_table(spec: PipelineSpec, table: Any, files: TableFiles, batch_id: str) -> ValidationReport:
+    """Run the gate on one table's staged files. Returns the report; does not raise on failure.
 
     Memory stays bounded by ``validation.chunk_rows``: built-in checks use the manifest's counts,
     row-wise expectations run chunk by chunk on the columns they name, and only whole-column
@@ -364,7 +400,7 @@ def validate_batch(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> V
     """
     suite_path = spec.suite_path()
     suite_name = f"{spec.name}.{suite_path.name}" if suite_path else f"{spec.name}.builtin"
-    checks = builtin_checks(spec, table, manifest)
+    checks = builtin_checks(spec, table, files)
     user = load_suite_file(spec)
     row_wise = [e for e in user if is_row_wise(e["type"])]
     whole = [e for e in user if not is_row_wise(e["type"])]
@@ -373,19 +409,19 @@ def validate_batch(spec: PipelineSpec, table: Any, manifest: BatchManifest) -> V
         runner = _Runner(f"{suite_name}.row-wise", row_wise)
         images = row_images(spec)
         per_chunk = [runner.run(t.to_pandas())
-                     for t in chunks(table, manifest, _columns_of(row_wise), spec.validation.chunk_rows, images)]
+                     for t in chunks(table, files, _columns_of(row_wise), spec.validation.chunk_rows, images)]
         if per_chunk:
             for e, c in zip(row_wise, _merge(per_chunk)):
                 results[id(e)] = c
         else:  # no rows: judge an empty frame so the report still lists every expectation
-            for e, c in zip(row_wise, runner.run(_whole(table, manifest, _columns_of(row_wise), images).to_pandas())):
+            for e, c in zip(row_wise, runner.run(_whole(table, files, _columns_of(row_wise), images).to_pandas())):
                 results[id(e)] = c
     if whole:
         runner = _Runner(f"{suite_name}.whole", whole)
-        for e, c in zip(whole, runner.run(_whole(table, manifest, _columns_of(whole), row_images(spec)).to_pandas())):
+        for e, c in zip(whole, runner.run(_whole(table, files, _columns_of(whole), row_images(spec)).to_pandas())):
             results[id(e)] = c
     checks += [results[id(e)] for e in user]
-    report = ValidationReport(manifest.batch_id, suite_name, all(c.success for c in checks), manifest.rows_in_files, tuple(checks))
+    report = ValidationReport(batch_id, suite_name, all(c.success for c in checks), files.rows_in_files, tuple(checks))
     log.info("%s", report.text())
     return report
 
@@ -397,39 +433,26 @@ ACCOUNTING_CHECKS = ("expect_table_row_count_to_equal", "accounting: records rea
                      ROUTED_ACCOUNTING)
 
 
-def validate_routed(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -> ValidationReport:
-    """The gate for a routed batch: the batch's accounting, then each target table's checks and suite on
-    that table's files (the pipeline's not-null columns where the table has them, plus its id columns)."""
+def routed_accounting(manifest: BatchManifest) -> CheckResult:
+    """A routed batch's accounting, over all its tables: every record read went to some table, was a dead letter
+    or was skipped (a record may go to several tables, so the tables' rows are not added up)."""
     routed = manifest.routed
-    checks = [CheckResult(
+    return CheckResult(
         ROUTED_ACCOUNTING,
         {"read": manifest.records, "dead_letters": manifest.dead_letters, "skipped": manifest.skipped},
         routed is not None and manifest.records == routed + manifest.dead_letters_in_files + manifest.skipped,
         {"observed_value": f"{routed} routed + {manifest.dead_letters_in_files} dead letters + {manifest.skipped} skipped"},
-    )]
-    reports = []
-    for out in manifest.outputs:
-        if not out.data_files:
-            continue
-        ident = out.table
-        table = load_table(catalog, ident)
-        if table is None:
-            checks.append(CheckResult("table exists", {"table": ident}, False, {"error": "staged files exist but the table does not"}))
-            continue
-        view = spec.for_table(ident, table)
-        names = {f.name for f in table.schema().fields}
-        not_null = [c for c in spec.validation.not_null if c in names]
-        not_null += [c for c in view.table.id_columns if c not in spec.validation.not_null]
-        view = dataclasses.replace(view, validation=dataclasses.replace(spec.validation, not_null=not_null))
-        part = PartitionStats("*", -1, 0, 0, out.rows, None, None, None, None)
-        sub = dataclasses.replace(manifest, table=ident, data_files=out.data_files, partitions=(part,),
-                                  dead_letter_files=(), outputs=())
-        report = validate_batch(view, table, sub)
-        reports.append((ident, report))
-        checks += [dataclasses.replace(c, kwargs={"table": ident, **c.kwargs}) for c in report.checks]
-    suite = spec.suite_path()
-    return ValidationReport(manifest.batch_id, f"{spec.name}.{suite.name if suite else 'builtin'}", all(c.success for c in checks),
-                            sum(o.rows for o in manifest.outputs), tuple(checks), tuple(reports))
+    )
+
+
+def _table_view(spec: PipelineSpec, ident: str, table: Any) -> PipelineSpec:
+    """A routed pipeline's settings for one target table's checks: the pipeline's not-null columns where the
+    table has them, plus the table's id columns."""
+    view = spec.for_table(ident, table)
+    names = {f.name for f in table.schema().fields}
+    not_null = [c for c in spec.validation.not_null if c in names]
+    not_null += [c for c in view.table.id_columns if c not in spec.validation.not_null]
+    return dataclasses.replace(view, validation=dataclasses.replace(spec.validation, not_null=not_null))
 
 
 def require_valid(report: ValidationReport, on_failure: str = "fail") -> None:
@@ -448,17 +471,38 @@ def require_valid(report: ValidationReport, on_failure: str = "fail") -> None:
 
 
 def judge(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -> ValidationReport:
-    """The gate's verdict on a staged batch: a routed pipeline's per target table (``validate_routed``); a single
-    table's on its files, or, when every record was a dead letter or skipped before the table exists, on the
-    accounting alone."""
-    if not spec.targets.fused:
-        return validate_routed(spec, catalog, manifest)
-    table = load_table(catalog, spec.table.identifier)
+    """The gate's verdict on a staged batch: each target table's checks on its files (``validate_table``).
+
+    A plain pipeline is one table that takes every record, so the batch's accounting is among its checks and its
+    report is the batch's (when every record was a dead letter or skipped before the table exists, the accounting
+    alone). A routed batch's accounting is checked once over its tables (``routed_accounting``), and each table
+    that got files is judged on its own, its checks named with the table."""
+    if spec.targets.fused:
+        return _judge_one(spec, catalog, manifest)
+    checks = [routed_accounting(manifest)]
+    reports = []
+    for files in (TableFiles.of_output(out) for out in manifest.outputs if out.data_files):
+        table = load_table(catalog, files.table)
+        if table is None:
+            checks.append(CheckResult("table exists", {"table": files.table}, False,
+                                      {"error": "staged files exist but the table does not"}))
+            continue
+        report = validate_table(_table_view(spec, files.table, table), table, files, manifest.batch_id)
+        reports.append((files.table, report))
+        checks += [dataclasses.replace(c, kwargs={"table": files.table, **c.kwargs}) for c in report.checks]
+    suite = spec.suite_path()
+    return ValidationReport(manifest.batch_id, f"{spec.name}.{suite.name if suite else 'builtin'}", all(c.success for c in checks),
+                            sum(o.rows for o in manifest.outputs), tuple(checks), tuple(reports))
+
+
+def _judge_one(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -> ValidationReport:
+    files = TableFiles.of_batch(manifest)
+    table = load_table(catalog, files.table)
     if table is not None:
-        return validate_batch(spec, table, manifest)
-    if manifest.data_files:
-        raise TerminalError("staged files exist but the table does not", table=spec.table.identifier)
-    if manifest.records:  # every record dead-lettered or skipped: only the accounting to check
-        checks = tuple(builtin_checks(spec, None, manifest))
+        return validate_table(spec, table, files, manifest.batch_id)
+    if files.data_files:
+        raise TerminalError("staged files exist but the table does not", table=files.table)
+    if files.records:  # every record dead-lettered or skipped: only the accounting to check
+        checks = tuple(builtin_checks(spec, None, files))
         return ValidationReport(manifest.batch_id, "builtin", all(c.success for c in checks), 0, checks)
     return ValidationReport(manifest.batch_id, "builtin", True, 0, (CheckResult("no records", {}, True),))
