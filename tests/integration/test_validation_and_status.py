@@ -159,13 +159,16 @@ def test_warn_policy_never_lets_the_accounting_check_pass(broker, home, topic):
 def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     """validation.on_failure quarantine with a failing suite: the batch lands on branch
     quarantine-<batch id>, main gets no rows but the offsets advance, the commit step fails with the
-    report and fails again (adding nothing) when retried. Publishing appends the rows to main once;
-    a second quarantined batch is dropped and never reaches main: the drop is recorded on main (an empty snapshot
-    the ledger keeps). Row counts and offsets checked; the deep audit finds no error, while the batches wait and
+    report and fails again (adding nothing) when retried. The decision's body (what Airflow's Required actions shows)
+    names the failed expectation and what it observed, the rows, the ranges and the Data Docs page. Publishing, as a
+    person's decision in Airflow applies it, appends the rows to main once and records who decided; a second
+    quarantined batch is dropped with a reason and never reaches main: the drop, its reason and who decided are
+    recorded on main (an empty snapshot the ledger keeps); a retry of either decision finds it done. Row counts and offsets checked; the deep audit finds no error, while the batches wait and
     after the decisions, and explains each (the quarantine branches, the publication and the drop are Tidewater's
     own commits, not outside writes; the offsets of a waiting or dropped batch have no row on main)."""
     from tidewater.ops import quarantine
-    from tidewater.table.summary import DROPPED, QUARANTINED, VALIDATION
+    from tidewater.runtime.decisions import apply_decision, body_for
+    from tidewater.table.summary import DECIDED_BY, DROPPED, QUARANTINED, VALIDATION
 
     (home / "strict.json").write_text(json.dumps({"expectations": [
         {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
@@ -210,18 +213,39 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
         (plan.batch_id, f"50 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan.batch_id}"),
         (plan2.batch_id, f"20 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan2.batch_id}"),
         (plan2.batch_id, f"20 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan2.batch_id}")])
-    assert quarantine.publish(spec, plan.batch_id) == {"batch_id": plan.batch_id, "status": "published", "rows": 100}
-    assert quarantine.publish(spec, plan.batch_id)["status"] == "published"  # again: nothing more
-    assert quarantine.drop(spec, plan2.batch_id)["rows"] == 40
+    body = body_for(spec, plan, (spec.table.identifier,))
+    failed = [line for line in body.splitlines() if line.startswith("- `expect")]
+    assert len(failed) == 1 and "expect_column_values_to_be_between(column='store_id'" in failed[0], body
+    assert "`: observed element_count=100, " in failed[0] and "unexpected_count=" in failed[0], body
+    assert "**Rows:** 100." in body and f"- `{topic}` [0] 0-50" in body and f"- `{topic}` [1] 0-50" in body
+    assert f"/tidewater/data-docs/{spec.name}/{plan.batch_id}.html" in body
+
+    def decide(batch_id: str, option: str, reason: str, name: str) -> dict:  # as the decide task's answer arrives
+        return apply_decision(str(path), {"decision": True, "batch_id": batch_id, "tables": [spec.table.identifier]},
+                              {"chosen_options": [option], "params_input": {"reason": reason},
+                               "responded_by_user": {"id": "7", "name": name}})
+
+    assert decide(plan.batch_id, "Publish", "", "ada")["tables"] == [
+        {"table": spec.table.identifier, "batch_id": plan.batch_id, "status": "published", "rows": 100}]
+    assert table_of(path).current_snapshot().summary.additional_properties[DECIDED_BY] == "ada"
+    snapshots = len(table_of(path).metadata.snapshots)
+    assert decide(plan.batch_id, "Publish", "", "ada")["tables"][0]["status"] == "published"  # again: nothing more
+    assert decide(plan2.batch_id, "Drop", "store ids out of range", "grace")["tables"][0]["rows"] == 40
+    assert len(table_of(path).metadata.snapshots) == snapshots + 1
+    with pytest.raises(ConfigError, match="expected Publish or Drop"):
+        decide(plan2.batch_id, "Maybe", "", "grace")
     table = table_of(path)
     ids = table.scan().to_arrow().column("order_id")
     assert ids.length() == len(set(ids.to_pylist())) == 100
     assert quarantine.list_quarantined(spec, table) == []
     assert committed_state(table).offsets == {topic: {0: 70, 1: 70}}
     dropped = json.loads(table.current_snapshot().summary.additional_properties[DROPPED])
-    assert dropped == {"batch": plan2.batch_id, "rows": 40, "ranges": [[topic, 0, 50, 70], [topic, 1, 50, 70]]}
-    with pytest.raises(ConfigError, match=f"no quarantined batch {plan2.batch_id}"):
-        quarantine.drop(spec, plan2.batch_id)  # decided once
+    assert dropped == {"batch": plan2.batch_id, "rows": 40, "ranges": [[topic, 0, 50, 70], [topic, 1, 50, 70]],
+                       "reason": "store ids out of range", "by": "grace"}
+    assert quarantine.drop(spec, plan2.batch_id)["status"] == "dropped"  # decided once: a retry finds the drop
+    assert len(table_of(path).metadata.snapshots) == snapshots + 1
+    with pytest.raises(ConfigError, match="no quarantined batch nope"):
+        quarantine.drop(spec, "nope")
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
     explained = {(f.check, f.batch_id, f.message) for f in report.findings if f.severity == "explained"}

@@ -37,8 +37,10 @@ def quarantine_change(batch_id: str, data_files: Any, props: dict[str, str]) -> 
     return Change(branch_props, tuple(data_files), branch=quarantine_branch(batch_id))
 
 
-def publish_files(catalog: Any, ident: str, pipeline: str, batch_id: str) -> tuple[str, int, int]:
-    """Append the quarantine branch's files to main, once. Returns (status, rows, files)."""
+def publish_files(catalog: Any, ident: str, pipeline: str, batch_id: str,
+                  extra: dict[str, str] | None = None) -> tuple[str, int, int]:
+    """Append the quarantine branch's files to main, once (``extra``: more snapshot properties, such as who
+    decided). Returns (status, rows, files)."""
     counted: dict[str, int] = {}
 
     def prepare(table: Any) -> Change | None:
@@ -47,7 +49,7 @@ def publish_files(catalog: Any, ident: str, pipeline: str, batch_id: str) -> tup
             return None
         files = tuple(t.file for t in table.scan(snapshot_id=head.snapshot_id).plan_files())
         counted.update(rows=sum(f.record_count for f in files), files=len(files))
-        return Change({PUBLISHED: batch_id, PIPELINE: pipeline}, files)
+        return Change({PUBLISHED: batch_id, PIPELINE: pipeline, **(extra or {})}, files)
 
     done = commit(catalog, ident, prepare, marker=batch_id, marker_key=PUBLISHED, what=f"publish {batch_id}")
     if done.status == "committed":
@@ -68,7 +70,8 @@ def added_files(table: Any, snapshot: Any) -> tuple[list[Any], list[Any]]:
     return data, deletes
 
 
-def publish_changes(catalog: Any, ident: str, pipeline: str, batch_id: str) -> tuple[str, int, int]:
+def publish_changes(catalog: Any, ident: str, pipeline: str, batch_id: str,
+                    extra: dict[str, str] | None = None) -> tuple[str, int, int]:
     """Apply a quarantined change batch's row delta to main, once: its new row images and position deletes, as
     computed against main when the batch was quarantined. Only while main's head is still the batch's own
     snapshot (nothing changed main's rows since); otherwise a terminal error says what to do. Returns (status,
@@ -86,7 +89,7 @@ def publish_changes(catalog: Any, ident: str, pipeline: str, batch_id: str) -> t
                                 "in order. Drop it, then replay its range with mode reapply", table=ident, batch_id=batch_id)
         data, deletes = added_files(table, head)
         counted.update(rows=sum(f.record_count for f in data), files=len(data) + len(deletes))
-        props = {PUBLISHED: batch_id, PIPELINE: pipeline}
+        props = {PUBLISHED: batch_id, PIPELINE: pipeline, **(extra or {})}
         if CHANGES in summary_dict(head):
             props[CHANGES] = summary_dict(head)[CHANGES]
         return Change(props, tuple(data), deletes=tuple(deletes))
@@ -98,17 +101,27 @@ def publish_changes(catalog: Any, ident: str, pipeline: str, batch_id: str) -> t
     return done.status, counted.get("rows", 0), counted.get("files", 0)
 
 
-def quarantined_error(plan_batch_id: str, table: str, validation: dict[str, Any] | None, pipeline_path: str,
-                      routed: bool = False) -> TerminalError:
+class QuarantinedError(ValidationFailedError):
+    """A batch the gate quarantined: its commit has landed (main's offsets moved, the rows wait on a branch of each
+    table in ``tables``) and its run fails so that a person decides."""
+
+    def __init__(self, message: str, *, batch_id: str, tables: tuple[str, ...]) -> None:
+        self.tables = tables
+        super().__init__(message, batch_id=batch_id, table=", ".join(tables))
+
+
+def quarantined_error(plan_batch_id: str, tables: tuple[str, ...], validation: dict[str, Any] | None,
+                      pipeline_path: str, routed: bool = False) -> QuarantinedError:
     """The run's error for a quarantined batch (``routed``: ``table`` lists the target tables quarantined; the
     others committed the batch as usual)."""
     failed = (validation or {}).get("failed")
     which = " --table T" if routed else ""
-    return ValidationFailedError(
+    table = ", ".join(tables)
+    return QuarantinedError(
         f"batch {plan_batch_id} failed validation ({failed} check(s)) and was quarantined on branch "
         f"{quarantine_branch(plan_batch_id)} of {table}; the offsets moved on and main is unchanged"
         + (" (the other tables committed the batch)" if routed else "") + ". Publish it with "
         f"`tidewater quarantine publish --pipeline {pipeline_path}{which} --batch {plan_batch_id}` or drop it with "
         f"`tidewater quarantine drop ...`",
-        batch_id=plan_batch_id, table=table,
+        batch_id=plan_batch_id, tables=tuple(tables),
     )

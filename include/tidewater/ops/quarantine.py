@@ -23,6 +23,7 @@ from tidewater.errors import ConfigError
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import (
     BATCH_ID,
+    DECIDED_BY,
     DROPPED,
     PIPELINE,
     PUBLISHED,
@@ -60,8 +61,9 @@ def _table(spec: PipelineSpec) -> Any:
     return table
 
 
-def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
-    """Append a quarantined batch's files to main (one commit; done once), then remove its branch."""
+def publish(spec: PipelineSpec, batch_id: str, by: str | None = None) -> dict[str, Any]:
+    """Append a quarantined batch's files to main (one commit; done once), then remove its branch. ``by``: who
+    decided, kept in the commit's summary (``tidewater.decided-by``)."""
     table = _table(spec)
     name = quarantine_branch(batch_id)
     done = next((s for s in table.metadata.snapshots if summary_dict(s).get(PUBLISHED) == batch_id), None)
@@ -69,7 +71,8 @@ def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
         raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier} "
                           f"(waiting: {', '.join(q['batch_id'] for q in list_quarantined(spec, table)) or 'none'})")
     publishing = publish_changes if spec.applies_changes else publish_files
-    status, rows, _files = publishing(load_catalog(spec), spec.table.identifier, spec.name, batch_id)
+    status, rows, _files = publishing(load_catalog(spec), spec.table.identifier, spec.name, batch_id,
+                                      {DECIDED_BY: by} if by else None)
     table = _table(spec)
     if status != "committed":
         done = next((s for s in table.metadata.snapshots if summary_dict(s).get(PUBLISHED) == batch_id), None)
@@ -79,18 +82,24 @@ def publish(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
     return {"batch_id": batch_id, "status": "published", "rows": rows}
 
 
-def drop(spec: PipelineSpec, batch_id: str) -> dict[str, Any]:
+def drop(spec: PipelineSpec, batch_id: str, reason: str = "", by: str | None = None) -> dict[str, Any]:
     """Give up a quarantined batch (its rows never reach main): record the decision on main (an empty snapshot with
-    the batch's ranges, committed once: a retry after it finds it), then remove the batch's branch."""
+    the batch's ranges, and the reason and who decided when given; committed once: a retry after it finds it), then
+    remove the batch's branch. A batch already dropped is reported as dropped again."""
     table = _table(spec)
     name = quarantine_branch(batch_id)
     head = table.snapshot_by_name(name)
     if head is None:
+        done = next((s for s in table.metadata.snapshots if summary_dict(s).get(BATCH_ID) == DROP_PREFIX + batch_id), None)
+        if done is not None:
+            return {"batch_id": batch_id, "status": "dropped", "rows": json.loads(summary_dict(done)[DROPPED])["rows"]}
         raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier}")
     rows = next((q["rows"] for q in list_quarantined(spec, table) if q["batch_id"] == batch_id), 0)
     ranges = json.loads(summary_dict(head).get(RANGES, "[]"))
+    decision = {"batch": batch_id, "rows": rows, "ranges": ranges,
+                **({"reason": reason.strip()} if reason.strip() else {}), **({"by": by} if by else {})}
     record = {BATCH_ID: DROP_PREFIX + batch_id, PIPELINE: spec.name,
-              DROPPED: json.dumps({"batch": batch_id, "rows": rows, "ranges": ranges}, separators=(",", ":"))}
+              DROPPED: json.dumps(decision, separators=(",", ":"))}
     commit(load_catalog(spec), spec.table.identifier, lambda _t: Change(record, (), branch=spec.table.branch),
            marker=record[BATCH_ID], what=f"drop of quarantined batch {batch_id}")
     table = _table(spec)
@@ -127,3 +136,32 @@ def list_all(spec: PipelineSpec, table: str | None = None) -> list[dict[str, Any
         loaded = load_table(catalog, ident)
         out += [{"table": ident, **q} for q in (list_quarantined(spec, loaded) if loaded is not None else [])]
     return out
+
+
+def decision_body(spec: PipelineSpec, batch_id: str, tables: tuple[str, ...], report: dict[str, Any] | None,
+                  ranges: list[tuple[str, int, int, int]], docs_url: str | None) -> str:
+    """What a person needs to decide on a quarantined batch, as Markdown (the body of the decision in Airflow's
+    Required actions): the tables and their rows, the failed expectations with what was observed, the batch's
+    ranges, and its Data Docs page."""
+    lines = [f"Batch `{batch_id}` of pipeline `{spec.name}` failed its expectations and waits on branch "
+             f"`{quarantine_branch(batch_id)}` of {', '.join(f'`{t}`' for t in tables)}. Main is unchanged and the "
+             "offsets moved on. **Publish** appends its rows to main; **Drop** gives them up (give a reason).", ""]
+    if report is not None:
+        lines += [f"**Rows:** {report.get('rows', '?')}. **Suite:** `{report.get('suite', '?')}`.", "",
+                  "**Failed expectations:**", ""]
+        failed = [c for c in report.get("checks", []) if not c.get("success")]
+        for c in failed[:20]:
+            args = ", ".join(f"{k}={v!r}" for k, v in (c.get("kwargs") or {}).items() if k != "batch_id")
+            observed = ", ".join(f"{k}={v!r}" for k, v in (c.get("observed") or {}).items())
+            lines.append(f"- `{c['expectation']}({args})`" + (f": observed {observed}" if observed else ""))
+        if len(failed) > 20:
+            lines.append(f"- ... and {len(failed) - 20} more")
+        lines.append("")
+    shown = ranges[:50]
+    lines += ["**Ranges read** (topic, partition, offsets start to end, end exclusive):", ""]
+    lines += [f"- `{topic}` [{partition}] {start}-{end}" for topic, partition, start, end in shown]
+    if len(ranges) > len(shown):
+        lines.append(f"- ... and {len(ranges) - len(shown)} more partitions")
+    if docs_url:
+        lines += ["", f"[Data Docs of the batch]({docs_url})"]
+    return "\n".join(lines)

@@ -110,8 +110,9 @@ def replay_plan_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, An
 
 
 @fail_fast
-def quarantine_task(pipeline_path: str, params: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:
-    """The quarantine DAG: list, publish or drop (errors name the parameter)."""
+def quarantine_task(pipeline_path: str, params: dict[str, Any], outlet_events: Any = None,
+                    by: str | None = None) -> dict[str, Any]:
+    """The quarantine DAG's form: list, publish or drop (errors name the parameter); ``by``: who triggered it."""
     from tidewater.ops import quarantine
 
     spec = load_pipeline(pipeline_path)
@@ -128,7 +129,8 @@ def quarantine_task(pipeline_path: str, params: dict[str, Any], outlet_events: A
     if not batch_id:
         raise ConfigError(f"batch_id: required for {action}")
     view = quarantine.view_for(spec, table)
-    result = quarantine.publish(view, batch_id) if action == "publish" else quarantine.drop(view, batch_id)
+    result = (quarantine.publish(view, batch_id, by=by) if action == "publish"
+              else quarantine.drop(view, batch_id, reason=str(params.get("reason") or ""), by=by))
     log.info("%s batch %s of %s: %d rows", result["status"], batch_id, view.table.identifier, result["rows"])
     if action == "publish" and result["rows"]:
         emit_table_events(outlet_events, spec, [(view.table.identifier, {"batch_id": batch_id, "mode": "quarantine-publish",
@@ -284,6 +286,7 @@ def commit_events(plan: Any, manifest: Any, result: Any, dag_run_id: str | None)
 def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | None, outlet_events: Any = None) -> dict[str, Any]:
     import time
 
+    from tidewater.commit.quarantine import QuarantinedError
     from tidewater.runtime import lineage, metrics
     from tidewater.steps.lifecycle import commit_step
 
@@ -291,8 +294,12 @@ def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | N
     started = time.monotonic()
     try:
         result = commit_step(spec, plan, manifest, dag_run_id=dag_run_id)
-    except Exception:  # a quarantined batch, a refused commit: the FAIL event still says what the batch read
+    except Exception as e:  # a quarantined batch, a refused commit: the FAIL event still says what the batch read
         lineage.guarded(lambda: lineage.attach(failure=lineage.batch_lineage(spec, plan, manifest)))
+        if isinstance(e, QuarantinedError):  # a person decides in Airflow's Required actions (runtime/decisions.py)
+            from tidewater.runtime import decisions
+
+            decisions.open_decision(spec, plan.batch_id, e.tables, decisions.body_for(spec, plan, e.tables))
         raise
     lineage.guarded(lambda: lineage.attach(complete=lineage.batch_lineage(spec, plan, manifest, result)))
     metrics.committed(spec, plan, manifest, result, time.monotonic() - started)

@@ -275,26 +275,83 @@ def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body, ou
     return form_dag()
 
 
+QUARANTINE_RUNS = 16  # decision runs may wait side by side (runtime/decisions.py), beside the form's runs
+
+
 def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
-    """``quarantine_<name>``: list, publish or drop batches the quality gate quarantined (triggered with a form)."""
+    """``quarantine_<name>``: list, publish or drop batches the quality gate quarantined (triggered with a form), and,
+    where Airflow has human-in-the-loop tasks (3.1+), the decision a quarantined batch opens: a run whose ``decide``
+    task waits in Airflow's Required actions for Publish or Drop, then ``apply`` does it (runtime/decisions.py)."""
     pipeline_path = str(path)
+    try:
+        from airflow.providers.standard.operators.hitl import HITLOperator
+    except ImportError:  # Airflow 3.0: the form alone
+        HITLOperator = None  # noqa: N806
+    kwargs = {**_dag_kwargs(spec, "quarantine"), "max_active_runs": QUARANTINE_RUNS}
 
-    def body(params: dict, context: dict) -> dict:
-        from tidewater.runtime.airflow import quarantine_task
+    @dag(dag_id=spec.dag_ids()["quarantine"], schedule=None, **kwargs, doc_md=_quarantine_doc(spec, pipeline_path),
+         params=_quarantine_params(spec))
+    def quarantine():
+        @task(task_id="quarantine", outlets=[commits_alias(spec)])
+        def form(**context) -> dict:
+            from tidewater.runtime.airflow import quarantine_task
 
-        return quarantine_task(pipeline_path, params, outlet_events=context.get("outlet_events"))
+            user = getattr(context.get("dag_run"), "triggering_user_name", None)
+            return quarantine_task(pipeline_path, dict(context["params"]), outlet_events=context.get("outlet_events"),
+                                   by=str(user) if user else None)
 
-    return _form_dag(spec, "quarantine", (
-        f"### quarantined batches of {_targets(spec)}\n\nA batch that fails its expectations is committed "
-        "to a branch `quarantine-<batch id>` (main unchanged, offsets advanced) and its ingest run fails. Trigger "
-        "this DAG with `list` to see them, `publish` to append a batch to main, `drop` to discard it. The failed "
-        "ingest run's validate log links the batch's Data Docs page.\n\n* pipeline file: `" + pipeline_path + "`"
-    ), {
+        if HITLOperator is None:
+            form()
+            return
+
+        @task.branch(task_id="route")
+        def route(**context) -> str:
+            return "decide" if (context["dag_run"].conf or {}).get("decision") else "quarantine"
+
+        decide = HITLOperator(
+            task_id="decide", options=["Publish", "Drop"], execution_timeout=None, retries=0,
+            subject="Quarantined batch {{ dag_run.conf.get('batch_id', '') }} of " + spec.name + ": publish or drop?",
+            body="{{ dag_run.conf.get('body', '') }}",
+            params={"reason": Param("", type="string", title="Reason (for Drop)",
+                                    description="Why the batch is given up: kept with the drop on the table's main")})
+
+        @task(task_id="apply", outlets=[commits_alias(spec)])
+        def apply(answer: dict, **context) -> dict:
+            from tidewater.runtime.airflow import emit_table_events
+            from tidewater.runtime.decisions import apply_decision
+
+            done = apply_decision(pipeline_path, dict(context["dag_run"].conf or {}), answer)
+            if done["decision"] == "Publish":
+                emit_table_events(context.get("outlet_events"), spec, [
+                    (t["table"], {"batch_id": done["batch_id"], "mode": "quarantine-publish", "rows": t["rows"]})
+                    for t in done["tables"] if t["rows"]])
+            return done
+
+        route() >> [form(), decide]
+        apply(decide.output)
+
+    return quarantine()
+
+
+def _quarantine_doc(spec: PipelineSpec, pipeline_path: str) -> str:
+    return (f"### quarantined batches of {_targets(spec)}\n\nA batch that fails its expectations is committed "
+            "to a branch `quarantine-<batch id>` (main unchanged, offsets advanced) and its ingest run fails. Where "
+            "Airflow has human-in-the-loop tasks (3.1+), the ingest run also starts a run `decide__<batch id>` of this "
+            "DAG, whose `decide` task waits in **Required actions** with the failed expectations, the rows, the ranges "
+            "and the Data Docs link: Publish appends the batch to main, Drop gives it up (with a reason), and who "
+            "decided is kept in the table's history. Trigger this DAG with the form for scripts and older Airflow: "
+            "`list` to see the batches, `publish` to append one to main, `drop` to discard it.\n\n"
+            "* pipeline file: `" + pipeline_path + "`")
+
+
+def _quarantine_params(spec: PipelineSpec) -> dict[str, Any]:
+    return {
         "action": Param("list", type="string", enum=["list", "publish", "drop"], title="Action"),
         "batch_id": Param("", type="string", title="Batch id", description="For publish and drop (see list)"),
+        "reason": Param("", type="string", title="Reason", description="For drop: why the batch is given up"),
         **({"table": Param("", type="string", title="Table", description="The target table (full name) of the batch to "
                            "publish or drop; for list, empty lists every table")} if spec.routed else {}),
-    }, body, outlets=[commits_alias(spec)])
+    }
 
 
 def build_skip_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG

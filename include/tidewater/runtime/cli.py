@@ -442,6 +442,8 @@ def _add_dead_letters(sub: Any) -> None:
 
 
 def cmd_quarantine(args: argparse.Namespace) -> int:
+    import getpass
+
     from tidewater.config.parse import load_pipeline
     from tidewater.errors import ConfigError
     from tidewater.ops import quarantine
@@ -462,7 +464,9 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     if not args.batch:
         raise ConfigError(f"--batch: required for {args.action}")
     view = quarantine.view_for(spec, args.table)
-    result = quarantine.publish(view, args.batch) if args.action == "publish" else quarantine.drop(view, args.batch)
+    by = args.by or getpass.getuser()
+    result = (quarantine.publish(view, args.batch, by=by) if args.action == "publish"
+              else quarantine.drop(view, args.batch, reason=args.reason, by=by))
     print(json.dumps(result) if args.json else f"{result['status']} batch {result['batch_id']}: {result['rows']} rows")
     return 0
 
@@ -607,6 +611,9 @@ def _add_quarantine(sub: Any) -> None:
     _pipeline_arg(p)
     p.add_argument("--batch", default=None, help="batch id (publish, drop)")
     p.add_argument("--table", default=None, help="routed pipelines: the target table (publish, drop; list: default all)")
+    p.add_argument("--reason", default="", help="drop: why the batch is given up (kept in the drop's record on main)")
+    p.add_argument("--by", default=None, help="publish, drop: who decides, kept in the table's history (default: the "
+                   "user running the command)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_quarantine)
 

@@ -84,6 +84,8 @@ QUARANTINED_TABLES = PREFIX + "quarantined-tables"
 PUBLISHED = PREFIX + "published"  # a published quarantined batch: its batch id
 # a dropped quarantined batch (main's empty snapshot recording the decision): {"batch", "rows", "ranges"} as JSON
 DROPPED = PREFIX + "dropped"
+# who published a quarantined batch, when a person decided (`quarantine publish --by`, the decision in Airflow)
+DECIDED_BY = PREFIX + "decided-by"
 
 
 RECOVERED = PREFIX + "recovered"  # offsets recovered by `tidewater recover-offsets`: the evidence and who asked
