@@ -151,3 +151,83 @@ def test_a_run_still_unfinished_at_its_freshness_deadline_calls_on_late_once(bro
     table = table_of(pipeline)
     assert table.scan().to_arrow().num_rows == 50
     assert committed_state(table).offsets == {topic: {0: 25, 1: 25}}
+
+
+def test_a_quarantined_batch_waits_in_required_actions_and_a_drop_there_is_applied_once(broker, topic, airflow_env,
+                                                                                      tmp_path, spark_connect):
+    """`validation.on_failure: quarantine` with a suite the batch fails, under `airflow standalone`: the scheduled
+    ingest run fails (its commit put the batch on a quarantine branch, main empty, offsets moved) and opens run
+    `decide__<batch>` of quarantine_orders, whose `decide` task waits in Airflow's Required actions with the failed
+    expectation, the rows, the ranges and the Data Docs link. In Chromium, logged in as admin, the person enters a
+    reason and presses Drop on the task's Required action; `apply` then drops the batch once: the branch is gone,
+    main has no rows and records the drop with the reason and the user, the offsets stay where the batch left them.
+    A screenshot of the Required action is kept in the test artifacts."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.conftest import admin_token, call_api
+    from tests.e2e.test_ui import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _login
+    from tidewater.table.summary import DROPPED
+
+    pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
+    (pipelines / "strict.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}]}))
+    pipeline = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                              validation={"suite": "strict.json", "on_failure": "quarantine"})
+    produce(broker.bootstrap, topic, pizza_events(30, seed=460), partitions=2)
+    env = through_spark_connect(airflow_env, spark_connect)
+    with standalone(env, tmp_path) as env:
+        for cmd in (["dags", "unpause", "ingest_orders"], ["dags", "unpause", "quarantine_orders"],
+                    ["dags", "trigger", "ingest_orders"]):
+            subprocess.run(["airflow", *cmd], env=env, check=True, capture_output=True, timeout=120)
+        assert [r["state"] for r in wait_for_runs(env, "ingest_orders", 300)] == ["failed"]
+        base = f"http://127.0.0.1:{env['AIRFLOW__API__PORT']}"
+        token = admin_token(base, env["AIRFLOW_HOME"])
+        runs = list_runs(env, "quarantine_orders")
+        assert [r["run_id"].split("__")[0] for r in runs] == ["decide"], runs
+        run_id = runs[0]["run_id"]
+        batch_id = run_id.split("__", 1)[1]
+        detail_url = f"{base}/api/v2/dags/quarantine_orders/dagRuns/{run_id}/taskInstances/decide/-1/hitlDetails"
+        detail: dict = {}
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # the route task, then decide writes its request and waits
+            status, detail = call_api(detail_url, token)
+            if status == 200:
+                break
+            time.sleep(3)
+        assert status == 200, detail
+        assert detail["options"] == ["Publish", "Drop"] and batch_id in detail["subject"]
+        assert "expect_column_values_to_be_between(column='store_id'" in detail["body"], detail["body"]
+        assert f"- `{topic}` [0] 0-15" in detail["body"] and "**Rows:** 30." in detail["body"]
+        assert f"/tidewater/data-docs/orders/{batch_id}.html" in detail["body"]
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            try:
+                password = json.loads((Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated").read_text())
+                _login(page, base, "admin", password["admin"])
+                page.goto(f"{base}/dags/quarantine_orders/runs/{run_id}/tasks/decide/required_actions")
+                page.get_by_text("Publish or drop?", exact=False).first.wait_for(timeout=60_000)
+                page.locator("input[name=element_reason]").fill("store ids out of range")
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / "airflow-required-action-quarantine.png"), full_page=True)
+                page.get_by_test_id("hitl-option-Drop").click()
+                page.get_by_text("Response received", exact=False).first.wait_for(timeout=60_000)
+            except Exception:
+                (ARTIFACTS / "airflow-required-action-quarantine.html").write_text(page.content())
+                page.screenshot(path=str(ARTIFACTS / "airflow-required-action-quarantine-failed.png"), full_page=True)
+                raise
+            finally:
+                browser.close()
+        decided = wait_for_runs(env, "quarantine_orders", 240)
+        status, detail = call_api(detail_url, token)
+    assert [r["state"] for r in decided] == ["success"], decided
+    assert detail["chosen_options"] == ["Drop"] and detail["responded_by_user"]["name"] == "admin", detail
+    assert detail["params_input"] == {"reason": "store ids out of range"}
+    table = table_of(pipeline)
+    assert table.snapshot_by_name(f"quarantine-{batch_id}") is None  # the branch is gone
+    assert table.scan().to_arrow().num_rows == 0  # main never got the batch's rows
+    assert committed_state(table).offsets == {topic: {0: 15, 1: 15}}
+    dropped = json.loads(table.current_snapshot().summary.additional_properties[DROPPED])
+    assert dropped == {"batch": batch_id, "rows": 30, "ranges": [[topic, 0, 0, 15], [topic, 1, 0, 15]],
+                       "reason": "store ids out of range", "by": "admin"}

@@ -312,8 +312,9 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - retu
             task_id="decide", options=["Publish", "Drop"], execution_timeout=None, retries=0,
             subject="Quarantined batch {{ dag_run.conf.get('batch_id', '') }} of " + spec.name + ": publish or drop?",
             body="{{ dag_run.conf.get('body', '') }}",
-            params={"reason": Param("", type="string", title="Reason (for Drop)",
-                                    description="Why the batch is given up: kept with the drop on the table's main")})
+            params={"reason": Param(None, type=["null", "string"], title="Reason (for Drop)",
+                                    description="Why the batch is given up: kept with the drop on the table's main "
+                                                "(optional: without one the drop records who dropped it)")})
 
         @task(task_id="apply", outlets=[commits_alias(spec)])
         def apply(answer: dict, **context) -> dict:

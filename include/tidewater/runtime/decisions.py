@@ -98,7 +98,7 @@ def apply_decision(pipeline_path: str, conf: dict[str, Any], answer: dict[str, A
     for table in conf.get("tables") or [None]:
         view = quarantine.view_for(spec, table if not spec.targets.fused else None)
         done = (quarantine.publish(view, batch_id, by=by) if chosen == [PUBLISH]
-                else quarantine.drop(view, batch_id, reason=reason or f"dropped by {by} in Airflow", by=by))
+                else quarantine.drop(view, batch_id, reason=reason, by=by))
         log.info("%s decided: %s batch %s of %s (%d rows)", by, done["status"], batch_id, view.table.identifier, done["rows"])
         results.append({"table": view.table.identifier, **done})
     return {"batch_id": batch_id, "decision": chosen[0], "by": by, "reason": reason, "tables": results}
