@@ -438,3 +438,30 @@ def test_a_dag_id_prefix_and_a_choice_of_optional_dags(tmp_path, monkeypatch):
                          ({"dags": ["replay", "compact"]}, "airflow.dags: 'compact' is not an optional DAG")):
         with pytest.raises(ConfigError, match=message):
             parse_pipeline({**doc, "airflow": bad})
+
+
+def test_without_human_in_the_loop_tasks_the_quarantine_dag_is_the_form_alone_and_no_decision_opens(tmp_path, monkeypatch,
+                                                                                                   caplog):
+    """Airflow 3.0 has no human-in-the-loop operators (the import fails, as it does here with the module hidden):
+    the quarantine DAG is its form's one task, as before, and a quarantined batch's commit opens no decision but
+    says to use the form. Outside a task (no supervisor), likewise."""
+    import logging
+    import sys
+
+    from tidewater.config.parse import load_pipeline
+    from tidewater.runtime import decisions
+    from tidewater.runtime.airflow_dags import build_quarantine_dag
+
+    spec = (REPO / "include" / "pipelines" / "pizzas.yaml").read_text()
+    shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
+    path = tmp_path / "pizzas.yaml"
+    path.write_text(spec.replace("validation:\n", "validation:\n  on_failure: quarantine\n", 1))
+    pipeline = load_pipeline(path)
+    assert not decisions.supported()  # no task supervisor in a test process
+    with caplog.at_level(logging.INFO, logger="tidewater.runtime.decisions"):
+        assert decisions.open_decision(pipeline, "b-1", ("ns.t",), "body") is None
+    assert "decide with the quarantine_pizzas DAG's form" in caplog.text
+    monkeypatch.setitem(sys.modules, "airflow.providers.standard.operators.hitl", None)  # import raises ImportError
+    dag = build_quarantine_dag(path, pipeline)
+    assert [t.task_id for t in dag.tasks] == ["quarantine"]
+    assert dag.params.dump()["action"] == "list"
