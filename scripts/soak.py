@@ -8,7 +8,7 @@ on a schedule (SOAK_SCHEDULE, default every minute) while producers feed them co
 
 - ``soak_events``: JSON events, appended, written through the Spark Connect server; the quality gate quarantines
   a batch holding a record without an ``order_id`` (two such records are produced: one batch is published, one
-  dropped, through the quarantine DAG);
+  dropped, each answered in its decision run's Required action through Airflow's REST API, as the UI does);
 - ``soak_db``: a 10-table Debezium database in one routed pipeline (upserts and deletes by key), spark-submit;
 - ``soak_avro``: Avro through the registry, appended, spark-submit.
 
@@ -370,6 +370,32 @@ def trigger(svc: Services, dag_id: str, conf: dict | None = None, run_id: str | 
          *(["--run-id", run_id] if run_id else [])], svc.env(), timeout=180)
 
 
+def respond(svc: Services, dag_id: str, batch_id: str, action: str) -> bool:
+    """Answer the decision run of a quarantined batch as the admin user would in Airflow's Required actions (the
+    REST call the UI's Publish and Drop buttons make). False while its ``decide`` task is not waiting yet."""
+    import urllib.error
+    import urllib.request
+
+    base = f"http://127.0.0.1:{svc.api_port}"
+    home = Path(svc.env()["AIRFLOW_HOME"])
+    password = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
+
+    def call(method: str, url: str, body: dict, token: str | None = None) -> dict:
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), method=method, headers={
+            "Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+
+    try:
+        token = call("POST", f"{base}/auth/token", {"username": "admin", "password": password})["access_token"]
+        call("PATCH", f"{base}/api/v2/dags/{dag_id}/dagRuns/decide__{batch_id}/taskInstances/decide/-1/hitlDetails",
+             {"chosen_options": [action.capitalize()], "params_input": {"reason": f"soak: {action}"}}, token)
+    except (urllib.error.URLError, OSError) as e:  # not waiting yet (404), or the API server restarting
+        log(f"quarantine decision on {batch_id} not answered yet: {e}")
+        return False
+    return True
+
+
 class Chaos(threading.Thread):
     """The faults and operations, one at a time at their planned times, and the quarantine's decisions."""
 
@@ -516,7 +542,9 @@ class Chaos(threading.Thread):
 
     # --- the quality gate's quarantine ----------------------------------------------------------------------------
     def watch_quarantine(self) -> None:
-        """The first quarantined batch is published, the second dropped, any later one published (quarantine DAG)."""
+        """The first quarantined batch is published, the second dropped, any later one published: each as a person
+        decides it, in its decision run's Required action (runtime/decisions.py), through Airflow's REST API. A batch
+        whose decision is not waiting yet is looked at again on the next call."""
         from tidewater.config.parse import load_pipeline
         from tidewater.ops import quarantine
         from tidewater.table.catalog import load_catalog, load_table
@@ -529,10 +557,12 @@ class Chaos(threading.Thread):
             action = "drop" if list(self.decisions.values()) == ["publish"] else "publish"
             if action == "drop":  # what the model leaves out: the records of the batch's ranges
                 table = load_table(load_catalog(spec), spec.table.identifier)
-                head = summary_dict(table.snapshot_by_name(q["branch"]))
-                self.dropped_ranges += [tuple(r) for r in json.loads(head[RANGES])]
-            trigger(self.svc, "quarantine_soak_events", {"action": action, "batch_id": q["batch_id"]})
+                ranges = [tuple(r) for r in json.loads(summary_dict(table.snapshot_by_name(q["branch"]))[RANGES])]
+            if not respond(self.svc, "quarantine_soak_events", q["batch_id"], action):
+                continue
             self.decisions[q["batch_id"]] = action
+            if action == "drop":
+                self.dropped_ranges += ranges
             if len(self.decisions) == 1:
                 self.producers.more_nulls.set()  # the second, for a batch of its own
             self.done.append({"name": f"quarantine_{action}", "at": round(time.monotonic() - self.t0), "outcome": "done",
