@@ -294,3 +294,71 @@ def _sessions_are_shared_and_a_closed_one_is_replaced(url: str) -> None:
     assert second not in (first, middle, "")
     again = connect_session(url)  # the cached session is found closed and replaced, not used
     assert again.client._session_id == second and again.range(2).count() == 2
+
+
+# A stand-in for Airflow's task state store (``task_state_store``: kept by Airflow's API server per task instance,
+# across its tries) that two processes can share: a JSON file.
+FILE_STORE = """
+import json
+from pathlib import Path
+
+class FileStore:
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def get(self, key, default=None):
+        return json.loads(self.path.read_text()).get(key, default) if self.path.is_file() else default
+
+    def set(self, key, value):
+        doc = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.path.write_text(json.dumps({**doc, key: value}))
+"""
+
+
+def test_a_retry_interrupts_what_its_killed_try_left_running_on_the_server_and_writes_the_batch_once(
+        broker, home, topic, spark_connect, tmp_path, caplog):
+    """The write task's first try (a process running the Connect write with a task state store, as the Airflow task
+    does) is killed (SIGKILL) once the server's first task wrote a data file; its operation goes on running on the
+    server. The retry, with the same store, finds the dead try's operation tag there and interrupts that operation
+    (the server says which) before it submits its own, then writes the same plan: validated and committed, every
+    record once and the offsets exact. The store is a file standing in for Airflow's (the API server keeps it per
+    task instance; here two processes share it)."""
+    import logging
+
+    from tidewater.steps.write import CONNECT_TAG_KEY, run_connect_write
+
+    namespace: dict = {}
+    exec(FILE_STORE, namespace)  # noqa: S102 - the same class in both processes
+    store = namespace["FileStore"](tmp_path / "task-state.json")
+    path = _pipeline(home, broker, topic, spark_connect.url, batch={"records_per_task": 10_000, "chunk_records": 2000,
+                                                                     "max_records": 400_000})
+    events = pizza_events(200_000, seed=99)
+    for p in range(2):
+        for i in range(p * 100_000, (p + 1) * 100_000, 50_000):
+            produce_to_partition(broker.bootstrap, topic, p, events[i:i + 50_000], partitions=2)
+    spec = load_pipeline(path)
+    plan, plan_path = plan_step(spec)
+    first_try = FILE_STORE + (
+        "import sys\nfrom tidewater.config.parse import load_pipeline\nfrom tidewater.steps.write import run_connect_write\n"
+        "spec = load_pipeline(sys.argv[1])\n"
+        "run_connect_write(spec, spec.stage(sys.argv[2]), tries=FileStore(sys.argv[3]))\n")
+    proc = subprocess.Popen([sys.executable, "-c", first_try, str(path), str(plan_path), str(store.path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list((home / "warehouse").rglob("*.parquet")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the first try was still writing when it was killed"
+    old_tag = store.get(CONNECT_TAG_KEY)
+    assert old_tag and old_tag.startswith(f"tidewater-{spec.name}-{plan.batch_id}-"), old_tag
+    with caplog.at_level(logging.WARNING, logger="tidewater.steps.write"):
+        manifest = run_connect_write(spec, plan_path, tries=store)
+    assert f"of the previous try (tag {old_tag})" in caplog.text, caplog.text  # the server named what it interrupted
+    assert store.get(CONNECT_TAG_KEY) != old_tag  # the retry's own tag, for a try after it
+    validate_step(spec, plan, manifest)
+    commit_step(spec, plan, manifest)
+    table = table_of(path)
+    ids = table.scan(selected_fields=("order_id",)).to_arrow().column("order_id")
+    assert len(ids) == 200_000 and len(set(ids.to_pylist())) == 200_000
+    assert committed_state(table).offsets == {topic: {0: 100_000, 1: 100_000}}

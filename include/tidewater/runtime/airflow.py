@@ -218,13 +218,14 @@ def data_docs_url(spec: PipelineSpec, batch_id: str) -> str:
 
 
 @fail_fast
-def connect_write_task(pipeline_path: str, planned: dict[str, Any], url: str | None = None) -> None:
+def connect_write_task(pipeline_path: str, planned: dict[str, Any], url: str | None = None, tries: Any = None) -> None:
     """The write step on a Spark Connect server (``url``: an Airflow Spark Connect connection's; default
-    ``spark.connect_url``), from this task."""
+    ``spark.connect_url``), from this task. ``tries``: the task's state store (Airflow 3.3's ``task_state_store``),
+    where each try keeps the tag of its operations so that a retry interrupts what a dead try left running."""
     from tidewater.steps.write import run_connect_write
 
     spec = load_pipeline(pipeline_path)
-    manifest = run_connect_write(spec, spec.stage(planned["plan_path"]), url=url)
+    manifest = run_connect_write(spec, spec.stage(planned["plan_path"]), url=url, tries=tries)
     log.info("batch %s: %d records written in %d files through Spark Connect", planned["batch_id"], manifest.records,
              len(manifest.data_files))
 
@@ -368,7 +369,7 @@ class IngestSparkSubmitOperator(BaseOperator):
             raise ConfigError("write: the plan task returned no batch")
         spec = load_pipeline(self.pipeline_path)
         if spec.spark.connect_url:  # a long-running Spark Connect server: no spark-submit
-            connect_write_task(self.pipeline_path, planned)
+            connect_write_task(self.pipeline_path, planned, tries=context.get("task_state_store"))
             return
         try:
             conn = BaseHook.get_connection(self._conn_id)
@@ -380,7 +381,8 @@ class IngestSparkSubmitOperator(BaseOperator):
         if conn.conn_type == "spark_connect":  # the provider's Spark Connect connection: the server's URL
             from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
-            connect_write_task(self.pipeline_path, planned, SparkConnectHook(self._conn_id).get_connection_url())
+            connect_write_task(self.pipeline_path, planned, SparkConnectHook(self._conn_id).get_connection_url(),
+                               tries=context.get("task_state_store"))
             return
         master = spark_master(self._conn_id, spec.spark.master)
         if master.startswith("spark://") and _deploy_mode(self._conn_id) == "cluster":

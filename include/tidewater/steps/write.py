@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import socket
@@ -307,10 +308,34 @@ def connect_failure(e: BaseException, url: str) -> Any:
     return None
 
 
+CONNECT_TAG_KEY = "connect_operation_tag"  # in a task's state store: the tag of the try's Connect operations
+
+
+def interrupt_previous_try(spark: Any, tries: Any) -> list[str]:
+    """Interrupt the Connect operations a previous try of this task left running (``tries``: the task's state store,
+    Airflow's ``task_state_store``; None where there is none). A worker that died mid-write leaves its operation
+    running on the server, where it holds executors and keeps writing files nothing will commit; the retry stops it
+    before it submits its own. Returns the interrupted operations' ids."""
+    old = tries.get(CONNECT_TAG_KEY) if tries is not None else None
+    if not old:
+        return []
+    try:
+        ids = list(spark.interruptTag(str(old)))
+    except Exception as e:  # noqa: BLE001 - best effort: the old operation may be gone with its server
+        log.warning("could not interrupt the previous try's Spark Connect operations (tag %s): %s", old, e)
+        return []
+    if ids:
+        log.warning("interrupted %d Spark Connect operation(s) of the previous try (tag %s): %s", len(ids), old, ids)
+    return ids
+
+
 def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, float] | None = None,
-                      url: str | None = None) -> BatchManifest:
+                      url: str | None = None, tries: Any = None) -> BatchManifest:
     """The write step on a Spark Connect server (``url``, default ``spark.connect_url``), from this process:
-    the same plan, tasks, manifest and error document as the spark-submit job."""
+    the same plan, tasks, manifest and error document as the spark-submit job. Its operations carry a tag of this
+    try, kept in ``tries`` (the task's state store) before they start, so that a later try interrupts them first
+    (``interrupt_previous_try``): sessions are shared by every batch on the server, so only the tag names this
+    try's work."""
     timings = {} if timings is None else timings
     url = url or str(spec.spark.connect_url)
     (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
@@ -319,6 +344,11 @@ def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, fl
     timings["submitted"] = time.time()
     spark = connect_session(url)
     timings.update(driver_started=timings["submitted"], imports_done=time.time(), session_ready=time.time())
+    interrupt_previous_try(spark, tries)
+    tag = f"tidewater-{spec.name}-{plan.batch_id}-{uuid.uuid4().hex[:8]}"
+    if tries is not None:
+        tries.set(CONNECT_TAG_KEY, tag)
+    spark.addTag(tag)
     try:
         manifest = stage_manifest(plan_path.parent, lambda: run_arrow(spark, plan, spec, kafka_settings(spec), timings))
     except Exception as e:
@@ -328,6 +358,9 @@ def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, fl
         if mapped is None:
             raise
         raise mapped from None
+    finally:
+        with contextlib.suppress(Exception):  # the session is shared: later batches must not carry this try's tag
+            spark.removeTag(tag)
     timings["returned"] = time.time()
     return manifest
 
