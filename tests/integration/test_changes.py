@@ -629,3 +629,65 @@ def test_publishing_a_quarantined_change_batch_is_refused_once_main_has_moved(br
     with pytest.raises(TerminalError, match=f"moved past quarantined batch {plan.batch_id}.*Drop it, then replay"):
         quarantine.publish(spec, plan.batch_id)
     assert _table(spec).current_snapshot().snapshot_id == head
+
+
+def _files_of(table) -> set[str]:  # noqa: ANN001
+    """Every data and delete file any snapshot of ``table`` references."""
+    out = set()
+    for snap in table.snapshots():
+        for m in snap.manifests(table.io):
+            out |= {e.data_file.file_path for e in m.fetch_manifest_entry(table.io, discard_deleted=False)}
+    return out
+
+
+def _on_disk(table) -> set[str]:  # noqa: ANN001
+    root = table.location().removeprefix("file://")
+    from pathlib import Path
+
+    return {f"file://{p}" if table.location().startswith("file://") else str(p) for p in Path(root).rglob("*.parquet")}
+
+
+def test_a_lost_commit_attempt_leaves_none_of_its_files_behind(broker, home, topic, monkeypatch):
+    """A change batch and a reapply replay whose first commit attempt loses a conflict (the catalog refuses it as
+    it does when another writer committed first: pyiceberg's CommitFailedException, raised here by a stand-in on
+    the first attempt of each commit, since two real writers cannot be made to collide on cue). The next attempt
+    writes its own position deletes (and, for the replay, its own row images) against the table as it is then; the
+    lost attempt's are removed, so every Parquet file under the table is one a snapshot references. The table
+    equals the source after each, and the offsets are the batch's."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    from tidewater.commit import primitive
+    from tidewater.ops.replay import run_replay
+    from tidewater.plan.replay import ReplayRequest
+
+    spec = _spec(home, broker, topic, "debezium")
+    model = _batch(broker, topic, spec, {}, seed=40, n=120)
+    ingest_inline(spec)
+    real, lost = primitive.apply_change, []
+
+    def first_attempt_loses(tx, view, change):  # noqa: ANN001, ANN202
+        if change.deletes and not lost:
+            lost.append(len(change.deletes))
+            raise CommitFailedException("stand-in: another writer committed first")
+        return real(tx, view, change)
+
+    monkeypatch.setattr(primitive, "apply_change", first_attempt_loses)
+    model = _batch(broker, topic, spec, model, seed=41, n=80)
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    assert commit_step(spec, plan, manifest).status == "committed"
+    assert lost, "the batch had position deletes, and its first attempt lost"
+    table = _table(spec)
+    assert _close(_rows(table), model)
+    assert committed_state(table).offsets == {topic: {r.partition: r.end for r in plan.ranges}}
+    assert _on_disk(table) - _files_of(table) == set(), "a lost attempt's files were left behind"
+
+    lost.clear()  # a replay of partition 0 from its start, mode reapply: its row images are table-dependent
+    offsets = committed_state(_table(spec)).offsets
+    report = run_replay(spec, ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=offsets[topic][0],
+                                            mode="reapply"), inline=True, out=None)
+    assert report["status"] == "committed" and lost, report
+    table = _table(spec)
+    assert committed_state(table).offsets == offsets
+    assert _close(_rows(table), model)
+    assert _on_disk(table) - _files_of(table) == set(), "a lost replay attempt's files were left behind"

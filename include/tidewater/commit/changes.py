@@ -221,6 +221,21 @@ def _net_once(table: Any, spec: PipelineSpec, files: Any, state: dict[str, Any])
     return state["net"]
 
 
+def _next_attempt(table: Any, state: dict[str, Any]) -> int:
+    """Start a commit attempt: number it, and remove the files the previous attempt wrote for the table as it was
+    then (its position deletes, and the row images a replay or retry chose). That attempt did not commit: the commit
+    primitive asks again only after a conflict, or after an unknown outcome once the table's snapshots showed the
+    batch's marker missing. An attempt's files are kept with ``_written_by_attempt``; the last attempt's, when every
+    attempt failed, are left to orphan removal (its outcome may be unknown)."""
+    remove_staged(table, state.pop("attempt_files", ()))
+    state["attempt"] = attempt = state.get("attempt", 0) + 1
+    return attempt
+
+
+def _written_by_attempt(state: dict[str, Any], *files: Any) -> None:
+    state["attempt_files"] = [f for group in files for f in group]
+
+
 def reapply_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, state: dict[str, Any],
                     properties: Callable[[Any], dict[str, str]]) -> Change:
     """A replay attempt (mode reapply): the staged changes ``files`` again, only where each is still its key's
@@ -229,7 +244,7 @@ def reapply_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any,
     ids, branch = list(spec.table.id_columns), spec.table.branch
     offsets = committed_state(table, branch).offsets
     net = _net_once(table, spec, files, state)
-    state["attempt"] = attempt = state.get("attempt", 0) + 1
+    attempt = _next_attempt(table, state)
     found = find_rows(table, net.keys, ids, source=True, branch=branch) if net else []
     rows = pa.concat_tables([t for _, t in found]) if found else pa.table({"__key": pa.array([], pa.int64())})
     applied, counts = reapply_decisions(net, rows, restorable(table, plan, offsets, spec)) if net else (
@@ -244,8 +259,10 @@ def reapply_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any,
     props = properties(table)
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True)
     log.info("replay %s of %s: %s", plan.batch_id, spec.table.identifier, ", ".join(f"{v} {k}" for k, v in counts.items()))
-    return Change(props, tuple(written), deletes=tuple(write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")),
-                  branch=branch, remove_properties=tuple(confirm_keys(table, plan.batch_id)))
+    deletes = write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")
+    _written_by_attempt(state, written, deletes)
+    return Change(props, tuple(written), deletes=tuple(deletes), branch=branch,
+                  remove_properties=tuple(confirm_keys(table, plan.batch_id)))
 
 
 def restorable(table: Any, plan: BatchPlan, offsets: Offsets, spec: PipelineSpec) -> list[int]:
@@ -270,7 +287,7 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
     net = _net_once(table, spec, files, state)
     if "files" not in state:  # the new row images do not depend on the table: written once, whatever the attempts
         state["files"] = write_upserts(table, net.upserts if net else None, f"{plan.batch_id}-upserts")
-    state["attempt"] = attempt = state.get("attempt", 0) + 1
+    attempt = _next_attempt(table, state)
     truncated = state["truncated"]
     if truncated is not None:  # every row committed before the batch goes: the changes meet an empty table
 
@@ -290,6 +307,7 @@ def change_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, 
                     net.cross_partition_keys, spec.table.identifier, net.cross_partition_examples[:3])
     state["counts"] = counts
     deletes = write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")
+    _written_by_attempt(state, deletes)  # the row images are the batch's, kept for every attempt
     props = properties(table)
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True, default=str)
     remove = tuple(confirm_keys(table, plan.batch_id))
@@ -353,7 +371,7 @@ def retry_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, s
         state["rows"] = staged.sort_by([(c, "ascending") for c in ids] + [(PARTITION, "ascending"), (OFFSET, "ascending")]) \
             if staged is not None else None
     rows = state["rows"]
-    state["attempt"] = attempt = state.get("attempt", 0) + 1
+    attempt = _next_attempt(table, state)
     if rows is None or rows.num_rows == 0:
         state["counts"], state["files"] = {"applied": 0, "refused": 0, "refused_letters": []}, []
         props = properties(table)
@@ -385,8 +403,10 @@ def retry_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, s
     props[CHANGES] = json.dumps(counts, separators=(",", ":"), sort_keys=True, default=str)
     log.info("retry %s of %s: %d changes applied, %d refused (a later change of their key is applied)", plan.batch_id,
              spec.table.identifier, counts["applied"], counts["refused"])
-    return Change(props, tuple(written), deletes=tuple(write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")),
-                  branch=branch, remove_properties=tuple(confirm_keys(table, plan.batch_id)))
+    deletes = write_position_deletes(table, hits, f"{plan.batch_id}-a{attempt}")
+    _written_by_attempt(state, written, deletes)
+    return Change(props, tuple(written), deletes=tuple(deletes), branch=branch,
+                  remove_properties=tuple(confirm_keys(table, plan.batch_id)))
 
 
 def removed_since(table: Any, keys: Any, ids: list[str], letter_batches: tuple[str, ...], branch: str | None) -> Any:
