@@ -9,6 +9,9 @@ Curves (each one's N in brackets, as run by default):
    overview, every request looking its pipeline up; before, each lookup loaded every pipeline file (the page's
    file loads, N+1 times a folder load, are projected from the folder load measured here), now a file is loaded
    again only when it changed (the page's lookups measured).
+3. history [10, 300, 1000 snapshots] of one pipeline's table, grown through the commit primitive (one manifest a
+   commit, as batches leave it without maintenance): a small batch's plan and commit (inline write), the metadata
+   file and the manifests; then the maintenance DAG's expiry and manifest rewrite, and the same batch again.
 2. partitions of one topic [6, 100, 1000], 100,000 records a batch: one batch through the real steps (plan,
    spark-submit write on local[2], gate, commit) with short ranges packed into a task (now) and one task per
    partition (before, `batch.pack_ranges: false`): each step's time, the data files and bytes the batch commits.
@@ -165,6 +168,78 @@ def partitions_curve(work: Path, counts: list[int], records: int, master: str) -
     return rows
 
 
+def add_history(spec, table_ident: str, n: int) -> None:  # noqa: ANN001
+    """Grow the table's history by ``n`` snapshots through the commit primitive, each appending one row copied
+    from the table with the newest snapshot's properties (offsets unchanged, a batch id of its own): the history a
+    pipeline leaves, one manifest per commit, without paying a batch's read and write each time."""
+    from tidewater.commit.primitive import Change, commit
+    from tidewater.table.catalog import load_catalog, load_table
+    from tidewater.table.summary import BATCH_ID, summary_dict
+
+    catalog = load_catalog(spec)
+    table = load_table(catalog, table_ident)
+    row = table.scan(limit=1).to_arrow()
+    keep = {k: v for k, v in summary_dict(table.current_snapshot()).items() if k.startswith("tidewater.")}
+    for i in range(n):
+        commit(catalog, table_ident, lambda _t, i=i: Change({**keep, BATCH_ID: f"bench-history-{i:06d}"}, rows=row),
+               marker=None, what="bench history")
+
+
+def _metadata_bytes(table) -> int:  # noqa: ANN001
+    from urllib.parse import urlparse
+
+    return Path(urlparse(table.metadata_location).path).stat().st_size
+
+
+def history_curve(work: Path, counts: list[int], master: str) -> list[dict]:
+    """One pipeline's table with N snapshots: the plan and the commit of a small batch (inline write), the metadata
+    file's size and the manifests of the current snapshot; then the maintenance DAG's expiry and manifest rewrite
+    (``older_than_hours: 0``, as when the snapshots are old enough) and the same batch again."""
+    import yaml
+
+    from tidewater.config.parse import load_pipeline
+    from tidewater.dev import broker as embedded
+    from tidewater.dev.sample_data import pizza_events, produce
+    from tidewater.ops.maintenance import maintain
+    from tidewater.table.catalog import load_catalog, load_table
+
+    rows = []
+    b = embedded.start(log_path=work / "broker-history.log")
+    try:
+        for n in counts:
+            topic, name = f"history-{n}", f"history{n}"
+            path = work / f"{name}.yaml"
+            path.write_text(yaml.safe_dump({
+                "name": name, "topics": [topic], "table": {"identifier": f"bench.{name}"}, "schedule": None,
+                "kafka": {"bootstrap_servers": b.bootstrap}, "spark": {"master": master},
+                "maintenance": {"expire_snapshots": {"older_than_hours": 0}}}))
+            spec = load_pipeline(path)
+            produce(b.bootstrap, topic, pizza_events(600, seed=3), partitions=6)
+            timed_batch(spec, master, inline=True)  # the table and its first snapshot
+            t0 = time.monotonic()
+            add_history(spec, spec.table.identifier, n - 1)
+            built = time.monotonic() - t0
+            row: dict = {"snapshots": n, "build": built}
+            for when in ("before", "after"):
+                if when == "after":
+                    t0 = time.monotonic()
+                    maintain(spec, actions=["expire_snapshots", "rewrite_manifests"], master=master)
+                    row["maintain"] = time.monotonic() - t0
+                table = load_table(load_catalog(spec), spec.table.identifier)
+                row[f"{when}_snapshots"] = len(table.snapshots())
+                row[f"{when}_manifests"] = len(table.current_snapshot().manifests(table.io))
+                row[f"{when}_metadata_bytes"] = _metadata_bytes(table)
+                produce(b.bootstrap, topic, pizza_events(600, seed=4 if when == "before" else 5), partitions=6,
+                        create=False)
+                out = timed_batch(spec, master, inline=True)
+                row.update({f"{when}_plan": out["plan"], f"{when}_commit": out["commit"]})
+            rows.append(row)
+            print(row, flush=True)
+    finally:
+        b.stop()
+    return rows
+
+
 def routed_curve(work: Path, counts: list[int], records: int, master: str) -> list[dict]:
     """A routed pipeline's batch into N tables (``routing.dynamic`` on the store id, every table auto-created by
     the batch's commit) against one table's batch of the same records, both through spark-submit. The routed
@@ -288,13 +363,14 @@ def _panel(ax, x: list, curves: list[tuple[list, str, str]], xlabel: str, ylabel
     ax.legend(fontsize=8)
 
 
-def chart(pipes: list[dict], parts: list[dict], letters: list[dict], routed: list[dict]) -> None:
+def chart(pipes: list[dict], parts: list[dict], letters: list[dict], routed: list[dict], history: list[dict]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 5, figsize=(25, 4.2))
+    fig, axes = plt.subplots(2, 3, figsize=(18, 8.4))
+    axes = [axes[0][0], axes[0][1], axes[0][2], axes[1][0], axes[1][1], axes[1][2]]
     if pipes:
         n = [r["pipelines"] for r in pipes]
         _panel(axes[0], n, [([r["processor_parse"] for r in pipes], "o--", "task start, before (= the DAG processor's parse)"),
@@ -322,6 +398,13 @@ def chart(pipes: list[dict], parts: list[dict], letters: list[dict], routed: lis
                 ([r["routed_total"] for r in routed], "o-", "routed, first batch (creates the tables)"),
                 ([r["again_total"] for r in routed], "o:", "routed, next batch")],
                "tables in the routed pipeline", "seconds a batch", "One routed pipeline, N tables")
+    if history:
+        _panel(axes[5], [r["snapshots"] for r in history],
+               [([r["before_plan"] for r in history], "o--", "plan, no maintenance"),
+                ([r["before_commit"] for r in history], "s--", "commit, no maintenance"),
+                ([r["after_plan"] for r in history], "o-", "plan, after maintenance"),
+                ([r["after_commit"] for r in history], "s-", "commit, after maintenance")],
+               "snapshots of the table", "seconds", "History: plan and commit")
     fig.tight_layout()
     CHART.parent.mkdir(exist_ok=True)
     fig.savefig(CHART, dpi=90)
@@ -329,6 +412,7 @@ def chart(pipes: list[dict], parts: list[dict], letters: list[dict], routed: lis
 
 def section(cmd: str, run: dict, chart_path: str) -> str:
     pipes, parts, letters, routed = run["pipelines"], run["partitions"], run.get("letters", []), run.get("routed", [])
+    history = run.get("history", [])
     cores, day = run["cores"], run["day"]
     lines = [BEGIN, "## Platform scale (`make bench-scale`)", "",
              f"Command: `{cmd}` ({day}, {cores} cores).", "", f"![costs against their N]({chart_path})", ""]
@@ -368,6 +452,8 @@ def section(cmd: str, run: dict, chart_path: str) -> str:
                   f"({packed['bytes'] / 1e6:.1f} MB), and the batch took {packed['total'] / apart['total']:.2f}x the "
                   "time. Files now grow with the data and the write's parallelism, not the partitions; plan and commit "
                   "still grow with the partitions (one watermark and one offset per partition).", ""]
+    if history:
+        lines += _history_lines(history)
     if letters:
         lines += ["### 4. Dead letters of one pipeline", "",
                   "| letters | open / dropped | counts by state: counted (before) | kept (now) | now / before | "
@@ -389,6 +475,36 @@ def section(cmd: str, run: dict, chart_path: str) -> str:
         lines += _routed_lines(routed)
     lines.append(END)
     return "\n".join(lines)
+
+
+def _history_lines(history: list[dict]) -> list[str]:
+    lines = ["### 3. History of one table (a small batch, inline write)", ""]
+    if history[0].get("command"):
+        lines += [f"Command: `{history[0]['command']}` ({history[0]['day']}).", ""]
+    lines += ["| snapshots | manifests | metadata file | plan | commit | after maintenance: snapshots | manifests | "
+              "metadata file | plan | commit | maintenance |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in history:
+        lines.append(f"| {r['before_snapshots']:,} | {r['before_manifests']:,} | {r['before_metadata_bytes'] / 1e3:.0f} kB | "
+                     f"{r['before_plan']:.2f} s | {r['before_commit']:.2f} s | {r['after_snapshots']} | "
+                     f"{r['after_manifests']} | {r['after_metadata_bytes'] / 1e3:.0f} kB | {r['after_plan']:.2f} s | "
+                     f"{r['after_commit']:.2f} s | {r['maintain']:.0f} s |")
+    first, last = history[0], history[-1]
+    lines += ["", f"From {first['before_snapshots']:,} to {last['before_snapshots']:,} snapshots without maintenance, "
+              f"the plan took {last['before_plan'] / first['before_plan']:.1f}x and the commit "
+              f"{last['before_commit'] / first['before_commit']:.1f}x: every commit writes a metadata file holding every "
+              f"snapshot ({last['before_metadata_bytes'] / 1e6:.1f} MB at {last['before_snapshots']:,}) and a manifest "
+              "list naming every manifest (one a commit), and every load reads the metadata file. After the "
+              f"maintenance DAG's expiry and manifest rewrite the table had {last['after_snapshots']} snapshots and "
+              f"{last['after_manifests']} manifest(s), and the plan and commit took "
+              f"{last['after_plan'] / first['after_plan']:.1f}x and {last['after_commit'] / first['after_commit']:.1f}x "
+              "those at the smallest history. What bounds the history is the maintenance default: snapshots older "
+              "than `maintenance.expire_snapshots.older_than_hours` (120) are expired, keeping `retain_last` (10); on "
+              "a one-minute schedule that is about 7,200 snapshots a table, so a platform on short schedules should "
+              "lower it (a day keeps 1,440) and run the maintenance DAG daily. The history was built with a real "
+              "batch's snapshot properties and one appended row a commit, not by batches; even so building it grows "
+              f"with the square of its length ({last['build']:.0f} s for {last['before_snapshots']:,} snapshots here), "
+              "since each commit rewrites the whole metadata file.", ""]
+    return lines
 
 
 def _routed_lines(routed: list[dict]) -> list[str]:
@@ -417,6 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pipelines", default="1,50,200,500", help="pipeline counts (empty: skip the curve)")
     ap.add_argument("--partitions", default="6,100,1000", help="partition counts (empty: skip the curve)")
     ap.add_argument("--letters", default="1000,100000,1000000", help="dead-letter counts (empty: skip the curve)")
+    ap.add_argument("--history", default="10,300,1000", help="snapshots of the history curve (empty: skip it)")
     ap.add_argument("--tables", default="10,100,500", help="tables of the routed pipeline (empty: skip the curve)")
     ap.add_argument("--records", type=int, default=100_000, help="records a batch in the partitions curve")
     ap.add_argument("--repeat", type=int, default=3, help="runs per parse measurement (median)")
@@ -434,16 +551,20 @@ def main(argv: list[str] | None = None) -> None:
         parts = partitions_curve(work, counts, args.records, args.master) if counts else []
         counts = [int(x) for x in args.letters.split(",") if x]
         letters = letters_curve(work, counts, args.repeat) if counts else []
+        counts = [int(x) for x in args.history.split(",") if x]
+        history = history_curve(work, counts, args.master) if counts else []
+        for row in history:
+            row.update(command=command_line("make bench-scale"), day=time.strftime("%Y-%m-%d", time.gmtime()))
         counts = [int(x) for x in args.tables.split(",") if x]
         routed = routed_curve(work, counts, args.records, args.master) if counts else []
         for row in routed:
             row.update(command=command_line("make bench-scale"), day=time.strftime("%Y-%m-%d", time.gmtime()))
         run = {"command": command_line("make bench-scale"), "cores": os.cpu_count() or 0,
                "day": time.strftime("%Y-%m-%d", time.gmtime()), "pipelines": pipes, "partitions": parts,
-               "letters": letters, "routed": routed}
+               "letters": letters, "routed": routed, "history": history}
         (work / "rows.json").write_text(json.dumps(run, indent=1))
         FIGURES.write_text(json.dumps(run, indent=1))  # kept beside the chart: --from-json redraws it
-    chart(run["pipelines"], run["partitions"], run.get("letters", []), run.get("routed", []))
+    chart(run["pipelines"], run["partitions"], run.get("letters", []), run.get("routed", []), run.get("history", []))
     for output, image in ((args.output, "docs/img/bench-scale.png"), (PAGE, "../img/bench-scale.png")):
         write_section(output, BEGIN, END, section(run["command"], run, image))
 

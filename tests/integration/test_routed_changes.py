@@ -446,6 +446,8 @@ def test_a_quarantined_table_of_a_routed_batch_waits_for_publish_or_drop_while_t
     from tidewater.errors import TerminalError, ValidationFailedError
     from tidewater.ops import quarantine
     from tidewater.runtime.airflow import quarantine_task
+    from tidewater.runtime.decisions import apply_decision
+    from tidewater.table.summary import DECIDED_BY
 
     (home / "strict.json").write_text(json.dumps({"expectations": [  # items are item-<key>-<seed>-<i>
         {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": "item", "regex": "^item-[0-9]+-(?:11|31)-"}}]}))
@@ -481,7 +483,7 @@ def test_a_quarantined_table_of_a_routed_batch_waits_for_publish_or_drop_while_t
     for _ in range(2):
         with pytest.raises(ValidationFailedError, match="quarantined on branch .* of rpc.hist1, rpc.src1") as e:
             commit_step(spec, plan, manifest)
-    assert "--table T" in str(e.value)
+    assert "--table T" in str(e.value) and e.value.tables == ("rpc.hist1", "rpc.src1")  # what the decision covers
     for i in (0, 2):
         assert_equals_source(spec, f"rpc.src{i}", sources[i])
     assert table_rows(spec, "rpc.src1") == {k: table_rows(spec, "rpc.src1")[k] for k in before[1]}
@@ -491,8 +493,15 @@ def test_a_quarantined_table_of_a_routed_batch_waits_for_publish_or_drop_while_t
                                                                                 ("rpc.hist1", plan.batch_id)}
     with pytest.raises(TerminalError, match=f"batch {plan.batch_id} of change table rpc.src1 is quarantined.*--table rpc.src1"):
         plan_batch(spec)
-    for ident in ("rpc.src1", "rpc.hist1"):
-        assert quarantine_task(str(path), {"action": "publish", "batch_id": plan.batch_id, "table": ident})["status"] == "published"
+    # one decision in Airflow's Required actions publishes the batch on both quarantined tables (runtime/decisions.py)
+    decided = apply_decision(str(path), {"decision": True, "batch_id": plan.batch_id, "tables": list(e.value.tables)},
+                             {"chosen_options": ["Publish"], "params_input": {"reason": None},
+                              "responded_by_user": {"id": "3", "name": "lin"}})
+    assert [(t["table"], t["status"]) for t in decided["tables"]] == [("rpc.hist1", "published"), ("rpc.src1", "published")]
+    assert all(load_table(catalog, t).current_snapshot().summary.additional_properties[DECIDED_BY] == "lin"
+               for t in ("rpc.hist1", "rpc.src1"))
+    assert quarantine_task(str(path), {"action": "publish", "batch_id": plan.batch_id, "table": "rpc.src1"})["status"] == \
+        "published"  # the form after the decision: done once
     for i, s in enumerate(sources):
         assert_equals_source(spec, f"rpc.src{i}", s)
     published = history()
