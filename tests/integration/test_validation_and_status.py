@@ -163,7 +163,8 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     names the failed expectation and what it observed, the rows, the ranges and the Data Docs page. Publishing, as a
     person's decision in Airflow applies it, appends the rows to main once and records who decided; a second
     quarantined batch is dropped with a reason and never reaches main: the drop, its reason and who decided are
-    recorded on main (an empty snapshot the ledger keeps); a retry of either decision finds it done. Row counts and offsets checked; the deep audit finds no error, while the batches wait and
+    recorded on main (an empty snapshot the ledger keeps); a retry of either decision finds it done. Row counts and
+    offsets checked; the deep audit finds no error, while the batches wait and
     after the decisions, and explains each (the quarantine branches, the publication and the drop are Tidewater's
     own commits, not outside writes; the offsets of a waiting or dropped batch have no row on main)."""
     from tidewater.ops import quarantine

@@ -18,6 +18,7 @@ from tidewater.config.parse import load_pipeline
 from tidewater.config.secrets import is_secret
 from tidewater.config.spec import KAFKA_CONFIG_ENV, PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TidewaterError
+from tidewater.runtime.links import data_docs_url
 
 log = logging.getLogger(__name__)
 
@@ -205,16 +206,6 @@ def validate_task(pipeline_path: str, planned: dict[str, Any]) -> dict[str, Any]
         raise
     finally:
         log.info("Data Docs of batch %s in the Tidewater view: %s", plan.batch_id, data_docs_url(spec, plan.batch_id))
-
-
-def data_docs_url(spec: PipelineSpec, batch_id: str) -> str:
-    """The batch's Data Docs page as the Tidewater view serves it (reachable from any browser that reaches
-    Airflow, unlike a worker's file path)."""
-    from airflow.sdk.configuration import conf
-
-    base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
-    base = base or f"http://localhost:{conf.get('api', 'port', fallback='8080')}"  # [api] base_url unset
-    return f"{base}/tidewater/data-docs/{spec.name}/{batch_id}.html"
 
 
 @fail_fast

@@ -69,7 +69,7 @@ def open_decision(spec: PipelineSpec, batch_id: str, tables: tuple[str, ...], bo
 def body_for(spec: PipelineSpec, plan: Any, tables: tuple[str, ...]) -> str:
     """The decision's Markdown body from what the validate step left in the batch's staging folder."""
     from tidewater.ops.quarantine import decision_body
-    from tidewater.runtime.airflow import data_docs_url
+    from tidewater.runtime.links import data_docs_url
     from tidewater.staging import read_json
     from tidewater.steps.lifecycle import GATE_REPORT_NAME, batch_path
 
