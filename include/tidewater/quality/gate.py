@@ -272,9 +272,9 @@ def unique_id_checks(table: Any, files: TableFiles, id_columns: list[str], again
     if any(c not in ids.column_names for c in id_columns):
         return [CheckResult("expect_compound_columns_to_be_unique", {"column_list": id_columns}, False,
                             {"error": f"id columns {id_columns} are not all in the staged files"})]
-    single = len(id_columns) == 1
-    kind = "expect_column_values_to_be_unique" if single else "expect_compound_columns_to_be_unique"
-    args: dict[str, Any] = {"column": id_columns[0]} if single else {"column_list": list(id_columns)}
+    one_column = len(id_columns) == 1
+    kind = "expect_column_values_to_be_unique" if one_column else "expect_compound_columns_to_be_unique"
+    args: dict[str, Any] = {"column": id_columns[0]} if one_column else {"column_list": list(id_columns)}
     groups = ids.group_by(id_columns).aggregate([([], "count_all")])
     dup_rows = int(pc.sum(pc.subtract(groups.column("count_all"), 1)).as_py() or 0) if groups.num_rows else 0
     sample = groups.filter(pc.greater(groups.column("count_all"), 1)).select(id_columns).slice(0, 20).to_pylist()

@@ -96,7 +96,7 @@ def apply_decision(pipeline_path: str, conf: dict[str, Any], answer: dict[str, A
     reason = str((answer.get("params_input") or {}).get("reason") or "")
     batch_id, results = str(conf["batch_id"]), []
     for table in conf.get("tables") or [None]:
-        view = quarantine.view_for(spec, table if not spec.targets.fused else None)
+        view = quarantine.view_for(spec, table)  # a plain pipeline's one table is its own
         done = (quarantine.publish(view, batch_id, by=by) if chosen == [PUBLISH]
                 else quarantine.drop(view, batch_id, reason=reason, by=by))
         log.info("%s decided: %s batch %s of %s (%d rows)", by, done["status"], batch_id, view.table.identifier, done["rows"])
