@@ -145,7 +145,7 @@ def test_quarantine_dag_only_for_the_quarantine_policy(tmp_path, monkeypatch):
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
     dag = bag.dags["quarantine_pizzas"]
-    assert dag.schedule is None and dag.params.dump() == {"action": "list", "batch_id": "", "reason": ""}
+    assert dag.schedule is None and dag.params.dump() == {"action": "list", "batch_id": "", "reason": None}
     # the form's run takes the form's task; a decision run (conf `decision`, started by an ingest run) waits in
     # `decide` for a person, then `apply` publishes or drops (runtime/decisions.py)
     assert dag.get_task("route").downstream_task_ids == {"quarantine", "decide"}

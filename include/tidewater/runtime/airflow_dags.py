@@ -349,7 +349,8 @@ def _quarantine_params(spec: PipelineSpec) -> dict[str, Any]:
     return {
         "action": Param("list", type="string", enum=["list", "publish", "drop"], title="Action"),
         "batch_id": Param("", type="string", title="Batch id", description="For publish and drop (see list)"),
-        "reason": Param("", type="string", title="Reason", description="For drop: why the batch is given up"),
+        "reason": Param(None, type=["null", "string"], title="Reason",
+                        description="For drop (optional): why the batch is given up"),
         **({"table": Param("", type="string", title="Table", description="The target table (full name) of the batch to "
                            "publish or drop; for list, empty lists every table")} if spec.routed else {}),
     }
