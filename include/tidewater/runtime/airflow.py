@@ -291,7 +291,11 @@ def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | N
         if isinstance(e, QuarantinedError):  # a person decides in Airflow's Required actions (runtime/decisions.py)
             from tidewater.runtime import decisions
 
-            decisions.open_decision(spec, plan.batch_id, e.tables, decisions.body_for(spec, plan, e.tables))
+            try:
+                decisions.open_decision(spec, plan.batch_id, e.tables, decisions.body_for(spec, plan, e.tables))
+            except Exception as opening:  # noqa: BLE001 - the run must still fail with the quarantine's own error
+                log.warning("could not open the decision on batch %s (%s); decide with the quarantine DAG's form",
+                            plan.batch_id, opening)
         raise
     lineage.guarded(lambda: lineage.attach(complete=lineage.batch_lineage(spec, plan, manifest, result)))
     metrics.committed(spec, plan, manifest, result, time.monotonic() - started)
