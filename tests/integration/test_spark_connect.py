@@ -169,6 +169,18 @@ def test_dead_letters_through_the_server_are_counted_and_kept(broker, home, topi
         (6, "InvalidJson"), (7, "TypeMismatch"), (8, "InvalidUtf8"), (9, "InvalidJson")]
 
 
+def _kill_once_a_file_is_written(command: list[str], home: Path, what: str) -> None:
+    """Start ``command`` and SIGKILL it as soon as the server's first task wrote a data file under ``home``'s
+    warehouse; it must still have been running then."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list((home / "warehouse").rglob("*.parquet")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"{what} was still writing when it was killed"
+
+
 def test_a_batch_killed_mid_write_is_written_once_by_the_next_run(broker, home, topic, spark_connect):
     """`tidewater run` (the Connect path) is killed (SIGKILL) as soon as the server's first task wrote a data file
     (30 tasks of 10,000 records: most are still to run). Expected: nothing was committed and no manifest was
@@ -179,14 +191,8 @@ def test_a_batch_killed_mid_write_is_written_once_by_the_next_run(broker, home, 
     for p in range(2):
         for i in range(p * 150_000, (p + 1) * 150_000, 50_000):  # the producer's local queue holds 100,000
             produce_to_partition(broker.bootstrap, topic, p, events[i:i + 50_000], partitions=2)
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "tidewater"), "run", "--pipeline", str(path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not list((home / "warehouse").rglob("*.parquet")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run was still writing when it was killed"
+    _kill_once_a_file_is_written([str(Path(sys.executable).parent / "tidewater"), "run", "--pipeline", str(path)], home,
+                                 "the run")
     assert not list((home / "staging").rglob("manifest.json")), "killed before the write step's manifest"
     table = table_of(path)
     assert table is None or table.current_snapshot() is None, "the killed batch committed nothing"
@@ -342,14 +348,8 @@ def test_a_retry_interrupts_what_its_killed_try_left_running_on_the_server_and_w
         "import sys\nfrom tidewater.config.parse import load_pipeline\nfrom tidewater.steps.write import run_connect_write\n"
         "spec = load_pipeline(sys.argv[1])\n"
         "run_connect_write(spec, spec.stage(sys.argv[2]), tries=FileStore(sys.argv[3]))\n")
-    proc = subprocess.Popen([sys.executable, "-c", first_try, str(path), str(plan_path), str(store.path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not list((home / "warehouse").rglob("*.parquet")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the first try was still writing when it was killed"
+    _kill_once_a_file_is_written([sys.executable, "-c", first_try, str(path), str(plan_path), str(store.path)], home,
+                                 "the first try")
     old_tag = store.get(CONNECT_TAG_KEY)
     assert old_tag and old_tag.startswith(f"tidewater-{spec.name}-{plan.batch_id}-"), old_tag
     with caplog.at_level(logging.WARNING, logger="tidewater.steps.write"):
