@@ -96,6 +96,21 @@ def test_vanished_partition_is_an_error():
         plan_ranges({"pizzas": {0: 5, 7: 9}}, {("pizzas", 0): (0, 40)}, 1000)
 
 
+def test_a_topic_that_gained_partitions_is_read_from_each_new_partitions_log_start():
+    """A topic grown from 2 to 4 partitions since the last batch: the next plan reads the old partitions from their
+    committed offsets and each new one from its log start (5 here, where retention already removed 0..4), skips an
+    empty new one, and the batch after it continues all four. Planner level: the embedded broker refuses
+    CreatePartitions (STACK.md), so a topic cannot grow there; the watermarks are what the plan reads from any broker."""
+    committed = {"pizzas": {0: 10, 1: 12}}
+    grown = {("pizzas", 0): (0, 20), ("pizzas", 1): (0, 20), ("pizzas", 2): (5, 9), ("pizzas", 3): (0, 0)}
+    ranges = plan_ranges(committed, grown, 1000)
+    assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 10, 20), (1, 12, 20), (2, 5, 9)]
+    after = merge_offsets(committed, ranges)
+    assert after == {"pizzas": {0: 20, 1: 20, 2: 9}}
+    more = {**grown, ("pizzas", 2): (5, 15), ("pizzas", 3): (0, 4)}
+    assert [(r.partition, r.start, r.end) for r in plan_ranges(after, more, 1000)] == [(2, 9, 15), (3, 0, 4)]
+
+
 def test_split_and_end_offsets():
     r = PartitionRange("t", 0, 10, 35)
     assert [(s.start, s.end) for s in r.split(10)] == [(10, 20), (20, 30), (30, 35)]
