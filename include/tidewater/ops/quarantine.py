@@ -147,13 +147,14 @@ def decision_body(spec: PipelineSpec, batch_id: str, tables: tuple[str, ...], re
              f"`{quarantine_branch(batch_id)}` of {', '.join(f'`{t}`' for t in tables)}. Main is unchanged and the "
              "offsets moved on. **Publish** appends its rows to main; **Drop** gives them up (give a reason).", ""]
     if report is not None:
-        lines += [f"**Rows:** {report.get('rows', '?')}. **Suite:** `{report.get('suite', '?')}`.", "",
-                  "**Failed expectations:**", ""]
-        failed = [c for c in report.get("checks", []) if not c.get("success")]
+        from tidewater.quality.gate import ValidationReport
+
+        verdict = ValidationReport.from_json(report)
+        lines += [f"**Rows:** {verdict.rows}. **Suite:** `{verdict.suite}`.", "", "**Failed expectations:**", ""]
+        failed = [c for c in verdict.checks if not c.success]
         for c in failed[:20]:
-            args = ", ".join(f"{k}={v!r}" for k, v in (c.get("kwargs") or {}).items() if k != "batch_id")
-            observed = ", ".join(f"{k}={v!r}" for k, v in (c.get("observed") or {}).items())
-            lines.append(f"- `{c['expectation']}({args})`" + (f": observed {observed}" if observed else ""))
+            observed = c.observed_text()
+            lines.append(f"- `{c.call()}`" + (f": observed {observed}" if observed else ""))
         if len(failed) > 20:
             lines.append(f"- ... and {len(failed) - 20} more")
         lines.append("")

@@ -38,11 +38,17 @@ class CheckResult:
     success: bool
     observed: dict[str, Any] = field(default_factory=dict)
 
+    def call(self) -> str:
+        """The expectation with its arguments, as it reads in a report: ``expect_x(column='a')``."""
+        return f"{self.expectation}({', '.join(f'{k}={v!r}' for k, v in self.kwargs.items() if k != 'batch_id')})"
+
+    def observed_text(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self.observed.items())
+
     def line(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items() if k != "batch_id")
         status = "ok  " if self.success else "FAIL"
-        obs = ", ".join(f"{k}={v!r}" for k, v in self.observed.items())
-        return f"  {status} {self.expectation}({args}){'  -> ' + obs if obs and not self.success else ''}"
+        obs = self.observed_text()
+        return f"  {status} {self.call()}{'  -> ' + obs if obs and not self.success else ''}"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from tidewater.config.validate import check_hosts
 from tidewater.errors import ConfigError
 from tidewater.runtime.airflow import commits_alias
 from tidewater.runtime.deadlines import freshness_alert
+from tidewater.runtime.decisions import DROP, PUBLISH
 from tidewater.runtime.hosts import airflow_executor
 from tidewater.runtime.retries import retry_policy
 
@@ -309,7 +310,7 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - retu
             return "decide" if (context["dag_run"].conf or {}).get("decision") else "quarantine"
 
         decide = HITLOperator(
-            task_id="decide", options=["Publish", "Drop"], execution_timeout=None, retries=0,
+            task_id="decide", options=[PUBLISH, DROP], execution_timeout=None, retries=0,
             subject="Quarantined batch {{ dag_run.conf.get('batch_id', '') }} of " + spec.name + ": publish or drop?",
             body="{{ dag_run.conf.get('body', '') }}",
             params={"reason": Param(None, type=["null", "string"], title="Reason (for Drop)",
@@ -322,7 +323,7 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - retu
             from tidewater.runtime.decisions import apply_decision
 
             done = apply_decision(pipeline_path, dict(context["dag_run"].conf or {}), answer)
-            if done["decision"] == "Publish":
+            if done["decision"] == PUBLISH:
                 emit_table_events(context.get("outlet_events"), spec, [
                     (t["table"], {"batch_id": done["batch_id"], "mode": "quarantine-publish", "rows": t["rows"]})
                     for t in done["tables"] if t["rows"]])
