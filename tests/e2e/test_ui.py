@@ -95,6 +95,15 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     status, listed = call_api(f"{base}/tidewater/api/pipelines", token)
     assert status == 200 and sorted(p["name"] for p in listed) == ["held", "orders"]
     assert {p["name"]: p["freshness_deadline_s"] for p in listed} == {"held": None, "orders": 900}
+    status, first = call_api(f"{base}/tidewater/api/summaries?limit=1", token)  # a page of one line
+    assert status == 200 and (first["total"], first["offset"], first["limit"]) == (2, 0, 1), first
+    assert [(p["ref"]["name"], p["summary"]["lag"]) for p in first["pipelines"]] == [("held", 0)], first
+    status, second = call_api(f"{base}/tidewater/api/summaries?offset=1&limit=1", token)
+    assert status == 200 and [p["ref"]["name"] for p in second["pipelines"]] == ["orders"], second
+    line = second["pipelines"][0]["summary"]
+    assert (line["lag"], line["partitions"], line["quarantined"], line["open_dead_letters"], line["error"]) == (
+        30, 3, 0, 0, None), line
+    assert first["pipelines"][0]["summary"]["quarantined"] == 1, first
     status, problems = call_api(f"{base}/tidewater/api/problems", token)
     assert status == 200 and [(p["file"], p["dag_id"]) for p in problems] == [("broken.yaml", "ingest_invalid_broken")]
     assert "TIDEWATER_TEST_UNSET_BROKERS" in problems[0]["error"], problems
@@ -218,6 +227,8 @@ def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(bro
     assert status == 200 and sorted(p["name"] for p in listed) == ["orders", "secret"]
     status, listed = call_api(f"{base}/tidewater/api/pipelines", tokens["limited"])
     assert status == 200 and [p["name"] for p in listed] == ["orders"]
+    status, page = call_api(f"{base}/tidewater/api/summaries", tokens["limited"])
+    assert status == 200 and page["total"] == 1 and [p["ref"]["name"] for p in page["pipelines"]] == ["orders"], page
     assert call_api(f"{base}/tidewater/api/pipelines/orders", tokens["limited"])[0] == 200
     status, page = call_api(f"{base}/tidewater/data-docs/orders/{batches['orders']}.html", tokens["limited"])
     assert status == 200 and "Data documentation compiled by Great Expectations" in page

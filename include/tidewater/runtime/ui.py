@@ -6,6 +6,9 @@ Airflow's own authentication (the UI's session token, or a bearer token for the 
 | --- | --- |
 | ``GET /tidewater/`` | the plain page (HTML), for an Airflow that cannot load the React apps (``plugin.py``) |
 | ``GET /tidewater/api/pipelines`` | the pipelines: name, DAG ids, target table |
+| ``GET /tidewater/api/summaries`` | a page of pipelines (``offset``, ``limit`` up to 200; sorted by name), each |
+| | with its lag, freshness, last audit, quarantined batches and open dead letters (``tidewater.ops.pipelines``: |
+| | one metadata and one offsets request per broker for the page), and ``total`` |
 | ``GET /tidewater/api/problems`` | pipeline files that do not load on this server: file, failing DAG id, error |
 | ``GET /tidewater/api/pipelines/{name}`` | one pipeline's overview (``tidewater.ops.overview``): lag and |
 | | committed vs end offsets per partition, freshness, the last batches, dead letters by error class, |
@@ -38,6 +41,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "ui_static"  # the React apps' bundle, built by `make setup` (ui_app/)
+PAGE = 50  # pipelines on a page of the navigation page and the dashboard panel
 
 
 # pipeline file -> ((modification time, size), its spec or None when it does not load, why not): see _pipelines
@@ -104,6 +108,26 @@ def _pipeline(name: str) -> Any:
     return _pipelines().get(name)
 
 
+def _page_route(app: Any) -> None:
+    """``GET /api/summaries``: a page of the pipelines the user may read, one line each (the navigation page and the
+    dashboard panel), asking each broker once for the page."""
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi import Depends
+
+    @app.get("/api/summaries")
+    def page(offset: int = 0, limit: int = PAGE, user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008
+        from tidewater.ops.pipelines import summaries
+
+        specs = _pipelines()
+        readable = _readable(user, {s.dag_id for s in specs.values()})
+        shown = [specs[name] for name in sorted(specs) if specs[name].dag_id in readable]
+        offset, limit = max(0, offset), max(1, min(limit, 200))
+        chosen = shown[offset:offset + limit]
+        lines = summaries(chosen)
+        return {"total": len(shown), "offset": offset, "limit": limit,
+                "pipelines": [{"ref": _ref(spec), "summary": line} for spec, line in zip(chosen, lines)]}
+
+
 def _problem_route(app: Any) -> None:
     """``GET /api/problems``: pipeline files that do not load on this server, for users who may read their failing DAG."""
     from airflow.api_fastapi.core_api.security import get_user
@@ -151,7 +175,9 @@ def create_app() -> Any:
         readable = _readable(user, {s.dag_id for s in specs})
         return [_ref(s) for s in specs if s.dag_id in readable]
 
+    _page_route(app)
     _problem_route(app)
+
     @app.get("/api/pipelines/{name}")
     def pipeline(name: str, batches: int = 20, user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008
         from tidewater.ops.overview import overview

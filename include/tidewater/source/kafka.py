@@ -193,6 +193,48 @@ def list_partitions(settings: dict[str, str], topics: list[str], timeout: float 
         consumer.close()
 
 
+def cluster_topics(settings: dict[str, str], names: list[str] | None = None,
+                   timeout: float = 15.0) -> dict[str, list[int]]:
+    """Topics of the cluster with their partitions, in one request (``list_partitions`` asks topic by topic, which
+    suits one pipeline; a page of many pipelines on one broker asks once): the ``names`` that exist (a DescribeTopics
+    request), or every topic but the internal ones when ``names`` is None (a topic pattern needs them all)."""
+    from confluent_kafka import KafkaException, TopicCollection
+
+    where = redact(settings).get("bootstrap.servers")
+    if names is not None:
+        if not names:
+            return {}
+        admin = new_admin(settings, "metadata")
+        out: dict[str, list[int]] = {}
+        for name, fut in admin.describe_topics(TopicCollection(names), request_timeout=timeout).items():
+            try:
+                out[name] = sorted(p.id for p in fut.result().partitions)
+            except KafkaException as e:
+                if e.args[0].code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED):
+                    raise TransientError(f"cannot describe topic {name!r} on {where}: {e}", topic=name) from None
+        return out  # a topic missing or not readable is left out: its pipeline says so
+    consumer = new_consumer(settings, "metadata")
+    try:
+        try:
+            md = consumer.list_topics(timeout=timeout)
+        except Exception as e:
+            raise TransientError(f"cannot list topics on {where}: {e}") from None
+    finally:
+        consumer.close()
+    return {name: sorted(t.partitions) for name, t in md.topics.items()
+            if not name.startswith("__") and t.error is None and t.partitions}
+
+
+def pipeline_topics(spec: PipelineSpec, cluster: dict[str, list[int]]) -> tuple[list[str], list[str]]:
+    """(the pipeline's topics found in ``cluster``, the listed ones missing from it), as ``resolve_topics`` and
+    ``list_partitions`` would find them."""
+    wanted = list(spec.topics)
+    if spec.topic_pattern is not None:
+        pattern = re.compile(spec.topic_pattern)
+        wanted += [t for t in sorted(cluster) if pattern.fullmatch(t) and t not in wanted]
+    return [t for t in wanted if t in cluster], [t for t in spec.topics if t not in cluster]
+
+
 def new_admin(settings: dict[str, str], client_id: str) -> Any:
     """An admin client on the pipeline's librdkafka settings (metadata and offsets only: nothing is consumed)."""
     from confluent_kafka.admin import AdminClient

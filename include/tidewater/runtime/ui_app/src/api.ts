@@ -24,6 +24,13 @@ export type PipelineRef = { name: string; dag_id: string; table: string; targets
   // null: the pipeline has no such DAG (airflow.dags, or no quarantine policy)
   replay_dag_id: string | null; skip_dag_id: string | null; quarantine_dag_id: string | null; retry_dag_id: string | null;
   freshness_deadline_s: number | null };
+// one line of the navigation page and the dashboard panel (GET /tidewater/api/summaries): null where the
+// pipeline's broker or catalog could not be read (``error`` says why)
+export type Summary = { name: string; lag: number | null; partitions: number | null; freshness_s: number | null;
+  audit: { clean: boolean; errors: number; at: string } | null; quarantined: number | null;
+  open_dead_letters: number | null; problems: string[]; error: string | null; transient: boolean | null };
+export type PipelinePage = { total: number; offset: number; limit: number;
+  pipelines: { ref: PipelineRef; summary: Summary }[] };
 export type Problem = { file: string; dag_id: string; error: string };
 export type Letter = { topic: string; partition: number; offset: number; error_class: string; error_message: string;
   letter_batch_id: string; status: string; reason: string | null; action_id: string | null;

@@ -1,8 +1,8 @@
 // Small pieces shared by the pages: loading and errors, tables, the lag chart, an action that asks to confirm.
-import { Badge, Box, Button, Heading, Link, Spinner, Table, Text } from "@chakra-ui/react";
+import { Badge, Box, Button, HStack, Heading, Link, Spinner, Table, Text } from "@chakra-ui/react";
 import { useCallback, useEffect, useRef, useState, type ReactNode } from "react";
 
-import { ApiError, get, root, trigger, type LagPoint, type Overview, type PipelineRef, type Problem } from "./api";
+import { ApiError, get, root, trigger, type LagPoint, type PipelinePage, type Problem } from "./api";
 
 /** Load ``fetcher`` now and on ``reload()``; a response that arrives after a newer load started is dropped. */
 export function useLoad<T>(fetcher: () => Promise<T>, deps: unknown[]) {
@@ -113,13 +113,24 @@ export function RunButton({ label, dagId, conf, className, action, resultId, onD
 
 /** Every pipeline the user may read, each with its overview (null when it could not be loaded): the navigation page's
  * list and the dashboard panel. ``nonce`` reloads it. */
-export function usePipelineOverviews(nonce: number) {
-  return useLoad(async () => {
-    const refs = await get<PipelineRef[]>("pipelines");
-    const overviews = await Promise.all(refs.map((p) =>
-      get<Overview>(`pipelines/${encodeURIComponent(p.name)}?batches=1`).catch(() => null)));
-    return refs.map((p, i) => ({ ref: p, o: overviews[i] }));
-  }, [nonce]);
+/** A page of the pipelines the user may read, one line each (the server asks each broker once for the page). */
+export function usePipelinePage(nonce: number, offset: number) {
+  return useLoad(() => get<PipelinePage>(`summaries?offset=${offset}`), [nonce, offset]);
+}
+
+/** "pipelines 51-100 of 500" with Previous and Next: nothing when one page holds them all. */
+export function Pager({ page, onOffset }: { page: PipelinePage; onOffset: (offset: number) => void }) {
+  if (page.total <= page.limit && page.offset === 0) return null;
+  const last = Math.min(page.offset + page.pipelines.length, page.total);
+  return (
+    <HStack mt={2} className="pager">
+      <Text fontSize="sm" color="fg.muted">{`pipelines ${page.offset + 1}-${last} of ${page.total}`}</Text>
+      <Button size="xs" variant="outline" className="previous" disabled={page.offset === 0}
+        onClick={() => onOffset(Math.max(0, page.offset - page.limit))}>Previous</Button>
+      <Button size="xs" variant="outline" className="next" disabled={last >= page.total}
+        onClick={() => onOffset(page.offset + page.limit)}>Next</Button>
+    </HStack>
+  );
 }
 
 /** Pipeline files that do not load on the API server (a variable unset on this host, a mistake in the file), for

@@ -1,9 +1,10 @@
-// The Tidewater panel of Airflow's dashboard (home page): every pipeline the user may read, with its lag, its
+// The Tidewater panel of Airflow's dashboard (home page): the pipelines the user may read, a page at a time, with its lag, its
 // freshness against its deadline (airflow.freshness), open quarantines and open dead letters, each linking to the
 // pipeline's tab on its ingest DAG. The API lists only pipelines whose ingest DAG the user may read.
 import { Badge, Link, Text } from "@chakra-ui/react";
+import { useState } from "react";
 
-import { Loading, Problems, Rows, Section, airflowLink, usePipelineOverviews } from "../parts";
+import { Loading, Pager, Problems, Rows, Section, airflowLink, usePipelinePage } from "../parts";
 
 function Freshness({ seconds, deadline }: { seconds: number | null | undefined; deadline: number | null }) {
   if (seconds === null || seconds === undefined) return <>-</>;
@@ -14,21 +15,24 @@ function Freshness({ seconds, deadline }: { seconds: number | null | undefined; 
 }
 
 export function DashboardPanel() {
-  const list = usePipelineOverviews(0);
-  if (!list.data) return <Loading error={list.error} what="the Tidewater pipelines" />;
+  const [offset, setOffset] = useState(0);
+  const page = usePipelinePage(0, offset);
+  if (!page.data) return <Loading error={page.error} what="the Tidewater pipelines" />;
+  const listed = page.data.pipelines;
   return (
     <Section title="Tidewater">
-      {list.data.length ? (
+      {listed.length ? (
         <Rows id="tidewater-dashboard" rowClass="dashboard-pipeline"
           head={["pipeline", "lag", "freshness (deadline)", "quarantined", "open dead letters"]}
-          rows={list.data.map(({ ref, o }) => [
+          rows={listed.map(({ ref, summary: s }) => [
             <Link key="l" colorPalette="blue" href={airflowLink(`dags/${ref.dag_id}/plugin/tidewater-pipeline`)}>{ref.name}</Link>,
-            o ? o.status.total_lag : "?",
-            <Freshness key="f" seconds={o?.freshness_s} deadline={ref.freshness_deadline_s} />,
-            o ? o.quarantined.length : "?",
-            o ? (o.letters.open ?? 0) : "?",
+            s.lag ?? "?",
+            <Freshness key="f" seconds={s.freshness_s} deadline={ref.freshness_deadline_s} />,
+            s.quarantined ?? "?",
+            s.open_dead_letters ?? "?",
           ])} />
       ) : <Text color="fg.muted">no pipelines you may read</Text>}
+      <Pager page={page.data} onOffset={setOffset} />
       <Problems id="tidewater-dashboard-problems" nonce={0} />
     </Section>
   );
