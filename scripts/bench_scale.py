@@ -50,6 +50,7 @@ sys.path.insert(0, str(REPO))
 from scripts.benchlib import command_line, fresh_home, timed_batch, write_section  # noqa: E402
 
 BEGIN, END = "<!-- scale:begin -->", "<!-- scale:end -->"
+VIEW_PAGE = 50  # the navigation page's page (tidewater.runtime.ui.PAGE)
 CHART = REPO / "docs" / "img" / "bench-scale.png"
 FIGURES = REPO / "docs" / "img" / "bench-scale.json"  # the figures of the report in BENCHMARKS.md and the docs
 PAGE = REPO / "docs" / "explanation" / "scale.md"  # the docs' page on scale: the same section, its chart beside it
@@ -129,6 +130,57 @@ def pipelines_curve(work: Path, counts: list[int], repeat: int) -> list[dict]:
         rows.append({"pipelines": n, "dags": dags, "task_dags": task_dags, "task_parse": task, "processor_parse": processor,
                      "load_all": load_all, "page_before": (n + 1) * load_all, "page_after": cold, "page_warm": warm})
         print(rows[-1], flush=True)
+    return rows
+
+
+def view_api_curve(work: Path, counts: list[int], shown: int) -> list[dict]:
+    """The navigation page's API against the pipelines in the folder, on the embedded broker (a topic of one partition
+    a pipeline; the first ``shown`` pipelines, a page, ingested once so that their tables, ledger and letter counts
+    exist). Before: the page asked for each pipeline's overview (a consumer and an admin client each). Now: a page of
+    ``shown`` pipelines' lines (``tidewater.ops.pipelines.summaries``: one metadata and one offsets request per
+    broker), and all N lines in one call for the broker part's growth."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tidewater.config.parse import discover_pipelines, load_pipeline
+    from tidewater.dev import broker as embedded
+    from tidewater.dev.sample_data import pizza_events, produce
+    from tidewater.ops.overview import overview
+    from tidewater.ops.pipelines import summaries
+
+    rows = []
+    b = embedded.start(log_path=work / "broker-view.log")
+    os.environ["TIDEWATER_KAFKA_BOOTSTRAP"] = b.bootstrap
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        names = [f"topic-p{i:04d}" for i in range(max(counts))]
+        for i in range(0, len(names), 100):
+            for fut in admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1)
+                                            for t in names[i:i + 100]]).values():
+                fut.result(timeout=60)
+        folder = work / f"pipelines-{max(counts)}"
+        pipeline_folder(folder, max(counts))
+        specs = [load_pipeline(path) for path in discover_pipelines(folder)]
+        for spec in specs[:shown]:
+            produce(b.bootstrap, spec.topics[0], pizza_events(20, seed=len(rows)), partitions=1, create=False)
+            timed_batch(spec, "local[1]", inline=True)
+            produce(b.bootstrap, spec.topics[0], pizza_events(5, seed=1), partitions=1, create=False)
+        for n in counts:
+            mine = sorted(specs[:n], key=lambda s: s.name)
+            t0 = time.perf_counter()
+            for spec in mine:
+                overview(spec, batches=1)
+            t1 = time.perf_counter()
+            page = summaries(mine[:shown])
+            t2 = time.perf_counter()
+            every = summaries(mine)
+            t3 = time.perf_counter()
+            assert all(line["error"] is None for line in every), [line for line in every if line["error"]][:3]
+            assert all(line["lag"] == 5 for line in page), page[:3]
+            rows.append({"pipelines": n, "shown": len(page), "api_before": t1 - t0, "api_page": t2 - t1,
+                         "api_all": t3 - t2})
+            print(rows[-1], flush=True)
+    finally:
+        b.stop()
     return rows
 
 
@@ -363,7 +415,8 @@ def _panel(ax, x: list, curves: list[tuple[list, str, str]], xlabel: str, ylabel
     ax.legend(fontsize=8)
 
 
-def chart(pipes: list[dict], parts: list[dict], letters: list[dict], routed: list[dict], history: list[dict]) -> None:
+def chart(pipes: list[dict], parts: list[dict], letters: list[dict], routed: list[dict], history: list[dict],
+          view: list[dict]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -380,6 +433,12 @@ def chart(pipes: list[dict], parts: list[dict], letters: list[dict], routed: lis
                             ([r["page_after"] for r in pipes], "o-", "now, a fresh view (each file loaded once)"),
                             ([r["page_warm"] for r in pipes], "o-", "now, the page shown again")],
                "pipelines", "seconds", "Navigation page: pipeline lookups")
+    if view:
+        n = [r["pipelines"] for r in view]
+        _panel(axes[1], n, [([r["api_before"] for r in view], "s--", "API before: an overview per pipeline"),
+                            ([r["api_page"] for r in view], "s-", f"API now: a page ({view[-1]['shown']} pipelines)"),
+                            ([r["api_all"] for r in view], "s:", "API now: every pipeline's line at once")],
+               "pipelines", "seconds", "Navigation page: lookups and API")
     if parts:
         apart, packed = ([r for r in parts if r["packed"] == k] for k in (False, True))
         _panel(axes[2], [r["partitions"] for r in packed],
@@ -435,8 +494,8 @@ def section(cmd: str, run: dict, chart_path: str) -> str:
                   "folder: that is Airflow's own cost, once per parse interval, not once per task. The navigation page "
                   "looked every file up again for each pipeline's overview (quadratic); now the list loads each file once "
                   "while unchanged and each overview looks up the one file named after its pipeline, so a fresh view's "
-                  "page costs one folder load and a page shown again one look at each file's modification time. The "
-                  "page's overview requests still ask Kafka and the catalog once per pipeline (not measured here).", ""]
+                  "page costs one folder load and a page shown again one look at each file's modification time.", ""]
+        lines += _view_lines(run.get("view_api", []))
     if parts:
         lines += [f"### 2. Partitions of one topic, {parts[0]['records']:,} records a batch (spark-submit, local[2])", "",
                   "| partitions | tasks | plan | write | gate | commit | batch | data files | MB |",
@@ -475,6 +534,25 @@ def section(cmd: str, run: dict, chart_path: str) -> str:
         lines += _routed_lines(routed)
     lines.append(END)
     return "\n".join(lines)
+
+
+def _view_lines(view: list[dict]) -> list[str]:
+    """The navigation page's API: an overview per pipeline (before) against a page of lines (now)."""
+    if not view:
+        return []
+    last = view[-1]
+    out = [f"Command: `{last['command']}` ({last['day']})." if last.get("command") else "", "",
+           "The navigation page's API on the embedded broker (`view_api_curve`: a one-partition topic a pipeline, the "
+           f"first {last['shown']} ingested once):", "",
+           "| pipelines | before: an overview per pipeline | now: the first page | now / before | every line at once |",
+           "|---:|---:|---:|---:|---:|"]
+    out += [f"| {r['pipelines']} | {r['api_before']:.2f} s | {r['api_page']:.2f} s ({r['shown']}) | "
+            f"{r['api_page'] / r['api_before']:.2f}x | {r['api_all']:.2f} s |" for r in view]
+    out += ["", f"At {last['pipelines']} pipelines the page's API takes {last['api_page']:.2f} s where the overviews took "
+            f"{last['api_before']:.1f} s. The page asks the broker once for its metadata and once for the offsets of "
+            "every partition on the page, then reads each pipeline's own table metadata (offsets, the kept dead-letter "
+            "counts, the ledger's last verdict), so it grows with the page, not with the folder.", ""]
+    return out
 
 
 def _history_lines(history: list[dict]) -> list[str]:
@@ -531,6 +609,7 @@ def _routed_lines(routed: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pipelines", default="1,50,200,500", help="pipeline counts (empty: skip the curve)")
+    ap.add_argument("--view", default="1,50,200,500", help="pipelines for the navigation page's API (empty: skip)")
     ap.add_argument("--partitions", default="6,100,1000", help="partition counts (empty: skip the curve)")
     ap.add_argument("--letters", default="1000,100000,1000000", help="dead-letter counts (empty: skip the curve)")
     ap.add_argument("--history", default="10,300,1000", help="snapshots of the history curve (empty: skip it)")
@@ -547,6 +626,10 @@ def main(argv: list[str] | None = None) -> None:
         work = fresh_home("bench-scale")
         counts = [int(x) for x in args.pipelines.split(",") if x]
         pipes = pipelines_curve(work, counts, args.repeat) if counts else []
+        counts = [int(x) for x in args.view.split(",") if x]
+        view = view_api_curve(work, counts, VIEW_PAGE) if counts else []
+        for row in view:
+            row.update(command=command_line("make bench-scale"), day=time.strftime("%Y-%m-%d", time.gmtime()))
         counts = [int(x) for x in args.partitions.split(",") if x]
         parts = partitions_curve(work, counts, args.records, args.master) if counts else []
         counts = [int(x) for x in args.letters.split(",") if x]
@@ -560,11 +643,12 @@ def main(argv: list[str] | None = None) -> None:
         for row in routed:
             row.update(command=command_line("make bench-scale"), day=time.strftime("%Y-%m-%d", time.gmtime()))
         run = {"command": command_line("make bench-scale"), "cores": os.cpu_count() or 0,
-               "day": time.strftime("%Y-%m-%d", time.gmtime()), "pipelines": pipes, "partitions": parts,
+               "day": time.strftime("%Y-%m-%d", time.gmtime()), "pipelines": pipes, "view_api": view, "partitions": parts,
                "letters": letters, "routed": routed, "history": history}
         (work / "rows.json").write_text(json.dumps(run, indent=1))
         FIGURES.write_text(json.dumps(run, indent=1))  # kept beside the chart: --from-json redraws it
-    chart(run["pipelines"], run["partitions"], run.get("letters", []), run.get("routed", []), run.get("history", []))
+    chart(run["pipelines"], run["partitions"], run.get("letters", []), run.get("routed", []), run.get("history", []),
+          run.get("view_api", []))
     for output, image in ((args.output, "docs/img/bench-scale.png"), (PAGE, "../img/bench-scale.png")):
         write_section(output, BEGIN, END, section(run["command"], run, image))
 
