@@ -30,7 +30,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: bench-scale ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -43,7 +43,7 @@ help:
 	@echo "make s3-stand-in  - the local S3 endpoint the tests use (moto's server, its own virtualenv)"
 	@echo "make spark-connect - install (pyspark 4.0.x distribution, its own folder) and start a Spark Connect server on 127.0.0.1:15002; make spark-connect-stop stops it"
 	@echo "make soak   - SOAK_MINUTES (default 60) of production with faults (scheduler on PostgreSQL, three pipelines), then every table audited; writes SOAK.md"
-	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage; make bench-cdc: change batches vs table size, then 100 change tables in one pipeline vs 100 pipelines (make bench-cdc-tables alone); make bench-data-docs: Data Docs page cost as history grows; make bench-audit: the audit's cost as the ledger grows; make bench-cluster: local[2] vs a standalone cluster; make bench-profile: the data path's CPU per stage in one worker; make bench-dag: a one-record batch through the ingest DAG on a running scheduler; make bench-scale: costs against pipelines, partitions, history, dead letters and routed tables)"
+	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage; make bench-cdc: change batches vs table size, then 100 change tables in one pipeline vs 100 pipelines (make bench-cdc-tables alone); make bench-data-docs: Data Docs page cost as history grows; make bench-audit: the audit's cost as the ledger grows; make bench-cluster: local[2] vs a standalone cluster; make bench-profile: the data path's CPU per stage in one worker; make bench-dag: a one-record batch through the ingest DAG on a running scheduler; make bench-scale: costs against pipelines, partitions, history, dead letters and routed tables; make bench-sizing: Airflow's CPU per pipeline, docs/explanation/sizing.md)"
 
 # --- set-up (idempotent) -------------------------------------------------------------------------
 # Java and JDBC drivers for Spark; Chromium for the browser tests of the Airflow UI (Playwright drives it);
@@ -229,6 +229,11 @@ bench-profile: setup
 
 bench-dag: setup test-system-deps s3-stand-in executor-env spark-connect-install
 	$(PY) scripts/bench_dag_latency.py $(BENCH_ARGS)
+
+# How many pipelines one Airflow carries: Airflow's CPU for 1, 20 and 50 caught-up pipelines on a one-minute
+# schedule (LocalExecutor on PostgreSQL), and one routed pipeline over 20 topics (about 25 minutes).
+bench-sizing: setup test-system-deps
+	$(PY) scripts/bench_sizing.py $(BENCH_ARGS)
 
 # Costs as a platform grows (pipelines in the folder, partitions of a topic), with the fixes' before and after:
 # a section of BENCHMARKS.md and docs/img/bench-scale.png (about 25 minutes). BENCH_ARGS="--pipelines 1,50 --partitions 6,100".

@@ -1,0 +1,250 @@
+"""`make bench-sizing`: how many pipelines one Airflow carries. The CPU that pipelines on a one-minute schedule cost
+Airflow's scheduler (with its LocalExecutor workers and their task processes), its DAG processor and its API server,
+with 1, 20 and 50 pipelines, and one routed pipeline over 20 topics against 20 pipelines of one topic each.
+
+Real components on 127.0.0.1, as `make bench-dag` starts them (scripts/soak.py's Services, without the object store,
+the schema registry and the Spark Connect server, which these runs do not use): Debian's PostgreSQL (Airflow's
+metadata and the Iceberg catalog), the embedded broker, and Airflow's api-server, DAG processor and scheduler
+(LocalExecutor, parallelism 4) as separate processes.
+
+The pipelines are caught up (their topics hold no new record), so each minute's ingest run is the plan task, which
+finds nothing to do and short-circuits the others: what a pipeline costs Airflow whatever its data. A batch's own work
+(the write step's engine) comes on top and is measured by `make bench-dag` and `make bench`.
+
+Each configuration runs ``--warmup`` seconds (the DAG processor finds the new files, the first runs start), then CPU
+is sampled over ``--window`` seconds: each component's own CPU plus its children's (live and reaped), from /proc
+(psutil). The ingest runs that ended in the window and the tasks that ran come from the metadata database.
+
+    make bench-sizing [BENCH_ARGS="--counts 1,20 --window 120"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from scripts.benchlib import command_line, write_section  # noqa: E402
+from scripts.soak import REPO, Services, metadata_query  # noqa: E402
+
+BEGIN, END = "<!-- sizing: begin -->", "<!-- sizing: end -->"
+PAGE = REPO / "docs" / "explanation" / "sizing.md"
+COMPONENTS = ("scheduler", "dag-processor", "api-server")
+
+
+class SizingServices(Services):
+    """PostgreSQL, the broker and Airflow: the soak's services without what these runs do not use."""
+
+    def __init__(self, work: Path) -> None:  # noqa: D107 - Services' own start, fewer services
+        from tidewater.dev import broker, postgres
+        from tidewater.dev.broker import free_port
+
+        self.work = work
+        self.postgres = postgres.start(work / "postgres.log")
+        self.broker = broker.start(log_path=work / "broker.log")
+        self.catalog_url = self.postgres.create_database("sizing_catalog")
+        self.metadata_url = self.postgres.create_database("sizing_airflow")
+        self.airflow = {}
+        self.api_port = free_port()
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "20"}
+
+    def stop(self) -> None:
+        self.stop_airflow()
+        self.broker.stop()
+        self.postgres.stop()
+
+
+def write_pipelines(svc: Services, names: list[str], routed: bool) -> None:
+    """The pipelines folder holds exactly ``names``'s files (one topic each), or, ``routed``, one pipeline reading the
+    topics of ``names`` into one table per topic."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    folder = svc.work / "pipelines"
+    folder.mkdir(exist_ok=True)
+    for old in folder.glob("*.yaml"):
+        old.unlink()
+    admin = AdminClient({"bootstrap.servers": svc.broker.bootstrap})
+    new = [t for t in (f"{n}-events" for n in names) if t not in admin.list_topics(timeout=10).topics]
+    for fut in (admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1) for t in new]).values()
+                if new else []):
+        fut.result(timeout=60)
+    common = {"kafka": {"bootstrap_servers": svc.broker.bootstrap},
+              "catalog": {"name": "lake", "properties": {"type": "sql", "uri": svc.catalog_url,
+                                                          "warehouse": f"file://{svc.work / 'warehouse'}"}},
+              "schedule": "* * * * *", "maintenance": {"schedule": None}, "audit": {"schedule": None},
+              "airflow": {"retries": 0}, "spark": {"master": "local[1]"}}
+    if routed:
+        doc = {"name": "routed", "topics": [f"{n}-events" for n in names], "routing": {"namespace": "rpc"},
+               "tables": [{"identifier": f"rpc.{n}", "topics": [f"{n}-events"]} for n in names], **common}
+        (folder / "routed.yaml").write_text(yaml.safe_dump(doc))
+        return
+    for n in names:
+        (folder / f"{n}.yaml").write_text(yaml.safe_dump({"name": n, "topics": [f"{n}-events"],
+                                                          "table": {"identifier": f"rpc.{n}"}, **common}))
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(CPU seconds of a process alone, of it and all its descendants, live and reaped: a reaped child's time is in
+    its parent's ``children_*``)."""
+    import psutil
+
+    own, total = 0.0, 0.0
+    try:
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+            own += t.user + t.system if p.pid == pid else 0.0
+    except psutil.NoSuchProcess:
+        pass
+    return own, total
+
+
+def measure(svc: Services, label: str, names: list[str], topics: int, warmup: float, window: float) -> dict:
+    """CPU per component over ``window`` seconds after ``warmup``; the ingest runs of pipelines ``names`` that ended
+    in it, their tasks, and how late the runs started (the median of start minus the time the run was due)."""
+    time.sleep(warmup)
+    started = datetime.now(timezone.utc)
+    before = {c: cpu_seconds(svc.airflow[c].pid) for c in COMPONENTS}
+    t0 = time.monotonic()
+    time.sleep(window)
+    after = {c: cpu_seconds(svc.airflow[c].pid) for c in COMPONENTS}
+    seconds = time.monotonic() - t0
+    ended = started + timedelta(seconds=seconds)
+    since, until = started.isoformat(), ended.isoformat()
+    dags = ", ".join(f"'ingest_{n}'" for n in names)
+    ended = f"end_date >= '{since}' AND end_date < '{until}'"
+    (runs, late), = metadata_query(svc, "SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM "
+                                        f"start_date - run_after)) FROM dag_run WHERE dag_id IN ({dags}) AND "
+                                        f"state = 'success' AND {ended}")
+    (tasks,), = metadata_query(svc, f"SELECT count(*) FROM task_instance WHERE dag_id IN ({dags}) AND state = 'success' "
+                                    f"AND {ended}")
+    (failed,), = metadata_query(svc, f"SELECT count(*) FROM dag_run WHERE dag_id IN ({dags}) AND state = 'failed' "
+                                     f"AND {ended}")
+    row = {"label": label, "pipelines": len(names), "topics": topics, "start_delay_s": float(late or 0),
+           "window_s": round(seconds, 1), "runs": runs,
+           "tasks": tasks, "failed_runs": failed, **{c: after[c][1] - before[c][1] for c in COMPONENTS},
+           "scheduler_loop": after["scheduler"][0] - before["scheduler"][0]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def pause_plain_pipelines(svc: Services) -> None:
+    """Pause the plain pipelines' ingest DAGs in Airflow's metadata database (the scheduler reads it there)."""
+    import psycopg2
+
+    conn = psycopg2.connect(svc.metadata_url.replace("postgresql+psycopg2", "postgresql"))
+    try:
+        with conn, conn.cursor() as cur:  # committed on leaving the block
+            cur.execute("UPDATE dag SET is_paused = true WHERE dag_id LIKE 'ingest_s%'")
+    finally:
+        conn.close()
+
+
+def run_all(work: Path, counts: list[int], routed_topics: int, warmup: float, window: float) -> list[dict]:
+    os.environ["TIDEWATER_HOME"] = str(work / "home")
+    svc = SizingServices(work)
+    rows = []
+    try:
+        write_pipelines(svc, ["s000"], routed=False)
+        svc.start_airflow()
+        for n in counts:
+            names = [f"s{i:03d}" for i in range(n)]
+            write_pipelines(svc, names, routed=False)
+            rows.append(measure(svc, f"{n} pipeline{'s' if n > 1 else ''}", names, n, warmup, window))
+        if routed_topics:
+            write_pipelines(svc, [f"s{i:03d}" for i in range(routed_topics)], routed=True)
+            # the plain pipelines' DAGs stay scheduled until the DAG processor finds their files gone: paused here
+            # at once, so that their runs do not share the routed pipeline's window
+            pause_plain_pipelines(svc)
+            rows.append(measure(svc, f"1 routed pipeline, {routed_topics} topics", ["routed"], routed_topics, warmup,
+                                window))
+    finally:
+        svc.stop()
+    return rows
+
+
+def report(rows: list[dict], cmd: str, window: float) -> str:
+    cores = os.cpu_count() or 1
+    lines = [BEGIN, "## How many pipelines one Airflow carries (`make bench-sizing`)", "",
+             f"Command: `{cmd}` ({time.strftime('%Y-%m-%d', time.gmtime())}, {cores} cores). Caught-up pipelines on a "
+             f"one-minute schedule, LocalExecutor on PostgreSQL; CPU in cores (CPU-seconds a second) over a "
+             f"{window:.0f}-second window.", "",
+             "| configuration | ingest runs a minute (asked) | median start delay | scheduler's loop | its workers and "
+             "tasks | DAG processor | API server | all |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        minutes = r["window_s"] / 60
+        total = sum(r[c] for c in COMPONENTS)
+        w = r["window_s"]
+        lines.append(f"| {r['label']} | {r['runs'] / minutes:.1f} ({r['pipelines']}) | {r['start_delay_s']:.1f} s | "
+                     f"{r['scheduler_loop'] / w:.2f} | {(r['scheduler'] - r['scheduler_loop']) / w:.2f} | "
+                     f"{r['dag-processor'] / w:.2f} | {r['api-server'] / w:.2f} | {total / w:.2f} |")
+    lines += ["", *verdict(rows), END]
+    return "\n".join(lines)
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    """What the figures say: Airflow's fixed cost and a pipeline's, pipelines per core, where this machine saturates,
+    and the routed pipeline against as many pipelines."""
+    plain = sorted((r for r in rows if r["pipelines"] == r["topics"] and r["runs"]), key=lambda r: r["pipelines"])
+    if len(plain) < 2:
+        return ["Fewer than two configurations ran: no slope to draw."]
+
+    def cores(r: dict) -> float:
+        return sum(r[c] for c in COMPONENTS) / r["window_s"]
+
+    low, high = plain[0], plain[-1]
+    per_run = (cores(high) - cores(low)) * 60 / (high["runs"] / (high["window_s"] / 60) - low["runs"] / (low["window_s"] / 60))
+    base = cores(low) - per_run * low["runs"] / low["window_s"]
+    out = [f"Airflow's own cost with {low['pipelines']} pipeline(s) is about {base:.2f} cores (the scheduler's loop, "
+           f"the DAG processor, the API server). Each further caught-up pipeline on a one-minute schedule adds one run a "
+           f"minute of about {per_run:.1f} CPU-seconds (the slope from {low['pipelines']} to {high['pipelines']} "
+           f"pipelines): one core carries about {60 / per_run:.0f} such pipelines before their batches do any work."]
+    late = [r for r in plain if r["start_delay_s"] > 30 or r["runs"] < 0.75 * r["pipelines"] * r["window_s"] / 60]
+    if late:
+        r = late[0]
+        out.append(f"At {r['pipelines']} pipelines this {os.cpu_count()}-core machine ran "
+                   f"{r['runs'] / (r['window_s'] / 60):.1f} runs a minute of the {r['pipelines']} asked, starting them "
+                   f"{r['start_delay_s']:.0f} s late (median): it is saturated.")
+    routed = [r for r in rows if r["pipelines"] == 1 and r["topics"] > 1]
+    twin = [r for r in plain if routed and r["pipelines"] == routed[0]["topics"]]
+    if routed and twin:
+        a, b = cores(routed[0]), cores(twin[0])
+        out.append(f"One routed pipeline over {routed[0]['topics']} topics costs {a:.2f} cores against {b:.2f} for "
+                   f"{twin[0]['pipelines']} pipelines of one topic each ({b / a:.1f}x).")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--counts", default="1,20,50", help="pipelines of each configuration")
+    ap.add_argument("--routed", type=int, default=20, help="topics of the routed pipeline (0: skip it)")
+    ap.add_argument("--warmup", type=float, default=90)
+    ap.add_argument("--window", type=float, default=240)
+    ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
+    args = ap.parse_args(argv)
+    from scripts.benchlib import fresh_home
+
+    work = fresh_home("bench-sizing")
+    rows = run_all(work, [int(x) for x in args.counts.split(",") if x], args.routed, args.warmup, args.window)
+    (work / "rows.json").write_text(json.dumps(rows, indent=1))
+    section = report(rows, command_line("make bench-sizing"), args.window)
+    for output in (args.output, PAGE):
+        write_section(output, BEGIN, END, section)
+
+
+if __name__ == "__main__":
+    main()
