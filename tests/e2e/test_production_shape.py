@@ -65,11 +65,12 @@ class Deployment:
         self.catalog_url = postgres.create_database(f"catalog_{bucket.replace('-', '_')}")
         self.steps = 0
 
-    def pipeline(self, name: str, **sections: object) -> str:
-        """A pipeline file's text: catalog in PostgreSQL, warehouse and staging in the bucket, secrets by reference."""
+    def pipeline(self, name: str, catalog_conn: str | None = None, **sections: object) -> str:
+        """A pipeline file's text: catalog in PostgreSQL, warehouse and staging in the bucket, secrets by reference
+        (``${ENV}``), or the whole catalog from the Airflow connection ``catalog_conn`` (``catalog_connection``)."""
         doc = {
             "name": name, "kafka": {"bootstrap_servers": self.broker.bootstrap},
-            "catalog": {"name": "lake", "properties": {
+            "catalog": {"name": "lake", "conn_id": catalog_conn} if catalog_conn else {"name": "lake", "properties": {
                 "type": "sql", "uri": self.catalog_url, "warehouse": f"s3://{self.bucket}/warehouse",
                 "s3.endpoint": self.endpoint, "s3.access-key-id": "${TEST_S3_KEY}",
                 "s3.secret-access-key": "${TEST_S3_SECRET}", "s3.region": "us-east-1"}},
@@ -79,6 +80,17 @@ class Deployment:
         }
         doc["validation"] = {**doc.get("validation", {}), "data_docs_dir": f"s3://{self.bucket}/data-docs"}
         return json.dumps(doc)  # JSON is YAML
+
+    def catalog_connection(self) -> str:
+        """This deployment's catalog as an Airflow connection (``AIRFLOW_CONN_<ID>``'s JSON form): PostgreSQL in
+        its fields, the warehouse and the bucket's credentials in its extra."""
+        from urllib.parse import urlparse
+
+        url = urlparse(self.catalog_url)
+        return json.dumps({"conn_type": "postgres", "host": url.hostname, "port": url.port, "login": url.username,
+                           "schema": url.path.lstrip("/"),
+                           "extra": {"warehouse": f"s3://{self.bucket}/warehouse", "s3.endpoint": self.endpoint,
+                                     "s3.access-key-id": KEY, "s3.secret-access-key": SECRET, "s3.region": "us-east-1"}})
 
     def step(self, task: str, pipeline_text: str, args: object = None) -> object:
         """Run one task in a new process on a private directory (home, working directory, temporary files, Spark's
@@ -198,20 +210,21 @@ def test_ingest_change_and_replay_batches_with_every_step_on_its_own_worker(brok
 def test_the_ingest_dag_through_airflows_local_executor_on_postgresql(broker, topic, postgres, s3_endpoint, tmp_path,
                                                                       monkeypatch):
     """The ingest DAG run by Airflow's scheduler with PostgreSQL as its metadata database and its LocalExecutor
-    (`airflow standalone`: each task a separate process), staging in the bucket and the catalog in PostgreSQL: one
-    triggered run lands 150 records once with exact offsets; its tasks ran in separate processes; nothing was
-    staged under the Airflow workers' TIDEWATER_HOME, the batch's plan and manifest are in the bucket; XCom carries
-    the plan's location and no credential, and no task log shows the secret key."""
+    (`airflow standalone`: each task a separate process), staging in the bucket and the catalog in PostgreSQL, the
+    catalog and the bucket's credentials from an Airflow connection (`catalog.conn_id`; the spark-submit driver gets
+    them from the write task): one triggered run lands 150 records once with exact offsets; its tasks ran in separate
+    processes; nothing was staged under the Airflow workers' TIDEWATER_HOME, the batch's plan and manifest are in the
+    bucket; XCom carries the plan's location and no credential, and no task log shows the secret key."""
     import psycopg2
 
     from tests.conftest import REPO
     from tests.e2e.conftest import standalone, wait_for_runs
 
-    monkeypatch.setenv("TEST_S3_KEY", KEY)
-    monkeypatch.setenv("TEST_S3_SECRET", SECRET)
     d = Deployment(tmp_path, broker, postgres, s3_endpoint, "airflow-shape")
-    orders = d.pipeline("orders", topics=[topic], table={"identifier": "rpc.orders"}, schedule=None,
-                        validation={"not_null": ["order_id"]})
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEWATER_CATALOG", d.catalog_connection())  # this process reads the table too
+    orders = d.pipeline("orders", catalog_conn="tidewater_catalog", topics=[topic], table={"identifier": "rpc.orders"},
+                        schedule=None, validation={"not_null": ["order_id"]})
+    assert SECRET not in orders and KEY not in orders
     pipelines, af, tw_home = tmp_path / "pipelines", tmp_path / "airflow", tmp_path / "tidewater-home"
     for p in (pipelines, af, tw_home):
         p.mkdir()

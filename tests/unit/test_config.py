@@ -215,6 +215,41 @@ def test_kafka_settings_from_an_airflow_connection(monkeypatch, tmp_path):
         kafka_settings(missing)
 
 
+def test_catalog_properties_from_an_airflow_connection(monkeypatch, tmp_path):
+    """`catalog.conn_id`: a postgres connection is a SQL catalog (its password in the URL), an https one a REST
+    catalog (login and password as the OAuth2 credential), an aws one a Glue catalog; the extra JSON adds properties
+    and the pipeline's own properties win. Parsing the pipeline does not ask for the connection (the DAG processor
+    parses every file often); the environment the ingest DAG gives its Spark job is used before Airflow."""
+    from tidewater.config import connections
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setattr(connections, "_CACHE", {})
+    conns = {
+        "lake_pg": {"conn_type": "postgres", "host": "db.internal", "port": 5433, "login": "tw", "password": "p@ss/w",
+                    "schema": "iceberg", "extra": {"warehouse": "s3://lake/wh", "s3.secret-access-key": "s3-secret"}},
+        "lake_rest": {"conn_type": "https", "host": "catalog.example.com", "login": "client", "password": "cs",
+                      "extra": {"warehouse": "prod"}},
+        "lake_glue": {"conn_type": "aws", "login": "AKIAEXAMPLEEXAMPLE00", "password": "aws-secret",
+                      "extra": {"client.region": "eu-west-1"}},
+    }
+    for conn_id, conn in conns.items():
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
+    pg = parse_pipeline({**BASE, "catalog": {"conn_id": "lake_pg", "properties": {"warehouse": "s3://other/wh"}}})
+    assert pg.catalog_properties() == {"type": "sql", "uri": "postgresql+psycopg2://tw:p%40ss%2Fw@db.internal:5433/iceberg",
+                                       "warehouse": "s3://other/wh", "s3.secret-access-key": "s3-secret"}
+    rest = parse_pipeline({**BASE, "catalog": {"conn_id": "lake_rest"}})
+    assert rest.catalog_properties() == {"type": "rest", "uri": "https://catalog.example.com", "credential": "client:cs",
+                                         "warehouse": "prod"}
+    glue = parse_pipeline({**BASE, "catalog": {"conn_id": "lake_glue"}})
+    assert glue.catalog_properties() == {"type": "glue", "client.access-key-id": "AKIAEXAMPLEEXAMPLE00",
+                                         "client.secret-access-key": "aws-secret", "client.region": "eu-west-1"}
+    missing = parse_pipeline({**BASE, "catalog": {"conn_id": "nope"}})  # parsed and validated without asking
+    with pytest.raises(ConfigError, match="catalog.conn_id: Airflow connection 'nope' not found"):
+        missing.catalog_properties()
+    monkeypatch.setenv(connections.CATALOG_CONFIG_ENV, json.dumps({"type": "sql", "uri": "sqlite:////x.db"}))
+    assert missing.catalog_properties() == {"type": "sql", "uri": "sqlite:////x.db"}
+
+
 def test_every_problem_of_a_pipeline_file_is_reported_at_once(tmp_path):
     """Unknown keys (with their "did you mean" hints) and values of the wrong type anywhere in the file come
     in one error, one line each; so do the cross-field problems of different sections."""

@@ -382,6 +382,13 @@ class CatalogSpec:
         "SqlCatalog at `$TIDEWATER_HOME/catalog.db` with the warehouse at `$TIDEWATER_HOME/warehouse`.",
         default_factory=dict,
     )
+    conn_id: str | None = _doc(
+        "Airflow connection id holding the catalog, so that Airflow's secrets backends serve its credentials: a "
+        "`postgres`/`mysql`/`sqlite` connection is a SQL catalog, an `http`/`https` one a REST catalog (login and "
+        "password as its OAuth2 `credential`, a password alone as its `token`), an `aws` one a Glue catalog; the "
+        "connection's extra JSON adds properties (`warehouse`, `s3.*`, ...). `properties` set here win.",
+        default=None,
+    )
     case_sensitive: bool = _doc(
         "Whether the catalog tells table names apart by case. Off (default, the strictest common rule: Hive, Glue "
         "and Spark fold names to lower case, a SQL catalog on MySQL compares them without case): a dynamic route "
@@ -802,6 +809,10 @@ class PipelineSpec:
 
     def catalog_properties(self) -> dict[str, str]:
         props = dict(self.catalog.properties)
+        if self.catalog.conn_id:
+            from tidewater.config.connections import catalog_connection
+
+            props = {**catalog_connection(self.catalog.conn_id), **props}
         if not props:
             home = home_dir()
             props = {

@@ -249,8 +249,10 @@ def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
     """Catalog properties, Airflow schedules and retries, and the expectation suite files."""
     check_schedule("schedule", spec.schedule)
     check_schedule("maintenance.schedule", spec.maintenance.schedule)
-    props = spec.catalog_properties()
-    if "type" not in props and "uri" not in props:
+    # a catalog connection is resolved where the catalog is used, never at parse time (the DAG processor would ask
+    # Airflow's secrets backend for every pipeline at every parse)
+    props = spec.catalog.properties if spec.catalog.conn_id else spec.catalog_properties()
+    if not spec.catalog.conn_id and "type" not in props and "uri" not in props:
         raise ConfigError("catalog.properties: set at least `type` (sql, rest, glue, hive) or `uri`")
     if spec.airflow.retries < 0:
         raise ConfigError("airflow.retries: must be zero or more")
@@ -271,12 +273,17 @@ def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
 def _check_staging(spec: PipelineSpec) -> None:
     """The staging area and the Data Docs project: a local path or a scheme the file layer serves (its filesystem
     is built, not reached); Spark's cluster deploy mode where Spark allows it."""
+    from tidewater.staging import locate
+
+    # the file settings of the catalog's own properties: a catalog connection is not resolved at parse time
+    props = {**(spec.catalog.properties if spec.catalog.conn_id else spec.catalog_properties()),
+             **spec.batch.staging_properties}
     if spec.batch.staging_dir:
-        spec.stage(spec.batch.staging_dir)
+        locate(spec.batch.staging_dir, props, "batch.staging_dir")
     if spec.spark.master.startswith("spark://") and spec.spark.conf.get("spark.submit.deployMode") == "cluster":
         raise cluster_mode_refused("spark.conf spark.submit.deployMode")
     if spec.validation.data_docs_dir:
-        spec.stage(spec.validation.data_docs_dir, "validation.data_docs_dir")
+        locate(spec.validation.data_docs_dir, props, "validation.data_docs_dir")
 
 
 def _check_audit(spec: PipelineSpec) -> None:
@@ -425,11 +432,11 @@ def check_hosts(spec: PipelineSpec, executor: str | None) -> None:
     if not multi_host(executor):
         return
     problems = []
-    if not spec.catalog.properties:
+    if not spec.catalog.properties and not spec.catalog.conn_id:
         problems.append(f"catalog.properties: Airflow's executor ({executor}) can run a batch's tasks on different "
                         "hosts, and without catalog properties each host has its own SQLite catalog under "
                         "$TIDEWATER_HOME, so each would read and write the committed offsets in a different catalog. "
-                        "Set a catalog every host reaches (PostgreSQL `type: sql`, `rest`, `glue` or `hive`)")
+                        "Set a catalog every host reaches (PostgreSQL `type: sql`, `rest`, `glue` or `hive`), or `catalog.conn_id`")
     if spec.batch.staging_dir is None:
         problems.append(f"batch.staging_dir: Airflow's executor ({executor}) can run a batch's tasks on different hosts, "
                         "and by default each host stages under its own $TIDEWATER_HOME/staging, where the next task "

@@ -15,7 +15,6 @@ from typing import Any, NoReturn, TypeVar
 from airflow.sdk import BaseOperator
 
 from tidewater.config.parse import load_pipeline
-from tidewater.config.secrets import is_secret
 from tidewater.config.spec import KAFKA_CONFIG_ENV, PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TidewaterError
 from tidewater.runtime.links import data_docs_url
@@ -406,26 +405,27 @@ class IngestSparkSubmitOperator(BaseOperator):
         secrets, a private properties file (``properties_file``, with the cluster's defaults copied in).
         Returns the file's path (None without secrets); the caller removes it.
 
-        spark-submit inherits this process's environment; only connection-resolved Kafka settings are
-        added. On YARN and Kubernetes the hook would turn environment variables into --conf arguments
-        (visible in the process list): there they go to the properties file instead."""
+        spark-submit inherits this process's environment; only connection-resolved Kafka settings and catalog
+        properties are added (the driver cannot ask Airflow for them). On YARN and Kubernetes the hook would turn
+        environment variables into --conf arguments (visible in the process list): there they go to the properties
+        file instead."""
+        from tidewater.config.connections import CATALOG_CONFIG_ENV, catalog_connection, mask
         from tidewater.source.kafka import kafka_settings
         from tidewater.steps.spark import launcher_env, properties_file, spark_defaults_file
 
         env_conf = _CLUSTER_ENV_CONF.get(master.split(":", 1)[0])
         # (the Spark hook refuses environment variables in standalone cluster mode)
         self.env_vars = launcher_env() if env_conf is None and _deploy_mode(self._conn_id) != "cluster" else None
-        if spec.kafka.conn_id:
-            from airflow.sdk.log import mask_secret
-
-            resolved = kafka_settings(spec)
-            for k, v in resolved.items():
-                if is_secret(k, v):
-                    mask_secret(v)
+        resolved = {KAFKA_CONFIG_ENV: kafka_settings(spec) if spec.kafka.conn_id else None,
+                    CATALOG_CONFIG_ENV: catalog_connection(spec.catalog.conn_id) if spec.catalog.conn_id else None}
+        for name, values in resolved.items():
+            if values is None:
+                continue
+            mask(values)
             if env_conf is None:
-                self.env_vars = {**(self.env_vars or {}), KAFKA_CONFIG_ENV: json.dumps(resolved)}
+                self.env_vars = {**(self.env_vars or {}), name: json.dumps(values)}
             else:
-                secret[env_conf + KAFKA_CONFIG_ENV] = json.dumps(resolved)
+                secret[env_conf + name] = json.dumps(values)
         if not secret:
             self.properties_file = None
             return None

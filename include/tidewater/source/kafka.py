@@ -103,14 +103,9 @@ def kafka_settings(spec: PipelineSpec) -> dict[str, str]:
 
 
 def _settings_from_airflow_connection(conn_id: str) -> dict[str, str]:
-    try:
-        from airflow.sdk import BaseHook
-    except ImportError:  # pragma: no cover - Airflow is a dependency
-        raise ConfigError(f"kafka.conn_id: Airflow is not installed, cannot resolve connection {conn_id!r}") from None
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception as e:  # AirflowNotFoundException and friends
-        raise ConfigError(f"kafka.conn_id: Airflow connection {conn_id!r} not found ({type(e).__name__})") from None
+    from tidewater.config.connections import airflow_connection
+
+    conn = airflow_connection(conn_id, "kafka.conn_id")
     out: dict[str, str] = {}
     if conn.host:
         hosts = conn.host

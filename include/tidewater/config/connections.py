@@ -1,0 +1,107 @@
+"""Settings held in Airflow connections, so that Airflow's secrets backends (Vault, AWS Secrets Manager, GCP Secret
+Manager, ...) serve Tidewater's credentials as they serve every other operator's.
+
+``kafka.conn_id`` (``source/kafka.py``) and ``catalog.conn_id`` (here) name one. A connection's secret values are
+registered with Airflow's log masker where Airflow runs, and never leave the process but as the settings they become
+(the Spark job's private properties file and environment, as ``${ENV}`` values do).
+
+A catalog connection becomes pyiceberg catalog properties by its type:
+
+- ``postgres``, ``mysql``, ``sqlite``: ``type: sql``, and ``uri`` the SQLAlchemy URL of the host, port, login, password
+  and database (the connection's schema); for ``sqlite`` the host is the database file.
+- ``aws``: ``type: glue``, the login and password as ``client.access-key-id`` and ``client.secret-access-key``.
+- ``http``, ``https`` or any other type with a host: ``type: rest``, ``uri`` the host (with its scheme and port), the
+  login and password as ``credential`` (``login:password``, an OAuth2 client), a password alone as ``token``.
+
+The connection's extra JSON is copied in as properties (``warehouse``, ``s3.*``, ``type``, ...) and wins over what
+the fields give; the pipeline's own ``catalog.properties`` win over both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from tidewater.config.secrets import is_secret
+from tidewater.errors import ConfigError
+
+# Set by the ingest DAG for its spark-submit job, whose driver cannot ask Airflow: the catalog connection's properties
+CATALOG_CONFIG_ENV = "TIDEWATER_CATALOG_CONFIG"
+CACHE_SECONDS = 60.0  # a long-lived process (the API server) asks again after this; a task asks once
+_SQL_DRIVERS = {"postgres": "postgresql+psycopg2", "postgresql": "postgresql+psycopg2", "mysql": "mysql+pymysql"}
+_CACHE: dict[str, tuple[float, dict[str, str]]] = {}
+
+
+def airflow_connection(conn_id: str, setting: str) -> Any:
+    """The Airflow connection ``conn_id`` (``setting`` names the pipeline setting that asked, for the error)."""
+    try:
+        from airflow.sdk import BaseHook
+    except ImportError:  # the command line without the airflow extra
+        raise ConfigError(f"{setting}: Airflow is not installed, cannot resolve connection {conn_id!r}") from None
+    try:
+        return BaseHook.get_connection(conn_id)
+    except Exception as e:  # AirflowNotFoundException and friends
+        raise ConfigError(f"{setting}: Airflow connection {conn_id!r} not found ({type(e).__name__})") from None
+
+
+def mask(settings: dict[str, str]) -> None:
+    """Register the secret values of ``settings`` with Airflow's log masker (nothing where Airflow is absent)."""
+    try:
+        from airflow.sdk.log import mask_secret
+    except ImportError:
+        return
+    for k, v in settings.items():
+        if is_secret(k, v):
+            mask_secret(v)
+
+
+def catalog_connection(conn_id: str) -> dict[str, str]:
+    """The catalog properties of the Airflow connection ``conn_id`` (see the module's table): from the environment
+    the ingest DAG gave its Spark job, else from Airflow (kept for ``CACHE_SECONDS``)."""
+    env = os.environ.get(CATALOG_CONFIG_ENV)
+    if env:
+        try:
+            return {str(k): str(v) for k, v in json.loads(env).items()}
+        except (ValueError, AttributeError):
+            raise ConfigError(f"{CATALOG_CONFIG_ENV}: not a JSON object") from None
+    cached = _CACHE.get(conn_id)
+    if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
+        return cached[1]
+    props = catalog_properties_of(airflow_connection(conn_id, "catalog.conn_id"))
+    mask(props)
+    _CACHE[conn_id] = (time.monotonic(), props)
+    return props
+
+
+def catalog_properties_of(conn: Any) -> dict[str, str]:
+    """pyiceberg catalog properties from a connection's type, fields and extra JSON."""
+    kind = (conn.conn_type or "").lower()
+    out: dict[str, str] = {}
+    if kind in _SQL_DRIVERS or kind == "sqlite":
+        out["type"] = "sql"
+        if kind == "sqlite":
+            out["uri"] = f"sqlite:///{conn.host}"
+        else:
+            from sqlalchemy.engine import URL
+
+            url = URL.create(_SQL_DRIVERS[kind], username=conn.login or None, password=conn.password or None,
+                             host=conn.host or None, port=conn.port or None, database=conn.schema or None)
+            out["uri"] = url.render_as_string(hide_password=False)
+    elif kind == "aws":
+        out["type"] = "glue"
+        if conn.login:
+            out["client.access-key-id"] = conn.login
+        if conn.password:
+            out["client.secret-access-key"] = conn.password
+    elif conn.host:
+        out["type"] = "rest"
+        host = conn.host if "://" in conn.host else f"{'https' if kind == 'https' else 'http'}://{conn.host}"
+        out["uri"] = f"{host}:{conn.port}" if conn.port and host.count(":") < 2 else host
+        if conn.login and conn.password:
+            out["credential"] = f"{conn.login}:{conn.password}"
+        elif conn.password:
+            out["token"] = conn.password
+    out.update({str(k): str(v) for k, v in (conn.extra_dejson or {}).items()})
+    return out
