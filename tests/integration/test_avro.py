@@ -64,6 +64,29 @@ def test_avro_records_across_schema_ids_land_typed_and_bad_ones_are_dead_letters
     assert committed_state(table).offsets == {topic: {0: 9}}
 
 
+def test_the_registry_from_an_airflow_connection(broker, home, topic, registry, monkeypatch, tmp_path):
+    """`format.registry_conn_id` instead of `registry_url`: the connection's host is the registry's URL (its extra a
+    client setting); the batch decodes by it as by the URL, and the spec the Spark tasks get carries the resolved
+    registry, not the connection id (executors cannot ask Airflow)."""
+    import json
+
+    from tidewater.config import connections
+
+    monkeypatch.setattr(connections, "_CACHE", {})
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW_CONN_ORDERS_REGISTRY", json.dumps({"conn_type": "http", "host": registry,
+                                                                   "extra": {"timeout": "7"}}))
+    produce_to_partition(broker.bootstrap, topic, 0, [framed(1, {"order_id": f"o{i}", "qty": i, "at": i}) for i in range(4)])
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "avro", "registry_conn_id": "orders_registry", "metadata": "none"})
+    spec = load_pipeline(path)
+    shipped = spec.for_executors().format
+    assert (shipped.registry_url, shipped.registry_conn_id, shipped.registry_settings) == (registry, None, {"timeout": "7"})
+    result = ingest_inline(spec)
+    assert (result.records, result.dead_letters) == (4, 0)
+    assert sorted(table_of(path).scan().to_arrow().column("order_id").to_pylist()) == ["o0", "o1", "o2", "o3"]
+
+
 def test_registry_unreachable_fails_the_batch_without_committing(broker, home, topic):
     produce_to_partition(broker.bootstrap, topic, 0, [framed(1, {"order_id": "o", "qty": 1, "at": 1})])
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},

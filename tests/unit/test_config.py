@@ -250,6 +250,33 @@ def test_catalog_properties_from_an_airflow_connection(monkeypatch, tmp_path):
     assert missing.catalog_properties() == {"type": "sql", "uri": "sqlite:////x.db"}
 
 
+def test_the_schema_registry_from_an_airflow_connection(monkeypatch, tmp_path):
+    """`format.registry_conn_id`: the host (scheme and port) is the URL, login and password the basic auth, the extra
+    JSON client settings; `registry_*` set in the pipeline win. Validation does not ask for the connection."""
+    from tidewater.config import connections
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setattr(connections, "_CACHE", {})
+    monkeypatch.setenv("AIRFLOW_CONN_SR", json.dumps({"conn_type": "https", "host": "sr.example.com", "port": 8081,
+                                                      "login": "sr-user", "password": "sr-pw",
+                                                      "extra": {"ssl.ca.location": "/etc/ca.pem"}}))
+    fmt = {"value": "avro", "registry_conn_id": "sr"}
+    spec = parse_pipeline({**BASE, "format": fmt})
+    assert spec.registry() == ("https://sr.example.com:8081", "sr-user:sr-pw", {"ssl.ca.location": "/etc/ca.pem"})
+    mine = parse_pipeline({**BASE, "format": {**fmt, "registry_url": "http://mine:8081", "registry_settings": {
+        "ssl.ca.location": "/mine.pem"}}})
+    assert mine.registry() == ("http://mine:8081", "sr-user:sr-pw", {"ssl.ca.location": "/mine.pem"})
+    from tidewater.decode.avro import RegistryClient  # a connection's settings are text: the numeric ones are typed
+    from tidewater.errors import TerminalError
+
+    assert RegistryClient("http://sr:8081", None, {"timeout": "7", "max.retries": "3"})._client is not None
+    with pytest.raises(TerminalError, match="format.registry_settings.timeout: 'soon' is not a number"):
+        RegistryClient("http://sr:8081", None, {"timeout": "soon"})
+    monkeypatch.setenv("AIRFLOW_CONN_NOHOST", json.dumps({"conn_type": "http"}))
+    with pytest.raises(ConfigError, match="format.registry_conn_id: Airflow connection 'nohost' has no host"):
+        parse_pipeline({**BASE, "format": {"value": "avro", "registry_conn_id": "nohost"}}).registry()
+
+
 def test_every_problem_of_a_pipeline_file_is_reported_at_once(tmp_path):
     """Unknown keys (with their "did you mean" hints) and values of the wrong type anywhere in the file come
     in one error, one line each; so do the cross-field problems of different sections."""

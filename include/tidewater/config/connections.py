@@ -1,9 +1,9 @@
 """Settings held in Airflow connections, so that Airflow's secrets backends (Vault, AWS Secrets Manager, GCP Secret
 Manager, ...) serve Tidewater's credentials as they serve every other operator's.
 
-``kafka.conn_id`` (``source/kafka.py``) and ``catalog.conn_id`` (here) name one. A connection's secret values are
-registered with Airflow's log masker where Airflow runs, and never leave the process but as the settings they become
-(the Spark job's private properties file and environment, as ``${ENV}`` values do).
+``kafka.conn_id`` (``source/kafka.py``), ``catalog.conn_id`` and ``format.registry_conn_id`` (here) name one. A
+connection's secret values are registered with Airflow's log masker where Airflow runs, and never leave the process
+but as the settings they become (the Spark job's private properties file and environment, as ``${ENV}`` values do).
 
 A catalog connection becomes pyiceberg catalog properties by its type:
 
@@ -27,8 +27,10 @@ from typing import Any
 from tidewater.config.secrets import is_secret
 from tidewater.errors import ConfigError
 
-# Set by the ingest DAG for its spark-submit job, whose driver cannot ask Airflow: the catalog connection's properties
+# Set by the ingest DAG for its spark-submit job, whose driver cannot ask Airflow: what the catalog's and the schema
+# registry's connections resolve to
 CATALOG_CONFIG_ENV = "TIDEWATER_CATALOG_CONFIG"
+REGISTRY_CONFIG_ENV = "TIDEWATER_REGISTRY_CONFIG"
 CACHE_SECONDS = 60.0  # a long-lived process (the API server) asks again after this; a task asks once
 _SQL_DRIVERS = {"postgres": "postgresql+psycopg2", "postgresql": "postgresql+psycopg2", "mysql": "mysql+pymysql"}
 _CACHE: dict[str, tuple[float, dict[str, str]]] = {}
@@ -58,21 +60,51 @@ def mask(settings: dict[str, str]) -> None:
 
 
 def catalog_connection(conn_id: str) -> dict[str, str]:
-    """The catalog properties of the Airflow connection ``conn_id`` (see the module's table): from the environment
-    the ingest DAG gave its Spark job, else from Airflow (kept for ``CACHE_SECONDS``)."""
-    env = os.environ.get(CATALOG_CONFIG_ENV)
+    """The catalog properties of the Airflow connection ``conn_id`` (see the module's table)."""
+    return _resolved(conn_id, CATALOG_CONFIG_ENV, "catalog.conn_id", catalog_properties_of)
+
+
+def registry_connection(conn_id: str) -> dict[str, str]:
+    """The schema registry of the Airflow connection ``conn_id``: ``url`` (the host with its scheme and port),
+    ``basic.auth.user.info`` (``login:password``) and the extra JSON's settings of confluent-kafka's registry client
+    (``ssl.ca.location``, ``bearer.auth.*``, ...)."""
+    return _resolved(conn_id, REGISTRY_CONFIG_ENV, "format.registry_conn_id", registry_settings_of)
+
+
+def _resolved(conn_id: str, env_name: str, setting: str, build: Any) -> dict[str, str]:
+    """What ``build`` makes of the connection: from the environment the ingest DAG gave its Spark job (``env_name``),
+    else from Airflow (kept for ``CACHE_SECONDS``), its secret values masked."""
+    env = os.environ.get(env_name)
     if env:
         try:
             return {str(k): str(v) for k, v in json.loads(env).items()}
         except (ValueError, AttributeError):
-            raise ConfigError(f"{CATALOG_CONFIG_ENV}: not a JSON object") from None
-    cached = _CACHE.get(conn_id)
+            raise ConfigError(f"{env_name}: not a JSON object") from None
+    cached = _CACHE.get(setting + ":" + conn_id)
     if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
         return cached[1]
-    props = catalog_properties_of(airflow_connection(conn_id, "catalog.conn_id"))
+    props = build(airflow_connection(conn_id, setting))
     mask(props)
-    _CACHE[conn_id] = (time.monotonic(), props)
+    _CACHE[setting + ":" + conn_id] = (time.monotonic(), props)
     return props
+
+
+def _url(conn: Any) -> str:
+    """The connection's host as a URL: its scheme (``https`` for that connection type, else ``http``) and port."""
+    kind = (conn.conn_type or "").lower()
+    host = conn.host if "://" in conn.host else f"{'https' if kind == 'https' else 'http'}://{conn.host}"
+    return f"{host}:{conn.port}" if conn.port and host.count(":") < 2 else host
+
+
+def registry_settings_of(conn: Any) -> dict[str, str]:
+    """The schema registry client's settings from a connection (see ``registry_connection``)."""
+    if not conn.host:
+        raise ConfigError(f"format.registry_conn_id: Airflow connection {conn.conn_id!r} has no host (the registry's URL)")
+    out = {"url": _url(conn)}
+    if conn.login:
+        out["basic.auth.user.info"] = f"{conn.login}:{conn.password or ''}"
+    out.update({str(k): str(v) for k, v in (conn.extra_dejson or {}).items()})
+    return out
 
 
 def catalog_properties_of(conn: Any) -> dict[str, str]:
@@ -97,8 +129,7 @@ def catalog_properties_of(conn: Any) -> dict[str, str]:
             out["client.secret-access-key"] = conn.password
     elif conn.host:
         out["type"] = "rest"
-        host = conn.host if "://" in conn.host else f"{'https' if kind == 'https' else 'http'}://{conn.host}"
-        out["uri"] = f"{host}:{conn.port}" if conn.port and host.count(":") < 2 else host
+        out["uri"] = _url(conn)
         if conn.login and conn.password:
             out["credential"] = f"{conn.login}:{conn.password}"
         elif conn.password:

@@ -121,6 +121,11 @@ class FormatSpec:
         "More settings of confluent-kafka's schema registry client: TLS (`ssl.ca.location`, `ssl.certificate.location`, "
         "`ssl.key.location`), bearer auth (`bearer.auth.credentials.source`, `bearer.auth.token`, ...), `timeout`, "
         "`max.retries`. Secret values through `${ENV_VAR}`.", default_factory=dict)
+    registry_conn_id: str | None = _doc(
+        "Airflow connection id holding the schema registry, instead of `registry_url` (served by Airflow's secrets "
+        "backends): its host (with scheme and port) is the URL, its login and password the basic auth, and its "
+        "extra JSON adds `registry_settings`. `registry_url`, `registry_basic_auth` and `registry_settings` set "
+        "here win.", default=None)
     timestamps: dict[str, str] = _doc(
         "Columns parsed into UTC timestamps (a field inside an object as `a.b`), column -> format: a strftime pattern "
         "(`%Y-%m-%d %H:%M:%S`), `iso8601` (with or without a zone: `2024-02-29T12:23:03`, `...+01:00`, `...Z`), "
@@ -822,13 +827,28 @@ class PipelineSpec:
             }
         return props
 
+    def registry(self) -> tuple[str, str | None, dict[str, str]]:
+        """The schema registry's (URL, basic auth, client settings): ``format.registry_*``, over what the connection
+        ``format.registry_conn_id`` holds (resolved here, not at parse time)."""
+        fmt = self.format
+        if not fmt.registry_conn_id:
+            return fmt.registry_url or "", fmt.registry_basic_auth, dict(fmt.registry_settings)
+        from tidewater.config.connections import registry_connection
+
+        conn = dict(registry_connection(fmt.registry_conn_id))
+        url, auth = conn.pop("url", ""), conn.pop("basic.auth.user.info", None)
+        return fmt.registry_url or url, fmt.registry_basic_auth or auth, {**conn, **fmt.registry_settings}
+
     def for_executors(self) -> PipelineSpec:
         """This pipeline as the Spark tasks get it: what would otherwise be resolved from an executor's own
         environment (the embedded default catalog and warehouse under ``$TIDEWATER_HOME``, the staging
         directory) made explicit here, on the driver. Executors never read their environment for these."""
+        url, auth, registry = self.registry() if self.format.registry_conn_id else (None, None, None)
+        fmt = self.format if registry is None else dataclasses.replace(
+            self.format, registry_url=url, registry_basic_auth=auth, registry_settings=registry, registry_conn_id=None)
         return dataclasses.replace(
-            self, catalog=dataclasses.replace(self.catalog, properties=self.catalog_properties()),
-            batch=dataclasses.replace(self.batch, staging_dir=str(self.staging_dir())))
+            self, catalog=dataclasses.replace(self.catalog, properties=self.catalog_properties(), conn_id=None),
+            format=fmt, batch=dataclasses.replace(self.batch, staging_dir=str(self.staging_dir())))
 
     @property
     def routed(self) -> bool:

@@ -77,8 +77,8 @@ def _check_format(spec: PipelineSpec) -> None:
     formats = tuple(FORMATS)
     if spec.format.value not in formats:
         raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: {', '.join(formats)})")
-    if FORMATS[spec.format.value].registry and not spec.format.registry_url:
-        raise ConfigError(f"format.registry_url: required for value format {spec.format.value}")
+    if FORMATS[spec.format.value].registry and not spec.format.registry_url and not spec.format.registry_conn_id:
+        raise ConfigError(f"format.registry_url: required for value format {spec.format.value} (or format.registry_conn_id)")
     if spec.format.skip_control_events and not FORMATS[spec.format.value].control_classes:
         raise ConfigError(f"format.skip_control_events: value format {spec.format.value} has no control events "
                           "(debezium and debezium_avro do)")

@@ -26,6 +26,22 @@ class UnknownSchemaId(Exception):
     pass
 
 
+# the registry client's settings that it takes as numbers: a pipeline file's and a connection's values are text
+_NUMERIC = ("timeout", "max.retries", "retries.wait.ms", "retries.max.wait.ms", "cache.capacity", "cache.latest.ttl.sec")
+
+
+def _typed(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with the numeric ones as numbers (a value that is not one is refused, naming the setting)."""
+    out = dict(settings)
+    for key in _NUMERIC:
+        if isinstance(out.get(key), str):
+            try:
+                out[key] = float(out[key]) if "." in out[key] else int(out[key])
+            except ValueError:
+                raise TerminalError(f"format.registry_settings.{key}: {out[key]!r} is not a number") from None
+    return out
+
+
 class RegistryClient:
     """Writer schemas by id, through confluent-kafka's ``SchemaRegistryClient`` (its HTTP client, retries,
     TLS and basic or bearer auth: ``format.registry_basic_auth`` and ``format.registry_settings``), parsed
@@ -39,7 +55,7 @@ class RegistryClient:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         self.url = url.rstrip("/")
-        conf: dict[str, Any] = {"url": self.url, "timeout": timeout, "max.retries": 2, **(settings or {})}
+        conf: dict[str, Any] = {"url": self.url, "timeout": timeout, "max.retries": 2, **_typed(settings or {})}
         if auth:
             conf["basic.auth.user.info"] = auth
         try:

@@ -217,8 +217,7 @@ class _TaskWriter:
             self.router = Router(spec)
         self.registry: Any = None
         if FORMATS[spec.format.value].registry:
-            self.registry = RegistryClient(spec.format.registry_url or "", spec.format.registry_basic_auth,
-                                           spec.format.registry_settings)
+            self.registry = RegistryClient(*spec.registry())
         self.single = None if self.router is not None else self.open_sink(spec.table.identifier)
         self.rereader = Rereader(settings, f"{spec.name}-{task_id}-dlq", spec.kafka.read_timeout_seconds)
         self.setup_seconds = time.monotonic() - self.started  # catalog, table and clients opened
