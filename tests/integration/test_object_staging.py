@@ -51,10 +51,11 @@ def _objects(url: str, prefix: str) -> dict[str, bytes]:
 
 
 def _pipeline(home: Path, broker, topic: str, url: str, monkeypatch, bucket: str, warehouse_in_bucket: bool = True,  # noqa: ANN001
-              **overrides) -> Path:  # noqa: ANN003
+              storage_conn: bool = False, **overrides) -> Path:  # noqa: ANN003
     """A pipeline staging in ``s3://<bucket>/staging`` with the catalog's own `s3.*` settings (credentials
     through the environment); the warehouse in the bucket too, or on local disk with the staging settings
-    given apart (`batch.staging_properties`)."""
+    given apart (`batch.staging_properties`, or with ``storage_conn`` an Airflow `aws` connection,
+    `batch.staging_conn_id`)."""
     _fs(url).create_dir(bucket)
     monkeypatch.setenv("TEST_S3_KEY", KEY)
     monkeypatch.setenv("TEST_S3_SECRET", SECRET)
@@ -67,6 +68,15 @@ def _pipeline(home: Path, broker, topic: str, url: str, monkeypatch, bucket: str
     else:
         props.update(warehouse=f"file://{home}/warehouse")
         batch["staging_properties"] = s3
+    if storage_conn:
+        from tidewater.config import connections
+
+        monkeypatch.setattr(connections, "_CACHE", {})
+        monkeypatch.setenv("AIRFLOW_CONN_STAGE_STORE", json.dumps({
+            "conn_type": "aws", "login": KEY, "password": SECRET,
+            "extra": {"endpoint_url": url, "region_name": "us-east-1"}}))
+        batch.pop("staging_properties", None)
+        batch["staging_conn_id"] = "stage_store"
     return write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           catalog={"name": "tidewater", "properties": props}, batch=batch, **overrides)
 
@@ -154,19 +164,23 @@ def test_killed_after_a_write_staged_in_the_bucket_then_rerun_commits_each_recor
 def test_a_batch_through_spark_connect_is_staged_in_the_bucket(broker, home, topic, s3_endpoint, monkeypatch,
                                                                spark_connect):
     """The write step on the real Spark Connect server (the session's): this process, its client, reads the plan
-    from the bucket and stages the manifest there; the server's workers never see the staging area."""
+    from the bucket and stages the manifest there; the server's workers never see the staging area. The bucket's
+    credentials come from an Airflow connection (`batch.staging_conn_id`), and no secret reaches the staged files."""
     from tidewater.steps.lifecycle import run_once
 
     path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage9", warehouse_in_bucket=False,
-                     spark={"connect_url": spark_connect.url})
+                     storage_conn=True, spark={"connect_url": spark_connect.url})
+    assert KEY not in path.read_text() and "staging_properties" not in path.read_text()
     produce(broker.bootstrap, topic, pizza_events(90, seed=71), partitions=3)
     result = run_once(path, out=quiet)
     assert (result["status"], result["records"]) == ("committed", 90)
     table = table_of(path)
     assert table.scan().to_arrow().num_rows == 90
     assert committed_state(table).offsets == {topic: {0: 30, 1: 30, 2: 30}}
-    names = {k.rsplit("/", 1)[-1] for k in _objects(s3_endpoint, f"stage9/staging/orders/{result['batch_id']}")}
+    staged = _objects(s3_endpoint, f"stage9/staging/orders/{result['batch_id']}")
+    names = {k.rsplit("/", 1)[-1] for k in staged}
     assert {"plan.json", "manifest.json"} <= names, names
+    assert not any(SECRET.encode() in b or KEY.encode() in b for b in staged.values())
     assert not (home / "staging").exists()
 
 

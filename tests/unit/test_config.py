@@ -277,6 +277,29 @@ def test_the_schema_registry_from_an_airflow_connection(monkeypatch, tmp_path):
         parse_pipeline({**BASE, "format": {"value": "avro", "registry_conn_id": "nohost"}}).registry()
 
 
+def test_object_storage_credentials_from_an_airflow_connection(monkeypatch, tmp_path):
+    """`batch.staging_conn_id`: an `aws` connection's keys, endpoint and region as FileIO settings over the catalog's,
+    `staging_properties` winning; the spec the Spark tasks get carries them resolved, with no connection id left."""
+    from tidewater.config import connections
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setattr(connections, "_CACHE", {})
+    monkeypatch.setenv("AIRFLOW_CONN_STORE", json.dumps({
+        "conn_type": "aws", "login": "AKIAEXAMPLEEXAMPLE00", "password": "store-secret",
+        "extra": {"endpoint_url": "http://minio:9000", "region_name": "eu-west-1", "s3.path-style-access": "true"}}))
+    spec = parse_pipeline({**BASE, "catalog": {"properties": {"type": "sql", "uri": "sqlite:////c.db",
+                                                              "s3.region": "us-east-1"}},
+                           "batch": {"staging_dir": "s3://b/staging", "staging_conn_id": "store",
+                                     "staging_properties": {"s3.region": "ap-south-1"}}})
+    assert spec.staging_file_properties() == {
+        "type": "sql", "uri": "sqlite:////c.db", "s3.access-key-id": "AKIAEXAMPLEEXAMPLE00",
+        "s3.secret-access-key": "store-secret", "s3.endpoint": "http://minio:9000", "s3.region": "ap-south-1",
+        "s3.path-style-access": "true"}
+    shipped = spec.for_executors().batch
+    assert shipped.staging_conn_id is None and shipped.staging_properties["s3.secret-access-key"] == "store-secret"
+    assert shipped.staging_properties["s3.region"] == "ap-south-1"
+
+
 def test_every_problem_of_a_pipeline_file_is_reported_at_once(tmp_path):
     """Unknown keys (with their "did you mean" hints) and values of the wrong type anywhere in the file come
     in one error, one line each; so do the cross-field problems of different sections."""

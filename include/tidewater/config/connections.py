@@ -1,7 +1,8 @@
 """Settings held in Airflow connections, so that Airflow's secrets backends (Vault, AWS Secrets Manager, GCP Secret
 Manager, ...) serve Tidewater's credentials as they serve every other operator's.
 
-``kafka.conn_id`` (``source/kafka.py``), ``catalog.conn_id`` and ``format.registry_conn_id`` (here) name one. A
+``kafka.conn_id`` (``source/kafka.py``), ``catalog.conn_id``, ``format.registry_conn_id`` and
+``batch.staging_conn_id`` (here) name one. A
 connection's secret values are registered with Airflow's log masker where Airflow runs, and never leave the process
 but as the settings they become (the Spark job's private properties file and environment, as ``${ENV}`` values do).
 
@@ -31,6 +32,9 @@ from tidewater.errors import ConfigError
 # registry's connections resolve to
 CATALOG_CONFIG_ENV = "TIDEWATER_CATALOG_CONFIG"
 REGISTRY_CONFIG_ENV = "TIDEWATER_REGISTRY_CONFIG"
+STORAGE_CONFIG_ENV = "TIDEWATER_STORAGE_CONFIG"
+# an Airflow ``aws`` connection's extra keys, as pyiceberg FileIO properties
+_AWS_EXTRA = {"endpoint_url": "s3.endpoint", "region_name": "s3.region", "aws_session_token": "s3.session-token"}
 CACHE_SECONDS = 60.0  # a long-lived process (the API server) asks again after this; a task asks once
 _SQL_DRIVERS = {"postgres": "postgresql+psycopg2", "postgresql": "postgresql+psycopg2", "mysql": "mysql+pymysql"}
 _CACHE: dict[str, tuple[float, dict[str, str]]] = {}
@@ -69,6 +73,28 @@ def registry_connection(conn_id: str) -> dict[str, str]:
     ``basic.auth.user.info`` (``login:password``) and the extra JSON's settings of confluent-kafka's registry client
     (``ssl.ca.location``, ``bearer.auth.*``, ...)."""
     return _resolved(conn_id, REGISTRY_CONFIG_ENV, "format.registry_conn_id", registry_settings_of)
+
+
+def storage_connection(conn_id: str) -> dict[str, str]:
+    """The object storage file settings (pyiceberg FileIO properties) of the Airflow connection ``conn_id``: an
+    ``aws`` connection's login and password as ``s3.access-key-id`` and ``s3.secret-access-key``, its extra's
+    ``endpoint_url``, ``region_name`` and ``aws_session_token`` as ``s3.endpoint``, ``s3.region`` and
+    ``s3.session-token``; any extra key with a dot (``s3.*``, ``gcs.*``, ``adls.*``) as it is."""
+    return _resolved(conn_id, STORAGE_CONFIG_ENV, "batch.staging_conn_id", storage_properties_of)
+
+
+def storage_properties_of(conn: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if conn.login:
+        out["s3.access-key-id"] = conn.login
+    if conn.password:
+        out["s3.secret-access-key"] = conn.password
+    for k, v in (conn.extra_dejson or {}).items():
+        if k in _AWS_EXTRA:
+            out[_AWS_EXTRA[k]] = str(v)
+        elif "." in k:
+            out[str(k)] = str(v)
+    return out
 
 
 def _resolved(conn_id: str, env_name: str, setting: str, build: Any) -> dict[str, str]:

@@ -6,7 +6,7 @@ import dataclasses
 import typing
 
 from tidewater.config.airflow_section import OPTIONS
-from tidewater.config.connections import CATALOG_CONFIG_ENV, REGISTRY_CONFIG_ENV
+from tidewater.config.connections import CATALOG_CONFIG_ENV, REGISTRY_CONFIG_ENV, STORAGE_CONFIG_ENV
 from tidewater.config.spec import HOME_ENV, KAFKA_CONFIG_ENV, PIPELINES_DIR_ENV, PipelineSpec, RouteTableSpec, TableSpec
 
 # ---- reference documentation -----------------------------------------------------------------------
@@ -36,6 +36,8 @@ def _environment() -> list[str]:
         f"| `{CATALOG_CONFIG_ENV}` | Set by the ingest DAG for its Spark job: the catalog connection's properties (JSON). "
         "Not for people. |",
         f"| `{REGISTRY_CONFIG_ENV}` | Set by the ingest DAG for its Spark job: the schema registry connection's "
+        "settings (JSON). Not for people. |",
+        f"| `{STORAGE_CONFIG_ENV}` | Set by the ingest DAG for its Spark job: the object storage connection's file "
         "settings (JSON). Not for people. |",
         "",
         "## Airflow's configuration: `[tidewater]`",

@@ -443,6 +443,12 @@ class BatchSpec:
         "keys such as `s3.endpoint`, `s3.access-key-id`, `s3.secret-access-key`, `s3.region`). Secret values "
         "through `${ENV_VAR}`.", default_factory=dict
     )
+    staging_conn_id: str | None = _doc(
+        "Airflow connection id holding the object storage credentials of `staging_dir` and `validation."
+        "data_docs_dir` (served by Airflow's secrets backends): an `aws` connection's login and password as the "
+        "access key, its extra's `endpoint_url`, `region_name` and `aws_session_token` as `s3.endpoint`, `s3.region` "
+        "and `s3.session-token`, and any extra key with a dot (`s3.*`, `gcs.*`, `adls.*`) as it is. Over the "
+        "catalog's file settings; `staging_properties` win.", default=None)
 
 
 @dataclass(frozen=True)
@@ -842,13 +848,22 @@ class PipelineSpec:
     def for_executors(self) -> PipelineSpec:
         """This pipeline as the Spark tasks get it: what would otherwise be resolved from an executor's own
         environment (the embedded default catalog and warehouse under ``$TIDEWATER_HOME``, the staging
-        directory) made explicit here, on the driver. Executors never read their environment for these."""
-        url, auth, registry = self.registry() if self.format.registry_conn_id else (None, None, None)
-        fmt = self.format if registry is None else dataclasses.replace(
-            self.format, registry_url=url, registry_basic_auth=auth, registry_settings=registry, registry_conn_id=None)
+        directory) or from Airflow (the connections of the catalog, the schema registry and object storage, which
+        executors cannot ask for) made explicit here, on the driver. Executors never read their environment for
+        these."""
+        from tidewater.config.connections import storage_connection
+
+        fmt, batch = self.format, self.batch
+        if fmt.registry_conn_id:
+            url, auth, registry = self.registry()
+            fmt = dataclasses.replace(fmt, registry_url=url, registry_basic_auth=auth, registry_settings=registry,
+                                      registry_conn_id=None)
+        staging = {**(storage_connection(batch.staging_conn_id) if batch.staging_conn_id else {}),
+                   **batch.staging_properties}
         return dataclasses.replace(
             self, catalog=dataclasses.replace(self.catalog, properties=self.catalog_properties(), conn_id=None),
-            format=fmt, batch=dataclasses.replace(self.batch, staging_dir=str(self.staging_dir())))
+            format=fmt, batch=dataclasses.replace(batch, staging_dir=str(self.staging_dir()), staging_conn_id=None,
+                                                  staging_properties=staging))
 
     @property
     def routed(self) -> bool:
@@ -944,7 +959,17 @@ class PipelineSpec:
     def stage(self, location: Any, setting: str = "batch.staging_dir") -> Any:
         """A staged location named by text (a plan's path in XCom or on a command line) in this pipeline's
         staging area: a Path, or an ObjectPath reached with the staging file settings (errors name ``setting``)."""
-        return locate(location, {**self.catalog_properties(), **self.batch.staging_properties}, setting)
+        return locate(location, self.staging_file_properties(), setting)
+
+    def staging_file_properties(self) -> dict[str, str]:
+        """The file settings of the staging area and the Data Docs: the catalog's, then the connection
+        ``batch.staging_conn_id``'s (resolved here, not at parse time), then ``batch.staging_properties``."""
+        props = self.catalog_properties()
+        if self.batch.staging_conn_id:
+            from tidewater.config.connections import storage_connection
+
+            props = {**props, **storage_connection(self.batch.staging_conn_id)}
+        return {**props, **self.batch.staging_properties}
 
     def suite_path(self) -> Path | None:
         suite = self.table.suite or self.validation.suite

@@ -275,7 +275,7 @@ def _check_staging(spec: PipelineSpec) -> None:
     is built, not reached); Spark's cluster deploy mode where Spark allows it."""
     from tidewater.staging import locate
 
-    # the file settings of the catalog's own properties: a catalog connection is not resolved at parse time
+    # the file settings of the pipeline's own properties: a connection is not resolved at parse time
     props = {**(spec.catalog.properties if spec.catalog.conn_id else spec.catalog_properties()),
              **spec.batch.staging_properties}
     if spec.batch.staging_dir:

@@ -406,15 +406,17 @@ class IngestSparkSubmitOperator(BaseOperator):
         Returns the file's path (None without secrets); the caller removes it.
 
         spark-submit inherits this process's environment; only connection-resolved Kafka settings, catalog
-        properties and schema registry settings are added (the driver cannot ask Airflow for them). On YARN and
+        properties, schema registry and object storage settings are added (the driver cannot ask Airflow for them). On YARN and
         Kubernetes the hook would turn environment variables into --conf arguments (visible in the process list):
         there they go to the properties file instead."""
         from tidewater.config.connections import (
             CATALOG_CONFIG_ENV,
             REGISTRY_CONFIG_ENV,
+            STORAGE_CONFIG_ENV,
             catalog_connection,
             mask,
             registry_connection,
+            storage_connection,
         )
         from tidewater.source.kafka import kafka_settings
         from tidewater.steps.spark import launcher_env, properties_file, spark_defaults_file
@@ -424,7 +426,8 @@ class IngestSparkSubmitOperator(BaseOperator):
         self.env_vars = launcher_env() if env_conf is None and _deploy_mode(self._conn_id) != "cluster" else None
         resolved = {KAFKA_CONFIG_ENV: kafka_settings(spec) if spec.kafka.conn_id else None,
                     CATALOG_CONFIG_ENV: catalog_connection(spec.catalog.conn_id) if spec.catalog.conn_id else None,
-                    REGISTRY_CONFIG_ENV: registry_connection(rc) if (rc := spec.format.registry_conn_id) else None}
+                    REGISTRY_CONFIG_ENV: registry_connection(rc) if (rc := spec.format.registry_conn_id) else None,
+                    STORAGE_CONFIG_ENV: storage_connection(sc) if (sc := spec.batch.staging_conn_id) else None}
         for name, values in resolved.items():
             if values is None:
                 continue
