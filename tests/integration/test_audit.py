@@ -4,6 +4,7 @@ process with the task code Spark runs, `write.job.run_inline`; maintenance throu
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -193,10 +194,10 @@ def _transactional(bootstrap: str, topic: str, values: list[bytes], abort: bool 
 def test_the_deep_audit_accounts_for_every_offset_and_names_duplicates_and_lost_rows(broker, home, topic, capsys):
     """Metadata columns on. A record (offset 0), two records in transactions of their own (1 and 3; their commit
     markers take 2 and 4), then a good, an undecodable and a good record (5, 6, 7): 5 rows and a dead letter.
-    The deep audit
-    is clean: every offset is a row or a dead letter, and Kafka holds no record at the marker offsets (reported
-    as such). Then the test appends a copy of the rows of offsets 0 and 1 and deletes the row of offset 3 with
-    pyiceberg: the deep audit names offsets [0, 2) as in the table twice and offset 3 as a record in Kafka with
+    The deep audit is clean: every offset is a row or a dead letter, and Kafka holds no record at the marker offsets
+    (reported as such); its progress goes to stderr, its document alone to stdout. Then the test appends a copy of
+    the rows of offsets 0 and 1 and deletes the row of offset 3 with pyiceberg: the deep audit names offsets [0, 2)
+    as in the table twice and offset 3 as a record in Kafka with
     neither a row nor a dead letter, and exits 1."""
     from pyiceberg.expressions import EqualTo, In
 
@@ -215,10 +216,15 @@ def test_the_deep_audit_accounts_for_every_offset_and_names_duplicates_and_lost_
     assert len(markers) == 2, (offsets, "the commit markers take an offset each")
     capsys.readouterr()
     assert main(["audit", "--pipeline", str(path), "--deep", "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    doc = json.loads(out.out)  # stdout: the document alone; the deep audit's progress goes to stderr
     assert doc["clean"], doc
     assert [f["message"] for f in doc["findings"] if f["check"] == "deep"] == [
         "2 offsets hold no record in Kafka (transaction markers or compaction)"]
+    progress = out.err.splitlines()
+    assert "reading the source offsets of rpc.orders over 1 merged range(s) ..." in progress, out.err
+    assert any(re.fullmatch(r"read 5 offsets of rpc\.orders in [0-9.]+ s", line) for line in progress), out.err
+    assert f"[1/1] checked through {topic}[0] [0, {offsets[-1] + 1})" in progress, out.err
 
     twice = table.scan(row_filter=In("_kafka_offset", offsets[:2])).to_arrow()
     table.append(twice)

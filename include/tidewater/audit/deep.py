@@ -4,6 +4,8 @@ the committed ranges, the dead letters and Kafka."""
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,20 +29,28 @@ CHECK_AT_MOST = 100_000  # missing offsets asked of Kafka per partition (beyond:
 
 
 def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entries: list[dict[str, Any]],
-                  every_table: bool = True) -> list[Finding]:
+                  every_table: bool = True, progress: Callable[[str], None] | None = None) -> list[Finding]:
     """From the metadata columns of ``tables`` (the pipeline's table, or a routed pipeline's targets): no (topic,
     partition, offset) twice in a table, none both a row and a dead letter (but a letter a retry resolved, which must be
     a row of an append table), and (append tables; ``every_table``:
     all of a routed pipeline's tables are in ``tables``) every offset of a committed range present as a row or a
     dead letter, or counted as skipped by its batch, or absent from Kafka (transaction markers, compaction).
     Change tables keep one row per changed key, so their check is each key once instead of each offset present; in a
-    routed pipeline, so are the topics whose records go to change tables (see ``_change_topics``)."""
+    routed pipeline, so are the topics whose records go to change tables (see ``_change_topics``). ``progress``: told
+    as each table's offsets are read and as the ranges are checked (about ten times over the ranges)."""
     if spec.format.metadata not in ("prefixed", "struct"):
         raise ConfigError("--deep reads each row's source offset: it needs format.metadata prefixed or struct")
     moving = [e for e in entries if e["kind"] in MOVING]
     ranges = _merged(moving)
     undecided = _not_on_main(tables, dropped_batches(entries))
-    rows = {t: present_offsets(spec, table, ranges) for t, table in tables.items() if table is not None}
+    tell = progress or (lambda _: None)
+    rows = {}
+    for t, table in tables.items():
+        if table is not None:
+            started = time.monotonic()
+            tell(f"reading the source offsets of {t} over {len(ranges)} merged range(s) ...")
+            rows[t] = present_offsets(spec, table, ranges)
+            tell(f"read {len(rows[t]):,} offsets of {t} in {time.monotonic() - started:.1f} s")
     letters = _dead_letters(catalog, spec)
     fixed = _resolved_letters(catalog, spec)
     out = _key_findings(spec, tables.get(spec.table.identifier)) if spec.applies_changes else []
@@ -56,8 +66,11 @@ def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entr
     lows = {tp: low for tp, (low, _) in watermarks(settings, sorted({(r.topic, r.partition) for r in ranges})).items()}
     rereader = Rereader(settings, f"{spec.name}-audit", spec.kafka.read_timeout_seconds)
     named = not spec.targets.fused  # the findings of a separate holder's tables name their table
+    every = max(1, len(ranges) // 10)
     try:
-        for rng in ranges:
+        for i, rng in enumerate(ranges, start=1):
+            if i % every == 0 or i == len(ranges):
+                tell(f"[{i}/{len(ranges)}] checked through {rng.topic}[{rng.partition}] [{rng.start}, {rng.end})")
             held = []
             for t, data in rows.items():
                 mine = _offsets(data, rng)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -58,14 +59,16 @@ from tidewater.table.targets import target_tables
 log = logging.getLogger(__name__)
 
 
-def audit(spec: PipelineSpec, table: str | None = None, deep: bool = False, full: bool = False) -> AuditReport:
+def audit(spec: PipelineSpec, table: str | None = None, deep: bool = False, full: bool = False,
+          progress: Callable[[str], None] | None = None) -> AuditReport:
     """Bring the ledger up to date with the tables, then check it, the tables' histories and Kafka (``deep``: and
     every row's source offset); ``table``: one target table only; ``full``: every batch, not only those since the
-    last clean audit. The verdict, with the mark the next audit starts from, is kept for the Tidewater view."""
+    last clean audit. The verdict, with the mark the next audit starts from, is kept for the Tidewater view.
+    ``progress``: told of the deep audit's steps (it reads every row's offset of the batches it checks)."""
     catalog = load_catalog(spec)
     previous = ledger.last_verdict(catalog, spec)
     mark, why = (None, None) if full else _usable_mark(catalog, mark_of(previous, deep), deep)
-    report = audit_targets(spec, catalog, table, deep, mark)
+    report = audit_targets(spec, catalog, table, deep, mark, progress)
     report.findings += [why] if why else []
     errors = [f.text() for f in report.findings if f.severity == "error"]
     verdict = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "deep": deep, "clean": report.clean,
@@ -125,7 +128,7 @@ def letter_findings(spec: PipelineSpec, catalog: Any) -> list[Finding]:
 
 
 def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool,
-                  mark: dict[str, Any] | None = None) -> AuditReport:
+                  mark: dict[str, Any] | None = None, progress: Callable[[str], None] | None = None) -> AuditReport:
     """Coverage, accounting and Kafka from the holder's batches; per target table (every one, or ``only``) the
     writes outside Tidewater and, for tables of a separate holder, the holder's batches against the table's commits.
     ``deep``: each table's rows once per offset, and (all tables audited) every offset of a committed range a row
@@ -159,7 +162,7 @@ def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool
     findings, report.partitions = against_kafka(spec, holder)
     report.findings += findings
     if deep:
-        report.findings += deep_findings(spec, catalog, tables, mine, every_table=only is None)
+        report.findings += deep_findings(spec, catalog, tables, mine, every_table=only is None, progress=progress)
     return report
 
 

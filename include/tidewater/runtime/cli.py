@@ -139,7 +139,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
 
     try:
-        report = audit(load_pipeline(args.pipeline), args.table, deep=args.deep, full=args.full)
+        report = audit(load_pipeline(args.pipeline), args.table, deep=args.deep, full=args.full,
+                       progress=_progress if args.deep else None)
     except TidewaterError as e:
         print(f"tidewater: {'transient' if e.transient else 'error'}: {e}", file=sys.stderr)
         return 2
