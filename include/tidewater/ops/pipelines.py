@@ -9,6 +9,7 @@ pipeline before, a consumer and an admin client each (``make bench-scale``, curv
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 from typing import Any
 
@@ -21,6 +22,8 @@ from tidewater.source.kafka import cluster_topics, kafka_settings, pipeline_topi
 from tidewater.table.catalog import load_catalog
 from tidewater.table.letters import counts as letter_counts
 from tidewater.table.targets import holder_state
+
+log = logging.getLogger(__name__)
 
 Ends = dict[tuple[str, int], tuple[int, int]]
 
@@ -84,4 +87,7 @@ def _line(spec: PipelineSpec, ends: tuple[Ends, list[str]] | None, failure: Tide
             + [p.problem for p in parts if p.problem])
     except TidewaterError as e:
         line.update(error=str(e), transient=e.transient)
+    except Exception as e:  # noqa: BLE001 - one pipeline's failure is its line's, never the page's
+        log.warning("pipeline %s: its line for the view failed: %s", spec.name, e, exc_info=True)
+        line.update(error=f"{type(e).__name__}: {e}")
     return line
