@@ -47,9 +47,12 @@ def airflow_connection(conn_id: str, setting: str) -> Any:
     except ImportError:  # the command line without the airflow extra
         raise ConfigError(f"{setting}: Airflow is not installed, cannot resolve connection {conn_id!r}") from None
     try:
-        return BaseHook.get_connection(conn_id)
+        conn = BaseHook.get_connection(conn_id)
     except Exception as e:  # AirflowNotFoundException and friends
         raise ConfigError(f"{setting}: Airflow connection {conn_id!r} not found ({type(e).__name__})") from None
+    if conn.password:  # whatever setting it becomes (a registry's `basic.auth.user.info` has no secret's name)
+        mask({"password": conn.password})
+    return conn
 
 
 def mask(settings: dict[str, str]) -> None:
