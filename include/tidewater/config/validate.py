@@ -436,7 +436,8 @@ def check_hosts(spec: PipelineSpec, executor: str | None) -> None:
         problems.append(f"catalog.properties: Airflow's executor ({executor}) can run a batch's tasks on different "
                         "hosts, and without catalog properties each host has its own SQLite catalog under "
                         "$TIDEWATER_HOME, so each would read and write the committed offsets in a different catalog. "
-                        "Set a catalog every host reaches (PostgreSQL `type: sql`, `rest`, `glue` or `hive`), or `catalog.conn_id`")
+                        "Set a catalog every host reaches (PostgreSQL `type: sql`, `rest`, `glue` or `hive`), or "
+                        "`catalog.conn_id`")
     if spec.batch.staging_dir is None:
         problems.append(f"batch.staging_dir: Airflow's executor ({executor}) can run a batch's tasks on different hosts, "
                         "and by default each host stages under its own $TIDEWATER_HOME/staging, where the next task "

@@ -405,10 +405,10 @@ class IngestSparkSubmitOperator(BaseOperator):
         secrets, a private properties file (``properties_file``, with the cluster's defaults copied in).
         Returns the file's path (None without secrets); the caller removes it.
 
-        spark-submit inherits this process's environment; only connection-resolved Kafka settings, catalog
-        properties, schema registry and object storage settings are added (the driver cannot ask Airflow for them). On YARN and
-        Kubernetes the hook would turn environment variables into --conf arguments (visible in the process list):
-        there they go to the properties file instead."""
+        spark-submit inherits this process's environment; only connection-resolved settings are added (Kafka's,
+        the catalog's, the schema registry's and object storage's: the driver cannot ask Airflow for them). On YARN
+        and Kubernetes the hook would turn environment variables into --conf arguments (visible in the process
+        list): there they go to the properties file instead."""
         from tidewater.config.connections import (
             CATALOG_CONFIG_ENV,
             REGISTRY_CONFIG_ENV,
