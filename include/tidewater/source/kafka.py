@@ -245,8 +245,13 @@ def watermarks(
     settings: dict[str, str], partitions: list[TopicPartition], timeout: float = 15.0
 ) -> dict[TopicPartition, tuple[int, int]]:
     """(log start offset, end offset) per partition, as a read_committed consumer sees them (the end is the last
-    stable offset). One ListOffsets request per partition leader for all the partitions' starts and one for their
-    ends, sent together (a consumer's ``get_watermark_offsets`` asks for one partition at a time)."""
+    stable offset). One ListOffsets request per partition leader for all the partitions' starts, then one for their
+    ends (a consumer's ``get_watermark_offsets`` asks for one partition at a time).
+
+    The ends are asked once the starts are answered, not while: with both sent together, librdkafka 2.16.0 once
+    deadlocked for good inside the second ``list_offsets`` call (a test run's replay plan, in
+    ``rd_kafka_topic_partition_list_query_leaders_async_worker`` waiting on a lock, holding Python's GIL), a lock
+    taken while the first request's leaders were being looked up. One request in flight at a time costs a round trip."""
     from confluent_kafka import IsolationLevel
     from confluent_kafka.admin import OffsetSpec
 
@@ -254,9 +259,13 @@ def watermarks(
         return {}
     admin = new_admin(settings, "watermarks")
     asked = [KTP(topic, p) for topic, p in partitions]
-    starts, ends = (admin.list_offsets({tp: spec for tp in asked}, isolation_level=IsolationLevel.READ_COMMITTED,
-                                       request_timeout=timeout) for spec in (OffsetSpec.earliest(), OffsetSpec.latest()))
-    low, high = _offsets(starts), _offsets(ends)
+
+    def ask(spec: Any) -> dict[TopicPartition, int]:
+        return _offsets(admin.list_offsets({tp: spec for tp in asked}, isolation_level=IsolationLevel.READ_COMMITTED,
+                                           request_timeout=timeout))
+
+    low = ask(OffsetSpec.earliest())
+    high = ask(OffsetSpec.latest())
     return {tp: (low[tp], high[tp]) for tp in partitions}
 
 
