@@ -100,15 +100,23 @@ def storage_properties_of(conn: Any) -> dict[str, str]:
     return out
 
 
+def from_env(env_name: str) -> dict[str, str] | None:
+    """The settings the ingest DAG gave its Spark job in ``env_name`` (a JSON object), or None when it is unset."""
+    env = os.environ.get(env_name)
+    if not env:
+        return None
+    try:
+        return {str(k): str(v) for k, v in json.loads(env).items()}
+    except (ValueError, AttributeError):
+        raise ConfigError(f"{env_name}: not a JSON object") from None
+
+
 def _resolved(conn_id: str, env_name: str, setting: str, build: Any) -> dict[str, str]:
     """What ``build`` makes of the connection: from the environment the ingest DAG gave its Spark job (``env_name``),
     else from Airflow (kept for ``CACHE_SECONDS``), its secret values masked."""
-    env = os.environ.get(env_name)
-    if env:
-        try:
-            return {str(k): str(v) for k, v in json.loads(env).items()}
-        except (ValueError, AttributeError):
-            raise ConfigError(f"{env_name}: not a JSON object") from None
+    given = from_env(env_name)
+    if given is not None:
+        return given
     cached = _CACHE.get(setting + ":" + conn_id)
     if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
         return cached[1]

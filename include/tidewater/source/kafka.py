@@ -7,9 +7,7 @@ Reads use ``isolation.level=read_committed`` so aborted transactional records ar
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 import time
 from bisect import bisect_left
@@ -85,12 +83,11 @@ def kafka_settings(spec: PipelineSpec) -> dict[str, str]:
     Precedence: ``$TIDEWATER_KAFKA_CONFIG`` (JSON, set by the ingest DAG for its Spark job), then the
     Airflow connection ``kafka.conn_id``, then ``kafka.bootstrap_servers``; ``kafka.settings`` always apply.
     """
-    env = os.environ.get(KAFKA_CONFIG_ENV)
-    if env:
-        try:
-            return {str(k): str(v) for k, v in json.loads(env).items()}
-        except (ValueError, AttributeError):
-            raise ConfigError(f"{KAFKA_CONFIG_ENV}: not a JSON object") from None
+    from tidewater.config.connections import from_env
+
+    given = from_env(KAFKA_CONFIG_ENV)
+    if given is not None:
+        return given
     settings: dict[str, str] = {}
     if spec.kafka.conn_id:
         settings.update(_settings_from_airflow_connection(spec.kafka.conn_id))
