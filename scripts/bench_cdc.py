@@ -3,7 +3,7 @@
 Tables of 1M and 10M rows (`prices(id, item, price)` plus the Kafka metadata columns) are built directly
 (pyiceberg appends of 1M-row files, not through Kafka). Batches of 100k changes (40% inserts of new keys, 50%
 updates, 10% deletes, keys uniform at random) are applied with the change commit's own functions
-(`transform.changes.net_changes`, `commit.changes.live_rows` / `write_upserts` / `write_position_deletes`,
+(`transform.changes.net_changes`, `table.row_delta.live_rows` / `commit.changes.write_upserts` / `table.row_delta.write_position_deletes`,
 and one row delta through `commit.primitive.commit`). Reported: batch time by phase, bytes and files written,
 a full scan's time after 1, 10 and 20 batches and after compaction (Spark `rewrite_data_files` +
 `rewrite_position_delete_files`), and the 10M/1M batch-time ratio. Side by side, on copies of the same tables
@@ -61,9 +61,10 @@ def changes(rows: int, n: int, seed: int, next_id: int):  # noqa: ANN201
 
 def apply_batch(catalog, ident: str, batch, seq: int) -> dict:  # noqa: ANN001
     """One change batch through the change commit's functions; seconds by phase, bytes and files."""
-    from tidewater.commit.changes import live_rows, write_position_deletes, write_upserts
+    from tidewater.commit.changes import write_upserts
     from tidewater.commit.primitive import Change, commit
     from tidewater.table.catalog import load_table
+    from tidewater.table.row_delta import live_rows, write_position_deletes
     from tidewater.transform.changes import net_changes
 
     t0 = time.perf_counter()

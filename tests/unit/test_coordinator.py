@@ -56,3 +56,63 @@ def test_a_plan_knows_its_mode_from_json_and_refuses_an_unknown_one():
     assert doc["mode"] == "append-missing" and BatchPlan.from_json(doc) == plan
     with pytest.raises(TerminalError, match="unknown mode 'rewind'"):
         BatchPlan.from_json({**doc, "mode": "rewind"})
+
+
+def test_an_attempt_removes_the_files_its_predecessor_wrote_and_keeps_the_batch_s_own(tmp_path):
+    """``TargetAttempt.begin``: the files the previous attempt wrote for the table as it then was are removed (that
+    attempt did not commit); the batch's own row images stay for every attempt. The table is only its FileIO
+    (pyiceberg's local one): removing files needs nothing more."""
+    from types import SimpleNamespace
+
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    from tidewater.commit.attempt import TargetAttempt
+
+    table = SimpleNamespace(io=PyArrowFileIO())
+    paths = {name: tmp_path / f"{name}.parquet" for name in ("upserts", "a1-deletes", "a1-images")}
+    for p in paths.values():
+        p.write_bytes(b"x")
+    files = {name: SimpleNamespace(file_path=str(p)) for name, p in paths.items()}
+    attempt = TargetAttempt(upserts=(files["upserts"],))
+    assert attempt.begin(table) == 1
+    attempt.written = (files["a1-deletes"], files["a1-images"])
+    assert attempt.begin(table) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["upserts.parquet"]
+    assert attempt.written == ()
+    assert attempt.begin(table) == 3, "an attempt with nothing written starts as well"
+
+
+def test_an_attempt_keeps_the_offsets_its_change_stamps():
+    """``TargetAttempt.stamp`` reads the offsets from the change's snapshot properties, as they will be committed;
+    a change without offsets (none of ours) leaves the last stamp."""
+    from tidewater.commit.attempt import TargetAttempt
+    from tidewater.table.summary import summary_properties
+
+    attempt = TargetAttempt()
+    props = summary_properties(offsets={"t": {0: 25, 3: 7}}, batch_id="b", pipeline="p", records=3,
+                               valid_through_ms=None, dag_run_id=None)
+    attempt.stamp(props)
+    assert attempt.stamped == {"t": {0: 25, 3: 7}}
+    attempt.stamp({"other": "x"})
+    assert attempt.stamped == {"t": {0: 25, 3: 7}}
+
+
+def test_a_target_s_role_is_asked_of_the_target_set_by_name():
+    """A plain pipeline's table holds its offsets, carries the batch's totals, is created by the commit and commits
+    without rows; a routed pipeline's tables do none of these (its checkpoint holds the offsets) and, as change
+    tables, take one topic each."""
+    from tidewater.config.parse import parse_pipeline
+    from tidewater.table.targets import target_role
+
+    plain = parse_pipeline({"name": "plain", "topics": ["t"], "kafka": {"bootstrap_servers": "h:1"},
+                            "table": {"identifier": "db.plain"}})
+    routed = parse_pipeline({"name": "routed", "topics": ["t"], "kafka": {"bootstrap_servers": "h:1"},
+                             "table": {"identifier": ""},
+                             "routing": {"namespace": "ev", "field": "k", "dynamic": True, "table_template": "ev_{value}"}})
+    own = target_role(plain, "db.plain")
+    assert (own.holds_offsets, own.carries_totals, own.created_at_commit, own.committed_without_rows,
+            own.takes_one_topic) == (True, True, True, True, False)
+    other = target_role(routed, "ev.ev_a")
+    assert (other.holds_offsets, other.carries_totals, other.created_at_commit, other.committed_without_rows,
+            other.takes_one_topic) == (False, False, False, False, True)
+    assert target_role(routed, routed.targets.holder).holds_offsets, "the checkpoint is the routed pipeline's holder"

@@ -49,7 +49,8 @@ from tidewater.batch import (
     fused_output,
     offsets_to_json,
 )
-from tidewater.commit.changes import change_attempt, reapply_attempt, remove_staged, retry_attempt
+from tidewater.commit.attempt import TargetAttempt, remove_staged
+from tidewater.commit.changes import APPLY, REAPPLY, RETRY, row_delta_attempt
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
 from tidewater.commit.primitive import Change, Committed, OffsetsExpected, commit
 from tidewater.commit.quarantine import quarantine_change
@@ -72,7 +73,7 @@ from tidewater.table.summary import (
     quarantine_branch,
     summary_properties,
 )
-from tidewater.table.targets import target_view
+from tidewater.table.targets import TargetRole, target_role, target_view
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class BatchCommit:
 
     def verdict(self, ident: str) -> dict[str, Any] | None:
         """The gate's verdict on one target: a fused table's is the batch's, others have their own."""
-        if self.spec.targets.holds(ident):
+        if target_role(self.spec, ident).carries_totals:
             return dict(self.validation) if self.validation is not None else None
         return (self.validation or {}).get("tables", {}).get(ident)
 
@@ -109,7 +110,7 @@ class BatchCommit:
         files whose own checks failed."""
         if not (self.validation or {}).get("quarantine"):
             return []
-        return [o.table for o in outputs if self.spec.targets.holds(o.table)
+        return [o.table for o in outputs if target_role(self.spec, o.table).carries_totals
                 or (o.data_files and not (self.verdict(o.table) or {}).get("success", True))]
 
     def holder_expected(self) -> OffsetsExpected:
@@ -147,19 +148,18 @@ def outputs_of(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> 
 @dataclass
 class Target:
     """One table of a batch's commit: what the write step left for it, its view of the pipeline, and whether the
-    gate quarantined it. ``state`` keeps what the attempts compute once (a change table's net changes and new
-    row images, the offsets stamped)."""
+    gate quarantined it. ``attempt`` keeps what its commit attempts know (``commit/attempt.py``)."""
 
     job: BatchCommit
     out: TableOutput
     view: PipelineSpec
     held: bool = False
-    state: dict[str, Any] = field(default_factory=dict)
+    attempt: TargetAttempt = field(default_factory=TargetAttempt)
 
     @property
-    def fused(self) -> bool:
-        """The table is its own offsets holder: its snapshot carries the batch's offsets and whole accounting."""
-        return self.job.spec.targets.holds(self.out.table)
+    def role(self) -> TargetRole:
+        """The table's part in the batch (``table/targets.py``): holder of the offsets, carrier of the totals."""
+        return target_role(self.job.spec, self.out.table)
 
     @property
     def kind(self) -> str:
@@ -179,16 +179,16 @@ class Target:
 
     def properties(self, table: Any) -> dict[str, str]:
         """The snapshot's properties on ``table`` as loaded now: its offsets (advanced by an ingest, kept by a
-        replay), the batch id and the counts (a fused table's: the whole batch's)."""
+        replay), the batch id and the counts (a fused table's: the whole batch's). Pure: the offsets it stamps are
+        kept from the prepared change (``TargetAttempt.stamp``)."""
         job, out, plan = self.job, self.out, self.job.plan
         offsets = committed_state(table, self.view.table.branch).offsets
         m = job.manifest
-        records, skipped = (m.records, m.skipped) if self.fused else (out.rows, 0)
+        records, skipped = (m.records, m.skipped) if self.role.carries_totals else (out.rows, 0)
         if not job.ingests:
-            self.state["stamped"] = offsets
             return replay_summary(plan, offsets, records, skipped, job.dag_run_id, job.verdict(out.table))
-        self.state["stamped"] = offsets = advanced(offsets, plan.ranges)
-        if self.fused:
+        offsets = advanced(offsets, plan.ranges)
+        if self.role.carries_totals:
             return job.holder_properties(offsets, out.ignored_fields)
         props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=records,
                                    valid_through_ms=None, dag_run_id=job.dag_run_id, ignored_fields=out.ignored_fields,
@@ -224,12 +224,12 @@ def appended(table: Any, t: Target) -> Change:
 
 def row_delta(table: Any, t: Target) -> Change:
     """A change table's batch: its changes by key as one row delta (``commit/changes.py``)."""
-    if not t.fused and len(t.out.seen_offsets) > 1:  # a key's changes are ordered within one topic only
+    if t.role.takes_one_topic and len(t.out.seen_offsets) > 1:  # a key's changes are ordered within one topic only
         raise TerminalError(f"change table {t.out.table} got changes of {len(t.out.seen_offsets)} topics in one batch "
                             f"({', '.join(sorted(t.out.seen_offsets))}): a change table takes one topic's changes; route "
                             "each topic to its own table (routing.table_template)", table=t.out.table,
                             batch_id=t.job.plan.batch_id)
-    return change_attempt(table, t.view, t.job.plan, t.out.data_files, t.state, t.properties, quarantine=t.held)
+    return row_delta_attempt(table, t.view, t.job.plan, t.out.data_files, t.attempt, t.properties, APPLY, quarantine=t.held)
 
 
 def replayed(table: Any, t: Target) -> Change:
@@ -239,13 +239,13 @@ def replayed(table: Any, t: Target) -> Change:
 
 def retried(table: Any, t: Target) -> Change:
     """A dead-letter retry of a change table: the changes applied in source order where no later one of their key is
-    applied (``commit/changes.py: retry_attempt``)."""
-    return retry_attempt(table, t.view, t.job.plan, t.out.data_files, t.state, t.properties)
+    applied (``commit/changes.py``: RETRY)."""
+    return row_delta_attempt(table, t.view, t.job.plan, t.out.data_files, t.attempt, t.properties, RETRY)
 
 
 def reapplied(table: Any, t: Target) -> Change:
     """A replay of a change table: each change applied again where it is still its key's latest."""
-    return reapply_attempt(table, t.view, t.job.plan, t.out.data_files, t.state, t.properties)
+    return row_delta_attempt(table, t.view, t.job.plan, t.out.data_files, t.attempt, t.properties, REAPPLY)
 
 
 KINDS: dict[tuple[str, Mode], Callable[[Any, Target], Change]] = {
@@ -263,7 +263,7 @@ KINDS: dict[tuple[str, Mode], Callable[[Any, Target], Change]] = {
 
 def commit_table_output(catalog: Any, plan: BatchPlan, out: TableOutput, target: Target) -> str:
     """Commit one target table's part of the batch, once (by batch id), with the change ``KINDS`` gives it and its
-    offsets requirement; returns the status (the commit itself is kept in ``target.state["done"]``). A change
+    offsets requirement; returns the status (the commit itself is kept in ``target.attempt.done``). A change
     table's staged change files are removed after."""
     choose = KINDS.get((target.kind, target.mode))
     if choose is None:
@@ -273,16 +273,19 @@ def commit_table_output(catalog: Any, plan: BatchPlan, out: TableOutput, target:
 
     def prepare(table: Any) -> Change:
         # every target's snapshot carries its offsets: the tag keeps the newest through other tools' expiry
-        return dataclasses.replace(choose(table, target), expect=expect, tag=OFFSETS_TAG)
+        change = choose(table, target)
+        target.attempt.stamp(change.properties)
+        return dataclasses.replace(change, expect=expect, tag=OFFSETS_TAG)
 
-    on_missing = missing_table(catalog, plan, target.job.manifest) if target.fused and target.job.ingests else None
+    created = target.role.created_at_commit and target.job.ingests
+    on_missing = missing_table(catalog, plan, target.job.manifest) if created else None
     done = commit(catalog, out.table, prepare, marker=plan.batch_id, what=target.job.what,
                   max_attempts=target.job.max_attempts, on_missing=on_missing)
-    target.state["done"] = done
+    target.attempt.done = done
     if target.kind == "change":
         remove_staged(done.table, out.data_files)
     if done.status == "committed":
-        counts = target.state.get("counts", {})
+        counts = target.attempt.counts
         log.info("%s (%s) committed to %s%s: %d rows%s", target.job.what, target.mode, out.table,
                  f" (branch {out.branch})" if out.branch else "", out.rows,
                  f" ({', '.join(f'{k} {v}' for k, v in counts.items() if isinstance(v, int))})" if counts else "")
@@ -325,7 +328,7 @@ def commit_batch(
                                 quarantined=tuple(sorted(held)))
         job.holder_expected().check(holder, ident)
     todo = [Target(job, o, target_view(job.spec, catalog, o.table), o.table in held) for o in outputs
-            if o.data_files or targets.holds(o.table)]
+            if o.data_files or target_role(job.spec, o.table).committed_without_rows]
     timings = commit_targets(catalog, todo)
     if targets.fused:
         return fused_result(catalog, job, todo[0], dead_letter_sink, timings[0])
@@ -351,7 +354,7 @@ def commit_targets(catalog: Any, todo: list[Target]) -> list[TableCommit]:
     def one(t: Target) -> TableCommit:
         t0 = time.monotonic()
         status = commit_table_output(catalog, t.job.plan, t.out, t)
-        done = t.state.get("done")
+        done = t.attempt.done
         return TableCommit(table=t.out.table, status=status, rows=t.out.rows,  # type: ignore[arg-type]
                            seconds=round(time.monotonic() - t0, 4), snapshot_id=done.snapshot_id if done else None)
 
@@ -367,15 +370,15 @@ def fused_result(catalog: Any, job: BatchCommit, target: Target, sink: DeadLette
                  timing: TableCommit) -> CommitResult:
     """A fused set's outcome: its one snapshot (data and offsets), then the batch's dead letters."""
     plan, manifest = job.plan, job.manifest
-    done: Committed | None = target.state.get("done")
+    done: Committed | None = target.attempt.done
     if done is None or done.status == "nothing-to-commit":
         return CommitResult(status="nothing-to-commit", batch_id=plan.batch_id, table=plan.table, records=0, data_files=0,
                             offsets={})
     found = find_batch_snapshot(done.table, plan.batch_id) if done.status == "committed" else None
-    offsets = target.state.get("stamped")
+    offsets = target.attempt.stamped
     if offsets is None:
         offsets = plan.end_offsets() if job.ingests else committed_state(done.table, target.view.table.branch).offsets
-    files = len(target.state.get("files", ())) if target.kind == "change" else len(target.out.data_files)
+    files = len(target.attempt.files) if target.kind == "change" else len(target.out.data_files)
     if job.ingests:
         commit_dead_letters(catalog, plan, manifest, sink)
     own = dataclasses.replace(timing, rows=manifest.rows_in_files, snapshot_id=found.snapshot_id if found else done.snapshot_id)

@@ -2,7 +2,7 @@
 
 ``replace``: the rows that came from the plan's ranges are deleted (copy-on-write) and the re-read rows
 appended, both snapshots in one transaction. ``append-missing``: only the append. Change tables reapply
-(``commit/changes.py: reapply_attempt``). The snapshots carry the table's committed offsets unchanged and the
+(``commit/changes.py``: REAPPLY). The snapshots carry the table's committed offsets unchanged and the
 replay's batch id, so a retry after success is a no-op and the offsets never move (backwards or forwards); a
 separate offsets holder (a routed pipeline's checkpoint) is not touched.
 """

@@ -19,7 +19,7 @@ A retry (``retry``) is a batch of its own, exactly once, in three commits, each 
    hold them) are decoded, transformed and routed with the pipeline's current settings (``write.task.write_letters``),
    checked by the quality gate and committed as a replay of mode ``retry`` (``commit/batch.py``): appended to append
    tables (offsets a table already holds are left out), applied in source order to change tables where no later change
-   of the key is (``commit/changes.py: retry_attempt``); offsets never move. Records that fail again stay the letters
+   of the key is (``commit/changes.py``: RETRY); offsets never move. Records that fail again stay the letters
    they were (the files the write made for them are removed, nothing new lands in the dead-letter table); when none
    passes, nothing is committed;
 3. the **outcome** of every claimed letter.

@@ -35,7 +35,7 @@ from tidewater.source.timestamps import KafkaOffsetLookup, OffsetLookup, interva
 from tidewater.staging import write_parquet
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.provenance import check_rows_carry_offsets, present_offsets
-from tidewater.table.targets import holder_state, target_spec, target_tables
+from tidewater.table.targets import holder_state, target_role, target_spec, target_tables
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ def replay_tables(spec: PipelineSpec, catalog: Any, asked: tuple[str, ...], hold
                           f"pipeline {spec.name} (its tables: {', '.join(known) or 'none yet'})")
     out = {}
     for ident in asked or known:
-        table = holder if spec.targets.holds(ident) else load_table(catalog, ident)
+        table = holder if target_role(spec, ident).holds_offsets else load_table(catalog, ident)
         if table is None:
             if asked:
                 raise ConfigError(f"tables: {ident} does not exist yet: nothing to replay")
@@ -279,8 +279,8 @@ def replay_preview(spec: PipelineSpec, tables: dict[str, Any], ranges: list[Part
     shown = []
     for ident, table in sorted(tables.items()):
         view = target_spec(spec, ident)
-        fused = spec.targets.holds(ident)
-        rows = preview(view, table, ranges, Mode(mode).for_table(view.applies_changes), table_name=None if fused else ident)
-        if fused or asked or any(r["rows_now"] for r in rows):
+        own = target_role(spec, ident).holds_offsets  # the pipeline's own table: shown always, unnamed
+        rows = preview(view, table, ranges, Mode(mode).for_table(view.applies_changes), table_name=None if own else ident)
+        if own or asked or any(r["rows_now"] for r in rows):
             shown.extend(rows)
     return shown

@@ -8,6 +8,7 @@ quarantine listings, maintenance, the ledger, the audit and the CLI.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from tidewater.config.spec import PipelineSpec
@@ -58,3 +59,40 @@ def target_view(spec: PipelineSpec, catalog: Any, ident: str) -> PipelineSpec:
             raise TerminalError(f"table {ident} has no id columns: id_columns is empty and the table has no identifier "
                                 "fields; set its id_columns", table=ident)
     return view
+
+
+@dataclass(frozen=True)
+class TargetRole:
+    """One target table's part in its pipeline's batches: the per-target questions, asked of the target set once
+    and answered by name (the commit, the gate's verdicts and the replay ask these, not the set's shape)."""
+
+    table: str
+    holds_offsets: bool  # the pipeline's offsets live in this table's own snapshots (a plain pipeline's one table)
+
+    @property
+    def carries_totals(self) -> bool:
+        """Its snapshot carries the whole batch's accounting (records, skipped, dead letters) and the gate's verdict
+        on the batch; another target's carries its own rows and its own verdict."""
+        return self.holds_offsets
+
+    @property
+    def created_at_commit(self) -> bool:
+        """A missing table is created by the batch's commit; other targets are created by the write step that
+        routes records to them."""
+        return self.holds_offsets
+
+    @property
+    def committed_without_rows(self) -> bool:
+        """A batch with no rows for it still commits it: its snapshot is what moves the pipeline's offsets."""
+        return self.holds_offsets
+
+    @property
+    def takes_one_topic(self) -> bool:
+        """As a change table it takes one topic's changes (a key's changes are ordered within one topic only);
+        the pipeline's own table takes the changes of what its configuration reads."""
+        return not self.holds_offsets
+
+
+def target_role(spec: PipelineSpec, ident: str) -> TargetRole:
+    """Target table ``ident``'s role in ``spec``'s batches. Pure: names only."""
+    return TargetRole(ident, spec.targets.holds(ident))
