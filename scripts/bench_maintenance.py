@@ -41,7 +41,7 @@ def main() -> int:
     from tidewater.ops.maintenance import ACTIONS, TableStats, run_action
     from tidewater.plan.ingest import plan_batch
     from tidewater.source.kafka import kafka_settings
-    from tidewater.steps import spark as spark_session
+    from tidewater.spark import session as spark_session
     from tidewater.steps.lifecycle import commit_step
     from tidewater.table.catalog import load_catalog
     from tidewater.table.summary import committed_state

@@ -340,7 +340,7 @@ def letter_rows(spec, n: int, start: int, batch: str):  # noqa: ANN001, ANN201
     """``n`` dead letters of ``spec`` (offsets from ``start``), vectorized: the dead-letter table's schema."""
     import pyarrow as pa
 
-    from tidewater.table.catalog import DEAD_LETTER_SCHEMA
+    from tidewater.table.own_tables import DEAD_LETTER_SCHEMA
 
     offsets = pa.array(range(start, start + n), pa.int64())
     value = b'{"order_id": null, "pizza": "margherita", "note": "' + b"x" * 120 + b'"}'
@@ -356,8 +356,9 @@ def letter_rows(spec, n: int, start: int, batch: str):  # noqa: ANN001, ANN201
 def add_letters(spec, n: int) -> None:  # noqa: ANN001
     """Commit ``n`` letters in chunks, each commit keeping the counts as ``commit/dead_letters.py`` does."""
     from tidewater.commit.primitive import Change, commit
-    from tidewater.table.catalog import ensure_dead_letter_table, load_catalog
+    from tidewater.table.catalog import load_catalog
     from tidewater.table.letters import totals_after
+    from tidewater.table.own_tables import ensure_dead_letter_table
     from tidewater.table.summary import BATCH_ID, PIPELINE
 
     catalog = load_catalog(spec)

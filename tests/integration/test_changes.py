@@ -15,7 +15,7 @@ from tests.conftest import commit_as_airflow_would, ingest_inline, produce_to_pa
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.changes import apply, change_stream, encode
 from tidewater.errors import OffsetsMovedError, TransientError
-from tidewater.steps import spark as spark_session
+from tidewater.spark import session as spark_session
 from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import CHANGES, committed_state
@@ -247,7 +247,6 @@ def test_bad_changes_are_dead_letters_naming_their_record_through_spark(broker, 
     """Through `tidewater run` (spark-submit): an unknown operation and a change without its key are dead letters
     with topic, partition, offset and class; the good changes apply (a delete of a key inserted in the same
     batch leaves nothing), and the snapshot's counts add up to the records read."""
-    from tests.conftest import quiet
     from tidewater.steps.lifecycle import run_once
 
     path = write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
@@ -262,7 +261,7 @@ def test_bad_changes_are_dead_letters_naming_their_record_through_spark(broker, 
         {"id": 4, "op": "D"},  # delete of an absent key: a no-op
     )]
     produce_to_partition(broker.bootstrap, topic, 0, values)
-    result = run_once(path, out=quiet)
+    result = run_once(path)
     assert result["records"] == 7
     spec = load_pipeline(path)
     table = _table(spec)

@@ -143,7 +143,7 @@ def test_orphan_removal_refuses_a_location_another_table_shares(broker, home, to
     import pyarrow as pa
 
     from tidewater.ops.maintenance import run_action
-    from tidewater.steps import spark as spark_session
+    from tidewater.spark import session as spark_session
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           maintenance={"remove_orphan_files": {"older_than_hours": 24}})
@@ -265,7 +265,7 @@ def test_the_properties_file_keeps_the_cluster_defaults_and_lets_secrets_win(tmp
     trailing continuation line and no final newline included), then the secrets, which win over a default of
     the same key. This pins the layout (java.util.Properties ends a continued line at the blank line after it);
     the test above shows spark-submit reading such a file, its defaults file ending without a newline."""
-    from tidewater.steps.spark import properties_file, remove_properties_file, spark_defaults_file
+    from tidewater.spark.conf import properties_file, remove_properties_file, spark_defaults_file
 
     (tmp_path / "spark-defaults.conf").write_text("spark.a  1\nspark.shared  cluster\nspark.b  x \\")
     defaults = spark_defaults_file({"SPARK_CONF_DIR": str(tmp_path)})

@@ -20,7 +20,7 @@ from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import TerminalError, TransientError
 from tidewater.ops.maintenance import maintain, run_action
-from tidewater.steps import spark as spark_session
+from tidewater.spark import session as spark_session
 from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import OFFSETS_TAG, committed_state

@@ -42,6 +42,7 @@ def test_batches_land_in_the_bucket_through_spark_submit_and_secrets_stay_out(br
                                                                              monkeypatch):
     """`tidewater run` (spark-submit): the executors write the data files into the bucket, the commit lands
     every record once with exact offsets, and the secret key is in no staged file, log line or snapshot."""
+    from tidewater.runtime.progress import BatchProgress
     from tidewater.steps.lifecycle import run_once
 
     _bucket(s3_endpoint, "lake")
@@ -50,7 +51,7 @@ def test_batches_land_in_the_bucket_through_spark_submit_and_secrets_stay_out(br
     events = pizza_events(90, seed=501)
     produce(broker.bootstrap, topic, events, partitions=3)
     lines: list[str] = []
-    result = run_once(path, out=lines.append)
+    result = run_once(path, progress=BatchProgress(lines.append))
     assert result["records"] == 90
     spec = load_pipeline(path)
     table = load_table(load_catalog(spec), spec.table.identifier)
@@ -62,6 +63,7 @@ def test_batches_land_in_the_bucket_through_spark_submit_and_secrets_stay_out(br
     staged = [p.read_bytes() for p in spec.staging_dir().rglob("*") if p.is_file()]
     assert staged and not any(SECRET.encode() in b for b in staged)
     assert not any(SECRET in line for line in lines)
+    assert f"[4/4] commit   {spec.table.identifier}: rows appended, the offsets in the same snapshot" in lines, lines
     assert not any(SECRET in json.dumps(dict(s.summary.additional_properties)) for s in table.snapshots())
 
 
@@ -84,10 +86,11 @@ def test_a_change_table_in_the_bucket_equals_its_source(broker, home, topic, s3_
 def test_spark_on_object_storage_names_the_aws_bundle_it_needs(home, s3_endpoint, monkeypatch):
     """Maintenance and `tidewater sql` run Iceberg in Spark, whose S3FileIO needs the AWS SDK bundle: without
     it (no Maven here) the session is refused before the JVM starts, naming the artifact and the setting."""
-    from tidewater.steps import spark as spark_session
+    from tidewater.spark import conf as spark_conf_module
+    from tidewater.spark import session as spark_session
 
     spec = load_pipeline(write_pipeline(home, catalog=_catalog(home, s3_endpoint, "lake2", monkeypatch)))
-    conf = spark_session.catalog_conf(spec)
+    conf = spark_conf_module.catalog_conf(spec)
     assert conf["spark.sql.catalog.tidewater.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
     assert conf["spark.sql.catalog.tidewater.s3.endpoint"] == s3_endpoint
     assert conf["spark.sql.catalog.tidewater.client.region"] == "us-east-1"

@@ -27,7 +27,7 @@ from tests.integration.test_routed_changes import Source, assert_equals_source, 
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import TerminalError
 from tidewater.plan.ingest import plan_batch
-from tidewater.steps import spark as spark_session
+from tidewater.spark import session as spark_session
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import BATCH_ID, OFFSETS, OFFSETS_TAG, committed_state, summary_dict
 

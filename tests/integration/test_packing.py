@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ingest_inline, quiet, table_of, write_pipeline
+from tests.conftest import ingest_inline, table_of, write_pipeline
 from tests.integration.test_exactly_once import WRITE_THEN_HANG
 from tidewater.config.parse import load_pipeline
 from tidewater.dev.sample_data import pizza_events, produce
@@ -53,7 +53,7 @@ def test_sixty_short_ranges_are_two_tasks_with_the_rows_offsets_and_dead_letters
     bad = many_partitions(broker, topic)
     kafka = {"bootstrap_servers": broker.bootstrap}
     packed = write_pipeline(home, name="packed", topics=[topic], kafka=kafka, table={"identifier": "rpc.packed"})
-    result = run_once(packed, out=quiet)
+    result = run_once(packed)
     assert result["status"] == "committed" and result["records"] == 720
     apart = load_pipeline(write_pipeline(home, name="apart", topics=[topic], kafka=kafka, table={"identifier": "rpc.apart"},
                                          batch={"pack_ranges": False}))
@@ -88,14 +88,14 @@ def test_a_packed_batch_killed_after_its_write_then_rerun_lands_each_record_once
     killed = [m.parent.name for m in (home / "staging").glob("*/*/manifest.json")]
     assert len(killed) == 1 and table_of(path).snapshots() == []
 
-    result = run_once(path, out=quiet)
+    result = run_once(path)
     assert result["status"] == "committed" and result["batch_id"] != killed[0]
     table = table_of(path)
     rows = coordinates(table, "_kafka_partition", "_kafka_offset")
     assert len(rows) == len(set(rows)) == PARTITIONS * PER_PARTITION - len(BAD)
     assert committed_state(table).offsets == {topic: dict.fromkeys(range(PARTITIONS), PER_PARTITION)}
     assert not any(killed[0] in f for f in data_files(table))
-    assert run_once(path, out=quiet)["status"] == "empty"
+    assert run_once(path)["status"] == "empty"
 
 
 def test_partitions_a_topic_gains_are_read_from_their_log_start_by_the_next_plan(broker, home, topic, monkeypatch):

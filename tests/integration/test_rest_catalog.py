@@ -64,10 +64,10 @@ def test_rest_catalog_unreachable_is_transient_and_refused_credentials_are_termi
 
 
 def test_spark_gets_the_rest_catalog_with_its_secret_off_the_command_line(home, monkeypatch):
-    from tidewater.steps import spark as spark_session
+    from tidewater.spark import conf as spark_conf_module
 
     monkeypatch.setenv("TEST_REST_SECRET", "s3cr3t-value")
-    conf = spark_session.spark_conf(_spec(home, "https://catalog.example"))
+    conf = spark_conf_module.spark_conf(_spec(home, "https://catalog.example"))
     assert conf["spark.sql.catalog.lake.type"] == "rest" and conf["spark.sql.catalog.lake.uri"] == "https://catalog.example"
     assert conf["spark.sql.catalog.lake.warehouse"] == "analytics"
     from tidewater.config.secrets import split_secrets
@@ -75,5 +75,5 @@ def test_spark_gets_the_rest_catalog_with_its_secret_off_the_command_line(home, 
     public, secret = split_secrets(conf)  # what a spark-submit of these settings would put apart
     assert secret["spark.sql.catalog.lake.credential"] == "client:s3cr3t-value" and "s3cr3t-value" not in repr(public)
     # the write step's spark-submit never opens the catalog in Spark: it carries no catalog credential at all
-    settings = spark_session.write_submit_settings(_spec(home, "https://catalog.example"))
+    settings = spark_conf_module.write_submit_settings(_spec(home, "https://catalog.example"))
     assert "s3cr3t-value" not in repr(settings)

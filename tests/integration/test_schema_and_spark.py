@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.steps import spark as spark_session
+from tidewater.spark import session as spark_session
 from tidewater.table.catalog import load_catalog, load_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

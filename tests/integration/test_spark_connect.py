@@ -274,7 +274,7 @@ def _session_id(url: str) -> str:
     """The session id a new process takes for ``url`` (a separate interpreter, as an Airflow task is)."""
     # a process that hangs prints where (its stacks) and exits, so that the assertion below shows them
     code = ("import faulthandler, sys; faulthandler.dump_traceback_later(90, exit=True); "
-            "from tidewater.steps.write import connect_session; "
+            "from tidewater.spark.connect import connect_session; "
             "s = connect_session(sys.argv[1]); print(s.client._session_id); assert s.range(3).count() == 3")
     out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -286,7 +286,7 @@ def _sessions_are_shared_and_a_closed_one_is_replaced(url: str) -> None:
     once the server closed it (idle past its timeout), the next process takes the next id, works and exits
     (twice, so that a process walks past one and then two refused ids: a refused session left to pyspark's
     ``__del__`` at interpreter shutdown once hung the process after its work was done, in CI)."""
-    from tidewater.steps.write import connect_session
+    from tidewater.spark.connect import connect_session
 
     first = _session_id(url)
     assert _session_id(url) == first
@@ -331,7 +331,8 @@ def test_a_retry_interrupts_what_its_killed_try_left_running_on_the_server_and_w
     task instance; here two processes share it)."""
     import logging
 
-    from tidewater.steps.write import CONNECT_TAG_KEY, run_connect_write
+    from tidewater.spark.connect import CONNECT_TAG_KEY
+    from tidewater.steps.write import run_connect_write
 
     namespace: dict = {}
     exec(FILE_STORE, namespace)  # noqa: S102 - the same class in both processes
@@ -352,7 +353,7 @@ def test_a_retry_interrupts_what_its_killed_try_left_running_on_the_server_and_w
                                  "the first try")
     old_tag = store.get(CONNECT_TAG_KEY)
     assert old_tag and old_tag.startswith(f"tidewater-{spec.name}-{plan.batch_id}-"), old_tag
-    with caplog.at_level(logging.WARNING, logger="tidewater.steps.write"):
+    with caplog.at_level(logging.WARNING, logger="tidewater.spark.connect"):
         manifest = run_connect_write(spec, plan_path, tries=store)
     assert f"of the previous try (tag {old_tag})" in caplog.text, caplog.text  # the server named what it interrupted
     assert store.get(CONNECT_TAG_KEY) != old_tag  # the retry's own tag, for a try after it

@@ -81,11 +81,12 @@ def test_the_package_has_no_import_cycle() -> None:
 # The rooms of the package from the bottom up: a room imports only rooms below it (and its own modules). The
 # place of a room is part of its meaning: configuration is pure grammar; the source, decoding and transforms
 # know nothing of tables; the batch's stages (write, quality, plan, commit) sit on the table room; the audit
-# reads what the commits left (its ledger beside it); the batch's steps string the stages together; operations
+# reads what the commits left (its ledger beside it); Spark's environment (configuration, jars, sessions, the Connect
+# session cache, the spark-submit launcher) serves the steps; the batch's steps string the stages together; operations
 # run steps; interop, dev, the shipped example (data, for `tidewater init`) and the runtime (Airflow tasks, the CLI,
 # Spark entry points) are the entry points.
 ROOMS = ("errors", "staging", "batch", "config", "source", "decode", "transform", "table", "write", "quality", "plan",
-         "commit", "audit", "steps", "ops", "interop", "dev", "examples", "runtime")
+         "commit", "audit", "spark", "steps", "ops", "interop", "dev", "examples", "runtime")
 
 
 def room_of(module: str) -> str:

@@ -8,11 +8,11 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from tidewater.audit import ledger
 from tidewater.audit.findings import AuditReport, Finding
 from tidewater.audit.history import coverage
 from tidewater.audit.mark import ends_of, mark_of, next_mark, since
 from tidewater.audit.pipeline import _marks
+from tidewater.table.own_tables import LEDGER_SCHEMA
 
 HOLDER, TARGET = "db.checkpoints", "db.a"
 
@@ -25,7 +25,7 @@ def _entry(table: str, batch: str, at_s: int, start: int | None = None, end: int
 
 
 def _ledger(*entries: dict) -> pa.Table:
-    return pa.Table.from_pylist(list(entries), schema=ledger.SCHEMA)
+    return pa.Table.from_pylist(list(entries), schema=LEDGER_SCHEMA)
 
 
 def test_an_audit_from_a_mark_checks_each_tables_newer_entries_and_the_targets_of_newer_holder_batches():

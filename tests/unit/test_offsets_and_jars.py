@@ -7,7 +7,7 @@ import struct
 import zipfile
 
 from tidewater.batch import BatchManifest, PartitionStats
-from tidewater.steps.spark import PARQUET_SHADED, SHADED, bundled_runtime_jar, repaired_jackson_jar, rewrite_class
+from tidewater.spark.jars import PARQUET_SHADED, SHADED, bundled_runtime_jar, repaired_jackson_jar, rewrite_class
 from tidewater.table.summary import BATCH_ID, OFFSETS, VALID_THROUGH_MS, summary_properties
 
 
@@ -80,7 +80,7 @@ def test_executors_python_is_set_only_where_this_interpreter_exists(tmp_path):
     import sys
 
     from tidewater.config.parse import parse_pipeline
-    from tidewater.steps.spark import write_submit_settings
+    from tidewater.spark.conf import write_submit_settings
 
     base = {"name": "p", "topics": ["t"], "kafka": {"bootstrap_servers": "h:9092"}, "table": "ns.t"}
     spec = parse_pipeline(base)
@@ -101,7 +101,7 @@ def test_deployment_faults_and_spark_failures_are_classified():
     from pyspark.errors import AnalysisException
 
     from tidewater.errors import ConfigError
-    from tidewater.steps.spark import spark_failure
+    from tidewater.spark.session import spark_failure
     from tidewater.write.job import deployment_fault
 
     fault = deployment_fault("py4j.protocol.Py4JJavaError: ...\nModuleNotFoundError: No module named 'tidewater'\n")

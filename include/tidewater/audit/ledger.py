@@ -27,6 +27,7 @@ from pyiceberg.exceptions import CommitFailedException
 from tidewater.commit.primitive import Change, commit
 from tidewater.config.spec import PipelineSpec
 from tidewater.table.catalog import create_table, load_table, retry_busy
+from tidewater.table.own_tables import LEDGER_SCHEMA
 from tidewater.table.summary import (
     BATCH_ID,
     CHANGES,
@@ -52,23 +53,6 @@ log = logging.getLogger(__name__)
 THROUGH = "tidewater.ledger-through"  # on the ledger's snapshots: the table snapshot it has recorded up to
 LAST_AUDIT = "tidewater.last-audit"  # the ledger table's property: the last audit's verdict (JSON)
 
-SCHEMA = pa.schema([
-    pa.field("table", pa.string()),
-    pa.field("batch_id", pa.string()),
-    pa.field("kind", pa.string()),  # ingest, change, replay, skip, quarantine
-    pa.field("snapshot_id", pa.int64()),
-    pa.field("committed_at", pa.timestamp("us", tz="UTC")),
-    pa.field("dag_run_id", pa.string()),
-    pa.field("topic", pa.string()),
-    pa.field("partition", pa.int32()),
-    pa.field("start_offset", pa.int64()),
-    pa.field("end_offset", pa.int64()),
-    pa.field("records", pa.int64()),  # the batch's: records read
-    pa.field("rows", pa.int64()),  # rows the batch's snapshot added
-    pa.field("dead_letters", pa.int64()),
-    pa.field("skipped", pa.int64()),
-    pa.field("detail", pa.string()),  # JSON: the skip request, the replay, the change counts
-])
 
 
 def identifier(spec: PipelineSpec) -> str:
@@ -212,7 +196,7 @@ def sync(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> 
         mark = str(heads[spec.targets.holder]) if fused \
             else json.dumps({**through, **heads}, sort_keys=True, separators=(",", ":"))
         # the pipeline's name marks the ledger as its own: another pipeline's routes never write into it (ForeignTable)
-        return Change(properties={THROUGH: mark, PIPELINE: spec.name}, rows=pa.Table.from_pylist(rows, schema=SCHEMA))
+        return Change(properties={THROUGH: mark, PIPELINE: spec.name}, rows=pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA))
 
     ident = identifier(spec)
     # a single table's mark is its head, known before the commit: it makes a second sync of the same history a
@@ -220,7 +204,7 @@ def sync(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> 
     # sync that finds nothing new commits nothing (see prepare)
     marker = str(heads[spec.targets.holder]) if fused else None
     commit(catalog, ident, prepare, marker=marker, marker_key=THROUGH, what=f"ledger {ident}",
-           on_missing=lambda: load_table(catalog, ident) or create_table(catalog, ident, SCHEMA, {"format-version": "2"}))
+           on_missing=lambda: load_table(catalog, ident) or create_table(catalog, ident, LEDGER_SCHEMA, {"format-version": "2"}))
     return added[0]
 
 
@@ -276,7 +260,7 @@ def expire_history(catalog: Any, spec: PipelineSpec) -> int:
 def read(catalog: Any, spec: PipelineSpec) -> pa.Table:
     """Every entry of the pipeline's table (empty when nothing was recorded)."""
     ledger = load_table(catalog, identifier(spec))
-    return ledger.scan().to_arrow() if ledger is not None else SCHEMA.empty_table()
+    return ledger.scan().to_arrow() if ledger is not None else LEDGER_SCHEMA.empty_table()
 
 
 def save_verdict(catalog: Any, spec: PipelineSpec, verdict: dict[str, Any]) -> None:

@@ -60,6 +60,7 @@ from tidewater.config.parse import load_pipeline
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError, TransientError
 from tidewater.table.catalog import commit_slots, create_table, load_table
+from tidewater.table.own_tables import CHECKPOINT_SCHEMA
 from tidewater.table.provisional import confirm_keys
 from tidewater.table.summary import (
     DATA_INTERVAL,
@@ -320,7 +321,7 @@ def commit_batch(
     if not job.ingests:  # a replay re-reads committed records only
         refuse_uncommitted_ranges(plan, committed_state(holder, targets.branch).offsets if holder is not None else {}, ident)
     elif not targets.fused:
-        holder = holder or create_table(catalog, ident, checkpoint_row(plan, manifest, {}).schema, {"format-version": "2"})
+        holder = holder or create_table(catalog, ident, CHECKPOINT_SCHEMA, {"format-version": "2"})
         if find_batch_snapshot(holder, plan.batch_id) is not None:
             commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
             return CommitResult(status="already-committed", batch_id=plan.batch_id, table=ident, records=manifest.records,
@@ -395,7 +396,7 @@ def files_of(outputs: tuple[TableOutput, ...]) -> int:
 
 
 def checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -> Any:
-    """The checkpoint table's row for a batch (its schema is this row's)."""
+    """The checkpoint table's row for a batch (``table/own_tables.py``: CHECKPOINT_SCHEMA)."""
     tables = [o.table for o in manifest.outputs if o.data_files]
     return pa.table({
         "batch_id": [plan.batch_id], "pipeline": [plan.pipeline],
@@ -403,7 +404,7 @@ def checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -
         "records": pa.array([manifest.records], pa.int64()), "dead_letters": pa.array([manifest.dead_letters], pa.int64()),
         "skipped": pa.array([manifest.skipped], pa.int64()), "tables": [json.dumps(tables)],
         "offsets": [json.dumps(offsets_to_json(offsets), separators=(",", ":"))],
-    })
+    }, schema=CHECKPOINT_SCHEMA)
 
 
 def commit_holder(catalog: Any, job: BatchCommit, held: list[str]) -> None:

@@ -2,7 +2,7 @@
 
 A letter is a row of the pipeline's dead-letter table: a record (topic, partition, offset) and the batch that
 dead-lettered it (``batch_id``). What became of it is recorded, append only, in the dead-letter table's companion
-``<dead-letter table>_resolutions`` (``table.catalog.RESOLUTION_SCHEMA``); a letter's state is its newest row there:
+``<dead-letter table>_resolutions`` (``table.own_tables.RESOLUTION_SCHEMA``); a letter's state is its newest row there:
 
 - none, ``released`` (a retry failed before it committed anything), ``refused`` (a change table holds a later
   change of its key) or ``failed-again`` (it decoded no better: the letter stays, its new error is the reason):
@@ -47,13 +47,7 @@ from tidewater.commit.primitive import Change, commit
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TidewaterError
 from tidewater.steps.lifecycle import commit_step, validate_step
-from tidewater.table.catalog import (
-    RESOLUTION_SCHEMA,
-    ensure_resolution_table,
-    load_catalog,
-    load_table,
-    resolution_table_name,
-)
+from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.letters import (
     KEY,
     OPEN,
@@ -67,6 +61,7 @@ from tidewater.table.letters import (
     states_after,
     tally,
 )
+from tidewater.table.own_tables import RESOLUTION_SCHEMA, ensure_resolution_table, resolution_table_name
 from tidewater.table.provenance import present_offsets
 from tidewater.table.summary import BATCH_ID, PIPELINE, RECORDS, changes_of, find_batch_snapshot, summary_dict
 from tidewater.table.targets import holder_state, target_tables, target_view

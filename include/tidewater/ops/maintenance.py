@@ -1,7 +1,7 @@
 """Table maintenance: compaction, manifest rewrite, snapshot expiry and orphan removal, safe beside ingestion.
 
 Each action runs Iceberg's Spark procedure on the pipeline's catalog (one SparkSession, configured by
-:mod:`tidewater.steps.spark`) and returns an :class:`ActionReport` with the table's files and bytes
+:mod:`tidewater.spark.session`) and returns an :class:`ActionReport` with the table's files and bytes
 before and after. The rules that keep ingestion safe:
 
 - Compaction commits a ``replace`` snapshot. An ingest commit racing it either lands first (the
@@ -32,8 +32,8 @@ from tidewater.audit import ledger
 from tidewater.batch import MANIFEST_NAME, BatchManifest, read_json
 from tidewater.config.spec import MAINTENANCE_ACTIONS, PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TransientError
+from tidewater.spark import session as spark_session
 from tidewater.staging import modified, remove_tree
-from tidewater.steps import spark as spark_session
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
 from tidewater.table.targets import target_spec, target_tables

@@ -43,7 +43,8 @@ from tidewater.decode.records import BadRecord
 from tidewater.errors import ConfigError
 from tidewater.source.kafka import kafka_settings, read_range, watermarks
 from tidewater.steps.lifecycle import commit_step, validate_step
-from tidewater.table.catalog import ensure_dead_letter_table, load_catalog
+from tidewater.table.catalog import load_catalog
+from tidewater.table.own_tables import ensure_dead_letter_table
 from tidewater.table.summary import OPERATOR_SKIP
 from tidewater.table.targets import holder_state
 from tidewater.write.dead_letters import dead_letter_rows, dead_letter_sink

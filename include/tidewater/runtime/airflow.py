@@ -355,8 +355,8 @@ class IngestSparkSubmitOperator(BaseOperator):
     def execute(self, context: Any) -> None:
         from airflow.sdk import BaseHook
 
-        from tidewater.steps.spark import remove_properties_file, write_submit_settings
-        from tidewater.steps.write import write_job_args
+        from tidewater.spark.conf import remove_properties_file, write_submit_settings
+        from tidewater.spark.submit import write_job_args
 
         planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
         if not planned:
@@ -419,7 +419,7 @@ class IngestSparkSubmitOperator(BaseOperator):
             storage_connection,
         )
         from tidewater.source.kafka import kafka_settings
-        from tidewater.steps.spark import launcher_env, properties_file, spark_defaults_file
+        from tidewater.spark.conf import launcher_env, properties_file, spark_defaults_file
 
         env_conf = _CLUSTER_ENV_CONF.get(master.split(":", 1)[0])
         # (the Spark hook refuses environment variables in standalone cluster mode)

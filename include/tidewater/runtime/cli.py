@@ -100,9 +100,10 @@ def _shared_names(reports: list[dict[str, Any]]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from tidewater.runtime.progress import BatchProgress
     from tidewater.steps.lifecycle import run_once
 
-    result = run_once(args.pipeline, master=args.master, wait_for_spark=False)
+    result = run_once(args.pipeline, master=args.master, progress=BatchProgress(), wait_for_spark=False)
     if args.json:
         print(json.dumps(result))
     return 0
@@ -199,7 +200,7 @@ def _master(spec: Any, given: str | None) -> str:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
-    from tidewater.steps import spark as spark_session
+    from tidewater.spark import session as spark_session
 
     spec = load_pipeline(args.pipeline)
     spark = spark_session.session(spec, app_name="tidewater-sql", master=_master(spec, args.master))
@@ -795,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     except Exception as e:  # one line per error: ours, or Spark's (never a Py4J stack trace)
         if not isinstance(e, TidewaterError):
-            from tidewater.steps.spark import spark_failure
+            from tidewater.spark.session import spark_failure
 
             failure = spark_failure(e)
             if failure is None:

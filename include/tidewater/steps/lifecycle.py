@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from tidewater.commit.dead_letters import commit_dead_letters
 from tidewater.commit.quarantine import quarantined_error
 from tidewater.commit.result import CommitResult
 from tidewater.config.parse import load_pipeline
-from tidewater.config.spec import PipelineSpec, spark_app_path
+from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError, ValidationFailedError
 from tidewater.plan.ingest import plan_batch
 from tidewater.quality.data_docs import page_of, publish, render_in_background, site_dir
@@ -203,69 +203,60 @@ def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_ru
     return result
 
 
-def run_once(spec_path: str | Path, master: str | None = None, out: Any = None, wait_for_spark: bool = True) -> dict[str, Any]:
-    """One batch through plan, write (spark-submit), validate and commit, with a progress display (on
-    standard error by default: standard output stays free for a result such as ``tidewater run --json``).
+Progress = Callable[..., None]  # progress(event, **facts): what run_once tells its caller as the batch goes
+
+
+def _unseen(event: str, **facts: Any) -> None:
+    """No progress shown (run_once's default)."""
+
+
+def run_once(spec_path: str | Path, master: str | None = None, progress: Progress | None = None,
+             wait_for_spark: bool = True) -> dict[str, Any]:
+    """One batch through plan, write (spark-submit or Spark Connect), validate and commit. ``progress`` is told each
+    stage as it starts and what it did (events ``planning``, ``caught-up``, ``planned``, ``writing``, ``running``,
+    ``written``, ``validated``, ``committing``, ``committed``, ``docs``, with the step's own results as facts); the
+    command line prints them (``runtime/progress.py``).
 
     Spark stops while the batch is validated and committed; ``wait_for_spark=False`` (``tidewater run``)
     returns without waiting for its JVM to exit (about a second after the manifest, on its own)."""
-    say = out or (lambda s: print(s, file=sys.stderr, flush=True))
+    say = progress or _unseen
     spec = load_pipeline(spec_path)
     t0 = time.monotonic()
-    say(f"[1/4] plan     {spec.name}: reading committed offsets from {spec.checkpoint_table()} and end offsets from Kafka")
+    say("planning", spec=spec)
     plan, plan_path = plan_step(spec)
     if plan_path is None:
-        say(f"      nothing to ingest: every partition is caught up ({time.monotonic() - t0:.1f}s)")
+        say("caught-up", seconds=time.monotonic() - t0)
         return {"status": "empty", "batch_id": None, "records": 0}
-    say(f"      batch {plan.batch_id}: {plan.record_span} offsets over {len(plan.ranges)} partition(s)")
+    say("planned", plan=plan)
     t1 = time.monotonic()
-
-    next_tick = [10.0]
-
-    def tick(elapsed: float) -> None:
-        if elapsed >= next_tick[0]:
-            say(f"      ... spark job running, {elapsed:.0f}s")
-            next_tick[0] += 10.0
-
-    say("[2/4] write    " + (f"Spark Connect {spec.spark.connect_url}" if spec.spark.connect_url
-                             else "spark-submit " + str(spark_app_path().name)))
+    say("writing", spec=spec)
     submit: dict[str, float] = {}
     background: list[Any] = []  # Spark stops while the batch is validated and committed
     try:
-        manifest = run_write_step(spec, plan_path, master, progress=tick, timings=submit, background=background)
+        manifest = run_write_step(spec, plan_path, master, progress=lambda elapsed: say("running", seconds=elapsed),
+                                  timings=submit, background=background)
         return _validate_and_commit(spec, plan, manifest, say, submit, (t0, t1))
     finally:
         for finish in background if wait_for_spark else ():
             finish()
 
 
-def _validate_and_commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, say: Any,
+def _validate_and_commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, say: Progress,
                          submit: dict[str, float], started: tuple[float, float]) -> dict[str, Any]:
     t0, t1 = started
-    extra = f", {manifest.dead_letters} dead letter(s)" if manifest.dead_letters else ""
-    extra += f", {manifest.skipped} skipped" if manifest.skipped else ""
-    if manifest.ignored_fields:
-        say(f"      fields not added (table.evolve_schema is off): {', '.join(manifest.ignored_fields)}")
-    files = sum(len(o.data_files) for o in manifest.outputs)
-    say(f"      {manifest.records} records -> {files} file(s) for {len(manifest.outputs)} table(s){extra} "
-        f"({time.monotonic() - t1:.1f}s)")
+    say("written", manifest=manifest, seconds=time.monotonic() - t1)
     t2 = time.monotonic()
-    say("[3/4] validate the quality gate on the staged files")
     report = validate_step(spec, plan, manifest)
-    say(f"      {sum(c.success for c in report.checks)}/{len(report.checks)} expectations passed ({time.monotonic() - t2:.1f}s)")
+    say("validated", report=report, seconds=time.monotonic() - t2)
     t3 = time.monotonic()
-    say(f"[4/4] commit   each table once, the offsets in {spec.targets.holder}'s snapshot")
+    say("committing", spec=spec, plan=plan, manifest=manifest)
     result = commit_step(spec, plan, manifest)
     t4 = time.monotonic()
-    for t in result.tables:  # what the batch did to each table
-        say(f"      {t.table}: {t.status}" + (f", snapshot {t.snapshot_id}" if t.snapshot_id is not None else "")
-            + (f", {t.rows} row(s)" if t.holds_rows else ""))
-    say(f"      {result.status}: {result.records} records ({t4 - t0:.1f}s total)")
+    say("committed", result=result, seconds=t4 - t3, total=t4 - t0)
     steps = {"plan": t1 - t0, "write": t2 - t1, "validate": t3 - t2, "commit": t4 - t3}
-
     if page_of(spec, plan.batch_id) is None:
         render_in_background(spec, plan.batch_id)
-        say(f"      Data Docs page rendering in the background, into the site {site_dir(spec) / 'index.html'}")
+        say("docs", site=site_dir(spec) / "index.html")
     return {**result.summary(), "seconds": round(time.monotonic() - t0, 3),
             "steps": {k: round(v, 3) for k, v in steps.items()},
             "write_breakdown": write_breakdown(manifest, submit["submitted"], submit["returned"])}

@@ -1,5 +1,5 @@
 """The pipeline's dead letters and what became of them, as read from its dead-letter table and that table's companion
-``<dead-letter table>_resolutions`` (``table.catalog.RESOLUTION_SCHEMA``; written by ``ops/dead_letters.py``, which
+``<dead-letter table>_resolutions`` (``table.own_tables.RESOLUTION_SCHEMA``; written by ``ops/dead_letters.py``, which
 describes the states). For the CLI's listing, the Tidewater view and the audit.
 
 **Kept counts.** How many letters a pipeline has, and how many are in each state, are kept as they change, so the view,
@@ -23,7 +23,8 @@ from pyiceberg.expressions import And, EqualTo
 
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
-from tidewater.table.catalog import RESOLUTION_SCHEMA, load_catalog, load_table, resolution_table_name
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.own_tables import RESOLUTION_SCHEMA, resolution_table_name
 
 log = logging.getLogger(__name__)
 

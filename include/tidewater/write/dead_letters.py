@@ -19,7 +19,7 @@ from tidewater.batch import StagedFile
 from tidewater.decode.records import BadRecord
 from tidewater.errors import TransientError
 from tidewater.source.kafka import Chunk, client_logging, kafka_settings
-from tidewater.table.catalog import DEAD_LETTER_SCHEMA
+from tidewater.table.own_tables import DEAD_LETTER_SCHEMA
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,9 @@ from tidewater.decode.debezium import SOURCE_COLUMN
 from tidewater.decode.records import BadRecord, decoded_rows, keep_mask, null_rows
 from tidewater.errors import RecordError, TidewaterError, TransientError, error_document
 from tidewater.source.kafka import Chunk, Rereader, read_range
-from tidewater.table.catalog import catalog_failure, ensure_dead_letter_table, load_catalog
+from tidewater.table.catalog import catalog_failure, load_catalog
 from tidewater.table.evolution import table_arrow_schema
+from tidewater.table.own_tables import ensure_dead_letter_table
 from tidewater.transform import shaping
 from tidewater.transform.changes import bad_ops, ops_mask
 from tidewater.transform.chunk import decode_chunk
