@@ -97,9 +97,9 @@ $(DATA)/airflow/.migrated: $(VENV)/.installed
 
 setup: system-deps venv airflow-db ui-bundle
 
-# The Tidewater apps inside Airflow's UI (React, TypeScript): npm installs the locked build tools, vite builds one
-# bundle into the package (tidewater/runtime/ui_static/), which the plugin serves and the wheel ships.
-UI_APP    := $(ROOT)/include/tidewater/runtime/ui_app
+# The Tidewater apps inside Airflow's UI (React, TypeScript, sources in ui/): npm installs the locked build tools,
+# vite builds one bundle into the package (tidewater/runtime/ui_static/), which the plugin serves and the wheel ships.
+UI_APP    := $(ROOT)/ui
 UI_BUNDLE := $(ROOT)/include/tidewater/runtime/ui_static/tidewater-ui.js
 ui-bundle: system-deps $(UI_BUNDLE)
 $(UI_BUNDLE): $(UI_APP)/package-lock.json $(UI_APP)/vite.config.ts $(UI_APP)/tsconfig.json $(wildcard $(UI_APP)/src/*.ts* $(UI_APP)/src/*/*.ts*) $(wildcard $(UI_APP)/public/*)

@@ -94,7 +94,8 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
                "tidewater/runtime/ui_static/tidewater-ui.js",  # the React apps' bundle, built by make setup
                "tidewater/runtime/ui_static/tidewater.svg"}  # the navigation entry's icon
     assert shipped <= names
-    assert not any("node_modules" in n or "/ui_app/" in n for n in names)  # the apps' sources and build tools stay out
+    # the apps' sources (ui/, TypeScript) and build tools stay out
+    assert not any("node_modules" in n or n.endswith((".ts", ".tsx")) or n.startswith("ui/") for n in names)
     sdist = next(dist.glob(f"{DIST}-{__version__}.tar.gz"))
     with tarfile.open(sdist) as t:
         inside = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}

@@ -4,12 +4,13 @@ The provider metadata is ``tidewater.runtime.provider``'s.
 
 - A FastAPI app at ``/tidewater`` on the API server (``tidewater.runtime.ui``): the JSON API, the Data Docs sites, the
   React apps' bundle and a plain HTML page.
-- **Airflow 3.1 and later** (``AirflowPlugin.react_apps``), when the bundle is built (``make setup`` builds it from
-  ``ui_app/``, TypeScript with Airflow's React and Chakra UI as externals; the wheel ships it): React apps in
-  Airflow's own UI and look (dark mode included): the "Tidewater" page in the navigation (every pipeline, then one in
-  detail), a "Tidewater" tab on every DAG (its pipeline: partitions, lag over time, batches, dead letters to browse
-  and retry, quarantine, maintenance), a "Tidewater batch" tab on every DAG run (that run's batch) and, on Airflow
-  3.3, a panel on the dashboard (every pipeline's lag, freshness against its deadline, quarantines, dead letters).
+- **Airflow 3.1 and later** (``AirflowPlugin.react_apps``), when the bundle is built (``make setup`` builds it
+  from the repository's ``ui/``, TypeScript with Airflow's React and Chakra UI as externals; the wheel ships it):
+  React apps in Airflow's own UI and look (dark mode included): the "Tidewater" page in the navigation (every
+  pipeline, then one in detail), a "Tidewater" tab on every DAG (its pipeline: partitions, lag over time, batches,
+  dead letters to browse and retry, quarantine, maintenance), a "Tidewater batch" tab on every DAG run (that run's
+  batch) and, on Airflow 3.3, a panel on the dashboard (every pipeline's lag, freshness against its deadline,
+  quarantines, dead letters).
 - **Without the bundle**: the plain page as the "Tidewater" entry of the navigation (an external view in a frame).
   Airflow 3.0 has neither external views nor React apps (both 3.1): there the plain page answers at ``/tidewater/``
   only, outside Airflow's navigation.
@@ -51,7 +52,7 @@ def react_apps(bundle: Path = BUNDLE) -> list[dict[str, str]]:
         return []
     url = f"tidewater/static/{bundle.name}?v={int(bundle.stat().st_mtime)}"
     nav = {"name": "Tidewater", "bundle_url": url + "&page=nav", "destination": "nav", "url_route": "tidewater"}
-    icon = bundle.parent / "tidewater.svg"  # copied from ui_app/public/ by the build; relative as the bundle's URL
+    icon = bundle.parent / "tidewater.svg"  # copied from ui/public/ by the build; relative as the bundle's URL
     if icon.is_file():
         nav["icon"] = f"tidewater/static/{icon.name}"
     apps = [

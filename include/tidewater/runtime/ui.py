@@ -40,7 +40,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-STATIC = Path(__file__).parent / "ui_static"  # the React apps' bundle, built by `make setup` (ui_app/)
+STATIC = Path(__file__).parent / "ui_static"  # the React apps' bundle, built by `make setup` (from ui/)
 PAGE = 50  # pipelines on a page of the navigation page and the dashboard panel
 
 

@@ -6,7 +6,7 @@ import { defineConfig } from "vite";
 
 export default defineConfig({
   build: {
-    outDir: resolve(__dirname, "../ui_static"),
+    outDir: resolve(__dirname, "../include/tidewater/runtime/ui_static"),
     emptyOutDir: true,
     lib: {
       entry: resolve(__dirname, "src/main.tsx"),
