@@ -109,10 +109,10 @@ def test_a_target_s_role_is_asked_of_the_target_set_by_name():
     routed = parse_pipeline({"name": "routed", "topics": ["t"], "kafka": {"bootstrap_servers": "h:1"},
                              "table": {"identifier": ""},
                              "routing": {"namespace": "ev", "field": "k", "dynamic": True, "table_template": "ev_{value}"}})
-    own = target_role(plain, "db.plain")
-    assert (own.holds_offsets, own.carries_totals, own.created_at_commit, own.committed_without_rows,
-            own.takes_one_topic) == (True, True, True, True, False)
-    other = target_role(routed, "ev.ev_a")
-    assert (other.holds_offsets, other.carries_totals, other.created_at_commit, other.committed_without_rows,
-            other.takes_one_topic) == (False, False, False, False, True)
+    def answers(role):  # noqa: ANN001, ANN202
+        return (role.holds_offsets, role.carries_totals, role.created_at_commit, role.committed_without_rows,
+                role.has_own_settings, role.keeps_own_offsets, role.reached_by_routing, role.takes_one_topic)
+
+    assert answers(target_role(plain, "db.plain")) == (True, True, True, True, False, False, False, False)
+    assert answers(target_role(routed, "ev.ev_a")) == (False, False, False, False, True, True, True, True)
     assert target_role(routed, routed.targets.holder).holds_offsets, "the checkpoint is the routed pipeline's holder"

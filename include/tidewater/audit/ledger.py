@@ -46,7 +46,7 @@ from tidewater.table.summary import (
     SKIPPED,
     summary_dict,
 )
-from tidewater.table.targets import target_spec, target_tables
+from tidewater.table.targets import target_role, target_spec, target_tables
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def recorded_tables(catalog: Any, spec: PipelineSpec, touched: list[str] | None 
     ranges and counts), then every other target table (each its rows; ``touched``: only these)."""
     spec = spec.routed_from or spec
     targets = spec.targets
-    others = [t for t in (touched if touched is not None else target_tables(catalog, spec)) if not targets.holds(t)]
+    others = [t for t in (touched if touched is not None else target_tables(catalog, spec)) if not target_role(spec, t).holds_offsets]
     out = []
     for ident, branch in [(targets.holder, targets.branch)] + [(t, target_spec(spec, t).table.branch) for t in others]:
         table = load_table(catalog, ident)

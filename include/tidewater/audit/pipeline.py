@@ -54,7 +54,7 @@ from tidewater.errors import ConfigError
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.letters import counts as letter_counts
 from tidewater.table.summary import RECOVERED, summary_dict
-from tidewater.table.targets import target_tables
+from tidewater.table.targets import target_role, target_tables
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +151,9 @@ def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool
     report.findings += undone + coverage(mine, ends_of(mark)) + accounting(mine, "rows" if targets.fused else "records routed")
     report.findings += decisions(entries) + letter_findings(spec, catalog)
     wrote = tables_per_batch(holder) if not targets.fused else {}
-    tables = {t: holder if targets.holds(t) else load_table(catalog, t) for t in audited}
+    tables = {t: holder if target_role(spec, t).holds_offsets else load_table(catalog, t) for t in audited}
     for t, target in tables.items():
-        if targets.holds(t):  # a fused table: its batches are the holder's, checked above
+        if target_role(spec, t).holds_offsets:  # the pipeline's own table: its batches are the holder's, checked above
             report.findings += outside_writes(target) if target is not None else []
             continue
         found = target_findings(t, [e for e in entries if e["table"] == t], mine, wrote)

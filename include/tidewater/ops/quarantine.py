@@ -34,7 +34,7 @@ from tidewater.table.summary import (
     quarantine_branch,
     summary_dict,
 )
-from tidewater.table.targets import target_tables
+from tidewater.table.targets import target_role, target_tables
 
 log = logging.getLogger(__name__)
 DROP_PREFIX = "drop-"  # the batch id of the snapshot recording a drop: drop-<the quarantined batch's id>
@@ -113,7 +113,7 @@ def view_for(spec: PipelineSpec, table: str | None) -> PipelineSpec:
     """The pipeline as one table's: a routed pipeline's target table ``table`` (required), else the pipeline."""
     targets = spec.targets
     if targets.fused:
-        if table and not targets.holds(table):
+        if table and not target_role(spec, table).holds_offsets:
             raise ConfigError(f"--table: pipeline {spec.name} writes {targets.holder}, not {table}")
         return spec
     known = target_tables(load_catalog(spec), spec)

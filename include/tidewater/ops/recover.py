@@ -40,7 +40,7 @@ from tidewater.errors import ConfigError, TerminalError
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.provenance import metadata_columns
 from tidewater.table.summary import BATCH_ID, OFFSETS, OFFSETS_TAG, PIPELINE, RECOVERED, committed_state
-from tidewater.table.targets import target_spec, target_tables
+from tidewater.table.targets import target_role, target_spec, target_tables
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +72,12 @@ class Proposal:
 
 def branch_of(spec: PipelineSpec, ident: str) -> str | None:
     """The branch whose history carries ``ident``'s offsets."""
-    return spec.targets.branch if spec.targets.holds(ident) else target_spec(spec, ident).table.branch
+    return spec.targets.branch if target_role(spec, ident).holds_offsets else target_spec(spec, ident).table.branch
 
 
 def stuck_tables(catalog: Any, spec: PipelineSpec) -> list[str]:
     """The pipeline's tables whose committed offsets cannot be read (target tables first, the holder last)."""
-    names = [t for t in target_tables(catalog, spec) if not spec.targets.holds(t)] + [spec.targets.holder]
+    names = [t for t in target_tables(catalog, spec) if not target_role(spec, t).holds_offsets] + [spec.targets.holder]
     out = []
     for ident in names:
         table = load_table(catalog, ident)

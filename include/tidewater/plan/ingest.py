@@ -20,7 +20,7 @@ from tidewater.plan.planner import plan_ranges
 from tidewater.source import kafka  # called through the module: the broker's answers are one seam (stand-ins in tests)
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import ever_quarantined, quarantined_batches
-from tidewater.table.targets import holder_state, target_spec
+from tidewater.table.targets import holder_state, target_role, target_spec
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def refuse_while_a_change_table_is_quarantined(spec: PipelineSpec, catalog: Any,
     targets = spec.targets
     for ident in [targets.holder] if targets.fused else sorted(ever_quarantined(holder)):
         view = target_spec(spec, ident)
-        table = (holder if targets.holds(ident) else load_table(catalog, ident)) if view.applies_changes else None
+        table = (holder if target_role(spec, ident).holds_offsets else load_table(catalog, ident)) if view.applies_changes else None
         if table is not None:
             refuse_while_quarantined(view, table)
 

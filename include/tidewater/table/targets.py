@@ -87,6 +87,24 @@ class TargetRole:
         return self.holds_offsets
 
     @property
+    def has_own_settings(self) -> bool:
+        """Its settings are the pipeline's for it (``tables:``, the routing's defaults: ``PipelineSpec.for_table``),
+        not the pipeline's own."""
+        return not self.holds_offsets
+
+    @property
+    def keeps_own_offsets(self) -> bool:
+        """Its snapshots carry its own offsets beside the holder's: records below them are already in it (a batch
+        retried after this table committed drops them)."""
+        return not self.holds_offsets
+
+    @property
+    def reached_by_routing(self) -> bool:
+        """Records reach it by routing: it may be a table another pipeline writes, or one of the other kind (changes
+        or appended rows), which the write step refuses record by record."""
+        return not self.holds_offsets
+
+    @property
     def takes_one_topic(self) -> bool:
         """As a change table it takes one topic's changes (a key's changes are ordered within one topic only);
         the pipeline's own table takes the changes of what its configuration reads."""

@@ -24,6 +24,7 @@ from tidewater.table.evolution import (
 )
 from tidewater.table.provenance import present_offsets
 from tidewater.table.summary import CHANGES, DROPPED, PIPELINE, RECOVERED, committed_state, summary_dict
+from tidewater.table.targets import TargetRole
 from tidewater.transform.changes import ops_mask
 from tidewater.transform.keys import key_field_names
 from tidewater.write.parquet import DataFileWriter, to_table_schema
@@ -35,14 +36,14 @@ class TableSink:
     """Everything one Spark task writes to one target table: the schema changes its rows need, data files,
     and (routed pipelines) the rows it leaves out because the table already committed them."""
 
-    def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Any, prefix: str, routed: bool,
+    def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Any, prefix: str, role: TargetRole,
                  batch: tuple[str, str] | None = None, replay: tuple[str, Any] | None = None, registry: Any = None) -> None:
         self.spec, self.tspec, self.catalog, self.prefix = spec, tspec, catalog, prefix
         self.batch = batch  # (batch id, task tag): schema changes are provisional until the batch commits
         self.table = load_table(catalog, tspec.identifier)
-        self.view = spec.for_table(tspec.identifier, self.table) if routed else spec  # the table's own settings
+        self.view = spec.for_table(tspec.identifier, self.table) if role.has_own_settings else spec
         self.registry = registry  # Avro message keys (``key_ids``)
-        if routed:
+        if role.has_own_settings:
             self.tspec = tspec = dataclasses.replace(tspec, id_columns=self.view.table.id_columns)
         self.writer: Any = None
         self.files: list[dict[str, Any]] = []
@@ -53,8 +54,9 @@ class TableSink:
         self.replay = replay
         self._present: Any = None
         self.seen: dict[str, dict[int, int | None]] = {}
-        self._committed = committed_state(self.table, tspec.branch).offsets if routed and self.table is not None else {}
-        newest = newest_batch(self.table) if routed and self.table is not None else None
+        self._committed = committed_state(self.table, tspec.branch).offsets \
+            if role.keeps_own_offsets and self.table is not None else {}
+        newest = newest_batch(self.table) if role.reached_by_routing and self.table is not None else None
         self.owner = newest.get(PIPELINE) if newest else None
         # a routed table's records must be what the table holds: changes to rows, or rows to append
         self.kind_mismatch = None if newest is None or (CHANGES in newest) == self.view.applies_changes else (

@@ -40,6 +40,7 @@ from tidewater.source.kafka import Chunk, Rereader, read_range
 from tidewater.table.catalog import catalog_failure, load_catalog
 from tidewater.table.evolution import table_arrow_schema
 from tidewater.table.own_tables import ensure_dead_letter_table
+from tidewater.table.targets import target_role
 from tidewater.transform import shaping
 from tidewater.transform.changes import bad_ops, ops_mask
 from tidewater.transform.chunk import decode_chunk
@@ -248,8 +249,9 @@ class _TaskWriter:
                 self.process(chunk)
 
     def open_sink(self, ident: str) -> TableSink:
-        tspec = self.spec.table_spec(ident) if self.router is not None else self.spec.table
-        self.sinks[ident] = TableSink(self.spec, tspec, self.catalog, self.prefix, routed=self.router is not None,
+        role = target_role(self.spec, ident)
+        tspec = self.spec.table if role.holds_offsets else self.spec.table_spec(ident)
+        self.sinks[ident] = TableSink(self.spec, tspec, self.catalog, self.prefix, role,
                                       batch=(self.batch_id, f"t{self.task_id:05d}"),
                                       replay=(self.mode, self.rng) if self.mode != "ingest" else None,
                                       registry=self.registry)
