@@ -1,8 +1,8 @@
 # Airflow image with Tidewater, Java 17 (Spark) and the JDBC drivers. Used by docker-compose.yml.
 # The Tidewater apps in Airflow's UI: the bundle built from its TypeScript sources (`make ui-bundle` does the same).
 FROM node:20-bookworm-slim AS ui
-COPY include/tidewater/runtime/ui_app /ui_app
-RUN cd /ui_app && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build
+COPY ui /src/ui
+RUN cd /src/ui && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build
 
 FROM apache/airflow:3.3.2-python3.11
 USER root
@@ -20,7 +20,7 @@ RUN python -m pip download -q --no-deps --no-binary pyspark -d /tmp/spark-connec
 USER airflow
 COPY --chown=airflow requirements.txt constraints.txt pyproject.toml README.md /opt/tidewater/
 COPY --chown=airflow include /opt/tidewater/include
-COPY --from=ui --chown=airflow /ui_static /opt/tidewater/include/tidewater/runtime/ui_static
+COPY --from=ui --chown=airflow /src/include/tidewater/runtime/ui_static /opt/tidewater/include/tidewater/runtime/ui_static
 COPY --chown=airflow spark_apps /opt/tidewater/spark_apps
 RUN pip install --no-cache-dir -r /opt/tidewater/requirements.txt -c /opt/tidewater/constraints.txt \
  && pip install --no-cache-dir --no-deps -e /opt/tidewater
