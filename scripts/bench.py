@@ -113,7 +113,7 @@ class RssSampler:
 def produce_topic(bootstrap: str, topic: str, n: int, partitions: int, bad_every: int = 0, avro: bool = False) -> int:
     """Produce n pizza events (every ``bad_every``-th one truncated, if set; Avro-framed if ``avro``);
     returns total value bytes."""
-    from tidewater.dev.sample_data import avro_framed, pizza_events, produce
+    from tidewater_dev.sample_data import avro_framed, pizza_events, produce
 
     total = 0
     chunk = 500_000
@@ -396,7 +396,7 @@ def main() -> int:
     args.command_line = "make bench" + extra if os.environ.get("MAKELEVEL") else " ".join(["python", *sys.argv])
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
 
-    from tidewater.dev import broker as embedded
+    from tidewater_dev import broker as embedded
 
     work = Path(os.environ.get("TIDEWATER_HOME", REPO / ".data")) / "bench"
     shutil.rmtree(work, ignore_errors=True)
@@ -417,7 +417,7 @@ def main() -> int:
     try:
         cases = build_cases(args)
         cores = [int(c) for c in args.cores.split(",") if c]
-        from tidewater.dev.sample_data import PIZZA_AVRO_SCHEMA, LocalSchemaRegistry
+        from tidewater_dev.sample_data import PIZZA_AVRO_SCHEMA, LocalSchemaRegistry
 
         registry = LocalSchemaRegistry({1: PIZZA_AVRO_SCHEMA})
         registry_url = registry.start()
@@ -498,7 +498,7 @@ def one_record_batches(bootstrap: str, topic: str, parts: int, path: Path, base_
     breakdowns) the Spark Connect path alternating on the same records (medians)."""
     import statistics
 
-    from tidewater.dev.sample_data import produce
+    from tidewater_dev.sample_data import produce
 
     runs: dict[str, list[tuple[dict, float]]] = {"new": [], "base": [], "connect": []}
     for _ in range(repeat):
@@ -556,8 +556,8 @@ def breakdown_report(breakdowns: dict[str, dict[str, float]], base: dict[str, di
 
 def start_connect(work: Path, env: dict[str, str], bootstrap: str):  # noqa: ANN201
     """A Spark Connect server (local[2]) warmed with one small batch, as a long-running server is."""
-    from tidewater.dev import spark_connect
-    from tidewater.dev.sample_data import pizza_events, produce
+    from tidewater_dev import spark_connect
+    from tidewater_dev.sample_data import pizza_events, produce
 
     print("== starting and warming the Spark Connect server", flush=True)
     server = spark_connect.start(log_path=work / "spark-connect.log")
@@ -606,7 +606,7 @@ def dag_runs(work: Path, path: Path, env: dict[str, str], bootstrap: str, topic:
     and each task's duration as Airflow recorded it."""
     import sqlite3
 
-    from tidewater.dev.sample_data import produce
+    from tidewater_dev.sample_data import produce
 
     af = work / "airflow"
     out: dict[str, float] = {}

@@ -72,9 +72,9 @@ def summary_level(home: Path, bootstrap: str, marks: list[int], sample: int = 30
 
     from tidewater.audit import ledger
     from tidewater.audit.pipeline import audit
-    from tidewater.dev.sample_data import produce
     from tidewater.ops.overview import lag_history
     from tidewater.table.catalog import create_table, load_catalog
+    from tidewater_dev.sample_data import produce
 
     spec = _pipeline(home, bootstrap, "ledgered", "bench.ledgered")
     catalog = load_catalog(spec)
@@ -145,7 +145,7 @@ def deep(home: Path, bootstrap: str, rows: int) -> dict[str, float]:
                 "committed_at": 0, "dag_run_id": None, "topic": "deep", "partition": p,
                 "start_offset": b * per // 100, "end_offset": (b + 1) * per // 100, "records": 0, "rows": 0,
                 "dead_letters": 0, "skipped": 0, "detail": None} for b in range(100) for p in range(PARTS)]
-    from tidewater.dev.sample_data import produce  # the entries go to the checks directly (ledger cost: above)
+    from tidewater_dev.sample_data import produce  # the entries go to the checks directly (ledger cost: above)
 
     produce(bootstrap, "deep", [b"{}"] * PARTS, partitions=PARTS)
     t = time.monotonic()
@@ -170,7 +170,7 @@ def main() -> int:
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     args = ap.parse_args()
     home = fresh_home("bench-audit")
-    from tidewater.dev import broker as embedded
+    from tidewater_dev import broker as embedded
 
     b = embedded.start(log_path=home / "broker.log")
     try:

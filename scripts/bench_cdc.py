@@ -117,10 +117,10 @@ def end_to_end(catalog, args) -> dict[str, list[float]]:  # noqa: ANN001
     import yaml
 
     from tidewater.batch import offsets_to_json
-    from tidewater.dev import broker as embedded
-    from tidewater.dev.sample_data import produce
     from tidewater.steps.lifecycle import run_once
     from tidewater.table.summary import OFFSETS
+    from tidewater_dev import broker as embedded
+    from tidewater_dev.sample_data import produce
 
     home = Path(os.environ["TIDEWATER_HOME"])
     b = embedded.start(log_path=home / "broker.log")

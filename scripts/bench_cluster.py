@@ -37,11 +37,11 @@ def main() -> int:
     import yaml
 
     from tidewater.config.parse import load_pipeline
-    from tidewater.dev import broker as embedded
-    from tidewater.dev.cluster import start_standalone
-    from tidewater.dev.sample_data import pizza_events, produce
     from tidewater.steps.lifecycle import run_once
     from tidewater.table.catalog import load_catalog, load_table
+    from tidewater_dev import broker as embedded
+    from tidewater_dev.cluster import start_standalone
+    from tidewater_dev.sample_data import pizza_events, produce
 
     b = embedded.start(log_path=home / "broker.log")
     (home / "cluster").mkdir()

@@ -121,7 +121,7 @@ def breakdown(svc: Services, dag_id: str, run_id: str) -> dict[str, float]:
 
 
 def measure(work: Path, rounds: int) -> dict[str, dict[str, float]]:
-    from tidewater.dev.sample_data import produce
+    from tidewater_dev.sample_data import produce
 
     os.environ["TIDEWATER_HOME"] = str(work / "home")
     svc = LatencyServices(work)

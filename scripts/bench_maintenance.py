@@ -36,8 +36,6 @@ def main() -> int:
 
     from tidewater.batch import manifest_path, write_json_atomic
     from tidewater.config.parse import load_pipeline
-    from tidewater.dev import broker as embedded
-    from tidewater.dev.sample_data import pizza_events, produce
     from tidewater.ops.maintenance import ACTIONS, TableStats, run_action
     from tidewater.plan.ingest import plan_batch
     from tidewater.source.kafka import kafka_settings
@@ -46,6 +44,8 @@ def main() -> int:
     from tidewater.table.catalog import load_catalog
     from tidewater.table.summary import committed_state
     from tidewater.write.job import run_inline
+    from tidewater_dev import broker as embedded
+    from tidewater_dev.sample_data import pizza_events, produce
 
     b = embedded.start(log_path=work / "broker.log")
     try:

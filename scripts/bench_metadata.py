@@ -27,9 +27,9 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from tests.conftest import ingest_inline
     from tidewater.config.parse import load_pipeline
-    from tidewater.dev import broker as embedded
-    from tidewater.dev.sample_data import pizza_events, produce
     from tidewater.table.catalog import load_catalog, load_table
+    from tidewater_dev import broker as embedded
+    from tidewater_dev.sample_data import pizza_events, produce
 
     b = embedded.start(log_path=home / "broker.log")
     rows = []

@@ -43,10 +43,10 @@ def main() -> int:
     work = fresh_home("bench-routing")
 
     from tidewater.config.parse import load_pipeline
-    from tidewater.dev import broker as embedded
-    from tidewater.dev.sample_data import produce
     from tidewater.table.catalog import load_catalog, load_table
     from tidewater.table.summary import committed_state
+    from tidewater_dev import broker as embedded
+    from tidewater_dev.sample_data import produce
 
     b = embedded.start(log_path=work / "broker.log")
     base = {"schedule": None, "kafka": {"bootstrap_servers": b.bootstrap, "read_timeout_seconds": 60},

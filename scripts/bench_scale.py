@@ -142,10 +142,10 @@ def view_api_curve(work: Path, counts: list[int], shown: int) -> list[dict]:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from tidewater.config.parse import discover_pipelines, load_pipeline
-    from tidewater.dev import broker as embedded
-    from tidewater.dev.sample_data import pizza_events, produce
     from tidewater.ops.overview import overview
     from tidewater.ops.pipelines import summaries
+    from tidewater_dev import broker as embedded
+    from tidewater_dev.sample_data import pizza_events, produce
 
     rows = []
     b = embedded.start(log_path=work / "broker-view.log")
@@ -188,9 +188,9 @@ def partitions_curve(work: Path, counts: list[int], records: int, master: str) -
     import yaml
 
     from tidewater.config.parse import load_pipeline
-    from tidewater.dev import broker as embedded
-    from tidewater.dev.sample_data import pizza_events, produce
     from tidewater.table.catalog import load_catalog, load_table
+    from tidewater_dev import broker as embedded
+    from tidewater_dev.sample_data import pizza_events, produce
 
     rows = []
     values = pizza_events(records, seed=1)
@@ -250,10 +250,10 @@ def history_curve(work: Path, counts: list[int], master: str) -> list[dict]:
     import yaml
 
     from tidewater.config.parse import load_pipeline
-    from tidewater.dev import broker as embedded
-    from tidewater.dev.sample_data import pizza_events, produce
     from tidewater.ops.maintenance import maintain
     from tidewater.table.catalog import load_catalog, load_table
+    from tidewater_dev import broker as embedded
+    from tidewater_dev.sample_data import pizza_events, produce
 
     rows = []
     b = embedded.start(log_path=work / "broker-history.log")
@@ -299,8 +299,8 @@ def routed_curve(work: Path, counts: list[int], records: int, master: str) -> li
     import yaml
 
     from tidewater.config.parse import load_pipeline
-    from tidewater.dev import broker as embedded
-    from tidewater.dev.sample_data import pizza_events, produce
+    from tidewater_dev import broker as embedded
+    from tidewater_dev.sample_data import pizza_events, produce
 
     rows = []
     b = embedded.start(log_path=work / "broker-routed.log")

@@ -46,8 +46,8 @@ class SizingServices(Services):
     """PostgreSQL, the broker and Airflow: the soak's services without what these runs do not use."""
 
     def __init__(self, work: Path) -> None:  # noqa: D107 - Services' own start, fewer services
-        from tidewater.dev import broker, postgres
-        from tidewater.dev.broker import free_port
+        from tidewater_dev import broker, postgres
+        from tidewater_dev.broker import free_port
 
         self.work = work
         self.postgres = postgres.start(work / "postgres.log")

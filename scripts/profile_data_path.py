@@ -285,8 +285,8 @@ def main() -> int:
     from scripts.bench import produce_topic
     from scripts.benchlib import timed_batch
     from tidewater.config.parse import load_pipeline
-    from tidewater.dev import broker as embedded
     from tidewater.source.kafka import kafka_settings
+    from tidewater_dev import broker as embedded
 
     b = embedded.start(log_path=work / "broker.log")
     try:

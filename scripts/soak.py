@@ -42,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-from tidewater.dev.broker import free_port
+from tidewater_dev.broker import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -64,8 +64,8 @@ class Services:
     """The shared services and Airflow's components; restartable where the faults need it."""
 
     def __init__(self, work: Path) -> None:
-        from tidewater.dev import broker, postgres, spark_connect
-        from tidewater.dev.sample_data import LocalSchemaRegistry
+        from tidewater_dev import broker, postgres, spark_connect
+        from tidewater_dev.sample_data import LocalSchemaRegistry
 
         self.work = work
         self.postgres = postgres.start(work / "postgres.log")
@@ -103,7 +103,7 @@ class Services:
         return url, proc
 
     def restart_connect(self) -> None:
-        from tidewater.dev import spark_connect
+        from tidewater_dev import spark_connect
 
         self.connect = spark_connect.start(REPO / ".data" / "spark-connect", port=self.connect.port, log_path=self.connect_log)
 
@@ -293,7 +293,7 @@ class Producers(threading.Thread):
 
     def _changes(self, records: list) -> dict[int, dict]:
         """Debezium changes of two random source tables (each key in one partition, in order)."""
-        from tidewater.dev.changes import apply, change_stream, encode
+        from tidewater_dev.changes import apply, change_stream, encode
 
         out = {}
         for i in self.rng.sample(range(DB_TABLES), 2):

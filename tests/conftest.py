@@ -36,7 +36,7 @@ _topic_counter = itertools.count()
 @pytest.fixture(scope="session")
 def broker() -> Iterator[object]:
     """The embedded Kafka-compatible broker (Tansu) on a free 127.0.0.1 port, for the whole session."""
-    from tidewater.dev import broker as embedded
+    from tidewater_dev import broker as embedded
 
     b = embedded.start(log_path=Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-broker-{os.getpid()}.log")
     yield b
@@ -79,9 +79,9 @@ def s3_endpoint() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[object]:
-    """Debian's PostgreSQL server on a free 127.0.0.1 port for the whole session (``tidewater.dev.postgres``): the
+    """Debian's PostgreSQL server on a free 127.0.0.1 port for the whole session (``tidewater_dev.postgres``): the
     production-shaped tests' catalog and Airflow metadata database; each test makes its own databases."""
-    from tidewater.dev import postgres as pg
+    from tidewater_dev import postgres as pg
 
     server = pg.start(Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-postgres-{os.getpid()}.log")
     yield server
@@ -93,7 +93,7 @@ def spark_connect() -> Iterator[object]:
     """A real Spark Connect server (pyspark 4.0.x's distribution, installed by `make spark-connect-install`,
     which make test runs), on a free 127.0.0.1 port with local[2], for the whole session. Its Python workers
     run this interpreter, so they have the project's packages."""
-    from tidewater.dev import spark_connect as connect
+    from tidewater_dev import spark_connect as connect
 
     dist = REPO / ".data" / "spark-connect"
     if not (dist / ".installed").is_file():
@@ -201,7 +201,7 @@ def null_order_ids(n: int, seed: int) -> list[bytes]:
     """``n`` pizza events without an order_id (dead letters under ``validation.not_null_policy: dead_letter``)."""
     import json
 
-    from tidewater.dev.sample_data import pizza_events
+    from tidewater_dev.sample_data import pizza_events
 
     out = []
     for raw in pizza_events(n, seed=seed):
@@ -238,7 +238,7 @@ def commit_as_airflow_would(spec, plan, manifest):  # noqa: ANN001, ANN201
 def ingest_changes(broker: object, topic: str, spec, batches: int, changes: int, keys: int, seed: int) -> dict:  # noqa: ANN001
     """``batches`` Debezium change batches to partition 0 of ``topic``, each ingested in this process
     (:func:`ingest_inline`); returns the reference model of the source after them."""
-    from tidewater.dev.changes import apply, change_stream, encode
+    from tidewater_dev.changes import apply, change_stream, encode
 
     model: dict[int, dict] = {}
     for b in range(batches):

@@ -19,8 +19,8 @@ import pytest
 from tests.conftest import REPO, table_of, write_pipeline
 from tests.e2e.conftest import free_port, list_runs, standalone, task_tries, through_spark_connect, wait_for_runs
 from tests.e2e.test_ingest_dag import dags_test
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

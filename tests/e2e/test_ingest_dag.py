@@ -13,8 +13,8 @@ import pytest
 from tests.conftest import REPO, table_of, write_pipeline
 from tests.e2e.conftest import list_runs, standalone, task_tries, through_spark_connect, wait_for_runs
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

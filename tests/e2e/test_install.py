@@ -25,7 +25,7 @@ import yaml
 from tests.conftest import REPO
 from tests.e2e.conftest import call_api, free_port, stop_group
 from tidewater import __version__
-from tidewater.dev.sample_data import pizza_events, produce
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -96,6 +96,8 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
     assert shipped <= names
     # the apps' sources (ui/, TypeScript) and build tools stay out
     assert not any("node_modules" in n or n.endswith((".ts", ".tsx")) or n.startswith("ui/") for n in names)
+    # the checkout's development tools (embedded broker, PostgreSQL, clusters, sample data) stay out
+    assert not any(n.startswith("tidewater_dev/") for n in names)
     sdist = next(dist.glob(f"{DIST}-{__version__}.tar.gz"))
     with tarfile.open(sdist) as t:
         inside = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
@@ -136,6 +138,8 @@ def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker
     assert where.startswith(str(venv)), where  # the installed package, not this checkout's
     run(str(bin_ / "tidewater"), "validate", "--pipeline", str(path))
     run(str(bin_ / "tidewater"), "init", "--dir", str(tmp_path / "example"))  # the example and its suite, from the wheel
+    dev = subprocess.run([str(bin_ / "tidewater"), "broker", "status"], env=env, capture_output=True, text=True, timeout=120)
+    assert dev.returncode != 0 and "development tool of a Tidewater checkout" in dev.stderr, dev.stderr  # not shipped
     assert "ok (pipeline pizzas" in run(str(bin_ / "tidewater"), "validate", "--pipeline", str(tmp_path / "example" / "pizzas.yaml")).stdout
     produce(broker.bootstrap, topic, pizza_events(60, seed=360), partitions=2)
     run(str(bin_ / "tidewater"), "run", "--pipeline", str(path), timeout=900)

@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import produce_to_partition, table_of, write_pipeline
 from tests.e2e.conftest import through_spark_connect
 from tests.e2e.test_ingest_dag import dags_test
-from tidewater.dev.sample_data import pizza_events
 from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import pizza_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -19,10 +19,10 @@ import pytest
 
 from tests.conftest import produce_to_partition
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.changes import apply, change_stream, encode
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import REPLAY, committed_state
+from tidewater_dev.changes import apply, change_stream, encode
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ import yaml
 from tests.conftest import REPO, ingest_inline, null_order_ids, stage_inline, write_pipeline
 from tests.e2e.conftest import call_api, free_port, stop_group
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events, produce
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -286,9 +286,9 @@ def test_dag_and_run_tabs_show_the_pipeline_and_a_retry_from_the_view_runs_the_r
     from playwright.sync_api import sync_playwright
 
     from tidewater.audit import ledger
-    from tidewater.dev.sample_data import produce as produce_round_robin
     from tidewater.steps.lifecycle import commit_step, validate_step
     from tidewater.table.catalog import load_catalog
+    from tidewater_dev.sample_data import produce as produce_round_robin
 
     pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
     path = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},

@@ -11,10 +11,10 @@ import pytest
 from tests.conftest import ingest_changes, ingest_inline, produce_to_partition, stage_inline, table_of, write_pipeline
 from tidewater.audit import ledger
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events
 from tidewater.runtime.cli import main
 from tidewater.table.catalog import load_catalog
 from tidewater.table.summary import BATCH_ID, OFFSETS, RANGES, RECORDS, committed_state
+from tidewater_dev.sample_data import pizza_events
 
 pytestmark = [pytest.mark.integration]
 

@@ -12,10 +12,10 @@ import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, stage_inline, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import LocalSchemaRegistry
 from tidewater.errors import BatchWriteError
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import LocalSchemaRegistry
 
 pytestmark = [pytest.mark.integration]
 
@@ -101,7 +101,7 @@ def test_registry_client_maps_the_registry_answers():
     """confluent-kafka's schema registry client, with our error mapping: a schema by id (cached: the
     registry is not asked twice), an unknown id (the record's dead letter), credentials refused (terminal),
     accepted (basic auth), an unknown client setting (terminal, naming format.registry_settings).
-    The registry is the local stand-in of `tidewater.dev.sample_data` (no registry can be installed here)."""
+    The registry is the local stand-in of `tidewater_dev.sample_data` (no registry can be installed here)."""
     from tidewater.decode.avro import RegistryClient, UnknownSchemaId
     from tidewater.errors import TerminalError
 

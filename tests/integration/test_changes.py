@@ -13,12 +13,12 @@ import pytest
 
 from tests.conftest import commit_as_airflow_would, ingest_inline, produce_to_partition, stage_inline, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.changes import apply, change_stream, encode
 from tidewater.errors import OffsetsMovedError, TransientError
 from tidewater.spark import session as spark_session
 from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import CHANGES, committed_state
+from tidewater_dev.changes import apply, change_stream, encode
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -296,7 +296,7 @@ def test_scenario_4_debezium_avro_example_pipeline_equals_the_source(broker, hom
     """docs/examples/prices_debezium_avro.yaml as shipped (only the topic, the broker and the registry pointed
     at this test's): Debezium Avro envelopes under two registered schema versions (the second adds a column),
     with deletes and tombstones, end equal to the source table; the new column is added. The registry is the
-    local stand-in of `tidewater.dev.sample_data` (no registry can be installed here)."""
+    local stand-in of `tidewater_dev.sample_data` (no registry can be installed here)."""
     import io
     import struct
 
@@ -304,7 +304,7 @@ def test_scenario_4_debezium_avro_example_pipeline_equals_the_source(broker, hom
     import yaml
 
     from tests.conftest import REPO
-    from tidewater.dev.sample_data import LocalSchemaRegistry
+    from tidewater_dev.sample_data import LocalSchemaRegistry
 
     schemas = {1: _envelope(VALUE), 2: _envelope(VALUE2)}
     registry = LocalSchemaRegistry(schemas)
@@ -517,13 +517,13 @@ def test_replaying_a_committed_change_range_restores_damage_and_otherwise_change
 def test_upserts_keyed_by_avro_message_keys_through_the_registry(broker, home, topic):
     """format.value avro with table.key_source message_key: Confluent-framed Avro keys (a record with the id, as
     Debezium's Avro converter writes them) identify the rows, a tombstone deletes its key. The registry is the
-    local stand-in of `tidewater.dev.sample_data` (no registry can be installed here)."""
+    local stand-in of `tidewater_dev.sample_data` (no registry can be installed here)."""
     import io
     import struct
 
     import fastavro
 
-    from tidewater.dev.sample_data import LocalSchemaRegistry
+    from tidewater_dev.sample_data import LocalSchemaRegistry
 
     schemas = {1: {"type": "record", "name": "Value", "fields": [{"name": "item", "type": "string"},
                                                                   {"name": "price", "type": "double"}]},

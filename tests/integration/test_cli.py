@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ingest_inline, produce_to_partition, write_pipeline
 from tidewater import __version__
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events
+from tidewater_dev.sample_data import pizza_events
 
 pytestmark = [pytest.mark.integration]
 TIDEWATER = str(Path(sys.executable).parent / "tidewater")
@@ -74,7 +74,7 @@ seen = {"empty_plan": sorted(m for m in ("pyspark", "great_expectations") if m i
 from tidewater.source.kafka import kafka_settings
 from tidewater.write.job import run_inline
 from tidewater.batch import manifest_path, write_json_atomic
-produce = __import__("tidewater.dev.sample_data", fromlist=["produce"])
+produce = __import__("tidewater_dev.sample_data", fromlist=["produce"])
 produce.produce(spec.kafka.bootstrap_servers, spec.topics[0], produce.pizza_events(5, seed=93), partitions=1)
 plan, path = plan_step(spec)
 manifest = run_inline(plan, spec, kafka_settings(spec))

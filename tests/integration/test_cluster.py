@@ -10,10 +10,10 @@ import pytest
 
 from tests.conftest import REPO, ingest_inline, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.cluster import BARE_PYTHON  # Debian's Python, none of the project's packages
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
+from tidewater_dev.cluster import BARE_PYTHON  # Debian's Python, none of the project's packages
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -24,7 +24,7 @@ PACK = REPO / ".data" / "executor-env.tar.gz"
 def cluster(tmp_path_factory):  # noqa: ANN001, ANN201
     if not PACK.is_file():
         pytest.fail(f"{PACK} is missing: `make executor-env` builds it (make test does)")
-    from tidewater.dev.cluster import start_standalone
+    from tidewater_dev.cluster import start_standalone
 
     running = start_standalone(tmp_path_factory.mktemp("cluster"), workers=2, cores=1)
     yield running.master

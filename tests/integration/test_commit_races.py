@@ -14,10 +14,10 @@ import pytest
 from tests.conftest import race, stage_inline, table_of
 from tidewater.commit.batch import commit_batch
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import OffsetsMovedError
 from tidewater.table.catalog import load_catalog
 from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.integration]
 

@@ -29,7 +29,6 @@ from tests.conftest import (
 )
 from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events
 from tidewater.ops import dead_letters
 from tidewater.ops.overview import lag_history, run_detail
 from tidewater.runtime.cli import main
@@ -37,6 +36,7 @@ from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table import letters as state
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state, find_batch_snapshot
+from tidewater_dev.sample_data import pizza_events
 
 pytestmark = [pytest.mark.integration]
 

@@ -11,12 +11,12 @@ import pytest
 from tests.conftest import ingest_inline, produce_to_partition, quiet, stage_inline, table_of, write_pipeline
 from tidewater.commit.batch import commit_batch
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events
 from tidewater.errors import TransientError
 from tidewater.ops.status import status
 from tidewater.steps.lifecycle import commit_step, run_once, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import DEAD_LETTERS, RECORDS, SKIPPED, committed_state
+from tidewater_dev.sample_data import pizza_events
 
 pytestmark = [pytest.mark.integration]
 

@@ -16,12 +16,12 @@ import pytest
 
 from tests.conftest import produce_to_partition, quiet, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import BatchWriteError, OffsetGapError
 from tidewater.plan.ingest import plan_batch
 from tidewater.steps.lifecycle import commit_step, run_once, validate_step
 from tidewater.steps.write import run_write_step
 from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

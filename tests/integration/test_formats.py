@@ -69,8 +69,8 @@ def test_date_time_columns_parsed_and_unparseable_values_dead_lettered(broker, h
     """Scenario 1's date_ordered ("2024-01-04 12:28:13", local time in Oslo) becomes a UTC timestamptz
     column; a record whose date does not parse is a dead letter (ConversionError), the rest land; the
     second batch decodes the column against the table's timestamp type."""
-    from tidewater.dev.sample_data import pizza_events
     from tidewater.table.catalog import load_catalog, load_table
+    from tidewater_dev.sample_data import pizza_events
 
     events = pizza_events(20, seed=71)
     bad = json.dumps({**json.loads(events[0]), "date_ordered": "last tuesday"}).encode()

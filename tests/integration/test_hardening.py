@@ -14,9 +14,9 @@ import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, quiet, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import DEAD_LETTERS, RECORDS, committed_state
+from tidewater_dev.sample_data import pizza_events
 
 pytestmark = [pytest.mark.integration]
 

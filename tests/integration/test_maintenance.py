@@ -17,13 +17,13 @@ import pytest
 
 from tests.conftest import commit_as_airflow_would, ingest_inline, stage_inline, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import TerminalError, TransientError
 from tidewater.ops.maintenance import maintain, run_action
 from tidewater.spark import session as spark_session
 from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import OFFSETS_TAG, committed_state
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -20,9 +20,9 @@ import pytest
 
 from tests.conftest import REPO, produce_to_partition, quiet, stage_inline, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import ConfigError, TerminalError, TransientError
 from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -11,10 +11,10 @@ import pytest
 
 from tests.conftest import ingest_changes, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import ConfigError
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,11 +13,11 @@ import pytest
 from tests.conftest import ingest_inline, table_of, write_pipeline
 from tests.integration.test_exactly_once import WRITE_THEN_HANG
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.plan.ingest import plan_batch
 from tidewater.steps.lifecycle import run_once
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

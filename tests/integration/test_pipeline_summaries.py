@@ -8,9 +8,9 @@ import pytest
 
 from tests.conftest import ingest_inline, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.ops import pipelines
 from tidewater.ops.status import status
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.integration]
 

@@ -14,13 +14,13 @@ from tests.conftest import produce_to_partition, stage_inline, write_pipeline
 from tidewater.audit.pipeline import audit
 from tidewater.commit import batch as committing
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.changes import apply, change_stream, encode
 from tidewater.errors import TransientError
 from tidewater.plan.ingest import plan_batch
 from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.steps.write import run_write_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import CHANGES, DEAD_LETTERS, RECORDS, SKIPPED, committed_state
+from tidewater_dev.changes import apply, change_stream, encode
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -528,9 +528,9 @@ def test_debezium_avro_topics_with_avro_keys_evolve_and_name_their_id_columns(br
     """A routed `debezium_avro` pipeline over two topics, keys and values Confluent-framed Avro: the id columns come
     from the key schema (through the registry), and a second value schema version that adds a column evolves that
     table within the batch. After each batch both tables equal their sources. The registry is the local stand-in
-    of `tidewater.dev.sample_data` (no schema registry can be installed here)."""
+    of `tidewater_dev.sample_data` (no schema registry can be installed here)."""
     from tests.integration.test_changes import VALUE, VALUE2, _envelope
-    from tidewater.dev.sample_data import LocalSchemaRegistry, avro_framed
+    from tidewater_dev.sample_data import LocalSchemaRegistry, avro_framed
 
     key_schema = {"type": "record", "name": "Key", "namespace": "pg.public.prices", "fields": [{"name": "id", "type": "int"}]}
     schemas = {1: _envelope(VALUE), 2: _envelope(VALUE2), 3: key_schema}

@@ -19,11 +19,11 @@ import pytest
 
 from tests.conftest import produce_to_partition, quiet, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events
 from tidewater.steps.lifecycle import commit_step, plan_step, run_once, validate_step
 from tidewater.steps.write import run_write_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import CHANGES, DEAD_LETTERS, RECORDS, committed_state
+from tidewater_dev.sample_data import pizza_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -71,7 +71,7 @@ def test_a_change_batch_through_the_server_equals_the_source(broker, home, topic
     """Debezium changes (inserts, updates, deletes, tombstones) over 40 keys in three partitions, three batches
     through the server. Expected: after each batch the table equals the reference model (each key once, values
     equal, deleted keys absent) and the snapshot's counts add up."""
-    from tidewater.dev.changes import apply, change_stream, encode
+    from tidewater_dev.changes import apply, change_stream, encode
 
     path = _pipeline(home, broker, topic, spark_connect.url, name="prices", format={"value": "debezium"},
                      table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True},
@@ -212,9 +212,9 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
     while it runs a batch's tasks: a TransientError naming spark.connect_url within the bounded retries (not
     the client's ten minutes). Neither commits anything; a later run on a healthy server would plan the range
     again (shown by the test above)."""
-    from tidewater.dev import spark_connect as connect
-    from tidewater.dev.cluster import BARE_PYTHON
     from tidewater.errors import ConfigError, TransientError
+    from tidewater_dev import spark_connect as connect
+    from tidewater_dev.cluster import BARE_PYTHON
 
     dist = Path(__file__).resolve().parents[2] / ".data" / "spark-connect"
     warm = load_pipeline(_pipeline(home, broker, topic + "-warm", spark_connect.url, name="warm",

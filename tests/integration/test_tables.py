@@ -16,11 +16,11 @@ import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, quiet, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events
 from tidewater.steps.lifecycle import run_once
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.evolution import ensure_table
 from tidewater.table.summary import DEAD_LETTER_TOPIC, DEAD_LETTERS, RECORDS, committed_state, find_batch_snapshot
+from tidewater_dev.sample_data import pizza_events
 
 pytestmark = [pytest.mark.integration]
 

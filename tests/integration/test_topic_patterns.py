@@ -8,11 +8,11 @@ import pytest
 from tests.conftest import ingest_inline, stage_inline, table_of, write_pipeline
 from tidewater.commit.batch import commit_batch
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.plan.ingest import plan_batch
 from tidewater.steps.lifecycle import validate_step
 from tidewater.table.catalog import load_catalog
 from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.integration]
 

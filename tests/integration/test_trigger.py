@@ -10,9 +10,9 @@ import pytest
 
 from tests.conftest import ingest_inline, produce_to_partition, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events
 from tidewater.errors import ConfigError
 from tidewater.plan.pending import pending
+from tidewater_dev.sample_data import pizza_events
 
 pytestmark = [pytest.mark.integration]
 

@@ -15,10 +15,10 @@ import pytest
 
 from tests.conftest import produce_to_partition, stage_inline, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
-from tidewater.dev.sample_data import pizza_events, produce
 from tidewater.errors import ConfigError, ValidationFailedError
 from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import pizza_events, produce
 
 pytestmark = [pytest.mark.integration]
 

@@ -83,10 +83,10 @@ def test_the_package_has_no_import_cycle() -> None:
 # know nothing of tables; the batch's stages (write, quality, plan, commit) sit on the table room; the audit
 # reads what the commits left (its ledger beside it); Spark's environment (configuration, jars, sessions, the Connect
 # session cache, the spark-submit launcher) serves the steps; the batch's steps string the stages together; operations
-# run steps; interop, dev, the shipped example (data, for `tidewater init`) and the runtime (Airflow tasks, the CLI,
+# run steps; interop, the shipped example (data, for `tidewater init`) and the runtime (Airflow tasks, the CLI,
 # Spark entry points) are the entry points.
 ROOMS = ("errors", "staging", "batch", "config", "source", "decode", "transform", "table", "write", "quality", "plan",
-         "commit", "audit", "spark", "steps", "ops", "interop", "dev", "examples", "runtime")
+         "commit", "audit", "spark", "steps", "ops", "interop", "examples", "runtime")
 
 
 def room_of(module: str) -> str:

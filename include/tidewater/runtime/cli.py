@@ -212,8 +212,25 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dev_tool(name: str, command: str) -> Any:
+    """A module of the checkout's development tools (``include/tidewater_dev``: the embedded broker, the local Spark
+    Connect server, the sample data), which the installed package does not ship."""
+    import importlib
+
+    from tidewater.errors import ConfigError
+
+    try:
+        return importlib.import_module(f"tidewater_dev.{name}")
+    except ModuleNotFoundError as e:
+        if e.name not in ("tidewater_dev", f"tidewater_dev.{name}"):
+            raise
+        raise ConfigError(f"`tidewater {command}` is a development tool of a Tidewater checkout (include/tidewater_dev, "
+                          "used by `make demo` and the tests); the installed package does not ship it. Use your own "
+                          "Kafka cluster and Spark, or run it from a checkout") from None
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
-    from tidewater.dev import broker
+    broker = _dev_tool("broker", "broker")
 
     if args.action == "start":
         b = broker.start_background(args.port or 19092)
@@ -230,7 +247,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_spark_connect(args: argparse.Namespace) -> int:
-    from tidewater.dev import spark_connect
+    spark_connect = _dev_tool("spark_connect", "spark-connect")
 
     if args.action == "start":
         server = spark_connect.start_background(args.port)
@@ -255,9 +272,9 @@ def _add_spark_connect(sub: Any) -> None:
 
 
 def cmd_produce_sample(args: argparse.Namespace) -> int:
-    from tidewater.dev.sample_data import pizza_events, produce
-
-    counts = produce(args.bootstrap, args.topic, pizza_events(args.count, seed=args.seed), partitions=args.partitions)
+    sample = _dev_tool("sample_data", "produce-sample")
+    counts = sample.produce(args.bootstrap, args.topic, sample.pizza_events(args.count, seed=args.seed),
+                            partitions=args.partitions)
     print(f"produced {sum(counts.values())} pizza events to {args.topic} ({args.partitions} partitions)")
     return 0
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from tidewater.dev.process import LocalServer
 from tidewater.errors import ConfigError
+from tidewater_dev.process import LocalServer
 
 USER = "tidewater"
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidewater.config.spec import home_dir
-from tidewater.dev.process import LocalServer
 from tidewater.errors import ConfigError, TransientError
+from tidewater_dev.process import LocalServer
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from tidewater.config.spec import home_dir
-from tidewater.dev.broker import free_port, port_free, wait_listening
-from tidewater.dev.process import LocalServer
 from tidewater.errors import ConfigError, TransientError
+from tidewater_dev.broker import free_port, port_free, wait_listening
+from tidewater_dev.process import LocalServer
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +139,8 @@ def stop_background() -> bool:
 
 def serve(argv: list[str] | None = None) -> None:
     """Run a server in the foreground, in place of this process (a container's command: see docker-compose.yml's
-    ``spark-connect`` service): ``python -m tidewater.dev.spark_connect --dist D --host 0.0.0.0 --port 15002``."""
-    ap = argparse.ArgumentParser(prog="python -m tidewater.dev.spark_connect", description=serve.__doc__)
+    ``spark-connect`` service): ``python -m tidewater_dev.spark_connect --dist D --host 0.0.0.0 --port 15002``."""
+    ap = argparse.ArgumentParser(prog="python -m tidewater_dev.spark_connect", description=serve.__doc__)
     ap.add_argument("--dist", type=Path, default=None, help="the unpacked pyspark 4.0.x distribution")
     ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0 in a container)")
     ap.add_argument("--port", type=int, default=15002)
