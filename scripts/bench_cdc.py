@@ -150,7 +150,7 @@ def end_to_end(catalog, args) -> dict[str, list[float]]:  # noqa: ANN001
             produce(b.bootstrap, "cdc", values, partitions=2)
             for name in ("big", "small"):
                 t = time.perf_counter()
-                out = run_once(paths[name], out=lambda _s: None)
+                out = run_once(paths[name])
                 times[name].append(time.perf_counter() - t)
                 assert out["records"] == args.changes, out
                 print(f"end to end round {round_ + 1} on {name}: {times[name][-1]:.2f} s", flush=True)

@@ -61,7 +61,7 @@ def main() -> int:
                     "name": name, "topics": ["pizzas"], "kafka": {"bootstrap_servers": b.bootstrap},
                     "table": {"identifier": f"bench.{name}"}, "spark": spark,
                     "batch": {"max_records": args.records, "records_per_task": args.records // 2}}))
-                result = run_once(path, master=master, out=lambda _line: None)
+                result = run_once(path, master=master)
                 spec = load_pipeline(path)
                 rows = load_table(load_catalog(spec), spec.table.identifier).scan(selected_fields=("order_id",)).count()
                 assert result["records"] == args.records == rows, (result, rows)

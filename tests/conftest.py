@@ -179,10 +179,6 @@ def table_of(pipeline_path: Path):  # noqa: ANN201
     return load_table(load_catalog(spec), spec.table.identifier)
 
 
-def quiet(_: str) -> None:
-    """Swallow run_once's progress lines."""
-
-
 def stage_inline(spec):  # noqa: ANN001, ANN201
     """Plan and write a batch in this process (``write.job.run_inline``: the task code Spark runs)."""
     from tidewater.batch import manifest_path, write_json_atomic

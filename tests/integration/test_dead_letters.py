@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.conftest import ingest_inline, produce_to_partition, quiet, stage_inline, table_of, write_pipeline
+from tests.conftest import ingest_inline, produce_to_partition, stage_inline, table_of, write_pipeline
 from tidewater.commit.batch import commit_batch
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import TransientError
@@ -54,7 +54,7 @@ def test_bad_input_corpus_lands_in_rows_and_dead_letters_through_spark(broker, h
     good = pizza_events(60, seed=61)
     values = good[:30] + [v for v, _ in CORPUS] + good[30:]
     produce_to_partition(broker.bootstrap, topic, 0, values, producer_settings={"message.max.bytes": 10_000_000})
-    result = run_once(path, out=quiet)
+    result = run_once(path)
     bad = {30 + i: kind for i, (_, kind) in enumerate(CORPUS) if kind != "row"}
     assert result["records"] == len(values)
 

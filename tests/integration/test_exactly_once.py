@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from tests.conftest import produce_to_partition, quiet, table_of, write_pipeline
+from tests.conftest import produce_to_partition, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import BatchWriteError, OffsetGapError
 from tidewater.plan.ingest import plan_batch
@@ -35,7 +35,7 @@ def test_three_batches_with_new_data_between_land_every_record_once(broker, pipe
     """Three batches, 300 new records before each: 900 rows, 3 snapshots, offsets 100/200/300 per partition."""
     for i in range(3):
         produce(broker.bootstrap, topic, pizza_events(300, seed=100 + i), partitions=3)
-        result = run_once(pipeline_file, out=quiet)
+        result = run_once(pipeline_file)
         assert result["status"] == "committed"
         assert result["records"] == 300
     table = table_of(pipeline_file)
@@ -48,7 +48,7 @@ def test_three_batches_with_new_data_between_land_every_record_once(broker, pipe
         assert offsets == {topic: {"0": 100 * n, "1": 100 * n, "2": 100 * n}}
     assert committed_state(table).offsets == {topic: {0: 300, 1: 300, 2: 300}}
     # caught up: the next run plans nothing and makes no snapshot
-    assert run_once(pipeline_file, out=quiet)["status"] == "empty"
+    assert run_once(pipeline_file)["status"] == "empty"
     assert len(table_of(pipeline_file).snapshots()) == 3
 
 
@@ -86,7 +86,7 @@ def test_killed_after_write_before_commit_then_rerun_commits_each_record_once(br
     assert table is not None and table.snapshots() == [], "nothing was committed before the kill"
     killed_batch = manifests[0].parent.name
 
-    result = run_once(pipeline_file, out=quiet)
+    result = run_once(pipeline_file)
     assert result["status"] == "committed" and result["batch_id"] != killed_batch
     table = table_of(pipeline_file)
     assert table.scan().to_arrow().num_rows == 600
@@ -123,7 +123,7 @@ def test_malformed_json_fails_the_batch_naming_topic_partition_offset(broker, ho
     produce_to_partition(broker.bootstrap, topic, 0, good[:30], partitions=2)
     produce_to_partition(broker.bootstrap, topic, 1, good[30:55] + [b'{"order_id": "x", "store_id": '] + good[55:])
     with pytest.raises(BatchWriteError) as e:
-        run_once(pipeline_file, out=quiet)
+        run_once(pipeline_file)
     assert (e.value.topic, e.value.partition, e.value.offset) == (topic, 1, 25)
     assert f"topic={topic}, partition=1, offset=25" in str(e.value)
     table = table_of(pipeline_file)
@@ -140,7 +140,7 @@ def test_committed_offset_below_log_start_is_a_clear_error(broker, pipeline_file
     offset that the broker reports is replaced (committed offsets come from the real table).
     """
     produce(broker.bootstrap, topic, pizza_events(40, seed=9), partitions=2)
-    assert run_once(pipeline_file, out=quiet)["records"] == 40
+    assert run_once(pipeline_file)["records"] == 40
     import tidewater.source.kafka as ks
 
     real = ks.watermarks

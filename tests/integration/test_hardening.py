@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ingest_inline, produce_to_partition, quiet, write_pipeline
+from tests.conftest import ingest_inline, produce_to_partition, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import DEAD_LETTERS, RECORDS, committed_state
@@ -50,14 +50,14 @@ def test_killed_between_the_batch_commit_and_its_dead_letters_loses_no_dead_lett
     real = commit_batch_module.commit_dead_letters
     monkeypatch.setattr(commit_batch_module, "commit_dead_letters", die)
     with pytest.raises(_Killed):
-        run_once(path, master="local[2]", out=quiet)
+        run_once(path, master="local[2]")
     monkeypatch.setattr(commit_batch_module, "commit_dead_letters", real)
     table = load_table(load_catalog(spec), spec.table.identifier)
     assert table.scan().to_arrow().num_rows == 12 and committed_state(table).offsets == {topic: {0: 15}}
     assert _rows(spec, spec.dead_letter_table()) == 0, "the crash came before the dead-letter commit"
 
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(5, seed=72) + [b"nope"])
-    result = run_once(path, master="local[2]", out=quiet)
+    result = run_once(path, master="local[2]")
     assert result["status"] == "committed" and result["records"] == 6
     assert _rows(spec, spec.table.identifier) == 12 + 5
     assert _rows(spec, spec.dead_letter_table()) == 3 + 1
@@ -385,7 +385,7 @@ def test_an_operator_skips_the_record_that_blocks_a_partition(broker, home, topi
     produce_to_partition(broker.bootstrap, topic, 0, good[:10] + [b'{"order_id": "x", "store_id": '] + good[10:])
     for _ in range(2):
         with pytest.raises(BatchWriteError) as e:
-            run_once(path, master="local[2]", out=quiet)
+            run_once(path, master="local[2]")
         assert (e.value.partition, e.value.offset) == (0, 10)
     tidewater = str(Path(sys.executable).parent / "tidewater")
     env = {**os.environ, "TIDEWATER_HOME": str(home)}
@@ -412,7 +412,7 @@ def test_an_operator_skips_the_record_that_blocks_a_partition(broker, home, topi
     assert dlq[0]["value"] == b'{"order_id": "x", "store_id": '
     refused = cli("--start-offset", "3", "--end-offset", "5", "--reason", "x")
     assert refused.returncode == 2 and "start_offset" in refused.stderr
-    assert run_once(path, master="local[2]", out=quiet)["records"] == 5
+    assert run_once(path, master="local[2]")["records"] == 5
     table = load_table(load_catalog(spec), spec.table.identifier)
     assert table.scan().to_arrow().num_rows == 15 and committed_state(table).offsets == {topic: {0: 16}}
 
@@ -435,7 +435,7 @@ def test_a_null_in_a_not_null_column_fails_the_batch_or_becomes_a_dead_letter(br
     produce_to_partition(broker.bootstrap, topic, 0, values)
     if policy == "fail":
         with caplog.at_level("ERROR"), pytest.raises(ValidationFailedError):
-            run_once(path, master="local[2]", out=quiet)
+            run_once(path, master="local[2]")
         table = load_table(load_catalog(spec), spec.table.identifier)
         assert table is None or table.current_snapshot() is None
         assert not [r for r in caplog.records if "unexpected_percent" in r.getMessage()]
@@ -445,7 +445,7 @@ def test_a_null_in_a_not_null_column_fails_the_batch_or_becomes_a_dead_letter(br
         page = " ".join(pages[0].read_text().split()) if len(pages) == 1 else ""
         assert "2 unexpected values found" in page and "80% not null" in page and "unknown" not in page
         return
-    result = run_once(path, master="local[2]", out=quiet)
+    result = run_once(path, master="local[2]")
     assert (result["status"], result["records"], result["dead_letters"]) == ("committed", 10, 2)
     dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset").to_pylist()
     assert [(r["offset"], r["error_class"]) for r in dlq] == [(3, "NullInRequiredColumn"), (7, "NullInRequiredColumn")]
@@ -472,12 +472,12 @@ def test_a_rejected_batch_leaves_no_column_and_no_table_behind(broker, home, top
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"store_id": 1}).encode()] + pizza_events(3, seed=77))
     with pytest.raises(ValidationFailedError):
-        run_once(path, master="local[2]", out=quiet)
+        run_once(path, master="local[2]")
     assert load_table(load_catalog(spec), spec.table.identifier) is None, "the table the rejected batch created is gone"
 
     spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                                         validation={"not_null": []}))
-    assert run_once(path.parent / "orders.yaml", master="local[2]", out=quiet)["status"] == "committed"
+    assert run_once(path.parent / "orders.yaml", master="local[2]")["status"] == "committed"
     spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}))
     events = [json.loads(v) for v in pizza_events(4, seed=78)]
     values = [json.dumps({**e, "coupon": f"c{i}"}).encode() for i, e in enumerate(events)] + [json.dumps({"coupon": "x"}).encode()]
@@ -505,7 +505,7 @@ def test_a_batch_that_died_before_its_commit_has_its_new_columns_undone_then_lan
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(3, seed=79))
-    assert steps.run_once(path, master="local[2]", out=quiet)["status"] == "committed"
+    assert steps.run_once(path, master="local[2]")["status"] == "committed"
     values = [json.dumps({**json.loads(v), "coupon": "c"}).encode() for v in pizza_events(5, seed=80)]
     produce_to_partition(broker.bootstrap, topic, 0, values)
     real = steps.commit_step
@@ -515,11 +515,11 @@ def test_a_batch_that_died_before_its_commit_has_its_new_columns_undone_then_lan
 
     monkeypatch.setattr(steps, "commit_step", die)
     with pytest.raises(_Killed):
-        steps.run_once(path, master="local[2]", out=quiet)
+        steps.run_once(path, master="local[2]")
     monkeypatch.setattr(steps, "commit_step", real)
     assert "coupon" in load_table(load_catalog(spec), spec.table.identifier).schema().column_names
     assert any(k.startswith("tidewater.provisional.") for k in _props(spec))
-    result = steps.run_once(path, master="local[2]", out=quiet)
+    result = steps.run_once(path, master="local[2]")
     assert (result["status"], result["records"]) == ("committed", 5)
     table = load_table(load_catalog(spec), spec.table.identifier)
     assert "coupon" in table.schema().column_names and _props(spec) == {}
@@ -539,11 +539,11 @@ def test_a_failed_write_step_undoes_the_columns_it_added(broker, home, topic):
                           dead_letter={"policy": "fail"}, batch={"chunk_records": 2})
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(2, seed=81))
-    assert run_once(path, master="local[2]", out=quiet)["status"] == "committed"
+    assert run_once(path, master="local[2]")["status"] == "committed"
     values = [json.dumps({**json.loads(v), "coupon": "c"}).encode() for v in pizza_events(4, seed=82)] + [b'{"order_id": ']
     produce_to_partition(broker.bootstrap, topic, 0, values)
     with pytest.raises(BatchWriteError) as e:
-        run_once(path, master="local[2]", out=quiet)
+        run_once(path, master="local[2]")
     assert e.value.offset == 6
     table = load_table(load_catalog(spec), spec.table.identifier)
     assert "coupon" not in table.schema().column_names and _props(spec) == {}

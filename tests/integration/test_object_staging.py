@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, produce_to_partition, quiet, stage_inline, table_of, write_pipeline
+from tests.conftest import REPO, produce_to_partition, stage_inline, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import ConfigError, TerminalError, TransientError
 from tidewater.table.summary import committed_state
@@ -91,13 +91,14 @@ def test_a_batch_staged_in_the_bucket_lands_exactly_and_nothing_is_staged_on_loc
     offsets; the plan, manifest, quality report and spark-submit's log are objects of the batch's prefix; the
     local staging directory was never made and the log's temporary copy is gone; no secret in any object or
     progress line."""
+    from tidewater.runtime.progress import BatchProgress
     from tidewater.steps.lifecycle import run_once
 
     path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage1")
     produce(broker.bootstrap, topic, pizza_events(120, seed=61), partitions=3)
     logs_before = _spark_submit_logs()
     lines: list[str] = []
-    result = run_once(path, out=lines.append)
+    result = run_once(path, progress=BatchProgress(lines.append))
     assert (result["status"], result["records"]) == ("committed", 120)
     table = table_of(path)
     assert table.scan().to_arrow().num_rows == 120
@@ -114,7 +115,7 @@ def test_a_batch_staged_in_the_bucket_lands_exactly_and_nothing_is_staged_on_loc
     assert not (home / "staging").exists()
     assert _spark_submit_logs() <= logs_before, "the log's local copy was removed once uploaded"
     assert not any(SECRET.encode() in b or KEY.encode() in b for b in staged.values())
-    assert not any(SECRET in line for line in lines)
+    assert any(line.startswith("[4/4] commit") for line in lines) and not any(SECRET in line for line in lines)
 
 
 WRITE_THEN_HANG = """
@@ -152,7 +153,7 @@ def test_killed_after_a_write_staged_in_the_bucket_then_rerun_commits_each_recor
     assert table_of(path).snapshots() == [], "nothing was committed before the kill"
     killed = manifests[0].split("/")[1]
 
-    result = run_once(path, out=quiet)
+    result = run_once(path)
     assert result["status"] == "committed" and result["batch_id"] != killed
     table = table_of(path)
     rows = table.scan().to_arrow()
@@ -172,7 +173,7 @@ def test_a_batch_through_spark_connect_is_staged_in_the_bucket(broker, home, top
                      storage_conn=True, spark={"connect_url": spark_connect.url})
     assert KEY not in path.read_text() and "staging_properties" not in path.read_text()
     produce(broker.bootstrap, topic, pizza_events(90, seed=71), partitions=3)
-    result = run_once(path, out=quiet)
+    result = run_once(path)
     assert (result["status"], result["records"]) == ("committed", 90)
     table = table_of(path)
     assert table.scan().to_arrow().num_rows == 90

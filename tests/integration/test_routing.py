@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.conftest import ingest_inline, produce_to_partition, quiet, stage_inline, write_pipeline
+from tests.conftest import ingest_inline, produce_to_partition, stage_inline, write_pipeline
 from tidewater.audit.pipeline import audit
 from tidewater.commit import batch as committing
 from tidewater.config.parse import load_pipeline
@@ -129,7 +129,7 @@ def test_dynamic_routing_through_spark_checks_names_and_creates_tables(broker, h
     p1 = [ev(100 + i, tenant="globex", amount=i) for i in range(30)] + [ev(130, tenant="x" * 300), ev(131)]
     produce_to_partition(broker.bootstrap, topic, 0, p0, partitions=2)
     produce_to_partition(broker.bootstrap, topic, 1, p1)
-    result = run_once(spec.source_path, out=quiet)
+    result = run_once(spec.source_path)
     assert result["records"] == 74
     catalog = load_catalog(spec)
     acme, globex = load_table(catalog, "rpc.payments_acme"), load_table(catalog, "rpc.payments_globex")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import produce_to_partition, quiet, table_of, write_pipeline
+from tests.conftest import produce_to_partition, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.steps.lifecycle import commit_step, plan_step, run_once, validate_step
 from tidewater.steps.write import run_write_step
@@ -56,7 +56,7 @@ def test_ingest_through_the_server_is_exact_and_a_retried_commit_adds_nothing(br
     assert result.status == "committed" and commit_step(spec, plan, manifest).status == "already-committed"
     assert table_of(path).scan().to_arrow().num_rows == 300
     produce_to_partition(broker.bootstrap, topic, 1, events[300:])
-    assert run_once(path, out=quiet)["records"] == 40
+    assert run_once(path)["records"] == 40
     table = table_of(path)
     assert table.scan().to_arrow().num_rows == 340
     assert committed_state(table).offsets == {topic: {0: 150, 1: 190}}
@@ -196,7 +196,7 @@ def test_a_batch_killed_mid_write_is_written_once_by_the_next_run(broker, home, 
     assert not list((home / "staging").rglob("manifest.json")), "killed before the write step's manifest"
     table = table_of(path)
     assert table is None or table.current_snapshot() is None, "the killed batch committed nothing"
-    result = run_once(path, out=quiet)
+    result = run_once(path)
     assert result["status"] == "committed" and result["records"] == 300_000
     table = table_of(path)
     ids = table.scan(selected_fields=("order_id",)).to_arrow().column("order_id")

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from tests.conftest import ingest_inline, produce_to_partition, quiet, table_of, write_pipeline
+from tests.conftest import ingest_inline, produce_to_partition, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.steps.lifecycle import run_once
 from tidewater.table.catalog import load_catalog, load_table
@@ -46,7 +46,7 @@ def test_partitioned_and_sorted_table_through_spark(broker, home, topic):
     day2 = pizza_events(200, seed=6, start=datetime(2024, 1, 6, 8, 0))
     produce_to_partition(broker.bootstrap, topic, 0, day1, partitions=2)
     produce_to_partition(broker.bootstrap, topic, 1, day2)
-    result = run_once(path, out=quiet)
+    result = run_once(path)
     assert result["records"] == 500
 
     table = table_of(path)
