@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,10 +25,14 @@ from tidewater.table.provenance import present_offsets
 from tidewater.table.summary import quarantine_branch, quarantined_batches
 from tidewater.table.targets import target_spec, target_view
 
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
 CHECK_AT_MOST = 100_000  # missing offsets asked of Kafka per partition (beyond: reported as not checked)
 
 
-def deep_findings(spec: PipelineSpec, catalog: Any, tables: dict[str, Any], entries: list[dict[str, Any]],
+def deep_findings(spec: PipelineSpec, catalog: Catalog, tables: dict[str, Any], entries: list[dict[str, Any]],
                   every_table: bool = True, progress: Callable[[str], None] | None = None) -> list[Finding]:
     """From the metadata columns of ``tables`` (the pipeline's table, or a routed pipeline's targets): no (topic,
     partition, offset) twice in a table, none both a row and a dead letter (but a letter a retry resolved, which must be
@@ -122,7 +126,7 @@ def _offsets(data: Any, rng: Any) -> Any:
     return np.sort(data.column("offset").filter(mask).to_numpy())
 
 
-def _dead_letters(catalog: Any, spec: PipelineSpec) -> Any:
+def _dead_letters(catalog: Catalog, spec: PipelineSpec) -> Any:
     """(topic, partition, offset) of the pipeline's dead letters (None when it has none)."""
     dlq = load_table(catalog, spec.dead_letter_table())
     if dlq is None or dlq.current_snapshot() is None:
@@ -132,7 +136,7 @@ def _dead_letters(catalog: Any, spec: PipelineSpec) -> Any:
                      "offset": data.column("offset")})
 
 
-def _resolved_letters(catalog: Any, spec: PipelineSpec) -> Any:
+def _resolved_letters(catalog: Catalog, spec: PipelineSpec) -> Any:
     """(topic, partition, offset) of the letters a retry resolved (``ops/dead_letters.py``)."""
     done = letters_in(spec, catalog, state="resolved", payload=False)
     return done.select(["topic", "partition", "offset"]) if done.num_rows else None
@@ -230,7 +234,7 @@ def _absent_from_kafka(offsets: Any, rng: Any, batch: dict[str, Any], rereader: 
     return out
 
 
-def _key_findings(spec: PipelineSpec, table: Any) -> list[Finding]:
+def _key_findings(spec: PipelineSpec, table: Table) -> list[Finding]:
     """Change tables: keys that have more than one row."""
     keys = list(spec.table.id_columns or [])
     if table is None or not keys or table.current_snapshot() is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.audit.findings import MOVING, Finding, detail, finding_at
 from tidewater.table.summary import (
@@ -22,6 +22,9 @@ from tidewater.table.summary import (
     TRUNCATE,
     summary_dict,
 )
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 
 def tables_per_batch(checkpoint: Any) -> dict[str, list[str]]:
@@ -163,7 +166,7 @@ def operation_of(snap: Any) -> str:
 REWRITES = (REPLAY, PUBLISHED, DROPPED, RECOVERED, TRUNCATE)
 
 
-def rewritten_since(table: Any, after_us: int, only: tuple[str, ...] | None = None) -> Any:
+def rewritten_since(table: Table, after_us: int, only: tuple[str, ...] | None = None) -> Any:
     """The first snapshot committed after ``after_us`` (µs since the epoch) that may have changed rows committed
     before it: one no Tidewater batch made (a write outside Tidewater, a compaction: its rows are the same, unless the
     tool that made it lost some), or one of Tidewater's ``REWRITES``; ``only``: one of these Tidewater rewrites. None:
@@ -179,7 +182,7 @@ def rewritten_since(table: Any, after_us: int, only: tuple[str, ...] | None = No
     return None
 
 
-def outside_writes(table: Any) -> list[Finding]:
+def outside_writes(table: Table) -> list[Finding]:
     """Snapshots still in the table's history that changed rows without a Tidewater batch id."""
     out = []
     for snap in table.metadata.snapshots:
@@ -221,7 +224,7 @@ def decisions(entries: list[dict[str, Any]]) -> list[Finding]:
     return out
 
 
-def rolled_back(table: Any, branch: str | None, entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Finding]]:
+def rolled_back(table: Table, branch: str | None, entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Finding]]:
     """The entries whose batches another tool rolled back (their snapshot is still in the table's metadata but no
     longer in the history of the branch's head): the remaining entries, and a finding explaining each rolled-back
     batch (its records were read again by the batches after the rollback). Expired snapshots are not told apart."""

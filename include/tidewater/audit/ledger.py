@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException
@@ -47,6 +47,10 @@ from tidewater.table.summary import (
     summary_dict,
 )
 from tidewater.table.targets import target_role, target_spec, target_tables
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +126,7 @@ def entries(table_ident: str, snapshots: list[Any], checkpoint: bool = False, ta
     return rows
 
 
-def _unrecorded(table: Any, head: int, through: int | None) -> tuple[list[Any], bool]:
+def _unrecorded(table: Table, head: int, through: int | None) -> tuple[list[Any], bool]:
     """The ancestors of ``head`` after ``through``, oldest first, and whether the walk reached ``through``
     (False: the ledger is new, or its mark's snapshot is gone: entries must be deduplicated)."""
     by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
@@ -133,13 +137,13 @@ def _unrecorded(table: Any, head: int, through: int | None) -> tuple[list[Any], 
     return walked[::-1], sid is not None and sid == through
 
 
-def _head(table: Any, branch: str | None) -> int | None:
+def _head(table: Table, branch: str | None) -> int | None:
     """Where the table's batches end: the head of ``branch`` when the batches are written there, else main's."""
     ref = table.metadata.refs.get(branch) if branch else None
     return ref.snapshot_id if ref is not None else table.metadata.current_snapshot_id
 
 
-def recorded_tables(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> list[tuple[str, Any, int]]:
+def recorded_tables(catalog: Catalog, spec: PipelineSpec, touched: list[str] | None = None) -> list[tuple[str, Any, int]]:
     """(identifier, table, head snapshot) of each table whose history the ledger records: the offsets holder (its
     ranges and counts), then every other target table (each its rows; ``touched``: only these)."""
     spec = spec.routed_from or spec
@@ -164,7 +168,7 @@ def _through(text: str | None, spec: PipelineSpec) -> dict[str, int]:
     return {spec.table.identifier: int(text)}
 
 
-def sync(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> int:
+def sync(catalog: Catalog, spec: PipelineSpec, touched: list[str] | None = None) -> int:
     """Record the batches of the pipeline's tables the ledger does not have yet; returns how many entries were
     added. A single-table view of a routed pipeline (maintenance) syncs the pipeline's ledger. ``touched`` (routed
     pipelines): the target tables a batch just committed to; the others keep their mark (the next full sync, by
@@ -177,7 +181,7 @@ def sync(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> 
     heads = {ident: head for ident, _, head in sources}
     added = [0]
 
-    def prepare(ledger: Any) -> Any:
+    def prepare(ledger: Table) -> Any:
         snap = ledger.current_snapshot()
         through = _through(summary_dict(snap).get(THROUGH) if snap is not None else None, spec)
         if not fused and snap is not None and through == {**through, **heads}:
@@ -211,7 +215,7 @@ def sync(catalog: Any, spec: PipelineSpec, touched: list[str] | None = None) -> 
 COMPACT_AT_FILES = 32  # the ledger is rewritten into one file at expiry once it has this many
 
 
-def compact(catalog: Any, spec: PipelineSpec, at_files: int = COMPACT_AT_FILES) -> int:
+def compact(catalog: Catalog, spec: PipelineSpec, at_files: int = COMPACT_AT_FILES) -> int:
     """Rewrite the ledger into one data file once every sync's small file adds up (the audit reads them all:
     measured 4 ms per file in ``make bench-audit``). The rows are kept as they are, and the new head snapshot
     keeps the mark (``THROUGH``) the next sync starts from. A sync that commits meanwhile wins: this rewrite's
@@ -237,7 +241,7 @@ def compact(catalog: Any, spec: PipelineSpec, at_files: int = COMPACT_AT_FILES) 
     return len(files)
 
 
-def expire_history(catalog: Any, spec: PipelineSpec) -> int:
+def expire_history(catalog: Catalog, spec: PipelineSpec) -> int:
     """Compact the ledger (:func:`compact`), then expire every snapshot of it but its newest: its rows are what
     matters, not its history, and each snapshot makes its metadata (read by every sync) bigger. Returns how many
     snapshots were expired."""
@@ -257,13 +261,13 @@ def expire_history(catalog: Any, spec: PipelineSpec) -> int:
     return retry_busy(expire, "expiring the ledger's history", identifier(spec))
 
 
-def read(catalog: Any, spec: PipelineSpec) -> pa.Table:
+def read(catalog: Catalog, spec: PipelineSpec) -> pa.Table:
     """Every entry of the pipeline's table (empty when nothing was recorded)."""
     ledger = load_table(catalog, identifier(spec))
     return ledger.scan().to_arrow() if ledger is not None else LEDGER_SCHEMA.empty_table()
 
 
-def save_verdict(catalog: Any, spec: PipelineSpec, verdict: dict[str, Any]) -> None:
+def save_verdict(catalog: Catalog, spec: PipelineSpec, verdict: dict[str, Any]) -> None:
     """Keep the last audit's verdict as a property of the ledger table (the Tidewater view shows it)."""
     text = json.dumps(verdict, separators=(",", ":"), sort_keys=True, default=str)
 
@@ -276,7 +280,7 @@ def save_verdict(catalog: Any, spec: PipelineSpec, verdict: dict[str, Any]) -> N
     retry_busy(save, "keeping the audit's verdict", identifier(spec))
 
 
-def last_verdict(catalog: Any, spec: PipelineSpec) -> dict[str, Any] | None:
+def last_verdict(catalog: Catalog, spec: PipelineSpec) -> dict[str, Any] | None:
     ledger = load_table(catalog, identifier(spec))
     text = ledger.metadata.properties.get(LAST_AUDIT) if ledger is not None else None
     return json.loads(text) if text else None

@@ -30,7 +30,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.audit import ledger
 from tidewater.audit.deep import deep_findings
@@ -55,6 +55,9 @@ from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.letters import counts as letter_counts
 from tidewater.table.summary import RECOVERED, summary_dict
 from tidewater.table.targets import target_role, target_tables
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ def audit(spec: PipelineSpec, table: str | None = None, deep: bool = False, full
     return report
 
 
-def _usable_mark(catalog: Any, mark: dict[str, Any] | None, deep: bool) -> tuple[dict[str, Any] | None, Finding | None]:
+def _usable_mark(catalog: Catalog, mark: dict[str, Any] | None, deep: bool) -> tuple[dict[str, Any] | None, Finding | None]:
     """The mark to audit from, unless a table was rewritten since it: every batch is checked again (None, and a
     finding saying why). For a deep audit, any rewrite (``audit.history.rewritten_since``: a write outside Tidewater,
     a compaction, a replay, a retry, a quarantine decision ...) may have changed rows of the batches checked before;
@@ -113,7 +116,7 @@ def _marks(previous: dict[str, Any] | None, report: AuditReport, deep: bool, who
     return {k: v for k, v in kept.items() if v is not None}
 
 
-def letter_findings(spec: PipelineSpec, catalog: Any) -> list[Finding]:
+def letter_findings(spec: PipelineSpec, catalog: Catalog) -> list[Finding]:
     """The dead letters and what became of them (``tidewater dead-letters``): retried letters resolved are rows now,
     dropped ones given up; a retry under way (claimed, no outcome: killed) is a warning until the next retry ends it."""
     n = letter_counts(spec, catalog)
@@ -127,7 +130,7 @@ def letter_findings(spec: PipelineSpec, catalog: Any) -> list[Finding]:
     return out
 
 
-def audit_targets(spec: PipelineSpec, catalog: Any, only: str | None, deep: bool,
+def audit_targets(spec: PipelineSpec, catalog: Catalog, only: str | None, deep: bool,
                   mark: dict[str, Any] | None = None, progress: Callable[[str], None] | None = None) -> AuditReport:
     """Coverage, accounting and Kafka from the holder's batches; per target table (every one, or ``only``) the
     writes outside Tidewater and, for tables of a separate holder, the holder's batches against the table's commits.

@@ -18,12 +18,15 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.batch import Offsets, StagedFile, offsets_from_json
 from tidewater.commit.primitive import Committed
 from tidewater.table.summary import OFFSETS
 from tidewater.transform.changes import NetChanges, Truncated
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ class TargetAttempt:
             self.stamped = offsets_from_json(json.loads(properties[OFFSETS]))
 
 
-def remove_staged(table: Any, files: Iterable[Any]) -> None:
+def remove_staged(table: Table | None, files: Iterable[Any]) -> None:
     """Files no snapshot references: staged change files once the batch is committed, an attempt's own files."""
     if table is None:
         return

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -75,6 +75,9 @@ from tidewater.table.summary import (
     summary_properties,
 )
 from tidewater.table.targets import TargetRole, target_role, target_view
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +265,7 @@ KINDS: dict[tuple[str, Mode], Callable[[Any, Target], Change]] = {
 }
 
 
-def commit_table_output(catalog: Any, plan: BatchPlan, out: TableOutput, target: Target) -> str:
+def commit_table_output(catalog: Catalog, plan: BatchPlan, out: TableOutput, target: Target) -> str:
     """Commit one target table's part of the batch, once (by batch id), with the change ``KINDS`` gives it and its
     offsets requirement; returns the status (the commit itself is kept in ``target.attempt.done``). A change
     table's staged change files are removed after."""
@@ -297,7 +300,7 @@ def commit_table_output(catalog: Any, plan: BatchPlan, out: TableOutput, target:
 
 
 def commit_batch(
-    catalog: Any,
+    catalog: Catalog,
     plan: BatchPlan,
     manifest: BatchManifest,
     *,
@@ -348,7 +351,7 @@ def commit_batch(
                         quarantined=tuple(sorted(held)))
 
 
-def commit_targets(catalog: Any, todo: list[Target]) -> list[TableCommit]:
+def commit_targets(catalog: Catalog, todo: list[Target]) -> list[TableCommit]:
     """Each target's commit (``commit_table_output``), on a pool of the catalog's commit slots; in the targets'
     order when one at a time. A failure is raised once the commits under way have ended; the targets committed
     stay committed (a retry skips them by batch id)."""
@@ -367,7 +370,7 @@ def commit_targets(catalog: Any, todo: list[Target]) -> list[TableCommit]:
     return [f.result() for f in futures]
 
 
-def fused_result(catalog: Any, job: BatchCommit, target: Target, sink: DeadLetterSink | None,
+def fused_result(catalog: Catalog, job: BatchCommit, target: Target, sink: DeadLetterSink | None,
                  timing: TableCommit) -> CommitResult:
     """A fused set's outcome: its one snapshot (data and offsets), then the batch's dead letters."""
     plan, manifest = job.plan, job.manifest
@@ -407,7 +410,7 @@ def checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -
     }, schema=CHECKPOINT_SCHEMA)
 
 
-def commit_holder(catalog: Any, job: BatchCommit, held: list[str]) -> None:
+def commit_holder(catalog: Catalog, job: BatchCommit, held: list[str]) -> None:
     """The checkpoint's row and snapshot, last: the batch's offsets and accounting (records read = records routed
     to at least one table + dead letters + skipped), and the tables the gate quarantined (where the planner looks
     for change tables waiting on a quarantined batch)."""
@@ -473,7 +476,7 @@ def batch_properties(plan: BatchPlan) -> dict[str, str]:
     return props
 
 
-def missing_table(catalog: Any, plan: BatchPlan, manifest: BatchManifest) -> Callable[[], Any]:
+def missing_table(catalog: Catalog, plan: BatchPlan, manifest: BatchManifest) -> Callable[[], Any]:
     """What a fused table's commit does when the table does not exist: refuse if files were written for it (it was
     dropped in between), create it empty if records were read (every one was a dead letter or skipped, and the
     offsets must move; its columns come with the first good record), else nothing."""

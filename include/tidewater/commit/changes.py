@@ -26,7 +26,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -65,10 +65,13 @@ from tidewater.transform.changes import (
 )
 from tidewater.write.parquet import DataFileWriter, to_table_schema
 
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
 log = logging.getLogger(__name__)
 
 
-def read_staged(table: Any, files: Any) -> Any:
+def read_staged(table: Table, files: Any) -> Any:
     """The batch's staged change records (``files``), in the table's current schema."""
     pieces = []
     for f in files:
@@ -242,7 +245,7 @@ def row_delta_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: An
                   remove_properties=remove)
 
 
-def restorable(table: Any, plan: BatchPlan, offsets: Offsets, spec: PipelineSpec) -> list[int]:
+def restorable(table: Table, plan: BatchPlan, offsets: Offsets, spec: PipelineSpec) -> list[int]:
     """The partitions where a reapply may restore a lost row (``reapply_decisions``): those whose replayed range
     reaches the table's committed offset, so no later change of the partition exists. None on a table that has
     applied a truncate: a truncate is not ordered against other partitions' changes, so a row may be missing

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.batch import BatchManifest, BatchPlan, StagedFile
 from tidewater.commit.primitive import Change, commit
@@ -16,13 +16,16 @@ from tidewater.errors import TransientError
 from tidewater.table.letters import totals_after
 from tidewater.table.summary import BATCH_ID, DEAD_LETTER_TOPIC, PIPELINE, RECORDS
 
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
 log = logging.getLogger(__name__)
 
 # Sends a batch's dead-letter files to the Kafka dead-letter topic; returns the topic's name.
 DeadLetterSink = Callable[[Any, list[StagedFile]], str]
 
 
-def commit_dead_letters(catalog: Any, plan: BatchPlan, manifest: BatchManifest, sink: DeadLetterSink | None = None,
+def commit_dead_letters(catalog: Catalog, plan: BatchPlan, manifest: BatchManifest, sink: DeadLetterSink | None = None,
                         max_attempts: int = 8) -> None:
     """Append the batch's dead-letter files, once: after the batch's own commit, idempotent by batch id; the same
     commit keeps the table's count of each pipeline's letters (``table.letters.KEPT_TOTALS``).

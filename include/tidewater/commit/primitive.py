@@ -48,6 +48,7 @@ from tidewater.table.summary import BATCH_ID, BRANCH_BASE, committed_state, find
 from tidewater.write.parquet import deserialize_data_file
 
 if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class Committed:
     attempts: int = 1
 
 
-def without_commit_retries(table: Any) -> Any:
+def without_commit_retries(table: Table) -> Any:
     """A view of ``table`` whose commits are not retried by pyiceberg itself.
 
     pyiceberg rebases a conflicting append onto the new snapshot and retries it (table property
@@ -144,7 +145,7 @@ def without_commit_retries(table: Any) -> Any:
     return Table(table.name(), metadata=meta, metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
 
 
-def _data_files(table: Any, files: tuple[Any, ...]) -> list[Any]:
+def _data_files(table: Table, files: tuple[Any, ...]) -> list[Any]:
     return [f if isinstance(f, DataFile) else deserialize_data_file(f, table.format_version) for f in files]
 
 
@@ -185,7 +186,7 @@ def apply_change(tx: Any, table: Any, change: Change) -> None:
         tx.set_properties(dict(change.set_properties))
 
 
-def failed_attempt(catalog: Any, e: BaseException, kind: str, what: str, ident: str, attempt: int) -> None:
+def failed_attempt(catalog: Catalog, e: BaseException, kind: str, what: str, ident: str, attempt: int) -> None:
     """After an attempt that may be retried: log it, and back off before the next attempt refreshes.
 
     A conflict means another writer committed first. An unknown outcome is checked on fresh connections
@@ -202,14 +203,14 @@ def failed_attempt(catalog: Any, e: BaseException, kind: str, what: str, ident: 
     time.sleep(random.uniform(0.05, min(0.1 * 2**attempt, 5)))
 
 
-def drop_connections(catalog: Any) -> None:
+def drop_connections(catalog: Catalog) -> None:
     """Close a SQL catalog's pooled connections (rolling back whatever they left open)."""
     engine = getattr(catalog, "engine", None)
     if engine is not None:
         engine.dispose()
 
 
-def _load(catalog: Any, ident: str, what: str, attempt: int) -> tuple[Any, bool]:
+def _load(catalog: Catalog, ident: str, what: str, attempt: int) -> tuple[Any, bool]:
     """(table or None, loaded). A catalog that is unreachable or locked counts as a failed attempt."""
     try:
         return load_table(catalog, ident), True
@@ -219,7 +220,7 @@ def _load(catalog: Any, ident: str, what: str, attempt: int) -> tuple[Any, bool]
 
 
 def commit(
-    catalog: Any,
+    catalog: Catalog,
     ident: str,
     prepare: Callable[[Any], Change | None],
     *,

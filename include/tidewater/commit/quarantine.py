@@ -11,7 +11,7 @@ computed, only while main is still at the batch's snapshot. Listing, publishing 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
 
@@ -28,6 +28,10 @@ from tidewater.table.summary import (
     summary_dict,
 )
 
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
 log = logging.getLogger(__name__)
 
 def quarantine_change(batch_id: str, data_files: Any, props: dict[str, str]) -> Change:
@@ -37,13 +41,13 @@ def quarantine_change(batch_id: str, data_files: Any, props: dict[str, str]) -> 
     return Change(branch_props, tuple(data_files), branch=quarantine_branch(batch_id))
 
 
-def publish_files(catalog: Any, ident: str, pipeline: str, batch_id: str,
+def publish_files(catalog: Catalog, ident: str, pipeline: str, batch_id: str,
                   extra: dict[str, str] | None = None) -> tuple[str, int, int]:
     """Append the quarantine branch's files to main, once (``extra``: more snapshot properties, such as who
     decided). Returns (status, rows, files)."""
     counted: dict[str, int] = {}
 
-    def prepare(table: Any) -> Change | None:
+    def prepare(table: Table) -> Change | None:
         head = table.snapshot_by_name(quarantine_branch(batch_id))
         if head is None:
             return None
@@ -58,7 +62,7 @@ def publish_files(catalog: Any, ident: str, pipeline: str, batch_id: str,
     return done.status, counted.get("rows", 0), counted.get("files", 0)
 
 
-def added_files(table: Any, snapshot: Any) -> tuple[list[Any], list[Any]]:
+def added_files(table: Table, snapshot: Any) -> tuple[list[Any], list[Any]]:
     """The data files and the delete files ``snapshot`` added."""
     data, deletes = [], []
     for manifest in snapshot.manifests(table.io):
@@ -70,7 +74,7 @@ def added_files(table: Any, snapshot: Any) -> tuple[list[Any], list[Any]]:
     return data, deletes
 
 
-def publish_changes(catalog: Any, ident: str, pipeline: str, batch_id: str,
+def publish_changes(catalog: Catalog, ident: str, pipeline: str, batch_id: str,
                     extra: dict[str, str] | None = None) -> tuple[str, int, int]:
     """Apply a quarantined change batch's row delta to main, once: its new row images and position deletes, as
     computed against main when the batch was quarantined. Only while main's head is still the batch's own
@@ -78,7 +82,7 @@ def publish_changes(catalog: Any, ident: str, pipeline: str, batch_id: str,
     new row images, files)."""
     counted: dict[str, int] = {}
 
-    def prepare(table: Any) -> Change | None:
+    def prepare(table: Table) -> Change | None:
         head = table.snapshot_by_name(quarantine_branch(batch_id))
         if head is None:
             return None

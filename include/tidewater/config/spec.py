@@ -18,13 +18,16 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.config.airflow_section import setting
 from tidewater.config.formats import FORMATS
 from tidewater.config.targets import TargetSet
 from tidewater.errors import ConfigError
 from tidewater.staging import locate
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 PIPELINES_DIR_ENV = "TIDEWATER_PIPELINES_DIR"
 HOME_ENV = "TIDEWATER_HOME"
@@ -877,7 +880,7 @@ class PipelineSpec:
                 return TableSpec(**{f.name: getattr(t, f.name) for f in dataclasses.fields(TableSpec)})
         return dataclasses.replace(self.table, identifier=identifier)
 
-    def for_table(self, identifier: str, table: Any = None) -> PipelineSpec:
+    def for_table(self, identifier: str, table: Table | None = None) -> PipelineSpec:
         """A single-table view of a routed pipeline (for the gate and maintenance of one target table). ``table``:
         the loaded Iceberg table, whose identifier fields are the id columns of a change table that leaves
         `id_columns` to the message keys (see ``ids_from_keys``)."""

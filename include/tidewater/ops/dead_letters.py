@@ -35,7 +35,7 @@ import getpass
 import json
 import logging
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -69,6 +69,10 @@ from tidewater.write.job import collect_manifest, write_rounds
 from tidewater.write.sinks import delete_files
 from tidewater.write.task import present_offsets as offsets_of_range
 from tidewater.write.task import write_letters
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +110,7 @@ def _filters(error_class: str | None, batch: str | None) -> str:
     return "".join(f" {k} {v}" for k, v in (("of class", error_class), ("of batch", batch)) if v)
 
 
-def in_flight(catalog: Any, spec: PipelineSpec) -> list[tuple[str, pa.Table]]:
+def in_flight(catalog: Catalog, spec: PipelineSpec) -> list[tuple[str, pa.Table]]:
     """Retries that claimed letters and recorded no outcome (killed): (batch id, the claimed letters with payloads)."""
     claimed = letters(spec, catalog, state=LetterState.RETRYING)
     if claimed.num_rows == 0:
@@ -117,12 +121,12 @@ def in_flight(catalog: Any, spec: PipelineSpec) -> list[tuple[str, pa.Table]]:
     return out
 
 
-def claim(catalog: Any, spec: PipelineSpec, chosen: pa.Table, rid: str, by: str) -> pa.Table:
+def claim(catalog: Catalog, spec: PipelineSpec, chosen: pa.Table, rid: str, by: str) -> pa.Table:
     """Commit step 1: the chosen letters become ``retrying`` under ``rid``; those another retry or a drop took in the
     meantime are left out (checked on the resolution table as each attempt loads it). Returns the letters claimed."""
     taken: dict[str, pa.Table] = {}
 
-    def still_open(table: Any) -> pa.Table:
+    def still_open(table: Table) -> pa.Table:
         states = letter_states(catalog, spec, table) if table.current_snapshot() is not None else None
         if states is None or states.num_rows == 0:
             return chosen
@@ -139,7 +143,7 @@ def claim(catalog: Any, spec: PipelineSpec, chosen: pa.Table, rid: str, by: str)
     return taken["letters"]  # set by the attempt that committed (a fresh id: never committed before this call)
 
 
-def finish(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, by: str, say: Any) -> dict[str, Any]:
+def finish(spec: PipelineSpec, catalog: Catalog, rid: str, claimed: pa.Table, by: str, say: Any) -> dict[str, Any]:
     """Commit steps 2 and 3 of the retry ``rid`` over its ``claimed`` letters (a rerun after a kill finds step 2's
     commit by its batch id). A failure before any of its commits releases the letters (open again, the error kept
     as the reason) when it is terminal; a transient one leaves the claim for the next retry to finish."""
@@ -174,7 +178,7 @@ def finish(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table, by: st
             "snapshots": snapshots}
 
 
-def _remove_unused(catalog: Any, manifest: BatchManifest, result: Any) -> None:
+def _remove_unused(catalog: Catalog, manifest: BatchManifest, result: Any) -> None:
     """The files this run wrote for tables that had the retry already (a rerun after a kill): never committed."""
     done = {t.table for t in result.tables if t.status == "already-committed"}
     for out in manifest.outputs:
@@ -187,7 +191,7 @@ def _rows(manifest: BatchManifest) -> int:
     return sum(o.rows for o in manifest.outputs)
 
 
-def _plan(spec: PipelineSpec, catalog: Any, rid: str, claimed: pa.Table) -> BatchPlan:
+def _plan(spec: PipelineSpec, catalog: Catalog, rid: str, claimed: pa.Table) -> BatchPlan:
     """The retry's batch plan: per partition, the range from its first to its last letter (the commit checks it is
     committed), the holder's offsets (kept), the batches that dead-lettered the letters."""
     ranges = []
@@ -217,12 +221,12 @@ def write_claimed(spec: PipelineSpec, plan: BatchPlan, claimed: pa.Table) -> Bat
     return collect_manifest(plan, spec, write_rounds(execute, plan, spec, len(plan.ranges)))
 
 
-def _landed(catalog: Any, spec: PipelineSpec, rid: str) -> bool:
+def _landed(catalog: Catalog, spec: PipelineSpec, rid: str) -> bool:
     """Some table has a snapshot of the retry ``rid``."""
     return bool(_snapshots(catalog, spec, rid))
 
 
-def _snapshots(catalog: Any, spec: PipelineSpec, rid: str) -> dict[str, str]:
+def _snapshots(catalog: Catalog, spec: PipelineSpec, rid: str) -> dict[str, str]:
     """{table: snapshot id} of the retry ``rid``'s commits (the pipeline's tables that have one)."""
     out = {}
     for ident in target_tables(catalog, spec) or [spec.targets.holder]:
@@ -233,7 +237,7 @@ def _snapshots(catalog: Any, spec: PipelineSpec, rid: str) -> dict[str, str]:
     return out
 
 
-def _outcome(spec: PipelineSpec, catalog: Any, plan: BatchPlan, claimed: pa.Table, manifest: BatchManifest,
+def _outcome(spec: PipelineSpec, catalog: Catalog, plan: BatchPlan, claimed: pa.Table, manifest: BatchManifest,
              snapshots: dict[str, str], by: str) -> pa.Table:
     """Step 3's rows: per claimed letter, failed-again (a new letter of the retry holds its offset; its new error is
     the reason), refused (a change table's commit stamped it), skipped (the retry skipped records, and no table holds
@@ -258,7 +262,7 @@ def _outcome(spec: PipelineSpec, catalog: Any, plan: BatchPlan, claimed: pa.Tabl
         rows.schema.get_field_index("reason"), "reason", pa.array(list(reasons), pa.string()))
 
 
-def _without_a_row(spec: PipelineSpec, catalog: Any, plan: BatchPlan, claimed: pa.Table) -> set[tuple[str, int, int]]:
+def _without_a_row(spec: PipelineSpec, catalog: Catalog, plan: BatchPlan, claimed: pa.Table) -> set[tuple[str, int, int]]:
     """The ``claimed`` letters' offsets that no target table holds as a row (asked only when the retry skipped
     records; none when a change table may have taken them, or rows carry no source offset)."""
     if spec.format.metadata not in ("prefixed", "struct"):
@@ -322,14 +326,14 @@ def _resolution_rows(spec: PipelineSpec, chosen: pa.Table, state: LetterState, a
     }, schema=RESOLUTION_SCHEMA)
 
 
-def _record(catalog: Any, spec: PipelineSpec, rows_of: Any, marker: str, what: str) -> None:
+def _record(catalog: Catalog, spec: PipelineSpec, rows_of: Any, marker: str, what: str) -> None:
     """Append ``rows_of(table)`` to the resolution table, once: by ``marker`` in its snapshots and, should those be
     expired, by its rows (a step of an action already recorded is not recorded again); the same commit keeps the
     count of letters in each state (``table.letters.KEPT_STATES``)."""
     ensure_resolution_table(catalog, spec)
     action, _, phase = marker.partition("/")
 
-    def prepare(table: Any) -> Change | None:
+    def prepare(table: Table) -> Change | None:
         if table.current_snapshot() is not None:
             done = table.scan(row_filter=EqualTo("action_id", action), selected_fields=("state",)).to_arrow()
             states = set(done.column("state").to_pylist())

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.audit import ledger
 from tidewater.batch import MANIFEST_NAME, BatchManifest, read_json
@@ -38,6 +38,10 @@ from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
 from tidewater.table.targets import target_spec, target_tables
 from tidewater.write.parquet import TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ class TableStats:
     position_deletes: int = 0
 
     @classmethod
-    def of(cls, table: Any) -> TableStats:
+    def of(cls, table: Table) -> TableStats:
         snap = table.current_snapshot()
         if snap is None:
             return cls(len(table.metadata.snapshots), 0, 0, 0, 0)
@@ -119,7 +123,7 @@ def _one_row(spark: Any, sql: str) -> dict[str, Any]:
 # ---- actions ---------------------------------------------------------------------------------------
 
 
-def rewrite_data_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) -> dict[str, Any]:
+def rewrite_data_files(spark: Any, spec: PipelineSpec, table: Table, dry_run: bool) -> dict[str, Any]:
     c = spec.maintenance.rewrite_data_files
     strategy = c.strategy
     if strategy == "auto":
@@ -149,7 +153,7 @@ def rewrite_data_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool
     return {"strategy": strategy, "target_file_size_bytes": target, **row}
 
 
-def _surely_rewritten(table: Any, target: int, min_input_files: int) -> int:
+def _surely_rewritten(table: Table, target: int, min_input_files: int) -> int:
     """Files Iceberg's planner rewrites whatever else it decides: in each partition, the files under its
     minimum size (75% of the target) when there are at least ``min-input-files`` of them."""
     if table.current_snapshot() is None:
@@ -163,7 +167,7 @@ def _surely_rewritten(table: Any, target: int, min_input_files: int) -> int:
     return sum(n for n in groups.values() if n >= min_input_files)
 
 
-def _check_rewrite_committed(spec: PipelineSpec, table: Any, known: set[int], surely: int, row: dict[str, Any]) -> None:
+def _check_rewrite_committed(spec: PipelineSpec, table: Table, known: set[int], surely: int, row: dict[str, Any]) -> None:
     """With partial progress, Iceberg logs a file group whose commit failed ("... partial progress enabled.
     Ignoring") and returns as if the group had not been planned. Compare what the table's new replace
     snapshots removed with the files that had to be rewritten: a compaction that did not land must fail
@@ -187,7 +191,7 @@ def _check_rewrite_committed(spec: PipelineSpec, table: Any, known: set[int], su
             "the rest", table=spec.table.identifier)
 
 
-def _live_files(table: Any) -> list[dict[str, Any]]:
+def _live_files(table: Table) -> list[dict[str, Any]]:
     if table.current_snapshot() is None:
         return []
     files = table.inspect.files().select(["content", "file_path", "file_size_in_bytes"]).to_pylist()
@@ -203,14 +207,14 @@ def rewrite_position_delete_files(spark: Any, spec: PipelineSpec, table: Any, dr
                            f"{_sql_str(spec.table.identifier)}, options => map('rewrite-all', 'true'))")
 
 
-def rewrite_manifests(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) -> dict[str, Any]:
+def rewrite_manifests(spark: Any, spec: PipelineSpec, table: Table, dry_run: bool) -> dict[str, Any]:
     if dry_run:
         snap = table.current_snapshot()
         return {"manifests": len(snap.manifests(table.io)) if snap else 0}
     return _one_row(spark, f"CALL {spec.catalog.name}.system.rewrite_manifests(table => {_sql_str(spec.table.identifier)})")
 
 
-def expiry_cutoff_ms(spec: PipelineSpec, table: Any, now_ms: int | None = None) -> tuple[int, bool]:
+def expiry_cutoff_ms(spec: PipelineSpec, table: Table, now_ms: int | None = None) -> tuple[int, bool]:
     """Snapshots strictly older than the returned time may be expired; True if offsets moved the cutoff."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     cutoff = now_ms - int(spec.maintenance.expire_snapshots.older_than_hours * 3600 * 1000)
@@ -222,7 +226,7 @@ def expiry_cutoff_ms(spec: PipelineSpec, table: Any, now_ms: int | None = None) 
     return cutoff, False
 
 
-def expire_snapshots(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) -> dict[str, Any]:
+def expire_snapshots(spark: Any, spec: PipelineSpec, table: Table, dry_run: bool) -> dict[str, Any]:
     e = spec.maintenance.expire_snapshots
     cutoff, clamped = expiry_cutoff_ms(spec, table)
     snaps = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms)
@@ -279,7 +283,7 @@ def _under(path: str, location: str) -> bool:
     return a.startswith(b)
 
 
-def tables_sharing_location(catalog: Any, table: Any) -> list[str]:
+def tables_sharing_location(catalog: Catalog, table: Table) -> list[str]:
     """Other tables of the catalog whose location is the table's, inside it or around it: their files
     would look like orphans of this table."""
     own = ".".join(table.name())
@@ -296,7 +300,7 @@ def tables_sharing_location(catalog: Any, table: Any) -> list[str]:
     return out
 
 
-def remove_orphan_files(spark: Any, spec: PipelineSpec, table: Any, dry_run: bool) -> dict[str, Any]:
+def remove_orphan_files(spark: Any, spec: PipelineSpec, table: Table, dry_run: bool) -> dict[str, Any]:
     """Delete files under the table's location that no snapshot references and that are older than the
     safety margin, except files of staged batches that may still commit. Refuses (deletes nothing) when
     another table of the catalog shares the location: its files are not this table's to judge."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +30,10 @@ from tidewater.table.summary import (
     summary_dict,
 )
 
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
 DEAD_LETTER_SAMPLE = 5  # examples per error class
 DEAD_LETTER_SCAN = 10_000  # dead letters read for the breakdown (the newest files first)
 
@@ -38,7 +42,7 @@ def _iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="seconds") if ms is not None else None
 
 
-def recent_batches(spec: PipelineSpec, table: Any, limit: int) -> list[dict[str, Any]]:
+def recent_batches(spec: PipelineSpec, table: Table, limit: int) -> list[dict[str, Any]]:
     """The newest ``limit`` batches committed to the table, newest first, with what each did. ``latency_s``
     is the commit time minus the batch's valid-through (how far behind the source the batch landed)."""
     out = []
@@ -67,7 +71,7 @@ def recent_batches(spec: PipelineSpec, table: Any, limit: int) -> list[dict[str,
     return out
 
 
-def dead_letter_classes(spec: PipelineSpec, catalog: Any) -> list[dict[str, Any]]:
+def dead_letter_classes(spec: PipelineSpec, catalog: Catalog) -> list[dict[str, Any]]:
     """Dead letters by error class: how many, and a few examples naming topic, partition and offset."""
     dlq = load_table(catalog, spec.dead_letter_table())
     if dlq is None or dlq.current_snapshot() is None:
@@ -88,7 +92,7 @@ def dead_letter_classes(spec: PipelineSpec, catalog: Any) -> list[dict[str, Any]
     return classes
 
 
-def maintenance_state(table: Any) -> dict[str, Any]:
+def maintenance_state(table: Table) -> dict[str, Any]:
     """Files, delete files, snapshots and the last compaction of the table."""
     snap = table.current_snapshot()
     totals = snap.summary if snap is not None and snap.summary is not None else {}
@@ -123,7 +127,7 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
     return out
 
 
-def _last_audit(spec: PipelineSpec, catalog: Any) -> dict[str, Any] | None:
+def _last_audit(spec: PipelineSpec, catalog: Catalog) -> dict[str, Any] | None:
     """The last audit's verdict (None: never audited)."""
     return ledger.last_verdict(catalog, spec)
 

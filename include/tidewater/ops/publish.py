@@ -10,7 +10,7 @@ that races the publish on main makes the catalog refuse it (Iceberg checks main'
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.exceptions import CommitFailedException
 
@@ -20,10 +20,13 @@ from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import BRANCH_BASE, summary_dict
 from tidewater.table.targets import target_spec
 
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
 log = logging.getLogger(__name__)
 
 
-def _ancestors(table: Any, snapshot_id: int | None) -> list[int]:
+def _ancestors(table: Table, snapshot_id: int | None) -> list[int]:
     by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
     out = []
     while snapshot_id is not None and snapshot_id in by_id:
@@ -32,7 +35,7 @@ def _ancestors(table: Any, snapshot_id: int | None) -> list[int]:
     return out
 
 
-def _only_branch_base(table: Any, snapshot_id: int) -> bool:
+def _only_branch_base(table: Table, snapshot_id: int) -> bool:
     """Main holds nothing but the empty snapshot a table's first branch commit starts from (``BRANCH_BASE``; the
     branch's first snapshot has no parent, so main's head is not its ancestor, yet nothing on main is lost)."""
     by_id = {s.snapshot_id: s for s in table.metadata.snapshots}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.commit.primitive import Change, commit
 from tidewater.commit.quarantine import publish_changes, publish_files
@@ -36,11 +36,14 @@ from tidewater.table.summary import (
 )
 from tidewater.table.targets import target_role, target_tables
 
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
 log = logging.getLogger(__name__)
 DROP_PREFIX = "drop-"  # the batch id of the snapshot recording a drop: drop-<the quarantined batch's id>
 
 
-def list_quarantined(spec: PipelineSpec, table: Any) -> list[dict[str, Any]]:
+def list_quarantined(spec: PipelineSpec, table: Table) -> list[dict[str, Any]]:
     """The batches waiting on a quarantine branch: batch id, branch, rows, files, the gate's verdict."""
     out = []
     for name, ref in sorted(table.metadata.refs.items()):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -41,6 +41,9 @@ from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.provenance import metadata_columns
 from tidewater.table.summary import BATCH_ID, OFFSETS, OFFSETS_TAG, PIPELINE, RECOVERED, committed_state
 from tidewater.table.targets import target_role, target_spec, target_tables
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ def branch_of(spec: PipelineSpec, ident: str) -> str | None:
     return spec.targets.branch if target_role(spec, ident).holds_offsets else target_spec(spec, ident).table.branch
 
 
-def stuck_tables(catalog: Any, spec: PipelineSpec) -> list[str]:
+def stuck_tables(catalog: Catalog, spec: PipelineSpec) -> list[str]:
     """The pipeline's tables whose committed offsets cannot be read (target tables first, the holder last)."""
     names = [t for t in target_tables(catalog, spec) if not target_role(spec, t).holds_offsets] + [spec.targets.holder]
     out = []
@@ -195,7 +198,7 @@ def recover(spec: PipelineSpec, by: str, dry_run: bool = False, confirmed: bool 
     return doc
 
 
-def commit_recovered(catalog: Any, spec: PipelineSpec, p: Proposal, batch_id: str, by: str, agree: bool) -> None:
+def commit_recovered(catalog: Catalog, spec: PipelineSpec, p: Proposal, batch_id: str, by: str, agree: bool) -> None:
     """One table's recovered offsets as an empty snapshot, tagged (once, by batch id)."""
     branch = branch_of(spec, p.table)
     evidence = {"by": by, "agree": agree, "ledger": offsets_to_json(p.ledger),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.config.spec import PipelineSpec
 from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
@@ -21,6 +21,9 @@ from tidewater.table.summary import (
     summary_dict,
 )
 from tidewater.table.targets import holder_state, target_spec, target_tables
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 # ---- status ----------------------------------------------------------------------------------------
 
@@ -95,7 +98,7 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
     return out
 
 
-def table_status(spec: PipelineSpec, catalog: Any, wm: dict[Any, Any], iso: Any) -> list[dict[str, Any]]:
+def table_status(spec: PipelineSpec, catalog: Catalog, wm: dict[Any, Any], iso: Any) -> list[dict[str, Any]]:
     """Routed pipelines: each target table's last batch and lag (its own offsets against the log end)."""
     rows = []
     for ident in target_tables(catalog, spec):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.batch import BACKFILL_PREFIX, BatchPlan, PartitionRange, new_batch_id
 from tidewater.config.spec import PipelineSpec
@@ -17,10 +17,13 @@ from tidewater.table.catalog import load_catalog
 from tidewater.table.summary import DATA_INTERVAL, RANGES, REPLAY, summary_dict
 from tidewater.table.targets import holder_state
 
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
 log = logging.getLogger(__name__)
 
 
-def committed_intervals(table: Any) -> dict[str, list[list[Any]]]:
+def committed_intervals(table: Table) -> dict[str, list[list[Any]]]:
     """Data interval ("start/end") -> ranges, from the ingest batches the table's history records."""
     out: dict[str, list[list[Any]]] = {}
     for snap in table.metadata.snapshots:

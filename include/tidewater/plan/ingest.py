@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.batch import (
     PLAN_NAME,
@@ -21,6 +21,9 @@ from tidewater.source import kafka  # called through the module: the broker's an
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import ever_quarantined, quarantined_batches
 from tidewater.table.targets import holder_state, target_role, target_spec
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ def refuse_while_quarantined(spec: PipelineSpec, table: Any) -> None:
                             f"{spec.name} DAG); the next batch's changes must follow it", table=spec.table.identifier)
 
 
-def refuse_while_a_change_table_is_quarantined(spec: PipelineSpec, catalog: Any, holder: Any) -> None:
+def refuse_while_a_change_table_is_quarantined(spec: PipelineSpec, catalog: Catalog, holder: Any) -> None:
     """The next batch waits while one of the pipeline's change tables has a quarantined batch (its changes come
     first); an append table's quarantined batch holds nothing up. A fused set's table is the holder itself; a
     separate holder's history names the tables ever quarantined (``QUARANTINED_TABLES``), so only those are

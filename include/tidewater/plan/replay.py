@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
 
@@ -36,6 +36,9 @@ from tidewater.staging import write_parquet
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.provenance import check_rows_carry_offsets, present_offsets
 from tidewater.table.targets import holder_state, target_role, target_spec, target_tables
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +254,7 @@ def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | N
     return plan, path, shown
 
 
-def replay_tables(spec: PipelineSpec, catalog: Any, asked: tuple[str, ...], holder: Any) -> dict[str, Any]:
+def replay_tables(spec: PipelineSpec, catalog: Catalog, asked: tuple[str, ...], holder: Any) -> dict[str, Any]:
     """The target tables a replay looks at (``asked``, else every target table of the pipeline), loaded; each must
     be a target table that exists and whose rows carry their source offsets."""
     known = target_tables(catalog, spec, holder)

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +24,10 @@ from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, ValidationFailedError
 from tidewater.table.catalog import load_table
 from tidewater.transform.changes import deletes_mask
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +186,7 @@ def row_images(spec: PipelineSpec) -> tuple[str, dict[str, str]] | None:
     return (op, dict(spec.table.op_values)) if op else None
 
 
-def chunks(table: Any, files: TableFiles, columns: list[str], chunk_rows: int,
+def chunks(table: Table, files: TableFiles, columns: list[str], chunk_rows: int,
            images: tuple[str, dict[str, str]] | None = None) -> Iterator[Any]:
     """The named columns of the staged files, as Arrow tables of at most ``chunk_rows`` rows (with
     ``images``: the delete records left out, see ``row_images``)."""
@@ -218,7 +222,7 @@ def _whole(table: Any, files: TableFiles, columns: list[str], images: tuple[str,
     return pa.concat_tables(pieces, promote_options="permissive")
 
 
-def builtin_checks(spec: PipelineSpec, table: Any, files: TableFiles) -> list[CheckResult]:
+def builtin_checks(spec: PipelineSpec, table: Table, files: TableFiles) -> list[CheckResult]:
     """Row count and not-null, from the row and null counts the writer put in the manifest: no data is read.
 
     A not-null column without a null count in some file (a struct or list column, or metrics switched
@@ -272,7 +276,7 @@ def builtin_checks(spec: PipelineSpec, table: Any, files: TableFiles) -> list[Ch
 IN_CHUNK = 10_000  # ids per table lookup
 
 
-def unique_id_checks(table: Any, files: TableFiles, id_columns: list[str], against_table: bool) -> list[CheckResult]:
+def unique_id_checks(table: Table, files: TableFiles, id_columns: list[str], against_table: bool) -> list[CheckResult]:
     """No two rows of the batch share an id; with ``against_table``, no id of the batch is in the table yet."""
     ids = _whole(table, files, id_columns)
     if any(c not in ids.column_names for c in id_columns):
@@ -309,7 +313,7 @@ def unique_id_checks(table: Any, files: TableFiles, id_columns: list[str], again
     return checks
 
 
-def _count_nulls(table: Any, data_file: StagedFile, column: str, chunk_rows: int) -> int:
+def _count_nulls(table: Table, data_file: StagedFile, column: str, chunk_rows: int) -> int:
     with table.io.new_input(data_file.file_path).open() as fh:
         pf = pq.ParquetFile(fh)
         if column not in pf.schema_arrow.names:
@@ -451,7 +455,7 @@ def routed_accounting(manifest: BatchManifest) -> CheckResult:
     )
 
 
-def _table_view(spec: PipelineSpec, ident: str, table: Any) -> PipelineSpec:
+def _table_view(spec: PipelineSpec, ident: str, table: Table) -> PipelineSpec:
     """A routed pipeline's settings for one target table's checks: the pipeline's not-null columns where the
     table has them, plus the table's id columns."""
     view = spec.for_table(ident, table)
@@ -476,7 +480,7 @@ def require_valid(report: ValidationReport, on_failure: str = "fail") -> None:
         raise ValidationFailedError(report.text() + "\nNothing was committed; the offsets did not move.", batch_id=report.batch_id)
 
 
-def judge(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -> ValidationReport:
+def judge(spec: PipelineSpec, catalog: Catalog, manifest: BatchManifest) -> ValidationReport:
     """The gate's verdict on a staged batch: each target table's checks on its files (``validate_table``).
 
     A plain pipeline is one table that takes every record, so the batch's accounting is among its checks and its
@@ -501,7 +505,7 @@ def judge(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -> Validati
                             sum(o.rows for o in manifest.outputs), tuple(checks), tuple(reports))
 
 
-def _judge_one(spec: PipelineSpec, catalog: Any, manifest: BatchManifest) -> ValidationReport:
+def _judge_one(spec: PipelineSpec, catalog: Catalog, manifest: BatchManifest) -> ValidationReport:
     files = TableFiles.of_batch(manifest)
     table = load_table(catalog, files.table)
     if table is not None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import attr
@@ -36,6 +36,9 @@ from tidewater.config.spec import PipelineSpec
 from tidewater.source.kafka import kafka_settings
 from tidewater.steps.lifecycle import batch_path
 from tidewater.table.catalog import load_catalog, load_table
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +171,7 @@ def _schema_fields(schema: Any) -> list[Any]:
     return [field(f) for f in schema.fields]
 
 
-def table_dataset(spec: PipelineSpec, table: Any, ident: str, output: bool = True, stats: dict[str, int] | None = None,
+def table_dataset(spec: PipelineSpec, table: Table, ident: str, output: bool = True, stats: dict[str, int] | None = None,
                   assertions: list[Any] | None = None) -> Any:
     """An Iceberg table as an input or output dataset, with its schema, catalog, current snapshot and (outputs)
     the statistics of what this run added."""

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.audit import ledger
 from tidewater.batch import (
@@ -47,6 +47,9 @@ from tidewater.table.summary import BATCH_ID, DEAD_LETTERS, find_batch_snapshot,
 from tidewater.table.targets import holder_state, target_tables
 from tidewater.write.dead_letters import dead_letter_sink
 from tidewater.write.task import probe_schema
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +110,7 @@ def finish_pending_commits(spec: PipelineSpec) -> str | None:
     return plan.batch_id
 
 
-def _written_tables(spec: PipelineSpec, catalog: Any, manifest: BatchManifest | None = None) -> list[str]:
+def _written_tables(spec: PipelineSpec, catalog: Catalog, manifest: BatchManifest | None = None) -> list[str]:
     """The tables a batch may have changed the schema of: those its manifest wrote to, else every target table."""
     if manifest is not None and manifest.outputs:
         return [o.table for o in manifest.outputs]
@@ -122,7 +125,7 @@ def reject_batch(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest | 
     write_json_atomic(batch_path(spec, plan) / REVERTED_NAME, {"why": why, "undone": undone})
 
 
-def _abandoned_batches(spec: PipelineSpec, catalog: Any) -> list[Path]:
+def _abandoned_batches(spec: PipelineSpec, catalog: Catalog) -> list[Path]:
     """Staged ingest batches planned after the newest committed one that never committed and were not
     undone yet: the only ones whose schema changes can still need undoing (earlier ones were handled by
     the plan step that came before the next commit). One directory listing; no table scan."""

@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from tidewater.config.spec import READ_ONLY_ENV, PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TransientError
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +99,7 @@ def load_catalog(spec: PipelineSpec) -> Any:
 MAX_COMMIT_SLOTS = 8
 
 
-def commit_slots(catalog: Any) -> int:
+def commit_slots(catalog: Catalog) -> int:
     """How many tables may commit at once through ``catalog``: one on SQLite (one writer at a time: concurrent
     commits only take turns on its lock, each retrying); else as many as there are cores, up to
     ``MAX_COMMIT_SLOTS`` (PostgreSQL, REST, Glue and Hive commit different tables independently, but a change
@@ -125,7 +128,7 @@ def retry_busy(fn: Any, what: str, table: str, attempts: int = 8) -> Any:
     raise AssertionError("unreachable")
 
 
-def load_table(catalog: Any, identifier: str) -> Any | None:
+def load_table(catalog: Catalog, identifier: str) -> Any | None:
     """The table, or None when it does not exist. An unreachable or locked catalog raises ``TransientError``."""
     from pyiceberg.exceptions import NoSuchTableError
 
@@ -139,7 +142,7 @@ def load_table(catalog: Any, identifier: str) -> Any | None:
         raise
 
 
-def create_table(catalog: Any, ident: str, schema: pa.Schema, properties: dict[str, str],
+def create_table(catalog: Catalog, ident: str, schema: pa.Schema, properties: dict[str, str],
                  partition_by: list[str] | None = None, sort_by: list[str] | None = None,
                  id_columns: list[str] | None = None) -> Any:
     """Create the namespace and table if missing; safe when several writers do it at once.

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,6 +21,10 @@ from tidewater.table import provisional as prov
 from tidewater.table.catalog import create_table, load_table, retry_busy
 from tidewater.table.limits import field_paths
 from tidewater.table.targets import target_spec
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ def arrow_paths(t: pa.DataType, prefix: str = "") -> set[str]:
     return out
 
 
-def table_arrow_schema(table: Any) -> pa.Schema:
+def table_arrow_schema(table: Table) -> pa.Schema:
     return schema_to_pyarrow(table.schema(), include_field_ids=False)
 
 
@@ -145,7 +149,7 @@ def _has_required_or_narrow(f: Any) -> bool:
     return isinstance(f.field_type, StructType) and any(_has_required_or_narrow(c) for c in f.field_type.fields)
 
 
-def _keep_required(table: Any, schema: pa.Schema, relax: set[str]) -> pa.Schema:
+def _keep_required(table: Table, schema: pa.Schema, relax: set[str]) -> pa.Schema:
     """``schema`` with fields the table has as required (and that stay required) marked non-nullable,
     so that ``union_by_name`` changes nothing about them."""
 
@@ -190,14 +194,14 @@ def pending_change(tspec: TableSpec, table: Any | None, data: pa.Table, optional
     return change
 
 
-def _required(table: Any, path: str) -> bool:
+def _required(table: Table, path: str) -> bool:
     try:
         return bool(table.schema().find_field(path).required)
     except ValueError:
         return False
 
 
-def ensure_table(catalog: Any, tspec: TableSpec, table: Any | None, data: pa.Table,
+def ensure_table(catalog: Catalog, tspec: TableSpec, table: Any | None, data: pa.Table,
                  provisional: tuple[str, str] | None = None, optional: tuple[str, ...] = ()) -> Any:
     """A table that ``data`` fits (creating or evolving it: new fields, int -> long and float -> double,
     required -> optional), or an error. Safe to race: every attempt re-checks against a fresh table.
@@ -259,7 +263,7 @@ def change_request(ident: str, data: pa.Table, change: Evolution, id_columns: li
             "optional": list(change.optional), "change": change.describe(), "id_columns": list(id_columns or [])}
 
 
-def apply_requests(catalog: Any, spec: Any, requests: list[dict[str, Any]], batch_id: str) -> list[str]:
+def apply_requests(catalog: Catalog, spec: Any, requests: list[dict[str, Any]], batch_id: str) -> list[str]:
     """The write job's driver: make the changes the tasks reported, once per table and before any task writes
     with them (the tasks never change a table: see ``write/job.py``). The schemas a table's tasks saw are
     unified into one change when their types agree (one schema commit per table per batch); otherwise each

@@ -15,7 +15,7 @@ import json
 import logging
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,6 +25,10 @@ from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.own_tables import RESOLUTION_SCHEMA, resolution_table_name
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +100,7 @@ def keys_of(t: pa.Table) -> pa.Table:
     return t.select(KEY).cast(KEY_TYPES)
 
 
-def letter_states(catalog: Any, spec: PipelineSpec, table: Any = None) -> pa.Table:
+def letter_states(catalog: Catalog, spec: PipelineSpec, table: Table | None = None) -> pa.Table:
     """Each letter's newest resolution row: ``KEY`` + state, action_id, snapshots, reason, by, at (none: all open);
     from ``table`` (the resolution table as a commit attempt loaded it) or the catalog's current one."""
     table = table if table is not None else load_table(catalog, resolution_table_name(spec))
@@ -212,14 +216,14 @@ def listing(spec: PipelineSpec, catalog: Any | None = None, *, error_class: str 
 # ---- kept counts ----------------------------------------------------------------------------------------------------
 
 
-def total_records(table: Any) -> int | None:
+def total_records(table: Table) -> int | None:
     """The table's rows, from its current snapshot's summary (None: no snapshot, or a summary without the total)."""
     snap = table.current_snapshot() if table is not None else None
     value = snap.summary.get("total-records") if snap is not None and snap.summary is not None else None
     return int(value) if value is not None else None
 
 
-def kept(table: Any, prop: str) -> dict[str, Any] | None:
+def kept(table: Table, prop: str) -> dict[str, Any] | None:
     """The counts kept in ``table``'s property ``prop`` when they count the table as it is now (the ``rows`` they
     were kept at are its ``total-records``); None when absent or stale."""
     text = table.metadata.properties.get(prop)
@@ -233,7 +237,7 @@ def kept(table: Any, prop: str) -> dict[str, Any] | None:
     return value if rows is not None and value.get("rows") == rows else None
 
 
-def totals_after(table: Any, pipeline: str, added: int) -> dict[str, str]:
+def totals_after(table: Table, pipeline: str, added: int) -> dict[str, str]:
     """The dead-letter table's property after a commit appends ``added`` letters of ``pipeline`` to ``table`` (as this
     commit attempt loaded it): the kept totals plus those, or, when they are not current, the table's letters counted
     by pipeline (once: the commit keeps them from then on)."""
@@ -252,7 +256,7 @@ def _status(state: pa.Array) -> pa.Array:
     return pc.if_else(pc.or_(pc.is_null(state), pc.is_in(state, pa.array(OPEN))), "open", state)
 
 
-def states_after(table: Any, spec: PipelineSpec, rows: pa.Table) -> dict[str, str]:
+def states_after(table: Table, spec: PipelineSpec, rows: pa.Table) -> dict[str, str]:
     """The resolution table's property after a commit appends ``rows`` (resolution rows of ``spec``'s letters) to
     ``table`` as this attempt loaded it: each letter leaves its state's count for its new state's. The letters' states
     before are read from the table (an operator's action, not a batch: it may read the table)."""
@@ -273,7 +277,7 @@ def states_after(table: Any, spec: PipelineSpec, rows: pa.Table) -> dict[str, st
                                     separators=(",", ":"))}
 
 
-def _state_counts(table: Any) -> dict[str, dict[str, int]]:
+def _state_counts(table: Table) -> dict[str, dict[str, int]]:
     """Per pipeline, how many letters are in each state other than open, from every row of the resolution table."""
     rows = table.scan(selected_fields=(*KEY, "pipeline", "state", "at")).to_arrow()
     if rows.num_rows == 0:

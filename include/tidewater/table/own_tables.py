@@ -12,12 +12,15 @@ creation. Their names come from the pipeline's settings (``config/spec.py``: ``d
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from tidewater.config.spec import PipelineSpec
 from tidewater.table.catalog import create_table, load_table
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 DEAD_LETTER_SCHEMA = pa.schema([
     pa.field("topic", pa.string()),
@@ -34,7 +37,7 @@ DEAD_LETTER_SCHEMA = pa.schema([
 ])
 
 
-def ensure_dead_letter_table(catalog: Any, spec: PipelineSpec) -> Any:
+def ensure_dead_letter_table(catalog: Catalog, spec: PipelineSpec) -> Any:
     """The pipeline's dead-letter table (raw records that could not be decoded), created when missing."""
     ident = spec.dead_letter_table()
     return load_table(catalog, ident) or create_table(catalog, ident, DEAD_LETTER_SCHEMA, {"format-version": "2"})
@@ -65,7 +68,7 @@ def resolution_table_name(spec: PipelineSpec) -> str:
     return spec.dead_letter_table() + "_resolutions"
 
 
-def ensure_resolution_table(catalog: Any, spec: PipelineSpec) -> Any:
+def ensure_resolution_table(catalog: Catalog, spec: PipelineSpec) -> Any:
     ident = resolution_table_name(spec)
     return load_table(catalog, ident) or create_table(catalog, ident, RESOLUTION_SCHEMA, {"format-version": "2"})
 

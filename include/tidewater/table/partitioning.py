@@ -11,7 +11,7 @@ import base64
 import uuid
 from datetime import date
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +24,9 @@ from pyiceberg.table.sorting import SortField as IcebergSortField
 
 from tidewater.config.partitioning import PartitionField, parse_partition_field, parse_sort_field
 from tidewater.errors import TerminalError
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 
 def iceberg_transform(f: PartitionField) -> Any:
@@ -73,7 +76,7 @@ def build(schema: Any, partition_by: list[str], sort_by: list[str], prefix: str 
     return spec, order
 
 
-def split(table: Any, data: pa.Table) -> list[tuple[Any, pa.Table]]:
+def split(table: Table, data: pa.Table) -> list[tuple[Any, pa.Table]]:
     """``data`` (already in the table's schema) split by the table's current partition spec:
     [(PartitionKey, rows)]. Unpartitioned tables give one piece with key None."""
     spec, schema = table.spec(), table.schema()

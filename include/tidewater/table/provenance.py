@@ -5,7 +5,7 @@ append-missing replay skips what is present) and whether every row can answer at
 from __future__ import annotations
 
 from functools import reduce
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan, Or
@@ -13,6 +13,9 @@ from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan, Or
 from tidewater.batch import PartitionRange
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 
 def metadata_columns(spec: PipelineSpec) -> tuple[str, str, str]:
@@ -31,7 +34,7 @@ def rows_filter(spec: PipelineSpec, ranges: list[PartitionRange] | tuple[Partiti
     return reduce(Or, terms)
 
 
-def present_offsets(spec: PipelineSpec, table: Any, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
+def present_offsets(spec: PipelineSpec, table: Table, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
     """(topic, partition, offset) of the rows the table holds from ``ranges`` (Arrow table)."""
     if table is None or not ranges or table.current_snapshot() is None:
         return pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()),
@@ -46,7 +49,7 @@ def present_offsets(spec: PipelineSpec, table: Any, ranges: list[PartitionRange]
                      "offset": data.column("_kafka_offset")})
 
 
-def check_rows_carry_offsets(spec: PipelineSpec, table: Any) -> None:
+def check_rows_carry_offsets(spec: PipelineSpec, table: Table) -> None:
     """Refuse when some rows lack their source offset (written before ``format.metadata`` was set): a
     replay could not find them and would add their records a second time. Uses file metrics only."""
     if table.current_snapshot() is None:

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.exceptions import NoSuchTableError
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +39,7 @@ def marker_key(batch_id: str, tag: str) -> str:
     return f"{PREFIX}{batch_id}.{tag}"
 
 
-def marked_properties(table: Any, batch_id: str, tag: str, added: list[Path]) -> dict[str, str]:
+def marked_properties(table: Table, batch_id: str, tag: str, added: list[Path]) -> dict[str, str]:
     """The table property that tags ``added`` as provisional fields of ``batch_id`` (merged with what the
     same tag added before)."""
     key = marker_key(batch_id, tag)
@@ -44,7 +48,7 @@ def marked_properties(table: Any, batch_id: str, tag: str, added: list[Path]) ->
     return {key: json.dumps([list(p) for p in merged], separators=(",", ":"))}
 
 
-def confirm_keys(table: Any, batch_id: str) -> list[str]:
+def confirm_keys(table: Table, batch_id: str) -> list[str]:
     """The properties a batch's commit removes (in its own transaction) to make its changes permanent."""
     keys = [k for k in table.properties if k.startswith(f"{PREFIX}{batch_id}.")]
     if table.properties.get(CREATED_BY) == batch_id:
@@ -52,7 +56,7 @@ def confirm_keys(table: Any, batch_id: str) -> list[str]:
     return keys
 
 
-def _fields_with_data(table: Any, field_ids: set[int]) -> set[int]:
+def _fields_with_data(table: Table, field_ids: set[int]) -> set[int]:
     """Of ``field_ids``, those for which a committed data file holds a non-null value (file metrics)."""
     used: set[int] = set()
     if table.current_snapshot() is None:
@@ -63,7 +67,7 @@ def _fields_with_data(table: Any, field_ids: set[int]) -> set[int]:
     return used
 
 
-def revert(catalog: Any, ident: str, batch_id: str) -> list[str]:
+def revert(catalog: Catalog, ident: str, batch_id: str) -> list[str]:
     """Undo the provisional changes of a batch that will never commit. Returns what was undone."""
     try:
         table = catalog.load_table(ident)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +44,9 @@ from tidewater.errors import TerminalError
 from tidewater.table.summary import find_batch_snapshot
 from tidewater.transform.changes import OFFSET, PARTITION
 
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
 
 def _delete_manifest_writer(producer: Any, spec: Any) -> Any:
     class DeleteManifestWriter(ManifestWriterV2):
@@ -58,7 +61,7 @@ def _delete_manifest_writer(producer: Any, spec: Any) -> Any:
                                 producer._compression)
 
 
-def row_delta(tx: Any, table: Any, files: list[Any], deletes: list[Any], properties: dict[str, str], branch: str) -> None:
+def row_delta(tx: Any, table: Table, files: list[Any], deletes: list[Any], properties: dict[str, str], branch: str) -> None:
     """Add ``files`` (data) and ``deletes`` (position delete files) to ``branch`` in one snapshot of ``tx``."""
     if table.format_version < 2:
         raise TerminalError("position deletes need a format-version 2 table; upgrade it with "
@@ -96,7 +99,7 @@ def row_delta(tx: Any, table: Any, files: list[Any], deletes: list[Any], propert
 PATH_FIELD_ID, POS_FIELD_ID = 2147483546, 2147483545
 
 
-def _file_columns(pf: Any, table: Any, id_columns: list[str]) -> dict[str, str]:
+def _file_columns(pf: Any, table: Table, id_columns: list[str]) -> dict[str, str]:
     """The names the id columns have in one data file (matched by Iceberg field id, so renames are followed)."""
     schema = table.schema()
     by_id = {}
@@ -107,7 +110,7 @@ def _file_columns(pf: Any, table: Any, id_columns: list[str]) -> dict[str, str]:
     return {c: by_id.get(schema.find_field(c).field_id, c) for c in id_columns}
 
 
-def _deleted_positions(table: Any, task: Any) -> Any:
+def _deleted_positions(table: Table, task: Any) -> Any:
     """Positions of ``task.file`` already deleted by the table's position delete files."""
     gone = []
     for d in task.delete_files:
@@ -133,7 +136,7 @@ def _bounds_filter(keys: Any, id_columns: list[str]) -> Any:
     return expr
 
 
-def _hits_in_file(table: Any, task: Any, indexed: Any, id_columns: list[str], source: bool) -> Any | None:
+def _hits_in_file(table: Table, task: Any, indexed: Any, id_columns: list[str], source: bool) -> Any | None:
     """The live rows of one data file whose keys are in ``indexed``: a table of ``__pos`` (sorted) and
     ``__key`` (index into ``indexed``), with ``source`` also each row's ``_kafka_partition``/``_kafka_offset``."""
     extra = [PARTITION, OFFSET] if source else []
@@ -159,7 +162,7 @@ def _hits_in_file(table: Any, task: Any, indexed: Any, id_columns: list[str], so
     return hit.sort_by("__pos").select(["__pos", "__key", *extra]) if hit.num_rows else None
 
 
-def find_rows(table: Any, keys: Any, id_columns: list[str], source: bool = False,
+def find_rows(table: Table, keys: Any, id_columns: list[str], source: bool = False,
               branch: str | None = None) -> list[tuple[Any, Any]]:
     """Where the changed keys live in ``table`` now (on ``branch``, default main): [(data file, rows)], rows as
     ``_hits_in_file`` gives them. Reads only the id columns of files whose bounds admit the keys (files in
@@ -189,7 +192,7 @@ def live_rows(table: Any, keys: Any, id_columns: list[str], branch: str | None =
     return [(f, t.column("__pos").combine_chunks()) for f, t in found], existed_keys(keys, found)
 
 
-def write_position_deletes(table: Any, hits: list[tuple[Any, Any]], prefix: str) -> list[Any]:
+def write_position_deletes(table: Table, hits: list[tuple[Any, Any]], prefix: str) -> list[Any]:
     """One position delete file per data file in ``hits``, beside it (same partition directory)."""
     schema = pa.schema([
         pa.field("file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": str(PATH_FIELD_ID)}),
@@ -220,7 +223,7 @@ def write_position_deletes(table: Any, hits: list[tuple[Any, Any]], prefix: str)
 MAX_LATER_SNAPSHOTS = 200  # snapshots that removed rows, searched for a later delete of a retried key (beyond: refused)
 
 
-def removed_since(table: Any, keys: Any, ids: list[str], letter_batches: tuple[str, ...], branch: str | None) -> Any:
+def removed_since(table: Table, keys: Any, ids: list[str], letter_batches: tuple[str, ...], branch: str | None) -> Any:
     """Per key of ``keys``: None when no snapshot since the earliest of ``letter_batches`` (their own included)
     removed a row of the key, else why it may have (a row of the key was live before a snapshot that removed rows,
     or the history cannot tell: the letters' batch is no longer in it, too many snapshots removed rows)."""

@@ -22,10 +22,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.batch import Offsets, offsets_from_json, offsets_to_json
 from tidewater.errors import TerminalError
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 PREFIX = "tidewater."
 
@@ -182,7 +185,7 @@ def _newest_with_offsets(by_id: dict[int, Any], start: int | None) -> tuple[tupl
     return None, last
 
 
-def committed_state(table: Any, branch: str | None = None) -> CommittedState:
+def committed_state(table: Table, branch: str | None = None) -> CommittedState:
     """Read committed offsets from the head of ``branch`` (default ``main``), walking back through ancestors (the
     tag ``OFFSETS_TAG`` keeps the newest one there through other tools' expiry)."""
     meta = table.metadata
@@ -225,7 +228,7 @@ def committed_state(table: Any, branch: str | None = None) -> CommittedState:
     return CommittedState({}, current, None, None, None, None)
 
 
-def find_marked_snapshot(table: Any, key: str, value: str) -> Any | None:
+def find_marked_snapshot(table: Table, key: str, value: str) -> Any | None:
     """The snapshot whose summary has ``key`` = ``value``, if the table still has it."""
     for snap in table.metadata.snapshots:
         if summary_dict(snap).get(key) == value:
@@ -256,6 +259,6 @@ def quarantine_branch(batch_id: str) -> str:
     return QUARANTINE_BRANCH + batch_id
 
 
-def quarantined_batches(table: Any) -> list[str]:
+def quarantined_batches(table: Table) -> list[str]:
     """The batch ids of the table's quarantine branches (batches waiting for publish or drop), oldest first."""
     return sorted(name[len(QUARANTINE_BRANCH):] for name in table.metadata.refs if name.startswith(QUARANTINE_BRANCH))

@@ -9,22 +9,26 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
 from tidewater.table.catalog import load_table
 from tidewater.table.summary import CommittedState, committed_state
 
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
-def holder_state(catalog: Any, spec: PipelineSpec) -> tuple[Any, CommittedState | None]:
+
+def holder_state(catalog: Catalog, spec: PipelineSpec) -> tuple[Any, CommittedState | None]:
     """The offsets holder (None if it does not exist yet) and its committed state on the holder's branch."""
     targets = spec.targets
     holder = load_table(catalog, targets.holder)
     return holder, (committed_state(holder, targets.branch) if holder is not None else None)
 
 
-def named_by_holder(holder: Any) -> set[str]:
+def named_by_holder(holder: Table) -> set[str]:
     """The tables a non-fused holder's batches committed to (its rows' ``tables`` column; none for a fused one)."""
     if holder is None or holder.current_snapshot() is None or "tables" not in holder.schema().column_names:
         return set()
@@ -32,7 +36,7 @@ def named_by_holder(holder: Any) -> set[str]:
     return {t for cell in cells for t in json.loads(cell or "[]")}
 
 
-def target_tables(catalog: Any, spec: PipelineSpec, holder: Any = None) -> list[str]:
+def target_tables(catalog: Catalog, spec: PipelineSpec, holder: Any = None) -> list[str]:
     """Every target table: those the configuration lists and those the holder's history names (dynamic routing).
     ``holder``: the holder table when the caller has loaded it already."""
     targets = spec.targets
@@ -48,7 +52,7 @@ def target_spec(spec: PipelineSpec, ident: str) -> PipelineSpec:
     return spec if spec.targets.fused else spec.for_table(ident)
 
 
-def target_view(spec: PipelineSpec, catalog: Any, ident: str) -> PipelineSpec:
+def target_view(spec: PipelineSpec, catalog: Catalog, ident: str) -> PipelineSpec:
     """The pipeline as target table ``ident`` sees it (its own settings: ``PipelineSpec.for_table``; a fused set's
     one table: the pipeline itself). A change table whose id columns come from the message keys gets them from
     the table's identifier fields."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,6 +20,9 @@ from tidewater.decode.records import BadRecord
 from tidewater.errors import TransientError
 from tidewater.source.kafka import Chunk, client_logging, kafka_settings
 from tidewater.table.own_tables import DEAD_LETTER_SCHEMA
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ def dead_letter_rows(
 HEADER_PREFIX = "tidewater."
 
 
-def produce_to_topic(settings: dict[str, str], topic: str, table: Any, files: list[StagedFile],
+def produce_to_topic(settings: dict[str, str], topic: str, table: Table, files: list[StagedFile],
                      timeout: float = 60.0) -> int:
     """Produce the dead letters in ``files`` (data files of the dead-letter table) to ``topic``.
 

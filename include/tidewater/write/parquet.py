@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,13 +34,16 @@ from tidewater.batch import StagedFile
 from tidewater.errors import TerminalError
 from tidewater.table.partitioning import decode_values, encode_values, split
 
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
 TARGET_FILE_SIZE = "write.target-file-size-bytes"
 
 
 TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
 
 
-def to_table_schema(table: Any, decoded: pa.Table) -> pa.Table:
+def to_table_schema(table: Table, decoded: pa.Table) -> pa.Table:
     """Reorder, fill, promote and tag ``decoded`` with the table schema's field ids."""
     fmt = FileFormatFactory.get(FileFormat.PARQUET)
     schema = table.schema()
@@ -90,7 +93,7 @@ class DataFileWriter:
     """Streams Arrow tables (already in the table schema) into rolling Parquet data files, one open
     file per partition of the table's current partition spec."""
 
-    def __init__(self, table: Any, file_prefix: str) -> None:
+    def __init__(self, table: Table, file_prefix: str) -> None:
         meta = table.metadata
         self._table = table
         self._io = table.io

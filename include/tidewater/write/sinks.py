@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,6 +29,10 @@ from tidewater.transform.changes import ops_mask
 from tidewater.transform.keys import key_field_names
 from tidewater.write.parquet import DataFileWriter, to_table_schema
 
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
 log = logging.getLogger(__name__)
 
 
@@ -36,7 +40,7 @@ class TableSink:
     """Everything one Spark task writes to one target table: the schema changes its rows need, data files,
     and (routed pipelines) the rows it leaves out because the table already committed them."""
 
-    def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Any, prefix: str, role: TargetRole,
+    def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Catalog, prefix: str, role: TargetRole,
                  batch: tuple[str, str] | None = None, replay: tuple[str, Any] | None = None, registry: Any = None) -> None:
         self.spec, self.tspec, self.catalog, self.prefix = spec, tspec, catalog, prefix
         self.batch = batch  # (batch id, task tag): schema changes are provisional until the batch commits
@@ -215,7 +219,7 @@ def _placeholder(t: Any) -> Any:
     return pa.scalar(None, t)
 
 
-def delete_files(table: Any, paths: list[str]) -> None:
+def delete_files(table: Table, paths: list[str]) -> None:
     """Delete data files of a batch that can never be committed (no manifest references them)."""
     if table is None:
         return
@@ -226,7 +230,7 @@ def delete_files(table: Any, paths: list[str]) -> None:
             log.warning("could not delete uncommitted file %s", p)
 
 
-def newest_batch(table: Any) -> dict[str, str] | None:
+def newest_batch(table: Table) -> dict[str, str] | None:
     """The summary of the newest snapshot of main that a pipeline's batch made (it names the pipeline whose
     batches the table holds, and whether they were changes), if any. Recovered offsets (``ops/recover.py``) are no
     batch, nor is the record of a dropped quarantined batch (``ops/quarantine.py``): they say nothing of what the
