@@ -111,7 +111,6 @@ class BatchPlan:
     created_at: str
     base_snapshot_id: int | None = None
     mode: Mode = Mode.INGEST
-    exclude_path: str | None = None  # append-missing: offsets the table already holds (Parquet)
     data_interval: tuple[str, str] | None = None  # the Airflow run's data interval (ISO), recorded at commit
     tables: tuple[str, ...] = ()  # routed replays: only these target tables (empty: every table records route to)
     retry_of: tuple[str, ...] = ()  # dead-letter retries (mode retry): the batches that dead-lettered the records
@@ -122,7 +121,7 @@ class BatchPlan:
             batch_id: str | None = None, **more: Any) -> BatchPlan:
         """A new batch of ``spec``'s pipeline (a ``PipelineSpec``) over ``ranges``: its id minted for ``mode`` (unless
         given), planned now from the offsets holder's committed ``offsets`` at ``snapshot_id``; ``more``: the other
-        fields of its mode (exclude_path, data_interval, tables, retry_of)."""
+        fields of its mode (data_interval, tables, retry_of)."""
         return cls(batch_id=batch_id or Mode(mode).new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
                    pipeline_path=str(spec.source_path), ranges=tuple(ranges), base_offsets=offsets or {},
                    created_at=utc_now_iso(), base_snapshot_id=snapshot_id, mode=mode, **more)
@@ -176,7 +175,6 @@ class BatchPlan:
             created_at=d["created_at"],
             base_snapshot_id=d.get("base_snapshot_id"),
             mode=d.get("mode", "ingest"),
-            exclude_path=d.get("exclude_path"),
             data_interval=tuple(d["data_interval"]) if d.get("data_interval") else None,  # type: ignore[arg-type]
             tables=tuple(d.get("tables") or ()),
             retry_of=tuple(d.get("retry_of") or ()),

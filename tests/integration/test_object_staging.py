@@ -219,10 +219,10 @@ def test_two_committers_and_a_retry_read_the_staged_batch_from_the_bucket_and_co
     assert committed_state(table).offsets == {topic: {0: 100, 1: 100, 2: 100}}
 
 
-def test_a_replay_through_spark_reads_its_present_offsets_from_the_bucket(broker, home, topic, s3_endpoint,
-                                                                          monkeypatch):
-    """An append-missing replay through spark-submit: its plan and the offsets already present are staged in the
-    bucket and read there by the write job's driver; only the lost rows come back, offsets unmoved."""
+def test_a_replay_through_spark_is_staged_in_the_bucket_and_adds_only_the_lost_rows(broker, home, topic,
+                                                                                   s3_endpoint, monkeypatch):
+    """An append-missing replay through spark-submit: its plan is staged in the bucket, the write tasks ask the table
+    which offsets it already holds; only the lost rows come back, offsets unmoved."""
     from tests.conftest import ingest_inline
     from tidewater.ops.replay import run_replay
     from tidewater.plan.replay import ReplayRequest
@@ -240,7 +240,7 @@ def test_a_replay_through_spark_reads_its_present_offsets_from_the_bucket(broker
     assert ids == list(range(50))
     assert committed_state(table_of(path)).offsets == {topic: {0: 50}}
     staged = _objects(s3_endpoint, "stage4/staging")
-    assert any(k.endswith("/present.parquet") for k in staged), sorted(staged)
+    assert any(k.endswith("/plan.json") for k in staged), sorted(staged)
     assert not (home / "staging").exists()
 
 

@@ -166,9 +166,9 @@ def test_the_connect_workers_daemon_preloads_modules_that_exist():
 # The plain-or-routed question: one shape for N tables answers it in config/ and table/targets.py, not in every room.
 # A condition site is the test of an if, a conditional expression, a while, an assert or a comprehension's filter that
 # names one of these. The ceiling only comes down: 80 when it was first counted (2026-11-26), 77 on 2026-11-27 (the
-# gate's one shape), 55 on 2026-11-27 (a target's role, ``table/targets.py: TargetRole``); the goal is 25.
+# gate's one shape), 54 on 2026-11-27 (a target's role, ``table/targets.py: TargetRole``; one append-missing); the goal is 25.
 SHAPE_WORDS = {"fused", "routed", "router", "single", "holds"}
-MAX_SHAPE_CONDITIONS = 55
+MAX_SHAPE_CONDITIONS = 54
 
 
 def shape_condition_sites() -> list[str]:

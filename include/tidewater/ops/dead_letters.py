@@ -67,7 +67,6 @@ from tidewater.table.summary import BATCH_ID, PIPELINE, RECORDS, changes_of, fin
 from tidewater.table.targets import holder_state, target_tables, target_view
 from tidewater.write.job import collect_manifest, write_rounds
 from tidewater.write.sinks import delete_files
-from tidewater.write.task import present_offsets as offsets_of_range
 from tidewater.write.task import write_letters
 
 if TYPE_CHECKING:
@@ -206,17 +205,14 @@ def _plan(spec: PipelineSpec, catalog: Catalog, rid: str, claimed: pa.Table) -> 
 
 def write_claimed(spec: PipelineSpec, plan: BatchPlan, claimed: pa.Table) -> BatchManifest:
     """The write step of a retry, in this process (letters are few; no Spark): one task per partition over the
-    letters' stored records. A plain table's offsets it already holds are left out (``manifest.present``)."""
-    held = None
-    if spec.targets.fused and spec.format.metadata in ("prefixed", "struct"):
-        held = present_offsets(spec, load_table(load_catalog(spec), spec.targets.holder), list(plan.ranges))
+    letters' stored records. Offsets a table already holds are left out (``TableSink.held``; the pipeline's own
+    table's are counted in ``manifest.present``)."""
     parts = [claimed.filter(pc.and_(pc.equal(claimed.column("topic"), r.topic),
                                     pc.equal(claimed.column("partition"), r.partition))).sort_by("offset")
              for r in plan.ranges]
-    excludes = [offsets_of_range(held, r) if held is not None else None for r in plan.ranges]
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
-        return [write_letters(spec, plan.batch_id, i, plan.ranges[i], parts[i], excludes[i]) for i in ids]
+        return [write_letters(spec, plan.batch_id, i, plan.ranges[i], parts[i]) for i in ids]
 
     return collect_manifest(plan, spec, write_rounds(execute, plan, spec, len(plan.ranges)))
 

@@ -80,5 +80,5 @@ def plan_backfill(spec: PipelineSpec, data_interval: tuple[str, str], reprocess:
                           "(format.metadata prefixed or struct)")
     replay_tables(spec, catalog, (), table)  # every target table's rows must carry their offsets
     log.info("backfill %s: %s over %s", key, mode, ", ".join(f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in ranges))
-    return stage_replay_plan(spec, ranges, mode, state.offsets, state.snapshot_id, table, data_interval=data_interval,
+    return stage_replay_plan(spec, ranges, mode, state.offsets, state.snapshot_id, data_interval=data_interval,
                              batch_id=BACKFILL_PREFIX + new_batch_id())

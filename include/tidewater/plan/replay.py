@@ -32,7 +32,6 @@ from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
 from tidewater.source.timestamps import KafkaOffsetLookup, OffsetLookup, interval_offsets
-from tidewater.staging import write_parquet
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.provenance import check_rows_carry_offsets, present_offsets
 from tidewater.table.targets import holder_state, target_role, target_spec, target_tables
@@ -46,7 +45,6 @@ log = logging.getLogger(__name__)
 MODES = tuple(m.value for m in (Mode.REPLACE, Mode.APPEND_MISSING, Mode.REAPPLY))
 
 
-PRESENT_NAME = "present.parquet"
 
 
 @dataclass(frozen=True)
@@ -214,18 +212,14 @@ def describe(row: dict[str, Any]) -> str:
 
 
 def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: str, committed: Offsets,
-                      snapshot_id: int | None, table: Any, data_interval: tuple[str, str] | None = None,
+                      snapshot_id: int | None, data_interval: tuple[str, str] | None = None,
                       batch_id: str | None = None, tables: tuple[str, ...] = ()) -> tuple[BatchPlan, Any]:
-    """Write a replay plan (and, for append-missing, the offsets already present) to the staging area. Routed
-    pipelines: ``table`` is the checkpoint table, ``tables`` the target tables asked for (empty: all)."""
+    """Write a replay plan to the staging area. Routed pipelines: ``tables`` the target tables asked for (empty: all).
+    An append-missing replay's write step asks each table which offsets it already holds (``TableSink.held``)."""
     bid = batch_id or Mode(mode).new_batch_id()  # the staging directory's name, before the plan
     directory = batch_dir(spec.staging_dir(), spec.name, bid)
-    exclude = None
-    if mode == "append-missing" and spec.targets.fused:  # other tables: each its own, see TableSink.held
-        exclude = str(directory / PRESENT_NAME)
-        write_parquet(present_offsets(spec, table, ranges), directory / PRESENT_NAME)
-    plan = BatchPlan.new(spec, ranges, committed, snapshot_id, mode, batch_id=bid, exclude_path=exclude,
-                         data_interval=data_interval, tables=tables)
+    plan = BatchPlan.new(spec, ranges, committed, snapshot_id, mode, batch_id=bid, data_interval=data_interval,
+                         tables=tables)
 
     path = directory / PLAN_NAME
     write_json_atomic(path, plan.to_json())
@@ -250,7 +244,7 @@ def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | N
         log.info("replay %s: %s", req.mode, describe(row))
     if req.dry_run or not ranges:
         return None, None, shown
-    plan, path = stage_replay_plan(spec, ranges, req.mode, state.offsets, state.snapshot_id, holder, tables=req.tables)
+    plan, path = stage_replay_plan(spec, ranges, req.mode, state.offsets, state.snapshot_id, tables=req.tables)
     return plan, path, shown
 
 

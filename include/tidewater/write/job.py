@@ -55,11 +55,11 @@ log = logging.getLogger(__name__)
 
 
 def task_body(spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, ranges: Pack, mode: str,
-              exclude: Any, tables: tuple[str, ...]) -> dict[str, Any]:
+              tables: tuple[str, ...]) -> dict[str, Any]:
     """One task of the write step where it runs (``write.task.write_ranges``, imported there: see the docstring)."""
     from tidewater.write.task import write_ranges
 
-    return write_ranges(spec, settings, batch_id, task_id, ranges, mode, exclude, tables)
+    return write_ranges(spec, settings, batch_id, task_id, ranges, mode, tables)
 
 
 def tasks_of(plan: BatchPlan, spec: PipelineSpec, parallelism: int) -> list[Pack]:
@@ -80,12 +80,11 @@ def run(sc: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
     tasks = tasks_of(plan, spec, sc.defaultParallelism)
     spec = spec.for_executors()
     batch_id, mode, only = plan.batch_id, plan.mode, plan.tables
-    excludes = present_by_task(plan, spec, tasks)
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
-        work = [(i, tasks[i], excludes[i]) for i in ids]  # each task carries its own offsets to leave out
+        work = [(i, tasks[i]) for i in ids]
         rdd = sc.parallelize(work, numSlices=len(work))
-        return rdd.map(lambda x: task_body(spec, settings, batch_id, x[0], x[1], mode, x[2], only)).collect()
+        return rdd.map(lambda x: task_body(spec, settings, batch_id, x[0], x[1], mode, only)).collect()
 
     results = write_rounds(execute, plan, spec, len(tasks), timings)
     timings["job_done"] = time.time()
@@ -107,7 +106,7 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
     timings = {} if timings is None else timings
     timings["job_submitted"] = time.time()
     tasks = tasks_of(plan, spec, connect_parallelism(spark))
-    batch_id, mode, excludes, only = plan.batch_id, plan.mode, present_by_task(plan, spec, tasks), plan.tables
+    batch_id, mode, only = plan.batch_id, plan.mode, plan.tables
     spec = spec.for_executors()
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
@@ -115,7 +114,7 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
             import pyarrow as pa  # where the tasks run
 
             for b in batches:
-                out = [json.dumps(task_body(spec, settings, batch_id, ids[k], tasks[ids[k]], mode, excludes[ids[k]], only))
+                out = [json.dumps(task_body(spec, settings, batch_id, ids[k], tasks[ids[k]], mode, only))
                        for k in b.column(0).to_pylist()]
                 yield pa.RecordBatch.from_pydict({"result": out}, schema=pa.schema([("result", pa.string())]))
 
@@ -128,27 +127,15 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
     return collect_manifest(plan, spec, results, timings)
 
 
-def present_by_task(plan: BatchPlan, spec: PipelineSpec, tasks: list[Pack]) -> list[Any]:
-    """Append-missing replays: per task (one sub-range each: replays are not packed), the offsets the table already
-    holds, read here on the driver from the plan's staged file (once), so that executors never need the staging
-    area."""
-    if not plan.exclude_path:
-        return [None] * len(tasks)
-    from tidewater.staging import read_parquet
-    from tidewater.write.task import present_offsets
-
-    present = read_parquet(spec.stage(plan.exclude_path))
-    return [present_offsets(present, only) for (only,) in tasks]
 
 
 def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
     """The same write step without Spark: the tasks one after another in this process (packed as over this
     machine's cores)."""
     tasks = tasks_of(plan, spec, os.cpu_count() or 1)
-    excludes = present_by_task(plan, spec, tasks)
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
-        return [task_body(spec, settings, plan.batch_id, i, tasks[i], plan.mode, excludes[i], plan.tables) for i in ids]
+        return [task_body(spec, settings, plan.batch_id, i, tasks[i], plan.mode, plan.tables) for i in ids]
 
     timings: dict[str, float] = {}
     results = write_rounds(execute, plan, spec, len(tasks), timings)

@@ -106,15 +106,16 @@ class TableSink:
         return t
 
     def held(self, topic: str, partition: int, offsets: Any) -> Any:
-        """Routed pipelines: which of these offsets (of rows routed to this table) the table already holds, as
-        a boolean mask, or None for none. A batch: those below the table's committed offset (a retried batch);
-        a replay re-lands committed records, so none, except with append-missing: the offsets of rows the table
-        holds from the task's range (read once per task, from the table's Kafka metadata columns)."""
+        """Which of these offsets (of rows bound for this table) the table already holds, as a boolean mask, or None
+        for none. A batch: those below the table's own committed offset (a retried batch; the pipeline's own table
+        keeps none apart from the batch's). A replay re-lands committed records, so none, except with append-missing
+        and dead-letter retries: the offsets of rows the table holds from the task's range (read once per task, from
+        the table's Kafka metadata columns; without them no row can be matched to an offset, and none is held)."""
         if self.replay is None:
             t = self.threshold(topic, partition)
             return None if t is None else pc.less(offsets, t)
         mode, rng = self.replay
-        if mode != "append-missing" or self.table is None:
+        if mode != "append-missing" or self.table is None or self.view.format.metadata not in ("prefixed", "struct"):
             return None
         if self._present is None:
             self._present = present_offsets(self.view, self.table, [rng]).column("offset").combine_chunks()

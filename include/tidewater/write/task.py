@@ -200,7 +200,7 @@ class _TaskWriter:
     the per-chunk loop; ``write_ranges`` drives it."""
 
     def __init__(self, spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
-                 mode: str, exclude: Any, probe: bool = False, tables: tuple[str, ...] = ()) -> None:
+                 mode: str, probe: bool = False, tables: tuple[str, ...] = ()) -> None:
         self.probe = probe
         self.spec, self.settings, self.batch_id, self.task_id, self.rng = spec, settings, batch_id, task_id, rng
         self.started, self.started_at = time.monotonic(), time.time()
@@ -208,8 +208,6 @@ class _TaskWriter:
         self.policy = spec.dead_letter.policy if mode == "ingest" else "skip"
         self.mode = mode
         self.only = frozenset(tables) or None  # routed replays: the target tables asked for (None: every table)
-        # offsets to leave out: already read by the driver (an Arrow array), or the plan's staged file (inline runs)
-        self.present_set = exclude  # the offsets to leave out (present_by_task), read on the driver
         self.prefix = f"{batch_id}-{task_id:05d}"
         self.sinks: dict[str, TableSink] = {}
         self._keyed: dict[str, str | None] = {}  # topic -> its change table keyed by the message key (routed)
@@ -379,11 +377,15 @@ class _TaskWriter:
         self.dead += len(bad)
 
     def drop_present(self, chunk: Any, decoded: Any, gone: list[int]) -> Any:
-        """Append-missing replays: leave out the records whose offsets the table already holds."""
-        if self.present_set is None or not decoded.num_rows or not len(self.present_set):
+        """Append-missing replays and dead-letter retries: leave out the records whose offsets the pipeline's own
+        table already holds, asked of its sink as every target table is asked (``TableSink.held``); counted as
+        present. A routed pipeline's tables are asked as records are routed to them (``_rows_for_sink``)."""
+        if self.single is None or self.single.replay is None or not decoded.num_rows:  # an ingest: nothing to ask
             return decoded
         offsets = pc.take(pa.array(chunk.offsets, pa.int64()), decoded_rows(len(chunk), gone))
-        held = pc.is_in(offsets, value_set=self.present_set)
+        held = self.single.held(chunk.topic, chunk.partition, offsets)
+        if held is None:
+            return decoded
         self.present += pc.sum(held.cast(pa.int64())).as_py() or 0
         return decoded.filter(pc.invert(held))
 
@@ -505,7 +507,7 @@ def fewer_collections() -> Any:
 
 def write_ranges(
     spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, ranges: tuple[PartitionRange, ...],
-    mode: str = "ingest", exclude: Any = None, tables: tuple[str, ...] = (),
+    mode: str = "ingest", tables: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One task of the write step: read ``ranges`` (one sub-range, or several short ones packed: see
     ``write/packing.py``), decode, write data files (one TableSink per target table, shared by the ranges). Returns
@@ -513,14 +515,14 @@ def write_ranges(
     driver to make before it runs the task again; in both of the latter nothing of what the task wrote is left behind.
 
     Replays (``mode`` replace or append-missing) count undecodable records as skipped (their dead letters
-    were written when the range was first ingested); append-missing leaves out the offsets in ``exclude``
-    (the rows the table already holds: an Arrow array of offsets, or the path of the plan's file of them;
-    routed pipelines: per target table, see ``TableSink.held``). ``tables``: a routed replay of some target tables.
+    were written when the range was first ingested); append-missing leaves out the offsets each table already holds
+    (``TableSink.held``, read from the table's Kafka metadata columns). ``tables``: a routed replay of some target
+    tables.
     """
     _leave_a_removed_directory()
     with fewer_collections():
         return _run_task(spec, task_id, ranges, lambda: _TaskWriter(spec, settings, batch_id, task_id, ranges[0], mode,
-                                                                    exclude, tables=tables))
+                                                                    tables=tables))
 
 
 def _run_task(spec: PipelineSpec, task_id: int, ranges: tuple[PartitionRange, ...], make: Any) -> dict[str, Any]:
@@ -545,11 +547,6 @@ def _run_task(spec: PipelineSpec, task_id: int, ranges: tuple[PartitionRange, ..
     return writer.result()
 
 
-def present_offsets(t: Any, rng: PartitionRange) -> Any:
-    """Offsets of ``rng``'s partition that the table already holds (append-missing replays), from the
-    replay plan's staged (topic, partition, offset) table ``t``."""
-    mask = pc.and_(pc.equal(t.column("topic"), rng.topic), pc.equal(t.column("partition"), rng.partition))
-    return t.column("offset").filter(mask).combine_chunks()
 
 
 
@@ -560,9 +557,8 @@ class _LetterWriter(_TaskWriter):
     decoded, transformed and routed with the pipeline's current settings like any replay that appends the missing
     rows (offsets a table already holds are left out), and a record that fails again becomes a new dead letter."""
 
-    def __init__(self, spec: PipelineSpec, batch_id: str, task_id: int, rng: PartitionRange, letters: Any,
-                 exclude: Any) -> None:
-        super().__init__(spec, {}, batch_id, task_id, rng, "append-missing", exclude)
+    def __init__(self, spec: PipelineSpec, batch_id: str, task_id: int, rng: PartitionRange, letters: Any) -> None:
+        super().__init__(spec, {}, batch_id, task_id, rng, "append-missing")
         self.policy = "dead_letter"
         self.letters = letters
 
@@ -574,9 +570,8 @@ class _LetterWriter(_TaskWriter):
                     [s // 1000 if s is not None else -1 for s in stamps], t.column("key").to_pylist(), headers)
 
 
-def write_letters(spec: PipelineSpec, batch_id: str, task_id: int, rng: PartitionRange, letters: Any,
-                  exclude: Any = None) -> dict[str, Any]:
+def write_letters(spec: PipelineSpec, batch_id: str, task_id: int, rng: PartitionRange, letters: Any) -> dict[str, Any]:
     """Decode and write the dead letters ``letters`` (rows of the dead-letter table of ``rng``'s partition, sorted by
     offset) as one task of a retry; the result is ``write_ranges``'. The error path: a Python step per letter to
     make the chunk is fine here (letters are few)."""
-    return _run_task(spec, task_id, (rng,), lambda: _LetterWriter(spec, batch_id, task_id, rng, letters, exclude))
+    return _run_task(spec, task_id, (rng,), lambda: _LetterWriter(spec, batch_id, task_id, rng, letters))
