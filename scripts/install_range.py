@@ -1,0 +1,151 @@
+"""`make install-check`: the package installed into Airflows it did not choose, as a user's deployment has them.
+
+For each Airflow release given (default: the newest 3.1.x, 3.2.x and 3.3.x the package index serves), in a fresh
+virtualenv and WITHOUT this project's constraints file (Airflow's own constraint files are served from GitHub, which
+these machines do not reach):
+1. Airflow and the newest Spark provider the package supports are installed first, as the user's Airflow;
+2. the wheel of this checkout (`python -m build`) is installed into it with its `airflow` extra;
+3. every package whose version the second install lowered is a downgrade, and `pip check` must pass;
+4. Airflow then loads what the package registers: the provider (`airflow providers list`), the plugin
+   (`airflow plugins`), and the DAGs of a two-line DAG file over one pipeline file (`airflow dags list`, after
+   `airflow db migrate` and `airflow dags reserialize` on SQLite).
+
+Each release's install resolves Airflow's whole dependency tree, which takes minutes, so `make test` does not run
+this (the suite is at its time limit): run it before a release and when the supported range changes. It prints one
+line per release and writes the figures as JSON (``--output``); exits 1 when any release fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SPARK_PROVIDER = "apache-airflow-providers-apache-spark<6"  # 6.x requires pyspark-client>=4 (see pyproject.toml)
+TWO_LINES = "from tidewater.runtime.airflow_dags import pipeline_dags\nglobals().update(pipeline_dags())\n"
+PIPELINE = ("name: orders\ntopics: [orders]\nkafka: {bootstrap_servers: '127.0.0.1:9'}\n"
+            "table: {identifier: rpc.orders}\nschedule: null\n")
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "AIRFLOW_HOME", "TIDEWATER_HOME",
+                                                             "TIDEWATER_PIPELINES_DIR", "PIP_CONSTRAINT")}
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _freeze(python: Path, env: dict[str, str]) -> dict[str, str]:
+    out = _run([str(python), "-m", "pip", "list", "--format", "json", "--disable-pip-version-check"], env).stdout
+    return {p["name"].lower(): p["version"] for p in json.loads(out or "[]")}
+
+
+def _lower(before: str, after: str) -> bool:
+    from packaging.version import Version
+
+    return Version(after) < Version(before)
+
+
+def build_wheel(out: Path) -> Path:
+    """The wheel of this checkout, built from a copy of it (the build writes egg-info into the tree it builds)."""
+    import shutil
+
+    src = out / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", ".data", "node_modules", "*.egg-info",
+                                                            "build", "__pycache__", ".pytest_cache", ".hypothesis"))
+    done = _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out / "dist"), str(src)], _env(), 900)
+    if done.returncode != 0:
+        raise SystemExit(f"build failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return next((out / "dist").glob("*.whl"))
+
+
+def check_release(airflow: str, wheel: Path, work: Path) -> dict:
+    """One Airflow release: installed alone, then the wheel into it; what moved and what loads."""
+    t0 = time.monotonic()
+    venv, env = work / "venv", _env()
+    result: dict = {"airflow": airflow, "ok": False}
+    _run([sys.executable, "-m", "venv", str(venv)], env)
+    python = venv / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
+    first = _run([*pip, f"apache-airflow=={airflow}", SPARK_PROVIDER], env)
+    if first.returncode != 0:
+        return {**result, "error": "Airflow alone did not install: " + first.stderr[-1500:]}
+    before = _freeze(python, env)
+    second = _run([*pip, f"{wheel}[airflow]"], env)
+    if second.returncode != 0:
+        return {**result, "error": "the wheel did not install: " + second.stderr[-1500:]}
+    after = _freeze(python, env)
+    result["spark_provider"] = after.get("apache-airflow-providers-apache-spark")
+    result["downgraded"] = {n: f"{v} -> {after[n]}" for n, v in before.items() if n in after and _lower(v, after[n])}
+    result["added"] = sorted(set(after) - set(before))
+    check = _run([str(python), "-m", "pip", "check"], env)
+    result["pip_check"] = check.stdout.strip() or check.stderr.strip()
+    result.update(_loads(venv, work, env))
+    result["ok"] = (not result["downgraded"] and check.returncode == 0 and result["provider"] and result["plugin"]
+                    and "ingest_orders" in result["dags"])
+    result["seconds"] = round(time.monotonic() - t0)
+    return result
+
+
+def _loads(venv: Path, work: Path, env: dict[str, str]) -> dict:
+    """What Airflow loads of the package: provider, plugin, and the DAGs of a two-line DAG file."""
+    dags, pipelines, home = work / "dags", work / "pipelines", work / "airflow"
+    for d in (dags, pipelines, home):
+        d.mkdir(parents=True, exist_ok=True)
+    (dags / "tidewater_dags.py").write_text(TWO_LINES)
+    (pipelines / "orders.yaml").write_text(PIPELINE)
+    env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "TIDEWATER_PIPELINES_DIR": str(pipelines),
+           "TIDEWATER_HOME": str(work / "tidewater"),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+           "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+    airflow = str(venv / "bin" / "airflow")
+    providers = _run([airflow, "providers", "list"], env, 600).stdout
+    plugins = _run([airflow, "plugins"], env, 600).stdout
+    _run([airflow, "db", "migrate"], env, 900)
+    serialized = _run([airflow, "dags", "reserialize"], env, 600)
+    listed = _run([airflow, "dags", "list", "--output", "json"], env, 600)
+    ids = []
+    for line in listed.stdout.splitlines():  # log lines may come before the JSON document
+        if line.startswith("[{") or line.strip() == "[]":
+            ids = sorted(d["dag_id"] for d in json.loads(line))
+    found = {"provider": "tidewater" in providers, "plugin": "tidewater" in plugins, "dags": ids}
+    if not ids:  # say why: the DAG processor's parse, or the listing
+        found["dags_error"] = (serialized.stderr[-800:] + listed.stderr[-800:] + listed.stdout[-400:]).strip()
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--airflow", default="3.1.8,3.2.2,3.3.2", help="Airflow releases to install into (comma-separated)")
+    ap.add_argument("--parallel", type=int, default=2, help="releases installed at once")
+    ap.add_argument("--output", default=str(REPO / ".data" / "install-range.json"))
+    args = ap.parse_args(argv)
+    releases = [r.strip() for r in args.airflow.split(",") if r.strip()]
+    with tempfile.TemporaryDirectory(prefix="tidewater-install-range-") as tmp:
+        work = Path(tmp)
+        wheel = build_wheel(work)
+        print(f"built {wheel.name}", flush=True)
+        with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+            results = list(pool.map(lambda r: check_release(r, wheel, work / r), releases))
+    for r in results:
+        print(f"Airflow {r['airflow']}: {'ok' if r['ok'] else 'FAILED'}; Spark provider {r.get('spark_provider')}; "
+              f"downgraded {r.get('downgraded') or 'nothing'}; pip check: {r.get('pip_check', '')[:200]}; "
+              f"provider {r.get('provider')}, plugin {r.get('plugin')}, DAGs {r.get('dags')}; {r.get('seconds')} s"
+              + (f"; {r['error']}" if r.get("error") else "") + (f"; DAGs: {r['dags_error']}" if r.get("dags_error") else ""),
+              flush=True)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(results, indent=1))
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
