@@ -87,6 +87,40 @@ def test_append_missing_restores_only_absent_offsets(broker, home, topic):
     assert committed_state(table_of(path)).offsets == {topic: {0: 40, 1: 30}}
 
 
+def test_an_append_missing_replay_killed_before_its_commit_lands_once_when_the_commit_is_retried(broker, home, topic,
+                                                                                               monkeypatch):
+    """Kill between steps: the replay's write step has asked the table what it holds and staged the missing rows, and
+    the commit dies before it starts. Nothing is visible. The commit step retried on the staged plan and manifest (as
+    Airflow retries the commit task) lands the missing rows once, and a retry after that success changes nothing."""
+    import tidewater.ops.replay as replay_ops
+    from tidewater.steps.lifecycle import commit_step
+    from tidewater.steps.write import load_manifest, load_plan
+
+    spec, path = setup_table(broker, home, topic)
+    before = content(path)
+    table_of(path).delete("_kafka_partition = 0 and _kafka_offset >= 30")  # ten rows lost
+    lost = content(path)
+    staged: list = []
+
+    def killed(spec_, plan, manifest):  # noqa: ANN001, ANN202
+        staged.append((plan, manifest))
+        raise KeyboardInterrupt("killed before the commit")
+
+    monkeypatch.setattr(replay_ops, "commit_step", killed)
+    req = ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=40, mode="append-missing")
+    with pytest.raises(KeyboardInterrupt):
+        run_replay(spec, req, out=None, inline=True)
+    (plan, manifest), = staged
+    assert (manifest.rows_in_files, manifest.present) == (10, 30)  # the write step asked the table
+    assert content(path) == lost, "nothing of the killed replay is visible"
+    plan_path = next(p for p in spec.staging_dir().rglob("plan.json") if p.parent.name == plan.batch_id)
+    assert commit_step(spec, load_plan(plan_path), load_manifest(plan_path)).status == "committed"
+    assert content(path) == before
+    assert commit_step(spec, load_plan(plan_path), load_manifest(plan_path)).status == "already-committed"
+    assert content(path) == before
+    assert committed_state(table_of(path)).offsets == {topic: {0: 40, 1: 30}}
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"end_offset": 45}, "end_offset: 45 is beyond the committed offset 40"),
     ({"start_time": "2024-01-01T00:00:00"}, "give one pair, not both or neither"),
