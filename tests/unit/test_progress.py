@@ -48,7 +48,7 @@ def test_each_step_prints_what_it_did_and_the_spark_job_ticks_every_ten_seconds(
     say("written", manifest=manifest, seconds=1.0)
     say("validated", report=SimpleNamespace(checks=[SimpleNamespace(success=True), SimpleNamespace(success=False)]),
         seconds=0.5)
-    say("committing", spec=spec, plan=None, manifest=manifest)
+    say("committing", spec=spec, manifest=manifest)
     table = SimpleNamespace(table="db.p", status="committed", snapshot_id=7, rows=2, holds_rows=True)
     say("committed", result=SimpleNamespace(tables=[table], status="committed", records=2), seconds=0.2, total=4.0)
     assert [ln.split()[0] for ln in lines if ln.startswith("[")] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]

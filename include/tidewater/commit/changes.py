@@ -56,6 +56,7 @@ from tidewater.transform.changes import (
     OFFSET,
     PARTITION,
     TOPIC,
+    NetChanges,
     Truncated,
     count_effects,
     cut_at_truncates,
@@ -138,7 +139,7 @@ def _apply_all(table: Any, spec: PipelineSpec, plan: BatchPlan, attempt: TargetA
     """An ingest: every key's net change applied; its live rows (none after a truncate of the batch) deleted."""
     net, truncated = attempt.net, attempt.truncated
     if truncated is not None:  # every row committed before the batch goes: the changes meet an empty table
-        hits, existed = [], pa.repeat(False, net.keys.num_rows) if net else None
+        hits, existed = [], pa.repeat(False, net.keys.num_rows)  # truncates come with staged changes: net is set
     else:
         hits, existed = live_rows(table, net.keys, list(spec.table.id_columns), spec.table.branch) if net else ([], None)
     counts: dict[str, Any] = count_effects(net, existed) if net else dict.fromkeys(("inserted", "updated", "deleted", "noop"), 0)
@@ -155,11 +156,12 @@ def _apply_all(table: Any, spec: PipelineSpec, plan: BatchPlan, attempt: TargetA
     return Decided(hits, counts, truncated=truncated)
 
 
-def _chosen_hits(found: list[tuple[Any, Any]], applied: Any) -> list[tuple[Any, Any]]:
-    """The positions of the live rows of the keys ``applied`` chose (by the rows' ``__key``)."""
+def _chosen(net: NetChanges, found: list[tuple[Any, Any]], applied: Any) -> tuple[list[tuple[Any, Any]], Any]:
+    """What a replay's or retry's decision ``applied`` (per key) makes: the positions of the chosen keys' live rows
+    (by the rows' ``__key``), and the chosen keys' new row images (their last change, unless a delete)."""
     chosen = pc.indices_nonzero(applied)
     hits = [(f, t.filter(pc.is_in(t.column("__key"), value_set=chosen)).column("__pos").combine_chunks()) for f, t in found]
-    return [(f, p) for f, p in hits if len(p)]
+    return [(f, p) for f, p in hits if len(p)], net.last.filter(pc.and_(applied, pc.invert(net.last_deletes)))
 
 
 def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, attempt: TargetAttempt) -> Decided:
@@ -173,10 +175,10 @@ def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, attempt: TargetAtt
     rows = pa.concat_tables([t for _, t in found]) if found else pa.table({"__key": pa.array([], pa.int64())})
     offsets = committed_state(table, branch).offsets
     applied, counts = reapply_decisions(net, rows, restorable(table, plan, offsets, spec))
-    hits = _chosen_hits(found, applied)
+    hits, upserts = _chosen(net, found, applied)
     counts["position_deletes"] = sum(len(p) for _, p in hits)
     log.info("replay %s of %s: %s", plan.batch_id, spec.table.identifier, ", ".join(f"{v} {k}" for k, v in counts.items()))
-    return Decided(hits, counts, upserts=net.last.filter(pc.and_(applied, pc.invert(net.last_deletes))))
+    return Decided(hits, counts, upserts=upserts)
 
 
 def _retry(table: Any, spec: PipelineSpec, plan: BatchPlan, attempt: TargetAttempt) -> Decided:
@@ -191,7 +193,7 @@ def _retry(table: Any, spec: PipelineSpec, plan: BatchPlan, attempt: TargetAttem
     found = find_rows(table, net.keys, ids, source=True, branch=branch)
     live = pa.concat_tables([t for _, t in found]) if found else None
     applied, reasons = retry_decisions(net, live, removed_since(table, net.keys, ids, plan.retry_of, branch))
-    hits = _chosen_hits(found, applied)
+    hits, upserts = _chosen(net, found, applied)
     refusing = pc.invert(pc.take(applied, net.group))
     refused_rows = rows.filter(refusing)  # every retried change of a refused key
     why = dict(reasons)
@@ -205,7 +207,7 @@ def _retry(table: Any, spec: PipelineSpec, plan: BatchPlan, attempt: TargetAttem
         "position_deletes": sum(len(p) for _, p in hits)}
     log.info("retry %s of %s: %d changes applied, %d refused (a later change of their key is applied)", plan.batch_id,
              spec.table.identifier, counts["applied"], counts["refused"])
-    return Decided(hits, counts, upserts=net.last.filter(pc.and_(applied, pc.invert(net.last_deletes))))
+    return Decided(hits, counts, upserts=upserts)
 
 
 APPLY = Decision(_stage_net, _apply_all, batch_upserts=True)

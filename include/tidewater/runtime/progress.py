@@ -68,7 +68,7 @@ class BatchProgress:
         passed = sum(c.success for c in report.checks)
         self.out(f"{INDENT}{passed}/{len(report.checks)} expectations passed ({seconds:.1f}s)")
 
-    def committing(self, spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> None:
+    def committing(self, spec: PipelineSpec, manifest: BatchManifest) -> None:
         self.out(f"[4/4] commit   {committing_what(spec, manifest)}")
 
     def committed(self, result: CommitResult, seconds: float, total: float) -> None:

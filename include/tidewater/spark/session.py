@@ -4,14 +4,11 @@ failure means (worth retrying or not).
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError, TransientError
 from tidewater.spark.conf import submit_settings
-
-log = logging.getLogger(__name__)
 
 
 def session(spec: PipelineSpec, app_name: str = "tidewater", master: str | None = None) -> Any:

@@ -252,7 +252,7 @@ def _validate_and_commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
     report = validate_step(spec, plan, manifest)
     say("validated", report=report, seconds=time.monotonic() - t2)
     t3 = time.monotonic()
-    say("committing", spec=spec, plan=plan, manifest=manifest)
+    say("committing", spec=spec, manifest=manifest)
     result = commit_step(spec, plan, manifest)
     t4 = time.monotonic()
     say("committed", result=result, seconds=t4 - t3, total=t4 - t0)
