@@ -200,7 +200,7 @@ class _TaskWriter:
     the per-chunk loop; ``write_ranges`` drives it."""
 
     def __init__(self, spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
-                 mode: str, probe: bool = False, tables: tuple[str, ...] = ()) -> None:
+                 mode: str, *, probe: bool = False, tables: tuple[str, ...] = ()) -> None:
         self.probe = probe
         self.spec, self.settings, self.batch_id, self.task_id, self.rng = spec, settings, batch_id, task_id, rng
         self.started, self.started_at = time.monotonic(), time.time()
@@ -452,17 +452,16 @@ def probe_schema(spec: PipelineSpec, settings: dict[str, str], batch_id: str, ra
     probe cannot take is left to the task, which reports it with its offset."""
     for i, rng in enumerate(ranges):
         head = PartitionRange(rng.topic, rng.partition, rng.start, min(rng.end, rng.start + PROBE_RECORDS))
-        writer = None
+        # Built outside the guard: a writer that cannot be built is our fault, not a record's, and must not hide.
+        writer = _TaskWriter(spec, settings, batch_id, 90000 + i, head, "ingest", probe=True)
         try:
-            writer = _TaskWriter(spec, settings, batch_id, 90000 + i, head, "ingest", None, probe=True)
             for chunk in writer.chunks():
                 writer.process(chunk)
         except Exception as e:  # noqa: BLE001 - the Spark task meets the same record and reports it
             log.info("batch %s: schema probe of %s[%d] stopped (%s); the tasks go on", batch_id, rng.topic,
                      rng.partition, e)
         finally:
-            if writer is not None:
-                writer.rereader.close()
+            writer.rereader.close()
 
 
 def worker_process() -> dict[str, Any]:
