@@ -103,13 +103,14 @@ def instrument(stages: Stages, held: dict) -> None:
     which the profile's files never do (they close at the end of each task)."""
     import tidewater.write.parquet as parquet
     import tidewater.write.sinks as sinks
+    import tidewater.write.destinations as destinations
     import tidewater.write.task as task
 
     stages.replace(task, "read_range", from_memory(held))
     stages.wrap_generator(task, "read_range", MEMORY)
     stages.wrap(task, "decode_chunk", "decode")
     stages.wrap(task, "add_source_columns", "source columns")
-    stages.wrap(task._TaskWriter, "admit", "admit and route")
+    stages.wrap(destinations.OneTable, "admit", "admit and route")
     stages.wrap(sinks, "to_table_schema", "cast to the table schema")
     stages.wrap(parquet.DataFileWriter, "write", "parquet encode")
     stages.wrap(parquet.DataFileWriter, "_roll", "file close and Iceberg metrics")

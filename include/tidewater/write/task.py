@@ -10,7 +10,6 @@ How a record travels: ``source.kafka.read_range`` (Arrow-friendly chunks of raw 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import gc
 import logging
@@ -19,10 +18,8 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict
-from functools import reduce
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,171 +28,26 @@ from tidewater.batch import (
     PartitionStats,
 )
 from tidewater.config.formats import FORMATS
-from tidewater.config.spec import KEYED_OP, PipelineSpec
+from tidewater.config.spec import PipelineSpec
 from tidewater.decode.avro import RegistryClient
-from tidewater.decode.debezium import SOURCE_COLUMN
-from tidewater.decode.records import BadRecord, decoded_rows, keep_mask, null_rows
-from tidewater.errors import RecordError, TidewaterError, TransientError, error_document
+from tidewater.errors import TidewaterError, TransientError, error_document
 from tidewater.source.kafka import Chunk, Rereader, read_range
 from tidewater.table.catalog import catalog_failure, load_catalog
 from tidewater.table.evolution import table_arrow_schema
 from tidewater.table.own_tables import ensure_dead_letter_table
 from tidewater.table.targets import target_role
-from tidewater.transform import shaping
-from tidewater.transform.changes import bad_ops, ops_mask
 from tidewater.transform.chunk import decode_chunk
-from tidewater.transform.conversions import decoder_schema
 from tidewater.transform.keys import keyed_changes
-from tidewater.transform.routing import Router
-from tidewater.transform.shaping import NameMatcher, conform
-from tidewater.transform.source_columns import add_source_columns, without_source_columns
+from tidewater.transform.source_columns import add_source_columns
 from tidewater.write.dead_letters import dead_letter_rows
+from tidewater.write.destinations import OneTable, Routes
 from tidewater.write.parquet import DataFileWriter, to_table_schema
 from tidewater.write.sinks import TableSink, delete_files
 
 log = logging.getLogger(__name__)
 
 
-def row_failures(spec: PipelineSpec, tspec: Any, rows: Any, not_null: list[str]) -> dict[int, tuple[str, str]]:
-    """Rows that cannot be applied (row -> error class, message): a truncate the table does not apply, an empty
-    id column, an unknown change operation, a null in a ``not_null`` column when the gate's policy dead-letters
-    them (a truncate the table applies has no key and no image: neither check concerns it). Each check is
-    vectorized; the loops run over failing rows and truncates only."""
-    failing = _truncates(spec, tspec, rows)
-    applied = {r for r, (cls, _) in failing.items() if cls is None}  # truncates applied: no key, no image
-    failing = {r: f for r, f in failing.items() if r not in applied}
-    for r, column in null_rows(rows, list(tspec.id_columns)).items():  # error path
-        if r not in applied:
-            failing.setdefault(r, ("MissingId", f"id column {column!r} is empty"))
-    if spec.applies_changes:
-        for r, why in bad_ops(rows, spec.op_column(), tspec.op_values).items():  # error path
-            failing.setdefault(r, ("UnknownOp", why))
-    if spec.validation.not_null_policy == "dead_letter":
-        for r, column in null_rows(rows, not_null).items():  # error path
-            if r not in applied:
-                failing.setdefault(r, ("NullInRequiredColumn", f"column {column!r} is null or missing"))
-    return failing
-
-
-def _truncates(spec: PipelineSpec, tspec: Any, rows: Any) -> dict[int, tuple[Any, str]]:
-    """Records that truncate the source table (row -> (None, "") when the change table applies them, else the dead
-    letter's class and message: `table.truncate`). Vectorized; the loop runs over truncate records only."""
-    fmt = FORMATS.get(spec.format.value)
-    op = spec.op_column() if spec.applies_changes else (fmt.op_column if fmt is not None else None)
-    found = pc.indices_nonzero(ops_mask(rows, op, tspec.op_values, ("truncate",))).to_pylist()
-    if not found:
-        return {}
-    if spec.applies_changes and tspec.truncate == "apply":
-        return dict.fromkeys(found, (None, ""))
-    why = ("a truncate of the source table: not applied (table.truncate: dead_letter); set table.truncate: apply to "
-           "remove the table's rows at this point of the stream" if spec.applies_changes else
-           "a truncate of the source table: an append table cannot apply it (it keeps its rows)")
-    return dict.fromkeys(found, ("Truncate", why))
-
-
-def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: Any, offsets: Any,
-                   failed: dict[int, tuple[str, str]]) -> tuple[Any, Any] | None:
-    """The rows routed to one table, conformed to its types: (rows, their indices in ``decoded``), or None.
-
-    Rows the table already holds (below its own committed offset) are dropped and counted; rows that
-    cannot go to this table are added to ``failed`` (row -> error class, message)."""
-    rows_of = pc.indices_nonzero(mask)
-    if sink.table is None and not sink.tspec.auto_create:
-        for r in rows_of.to_pylist():  # error path
-            failed.setdefault(r, ("UnknownTable", f"table {ident} does not exist and auto_create is off"))
-        return None
-    refused = (("ForeignTable", f"table {ident} holds the batches of pipeline {sink.owner!r}") if sink.foreign else
-               ("TableKindMismatch", sink.kind_mismatch) if sink.kind_mismatch else None)
-    if refused is None:
-        no_ids = sink.key_ids(chunk)
-        refused = ("MissingId", no_ids) if no_ids else None
-    if refused is not None:
-        for r in rows_of.to_pylist():  # error path
-            failed.setdefault(r, refused)
-        return None
-    held = sink.held(chunk.topic, chunk.partition, pc.take(offsets, rows_of))
-    if held is not None:
-        fresh = pc.filter(rows_of, pc.invert(held))
-        sink.already += len(rows_of) - len(fresh)
-        rows_of = fresh
-    if not len(rows_of):
-        return None
-    sub = decoded.take(rows_of)
-    if sink.table is not None or sink.tspec.case_insensitive:
-        matcher = NameMatcher(sink.table, sink.tspec.case_insensitive)
-        sub, casts = conform(matcher.apply(sub), table_arrow_schema(sink.table) if sink.table is not None else None)
-        if casts:  # error path
-            for r, msg in casts:
-                failed.setdefault(rows_of[r].as_py(), ("TypeMismatch", f"table {ident}: {msg}"))
-            rows_of = pc.filter(rows_of, keep_mask(len(rows_of), [r for r, _ in casts]))
-    present = [c for c in sink.spec.validation.not_null if sink.table is not None and c in sink.table.schema().column_names]
-    for r, (cls, msg) in row_failures(sink.view, sink.tspec, sub, present).items():  # error path
-        failed.setdefault(rows_of[r].as_py(), (cls, f"table {ident}: {msg}"))
-    sub, over = sink.admit(sub)
-    if over:  # error path
-        for o in over:
-            failed.setdefault(rows_of[o.row].as_py(), (o.error_class, f"table {ident}: {o.message}"))
-        rows_of = pc.filter(rows_of, keep_mask(len(rows_of), [o.row for o in over]))
-    return sub, rows_of
-
-
-def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], open_sink: Any, chunk: Any,
-                 decoded: Any, bad_idx: list[int], only: frozenset[str] | None = None) -> tuple[list[Any], int, int]:
-    """Routed pipelines: split decoded rows over the target tables and write them.
-
-    Returns (records that become dead letters, records skipped as unmatched, records routed to at least
-    one table). A record that cannot be written to one of its tables (its value does not take the
-    column's type, an id column is empty, its dynamic table does not exist) is a dead letter and is
-    written to none, so records read = routed + dead letters + skipped holds. ``only`` (a replay of some
-    target tables): records routed to none of them are skipped.
-    """
-    n = decoded.num_rows
-    chunk_idx = decoded_rows(len(chunk), bad_idx)
-    offsets = pc.take(pa.array(chunk.offsets, pa.int64()), chunk_idx)
-    routed = router.route(chunk.topic, decoded)
-    if SOURCE_COLUMN in decoded.column_names:  # read by the router only, never written
-        decoded = decoded.drop_columns([SOURCE_COLUMN])
-    if only is not None:
-        routed = _only_tables(routed, only)
-    failed: dict[int, tuple[str, str]] = {r: ("InvalidRoute", msg) for r, msg in routed.invalid}
-    pending: list[tuple[TableSink, Any, Any]] = []
-    for ident, mask in routed.masks.items():
-        sink = sinks.get(ident) or open_sink(ident)
-        taken = _rows_for_sink(sink, ident, mask, chunk, decoded, offsets, failed)
-        if taken is not None:
-            pending.append((sink, *taken))
-    if failed:
-        gone = pa.array(sorted(failed), pa.uint64())
-        pending = [(sink, sub.filter(pc.invert(pc.is_in(rows, value_set=gone))), rows) for sink, sub, rows in pending]
-    for sink, sub, _ in pending:
-        sink.write(sub)
-    bad = [BadRecord(chunk_idx[r].as_py(), cls, msg) for r, (cls, msg) in sorted(failed.items())]
-    unmatched_rows = pc.indices_nonzero(pc.and_(routed.unmatched, keep_mask(n, list(failed))))
-    skipped = 0
-    if len(unmatched_rows):
-        if spec.routing.unmatched == "skip" or only is not None:  # a replay: their dead letters exist already
-            skipped = len(unmatched_rows)
-        else:
-            field = spec.routing.field
-            msg = f"no table takes this record (route field {field!r})" if field else f"no table takes records of topic {chunk.topic}"
-            bad.extend(BadRecord(chunk_idx[r].as_py(), "Unrouted", msg) for r in unmatched_rows.to_pylist())
-    bad.sort(key=lambda b: b.index)
-    return bad, skipped, n - len(failed) - len(unmatched_rows)
-
-
-def _only_tables(routed: Any, only: frozenset[str]) -> Any:
-    """The routing of a chunk kept to the tables ``only`` names: records routed to none of them become unmatched."""
-    kept = {ident: mask for ident, mask in routed.masks.items() if ident in only}
-    elsewhere = [mask for ident, mask in routed.masks.items() if ident not in only]
-    if not elsewhere:
-        return routed
-    anywhere = reduce(pc.or_, kept.values()) if kept else None
-    left_out = reduce(pc.or_, elsewhere)
-    left_out = left_out if anywhere is None else pc.and_(left_out, pc.invert(anywhere))
-    return dataclasses.replace(routed, masks=kept, unmatched=pc.or_(routed.unmatched, left_out))
-
-
-class _TaskWriter:
+class TaskWriter:
     """The state of one task: sinks per table, the dead-letter writer, counts. One method per step of
     the per-chunk loop; ``write_ranges`` drives it."""
 
@@ -210,15 +62,11 @@ class _TaskWriter:
         self.only = frozenset(tables) or None  # routed replays: the target tables asked for (None: every table)
         self.prefix = f"{batch_id}-{task_id:05d}"
         self.sinks: dict[str, TableSink] = {}
-        self._keyed: dict[str, str | None] = {}  # topic -> its change table keyed by the message key (routed)
-        self.router: Any = None
-        if not spec.targets.fused:  # records go to tables by topic and routes
-
-            self.router = Router(spec)
         self.registry: Any = None
         if FORMATS[spec.format.value].registry:
             self.registry = RegistryClient(*spec.registry())
-        self.single = None if self.router is not None else self.open_sink(spec.table.identifier)
+        # the one place a task asks the pipeline's shape: where its records go (see write/destinations.py)
+        self.dest: OneTable | Routes = OneTable(self) if spec.targets.fused else Routes(self, self.only)
         self.rereader = Rereader(settings, f"{spec.name}-{task_id}-dlq", spec.kafka.read_timeout_seconds)
         self.setup_seconds = time.monotonic() - self.started  # catalog, table and clients opened
         self.dlq_writer: Any = None
@@ -228,8 +76,9 @@ class _TaskWriter:
         self.reset_counts()
 
     def reset_counts(self) -> None:
-        """The counts of one range (``rng``), from zero."""
-        self.records = self.dead = self.skipped = self.routed = self.present = 0
+        """The counts of one range (``rng``), from zero, here and in the destination."""
+        self.records = self.dead = self.skipped = self.present = 0
+        self.dest.reset()
         self.first: int | None = None
         self.last: int | None = None
         self.tmin: int | None = None
@@ -267,27 +116,11 @@ class _TaskWriter:
                           keys=spec.format.key != "none" or spec.keys_from_messages or spec.ids_from_keys,
                           headers=spec.format.headers)
 
-    def decoder_inputs(self) -> tuple[Any, Any]:
-        """(explicit schema, shaper) for the decoder: the single table's types, or none when routing."""
-        spec = self.spec
-        if self.single is None:  # per-table name matching comes after routing
-            return None, ((shaping.NameMatcher(None, False), None) if spec.format.flatten or spec.format.map_columns else None)
-        table = self.single.table
-        table_schema = table_arrow_schema(table) if table is not None else None
-        if table_schema is not None and spec.applies_changes and spec.table.key_source == "message_key":
-            # the key and the operation come from the message key, not from the value
-            keyed = {*spec.table.id_columns, KEYED_OP}
-            table_schema = pa.schema([f for f in table_schema if f.name not in keyed])
-        explicit = decoder_schema(without_source_columns(table_schema, spec.format), spec.format)
-        if not shaping.active(spec.format, spec.table, table):
-            return explicit, None
-        return shaping.decoder_schema(explicit, spec.format), (shaping.NameMatcher(table, spec.table.case_insensitive),
-                                                                table_schema)
-
     def process(self, chunk: Any) -> None:
-        explicit, shaper = self.decoder_inputs()
+        """One chunk: decode it, key it, add its source columns, place its rows, set its bad records apart, write."""
+        explicit, shaper = self.dest.decoder_inputs()
         decoded, bad, ignored = decode_chunk(self.spec, chunk, explicit, self.registry, shaper)
-        keyed = self.keyed_by_message_key(chunk.topic)
+        keyed = self.dest.keyed(chunk.topic)
         if keyed is not None:
             view, table = keyed
             decoded, bad, ignored = keyed_changes(view, chunk, decoded, bad, ignored,
@@ -295,69 +128,10 @@ class _TaskWriter:
         self.skipped += len(ignored)  # after keying: a tombstone keyed by the message key is a delete, not skipped
         gone = sorted(b.index for b in bad + ignored)
         decoded = add_source_columns(self.spec.format, chunk, decoded, gone)
-        if self.router is not None:
-            bad = self.route(chunk, decoded, gone, bad)
-        elif self.single is not None:
-            decoded, bad, gone = self.admit(chunk, decoded, bad, gone)
+        bad, write = self.dest.place(chunk, decoded, gone, bad)
         self.set_apart(chunk, bad)
-        decoded = self.drop_present(chunk, decoded, gone)
-        if self.single is not None:
-            self.single.write(decoded)
+        write()
         self.count(chunk)
-
-    def keyed_by_message_key(self, topic: str) -> tuple[PipelineSpec, Any] | None:
-        """(the change table's view, its table or None) when ``topic``'s records are changes keyed by the message key
-        (``table.key_source: message_key``): the pipeline's table, or the one table a routed pipeline sends the
-        topic to (validation makes such a topic feed that table alone)."""
-        spec = self.spec
-        if self.router is None:
-            if spec.applies_changes and spec.table.key_source == "message_key":
-                return spec, self.single.table if self.single is not None else None
-            return None
-        if topic not in self._keyed:
-            ident = self.router.topic_table(topic)
-            view = spec.for_table(ident) if ident else None
-            keyed = view is not None and view.applies_changes and view.table.key_source == "message_key"
-            self._keyed[topic] = ident if keyed else None
-        ident = self._keyed[topic]
-        if ident is None:
-            return None
-        sink = self.sinks.get(ident) or self.open_sink(ident)
-        return sink.view, sink.table
-
-    def admit(self, chunk: Any, decoded: Any, bad: list[Any], gone: list[int]) -> tuple[Any, list[Any], list[int]]:
-        """Records over the table's schema limits (see ``table/limits.py``) and, with
-        ``validation.not_null_policy: dead_letter``, records with a null in a ``not_null`` column join the
-        bad records."""
-        assert self.single is not None
-        decoded, over = self.single.admit(decoded)
-        over_rows = [(o.row, o.error_class, o.message) for o in over]
-        failing = row_failures(self.spec, self.spec.table, decoded, list(self.spec.validation.not_null)) if decoded.num_rows else {}
-        if failing:  # error path
-
-            # position of each admitted row among the rows before admission (error path)
-            kept_pos = np.delete(np.arange(decoded.num_rows + len(over)), [o.row for o in over]).tolist()
-            over_rows += [(kept_pos[r], cls, msg) for r, (cls, msg) in failing.items()]
-            decoded = decoded.filter(keep_mask(decoded.num_rows, list(failing)))
-        if not over_rows:
-            return decoded, bad, gone
-        index = decoded_rows(len(chunk), gone)  # chunk index of each decoded row
-        more = sorted((BadRecord(index[r].as_py(), cls, msg) for r, cls, msg in over_rows), key=lambda b: b.index)
-        if self.policy == "fail":
-            raise RecordError(f"{more[0].error_class}: {more[0].message}", topic=chunk.topic, partition=chunk.partition,
-                              offset=chunk.offsets[more[0].index])
-        bad = sorted(bad + more, key=lambda b: b.index)
-        return decoded, bad, sorted(gone + [b.index for b in more])
-
-    def route(self, chunk: Any, decoded: Any, gone: list[int], bad: list[Any]) -> list[Any]:
-        more, unmatched, routed_now = route_chunk(self.spec, self.router, self.sinks, self.open_sink, chunk, decoded, gone,
-                                                  self.only)
-        self.skipped += unmatched
-        self.routed += routed_now
-        if more and self.policy == "fail":
-            raise RecordError(f"{more[0].error_class}: {more[0].message}", topic=chunk.topic, partition=chunk.partition,
-                              offset=chunk.offsets[more[0].index])
-        return sorted(bad + more, key=lambda b: b.index)
 
     def set_apart(self, chunk: Any, bad: list[Any]) -> None:
         """Bad records become rows of the dead-letter table (or are skipped and logged, by policy)."""
@@ -375,19 +149,6 @@ class _TaskWriter:
         rows = dead_letter_rows(chunk, bad, self.batch_id, self.spec.name, reread)
         self.dlq_writer.write(to_table_schema(self.dlq_table, rows))
         self.dead += len(bad)
-
-    def drop_present(self, chunk: Any, decoded: Any, gone: list[int]) -> Any:
-        """Append-missing replays and dead-letter retries: leave out the records whose offsets the pipeline's own
-        table already holds, asked of its sink as every target table is asked (``TableSink.held``); counted as
-        present. A routed pipeline's tables are asked as records are routed to them (``_rows_for_sink``)."""
-        if self.single is None or self.single.replay is None or not decoded.num_rows:  # an ingest: nothing to ask
-            return decoded
-        offsets = pc.take(pa.array(chunk.offsets, pa.int64()), decoded_rows(len(chunk), gone))
-        held = self.single.held(chunk.topic, chunk.partition, offsets)
-        if held is None:
-            return decoded
-        self.present += pc.sum(held.cast(pa.int64())).as_py() or 0
-        return decoded.filter(pc.invert(held))
 
     def count(self, chunk: Any) -> None:
         self.records += len(chunk)
@@ -418,7 +179,7 @@ class _TaskWriter:
     def range_stats(self) -> PartitionStats:
         rng = self.rng
         return PartitionStats(rng.topic, rng.partition, rng.start, rng.end, self.records, self.first, self.last, self.tmin,
-                              self.tmax, self.dead, self.skipped, self.routed if self.router is not None else None,
+                              self.tmax, self.dead, self.skipped, self.dest.routed,
                               self.present)
 
     def result(self) -> dict[str, Any]:
@@ -431,12 +192,7 @@ class _TaskWriter:
                        "seconds": time.monotonic() - self.started, "setup_seconds": self.setup_seconds,
                        "records": sum(s.records for s in stats), **worker_process()},
         }
-        if self.single is not None:
-            table = self.single.table
-            result.update(files=self.single.files, ignored_fields=sorted(self.single.ignored_fields),
-                          schema_id=table.schema().schema_id if table is not None else -1)
-        else:
-            result.update(files=[], outputs=[s.output() for s in self.sinks.values()])
+        result.update(self.dest.result())
         return result
 
 
@@ -453,7 +209,7 @@ def probe_schema(spec: PipelineSpec, settings: dict[str, str], batch_id: str, ra
     for i, rng in enumerate(ranges):
         head = PartitionRange(rng.topic, rng.partition, rng.start, min(rng.end, rng.start + PROBE_RECORDS))
         # Built outside the guard: a writer that cannot be built is our fault, not a record's, and must not hide.
-        writer = _TaskWriter(spec, settings, batch_id, 90000 + i, head, "ingest", probe=True)
+        writer = TaskWriter(spec, settings, batch_id, 90000 + i, head, "ingest", probe=True)
         try:
             for chunk in writer.chunks():
                 writer.process(chunk)
@@ -520,7 +276,7 @@ def write_ranges(
     """
     _leave_a_removed_directory()
     with fewer_collections():
-        return _run_task(spec, task_id, ranges, lambda: _TaskWriter(spec, settings, batch_id, task_id, ranges[0], mode,
+        return _run_task(spec, task_id, ranges, lambda: TaskWriter(spec, settings, batch_id, task_id, ranges[0], mode,
                                                                     tables=tables))
 
 
@@ -550,7 +306,7 @@ def _run_task(spec: PipelineSpec, task_id: int, ranges: tuple[PartitionRange, ..
 
 
 
-class _LetterWriter(_TaskWriter):
+class _LetterWriter(TaskWriter):
     """A dead-letter retry's task (``ops/dead_letters.py``): the records are the letters' stored raw records (key,
     value, headers, timestamp) instead of a read of Kafka, so a retry works when Kafka no longer holds them; they are
     decoded, transformed and routed with the pipeline's current settings like any replay that appends the missing
