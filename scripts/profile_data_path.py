@@ -101,9 +101,9 @@ def instrument(stages: Stages, held: dict) -> None:
     """The task reads ``held`` instead of Kafka, and each stage's function is timed (``stages.restore`` undoes it).
     The stages do not nest: ``_roll`` runs inside ``write`` only when a file reaches its target size, 128 MB here,
     which the profile's files never do (they close at the end of each task)."""
+    import tidewater.write.destinations as destinations
     import tidewater.write.parquet as parquet
     import tidewater.write.sinks as sinks
-    import tidewater.write.destinations as destinations
     import tidewater.write.task as task
 
     stages.replace(task, "read_range", from_memory(held))

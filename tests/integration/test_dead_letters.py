@@ -123,7 +123,7 @@ def test_failure_between_the_batch_commit_and_the_dead_letter_commit_is_repaired
 ):
     """The batch commits, then the dead-letter commit fails (fault injected): the commit step raises a
     transient error; retrying it finds the batch committed and commits the dead letters exactly once."""
-    import tidewater.commit.batch as committing
+    import tidewater.commit.holders as committing
 
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     spec = load_pipeline(path)

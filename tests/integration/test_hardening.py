@@ -35,7 +35,7 @@ def test_killed_between_the_batch_commit_and_its_dead_letters_loses_no_dead_lett
     commit. Expected: the table has the batch (offsets moved) and the dead-letter table not yet; the next
     run finishes the dead-letter commit before it plans, then ingests the new records. In the end every
     record is once in the table or once in the dead-letter table, and read = rows + dead letters."""
-    import tidewater.commit.batch as commit_batch_module
+    import tidewater.commit.holders as holders
     from tidewater.steps.lifecycle import run_once
     from tidewater.table import letters
 
@@ -47,11 +47,11 @@ def test_killed_between_the_batch_commit_and_its_dead_letters_loses_no_dead_lett
     def die(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
         raise _Killed()
 
-    real = commit_batch_module.commit_dead_letters
-    monkeypatch.setattr(commit_batch_module, "commit_dead_letters", die)
+    real = holders.commit_dead_letters
+    monkeypatch.setattr(holders, "commit_dead_letters", die)
     with pytest.raises(_Killed):
         run_once(path, master="local[2]")
-    monkeypatch.setattr(commit_batch_module, "commit_dead_letters", real)
+    monkeypatch.setattr(holders, "commit_dead_letters", real)
     table = load_table(load_catalog(spec), spec.table.identifier)
     assert table.scan().to_arrow().num_rows == 12 and committed_state(table).offsets == {topic: {0: 15}}
     assert _rows(spec, spec.dead_letter_table()) == 0, "the crash came before the dead-letter commit"

@@ -116,3 +116,32 @@ def test_a_target_s_role_is_asked_of_the_target_set_by_name():
     assert answers(target_role(plain, "db.plain")) == (True, True, True, True, False, False, False, False)
     assert answers(target_role(routed, "ev.ev_a")) == (False, False, False, False, True, True, True, True)
     assert target_role(routed, routed.targets.holder).holds_offsets, "the checkpoint is the routed pipeline's holder"
+
+
+def test_a_replay_s_modes_and_its_default_follow_the_pipeline_s_tables():
+    """One rule for the CLI's default, the replay form's choices and the plan's check (``PipelineSpec.replay_modes``):
+    a change table is reapplied, an append table replaced or completed, a routed pipeline takes all three (its tables
+    translate them: ``Mode.for_table``); a mode outside them is refused with the rule in its message."""
+    from tidewater.config.parse import parse_pipeline
+    from tidewater.errors import ConfigError
+    from tidewater.plan.replay import ReplayRequest, check_request
+
+    base = {"topics": ["t"], "kafka": {"bootstrap_servers": "h:1"}, "format": {"metadata": "prefixed"}}
+    append = parse_pipeline({**base, "name": "a", "table": {"identifier": "db.a"}})
+    changes = parse_pipeline({**base, "name": "c", "table": {"identifier": "db.c", "upsert": True, "id_columns": ["id"]}})
+    routed = parse_pipeline({**base, "name": "r", "table": {"identifier": ""},
+                             "routing": {"namespace": "ev", "field": "k", "dynamic": True, "table_template": "ev_{value}"}})
+    assert append.replay_modes == ("replace", "append-missing")
+    assert changes.replay_modes == ("reapply",)
+    assert routed.replay_modes == ("replace", "append-missing", "reapply")
+
+    def check(spec, mode):  # noqa: ANN001, ANN202
+        check_request(spec, ReplayRequest(topic="t", partitions=(0,), start_offset=0, end_offset=5, mode=mode))
+
+    for spec in (append, changes, routed):
+        for mode in spec.replay_modes:
+            check(spec, mode)
+    with pytest.raises(ConfigError, match="reapply is for change tables"):
+        check(append, "reapply")
+    with pytest.raises(ConfigError, match="replayed with mode reapply"):
+        check(changes, "append-missing")

@@ -23,6 +23,9 @@ and its offsets land in ONE snapshot. Every commit goes through ``commit.primiti
 - The targets of a separate holder commit on a bounded pool: as many at once as the catalog allows
   (``table.catalog.commit_slots``; SQLite one at a time).
 - The batch's dead letters are committed after the holder, once (``commit/dead_letters.py``).
+
+The holder's part (get ready before the targets, finish after them) is ``commit/holders.py``: ``OwnSnapshot`` for
+a plain pipeline, ``Checkpoint`` for a routed one.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -47,30 +49,26 @@ from tidewater.batch import (
     PartitionRange,
     TableOutput,
     fused_output,
-    offsets_to_json,
 )
 from tidewater.commit.attempt import TargetAttempt, remove_staged
 from tidewater.commit.changes import APPLY, REAPPLY, RETRY, row_delta_attempt
-from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
-from tidewater.commit.primitive import Change, Committed, OffsetsExpected, commit
+from tidewater.commit.dead_letters import DeadLetterSink
+from tidewater.commit.holders import Checkpoint, OwnSnapshot
+from tidewater.commit.primitive import Change, OffsetsExpected, commit
 from tidewater.commit.quarantine import quarantine_change
-from tidewater.commit.replay import refuse_uncommitted_ranges, replay_change, replay_summary
+from tidewater.commit.replay import replay_change, replay_summary
 from tidewater.commit.result import CommitResult, TableCommit
 from tidewater.config.parse import load_pipeline
 from tidewater.config.spec import PipelineSpec
-from tidewater.errors import TerminalError, TransientError
-from tidewater.table.catalog import commit_slots, create_table, load_table
-from tidewater.table.own_tables import CHECKPOINT_SCHEMA
+from tidewater.errors import TerminalError
+from tidewater.table.catalog import commit_slots, create_table
 from tidewater.table.provisional import confirm_keys
 from tidewater.table.summary import (
     DATA_INTERVAL,
     OFFSETS_TAG,
     QUARANTINED,
-    QUARANTINED_TABLES,
     RANGES,
-    ROUTED,
     committed_state,
-    find_batch_snapshot,
     quarantine_branch,
     summary_properties,
 )
@@ -318,37 +316,16 @@ def commit_batch(
                       extra_properties, max_attempts)
     outputs = outputs_of(job.spec, plan, manifest)
     check_manifest(job, outputs)
-    targets, ident = job.spec.targets, job.spec.targets.holder
     held = set(job.quarantined(outputs)) if job.ingests else set()
-    holder = None if targets.fused and job.ingests else load_table(catalog, ident)
-    if not job.ingests:  # a replay re-reads committed records only
-        refuse_uncommitted_ranges(plan, committed_state(holder, targets.branch).offsets if holder is not None else {}, ident)
-    elif not targets.fused:
-        holder = holder or create_table(catalog, ident, CHECKPOINT_SCHEMA, {"format-version": "2"})
-        if find_batch_snapshot(holder, plan.batch_id) is not None:
-            commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
-            return CommitResult(status="already-committed", batch_id=plan.batch_id, table=ident, records=manifest.records,
-                                data_files=files_of(outputs), offsets=plan.end_offsets(), dead_letters=manifest.dead_letters,
-                                quarantined=tuple(sorted(held)))
-        job.holder_expected().check(holder, ident)
+    # the one place the commit asks where the offsets live (see commit/holders.py)
+    holder = (OwnSnapshot if job.spec.targets.fused else Checkpoint)(catalog, job, dead_letter_sink)
+    answered = holder.ready(outputs, held)
+    if answered is not None:
+        return answered
     todo = [Target(job, o, target_view(job.spec, catalog, o.table), o.table in held) for o in outputs
             if o.data_files or target_role(job.spec, o.table).committed_without_rows]
     timings = commit_targets(catalog, todo)
-    if targets.fused:
-        return fused_result(catalog, job, todo[0], dead_letter_sink, timings[0])
-    if job.ingests:
-        t0 = time.monotonic()
-        commit_holder(catalog, job, sorted(held))
-        timings.append(TableCommit(table=ident, status="checkpoint", rows=0, seconds=round(time.monotonic() - t0, 4)))
-        commit_dead_letters(catalog, plan, manifest, dead_letter_sink)
-    log.info("%s: %s%s", job.what, ", ".join(f"{t.table}: {t.status}" for t in timings) or "no rows for any table",
-             f"; the checkpoint {ident}" if job.ingests else "")
-    done = job.ingests or any(t.status == "committed" for t in timings) or not timings
-    offsets = plan.end_offsets() if job.ingests else committed_state(holder).offsets if holder is not None else {}
-    return CommitResult(status="committed" if done else "already-committed", batch_id=plan.batch_id, table=ident,
-                        records=manifest.records, data_files=files_of(outputs), offsets=offsets,
-                        dead_letters=manifest.dead_letters if job.ingests else 0, tables=tuple(timings),
-                        quarantined=tuple(sorted(held)))
+    return holder.finish(outputs, todo, timings, held)
 
 
 def commit_targets(catalog: Catalog, todo: list[Target]) -> list[TableCommit]:
@@ -368,69 +345,6 @@ def commit_targets(catalog: Catalog, todo: list[Target]) -> list[TableCommit]:
     with ThreadPoolExecutor(max_workers=slots, thread_name_prefix="tidewater-commit") as pool:
         futures = [pool.submit(one, t) for t in todo]
     return [f.result() for f in futures]
-
-
-def fused_result(catalog: Catalog, job: BatchCommit, target: Target, sink: DeadLetterSink | None,
-                 timing: TableCommit) -> CommitResult:
-    """A fused set's outcome: its one snapshot (data and offsets), then the batch's dead letters."""
-    plan, manifest = job.plan, job.manifest
-    done: Committed | None = target.attempt.done
-    if done is None or done.status == "nothing-to-commit":
-        return CommitResult(status="nothing-to-commit", batch_id=plan.batch_id, table=plan.table, records=0, data_files=0,
-                            offsets={})
-    found = find_batch_snapshot(done.table, plan.batch_id) if done.status == "committed" else None
-    offsets = target.attempt.stamped
-    if offsets is None:
-        offsets = plan.end_offsets() if job.ingests else committed_state(done.table, target.view.table.branch).offsets
-    files = len(target.attempt.files) if target.kind == "change" else len(target.out.data_files)
-    if job.ingests:
-        commit_dead_letters(catalog, plan, manifest, sink)
-    own = dataclasses.replace(timing, rows=manifest.rows_in_files, snapshot_id=found.snapshot_id if found else done.snapshot_id)
-    return CommitResult(status=done.status, batch_id=plan.batch_id, table=plan.table, records=manifest.records,
-                        data_files=files, offsets=offsets, dead_letters=manifest.dead_letters if job.ingests else 0,
-                        tables=(own,), quarantined=(plan.table,) if target.held else ())
-
-
-def files_of(outputs: tuple[TableOutput, ...]) -> int:
-    return sum(len(o.data_files) for o in outputs)
-
-
-# ---- the holder of a routed pipeline: its checkpoint table -------------------------------------------------
-
-
-def checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -> Any:
-    """The checkpoint table's row for a batch (``table/own_tables.py``: CHECKPOINT_SCHEMA)."""
-    tables = [o.table for o in manifest.outputs if o.data_files]
-    return pa.table({
-        "batch_id": [plan.batch_id], "pipeline": [plan.pipeline],
-        "committed_at": pa.array([datetime.now(timezone.utc)], pa.timestamp("us", tz="UTC")),
-        "records": pa.array([manifest.records], pa.int64()), "dead_letters": pa.array([manifest.dead_letters], pa.int64()),
-        "skipped": pa.array([manifest.skipped], pa.int64()), "tables": [json.dumps(tables)],
-        "offsets": [json.dumps(offsets_to_json(offsets), separators=(",", ":"))],
-    }, schema=CHECKPOINT_SCHEMA)
-
-
-def commit_holder(catalog: Catalog, job: BatchCommit, held: list[str]) -> None:
-    """The checkpoint's row and snapshot, last: the batch's offsets and accounting (records read = records routed
-    to at least one table + dead letters + skipped), and the tables the gate quarantined (where the planner looks
-    for change tables waiting on a quarantined batch)."""
-    plan, manifest = job.plan, job.manifest
-    offsets = plan.end_offsets()
-    expect = job.holder_expected()
-
-    def prepare(checkpoint: Any) -> Change:
-        props = job.holder_properties(offsets)
-        props[ROUTED] = str(manifest.routed)
-        if held:
-            props[QUARANTINED_TABLES] = json.dumps(held, separators=(",", ":"))
-        return Change(props, rows=checkpoint_row(plan, manifest, offsets), expect=expect, tag=OFFSETS_TAG)
-
-    try:
-        commit(catalog, plan.table, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id} (checkpoint)",
-               max_attempts=job.max_attempts)
-    except TransientError:
-        raise TransientError("the tables are committed but the checkpoint is not yet; retry the commit step",
-                             table=plan.table, batch_id=plan.batch_id) from None
 
 
 # ---- checks and helpers -------------------------------------------------------------------------------------

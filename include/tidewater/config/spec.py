@@ -821,6 +821,15 @@ class PipelineSpec:
         """Records are changes to rows by key (upserts and deletes), not appended rows."""
         return not self.routed and (self.table.upsert or bool(self.table.op_field))
 
+    @property
+    def replay_modes(self) -> tuple[str, ...]:
+        """The modes a replay of this pipeline takes, its default first: a change table is reapplied; an append table
+        is replaced or gets the missing offsets; a routed pipeline takes all three, and each target table translates
+        the mode to its kind (``batch.Mode.for_table``). The CLI, the replay DAG's form and the plan check read it."""
+        if self.applies_changes:
+            return ("reapply",)
+        return ("replace", "append-missing", "reapply") if self.routed else ("replace", "append-missing")
+
     def catalog_properties(self) -> dict[str, str]:
         props = dict(self.catalog.properties)
         if self.catalog.conn_id:

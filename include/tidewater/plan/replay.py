@@ -120,7 +120,7 @@ def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
                           "struct (rows written before that cannot be matched to their offsets)")
     if req.mode not in MODES:
         raise ConfigError(f"mode: {req.mode!r} is not one of {', '.join(MODES)}")
-    if spec.applies_changes != (req.mode == "reapply") and spec.targets.fused:  # others: per table, see Mode.for_table
+    if req.mode not in spec.replay_modes:
         raise ConfigError("mode: a change table (table.upsert / op_field) is replayed with mode reapply (each change is "
                           "applied again where it is still its key's latest)" if spec.applies_changes else
                           "mode: reapply is for change tables (table.upsert / op_field); use replace or append-missing")

@@ -221,9 +221,7 @@ def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
                                             "mapped to an offset by Kafka's timestamp lookup"),
             "end_time": Param(None, type=["null", "string"], pattern=ISO_TIME, title="End time (exclusive)",
                               description="ISO-8601 like Start time; records at or after it are not re-read"),
-            "mode": Param("reapply" if spec.applies_changes else "replace", type="string",
-                          enum=["reapply"] if spec.applies_changes else ["replace", "append-missing"] + (
-                              ["reapply"] if spec.routed else []), title="Mode",
+            "mode": Param(spec.replay_modes[0], type="string", enum=list(spec.replay_modes), title="Mode",
                           description="reapply (change tables): apply each re-read change again where it is still its "
                                       "key's latest change; a healthy table stays unchanged. replace: delete the rows that "
                                       "came from the range and append the re-read records in one commit (replaying twice "

@@ -408,7 +408,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     req = ReplayRequest.from_params({
         "topic": args.topic, "partitions": args.partitions, "start_offset": args.start_offset, "end_offset": args.end_offset,
         "start_time": args.start_time, "end_time": args.end_time,
-        "mode": args.mode or ("reapply" if spec.applies_changes else "replace"), "dry_run": args.dry_run,
+        "mode": args.mode or spec.replay_modes[0], "dry_run": args.dry_run,
         "tables": args.tables,
     })
     result = run_replay(spec, req, master=args.master, out=None if args.json else print)

@@ -6,7 +6,7 @@ creation. Their names come from the pipeline's settings (``config/spec.py``: ``d
   (written by ``write/dead_letters.py``);
 - the resolutions (``<dead letters>_resolutions``): what became of each letter, appended, never rewritten
   (``ops/dead_letters.py``, read by ``table/letters.py``);
-- the checkpoint: a routed pipeline's offsets holder, a row per batch (``commit/batch.py: checkpoint_row``);
+- the checkpoint: a routed pipeline's offsets holder, a row per batch (``commit/holders.py: checkpoint_row``);
 - the ledger: every committed batch's ranges and counts, kept as long as the table (``audit/ledger.py``).
 """
 
