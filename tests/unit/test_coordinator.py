@@ -145,3 +145,20 @@ def test_a_replay_s_modes_and_its_default_follow_the_pipeline_s_tables():
         check(append, "reapply")
     with pytest.raises(ConfigError, match="replayed with mode reapply"):
         check(changes, "append-missing")
+
+
+def test_a_table_a_person_names_is_the_plain_pipeline_s_own_or_any_of_a_routed_one_s():
+    """``TargetSet.named`` (``--table`` of maintain, publish and the quarantine commands): a plain pipeline's table is
+    implied and naming another is refused; a routed pipeline's name passes as given (the catalog says whether it
+    is a target), and ``required`` refuses none."""
+    from tidewater.config.targets import TargetSet
+    from tidewater.errors import ConfigError
+
+    plain = TargetSet(holder="db.t", fused=True, static=("db.t",))
+    routed = TargetSet(holder="ev.p_checkpoints", fused=False, static=("ev.a",))
+    assert plain.named(None, "p") == plain.named("db.t", "p") == "db.t"
+    with pytest.raises(ConfigError, match="--table: pipeline p writes db.t, not db.u"):
+        plain.named("db.u", "p")
+    assert routed.named("ev.a", "p") == "ev.a" and routed.named(None, "p") is None
+    with pytest.raises(ConfigError, match="--table: required for a routed pipeline"):
+        routed.named("", "p", required=True)

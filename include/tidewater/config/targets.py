@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tidewater.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class TargetSet:
@@ -25,3 +27,15 @@ class TargetSet:
     def holds(self, ident: str) -> bool:
         """``ident`` is the offsets holder (for a fused set: the target table too)."""
         return ident == self.holder
+
+    def named(self, table: str | None, pipeline: str, required: bool = False) -> str | None:
+        """The target table a person names (``--table``): a plain pipeline's one table, named or not (naming another
+        is refused); a routed pipeline's as given, which ``required`` refuses to be empty. Whether a routed
+        pipeline's table exists is the catalog's question (``table/targets.py: target_tables``)."""
+        if self.fused:
+            if table and table != self.holder:
+                raise ConfigError(f"--table: pipeline {pipeline} writes {self.holder}, not {table}")
+            return self.holder
+        if required and not table:
+            raise ConfigError(f"--table: required for a routed pipeline (which of its target tables; pipeline {pipeline})")
+        return table or None

@@ -46,10 +46,7 @@ def publish_branch(spec: PipelineSpec, table_ident: str | None = None) -> dict[s
     """Fast-forward main to the head of the table's branch (``table_ident``: one target table of a routed
     pipeline). Returns the branch, main's head before and after, and how many snapshots main gained (0: main
     already was the branch's head)."""
-    targets = spec.targets
-    if not table_ident and not targets.fused:
-        raise ConfigError("--table: required for a routed pipeline (which target table to publish)")
-    ident = table_ident or targets.holder
+    ident = spec.targets.named(table_ident, spec.name, required=True)
     branch = target_spec(spec, ident).table.branch
     if not branch or branch == "main":
         raise ConfigError(f"table.branch: {ident} commits to main; there is no branch to publish")

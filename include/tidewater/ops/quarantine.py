@@ -34,7 +34,7 @@ from tidewater.table.summary import (
     quarantine_branch,
     summary_dict,
 )
-from tidewater.table.targets import target_role, target_tables
+from tidewater.table.targets import target_spec, target_tables
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -114,16 +114,12 @@ def drop(spec: PipelineSpec, batch_id: str, reason: str = "", by: str | None = N
 
 def view_for(spec: PipelineSpec, table: str | None) -> PipelineSpec:
     """The pipeline as one table's: a routed pipeline's target table ``table`` (required), else the pipeline."""
-    targets = spec.targets
-    if targets.fused:
-        if table and not target_role(spec, table).holds_offsets:
-            raise ConfigError(f"--table: pipeline {spec.name} writes {targets.holder}, not {table}")
-        return spec
+    named = spec.targets.named(table, spec.name)  # a plain pipeline's one table, named or not
     known = target_tables(load_catalog(spec), spec)
-    if not table or table not in known:
-        raise ConfigError(f"--table: {'required for a routed pipeline' if not table else repr(table) + ' is not a target table'}"
+    if named not in known:
+        raise ConfigError(f"--table: {'required for a routed pipeline' if not named else repr(named) + ' is not a target table'}"
                           f" (the target tables of {spec.name}: {', '.join(known) or 'none yet'})")
-    return spec.for_table(table)
+    return target_spec(spec, named)
 
 
 def list_all(spec: PipelineSpec, table: str | None = None) -> list[dict[str, Any]]:

@@ -327,8 +327,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from tidewater.ops.maintenance import ACTIONS, maintain, reports_json
 
     spec = load_pipeline(args.pipeline)
-    if args.table and spec.targets.fused and not spec.targets.holds(args.table):
-        raise ConfigError(f"--table: pipeline {spec.name} writes {spec.table.identifier}, not {args.table}")
+    spec.targets.named(args.table, spec.name)  # a plain pipeline's maintenance names its own table or none
     actions = [a.strip() for a in args.actions.split(",")] if args.actions else None
     for a in actions or []:
         if a not in ACTIONS:
