@@ -121,6 +121,49 @@ def test_an_append_missing_replay_killed_before_its_commit_lands_once_when_the_c
     assert committed_state(table_of(path)).offsets == {topic: {0: 40, 1: 30}}
 
 
+def test_an_append_missing_replay_whose_rows_another_replay_restored_first_is_refused_at_its_commit(broker, home, topic,
+                                                                                                  monkeypatch):
+    """Concurrent committers: replay A's write step stages the ten lost rows and A dies before its commit; replay B of
+    the same range runs whole and restores them. A's commit (the commit task retried on its staged plan and manifest)
+    would append them a second time: it is refused, terminal, naming the first such record, and nothing is committed.
+    Rows are the source's once and the offsets unchanged; A run again finds nothing missing."""
+    import tidewater.ops.replay as replay_ops
+    from tidewater.errors import TerminalError
+    from tidewater.steps.lifecycle import commit_step
+    from tidewater.steps.write import load_manifest, load_plan
+
+    spec, path = setup_table(broker, home, topic)
+    before = content(path)
+    table_of(path).delete("_kafka_partition = 0 and _kafka_offset >= 30")  # ten rows lost
+    staged: list = []
+    real_commit = replay_ops.commit_step
+
+    def killed(spec_, plan, manifest):  # noqa: ANN001, ANN202
+        staged.append((plan, manifest))
+        raise KeyboardInterrupt("killed before the commit")
+
+    req = ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=40, mode="append-missing")
+    monkeypatch.setattr(replay_ops, "commit_step", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_replay(spec, req, out=None, inline=True)  # A: written, not committed
+    monkeypatch.setattr(replay_ops, "commit_step", real_commit)
+    run_replay(spec, req, out=None, inline=True)  # B: the same rows, committed
+    assert content(path) == before
+    snapshots = len(table_of(path).snapshots())
+    (plan, manifest), = staged
+    assert manifest.rows_in_files == 10
+    plan_path = next(p for p in spec.staging_dir().rglob("plan.json") if p.parent.name == plan.batch_id)
+    with pytest.raises(TerminalError, match="10 of the rows this replay would append are in the table already") as e:
+        commit_step(spec, load_plan(plan_path), load_manifest(plan_path))
+    assert (e.value.topic, e.value.partition, e.value.offset) == (topic, 0, 30)
+    assert content(path) == before, "no row twice"
+    assert len(table_of(path).snapshots()) == snapshots, "nothing committed"
+    assert committed_state(table_of(path)).offsets == {topic: {0: 40, 1: 30}}
+    result = run_replay(spec, req, out=None, inline=True)  # A again: the table holds every offset
+    assert content(path) == before
+    assert result["status"] in ("committed", "empty"), result
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"end_offset": 45}, "end_offset: 45 is beyond the committed offset 40"),
     ({"start_time": "2024-01-01T00:00:00"}, "give one pair, not both or neither"),

@@ -56,7 +56,7 @@ from tidewater.commit.dead_letters import DeadLetterSink
 from tidewater.commit.holders import Checkpoint, OwnSnapshot
 from tidewater.commit.primitive import Change, OffsetsExpected, commit
 from tidewater.commit.quarantine import quarantine_change
-from tidewater.commit.replay import replay_change, replay_summary
+from tidewater.commit.replay import refuse_rows_held_since_written, replay_change, replay_summary
 from tidewater.commit.result import CommitResult, TableCommit
 from tidewater.config.parse import load_pipeline
 from tidewater.config.spec import PipelineSpec
@@ -235,7 +235,10 @@ def row_delta(table: Any, t: Target) -> Change:
 
 
 def replayed(table: Any, t: Target) -> Change:
-    """A replay of an append table: the range's rows replaced, or the missing ones appended."""
+    """A replay of an append table: the range's rows replaced, or the missing ones appended (and a dead-letter
+    retry's records that now pass): those must still be missing (``refuse_rows_held_since_written``)."""
+    if t.mode in (Mode.APPEND_MISSING, Mode.RETRY):
+        refuse_rows_held_since_written(table, t.view, t.job.plan, t.out.data_files)
     return replay_change(table, t.view, t.job.plan, t.out.data_files, t.properties(table), t.mode)
 
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from tidewater.batch import BatchPlan, Offsets
 from tidewater.commit.primitive import Change
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
-from tidewater.table.provenance import rows_filter
+from tidewater.table.provenance import present_offsets, rows_filter, staged_offsets
 from tidewater.table.provisional import confirm_keys
 from tidewater.table.summary import BATCH_ID, REPLAY, summary_properties
 
@@ -28,6 +31,34 @@ def refuse_uncommitted_ranges(plan: BatchPlan, offsets: Offsets, holder: str) ->
         if r.end > offsets.get(r.topic, {}).get(r.partition, -1):
             raise TerminalError(f"replay range [{r.start}, {r.end}) is beyond the committed offset", table=holder,
                                 topic=r.topic, partition=r.partition, batch_id=plan.batch_id)
+
+
+def refuse_rows_held_since_written(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any) -> None:
+    """Append-missing replays and dead-letter retries stage only the offsets the table did not hold when their write
+    step asked it. Asked again on the table as it is now (every commit attempt, after the refresh): if it holds any
+    of the staged rows' offsets, another replay or retry added them since, and appending would hold them twice. Terminal:
+    nothing is committed, and the replay run again leaves them out. Vectorized: the staged rows' coordinates against
+    those the table holds from the plan's ranges."""
+    if not files or table is None:
+        return
+    present = present_offsets(spec, table, plan.ranges)
+    if not present.num_rows:
+        return
+    staged = staged_offsets(spec, table, [f.file_path for f in files])
+
+    def keys(t: Any) -> Any:
+        return pc.binary_join_element_wise(pc.cast(t["topic"], pa.string()), pc.cast(t["partition"], pa.string()),
+                                           pc.cast(t["offset"], pa.string()), "/")
+
+    again = pc.is_in(keys(staged), value_set=keys(present))
+    count = pc.sum(again.cast(pa.int64())).as_py() or 0
+    if count:
+        first = staged.filter(again).slice(0, 1).to_pylist()[0]
+        raise TerminalError(f"{count} of the rows this replay would append are in the table already: another replay or "
+                            "retry of these offsets committed after this one's write step read what the table held. "
+                            "Nothing was committed; run the replay again (it leaves out what the table holds)",
+                            table=spec.table.identifier, batch_id=plan.batch_id, topic=first["topic"],
+                            partition=first["partition"], offset=first["offset"])
 
 
 def replay_summary(plan: BatchPlan, offsets: Offsets, records: int, skipped: int, dag_run_id: str | None,

@@ -42,6 +42,24 @@ def present_offsets(spec: PipelineSpec, table: Table, ranges: list[PartitionRang
     cols = metadata_columns(spec)
     top = cols[0].split(".")[0]
     data = table.scan(row_filter=rows_filter(spec, ranges), selected_fields=tuple({c.split(".")[0] for c in cols} | {top})).to_arrow()
+    return _coordinates(spec, data)
+
+
+def staged_offsets(spec: PipelineSpec, table: Table, paths: list[str]) -> Any:
+    """(topic, partition, offset) of the rows of data files written for ``table`` and not committed yet (Arrow
+    table), read through the table's FileIO (local files or object storage alike)."""
+    import pyarrow.parquet as pq
+
+    columns = sorted({c.split(".")[0] for c in metadata_columns(spec)})
+    parts = []
+    for path in paths:
+        with table.io.new_input(path).open() as stream:
+            parts.append(pq.read_table(stream, columns=columns))
+    return _coordinates(spec, pa.concat_tables(parts))
+
+
+def _coordinates(spec: PipelineSpec, data: Any) -> Any:
+    """The metadata columns of ``data`` as (topic, partition, offset)."""
     if spec.format.metadata == "struct":
         s = data.column("_kafka").combine_chunks()
         return pa.table({"topic": s.field("topic"), "partition": s.field("partition").cast(pa.int32()), "offset": s.field("offset")})
