@@ -34,14 +34,13 @@ def api_server(airflow_env, tmp_path):  # noqa: ANN001, ANN201
     procs: list[subprocess.Popen] = []
     log = open(tmp_path / "api-server.log", "w")
 
-    def start(**more_env: str) -> tuple[str, str, str]:
+    def start(prefix: str = "", **more_env: str) -> tuple[str, str, str]:
         port = free_port()
-        env = {**airflow_env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-               **more_env}
+        base = f"http://127.0.0.1:{port}{prefix}"  # a prefix: Airflow served under a path (``[api] base_url``)
+        env = {**airflow_env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": base, **more_env}
         subprocess.run(["airflow", "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
         procs.append(subprocess.Popen(["airflow", "api-server", "--port", str(port)], env=env, stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True))
-        base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 180
         while _health(base) != 200:
             if time.monotonic() > deadline or procs[0].poll() is not None:
@@ -198,6 +197,52 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     assert (conf["start_offset"], conf["end_offset"], conf["dry_run"], conf["mode"]) == (0, 5, True, "replace")
     status, queued = call_api(f"{base}/api/v2/dags/quarantine_held/dagRuns", token)
     assert [r["conf"] for r in queued["dag_runs"]] == [{"action": "publish", "batch_id": held}], queued
+
+
+def test_the_view_loads_behind_a_base_url_prefix(broker, topic, airflow_env, api_server, home):
+    """Airflow served under a path (``[api] base_url`` ``http://host:port/airflow``, as behind a reverse proxy that
+    keeps the path): the plugin's app and icon URLs are relative, so the browser loads the bundle and the icon from
+    ``/airflow/tidewater/static/`` (the same paths without the prefix do not exist), and the React app shows the
+    pipeline's lag. Every request the page made for the plugin's static files succeeded under the prefix."""
+    from playwright.sync_api import sync_playwright
+
+    pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
+    path = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    produce(broker.bootstrap, topic, pizza_events(30, seed=140), partitions=3)
+    ingest_inline(load_pipeline(path))
+    produce(broker.bootstrap, topic, pizza_events(12, seed=141), partitions=3)
+    base, user, password = api_server(prefix="/airflow")
+    root = base.removesuffix("/airflow")
+    status, token = call_api(f"{base}/auth/token", body={"username": user, "password": password})
+    assert status in (200, 201), token
+    token = token["access_token"]
+    status, listed = call_api(f"{base}/tidewater/api/pipelines", token)
+    assert status == 200 and [p["name"] for p in listed] == ["orders"], listed
+    assert call_api(f"{root}/tidewater/static/tidewater.svg", token)[0] == 404, "only under the prefix"
+    static: list[tuple[str, int]] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("response", lambda r: static.append((r.url, r.status)) if "/tidewater/static/" in r.url else None)
+            page.goto(base + "/")
+            page.fill("input[name=username]", user)
+            page.fill("input[name=password]", password)
+            page.click("button:has-text('Sign in')")
+            page.wait_for_url(base + "/", timeout=60_000)
+            page.wait_for_function("() => [...document.querySelectorAll(\"img[src='tidewater/static/tidewater.svg']\")]"
+                                   ".some(i => i.complete && i.naturalWidth > 0)", timeout=60_000)
+            page.goto(base + "/plugin/tidewater")
+            page.locator("#pipeline").wait_for(timeout=60_000)
+            page.locator("#pipeline").select_option("orders")
+            page.locator("#total-lag", has_text=re.compile(r"^12$")).wait_for(timeout=60_000)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "tidewater-view-under-a-prefix.png"))
+        finally:
+            browser.close()
+    assert {url.split("?")[0] for url, _ in static} >= {f"{base}/tidewater/static/tidewater-ui.js",
+                                                        f"{base}/tidewater/static/tidewater.svg"}, static
+    assert all(code in (200, 304) for _, code in static), static
 
 
 def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(broker, topic, airflow_env, api_server,
