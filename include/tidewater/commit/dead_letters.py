@@ -1,4 +1,5 @@
-"""The dead-letter table's commit of a batch: its own snapshot, once, marked with the batch id.
+"""The dead-letter table's commit of a batch: its own snapshot, once, marked with the batch id; and the optional
+Kafka dead-letter topic the letters are sent to first (``dead_letter.topic``).
 
 Called on every commit attempt of the batch (also when the batch was already committed), so a failure
 between the batch's commit and this one is repaired by retrying the commit step.
@@ -10,14 +11,19 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.parquet as pq
+from confluent_kafka import KafkaException, Producer
+
 from tidewater.batch import BatchManifest, BatchPlan, StagedFile
 from tidewater.commit.primitive import Change, commit
 from tidewater.errors import TransientError
+from tidewater.source.kafka import client_logging, kafka_settings
 from tidewater.table.letters import totals_after
 from tidewater.table.summary import BATCH_ID, DEAD_LETTER_TOPIC, PIPELINE, RECORDS
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -55,3 +61,79 @@ def commit_dead_letters(catalog: Catalog, plan: BatchPlan, manifest: BatchManife
                              table=ident, batch_id=plan.batch_id) from None
     if done.status == "committed":
         log.info("batch %s: %d dead letters committed to %s", plan.batch_id, manifest.dead_letters, ident)
+
+
+# ---- the optional Kafka dead-letter topic ----------------------------------------------------------
+
+HEADER_PREFIX = "tidewater."
+
+
+def produce_to_topic(settings: dict[str, str], topic: str, table: Table, files: list[StagedFile],
+                     timeout: float = 60.0) -> int:
+    """Produce the dead letters in ``files`` (data files of the dead-letter table) to ``topic``.
+
+    Each message keeps the raw key, value and headers and adds headers naming its source and error:
+    ``tidewater.topic``, ``tidewater.partition``, ``tidewater.offset``, ``tidewater.timestamp``,
+    ``tidewater.error.class``, ``tidewater.error.message``, ``tidewater.batch-id``, ``tidewater.pipeline``.
+    Delivery is at least once: ``tidewater.batch-id`` with the source coordinates identifies duplicates.
+    Raises TransientError when a message is not acknowledged.
+    """
+    consumer_only = ("auto.offset.reset", "fetch.", "max.partition.fetch.bytes", "queued.", "session.timeout.ms",
+                     "group.", "heartbeat.", "max.poll.interval.ms", "check.crcs", "isolation.level")
+    conf = {k: v for k, v in settings.items() if not k.startswith(consumer_only)}
+    producer = Producer(client_logging({**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 20}))
+    failures: list[str] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    sent = 0
+    for f in files:
+        with table.io.new_input(f.file_path).open() as stream:
+            rows = pq.read_table(stream)
+        for r in rows.to_pylist():  # error path: dead letters are few; a Python step per record is fine
+            headers = [(h["key"], h["value"]) for h in (r["headers"] or [])]
+            ts = r["timestamp"]
+            headers += [
+                (HEADER_PREFIX + "topic", r["topic"].encode()),
+                (HEADER_PREFIX + "partition", str(r["partition"]).encode()),
+                (HEADER_PREFIX + "offset", str(r["offset"]).encode()),
+                (HEADER_PREFIX + "timestamp", (ts.isoformat() if ts else "").encode()),
+                (HEADER_PREFIX + "error.class", (r["error_class"] or "").encode()),
+                (HEADER_PREFIX + "error.message", (r["error_message"] or "")[:10_000].encode()),
+                (HEADER_PREFIX + "batch-id", (r["batch_id"] or "").encode()),
+                (HEADER_PREFIX + "pipeline", (r["pipeline"] or "").encode()),
+            ]
+            while True:
+                try:
+                    producer.produce(topic, value=r["value"], key=r["key"], headers=headers, on_delivery=delivered)
+                    break
+                except BufferError:
+                    producer.poll(0.5)
+            sent += 1
+    try:
+        remaining = producer.flush(timeout)
+    except KafkaException as e:
+        raise TransientError(f"dead-letter topic {topic}: {e}") from e
+    if remaining or failures:
+        raise TransientError(
+            f"dead-letter topic {topic}: {remaining} message(s) unacknowledged after {timeout:.0f}s"
+            + (f", {len(failures)} failed (first: {failures[0]})" if failures else "")
+        )
+    return sent
+
+
+def dead_letter_sink(spec: Any, batch_id: str) -> Any:
+    """The Kafka dead-letter topic as a sink for the dead-letter commit (None without ``dead_letter.topic``)."""
+    if not spec.dead_letter.topic:
+        return None
+
+    topic = spec.dead_letter.topic
+
+    def send(table: Any, files: list[Any]) -> str:
+        sent = produce_to_topic(kafka_settings(spec), topic, table, files)
+        log.info("batch %s: %d dead letters sent to topic %s", batch_id, sent, topic)
+        return topic
+
+    return send

@@ -38,6 +38,7 @@ from tidewater.batch import (
     write_json_atomic,
 )
 from tidewater.commit.batch import commit_batch
+from tidewater.commit.dead_letters import dead_letter_sink
 from tidewater.config.spec import PipelineSpec
 from tidewater.decode.records import BadRecord
 from tidewater.errors import ConfigError
@@ -47,7 +48,7 @@ from tidewater.table.catalog import load_catalog
 from tidewater.table.own_tables import ensure_dead_letter_table
 from tidewater.table.summary import OPERATOR_SKIP
 from tidewater.table.targets import holder_state
-from tidewater.write.dead_letters import dead_letter_rows, dead_letter_sink
+from tidewater.write.dead_letters import dead_letter_rows
 from tidewater.write.job import run_inline
 from tidewater.write.parquet import DataFileWriter, to_table_schema
 

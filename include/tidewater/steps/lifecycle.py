@@ -30,7 +30,7 @@ from tidewater.batch import (
     write_json_atomic,
 )
 from tidewater.commit.batch import commit_batch
-from tidewater.commit.dead_letters import commit_dead_letters
+from tidewater.commit.dead_letters import commit_dead_letters, dead_letter_sink
 from tidewater.commit.quarantine import quarantined_error
 from tidewater.commit.result import CommitResult
 from tidewater.config.parse import load_pipeline
@@ -45,7 +45,6 @@ from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.provisional import revert
 from tidewater.table.summary import BATCH_ID, DEAD_LETTERS, find_batch_snapshot, summary_dict
 from tidewater.table.targets import holder_state, target_tables
-from tidewater.write.dead_letters import dead_letter_sink
 from tidewater.write.task import probe_schema
 
 if TYPE_CHECKING:
