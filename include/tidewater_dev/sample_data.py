@@ -11,6 +11,7 @@ import threading
 import uuid
 from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.parse import unquote, urlsplit
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -112,32 +113,113 @@ def avro_framed(values: list[bytes], schema_id: int = 1, schema: dict | None = N
 
 
 class LocalSchemaRegistry:
-    """A minimal in-process schema registry answering ``GET /schemas/ids/{id}`` like Confluent's, for the
-    demo, tests and benchmarks on machines without a registry. Not for production use."""
+    """A minimal in-process schema registry answering like Confluent's, for the demo, tests and benchmarks on machines
+    without a registry. Not for production use. It serves what confluent-kafka's clients and serializers ask:
+
+    - ``GET /schemas/ids/{id}``: the schema text, its ``schemaType`` (left out for Avro, as Confluent does) and its
+      ``references`` (imported files, each by name, subject and version);
+    - ``POST /subjects/{subject}/versions`` (register: the same text under a subject keeps its id and version),
+      ``POST /subjects/{subject}`` (look one up), ``GET /subjects``, ``GET /subjects/{subject}/versions`` and
+      ``GET /subjects/{subject}/versions/{version|latest}``.
+
+    ``schemas``: Avro schemas by id (as dicts), served as given; registered schemas get the next ids."""
 
     def __init__(self, schemas: dict[int, dict], basic_auth: str | None = None) -> None:
         self.schemas = dict(schemas)
         self.basic_auth = basic_auth  # "user:password" required when set (401 otherwise)
+        self.registered: dict[int, dict] = {}  # id -> {"schema", "schemaType", "references"}
+        self.subjects: dict[str, list[int]] = {}  # subject -> ids, version 1 first
+        self._lock = threading.Lock()
         self._server = None
 
+    def by_id(self, sid: int) -> dict | None:
+        """A schema as ``GET /schemas/ids/{id}`` answers it, or None."""
+        if sid in self.schemas:
+            return {"schema": json.dumps(self.schemas[sid])}
+        found = self.registered.get(sid)
+        if found is None:
+            return None
+        typed = {"schemaType": found["schemaType"]} if found["schemaType"] != "AVRO" else {}
+        return {"schema": found["schema"], **typed, **({"references": found["references"]} if found["references"] else {})}
+
+    def register(self, subject: str, doc: dict) -> dict:
+        """Register ``doc`` (``schema``, ``schemaType``, ``references``) under ``subject``: its id (the same schema
+        anywhere keeps its id; under the same subject, its version)."""
+        entry = {"schema": doc["schema"], "schemaType": doc.get("schemaType") or "AVRO",
+                 "references": list(doc.get("references") or [])}
+        with self._lock:
+            sid = next((i for i, e in self.registered.items() if e == entry), None)
+            if sid is None:
+                sid = max([*self.schemas, *self.registered, 0]) + 1
+                self.registered[sid] = entry
+            versions = self.subjects.setdefault(subject, [])
+            if sid not in versions:
+                versions.append(sid)
+        return {"id": sid}
+
+    def version(self, subject: str, which: str) -> dict | None:
+        """``GET /subjects/{subject}/versions/{which}`` (a number or ``latest``), or None."""
+        ids = self.subjects.get(subject) or []
+        n = len(ids) if which == "latest" else int(which) if which.isdigit() else 0
+        if not 1 <= n <= len(ids):
+            return None
+        sid = ids[n - 1]
+        return {"subject": subject, "id": sid, "version": n, "schemaType": self.registered[sid]["schemaType"],
+                "schema": self.registered[sid]["schema"], "references": self.registered[sid]["references"]}
+
+    def lookup(self, subject: str, doc: dict) -> dict | None:
+        """``POST /subjects/{subject}``: the version of ``doc`` under ``subject``, or None."""
+        entry = {"schema": doc["schema"], "schemaType": doc.get("schemaType") or "AVRO",
+                 "references": list(doc.get("references") or [])}
+        for n, sid in enumerate(self.subjects.get(subject) or [], start=1):
+            if self.registered[sid] == entry:
+                return self.version(subject, str(n))
+        return None
+
+    def answer(self, method: str, path: str, body: dict | None) -> tuple[int, object]:
+        """(status, JSON) for one request; a miss is Confluent's error document."""
+        parts = [unquote(p) for p in urlsplit(path).path.strip("/").split("/")]
+        found: object = None
+        if method == "GET" and parts[:2] == ["schemas", "ids"] and len(parts) == 3 and parts[2].isdigit():
+            found = self.by_id(int(parts[2]))
+        elif method == "GET" and parts == ["subjects"]:
+            found = sorted(self.subjects)
+        elif method == "GET" and len(parts) == 3 and parts[0] == "subjects" and parts[2] == "versions":
+            found = list(range(1, len(self.subjects[parts[1]]) + 1)) if parts[1] in self.subjects else None
+        elif method == "GET" and len(parts) == 4 and parts[0] == "subjects" and parts[2] == "versions":
+            found = self.version(parts[1], parts[3])
+        elif method == "POST" and len(parts) == 3 and parts[0] == "subjects" and parts[2] == "versions" and body:
+            found = self.register(parts[1], body)
+        elif method == "POST" and len(parts) == 2 and parts[0] == "subjects" and body:
+            found = self.lookup(parts[1], body)
+        if found is None:
+            return 404, {"error_code": 40403, "message": "Schema not found"}
+        return 200, found
+
     def start(self) -> str:
-        schemas = self.schemas
+        registry = self
         expected = "Basic " + base64.b64encode(self.basic_auth.encode()).decode() if self.basic_auth else None
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
-                tail = self.path.rsplit("/", 1)[-1]
-                sid = int(tail) if self.path.startswith("/schemas/ids/") and tail.isdigit() else -1
+            def _reply(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
                 if expected is not None and self.headers.get("Authorization") != expected:
-                    body, code = json.dumps({"error_code": 401, "message": "Unauthorized"}).encode(), 401
-                elif sid in schemas:
-                    body, code = json.dumps({"schema": json.dumps(schemas[sid])}).encode(), 200
+                    code, doc = 401, {"error_code": 401, "message": "Unauthorized"}
                 else:
-                    body, code = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode(), 404
+                    code, doc = registry.answer(method, self.path, body)
+                raw = json.dumps(doc).encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+                self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(raw)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                self._reply("GET")
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                self._reply("POST")
 
             def log_message(self, *args: object) -> None:
                 pass
