@@ -54,12 +54,9 @@ class OwnSnapshot:
     def ready(self, outputs: tuple[TableOutput, ...], held: set[str]) -> CommitResult | None:
         """Before the table commits: a replay's ranges must be committed ones. An ingest checks its offsets in the
         table's own commit (``Target.expected``)."""
-        job = self.job
-        if not job.ingests:
-            ident = job.spec.targets.holder
-            holder = load_table(self.catalog, ident)
-            offsets = committed_state(holder, job.spec.targets.branch).offsets if holder is not None else {}
-            refuse_uncommitted_ranges(job.plan, offsets, ident)
+        if not self.job.ingests:
+            ident = self.job.spec.targets.holder
+            _replay_of_committed_ranges(self.job, load_table(self.catalog, ident), ident)
         return None
 
     def finish(self, outputs: tuple[TableOutput, ...], todo: list[Target], timings: list[TableCommit],
@@ -99,8 +96,7 @@ class Checkpoint:
         they were not); its offsets must still be those the plan started from."""
         job, plan, manifest = self.job, self.job.plan, self.job.manifest
         if not job.ingests:
-            offsets = committed_state(self.table, job.spec.targets.branch).offsets if self.table is not None else {}
-            refuse_uncommitted_ranges(plan, offsets, self.ident)
+            _replay_of_committed_ranges(job, self.table, self.ident)
             return None
         self.table = self.table or create_table(self.catalog, self.ident, CHECKPOINT_SCHEMA, {"format-version": "2"})
         if find_batch_snapshot(self.table, plan.batch_id) is not None:
@@ -129,6 +125,13 @@ class Checkpoint:
                             records=manifest.records, data_files=files_of(outputs), offsets=offsets,
                             dead_letters=manifest.dead_letters if job.ingests else 0, tables=tuple(timings),
                             quarantined=tuple(sorted(held)))
+
+
+def _replay_of_committed_ranges(job: BatchCommit, holder: Any, ident: str) -> None:
+    """A replay re-reads committed records only: its ranges against the holder's committed offsets (none when the
+    holder does not exist)."""
+    offsets = committed_state(holder, job.spec.targets.branch).offsets if holder is not None else {}
+    refuse_uncommitted_ranges(job.plan, offsets, ident)
 
 
 def checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -> Any:

@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from tidewater.batch import BatchPlan, Offsets
 from tidewater.commit.primitive import Change
 from tidewater.config.spec import PipelineSpec
@@ -45,20 +42,22 @@ def refuse_rows_held_since_written(table: Any, spec: PipelineSpec, plan: BatchPl
     if not present.num_rows:
         return
     staged = staged_offsets(spec, table, [f.file_path for f in files])
-
-    def keys(t: Any) -> Any:
-        return pc.binary_join_element_wise(pc.cast(t["topic"], pa.string()), pc.cast(t["partition"], pa.string()),
-                                           pc.cast(t["offset"], pa.string()), "/")
-
-    again = pc.is_in(keys(staged), value_set=keys(present))
-    count = pc.sum(again.cast(pa.int64())).as_py() or 0
-    if count:
-        first = staged.filter(again).slice(0, 1).to_pylist()[0]
+    coordinates = ["topic", "partition", "offset"]
+    held = _distinct(present, coordinates)
+    again = staged.cast(held.schema).join(held, keys=coordinates, join_type="inner").sort_by(
+        [("partition", "ascending"), ("offset", "ascending")])
+    if again.num_rows:
+        first, count = again.slice(0, 1).to_pylist()[0], again.num_rows
         raise TerminalError(f"{count} of the rows this replay would append are in the table already: another replay or "
                             "retry of these offsets committed after this one's write step read what the table held. "
                             "Nothing was committed; run the replay again (it leaves out what the table holds)",
                             table=spec.table.identifier, batch_id=plan.batch_id, topic=first["topic"],
                             partition=first["partition"], offset=first["offset"])
+
+
+def _distinct(table: Any, columns: list[str]) -> Any:
+    """``table``'s distinct rows over ``columns`` (a row the table holds twice is one coordinate)."""
+    return table.group_by(columns).aggregate([]).select(columns)
 
 
 def replay_summary(plan: BatchPlan, offsets: Offsets, records: int, skipped: int, dag_run_id: str | None,
