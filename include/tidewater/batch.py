@@ -8,10 +8,12 @@ XCom carries only their locations and a summary.
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
+from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -220,7 +222,7 @@ class StagedFile:
     file_size_in_bytes: int
     spec_id: int
     content: FileContent = "data"
-    partition: tuple[Any, ...] = ()  # encoded partition values (see table.partitioning.encode_values)
+    partition: tuple[Any, ...] = ()  # encoded partition values (see encode_values)
     metrics: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -236,6 +238,106 @@ class StagedFile:
         return cls(file_path=d["file_path"], record_count=int(d["record_count"]),
                    file_size_in_bytes=int(d["file_size_in_bytes"]), spec_id=int(d["spec_id"]), content=content,
                    partition=tuple(d.get("partition") or ()), metrics={k: d[k] for k in _METRICS if k in d})
+
+    def to_data_file(self, format_version: int) -> Any:
+        """The pyiceberg ``DataFile`` a commit adds to a manifest: the staged form's other side
+        (``staged_data_file``). pyiceberg is imported here, not at the top: the spark-submit driver reads these
+        documents and starts without it (``tests/unit/test_architecture.py``)."""
+        from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+        from pyiceberg.typedef import Record
+
+        if self.content != "data":
+            raise TerminalError(f"staged file {self.file_path} holds {self.content}: a write step stages data files only "
+                                "(a change table's position deletes are written by its commit step)", table=None)
+        m = self.metrics
+
+        def ints(x: dict[str, Any]) -> dict[int, int]:
+            return {int(k): int(v) for k, v in x.items()}
+
+        def raw(x: dict[str, str]) -> dict[int, bytes]:
+            return {int(k): base64.b64decode(v) for k, v in x.items()}
+
+        return DataFile.from_args(
+            _table_format_version=format_version,
+            content=DataFileContent.DATA,
+            file_path=self.file_path,
+            file_format=FileFormat.PARQUET,
+            partition=Record(*decode_values(list(self.partition))),
+            record_count=self.record_count,
+            file_size_in_bytes=self.file_size_in_bytes,
+            column_sizes=ints(m["column_sizes"]),
+            value_counts=ints(m["value_counts"]),
+            null_value_counts=ints(m["null_value_counts"]),
+            nan_value_counts=ints(m["nan_value_counts"]),
+            lower_bounds=raw(m["lower_bounds"]),
+            upper_bounds=raw(m["upper_bounds"]),
+            split_offsets=m["split_offsets"] or None,
+            sort_order_id=None,
+            spec_id=self.spec_id,
+            equality_ids=None,
+            key_metadata=None,
+        )
+
+
+def staged_data_file(path: str, size: int, spec_id: int, stats: dict[str, Any], partition: Any) -> dict[str, Any]:
+    """A data file the write step finished, in its staged form (``StagedFile.from_json`` reads it): pyiceberg's
+    serialized statistics with field ids as strings and bounds base64, and the partition values encoded."""
+
+    def ints(d: dict[Any, Any]) -> dict[str, int]:
+        return {str(k): int(v) for k, v in d.items()}
+
+    def text(d: dict[int, bytes]) -> dict[str, str]:
+        return {str(k): base64.b64encode(v).decode() for k, v in d.items()}
+
+    return {
+        "file_path": path,
+        "file_format": "PARQUET",
+        "file_size_in_bytes": int(size),
+        "spec_id": int(spec_id),
+        "record_count": int(stats["record_count"]),
+        "column_sizes": ints(stats["column_sizes"]),
+        "value_counts": ints(stats["value_counts"]),
+        "null_value_counts": ints(stats["null_value_counts"]),
+        "nan_value_counts": ints(stats["nan_value_counts"]),
+        "lower_bounds": text(stats["lower_bounds"]),
+        "upper_bounds": text(stats["upper_bounds"]),
+        "split_offsets": [int(x) for x in (stats["split_offsets"] or [])],
+        "partition": encode_values(list(partition or ())),
+    }
+
+
+def encode_values(values: list[Any]) -> list[Any]:
+    """Partition values as JSON can hold them (bytes, decimals, UUIDs and dates tagged); ``decode_values`` reverses."""
+    out: list[Any] = []
+    for v in values:
+        if isinstance(v, bytes):
+            out.append({"b64": base64.b64encode(v).decode()})
+        elif isinstance(v, Decimal):
+            out.append({"decimal": str(v)})
+        elif isinstance(v, uuid.UUID):
+            out.append({"uuid": str(v)})
+        elif isinstance(v, date):
+            out.append({"date": v.isoformat()})
+        else:
+            out.append(v)
+    return out
+
+
+def decode_values(values: list[Any]) -> list[Any]:
+    """The partition values ``encode_values`` encoded."""
+    out: list[Any] = []
+    for v in values:
+        if isinstance(v, dict):
+            if "b64" in v:
+                v = base64.b64decode(v["b64"])
+            elif "decimal" in v:
+                v = Decimal(v["decimal"])
+            elif "uuid" in v:
+                v = uuid.UUID(v["uuid"])
+            elif "date" in v:
+                v = date.fromisoformat(v["date"])
+        out.append(v)
+    return out
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from tidewater.table.catalog import load_table
 from tidewater.table.letters import letters as letters_in
 from tidewater.table.provenance import present_offsets
 from tidewater.table.summary import quarantine_branch, quarantined_batches
-from tidewater.table.targets import target_spec, target_view
+from tidewater.table.targets import target_role, target_spec, target_view
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -51,19 +51,18 @@ def deep_findings(spec: PipelineSpec, catalog: Catalog, tables: dict[str, Any], 
     rows = _rows(spec, tables, ranges, tell)
     letters = _dead_letters(catalog, spec)
     fixed = _resolved_letters(catalog, spec)
-    out = _key_findings(spec, tables.get(spec.table.identifier)) if spec.applies_changes else []
+    out = []
+    for ident, table in tables.items():  # change tables: each key once
+        if target_spec(spec, ident).applies_changes:
+            found = _key_findings(target_view(spec, catalog, ident), table)
+            out += [dataclasses.replace(f, table=target_role(spec, ident).reported_as) for f in found]
     changed = _change_topics(spec, tables)
-    if not spec.targets.fused:  # a routed pipeline's change tables: each key once
-        for ident, table in tables.items():
-            if target_spec(spec, ident).applies_changes:
-                out += [dataclasses.replace(f, table=ident) for f in _key_findings(target_view(spec, catalog, ident), table)]
     if changed is None or changed:
         out.append(Finding("info", "deep", "offsets read for change tables are not checked one by one (a key keeps "
                            "one row): " + ("every topic may feed one" if changed is None else ", ".join(sorted(changed)))))
     settings = kafka_settings(spec)
     lows = {tp: low for tp, (low, _) in watermarks(settings, sorted({(r.topic, r.partition) for r in ranges})).items()}
     rereader = Rereader(settings, f"{spec.name}-audit", spec.kafka.read_timeout_seconds)
-    named = not spec.targets.fused  # the findings of a separate holder's tables name their table
     every = max(1, len(ranges) // 10)
     try:
         for i, rng in enumerate(ranges, start=1):
@@ -72,7 +71,7 @@ def deep_findings(spec: PipelineSpec, catalog: Catalog, tables: dict[str, Any], 
             held = []
             for t, data in rows.items():
                 mine = _offsets(data, rng)
-                out += [dataclasses.replace(f, table=t if named else None) for f in _twice(mine, rng, "in the table twice")]
+                out += [dataclasses.replace(f, table=target_role(spec, t).reported_as) for f in _twice(mine, rng, "in the table twice")]
                 held.append(np.unique(mine))
             anywhere = np.unique(np.concatenate(held)) if held else np.array([], np.int64)
             dead = _offsets(letters, rng)
@@ -163,11 +162,9 @@ def _change_topics(spec: PipelineSpec, tables: dict[str, Any]) -> set[str] | Non
     """A routed pipeline's topics whose records may go to a change table (their offsets need no row of their own);
     None when any topic may (a change table without a `topics` list, as with dynamic routing)."""
     out: set[str] = set()
-    if spec.targets.fused:
-        return out
     listed = {t.identifier: t.topics for t in spec.tables}
-    for ident in tables:
-        if target_spec(spec, ident).applies_changes:
+    for ident in tables:  # not the pipeline's own table: whether its offsets are changes is spec.applies_changes
+        if target_role(spec, ident).has_own_settings and target_spec(spec, ident).applies_changes:
             topics = listed.get(ident) or (spec.topics if len(spec.topics) == 1 and not spec.topic_pattern else None)
             if not topics:
                 return None

@@ -149,16 +149,17 @@ def audit_targets(spec: PipelineSpec, catalog: Catalog, only: str | None, deep: 
     mine, undone = rolled_back(holder, targets.branch, [e for e in entries if e["table"] == holder_ident])
     audited = [only] if only else known
     report = AuditReport(spec.name, only or holder_ident, len({e["batch_id"] for e in mine}),
-                         tables=[] if targets.fused else audited,
+                         tables=[t for t in audited if target_role(spec, t).reported_as],
                          since=_mark_time(mark, holder_ident), mark=next_mark(everything, mine, holder_ident, mark))
-    report.findings += undone + coverage(mine, ends_of(mark)) + accounting(mine, "rows" if targets.fused else "records routed")
+    report.findings += undone + coverage(mine, ends_of(mark)) + accounting(mine, targets.holder_rows)
     report.findings += decisions(entries) + letter_findings(spec, catalog)
-    wrote = tables_per_batch(holder) if not targets.fused else {}
     tables = {t: holder if target_role(spec, t).holds_offsets else load_table(catalog, t) for t in audited}
+    wrote: dict[str, list[str]] | None = None  # the holder's record of the tables each batch wrote, read once
     for t, target in tables.items():
         if target_role(spec, t).holds_offsets:  # the pipeline's own table: its batches are the holder's, checked above
             report.findings += outside_writes(target) if target is not None else []
             continue
+        wrote = tables_per_batch(holder) if wrote is None else wrote
         found = target_findings(t, [e for e in entries if e["table"] == t], mine, wrote)
         found += outside_writes(target) if target is not None else []
         report.findings += [dataclasses.replace(f, table=t) for f in found]

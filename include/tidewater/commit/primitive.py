@@ -24,7 +24,7 @@ A change is an append of staged files (or of a few Arrow rows), optionally prece
 transaction by a copy-on-write delete (replays, a change table's truncate), or a row delta: data files plus
 position delete files in one snapshot (change tables, ``Change.deletes``; ``table/row_delta.py``), and it may
 carry changes to other branches in the same transaction (``Change.also``: quarantine branches). Staged files
-whose ``content`` is ``deletes`` are refused by name (see ``write.parquet.deserialize_data_file``): delete files
+whose ``content`` is ``deletes`` are refused by name (see ``batch.StagedFile.to_data_file``): delete files
 reach a commit only as the position delete files the commit step wrote itself.
 """
 
@@ -45,7 +45,6 @@ from tidewater.errors import OffsetsMovedError, TerminalError, TransientError
 from tidewater.table.catalog import catalog_failure, load_table
 from tidewater.table.row_delta import row_delta
 from tidewater.table.summary import BATCH_ID, BRANCH_BASE, committed_state, find_marked_snapshot
-from tidewater.write.parquet import deserialize_data_file
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -146,7 +145,7 @@ def without_commit_retries(table: Table) -> Any:
 
 
 def _data_files(table: Table, files: tuple[Any, ...]) -> list[Any]:
-    return [f if isinstance(f, DataFile) else deserialize_data_file(f, table.format_version) for f in files]
+    return [f if isinstance(f, DataFile) else f.to_data_file(table.format_version) for f in files]
 
 
 def _ensure_branch_base(view: Table, branch: str | None) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
 
 from tidewater.commit.primitive import Change, commit
+from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError, ValidationFailedError
 from tidewater.table.summary import (
     BATCH_ID,
@@ -27,6 +28,7 @@ from tidewater.table.summary import (
     quarantine_branch,
     summary_dict,
 )
+from tidewater.table.targets import target_role
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -115,17 +117,18 @@ class QuarantinedError(ValidationFailedError):
 
 
 def quarantined_error(plan_batch_id: str, tables: tuple[str, ...], validation: dict[str, Any] | None,
-                      pipeline_path: str, routed: bool = False) -> QuarantinedError:
-    """The run's error for a quarantined batch (``routed``: ``table`` lists the target tables quarantined; the
-    others committed the batch as usual)."""
+                      spec: PipelineSpec) -> QuarantinedError:
+    """The run's error for a quarantined batch: ``tables`` lists the target tables quarantined. Those a person must
+    name (a routed pipeline's: ``--table``) are named in the command, and the others committed the batch as usual."""
     failed = (validation or {}).get("failed")
-    which = " --table T" if routed else ""
+    named = [t for t in tables if target_role(spec, t).reported_as]
+    which = f" --table {named[0]}" if len(named) == 1 else " --table T" if named else ""
     table = ", ".join(tables)
     return QuarantinedError(
         f"batch {plan_batch_id} failed validation ({failed} check(s)) and was quarantined on branch "
         f"{quarantine_branch(plan_batch_id)} of {table}; the offsets moved on and main is unchanged"
-        + (" (the other tables committed the batch)" if routed else "") + ". Publish it with "
-        f"`tidewater quarantine publish --pipeline {pipeline_path}{which} --batch {plan_batch_id}` or drop it with "
+        + (" (the other tables committed the batch)" if named else "") + ". Publish it with "
+        f"`tidewater quarantine publish --pipeline {spec.source_path}{which} --batch {plan_batch_id}` or drop it with "
         f"`tidewater quarantine drop ...`",
         batch_id=plan_batch_id, tables=tuple(tables),
     )

@@ -942,7 +942,7 @@ class PipelineSpec:
             return TargetSet(ident, True, (ident,), self.table.branch, f"{ident}_ledger", dead or f"{ident}_dead_letters")
         base = f"{self.routing.namespace}.{self.name}"
         return TargetSet(f"{base}_checkpoints", False, tuple(t.identifier for t in self.tables), None, f"{base}_ledger",
-                         dead or f"{base}_dead_letters")
+                         dead or f"{base}_dead_letters", holder_rows="records routed")
 
     def checkpoint_table(self) -> str:
         """Where the pipeline's position lives (``targets.holder``): the target table, or the checkpoint table when

@@ -23,6 +23,17 @@ class TargetSet:
     branch: str | None = None  # the holder's branch that carries the offsets (None: main)
     ledger: str = ""  # every committed batch's ranges and counts (``audit/ledger.py``)
     dead_letters: str = ""  # the dead-letter table
+    holder_rows: str = "rows"  # what the holder's ledger rows count (a checkpoint's: the records routed to a table)
+
+    @property
+    def own_table(self) -> str | None:
+        """The one table a plain pipeline writes (its holder too), where its batches, maintenance and errors are
+        read and named; None for a routed pipeline, whose tables are many and whose holder takes no rows."""
+        return self.holder if self.fused else None
+
+    def takes_rows(self, ident: str) -> bool:
+        """``ident`` receives the batches' rows: any table but a separate holder (a checkpoint counts records)."""
+        return self.fused or ident != self.holder
 
     def holds(self, ident: str) -> bool:
         """``ident`` is the offsets holder (for a fused set: the target table too)."""

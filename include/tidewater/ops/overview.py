@@ -109,16 +109,16 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
     """Everything the Tidewater view shows for one pipeline."""
     st = status(spec)
     catalog = load_catalog(spec)
-    fused = spec.targets.fused  # a routed pipeline's batches and maintenance are its tables' (the view lists them)
-    table = load_table(catalog, spec.targets.holder) if fused else None
+    own = spec.targets.own_table  # None: a routed pipeline's batches and maintenance are its tables' (the view lists them)
+    table = load_table(catalog, own) if own else None
     vt = st["valid_through"]
     freshness = (datetime.now(timezone.utc) - datetime.fromisoformat(vt)).total_seconds() if vt else None
     out: dict[str, Any] = {
-        "pipeline": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "routed": not fused, "status": st,
+        "pipeline": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "routed": own is None, "status": st,
         "freshness_s": round(freshness, 1) if freshness is not None else None,
         "batches": recent_batches(spec, table, batches) if table is not None else [],
         "dead_letters": dead_letter_classes(spec, catalog),
-        "quarantined": quarantine.list_all(spec) if not fused or table is not None else [],
+        "quarantined": [] if own and table is None else quarantine.list_all(spec),  # own: not created yet
         "maintenance": maintenance_state(table) if table is not None else None,
         "audit": _last_audit(spec, catalog),
         "letters": letter_counts(spec, catalog),
@@ -175,7 +175,7 @@ def run_detail(spec: PipelineSpec, run_id: str) -> dict[str, Any]:
                     "end_offset": e["end_offset"], "offsets": e["end_offset"] - e["start_offset"]}
                    for e in main if e["start_offset"] is not None],  # the batch's (each table's summary repeats them)
         "tables": sorted(tables.values(), key=lambda t: t["table"]),
-        "records": main[0]["records"], "rows": sum(t["rows"] for t in tables.values() if t["table"] != holder or spec.targets.fused),
+        "records": main[0]["records"], "rows": sum(t["rows"] for t in tables.values() if spec.targets.takes_rows(t["table"])),
         "dead_letters": main[0]["dead_letters"], "skipped": main[0]["skipped"],
         "validation": None if verdict is None else {k: verdict.get(k) for k in ("success", "failed", "checks")},
         "data_docs": f"{spec.name}/{batch_id}.html" if has_page(spec, batch_id) else None,

@@ -30,11 +30,10 @@ from tidewater.table.summary import (
     QUARANTINE_BRANCH,
     RANGES,
     VALIDATION,
-    ever_quarantined,
     quarantine_branch,
     summary_dict,
 )
-from tidewater.table.targets import target_spec, target_tables
+from tidewater.table.targets import quarantine_candidates, target_spec, target_tables
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -126,10 +125,7 @@ def list_all(spec: PipelineSpec, table: str | None = None) -> list[dict[str, Any
     """The quarantined batches of the pipeline's table, or of every target table of a routed pipeline (each row
     names its table), or of the one ``table`` names."""
     catalog = load_catalog(spec)
-    if table or spec.targets.fused:
-        names = [view_for(spec, table).table.identifier]
-    else:  # only the tables the holder says were ever quarantined are loaded
-        names = sorted(ever_quarantined(load_table(catalog, spec.targets.holder)))
+    names = [view_for(spec, table).table.identifier] if table else quarantine_candidates(catalog, spec)
     out = []
     for ident in names:
         loaded = load_table(catalog, ident)

@@ -19,8 +19,8 @@ from tidewater.errors import TerminalError
 from tidewater.plan.planner import plan_ranges
 from tidewater.source import kafka  # called through the module: the broker's answers are one seam (stand-ins in tests)
 from tidewater.table.catalog import load_catalog, load_table
-from tidewater.table.summary import ever_quarantined, quarantined_batches
-from tidewater.table.targets import holder_state, target_role, target_spec
+from tidewater.table.summary import quarantined_batches
+from tidewater.table.targets import holder_state, quarantine_candidates, target_role, target_spec
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -43,11 +43,9 @@ def refuse_while_quarantined(spec: PipelineSpec, table: Any) -> None:
 
 def refuse_while_a_change_table_is_quarantined(spec: PipelineSpec, catalog: Catalog, holder: Any) -> None:
     """The next batch waits while one of the pipeline's change tables has a quarantined batch (its changes come
-    first); an append table's quarantined batch holds nothing up. A fused set's table is the holder itself; a
-    separate holder's history names the tables ever quarantined (``QUARANTINED_TABLES``), so only those are
-    loaded."""
-    targets = spec.targets
-    for ident in [targets.holder] if targets.fused else sorted(ever_quarantined(holder)):
+    first); an append table's quarantined batch holds nothing up. Only the tables that may hold one are loaded
+    (``table.targets.quarantine_candidates``)."""
+    for ident in quarantine_candidates(catalog, spec, holder):
         view = target_spec(spec, ident)
         table = (holder if target_role(spec, ident).holds_offsets else load_table(catalog, ident)) if view.applies_changes else None
         if table is not None:

@@ -309,7 +309,8 @@ def audit_lineage(spec: PipelineSpec, report: Any, deep: bool) -> Any:
     from openlineage.client.facet_v2 import data_quality_assertions_dataset as dq
 
     errors = [f for f in report.findings if f.severity == "error"]
-    kinds = [k for k in AUDIT_CHECKS if (k != "deep" or deep) and (k != "routed" or not spec.targets.fused)]
+    # "routed": the report's target tables against their checkpoint (a plain pipeline's report lists none)
+    kinds = [k for k in AUDIT_CHECKS if (k != "deep" or deep) and (k != "routed" or report.tables)]
     kinds += sorted({f.check for f in errors} - set(kinds))
     catalog = load_catalog(spec)
     inputs = []

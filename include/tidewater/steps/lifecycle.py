@@ -200,8 +200,7 @@ def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_ru
     result = commit_batch(load_catalog(spec), plan, manifest, spec=spec, dag_run_id=dag_run_id, validation=validation,
                           dead_letter_sink=dead_letter_sink(spec, plan.batch_id))
     if result.quarantined:  # a quarantined batch fails its run with the gate's report (its commit has landed)
-        raise quarantined_error(plan.batch_id, tuple(result.quarantined), validation, str(spec.source_path),
-                                routed=not spec.targets.fused)
+        raise quarantined_error(plan.batch_id, tuple(result.quarantined), validation, spec)
     return result
 
 

@@ -7,10 +7,6 @@ their partition values once, and each partition is a zero-copy slice.
 
 from __future__ import annotations
 
-import base64
-import uuid
-from datetime import date
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -112,35 +108,3 @@ def split(table: Table, data: pa.Table) -> list[tuple[Any, pa.Table]]:
 
 
 # ---- partition values in the batch manifest (JSON) -----------------------------------------------
-
-
-def encode_values(values: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for v in values:
-        if isinstance(v, bytes):
-            out.append({"b64": base64.b64encode(v).decode()})
-        elif isinstance(v, Decimal):
-            out.append({"decimal": str(v)})
-        elif isinstance(v, uuid.UUID):
-            out.append({"uuid": str(v)})
-        elif isinstance(v, date):
-            out.append({"date": v.isoformat()})
-        else:
-            out.append(v)
-    return out
-
-
-def decode_values(values: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for v in values:
-        if isinstance(v, dict):
-            if "b64" in v:
-                v = base64.b64decode(v["b64"])
-            elif "decimal" in v:
-                v = Decimal(v["decimal"])
-            elif "uuid" in v:
-                v = uuid.UUID(v["uuid"])
-            elif "date" in v:
-                v = date.fromisoformat(v["date"])
-        out.append(v)
-    return out

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
 from tidewater.table.catalog import load_table
-from tidewater.table.summary import CommittedState, committed_state
+from tidewater.table.summary import CommittedState, committed_state, ever_quarantined
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -46,6 +46,16 @@ def target_tables(catalog: Catalog, spec: PipelineSpec, holder: Any = None) -> l
     return sorted(set(targets.static) | named_by_holder(holder))
 
 
+def quarantine_candidates(catalog: Catalog, spec: PipelineSpec, holder: Any = None) -> list[str]:
+    """The target tables that may hold a quarantined batch: a fused set's one table, or those a separate holder's
+    history names as ever quarantined (``QUARANTINED_TABLES``), so that only those are loaded. ``holder``: the holder
+    table when the caller has loaded it already."""
+    targets = spec.targets
+    if targets.fused:
+        return [targets.holder]
+    return sorted(ever_quarantined(holder if holder is not None else load_table(catalog, targets.holder)))
+
+
 def target_spec(spec: PipelineSpec, ident: str) -> PipelineSpec:
     """The pipeline's settings for target table ``ident`` (``PipelineSpec.for_table``; a fused set's one table: the
     pipeline itself). Nothing is loaded: see ``target_view`` for a change table's id columns from its keys."""
@@ -72,6 +82,12 @@ class TargetRole:
 
     table: str
     holds_offsets: bool  # the pipeline's offsets live in this table's own snapshots (a plain pipeline's one table)
+
+    @property
+    def reported_as(self) -> str | None:
+        """The table an audit finding about it names: none for the pipeline's own table (the report is the
+        pipeline's, named by it), its identifier for a routed pipeline's target."""
+        return None if self.holds_offsets else self.table
 
     @property
     def carries_totals(self) -> bool:

@@ -9,7 +9,6 @@ Data files are returned as plain JSON-able dicts (metrics included) for the batc
 
 from __future__ import annotations
 
-import base64
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +25,11 @@ from pyiceberg.io.pyarrow import (
     pyarrow_to_schema,
     schema_to_pyarrow,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import FileFormat
 from pyiceberg.table.locations import load_location_provider
-from pyiceberg.typedef import Record
 
-from tidewater.batch import StagedFile
-from tidewater.errors import TerminalError
-from tidewater.table.partitioning import decode_values, encode_values, split
+from tidewater.batch import staged_data_file
+from tidewater.table.partitioning import split
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -136,9 +133,7 @@ class DataFileWriter:
             parquet_column_mapping=parquet_path_to_id_mapping(self._schema),
         )
         size = len(self._io.new_input(f.path))
-        doc = serialize_data_file(f.path, size, self._spec_id, stats.to_serialized_dict())
-        doc["partition"] = encode_values(list(f.partition or ()))
-        self.files.append(doc)
+        self.files.append(staged_data_file(f.path, size, self._spec_id, stats.to_serialized_dict(), f.partition))
 
     def close(self) -> list[dict[str, Any]]:
         for record in list(self._open):
@@ -157,64 +152,3 @@ class DataFileWriter:
                 pass
         self._open.clear()
         return paths
-
-
-def _enc(d: dict[int, bytes]) -> dict[str, str]:
-    return {str(k): base64.b64encode(v).decode() for k, v in d.items()}
-
-
-def _dec(d: dict[str, str]) -> dict[int, bytes]:
-    return {int(k): base64.b64decode(v) for k, v in d.items()}
-
-
-def _ints(d: dict[Any, Any]) -> dict[str, int]:
-    return {str(k): int(v) for k, v in d.items()}
-
-
-def serialize_data_file(path: str, size: int, spec_id: int, stats: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "file_path": path,
-        "file_format": "PARQUET",
-        "file_size_in_bytes": int(size),
-        "spec_id": int(spec_id),
-        "record_count": int(stats["record_count"]),
-        "column_sizes": _ints(stats["column_sizes"]),
-        "value_counts": _ints(stats["value_counts"]),
-        "null_value_counts": _ints(stats["null_value_counts"]),
-        "nan_value_counts": _ints(stats["nan_value_counts"]),
-        "lower_bounds": _enc(stats["lower_bounds"]),
-        "upper_bounds": _enc(stats["upper_bounds"]),
-        "split_offsets": [int(x) for x in (stats["split_offsets"] or [])],
-    }
-
-
-def deserialize_data_file(f: StagedFile, format_version: int) -> Any:
-    """The pyiceberg DataFile of a staged data file (what a commit adds to a manifest)."""
-    if f.content != "data":
-        raise TerminalError(f"staged file {f.file_path} holds {f.content}: a write step stages data files only (a change "
-                            "table's position deletes are written by its commit step)", table=None)
-    m = f.metrics
-
-    def ints(x: dict[str, Any]) -> dict[int, int]:
-        return {int(k): int(v) for k, v in x.items()}
-
-    return DataFile.from_args(
-        _table_format_version=format_version,
-        content=DataFileContent.DATA,
-        file_path=f.file_path,
-        file_format=FileFormat.PARQUET,
-        partition=Record(*decode_values(list(f.partition))),
-        record_count=f.record_count,
-        file_size_in_bytes=f.file_size_in_bytes,
-        column_sizes=ints(m["column_sizes"]),
-        value_counts=ints(m["value_counts"]),
-        null_value_counts=ints(m["null_value_counts"]),
-        nan_value_counts=ints(m["nan_value_counts"]),
-        lower_bounds=_dec(m["lower_bounds"]),
-        upper_bounds=_dec(m["upper_bounds"]),
-        split_offsets=m["split_offsets"] or None,
-        sort_order_id=None,
-        spec_id=f.spec_id,
-        equality_ids=None,
-        key_metadata=None,
-    )

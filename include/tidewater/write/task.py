@@ -295,7 +295,7 @@ def _run_task(spec: PipelineSpec, task_id: int, ranges: tuple[PartitionRange, ..
         if writer is not None:
             writer.abort()
         if not isinstance(e, TidewaterError) and catalog_failure(e) is not None:  # a busy catalog is worth a retry
-            e = TransientError(f"catalog unreachable or busy: {e}", table=spec.targets.holder if spec.targets.fused else None)
+            e = TransientError(f"catalog unreachable or busy: {e}", table=spec.targets.own_table)
         return {"task_id": task_id, "error": error_document(e)}
     # Python workers are reused across tasks: hand Arrow's cached buffers back so memory stays per task.
     pa.default_memory_pool().release_unused()
