@@ -203,3 +203,24 @@ def test_an_op_field_connector_keeps_its_field():
                                                 "iceberg.tables.cdc-field": "op"}}, bootstrap="broker:9092")
     spec = parse_pipeline(res.pipeline)
     assert spec.applies_changes and spec.op_column() == "op"
+
+
+def test_a_json_schema_converter_reads_its_registry_and_keeps_its_credentials_out_of_the_file(monkeypatch):
+    """Confluent's JsonSchemaConverter is the json_schema format; its registry URL is mapped and its basic auth is a
+    secret: named as an environment variable, never copied."""
+    res = convert({"name": "orders-sink", "config": {
+        "topics": "orders",
+        "iceberg.tables": "db.orders",
+        "value.converter": "io.confluent.connect.json.JsonSchemaConverter",
+        "value.converter.schema.registry.url": "https://registry.example.com",
+        "value.converter.basic.auth.user.info": "user:very-secret",
+        "iceberg.catalog.type": "sql",
+        "iceberg.catalog.uri": "sqlite:////tmp/x.db",
+    }}, bootstrap="broker:9092")
+    fmt = res.pipeline["format"]
+    assert (fmt["value"], fmt["registry_url"]) == ("json_schema", "https://registry.example.com")
+    assert fmt["registry_basic_auth"].startswith("${") and "very-secret" not in json.dumps(res.pipeline)
+    assert not [k for k, _ in res.unmapped if k.startswith("value.converter")], res.unmapped
+    monkeypatch.setenv(fmt["registry_basic_auth"][2:-1], "user:from-the-environment")
+    assert parse_pipeline(res.pipeline).format.value == "json_schema"
+

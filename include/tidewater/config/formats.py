@@ -29,6 +29,7 @@ FORMATS: dict[str, ValueFormat] = {
     "debezium_avro": ValueFormat("tidewater.decode.debezium_avro", skipped_classes=("Tombstone",), registry=True,
                                  op_column="_op", control_classes=_DEBEZIUM_CONTROL),
     "avro": ValueFormat("tidewater.decode.avro", registry=True),
+    "json_schema": ValueFormat("tidewater.decode.json_schema", registry=True),
     "string": ValueFormat("tidewater.decode.raw", structured=False),
     "bytes": ValueFormat("tidewater.decode.raw", structured=False),
 }

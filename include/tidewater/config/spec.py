@@ -110,12 +110,15 @@ class FormatSpec:
         "Date logical types converted), `debezium` (change events, plain or Connect-enveloped: the `after` image, "
         "or `before` for deletes, plus an `_op` column c/u/d/r; tombstones are counted as skipped), `debezium_avro` "
         "(the same change events in Confluent-framed Avro through `registry_url`), `avro` (Confluent "
-        "wire format, writer schema by id from `registry_url`; unknown ids are dead letters), `string` (the "
+        "wire format, writer schema by id from `registry_url`; unknown ids are dead letters), `json_schema` (Confluent "
+        "JSON Schema wire format: the columns are the registered schema's, by id from `registry_url`, with `date-time` "
+        "and `date` formats typed and fields it does not name ignored; a record that breaks its schema is a dead letter "
+        "`SchemaViolation` naming the path), `string` (the "
         "value as one UTF-8 column `value`; invalid UTF-8 is a dead letter) or `bytes` (one binary column `value`).",
         default="json",
     )
     registry_url: str | None = _doc(
-        "Schema registry URL (Confluent REST API) for `value: avro` and `value: debezium_avro`, and for Avro "
+        "Schema registry URL (Confluent REST API) for `value: avro`, `debezium_avro` and `json_schema`, and for Avro "
         "message keys (`table.key_source: message_key`).", default=None)
     registry_basic_auth: str | None = _doc(
         "`user:password` for the schema registry (use `${ENV_VAR}`; never logged).", default=None

@@ -62,15 +62,33 @@ class RegistryClient:
             self._client = SchemaRegistryClient(conf)
         except ValueError as e:  # a bad setting (its message names it)
             raise TerminalError(f"format.registry_settings: {e}") from None
-        self._cache: dict[int, Any] = {}
+        self._cache: dict[Any, Any] = {}  # schema id (Avro) or (type, id) -> the parsed schema
 
     def schema(self, schema_id: int) -> Any:
-        """The parsed writer schema for ``schema_id`` (cached)."""
+        """The parsed Avro writer schema for ``schema_id`` (cached)."""
         import fastavro
+
+        if schema_id not in self._cache:
+            self._cache[schema_id] = fastavro.parse_schema(json.loads(self._text(schema_id, "AVRO")))
+        return self._cache[schema_id]
+
+    def json_schema(self, schema_id: int) -> dict[str, Any]:
+        """The JSON Schema document registered as ``schema_id`` (``schemaType: JSON``; cached)."""
+        key = ("JSON", schema_id)
+        if key not in self._cache:
+            try:
+                doc = json.loads(self._text(schema_id, "JSON"))
+            except json.JSONDecodeError as e:
+                raise UnknownSchemaId(f"schema id {schema_id} is not a JSON document: {e}") from None
+            if not isinstance(doc, dict):
+                raise UnknownSchemaId(f"schema id {schema_id} is not a JSON Schema object")
+            self._cache[key] = doc
+        return self._cache[key]  # type: ignore[no-any-return]
+
+    def _text(self, schema_id: int, kind: str) -> str:
+        """The registered schema's text, which must be of ``kind`` (the registry's ``schemaType``; Avro when absent)."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-        if schema_id in self._cache:
-            return self._cache[schema_id]
         try:
             found = self._client.get_schema(schema_id)
         except SchemaRegistryError as e:
@@ -83,11 +101,9 @@ class RegistryClient:
                                  f"{schema_id}") from None
         except Exception as e:  # connection refused, timeouts, TLS: the client's transport errors
             raise TransientError(f"schema registry {self.url} unreachable: {type(e).__name__}") from None
-        if (found.schema_type or "AVRO") != "AVRO":
-            raise UnknownSchemaId(f"schema id {schema_id} is a {found.schema_type} schema, not Avro")
-        parsed = fastavro.parse_schema(json.loads(found.schema_str))
-        self._cache[schema_id] = parsed
-        return parsed
+        if (found.schema_type or "AVRO") != kind:
+            raise UnknownSchemaId(f"schema id {schema_id} is a {found.schema_type} schema, not {kind}")
+        return str(found.schema_str)
 
 
 # ---- Avro schema -> Arrow type -------------------------------------------------------------------

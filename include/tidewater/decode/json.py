@@ -39,21 +39,23 @@ from tidewater.source.kafka import Chunk
 MIN_BLOCK_SIZE = 1 << 20  # small blocks let Arrow parse one chunk on several threads
 
 
-def _parse(buf: bytes, explicit: pa.Schema | None, block_size: int) -> pa.Table:
+def _parse(buf: bytes, explicit: pa.Schema | None, block_size: int, extra: str = "infer") -> pa.Table:
+    """``extra``: what becomes of fields ``explicit`` does not name (Arrow's ``unexpected_field_behavior``: ``infer``
+    their types, or ``ignore`` them as a JSON Schema's columns do)."""
     opts = pj.ParseOptions(
         explicit_schema=explicit,
-        unexpected_field_behavior="infer",
+        unexpected_field_behavior=extra,
         newlines_in_values=False,
     )
     return pj.read_json(io.BytesIO(buf), read_options=pj.ReadOptions(block_size=block_size), parse_options=opts)
 
 
-def _parse_settled(buf: bytes, explicit: pa.Schema | None, block_size: int) -> pa.Table:
+def _parse_settled(buf: bytes, explicit: pa.Schema | None, block_size: int, extra: str = "infer") -> pa.Table:
     """Parse, then parse again with the settled schema if inferred fields need their final types."""
-    table = _parse(buf, explicit, block_size)
+    table = _parse(buf, explicit, block_size, extra)
     settled = settle_schema(table.schema, explicit)
     if settled != table.schema:
-        table = _parse(buf, settled, block_size)
+        table = _parse(buf, settled, block_size, extra)
         if table.schema != settled:  # null-only fields come back as inferred nulls: drop them
             table = table.select(settled.names).cast(settled)
     return table
@@ -182,8 +184,9 @@ def _buffer_problem(buf: bytes, values: list[bytes]) -> str | None:
 
 
 def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_DEPTH_DEFAULT,
-                allow_non_numeric: bool = False) -> pa.Table:
-    """Parse a chunk of JSON object values. Raises RecordError naming the first bad record."""
+                allow_non_numeric: bool = False, extra: str = "infer") -> pa.Table:
+    """Parse a chunk of JSON object values. Raises RecordError naming the first bad record. ``extra``: see
+    ``_parse``."""
     if explicit is not None:
         explicit = readable_schema(explicit)
     values = chunk.values
@@ -207,10 +210,10 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_D
     problem = _buffer_problem(buf, values)  # type: ignore[arg-type]
     table = None
     try:
-        table = None if problem else _parse_settled(buf, explicit, block_size)
+        table = None if problem else _parse_settled(buf, explicit, block_size, extra)
     except pa.ArrowInvalid as e:
         _raise_bad_record(chunk, values, explicit, block_size, e, max_depth,  # type: ignore[arg-type]
-                          allow_non_numeric)
+                          allow_non_numeric, extra)
         raise  # pragma: no cover - _raise_bad_record always raises
     except RecursionError:
         problem = "nesting too deep"
@@ -247,7 +250,7 @@ def _raise_first_screened(chunk: Chunk, values: list[bytes], max_depth: int, all
 
 def _raise_bad_record(
     chunk: Chunk, values: list[bytes], explicit: pa.Schema | None, block_size: int, error: Exception,
-    max_depth: int = MAX_DEPTH_DEFAULT, allow_non_numeric: bool = False,
+    max_depth: int = MAX_DEPTH_DEFAULT, allow_non_numeric: bool = False, extra: str = "infer",
 ) -> None:
     """Find the first record that is no JSON object at all (screen), else the first whose prefix fails to
     parse (bisection: a type the table does not take), and raise naming it."""
@@ -260,7 +263,7 @@ def _raise_bad_record(
 
     def fails(k: int) -> bool:
         try:
-            _parse_settled(b"\n".join(values[:k]), explicit, block_size)
+            _parse_settled(b"\n".join(values[:k]), explicit, block_size, extra)
             return False
         except pa.ArrowInvalid:
             return True
@@ -281,7 +284,7 @@ def _raise_bad_record(
             lo = mid
     bad = hi - 1
     try:
-        _parse(values[bad], explicit, block_size)
+        _parse(values[bad], explicit, block_size, extra)
         reason = str(error)
     except pa.ArrowInvalid as e:
         reason = str(e)
@@ -295,7 +298,7 @@ def _raise_bad_record(
 
 
 def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_DEPTH_DEFAULT,
-                        allow_non_numeric: bool = False) -> tuple[pa.Table, list[BadRecord]]:
+                        allow_non_numeric: bool = False, extra: str = "infer") -> tuple[pa.Table, list[BadRecord]]:
     """Like :func:`decode_json`, but records that cannot be decoded are returned apart, not raised.
 
     Success path: one parse of the whole chunk, as ``decode_json``. Error path only: each record is
@@ -304,7 +307,7 @@ def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None, max_depth: int
     Returns the good records' table, in chunk order, and the bad records.
     """
     try:
-        return decode_json(chunk, explicit, max_depth, allow_non_numeric), []
+        return decode_json(chunk, explicit, max_depth, allow_non_numeric, extra), []
     except RecordError:
         pass
     values = chunk.values
@@ -322,17 +325,17 @@ def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None, max_depth: int
     block_size = max([MIN_BLOCK_SIZE, *(2 * len(v) + 1 for v in clean.values())])
     schema = readable_schema(explicit) if explicit is not None else None
     for _ in range(8):  # each round fixes the types of fields the table does not have yet
-        good, failed = _isolate(candidates, clean, schema, block_size)
+        good, failed = _isolate(candidates, clean, schema, block_size, extra)
         if not good:
             table = pa.table({})
             bad.update(failed)
             break
         buf = b"\n".join(clean[i] for i in good)
         try:
-            table = _parse_settled(buf, schema, block_size)
+            table = _parse_settled(buf, schema, block_size, extra)
         except pa.ArrowInvalid:
             # Good pieces disagree on a field's type (first seen wins): take the first piece's types.
-            first = _parse_settled(clean[good[0]], schema, block_size)
+            first = _parse_settled(clean[good[0]], schema, block_size, extra)
             schema = settle_schema(first.schema, schema)
             continue
         if table.num_rows != len(good):
@@ -418,13 +421,13 @@ def screen(v: bytes | None, max_depth: int = MAX_DEPTH_DEFAULT,
 
 
 def _isolate(
-    indices: list[int], values: dict[int, bytes], schema: pa.Schema | None, block_size: int
+    indices: list[int], values: dict[int, bytes], schema: pa.Schema | None, block_size: int, extra: str = "infer"
 ) -> tuple[list[int], dict[int, BadRecord]]:
     """Split ``indices`` until each failing piece is one record. Returns good indices (in order) and bad ones."""
     if not indices:
         return [], {}
     try:
-        _parse_settled(b"\n".join(values[i] for i in indices), schema, block_size)
+        _parse_settled(b"\n".join(values[i] for i in indices), schema, block_size, extra)
         return indices, {}
     except pa.ArrowInvalid as e:
         if len(indices) == 1:  # valid JSON objects (screened): what Arrow rejects is a type
@@ -433,8 +436,8 @@ def _isolate(
             kind = "TypeMismatch" if "changed from" in reason or "conversion" in reason.lower() else "InvalidJson"
             return [], {i: BadRecord(i, kind, f"{reason}; value starts with {values[i][:120]!r}")}
     mid = len(indices) // 2
-    good_a, bad_a = _isolate(indices[:mid], values, schema, block_size)
-    good_b, bad_b = _isolate(indices[mid:], values, schema, block_size)
+    good_a, bad_a = _isolate(indices[:mid], values, schema, block_size, extra)
+    good_b, bad_b = _isolate(indices[mid:], values, schema, block_size, extra)
     return good_a + good_b, {**bad_a, **bad_b}
 
 

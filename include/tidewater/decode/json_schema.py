@@ -1,8 +1,14 @@
 """A JSON Schema as the columns of a table: the Arrow schema that values of a ``json_schema`` topic are parsed with,
 instead of types inferred from the values (``decode/json.py``), and the paths every value must hold.
 
-This module is the schema half of the ``json_schema`` value format (issue 44): pure, no registry and no records. The
-format's decoder is not registered in ``config/formats.py`` yet, so ``format.value: json_schema`` is still refused.
+``decode`` is the ``json_schema`` value format: Confluent's JSON Schema wire format (magic byte 0, a 4-byte big-endian
+schema id, the JSON document), the schema fetched from the registry by id (``schemaType: JSON``). Each schema id's
+values are parsed in one pass by Arrow's JSON reader with that schema's columns (``decode/json.py``; fields the schema
+does not name are ignored, as Confluent's converter ignores them), then the date-time and date strings are converted
+and the required paths checked, column by column. A record that breaks its schema (a value of another type, a date
+that is not one, a required field missing) is a dead letter of class ``SchemaViolation`` naming the path; a value
+without the framing is ``NotConfluentJsonSchema``, an id the registry does not know (or not a JSON Schema)
+``UnknownSchemaId``. A registered schema that cannot be a table's columns stops the batch (``TerminalError``).
 
 The mapping (Confluent's JSON Schema converter maps the same way where both define one):
 
@@ -27,9 +33,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from tidewater.decode.avro import UnknownSchemaId
+from tidewater.decode.json import decode_json_lenient
+from tidewater.decode.records import BadRecord, DecodeContext
 from tidewater.errors import TerminalError
+from tidewater.source.kafka import Chunk
 
 SCALARS = {"integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_(), "string": pa.string()}
 FORMATS = {"date-time": pa.timestamp("us", tz="UTC"), "date": pa.date32()}
@@ -168,3 +180,135 @@ def _kind(node: dict[str, Any], path: str) -> str:
         raise TerminalError(f"JSON Schema at {path}: type {kind!r} cannot be a column (one of integer, number, "
                             "boolean, string, object, array)")
     return str(kind)
+
+
+# ---- the format: framed values, parsed per schema id -------------------------------------------
+
+NOT_FRAMED = "NotConfluentJsonSchema"
+VIOLATION = "SchemaViolation"
+
+
+def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
+    """Registry entry for ``json_schema`` (see the module docstring). Rows come back in chunk order, the bad records
+    apart; an unreachable registry fails the batch (``TransientError``: nothing is committed, retrying is safe)."""
+    values = pa.array(chunk.values, pa.binary())
+    framed = pc.fill_null(pc.and_(pc.greater_equal(pc.binary_length(values), 5),
+                                  pc.equal(pc.binary_slice(values, 0, 1), b"\x00")), False)
+    bad = {i: _unframed(i, chunk.values[i]) for i in pc.indices_nonzero(pc.invert(framed)).to_pylist()}
+    where = pc.indices_nonzero(framed)
+    heads = values.take(where)
+    ids = _schema_ids(pc.binary_slice(heads, 1, 5))
+    # an explicit stop: pyarrow 26's binary_slice without one sizes its output buffer wrongly (ArrowInvalid,
+    # "Negative buffer resize") when values differ in length
+    longest = pc.max(pc.binary_length(heads)).as_py() if len(heads) else 0
+    bodies = pc.binary_slice(heads, 5, max(5, longest or 0))
+    where_np = where.to_numpy()
+    parts: list[pa.Table] = []
+    positions: list[np.ndarray] = []
+    for schema_id in np.unique(ids).tolist():
+        mine = np.flatnonzero(ids == schema_id)
+        at = where_np[mine]
+        try:
+            cols = _columns(ctx.registry.json_schema(schema_id), schema_id, chunk)
+        except UnknownSchemaId as e:
+            bad.update({int(i): BadRecord(int(i), "UnknownSchemaId", str(e)) for i in at})
+            continue
+        rows, kept, found = _parsed(chunk, at, bodies.take(pa.array(mine)), cols, schema_id, ctx)
+        bad.update(found)
+        parts.append(rows)
+        positions.append(kept)
+    if not any(p.num_rows for p in parts):
+        return pa.table({}), [bad[i] for i in sorted(bad)]
+    table = pa.concat_tables([p for p in parts if p.num_rows], promote_options="permissive")
+    order = np.argsort(np.concatenate(positions), kind="stable")  # back to chunk order (several ids interleave)
+    return table.take(pa.array(order)), [bad[i] for i in sorted(bad)]
+
+
+def _unframed(i: int, v: bytes | None) -> BadRecord:
+    if v is None:
+        return BadRecord(i, "Tombstone", "record has a null value (tombstone)")
+    return BadRecord(i, NOT_FRAMED, f"value does not start with magic byte 0 and a schema id; starts with {v[:16]!r}")
+
+
+def _schema_ids(heads: pa.Array) -> np.ndarray:
+    """The big-endian schema ids of 4-byte slices, read from the Arrow buffer at once."""
+    fixed = heads.cast(pa.binary(4))
+    data = fixed.buffers()[1]
+    return np.frombuffer(data, dtype=">u4", count=len(fixed), offset=fixed.offset * 4).astype(np.int64)
+
+
+def _columns(doc: dict[str, Any], schema_id: int, chunk: Chunk) -> Columns:
+    try:
+        return columns(doc)
+    except TerminalError as e:
+        raise TerminalError(f"schema id {schema_id} cannot be a table's columns: {e}", topic=chunk.topic,
+                            partition=chunk.partition) from None
+
+
+def _parsed(chunk: Chunk, at: np.ndarray, bodies: pa.Array, cols: Columns, schema_id: int,
+            ctx: DecodeContext) -> tuple[pa.Table, np.ndarray, dict[int, BadRecord]]:
+    """One schema id's records (chunk positions ``at``): their rows with the schema's types, the chunk position of
+    each row, and the records that break the schema."""
+    offsets = [chunk.offsets[i] for i in at.tolist()]
+    sub = Chunk(chunk.topic, chunk.partition, bodies.to_pylist(), offsets, [chunk.timestamps[i] for i in at.tolist()])
+    rows, failed = decode_json_lenient(sub, cols.reader_schema(), ctx.max_depth, ctx.allow_non_numeric, extra="ignore")
+    bad = {int(at[b.index]): BadRecord(int(at[b.index]), VIOLATION if b.error_class == "TypeMismatch" else b.error_class,
+                                       f"schema id {schema_id}: {b.message}") for b in failed}
+    kept = np.delete(at, [b.index for b in failed])
+    if rows.num_rows == 0:
+        return rows, kept[:0], bad
+    rows, broken = _typed(rows, cols)
+    for r, why in _missing(rows, cols.required).items():
+        broken.setdefault(r, why)  # a required date that is not one is null now: its own reason comes first
+    if broken:
+        bad.update({int(kept[r]): BadRecord(int(kept[r]), VIOLATION, f"schema id {schema_id}: {why}")
+                    for r, why in broken.items()})
+        keep = np.ones(rows.num_rows, dtype=bool)
+        keep[list(broken)] = False
+        rows, kept = rows.filter(pa.array(keep)), kept[keep]
+    return rows, kept, bad
+
+
+def _typed(rows: pa.Table, cols: Columns) -> tuple[pa.Table, dict[int, str]]:
+    """``rows`` (parsed with ``reader_schema``) with the schema's types: date-time and date strings converted. A value
+    that is not one is null in the result and its row returned (row -> the path and the value)."""
+    broken: dict[int, str] = {}
+    arrays = [_converted(rows.column(f.name).combine_chunks(), f.type, f.name, broken) for f in cols.schema]
+    return pa.Table.from_arrays(arrays, schema=cols.schema), broken
+
+
+def _converted(arr: pa.Array, target: pa.DataType, path: str, broken: dict[int, str]) -> pa.Array:
+    if arr.type == target:
+        return arr
+    if pa.types.is_struct(target):
+        children = [_converted(arr.field(i), f.type, f"{path}.{f.name}", broken) for i, f in enumerate(target)]
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=arr.is_null())
+    try:
+        return pc.cast(arr, target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    out = []  # error path: the column holds a value that is not a date-time (or date); find which, one by one
+    for r, v in enumerate(arr.to_pylist()):
+        try:
+            out.append(None if v is None else pc.cast(pa.array([v]), target)[0].as_py())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            broken.setdefault(r, f"{path}: {v!r} is not a {_format_name(target)}")
+            out.append(None)
+    return pa.array(out, target)
+
+
+def _format_name(t: pa.DataType) -> str:
+    return "date-time with a zone offset (RFC 3339)" if pa.types.is_timestamp(t) else "date (YYYY-MM-DD)"
+
+
+def _missing(rows: pa.Table, required: tuple[str, ...]) -> dict[int, str]:
+    """Rows without a value at a required path: row -> the path (vectorized per path; Python over the rows found)."""
+    out: dict[int, str] = {}
+    for path in required:
+        head, *rest = path.split(".")
+        arr = rows.column(head).combine_chunks()
+        for name in rest:
+            arr = pc.struct_field(arr, name)
+        for r in pc.indices_nonzero(pc.is_null(arr)).to_pylist():
+            out.setdefault(r, f"{path}: required, missing or null")
+    return out

@@ -1,0 +1,80 @@
+"""``format.value: json_schema`` through the real broker, write step and commit: messages framed by confluent-kafka's
+real ``JSONSerializer`` against the schema-registry stand-in (``LocalSchemaRegistry``: no registry can run here; the
+serializer and the registry client are the real ones)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from tests.conftest import ingest_inline, produce_to_partition, table_of, write_pipeline
+from tidewater.config.parse import load_pipeline
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import LocalSchemaRegistry
+
+pytestmark = [pytest.mark.integration]
+
+V1 = {"type": "object", "properties": {
+    "order_id": {"type": "string"},
+    "qty": {"type": "integer"},
+    "at": {"type": "string", "format": "date-time"},
+    "buyer": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+}, "required": ["order_id", "qty", "at"]}
+V2 = {**V1, "properties": {**V1["properties"], "coupon": {"type": ["string", "null"]},
+                           "buyer": {"type": "object", "properties": {"name": {"type": "string"},
+                                                                      "tier": {"type": "integer"}}}}}
+
+
+@pytest.fixture
+def registry():  # noqa: ANN201
+    reg = LocalSchemaRegistry({})
+    yield reg.start()
+    reg.stop()
+
+
+def _serialize(url: str, schema: dict, records: list[dict], topic: str) -> list[bytes]:
+    """The real serializer, its validation off so that records breaking the schema can be produced too."""
+    ser = JSONSerializer(json.dumps(schema), SchemaRegistryClient({"url": url}), conf={"validate": False})
+    return [ser(r, SerializationContext(topic, MessageField.VALUE)) for r in records]
+
+
+def test_json_schema_records_land_typed_a_new_version_adds_columns_and_bad_ones_are_dead_letters(broker, home, topic,
+                                                                                                 registry):
+    first = [{"order_id": f"o{i}", "qty": i, "at": f"2026-01-02T03:04:0{i}Z", "buyer": {"name": f"b{i}"}} for i in range(4)]
+    broken = [{"order_id": "x", "qty": "many", "at": "2026-01-02T03:04:05Z"},  # a string where integer is declared
+              {"order_id": "y", "qty": 1}]  # required `at` missing
+    values = _serialize(registry, V1, first + broken, topic) + [b'{"order_id": "z"}']  # no framing
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "json_schema", "registry_url": registry, "metadata": "none"})
+    spec = load_pipeline(path)
+    result = ingest_inline(spec)
+    assert (result.records, result.dead_letters) == (7, 3)
+    table = table_of(path)
+    types = {f.name: str(f.field_type) for f in table.schema().fields}
+    assert types == {"order_id": "string", "qty": "long", "at": "timestamptz", "buyer": "struct<5: name: optional string>"}
+    assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == ["o0", "o1", "o2", "o3"]
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset")
+    assert dlq.column("error_class").to_pylist() == ["SchemaViolation", "SchemaViolation", "NotConfluentJsonSchema"]
+    assert dlq.column("offset").to_pylist() == [4, 5, 6]
+    assert "at: required" in dlq.column("error_message").to_pylist()[1]
+    assert committed_state(table).offsets == {topic: {0: 7}}
+
+    # a new version adds a top-level and a nested field: the table evolves before the batch commits
+    later = [{"order_id": "o9", "qty": 9, "at": "2026-01-03T00:00:00+02:00", "coupon": "SPRING",
+              "buyer": {"name": "b9", "tier": 2}}]
+    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry, V2, later, topic))
+    result = ingest_inline(spec)
+    assert (result.records, result.dead_letters) == (1, 0)
+    table = table_of(path)
+    assert {f.name for f in table.schema().fields} == {"order_id", "qty", "at", "buyer", "coupon"}
+    rows = {r["order_id"]: r for r in table.scan().to_arrow().to_pylist()}
+    assert rows["o9"]["coupon"] == "SPRING" and rows["o9"]["buyer"] == {"name": "b9", "tier": 2}
+    assert rows["o9"]["at"].isoformat() == "2026-01-02T22:00:00+00:00"
+    assert rows["o0"]["coupon"] is None and rows["o0"]["buyer"] == {"name": "b0", "tier": None}
+    assert committed_state(table).offsets == {topic: {0: 8}}

@@ -1,0 +1,102 @@
+"""The ``json_schema`` value format's decoder on chunks framed by confluent-kafka's real ``JSONSerializer`` against the
+schema-registry stand-in (``LocalSchemaRegistry``: no registry can run here; the serializer and the registry client
+are the real ones). The same through the broker and a batch: ``tests/integration/test_json_schema.py``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pyarrow as pa
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from tidewater.decode.avro import RegistryClient
+from tidewater.decode.json_schema import decode
+from tidewater.decode.records import DecodeContext
+from tidewater.errors import TerminalError
+from tidewater.source.kafka import Chunk
+from tidewater_dev.sample_data import LocalSchemaRegistry
+
+V1 = {"type": "object", "properties": {
+    "id": {"type": "integer"},
+    "at": {"type": "string", "format": "date-time"},
+    "day": {"type": ["string", "null"], "format": "date"},
+    "buyer": {"type": "object", "properties": {"name": {"type": "string"}, "vip": {"type": "boolean"}},
+              "required": ["name"]},
+}, "required": ["id", "at", "buyer"]}
+V2 = {**V1, "properties": {**V1["properties"], "coupon": {"type": "string"}}}
+
+
+@pytest.fixture
+def registry():  # noqa: ANN201
+    reg = LocalSchemaRegistry({})
+    url = reg.start()
+    yield url
+    reg.stop()
+
+
+def _serializer(url: str, schema: dict) -> JSONSerializer:
+    """The real serializer, its own validation off: the records that break the schema are what the decoder must
+    find (a producer without validation, or another client, writes them)."""
+    return JSONSerializer(json.dumps(schema), SchemaRegistryClient({"url": url}), conf={"validate": False})
+
+
+def _chunk(values: list) -> Chunk:
+    return Chunk("orders", 0, values, list(range(len(values))), [0] * len(values))
+
+
+def _decode(url: str, values: list):  # noqa: ANN202
+    return decode(_chunk(values), DecodeContext("json_schema", registry=RegistryClient(url)))
+
+
+def test_values_of_two_schema_ids_land_in_chunk_order_with_the_schema_s_types(registry):
+    ctx = SerializationContext("orders", MessageField.VALUE)
+    one, two = _serializer(registry, V1), _serializer(registry, V2)
+    values = [one({"id": 1, "at": "2026-01-02T03:04:05Z", "day": "2026-01-02", "buyer": {"name": "a"}}, ctx),
+              two({"id": 2, "at": "2026-01-02T04:04:05+01:00", "buyer": {"name": "b", "vip": True}, "coupon": "X",
+                   "unnamed": [1, 2]}, ctx),
+              one({"id": 3, "at": "2026-01-02T05:04:05.5Z", "day": None, "buyer": {"name": "c"}}, ctx)]
+    rows, bad = _decode(registry, values)
+    assert bad == []
+    assert rows.schema.field("at").type == pa.timestamp("us", tz="UTC") and rows.schema.field("day").type == pa.date32()
+    assert rows.schema.field("id").type == pa.int64() and "unnamed" not in rows.column_names  # the schema's columns only
+    got = rows.to_pylist()
+    assert [r["id"] for r in got] == [1, 2, 3]
+    assert got[1]["at"] == dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    assert got[0]["day"] == dt.date(2026, 1, 2) and got[2]["day"] is None
+    assert [r["coupon"] for r in got] == [None, "X", None] and got[1]["buyer"] == {"name": "b", "vip": True}
+
+
+def test_records_that_break_their_schema_or_the_framing_are_bad_records_naming_the_path(registry):
+    ctx = SerializationContext("orders", MessageField.VALUE)
+    one = _serializer(registry, V1)
+    good = {"id": 1, "at": "2026-01-02T03:04:05Z", "buyer": {"name": "a"}}
+    values = [one(good, ctx),
+              one({**good, "id": "seven"}, ctx),  # a string where the schema says integer
+              one({**good, "at": "2026-01-02T03:04:05"}, ctx),  # no zone offset: not an RFC 3339 date-time
+              one({"id": 4, "at": "2026-01-02T03:04:05Z"}, ctx),  # required buyer missing
+              one({**good, "buyer": {"vip": False}}, ctx),  # required buyer.name missing
+              b'{"id": 6}',  # no framing
+              b"\x00" + (99).to_bytes(4, "big") + b'{"id": 7}',  # an id the registry does not know
+              None,
+              one({**good, "id": 9}, ctx)]
+    rows, bad = _decode(registry, values)
+    assert [r["id"] for r in rows.to_pylist()] == [1, 9]
+    assert [(b.index, b.error_class) for b in bad] == [
+        (1, "SchemaViolation"), (2, "SchemaViolation"), (3, "SchemaViolation"), (4, "SchemaViolation"),
+        (5, "NotConfluentJsonSchema"), (6, "UnknownSchemaId"), (7, "Tombstone")]
+    why = {b.index: b.message for b in bad}
+    assert "at: '2026-01-02T03:04:05' is not a date-time" in why[2]
+    assert "buyer: required" in why[3] and "buyer.name: required" in why[4]
+    assert all(f"schema id {1}" in why[i] for i in (1, 2, 3, 4)), why
+
+
+def test_a_registered_schema_a_table_cannot_take_stops_the_batch_naming_the_id_and_path(registry):
+    ctx = SerializationContext("orders", MessageField.VALUE)
+    mixed = {"type": "object", "properties": {"v": {"type": ["string", "integer"]}}}
+    value = _serializer(registry, mixed)({"v": 1}, ctx)
+    with pytest.raises(TerminalError, match=r"schema id \d+ cannot be a table's columns: .*at v"):
+        _decode(registry, [value])
