@@ -102,7 +102,7 @@ def test_registry_client_maps_the_registry_answers():
     registry is not asked twice), an unknown id (the record's dead letter), credentials refused (terminal),
     accepted (basic auth), an unknown client setting (terminal, naming format.registry_settings).
     The registry is the local stand-in of `tidewater_dev.sample_data` (no registry can be installed here)."""
-    from tidewater.decode.avro import RegistryClient, UnknownSchemaId
+    from tidewater.decode.registry_client import RegistryClient, UnknownSchemaId
     from tidewater.errors import TerminalError
 
     open_reg = LocalSchemaRegistry(SCHEMAS)

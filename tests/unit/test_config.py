@@ -77,7 +77,7 @@ def test_routed_tables_take_their_defaults_from_table():
         ({"table": "nonamespace"}, "table.identifier"),
         ({"kafka": {}}, "kafka: set either bootstrap_servers or conn_id"),
         ({"kafka": {"bootstrap_servers": "h", "settings": {"group.id": "x"}}}, "kafka.settings.group.id: managed by Tidewater"),
-        ({"format": {"value": "protobuf"}}, "format.value: 'protobuf' is not supported"),
+        ({"format": {"value": "thrift"}}, "format.value: 'thrift' is not supported"),
         ({"name": "Bad-Name"}, "name: 'Bad-Name' must be lower-case"),
         ({"topics": []}, "topics: at least one topic"),
         ({"validation": {"suite": "missing.json"}}, "validation.suite: file"),
@@ -266,7 +266,7 @@ def test_the_schema_registry_from_an_airflow_connection(monkeypatch, tmp_path):
     mine = parse_pipeline({**BASE, "format": {**fmt, "registry_url": "http://mine:8081", "registry_settings": {
         "ssl.ca.location": "/mine.pem"}}})
     assert mine.registry() == ("http://mine:8081", "sr-user:sr-pw", {"ssl.ca.location": "/mine.pem"})
-    from tidewater.decode.avro import RegistryClient  # a connection's settings are text: the numeric ones are typed
+    from tidewater.decode.registry_client import RegistryClient  # a connection's settings are text: the numeric ones are typed
     from tidewater.errors import TerminalError
 
     assert RegistryClient("http://sr:8081", None, {"timeout": "7", "max.retries": "3"})._client is not None

@@ -224,3 +224,14 @@ def test_a_json_schema_converter_reads_its_registry_and_keeps_its_credentials_ou
     monkeypatch.setenv(fmt["registry_basic_auth"][2:-1], "user:from-the-environment")
     assert parse_pipeline(res.pipeline).format.value == "json_schema"
 
+
+def test_a_protobuf_converter_is_the_protobuf_format():
+    res = convert({"name": "events-sink", "config": {
+        "topics": "events", "iceberg.tables": "db.events",
+        "value.converter": "io.confluent.connect.protobuf.ProtobufConverter",
+        "value.converter.schema.registry.url": "http://registry:8081,http://registry2:8081",
+        "iceberg.catalog.type": "sql", "iceberg.catalog.uri": "sqlite:////tmp/x.db",
+    }}, bootstrap="broker:9092")
+    assert (res.pipeline["format"]["value"], res.pipeline["format"]["registry_url"]) == ("protobuf", "http://registry:8081")
+    assert parse_pipeline(res.pipeline).format.value == "protobuf"
+

@@ -13,9 +13,9 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from tidewater.decode.avro import RegistryClient
 from tidewater.decode.json_schema import decode
 from tidewater.decode.records import DecodeContext
+from tidewater.decode.registry_client import RegistryClient
 from tidewater.errors import TerminalError
 from tidewater.source.kafka import Chunk
 from tidewater_dev.sample_data import LocalSchemaRegistry

@@ -30,6 +30,7 @@ FORMATS: dict[str, ValueFormat] = {
                                  op_column="_op", control_classes=_DEBEZIUM_CONTROL),
     "avro": ValueFormat("tidewater.decode.avro", registry=True),
     "json_schema": ValueFormat("tidewater.decode.json_schema", registry=True),
+    "protobuf": ValueFormat("tidewater.decode.protobuf", registry=True),
     "string": ValueFormat("tidewater.decode.raw", structured=False),
     "bytes": ValueFormat("tidewater.decode.raw", structured=False),
 }

@@ -113,12 +113,16 @@ class FormatSpec:
         "wire format, writer schema by id from `registry_url`; unknown ids are dead letters), `json_schema` (Confluent "
         "JSON Schema wire format: the columns are the registered schema's, by id from `registry_url`, with `date-time` "
         "and `date` formats typed and fields it does not name ignored; a record that breaks its schema is a dead letter "
-        "`SchemaViolation` naming the path), `string` (the "
+        "`SchemaViolation` naming the path), `protobuf` (Confluent Protobuf wire format: the message type the message "
+        "indexes pick in the schema registered by id, its imports fetched by their references; uint64 as decimal(20,0), "
+        "enums as names, Timestamp as timestamptz, Duration as long microseconds, wrappers and proto3 `optional` null "
+        "when absent, each oneof's fields plus a `<oneof>_case` column), `string` (the "
         "value as one UTF-8 column `value`; invalid UTF-8 is a dead letter) or `bytes` (one binary column `value`).",
         default="json",
     )
     registry_url: str | None = _doc(
-        "Schema registry URL (Confluent REST API) for `value: avro`, `debezium_avro` and `json_schema`, and for Avro "
+        "Schema registry URL (Confluent REST API) for `value: avro`, `debezium_avro`, `json_schema` and `protobuf`, and "
+        "for Avro "
         "message keys (`table.key_source: message_key`).", default=None)
     registry_basic_auth: str | None = _doc(
         "`user:password` for the schema registry (use `${ENV_VAR}`; never logged).", default=None

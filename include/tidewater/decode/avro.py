@@ -9,101 +9,17 @@ land together under the union of their schemas (fields added by evolution are nu
 from __future__ import annotations
 
 import io
-import json
 import logging
 from typing import Any
 
 import pyarrow as pa
 
 from tidewater.decode.records import BadRecord, DecodeContext
-from tidewater.errors import TerminalError, TransientError
+from tidewater.decode.registry_client import RegistryClient, UnknownSchemaId
+from tidewater.errors import TerminalError
 from tidewater.source.kafka import Chunk
 
 log = logging.getLogger(__name__)
-
-
-class UnknownSchemaId(Exception):
-    pass
-
-
-# the registry client's settings that it takes as numbers: a pipeline file's and a connection's values are text
-_NUMERIC = ("timeout", "max.retries", "retries.wait.ms", "retries.max.wait.ms", "cache.capacity", "cache.latest.ttl.sec")
-
-
-def _typed(settings: dict[str, Any]) -> dict[str, Any]:
-    """``settings`` with the numeric ones as numbers (a value that is not one is refused, naming the setting)."""
-    out = dict(settings)
-    for key in _NUMERIC:
-        if isinstance(out.get(key), str):
-            try:
-                out[key] = float(out[key]) if "." in out[key] else int(out[key])
-            except ValueError:
-                raise TerminalError(f"format.registry_settings.{key}: {out[key]!r} is not a number") from None
-    return out
-
-
-class RegistryClient:
-    """Writer schemas by id, through confluent-kafka's ``SchemaRegistryClient`` (its HTTP client, retries,
-    TLS and basic or bearer auth: ``format.registry_basic_auth`` and ``format.registry_settings``), parsed
-    once and cached for the task's life. Its errors become ours: an id the registry does not know (404) or
-    a schema that is not Avro makes the record a dead letter (``UnknownSchemaId``); refused credentials
-    (401, 403) are terminal; an unreachable registry or a server error is transient."""
-
-    def __init__(self, url: str, auth: str | None = None, settings: dict[str, str] | None = None,
-                 timeout: float = 10.0) -> None:
-        # an optional backend (httpx, authlib, attrs): imported by the Avro formats only
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-
-        self.url = url.rstrip("/")
-        conf: dict[str, Any] = {"url": self.url, "timeout": timeout, "max.retries": 2, **_typed(settings or {})}
-        if auth:
-            conf["basic.auth.user.info"] = auth
-        try:
-            self._client = SchemaRegistryClient(conf)
-        except ValueError as e:  # a bad setting (its message names it)
-            raise TerminalError(f"format.registry_settings: {e}") from None
-        self._cache: dict[Any, Any] = {}  # schema id (Avro) or (type, id) -> the parsed schema
-
-    def schema(self, schema_id: int) -> Any:
-        """The parsed Avro writer schema for ``schema_id`` (cached)."""
-        import fastavro
-
-        if schema_id not in self._cache:
-            self._cache[schema_id] = fastavro.parse_schema(json.loads(self._text(schema_id, "AVRO")))
-        return self._cache[schema_id]
-
-    def json_schema(self, schema_id: int) -> dict[str, Any]:
-        """The JSON Schema document registered as ``schema_id`` (``schemaType: JSON``; cached)."""
-        key = ("JSON", schema_id)
-        if key not in self._cache:
-            try:
-                doc = json.loads(self._text(schema_id, "JSON"))
-            except json.JSONDecodeError as e:
-                raise UnknownSchemaId(f"schema id {schema_id} is not a JSON document: {e}") from None
-            if not isinstance(doc, dict):
-                raise UnknownSchemaId(f"schema id {schema_id} is not a JSON Schema object")
-            self._cache[key] = doc
-        return self._cache[key]  # type: ignore[no-any-return]
-
-    def _text(self, schema_id: int, kind: str) -> str:
-        """The registered schema's text, which must be of ``kind`` (the registry's ``schemaType``; Avro when absent)."""
-        from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-        try:
-            found = self._client.get_schema(schema_id)
-        except SchemaRegistryError as e:
-            if e.http_status_code == 404:
-                raise UnknownSchemaId(f"schema id {schema_id} is not in the registry {self.url}") from None
-            if e.http_status_code in (401, 403):
-                raise TerminalError(f"schema registry {self.url} refused the credentials (HTTP {e.http_status_code}); "
-                                    "check format.registry_basic_auth / format.registry_settings") from None
-            raise TransientError(f"schema registry {self.url} answered HTTP {e.http_status_code} for schema id "
-                                 f"{schema_id}") from None
-        except Exception as e:  # connection refused, timeouts, TLS: the client's transport errors
-            raise TransientError(f"schema registry {self.url} unreachable: {type(e).__name__}") from None
-        if (found.schema_type or "AVRO") != kind:
-            raise UnknownSchemaId(f"schema id {schema_id} is a {found.schema_type} schema, not {kind}")
-        return str(found.schema_str)
 
 
 # ---- Avro schema -> Arrow type -------------------------------------------------------------------

@@ -37,9 +37,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.decode.avro import UnknownSchemaId
 from tidewater.decode.json import decode_json_lenient
-from tidewater.decode.records import BadRecord, DecodeContext
+from tidewater.decode.records import BadRecord, DecodeContext, in_chunk_order
+from tidewater.decode.registry_client import UnknownSchemaId
 from tidewater.errors import TerminalError
 from tidewater.source.kafka import Chunk
 
@@ -217,11 +217,7 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
         bad.update(found)
         parts.append(rows)
         positions.append(kept)
-    if not any(p.num_rows for p in parts):
-        return pa.table({}), [bad[i] for i in sorted(bad)]
-    table = pa.concat_tables([p for p in parts if p.num_rows], promote_options="permissive")
-    order = np.argsort(np.concatenate(positions), kind="stable")  # back to chunk order (several ids interleave)
-    return table.take(pa.array(order)), [bad[i] for i in sorted(bad)]
+    return in_chunk_order(parts, positions), [bad[i] for i in sorted(bad)]  # several ids interleave
 
 
 def _unframed(i: int, v: bytes | None) -> BadRecord:

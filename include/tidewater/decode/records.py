@@ -9,6 +9,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+
+def in_chunk_order(parts: list[pa.Table], positions: list[np.ndarray]) -> pa.Table:
+    """The rows of several parts of one chunk (decoded apart: one per schema id, say) as one table in chunk order;
+    ``positions``: each part's rows' chunk positions. Fields one part lacks are null in the others' rows."""
+    full = [(p, at) for p, at in zip(parts, positions, strict=True) if p.num_rows]
+    if not full:
+        return pa.table({})
+    table = pa.concat_tables([p for p, _ in full], promote_options="permissive")
+    return table.take(pa.array(np.argsort(np.concatenate([at for _, at in full]), kind="stable")))
+
+
 # ---- error path: separate the records that cannot be decoded -------------------------------------
 
 

@@ -197,8 +197,8 @@ def _catalog_class(d: _Draft, raw_key: str, value: Any) -> None:
         d.unmapped(raw_key, f"catalog class {value} has no pyiceberg equivalent")
 
 
-_VALUE_CONVERTERS = {"AvroConverter": "avro", "JsonSchemaConverter": "json_schema", "StringConverter": "string",
-                     "ByteArrayConverter": "bytes"}
+_VALUE_CONVERTERS = {"AvroConverter": "avro", "JsonSchemaConverter": "json_schema", "ProtobufConverter": "protobuf",
+                     "StringConverter": "string", "ByteArrayConverter": "bytes"}
 _KEY_CONVERTERS = {"StringConverter": "string", "ByteArrayConverter": "bytes"}
 
 
@@ -209,7 +209,8 @@ def _value_converter(d: _Draft, raw_key: str, value: Any) -> None:
     else:
         kind = _VALUE_CONVERTERS.get(cls)
     if kind is None:
-        d.unmapped(raw_key, f"converter {value} is not supported (json, connect_json, avro, json_schema, string, bytes)")
+        d.unmapped(raw_key, f"converter {value} is not supported (json, connect_json, avro, json_schema, protobuf, "
+                               "string, bytes)")
         return
     d.fmt["value"] = kind
     d.mapped(raw_key, f"format.value {kind}")

@@ -29,7 +29,7 @@ from tidewater.batch import (
 )
 from tidewater.config.formats import FORMATS
 from tidewater.config.spec import PipelineSpec
-from tidewater.decode.avro import RegistryClient
+from tidewater.decode.registry_client import RegistryClient
 from tidewater.errors import TidewaterError, TransientError, error_document
 from tidewater.source.kafka import Chunk, Rereader, read_range
 from tidewater.table.catalog import catalog_failure, load_catalog

@@ -1,0 +1,87 @@
+"""``format.value: protobuf`` through the real broker, write step and commit: messages framed by confluent-kafka's real
+``ProtobufSerializer`` against the schema-registry stand-in (``LocalSchemaRegistry``: no registry can run here; the
+serializer and the registry client are the real ones). Each schema version's classes are built from descriptors in a
+pool of their own, as two builds of ``shop/events.proto`` would be."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
+
+from tests.conftest import ingest_inline, produce_to_partition, table_of, write_pipeline
+from tidewater.config.parse import load_pipeline
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import LocalSchemaRegistry
+
+pytestmark = [pytest.mark.integration]
+
+F = descriptor_pb2.FieldDescriptorProto
+
+
+def _event_class(version: int):  # noqa: ANN202
+    """``shop.Event`` as schema version ``version`` defines it: version 2 adds ``coupon`` and ``Buyer.tier``."""
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
+    fd = descriptor_pb2.FileDescriptorProto(name="shop/events.proto", package="shop", syntax="proto3",
+                                            dependency=["google/protobuf/wrappers.proto"])
+    event = fd.message_type.add(name="Event")
+    buyer = event.nested_type.add(name="Buyer")
+    buyer.field.add(name="name", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    event.field.add(name="order_id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    event.field.add(name="qty", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    event.field.add(name="buyer", number=3, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".shop.Event.Buyer")
+    if version == 2:
+        buyer.field.add(name="tier", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+        event.field.add(name="coupon", number=4, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                        type_name=".google.protobuf.StringValue")
+    pool.Add(fd)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Event"))
+
+
+@pytest.fixture
+def registry():  # noqa: ANN201
+    reg = LocalSchemaRegistry({})
+    yield reg.start()
+    reg.stop()
+
+
+def _serialize(url: str, cls, messages: list, topic: str) -> list[bytes]:  # noqa: ANN001
+    ser = ProtobufSerializer(cls, SchemaRegistryClient({"url": url}), {"use.deprecated.format": False})
+    return [ser(m, SerializationContext(topic, MessageField.VALUE)) for m in messages]
+
+
+def test_protobuf_records_land_typed_a_new_version_adds_columns_and_bad_ones_are_dead_letters(broker, home, topic,
+                                                                                              registry):
+    v1 = _event_class(1)
+    good = _serialize(registry, v1, [v1(order_id=f"e{i}", qty=i, buyer=v1.Buyer(name=f"b{i}")) for i in range(4)], topic)
+    values = good + [b'{"id": "json"}', good[0][:5] + b"\x00" + b"\x0a\x09cut"]  # no framing; a string cut short
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "protobuf", "registry_url": registry, "metadata": "none"})
+    spec = load_pipeline(path)
+    result = ingest_inline(spec)
+    assert (result.records, result.dead_letters) == (6, 2)
+    table = table_of(path)
+    assert {f.name: str(f.field_type) for f in table.schema().fields if f.name != "buyer"} == {"order_id": "string", "qty": "int"}
+    assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == ["e0", "e1", "e2", "e3"]
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset")
+    assert dlq.column("error_class").to_pylist() == ["NotConfluentProtobuf", "InvalidProtobuf"]
+    assert dlq.column("offset").to_pylist() == [4, 5]
+    assert committed_state(table).offsets == {topic: {0: 6}}
+
+    # a new schema version adds a top-level and a nested field: the table evolves before the batch commits
+    v2 = _event_class(2)
+    later = v2(order_id="e9", qty=9, buyer=v2.Buyer(name="b9", tier=2))
+    later.coupon.value = "SPRING"
+    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry, v2, [later], topic))
+    result = ingest_inline(spec)
+    assert (result.records, result.dead_letters) == (1, 0)
+    table = table_of(path)
+    rows = {r["order_id"]: r for r in table.scan().to_arrow().to_pylist()}
+    assert rows["e9"]["coupon"] == "SPRING" and rows["e9"]["buyer"] == {"name": "b9", "tier": 2}
+    assert rows["e0"]["coupon"] is None and rows["e0"]["buyer"] == {"name": "b0", "tier": None}
+    assert committed_state(table).offsets == {topic: {0: 7}}
