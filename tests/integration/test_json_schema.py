@@ -13,6 +13,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.conftest import ingest_inline, produce_to_partition, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
+from tidewater.errors import TerminalBatchWriteError
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
 from tidewater_dev.sample_data import LocalSchemaRegistry
@@ -78,3 +79,41 @@ def test_json_schema_records_land_typed_a_new_version_adds_columns_and_bad_ones_
     assert rows["o9"]["at"].isoformat() == "2026-01-02T22:00:00+00:00"
     assert rows["o0"]["coupon"] is None and rows["o0"]["buyer"] == {"name": "b0", "tier": None}
     assert committed_state(table).offsets == {topic: {0: 8}}
+
+
+
+CHANGED = {**V1, "properties": {**V1["properties"], "qty": {"type": "string"}}}  # qty: integer -> string
+
+
+def test_a_chunk_of_two_schema_versions_that_give_a_column_two_types_is_refused_naming_both_ids(broker, home, topic,
+                                                                                                registry):
+    """The first batch, before the table exists: nothing is created or committed and the offsets stay."""
+    first = {"order_id": "o1", "qty": 1, "at": "2026-01-02T03:04:05Z"}
+    values = _serialize(registry, V1, [first], topic) + _serialize(registry, CHANGED, [{**first, "qty": "one"}], topic)
+    produce_to_partition(broker.bootstrap, topic, 0, values)
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "json_schema", "registry_url": registry, "metadata": "none"})
+    with pytest.raises(TerminalBatchWriteError, match=r"field qty: schema id 1 gives it type int64, schema id 2 type "
+                                                      r"string; a column has one type"):
+        ingest_inline(load_pipeline(path))
+    table = table_of(path)
+    assert table is None or table.current_snapshot() is None
+
+
+def test_records_of_a_schema_version_that_changes_a_column_s_type_are_refused_against_the_table(broker, home, topic,
+                                                                                               registry):
+    """Nothing of the batch is committed: the table's snapshot, rows and offsets stay."""
+    first = {"order_id": "o1", "qty": 1, "at": "2026-01-02T03:04:05Z"}
+    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry, V1, [first], topic))
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "json_schema", "registry_url": registry, "metadata": "none"})
+    spec = load_pipeline(path)
+    ingest_inline(spec)
+    before = table_of(path).current_snapshot().snapshot_id
+    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry, CHANGED, [{**first, "qty": "one"}], topic))
+    with pytest.raises(TerminalBatchWriteError, match=r"field qty: schema id 2 gives it type string, table rpc.orders "
+                                                      r"has int64; an incompatible schema change"):
+        ingest_inline(spec)
+    table = table_of(path)
+    assert table.current_snapshot().snapshot_id == before and committed_state(table).offsets == {topic: {0: 1}}
+    assert table.scan().to_arrow().column("qty").to_pylist() == [1]

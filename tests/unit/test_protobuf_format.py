@@ -150,3 +150,22 @@ def test_bad_frames_unknown_ids_indexes_out_of_range_and_corrupt_bytes_are_bad_r
         (1, "NotConfluentProtobuf"), (2, "UnknownSchemaId"), (3, "MessageIndexOutOfRange"), (4, "InvalidProtobuf"),
         (5, "Tombstone")]
     assert "message index 5 out of range" in bad[2].message
+
+
+def test_a_message_type_that_gives_a_table_column_another_type_is_refused_naming_the_field_id_and_table(registry):
+    """Against the table's columns (``ctx.explicit``): widenings pass (the table's int for a long), a type the column
+    cannot take stops the batch."""
+    from tidewater.errors import TerminalError
+
+    classes = _build()
+    values = _serialize(registry, classes["Refund"], [classes["Refund"](order_id="a")])
+    ctx = DecodeContext("protobuf", explicit=pa.schema([("order_id", pa.int64())]), registry=RegistryClient(registry),
+                        table="db.refunds")
+    chunk = Chunk("orders", 0, values, [0], [0])
+    with pytest.raises(TerminalError, match=r"field order_id: schema id \d+ \(shop.Refund\) gives it type string, "
+                                            r"table db.refunds has int64"):
+        decode(chunk, ctx)
+    wider = DecodeContext("protobuf", explicit=pa.schema([("order_id", pa.string()), ("old", pa.int32())]),
+                          registry=RegistryClient(registry), table="db.refunds")
+    rows, bad = decode(chunk, wider)
+    assert bad == [] and rows.to_pylist() == [{"order_id": "a"}]

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidewater.decode.json import decode_json_lenient
-from tidewater.decode.records import BadRecord, DecodeContext, in_chunk_order
+from tidewater.decode.records import BadRecord, DecodeContext, in_chunk_order, refuse_conflicts
 from tidewater.decode.registry_client import UnknownSchemaId
 from tidewater.errors import TerminalError
 from tidewater.source.kafka import Chunk
@@ -205,6 +205,7 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
     where_np = where.to_numpy()
     parts: list[pa.Table] = []
     positions: list[np.ndarray] = []
+    labels: list[str] = []
     for schema_id in np.unique(ids).tolist():
         mine = np.flatnonzero(ids == schema_id)
         at = where_np[mine]
@@ -214,10 +215,12 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
             bad.update({int(i): BadRecord(int(i), "UnknownSchemaId", str(e)) for i in at})
             continue
         rows, kept, found = _parsed(chunk, at, bodies.take(pa.array(mine)), cols, schema_id, ctx)
+        refuse_conflicts(ctx, rows, f"schema id {schema_id}")
         bad.update(found)
         parts.append(rows)
         positions.append(kept)
-    return in_chunk_order(parts, positions), [bad[i] for i in sorted(bad)]  # several ids interleave
+        labels.append(f"schema id {schema_id}")
+    return in_chunk_order(parts, positions, labels), [bad[i] for i in sorted(bad)]  # several ids interleave
 
 
 def _unframed(i: int, v: bytes | None) -> BadRecord:

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.decode.records import BadRecord, DecodeContext, in_chunk_order
+from tidewater.decode.records import BadRecord, DecodeContext, in_chunk_order, refuse_conflicts
 from tidewater.decode.registry_client import UnknownSchemaId
 from tidewater.source.kafka import Chunk
 
@@ -68,6 +68,7 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
     groups = _framed(chunk, bad)
     parts: list[pa.Table] = []
     positions: list[np.ndarray] = []
+    labels: list[str] = []
     for (schema_id, indexes), items in groups.items():
         try:
             pool, file = ctx.registry.protobuf(schema_id)
@@ -79,9 +80,11 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
             bad.update({i: BadRecord(i, INDEX_OUT_OF_RANGE, f"schema id {schema_id}: {e}") for i, _ in items})
             continue
         rows, kept = _messages(desc, items, schema_id, bad)
+        refuse_conflicts(ctx, rows, f"schema id {schema_id} ({desc.full_name})")
         parts.append(rows)
         positions.append(kept)
-    return in_chunk_order(parts, positions), [bad[i] for i in sorted(bad)]
+        labels.append(f"schema id {schema_id} ({desc.full_name})")
+    return in_chunk_order(parts, positions, labels), [bad[i] for i in sorted(bad)]
 
 
 def _framed(chunk: Chunk, bad: dict[int, BadRecord]) -> dict[tuple[int, tuple[int, ...]], list[tuple[int, bytes]]]:

@@ -9,15 +9,71 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tidewater.errors import TerminalError
 
-def in_chunk_order(parts: list[pa.Table], positions: list[np.ndarray]) -> pa.Table:
+
+def in_chunk_order(parts: list[pa.Table], positions: list[np.ndarray], labels: list[str] | None = None) -> pa.Table:
     """The rows of several parts of one chunk (decoded apart: one per schema id, say) as one table in chunk order;
-    ``positions``: each part's rows' chunk positions. Fields one part lacks are null in the others' rows."""
+    ``positions``: each part's rows' chunk positions. Fields one part lacks are null in the others' rows. Two parts
+    that give a field types that do not widen into one raise TerminalError naming it and both parts (``labels``)."""
     full = [(p, at) for p, at in zip(parts, positions, strict=True) if p.num_rows]
     if not full:
         return pa.table({})
+    names = labels or [f"part {i}" for i in range(len(parts))]
+    for i in range(1, len(parts)):
+        for j in range(i):
+            found = type_conflicts(parts[j].schema, parts[i].schema)
+            if found:
+                path, a, b = found[0]
+                raise TerminalError(f"field {path}: {names[j]} gives it type {a}, {names[i]} type {b}; a column has one "
+                                    "type (an incompatible schema change)")
     table = pa.concat_tables([p for p, _ in full], promote_options="permissive")
     return table.take(pa.array(np.argsort(np.concatenate([at for _, at in full]), kind="stable")))
+
+
+def type_conflicts(have: pa.Schema, got: pa.Schema, prefix: str = "") -> list[tuple[str, pa.DataType, pa.DataType]]:
+    """The fields both schemas hold whose types are neither equal nor one a widening of the other (int -> long,
+    float -> double, null -> anything; nested structs, lists and maps compared field by field): (path, have, got)."""
+    theirs = {f.name: f.type for f in got}
+    out = []
+    for f in have:
+        if f.name in theirs and not _fits(f.type, theirs[f.name], f"{prefix}{f.name}", out):
+            out.append((f"{prefix}{f.name}", f.type, theirs[f.name]))
+    return out
+
+
+_WIDENS = {(pa.int32(), pa.int64()), (pa.float32(), pa.float64())}
+
+
+def _fits(a: pa.DataType, b: pa.DataType, path: str, out: list[tuple[str, pa.DataType, pa.DataType]]) -> bool:
+    """``a`` and ``b`` are one column's type (nested conflicts are added to ``out`` under their own paths)."""
+    if a == b or pa.types.is_null(a) or pa.types.is_null(b) or (a, b) in _WIDENS or (b, a) in _WIDENS:
+        return True
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b):
+        return (a.tz is None) == (b.tz is None)
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        out += type_conflicts(pa.schema(list(a)), pa.schema(list(b)), path + ".")
+        return True
+    if (pa.types.is_list(a) or pa.types.is_large_list(a)) and (pa.types.is_list(b) or pa.types.is_large_list(b)):
+        return _fits(a.value_type, b.value_type, path + "[]", out)
+    if pa.types.is_map(a) and pa.types.is_map(b):
+        return _fits(a.key_type, b.key_type, path + "{}", out) and _fits(a.item_type, b.item_type, path + "{}", out)
+    if {a, b} <= {pa.string(), pa.large_string()} or {a, b} <= {pa.binary(), pa.large_binary()}:
+        return True
+    return False
+
+
+def refuse_conflicts(ctx: Any, rows: pa.Table, label: str) -> None:
+    """TerminalError when ``rows`` (decoded with a registered schema, ``label``) give a column of the table
+    (``ctx.explicit``) a type it cannot take: the schema changed incompatibly; nothing of the batch is committed."""
+    if ctx.explicit is None:
+        return
+    found = [c for c in type_conflicts(ctx.explicit, rows.schema) if c[0] not in ctx.converted]
+    if found:
+        path, have, got = found[0]
+        where = f"table {ctx.table}" if ctx.table else "the table"
+        raise TerminalError(f"field {path}: {label} gives it type {got}, {where} has {have}; an incompatible schema "
+                            "change (a new column name, or a new table, takes it)", table=ctx.table)
 
 
 # ---- error path: separate the records that cannot be decoded -------------------------------------
@@ -64,6 +120,8 @@ class DecodeContext:
     max_depth: int = MAX_DEPTH_DEFAULT  # format.max_nesting_depth: deeper records are dead letters (TooDeep)
     allow_non_numeric: bool = False  # format.allow_non_numeric_numbers: NaN and Infinity taken as numbers
     keep_source: bool = False  # Debezium: keep the envelope's source block (routing by {source.<field>})
+    table: str | None = None  # the table ``explicit`` is of, for errors (None: a routed pipeline's several)
+    converted: tuple[str, ...] = ()  # columns converted after decoding (format.timestamps): their types may differ
 
 
 def not_utf8(v: bytes) -> bool:
