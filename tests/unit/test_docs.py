@@ -31,3 +31,14 @@ def test_readme_links_lead_somewhere_and_it_stays_short():
     missing = [t for t in links if not t.startswith("http") and not (REPO / t).exists()]
     assert missing == []
     assert len(readme.splitlines()) <= 160
+
+
+def test_the_formats_page_has_a_section_for_every_value_format():
+    """docs/reference/formats.md is checked against the code: a ``## <name>`` heading (or ``## a and b``) per format of
+    ``config.formats.FORMATS``, and no heading for a format the code does not have."""
+    from tidewater.config.formats import FORMATS
+
+    page = (REPO / "docs" / "reference" / "formats.md").read_text()
+    named = {n for h in re.findall(r"^## (.+)$", page, re.M) for n in h.split(" and ")}
+    assert named == set(FORMATS), (sorted(set(FORMATS) - named), sorted(named - set(FORMATS)))
+
