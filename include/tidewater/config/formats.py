@@ -31,6 +31,12 @@ FORMATS: dict[str, ValueFormat] = {
     "avro": ValueFormat("tidewater.decode.avro", registry=True),
     "json_schema": ValueFormat("tidewater.decode.json_schema", registry=True),
     "protobuf": ValueFormat("tidewater.decode.protobuf", registry=True),
+    "debezium_protobuf": ValueFormat("tidewater.decode.debezium_protobuf", skipped_classes=("Tombstone",),
+                                     registry=True, op_column="_op", control_classes=_DEBEZIUM_CONTROL),
     "string": ValueFormat("tidewater.decode.raw", structured=False),
     "bytes": ValueFormat("tidewater.decode.raw", structured=False),
 }
+
+# Debezium's change events, whatever they are encoded in: ids from message keys, {source.<field>} routing
+DEBEZIUM_FORMATS = tuple(name for name, f in FORMATS.items() if f.control_classes == _DEBEZIUM_CONTROL)
+

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidewater.config.airflow_section import setting
-from tidewater.config.formats import FORMATS
+from tidewater.config.formats import DEBEZIUM_FORMATS, FORMATS
 from tidewater.config.targets import TargetSet
 from tidewater.errors import ConfigError
 from tidewater.staging import locate
@@ -116,7 +116,8 @@ class FormatSpec:
         "`SchemaViolation` naming the path), `protobuf` (Confluent Protobuf wire format: the message type the message "
         "indexes pick in the schema registered by id, its imports fetched by their references; uint64 as decimal(20,0), "
         "enums as names, Timestamp as timestamptz, Duration as long microseconds, wrappers and proto3 `optional` null "
-        "when absent, each oneof's fields plus a `<oneof>_case` column), `string` (the "
+        "when absent, each oneof's fields plus a `<oneof>_case` column), `debezium_protobuf` (Debezium change events in "
+        "that Protobuf wire format, applied as `debezium`), `string` (the "
         "value as one UTF-8 column `value`; invalid UTF-8 is a dead letter) or `bytes` (one binary column `value`).",
         default="json",
     )
@@ -260,7 +261,7 @@ class TableSpec:
     id_columns: list[str] = _doc(
         "Columns that identify a row. Set as the table's identifier fields (required columns) when it is "
         "auto-created; a record without a value for one is a dead letter (`MissingId`). A change table of a routed "
-        "pipeline reading Debezium (`debezium`, `debezium_avro`) may leave it empty: the fields of its records' "
+        "pipeline reading Debezium (`debezium`, `debezium_avro`, `debezium_protobuf`) may leave it empty: the fields of its records' "
         "message key (the source table's primary key, JSON with or without its schema, or Avro) become the table's "
         "identifier fields when it is created, and an existing table's identifier fields are its id columns.",
         default_factory=list,
@@ -280,7 +281,7 @@ class TableSpec:
     )
     op_field: str | None = _doc(
         "Column whose value says whether a record inserts, updates or deletes its row (Kafka Connect's "
-        "`cdc-field`); setting it turns on `upsert`. With `format.value: debezium` (or `debezium_avro`) and `upsert` "
+        "`cdc-field`); setting it turns on `upsert`. With `format.value: debezium` (or `debezium_avro`, `debezium_protobuf`) and `upsert` "
         "it is `_op`.",
         default=None,
     )
@@ -926,7 +927,7 @@ class PipelineSpec:
         """A routed Debezium pipeline with a change table whose `id_columns` are left empty: each such table takes
         the fields of its records' message keys (Debezium's key is the source table's primary key) as its id
         columns, set as the Iceberg table's identifier fields when the table is created and read from there on."""
-        if not self.routed or self.format.value not in ("debezium", "debezium_avro"):
+        if not self.routed or self.format.value not in DEBEZIUM_FORMATS:
             return False
         return any((t.upsert or t.op_field) and not t.id_columns for t in [self.table, *self.tables])
 

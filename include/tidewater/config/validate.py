@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tidewater.config.formats import FORMATS
+from tidewater.config.formats import DEBEZIUM_FORMATS, FORMATS
 from tidewater.config.partitioning import check_config
 from tidewater.config.routes import SOURCE_PLACEHOLDER, TOPIC_PLACEHOLDER
 from tidewater.config.spec import PipelineSpec, RouteTableSpec, TableSpec
@@ -81,7 +81,7 @@ def _check_format(spec: PipelineSpec) -> None:
         raise ConfigError(f"format.registry_url: required for value format {spec.format.value} (or format.registry_conn_id)")
     if spec.format.skip_control_events and not FORMATS[spec.format.value].control_classes:
         raise ConfigError(f"format.skip_control_events: value format {spec.format.value} has no control events "
-                          "(debezium and debezium_avro do)")
+                          f"({', '.join(DEBEZIUM_FORMATS)} do)")
     try:
         from zoneinfo import ZoneInfo
 
@@ -121,7 +121,7 @@ def _check_changes(spec: PipelineSpec) -> None:
 def _check_change_table(spec: PipelineSpec, t: TableSpec, where: str) -> None:
     """One change table's settings (``where``: `table` or `tables[i]`)."""
     key = f"{where}.op_field" if t.op_field and not t.upsert else f"{where}.upsert"
-    if not t.id_columns and not (spec.routed and spec.format.value in ("debezium", "debezium_avro")):
+    if not t.id_columns and not (spec.routed and spec.format.value in DEBEZIUM_FORMATS):
         raise ConfigError(f"{key}: needs {where}.id_columns (the columns that identify a row; a routed Debezium "
                           "pipeline may leave them to the message keys)")
     if spec.format.metadata != "prefixed":
@@ -360,9 +360,9 @@ def _check_template(template: str, field: str | None, fmt: str) -> None:
                           "{topic[N]} (the N-th dot-separated part of the topic's name, negative from the end) and, "
                           "for Debezium formats, {source.<field>} (a field of the envelope's source block)")
     if by_source:
-        if fmt not in ("debezium", "debezium_avro"):
+        if fmt not in DEBEZIUM_FORMATS:
             raise ConfigError(f"routing.table_template: {template!r}: {{source.<field>}} needs a Debezium format "
-                              f"(format.value debezium or debezium_avro, not {fmt})")
+                              f"(format.value {', '.join(DEBEZIUM_FORMATS)}; not {fmt})")
         if "{value}" in template:
             raise ConfigError(f"routing.table_template: {template!r}: use {{value}} or {{source.<field>}}, not both")
         if "\x00" in SOURCE_PLACEHOLDER.sub("\x00", template).rpartition(".")[0]:

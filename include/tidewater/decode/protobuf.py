@@ -62,8 +62,14 @@ def message_type(file: Any, indexes: tuple[int, ...]) -> Any:
 
 
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
-    """Registry entry for ``protobuf`` (see the module docstring). Rows come back in chunk order, the bad records
-    apart; an unreachable registry fails the batch (``TransientError``: nothing is committed, retrying is safe)."""
+    """Registry entry for ``protobuf`` (see the module docstring)."""
+    return decode_protobuf(chunk, ctx.registry, ctx)
+
+
+def decode_protobuf(chunk: Chunk, registry: Any, table: DecodeContext | None = None) -> tuple[pa.Table, list[BadRecord]]:
+    """Rows in chunk order and the bad records apart; an unreachable registry fails the batch (``TransientError``:
+    nothing is committed, retrying is safe). ``table``: the context whose table each message type's columns are
+    checked against (None: the messages are envelopes, not rows)."""
     bad: dict[int, BadRecord] = {}
     groups = _framed(chunk, bad)
     parts: list[pa.Table] = []
@@ -71,7 +77,7 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
     labels: list[str] = []
     for (schema_id, indexes), items in groups.items():
         try:
-            pool, file = ctx.registry.protobuf(schema_id)
+            pool, file = registry.protobuf(schema_id)
             desc = message_type(file, indexes)
         except UnknownSchemaId as e:
             bad.update({i: BadRecord(i, "UnknownSchemaId", str(e)) for i, _ in items})
@@ -80,7 +86,8 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
             bad.update({i: BadRecord(i, INDEX_OUT_OF_RANGE, f"schema id {schema_id}: {e}") for i, _ in items})
             continue
         rows, kept = _messages(desc, items, schema_id, bad)
-        refuse_conflicts(ctx, rows, f"schema id {schema_id} ({desc.full_name})")
+        if table is not None:
+            refuse_conflicts(table, rows, f"schema id {schema_id} ({desc.full_name})")
         parts.append(rows)
         positions.append(kept)
         labels.append(f"schema id {schema_id} ({desc.full_name})")

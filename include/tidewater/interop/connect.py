@@ -254,7 +254,7 @@ def _transform(d: _Draft, raw_key: str, value: Any) -> None:
         d.unmapped(raw_key, "single message transforms are not run; use format.* settings (flatten, map_columns, "
                             "timestamps) or a view")
         return
-    d.table["upsert"] = True  # the value format (debezium or debezium_avro) is chosen with the converter
+    d.table["upsert"] = True  # the value format (debezium, debezium_avro, debezium_protobuf) is chosen with the converter
     d.mapped(raw_key, "format.value: debezium (debezium_avro with the Avro converter) + table.upsert (the envelope's "
                       "op is the `_op` column)")
 
@@ -393,7 +393,7 @@ def _assemble(d: _Draft) -> None:
     # Rows carry their source (topic, partition, offset): replay and backfills work on the imported pipeline.
     d.fmt.setdefault("metadata", "prefixed")
     if _has_debezium_transform(d.config):
-        d.fmt["value"] = "debezium_avro" if d.fmt.get("value") == "avro" else "debezium"
+        d.fmt["value"] = {"avro": "debezium_avro", "protobuf": "debezium_protobuf"}.get(d.fmt.get("value"), "debezium")
     catalog = {**({"name": d.catalog_name} if d.catalog_name else {}), **({"properties": d.catalog} if d.catalog else {})}
     for section, value in (("format", d.fmt), ("catalog", catalog), ("dead_letter", d.dead_letter)):
         if value:
