@@ -12,6 +12,7 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.conftest import ingest_inline, produce_to_partition, table_of, write_pipeline
+from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import TerminalBatchWriteError
 from tidewater.table.catalog import load_catalog, load_table
@@ -52,13 +53,14 @@ def test_json_schema_records_land_typed_a_new_version_adds_columns_and_bad_ones_
     values = _serialize(registry, V1, first + broken, topic) + [b'{"order_id": "z"}']  # no framing
     produce_to_partition(broker.bootstrap, topic, 0, values)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "json_schema", "registry_url": registry, "metadata": "none"})
+                          format={"value": "json_schema", "registry_url": registry})  # Kafka metadata columns: audit --deep
     spec = load_pipeline(path)
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (7, 3)
     table = table_of(path)
-    types = {f.name: str(f.field_type) for f in table.schema().fields}
-    assert types == {"order_id": "string", "qty": "long", "at": "timestamptz", "buyer": "struct<5: name: optional string>"}
+    types = {f.name: str(f.field_type) for f in table.schema().fields if not f.name.startswith("_kafka_")}
+    assert {k: v.split(":")[0] if k != "buyer" else v.split(": ", 1)[1] for k, v in types.items()} == {
+        "order_id": "string", "qty": "long", "at": "timestamptz", "buyer": "name: optional string>"}
     assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == ["o0", "o1", "o2", "o3"]
     dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset")
     assert dlq.column("error_class").to_pylist() == ["SchemaViolation", "SchemaViolation", "NotConfluentJsonSchema"]
@@ -73,12 +75,14 @@ def test_json_schema_records_land_typed_a_new_version_adds_columns_and_bad_ones_
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (1, 0)
     table = table_of(path)
-    assert {f.name for f in table.schema().fields} == {"order_id", "qty", "at", "buyer", "coupon"}
+    assert {f.name for f in table.schema().fields if not f.name.startswith("_kafka_")} == {"order_id", "qty", "at", "buyer", "coupon"}
     rows = {r["order_id"]: r for r in table.scan().to_arrow().to_pylist()}
     assert rows["o9"]["coupon"] == "SPRING" and rows["o9"]["buyer"] == {"name": "b9", "tier": 2}
     assert rows["o9"]["at"].isoformat() == "2026-01-02T22:00:00+00:00"
     assert rows["o0"]["coupon"] is None and rows["o0"]["buyer"] == {"name": "b0", "tier": None}
     assert committed_state(table).offsets == {topic: {0: 8}}
+    report = audit(spec, deep=True)  # every offset a row or a dead letter, no row twice
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
 
 

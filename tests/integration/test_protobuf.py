@@ -12,6 +12,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
 
 from tests.conftest import ingest_inline, produce_to_partition, table_of, write_pipeline
+from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
@@ -61,12 +62,14 @@ def test_protobuf_records_land_typed_a_new_version_adds_columns_and_bad_ones_are
     values = good + [b'{"id": "json"}', good[0][:5] + b"\x00" + b"\x0a\x09cut"]  # no framing; a string cut short
     produce_to_partition(broker.bootstrap, topic, 0, values)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "protobuf", "registry_url": registry, "metadata": "none"})
+                          format={"value": "protobuf", "registry_url": registry})  # Kafka metadata columns: audit --deep
     spec = load_pipeline(path)
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (6, 2)
     table = table_of(path)
-    assert {f.name: str(f.field_type) for f in table.schema().fields if f.name != "buyer"} == {"order_id": "string", "qty": "int"}
+    assert {f.name: str(f.field_type) for f in table.schema().fields if f.name in ("order_id", "qty")} == {
+        "order_id": "string", "qty": "int"}
+    assert {f.name for f in table.schema().fields if not f.name.startswith("_kafka_")} == {"order_id", "qty", "buyer"}
     assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == ["e0", "e1", "e2", "e3"]
     dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset")
     assert dlq.column("error_class").to_pylist() == ["NotConfluentProtobuf", "InvalidProtobuf"]
@@ -85,3 +88,5 @@ def test_protobuf_records_land_typed_a_new_version_adds_columns_and_bad_ones_are
     assert rows["e9"]["coupon"] == "SPRING" and rows["e9"]["buyer"] == {"name": "b9", "tier": 2}
     assert rows["e0"]["coupon"] is None and rows["e0"]["buyer"] == {"name": "b0", "tier": None}
     assert committed_state(table).offsets == {topic: {0: 7}}
+    report = audit(spec, deep=True)  # every offset a row or a dead letter, no row twice
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
