@@ -169,3 +169,25 @@ def test_a_message_type_that_gives_a_table_column_another_type_is_refused_naming
                           registry=RegistryClient(registry), table="db.refunds")
     rows, bad = decode(chunk, wider)
     assert bad == [] and rows.to_pylist() == [{"order_id": "a"}]
+
+
+def test_format_message_names_the_message_type_instead_of_the_indexes(registry):
+    """``format.message``: Refund's bytes read as Refund whatever their indexes say; a name the schema lacks makes the
+    record a dead letter naming it."""
+    classes = _build()
+    values = _serialize(registry, classes["Order"], [classes["Order"](id="r1")])  # field 1 is a string in both
+    chunk = Chunk("orders", 0, values, [0], [0])
+    rows, bad = decode(chunk, DecodeContext("protobuf", registry=RegistryClient(registry), message="shop.Refund"))
+    assert bad == [] and rows.to_pylist() == [{"order_id": "r1"}]
+    rows, bad = decode(chunk, DecodeContext("protobuf", registry=RegistryClient(registry), message="shop.Nothing"))
+    assert [(b.error_class, "format.message 'shop.Nothing'" in b.message) for b in bad] == [("MessageIndexOutOfRange", True)]
+
+
+def test_format_message_is_refused_for_a_format_without_protobuf_messages():
+    from tidewater.config.parse import parse_pipeline
+    from tidewater.errors import ConfigError
+
+    doc = {"name": "orders", "topics": ["orders"], "kafka": {"bootstrap_servers": "h:9092"},
+           "table": {"identifier": "db.orders"}, "format": {"value": "json", "message": "shop.Order"}}
+    with pytest.raises(ConfigError, match="format.message: names a Protobuf message type; value format json"):
+        parse_pipeline(doc)

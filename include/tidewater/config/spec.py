@@ -137,6 +137,10 @@ class FormatSpec:
         "backends): its host (with scheme and port) is the URL, its login and password the basic auth, and its "
         "extra JSON adds `registry_settings`. `registry_url`, `registry_basic_auth` and `registry_settings` set "
         "here win.", default=None)
+    message: str | None = _doc(
+        "`protobuf`, `debezium_protobuf`: the message type to read (its full name, `shop.Order`) instead of the one "
+        "each record's message indexes pick; a record whose schema has no such message is a dead letter "
+        "`MessageIndexOutOfRange`.", default=None)
     timestamps: dict[str, str] = _doc(
         "Columns parsed into UTC timestamps (a field inside an object as `a.b`), column -> format: a strftime pattern "
         "(`%Y-%m-%d %H:%M:%S`), `iso8601` (with or without a zone: `2024-02-29T12:23:03`, `...+01:00`, `...Z`), "

@@ -79,6 +79,9 @@ def _check_format(spec: PipelineSpec) -> None:
         raise ConfigError(f"format.value: {spec.format.value!r} is not supported (supported: {', '.join(formats)})")
     if FORMATS[spec.format.value].registry and not spec.format.registry_url and not spec.format.registry_conn_id:
         raise ConfigError(f"format.registry_url: required for value format {spec.format.value} (or format.registry_conn_id)")
+    if spec.format.message and "protobuf" not in FORMATS[spec.format.value].module:
+        raise ConfigError(f"format.message: names a Protobuf message type; value format {spec.format.value} has none "
+                          "(protobuf and debezium_protobuf do)")
     if spec.format.skip_control_events and not FORMATS[spec.format.value].control_classes:
         raise ConfigError(f"format.skip_control_events: value format {spec.format.value} has no control events "
                           f"({', '.join(DEBEZIUM_FORMATS)} do)")

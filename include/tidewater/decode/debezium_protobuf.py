@@ -17,5 +17,5 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
     """Registry entry for ``debezium_protobuf``: tombstones come back as ``Tombstone`` bad records (skipped). The
     envelope is not the table's row, so it is not checked against the table's columns (the row image is, as it is
     written)."""
-    outer, bad = decode_protobuf(chunk, ctx.registry)
+    outer, bad = decode_protobuf(chunk, ctx.registry, ctx.message)
     return unwrap(outer, bad, len(chunk), ctx.explicit, ctx.keep_source)

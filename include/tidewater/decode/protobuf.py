@@ -61,15 +61,25 @@ def message_type(file: Any, indexes: tuple[int, ...]) -> Any:
     return found
 
 
+def named_type(pool: Any, name: str) -> Any:
+    """The message descriptor ``format.message`` names. Raises IndexError when the schema has none by that name."""
+    try:
+        return pool.FindMessageTypeByName(name)
+    except KeyError:
+        raise IndexError(f"format.message {name!r} is not a message type of this schema") from None
+
+
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
     """Registry entry for ``protobuf`` (see the module docstring)."""
-    return decode_protobuf(chunk, ctx.registry, ctx)
+    return decode_protobuf(chunk, ctx.registry, ctx.message, ctx)
 
 
-def decode_protobuf(chunk: Chunk, registry: Any, table: DecodeContext | None = None) -> tuple[pa.Table, list[BadRecord]]:
+def decode_protobuf(chunk: Chunk, registry: Any, message: str | None = None,
+                    table: DecodeContext | None = None) -> tuple[pa.Table, list[BadRecord]]:
     """Rows in chunk order and the bad records apart; an unreachable registry fails the batch (``TransientError``:
-    nothing is committed, retrying is safe). ``table``: the context whose table each message type's columns are
-    checked against (None: the messages are envelopes, not rows)."""
+    nothing is committed, retrying is safe). ``message``: the message type to read (``format.message``) instead of
+    the message indexes'. ``table``: the context whose table each message type's columns are checked against (None:
+    the messages are envelopes, not rows)."""
     bad: dict[int, BadRecord] = {}
     groups = _framed(chunk, bad)
     parts: list[pa.Table] = []
@@ -78,7 +88,7 @@ def decode_protobuf(chunk: Chunk, registry: Any, table: DecodeContext | None = N
     for (schema_id, indexes), items in groups.items():
         try:
             pool, file = registry.protobuf(schema_id)
-            desc = message_type(file, indexes)
+            desc = message_type(file, indexes) if message is None else named_type(pool, message)
         except UnknownSchemaId as e:
             bad.update({i: BadRecord(i, "UnknownSchemaId", str(e)) for i, _ in items})
             continue

@@ -122,6 +122,7 @@ class DecodeContext:
     keep_source: bool = False  # Debezium: keep the envelope's source block (routing by {source.<field>})
     table: str | None = None  # the table ``explicit`` is of, for errors (None: a routed pipeline's several)
     converted: tuple[str, ...] = ()  # columns converted after decoding (format.timestamps): their types may differ
+    message: str | None = None  # format.message: the Protobuf message type to read (None: the message indexes')
 
 
 def not_utf8(v: bytes) -> bool:

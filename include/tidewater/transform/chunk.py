@@ -27,7 +27,8 @@ def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = 
     fail = spec.dead_letter.policy == "fail"
     decoded, bad = decoder(fmt)(chunk, DecodeContext(fmt, explicit, fail, registry, spec.format.max_nesting_depth,
                                                   spec.format.allow_non_numeric_numbers, spec.routes_by_source,
-                                                  spec.targets.own_table, tuple(spec.format.timestamps)))
+                                                  spec.targets.own_table, tuple(spec.format.timestamps),
+                                                  spec.format.message))
     skipped = kind.skipped_classes + (kind.control_classes if spec.format.skip_control_events else ())
     ignored = [b for b in bad if b.error_class in skipped]
     bad = [b for b in bad if b.error_class not in skipped]
