@@ -24,19 +24,22 @@ F = descriptor_pb2.FieldDescriptorProto
 
 
 def _event_class(version: int):  # noqa: ANN202
-    """``shop.Event`` as schema version ``version`` defines it: version 2 adds ``coupon`` and ``Buyer.tier``."""
+    """``shop.Event`` as schema version ``version`` defines it: version 2 adds ``coupon`` and ``Buyer.tier``; version 3
+    renames ``qty`` (number 2) to ``quantity`` and ``Buyer.name`` (number 1) to ``full_name``, and adds ``coupon``."""
+    renamed = version == 3
     pool = descriptor_pool.DescriptorPool()
     pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
     fd = descriptor_pb2.FileDescriptorProto(name="shop/events.proto", package="shop", syntax="proto3",
                                             dependency=["google/protobuf/wrappers.proto"])
     event = fd.message_type.add(name="Event")
     buyer = event.nested_type.add(name="Buyer")
-    buyer.field.add(name="name", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    buyer.field.add(name="full_name" if renamed else "name", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     event.field.add(name="order_id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    event.field.add(name="qty", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    event.field.add(name="quantity" if renamed else "qty", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
     event.field.add(name="buyer", number=3, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".shop.Event.Buyer")
     if version == 2:
         buyer.field.add(name="tier", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    if version in (2, 3):
         event.field.add(name="coupon", number=4, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
                         type_name=".google.protobuf.StringValue")
     pool.Add(fd)
@@ -90,3 +93,33 @@ def test_protobuf_records_land_typed_a_new_version_adds_columns_and_bad_ones_are
     assert committed_state(table).offsets == {topic: {0: 7}}
     report = audit(spec, deep=True)  # every offset a row or a dead letter, no row twice
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def test_a_field_renamed_with_its_number_kept_renames_the_column_which_keeps_its_values(broker, home, topic, registry):
+    """A Protobuf field's identity is its number: version 3 renames ``qty`` to ``quantity`` and ``buyer.name`` to
+    ``buyer.full_name``. The table's columns are renamed (not dropped and added): the rows written before keep their
+    values under the new names, the new rows land beside them, and ``coupon`` is added."""
+    v1, v3 = _event_class(1), _event_class(3)
+    produce_to_partition(broker.bootstrap, topic, 0, _serialize(
+        registry, v1, [v1(order_id=f"e{i}", qty=i + 1, buyer=v1.Buyer(name=f"b{i}")) for i in range(3)], topic))
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "protobuf", "registry_url": registry})
+    spec = load_pipeline(path)
+    ingest_inline(spec)
+    ids = {f.name: f.field_id for f in table_of(path).schema().fields}
+    later = v3(order_id="e9", quantity=9, buyer=v3.Buyer(full_name="b9"))
+    later.coupon.value = "SPRING"
+    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry, v3, [later], topic))
+    assert ingest_inline(spec).records == 1
+    table = table_of(path)
+    columns = {f.name: f.field_id for f in table.schema().fields}
+    assert "qty" not in columns and columns["quantity"] == ids["qty"], "renamed in place: the same field id"
+    assert str(table.schema().find_field("buyer").field_type).count("full_name") == 1
+    rows = {r["order_id"]: r for r in table.scan().to_arrow().to_pylist()}
+    assert [rows[f"e{i}"]["quantity"] for i in range(3)] == [1, 2, 3] and rows["e9"]["quantity"] == 9
+    assert rows["e0"]["buyer"] == {"full_name": "b0"} and rows["e9"]["buyer"] == {"full_name": "b9"}
+    assert rows["e9"]["coupon"] == "SPRING" and rows["e0"]["coupon"] is None
+    assert committed_state(table).offsets == {topic: {0: 4}}
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+

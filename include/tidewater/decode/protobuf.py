@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.decode.records import BadRecord, DecodeContext, in_chunk_order, refuse_conflicts
+from tidewater.decode.records import FIELD_NUMBER, BadRecord, DecodeContext, in_chunk_order, refuse_conflicts
 from tidewater.decode.registry_client import UnknownSchemaId
 from tidewater.source.kafka import Chunk
 
@@ -158,19 +158,22 @@ def _messages(desc: Any, items: list[tuple[int, bytes]], schema_id: int,
 
 def _columns(arr: pa.StructArray, desc: Any) -> pa.StructArray:
     """A message's struct with the table's types (see the module docstring), its oneof cases added."""
-    names, children = [], []
+    fields, children = [], []
     for f in desc.fields:
-        names.append(f.name)
-        children.append(_field(arr.field(f.name), f))
+        child = _field(arr.field(f.name), f)
+        # a field's identity is its number: the table renames a column whose number a new name takes
+        # (table/evolution.py: FIELD_NUMBER)
+        fields.append(pa.field(f.name, child.type, metadata={FIELD_NUMBER: str(f.number)}))
+        children.append(child)
     for oneof in desc.oneofs:
         if len(oneof.fields) == 1 and oneof.fields[0].has_presence and oneof.name.startswith("_"):
             continue  # proto3 `optional`: a synthetic oneof of one field, whose null says it was not set
         case = pa.nulls(len(arr), pa.string())
         for member in reversed(oneof.fields):
             case = pc.if_else(pc.is_valid(arr.field(member.name)), pa.scalar(member.name), case)
-        names.append(f"{oneof.name}_case")
+        fields.append(pa.field(f"{oneof.name}_case", pa.string()))
         children.append(case)
-    return pa.StructArray.from_arrays(children, names=names, mask=pc.invert(arr.is_valid()))
+    return pa.StructArray.from_arrays(children, fields=fields, mask=pc.invert(arr.is_valid()))
 
 
 def _field(arr: pa.Array, f: Any) -> pa.Array:

@@ -11,6 +11,10 @@ import pyarrow.compute as pc
 
 from tidewater.errors import TerminalError
 
+# An Arrow field's metadata key for its identity in the source schema (a Protobuf field number): a column whose
+# number a field of a new name carries is renamed, not dropped and added (table/evolution.py)
+FIELD_NUMBER = b"tidewater.field-number"
+
 
 def in_chunk_order(parts: list[pa.Table], positions: list[np.ndarray], labels: list[str] | None = None) -> pa.Table:
     """The rows of several parts of one chunk (decoded apart: one per schema id, say) as one table in chunk order;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.types import StructType
 
 from tidewater.config.spec import TableSpec
+from tidewater.decode.records import FIELD_NUMBER
 from tidewater.errors import TerminalError, TransientError
 from tidewater.table import provisional as prov
 from tidewater.table.catalog import create_table, load_table, retry_busy
@@ -83,14 +85,48 @@ class Evolution:
     new: tuple[str, ...] = ()  # dotted paths of fields the table does not have
     widen: tuple[str, ...] = ()  # int -> long, float -> double
     optional: tuple[str, ...] = ()  # required columns the rows leave null (or lack)
+    renamed: tuple[tuple[str, str], ...] = ()  # (column, its new path): the source field kept its number (FIELD_NUMBER)
 
     def __bool__(self) -> bool:
-        return bool(self.new or self.widen or self.optional)
+        return bool(self.new or self.widen or self.optional or self.renamed)
 
     def describe(self) -> str:
-        parts = [f"add {', '.join(self.new)}" if self.new else "", f"widen {', '.join(self.widen)}" if self.widen else "",
+        parts = [f"rename {', '.join(f'{a} to {b}' for a, b in self.renamed)}" if self.renamed else "",
+                 f"add {', '.join(self.new)}" if self.new else "", f"widen {', '.join(self.widen)}" if self.widen else "",
                  f"make optional {', '.join(self.optional)}" if self.optional else ""]
         return "; ".join(p for p in parts if p)
+
+
+NUMBERS = "tidewater.field-numbers"  # table property: column path -> its source field's number (JSON)
+
+
+def field_numbers(t: pa.DataType | pa.Schema, prefix: str = "") -> dict[str, int]:
+    """The source field numbers the decoder put on ``t``'s fields (``FIELD_NUMBER``), by dotted path (structs)."""
+    out: dict[str, int] = {}
+    for f in t:
+        path = f"{prefix}{f.name}"
+        if f.metadata and FIELD_NUMBER in f.metadata:
+            out[path] = int(f.metadata[FIELD_NUMBER])
+        if pa.types.is_struct(f.type):
+            out.update(field_numbers(f.type, path + "."))
+    return out
+
+
+def renames(table: Any, schema: pa.Schema, new: list[str]) -> list[tuple[str, str]]:
+    """The table's columns a new field takes over: the same source field number under the same parent, the old name
+    absent from ``schema`` (the field was renamed in the source schema, its values are the column's)."""
+    known = json.loads(table.metadata.properties.get(NUMBERS, "{}"))
+    if not known:
+        return []
+    got = field_numbers(schema)
+    data_paths = arrow_paths(pa.struct(list(schema)))
+    by_number = {(p.rpartition(".")[0], n): p for p, n in known.items()}
+    out = []
+    for path in new:
+        old = by_number.get((path.rpartition(".")[0], got.get(path)))
+        if old is not None and old not in data_paths and not any(path.startswith(b + ".") for _, b in out):
+            out.append((old, path))
+    return out
 
 
 _WIDER = {("int", "long"), ("float", "double")}
@@ -130,6 +166,8 @@ def evolution_needed(table: Any | None, data: pa.Table) -> Evolution:
     if table is None:
         return Evolution(new=tuple(sorted(arrow_paths(pa.struct(list(data.schema))))))
     new = new_fields(table, data.schema)
+    renamed = renames(table, data.schema, new)
+    new = [p for p in new if not any(p == b or p.startswith(b + ".") for _, b in renamed)]
     widen: list[str] = []
     optional: list[str] = []
     fields = table.schema().fields
@@ -140,7 +178,7 @@ def evolution_needed(table: Any | None, data: pa.Table) -> Evolution:
     # weaken the table (Iceberg refuses an optional identifier field anyway)
     schema = table.schema()
     keys = {schema.find_column_name(i) for i in schema.identifier_field_ids}
-    return Evolution(tuple(new), tuple(widen), tuple(p for p in optional if p not in keys))
+    return Evolution(tuple(new), tuple(widen), tuple(p for p in optional if p not in keys), tuple(renamed))
 
 
 def _has_required_or_narrow(f: Any) -> bool:
@@ -211,9 +249,11 @@ def ensure_table(catalog: Catalog, tspec: TableSpec, table: Any | None, data: pa
     ident = tspec.identifier
     schema = data.schema
     change = pending_change(tspec, table, data, optional)
+    numbers = field_numbers(schema)
     if table is None:
         created_by = {prov.CREATED_BY: provisional[0]} if provisional else {}
-        table = create_table(catalog, ident, schema, {"format-version": "2", **tspec.properties, **created_by},
+        known = {NUMBERS: json.dumps(numbers, sort_keys=True)} if numbers else {}
+        table = create_table(catalog, ident, schema, {"format-version": "2", **tspec.properties, **created_by, **known},
                              tspec.partition_by, tspec.sort_by, tspec.id_columns)
         change = pending_change(tspec, table, data, optional)
     if not change:
@@ -223,6 +263,10 @@ def ensure_table(catalog: Catalog, tspec: TableSpec, table: Any | None, data: pa
             have = set(field_paths(pa.struct(list(table_arrow_schema(table)))))
             added = [p for p in field_paths(pa.struct(list(schema))) if p not in have]
             with table.transaction() as tx:
+                if change.renamed:  # first, on its own: the union below then finds the columns by their new names
+                    with tx.update_schema() as upd:
+                        for old, path in change.renamed:  # not reverted with the batch: the source's schema says so
+                            upd.rename_column(old, path.rpartition(".")[2])
                 with tx.update_schema() as upd:
                     upd.union_by_name(_keep_required(table, schema, set(change.optional)))
                     for path in change.optional:
@@ -230,6 +274,8 @@ def ensure_table(catalog: Catalog, tspec: TableSpec, table: Any | None, data: pa
                             upd.make_column_optional(path)
                 if provisional and added:
                     tx.set_properties(prov.marked_properties(table, provisional[0], provisional[1], added))
+                if numbers:
+                    tx.set_properties({NUMBERS: _numbers_after(table, numbers, change.renamed)})
             log.info("table %s: schema changed%s: %s", ident, f" (batch {provisional[0]}, until it commits)"
                      if provisional and added else "", change.describe())
             return table
@@ -242,6 +288,15 @@ def ensure_table(catalog: Catalog, tspec: TableSpec, table: Any | None, data: pa
         except ValueError as e:
             raise TerminalError(f"cannot evolve the schema ({change.describe()}): {e}", table=ident) from e
     raise TransientError("schema evolution kept conflicting with other writers", table=ident)
+
+
+def _numbers_after(table: Any, numbers: dict[str, int], renamed: tuple[tuple[str, str], ...]) -> str:
+    """The table's field numbers once its schema changed: the renamed columns under their new paths, the new fields'
+    numbers added."""
+    known = json.loads(table.metadata.properties.get(NUMBERS, "{}"))
+    for old, path in renamed:
+        known = {(path + p[len(old):] if p == old or p.startswith(old + ".") else p): n for p, n in known.items()}
+    return json.dumps({**known, **numbers}, sort_keys=True)
 
 
 def unified(schemas: list[pa.Schema]) -> pa.Schema | None:
