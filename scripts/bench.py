@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import psutil
 import yaml
@@ -110,10 +111,11 @@ class RssSampler:
 # ---- data ---------------------------------------------------------------------------------------------
 
 
-def produce_topic(bootstrap: str, topic: str, n: int, partitions: int, bad_every: int = 0, avro: bool = False) -> int:
-    """Produce n pizza events (every ``bad_every``-th one truncated, if set; Avro-framed if ``avro``);
-    returns total value bytes."""
-    from tidewater_dev.sample_data import avro_framed, pizza_events, produce
+def produce_topic(bootstrap: str, topic: str, n: int, partitions: int, bad_every: int = 0,
+                  encode: Any = None) -> int:
+    """Produce n pizza events (every ``bad_every``-th one truncated, if set; re-encoded by ``encode``, a registry
+    format's framing, if given); returns total value bytes."""
+    from tidewater_dev.sample_data import pizza_events, produce
 
     total = 0
     chunk = 500_000
@@ -121,8 +123,8 @@ def produce_topic(bootstrap: str, topic: str, n: int, partitions: int, bad_every
         vals = pizza_events(min(chunk, n - start), seed=1000 + i)
         if bad_every:
             vals = [v[: len(v) // 2] if (start + j) % bad_every == 0 else v for j, v in enumerate(vals)]
-        if avro:
-            vals = avro_framed(vals)
+        if encode is not None:
+            vals = encode(vals)
         total += sum(map(len, vals))
         produce(bootstrap, topic, vals, partitions=partitions, create=(i == 0))
     return total
@@ -292,9 +294,30 @@ def build_cases(args: argparse.Namespace) -> list[tuple[str, int, int, int]]:
     if args.bad_percent:
         n = sizes[0]
         cases.append((f"6 partitions x {n / 1e6:g}M, {args.bad_percent:g}% undecodable", n, 6, round(100 / args.bad_percent)))
-    if args.avro:
-        cases.append((f"6 partitions x {args.avro / 1e6:g}M, Avro", args.avro, 6, 0))
+    for n, name in ((args.avro, "Avro"), (args.json_schema, "JSON Schema"), (args.protobuf, "Protobuf")):
+        if n:
+            cases.append((f"6 partitions x {n / 1e6:g}M, {name}", n, 6, 0))
     return cases
+
+
+def registry_formats(registry: Any) -> dict[str, tuple[str, Any]]:
+    """Each registry case's format and encoder, its schema registered with the stand-in registry (the same events)."""
+    import base64
+
+    from tidewater_dev.sample_data import (
+        PIZZA_JSON_SCHEMA,
+        avro_framed,
+        json_schema_framed,
+        pizza_proto,
+        protobuf_framed,
+    )
+
+    json_id = registry.register("pizza-json-value", {"schema": json.dumps(PIZZA_JSON_SCHEMA), "schemaType": "JSON"})["id"]
+    proto = base64.standard_b64encode(pizza_proto()[0]).decode("ascii")
+    proto_id = registry.register("pizza-proto-value", {"schema": proto, "schemaType": "PROTOBUF"})["id"]
+    return {"Avro": ("avro", avro_framed),
+            "JSON Schema": ("json_schema", lambda vals: json_schema_framed(vals, json_id)),
+            "Protobuf": ("protobuf", lambda vals: protobuf_framed(vals, proto_id))}
 
 
 def measure_run(case: str, engine: str, n: int, nbytes: int, path: Path, env: dict[str, str], home: Path,
@@ -382,6 +405,10 @@ def main() -> int:
     ap.add_argument("--bad-percent", type=float, default=1.0,
                     help="extra case: the first size with this share of truncated records (dead letters); 0: skip")
     ap.add_argument("--avro", type=int, default=1_000_000, help="extra case: Avro records, 6 partitions (0: skip)")
+    ap.add_argument("--json-schema", type=int, default=1_000_000,
+                    help="extra case: the same events in the JSON Schema wire format, 6 partitions (0: skip)")
+    ap.add_argument("--protobuf", type=int, default=1_000_000,
+                    help="extra case: the same events in the Protobuf wire format, 6 partitions (0: skip)")
     ap.add_argument("--small", type=int, default=100_000, help="extra case: a typical small batch, 6 partitions (0: skip)")
     ap.add_argument("--baseline", default=None, metavar="TREE",
                     help="a checkout of an earlier commit (git worktree add TREE COMMIT): its `tidewater run` is measured "
@@ -421,18 +448,20 @@ def main() -> int:
 
         registry = LocalSchemaRegistry({1: PIZZA_AVRO_SCHEMA})
         registry_url = registry.start()
+        framings = registry_formats(registry)
         for ci, (case, n, parts, bad_every) in enumerate(cases):
             topic = f"bench-{ci}"
-            avro = case.endswith("Avro")
-            fmt = {"value": "avro", "registry_url": registry_url} if avro else None
+            framing = framings.get(case.rpartition(", ")[2])
+            framed = framing is not None  # a registry format: no naive loop, no phase breakdown (JSON's)
+            fmt = {"value": framing[0], "registry_url": registry_url} if framing else None
             print(f"== {case}: producing", flush=True)
-            nbytes = produce_topic(b.bootstrap, topic, n, parts, bad_every, avro)
+            nbytes = produce_topic(b.bootstrap, topic, n, parts, bad_every, framing[1] if framing else None)
             ends = {p: hi for p, (lo, hi) in watermarks(b.bootstrap, topic).items()}
             assert sum(ends.values()) == n, f"broker shows {sum(ends.values())} of {n} records"
             print("   limit", flush=True)
             out, rss = run_python(LIMIT_CODE, [b.bootstrap, topic, json.dumps(ends)], env)
             results.append(Result(case, "limit", out["records"], out["seconds"], out["bytes"], rss))
-            if not args.no_naive and not bad_every and not avro:  # the naive loop reads clean JSON only
+            if not args.no_naive and not bad_every and not framed:  # the naive loop reads clean JSON only
                 print("   naive", flush=True)
                 out, rss = run_python(
                     NAIVE_CODE,
@@ -447,7 +476,7 @@ def main() -> int:
                 name = f"b{ci}_{master[6:-1]}"
                 path = pipeline_file(work, name, topic, b.bootstrap, f"bench.t{ci}_{master[6:-1]}", master, fmt)
                 measure_run(case, master, n, nbytes, path, env, home, results,
-                            breakdowns if master == "local[2]" and not bad_every and not avro else None, bad_every)
+                            breakdowns if master == "local[2]" and not bad_every and not framed else None, bad_every)
                 base_path = None
                 if baseline is not None and master == "local[2]":
                     base_path = pipeline_file(work, f"{name}_base", topic, b.bootstrap, f"bench.t{ci}_base", master, fmt)
@@ -455,11 +484,11 @@ def main() -> int:
                     bres, brss, bwall = tidewater_run(base_path, baseline_env(env, baseline))
                     assert bres["records"] == n, bres
                     results.append(Result(case, f"baseline run, {master}", n, bwall, nbytes, brss))
-                    if not bad_every and not avro:
+                    if not bad_every and not framed:
                         base_breakdowns[case] = {"total (wall)": bwall}
                 if server is not None and master == "local[2]":
                     measure_run(case, "Spark Connect", n, nbytes, connect_pipeline(path, server.url), env, home, results,
-                                connect_breakdowns if not bad_every and not avro else None, bad_every)
+                                connect_breakdowns if not bad_every and not framed else None, bad_every)
                 if ci == 0 and master == masters[-1]:
                     print("   fixed costs", flush=True)
                     t0 = time.monotonic()

@@ -34,9 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.benchlib import command_line, fresh_home, write_section  # noqa: E402
 
 
-def markers(records: int) -> tuple[str, str]:
-    """The report's markers in BENCHMARKS.md: one section per batch size."""
-    return f"<!-- profile {records}: begin -->", f"<!-- profile {records}: end -->"
+def markers(records: int, fmt: str = "json") -> tuple[str, str]:
+    """The report's markers in BENCHMARKS.md: one section per batch size and value format."""
+    name = f"profile {records}" if fmt == "json" else f"profile {records} {fmt}"
+    return f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
 
 
 MEMORY = "replay of the read chunks from memory (not a cost of the worker)"
@@ -116,7 +117,7 @@ def instrument(stages: Stages, held: dict) -> None:
     stages.wrap(parquet.DataFileWriter, "_roll", "file close and Iceberg metrics")
 
 
-def pipeline(work: Path, topic: str, bootstrap: str, args: argparse.Namespace) -> Path:
+def pipeline(work: Path, topic: str, bootstrap: str, args: argparse.Namespace, fmt: dict | None = None) -> Path:
     props = {"write.target-file-size-bytes": str(128 << 20)}
     if args.codec:
         props["write.parquet.compression-codec"] = args.codec
@@ -126,7 +127,7 @@ def pipeline(work: Path, topic: str, bootstrap: str, args: argparse.Namespace) -
         props["write.parquet.row-group-limit"] = str(args.row_group)
     doc = {"name": "profile", "topics": [topic], "kafka": {"bootstrap_servers": bootstrap, "read_timeout_seconds": 60},
            "table": {"identifier": "rpc.profile", "properties": props}, "batch": {"max_records": 100_000_000},
-           "validation": {"not_null": ["order_id", "store_id"]}, "schedule": None}
+           "validation": {"not_null": ["order_id", "store_id"]}, "schedule": None, **({"format": fmt} if fmt else {})}
     path = work / "profile.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -245,8 +246,9 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
     cpu, wall = total(best), best["wall"] + cw
     rest_cpu = best["cpu"] - sum(st.cpu[s] for s in STAGES if s != MEMORY)
     rest_wall = best["wall"] - sum(st.wall[s] for s in STAGES if s != MEMORY)
-    begin, end = markers(args.records)
-    lines = [begin, f"## Profile of the data path in one worker ({n:,} records, one partition)", "",
+    begin, end = markers(args.records, args.format)
+    what = "" if args.format == "json" else f", format.value {args.format}"
+    lines = [begin, f"## Profile of the data path in one worker ({n:,} records, one partition{what})", "",
              f"Command: `{command_line('make bench-profile')}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
              f"the run with the least CPU of {len(runs)}. The write step's task code in one process "
              "(scripts/profile_data_path.py): the range is consumed into chunks first (librdkafka's fetch thread "
@@ -281,28 +283,36 @@ def main() -> int:
     ap.add_argument("--row-group", type=int, default=None)
     ap.add_argument("--py-spy", default=None, metavar="SVG")
     ap.add_argument("--markdown", default=None, help="write the report into this file (between its profile markers)")
+    ap.add_argument("--format", default="json", choices=("json", "avro", "json_schema", "protobuf"),
+                    help="the pizza events' value format (the registry formats through the stand-in registry)")
     args = ap.parse_args()
     work = fresh_home("profile")
-    from scripts.bench import produce_topic
+    from scripts.bench import produce_topic, registry_formats
     from scripts.benchlib import timed_batch
     from tidewater.config.parse import load_pipeline
     from tidewater.source.kafka import kafka_settings
     from tidewater_dev import broker as embedded
+    from tidewater_dev.sample_data import PIZZA_AVRO_SCHEMA, LocalSchemaRegistry
 
     b = embedded.start(log_path=work / "broker.log")
+    registry = LocalSchemaRegistry({1: PIZZA_AVRO_SCHEMA})
+    url = registry.start()
     try:
+        encode = next((e for f, e in registry_formats(registry).values() if f == args.format), None)
+        fmt = {"value": args.format, "registry_url": url} if encode else None
         topic = "profile"
-        produce_topic(b.bootstrap, topic, 1000, partitions=1)
-        spec = load_pipeline(pipeline(work, topic, b.bootstrap, args))
+        produce_topic(b.bootstrap, topic, 1000, partitions=1, encode=encode)
+        spec = load_pipeline(pipeline(work, topic, b.bootstrap, args, fmt))
         timed_batch(spec, "local[1]", inline=True)  # creates the table, warms imports
-        produce_topic(b.bootstrap, topic, args.records, partitions=1)
+        produce_topic(b.bootstrap, topic, args.records, partitions=1, encode=encode)
         runs = [one_pass(spec, kafka_settings(spec), psutil.Process(b.pid), args.py_spy if i == 0 else None)
                 for i in range(args.repeat)]
     finally:
+        registry.stop()
         b.stop()
     text = report(runs, args)
     if args.markdown:
-        write_section(args.markdown, *markers(args.records), text)
+        write_section(args.markdown, *markers(args.records, args.format), text)
     else:
         print(text)
     return 0

@@ -11,6 +11,7 @@ import threading
 import uuid
 from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from confluent_kafka import Producer
@@ -110,6 +111,47 @@ def avro_framed(values: list[bytes], schema_id: int = 1, schema: dict | None = N
         fastavro.schemaless_writer(buf, parsed, json.loads(v))
         out.append(head + buf.getvalue())
     return out
+
+
+PIZZA_JSON_SCHEMA = {
+    "type": "object", "title": "CompletedPizza",
+    "properties": {n: {"type": t} for n, t in [
+        ("order_id", "string"), ("store_id", "integer"), ("sauce", "string"), ("cheese", "string"),
+        ("meats", "string"), ("veggies", "string"), ("date_ordered", "string"),
+    ]},
+    "required": ["order_id", "store_id"],
+}
+
+
+def json_schema_framed(values: list[bytes], schema_id: int) -> list[bytes]:
+    """JSON pizza events in Confluent's JSON Schema wire format (magic byte, schema id, the document as it is)."""
+    head = b"\x00" + struct.pack(">I", schema_id)
+    return [head + v for v in values]
+
+
+def pizza_proto() -> Any:
+    """``rpc.CompletedPizza`` (the Avro schema's fields, numbered in order) as a serialized ``FileDescriptorProto``,
+    the form confluent-kafka registers, and its message class (built from the descriptor, as protoc would)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    kinds = {"string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+             "int": descriptor_pb2.FieldDescriptorProto.TYPE_INT32}
+    fd = descriptor_pb2.FileDescriptorProto(name="rpc/pizza.proto", package="rpc", syntax="proto3")
+    m = fd.message_type.add(name="CompletedPizza")
+    for number, f in enumerate(PIZZA_AVRO_SCHEMA["fields"], start=1):
+        m.field.add(name=f["name"], number=number, type=kinds[f["type"]],
+                    label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    return fd.SerializeToString(), message_factory.GetMessageClass(pool.FindMessageTypeByName("rpc.CompletedPizza"))
+
+
+def protobuf_framed(values: list[bytes], schema_id: int) -> list[bytes]:
+    """JSON pizza events re-encoded in Confluent's Protobuf wire format (magic byte, schema id, message index 0, the
+    message)."""
+    _, cls = pizza_proto()
+    head = b"\x00" + struct.pack(">I", schema_id) + b"\x00"
+    return [head + cls(**json.loads(v)).SerializeToString() for v in values]
 
 
 class LocalSchemaRegistry:
