@@ -116,7 +116,7 @@ def test_records_of_a_schema_version_that_changes_a_column_s_type_are_refused_ag
     before = table_of(path).current_snapshot().snapshot_id
     produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry, CHANGED, [{**first, "qty": "one"}], topic))
     with pytest.raises(TerminalBatchWriteError, match=r"field qty: schema id 2 gives it type string, table rpc.orders "
-                                                      r"has int64; an incompatible schema change"):
+                                                      r"has int64 \(added by schema id 1\); an incompatible schema change"):
         ingest_inline(spec)
     table = table_of(path)
     assert table.current_snapshot().snapshot_id == before and committed_state(table).offsets == {topic: {0: 1}}

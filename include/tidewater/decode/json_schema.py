@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidewater.decode.json import decode_json_lenient
-from tidewater.decode.records import BadRecord, DecodeContext, in_chunk_order, refuse_conflicts
+from tidewater.decode.records import BadRecord, DecodeContext, in_chunk_order, refuse_conflicts, with_schema_id
 from tidewater.decode.registry_client import UnknownSchemaId
 from tidewater.errors import TerminalError
 from tidewater.source.kafka import Chunk
@@ -215,6 +215,7 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
             bad.update({int(i): BadRecord(int(i), "UnknownSchemaId", str(e)) for i in at})
             continue
         rows, kept, found = _parsed(chunk, at, bodies.take(pa.array(mine)), cols, schema_id, ctx)
+        rows = with_schema_id(rows, schema_id)
         refuse_conflicts(ctx, rows, f"schema id {schema_id}")
         bad.update(found)
         parts.append(rows)

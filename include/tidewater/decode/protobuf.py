@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.decode.records import FIELD_NUMBER, BadRecord, DecodeContext, in_chunk_order, refuse_conflicts
+from tidewater.decode.records import FIELD_NUMBER, BadRecord, DecodeContext, in_chunk_order, refuse_conflicts, with_schema_id
 from tidewater.decode.registry_client import UnknownSchemaId
 from tidewater.source.kafka import Chunk
 
@@ -96,6 +96,7 @@ def decode_protobuf(chunk: Chunk, registry: Any, message: str | None = None,
             bad.update({i: BadRecord(i, INDEX_OUT_OF_RANGE, f"schema id {schema_id}: {e}") for i, _ in items})
             continue
         rows, kept = _messages(desc, items, schema_id, bad)
+        rows = with_schema_id(rows, schema_id)
         if table is not None:
             refuse_conflicts(table, rows, f"schema id {schema_id} ({desc.full_name})")
         parts.append(rows)

@@ -14,6 +14,15 @@ from tidewater.errors import TerminalError
 # An Arrow field's metadata key for its identity in the source schema (a Protobuf field number): a column whose
 # number a field of a new name carries is renamed, not dropped and added (table/evolution.py)
 FIELD_NUMBER = b"tidewater.field-number"
+# An Arrow field's metadata key for the registered schema its values were decoded with (its id): the table keeps the
+# id that added each column (table/evolution.py: SCHEMA_IDS), so that a conflicting version is named with it
+SCHEMA_ID = b"tidewater.schema-id"
+
+
+def with_schema_id(rows: pa.Table, schema_id: int) -> pa.Table:
+    """``rows`` with each top-level field marked as decoded with ``schema_id`` (``SCHEMA_ID``)."""
+    fields = [f.with_metadata({**(f.metadata or {}), SCHEMA_ID: str(schema_id).encode()}) for f in rows.schema]
+    return rows.cast(pa.schema(fields, metadata=rows.schema.metadata))
 
 
 def in_chunk_order(parts: list[pa.Table], positions: list[np.ndarray], labels: list[str] | None = None) -> pa.Table:
@@ -76,8 +85,11 @@ def refuse_conflicts(ctx: Any, rows: pa.Table, label: str) -> None:
     if found:
         path, have, got = found[0]
         where = f"table {ctx.table}" if ctx.table else "the table"
-        raise TerminalError(f"field {path}: {label} gives it type {got}, {where} has {have}; an incompatible schema "
-                            "change (a new column name, or a new table, takes it)", table=ctx.table)
+        column = ctx.explicit.field(path.split(".")[0])
+        added = (column.metadata or {}).get(SCHEMA_ID)
+        since = f" (added by schema id {added.decode()})" if added else ""
+        raise TerminalError(f"field {path}: {label} gives it type {got}, {where} has {have}{since}; an incompatible "
+                            "schema change (a new column name, or a new table, takes it)", table=ctx.table)
 
 
 # ---- error path: separate the records that cannot be decoded -------------------------------------

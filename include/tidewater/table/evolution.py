@@ -17,7 +17,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.types import StructType
 
 from tidewater.config.spec import TableSpec
-from tidewater.decode.records import FIELD_NUMBER
+from tidewater.decode.records import FIELD_NUMBER, SCHEMA_ID
 from tidewater.errors import TerminalError, TransientError
 from tidewater.table import provisional as prov
 from tidewater.table.catalog import create_table, load_table, retry_busy
@@ -98,6 +98,22 @@ class Evolution:
 
 
 NUMBERS = "tidewater.field-numbers"  # table property: column path -> its source field's number (JSON)
+SCHEMA_IDS = "tidewater.field-schema-ids"  # table property: column -> the registered schema id that added it (JSON)
+
+
+def schema_ids(schema: pa.Schema) -> dict[str, int]:
+    """The registered schema id each top-level field was decoded with (``SCHEMA_ID``; none for other formats)."""
+    return {f.name: int(f.metadata[SCHEMA_ID]) for f in schema if f.metadata and SCHEMA_ID in f.metadata}
+
+
+def with_schema_ids(explicit: pa.Schema | None, table: Any) -> pa.Schema | None:
+    """The table's columns (``explicit``) marked with the schema id that added each (``SCHEMA_IDS``), for the decoder's
+    error when a later version gives one another type."""
+    known = json.loads(table.metadata.properties.get(SCHEMA_IDS, "{}")) if table is not None else {}
+    if explicit is None or not known:
+        return explicit
+    return pa.schema([f.with_metadata({**(f.metadata or {}), SCHEMA_ID: str(known[f.name]).encode()})
+                      if f.name in known else f for f in explicit])
 
 
 def field_numbers(t: pa.DataType | pa.Schema, prefix: str = "") -> dict[str, int]:
@@ -249,10 +265,11 @@ def ensure_table(catalog: Catalog, tspec: TableSpec, table: Any | None, data: pa
     ident = tspec.identifier
     schema = data.schema
     change = pending_change(tspec, table, data, optional)
-    numbers = field_numbers(schema)
+    numbers, ids = field_numbers(schema), schema_ids(schema)
     if table is None:
         created_by = {prov.CREATED_BY: provisional[0]} if provisional else {}
         known = {NUMBERS: json.dumps(numbers, sort_keys=True)} if numbers else {}
+        known |= {SCHEMA_IDS: json.dumps(ids, sort_keys=True)} if ids else {}
         table = create_table(catalog, ident, schema, {"format-version": "2", **tspec.properties, **created_by, **known},
                              tspec.partition_by, tspec.sort_by, tspec.id_columns)
         change = pending_change(tspec, table, data, optional)
@@ -276,6 +293,10 @@ def ensure_table(catalog: Catalog, tspec: TableSpec, table: Any | None, data: pa
                     tx.set_properties(prov.marked_properties(table, provisional[0], provisional[1], added))
                 if numbers:
                     tx.set_properties({NUMBERS: _numbers_after(table, numbers, change.renamed)})
+                if ids and added:  # the id that added each new top-level column (the columns it had keep theirs)
+                    have_ids = json.loads(table.metadata.properties.get(SCHEMA_IDS, "{}"))
+                    new_ids = {p: ids[p] for p in added if p in ids}
+                    tx.set_properties({SCHEMA_IDS: json.dumps({**new_ids, **have_ids}, sort_keys=True)})
             log.info("table %s: schema changed%s: %s", ident, f" (batch {provisional[0]}, until it commits)"
                      if provisional and added else "", change.describe())
             return table

@@ -22,7 +22,7 @@ from tidewater.config.spec import KEYED_OP, PipelineSpec
 from tidewater.decode.debezium import SOURCE_COLUMN
 from tidewater.decode.records import BadRecord, decoded_rows, keep_mask, null_rows
 from tidewater.errors import RecordError
-from tidewater.table.evolution import table_arrow_schema
+from tidewater.table.evolution import table_arrow_schema, with_schema_ids
 from tidewater.transform import shaping
 from tidewater.transform.changes import bad_ops, ops_mask
 from tidewater.transform.conversions import decoder_schema
@@ -205,7 +205,7 @@ class OneTable:
             # the key and the operation come from the message key, not from the value
             keyed = {*spec.table.id_columns, KEYED_OP}
             table_schema = pa.schema([f for f in table_schema if f.name not in keyed])
-        explicit = decoder_schema(without_source_columns(table_schema, spec.format), spec.format)
+        explicit = with_schema_ids(decoder_schema(without_source_columns(table_schema, spec.format), spec.format), table)
         if not shaping.active(spec.format, spec.table, table):
             return explicit, None
         return shaping.decoder_schema(explicit, spec.format), (shaping.NameMatcher(table, spec.table.case_insensitive),
