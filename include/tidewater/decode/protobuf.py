@@ -108,7 +108,10 @@ def decode_protobuf(chunk: Chunk, registry: Any, message: str | None = None,
 def _framed(chunk: Chunk, bad: dict[int, BadRecord]) -> dict[tuple[int, tuple[int, ...]], list[tuple[int, bytes]]]:
     """Each record's message by (schema id, message indexes), read by confluent-kafka's framing reader (a few bytes
     per record); those without the framing are set apart in ``bad``."""
+    import struct
+
     from confluent_kafka.schema_registry.common.serde import SchemaId
+    from confluent_kafka.serialization import SerializationError
 
     groups: dict[tuple[int, tuple[int, ...]], list[tuple[int, bytes]]] = defaultdict(list)
     for i, v in enumerate(chunk.values):
@@ -118,7 +121,7 @@ def _framed(chunk: Chunk, bad: dict[int, BadRecord]) -> dict[tuple[int, tuple[in
         frame = SchemaId("PROTOBUF")
         try:
             body = frame.from_bytes(io.BytesIO(v))
-        except Exception as e:  # noqa: BLE001 - SerializationError, EOFError, struct.error: the frame is not one
+        except (SerializationError, EOFError, struct.error, ValueError) as e:  # what a frame that is not one raises
             bad[i] = BadRecord(i, NOT_FRAMED, f"value does not start with magic byte 0, a schema id and message "
                                f"indexes ({type(e).__name__}: {e}); starts with {v[:16]!r}")
             continue
