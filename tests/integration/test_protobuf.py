@@ -123,3 +123,39 @@ def test_a_field_renamed_with_its_number_kept_renames_the_column_which_keeps_its
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
+
+
+def test_an_orders_schema_with_every_kind_of_field_lands_with_iceberg_types(broker, home, topic, registry):
+    """``shop.Order`` (tests/unit/test_protobuf_format.py: a nested message, an enum, repeated messages, a map, a
+    Timestamp, a Duration, a wrapper, a oneof, proto3 optional, uint64 and an imported file) through the broker into
+    the table: the Iceberg types of the mapping and the values."""
+    from decimal import Decimal
+
+    from tests.unit.test_protobuf_format import _build
+
+    classes = _build()
+    order = classes["Order"](id="a", big=2**64 - 1, status=1, card="visa", coupon="X",
+                             lines=[classes["Order"].Line(sku="s", qty=4_000_000_000)], attrs={"k": "v"})
+    order.at.FromSeconds(1_700_000_000)
+    order.wait.FromSeconds(90)
+    order.total.units = 12
+    ser = ProtobufSerializer(classes["Order"], SchemaRegistryClient({"url": registry}), {"use.deprecated.format": False})
+    produce_to_partition(broker.bootstrap, topic, 0, [ser(o, SerializationContext(topic, MessageField.VALUE))
+                                                      for o in (order, classes["Order"](id="order_b", cash=5))])
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "protobuf", "registry_url": registry}, validation={"not_null": []})
+    spec = load_pipeline(path)
+    assert ingest_inline(spec).records == 2
+    table = table_of(path)
+    types = {f.name: str(f.field_type) for f in table.schema().fields if not f.name.startswith("_kafka_")}
+    assert {k: types[k] for k in ("id", "big", "status", "at", "wait", "note", "raw", "card", "cash", "coupon",
+                                  "payment_case")} == {
+        "id": "string", "big": "decimal(20, 0)", "status": "string", "at": "timestamptz", "wait": "long",
+        "note": "string", "raw": "binary", "card": "string", "cash": "long", "coupon": "string", "payment_case": "string"}
+    assert types["lines"].startswith("list<struct<") and "qty: optional long" in types["lines"]
+    assert types["attrs"].startswith("map<string, string>") and types["total"].startswith("struct<")
+    rows = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}
+    assert rows["a"]["big"] == Decimal(2**64 - 1) and rows["a"]["status"] == "PAID" and rows["a"]["payment_case"] == "card"
+    assert rows["a"]["lines"] == [{"sku": "s", "qty": 4_000_000_000}] and rows["order_b"]["payment_case"] == "cash"
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
