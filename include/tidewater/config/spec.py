@@ -122,9 +122,8 @@ class FormatSpec:
         default="json",
     )
     registry_url: str | None = _doc(
-        "Schema registry URL (Confluent REST API) for `value: avro`, `debezium_avro`, `json_schema` and `protobuf`, and "
-        "for Avro "
-        "message keys (`table.key_source: message_key`).", default=None)
+        "Schema registry URL (Confluent REST API) for `value: avro`, `debezium_avro`, `json_schema`, `protobuf` and "
+        "`debezium_protobuf`, and for Avro message keys (`table.key_source: message_key`).", default=None)
     registry_basic_auth: str | None = _doc(
         "`user:password` for the schema registry (use `${ENV_VAR}`; never logged).", default=None
     )
