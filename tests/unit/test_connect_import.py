@@ -235,3 +235,16 @@ def test_a_protobuf_converter_is_the_protobuf_format():
     assert (res.pipeline["format"]["value"], res.pipeline["format"]["registry_url"]) == ("protobuf", "http://registry:8081")
     assert parse_pipeline(res.pipeline).format.value == "protobuf"
 
+
+
+def test_a_debezium_connector_with_the_protobuf_converter_is_the_debezium_protobuf_format():
+    res = convert({"name": "prices-cdc", "config": {
+        "topics": "pg.public.prices", "iceberg.tables": "db.prices", "iceberg.tables.default-id-columns": "id",
+        "iceberg.tables.upsert-mode-enabled": "true", "transforms": "debezium",
+        "transforms.debezium.type": "org.apache.iceberg.connect.transforms.DebeziumTransform",
+        "value.converter": "io.confluent.connect.protobuf.ProtobufConverter",
+        "value.converter.schema.registry.url": "http://registry:8081",
+        "iceberg.catalog.type": "sql", "iceberg.catalog.uri": "sqlite:////tmp/x.db",
+    }}, bootstrap="broker:9092")
+    spec = parse_pipeline(res.pipeline)
+    assert spec.format.value == "debezium_protobuf" and spec.applies_changes and spec.op_column() == "_op"
