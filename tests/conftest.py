@@ -33,6 +33,24 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 _topic_counter = itertools.count()
 
 
+@pytest.fixture
+def schema_registry():  # noqa: ANN201
+    """An empty schema-registry stand-in for one test: (registry, its URL). ``LocalSchemaRegistry`` stands in for
+    Confluent's registry, which cannot run here; the serializers and clients that talk to it are confluent-kafka's."""
+    from tidewater_dev.sample_data import LocalSchemaRegistry
+
+    reg = LocalSchemaRegistry({})
+    url = reg.start()
+    yield reg, url
+    reg.stop()
+
+
+@pytest.fixture
+def registry_url(schema_registry):  # noqa: ANN001, ANN201
+    """The URL of ``schema_registry``."""
+    return schema_registry[1]
+
+
 @pytest.fixture(scope="session")
 def broker() -> Iterator[object]:
     """The embedded Kafka-compatible broker (Tansu) on a free 127.0.0.1 port, for the whole session."""

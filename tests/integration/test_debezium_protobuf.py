@@ -22,7 +22,6 @@ from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
 from tidewater_dev.changes import apply, change_stream
-from tidewater_dev.sample_data import LocalSchemaRegistry
 
 pytestmark = [pytest.mark.integration]
 
@@ -56,11 +55,6 @@ def _envelope_class():  # noqa: ANN202
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("dbserver.public.prices.Envelope"))
 
 
-@pytest.fixture
-def registry():  # noqa: ANN201
-    reg = LocalSchemaRegistry({})
-    yield reg.start()
-    reg.stop()
 
 
 def _image(cls, row: dict | None):  # noqa: ANN001, ANN202
@@ -117,13 +111,13 @@ def _spec(home, broker, topic, url):  # noqa: ANN001, ANN202
 
 
 def test_a_debezium_protobuf_stream_equals_its_source_after_every_batch_a_retried_commit_and_a_killed_batch(
-        broker, home, topic, registry):
-    spec = _spec(home, broker, topic, registry)
+        broker, home, topic, registry_url):
+    spec = _spec(home, broker, topic, registry_url)
     model: dict[int, dict] = {}
     produced: dict[int, int] = {}
     for b in range(3):
         changes = change_stream(model, 120, keys=40, seed=60 + b)
-        _produce(broker, topic, registry, model, changes, produced)
+        _produce(broker, topic, registry_url, model, changes, produced)
         plan, manifest = stage_inline(spec)
         validate_step(spec, plan, manifest)
         first = commit_step(spec, plan, manifest)
@@ -133,7 +127,7 @@ def test_a_debezium_protobuf_stream_equals_its_source_after_every_batch_a_retrie
         assert _rows(spec) == {k: {"id": k, **{c: v.get(c) for c in ("item", "price")}} for k, v in model.items()}, b
 
     changes = change_stream(model, 120, keys=40, seed=70)
-    _produce(broker, topic, registry, model, changes, produced)
+    _produce(broker, topic, registry_url, model, changes, produced)
     dead_plan, dead_manifest = stage_inline(spec)  # written, never committed: its process was killed
     validate_step(spec, dead_plan, dead_manifest)
     assert ingest_inline(spec).status == "committed"  # the next run plans the same range anew

@@ -17,7 +17,6 @@ from tidewater.config.parse import load_pipeline
 from tidewater.errors import TerminalBatchWriteError
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
-from tidewater_dev.sample_data import LocalSchemaRegistry
 
 pytestmark = [pytest.mark.integration]
 
@@ -32,11 +31,6 @@ V2 = {**V1, "properties": {**V1["properties"], "coupon": {"type": ["string", "nu
                                                                       "tier": {"type": "integer"}}}}}
 
 
-@pytest.fixture
-def registry():  # noqa: ANN201
-    reg = LocalSchemaRegistry({})
-    yield reg.start()
-    reg.stop()
 
 
 def _serialize(url: str, schema: dict, records: list[dict], topic: str) -> list[bytes]:
@@ -46,14 +40,14 @@ def _serialize(url: str, schema: dict, records: list[dict], topic: str) -> list[
 
 
 def test_json_schema_records_land_typed_a_new_version_adds_columns_and_bad_ones_are_dead_letters(broker, home, topic,
-                                                                                                 registry):
+                                                                                                 registry_url):
     first = [{"order_id": f"o{i}", "qty": i, "at": f"2026-01-02T03:04:0{i}Z", "buyer": {"name": f"b{i}"}} for i in range(4)]
     broken = [{"order_id": "x", "qty": "many", "at": "2026-01-02T03:04:05Z"},  # a string where integer is declared
               {"order_id": "y", "qty": 1}]  # required `at` missing
-    values = _serialize(registry, V1, first + broken, topic) + [b'{"order_id": "z"}']  # no framing
+    values = _serialize(registry_url, V1, first + broken, topic) + [b'{"order_id": "z"}']  # no framing
     produce_to_partition(broker.bootstrap, topic, 0, values)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "json_schema", "registry_url": registry})  # Kafka metadata columns: audit --deep
+                          format={"value": "json_schema", "registry_url": registry_url})  # Kafka metadata columns: audit --deep
     spec = load_pipeline(path)
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (7, 3)
@@ -71,7 +65,7 @@ def test_json_schema_records_land_typed_a_new_version_adds_columns_and_bad_ones_
     # a new version adds a top-level and a nested field: the table evolves before the batch commits
     later = [{"order_id": "o9", "qty": 9, "at": "2026-01-03T00:00:00+02:00", "coupon": "SPRING",
               "buyer": {"name": "b9", "tier": 2}}]
-    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry, V2, later, topic))
+    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry_url, V2, later, topic))
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (1, 0)
     table = table_of(path)
@@ -90,13 +84,13 @@ CHANGED = {**V1, "properties": {**V1["properties"], "qty": {"type": "string"}}} 
 
 
 def test_a_chunk_of_two_schema_versions_that_give_a_column_two_types_is_refused_naming_both_ids(broker, home, topic,
-                                                                                                registry):
+                                                                                                registry_url):
     """The first batch, before the table exists: nothing is created or committed and the offsets stay."""
     first = {"order_id": "o1", "qty": 1, "at": "2026-01-02T03:04:05Z"}
-    values = _serialize(registry, V1, [first], topic) + _serialize(registry, CHANGED, [{**first, "qty": "one"}], topic)
+    values = _serialize(registry_url, V1, [first], topic) + _serialize(registry_url, CHANGED, [{**first, "qty": "one"}], topic)
     produce_to_partition(broker.bootstrap, topic, 0, values)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "json_schema", "registry_url": registry, "metadata": "none"})
+                          format={"value": "json_schema", "registry_url": registry_url, "metadata": "none"})
     with pytest.raises(TerminalBatchWriteError, match=r"field qty: schema id 1 gives it type int64, schema id 2 type "
                                                       r"string; a column has one type"):
         ingest_inline(load_pipeline(path))
@@ -105,16 +99,16 @@ def test_a_chunk_of_two_schema_versions_that_give_a_column_two_types_is_refused_
 
 
 def test_records_of_a_schema_version_that_changes_a_column_s_type_are_refused_against_the_table(broker, home, topic,
-                                                                                               registry):
+                                                                                               registry_url):
     """Nothing of the batch is committed: the table's snapshot, rows and offsets stay."""
     first = {"order_id": "o1", "qty": 1, "at": "2026-01-02T03:04:05Z"}
-    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry, V1, [first], topic))
+    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry_url, V1, [first], topic))
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "json_schema", "registry_url": registry, "metadata": "none"})
+                          format={"value": "json_schema", "registry_url": registry_url, "metadata": "none"})
     spec = load_pipeline(path)
     ingest_inline(spec)
     before = table_of(path).current_snapshot().snapshot_id
-    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry, CHANGED, [{**first, "qty": "one"}], topic))
+    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry_url, CHANGED, [{**first, "qty": "one"}], topic))
     with pytest.raises(TerminalBatchWriteError, match=r"field qty: schema id 2 gives it type string, table rpc.orders "
                                                       r"has int64 \(added by schema id 1\); an incompatible schema change"):
         ingest_inline(spec)

@@ -16,7 +16,6 @@ from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
-from tidewater_dev.sample_data import LocalSchemaRegistry
 
 pytestmark = [pytest.mark.integration]
 
@@ -46,11 +45,6 @@ def _event_class(version: int):  # noqa: ANN202
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Event"))
 
 
-@pytest.fixture
-def registry():  # noqa: ANN201
-    reg = LocalSchemaRegistry({})
-    yield reg.start()
-    reg.stop()
 
 
 def _serialize(url: str, cls, messages: list, topic: str) -> list[bytes]:  # noqa: ANN001
@@ -59,13 +53,13 @@ def _serialize(url: str, cls, messages: list, topic: str) -> list[bytes]:  # noq
 
 
 def test_protobuf_records_land_typed_a_new_version_adds_columns_and_bad_ones_are_dead_letters(broker, home, topic,
-                                                                                              registry):
+                                                                                              registry_url):
     v1 = _event_class(1)
-    good = _serialize(registry, v1, [v1(order_id=f"e{i}", qty=i, buyer=v1.Buyer(name=f"b{i}")) for i in range(4)], topic)
+    good = _serialize(registry_url, v1, [v1(order_id=f"e{i}", qty=i, buyer=v1.Buyer(name=f"b{i}")) for i in range(4)], topic)
     values = good + [b'{"id": "json"}', good[0][:5] + b"\x00" + b"\x0a\x09cut"]  # no framing; a string cut short
     produce_to_partition(broker.bootstrap, topic, 0, values)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "protobuf", "registry_url": registry})  # Kafka metadata columns: audit --deep
+                          format={"value": "protobuf", "registry_url": registry_url})  # Kafka metadata columns: audit --deep
     spec = load_pipeline(path)
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (6, 2)
@@ -83,7 +77,7 @@ def test_protobuf_records_land_typed_a_new_version_adds_columns_and_bad_ones_are
     v2 = _event_class(2)
     later = v2(order_id="e9", qty=9, buyer=v2.Buyer(name="b9", tier=2))
     later.coupon.value = "SPRING"
-    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry, v2, [later], topic))
+    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry_url, v2, [later], topic))
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (1, 0)
     table = table_of(path)
@@ -95,21 +89,21 @@ def test_protobuf_records_land_typed_a_new_version_adds_columns_and_bad_ones_are
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
 
-def test_a_field_renamed_with_its_number_kept_renames_the_column_which_keeps_its_values(broker, home, topic, registry):
+def test_a_field_renamed_with_its_number_kept_renames_the_column_which_keeps_its_values(broker, home, topic, registry_url):
     """A Protobuf field's identity is its number: version 3 renames ``qty`` to ``quantity`` and ``buyer.name`` to
     ``buyer.full_name``. The table's columns are renamed (not dropped and added): the rows written before keep their
     values under the new names, the new rows land beside them, and ``coupon`` is added."""
     v1, v3 = _event_class(1), _event_class(3)
     produce_to_partition(broker.bootstrap, topic, 0, _serialize(
-        registry, v1, [v1(order_id=f"e{i}", qty=i + 1, buyer=v1.Buyer(name=f"b{i}")) for i in range(3)], topic))
+        registry_url, v1, [v1(order_id=f"e{i}", qty=i + 1, buyer=v1.Buyer(name=f"b{i}")) for i in range(3)], topic))
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "protobuf", "registry_url": registry})
+                          format={"value": "protobuf", "registry_url": registry_url})
     spec = load_pipeline(path)
     ingest_inline(spec)
     ids = {f.name: f.field_id for f in table_of(path).schema().fields}
     later = v3(order_id="e9", quantity=9, buyer=v3.Buyer(full_name="b9"))
     later.coupon.value = "SPRING"
-    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry, v3, [later], topic))
+    produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry_url, v3, [later], topic))
     assert ingest_inline(spec).records == 1
     table = table_of(path)
     columns = {f.name: f.field_id for f in table.schema().fields}
@@ -125,7 +119,7 @@ def test_a_field_renamed_with_its_number_kept_renames_the_column_which_keeps_its
 
 
 
-def test_an_orders_schema_with_every_kind_of_field_lands_with_iceberg_types(broker, home, topic, registry):
+def test_an_orders_schema_with_every_kind_of_field_lands_with_iceberg_types(broker, home, topic, registry_url):
     """``shop.Order`` (tests/unit/test_protobuf_format.py: a nested message, an enum, repeated messages, a map, a
     Timestamp, a Duration, a wrapper, a oneof, proto3 optional, uint64 and an imported file) through the broker into
     the table: the Iceberg types of the mapping and the values."""
@@ -139,11 +133,11 @@ def test_an_orders_schema_with_every_kind_of_field_lands_with_iceberg_types(brok
     order.at.FromSeconds(1_700_000_000)
     order.wait.FromSeconds(90)
     order.total.units = 12
-    ser = ProtobufSerializer(classes["Order"], SchemaRegistryClient({"url": registry}), {"use.deprecated.format": False})
+    ser = ProtobufSerializer(classes["Order"], SchemaRegistryClient({"url": registry_url}), {"use.deprecated.format": False})
     produce_to_partition(broker.bootstrap, topic, 0, [ser(o, SerializationContext(topic, MessageField.VALUE))
                                                       for o in (order, classes["Order"](id="order_b", cash=5))])
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "protobuf", "registry_url": registry}, validation={"not_null": []})
+                          format={"value": "protobuf", "registry_url": registry_url}, validation={"not_null": []})
     spec = load_pipeline(path)
     assert ingest_inline(spec).records == 2
     table = table_of(path)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import pyarrow.parquet as pq
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
@@ -17,10 +16,10 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from tests.conftest import ingest_inline, produce_to_partition, stage_inline, table_of, write_pipeline
+from tests.integration.test_bad_input import _dead_letter_classes
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import TransientBatchWriteError
 from tidewater.table.summary import committed_state
-from tidewater_dev.sample_data import LocalSchemaRegistry
 
 pytestmark = [pytest.mark.integration]
 
@@ -93,26 +92,13 @@ def _protobuf_corpus(url: str, topic: str) -> tuple:
 CORPORA = {"json_schema": _json_schema_corpus, "protobuf": _protobuf_corpus}
 
 
-@pytest.fixture
-def registry():  # noqa: ANN201
-    reg = LocalSchemaRegistry({})
-    yield reg, reg.start()
-    reg.stop()
-
-
-def _dead_letter_classes(manifest) -> dict[int, str]:  # noqa: ANN001
-    out = {}
-    for f in manifest.dead_letter_files:
-        for r in pq.read_table(f.file_path.removeprefix("file://"), columns=["offset", "error_class"]).to_pylist():
-            out[r["offset"]] = r["error_class"]
-    return out
 
 
 @pytest.mark.parametrize("chunk_records", [1, 1000], ids=["alone", "mixed"])
 @pytest.mark.parametrize("fmt", sorted(CORPORA))
-def test_every_kind_of_bad_input_of_a_registry_format_has_its_outcome_alone_or_mixed(broker, home, topic, registry, fmt,
+def test_every_kind_of_bad_input_of_a_registry_format_has_its_outcome_alone_or_mixed(broker, home, topic, schema_registry, fmt,
                                                                                      chunk_records):
-    _, url = registry
+    _, url = schema_registry
     settings, good, corpus = CORPORA[fmt](url, topic)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           batch={"chunk_records": chunk_records}, validation={"not_null": []},
@@ -142,8 +128,8 @@ def test_every_kind_of_bad_input_of_a_registry_format_has_its_outcome_alone_or_m
 
 
 @pytest.mark.parametrize("fmt", sorted(CORPORA))
-def test_an_unreachable_registry_stops_the_batch_as_transient_and_commits_nothing(broker, home, topic, registry, fmt):
-    reg, url = registry
+def test_an_unreachable_registry_stops_the_batch_as_transient_and_commits_nothing(broker, home, topic, schema_registry, fmt):
+    reg, url = schema_registry
     _, good, _ = CORPORA[fmt](url, topic)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           format={"value": fmt, "registry_url": url, "metadata": "none",

@@ -18,7 +18,6 @@ from tidewater.decode.records import DecodeContext
 from tidewater.decode.registry_client import RegistryClient
 from tidewater.errors import TerminalError
 from tidewater.source.kafka import Chunk
-from tidewater_dev.sample_data import LocalSchemaRegistry
 
 V1 = {"type": "object", "properties": {
     "id": {"type": "integer"},
@@ -30,12 +29,6 @@ V1 = {"type": "object", "properties": {
 V2 = {**V1, "properties": {**V1["properties"], "coupon": {"type": "string"}}}
 
 
-@pytest.fixture
-def registry():  # noqa: ANN201
-    reg = LocalSchemaRegistry({})
-    url = reg.start()
-    yield url
-    reg.stop()
 
 
 def _serializer(url: str, schema: dict) -> JSONSerializer:
@@ -52,14 +45,14 @@ def _decode(url: str, values: list):  # noqa: ANN202
     return decode(_chunk(values), DecodeContext("json_schema", registry=RegistryClient(url)))
 
 
-def test_values_of_two_schema_ids_land_in_chunk_order_with_the_schema_s_types(registry):
+def test_values_of_two_schema_ids_land_in_chunk_order_with_the_schema_s_types(registry_url):
     ctx = SerializationContext("orders", MessageField.VALUE)
-    one, two = _serializer(registry, V1), _serializer(registry, V2)
+    one, two = _serializer(registry_url, V1), _serializer(registry_url, V2)
     values = [one({"id": 1, "at": "2026-01-02T03:04:05Z", "day": "2026-01-02", "buyer": {"name": "a"}}, ctx),
               two({"id": 2, "at": "2026-01-02T04:04:05+01:00", "buyer": {"name": "b", "vip": True}, "coupon": "X",
                    "unnamed": [1, 2]}, ctx),
               one({"id": 3, "at": "2026-01-02T05:04:05.5Z", "day": None, "buyer": {"name": "c"}}, ctx)]
-    rows, bad = _decode(registry, values)
+    rows, bad = _decode(registry_url, values)
     assert bad == []
     assert rows.schema.field("at").type == pa.timestamp("us", tz="UTC") and rows.schema.field("day").type == pa.date32()
     assert rows.schema.field("id").type == pa.int64() and "unnamed" not in rows.column_names  # the schema's columns only
@@ -70,9 +63,9 @@ def test_values_of_two_schema_ids_land_in_chunk_order_with_the_schema_s_types(re
     assert [r["coupon"] for r in got] == [None, "X", None] and got[1]["buyer"] == {"name": "b", "vip": True}
 
 
-def test_records_that_break_their_schema_or_the_framing_are_bad_records_naming_the_path(registry):
+def test_records_that_break_their_schema_or_the_framing_are_bad_records_naming_the_path(registry_url):
     ctx = SerializationContext("orders", MessageField.VALUE)
-    one = _serializer(registry, V1)
+    one = _serializer(registry_url, V1)
     good = {"id": 1, "at": "2026-01-02T03:04:05Z", "buyer": {"name": "a"}}
     values = [one(good, ctx),
               one({**good, "id": "seven"}, ctx),  # a string where the schema says integer
@@ -83,7 +76,7 @@ def test_records_that_break_their_schema_or_the_framing_are_bad_records_naming_t
               b"\x00" + (99).to_bytes(4, "big") + b'{"id": 7}',  # an id the registry does not know
               None,
               one({**good, "id": 9}, ctx)]
-    rows, bad = _decode(registry, values)
+    rows, bad = _decode(registry_url, values)
     assert [r["id"] for r in rows.to_pylist()] == [1, 9]
     assert [(b.index, b.error_class) for b in bad] == [
         (1, "SchemaViolation"), (2, "SchemaViolation"), (3, "SchemaViolation"), (4, "SchemaViolation"),
@@ -94,9 +87,9 @@ def test_records_that_break_their_schema_or_the_framing_are_bad_records_naming_t
     assert all(f"schema id {1}" in why[i] for i in (1, 2, 3, 4)), why
 
 
-def test_a_registered_schema_a_table_cannot_take_stops_the_batch_naming_the_id_and_path(registry):
+def test_a_registered_schema_a_table_cannot_take_stops_the_batch_naming_the_id_and_path(registry_url):
     ctx = SerializationContext("orders", MessageField.VALUE)
     mixed = {"type": "object", "properties": {"v": {"type": ["string", "integer"]}}}
-    value = _serializer(registry, mixed)({"v": 1}, ctx)
+    value = _serializer(registry_url, mixed)({"v": 1}, ctx)
     with pytest.raises(TerminalError, match=r"schema id \d+ cannot be a table's columns: .*at v"):
-        _decode(registry, [value])
+        _decode(registry_url, [value])

@@ -19,7 +19,6 @@ from tidewater.decode.protobuf import decode
 from tidewater.decode.records import DecodeContext
 from tidewater.decode.registry_client import RegistryClient
 from tidewater.source.kafka import Chunk
-from tidewater_dev.sample_data import LocalSchemaRegistry
 
 F = descriptor_pb2.FieldDescriptorProto
 
@@ -79,12 +78,6 @@ def _build() -> dict:
     return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"shop.{n}")) for n in ("Order", "Refund")}
 
 
-@pytest.fixture
-def registry():  # noqa: ANN201
-    reg = LocalSchemaRegistry({})
-    url = reg.start()
-    yield url
-    reg.stop()
 
 
 def _serialize(url: str, cls, messages: list) -> list[bytes]:  # noqa: ANN001
@@ -97,7 +90,7 @@ def _decode(url: str, values: list):  # noqa: ANN202
     return decode(chunk, DecodeContext("protobuf", registry=RegistryClient(url)))
 
 
-def test_messages_land_with_iceberg_types_and_the_imported_file_comes_from_the_registry(registry):
+def test_messages_land_with_iceberg_types_and_the_imported_file_comes_from_the_registry(registry_url):
     classes = _build()
     order = classes["Order"](id="a", big=2**64 - 1, status=1, card="visa", coupon="X", raw=b"\x01",
                              lines=[classes["Order"].Line(sku="s", qty=4_000_000_000)], attrs={"k": "v"})
@@ -107,7 +100,7 @@ def test_messages_land_with_iceberg_types_and_the_imported_file_comes_from_the_r
     order.note.value = "hi"
     order.total.units, order.total.currency = 12, "EUR"
     plain = classes["Order"](id="b", cash=5)
-    rows, bad = _decode(registry, _serialize(registry, classes["Order"], [order, plain]))
+    rows, bad = _decode(registry_url, _serialize(registry_url, classes["Order"], [order, plain]))
     assert bad == []
     types = {f.name: f.type for f in rows.schema}
     assert types["big"] == pa.decimal128(20, 0) and types["status"] == pa.string()
@@ -127,15 +120,15 @@ def test_messages_land_with_iceberg_types_and_the_imported_file_comes_from_the_r
     assert a["total"] == {"units": 12, "currency": "EUR"} and b["total"] is None and a["raw"] == b"\x01"
 
 
-def test_the_message_indexes_pick_the_message_type(registry):
+def test_the_message_indexes_pick_the_message_type(registry_url):
     classes = _build()
-    rows, bad = _decode(registry, _serialize(registry, classes["Refund"], [classes["Refund"](order_id="a")]))
+    rows, bad = _decode(registry_url, _serialize(registry_url, classes["Refund"], [classes["Refund"](order_id="a")]))
     assert bad == [] and rows.column_names == ["order_id"] and rows.to_pylist() == [{"order_id": "a"}]
 
 
-def test_bad_frames_unknown_ids_indexes_out_of_range_and_corrupt_bytes_are_bad_records_of_their_own_classes(registry):
+def test_bad_frames_unknown_ids_indexes_out_of_range_and_corrupt_bytes_are_bad_records_of_their_own_classes(registry_url):
     classes = _build()
-    good = _serialize(registry, classes["Order"], [classes["Order"](id="a"), classes["Order"](id="z")])
+    good = _serialize(registry_url, classes["Order"], [classes["Order"](id="a"), classes["Order"](id="z")])
     head = good[0][:5]  # magic byte and the schema id the serializer registered
     values = [good[0],
               b'{"id": "json"}',  # no framing
@@ -144,7 +137,7 @@ def test_bad_frames_unknown_ids_indexes_out_of_range_and_corrupt_bytes_are_bad_r
               head + b"\x00" + b"\x0a\x05ab",  # a string field cut short
               None,
               good[1]]
-    rows, bad = _decode(registry, values)
+    rows, bad = _decode(registry_url, values)
     assert [r["id"] for r in rows.to_pylist()] == ["a", "z"]
     assert [(b.index, b.error_class) for b in bad] == [
         (1, "NotConfluentProtobuf"), (2, "UnknownSchemaId"), (3, "MessageIndexOutOfRange"), (4, "InvalidProtobuf"),
@@ -152,34 +145,34 @@ def test_bad_frames_unknown_ids_indexes_out_of_range_and_corrupt_bytes_are_bad_r
     assert "message index 5 out of range" in bad[2].message
 
 
-def test_a_message_type_that_gives_a_table_column_another_type_is_refused_naming_the_field_id_and_table(registry):
+def test_a_message_type_that_gives_a_table_column_another_type_is_refused_naming_the_field_id_and_table(registry_url):
     """Against the table's columns (``ctx.explicit``): widenings pass (the table's int for a long), a type the column
     cannot take stops the batch."""
     from tidewater.errors import TerminalError
 
     classes = _build()
-    values = _serialize(registry, classes["Refund"], [classes["Refund"](order_id="a")])
-    ctx = DecodeContext("protobuf", explicit=pa.schema([("order_id", pa.int64())]), registry=RegistryClient(registry),
+    values = _serialize(registry_url, classes["Refund"], [classes["Refund"](order_id="a")])
+    ctx = DecodeContext("protobuf", explicit=pa.schema([("order_id", pa.int64())]), registry=RegistryClient(registry_url),
                         table="db.refunds")
     chunk = Chunk("orders", 0, values, [0], [0])
     with pytest.raises(TerminalError, match=r"field order_id: schema id \d+ \(shop.Refund\) gives it type string, "
                                             r"table db.refunds has int64"):
         decode(chunk, ctx)
     wider = DecodeContext("protobuf", explicit=pa.schema([("order_id", pa.string()), ("old", pa.int32())]),
-                          registry=RegistryClient(registry), table="db.refunds")
+                          registry=RegistryClient(registry_url), table="db.refunds")
     rows, bad = decode(chunk, wider)
     assert bad == [] and rows.to_pylist() == [{"order_id": "a"}]
 
 
-def test_format_message_names_the_message_type_instead_of_the_indexes(registry):
+def test_format_message_names_the_message_type_instead_of_the_indexes(registry_url):
     """``format.message``: Refund's bytes read as Refund whatever their indexes say; a name the schema lacks makes the
     record a dead letter naming it."""
     classes = _build()
-    values = _serialize(registry, classes["Order"], [classes["Order"](id="r1")])  # field 1 is a string in both
+    values = _serialize(registry_url, classes["Order"], [classes["Order"](id="r1")])  # field 1 is a string in both
     chunk = Chunk("orders", 0, values, [0], [0])
-    rows, bad = decode(chunk, DecodeContext("protobuf", registry=RegistryClient(registry), message="shop.Refund"))
+    rows, bad = decode(chunk, DecodeContext("protobuf", registry=RegistryClient(registry_url), message="shop.Refund"))
     assert bad == [] and rows.to_pylist() == [{"order_id": "r1"}]
-    rows, bad = decode(chunk, DecodeContext("protobuf", registry=RegistryClient(registry), message="shop.Nothing"))
+    rows, bad = decode(chunk, DecodeContext("protobuf", registry=RegistryClient(registry_url), message="shop.Nothing"))
     assert [(b.error_class, "format.message 'shop.Nothing'" in b.message) for b in bad] == [("MessageIndexOutOfRange", True)]
 
 
