@@ -215,12 +215,12 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
             bad.update({int(i): BadRecord(int(i), "UnknownSchemaId", str(e)) for i in at})
             continue
         rows, kept, found = _parsed(chunk, at, bodies.take(pa.array(mine)), cols, schema_id, ctx)
-        rows = with_schema_id(rows, schema_id)
-        refuse_conflicts(ctx, rows, f"schema id {schema_id}")
+        rows, label = with_schema_id(rows, schema_id), f"schema id {schema_id}"
+        refuse_conflicts(ctx, rows, label)
         bad.update(found)
         parts.append(rows)
         positions.append(kept)
-        labels.append(f"schema id {schema_id}")
+        labels.append(label)
     return in_chunk_order(parts, positions, labels), [bad[i] for i in sorted(bad)]  # several ids interleave
 
 

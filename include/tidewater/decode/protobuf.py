@@ -96,12 +96,12 @@ def decode_protobuf(chunk: Chunk, registry: Any, message: str | None = None,
             bad.update({i: BadRecord(i, INDEX_OUT_OF_RANGE, f"schema id {schema_id}: {e}") for i, _ in items})
             continue
         rows, kept = _messages(desc, items, schema_id, bad)
-        rows = with_schema_id(rows, schema_id)
+        rows, label = with_schema_id(rows, schema_id), f"schema id {schema_id} ({desc.full_name})"
         if table is not None:
-            refuse_conflicts(table, rows, f"schema id {schema_id} ({desc.full_name})")
+            refuse_conflicts(table, rows, label)
         parts.append(rows)
         positions.append(kept)
-        labels.append(f"schema id {schema_id} ({desc.full_name})")
+        labels.append(label)
     return in_chunk_order(parts, positions, labels), [bad[i] for i in sorted(bad)]
 
 
