@@ -35,7 +35,7 @@ export PYTHONWARNINGS := ignore::DeprecationWarning
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
 	@echo "make test   - set up and run the test suite"
-	@echo "make install-check - the wheel installed into Airflow 3.1.x, 3.2.x and 3.3.x without our constraints: no downgrade, provider, plugin and DAGs load (minutes a release; not part of make test)"
+	@echo "make install-check - the wheel installed into Airflow 3.1.x, 3.2.x and 3.3.x without our constraints: no downgrade, provider, plugin and DAGs load (make test runs it too, in tests/e2e/test_install.py)"
 	@echo "make ui     - start the Airflow UI (api-server, scheduler, ...) on http://127.0.0.1:8080"
 	@echo "make docs   - regenerate docs/configuration.md from the code and build the documentation site into site/ (MkDocs, strict)"
 	@echo "make lint   - ruff (part of make test)"
@@ -233,8 +233,8 @@ bench-dag: setup test-system-deps s3-stand-in executor-env spark-connect-install
 
 # How many pipelines one Airflow carries: Airflow's CPU for 1, 20 and 50 caught-up pipelines on a one-minute
 # schedule (LocalExecutor on PostgreSQL), and one routed pipeline over 20 topics (about 25 minutes).
-# The package in Airflows it did not choose (scripts/install_range.py): minutes of dependency resolution a release,
-# so it is not part of `make test` (at its time limit); run it before a release. INSTALL_ARGS="--airflow 3.2.2".
+# The package in Airflows it did not choose (scripts/install_range.py): about two minutes of dependency resolution
+# a release. make test runs the same check (tests/e2e/test_install.py); this runs it alone. INSTALL_ARGS="--airflow 3.2.2".
 install-check: setup
 	$(PY) scripts/install_range.py $(INSTALL_ARGS)
 

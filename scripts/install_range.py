@@ -4,15 +4,17 @@ For each Airflow release given (default: the newest 3.1.x, 3.2.x and 3.3.x the p
 virtualenv and WITHOUT this project's constraints file (Airflow's own constraint files are served from GitHub, which
 these machines do not reach):
 1. Airflow and the newest Spark provider the package supports are installed first, as the user's Airflow;
-2. the wheel of this checkout (`python -m build`) is installed into it with its `airflow` extra;
-3. every package whose version the second install lowered is a downgrade, and `pip check` must pass;
+2. the wheel of this checkout (`python -m build`) is installed into it with its `airflow` extra (the scheduler's, DAG
+   processor's and api-server's install), then with `airflow,spark` (a worker's: Spark from pip's pyspark);
+3. every package whose version either install lowered is a downgrade, and `pip check` must pass;
 4. Airflow then loads what the package registers: the provider (`airflow providers list`), the plugin
    (`airflow plugins`), and the DAGs of a two-line DAG file over one pipeline file (`airflow dags list`, after
    `airflow db migrate` and `airflow dags reserialize` on SQLite).
 
-Each release's install resolves Airflow's whole dependency tree, which takes minutes, so `make test` does not run
-this (the suite is at its time limit): run it before a release and when the supported range changes. It prints one
-line per release and writes the figures as JSON (``--output``); exits 1 when any release fails.
+Each release takes about two minutes (pip resolving Airflow's whole dependency tree). `make test` runs the same
+check on the same releases (`tests/e2e/test_install.py`, one release after another beside the rest of the suite);
+this script runs them on their own, two at a time. It prints one line per release and writes the figures as JSON
+(``--output``); exits 1 when any release fails.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SPARK_PROVIDER = "apache-airflow-providers-apache-spark<6"  # 6.x requires pyspark-client>=4 (see pyproject.toml)
+RELEASES = ("3.1.8", "3.2.2", "3.3.2")  # the newest 3.1.x, 3.2.x and 3.3.x on the package index (2026-11-28)
+SPARK_PROVIDER = "apache-airflow-providers-apache-spark"  # the newest: 6.x brings pyspark-client 4, not pyspark
 TWO_LINES = "from tidewater.runtime.airflow_dags import pipeline_dags\nglobals().update(pipeline_dags())\n"
 PIPELINE = ("name: orders\ntopics: [orders]\nkafka: {bootstrap_servers: '127.0.0.1:9'}\n"
             "table: {identifier: rpc.orders}\nschedule: null\n")
@@ -79,13 +82,19 @@ def check_release(airflow: str, wheel: Path, work: Path) -> dict:
     if first.returncode != 0:
         return {**result, "error": "Airflow alone did not install: " + first.stderr[-1500:]}
     before = _freeze(python, env)
-    second = _run([*pip, f"{wheel}[airflow]"], env)
-    if second.returncode != 0:
-        return {**result, "error": "the wheel did not install: " + second.stderr[-1500:]}
-    after = _freeze(python, env)
-    result["spark_provider"] = after.get("apache-airflow-providers-apache-spark")
-    result["downgraded"] = {n: f"{v} -> {after[n]}" for n, v in before.items() if n in after and _lower(v, after[n])}
-    result["added"] = sorted(set(after) - set(before))
+    result["spark_provider"] = before.get("apache-airflow-providers-apache-spark")
+    result["downgraded"], result["added"] = {}, {}
+    # the scheduler's, DAG processor's and api-server's install, then a worker's (Spark from pip's pyspark)
+    for extras in ("airflow", "airflow,spark"):
+        step = _run([*pip, f"{wheel}[{extras}]"], env)
+        if step.returncode != 0:
+            return {**result, "error": f"the wheel [{extras}] did not install: " + step.stderr[-1500:]}
+        after = _freeze(python, env)
+        result["downgraded"].update({n: f"{v} -> {after[n]}" for n, v in before.items()
+                                     if n in after and _lower(v, after[n])})
+        result["added"][extras] = sorted(set(after) - set(before))
+        before = after
+    result["pyspark"] = before.get("pyspark")
     check = _run([str(python), "-m", "pip", "check"], env)
     result["pip_check"] = check.stdout.strip() or check.stderr.strip()
     result.update(_loads(venv, work, env))
@@ -125,7 +134,7 @@ def _loads(venv: Path, work: Path, env: dict[str, str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--airflow", default="3.1.8,3.2.2,3.3.2", help="Airflow releases to install into (comma-separated)")
+    ap.add_argument("--airflow", default=",".join(RELEASES), help="Airflow releases to install into (comma-separated)")
     ap.add_argument("--parallel", type=int, default=2, help="releases installed at once")
     ap.add_argument("--output", default=str(REPO / ".data" / "install-range.json"))
     args = ap.parse_args(argv)
@@ -137,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             results = list(pool.map(lambda r: check_release(r, wheel, work / r), releases))
     for r in results:
-        print(f"Airflow {r['airflow']}: {'ok' if r['ok'] else 'FAILED'}; Spark provider {r.get('spark_provider')}; "
+        print(f"Airflow {r['airflow']}: {'ok' if r['ok'] else 'FAILED'}; Spark provider {r.get('spark_provider')}, "
+              f"pyspark {r.get('pyspark')}; "
               f"downgraded {r.get('downgraded') or 'nothing'}; pip check: {r.get('pip_check', '')[:200]}; "
               f"provider {r.get('provider')}, plugin {r.get('plugin')}, DAGs {r.get('dags')}; {r.get('seconds')} s"
               + (f"; {r['error']}" if r.get("error") else "") + (f"; DAGs: {r['dags_error']}" if r.get("dags_error") else ""),

@@ -77,15 +77,19 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
         license_text = z.read(f"{DIST}-{__version__}.dist-info/licenses/LICENSE").decode()
     requires = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
     core = {r.split("[")[0].split("<")[0].split(">")[0].split(";")[0].strip().lower() for r in requires if "extra ==" not in r}
-    assert {"pyiceberg", "confluent-kafka", "great-expectations", "pyspark", "pyarrow", "fastavro", "pyyaml", "croniter"} <= core, core
+    assert {"pyiceberg", "confluent-kafka", "great-expectations", "pyarrow", "fastavro", "pyyaml", "croniter"} <= core, core
+    assert "pyspark" not in core  # the `spark` extra (below)
     assert any(r.startswith("apache-airflow<4,>=3.1") and 'extra == "airflow"' in r for r in requires), requires
-    assert {"airflow", "spark-connect", "lineage", "s3", "dev"} <= {
+    assert {"airflow", "spark", "spark-connect", "lineage", "s3", "dev"} <= {
         ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Provides-Extra:")}
     # a distribution of its own name (`tidewater` on the package index is another project), Apache-2.0, classified
     fields = [ln.split(":", 1) for ln in meta.splitlines() if ": " in ln and not ln.startswith(" ")]
     assert ("Name", " airflow-provider-tidewater") in [(k, v) for k, v in fields]
     assert ("License-Expression", " Apache-2.0") in [(k, v) for k, v in fields]
     assert "Framework :: Apache Airflow :: Provider" in meta and "Apache License" in license_text
+    # Spark is an extra: the scheduler and the api-server need none (the Spark provider 6.x brings only its client)
+    assert [r for r in meta.splitlines() if r.startswith("Requires-Dist: pyspark")] == [
+        'Requires-Dist: pyspark<5,>=3.5; extra == "spark"', 'Requires-Dist: pyspark[connect]<5,>=3.5; extra == "spark-connect"']
     assert "tidewater = tidewater.runtime.plugin:TidewaterPlugin" in entry
     assert "provider_info = tidewater.runtime.provider:get_provider_info" in entry
     assert "tidewater = tidewater.runtime.cli:entry" in entry
@@ -105,16 +109,16 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
 
 
 def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker, tmp_path):
-    """Alone: `tidewater --version` is the package's, Airflow is absent, `init` writes the example from the wheel
-    (which validates), `validate` and `run` (spark-submit from the installed pyspark, the Spark entry point from the
-    wheel) commit 60 records once. With the `airflow` extra:
+    """Alone with its `spark` extra (the package declares pyspark there only): `tidewater --version` is the
+    package's, Airflow is absent, `init` writes the example from the wheel (which validates), `validate` and `run`
+    (spark-submit from the installed pyspark, the Spark entry point from the wheel) commit 60 records once. With the `airflow` extra:
     `airflow dags list` shows the pipeline's ingest, replay, skip, audit, maintenance and quarantine DAGs from the
     two-line file; `airflow providers list` names the package; an ingest run commits the next 30 records exactly;
     the api-server, with no plugins folder, serves the Tidewater view's API."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_clean_env())
     wheel = next(dist.glob(f"{DIST}-*.whl"))
-    _pip(venv, str(wheel))
+    _pip(venv, f"{wheel}[spark]")
     pipelines, home = tmp_path / "pipelines", tmp_path / "home"
     pipelines.mkdir()
     topic = f"install-{os.getpid()}"
@@ -208,3 +212,29 @@ def _view_served(bin_: Path, env: dict[str, str], tmp_path: Path) -> None:
     finally:
         stop_group(proc)
         log.close()
+
+
+def test_the_wheel_installs_into_the_supported_airflows_without_moving_them(dist, tmp_path):
+    """The support range, as a user's Airflow has it: for each of the newest Airflow 3.1.x, 3.2.x and 3.3.x, a fresh
+    virtualenv gets Airflow and the newest Spark provider first, WITHOUT this project's constraints (Airflow's own
+    constraint files are not reachable from these machines), then the wheel with its `airflow` extra (the
+    scheduler's and api-server's install) and with `airflow,spark` (a worker's). Expected for every release: pip
+    lowers no package either time, `pip check` passes, and Airflow loads the provider, the plugin and the
+    pipeline's DAGs from the two-line DAG file (`scripts/install_range.py`, which `make install-check` runs)."""
+    import importlib.util
+
+    loaded = importlib.util.spec_from_file_location("install_range", REPO / "scripts" / "install_range.py")
+    install_range = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(install_range)
+    wheel = next(dist.glob(f"{DIST}-*.whl"))
+    failed, results = [], []
+    artifacts = Path(os.environ.get("TIDEWATER_TEST_ARTIFACTS", REPO / ".data" / "test-artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    for release in install_range.RELEASES:
+        r = install_range.check_release(release, wheel, tmp_path / release)
+        results.append(r)  # what each release installed and loaded, kept for reading a failure or the docs
+        (artifacts / "install-range.json").write_text(json.dumps(results, indent=1))
+        if not (r["ok"] and str(r.get("spark_provider")).startswith("6.") and not r.get("downgraded")
+                and r.get("provider") and r.get("plugin") and {"ingest_orders", "maintain_orders"} <= set(r.get("dags", []))):
+            failed.append(r)
+    assert not failed, json.dumps(failed, indent=1)[-4000:]

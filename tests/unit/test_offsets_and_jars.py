@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 import zipfile
+from pathlib import Path
 
 from tidewater.batch import BatchManifest, PartitionStats
 from tidewater.spark.jars import PARQUET_SHADED, SHADED, bundled_runtime_jar, repaired_jackson_jar, rewrite_class
@@ -71,6 +72,46 @@ def test_repaired_jar_provides_the_missing_classes(home):
     assert SHADED.decode() + "/core/JsonFactoryBuilder.class" in names
     assert SHADED.decode() + "/databind/ObjectMapper.class" in names
     assert any("/datatype/jsr310/JavaTimeModule.class" in n for n in names)
+
+
+def test_the_offline_iceberg_runtime_serves_spark_3_5_only_and_names_the_setting_for_spark_4():
+    """The bundled runtime jar is Spark 3.5's: a session of this environment's Spark 3.5 gets it; a Spark 4 session
+    is refused before its JVM starts, naming spark.iceberg_packages and the 4.0 runtime's coordinate."""
+    import pytest
+
+    from tidewater.errors import ConfigError
+    from tidewater.spark.jars import RUNTIME_JAR, spark_release
+
+    assert spark_release() == "3.5" and bundled_runtime_jar().name == RUNTIME_JAR
+    with pytest.raises(ConfigError) as refused:
+        bundled_runtime_jar("4.0")
+    text = str(refused.value)
+    assert text.startswith("spark.iceberg_packages:") and "iceberg-spark-runtime-4.0_2.13" in text
+
+
+def test_spark_submit_is_spark_home_s_then_this_environment_s_then_the_path_s(tmp_path):
+    """`tidewater run` starts $SPARK_HOME/bin/spark-submit when SPARK_HOME names a distribution, else the one of
+    this environment's pyspark; a SPARK_HOME without it falls back, and nothing anywhere is a ConfigError that
+    says what to install."""
+    import sys
+
+    import pytest
+
+    from tidewater.errors import ConfigError
+    from tidewater.spark.conf import spark_submit_binary
+
+    home = tmp_path / "spark-4"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "spark-submit").write_text("#!/bin/sh\n")
+    ours = str(Path(sys.executable).parent / "spark-submit")
+    assert spark_submit_binary({"SPARK_HOME": str(home)}) == str(home / "bin" / "spark-submit")
+    assert spark_submit_binary({"SPARK_HOME": str(tmp_path / "none")}) == ours == spark_submit_binary({})
+    (home / "bin" / "spark-submit").unlink()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+        with pytest.raises(ConfigError) as missing:
+            spark_submit_binary({"SPARK_HOME": str(home), "PATH": str(tmp_path)})
+    assert "SPARK_HOME=" in str(missing.value) and "[spark]" in str(missing.value)
 
 
 def test_executors_python_is_set_only_where_this_interpreter_exists(tmp_path):

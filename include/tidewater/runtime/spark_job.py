@@ -50,11 +50,12 @@ def main(argv: list[str] | None = None, driver_started: float | None = None) -> 
         started = time.monotonic()
         manifest = stage_manifest(out_dir, lambda: run(sc, plan, spec, settings, timings))
         log.info(
-            "batch %s: wrote %d records in %d files in %.1fs; manifest %s",
+            "batch %s: wrote %d records in %d files in %.1fs on Spark %s; manifest %s",
             plan.batch_id,
             manifest.records,
             len(manifest.data_files),
             time.monotonic() - started,
+            sc.version,
             out_dir / MANIFEST_NAME,
         )
         return 0

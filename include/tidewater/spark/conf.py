@@ -263,12 +263,31 @@ def remove_properties_file(path: Path | None) -> None:
         shutil.rmtree(path.parent, ignore_errors=True)
 
 
+def spark_submit_binary(env: Mapping[str, str] | None = None) -> str:
+    """The spark-submit ``tidewater run`` starts, as Spark's own scripts find their home: ``$SPARK_HOME/bin`` when
+    ``SPARK_HOME`` names a Spark distribution (Spark 3.5 or 4), else the one of this environment's pyspark (the
+    ``spark`` extra), else ``spark-submit`` on the PATH. None of them: a ConfigError saying what to install."""
+    env = os.environ if env is None else env
+    candidates = [Path(env["SPARK_HOME"]) / "bin" / "spark-submit"] if env.get("SPARK_HOME") else []
+    candidates.append(Path(sys.executable).parent / "spark-submit")
+    for path in candidates:
+        if path.is_file():
+            return str(path)
+    found = shutil.which("spark-submit", path=env.get("PATH"))
+    if found:
+        return found
+    where = f"SPARK_HOME={env['SPARK_HOME']} has no bin/spark-submit; " if env.get("SPARK_HOME") else ""
+    raise ConfigError(f"spark-submit: not found ({where}none beside {sys.executable} nor on the PATH): install Spark "
+                      "with the package's `spark` extra (pip install 'airflow-provider-tidewater[spark]') or set "
+                      "SPARK_HOME to a Spark 3.5 or 4 distribution")
+
+
 def spark_submit_command(spec: PipelineSpec, application: str, args: list[str], master: str | None = None,
                          secrets_file: Path | None = None) -> list[str]:
     """The write step's spark-submit command line (``tidewater run``; the DAG passes the same settings).
     Secret settings are never on it: pass ``secrets_file`` (see ``properties_file``)."""
     s = write_submit_settings(spec, master)
-    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", master or spec.spark.master]
+    cmd = [spark_submit_binary(), "--master", master or spec.spark.master]
     for k, v in s["conf"].items():
         cmd += ["--conf", f"{k}={v}"]
     if secrets_file is not None:

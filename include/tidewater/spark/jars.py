@@ -39,7 +39,28 @@ REPAIR_VERSION = "1"
 JDBC_DRIVERS = ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/postgresql.jar")
 
 
-def bundled_runtime_jar() -> Path:
+RUNTIME_SPARK = "3.5"  # the Spark release the bundled runtime is built for (RUNTIME_JAR's name)
+
+
+def spark_release() -> str | None:
+    """The major.minor release of this environment's pyspark (the Spark a session of this process starts), or
+    None when pyspark is not installed."""
+    try:
+        from pyspark.version import __version__  # pyspark's own module: pyspark 3.5 and 4, or pyspark-client 4
+    except ImportError:
+        return None
+    return ".".join(__version__.split(".")[:2])
+
+
+def bundled_runtime_jar(release: str | None = None) -> Path:
+    """The offline Iceberg runtime jar, for a Spark session of ``release`` (default: this environment's pyspark):
+    it is built for Spark 3.5, so another release is refused, naming the setting and its Maven coordinate."""
+    release = release or spark_release()
+    if release and release != RUNTIME_SPARK:
+        scala = "2.13" if release.startswith("4") else "2.12"
+        raise ConfigError(f"spark.iceberg_packages: unset, and the offline Iceberg runtime ({RUNTIME_JAR}) is built "
+                          f"for Spark {RUNTIME_SPARK}, not this Spark {release}; set it to Iceberg's runtime for "
+                          f"Spark {release}, e.g. org.apache.iceberg:iceberg-spark-runtime-{release}_{scala}:1.10.2")
     try:
         import snowpark_connect_deps_iceberg
     except ImportError:
