@@ -95,6 +95,7 @@ def check_release(airflow: str, wheel: Path, work: Path) -> dict:
         result["added"][extras] = sorted(set(after) - set(before))
         before = after
     result["pyspark"] = before.get("pyspark")
+    result["pyspark_client"] = before.get("pyspark-client")  # the Spark provider 6.x's; both install `pyspark`
     check = _run([str(python), "-m", "pip", "check"], env)
     result["pip_check"] = check.stdout.strip() or check.stderr.strip()
     result.update(_loads(venv, work, env))
