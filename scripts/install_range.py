@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -48,7 +49,7 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float = 1800) -> subproce
 
 def _freeze(python: Path, env: dict[str, str]) -> dict[str, str]:
     out = _run([str(python), "-m", "pip", "list", "--format", "json", "--disable-pip-version-check"], env).stdout
-    return {p["name"].lower(): p["version"] for p in json.loads(out or "[]")}
+    return {re.sub(r"[-_.]+", "-", p["name"]).lower(): p["version"] for p in json.loads(out or "[]")}  # PEP 503 names
 
 
 def _lower(before: str, after: str) -> bool:

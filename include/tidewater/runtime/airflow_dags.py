@@ -62,7 +62,7 @@ def _failure_callback(path: str) -> Any:
     if isinstance(target, type):
         try:
             target = target()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a notifier whose constructor fails, however: the setting is at fault
             raise ConfigError(f"airflow.on_failure: {path} cannot be made without arguments: {e}") from None
     if not callable(target):
         raise ConfigError(f"airflow.on_failure: {path} is neither a callable nor a notifier class")
