@@ -295,7 +295,7 @@ def verdict(rows: list[dict]) -> list[str]:
                    f"{r['runs'] / (r['window_s'] / 60):.1f} runs a minute of the {r['pipelines']} asked, starting them "
                    f"{r['start_delay_s']:.0f} s late (median): it is saturated.")
     out += _routed_line([r for r in rows if not r.get("rate")], plain)
-    return out + flowing_verdict(rows, base)
+    return out + flowing_verdict(rows, base, per_run)
 
 
 def cores(r: dict) -> float:
@@ -313,7 +313,7 @@ def _routed_line(rows: list[dict], plain: list[dict]) -> list[str]:
             f"{twin[0]['pipelines']} pipelines of one topic each ({b / a:.1f}x)."]
 
 
-def flowing_verdict(rows: list[dict], base: float) -> list[str]:
+def flowing_verdict(rows: list[dict], base: float, idle_run: float) -> list[str]:
     """With data flowing: a run's CPU when it writes a batch, pipelines per core, and the routed pipeline's."""
     flow = sorted((r for r in rows if r.get("rate") and r["pipelines"] == r["topics"] and r["runs"]),
                   key=lambda r: r["pipelines"])
@@ -324,12 +324,15 @@ def flowing_verdict(rows: list[dict], base: float) -> list[str]:
     per_run = (cores(r) - base) * 60 / runs
     out = [f"With data flowing ({r['rate']:,} records a minute a topic) every run plans, writes, validates and commits "
            f"a batch: at {r['pipelines']} such pipelines a run cost about {per_run:.0f} CPU-seconds (the row less "
-           f"Airflow's own cost), so one core carries about {60 / per_run:.1f} pipelines with data on a one-minute "
-           "schedule; most of it is the write step's spark-submit, a JVM a batch (a warm Spark Connect server "
-           "takes it off the workers: [Spark Connect](../how-to/spark-connect.md))."]
-    if runs < 0.75 * r["pipelines"]:
+           f"Airflow's own cost), {per_run / idle_run:.1f}x a caught-up run's, so one core carries about "
+           f"{60 / per_run:.1f} pipelines with data on a one-minute schedule. The difference is the write, validate "
+           "and commit tasks, the write step's spark-submit starting a JVM a batch among them (a warm Spark Connect "
+           "server takes that JVM off the workers: [Spark Connect](../how-to/spark-connect.md))."]
+    if runs < 0.95 * r["pipelines"]:
         out.append(f"At {r['pipelines']} pipelines with data this machine ran {runs:.1f} runs a minute of the "
-                   f"{r['pipelines']} asked: it is saturated.")
+                   f"{r['pipelines']} asked, with {cores(r):.2f} of its {os.cpu_count()} cores busy: a run's tasks "
+                   "follow one another and a DAG runs one run at a time, so a run longer than the interval delays "
+                   "the next whatever the CPU (`make bench-dag` breaks a run down).")
     return out + _routed_line([x for x in rows if x.get("rate")], flow)
 
 
