@@ -6,7 +6,8 @@ plugins folder. The broker is the session's embedded one; nothing of this checko
 
 Airflow's own constraint files (constraints-3.x.y/constraints-3.11.txt) are served from GitHub, which these machines
 do not reach (only the package registries): the virtualenv takes Airflow's versions from constraints.txt, which pins
-the Airflow release and providers that make test runs with, instead."""
+the Airflow release and providers that make test runs with, instead. The last test installs without any constraints,
+as into an Airflow the user chose: Airflow 3.1, 3.2 and 3.3 with the newest Spark provider, then the wheel."""
 
 from __future__ import annotations
 
@@ -111,8 +112,8 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
 def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker, tmp_path):
     """Alone with its `spark` extra (the package declares pyspark there only): `tidewater --version` is the
     package's, Airflow is absent, `init` writes the example from the wheel (which validates), `validate` and `run`
-    (spark-submit from the installed pyspark, the Spark entry point from the wheel) commit 60 records once. With the `airflow` extra:
-    `airflow dags list` shows the pipeline's ingest, replay, skip, audit, maintenance and quarantine DAGs from the
+    (spark-submit from the installed pyspark, the Spark entry point from the wheel) commit 60 records once. With
+    the `airflow` extra: `airflow dags list` shows the pipeline's ingest, replay, skip, audit, maintenance and quarantine DAGs from the
     two-line file; `airflow providers list` names the package; an ingest run commits the next 30 records exactly;
     the api-server, with no plugins folder, serves the Tidewater view's API."""
     venv = tmp_path / "venv"
