@@ -119,7 +119,7 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
 
 
 class Flow:
-    """Records produced to ``topics`` while it runs: ``rate`` a minute a topic, in a produce every 5 seconds (pizza
+    """Records produced to ``topics`` while the block it opens runs: ``rate`` a minute a topic, in a produce every 5 seconds (pizza
     events of about 200 bytes), so that each one-minute run of a pipeline reading them writes a batch."""
 
     def __init__(self, bootstrap: str, topics: list[str], rate: int) -> None:  # noqa: D107
@@ -140,7 +140,10 @@ class Flow:
                 produce(self.bootstrap, topic, pizza_events(max(1, self.rate // 12), seed=seed), partitions=1,
                         create=False)
 
-    def stop(self) -> None:
+    def __enter__(self) -> Flow:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.stopped.set()
         self.thread.join(timeout=60)
 
@@ -232,22 +235,16 @@ def with_data(svc: Services, counts: list[int], routed_topics: int, rate: int, w
     for n in counts:
         names = [f"f{i:03d}" for i in range(n)]
         write_pipelines(svc, names, routed=False)
-        flow = Flow(svc.broker.bootstrap, [f"{x}-events" for x in names], rate)
-        try:
+        with Flow(svc.broker.bootstrap, [f"{x}-events" for x in names], rate):
             rows.append(measure(svc, f"{n} pipeline{'s' if n > 1 else ''}, data flowing", names, n, warmup, window,
                                 rate))
-        finally:
-            flow.stop()
         pause_dags(svc, "ingest_f%")
     if routed_topics:
         names = [f"g{i:03d}" for i in range(routed_topics)]
         write_pipelines(svc, names, routed=True, routed_name="groute")
-        flow = Flow(svc.broker.bootstrap, [f"{x}-events" for x in names], rate)
-        try:
+        with Flow(svc.broker.bootstrap, [f"{x}-events" for x in names], rate):
             rows.append(measure(svc, f"1 routed pipeline, {routed_topics} topics, data flowing", ["groute"],
                                 routed_topics, warmup, window, rate))
-        finally:
-            flow.stop()
     return rows
 
 
