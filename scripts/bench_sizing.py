@@ -119,8 +119,8 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
 
 
 class Flow:
-    """Records produced to ``topics`` while the block it opens runs: ``rate`` a minute a topic, in a produce every 5 seconds (pizza
-    events of about 200 bytes), so that each one-minute run of a pipeline reading them writes a batch."""
+    """Records produced to ``topics`` while the block it opens runs: ``rate`` a minute a topic, in a produce every 5
+    seconds (pizza events of about 200 bytes), so that each one-minute run of a pipeline reading them writes a batch."""
 
     def __init__(self, bootstrap: str, topics: list[str], rate: int) -> None:  # noqa: D107
         import threading

@@ -106,6 +106,15 @@ def postgres() -> Iterator[object]:
     server.stop()
 
 
+def spark4_dist() -> Path:
+    """pyspark 4.0.x's unpacked distribution (Spark 4, with the Connect server), which `make spark-connect-install`
+    installs and make test runs; a test that needs it fails, saying so, where it is missing."""
+    dist = REPO / ".data" / "spark-connect"
+    if not (dist / ".installed").is_file():
+        pytest.fail(f"{dist} is missing: run `make spark-connect-install` (make test does)")
+    return dist
+
+
 @pytest.fixture(scope="session")
 def spark_connect() -> Iterator[object]:
     """A real Spark Connect server (pyspark 4.0.x's distribution, installed by `make spark-connect-install`,
@@ -113,9 +122,7 @@ def spark_connect() -> Iterator[object]:
     run this interpreter, so they have the project's packages."""
     from tidewater_dev import spark_connect as connect
 
-    dist = REPO / ".data" / "spark-connect"
-    if not (dist / ".installed").is_file():
-        pytest.fail(f"{dist} is missing: run `make spark-connect-install` (make test does)")
+    dist = spark4_dist()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-spark-connect-{os.getpid()}.log"
     server = connect.start(dist, log_path=log)
     yield server

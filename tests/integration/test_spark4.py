@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, produce_to_partition, table_of, write_pipeline
+from tests.conftest import REPO, produce_to_partition, spark4_dist, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.spark.conf import spark_submit_binary
 from tidewater.steps.lifecycle import commit_step, plan_step, validate_step
@@ -29,9 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def spark4(monkeypatch: pytest.MonkeyPatch) -> str:
     """This process's environment pointed at the Spark 4 distribution (what a worker with SPARK_HOME has);
     returns its release."""
-    dist = REPO / ".data" / "spark-connect"
-    if not (dist / ".installed").is_file():
-        pytest.fail(f"{dist} is missing: run `make spark-connect-install` (make test does)")
+    dist = spark4_dist()
     check_dist(dist)
     env = server_env(dist, sys.executable, base={})
     for name in ("SPARK_HOME", "PYTHONPATH"):
