@@ -236,8 +236,8 @@ def pending_change(tspec: TableSpec, table: Any | None, data: pa.Table, optional
         return Evolution(new=tuple(sorted(arrow_paths(pa.struct(list(data.schema))))))
     change = evolution_needed(table, data)
     still = [p for p in optional if _required(table, p)]  # another change may have made them optional since
-    if still:
-        change = Evolution(change.new, change.widen, tuple(sorted(set(change.optional) | set(still))))
+    if still:  # replace, not rebuild: the change keeps its renames (and whatever else it holds)
+        change = dataclasses.replace(change, optional=tuple(sorted(set(change.optional) | set(still))))
     if not change:
         return None
     if not tspec.evolve_schema:
@@ -295,7 +295,7 @@ def ensure_table(catalog: Catalog, tspec: TableSpec, table: Any | None, data: pa
                     tx.set_properties({NUMBERS: _numbers_after(table, numbers, change.renamed)})
                 if ids and added:  # the id that added each new top-level column (the columns it had keep theirs)
                     have_ids = json.loads(table.metadata.properties.get(SCHEMA_IDS, "{}"))
-                    new_ids = {p: ids[p] for p in added if p in ids}
+                    new_ids = {p[0]: ids[p[0]] for p in added if len(p) == 1 and p[0] in ids}  # paths are name tuples
                     tx.set_properties({SCHEMA_IDS: json.dumps({**new_ids, **have_ids}, sort_keys=True)})
             log.info("table %s: schema changed%s: %s", ident, f" (batch {provisional[0]}, until it commits)"
                      if provisional and added else "", change.describe())
