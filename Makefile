@@ -30,7 +30,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: kafka bench-broker install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -44,7 +44,7 @@ help:
 	@echo "make s3-stand-in  - the local S3 endpoint the tests use (moto's server, its own virtualenv)"
 	@echo "make spark-connect - install (pyspark 4.0.x distribution, its own folder) and start a Spark Connect server on 127.0.0.1:15002; make spark-connect-stop stops it"
 	@echo "make soak   - SOAK_MINUTES (default 60) of production with faults (scheduler on PostgreSQL, three pipelines), then every table audited; writes SOAK.md"
-	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage; make bench-cdc: change batches vs table size, then 100 change tables in one pipeline vs 100 pipelines (make bench-cdc-tables alone); make bench-data-docs: Data Docs page cost as history grows; make bench-audit: the audit's cost as the ledger grows; make bench-cluster: local[2] vs a standalone cluster; make bench-profile: the data path's CPU per stage in one worker; make bench-dag: a one-record batch through the ingest DAG on a running scheduler; make bench-scale: costs against pipelines, partitions, history, dead letters and routed tables; make bench-sizing: Airflow's CPU per pipeline, docs/explanation/sizing.md)"
+	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-broker: the embedded Kafka broker's start, memory and 1M records; make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage; make bench-cdc: change batches vs table size, then 100 change tables in one pipeline vs 100 pipelines (make bench-cdc-tables alone); make bench-data-docs: Data Docs page cost as history grows; make bench-audit: the audit's cost as the ledger grows; make bench-cluster: local[2] vs a standalone cluster; make bench-profile: the data path's CPU per stage in one worker; make bench-dag: a one-record batch through the ingest DAG on a running scheduler; make bench-scale: costs against pipelines, partitions, history, dead letters and routed tables; make bench-sizing: Airflow's CPU per pipeline, docs/explanation/sizing.md)"
 
 # --- set-up (idempotent) -------------------------------------------------------------------------
 # Java and JDBC drivers for Spark; Chromium for the browser tests of the Airflow UI (Playwright drives it);
@@ -96,7 +96,19 @@ $(DATA)/airflow/.migrated: $(VENV)/.installed
 	airflow db migrate >/dev/null
 	@touch $@
 
-setup: system-deps venv airflow-db ui-bundle
+setup: system-deps venv airflow-db ui-bundle kafka
+
+# The embedded Apache Kafka broker (KRaft): Maven copies the broker's runtime classpath, as jvm/kafka/pom.xml names
+# it, from Maven Central into .data/kafka/libs (tidewater_dev/broker.py starts it from there). Maven comes from
+# Debian's packages when missing. Redone when the pom changes.
+KAFKA_LIBS := $(DATA)/kafka/libs
+kafka: $(KAFKA_LIBS)/.installed
+$(KAFKA_LIBS)/.installed: jvm/kafka/pom.xml $(DATA)/.system-deps-6
+	@command -v mvn >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends maven >/dev/null; }
+	@rm -rf $(KAFKA_LIBS)
+	mvn -q -B -f jvm/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(KAFKA_LIBS)
+	@touch $@
 
 # The Tidewater apps inside Airflow's UI (React, TypeScript, sources in ui/): npm installs the locked build tools,
 # vite builds one bundle into the package (tidewater/runtime/ui_static/), which the plugin serves and the wheel ships.
@@ -169,7 +181,7 @@ ui: setup broker-start
 	@echo "Airflow UI on http://127.0.0.1:8080 (user admin, password in $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated)"
 	AIRFLOW__API__PORT=8080 airflow standalone
 
-broker-start: venv
+broker-start: venv kafka
 	tidewater broker start --port $(PORT)
 
 broker-stop: venv
@@ -199,6 +211,11 @@ soak: setup test-system-deps s3-stand-in executor-env spark-connect-install
 # Benchmarks (several minutes): writes BENCHMARKS.md. BENCH_ARGS="--sizes 1000000 --single 0" for a short run.
 bench: setup
 	$(PY) scripts/bench.py $(BENCH_ARGS)
+
+# The embedded Apache Kafka broker: start time, memory, and 1M records produced, read and ingested (a section of
+# BENCHMARKS.md; a few minutes). BENCH_ARGS="--records 100000" for a short run.
+bench-broker: setup
+	$(PY) scripts/bench_broker.py $(BENCH_ARGS)
 
 bench-maintenance: setup
 	$(PY) scripts/bench_maintenance.py

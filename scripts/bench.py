@@ -358,6 +358,8 @@ def fmt_rate(r: float) -> str:
 
 
 def write_report(results: list[Result], fixed: dict[str, float], args: argparse.Namespace, started: str) -> str:
+    from tidewater_dev.broker import kafka_version
+
     by = {(r.case, r.method): r for r in results}
     lines = [
         "# Benchmarks",
@@ -365,7 +367,8 @@ def write_report(results: list[Result], fixed: dict[str, float], args: argparse.
         f"Produced by `{args.command_line}` on {started} (UTC).",
         f"Machine: {platform.node()}, {os.cpu_count()} cores, "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}, "
-        f"embedded broker (Tansu, in memory) on 127.0.0.1. Shared, noisy machine: compare ratios within one run.",
+        f"embedded broker (Apache Kafka {kafka_version()}, KRaft, one node) on 127.0.0.1. Shared, noisy machine: "
+        "compare ratios within one run.",
         "",
         "Records are Scenario 1 pizza events (~200 B of JSON each).",
         "",

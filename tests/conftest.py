@@ -53,7 +53,8 @@ def registry_url(schema_registry):  # noqa: ANN001, ANN201
 
 @pytest.fixture(scope="session")
 def broker() -> Iterator[object]:
-    """The embedded Kafka-compatible broker (Tansu) on a free 127.0.0.1 port, for the whole session."""
+    """The embedded Apache Kafka broker (KRaft, one node; `make kafka` installs it, make test runs that) on a free
+    127.0.0.1 port, for the whole session."""
     from tidewater_dev import broker as embedded
 
     b = embedded.start(log_path=Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-broker-{os.getpid()}.log")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ingest_inline, table_of, write_pipeline
+from tests.conftest import ingest_inline, produce_to_partition, table_of, write_pipeline
 from tests.integration.test_exactly_once import WRITE_THEN_HANG
 from tidewater.config.parse import load_pipeline
 from tidewater.plan.ingest import plan_batch
@@ -98,29 +98,27 @@ def test_a_packed_batch_killed_after_its_write_then_rerun_lands_each_record_once
     assert run_once(path)["status"] == "empty"
 
 
-def test_partitions_a_topic_gains_are_read_from_their_log_start_by_the_next_plan(broker, home, topic, monkeypatch):
-    """A topic grows from 3 to 6 partitions between two batches. The embedded broker cannot add partitions
-    (CreatePartitions is unsupported), so the topic is made with 6 and the broker's partition listing, the planner's
-    one seam to it, answers 3 for the first plan (a stand-in for the topic before it grew). Expected: the first
-    batch commits partitions 0-2; the next plan reads partitions 3-5 from their log start and 0-2 from their
+def test_partitions_a_topic_gains_are_read_from_their_log_start_by_the_next_plan(broker, home, topic):
+    """A topic grows from 3 to 6 partitions between two batches (a real CreatePartitions on the broker). Expected:
+    the first batch commits partitions 0-2; the next plan reads partitions 3-5 from their log start and 0-2 from their
     committed offsets, and the table ends with every record once."""
-    from tidewater.source import kafka
+    from confluent_kafka.admin import AdminClient, NewPartitions
 
-    produce(broker.bootstrap, topic, pizza_events(60, seed=5), partitions=6)
+    produce(broker.bootstrap, topic, pizza_events(30, seed=5), partitions=3)
     spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}))
-    listed = kafka.list_partitions
-    monkeypatch.setattr(kafka, "list_partitions", lambda settings, topics, **kw: [
-        tp for tp in listed(settings, topics, **kw) if tp[1] < 3])
     assert ingest_inline(spec).records == 30
     assert committed_state(table_of(spec.source_path)).offsets == {topic: {0: 10, 1: 10, 2: 10}}
 
-    monkeypatch.setattr(kafka, "list_partitions", listed)  # the topic has grown
-    produce(broker.bootstrap, topic, pizza_events(6, seed=6), partitions=6, create=False)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_partitions([NewPartitions(topic, 6)])[topic].result(timeout=30)  # the topic grows
+    produce(broker.bootstrap, topic, pizza_events(6, seed=6), partitions=6, create=False)  # one a partition
+    for partition in (3, 4, 5):  # nine more each: the new partitions hold 10 records, offsets 0-9
+        produce_to_partition(broker.bootstrap, topic, partition, pizza_events(9, seed=7 + partition))
     plan, _ = plan_batch(spec)
-    assert [(r.partition, r.start, r.end) for r in plan.ranges] == [(0, 10, 11), (1, 10, 11), (2, 10, 11), (3, 0, 11),
-                                                                     (4, 0, 11), (5, 0, 11)]
-    assert ingest_inline(spec).records == 36
+    assert [(r.partition, r.start, r.end) for r in plan.ranges] == [(0, 10, 11), (1, 10, 11), (2, 10, 11), (3, 0, 10),
+                                                                     (4, 0, 10), (5, 0, 10)]
+    assert ingest_inline(spec).records == 33
     table = table_of(spec.source_path)
     rows = coordinates(table, "_kafka_partition", "_kafka_offset")
-    assert len(rows) == len(set(rows)) == 66
-    assert committed_state(table).offsets == {topic: dict.fromkeys(range(6), 11)}
+    assert len(rows) == len(set(rows)) == 63
+    assert committed_state(table).offsets == {topic: {0: 11, 1: 11, 2: 11, 3: 10, 4: 10, 5: 10}}

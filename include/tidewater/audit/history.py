@@ -97,8 +97,11 @@ def coverage(entries: list[dict[str, Any]], ends: Mapping[tuple[str, int], int] 
         for e in ranges:
             if e["kind"] == "skip":
                 request = json.loads(detail(e).get("tidewater.operator-skip", "{}"))
+                lost = int(request.get("deleted_unread", 0))
+                where = (f"{lost} records deleted by retention before they were ingested, a known loss; the rest in "
+                         "the dead-letter table") if lost else "its records are in the dead-letter table"
                 out.append(finding_at("explained", "coverage", f"skipped by {request.get('by', '?')}: "
-                               f"{request.get('reason', '')} (its records are in the dead-letter table)", e))
+                               f"{request.get('reason', '')} ({where})", e))
             elif e["kind"] == "quarantine":
                 out.append(finding_at("explained", "coverage", "quarantined: the rows are on the quarantine branch "
                                f"{detail(e).get('tidewater.quarantined', '')}", e))

@@ -14,6 +14,11 @@ The range starts at or after the partition's committed offset. When it starts af
 between the committed offset and the range are ingested first as a normal batch of their own (written
 by the same task code, validated and committed like any batch), so the skip never takes good records
 with it. Records after the range are the next batches' to ingest.
+
+The same command steps past records that retention deleted before they were ingested (the partition's log start
+passed its committed offset: the plan refuses the batch with ``OffsetGapError``). The part of the range below the
+log start cannot be read: it is not dead-lettered, and the request recorded in the snapshot says how many offsets
+it held (``deleted_unread``), so the audit explains it as a known loss.
 """
 
 from __future__ import annotations
@@ -83,14 +88,17 @@ def check_request(spec: PipelineSpec, req: SkipRequest, committed: int | None, l
     return expected
 
 
-def _dead_letter_files(spec: PipelineSpec, settings: dict[str, str], plan: BatchPlan,
-                       req: SkipRequest) -> tuple[list[StagedFile], PartitionStats]:
-    """The range's records as dead-letter rows (OperatorSkip, with the reason), written as staged files."""
+def _dead_letter_files(spec: PipelineSpec, settings: dict[str, str], plan: BatchPlan, req: SkipRequest,
+                       low: int) -> tuple[list[StagedFile], PartitionStats]:
+    """The range's records as dead-letter rows (OperatorSkip, with the reason), written as staged files. Offsets
+    below the log start ``low`` were deleted by retention: they are not read."""
     table = ensure_dead_letter_table(load_catalog(spec), spec)
     writer = DataFileWriter(table, f"{plan.batch_id}-skip")
     message = f"skipped by {req.by}: {req.reason}"
     count, first, last = 0, None, None
-    for chunk in read_range(settings, plan.ranges[0], chunk_records=spec.batch.chunk_records,
+    rng = plan.ranges[0]
+    readable = PartitionRange(rng.topic, rng.partition, max(rng.start, low), rng.end)
+    for chunk in read_range(settings, readable, chunk_records=spec.batch.chunk_records,
                             read_timeout=spec.kafka.read_timeout_seconds, client_id=f"{spec.name}-skip", keys=True,
                             headers=True):
         bad = [BadRecord(i, ERROR_CLASS, message) for i in range(len(chunk))]
@@ -98,7 +106,6 @@ def _dead_letter_files(spec: PipelineSpec, settings: dict[str, str], plan: Batch
         count += len(chunk)
         first = chunk.offsets[0] if first is None else first
         last = chunk.offsets[-1]
-    rng = plan.ranges[0]
     stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, count, first, last, None, None, dead_letters=count,
                            routed=None if spec.targets.fused else 0)
     return [StagedFile.from_json(f) for f in writer.close()], stats
@@ -112,8 +119,11 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     settings = kafka_settings(spec)
     low, high = watermarks(settings, [(req.topic, req.partition)])[(req.topic, req.partition)]
     nxt = check_request(spec, req, offsets.get(req.topic, {}).get(req.partition), low, high)
-    preview = {"topic": req.topic, "partition": req.partition, "start": req.start_offset, "end": req.end_offset,
-               "reason": req.reason, "by": req.by}
+    preview: dict[str, Any] = {"topic": req.topic, "partition": req.partition, "start": req.start_offset,
+                               "end": req.end_offset, "reason": req.reason, "by": req.by}
+    deleted = max(0, min(req.end_offset, low) - req.start_offset)  # offsets retention removed before ingestion
+    if deleted:
+        preview["deleted_unread"] = deleted
     if req.dry_run:
         log.info("skip (dry run): would ingest %s[%d] [%d, %d) first, then dead-letter [%d, %d) and move the offset "
                  "to %d", req.topic, req.partition, nxt, req.start_offset, req.start_offset, req.end_offset,
@@ -129,7 +139,7 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     plan = BatchPlan.new(spec, (rng,), offsets, state.snapshot_id if state is not None else None, Mode.SKIP)
     directory = batch_dir(spec.staging_dir(), spec.name, plan.batch_id)
     write_json_atomic(directory / PLAN_NAME, plan.to_json())
-    files, stats = _dead_letter_files(spec, settings, plan, req)
+    files, stats = _dead_letter_files(spec, settings, plan, req, low)
     count = stats.records
     # no rows for any table: a plain pipeline's one table gets an empty output (its offsets move past the range)
     own = (fused_output(plan, (), 0, 0, (), spec.table.branch),) if spec.targets.fused else ()
@@ -141,10 +151,11 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     # the holder moves on (a routed pipeline's target tables get no commit: no rows)
     result = commit_batch(catalog, plan, manifest, spec=spec, dead_letter_sink=dead_letter_sink(spec, plan.batch_id),
                           extra_properties=extra)
-    log.info("skip %s: %d records of %s[%d] [%d, %d) dead-lettered by %s (%s); offset now %d", plan.batch_id, count,
-             req.topic, req.partition, req.start_offset, req.end_offset, req.by, req.reason, req.end_offset)
+    log.info("skip %s: %d records of %s[%d] [%d, %d) dead-lettered by %s (%s), %d deleted by retention unread; "
+             "offset now %d", plan.batch_id, count, req.topic, req.partition, req.start_offset, req.end_offset, req.by,
+             req.reason, deleted, req.end_offset)
     return {"status": result.status, "batch_id": plan.batch_id, "dead_letters": count, "ingested_first": ingested,
-            **preview}
+            "deleted_unread": deleted, **preview}
 
 
 def _ingest_before(spec: PipelineSpec, settings: dict[str, str], rng: PartitionRange, offsets: Any,

@@ -33,8 +33,9 @@ def start_offsets(
         if c < low:
             raise OffsetGapError(
                 f"committed offset {c} is below the log start offset {low}: offsets {c}..{low - 1} "
-                f"({low - c} records) were deleted by retention before they were ingested. Reset this "
-                f"partition's offset deliberately (replay) to accept the loss",
+                f"({low - c} records) were deleted by retention before they were ingested. To accept the loss, step "
+                f"past it deliberately: `tidewater skip --topic {topic} --partition {partition} --start-offset {c} "
+                f"--end-offset {low} --reason ...` (or the skip DAG); the table's history and the audit record it",
                 topic=topic,
                 partition=partition,
                 offset=c,

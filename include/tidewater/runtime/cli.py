@@ -515,8 +515,9 @@ def cmd_skip(args: argparse.Namespace) -> int:
         print(f"dry run: would dead-letter {req.topic}[{req.partition}] [{req.start_offset}, {req.end_offset}) and move "
               f"the offset to {req.end_offset}")
     else:
+        lost = f", {result['deleted_unread']} deleted by retention unread" if result["deleted_unread"] else ""
         print(f"{result['status']}: {result['dead_letters']} records of {req.topic}[{req.partition}] "
-              f"[{req.start_offset}, {req.end_offset}) dead-lettered as OperatorSkip ({result['batch_id']})")
+              f"[{req.start_offset}, {req.end_offset}) dead-lettered as OperatorSkip{lost} ({result['batch_id']})")
     return 0
 
 
@@ -525,7 +526,8 @@ def _add_skip(sub: Any) -> None:
     _pipeline_arg(p)
     p.add_argument("--topic", required=True, help="the blocked topic")
     p.add_argument("--partition", type=int, required=True, help="the blocked partition")
-    p.add_argument("--start-offset", type=int, required=True, help="must be the partition's committed offset")
+    p.add_argument("--start-offset", type=int, required=True,
+                   help="the partition's committed offset or later (below its log start: records retention deleted)")
     p.add_argument("--end-offset", type=int, required=True, help="exclusive: the first offset ingested again")
     p.add_argument("--reason", required=True, help="why (kept with the dead letters and in the table's history)")
     p.add_argument("--by", default=None, help="who asks (default: the user running the command)")

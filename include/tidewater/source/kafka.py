@@ -267,13 +267,21 @@ def watermarks(
 
 
 def _offsets(futures: dict[Any, Any]) -> dict[TopicPartition, int]:
-    """The offsets of a ListOffsets request, by partition; a transient error naming the first partition without one."""
+    """The offsets of a ListOffsets request, by partition; a transient error naming the first partition without one.
+
+    A partition whose leader has just gone (a broker killed) can come back without an error but with a negative
+    offset (librdkafka 2.16: -1001, "invalid"): that is no answer either. Taken as one, it made a committed
+    partition look truncated (a terminal OffsetGapError) and a new one look empty."""
     out = {}
     for tp, fut in futures.items():
         try:
-            out[(tp.topic, tp.partition)] = int(fut.result().offset)
+            offset = int(fut.result().offset)
         except Exception as e:  # the broker unreachable, or the partition's leader unknown for now
             raise TransientError(f"cannot read watermarks: {e}", topic=tp.topic, partition=tp.partition) from None
+        if offset < 0:
+            raise TransientError(f"cannot read watermarks: the broker answered no offset ({offset}); the partition's "
+                                 "leader is likely moving", topic=tp.topic, partition=tp.partition)
+        out[(tp.topic, tp.partition)] = offset
     return out
 
 

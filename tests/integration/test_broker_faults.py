@@ -1,0 +1,153 @@
+"""Broker faults on a three-node Apache Kafka cluster (KRaft; each node a controller and a broker; topics with
+replication factor 3 and ``min.insync.replicas`` 2): a node killed with SIGKILL during the plan and during the
+write, and the whole cluster down past the retries. Each batch commits exactly once: rows, offsets and
+``audit --deep`` are checked after every fault, and the killed nodes are started again on their own logs."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.conftest import ingest_inline, table_of, write_pipeline
+from tidewater.audit.pipeline import audit
+from tidewater.config.parse import load_pipeline
+from tidewater.errors import TransientError
+from tidewater.plan.ingest import plan_batch
+from tidewater.table.summary import committed_state
+from tidewater_dev import broker as embedded
+from tidewater_dev.sample_data import pizza_events, produce
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PARTITIONS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[embedded.Cluster]:
+    c = embedded.start_cluster(3, log_dir=Path(os.environ.get("TMPDIR", "/tmp")))
+    yield c
+    c.stop()
+
+
+def _replicated_topic(cluster: embedded.Cluster, topic: str, records: int, seed: int) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})  # held until the future resolves
+    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=3)])[topic].result(30)
+    produce(cluster.bootstrap, topic, pizza_events(records, seed=seed), partitions=PARTITIONS, create=False)
+
+
+def _leader(cluster: embedded.Cluster, topic: str, partition: int) -> embedded.Broker:
+    md = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(topic, timeout=15)
+    return cluster.node(md.topics[topic].partitions[partition].leader)
+
+
+def _heal(cluster: embedded.Cluster) -> None:
+    """Start every killed node again and wait until the cluster lists all three brokers."""
+    for node in cluster.nodes:
+        if not node.alive():
+            node.restart()
+    embedded.wait_ready(cluster.bootstrap, len(cluster.nodes), 120, cluster.nodes)
+
+
+def _spec(home: Path, cluster: embedded.Cluster, topic: str):  # noqa: ANN202
+    # a leader's loss is noticed after broker.session.timeout.ms (9 s): the reader waits longer than that
+    return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": cluster.bootstrap,
+                                                                      "read_timeout_seconds": 90}))
+
+
+def _exactly_once(spec, topic: str, per_partition: int) -> None:  # noqa: ANN001
+    table = table_of(spec.source_path)
+    coords = table.scan(selected_fields=("_kafka_partition", "_kafka_offset")).to_arrow().to_pylist()
+    assert len(coords) == len({(r["_kafka_partition"], r["_kafka_offset"]) for r in coords}) == PARTITIONS * per_partition
+    assert committed_state(table).offsets == {topic: dict.fromkeys(range(PARTITIONS), per_partition)}
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def _with_retries(call, attempts: int = 6, pause: float = 5.0):  # noqa: ANN001, ANN202
+    """``call`` retried on a transient error, as Airflow retries a task (``airflow.retries``)."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except TransientError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(pause)
+    return None
+
+
+def test_a_partition_leader_killed_during_the_write_moves_and_the_batch_commits_once(cluster, home, topic, monkeypatch):
+    """The leader of partition 0 is killed (SIGKILL) after the write task has read its first chunk of that partition.
+    Expected: the reader follows the new leader and the batch commits every record once, offsets at the end."""
+    from tidewater.write import task
+
+    _replicated_topic(cluster, topic, 3000, seed=41)
+    spec = _spec(home, cluster, topic)
+    victim = _leader(cluster, topic, 0)
+    real = task.read_range
+    killed: list[int] = []
+
+    def read_then_kill(settings, rng, **kw):  # noqa: ANN001, ANN202
+        for i, chunk in enumerate(real(settings, rng, **kw)):
+            yield chunk
+            if rng.partition == 0 and i == 0 and not killed:
+                victim.kill()
+                killed.append(victim.node_id)
+
+    monkeypatch.setattr(task, "read_range", read_then_kill)
+    result = ingest_inline(spec)
+    assert killed == [victim.node_id] and not victim.alive()
+    assert result.records == 3000
+    assert _leader(cluster, topic, 0).node_id != victim.node_id
+    _exactly_once(spec, topic, 1000)
+    _heal(cluster)
+
+
+def test_a_broker_killed_during_the_plan_leaves_a_plan_that_commits_once(cluster, home, topic, monkeypatch):
+    """A node is killed right after the plan listed the partitions, before it asks their end offsets. Expected: the
+    plan either succeeds on the other two nodes or fails as a transient error that the task's retry gets past; the
+    batch then commits every record once. A second batch after the node returns finds nothing twice."""
+    from tidewater.source import kafka
+
+    _replicated_topic(cluster, topic, 600, seed=42)
+    spec = _spec(home, cluster, topic)
+    victim = _leader(cluster, topic, 1)
+    real = kafka.list_partitions
+
+    def list_then_kill(settings, topics, **kw):  # noqa: ANN001, ANN202
+        out = real(settings, topics, **kw)
+        if victim.alive():
+            victim.kill()
+        return out
+
+    monkeypatch.setattr(kafka, "list_partitions", list_then_kill)
+    plan, _ = _with_retries(lambda: plan_batch(spec))
+    assert not victim.alive() and plan.record_span == 600
+    monkeypatch.setattr(kafka, "list_partitions", real)
+    assert ingest_inline(spec).records == 600
+    _exactly_once(spec, topic, 200)
+    _heal(cluster)
+    assert plan_batch(spec)[0].is_empty
+    _exactly_once(spec, topic, 200)
+
+
+def test_a_cluster_down_past_the_retries_is_a_transient_error_and_the_next_run_continues(cluster, home, topic):
+    """Every node killed after a first batch: the next plan fails as a transient error (worth retrying), nothing is
+    committed. Once the nodes are back, the next run ingests what was produced since, every record once."""
+    _replicated_topic(cluster, topic, 300, seed=43)
+    spec = _spec(home, cluster, topic)
+    assert ingest_inline(spec).records == 300
+    produce(cluster.bootstrap, topic, pizza_events(300, seed=44), partitions=PARTITIONS, create=False)
+    before = table_of(spec.source_path).current_snapshot().snapshot_id
+    for node in cluster.nodes:
+        node.kill()
+    with pytest.raises(TransientError):
+        plan_batch(spec)
+    assert table_of(spec.source_path).current_snapshot().snapshot_id == before
+    _heal(cluster)
+    assert _with_retries(lambda: ingest_inline(spec)).records == 300
+    _exactly_once(spec, topic, 200)

@@ -1,0 +1,232 @@
+"""What only Apache Kafka shows, through the embedded broker (Kafka 4.x, KRaft), the write task code, the gate and the
+committer: transactions (committed, aborted and still-open ones across partitions), compacted topics with
+tombstones and cleaned segments, and records deleted by retention before they were ingested. Every test counts
+rows, checks the committed offsets and ends with ``audit --deep`` where a batch committed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka import TopicPartition as KTP
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.conftest import ingest_inline, table_of, write_pipeline
+from tidewater.audit.pipeline import audit
+from tidewater.config.parse import load_pipeline
+from tidewater.errors import OffsetGapError, TerminalError
+from tidewater.plan.ingest import plan_batch
+from tidewater.table.summary import DEAD_LETTERS, RECORDS, SKIPPED, committed_state
+from tidewater_dev.sample_data import pizza_events
+
+pytestmark = [pytest.mark.integration]
+
+
+def _events(n: int, seed: int, tag: str) -> list[bytes]:
+    """Pizza events whose order ids say which transaction (or batch) produced them."""
+    out = []
+    for i, raw in enumerate(pizza_events(n, seed=seed)):
+        doc = json.loads(raw)
+        doc["order_id"] = f"{tag}-{i}"
+        out.append(json.dumps(doc).encode())
+    return out
+
+
+def _create(bootstrap: str, topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held until the future resolves
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {})])[topic].result(30)
+
+
+def _transactional(bootstrap: str, txn_id: str) -> Producer:
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id, "linger.ms": 5})
+    p.init_transactions(30)
+    return p
+
+
+def _in_transaction(p: Producer, topic: str, by_partition: dict[int, list[bytes]], outcome: str) -> None:
+    """One transaction writing ``by_partition``, then ``outcome``: commit, abort, or open (left running)."""
+    p.begin_transaction()
+    for partition, values in by_partition.items():
+        for v in values:
+            p.produce(topic, v, partition=partition)
+    p.flush(30)
+    if outcome == "commit":
+        p.commit_transaction(30)
+    elif outcome == "abort":
+        p.abort_transaction(30)
+
+
+def _accounting(table) -> tuple[int, int, int]:  # noqa: ANN001
+    """(records read, dead letters, skipped) summed over the table's Tidewater snapshots."""
+    totals = [0, 0, 0]
+    for snap in table.snapshots():
+        props = snap.summary.additional_properties if snap.summary else {}
+        for i, key in enumerate((RECORDS, DEAD_LETTERS, SKIPPED)):
+            totals[i] += int(props.get(key, 0))
+    return tuple(totals)
+
+
+def _order_ids(table) -> list[str]:  # noqa: ANN001
+    return sorted(table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist())
+
+
+def test_read_committed_batches_hold_the_committed_records_and_an_open_transaction_holds_its_partition(broker, home,
+                                                                                                      topic):
+    """Two transactional producers interleave over two partitions: committed, aborted and committed transactions,
+    then one left open on partition 1. Expected: the first batch holds exactly the committed records; partition 0
+    ends at its high watermark (past its control markers), partition 1 waits at the open transaction's first offset
+    (the last stable offset); once that transaction commits, the next batch takes its records and partition 1's
+    offsets reach the end. Every record read is a row (nothing dead-lettered or skipped) and audit --deep is
+    clean: the markers' and aborted records' offsets are gaps, not losses."""
+    _create(broker.bootstrap, topic, 2)
+    a, b = _transactional(broker.bootstrap, f"{topic}-a"), _transactional(broker.bootstrap, f"{topic}-b")
+    _in_transaction(a, topic, {0: _events(5, 1, "a1"), 1: _events(4, 2, "a1p1")}, "commit")
+    _in_transaction(b, topic, {0: _events(3, 3, "b1"), 1: _events(3, 4, "b1p1")}, "abort")
+    _in_transaction(a, topic, {0: _events(2, 5, "a2")}, "commit")
+    _in_transaction(b, topic, {1: _events(4, 6, "b2")}, "open")
+    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}))
+
+    first = ingest_inline(spec)
+    table = table_of(spec.source_path)
+    committed_ids = [f"a1-{i}" for i in range(5)] + [f"a1p1-{i}" for i in range(4)] + ["a2-0", "a2-1"]
+    assert _order_ids(table) == sorted(committed_ids) and first.records == 11
+    # partition 0: a1 (0-4), its marker (5), b1 aborted (6-8), its marker (9), a2 (10-11), its marker (12)
+    # partition 1: a1p1 (0-3), marker (4), b1p1 aborted (5-7), marker (8), b2 open from 9
+    assert committed_state(table).offsets == {topic: {0: 13, 1: 9}}
+    assert plan_batch(spec)[0].is_empty  # the open transaction holds partition 1
+
+    b.commit_transaction(30)
+    second = ingest_inline(spec)
+    table = table_of(spec.source_path)
+    assert second.records == 4 and len(_order_ids(table)) == 15
+    assert [i for i in _order_ids(table) if i.startswith("b")] == [f"b2-{i}" for i in range(4)]
+    assert committed_state(table).offsets == {topic: {0: 13, 1: 14}}  # b2 at 9-12, its marker at 13
+    assert _accounting(table) == (15, 0, 0)
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def _compacted(bootstrap: str, topic: str) -> dict[bytes, bytes | None]:
+    """A compacted topic whose cleaner has run: keys 0-9 written three times over several segments, keys 0-2
+    deleted by tombstones; returns the latest value per key (None: deleted). Waits for the cleaner (its check
+    runs every 15 s) until fewer records than were produced remain."""
+    _create(bootstrap, topic, 1, {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
+                                   "delete.retention.ms": "600000", "min.compaction.lag.ms": "0"})
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    latest: dict[bytes, bytes | None] = {}
+    for rnd in range(3):
+        for k, v in zip(range(10), _events(10, 10 + rnd, f"r{rnd}"), strict=True):
+            p.produce(topic, v, key=str(k).encode())
+            latest[str(k).encode()] = v
+        p.flush(30)
+        time.sleep(0.3)  # the next round rolls a new segment (segment.ms)
+    for k in (b"0", b"1", b"2"):
+        p.produce(topic, None, key=k)
+        latest[k] = None
+    p.flush(30)
+    time.sleep(0.3)
+    for k, v in zip((b"9",), _events(1, 20, "last"), strict=True):  # rolls the tombstones' segment, closing it
+        p.produce(topic, v, key=k)
+        latest[k] = v
+    p.flush(30)
+    produced = 34
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if len(_read_all(bootstrap, topic)) < produced:
+            return latest
+        time.sleep(2)
+    pytest.fail(f"the log cleaner did not compact {topic} within 90 s")
+
+
+def _read_all(bootstrap: str, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "compaction-check", "enable.partition.eof": True})
+    c.assign([KTP(topic, 0, 0)])
+    out = []
+    try:
+        while True:
+            m = c.poll(5)
+            if m is None or (m.error() and m.error().code() == m.error()._PARTITION_EOF):
+                return out
+            if not m.error():
+                out.append((m.offset(), m.key(), m.value()))
+    finally:
+        c.close()
+
+
+def test_a_compacted_topic_with_tombstones_lands_what_survived_and_the_audit_reads_its_gaps_as_compaction(broker, home,
+                                                                                                         topic):
+    """``cleanup.policy=compact``, values overwritten over several segments and three keys deleted by tombstones,
+    the cleaner run before the first batch. Expected: every record still in the log is read once (values as rows,
+    tombstones as dead letters of class Tombstone: a JSON pipeline needs an object), read = written + dead-lettered +
+    skipped, the offsets reach the high watermark across the compacted gaps, and audit --deep reports the gaps as
+    offsets absent from Kafka, not as a discrepancy."""
+    _compacted(broker.bootstrap, topic)
+    survivors = _read_all(broker.bootstrap, topic)
+    values = [v for _, _, v in survivors if v is not None]
+    tombstones = [o for o, _, v in survivors if v is None]
+    end = survivors[-1][0] + 1
+    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}))
+
+    result = ingest_inline(spec)
+    table = table_of(spec.source_path)
+    assert result.records == len(survivors) < 34
+    assert _order_ids(table) == sorted(json.loads(v)["order_id"] for v in values)
+    assert result.dead_letters == len(tombstones)
+    assert _accounting(table) == (len(survivors), len(tombstones), 0)
+    assert committed_state(table).offsets == {topic: {0: end}}
+    offsets = sorted(table.scan(selected_fields=("_kafka_offset",)).to_arrow().column("_kafka_offset").to_pylist())
+    assert offsets == sorted(o for o, _, v in survivors if v is not None) and offsets[-1] > len(offsets)  # gaps
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def test_records_deleted_unread_stop_the_batch_and_a_skip_records_the_known_loss(broker, home, topic):
+    """Retention deletes records before they were ingested (the log start moved past the committed offset; here by
+    DeleteRecords, what retention does to a segment). Expected: the plan is refused with a terminal error naming
+    the partition, the committed offset, the log start and how many records were lost, and the command that steps
+    past them; nothing is committed. That command (`tidewater skip` over the gap) commits the step with the loss in
+    the table's history; the next batch reads from the log start, and audit --deep is clean with the skip explained
+    as a known loss of 15 records."""
+    from confluent_kafka import TopicPartition as DeleteAt
+
+    from tidewater.runtime.cli import main
+
+    _create(broker.bootstrap, topic, 1, {"retention.ms": "-1"})
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for v in _events(10, 30, "kept"):
+        p.produce(topic, v, partition=0)
+    p.flush(30)
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    spec = load_pipeline(path)
+    assert ingest_inline(spec).records == 10
+    for v in _events(20, 31, "later"):
+        p.produce(topic, v, partition=0)
+    p.flush(30)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_records([DeleteAt(topic, 0, 25)])[DeleteAt(topic, 0, 25)].result(30)
+    before = table_of(path).current_snapshot().snapshot_id
+
+    with pytest.raises(OffsetGapError) as refused:
+        plan_batch(spec)
+    assert isinstance(refused.value, TerminalError) and (refused.value.topic, refused.value.partition) == (topic, 0)
+    message = str(refused.value)
+    assert "committed offset 10 is below the log start offset 25" in message and "(15 records)" in message
+    step = f"tidewater skip --topic {topic} --partition 0 --start-offset 10 --end-offset 25"
+    assert step in message
+    table = table_of(path)
+    assert table.current_snapshot().snapshot_id == before and committed_state(table).offsets == {topic: {0: 10}}
+
+    args = step.split()[1:] + ["--reason", "retention ran before the pipeline", "--by", "ops", "--pipeline", str(path)]
+    assert main(args) == 0
+    assert committed_state(table_of(path)).offsets == {topic: {0: 25}}
+    assert ingest_inline(spec).records == 5
+    table = table_of(path)
+    assert committed_state(table).offsets == {topic: {0: 30}}
+    assert _order_ids(table) == sorted([f"kept-{i}" for i in range(10)] + [f"later-{i}" for i in range(15, 20)])
+    assert _accounting(table) == (15, 0, 0)  # the deleted offsets were never read
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+    explained = [f.text() for f in report.findings if f.severity == "explained"]
+    assert len(explained) == 1 and "15 records deleted by retention before they were ingested, a known loss" in explained[0]
