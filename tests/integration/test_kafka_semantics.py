@@ -230,3 +230,42 @@ def test_records_deleted_unread_stop_the_batch_and_a_skip_records_the_known_loss
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
     explained = [f.text() for f in report.findings if f.severity == "explained"]
     assert len(explained) == 1 and "15 records deleted by retention before they were ingested, a known loss" in explained[0]
+
+
+def test_a_new_pipeline_starts_at_its_start_time_and_a_plan_without_records_loses_none(broker, home, topic):
+    """``kafka.start_from`` a time: records stamped before it are not read, those at or after it are, per partition
+    (ListOffsets by time on the broker). A plan made while no record is that new is empty and commits nothing; a
+    record produced after it lands with the next batch (the start is a time, so every plan finds the same offsets:
+    nothing between two plans is skipped). A plan made again after an abandoned one starts at the same offsets."""
+    _create(broker.bootstrap, topic, 2)
+    start = 1_780_000_000_000
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    for partition in (0, 1):
+        for i, v in enumerate(_events(6, 50 + partition, f"old{partition}")):
+            p.produce(topic, v, partition=partition, timestamp=start - 60_000 + i)
+    p.flush(30)
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap,
+                                                        "start_from": "2026-05-28T20:26:40Z"})  # = start
+    spec = load_pipeline(path)
+    plan, staged = plan_batch(spec)
+    assert plan.is_empty and staged is None
+    assert table_of(path) is None
+
+    for i, v in enumerate(_events(4, 60, "new0")):
+        p.produce(topic, v, partition=0, timestamp=start + i)
+    p.produce(topic, _events(1, 61, "new1")[0], partition=1, timestamp=start)
+    p.flush(30)
+    first, _ = plan_batch(spec)
+    again, _ = plan_batch(spec)  # the first plan abandoned (its write never ran): planned again
+    assert [(r.partition, r.start, r.end) for r in first.ranges] == [(0, 6, 10), (1, 6, 7)]
+    assert [(r.partition, r.start, r.end) for r in again.ranges] == [(0, 6, 10), (1, 6, 7)]
+    assert ingest_inline(spec).records == 5
+    table = table_of(path)
+    assert _order_ids(table) == sorted([f"new0-{i}" for i in range(4)] + ["new1-0"])
+    assert committed_state(table).offsets == {topic: {0: 10, 1: 7}}
+    p.produce(topic, _events(1, 62, "later")[0], partition=1, timestamp=start - 120_000)  # committed: read anyway
+    p.flush(30)
+    assert ingest_inline(spec).records == 1
+    assert committed_state(table_of(path)).offsets == {topic: {0: 10, 1: 8}}
+    report = audit(spec, deep=True)  # the offsets before the start time were never committed: not a hole
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]

@@ -414,3 +414,12 @@ def test_which_executors_can_run_a_batchs_tasks_on_different_hosts(executor, man
     from tidewater.config.validate import multi_host
 
     assert multi_host(executor) is many
+
+
+def test_kafka_start_from_is_earliest_or_a_time_and_anything_else_is_refused_naming_it():
+    assert parse_pipeline(BASE).kafka.start_from == "earliest"
+    assert parse_pipeline({**BASE, "kafka": {**BASE["kafka"], "start_from": "2026-11-01T00:00:00Z"}}).kafka.start_from \
+        == "2026-11-01T00:00:00Z"
+    for bad in ("latest", "yesterday", "2026-13-01"):
+        with pytest.raises(ConfigError, match=rf"kafka.start_from \(earliest, or an ISO-8601 time\): '{bad}' is not"):
+            parse_pipeline({**BASE, "kafka": {**BASE["kafka"], "start_from": bad}})

@@ -46,6 +46,25 @@ def test_ranges_start_at_committed_respect_end_and_cap(state, cap):
     assert total == min(cap, backlog), "uses the cap fully when there is enough backlog"
 
 
+@given(partition_states(), st.integers(1, 20_000), st.data())
+@settings(max_examples=300, deadline=None)
+def test_a_start_position_moves_only_partitions_without_committed_offsets_and_stays_in_the_log(state, cap, data):
+    """``kafka.start_from``'s offsets (``first``; a time lookup may answer below the log start, after retention, or
+    the log end): a partition with committed offsets ignores them; one without starts at them, held within
+    [log start, end]; the batch still uses the cap fully."""
+    watermarks, committed = state
+    first = {tp: data.draw(st.integers(0, 7_000)) for tp in watermarks}
+    ranges = {(r.topic, r.partition): r for r in plan_ranges(committed, watermarks, cap, first)}
+    starts = {}
+    for (t, p), (low, high) in watermarks.items():
+        c = committed.get(t, {}).get(p)
+        starts[(t, p)] = c if c is not None else min(max(first[(t, p)], low), high)
+        if (t, p) in ranges:
+            assert ranges[(t, p)].start == starts[(t, p)]
+    backlog = sum(high - starts[tp] for tp, (_, high) in watermarks.items())
+    assert sum(r.size for r in ranges.values()) == min(cap, backlog)
+
+
 @given(partition_states(), st.integers(1, 3_000), st.integers(1, 8))
 @settings(max_examples=200, deadline=None)
 def test_consecutive_batches_are_contiguous_and_non_overlapping(state, cap, batches):

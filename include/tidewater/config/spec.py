@@ -98,6 +98,16 @@ class KafkaSpec:
         "for this long.",
         default=60.0,
     )
+    start_from: str = _doc(
+        "Where a partition without committed offsets starts (the pipeline's first batch, a partition a topic gains, "
+        "a topic a `topic_pattern` picks up later): `earliest` (its log start) or a time in ISO 8601 "
+        "(`2026-11-01T00:00:00Z`; without a zone, UTC): the first record whose timestamp is at or after it, the log "
+        "end when there is none. Partitions with committed offsets continue from them. There is no `latest`: a "
+        "pipeline's offsets live in its table, which a plan without records does not commit, so the log end would "
+        "move with every plan until records came and what arrived in between would be skipped; give the time the "
+        "pipeline goes live instead.",
+        default="earliest",
+    )
 
 
 @dataclass(frozen=True)

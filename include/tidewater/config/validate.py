@@ -8,6 +8,7 @@ from tidewater.config.formats import DEBEZIUM_FORMATS, FORMATS
 from tidewater.config.partitioning import check_config
 from tidewater.config.routes import SOURCE_PLACEHOLDER, TOPIC_PLACEHOLDER
 from tidewater.config.spec import PipelineSpec, RouteTableSpec, TableSpec
+from tidewater.config.times import parse_time
 from tidewater.errors import ConfigError, config_problems, problems_of
 
 OPERATIONS = ("insert", "update", "delete", "truncate")  # what an op value may mean (transform/changes.py)
@@ -70,6 +71,8 @@ def _check_kafka(spec: PipelineSpec) -> None:
             raise ConfigError(f"kafka.settings.{key}: managed by Tidewater (offsets live in the table); remove it")
     if spec.kafka.read_timeout_seconds <= 0:
         raise ConfigError("kafka.read_timeout_seconds: must be positive")
+    if spec.kafka.start_from != "earliest":
+        parse_time(spec.kafka.start_from, "kafka.start_from (earliest, or an ISO-8601 time)")
 
 
 def _check_format(spec: PipelineSpec) -> None:

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from tidewater.batch import BACKFILL_PREFIX, BatchPlan, PartitionRange, new_batch_id
 from tidewater.config.spec import PipelineSpec
+from tidewater.config.times import parse_time
 from tidewater.errors import ConfigError
-from tidewater.plan.replay import parse_time, replay_tables, stage_replay_plan
+from tidewater.plan.replay import replay_tables, stage_replay_plan
 from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics
 from tidewater.source.timestamps import KafkaOffsetLookup, OffsetLookup, interval_offsets
 from tidewater.table.catalog import load_catalog

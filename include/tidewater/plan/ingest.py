@@ -11,13 +11,17 @@ from typing import TYPE_CHECKING, Any
 from tidewater.batch import (
     PLAN_NAME,
     BatchPlan,
+    Offsets,
+    TopicPartition,
     batch_dir,
     write_json_atomic,
 )
 from tidewater.config.spec import PipelineSpec
+from tidewater.config.times import parse_time
 from tidewater.errors import TerminalError
 from tidewater.plan.planner import plan_ranges
 from tidewater.source import kafka  # called through the module: the broker's answers are one seam (stand-ins in tests)
+from tidewater.source.timestamps import KafkaOffsetLookup
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import quarantined_batches
 from tidewater.table.targets import holder_state, quarantine_candidates, target_role, target_spec
@@ -52,6 +56,26 @@ def refuse_while_a_change_table_is_quarantined(spec: PipelineSpec, catalog: Cata
             refuse_while_quarantined(view, table)
 
 
+def first_offsets(spec: PipelineSpec, settings: dict[str, str], committed: Offsets,
+                  parts: list[TopicPartition]) -> dict[TopicPartition, int]:
+    """Where the partitions without committed offsets start under ``kafka.start_from`` (none asked for
+    ``earliest``: the planner starts them at their log start)."""
+    if spec.kafka.start_from == "earliest":
+        return {}
+    new = [(t, p) for t, p in parts if p not in committed.get(t, {})]
+    if not new:
+        return {}
+    ms = parse_time(spec.kafka.start_from, "kafka.start_from")
+    lookup = KafkaOffsetLookup(settings)
+    out: dict[TopicPartition, int] = {}
+    for topic in sorted({t for t, _ in new}):
+        found = lookup.offsets_for_times(topic, sorted(p for t, p in new if t == topic), ms)
+        out.update({(topic, p): o for p, o in found.items()})
+    log.info("pipeline %s: partitions without committed offsets start at %s (kafka.start_from): %s", spec.name,
+             spec.kafka.start_from, ", ".join(f"{t}[{p}] {o}" for (t, p), o in sorted(out.items())))
+    return out
+
+
 def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) -> tuple[BatchPlan, Path | None]:
     """Plan the next batch from the table's committed offsets and the brokers' end offsets.
 
@@ -65,7 +89,7 @@ def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None)
     settings = kafka.kafka_settings(spec)
     parts = kafka.list_partitions(settings, kafka.resolve_topics(settings, spec))
     wm = kafka.watermarks(settings, parts)
-    ranges = plan_ranges(committed, wm, spec.batch.max_records)
+    ranges = plan_ranges(committed, wm, spec.batch.max_records, first_offsets(spec, settings, committed, parts))
     plan = BatchPlan.new(spec, ranges, committed, state.snapshot_id if state else None, data_interval=data_interval)
     if plan.is_empty:
         log.info("pipeline %s: nothing to ingest (%d partitions caught up)", spec.name, len(parts))

@@ -16,9 +16,11 @@ from tidewater.errors import OffsetGapError
 
 
 def start_offsets(
-    committed: Offsets, watermarks: Mapping[TopicPartition, tuple[int, int]]
+    committed: Offsets, watermarks: Mapping[TopicPartition, tuple[int, int]],
+    first: Mapping[TopicPartition, int] | None = None,
 ) -> dict[TopicPartition, int]:
-    """Where each partition resumes. A partition never committed starts at its log start offset.
+    """Where each partition resumes. A partition never committed starts at ``first`` (``kafka.start_from``'s
+    offsets, kept within the log: a lookup older than the log start starts there), else at its log start offset.
 
     Raises OffsetGapError when the committed offset is below the log start offset (retention deleted
     records that were never ingested) or beyond the end offset (the topic was recreated or truncated),
@@ -28,7 +30,7 @@ def start_offsets(
     for (topic, partition), (low, high) in watermarks.items():
         c = committed.get(topic, {}).get(partition)
         if c is None:
-            starts[(topic, partition)] = low
+            starts[(topic, partition)] = min(max((first or {}).get((topic, partition), low), low), high)
             continue
         if c < low:
             raise OffsetGapError(
@@ -85,9 +87,11 @@ def plan_ranges(
     committed: Offsets,
     watermarks: Mapping[TopicPartition, tuple[int, int]],
     max_records: int,
+    first: Mapping[TopicPartition, int] | None = None,
 ) -> list[PartitionRange]:
-    """The ranges of the next batch, sorted by topic and partition; empty ranges are left out."""
-    starts = start_offsets(committed, watermarks)
+    """The ranges of the next batch, sorted by topic and partition; empty ranges are left out. ``first``: see
+    :func:`start_offsets`."""
+    starts = start_offsets(committed, watermarks, first)
     available = {tp: watermarks[tp][1] - s for tp, s in starts.items()}
     grant = allocate(available, max_records)
     ranges = [

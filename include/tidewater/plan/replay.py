@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,7 @@ import pyarrow.compute as pc
 
 from tidewater.batch import PLAN_NAME, BatchPlan, Mode, Offsets, PartitionRange, batch_dir, write_json_atomic
 from tidewater.config.spec import PipelineSpec
+from tidewater.config.times import parse_time
 from tidewater.errors import ConfigError
 from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
 from tidewater.source.timestamps import KafkaOffsetLookup, OffsetLookup, interval_offsets
@@ -98,17 +98,6 @@ def _names(value: Any) -> tuple[str, ...]:
     """Table names from a form's list or a comma-separated string."""
     items = value.split(",") if isinstance(value, str) else (value or [])
     return tuple(sorted({str(v).strip() for v in items if str(v).strip()}))
-
-
-def parse_time(value: str, name: str) -> int:
-    """Epoch milliseconds of an ISO-8601 time (naive: UTC)."""
-    try:
-        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(f"{name}: {value!r} is not an ISO-8601 time (e.g. 2024-01-04T12:00:00Z)") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    return int(t.timestamp() * 1000)
 
 
 def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
