@@ -6,6 +6,8 @@ is the stand-in (``LocalSchemaRegistry``: none can run here); the serializer and
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import defaultdict
 
 import pytest
@@ -14,8 +16,9 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
 
-from tests.conftest import ingest_inline, produce_to_partition, stage_inline, write_pipeline
+from tests.conftest import REPO, ingest_inline, produce_to_partition, stage_inline, write_pipeline
 from tidewater.audit.pipeline import audit
+from tidewater.batch import PLAN_NAME, BatchManifest, BatchPlan, batch_dir, manifest_path, read_json
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import OffsetsMovedError
 from tidewater.steps.lifecycle import commit_step, validate_step
@@ -110,6 +113,35 @@ def _spec(home, broker, topic, url):  # noqa: ANN001, ANN202
                                         table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True}))
 
 
+STAGE_VALIDATE_THEN_HANG = """
+import sys, time
+from tests.conftest import stage_inline
+from tidewater.config.parse import load_pipeline
+from tidewater.steps.lifecycle import validate_step
+spec = load_pipeline(sys.argv[1])
+plan, manifest = stage_inline(spec)
+validate_step(spec, plan, manifest)
+print(plan.batch_id, flush=True)
+time.sleep(600)
+"""
+
+
+def _killed_after_validate(spec):  # noqa: ANN001, ANN202
+    """A batch planned, written and validated by a process that is then SIGKILLed before its commit; its plan and
+    manifest as the killed process staged them."""
+    proc = subprocess.Popen([sys.executable, "-c", STAGE_VALIDATE_THEN_HANG, str(spec.source_path)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # the test's TIDEWATER_HOME
+    try:
+        assert proc.stdout is not None
+        batch_id = proc.stdout.readline().strip()
+        assert batch_id, "the batch's process ended before it was written and validated"
+    finally:
+        proc.kill()
+        proc.wait()
+    plan_path = batch_dir(spec.staging_dir(), spec.name, batch_id) / PLAN_NAME
+    return BatchPlan.from_json(read_json(plan_path)), BatchManifest.from_json(read_json(manifest_path(plan_path)))
+
+
 def test_a_debezium_protobuf_stream_equals_its_source_after_every_batch_a_retried_commit_and_a_killed_batch(
         broker, home, topic, registry_url):
     spec = _spec(home, broker, topic, registry_url)
@@ -128,8 +160,7 @@ def test_a_debezium_protobuf_stream_equals_its_source_after_every_batch_a_retrie
 
     changes = change_stream(model, 120, keys=40, seed=70)
     _produce(broker, topic, registry_url, model, changes, produced)
-    dead_plan, dead_manifest = stage_inline(spec)  # written, never committed: its process was killed
-    validate_step(spec, dead_plan, dead_manifest)
+    dead_plan, dead_manifest = _killed_after_validate(spec)  # written and validated, its process SIGKILLed
     assert ingest_inline(spec).status == "committed"  # the next run plans the same range anew
     with pytest.raises(OffsetsMovedError):
         commit_step(spec, dead_plan, dead_manifest)
