@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -285,6 +286,79 @@ def start_cluster(size: int = 3, log_dir: Path | None = None) -> Cluster:
         cluster.stop()
         raise
     return cluster
+
+
+@dataclass
+class SecuredBroker(Broker):
+    """A node with a SASL_SSL listener (``sasl_bootstrap``: SCRAM-SHA-512 over TLS, the certificate authority in
+    ``ca_location``) and ACLs enforced, beside the plaintext listener of ``bootstrap`` on 127.0.0.1, whose anonymous
+    principal is the super user: the tests' administrator (SCRAM users, ACLs, topics, producing)."""
+
+    sasl_port: int = 0
+    ca_location: str = ""
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.sasl_port}"
+
+    def client_settings(self, username: str, password: str) -> dict[str, str]:
+        """librdkafka settings of a client of the SASL_SSL listener."""
+        return {"bootstrap.servers": self.sasl_bootstrap, "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": username, "sasl.password": password,
+                "ssl.ca.location": self.ca_location}
+
+
+def _self_signed(folder: Path) -> tuple[Path, str]:
+    """A PKCS12 key store holding a new key and a self-signed certificate for 127.0.0.1 and localhost (keytool, the
+    JDK's), and that certificate in PEM for the clients; returns (key store, its password). The password reaches
+    keytool through its environment, never its command line."""
+    password = secrets.token_hex(16)
+    store, pem = folder / "broker.p12", folder / "ca.pem"
+    env = {**os.environ, "TIDEWATER_STORE_PASS": password}
+    keytool = str(Path(java()).parent / "keytool")
+    common = ["-storepass:env", "TIDEWATER_STORE_PASS", "-keystore", str(store), "-storetype", "PKCS12", "-noprompt"]
+    subprocess.run([keytool, "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048", "-validity", "7",
+                    "-dname", "CN=localhost", "-ext", "SAN=IP:127.0.0.1,DNS:localhost", *common],
+                   env=env, check=True, capture_output=True, timeout=120)
+    subprocess.run([keytool, "-exportcert", "-rfc", "-alias", "broker", "-file", str(pem), *common],
+                   env=env, check=True, capture_output=True, timeout=120)
+    return store, password
+
+
+def start_secured(folder: Path) -> SecuredBroker:
+    """One node (see ``SecuredBroker``) whose log directories, key store and log are in ``folder``: SASL_SSL with
+    SCRAM-SHA-512, TLS from a self-signed certificate made here, Kafka's StandardAuthorizer with nothing allowed to a
+    principal without an ACL. Users come from the admin API (``alter_user_scram_credentials``) on ``bootstrap``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    store, store_password = _self_signed(folder)
+    port, sasl_port, controller = free_port(), free_port(), free_port()
+    props = node_properties(1, port, controller, f"1@127.0.0.1:{controller}", folder / "logs", 1)
+    props.update({
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port},CONTROLLER://127.0.0.1:{controller}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port}",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "ssl.keystore.location": str(store), "ssl.keystore.type": "PKCS12",
+        "ssl.keystore.password": store_password, "ssl.key.password": store_password,
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:ANONYMOUS",  # the plaintext listener on 127.0.0.1 and the controller's
+        "allow.everyone.if.no.acl.found": "false",
+    })
+    config = folder / "server.properties"
+    _write_properties(config, props)
+    config.chmod(0o600)  # it holds the key store's password
+    log_path = folder / "broker.log"
+    _format(config, _cluster_id(), log_path)
+    broker = SecuredBroker(_launch(config, log_path, False), port, str(log_path), str(config), str(folder), False,
+                           sasl_port=sasl_port, ca_location=str(folder / "ca.pem"))
+    try:
+        wait_ready(broker.bootstrap, 1, READY_SECONDS, [broker])
+    except TransientError:
+        broker.stop(grace=0)
+        raise
+    return broker
 
 
 STATE_FILE = "broker.json"

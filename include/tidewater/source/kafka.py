@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message
 from confluent_kafka import TopicPartition as KTP
+from confluent_kafka.admin import AdminClient
 
 from tidewater.batch import PartitionRange, TopicPartition
 from tidewater.config.secrets import redact
@@ -136,11 +137,56 @@ def consumer_config(settings: dict[str, str], client_id: str) -> dict[str, Any]:
     return conf
 
 
-def new_consumer(settings: dict[str, str], client_id: str) -> Any:
+class Refusals:
+    """librdkafka's error callback on a metadata or admin client: keeps the first authentication failure (a wrong
+    password, an unknown user). A metadata or offsets request that fails for that reason raises only a transport
+    error; the reason reaches the callback when the client is polled (``refused``)."""
+
+    def __init__(self) -> None:
+        self.error: Any = None
+
+    def __call__(self, err: Any) -> None:
+        if self.error is None and err.code() == KafkaError._AUTHENTICATION:
+            self.error = err
+
+
+class _MetadataConsumer(Consumer):
+    """A consumer that asks metadata only (never assigned), with its ``Refusals``."""
+
+    refusals: Refusals
+
+
+class _Admin(AdminClient):
+    """An admin client (metadata and offsets only), with its ``Refusals``."""
+
+    refusals: Refusals
+
+
+def new_consumer(settings: dict[str, str], client_id: str, metadata_only: bool = False) -> Any:
+    """A consumer on the pipeline's settings. ``metadata_only``: one that is never assigned, whose authentication
+    failures are kept for ``refused`` (a reading consumer's errors come with the records it consumes)."""
+    refusals = Refusals()
+    conf = client_logging(consumer_config(settings, client_id))
     try:
-        return Consumer(client_logging(consumer_config(settings, client_id)))
+        if not metadata_only:
+            return Consumer(conf)
+        consumer = _MetadataConsumer({**conf, "error_cb": refusals})
     except Exception as e:
         raise ConfigError(f"kafka.settings: librdkafka rejected the configuration: {e}") from None
+    consumer.refusals = refusals
+    return consumer
+
+
+def refused(client: Any, settings: dict[str, str]) -> None:
+    """ConfigError (terminal: a wrong password stays wrong) when the brokers refused ``client``'s credentials; to call
+    where a request of a metadata consumer or an admin client failed. Polls the client (nothing is consumed: it is
+    never assigned) so that librdkafka serves the error callback."""
+    client.poll(0)
+    err = client.refusals.error
+    if err is not None:
+        raise ConfigError(f"kafka: the brokers at {redact(settings).get('bootstrap.servers')} refused the credentials "
+                          f"({err.str()}): check sasl.username and sasl.password in kafka.settings, or the login and "
+                          "password of the kafka.conn_id connection; nothing was read")
 
 
 def resolve_topics(settings: dict[str, str], spec: PipelineSpec, timeout: float = 15.0) -> list[str]:
@@ -149,11 +195,12 @@ def resolve_topics(settings: dict[str, str], spec: PipelineSpec, timeout: float 
     if spec.topic_pattern is None:
         return topics
     pattern = re.compile(spec.topic_pattern)
-    consumer = new_consumer(settings, "metadata")
+    consumer = new_consumer(settings, "metadata", metadata_only=True)
     try:
         try:
             names = consumer.list_topics(timeout=timeout).topics
         except Exception as e:
+            refused(consumer, settings)
             raise TransientError(f"cannot list topics on {redact(settings).get('bootstrap.servers')}: {e}") from None
     finally:
         consumer.close()
@@ -164,14 +211,16 @@ def resolve_topics(settings: dict[str, str], spec: PipelineSpec, timeout: float 
 
 
 def list_partitions(settings: dict[str, str], topics: list[str], timeout: float = 15.0) -> list[TopicPartition]:
-    """All partitions of the given topics. A missing topic is an error naming it."""
-    consumer = new_consumer(settings, "metadata")
+    """All partitions of the given topics. A missing topic is an error naming it; refused credentials are a
+    configuration error (``refused``)."""
+    consumer = new_consumer(settings, "metadata", metadata_only=True)
     try:
         out: list[TopicPartition] = []
         for topic in topics:
             try:
                 md = consumer.list_topics(topic, timeout=timeout)
             except Exception as e:
+                refused(consumer, settings)
                 raise TransientError(
                     f"cannot read topic metadata from {redact(settings).get('bootstrap.servers')}: {e}", topic=topic
                 ) from None
@@ -203,13 +252,15 @@ def cluster_topics(settings: dict[str, str], names: list[str] | None = None,
                 out[name] = sorted(p.id for p in fut.result().partitions)
             except KafkaException as e:
                 if e.args[0].code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED):
+                    refused(admin, settings)
                     raise TransientError(f"cannot describe topic {name!r} on {where}: {e}", topic=name) from None
         return out  # a topic missing or not readable is left out: its pipeline says so
-    consumer = new_consumer(settings, "metadata")
+    consumer = new_consumer(settings, "metadata", metadata_only=True)
     try:
         try:
             md = consumer.list_topics(timeout=timeout)
         except Exception as e:
+            refused(consumer, settings)
             raise TransientError(f"cannot list topics on {where}: {e}") from None
     finally:
         consumer.close()
@@ -229,13 +280,14 @@ def pipeline_topics(spec: PipelineSpec, cluster: dict[str, list[int]]) -> tuple[
 
 def new_admin(settings: dict[str, str], client_id: str) -> Any:
     """An admin client on the pipeline's librdkafka settings (metadata and offsets only: nothing is consumed)."""
-    from confluent_kafka.admin import AdminClient
-
     conf = {k: v for k, v in settings.items() if k not in THROUGHPUT_DEFAULTS}  # consumer tuning, not the admin's
+    refusals = Refusals()
     try:
-        return AdminClient(client_logging({**conf, "client.id": f"tidewater-{client_id}"}))
+        admin = _Admin(client_logging({**conf, "client.id": f"tidewater-{client_id}", "error_cb": refusals}))
     except Exception as e:
         raise ConfigError(f"kafka.settings: librdkafka rejected the configuration: {e}") from None
+    admin.refusals = refusals
+    return admin
 
 
 def watermarks(
@@ -258,8 +310,12 @@ def watermarks(
     asked = [KTP(topic, p) for topic, p in partitions]
 
     def ask(spec: Any) -> dict[TopicPartition, int]:
-        return _offsets(admin.list_offsets({tp: spec for tp in asked}, isolation_level=IsolationLevel.READ_COMMITTED,
-                                           request_timeout=timeout))
+        try:
+            return _offsets(admin.list_offsets({tp: spec for tp in asked},
+                                               isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout))
+        except TransientError:
+            refused(admin, settings)
+            raise
 
     low = ask(OffsetSpec.earliest())
     high = ask(OffsetSpec.latest())
@@ -332,14 +388,24 @@ class _Columns:
         return chunk
 
 
+# librdkafka's consumer must carry a group.id and looks up that group's coordinator even when it is only assigned
+# partitions and never commits; a principal without a group ACL is refused the lookup. The reads do not use the group,
+# so that refusal is passed over (a pipeline needs Describe and Read on its topics only: docs/reference/kafka.md).
+_GROUP_ONLY_ERRORS = frozenset({KafkaError.GROUP_AUTHORIZATION_FAILED})
+
+
 def _without_errors(msgs: list[Any], rng: PartitionRange, pos: int) -> tuple[list[Any], bool]:
-    """(the batch without its end-of-partition events, whether one was there). Any other error raises."""
+    """(the batch without its end-of-partition events, whether one was there). Any other error raises, but those
+    of the consumer group the reader never uses (``_GROUP_ONLY_ERRORS``)."""
     if not any(map(Message.error, msgs)):
         return msgs, False
+    eof = False
     for m in msgs:
-        if m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:
+        code = m.error().code() if m.error() is not None else None
+        eof = eof or code == KafkaError._PARTITION_EOF
+        if code is not None and code != KafkaError._PARTITION_EOF and code not in _GROUP_ONLY_ERRORS:
             raise KafkaReadError(f"read failed: {m.error().str()}", topic=rng.topic, partition=rng.partition, offset=pos)
-    return [m for m in msgs if m.error() is None], True
+    return [m for m in msgs if m.error() is None], eof
 
 
 def read_range(
