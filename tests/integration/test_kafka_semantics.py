@@ -17,6 +17,7 @@ from tests.conftest import ingest_inline, table_of, write_pipeline
 from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import OffsetGapError, TerminalError
+from tidewater.ops.status import status
 from tidewater.plan.ingest import plan_batch
 from tidewater.table.summary import DEAD_LETTERS, RECORDS, SKIPPED, committed_state
 from tidewater_dev.sample_data import pizza_events
@@ -96,6 +97,10 @@ def test_read_committed_batches_hold_the_committed_records_and_an_open_transacti
     # partition 1: a1p1 (0-3), marker (4), b1p1 aborted (5-7), marker (8), b2 open from 9
     assert committed_state(table).offsets == {topic: {0: 13, 1: 9}}
     assert plan_batch(spec)[0].is_empty  # the open transaction holds partition 1
+    st = status(spec)  # what `tidewater status` and the view say of it
+    assert [(p["partition"], p["end"], p["lag"], p["held"]) for p in st["partitions"]] == [(0, 13, 0, 0), (1, 9, 0, 4)]
+    assert len(st["waiting"]) == 1 and st["waiting"][0].startswith(f"{topic}[1]: 4 offsets after the last stable "
+                                                                    "offset 9 wait for an open transaction")
 
     b.commit_transaction(30)
     second = ingest_inline(spec)
@@ -103,6 +108,7 @@ def test_read_committed_batches_hold_the_committed_records_and_an_open_transacti
     assert second.records == 4 and len(_order_ids(table)) == 15
     assert [i for i in _order_ids(table) if i.startswith("b")] == [f"b2-{i}" for i in range(4)]
     assert committed_state(table).offsets == {topic: {0: 13, 1: 14}}  # b2 at 9-12, its marker at 13
+    assert status(spec)["waiting"] == []
     assert _accounting(table) == (15, 0, 0)
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]

@@ -14,7 +14,7 @@ export type Quarantined = { batch_id: string; table: string; rows: number; files
 export type Overview = {
   pipeline: string; dag_id: string; table: string; routed: boolean;
   status: { total_lag: number; valid_through: string | null; dead_letters: number; partitions: Partition[];
-            problems?: string[]; last_snapshot_id: string | null };
+            problems?: string[]; waiting?: string[]; last_snapshot_id: string | null };
   freshness_s: number | null; batches: Batch[]; dead_letters: LetterClass[]; quarantined: Quarantined[];
   maintenance: { data_files: number; delete_files: number; snapshots: number; last_compaction: string | null } | null;
   audit: { clean: boolean; errors: number; at: string; first?: string[] } | null;

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from tidewater.config.spec import PipelineSpec
-from tidewater.source.kafka import kafka_settings, list_partitions, resolve_topics, watermarks
+from tidewater.source.kafka import high_watermarks, kafka_settings, list_partitions, resolve_topics, watermarks
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import (
     BATCH_ID,
@@ -34,12 +34,27 @@ class PartitionStatus:
     partition: int
     committed: int | None
     log_start: int
-    end: int
+    end: int  # the last stable offset: where a read_committed batch stops
+    high: int | None = None  # the high watermark (read_uncommitted): past ``end`` while a transaction is open
 
     @property
     def lag(self) -> int:
         """Records not ingested yet (never negative: see ``problem``)."""
         return max(0, self.end - (self.committed if self.committed is not None else self.log_start))
+
+    @property
+    def held(self) -> int:
+        """Offsets past the last stable offset: records (and markers) behind a transaction still open."""
+        return max(0, self.high - self.end) if self.high is not None else 0
+
+    @property
+    def waiting(self) -> str | None:
+        """Why this partition's batches stop short of its high watermark (None: they do not)."""
+        if not self.held:
+            return None
+        return (f"{self.topic}[{self.partition}]: {self.held} offsets after the last stable offset {self.end} wait for "
+                "an open transaction: batches stop there until it commits or aborts (a producer that died inside it "
+                "holds it until its transaction.timeout.ms, then the broker aborts it)")
 
     @property
     def problem(self) -> str | None:
@@ -59,9 +74,11 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
     catalog = load_catalog(spec)
     table, state = holder_state(catalog, spec)
     settings = kafka_settings(spec)
-    wm = watermarks(settings, list_partitions(settings, resolve_topics(settings, spec)))
+    listed = list_partitions(settings, resolve_topics(settings, spec))
+    wm = watermarks(settings, listed)
+    highs = high_watermarks(settings, listed)
     parts = [
-        PartitionStatus(t, p, (state.offsets.get(t, {}).get(p) if state else None), lo, hi)
+        PartitionStatus(t, p, (state.offsets.get(t, {}).get(p) if state else None), lo, hi, highs.get((t, p)))
         for (t, p), (lo, hi) in sorted(wm.items())
     ]
     snap = table.current_snapshot() if table is not None else None
@@ -82,6 +99,7 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
         "valid_through": iso(state.valid_through_ms) if state else None,
         "total_lag": sum(p.lag for p in parts),
         "problems": [p.problem for p in parts if p.problem],
+        "waiting": [p.waiting for p in parts if p.waiting],
         "dead_letter_table": spec.dead_letter_table(),
         "dead_letters": int(dlq_snap.summary.get("total-records", 0)) if dlq_snap and dlq_snap.summary else 0,
         "last_batch_dead_letters": int(last_props.get(DEAD_LETTERS, 0)),
@@ -89,7 +107,7 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
         "last_batch_changes": changes_of(last_props),
         "partitions": [
             {"topic": p.topic, "partition": p.partition, "committed": p.committed, "log_start": p.log_start,
-             "end": p.end, "lag": p.lag}
+             "end": p.end, "lag": p.lag, "held": p.held}
             for p in parts
         ],
     }

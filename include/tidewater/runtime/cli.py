@@ -131,6 +131,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for p in st["partitions"]:
         committed = "-" if p["committed"] is None else p["committed"]
         print(f"  {p['topic']:<30} {p['partition']:>4} {committed:>12} {p['end']:>12} {p['lag']:>10}")
+    for waiting in st["waiting"]:
+        print(f"  waiting: {waiting}")
     return 1 if st["problems"] else 0  # a partition the next batch cannot plan
 
 

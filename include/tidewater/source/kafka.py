@@ -301,25 +301,42 @@ def watermarks(
     deadlocked for good inside the second ``list_offsets`` call (a test run's replay plan, in
     ``rd_kafka_topic_partition_list_query_leaders_async_worker`` waiting on a lock, holding Python's GIL), a lock
     taken while the first request's leaders were being looked up. One request in flight at a time costs a round trip."""
+
+    from confluent_kafka.admin import OffsetSpec
+
+    if not partitions:
+        return {}
+    admin = new_admin(settings, "watermarks")
+    low = _list_offsets(admin, settings, partitions, OffsetSpec.earliest(), timeout)
+    high = _list_offsets(admin, settings, partitions, OffsetSpec.latest(), timeout)
+    return {tp: (low[tp], high[tp]) for tp in partitions}
+
+
+def high_watermarks(settings: dict[str, str], partitions: list[TopicPartition],
+                    timeout: float = 15.0) -> dict[TopicPartition, int]:
+    """Each partition's end as a read_uncommitted consumer sees it (the high watermark): past the last stable offset
+    of ``watermarks`` when a transaction is open on the partition (``ops/status.py`` says why such a partition waits)."""
     from confluent_kafka import IsolationLevel
     from confluent_kafka.admin import OffsetSpec
 
     if not partitions:
         return {}
     admin = new_admin(settings, "watermarks")
-    asked = [KTP(topic, p) for topic, p in partitions]
+    return _list_offsets(admin, settings, partitions, OffsetSpec.latest(), timeout, IsolationLevel.READ_UNCOMMITTED)
 
-    def ask(spec: Any) -> dict[TopicPartition, int]:
-        try:
-            return _offsets(admin.list_offsets({tp: spec for tp in asked},
-                                               isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout))
-        except TransientError:
-            refused(admin, settings)
-            raise
 
-    low = ask(OffsetSpec.earliest())
-    high = ask(OffsetSpec.latest())
-    return {tp: (low[tp], high[tp]) for tp in partitions}
+def _list_offsets(admin: Any, settings: dict[str, str], partitions: list[TopicPartition], spec: Any, timeout: float,
+                  isolation: Any = None) -> dict[TopicPartition, int]:
+    """One ListOffsets request (``spec``: earliest, latest) for ``partitions``, read_committed unless ``isolation``."""
+    from confluent_kafka import IsolationLevel
+
+    level = IsolationLevel.READ_COMMITTED if isolation is None else isolation
+    try:
+        return _offsets(admin.list_offsets({KTP(t, p): spec for t, p in partitions}, isolation_level=level,
+                                           request_timeout=timeout))
+    except TransientError:
+        refused(admin, settings)
+        raise
 
 
 def _offsets(futures: dict[Any, Any]) -> dict[TopicPartition, int]:

@@ -25,6 +25,7 @@ export function PipelineDetail({ pipeline, nonce }: { pipeline: PipelineRef; non
           <Text as="span" color="fg.muted" fontSize="sm"> {v.audit.at}</Text></> : "never"}</Text>
       </HStack>
       {(v.audit?.first || []).concat(st.problems || []).map((p) => <Text key={p} color="fg.error">{p}</Text>)}
+      {(st.waiting || []).map((w) => <Text key={w} color="fg.warning" className="waiting">{w}</Text>)}
 
       <Section title="Partitions">
         <Rows head={["topic", "partition", "committed", "end", "lag"]} rows={st.partitions.map((p) =>
