@@ -9,7 +9,7 @@ import json
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -275,3 +275,38 @@ def test_a_new_pipeline_starts_at_its_start_time_and_a_plan_without_records_lose
     assert committed_state(table_of(path)).offsets == {topic: {0: 10, 1: 8}}
     report = audit(spec, deep=True)  # the offsets before the start time were never committed: not a hole
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def test_a_topic_deleted_and_created_again_is_refused_naming_the_offsets(broker, home, topic):
+    """The topic is deleted and created again under the same name with fewer records than were committed. Expected:
+    the plan is refused (terminal) naming the partition, the committed offset and the new end offset; nothing is
+    committed and the table's offsets stay."""
+    _create(broker.bootstrap, topic, 1)
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for v in _events(8, 70, "first-life"):
+        p.produce(topic, v, partition=0)
+    p.flush(30)
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
+    spec = load_pipeline(path)
+    assert ingest_inline(spec).records == 8
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 30
+    while True:  # the deletion completes in the background
+        try:
+            _create(broker.bootstrap, topic, 1)
+            break
+        except KafkaException:  # TOPIC_ALREADY_EXISTS until it does
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    for v in _events(3, 71, "second-life"):
+        p.produce(topic, v, partition=0)
+    p.flush(30)
+    before = table_of(path).current_snapshot().snapshot_id
+    with pytest.raises(OffsetGapError, match=r"committed offset 8 is beyond the end offset 3: the topic was recreated") \
+            as refused:
+        plan_batch(spec)
+    assert isinstance(refused.value, TerminalError) and (refused.value.topic, refused.value.partition) == (topic, 0)
+    table = table_of(path)
+    assert table.current_snapshot().snapshot_id == before and committed_state(table).offsets == {topic: {0: 8}}
