@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.conftest import ingest_inline, table_of, write_pipeline
+from tests.conftest import ingest_inline, produce_to_partition, table_of, write_pipeline
 from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import OffsetGapError, TerminalError
@@ -199,17 +199,11 @@ def test_records_deleted_unread_stop_the_batch_and_a_skip_records_the_known_loss
 
     from tidewater.runtime.cli import main
 
-    _create(broker.bootstrap, topic, 1, {"retention.ms": "-1"})
-    p = Producer({"bootstrap.servers": broker.bootstrap})
-    for v in _events(10, 30, "kept"):
-        p.produce(topic, v, partition=0)
-    p.flush(30)
+    produce_to_partition(broker.bootstrap, topic, 0, _events(10, 30, "kept"))
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     spec = load_pipeline(path)
     assert ingest_inline(spec).records == 10
-    for v in _events(20, 31, "later"):
-        p.produce(topic, v, partition=0)
-    p.flush(30)
+    produce_to_partition(broker.bootstrap, topic, 0, _events(20, 31, "later"))
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.delete_records([DeleteAt(topic, 0, 25)])[DeleteAt(topic, 0, 25)].result(30)
     before = table_of(path).current_snapshot().snapshot_id
@@ -281,11 +275,7 @@ def test_a_topic_deleted_and_created_again_is_refused_naming_the_offsets(broker,
     """The topic is deleted and created again under the same name with fewer records than were committed. Expected:
     the plan is refused (terminal) naming the partition, the committed offset and the new end offset; nothing is
     committed and the table's offsets stay."""
-    _create(broker.bootstrap, topic, 1)
-    p = Producer({"bootstrap.servers": broker.bootstrap})
-    for v in _events(8, 70, "first-life"):
-        p.produce(topic, v, partition=0)
-    p.flush(30)
+    produce_to_partition(broker.bootstrap, topic, 0, _events(8, 70, "first-life"))
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     spec = load_pipeline(path)
     assert ingest_inline(spec).records == 8
@@ -300,9 +290,7 @@ def test_a_topic_deleted_and_created_again_is_refused_naming_the_offsets(broker,
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-    for v in _events(3, 71, "second-life"):
-        p.produce(topic, v, partition=0)
-    p.flush(30)
+    produce_to_partition(broker.bootstrap, topic, 0, _events(3, 71, "second-life"))
     before = table_of(path).current_snapshot().snapshot_id
     with pytest.raises(OffsetGapError, match=r"committed offset 8 is beyond the end offset 3: the topic was recreated") \
             as refused:
