@@ -89,10 +89,6 @@ class OffsetsMovedError(TerminalError):
     """The table's committed offsets changed since the batch was planned (another writer committed)."""
 
 
-class CommitConflictError(TransientError):
-    """The catalog rejected a commit because the table changed underneath it."""
-
-
 class ValidationFailedError(TerminalError):
     """The data-quality suite failed on a staged batch; nothing was committed."""
 

@@ -9,7 +9,7 @@ import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
 
 from tidewater.config.spec import MAX_RETRY_DELAY, doubled_delay
-from tidewater.errors import CommitConflictError, ConfigError, KafkaReadError, OffsetGapError, TransientError
+from tidewater.errors import ConfigError, KafkaReadError, OffsetGapError, TransientError
 from tidewater.runtime import retries
 from tidewater.runtime.airflow import fail_fast
 
@@ -32,9 +32,9 @@ def test_a_transient_error_retries_with_a_delay_that_doubles_up_to_an_hour():
     delays = [p.evaluate(KafkaReadError("broker down"), try_number=n, max_tries=12).retry_delay for n in range(1, 11)]
     assert delays[:4] == [timedelta(seconds=s) for s in (10, 20, 40, 80)]
     assert delays[-1] == MAX_RETRY_DELAY and max(delays) == MAX_RETRY_DELAY
-    decision = p.evaluate(CommitConflictError("table changed"), try_number=2, max_tries=2)
+    decision = p.evaluate(TransientError("catalog busy"), try_number=2, max_tries=2)
     assert decision.action is RetryAction.RETRY
-    assert decision.reason == "CommitConflictError (worth retrying; try 2 of at most 3, the next in 20 s): table changed"
+    assert decision.reason == "TransientError (worth retrying; try 2 of at most 3, the next in 20 s): catalog busy"
     # a pipeline whose first delay is already above the cap keeps its own delay
     assert doubled_delay(timedelta(hours=2), 3) == timedelta(hours=2)
 

@@ -112,23 +112,3 @@ def modified(path: StagePath) -> float:
         times += [f.stat().st_mtime for f in path.iterdir() if f.is_file()]
     return max(times)
 
-
-def write_parquet(table: Any, path: StagePath) -> None:
-    import pyarrow.parquet as pq
-
-    if isinstance(path, ObjectPath):
-        import pyarrow as pa
-
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
-        path.write_bytes(sink.getvalue().to_pybytes())
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, str(path))
-
-
-def read_parquet(path: StagePath) -> Any:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    return pq.read_table(pa.BufferReader(path.read_bytes())) if isinstance(path, ObjectPath) else pq.read_table(str(path))
