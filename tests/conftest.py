@@ -183,17 +183,21 @@ def produce_to_partition(bootstrap: str, topic: str, partition: int, values: lis
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from tidewater_dev.sample_data import Deliveries
+
     conf = {"bootstrap.servers": bootstrap}
     admin = AdminClient(conf)
     if topic not in admin.list_topics(timeout=10).topics:
         admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(timeout=15)
-    p = Producer({**conf, "linger.ms": 5, **(producer_settings or {})})
+    deliveries = Deliveries()  # a record the broker refuses fails the test here, not as a shifted offset later
+    p = Producer({**conf, "linger.ms": 5, "on_delivery": deliveries, **(producer_settings or {})})
     keyed = keys or [None] * len(values)
     for k, v in zip(keyed[:-1], values[:-1]):
         p.produce(topic, v, key=k, partition=partition)
     p.flush(30)
     p.produce(topic, values[-1], key=keyed[-1], partition=partition)
     p.flush(30)
+    deliveries.check()
 
 
 def table_of(pipeline_path: Path):  # noqa: ANN201

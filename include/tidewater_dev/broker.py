@@ -123,6 +123,9 @@ def node_properties(node_id: int, port: int, controller_port: int, voters: str, 
         "share.coordinator.state.topic.replication.factor": str(replication),
         "share.coordinator.state.topic.min.isr": isr,
         "group.initial.rebalance.delay.ms": "0",  # a consumer group's first join without Kafka's 3 s wait
+        # records up to 10 MB (Kafka's default is 1 MB): the tests' bad-input corpus has a 4 MB value; a platform
+        # raises a topic's max.message.bytes for such data (docs/reference/kafka.md)
+        "message.max.bytes": "10485760",
     }
 
 

@@ -53,6 +53,23 @@ def pizza_events(n: int, seed: int = 0, stores: int = 100, start: datetime | Non
     return out
 
 
+class Deliveries:
+    """A producer's delivery callback that keeps the first failed delivery, so that producing test or demo data never
+    loses a record silently (a broker refuses one larger than its ``message.max.bytes``, say); ``check`` raises it."""
+
+    def __init__(self) -> None:
+        self.failed: tuple[Any, Any] | None = None
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        if err is not None and self.failed is None:
+            self.failed = (err, msg)
+
+    def check(self) -> None:
+        if self.failed is not None:
+            err, msg = self.failed
+            raise RuntimeError(f"a record was not delivered to {msg.topic()}[{msg.partition()}]: {err.str()}")
+
+
 def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 6, create: bool = True,
             settings: dict[str, str] | None = None) -> dict[int, int]:
     """Produce ``values`` round-robin over ``partitions``; returns records per partition.
@@ -67,7 +84,8 @@ def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 6
         if topic not in existing:
             fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
             fut.result(timeout=15)
-    producer = Producer({**conf, "linger.ms": 5, "enable.idempotence": True})
+    deliveries = Deliveries()
+    producer = Producer({**conf, "linger.ms": 5, "enable.idempotence": True, "on_delivery": deliveries})
     per_part: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
     for i, v in enumerate(values):
         per_part[i % partitions].append(v)
@@ -87,6 +105,7 @@ def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 6
     for p, v in lasts:
         producer.produce(topic, v, partition=p)
         producer.flush(30)
+    deliveries.check()
     return {p: len(v) for p, v in per_part.items()}
 
 
