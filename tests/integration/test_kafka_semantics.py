@@ -17,8 +17,10 @@ from tests.conftest import ingest_inline, produce_to_partition, table_of, write_
 from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import OffsetGapError, TerminalError
+from tidewater.ops.replay import run_replay
 from tidewater.ops.status import status
 from tidewater.plan.ingest import plan_batch
+from tidewater.plan.replay import ReplayRequest
 from tidewater.table.summary import DEAD_LETTERS, RECORDS, SKIPPED, committed_state
 from tidewater_dev.sample_data import pizza_events
 
@@ -110,6 +112,20 @@ def test_read_committed_batches_hold_the_committed_records_and_an_open_transacti
     assert committed_state(table).offsets == {topic: {0: 13, 1: 14}}  # b2 at 9-12, its marker at 13
     assert status(spec)["waiting"] == []
     assert _accounting(table) == (15, 0, 0)
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+    # a replay over every offset, markers and aborted records included, puts back exactly the committed records
+    before = sorted(table.scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id")).to_arrow().to_pylist(),
+                    key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]))
+    for partition, end in ((0, 13), (1, 14)):
+        replayed = run_replay(spec, ReplayRequest(topic=topic, partitions=(partition,), start_offset=0, end_offset=end),
+                              out=None, inline=True)
+        assert replayed["status"] == "committed" and replayed["rows"] == (7 if partition == 0 else 8)
+    table = table_of(spec.source_path)
+    after = sorted(table.scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id")).to_arrow().to_pylist(),
+                   key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]))
+    assert after == before and committed_state(table).offsets == {topic: {0: 13, 1: 14}}
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
