@@ -11,14 +11,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.conftest import ingest_inline, table_of, write_pipeline
+from tests.conftest import commit_as_airflow_would, ingest_inline, stage_inline, table_of, write_pipeline
 from tidewater.audit.pipeline import audit
+from tidewater.commit import dead_letters
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import TransientError
 from tidewater.plan.ingest import plan_batch
+from tidewater.source import kafka
+from tidewater.steps.lifecycle import validate_step
+from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
+from tidewater.write import task
 from tidewater_dev import broker as embedded
 from tidewater_dev.sample_data import pizza_events, produce
 
@@ -83,7 +90,6 @@ def _with_retries(call, attempts: int = 6, pause: float = 5.0):  # noqa: ANN001,
 def test_a_partition_leader_killed_during_the_write_moves_and_the_batch_commits_once(cluster, home, topic, monkeypatch):
     """The leader of partition 0 is killed (SIGKILL) after the write task has read its first chunk of that partition.
     Expected: the reader follows the new leader and the batch commits every record once, offsets at the end."""
-    from tidewater.write import task
 
     _replicated_topic(cluster, topic, 3000, seed=41)
     spec = _spec(home, cluster, topic)
@@ -111,7 +117,6 @@ def test_a_broker_killed_during_the_plan_leaves_a_plan_that_commits_once(cluster
     """A node is killed right after the plan listed the partitions, before it asks their end offsets. Expected: the
     plan either succeeds on the other two nodes or fails as a transient error that the task's retry gets past; the
     batch then commits every record once. A second batch after the node returns finds nothing twice."""
-    from tidewater.source import kafka
 
     _replicated_topic(cluster, topic, 600, seed=42)
     spec = _spec(home, cluster, topic)
@@ -151,3 +156,56 @@ def test_a_cluster_down_past_the_retries_is_a_transient_error_and_the_next_run_c
     _heal(cluster)
     assert _with_retries(lambda: ingest_inline(spec)).records == 300
     _exactly_once(spec, topic, 200)
+
+
+def test_the_dead_letter_topic_s_leader_killed_during_the_commit_still_commits_once(cluster, home, topic, monkeypatch):
+    """``dead_letter.topic`` set: the commit sends the batch's dead letters to Kafka before it commits them. The leader
+    of that topic's partition is killed (SIGKILL) just before the send. Expected: the batch commits its rows once,
+    the dead-letter table holds each bad record once, and the topic every bad record at least once (the send is
+    at least once; a retried commit step, as Airflow's, sends again only if the first send failed); audit --deep
+    clean."""
+    dlq = f"{topic}-dlq"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(dlq, num_partitions=1, replication_factor=3)])[dlq].result(30)
+    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=3)])[topic].result(30)
+    values = pizza_events(297, seed=45)
+    values[10:10] = [b"{not json", b"[1, 2]", b"\xff\xfe"]  # three dead letters, at partition 1, 2 and 0
+    produce(cluster.bootstrap, topic, values, partitions=PARTITIONS, create=False)
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": cluster.bootstrap, "read_timeout_seconds": 90},
+                          dead_letter={"topic": dlq})
+    spec = load_pipeline(path)
+    victim = _leader(cluster, dlq, 0)
+    real = dead_letters.produce_to_topic
+
+    def kill_then_send(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        if victim.alive():
+            victim.kill()
+        return real(*args, **kw)
+
+    monkeypatch.setattr(dead_letters, "produce_to_topic", kill_then_send)
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    result = commit_as_airflow_would(spec, plan, manifest)
+    assert result.status == "committed" and not victim.alive()
+    table = table_of(path)
+    coords = table.scan(selected_fields=("_kafka_partition", "_kafka_offset")).to_arrow().to_pylist()
+    assert len(coords) == len({(r["_kafka_partition"], r["_kafka_offset"]) for r in coords}) == 297
+    assert committed_state(table).offsets == {topic: dict.fromkeys(range(PARTITIONS), 100)}
+    letters = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow()
+    assert sorted(zip(letters.column("partition").to_pylist(), letters.column("offset").to_pylist())) == \
+        [(0, 4), (1, 3), (2, 3)]
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "dlq-check", "enable.partition.eof": True})
+    consumer.assign([KTP(dlq, 0, 0)])
+    sent = set()
+    while True:
+        m = consumer.poll(30)
+        assert m is not None, "the dead-letter topic did not answer"
+        if m.error():
+            break  # the partition's end
+        h = dict(m.headers())
+        sent.add((int(h["tidewater.partition"]), int(h["tidewater.offset"])))
+    consumer.close()
+    assert sent == {(0, 4), (1, 3), (2, 3)}
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+    _heal(cluster)
