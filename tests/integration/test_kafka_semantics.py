@@ -6,6 +6,8 @@ rows, checks the committed offsets and ends with ``audit --deep`` where a batch 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -314,3 +316,51 @@ def test_a_topic_deleted_and_created_again_is_refused_naming_the_offsets(broker,
     assert isinstance(refused.value, TerminalError) and (refused.value.topic, refused.value.partition) == (topic, 0)
     table = table_of(path)
     assert table.current_snapshot().snapshot_id == before and committed_state(table).offsets == {topic: {0: 8}}
+
+
+OPEN_A_TRANSACTION_THEN_HANG = """
+import sys, time
+from confluent_kafka import Producer
+p = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": sys.argv[2], "transaction.timeout.ms": 5000})
+p.init_transactions(30)
+p.begin_transaction()
+for i in range(5):
+    p.produce(sys.argv[3], b'{"order_id": "never-%d", "store_id": 1}' % i, partition=0)
+p.flush(30)
+print("open", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_producer_killed_inside_a_transaction_holds_its_partition_until_the_broker_aborts_it(broker, home, topic):
+    """A transactional producer process (``transaction.timeout.ms`` 5 s) writes five records and is SIGKILLed inside
+    the transaction. Expected: the status says the partition waits on an open transaction and no batch takes
+    anything past it; once the broker aborts the transaction (its timeout, then its cleanup check, 10 s), the
+    waiting note is gone, the next batch reads past the aborted records and the marker, no aborted record lands,
+    and the offsets reach the end."""
+    produce_to_partition(broker.bootstrap, topic, 0, _events(3, 90, "before"))
+    proc = subprocess.Popen([sys.executable, "-c", OPEN_A_TRANSACTION_THEN_HANG, broker.bootstrap, f"{topic}-dead",
+                             topic], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "open"
+    finally:
+        proc.kill()
+        proc.wait()
+    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}))
+    assert ingest_inline(spec).records == 3
+    st = status(spec)
+    assert [p["held"] for p in st["partitions"]] == [5] and len(st["waiting"]) == 1
+    assert committed_state(table_of(spec.source_path)).offsets == {topic: {0: 3}}
+
+    deadline = time.monotonic() + 90
+    while status(spec)["waiting"]:
+        assert time.monotonic() < deadline, "the broker did not abort the dead producer's transaction in 90 s"
+        time.sleep(1)
+    plan, _ = plan_batch(spec)
+    assert [(r.start, r.end) for r in plan.ranges] == [(3, 9)]  # five aborted records and the abort marker
+    assert ingest_inline(spec).records == 0
+    table = table_of(spec.source_path)
+    assert _order_ids(table) == [f"before-{i}" for i in range(3)]
+    assert committed_state(table).offsets == {topic: {0: 9}}
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
