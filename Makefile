@@ -169,7 +169,8 @@ demo: setup
 test: setup test-system-deps s3-stand-in executor-env spark-connect-install lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-# ruff: pyflakes, pycodestyle, import order, bugbear, complexity (configured in pyproject.toml)
+# ruff: pyflakes, pycodestyle, import order, bugbear, complexity, blind excepts with their reason, no inert noqa
+# (RUF100) (configured in pyproject.toml)
 lint: venv
 	$(VENV)/bin/ruff check include dags plugins spark_apps scripts tests
 

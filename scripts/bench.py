@@ -586,7 +586,7 @@ def breakdown_report(breakdowns: dict[str, dict[str, float]], base: dict[str, di
 # ---- Spark Connect ------------------------------------------------------------------------------------
 
 
-def start_connect(work: Path, env: dict[str, str], bootstrap: str):  # noqa: ANN201
+def start_connect(work: Path, env: dict[str, str], bootstrap: str):
     """A Spark Connect server (local[2]) warmed with one small batch, as a long-running server is."""
     from tidewater_dev import spark_connect
     from tidewater_dev.sample_data import pizza_events, produce

@@ -21,9 +21,9 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import LIMIT_CODE, RssSampler, pipeline_file, produce_topic, run_python, tidewater_run  # noqa: E402
-from bench import watermarks as topic_watermarks  # noqa: E402
-from benchlib import REPO, command_line, fresh_home, write_section  # noqa: E402
+from bench import LIMIT_CODE, RssSampler, pipeline_file, produce_topic, run_python, tidewater_run
+from bench import watermarks as topic_watermarks
+from benchlib import REPO, command_line, fresh_home, write_section
 
 BEGIN, END = "<!-- broker:begin -->", "<!-- broker:end -->"
 

@@ -27,7 +27,7 @@ BEGIN, END = "<!-- cdc:begin -->", "<!-- cdc:end -->"
 OPS = {"I": "insert", "U": "update", "D": "delete"}
 
 
-def build(catalog, ident: str, rows: int, last_properties: dict[str, str] | None = None):  # noqa: ANN001, ANN201
+def build(catalog, ident: str, rows: int, last_properties: dict[str, str] | None = None):
     """``rows`` rows in 1M-row files; ``last_properties`` go on the last append's snapshot."""
     import numpy as np
     import pyarrow as pa
@@ -46,7 +46,7 @@ def build(catalog, ident: str, rows: int, last_properties: dict[str, str] | None
     return catalog.load_table(ident)
 
 
-def changes(rows: int, n: int, seed: int, next_id: int):  # noqa: ANN201
+def changes(rows: int, n: int, seed: int, next_id: int):
     import numpy as np
     import pyarrow as pa
 
@@ -59,7 +59,7 @@ def changes(rows: int, n: int, seed: int, next_id: int):  # noqa: ANN201
                      "_kafka_offset": np.arange(n, dtype=np.int64) + seed * n, "op": ops})
 
 
-def apply_batch(catalog, ident: str, batch, seq: int) -> dict:  # noqa: ANN001
+def apply_batch(catalog, ident: str, batch, seq: int) -> dict:
     """One change batch through the change commit's functions; seconds by phase, bytes and files."""
     from tidewater.commit.changes import write_upserts
     from tidewater.commit.primitive import Change, commit
@@ -85,13 +85,13 @@ def apply_batch(catalog, ident: str, batch, seq: int) -> dict:  # noqa: ANN001
             "data_files": len(files), "delete_files": len(deletes)}
 
 
-def scan_seconds(catalog, ident: str) -> tuple[float, int]:  # noqa: ANN001
+def scan_seconds(catalog, ident: str) -> tuple[float, int]:
     t = time.perf_counter()
     n = catalog.load_table(ident).scan().to_arrow().num_rows
     return time.perf_counter() - t, n
 
 
-def copy_on_write(catalog, ident: str, batch) -> float:  # noqa: ANN001
+def copy_on_write(catalog, ident: str, batch) -> float:
     """pyiceberg's upsert (net upserts) and delete (net deletes): both rewrite every file holding a changed key."""
     import pyarrow.compute as pc
     from pyiceberg.expressions import In
@@ -108,7 +108,7 @@ def copy_on_write(catalog, ident: str, batch) -> float:  # noqa: ANN001
     return time.perf_counter() - t
 
 
-def end_to_end(catalog, args) -> dict[str, list[float]]:  # noqa: ANN001
+def end_to_end(catalog, args) -> dict[str, list[float]]:
     """The same Debezium batches through `tidewater run` (Kafka, spark-submit, gate, commit) into a big and a
     small table, alternating: the batch time an operator sees."""
     import json

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, command_line, fresh_home, timed_batch, write_section  # noqa: E402
+from benchlib import REPO, command_line, fresh_home, timed_batch, write_section
 
 
 def markers(write: str, catalog: str = "sqlite") -> tuple[str, str]:
@@ -49,7 +49,7 @@ def batch_records(models: dict[str, dict], tables: list[str], changes: int, seed
     return out
 
 
-def committed_files(catalog, idents: list[str], batch_id: str) -> int:  # noqa: ANN001
+def committed_files(catalog, idents: list[str], batch_id: str) -> int:
     """Data and position delete files the batch's snapshots added to ``idents``."""
     from tidewater.table.catalog import load_table
     from tidewater.table.summary import BATCH_ID, summary_dict
@@ -63,7 +63,7 @@ def committed_files(catalog, idents: list[str], batch_id: str) -> int:  # noqa: 
     return n
 
 
-def check(catalog, ident: str, model: dict) -> None:  # noqa: ANN001
+def check(catalog, ident: str, model: dict) -> None:
     from tidewater.table.catalog import load_table
 
     rows = load_table(catalog, ident).scan(selected_fields=("id", "item")).to_arrow().to_pylist()

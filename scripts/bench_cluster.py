@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, command_line, fresh_home, write_section  # noqa: E402
+from benchlib import REPO, command_line, fresh_home, write_section
 
 BEGIN, END = "<!-- cluster:begin -->", "<!-- cluster:end -->"
 PACK = REPO / ".data" / "executor-env.tar.gz"

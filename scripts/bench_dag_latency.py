@@ -31,8 +31,8 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from scripts.benchlib import command_line, write_section  # noqa: E402
-from scripts.soak import REPO, Services, metadata_query, trigger  # noqa: E402
+from scripts.benchlib import command_line, write_section
+from scripts.soak import REPO, Services, metadata_query, trigger
 
 BEGIN, END = "<!-- dag latency: begin -->", "<!-- dag latency: end -->"
 PARTITIONS = 6

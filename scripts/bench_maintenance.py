@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, command_line, fresh_home, write_section  # noqa: E402
+from benchlib import REPO, command_line, fresh_home, write_section
 
 BEGIN, END = "<!-- maintenance:begin -->", "<!-- maintenance:end -->"
 
@@ -60,7 +60,7 @@ def main() -> int:
         spec = load_pipeline(path)
         settings = kafka_settings(spec)
 
-        def stage():  # noqa: ANN202
+        def stage():
             plan, plan_path = plan_batch(spec)
             manifest = run_inline(plan, spec, settings)
             write_json_atomic(manifest_path(plan_path), manifest.to_json())

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, command_line, fresh_home, timed_batch, write_section  # noqa: E402
+from benchlib import REPO, command_line, fresh_home, timed_batch, write_section
 
 BEGIN, END = "<!-- routing:begin -->", "<!-- routing:end -->"
 

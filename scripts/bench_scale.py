@@ -221,7 +221,7 @@ def partitions_curve(work: Path, counts: list[int], records: int, master: str) -
     return rows
 
 
-def add_history(spec, table_ident: str, n: int) -> None:  # noqa: ANN001
+def add_history(spec, table_ident: str, n: int) -> None:
     """Grow the table's history by ``n`` snapshots through the commit primitive, each appending one row copied
     from the table with the newest snapshot's properties (offsets unchanged, a batch id of its own): the history a
     pipeline leaves, one manifest per commit, without paying a batch's read and write each time."""
@@ -238,7 +238,7 @@ def add_history(spec, table_ident: str, n: int) -> None:  # noqa: ANN001
                marker=None, what="bench history")
 
 
-def write_history(spec, table_ident: str, n: int) -> None:  # noqa: ANN001
+def write_history(spec, table_ident: str, n: int) -> None:
     """Grow the table's history by ``n`` snapshots written directly (``direct_history.append_snapshots``), each
     carrying the newest snapshot's Tidewater properties with a batch id of its own (offsets unchanged): what a
     pipeline leaves without maintenance, built in O(n). Through the commit primitive each commit rewrites every
@@ -254,7 +254,7 @@ def write_history(spec, table_ident: str, n: int) -> None:  # noqa: ANN001
     append_snapshots(catalog, table_ident, n, lambda i: {**keep, BATCH_ID: f"bench-history-{i:06d}"})
 
 
-def _metadata_bytes(table) -> int:  # noqa: ANN001
+def _metadata_bytes(table) -> int:
     from urllib.parse import urlparse
 
     return Path(urlparse(table.metadata_location).path).stat().st_size
@@ -353,7 +353,7 @@ def routed_curve(work: Path, counts: list[int], records: int, master: str) -> li
 LETTER_COMMITS = 10  # the letters arrive in this many commits; the first one's are dropped
 
 
-def letter_rows(spec, n: int, start: int, batch: str):  # noqa: ANN001, ANN201
+def letter_rows(spec, n: int, start: int, batch: str):
     """``n`` dead letters of ``spec`` (offsets from ``start``), vectorized: the dead-letter table's schema."""
     import pyarrow as pa
 
@@ -370,7 +370,7 @@ def letter_rows(spec, n: int, start: int, batch: str):  # noqa: ANN001, ANN201
     return pa.table(cols, schema=DEAD_LETTER_SCHEMA)
 
 
-def add_letters(spec, n: int) -> None:  # noqa: ANN001
+def add_letters(spec, n: int) -> None:
     """Commit ``n`` letters in chunks, each commit keeping the counts as ``commit/dead_letters.py`` does."""
     from tidewater.commit.primitive import Change, commit
     from tidewater.table.catalog import load_catalog
@@ -397,7 +397,7 @@ def letters_curve(work: Path, counts: list[int], repeat: int) -> list[dict]:
     from tidewater.table import letters as state
     from tidewater.table.catalog import load_catalog
 
-    def timed(f) -> tuple[float, object]:  # noqa: ANN001
+    def timed(f) -> tuple[float, object]:
         times, out = [], None
         for _ in range(repeat):
             t0 = time.perf_counter()
@@ -425,7 +425,7 @@ def letters_curve(work: Path, counts: list[int], repeat: int) -> list[dict]:
     return rows
 
 
-def _panel(ax, x: list, curves: list[tuple[list, str, str]], xlabel: str, ylabel: str, title: str) -> None:  # noqa: ANN001
+def _panel(ax, x: list, curves: list[tuple[list, str, str]], xlabel: str, ylabel: str, title: str) -> None:
     """One log-log panel: each curve (values, line style, label) against ``x``."""
     for values, style, label in curves:
         ax.plot(x, values, style, label=label)

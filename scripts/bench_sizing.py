@@ -36,8 +36,8 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from scripts.benchlib import command_line, write_section  # noqa: E402
-from scripts.soak import REPO, Services, metadata_query  # noqa: E402
+from scripts.benchlib import command_line, write_section
+from scripts.soak import REPO, Services, metadata_query
 
 BEGIN, END = "<!-- sizing: begin -->", "<!-- sizing: end -->"
 PAGE = REPO / "docs" / "explanation" / "sizing.md"
@@ -48,7 +48,7 @@ COMPONENTS = ("scheduler", "dag-processor", "api-server")
 class SizingServices(Services):
     """PostgreSQL, the broker and Airflow: the soak's services without what these runs do not use."""
 
-    def __init__(self, work: Path) -> None:  # noqa: D107 - Services' own start, fewer services
+    def __init__(self, work: Path) -> None:
         from tidewater_dev import broker, postgres
         from tidewater_dev.broker import free_port
 
@@ -122,7 +122,7 @@ class Flow:
     """Records produced to ``topics`` while the block it opens runs: ``rate`` a minute a topic, in a produce every 5
     seconds (pizza events of about 200 bytes), so that each one-minute run of a pipeline reading them writes a batch."""
 
-    def __init__(self, bootstrap: str, topics: list[str], rate: int) -> None:  # noqa: D107
+    def __init__(self, bootstrap: str, topics: list[str], rate: int) -> None:
         import threading
 
         self.bootstrap, self.topics, self.rate = bootstrap, topics, rate

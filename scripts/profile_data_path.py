@@ -31,7 +31,7 @@ import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from scripts.benchlib import command_line, fresh_home, write_section  # noqa: E402
+from scripts.benchlib import command_line, fresh_home, write_section
 
 
 def markers(records: int, fmt: str = "json") -> tuple[str, str]:
@@ -63,7 +63,7 @@ class Stages:
             setattr(*self._originals.pop())
 
     @contextlib.contextmanager
-    def timing(self, stage: str):  # noqa: ANN201
+    def timing(self, stage: str):
         w, c = time.perf_counter(), time.process_time()
         try:
             yield

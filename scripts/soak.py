@@ -139,7 +139,7 @@ class Services:
         wait_http(f"http://127.0.0.1:{self.api_port}/api/v2/monitor/health", 240)
 
     def start_component(self, name: str) -> None:
-        out = open(self.work / f"airflow-{name}.log", "ab")  # noqa: SIM115 - the component's for its lifetime
+        out = open(self.work / f"airflow-{name}.log", "ab")
         self.airflow[name] = subprocess.Popen(["airflow", name], env=self.env(), stdout=out, stderr=subprocess.STDOUT,
                                               start_new_session=True)
 
@@ -311,8 +311,8 @@ class Producers(threading.Thread):
             lasts[(rec[0], rec[1])] = rec
         failed: list[str] = []
 
-        def delivered(tag: object):  # noqa: ANN202
-            def on_delivery(err, msg) -> None:  # noqa: ANN001
+        def delivered(tag: object):
+            def on_delivery(err, msg) -> None:
                 if err is not None:
                     failed.append(str(err))
                 elif tag is not None and tag[0] == "event":  # type: ignore[index]
@@ -463,7 +463,7 @@ class Chaos(threading.Thread):
             try:
                 self.svc.restart_connect()
                 break
-            except Exception:  # noqa: BLE001 - the port is released a little after the kill
+            except Exception:
                 if time.monotonic() > deadline:
                     raise
         return f"pid {pid} killed; restarted as pid {self.svc.connect.pid}"

@@ -34,7 +34,7 @@ _topic_counter = itertools.count()
 
 
 @pytest.fixture
-def schema_registry():  # noqa: ANN201
+def schema_registry():
     """An empty schema-registry stand-in for one test: (registry, its URL). ``LocalSchemaRegistry`` stands in for
     Confluent's registry, which cannot run here; the serializers and clients that talk to it are confluent-kafka's."""
     from tidewater_dev.sample_data import LocalSchemaRegistry
@@ -46,7 +46,7 @@ def schema_registry():  # noqa: ANN201
 
 
 @pytest.fixture
-def registry_url(schema_registry):  # noqa: ANN001, ANN201
+def registry_url(schema_registry):
     """The URL of ``schema_registry``."""
     return schema_registry[1]
 
@@ -77,7 +77,7 @@ def s3_endpoint() -> Iterator[str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-s3-{os.getpid()}.log", "wb")  # noqa: SIM115
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-s3-{os.getpid()}.log", "wb")
     proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -200,7 +200,7 @@ def produce_to_partition(bootstrap: str, topic: str, partition: int, values: lis
     deliveries.check()
 
 
-def table_of(pipeline_path: Path):  # noqa: ANN201
+def table_of(pipeline_path: Path):
     """The pipeline's table, freshly loaded from the catalog (None if it does not exist)."""
     from tidewater.config.parse import load_pipeline
     from tidewater.table.catalog import load_catalog, load_table
@@ -209,7 +209,7 @@ def table_of(pipeline_path: Path):  # noqa: ANN201
     return load_table(load_catalog(spec), spec.table.identifier)
 
 
-def stage_inline(spec):  # noqa: ANN001, ANN201
+def stage_inline(spec):
     """Plan and write a batch in this process (``write.job.run_inline``: the task code Spark runs)."""
     from tidewater.batch import manifest_path, write_json_atomic
     from tidewater.plan.ingest import plan_batch
@@ -237,7 +237,7 @@ def null_order_ids(n: int, seed: int) -> list[bytes]:
     return out
 
 
-def ingest_inline(spec):  # noqa: ANN001, ANN201
+def ingest_inline(spec):
     """One whole batch in this process: stage (the Spark task code, inline), validate, commit."""
     from tidewater.steps.lifecycle import commit_step, validate_step
 
@@ -246,7 +246,7 @@ def ingest_inline(spec):  # noqa: ANN001, ANN201
     return commit_step(spec, plan, manifest)
 
 
-def commit_as_airflow_would(spec, plan, manifest):  # noqa: ANN001, ANN201
+def commit_as_airflow_would(spec, plan, manifest):
     """The commit step, retried on a transient error up to the DAG's ``airflow.retries`` (what Airflow does with
     a commit that lost every attempt to concurrent writers); the last error is raised."""
     from tidewater.errors import TransientError
@@ -261,7 +261,7 @@ def commit_as_airflow_would(spec, plan, manifest):  # noqa: ANN001, ANN201
     return None
 
 
-def ingest_changes(broker: object, topic: str, spec, batches: int, changes: int, keys: int, seed: int) -> dict:  # noqa: ANN001
+def ingest_changes(broker: object, topic: str, spec, batches: int, changes: int, keys: int, seed: int) -> dict:
     """``batches`` Debezium change batches to partition 0 of ``topic``, each ingested in this process
     (:func:`ingest_inline`); returns the reference model of the source after them."""
     from tidewater_dev.changes import apply, change_stream, encode
@@ -275,16 +275,16 @@ def ingest_changes(broker: object, topic: str, spec, batches: int, changes: int,
     return model
 
 
-def race(*calls):  # noqa: ANN002, ANN201
+def race(*calls):
     """Run the calls in threads released together; return each call's result or exception."""
     barrier = threading.Barrier(len(calls))
     out: list[object] = [None] * len(calls)
 
-    def runner(i, fn):  # noqa: ANN001
+    def runner(i, fn):
         barrier.wait()
         try:
             out[i] = fn()
-        except Exception as e:  # collected for the assertions
+        except Exception as e:  # noqa: BLE001 - collected for the assertions
             out[i] = e
 
     threads = [threading.Thread(target=runner, args=(i, fn)) for i, fn in enumerate(calls)]

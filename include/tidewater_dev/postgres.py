@@ -99,7 +99,7 @@ def start(log_path: str | Path, timeout: float = 60.0) -> Postgres:
         shutil.rmtree(root, ignore_errors=True)
         raise ConfigError(f"initdb failed: {init.stderr.strip()[-2000:]}")
     port = _free_port()
-    log = open(log_path, "wb")  # noqa: SIM115 - the server's output, for as long as it runs
+    log = open(log_path, "wb")
     proc = subprocess.Popen(run_as + [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root),
                                       "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -110,7 +110,7 @@ def start(log_path: str | Path, timeout: float = 60.0) -> Postgres:
         try:
             server.create_database("postgres")
             return server
-        except Exception:
+        except Exception:  # noqa: BLE001 - psycopg2's errors while the server starts: retried until up or gone
             if proc.poll() is not None or time.monotonic() > deadline:
                 server.stop(0)
                 raise ConfigError(f"PostgreSQL did not start on 127.0.0.1:{port} (log {log_path})") from None

@@ -276,10 +276,10 @@ class LocalSchemaRegistry:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
+            def do_GET(self) -> None:
                 self._reply("GET")
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
+            def do_POST(self) -> None:
                 self._reply("POST")
 
             def log_message(self, *args: object) -> None:

@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def dagbag(pipelines_dir: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+def dagbag(pipelines_dir: Path, monkeypatch: pytest.MonkeyPatch):
     from airflow.dag_processing.dagbag import DagBag
 
     monkeypatch.setenv("TIDEWATER_PIPELINES_DIR", str(pipelines_dir))

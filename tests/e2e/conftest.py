@@ -139,7 +139,7 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def standalone(env: dict[str, str], tmp_path: Path):  # noqa: ANN201
+def standalone(env: dict[str, str], tmp_path: Path):
     """`airflow standalone` (API server, scheduler, triggerer, DAG processor) on a free port, with the DAGs
     serialized first; yields its environment and stops it (the whole process group) afterwards."""
     import urllib.request

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @contextlib.contextmanager
-def forwarder(port: int, upstream: str):  # noqa: ANN201
+def forwarder(port: int, upstream: str):
     """A TCP port forwarding every connection to ``upstream`` (host:port): the broker "coming back" on the address a
     pipeline was given. Kafka clients bootstrap through it, then reach the broker at its advertised address."""
     host, up_port = upstream.rsplit(":", 1)

@@ -121,7 +121,7 @@ def test_replay_dag_from_its_form(broker, topic, airflow_env, spark_connect):
     produce(broker.bootstrap, topic, pizza_events(200, seed=70), partitions=2)
     dags_test(airflow_env, "ingest_orders")
 
-    def rows():  # noqa: ANN202
+    def rows():
         t = table_of(pipeline).scan().to_arrow()
         return sorted(zip(t.column("_kafka_partition").to_pylist(), t.column("_kafka_offset").to_pylist(),
                           t.column("order_id").to_pylist()))

@@ -36,7 +36,7 @@ TWO_LINES = "from tidewater.runtime.airflow_dags import pipeline_dags\nglobals()
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_path_factory) -> Path:  # noqa: ANN001
+def dist(tmp_path_factory) -> Path:
     """The wheel and the sdist `python -m build` makes of this checkout, built from a copy of it: setuptools writes
     `include/tidewater.egg-info` into the tree it builds, and in the checkout that second copy of the package's
     metadata made Airflow load the plugin's entry point twice ("Plugin 'tidewater' already registered": a plugin
@@ -189,7 +189,7 @@ def _view_served(bin_: Path, env: dict[str, str], tmp_path: Path) -> None:
     """The installed Airflow's api-server, with an empty plugins folder, serves the view's API to a signed-in user."""
     port = free_port()
     env = {**env, "AIRFLOW__API__PORT": str(port)}
-    log = open(tmp_path / "api-server.log", "w")  # noqa: SIM115 - closed below
+    log = open(tmp_path / "api-server.log", "w")
     proc = subprocess.Popen([str(bin_ / "airflow"), "api-server", "--port", str(port)], env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"

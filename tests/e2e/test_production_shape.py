@@ -56,7 +56,7 @@ print("RESULT " + json.dumps(out, default=str))
 class Deployment:
     """The shared services of one test and a way to run a step on a "worker" of its own."""
 
-    def __init__(self, tmp_path: Path, broker, postgres, s3_endpoint: str, bucket: str) -> None:  # noqa: ANN001
+    def __init__(self, tmp_path: Path, broker, postgres, s3_endpoint: str, bucket: str) -> None:
         from pyarrow import fs
 
         fs.S3FileSystem(endpoint_override=s3_endpoint, scheme="http", access_key=KEY, secret_key=SECRET,
@@ -122,7 +122,7 @@ class Deployment:
         commit = self.step("commit", pipeline_text, planned)
         return {"planned": planned, "commit": commit, "pages": self.step("data_docs", pipeline_text, planned)}
 
-    def table(self, pipeline_text: str):  # noqa: ANN201
+    def table(self, pipeline_text: str):
         path = self.root / "reader.yaml"
         path.write_text(pipeline_text)
         spec = load_pipeline(path)

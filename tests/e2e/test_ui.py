@@ -28,7 +28,7 @@ ARTIFACTS = Path(os.environ.get("TIDEWATER_TEST_ARTIFACTS", REPO / ".data" / "te
 
 
 @pytest.fixture
-def api_server(airflow_env, tmp_path):  # noqa: ANN001, ANN201
+def api_server(airflow_env, tmp_path):
     """Starts `airflow api-server` on a free port with the test's DAGs (serialized first) and the plugin:
     call it once the pipeline files are written. Returns (base URL, user, password)."""
     procs: list[subprocess.Popen] = []
@@ -312,7 +312,7 @@ def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(bro
             browser.close()
 
 
-def _login(page, base: str, user: str, password: str) -> None:  # noqa: ANN001
+def _login(page, base: str, user: str, password: str) -> None:
     page.goto(base + "/")
     page.fill("input[name=username]", user)
     page.fill("input[name=password]", password)
@@ -409,7 +409,7 @@ def test_dag_and_run_tabs_show_the_pipeline_and_a_retry_from_the_view_runs_the_r
     assert counts(spec) == {"open": 0, "retrying": 0, "resolved": 3, "skipped": 0, "dropped": 0, "total": 3}
 
 
-def _quarantined_batch(pipelines: Path, broker, topic: str) -> str:  # noqa: ANN001
+def _quarantined_batch(pipelines: Path, broker, topic: str) -> str:
     """A second pipeline whose suite fails its batch, with validation.on_failure quarantine: the batch waits
     on its branch. Returns its batch id."""
     from tidewater.errors import ValidationFailedError

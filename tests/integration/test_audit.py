@@ -19,13 +19,13 @@ from tidewater_dev.sample_data import pizza_events
 pytestmark = [pytest.mark.integration]
 
 
-def _audit(path, capsys) -> tuple[int, dict]:  # noqa: ANN001
+def _audit(path, capsys) -> tuple[int, dict]:
     capsys.readouterr()
     code = main(["audit", "--pipeline", str(path), "--json"])
     return code, json.loads(capsys.readouterr().out)
 
 
-def _setup(broker, home, topic):  # noqa: ANN001, ANN201
+def _setup(broker, home, topic):
     """Two batches of 30 and 20 records on one partition, then an operator skip of [55, 57) (which ingests
     [50, 55) first) and a batch of the rest: 60 records read, 58 rows, 2 dead letters."""
     from tidewater.ops.skip import SkipRequest, skip
@@ -259,7 +259,7 @@ def test_the_deep_audit_of_a_change_table_finds_a_key_held_twice(broker, home, t
                                           "offsets in the table twice"], doc
 
 
-def _audit_deep(path, capsys) -> tuple[int, dict]:  # noqa: ANN001
+def _audit_deep(path, capsys) -> tuple[int, dict]:
     capsys.readouterr()
     code = main(["audit", "--pipeline", str(path), "--deep", "--json"])
     return code, json.loads(capsys.readouterr().out)
@@ -371,7 +371,7 @@ def test_an_aborted_transaction_leaves_offsets_the_deep_audit_explains(broker, h
         "markers or compaction)"]
 
 
-def _routed(home, broker, a: str, b: str) -> tuple:  # noqa: ANN001
+def _routed(home, broker, a: str, b: str) -> tuple:
     """A routed pipeline: topic ``a`` to rpc.a, topic ``b`` to rpc.b, rows carrying their source offsets."""
     path = write_pipeline(home, topics=[a, b], kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
                           validation={"not_null": []}, format={"metadata": "prefixed"}, routing={"namespace": "rpc"},
@@ -450,7 +450,7 @@ def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(
     table_a.append(table_a.scan(row_filter=In("_kafka_offset", [3, 4])).to_arrow())
     lose = []
 
-    def lost_commit(catalog, plan, out, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def lost_commit(catalog, plan, out, *args, **kw):
         if out.table == "rpc.b":  # the table's commit reported done, never made
             lose.append(plan.batch_id)
             return "committed"
@@ -489,7 +489,7 @@ def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(
     assert verdicts["rpc.b"]["tidewater_audit_routed"] is False and verdicts["rpc.b"]["tidewater_audit_outside-write"]
 
 
-def _audit_args(args: list[str], path, capsys) -> tuple[int, dict]:  # noqa: ANN001
+def _audit_args(args: list[str], path, capsys) -> tuple[int, dict]:
     capsys.readouterr()
     code = main(["audit", "--pipeline", str(path), "--json", *args])
     out = capsys.readouterr()

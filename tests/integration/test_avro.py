@@ -29,7 +29,7 @@ SCHEMAS = {1: V1, 2: V2}
 
 
 @pytest.fixture
-def registry():  # noqa: ANN201
+def registry():
     reg = LocalSchemaRegistry(SCHEMAS)
     yield reg.start()
     reg.stop()

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration]
 BIG = {"message.max.bytes": 10_000_000}
 
 
-def _dead_letter_classes(manifest) -> dict[int, str]:  # noqa: ANN001
+def _dead_letter_classes(manifest) -> dict[int, str]:
     out = {}
     for f in manifest.dead_letter_files:
         for r in pq.read_table(f.file_path.removeprefix("file://"), columns=["offset", "error_class"]).to_pylist():

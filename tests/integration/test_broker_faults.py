@@ -60,13 +60,13 @@ def _heal(cluster: embedded.Cluster) -> None:
     embedded.wait_ready(cluster.bootstrap, len(cluster.nodes), 120, cluster.nodes)
 
 
-def _spec(home: Path, cluster: embedded.Cluster, topic: str):  # noqa: ANN202
+def _spec(home: Path, cluster: embedded.Cluster, topic: str):
     # a leader's loss is noticed after broker.session.timeout.ms (9 s): the reader waits longer than that
     return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": cluster.bootstrap,
                                                                       "read_timeout_seconds": 90}))
 
 
-def _exactly_once(spec, topic: str, per_partition: int) -> None:  # noqa: ANN001
+def _exactly_once(spec, topic: str, per_partition: int) -> None:
     table = table_of(spec.source_path)
     coords = table.scan(selected_fields=("_kafka_partition", "_kafka_offset")).to_arrow().to_pylist()
     assert len(coords) == len({(r["_kafka_partition"], r["_kafka_offset"]) for r in coords}) == PARTITIONS * per_partition
@@ -75,7 +75,7 @@ def _exactly_once(spec, topic: str, per_partition: int) -> None:  # noqa: ANN001
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
 
-def _with_retries(call, attempts: int = 6, pause: float = 5.0):  # noqa: ANN001, ANN202
+def _with_retries(call, attempts: int = 6, pause: float = 5.0):
     """``call`` retried on a transient error, as Airflow retries a task (``airflow.retries``)."""
     for attempt in range(attempts):
         try:
@@ -97,7 +97,7 @@ def test_a_partition_leader_killed_during_the_write_moves_and_the_batch_commits_
     real = task.read_range
     killed: list[int] = []
 
-    def read_then_kill(settings, rng, **kw):  # noqa: ANN001, ANN202
+    def read_then_kill(settings, rng, **kw):
         for i, chunk in enumerate(real(settings, rng, **kw)):
             yield chunk
             if rng.partition == 0 and i == 0 and not killed:
@@ -123,7 +123,7 @@ def test_a_broker_killed_during_the_plan_leaves_a_plan_that_commits_once(cluster
     victim = _leader(cluster, topic, 1)
     real = kafka.list_partitions
 
-    def list_then_kill(settings, topics, **kw):  # noqa: ANN001, ANN202
+    def list_then_kill(settings, topics, **kw):
         out = real(settings, topics, **kw)
         if victim.alive():
             victim.kill()
@@ -177,7 +177,7 @@ def test_the_dead_letter_topic_s_leader_killed_during_the_commit_still_commits_o
     victim = _leader(cluster, dlq, 0)
     real = dead_letters.produce_to_topic
 
-    def kill_then_send(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+    def kill_then_send(*args, **kw):
         if victim.alive():
             victim.kill()
         return real(*args, **kw)

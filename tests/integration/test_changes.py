@@ -32,13 +32,13 @@ STYLES = {
 }
 
 
-def _spec(home, broker, topic, style, **more):  # noqa: ANN001, ANN202
+def _spec(home, broker, topic, style, **more):
     validation = {"not_null": ["id"], **more.pop("validation", {})}
     return load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                                         validation=validation, **STYLES[style], **more))
 
 
-def _produce(broker, topic, records) -> None:  # noqa: ANN001
+def _produce(broker, topic, records) -> None:
     """Each id to partition id % PARTITIONS, in order (keys partitioned by key, as Debezium does)."""
     by_part: dict[int, list] = defaultdict(list)
     for key, value in records:
@@ -47,14 +47,14 @@ def _produce(broker, topic, records) -> None:  # noqa: ANN001
         produce_to_partition(broker.bootstrap, topic, p, values, partitions=PARTITIONS)
 
 
-def _rows(table) -> dict[int, dict]:  # noqa: ANN001
+def _rows(table) -> dict[int, dict]:
     t = table.scan(selected_fields=("id", "item", "price")).to_arrow().to_pylist()
     out = {r["id"]: r for r in t}
     assert len(out) == len(t), "a key is in the table twice"
     return out
 
 
-def _table(spec):  # noqa: ANN001, ANN202
+def _table(spec):
     return load_table(load_catalog(spec), spec.table.identifier)
 
 
@@ -112,7 +112,7 @@ def test_change_stream_table_equals_the_source_after_every_batch(broker, home, t
     assert totals["updated"] > 0 and (style == "upsert" or (totals["deleted"] > 0 and totals["noop"] > 0))
 
 
-def _batch(broker, topic, spec, model, seed, n=120):  # noqa: ANN001, ANN202
+def _batch(broker, topic, spec, model, seed, n=120):
     """Produce one generated batch of Debezium changes; returns the model after it."""
     changes = change_stream(model, n, keys=40, seed=seed)
     _produce(broker, topic, encode(changes, model, "debezium"))
@@ -159,7 +159,7 @@ def test_two_change_batches_racing_for_one_range_commit_once(broker, home, topic
     outcomes: list = []
     start = threading.Barrier(2)
 
-    def commit(plan, manifest) -> None:  # noqa: ANN001
+    def commit(plan, manifest) -> None:
         start.wait()
         try:
             outcomes.append(commit_step(spec, plan, manifest).status)
@@ -205,7 +205,7 @@ def test_compaction_racing_change_batches_never_resurrects_or_double_deletes_a_r
                 while len(rounds) == seen and time.monotonic() < deadline:
                     time.sleep(0.1)
             final["model"] = m
-        except BaseException as e:  # reported by the main thread
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
             errors.append(e)
         finally:
             done.set()
@@ -395,7 +395,7 @@ def test_the_quality_gate_judges_new_row_images_not_delete_records(broker, home,
     assert sorted(_rows(table)) == [2] and committed_state(table).offsets == {topic: {0: 3}}
 
 
-def _produce_keyed(broker, topic, records, partitions: int = PARTITIONS) -> None:  # noqa: ANN001
+def _produce_keyed(broker, topic, records, partitions: int = PARTITIONS) -> None:
     """(key bytes, value bytes or None) per record, to partition id % partitions in order."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -630,7 +630,7 @@ def test_publishing_a_quarantined_change_batch_is_refused_once_main_has_moved(br
     assert _table(spec).current_snapshot().snapshot_id == head
 
 
-def _files_of(table) -> set[str]:  # noqa: ANN001
+def _files_of(table) -> set[str]:
     """Every data and delete file any snapshot of ``table`` references."""
     out = set()
     for snap in table.snapshots():
@@ -639,7 +639,7 @@ def _files_of(table) -> set[str]:  # noqa: ANN001
     return out
 
 
-def _on_disk(table) -> set[str]:  # noqa: ANN001
+def _on_disk(table) -> set[str]:
     root = table.location().removeprefix("file://")
     from pathlib import Path
 
@@ -664,7 +664,7 @@ def test_a_lost_commit_attempt_leaves_none_of_its_files_behind(broker, home, top
     ingest_inline(spec)
     real, lost = primitive.apply_change, []
 
-    def first_attempt_loses(tx, view, change):  # noqa: ANN001, ANN202
+    def first_attempt_loses(tx, view, change):
         if change.deletes and not lost:
             lost.append(len(change.deletes))
             raise CommitFailedException("stand-in: another writer committed first")

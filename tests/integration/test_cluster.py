@@ -21,7 +21,7 @@ PACK = REPO / ".data" / "executor-env.tar.gz"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):  # noqa: ANN001, ANN201
+def cluster(tmp_path_factory):
     if not PACK.is_file():
         pytest.fail(f"{PACK} is missing: `make executor-env` builds it (make test does)")
     from tidewater_dev.cluster import start_standalone

@@ -82,7 +82,7 @@ def test_commit_landed_but_the_caller_saw_an_error(broker, pipeline_file, topic,
     real_commit = SqlCatalog.commit_table
     calls = []
 
-    def commit_then_lose_the_answer(self, table, requirements, updates):  # noqa: ANN001
+    def commit_then_lose_the_answer(self, table, requirements, updates):
         calls.append(1)
         real_commit(self, table, requirements, updates)
         if len(calls) == 1:

@@ -48,7 +48,7 @@ def _relax(path: Path) -> None:
     path.write_text(yaml.safe_dump(doc))
 
 
-def _counts(spec) -> dict[str, int]:  # noqa: ANN001
+def _counts(spec) -> dict[str, int]:
     """The counts the view and the audit read: kept by the commits (both properties current) and equal to the
     letters counted from the tables."""
     catalog = load_catalog(spec)
@@ -62,7 +62,7 @@ def _counts(spec) -> dict[str, int]:  # noqa: ANN001
     return kept
 
 
-def _plain(home: Path, broker, topic: str) -> Path:  # noqa: ANN001
+def _plain(home: Path, broker, topic: str) -> Path:
     """A plain pipeline whose batch dead-letters 3 records without an order_id and 2 that are not JSON."""
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           validation={"not_null": ["order_id"], "not_null_policy": "dead_letter"})
@@ -472,7 +472,7 @@ def test_two_pipelines_sharing_a_dead_letter_table_keep_each_ones_count_when_the
                               table={"identifier": f"rpc.{name}"}, dead_letter={"table": "rpc.shared_dead_letters"})
         specs.append(load_pipeline(path))
 
-    def batches(spec) -> None:  # noqa: ANN001
+    def batches(spec) -> None:
         for i in range(3):
             produce_to_partition(broker.bootstrap, spec.topics[0], 0, pizza_events(2, seed=400 + i) + [b"{bad"] * (i + 1))
             assert ingest_inline(spec).dead_letters == i + 1

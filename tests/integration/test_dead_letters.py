@@ -133,7 +133,7 @@ def test_failure_between_the_batch_commit_and_the_dead_letter_commit_is_repaired
     real = committing.commit_dead_letters
     calls = []
 
-    def fail_once(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def fail_once(*args, **kwargs):
         calls.append(1)
         if len(calls) == 1:
             raise TransientError("catalog unreachable (injected)")

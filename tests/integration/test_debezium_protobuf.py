@@ -32,7 +32,7 @@ PARTITIONS = 3
 F = descriptor_pb2.FieldDescriptorProto
 
 
-def _envelope_class():  # noqa: ANN202
+def _envelope_class():
     """``dbserver.public.prices.Envelope`` as the converter would register it (a pool of its own)."""
     pool = descriptor_pool.DescriptorPool()
     pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
@@ -60,7 +60,7 @@ def _envelope_class():  # noqa: ANN202
 
 
 
-def _image(cls, row: dict | None):  # noqa: ANN001, ANN202
+def _image(cls, row: dict | None):
     if row is None:
         return None
     value = cls.Value(id=row["id"])
@@ -71,7 +71,7 @@ def _image(cls, row: dict | None):  # noqa: ANN001, ANN202
     return value
 
 
-def _produce(broker, topic, url, model, changes, produced: dict[int, int]) -> None:  # noqa: ANN001
+def _produce(broker, topic, url, model, changes, produced: dict[int, int]) -> None:
     """``changes`` as Debezium Protobuf envelopes (a delete followed by its tombstone), each key to partition
     key % PARTITIONS in order, as Debezium partitions by key; ``produced`` counts the records per partition."""
     cls = _envelope_class()
@@ -98,7 +98,7 @@ def _produce(broker, topic, url, model, changes, produced: dict[int, int]) -> No
         produced[p] = produced.get(p, 0) + len(values)
 
 
-def _rows(spec) -> dict[int, dict]:  # noqa: ANN001
+def _rows(spec) -> dict[int, dict]:
     table = load_table(load_catalog(spec), spec.table.identifier)
     t = table.scan(selected_fields=("id", "item", "price")).to_arrow().to_pylist()
     out = {r["id"]: r for r in t}
@@ -106,7 +106,7 @@ def _rows(spec) -> dict[int, dict]:  # noqa: ANN001
     return out
 
 
-def _spec(home, broker, topic, url):  # noqa: ANN001, ANN202
+def _spec(home, broker, topic, url):
     return load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                                         validation={"not_null": ["id"]},
                                         format={"value": "debezium_protobuf", "registry_url": url},
@@ -126,7 +126,7 @@ time.sleep(600)
 """
 
 
-def _killed_after_validate(spec):  # noqa: ANN001, ANN202
+def _killed_after_validate(spec):
     """A batch planned, written and validated by a process that is then SIGKILLed before its commit; its plan and
     manifest as the killed process staged them."""
     proc = subprocess.Popen([sys.executable, "-c", STAGE_VALIDATE_THEN_HANG, str(spec.source_path)], cwd=REPO,

@@ -26,7 +26,7 @@ def _numbered(fields: list[tuple[str, pa.DataType, int, bool]]) -> pa.Schema:
 
 
 @pytest.fixture
-def catalog_and_spec(home):  # noqa: ANN001, ANN201
+def catalog_and_spec(home):
     spec = load_pipeline(write_pipeline(home, table={"identifier": "rpc.evo"}))
     return load_catalog(spec), spec
 

@@ -26,7 +26,7 @@ from tidewater_dev.sample_data import pizza_events, produce
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def unique_ids(table) -> int:  # noqa: ANN001
+def unique_ids(table) -> int:
     ids = table.scan(selected_fields=("order_id",)).to_arrow().column("order_id")
     return len(pc.unique(ids))
 
@@ -145,7 +145,7 @@ def test_committed_offset_below_log_start_is_a_clear_error(broker, pipeline_file
 
     real = ks.watermarks
 
-    def retention_moved_log_start(settings, partitions, timeout=15.0):  # noqa: ANN001
+    def retention_moved_log_start(settings, partitions, timeout=15.0):
         wm = real(settings, partitions, timeout)
         return {tp: ((75, hi + 60) if tp == (topic, 1) else (lo, hi)) for tp, (lo, hi) in wm.items()}
 

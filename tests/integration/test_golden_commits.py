@@ -48,7 +48,7 @@ BATCH_IDS = re.compile(r"(?:skip-|replay-)?\d{8}T\d{6,9}Z-[0-9a-f]{8}")
 VOLATILE = ("tidewater.valid-through-ms", "tidewater.valid-through")
 
 
-def normalized(catalog, namespace: str, topics: dict[str, str]) -> dict:  # noqa: ANN001
+def normalized(catalog, namespace: str, topics: dict[str, str]) -> dict:
     """Every table of ``namespace``: its snapshots in commit order and its references, with batch ids named by
     first appearance (b1, b2, ...), topic names by role, and volatile values replaced."""
     names: dict[str, str] = {}
@@ -120,7 +120,7 @@ def strict_suite(home: Path, column: str, regex: str) -> str:
     return "strict.json"
 
 
-def one_batch_snapshots(spec, batch_id: str) -> list:  # noqa: ANN001
+def one_batch_snapshots(spec, batch_id: str) -> list:
     table = load_table(load_catalog(spec), spec.table.identifier)
     return [s for s in table.metadata.snapshots if summary_dict(s).get(BATCH_ID) == batch_id]
 
@@ -156,7 +156,7 @@ def test_an_append_tables_commits_in_every_mode_match_the_golden_file(broker, ho
     check_golden("append_fused", normalized(load_catalog(spec), "rpc", {topic: "T"}))
 
 
-def _change_pipeline(home: Path, broker, topics: list[str], **more) -> Path:  # noqa: ANN001, ANN003
+def _change_pipeline(home: Path, broker, topics: list[str], **more) -> Path:
     more.setdefault("batch", {"write_parallelism": 2})  # packing as on two cores, whatever this machine has
     return write_pipeline(home, name="prices", topics=topics, kafka={"bootstrap_servers": broker.bootstrap},
                           table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True},
@@ -265,7 +265,7 @@ def test_manifests_staged_by_the_previous_version_commit_once(broker, home, topi
     from tidewater.source.kafka import kafka_settings
     from tidewater.write.job import run_inline
 
-    def staged_as_version_1(spec):  # noqa: ANN001, ANN202
+    def staged_as_version_1(spec):
         plan, path = plan_batch(spec)
         doc = run_inline(plan, spec, kafka_settings(spec)).to_json()
         own = [o for o in doc["outputs"] if o["table"] == doc["table"]]
@@ -329,7 +329,7 @@ def test_target_tables_commit_concurrently_on_postgresql_and_a_failure_among_the
     real = committing.commit_table_output
     threads = set()
 
-    def crash_on_src3(catalog, plan, out, *a):  # noqa: ANN001, ANN002, ANN202
+    def crash_on_src3(catalog, plan, out, *a):
         import threading
 
         threads.add(threading.current_thread().name)

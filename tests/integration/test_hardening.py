@@ -25,7 +25,7 @@ class _Killed(BaseException):
     """Stands for the process dying at that point: nothing after it runs (not an Exception)."""
 
 
-def _rows(spec, ident):  # noqa: ANN001, ANN201
+def _rows(spec, ident):
     t = load_table(load_catalog(spec), ident)
     return 0 if t is None or t.current_snapshot() is None else t.scan().to_arrow().num_rows
 
@@ -44,7 +44,7 @@ def test_killed_between_the_batch_commit_and_its_dead_letters_loses_no_dead_lett
     good = pizza_events(12, seed=71)
     produce_to_partition(broker.bootstrap, topic, 0, good[:6] + [b"{bad", b"[1]", b"\xff"] + good[6:])
 
-    def die(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+    def die(*_a, **_k):
         raise _Killed()
 
     real = holders.commit_dead_letters
@@ -73,7 +73,7 @@ def test_killed_between_the_batch_commit_and_its_dead_letters_loses_no_dead_lett
     assert reads == 21 == 17 + dead
 
 
-def _routed(home, broker, topic, **routing):  # noqa: ANN001, ANN003, ANN201
+def _routed(home, broker, topic, **routing):
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
                           validation={"not_null": []},
                           routing={"namespace": "tenants", "field": "tenant", "dynamic": True, **routing})
@@ -181,7 +181,7 @@ SPARK_SECRETS = {
 }
 
 
-def _command_lines_while(fn):  # noqa: ANN001, ANN202
+def _command_lines_while(fn):
     """(fn's result, every process command line seen while it ran)."""
     seen: list[str] = []
     done = threading.Event()
@@ -453,7 +453,7 @@ def test_a_null_in_a_not_null_column_fails_the_batch_or_becomes_a_dead_letter(br
     assert _rows(spec, spec.table.identifier) == 8
 
 
-def _props(spec) -> dict:  # noqa: ANN001
+def _props(spec) -> dict:
     t = load_table(load_catalog(spec), spec.table.identifier)
     return {} if t is None else {k: v for k, v in t.properties.items() if k.startswith("tidewater.")}
 
@@ -510,7 +510,7 @@ def test_a_batch_that_died_before_its_commit_has_its_new_columns_undone_then_lan
     produce_to_partition(broker.bootstrap, topic, 0, values)
     real = steps.commit_step
 
-    def die(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+    def die(*_a, **_k):
         raise _Killed()
 
     monkeypatch.setattr(steps, "commit_step", die)

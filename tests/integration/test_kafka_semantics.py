@@ -63,7 +63,7 @@ def _in_transaction(p: Producer, topic: str, by_partition: dict[int, list[bytes]
         p.abort_transaction(30)
 
 
-def _accounting(table) -> tuple[int, int, int]:  # noqa: ANN001
+def _accounting(table) -> tuple[int, int, int]:
     """(records read, dead letters, skipped) summed over the table's Tidewater snapshots."""
     totals = [0, 0, 0]
     for snap in table.snapshots():
@@ -73,7 +73,7 @@ def _accounting(table) -> tuple[int, int, int]:  # noqa: ANN001
     return tuple(totals)
 
 
-def _order_ids(table) -> list[str]:  # noqa: ANN001
+def _order_ids(table) -> list[str]:
     return sorted(table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist())
 
 

@@ -30,11 +30,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DAY = 24 * 3600
 
 
-def _table(spec):  # noqa: ANN001, ANN202
+def _table(spec):
     return load_table(load_catalog(spec), spec.table.identifier)
 
 
-def _content(table, snapshot_id=None) -> tuple[int, str]:  # noqa: ANN001
+def _content(table, snapshot_id=None) -> tuple[int, str]:
     """Row count and a checksum of the rows (order-independent)."""
     t = table.scan(snapshot_id=snapshot_id).to_arrow().select(["order_id", "store_id", "date_ordered"])
     rows = sorted(zip(*(c.to_pylist() for c in t.columns)))
@@ -42,10 +42,10 @@ def _content(table, snapshot_id=None) -> tuple[int, str]:  # noqa: ANN001
 
 
 @pytest.fixture
-def spark_for(request):  # noqa: ANN001, ANN201
+def spark_for(request):
     sessions = []
 
-    def make(spec):  # noqa: ANN001, ANN202
+    def make(spec):
         s = spark_session.session(spec, app_name="tidewater-test-maintenance", master="local[2]")
         sessions.append(s)
         return s
@@ -55,7 +55,7 @@ def spark_for(request):  # noqa: ANN001, ANN201
         s.stop()
 
 
-def _pipeline(home: Path, broker, topic: str, **maintenance):  # noqa: ANN001, ANN202
+def _pipeline(home: Path, broker, topic: str, **maintenance):
     doc = {"rewrite_data_files": {"min_input_files": 2}, **maintenance}
     return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                                         maintenance=doc))
@@ -113,7 +113,7 @@ def test_ingest_and_compaction_run_concurrently_exactly_once(broker, home, topic
                 plan, manifest = stage_inline(spec)
                 validate_step(spec, plan, manifest)
                 commit_as_airflow_would(spec, plan, manifest)  # a commit that lost every attempt is retried
-        except BaseException as e:  # reported by the main thread
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
             errors.append(e)
         finally:
             done.set()

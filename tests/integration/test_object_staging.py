@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KEY, SECRET = "tidewater-stage-key", "tidewater-stage-secret-value"
 
 
-def _fs(url: str):  # noqa: ANN202
+def _fs(url: str):
     from pyarrow import fs
 
     return fs.S3FileSystem(endpoint_override=url, scheme="http", access_key=KEY, secret_key=SECRET,
@@ -50,8 +50,8 @@ def _objects(url: str, prefix: str) -> dict[str, bytes]:
     return out
 
 
-def _pipeline(home: Path, broker, topic: str, url: str, monkeypatch, bucket: str, warehouse_in_bucket: bool = True,  # noqa: ANN001
-              storage_conn: bool = False, **overrides) -> Path:  # noqa: ANN003
+def _pipeline(home: Path, broker, topic: str, url: str, monkeypatch, bucket: str, warehouse_in_bucket: bool = True,
+              storage_conn: bool = False, **overrides) -> Path:
     """A pipeline staging in ``s3://<bucket>/staging`` with the catalog's own `s3.*` settings (credentials
     through the environment); the warehouse in the bucket too, or on local disk with the staging settings
     given apart (`batch.staging_properties`, or with ``storage_conn`` an Airflow `aws` connection,
@@ -327,7 +327,7 @@ def test_an_unreachable_bucket_is_transient_and_a_missing_one_terminal_naming_th
     assert SECRET not in str(e2.value)
 
 
-def spec_batch(spec) -> dict:  # noqa: ANN001
+def spec_batch(spec) -> dict:
     return {"staging_dir": spec.batch.staging_dir, "staging_properties": dict(spec.batch.staging_properties)}
 
 

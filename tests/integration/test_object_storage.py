@@ -29,7 +29,7 @@ def _bucket(url: str, name: str) -> None:
     s3.create_dir(name)
 
 
-def _catalog(home, url: str, bucket: str, monkeypatch) -> dict:  # noqa: ANN001
+def _catalog(home, url: str, bucket: str, monkeypatch) -> dict:
     monkeypatch.setenv("TEST_S3_KEY", KEY)
     monkeypatch.setenv("TEST_S3_SECRET", SECRET)
     return {"name": "tidewater", "properties": {

@@ -38,17 +38,17 @@ def ev(i: int) -> bytes:
     return json.dumps({"id": i, "v": f"v{i}"}).encode()
 
 
-def pipeline(home, broker, topic):  # noqa: ANN001, ANN201
+def pipeline(home, broker, topic):
     return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                                         format={"metadata": "prefixed"}, validation={"not_null": ["id"]}))
 
 
-def ids(spec) -> list[int]:  # noqa: ANN001
+def ids(spec) -> list[int]:
     table = load_table(load_catalog(spec), spec.table.identifier)
     return sorted(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
 
 
-def history_carries_offsets(table) -> bool:  # noqa: ANN001
+def history_carries_offsets(table) -> bool:
     """Whether any snapshot in the current snapshot's history (not the tag's) carries offsets."""
     by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
     sid = table.metadata.current_snapshot_id
@@ -59,7 +59,7 @@ def history_carries_offsets(table) -> bool:  # noqa: ANN001
     return False
 
 
-def expire_all_unreferenced(table) -> None:  # noqa: ANN001
+def expire_all_unreferenced(table) -> None:
     """What a platform's nightly expiry does with `retain_last 1`: every snapshot no reference keeps goes."""
     table.maintenance.expire_snapshots().older_than(datetime.now(timezone.utc) + timedelta(days=1)).commit()
 
@@ -193,7 +193,7 @@ def test_with_the_tag_removed_and_the_offsets_expired_planning_refuses_naming_th
 
 
 
-def lose_offsets(spec, ident: str) -> None:  # noqa: ANN001
+def lose_offsets(spec, ident: str) -> None:
     """What it takes to lose a table's offsets despite the tag: the tag removed, an outside overwrite, an expiry."""
     catalog = load_catalog(spec)
     load_table(catalog, ident).manage_snapshots().remove_tag(OFFSETS_TAG).commit()

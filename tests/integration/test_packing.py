@@ -26,7 +26,7 @@ PER_PARTITION = 12
 BAD = {7, 130, 611}  # indexes of undecodable records: round-robin puts index i at (i % 60, i // 60)
 
 
-def many_partitions(broker, topic: str) -> list[tuple[int, int]]:  # noqa: ANN001
+def many_partitions(broker, topic: str) -> list[tuple[int, int]]:
     """720 pizza events over 60 partitions (12 each), three of them undecodable; returns the bad ones' (partition,
     offset)."""
     values = pizza_events(PARTITIONS * PER_PARTITION, seed=42)
@@ -36,12 +36,12 @@ def many_partitions(broker, topic: str) -> list[tuple[int, int]]:  # noqa: ANN00
     return sorted((i % PARTITIONS, i // PARTITIONS) for i in BAD)
 
 
-def coordinates(table, *names: str) -> list[tuple]:  # noqa: ANN001
+def coordinates(table, *names: str) -> list[tuple]:
     t = table.scan(selected_fields=names).to_arrow()
     return sorted(zip(*(t.column(n).to_pylist() for n in names), strict=True))
 
 
-def data_files(table) -> list[str]:  # noqa: ANN001
+def data_files(table) -> list[str]:
     return [task.file.file_path for task in table.scan().plan_files()]
 
 

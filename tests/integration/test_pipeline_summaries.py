@@ -38,7 +38,7 @@ def test_pipelines_on_one_broker_are_asked_together_and_each_line_matches_its_st
     for name in calls:
         real = getattr(pipelines, name)
 
-        def counted(*args, _real=real, _name=name, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the real call, counted
+        def counted(*args, _real=real, _name=name, **kwargs):
             calls[_name] += 1
             return _real(*args, **kwargs)
 

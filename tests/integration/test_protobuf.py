@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.integration]
 F = descriptor_pb2.FieldDescriptorProto
 
 
-def _event_class(version: int):  # noqa: ANN202
+def _event_class(version: int):
     """``shop.Event`` as schema version ``version`` defines it: version 2 adds ``coupon`` and ``Buyer.tier``; version 3
     renames ``qty`` (number 2) to ``quantity`` and ``Buyer.name`` (number 1) to ``full_name``, and adds ``coupon``."""
     renamed = version == 3
@@ -47,7 +47,7 @@ def _event_class(version: int):  # noqa: ANN202
 
 
 
-def _serialize(url: str, cls, messages: list, topic: str) -> list[bytes]:  # noqa: ANN001
+def _serialize(url: str, cls, messages: list, topic: str) -> list[bytes]:
     ser = ProtobufSerializer(cls, SchemaRegistryClient({"url": url}), {"use.deprecated.format": False})
     return [ser(m, SerializationContext(topic, MessageField.VALUE)) for m in messages]
 

@@ -28,9 +28,9 @@ ORDER = {"type": "object", "properties": {"order_id": {"type": "string"}, "store
          "required": ["order_id"]}
 
 
-def _order_class():  # noqa: ANN202
+def _order_class():
     """``bad.Order {string order_id = 1; int64 store_id = 2;}`` in a pool of its own; ``bad.Newer`` adds field 3."""
-    F = descriptor_pb2.FieldDescriptorProto  # noqa: N806
+    F = descriptor_pb2.FieldDescriptorProto
     pool = descriptor_pool.DescriptorPool()
     fd = descriptor_pb2.FileDescriptorProto(name="bad/order.proto", package="bad", syntax="proto3")
     for name, extra in (("Order", False), ("Newer", True)):
@@ -71,7 +71,7 @@ def _protobuf_corpus(url: str, topic: str) -> tuple:
     client = SchemaRegistryClient({"url": url})
     conf = {"use.deprecated.format": False}
 
-    def framed(cls, **kw: object) -> bytes:  # noqa: ANN001
+    def framed(cls, **kw: object) -> bytes:
         return ProtobufSerializer(cls, client, conf)(cls(**kw), SerializationContext(topic, MessageField.VALUE))
 
     good = framed(order, order_id="g", store_id=1)

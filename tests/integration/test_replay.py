@@ -26,11 +26,11 @@ from tidewater.table.summary import REPLAY, committed_state
 pytestmark = [pytest.mark.integration]
 
 
-def ev(i: int, **kw) -> bytes:  # noqa: ANN003
+def ev(i: int, **kw) -> bytes:
     return json.dumps({"id": i, "v": f"v{i}", **kw}).encode()
 
 
-def setup_table(broker, home, topic, n0: int = 40, n1: int = 30, **overrides):  # noqa: ANN001, ANN003, ANN201
+def setup_table(broker, home, topic, n0: int = 40, n1: int = 30, **overrides):
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           format={"metadata": "prefixed"}, validation={"not_null": ["id"]}, **overrides)
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(n0)], partitions=2)
@@ -40,7 +40,7 @@ def setup_table(broker, home, topic, n0: int = 40, n1: int = 30, **overrides):  
     return spec, path
 
 
-def content(path):  # noqa: ANN001, ANN201
+def content(path):
     t = table_of(path).scan().to_arrow()
     return sorted(zip(t.column("_kafka_partition").to_pylist(), t.column("_kafka_offset").to_pylist(), t.column("id").to_pylist()))
 
@@ -102,7 +102,7 @@ def test_an_append_missing_replay_killed_before_its_commit_lands_once_when_the_c
     lost = content(path)
     staged: list = []
 
-    def killed(spec_, plan, manifest):  # noqa: ANN001, ANN202
+    def killed(spec_, plan, manifest):
         staged.append((plan, manifest))
         raise KeyboardInterrupt("killed before the commit")
 
@@ -138,7 +138,7 @@ def test_an_append_missing_replay_whose_rows_another_replay_restored_first_is_re
     staged: list = []
     real_commit = replay_ops.commit_step
 
-    def killed(spec_, plan, manifest):  # noqa: ANN001, ANN202
+    def killed(spec_, plan, manifest):
         staged.append((plan, manifest))
         raise KeyboardInterrupt("killed before the commit")
 
@@ -264,7 +264,7 @@ def test_replay_command_through_spark(broker, home, topic):
     assert len(pc.unique(ids)) == ids.length() == 70
 
 
-def _run_planned(spec, planned):  # noqa: ANN001, ANN201
+def _run_planned(spec, planned):
     """The write, validate and commit tasks for what the plan task staged (write inline, not spark-submit)."""
     from tidewater.batch import manifest_path, write_json_atomic
     from tidewater.runtime.airflow import commit_task, validate_task

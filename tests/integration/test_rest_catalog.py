@@ -29,7 +29,7 @@ def _server(status: int) -> tuple[HTTPServer, str]:
             self.end_headers()
             self.wfile.write(body)
 
-        do_GET = do_POST = _answer  # noqa: N815
+        do_GET = do_POST = _answer
 
         def log_message(self, *_args: object) -> None:
             pass
@@ -39,7 +39,7 @@ def _server(status: int) -> tuple[HTTPServer, str]:
     return srv, f"http://127.0.0.1:{srv.server_address[1]}"
 
 
-def _spec(home, uri: str):  # noqa: ANN001, ANN202
+def _spec(home, uri: str):
     return load_pipeline(write_pipeline(home, catalog={"name": "lake", "properties": {
         "type": "rest", "uri": uri, "credential": "client:${TEST_REST_SECRET}", "warehouse": "analytics"}}))
 

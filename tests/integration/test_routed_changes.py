@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PARTITIONS = 2
 
 
-def database_pipeline(home, broker, topics: list[str], truncate: dict[int, str] | None = None, name: str = "inventory",  # noqa: ANN001, ANN201
+def database_pipeline(home, broker, topics: list[str], truncate: dict[int, str] | None = None, name: str = "inventory",
                       **more):
     """One pipeline over the topics of a database's tables: `rpc.src<i>` applies the changes of topic i (``truncate``:
     table index -> its `table.truncate`)."""
@@ -49,7 +49,7 @@ class Source:
         self.model: dict[int, dict] = {}
         self.records = 0
 
-    def produce(self, broker, batch: int, n: int, seed: int, snapshot: bool = False,  # noqa: ANN001
+    def produce(self, broker, batch: int, n: int, seed: int, snapshot: bool = False,
                 truncate: str | None = None) -> int:
         """``n`` generated changes (snapshot reads `r` instead of creates with ``snapshot``; with ``truncate``, a
         truncate of the source table first, which the table applies or dead-letters: `apply`, `dead_letter`);
@@ -99,7 +99,7 @@ def message_key(key: int, style: str | None) -> bytes | None:
     return json.dumps({"id": key}).encode() if style == "plain" else None
 
 
-def table_rows(spec, ident: str, branch: str | None = None) -> dict[int, dict]:  # noqa: ANN001
+def table_rows(spec, ident: str, branch: str | None = None) -> dict[int, dict]:
     table = load_table(load_catalog(spec), ident)
     cols = [c for c in ("id", "item", "price", "note") if c in table.schema().column_names]
     head = table.snapshot_by_name(branch) if branch else table.current_snapshot()
@@ -109,7 +109,7 @@ def table_rows(spec, ident: str, branch: str | None = None) -> dict[int, dict]: 
     return out
 
 
-def assert_equals_source(spec, ident: str, source: Source, branch: str | None = None) -> None:  # noqa: ANN001
+def assert_equals_source(spec, ident: str, source: Source, branch: str | None = None) -> None:
     import numpy as np
 
     got = table_rows(spec, ident, branch)
@@ -192,13 +192,13 @@ def test_a_crash_between_two_tables_commits_applies_each_change_once(broker, hom
     real = committing.commit_table_output
     calls: list[str] = []
 
-    def die_after_first(catalog, plan, out, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def die_after_first(catalog, plan, out, *a, **kw):
         if calls:
             raise TransientError("simulated crash between table commits")
         calls.append(out.table)
         return real(catalog, plan, out, *a, **kw)
 
-    def crash(seed: int):  # noqa: ANN202
+    def crash(seed: int):
         for i, s in enumerate(sources):
             s.produce(broker, 0, 30, seed=seed + i)
         calls.clear()
@@ -238,7 +238,7 @@ def test_a_crash_between_two_tables_commits_applies_each_change_once(broker, hom
     assert report.clean, [f.text() for f in report.findings]
 
 
-def database_by_pattern(home, broker, prefix: str, **more):  # noqa: ANN001, ANN201
+def database_by_pattern(home, broker, prefix: str, **more):
     """Every topic `<prefix>.<schema>.<table>` to a change table named by the topic's last part."""
     import re
 

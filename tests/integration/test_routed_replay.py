@@ -28,7 +28,7 @@ from tidewater.table.summary import CHANGES, REPLAY, committed_state, summary_di
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def history_and_current(home, broker, sources: list[Source]):  # noqa: ANN001, ANN201
+def history_and_current(home, broker, sources: list[Source]):
     tables = [{"identifier": "rpc.cur0", "topics": [sources[0].topic], "id_columns": ["id"], "upsert": True},
               {"identifier": "rpc.hist0", "topics": [sources[0].topic]},
               {"identifier": "rpc.cur1", "topics": [sources[1].topic], "id_columns": ["id"], "upsert": True}]
@@ -38,24 +38,24 @@ def history_and_current(home, broker, sources: list[Source]):  # noqa: ANN001, A
         validation={"not_null": ["id"]}))
 
 
-def history(spec) -> list[tuple]:  # noqa: ANN001
+def history(spec) -> list[tuple]:
     """The append table's rows as (partition, offset, id, op), sorted: each record once."""
     rows = load_table(load_catalog(spec), "rpc.hist0").scan(
         selected_fields=("_kafka_partition", "_kafka_offset", "id", "_op")).to_arrow().to_pylist()
     return sorted((r["_kafka_partition"], r["_kafka_offset"], r["id"], r["_op"]) for r in rows)
 
 
-def offsets_of(spec) -> dict[str, dict]:  # noqa: ANN001
+def offsets_of(spec) -> dict[str, dict]:
     catalog = load_catalog(spec)
     return {ident: committed_state(load_table(catalog, ident)).offsets
             for ident in ("rpc.cur0", "rpc.hist0", "rpc.cur1", spec.checkpoint_table())}
 
 
-def ends(spec, topic: str) -> dict[int, int]:  # noqa: ANN001
+def ends(spec, topic: str) -> dict[int, int]:
     return committed_state(load_table(load_catalog(spec), spec.checkpoint_table())).offsets[topic]
 
 
-def replay(spec, topic: str, end: dict[int, int], spark: bool = False, **kw):  # noqa: ANN001, ANN003, ANN201
+def replay(spec, topic: str, end: dict[int, int], spark: bool = False, **kw):
     """A replay of the topic's whole committed range, one partition at a time (offsets differ by partition); the
     write step in this process, or (``spark``) through spark-submit as the replay DAG runs it."""
     out = []
@@ -98,7 +98,7 @@ def test_a_routed_replay_leaves_healthy_tables_unchanged_and_restores_damaged_on
 
     real, calls = committing.commit_table_output, []
 
-    def die_after_first(catalog, plan, out, *a):  # noqa: ANN001, ANN002, ANN202
+    def die_after_first(catalog, plan, out, *a):
         if calls:
             raise TransientError("simulated crash between table commits")
         calls.append(out.table)

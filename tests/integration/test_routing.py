@@ -24,33 +24,33 @@ from tidewater.table.summary import BATCH_ID, BRANCH_BASE, DEAD_LETTERS, RECORDS
 pytestmark = [pytest.mark.integration]
 
 
-def routed_pipeline(home, broker, topics, **overrides):  # noqa: ANN001, ANN201
+def routed_pipeline(home, broker, topics, **overrides):
     doc = {"topics": topics, "kafka": {"bootstrap_servers": broker.bootstrap}, "table": {"identifier": ""},
            "validation": {"not_null": []}, **overrides}
     doc["routing"] = {"namespace": "rpc", **doc.get("routing", {})}
     return load_pipeline(write_pipeline(home, **doc))
 
 
-def rows(spec, ident):  # noqa: ANN001, ANN201
+def rows(spec, ident):
     t = load_table(load_catalog(spec), ident)
     return None if t is None else t.scan().to_arrow()
 
 
-def checkpoint(spec):  # noqa: ANN001, ANN201
+def checkpoint(spec):
     return load_table(load_catalog(spec), spec.checkpoint_table())
 
 
-def dead_letters(spec):  # noqa: ANN001, ANN201
+def dead_letters(spec):
     t = load_table(load_catalog(spec), spec.dead_letter_table())
     return [] if t is None else t.scan().to_arrow().sort_by("offset").to_pylist()
 
 
-def assert_accounting(spec, read: int, dead: int, skipped: int) -> None:  # noqa: ANN001
+def assert_accounting(spec, read: int, dead: int, skipped: int) -> None:
     props = checkpoint(spec).current_snapshot().summary.additional_properties
     assert (int(props[RECORDS]), int(props[DEAD_LETTERS]), int(props[SKIPPED])) == (read, dead, skipped)
 
 
-def ev(i: int, **fields) -> bytes:  # noqa: ANN003
+def ev(i: int, **fields) -> bytes:
     return json.dumps({"id": i, **fields}).encode()
 
 
@@ -163,7 +163,7 @@ def test_failure_after_some_tables_committed_never_duplicates(broker, home, topi
     real = committing.commit_table_output
     calls = []
 
-    def die_after_first(catalog, plan, out, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def die_after_first(catalog, plan, out, *a, **kw):
         if calls:
             raise TransientError("simulated crash between table commits")
         calls.append(out.table)

@@ -28,12 +28,12 @@ from tidewater_dev.sample_data import pizza_events
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _pipeline(home, broker, topic, url, **more):  # noqa: ANN001, ANN003, ANN202
+def _pipeline(home, broker, topic, url, **more):
     spark = {"connect_url": url, **more.pop("spark", {})}
     return write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, spark=spark, **more)
 
 
-def _batch(spec):  # noqa: ANN001, ANN202
+def _batch(spec):
     """Plan, write through the pipeline's Connect server, validate and commit one batch."""
     plan, plan_path = plan_step(spec)
     manifest = run_write_step(spec, plan_path)
@@ -115,7 +115,7 @@ def test_a_replay_through_the_server_leaves_the_table_identical(broker, home, to
     produce_to_partition(broker.bootstrap, topic, 1, [json.dumps({"id": 1000 + i}).encode() for i in range(30)])
     _batch(spec)
 
-    def content():  # noqa: ANN202
+    def content():
         t = table_of(path).scan().to_arrow()
         return sorted(zip(t.column("_kafka_partition").to_pylist(), t.column("_kafka_offset").to_pylist(),
                           t.column("id").to_pylist()))
@@ -335,7 +335,7 @@ def test_a_retry_interrupts_what_its_killed_try_left_running_on_the_server_and_w
     from tidewater.steps.write import run_connect_write
 
     namespace: dict = {}
-    exec(FILE_STORE, namespace)  # noqa: S102 - the same class in both processes
+    exec(FILE_STORE, namespace)
     store = namespace["FileStore"](tmp_path / "task-state.json")
     path = _pipeline(home, broker, topic, spark_connect.url, batch={"records_per_task": 10_000, "chunk_records": 2000,
                                                                      "max_records": 400_000})

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration]
 
 def test_pending_records_bytes_and_age_each_start_a_batch(broker, home, topic):
     """Each threshold, alone, says why a batch should start; a committed batch brings pending back to 0."""
-    def spec_with(**trigger):  # noqa: ANN003, ANN202
+    def spec_with(**trigger):
         return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                                             trigger=trigger))
 

@@ -94,11 +94,11 @@ def test_the_command_line_reference_is_generated_from_the_parser():
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "cli.md").read_text()
     assert page == cli_reference()
-    commands = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - the test reads argparse's own
+    commands = build_parser()._subparsers._group_actions[0].choices
     assert set(commands) == set(DETAILS)
     for name, parser in commands.items():
         assert f"## tidewater {name}\n" in page
-        for action in parser._actions:  # noqa: SLF001
+        for action in parser._actions:
             for option in action.option_strings:
                 assert action.dest == "help" or f"`{option}" in page or f", {option}" in page, (name, option)
     assert "tidewater status [-h] [--pipeline FILE] [--json] [NAME]" in page

@@ -109,7 +109,7 @@ def test_a_target_s_role_is_asked_of_the_target_set_by_name():
     routed = parse_pipeline({"name": "routed", "topics": ["t"], "kafka": {"bootstrap_servers": "h:1"},
                              "table": {"identifier": ""},
                              "routing": {"namespace": "ev", "field": "k", "dynamic": True, "table_template": "ev_{value}"}})
-    def answers(role):  # noqa: ANN001, ANN202
+    def answers(role):
         return (role.holds_offsets, role.carries_totals, role.created_at_commit, role.committed_without_rows,
                 role.has_own_settings, role.keeps_own_offsets, role.reached_by_routing, role.takes_one_topic)
 
@@ -135,7 +135,7 @@ def test_a_replay_s_modes_and_its_default_follow_the_pipeline_s_tables():
     assert changes.replay_modes == ("reapply",)
     assert routed.replay_modes == ("replace", "append-missing", "reapply")
 
-    def check(spec, mode):  # noqa: ANN001, ANN202
+    def check(spec, mode):
         check_request(spec, ReplayRequest(topic="t", partitions=(0,), start_offset=0, end_offset=5, mode=mode))
 
     for spec in (append, changes, routed):

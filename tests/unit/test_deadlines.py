@@ -32,7 +32,7 @@ class RecordingNotifier:
         CALLS.append({"notifier": True, **context})
 
 
-def spec_with(tmp_path: Path, **airflow: object):  # noqa: ANN201
+def spec_with(tmp_path: Path, **airflow: object):
     return load_pipeline(write_pipeline(tmp_path, topics=["t"], airflow=airflow))
 
 

@@ -41,7 +41,7 @@ def _chunk(values: list) -> Chunk:
     return Chunk("orders", 0, values, list(range(len(values))), [0] * len(values))
 
 
-def _decode(url: str, values: list):  # noqa: ANN202
+def _decode(url: str, values: list):
     return decode(_chunk(values), DecodeContext("json_schema", registry=RegistryClient(url)))
 
 

@@ -23,7 +23,7 @@ from tidewater.source.kafka import Chunk
 F = descriptor_pb2.FieldDescriptorProto
 
 
-def _field(m, name, number, kind, *, label=F.LABEL_OPTIONAL, type_name=None, oneof=None, optional=False):  # noqa: ANN001, ANN202
+def _field(m, name, number, kind, *, label=F.LABEL_OPTIONAL, type_name=None, oneof=None, optional=False):
     f = m.field.add(name=name, number=number, type=kind, label=label)
     if type_name:
         f.type_name = type_name
@@ -80,12 +80,12 @@ def _build() -> dict:
 
 
 
-def _serialize(url: str, cls, messages: list) -> list[bytes]:  # noqa: ANN001
+def _serialize(url: str, cls, messages: list) -> list[bytes]:
     ser = ProtobufSerializer(cls, SchemaRegistryClient({"url": url}), {"use.deprecated.format": False})
     return [ser(m, SerializationContext("orders", MessageField.VALUE)) for m in messages]
 
 
-def _decode(url: str, values: list):  # noqa: ANN202
+def _decode(url: str, values: list):
     chunk = Chunk("orders", 0, values, list(range(len(values))), [0] * len(values))
     return decode(chunk, DecodeContext("protobuf", registry=RegistryClient(url)))
 

@@ -14,7 +14,7 @@ from tidewater.runtime import retries
 from tidewater.runtime.airflow import fail_fast
 
 
-def policy():  # noqa: ANN201
+def policy():
     return retries.retry_policy(timedelta(seconds=10))
 
 

@@ -22,7 +22,7 @@ JSON_SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}}, "req
 
 
 @pytest.fixture
-def registry():  # noqa: ANN201
+def registry():
     reg = LocalSchemaRegistry({1: AVRO})
     url = reg.start()
     yield reg, url, SchemaRegistryClient({"url": url})

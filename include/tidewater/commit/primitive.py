@@ -262,7 +262,7 @@ def commit(
             _ensure_branch_base(view, change.branch)
             with view.transaction() as tx:
                 apply_change(tx, view, change)
-        except Exception as e:  # noqa: BLE001 - classified below; everything not retryable is re-raised
+        except Exception as e:
             kind = catalog_failure(e)
             if kind is None:
                 raise

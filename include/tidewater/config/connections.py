@@ -48,7 +48,7 @@ def airflow_connection(conn_id: str, setting: str) -> Any:
         raise ConfigError(f"{setting}: Airflow is not installed, cannot resolve connection {conn_id!r}") from None
     try:
         conn = BaseHook.get_connection(conn_id)
-    except Exception as e:  # AirflowNotFoundException and friends
+    except Exception as e:  # noqa: BLE001 - AirflowNotFoundException, or a secrets backend's own error: not found here
         raise ConfigError(f"{setting}: Airflow connection {conn_id!r} not found ({type(e).__name__})") from None
     if conn.password:  # whatever setting it becomes (a registry's `basic.auth.user.info` has no secret's name)
         mask({"password": conn.password})

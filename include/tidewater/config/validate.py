@@ -92,7 +92,7 @@ def _check_format(spec: PipelineSpec) -> None:
         from zoneinfo import ZoneInfo
 
         ZoneInfo(spec.format.timezone)
-    except Exception:
+    except Exception:  # noqa: BLE001 - ZoneInfo's several kinds (not found, bad key, a folder): not a zone
         raise ConfigError(f"format.timezone: {spec.format.timezone!r} is not an IANA time zone name") from None
     for column, tfmt in spec.format.timestamps.items():
         if tfmt not in ("iso8601", "epoch_millis", "epoch_seconds") and "%" not in tfmt:

@@ -108,7 +108,7 @@ class RegistryClient:
                                     "check format.registry_basic_auth / format.registry_settings") from None
             raise TransientError(f"schema registry {self.url} answered HTTP {e.http_status_code} for schema id "
                                  f"{schema_id}") from None
-        except Exception as e:  # connection refused, timeouts, TLS: the client's transport errors
+        except Exception as e:  # noqa: BLE001 - the client's transport errors (refused, timeouts, TLS): no common base
             raise TransientError(f"schema registry {self.url} unreachable: {type(e).__name__}") from None
         if (found.schema_type or "AVRO") != kind:
             raise UnknownSchemaId(f"schema id {schema_id} is a {found.schema_type} schema, not {kind}")

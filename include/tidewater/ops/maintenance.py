@@ -266,7 +266,7 @@ def in_flight_files(spec: PipelineSpec, cutoff_s: float) -> set[str]:
             continue
         try:
             m = BatchManifest.from_json(read_json(manifest))
-        except Exception as e:  # unreadable manifest: keep going, its files stay protected by age
+        except Exception as e:  # noqa: BLE001 - an unreadable manifest: keep going, its files stay protected by age
             log.warning("cannot read %s: %s", manifest, e)
             continue
         out.update(f.file_path for f in m.data_files)

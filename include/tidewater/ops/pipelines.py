@@ -87,7 +87,7 @@ def _line(spec: PipelineSpec, ends: tuple[Ends, list[str]] | None, failure: Tide
             + [p.problem for p in parts if p.problem])
     except TidewaterError as e:
         line.update(error=str(e), transient=e.transient)
-    except Exception as e:  # noqa: BLE001 - one pipeline's failure is its line's, never the page's
+    except Exception as e:
         log.warning("pipeline %s: its line for the view failed: %s", spec.name, e, exc_info=True)
         line.update(error=f"{type(e).__name__}: {e}")
     return line

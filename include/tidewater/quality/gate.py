@@ -343,7 +343,7 @@ class _Runner:
             from great_expectations.data_context.types.base import ProgressBarsConfig
 
             ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
-        except Exception:  # progress bars are cosmetic
+        except Exception:  # noqa: BLE001 - progress bars are cosmetic: a failure to switch them off is ignored
             pass
         asset = ctx.data_sources.add_pandas("tidewater").add_dataframe_asset(name="staged_batch")
         definition = asset.add_batch_definition_whole_dataframe("batch")

@@ -367,7 +367,7 @@ class IngestSparkSubmitOperator(BaseOperator):
             return
         try:
             conn = BaseHook.get_connection(self._conn_id)
-        except Exception:
+        except Exception:  # noqa: BLE001 - not found, or a secrets backend's own error: unusable
             raise ConfigError(
                 f"spark.conn_id: Airflow connection {self._conn_id!r} is not defined; e.g. "
                 f"AIRFLOW_CONN_{self._conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[*]\"}}'"
@@ -462,7 +462,7 @@ def spark_master(conn_id: str, default: str) -> str:
         from airflow.sdk import BaseHook
 
         conn = BaseHook.get_connection(conn_id)
-    except Exception:  # no such connection: the pipeline's spark.master
+    except Exception:  # noqa: BLE001 - no such connection (or no backend answers): the pipeline's spark.master
         return default
     if conn.conn_type == "spark_connect":
         log.info("Airflow connection %r is a Spark Connect server: Spark sessions of this task use spark.master %s",
@@ -479,7 +479,7 @@ def _deploy_mode(conn_id: str) -> str | None:
         from airflow.sdk import BaseHook
 
         return BaseHook.get_connection(conn_id).extra_dejson.get("deploy-mode")
-    except Exception:  # no such connection: client mode
+    except Exception:  # noqa: BLE001 - no such connection (or no backend answers): client mode
         return None
 
 

@@ -82,7 +82,7 @@ def _doc(spec: PipelineSpec, path: Path) -> str:
     )
 
 
-def _batch_tasks(pipeline_path: str, spec: PipelineSpec, plan_fn) -> None:  # noqa: ANN001
+def _batch_tasks(pipeline_path: str, spec: PipelineSpec, plan_fn) -> None:
     """plan -> write (spark-submit) -> validate -> commit, with ``plan_fn`` deciding what the batch is."""
 
     @task.short_circuit(task_id="plan")
@@ -118,7 +118,7 @@ def _batch_tasks(pipeline_path: str, spec: PipelineSpec, plan_fn) -> None:  # no
     checked >> data_docs(planned)  # next to the commit, never before it (see quality/data_docs.py)
 
 
-def _timetable(schedule: str | None):  # noqa: ANN202
+def _timetable(schedule: str | None):
     """Cron schedules with data intervals [previous run, this run): a batch then records the interval it
     covers, and a backfill run of an interval maps it to offsets (Airflow's default cron timetable gives
     every run an empty interval)."""
@@ -128,11 +128,11 @@ def _timetable(schedule: str | None):  # noqa: ANN202
 
     try:
         return CronDataIntervalTimetable(schedule, timezone="UTC")
-    except Exception:  # not a cron expression: Airflow validates it as given
+    except Exception:  # noqa: BLE001 - not a cron expression (croniter's several kinds): Airflow validates it as given
         return schedule
 
 
-def _schedule(spec: PipelineSpec, pipeline_path: str):  # noqa: ANN202
+def _schedule(spec: PipelineSpec, pipeline_path: str):
     """The cron schedule, or (with ``trigger`` settings) the cron schedule *or* the pipeline's pending-data
     asset, which the lag trigger watches in Airflow's triggerer (see runtime/triggers.py)."""
     timetable = _timetable(spec.schedule)
@@ -150,7 +150,7 @@ def _schedule(spec: PipelineSpec, pipeline_path: str):  # noqa: ANN202
     return AssetOrTimeSchedule(timetable=timetable, assets=asset)
 
 
-def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+def build_ingest_dag(path: Path, spec: PipelineSpec):
     pipeline_path = str(path)
 
     alert = freshness_alert(spec)  # airflow.freshness (Airflow 3.1+): a deadline on each run
@@ -187,7 +187,7 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns 
 ISO_TIME = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]\d{2}:?\d{2})?$"
 
 
-def build_replay_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+def build_replay_dag(path: Path, spec: PipelineSpec):
     """``replay_<name>``: triggered from the UI with a form; re-reads an offset or time range into the table."""
     pipeline_path = str(path)
     topic = Param(spec.topics[0] if spec.topics else "", type="string", title="Topic",
@@ -260,7 +260,7 @@ def _routed_replay_doc(spec: PipelineSpec) -> str:
             "the checkpoint table's offsets; every table keeps its own. The dry run logs rows per table and partition.")
 
 
-def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body, outlets: list | None = None):  # noqa: ANN001, ANN201
+def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body, outlets: list | None = None):
     """A DAG of one task, triggered from the UI with a typed form: ``body(params, context)`` runs it."""
 
     @dag(dag_id=spec.dag_ids()[kind], schedule=None, **_dag_kwargs(spec, kind), doc_md=doc_md, params=params)
@@ -277,7 +277,7 @@ def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body, ou
 QUARANTINE_RUNS = 16  # decision runs may wait side by side (runtime/decisions.py), beside the form's runs
 
 
-def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+def build_quarantine_dag(path: Path, spec: PipelineSpec):
     """``quarantine_<name>``: list, publish or drop batches the quality gate quarantined (triggered with a form), and,
     where Airflow has human-in-the-loop tasks (3.1+), the decision a quarantined batch opens: a run whose ``decide``
     task waits in Airflow's Required actions for Publish or Drop, then ``apply`` does it (runtime/decisions.py)."""
@@ -285,7 +285,7 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - retu
     try:
         from airflow.providers.standard.operators.hitl import HITLOperator
     except ImportError:  # Airflow 3.0: the form alone
-        HITLOperator = None  # noqa: N806
+        HITLOperator = None
     kwargs = {**_dag_kwargs(spec, "quarantine"), "max_active_runs": QUARANTINE_RUNS}
 
     @dag(dag_id=spec.dag_ids()["quarantine"], schedule=None, **kwargs, doc_md=_quarantine_doc(spec, pipeline_path),
@@ -355,7 +355,7 @@ def _quarantine_params(spec: PipelineSpec) -> dict[str, Any]:
     }
 
 
-def build_skip_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+def build_skip_dag(path: Path, spec: PipelineSpec):
     """``skip_<name>``: dead-letter the records that block a partition (triggered with a form, audited)."""
     pipeline_path = str(path)
 
@@ -385,7 +385,7 @@ def build_skip_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an
     }, body)
 
 
-def build_retry_dead_letters_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+def build_retry_dead_letters_dag(path: Path, spec: PipelineSpec):
     """``retry_dead_letters_<name>``: decode the open dead letters again with the current settings and commit those
     that pass, once (``tidewater dead-letters retry``; triggered with a form, or from the Tidewater view)."""
     pipeline_path = str(path)
@@ -414,7 +414,7 @@ def build_retry_dead_letters_dag(path: Path, spec: PipelineSpec):  # noqa: ANN20
     }, body, outlets=[commits_alias(spec)])
 
 
-def build_audit_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+def build_audit_dag(path: Path, spec: PipelineSpec):
     """``audit_<name>``: is the table exactly its topic (``tidewater audit``); fails on a discrepancy."""
     pipeline_path = str(path)
 
@@ -441,7 +441,7 @@ def build_audit_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns a
     return audit()
 
 
-def build_invalid_dag(path: Path, error: ConfigError):  # noqa: ANN201
+def build_invalid_dag(path: Path, error: ConfigError):
     """A DAG that shows a broken pipeline file in the UI instead of hiding it."""
 
     @dag(
@@ -478,7 +478,7 @@ def table_asset(spec: PipelineSpec) -> Asset:
     return asset_of(spec.catalog.name, spec.checkpoint_table())
 
 
-def build_maintain_dag(path: Path, spec: PipelineSpec):  # noqa: ANN201 - returns an Airflow DAG
+def build_maintain_dag(path: Path, spec: PipelineSpec):
     pipeline_path = str(path)
     asset = table_asset(spec)
     m = spec.maintenance

@@ -791,7 +791,7 @@ def cli_reference() -> str:
     from tidewater.runtime.cli_reference import reference
 
     _, sub = _parser_and_commands()
-    summaries = {a.dest: a.help for a in sub._choices_actions}  # noqa: SLF001 - argparse keeps each command's help here
+    summaries = {a.dest: a.help for a in sub._choices_actions}
     return reference(dict(sub.choices), summaries)
 
 

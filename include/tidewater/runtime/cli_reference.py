@@ -148,7 +148,7 @@ def reference(commands: dict[str, argparse.ArgumentParser], summaries: dict[str,
         usage = " ".join(parser.format_usage().split()).removeprefix("usage: ")
         out += [f"## tidewater {name}", "", f"{summaries[name][:1].upper()}{summaries[name][1:]}.", "", "```",
                 usage, "```", "", DETAILS[name][:1].upper() + DETAILS[name][1:] + ".", ""]
-        rows = [_argument(a) for a in parser._actions if a.help != argparse.SUPPRESS and a.dest != "help"]  # noqa: SLF001 - argparse's own list
+        rows = [_argument(a) for a in parser._actions if a.help != argparse.SUPPRESS and a.dest != "help"]
         out += ["| argument | meaning |", "| --- | --- |", *rows, ""]
     return "\n".join(out)
 

@@ -94,16 +94,16 @@ def _facets() -> Any:
         @attr.define
         class Batch(RunFacet):
             """One Tidewater batch: what was read and where it went (read = rows + dead letters + skipped)."""
-            batchId: str  # noqa: N815 - OpenLineage facets are camelCase
+            batchId: str
             mode: str
             pipeline: str
-            recordsRead: int  # noqa: N815
+            recordsRead: int
             rows: int
-            deadLetters: int  # noqa: N815
+            deadLetters: int
             skipped: int
             gate: str  # passed, failed, warned, quarantined
             status: str | None = None
-            snapshotId: str | None = None  # noqa: N815
+            snapshotId: str | None = None
             _get_schema = schema("Batch")
 
         @attr.define

@@ -171,7 +171,7 @@ def new_consumer(settings: dict[str, str], client_id: str, metadata_only: bool =
         if not metadata_only:
             return Consumer(conf)
         consumer = _MetadataConsumer({**conf, "error_cb": refusals})
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - librdkafka's configuration errors (KafkaException, TypeError, ValueError)
         raise ConfigError(f"kafka.settings: librdkafka rejected the configuration: {e}") from None
     consumer.refusals = refusals
     return consumer
@@ -199,7 +199,7 @@ def resolve_topics(settings: dict[str, str], spec: PipelineSpec, timeout: float 
     try:
         try:
             names = consumer.list_topics(timeout=timeout).topics
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - librdkafka's metadata errors: refused credentials terminal, the rest transient
             refused(consumer, settings)
             raise TransientError(f"cannot list topics on {redact(settings).get('bootstrap.servers')}: {e}") from None
     finally:
@@ -219,7 +219,7 @@ def list_partitions(settings: dict[str, str], topics: list[str], timeout: float 
         for topic in topics:
             try:
                 md = consumer.list_topics(topic, timeout=timeout)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - librdkafka's metadata errors: refused credentials terminal, the rest transient
                 refused(consumer, settings)
                 raise TransientError(
                     f"cannot read topic metadata from {redact(settings).get('bootstrap.servers')}: {e}", topic=topic
@@ -259,7 +259,7 @@ def cluster_topics(settings: dict[str, str], names: list[str] | None = None,
     try:
         try:
             md = consumer.list_topics(timeout=timeout)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - librdkafka's metadata errors: refused credentials terminal, the rest transient
             refused(consumer, settings)
             raise TransientError(f"cannot list topics on {where}: {e}") from None
     finally:
@@ -284,7 +284,7 @@ def new_admin(settings: dict[str, str], client_id: str) -> Any:
     refusals = Refusals()
     try:
         admin = _Admin(client_logging({**conf, "client.id": f"tidewater-{client_id}", "error_cb": refusals}))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - librdkafka's configuration errors (KafkaException, TypeError, ValueError)
         raise ConfigError(f"kafka.settings: librdkafka rejected the configuration: {e}") from None
     admin.refusals = refusals
     return admin
@@ -349,7 +349,7 @@ def _offsets(futures: dict[Any, Any]) -> dict[TopicPartition, int]:
     for tp, fut in futures.items():
         try:
             offset = int(fut.result().offset)
-        except Exception as e:  # the broker unreachable, or the partition's leader unknown for now
+        except Exception as e:  # noqa: BLE001 - the broker unreachable, or the partition's leader unknown for now
             raise TransientError(f"cannot read watermarks: {e}", topic=tp.topic, partition=tp.partition) from None
         if offset < 0:
             raise TransientError(f"cannot read watermarks: the broker answered no offset ({offset}); the partition's "

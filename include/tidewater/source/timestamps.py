@@ -27,7 +27,7 @@ class KafkaOffsetLookup:
         consumer = new_consumer(self.settings, "offsets-for-times")
         try:
             found = consumer.offsets_for_times([KTP(topic, p, ms) for p in partitions], timeout=15)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - librdkafka's errors: the broker unreachable
             raise TransientError(f"offsets_for_times failed: {e}", topic=topic) from None
         finally:
             consumer.close()

@@ -37,7 +37,7 @@ def release_catalog(spark: Any, spec: PipelineSpec) -> None:
     manager = spark._jsparkSession.sessionState().catalogManager()
     try:
         catalog = manager.catalog(spec.catalog.name).icebergCatalog()
-    except Exception:  # catalog never initialised in this session: nothing is open
+    except Exception:  # noqa: BLE001 - a Py4J error: the catalog was never initialised in this session, nothing is open
         return
     if hasattr(catalog, "close"):
         catalog.close()

@@ -84,7 +84,7 @@ def load_catalog(spec: PipelineSpec) -> Any:
         try:
             _LOADED[key] = _load(spec.catalog.name, **props)
             return _LOADED[key]
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any catalog implementation's errors: classified below
             # A new SQL catalog creates its own tables on first load; concurrent first loads collide
             # ("already exists"), and the next attempt finds the tables in place.
             if "already exists" in str(e) and attempt < 4:

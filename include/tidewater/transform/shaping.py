@@ -151,7 +151,7 @@ class NameMatcher:
         schema = table.schema()
         try:
             mapping = table.name_mapping()
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unreadable schema.name-mapping.default: names match as they are
             mapping = None
         by_id: dict[int, list[str]] = {}
         if mapping is not None:

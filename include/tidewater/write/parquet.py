@@ -148,7 +148,7 @@ class DataFileWriter:
             try:
                 f.writer.close()
                 f.stream.close()
-            except Exception:  # the partial file is deleted or left as an orphan either way
+            except Exception:  # noqa: BLE001 - the partial file is deleted or left as an orphan either way
                 pass
         self._open.clear()
         return paths

@@ -227,7 +227,7 @@ def delete_files(table: Table, paths: list[str]) -> None:
     for p in paths:
         try:
             table.io.delete(p)
-        except Exception:  # best effort: an undeleted file is an orphan that is never committed
+        except Exception:  # noqa: BLE001 - best effort: an undeleted file is an orphan that is never committed
             log.warning("could not delete uncommitted file %s", p)
 
 

@@ -291,7 +291,7 @@ def _run_task(spec: PipelineSpec, task_id: int, ranges: tuple[PartitionRange, ..
             writer.abort()
             return {"task_id": task_id, "evolve": needs}
         writer.close()
-    except Exception as e:  # the task reports its error to the driver, which raises it (BatchWriteError)
+    except Exception as e:  # noqa: BLE001 - the task reports its error to the driver, which raises it (BatchWriteError)
         if writer is not None:
             writer.abort()
         if not isinstance(e, TidewaterError) and catalog_failure(e) is not None:  # a busy catalog is worth a retry
