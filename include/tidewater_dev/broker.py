@@ -188,11 +188,10 @@ def _launch(config: Path, log_path: Path, detach: bool) -> int:
 
 
 def _format(config: Path, cluster_id: str, log_path: Path) -> None:
-    """``kafka-storage format``: the node's log directories get the cluster id and the metadata version (once; a
-    formatted directory is kept: ``--ignore-formatted``)."""
+    """``kafka-storage format``: new log directories get the cluster id and the metadata version (a formatted
+    directory is never formatted again: Kafka refuses another cluster id for it)."""
     cmd = [java(), "-XX:TieredStopAtLevel=1", f"-Dlog4j2.configurationFile={JVM_DIR / 'log4j2.properties'}",
-           "-cp", f"{kafka_libs()}/*", "kafka.tools.StorageTool", "format", "--ignore-formatted",
-           "-t", cluster_id, "-c", str(config)]
+           "-cp", f"{kafka_libs()}/*", "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
     with open(log_path, "ab") as logf:
         done = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, timeout=120, check=False)
     if done.returncode != 0:
@@ -241,8 +240,9 @@ def wait_ready(bootstrap: str, brokers: int, timeout: float, nodes: list[Broker]
 def start(port: int | None = None, log_path: Path | None = None, detach: bool = False,
           data_dir: Path | None = None) -> Broker:
     """One Kafka node (controller and broker) on 127.0.0.1:``port`` (a free port when None), ready for clients.
-    ``data_dir``: its log directories, kept when it stops (formatted on first use); None: a temporary folder,
-    removed when it stops. ``detach``: its own session, so that it outlives this process (the demo's broker)."""
+    ``data_dir``: its log directories, kept when it stops (formatted on first use, restarted on the configuration
+    written then); None: a temporary folder, removed when it stops. ``detach``: its own session, so that it outlives
+    this process (the demo's broker)."""
     if port and not port_free(port):
         raise ConfigError(f"--port: 127.0.0.1:{port} is already in use by another process; choose another port")
     port = port or free_port()
@@ -251,10 +251,11 @@ def start(port: int | None = None, log_path: Path | None = None, detach: bool = 
     ephemeral = data_dir is None
     data = Path(tempfile.mkdtemp(prefix=f"tidewater-kafka-{port}-")) if data_dir is None else data_dir
     data.mkdir(parents=True, exist_ok=True)
-    controller = free_port()
-    config = data / "server.properties"  # beside the logs: a kept folder restarts with the ports it was made with
-    _write_properties(config, node_properties(1, port, controller, f"1@127.0.0.1:{controller}", data / "logs", 1))
-    _format(config, _cluster_id(), log_path)
+    config = data / "server.properties"  # beside the logs: a kept folder restarts on the configuration it was made with
+    if not (data / "logs" / "meta.properties").is_file():  # a new folder: its configuration, then its cluster id
+        controller = free_port()
+        _write_properties(config, node_properties(1, port, controller, f"1@127.0.0.1:{controller}", data / "logs", 1))
+        _format(config, _cluster_id(), log_path)
     broker = Broker(_launch(config, log_path, detach), port, str(log_path), str(config), str(data), ephemeral)
     try:
         wait_ready(broker.bootstrap, 1, READY_SECONDS, [broker])

@@ -173,6 +173,32 @@ def test_broker_stop_with_a_port_stops_only_the_broker_on_that_port(home):
         cli(home, "broker", "stop")
 
 
+def test_the_demo_broker_started_again_keeps_its_topics_and_records(home):
+    """`tidewater broker start` keeps its log directories in $TIDEWATER_HOME/kafka-<port>: stopped and started again
+    on the same port, the broker has the topic and the records produced before (its first start formatted the
+    directories; the second reuses them)."""
+    import socket
+
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KTP
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bootstrap = f"127.0.0.1:{port}"
+    try:
+        assert cli(home, "broker", "start", "--port", str(port)).returncode == 0
+        produce_to_partition(bootstrap, "kept", 0, pizza_events(3, seed=91))
+        assert cli(home, "broker", "stop", "--port", str(port)).returncode == 0
+        again = cli(home, "broker", "start", "--port", str(port))
+        assert again.returncode == 0, again.stderr
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kept-check"})
+        assert consumer.get_watermark_offsets(KTP("kept", 0), timeout=30) == (0, 3)
+        consumer.close()
+    finally:
+        cli(home, "broker", "stop")
+
+
 QUIET_SCRIPT = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)  # a task's log, as Airflow captures it
