@@ -330,13 +330,14 @@ def test_unreachable_broker_gives_one_clear_error_not_a_flood_of_librdkafka_line
 def test_watermarks_of_every_partition_in_one_request_equal_a_consumers_per_partition_answers(broker, topic):
     """`source.kafka.watermarks` asks the leader once for every partition's log start and once for every end (the
     admin client's ListOffsets, read_committed): the same (start, end) as a read_committed consumer's
-    get_watermark_offsets per partition (whatever the broker answers for an open, then aborted, transaction: the
-    embedded broker's last stable offset differs from Kafka's, STACK.md), and a transient error naming the topic when it does not exist."""
+    get_watermark_offsets per partition once no transaction is open; while one is, the end is the last stable offset
+    (the open transaction's first) where the consumer's answer is the high watermark; and a transient error naming the
+    topic when it does not exist."""
     from confluent_kafka import Producer
     from confluent_kafka import TopicPartition as KTP
 
     from tidewater.errors import TransientError
-    from tidewater.source.kafka import new_consumer, watermarks
+    from tidewater.source.kafka import high_watermarks, new_consumer, watermarks
 
     settings = {"bootstrap.servers": broker.bootstrap}
     for p, n in ((0, 3), (2, 7)):  # partition 1 stays empty
@@ -356,10 +357,16 @@ def test_watermarks_of_every_partition_in_one_request_equal_a_consumers_per_part
 
     parts = [(topic, p) for p in range(3)]
     while_open = watermarks(settings, parts)
-    assert while_open == per_partition() and while_open[(topic, 0)] == (0, 3), while_open
+    consumer_view = per_partition()  # a consumer's answer is the high watermark, past an open transaction
+    assert {tp: lo for tp, (lo, _) in while_open.items()} == {tp: lo for tp, (lo, _) in consumer_view.items()}
+    assert while_open == {(topic, 0): (0, 3), (topic, 1): (0, 0), (topic, 2): (0, 7)}, while_open  # stable: 7
+    assert high_watermarks(settings, parts)[(topic, 2)] == 8  # the open transaction's record is at 7
+    assert consumer_view[(topic, 2)] in ((0, 7), (0, 8))  # librdkafka's consumer gives either, by timing
     txn.abort_transaction(15)
-    after = watermarks(settings, parts)
-    assert after == per_partition() and after[(topic, 1)] == (0, 0), after
+    deadline = time.monotonic() + 30  # the last stable offset moves once the abort marker is written
+    while (after := watermarks(settings, parts))[(topic, 2)] != (0, 9) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert after == per_partition() == {(topic, 0): (0, 3), (topic, 1): (0, 0), (topic, 2): (0, 9)}, after
     with pytest.raises(TransientError) as err:
         watermarks(settings, [(f"{topic}-missing", 0)], timeout=5)
     assert err.value.transient and f"{topic}-missing" in str(err.value)
