@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -40,8 +41,6 @@ def main() -> int:
     args = ap.parse_args()
     home = fresh_home("bench-broker")
     sys.path.insert(0, str(REPO))
-    import os
-
     from tidewater_dev import broker as embedded
 
     env = {**os.environ, "TIDEWATER_HOME": str(home), "TIDEWATER_LOG_LEVEL": "WARNING"}

@@ -165,10 +165,10 @@ class _Admin(AdminClient):
 def new_consumer(settings: dict[str, str], client_id: str, metadata_only: bool = False) -> Any:
     """A consumer on the pipeline's settings. ``metadata_only``: one that is never assigned, whose authentication
     failures are kept for ``refused`` (a reading consumer's errors come with the records it consumes)."""
-    refusals = Refusals()
     conf = client_logging(consumer_config(settings, client_id))
+    refusals = Refusals() if metadata_only else None
     try:
-        if not metadata_only:
+        if refusals is None:
             return Consumer(conf)
         consumer = _MetadataConsumer({**conf, "error_cb": refusals})
     except Exception as e:  # noqa: BLE001 - librdkafka's configuration errors (KafkaException, TypeError, ValueError)
