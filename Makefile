@@ -30,7 +30,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: kafka bench-broker install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: kafka peers bench-peers bench-broker install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -108,6 +108,17 @@ $(KAFKA_LIBS)/.installed: jvm/kafka/pom.xml $(DATA)/.system-deps-6
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends maven >/dev/null; }
 	@rm -rf $(KAFKA_LIBS)
 	mvn -q -B -f jvm/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(KAFKA_LIBS)
+	@touch $@
+
+# The peers of `make bench-peers` (not part of setup): a Kafka Connect worker with the Apache Iceberg sink
+# (jvm/peers/connect) and Spark's Kafka source with Iceberg's Spark runtime for Structured Streaming
+# (jvm/peers/spark), copied from Maven Central into .data/peers. Redone when a pom changes.
+PEERS := $(DATA)/peers
+peers: $(PEERS)/.installed
+$(PEERS)/.installed: jvm/peers/connect/pom.xml jvm/peers/spark/pom.xml $(KAFKA_LIBS)/.installed
+	@rm -rf $(PEERS)
+	mvn -q -B -f jvm/peers/connect/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(PEERS)/connect/libs
+	mvn -q -B -f jvm/peers/spark/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(PEERS)/spark/jars
 	@touch $@
 
 # The Tidewater apps inside Airflow's UI (React, TypeScript, sources in ui/): npm installs the locked build tools,
@@ -217,6 +228,12 @@ bench: setup
 # BENCHMARKS.md; a few minutes). BENCH_ARGS="--records 100000" for a short run.
 bench-broker: setup
 	$(PY) scripts/bench_broker.py $(BENCH_ARGS)
+
+# Tidewater beside the Apache Iceberg Kafka Connect sink and Spark Structured Streaming on the same Kafka, JDBC
+# catalog (PostgreSQL), warehouse and 2 cores: a backlog drained (a section of BENCHMARKS.md, docs/img/bench-peers.png
+# and docs/explanation/peers.md's figures). BENCH_ARGS="--records 200000" for a short run.
+bench-peers: setup test-system-deps peers spark-connect-install
+	$(PY) scripts/bench_peers.py $(BENCH_ARGS)
 
 bench-maintenance: setup
 	$(PY) scripts/bench_maintenance.py
