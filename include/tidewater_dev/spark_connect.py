@@ -24,7 +24,7 @@ from typing import ClassVar
 
 from tidewater.config.spec import home_dir
 from tidewater.errors import ConfigError, TransientError
-from tidewater_dev.broker import free_port, port_free, wait_listening
+from tidewater_dev.broker import CHECKOUT, free_port, port_free, wait_listening
 from tidewater_dev.process import LocalServer
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def default_dist() -> Path:
     """Where ``make spark-connect`` unpacks the distribution: ``$TIDEWATER_SPARK_CONNECT_DIST``, else
     ``.data/spark-connect`` beside the package's checkout."""
     env = os.environ.get(DIST_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[3] / ".data" / "spark-connect"
+    return Path(env) if env else CHECKOUT / ".data" / "spark-connect"
 
 
 def check_dist(dist: Path) -> Path:
