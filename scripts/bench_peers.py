@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -64,10 +63,12 @@ class Drain:
     rows: int = 0
     distinct: int = 0
     note: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cpu_total(self) -> float:
-        return sum(self.cpu.values())
+        """The machine's CPU-seconds over the drain: every process, the broker and PostgreSQL included."""
+        return self.cpu["machine"]
 
 
 class Shared:
@@ -75,6 +76,7 @@ class Shared:
 
     def __init__(self, home: Path) -> None:
         from pyiceberg.catalog import load_catalog
+
         from tidewater_dev import broker, postgres
 
         self.home = home
@@ -132,53 +134,24 @@ def read_back(shared: Shared, ident: str, drain: Drain) -> None:
             drain.bytes += int(summary.get("added-files-size", 0) or 0)
 
 
-def become_subreaper() -> None:
-    """Processes orphaned under this one (the Spark JVM that `tidewater run` leaves stopping in the background)
-    are re-parented here instead of to init, so that ``children_cpu`` counts them once reaped."""
-    import ctypes
-
-    pr_set_child_subreaper = 36
-    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
-
-
-def reap_orphans() -> None:
-    """Wait for the Spark JVMs still stopping after a run, and reap every orphan that was re-parented here."""
-    settle()
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def tidewater_drain(shared: Shared, path: Path, env: dict[str, str], drain: Drain, ident: str,
                     server_pid: int | None) -> None:
-    """One `tidewater run`: its processes' CPU from the children's rusage (this process is their subreaper, so the
-    Spark JVM that stops after the CLI has exited is counted too), a warm Connect server's from its process tree."""
+    """One `tidewater run`; its CPU is the machine's until the Spark JVM it leaves stopping has exited (``settle``)."""
     settle()
+    drain.config = {"pipeline file": yaml.safe_load(path.read_text())}
     roots = shared.shared_roots() | ({"Spark Connect server": server_pid} if server_pid else {})
-    before = children_cpu()
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "tidewater.runtime.cli", "run", "--pipeline", str(path), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     procs = Processes(roots | {"tidewater": proc.pid}).start()
     out, _ = proc.communicate()
     drain.seconds = time.monotonic() - t0
+    settle()
     cpu = procs.finish()
     if proc.returncode != 0:
         raise RuntimeError(f"tidewater run failed ({proc.returncode}): {out[-2000:]}")
     result = json.loads(out.strip().splitlines()[-1])
     assert result["records"] == drain.records, result
-    reap_orphans()
-    cpu["tidewater"] = children_cpu() - before
     drain.cpu = cpu
     drain.peak_rss_mb = procs.peak_rss_mb["tidewater"] + procs.peak_rss_mb.get("Spark Connect server", 0.0)
     read_back(shared, ident, drain)
@@ -202,6 +175,7 @@ def connect_drain(shared: Shared, worker: ConnectWorker, topic: str, ident: str,
         "iceberg.catalog": "peers", **{f"iceberg.catalog.{k}": v for k, v in shared.jdbc.items()},
         "iceberg.control.topic": f"control-{name}", "iceberg.tables.auto-create-enabled": "false",
         **config}
+    drain.config = {"worker properties": worker.props, "connector": connector}
     create_topic(shared.broker.bootstrap, connector["iceberg.control.topic"], 1)
     procs = Processes(shared.shared_roots() | {"Kafka Connect worker": worker.proc.pid}).start()
     t0 = time.monotonic()
@@ -226,7 +200,11 @@ def streaming_drain(shared: Shared, topic: str, ident: str, drain: Drain, trigge
     checkpoint = shared.home / "checkpoints" / ident
     # Spark names the table through its catalog: peers (catalog).peers (namespace).name
     cmd = streaming_command(shared.broker.bootstrap, topic, f"peers.{ident}", checkpoint, trigger_s, shared.jdbc)
-    log = open(shared.home / f"{ident}.log", "wb")  # noqa: SIM115 - closed below
+    drain.config = {"spark-submit": cmd[1:-5], "query": "scripts/peer_streaming.py: readStream kafka (startingOffsets "
+                    "earliest, read_committed, failOnDataLoss) -> from_json(value, the table's columns) + topic, "
+                    "partition, offset, timestamp -> writeStream iceberg, append, checkpointLocation; trigger: "
+                    + ("Spark's default" if not trigger_s else f"processingTime {trigger_s:g} s")}
+    log = open(shared.home / f"{ident}.log", "wb")
     settle()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -311,18 +289,8 @@ def drain_all(shared: Shared, home: Path, n: int, args: argparse.Namespace, env:
     return out
 
 
-def report(drains: list[Drain], args: argparse.Namespace, when: str, versions: dict[str, str]) -> str:
-    lines = [BEGIN, "## Compared with the Kafka Connect sink and Structured Streaming (issue 56)", "",
-             f"Produced by `{command_line('make bench-peers')}` on {when} (UTC) on {os.cpu_count()} cores; every "
-             "figure below is from that run. The same Apache Kafka "
-             f"{versions['kafka']} broker (one node), the same PostgreSQL database as the catalog (pyiceberg's SQL "
-             f"catalog and Iceberg {versions['iceberg']}'s JdbcCatalog on the same tables), the same local warehouse, "
-             "the same JSON pizza events over 6 partitions, already in the topic. Seconds: from the system's start "
-             "(the CLI, the connector's creation, spark-submit) until every record is visible in the table (polled "
-             "every second). CPU: every process involved, the broker and PostgreSQL included, over that window. "
-             "Duplicates and losses: rows and distinct order ids read back. Each configuration is in "
-             "[the comparison page](docs/explanation/peers.md).", "",
-             "| records | system | setting | seconds | records/s | CPU-s | CPU-s per 1M | of which broker + catalog "
+def results_table(drains: list[Drain]) -> list[str]:
+    lines = ["| records | system | setting | seconds | records/s | CPU-s | CPU-s per 1M | of which broker + catalog "
              "| peak RSS (MB) | commits | files per commit | MB per commit | rows (distinct) |",
              "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for d in drains:
@@ -332,8 +300,44 @@ def report(drains: list[Drain], args: argparse.Namespace, when: str, versions: d
             f"{d.cpu_total:.1f} | {d.cpu_total / d.records * 1e6:.1f} | {shared:.1f} | {d.peak_rss_mb:.0f} | "
             f"{d.commits} | {d.files / max(d.commits, 1):.1f} | {d.bytes / max(d.commits, 1) / 1e6:.1f} | "
             f"{d.rows:,} ({d.distinct:,}){'; ' + d.note if d.note else ''} |")
-    lines += ["", *ratios(drains), "", f"![peers](docs/img/{CHART.name})", "", END]
+    return lines
+
+
+def method(when: str, versions: dict[str, str]) -> str:
+    return (f"Produced by `{command_line('make bench-peers')}` on {when} (UTC) on {os.cpu_count()} cores; every "
+            f"figure is from that run. The same Apache Kafka {versions['kafka']} broker (one node), the same "
+            "PostgreSQL database as the catalog (pyiceberg's SQL catalog and Iceberg "
+            f"{versions['iceberg']}'s JdbcCatalog on the same tables), the same local warehouse, the same JSON pizza "
+            "events over 6 partitions, already in the topic. Seconds: from the system's start (the CLI, the "
+            "connector's creation, spark-submit) until every record is visible in the table (polled every second). "
+            "CPU: every process involved, the broker and PostgreSQL included, over that window. Duplicates and "
+            "losses: rows and distinct order ids read back.")
+
+
+def report(drains: list[Drain], when: str, versions: dict[str, str]) -> str:
+    lines = [BEGIN, "## Compared with the Kafka Connect sink and Structured Streaming (issue 56)", "",
+             method(when, versions) + " Each system's configuration is on "
+             "[the comparison page](docs/explanation/peers.md).", "",
+             *results_table(drains), "", *ratios(drains), "", f"![peers](docs/img/{CHART.name})", "", END]
     return "\n".join(lines)
+
+
+def page(drains: list[Drain], when: str, versions: dict[str, str], redact: dict[str, str]) -> str:
+    """The comparison page's generated part: the results and every configuration that produced them."""
+    lines = [BEGIN, "## Results", "", method(when, versions), "", *results_table(drains), "", *ratios(drains), "",
+             f"![Seconds and CPU-seconds per million records](../img/{CHART.name})", "",
+             "## Each system's configuration in that run", "",
+             "Addresses are shown as `<broker>`, `<catalog>` and `<warehouse>`.", ""]
+    seen = set()
+    for d in drains:
+        if (d.system, d.setting) in seen:
+            continue
+        seen.add((d.system, d.setting))
+        text = yaml.safe_dump(d.config, sort_keys=False, width=120)
+        for value, name in redact.items():
+            text = text.replace(value, name)
+        lines += [f"### {d.system}: {d.setting}", "", "```yaml", text.rstrip(), "```", ""]
+    return "\n".join([*lines, END])
 
 
 def ratios(drains: list[Drain]) -> list[str]:
@@ -397,7 +401,6 @@ def main() -> int:
     from tidewater_dev.broker import kafka_version
 
     env = {**os.environ, "TIDEWATER_HOME": str(home), "TIDEWATER_LOG_LEVEL": "WARNING"}
-    become_subreaper()
     shared = Shared(home)
     server = worker = None
     drains: list[Drain] = []
@@ -420,7 +423,10 @@ def main() -> int:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
     versions = {"kafka": kafka_version(), "iceberg": jar_version("connect", "iceberg-kafka-connect")}
     chart(drains)
-    write_section(args.output, BEGIN, END, report(drains, args, when, versions))
+    write_section(args.output, BEGIN, END, report(drains, when, versions))
+    redact = {shared.jdbc["uri"]: "<catalog>", shared.sql_uri: "<catalog>", shared.warehouse: "<warehouse>",
+              shared.broker.bootstrap: "<broker>", str(REPO) + "/": "", str(home): "<home>"}
+    write_section(PAGE, BEGIN, END, page(drains, when, versions, redact))
     return 0
 
 
