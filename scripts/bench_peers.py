@@ -13,9 +13,9 @@ over 6 partitions are produced first; then each system drains the topic into its
   Structured Streaming       scripts/peer_streaming.py under spark-submit local[2], checkpointed, started cold
 
 Each is timed from its start (the CLI started, the connector created, spark-submit started) until a poll of the
-table (every second, by this process) sees every record; CPU-seconds are those of every process involved: the
-system's processes (JVMs and Python), plus the broker's and PostgreSQL's during the same window. Peak RSS is the
-largest sum over the system's own processes. Afterwards every table is read back: its rows, and its distinct
+table (every second, by this process) sees every record; CPU-seconds are the machine's busy time over that window
+(scripts/peers.py ``Processes``: every process, the broker's and PostgreSQL's included), less this process's own.
+Peak RSS is the largest sum over the system's own processes. Afterwards every table is read back: its rows, and its distinct
 order ids (each event has its own), so a duplicate or a loss shows.
 """
 
@@ -200,7 +200,7 @@ def streaming_drain(shared: Shared, topic: str, ident: str, drain: Drain, trigge
     checkpoint = shared.home / "checkpoints" / ident
     # Spark names the table through its catalog: peers (catalog).peers (namespace).name
     cmd = streaming_command(shared.broker.bootstrap, topic, f"peers.{ident}", checkpoint, trigger_s, shared.jdbc)
-    drain.config = {"spark-submit": cmd[1:-5], "query": "scripts/peer_streaming.py: readStream kafka (startingOffsets "
+    drain.config = {"spark-submit": " ".join(cmd[1:-5]), "query": "scripts/peer_streaming.py: readStream kafka (startingOffsets "
                     "earliest, read_committed, failOnDataLoss) -> from_json(value, the table's columns) + topic, "
                     "partition, offset, timestamp -> writeStream iceberg, append, checkpointLocation; trigger: "
                     + ("Spark's default" if not trigger_s else f"processingTime {trigger_s:g} s")}
@@ -240,17 +240,20 @@ def tidewater_pipeline(shared: Shared, home: Path, topic: str, ident: str, conne
     return path
 
 
-def connect_settings(args: argparse.Namespace) -> list[tuple[str, dict[str, str]]]:
-    best = ("tuned: tasks.max 2 (the cores), commit interval "
-            f"{args.connect_interval_ms / 1000:g} s, worker offset flush {args.connect_flush_ms / 1000:g} s", {"tasks.max": "2",
-                                                      "iceberg.control.commit.interval-ms": str(args.connect_interval_ms)})
-    defaults = ("connector defaults: tasks.max 1, commit interval 300 s; worker offset flush "
-                f"{args.connect_flush_ms / 1000:g} s", {})
-    return [best, defaults] if args.connect_defaults else [best]
+def connect_settings(args: argparse.Namespace, workers: dict[str, ConnectWorker],
+                     first: bool) -> list[tuple[str, dict, Any]]:
+    """(label, connector settings, worker) of each Kafka Connect row: tuned, and (``first`` size only: it waits for
+    commits five minutes apart) Connect's and the sink's defaults on a worker of their own."""
+    out = [("tuned: tasks.max 2 (the cores), commit interval "
+            f"{args.connect_interval_ms / 1000:g} s, worker offset flush {args.connect_flush_ms / 1000:g} s",
+            {"tasks.max": "2", "iceberg.control.commit.interval-ms": str(args.connect_interval_ms)}, workers["tuned"])]
+    if "defaults" in workers and first:
+        out.append(("defaults: tasks.max 1, commit interval 300 s, worker offset flush 60 s", {}, workers["defaults"]))
+    return out
 
 
 def drain_all(shared: Shared, home: Path, n: int, args: argparse.Namespace, env: dict[str, str],
-              server: Any, worker: ConnectWorker | None) -> list[Drain]:
+              server: Any, workers: dict[str, ConnectWorker]) -> list[Drain]:
     topic = f"pizzas_{n}"
     print(f"== {n:,} records into {topic}", flush=True)
     produce_topic(shared.broker.bootstrap, topic, n, 6)
@@ -267,8 +270,8 @@ def drain_all(shared: Shared, home: Path, n: int, args: argparse.Namespace, env:
         tidewater_drain(shared, tidewater_pipeline(shared, home, topic, ident, url), env, d, ident,
                         server.pid if url else None)
         out.append(d)
-    if worker is not None:
-        for i, (label, config) in enumerate(connect_settings(args)):
+    if workers:
+        for i, (label, config, worker) in enumerate(connect_settings(args, workers, n == args.sizes[0])):
             ident = f"peers.connect_{i}_{n}"
             print(f"   Kafka Connect sink ({label})", flush=True)
             like_tidewater(shared, first, ident, kafka_columns=False)
@@ -310,8 +313,9 @@ def method(when: str, versions: dict[str, str]) -> str:
             f"{versions['iceberg']}'s JdbcCatalog on the same tables), the same local warehouse, the same JSON pizza "
             "events over 6 partitions, already in the topic. Seconds: from the system's start (the CLI, the "
             "connector's creation, spark-submit) until every record is visible in the table (polled every second). "
-            "CPU: every process involved, the broker and PostgreSQL included, over that window. Duplicates and "
-            "losses: rows and distinct order ids read back.")
+            "CPU: the machine's busy CPU-seconds over that window (every process involved, the broker and "
+            "PostgreSQL included; the other systems' servers idle meanwhile, in every row alike; the benchmark's own "
+            "polling left out). Duplicates and losses: rows and distinct order ids read back.")
 
 
 def report(drains: list[Drain], when: str, versions: dict[str, str]) -> str:
@@ -327,7 +331,7 @@ def page(drains: list[Drain], when: str, versions: dict[str, str], redact: dict[
     lines = [BEGIN, "## Results", "", method(when, versions), "", *results_table(drains), "", *ratios(drains), "",
              f"![Seconds and CPU-seconds per million records](../img/{CHART.name})", "",
              "## Each system's configuration in that run", "",
-             "Addresses are shown as `<broker>`, `<catalog>` and `<warehouse>`.", ""]
+             "Addresses are shown as `<broker>`, `<catalog>`, `<warehouse>`, `<spark-connect>` and `<worker>`.", ""]
     seen = set()
     for d in drains:
         if (d.system, d.setting) in seen:
@@ -388,33 +392,39 @@ def main() -> int:
                     help="the Kafka Connect sink's commit interval in its tuned setting")
     ap.add_argument("--connect-flush-ms", type=int, default=1000,
                     help="the Connect worker's offset.flush.interval.ms (Connect's default: 60000)")
-    ap.add_argument("--connect-defaults", action="store_true",
-                    help="also run the sink at its defaults (one task, a commit every 300 s)")
+    ap.add_argument("--no-connect-defaults", action="store_true",
+                    help="leave out the sink at its and Connect's defaults (one task, a commit every 300 s, offsets "
+                         "flushed every 60 s, on a second worker; first size only)")
     ap.add_argument("--no-connect", action="store_true", help="leave out the Kafka Connect sink")
     ap.add_argument("--no-streaming", action="store_true", help="leave out Structured Streaming")
     ap.add_argument("--no-spark-connect", action="store_true", help="leave out Tidewater through Spark Connect")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds a peer may take to drain one topic")
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     args = ap.parse_args()
+    args.sizes = [int(s) for s in args.records.split(",") if s]
     home = fresh_home("bench-peers")
     sys.path.insert(0, str(REPO / "include"))
     from tidewater_dev.broker import kafka_version
 
     env = {**os.environ, "TIDEWATER_HOME": str(home), "TIDEWATER_LOG_LEVEL": "WARNING"}
     shared = Shared(home)
-    server = worker = None
+    server = None
+    workers: dict[str, ConnectWorker] = {}
     drains: list[Drain] = []
     try:
         if not args.no_spark_connect:
             server = start_connect(home, env, shared.broker.bootstrap)
         if not args.no_connect:
             print("== starting the Kafka Connect worker", flush=True)
-            worker = ConnectWorker(shared.broker.bootstrap, home / "connect", port=free_port(),
-                                   flush_ms=args.connect_flush_ms)
-        for n in (int(s) for s in args.records.split(",") if s):
-            drains += drain_all(shared, home, n, args, env, server, worker)
+            workers["tuned"] = ConnectWorker(shared.broker.bootstrap, home / "connect", port=free_port(),
+                                             flush_ms=args.connect_flush_ms)
+            if not args.no_connect_defaults:
+                workers["defaults"] = ConnectWorker(shared.broker.bootstrap, home / "connect-defaults",
+                                                    port=free_port(), flush_ms=None, name="peers-connect-defaults")
+        for n in args.sizes:
+            drains += drain_all(shared, home, n, args, env, server, workers)
     finally:
-        if worker is not None:
+        for worker in workers.values():
             worker.stop()
         if server is not None:
             server.stop()
@@ -425,7 +435,9 @@ def main() -> int:
     chart(drains)
     write_section(args.output, BEGIN, END, report(drains, when, versions))
     redact = {shared.jdbc["uri"]: "<catalog>", shared.sql_uri: "<catalog>", shared.warehouse: "<warehouse>",
-              shared.broker.bootstrap: "<broker>", str(REPO) + "/": "", str(home): "<home>"}
+              shared.broker.bootstrap: "<broker>", str(REPO) + "/": "", str(home): "<home>",
+              **({server.url: "<spark-connect>"} if server else {}),
+              **{w.url: "<worker>" for w in workers.values()}}
     write_section(PAGE, BEGIN, END, page(drains, when, versions, redact))
     return 0
 

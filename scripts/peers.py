@@ -53,24 +53,27 @@ def jar_version(kind: str, prefix: str) -> str:
 class ConnectWorker:
     """One distributed-mode worker; ``create`` posts a connector, ``tasks_running`` asks its status."""
 
-    def __init__(self, bootstrap: str, work: Path, port: int, flush_ms: int) -> None:
+    def __init__(self, bootstrap: str, work: Path, port: int, flush_ms: int | None, name: str = "peers-connect") -> None:
+        """``flush_ms``: the worker's ``offset.flush.interval.ms`` (None: Connect's default, 60 s). ``name``: its
+        Connect cluster (group id and storage topics), one per worker here."""
         from tidewater_dev.broker import java
 
         self.url = f"http://127.0.0.1:{port}"
         work.mkdir(parents=True, exist_ok=True)
         props = {
-            "bootstrap.servers": bootstrap, "group.id": "peers-connect", "listeners": self.url,
-            "config.storage.topic": "peers-connect-configs", "offset.storage.topic": "peers-connect-offsets",
-            "status.storage.topic": "peers-connect-status", "config.storage.replication.factor": "1",
+            "bootstrap.servers": bootstrap, "group.id": name, "listeners": self.url,
+            "config.storage.topic": f"{name}-configs", "offset.storage.topic": f"{name}-offsets",
+            "status.storage.topic": f"{name}-status", "config.storage.replication.factor": "1",
             "offset.storage.replication.factor": "1", "status.storage.replication.factor": "1",
             "key.converter": "org.apache.kafka.connect.storage.StringConverter",
             "value.converter": "org.apache.kafka.connect.json.JsonConverter",
             "value.converter.schemas.enable": "false", "plugin.discovery": "only_scan",
+        }
+        if flush_ms is not None:
             # A sink task's put() runs once per consumer poll, and a poll with no new records waits until the
             # next offset flush (60 s by default): the sink answers its coordinator's commit only then, so a
             # drained topic's last records wait up to two of those intervals beside a 30 s commit timeout.
-            "offset.flush.interval.ms": str(flush_ms),
-        }
+            props["offset.flush.interval.ms"] = str(flush_ms)
         self.props = props
         config = work / "worker.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
