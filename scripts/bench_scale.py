@@ -242,7 +242,7 @@ def write_history(spec, table_ident: str, n: int) -> None:
     """Grow the table's history by ``n`` snapshots written directly (``direct_history.append_snapshots``), each
     carrying the newest snapshot's Tidewater properties with a batch id of its own (offsets unchanged): what a
     pipeline leaves without maintenance, built in O(n). Through the commit primitive each commit rewrites every
-    earlier snapshot (1,000 took 577 s; 10,000 would take hours)."""
+    earlier snapshot, so the build grows with the square of its length (``--history-build commits`` measures it)."""
     from direct_history import append_snapshots
 
     from tidewater.table.catalog import load_catalog, load_table
@@ -605,7 +605,8 @@ def _history_build(last: dict) -> str:
         return ("The history was written directly (`scripts/direct_history.py`: a manifest and a manifest list a "
                 "snapshot, each with a real batch's snapshot properties, and one metadata file: "
                 f"{last['build']:.0f} s for {last['before_snapshots']:,} snapshots), since through commits building it "
-                "grows with the square of its length (each commit rewrites the whole metadata file: 577 s for 1,000). "
+                "grows with the square of its length (each commit rewrites the whole metadata file; this run's commit "
+                "time at each history is in the table above). "
                 "The older snapshots' manifest lists name only their own manifest, so the maintenance time at the "
                 "largest history is a lower bound; the plan and the commit read the current snapshot, as on a real "
                 "history.")
@@ -644,7 +645,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--history", default="10,1000,10000", help="snapshots of the history curve (empty: skip it)")
     ap.add_argument("--history-build", choices=("direct", "commits"), default="direct",
                     help="how the history is grown: snapshots written directly (O(n), write_history) or through the "
-                         "commit primitive (what a pipeline does; quadratic, 577 s for 1,000)")
+                         "commit primitive (what a pipeline does; quadratic in the history's length)")
     ap.add_argument("--tables", default="10,100,500", help="tables of the routed pipeline (empty: skip the curve)")
     ap.add_argument("--records", type=int, default=100_000, help="records a batch in the partitions curve")
     ap.add_argument("--repeat", type=int, default=3, help="runs per parse measurement (median)")

@@ -465,3 +465,21 @@ def test_without_human_in_the_loop_tasks_the_quarantine_dag_is_the_form_alone_an
     dag = build_quarantine_dag(path, pipeline)
     assert [t.task_id for t in dag.tasks] == ["quarantine"]
     assert dag.params.dump()["action"] == "list"
+
+
+def test_one_list_of_dag_kinds_names_every_dag_a_pipeline_file_makes(tmp_path):
+    """config.spec.DAG_KINDS is the one list of DAG kinds: each has a builder (the failing DAG of a file that does not
+    load aside), a pipeline with every optional DAG and the quarantine policy makes a DAG of each other kind, and a
+    task's parse finds a pipeline's file from a DAG id of any kind."""
+    from tests.conftest import write_pipeline
+    from tidewater.config.parse import invalid_dag_id, load_pipeline
+    from tidewater.config.spec import DAG_KINDS, INVALID_DAG_KIND, OPTIONAL_DAGS
+    from tidewater.runtime import airflow_dags
+
+    assert set(airflow_dags.BUILDERS) == set(DAG_KINDS) - {INVALID_DAG_KIND}
+    spec = load_pipeline(write_pipeline(tmp_path, name="kinds", topics=["t"], airflow={"dags": list(OPTIONAL_DAGS)},
+                                        validation={"on_failure": "quarantine"}))
+    assert set(spec.dag_ids()) == set(DAG_KINDS) - {INVALID_DAG_KIND}
+    assert invalid_dag_id(Path("kinds.yaml")) == f"{INVALID_DAG_KIND}_kinds"
+    for dag_id in [*spec.dag_ids().values(), invalid_dag_id(Path("kinds.yaml"))]:
+        assert airflow_dags._files_for(dag_id, tmp_path) == [tmp_path / "kinds.yaml"], dag_id

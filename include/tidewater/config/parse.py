@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from tidewater.config.spec import PIPELINES_DIR_ENV, PipelineSpec, pipelines_dir
+from tidewater.config.spec import INVALID_DAG_KIND, PIPELINES_DIR_ENV, PipelineSpec, pipelines_dir
 from tidewater.config.validate import validate
 from tidewater.errors import ConfigError, config_problems, problems_of
 
@@ -183,7 +183,7 @@ def load_pipeline(path: str | os.PathLike[str]) -> PipelineSpec:
 
 def invalid_dag_id(path: Path) -> str:
     """The DAG id under which a pipeline file that does not load shows in Airflow (a failing DAG naming its error)."""
-    return f"ingest_invalid_{path.stem.replace('.', '_').replace('-', '_')}"
+    return f"{INVALID_DAG_KIND}_{path.stem.replace('.', '_').replace('-', '_')}"
 
 
 def discover_pipelines(directory: str | os.PathLike[str] | None = None) -> list[Path]:

@@ -568,6 +568,11 @@ def doubled_delay(base: timedelta, try_number: int) -> timedelta:
 
 # The DAGs a pipeline may go without (``airflow.dags``); every pipeline has its ingest DAG
 OPTIONAL_DAGS = ("replay", "skip", "retry_dead_letters", "audit", "maintain")
+# Every kind of DAG a pipeline file makes, the one list (``PipelineSpec.dag_ids``, the DAG builders, a task's parse):
+# its ingest DAG, the optional ones, the quarantine DAG (under the quarantine policy), and for a file that does not
+# load, ``ingest_invalid_<file stem>``
+INVALID_DAG_KIND = "ingest_invalid"
+DAG_KINDS = ("ingest", *OPTIONAL_DAGS, "quarantine", INVALID_DAG_KIND)
 
 
 @dataclass(frozen=True)

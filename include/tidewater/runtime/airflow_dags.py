@@ -24,7 +24,7 @@ from typing import Any
 from airflow.sdk import Asset, Param, dag, task
 
 from tidewater.config.parse import discover_pipelines, invalid_dag_id, load_pipeline
-from tidewater.config.spec import PipelineSpec, pipelines_dir
+from tidewater.config.spec import DAG_KINDS, INVALID_DAG_KIND, PipelineSpec, pipelines_dir
 from tidewater.config.validate import check_hosts
 from tidewater.errors import ConfigError
 from tidewater.runtime.airflow import commits_alias
@@ -466,10 +466,7 @@ def build_invalid_dag(path: Path, error: ConfigError):
 def build_pipeline_dags(path: Path, spec: PipelineSpec) -> list:
     """Every DAG of one pipeline file (``PipelineSpec.dag_ids``): ingest, the optional DAGs of ``airflow.dags``
     (replay, skip, dead-letter retry, audit, maintenance) and quarantine under the quarantine policy."""
-    builders = {"ingest": build_ingest_dag, "audit": build_audit_dag, "replay": build_replay_dag,
-                "skip": build_skip_dag, "retry_dead_letters": build_retry_dead_letters_dag,
-                "quarantine": build_quarantine_dag, "maintain": build_maintain_dag}
-    return [builders[kind](path, spec) for kind in spec.dag_ids()]
+    return [BUILDERS[kind](path, spec) for kind in spec.dag_ids()]
 
 def table_asset(spec: PipelineSpec) -> Asset:
     """The table maintained (routed pipelines: their checkpoint table stands for the pipeline's tables)."""
@@ -514,10 +511,15 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):
     return maintain()
 
 
-# The DAG ids a pipeline file makes, by kind: a DAG id is ``<airflow.dag_id_prefix><kind>_<pipeline name>``
+# The builder of each kind of DAG (config.spec.DAG_KINDS): a DAG id is ``<airflow.dag_id_prefix><kind>_<pipeline name>``
 # (PipelineSpec.dag_ids, build_pipeline_dags), and a file that does not load makes ``ingest_invalid_<file stem>``
 # (build_invalid_dag).
-DAG_KINDS = ("ingest_invalid", "retry_dead_letters", "ingest", "replay", "skip", "audit", "maintain", "quarantine")
+BUILDERS = {"ingest": build_ingest_dag, "audit": build_audit_dag, "replay": build_replay_dag,
+            "skip": build_skip_dag, "retry_dead_letters": build_retry_dead_letters_dag,
+            "quarantine": build_quarantine_dag, "maintain": build_maintain_dag}
+_BUILT = set(BUILDERS) | {INVALID_DAG_KIND}
+if _BUILT != set(DAG_KINDS):  # a kind added to config.spec needs its builder here
+    raise ImportError(f"DAG kinds without a builder, or unknown: {sorted(_BUILT ^ set(DAG_KINDS))}")
 
 
 def _occurrences(text: str, part: str) -> list[int]:
