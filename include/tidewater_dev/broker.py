@@ -150,6 +150,11 @@ class Broker(LocalServer):
         ``restart``."""
         LocalServer.stop(self, grace=0)
 
+    def shutdown(self) -> None:
+        """SIGTERM, as an operator's rolling restart: a controlled shutdown, which moves this node's partition
+        leaderships to other replicas before it exits; its log directories stay for ``restart``."""
+        LocalServer.stop(self)
+
     def restart(self, detach: bool = False) -> None:
         """Start this node again on its configuration and log directories (after ``kill`` or ``stop``)."""
         self.pid = _launch(Path(self.config), Path(self.log_path), detach)

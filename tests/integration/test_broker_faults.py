@@ -1,5 +1,6 @@
 """Broker faults on a three-node Apache Kafka cluster (KRaft; each node a controller and a broker; topics with
-replication factor 3 and ``min.insync.replicas`` 2): a node killed with SIGKILL during the plan and during the
+replication factor 3 and ``min.insync.replicas`` 2): a node killed with SIGKILL during the plan, the write and the
+commit, a partition's leader moved gracefully (controlled shutdown, then a preferred-leader election) during the
 write, and the whole cluster down past the retries. Each batch commits exactly once: rows, offsets and
 ``audit --deep`` are checked after every fault, and the killed nodes are started again on their own logs."""
 
@@ -208,4 +209,51 @@ def test_the_dead_letter_topic_s_leader_killed_during_the_commit_still_commits_o
     assert sent == {(0, 4), (1, 3), (2, 3)}
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+    _heal(cluster)
+
+
+def _in_sync(cluster: embedded.Cluster, topic: str, partition: int, node_id: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    while time.monotonic() < deadline:
+        if node_id in admin.list_topics(topic, timeout=15).topics[topic].partitions[partition].isrs:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"node {node_id} did not rejoin the ISR of {topic}-{partition} in {timeout:.0f} s")
+
+
+def test_a_partition_leader_moved_gracefully_during_the_write_commits_once(cluster, home, topic, monkeypatch):
+    """A rolling restart's leader moves, with no node lost: partition 0's preferred leader is shut down (SIGTERM, a
+    controlled shutdown hands its leadership to another replica) and started again, back in sync but not leading.
+    After the write task has read its first chunk of partition 0, a preferred-leader election (as the controller's
+    rebalance or an operator does) moves the leadership back to it, mid-read. Expected: the reader follows the moved
+    leader and the batch commits every record once, offsets at the end, the deep audit clean."""
+    from confluent_kafka import ElectionType
+
+    _replicated_topic(cluster, topic, 3000, seed=43)
+    spec = _spec(home, cluster, topic)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    preferred = cluster.node(admin.list_topics(topic, timeout=15).topics[topic].partitions[0].replicas[0])
+    preferred.shutdown()
+    assert _leader(cluster, topic, 0).node_id != preferred.node_id  # the controlled shutdown moved it
+    preferred.restart()
+    _in_sync(cluster, topic, 0, preferred.node_id)
+    before = _leader(cluster, topic, 0).node_id
+    assert before != preferred.node_id
+    real = task.read_range
+    moved: list[int] = []
+
+    def read_then_move(settings, rng, **kw):
+        for i, chunk in enumerate(real(settings, rng, **kw)):
+            yield chunk
+            if rng.partition == 0 and i == 0 and not moved:
+                result = admin.elect_leaders(ElectionType.PREFERRED, [KTP(topic, 0)]).result(30)
+                assert all(err is None for err in result.values()), result
+                moved.append(_leader(cluster, topic, 0).node_id)
+
+    monkeypatch.setattr(task, "read_range", read_then_move)
+    result = ingest_inline(spec)
+    assert moved == [preferred.node_id] and before != preferred.node_id  # the leader moved during the read
+    assert result.records == 3000
+    _exactly_once(spec, topic, 1000)
     _heal(cluster)
