@@ -120,3 +120,87 @@ def test_a_topic_without_an_acl_for_the_pipeline_is_refused_naming_it(secured, h
     with pytest.raises(ConfigError, match=rf"topics: topic '{topic}' is not available on the broker \(.*[Aa]uthoriz"):
         plan_batch(load_pipeline(path))
     assert table_of(path) is None
+
+
+def _bad_records_topic(b: embedded.SecuredBroker, topic: str, dlq: str, dlq_ops: tuple) -> None:
+    """``topic`` (two partitions) with 20 records, every fifth one not JSON, the ACLs a pipeline reads with, and the
+    dead-letter topic ``dlq`` with ``dlq_ops`` granted to the pipeline's principal."""
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    for name, parts in ((topic, 2), (dlq, 1)):
+        admin.create_topics([NewTopic(name, num_partitions=parts, replication_factor=1)])[name].result(30)
+    acls = [AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{USER}", "*", op,
+                       AclPermissionType.ALLOW) for op in (AclOperation.DESCRIBE, AclOperation.READ)]
+    acls += [AclBinding(ResourceType.TOPIC, dlq, ResourcePatternType.LITERAL, f"User:{USER}", "*", op,
+                        AclPermissionType.ALLOW) for op in dlq_ops]
+    for fut in admin.create_acls(acls).values():
+        fut.result(30)
+    p = Producer({"bootstrap.servers": b.bootstrap})
+    for i, v in enumerate(pizza_events(20, seed=81)):
+        p.produce(topic, v if i % 5 else b"{not json", partition=i % 2)
+    p.flush(30)
+
+
+def _dead_letter_pipeline(b: embedded.SecuredBroker, home, topic: str, dlq: str):
+    settings = {k: v for k, v in b.client_settings(USER, PASSWORD).items() if k != "bootstrap.servers"}
+    return load_pipeline(write_pipeline(home, topics=[topic], dead_letter={"topic": dlq},
+                                        kafka={"bootstrap_servers": b.sasl_bootstrap, "settings": settings}))
+
+
+def _messages(b: embedded.SecuredBroker, topic: str) -> list:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "admin-check", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, 0)])
+    _, end = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=15)
+    out = []
+    while len(out) < end:
+        out += [m for m in c.consume(100, timeout=5) if m.error() is None]
+    c.close()
+    return out
+
+
+def test_the_dead_letter_topic_needs_describe_and_write_and_nothing_more(secured, home, topic):
+    """`dead_letter.topic` with Describe and Write granted on it (and Describe and Read on the source topic): the 4
+    undecodable records of 20 reach the dead-letter table and the topic, each message naming its source offset; 16
+    rows committed once, offsets at the end, the accounting adds up."""
+    dlq = f"{topic}-dlq"
+    _bad_records_topic(secured, topic, dlq, (AclOperation.DESCRIBE, AclOperation.WRITE))
+    spec = _dead_letter_pipeline(secured, home, topic, dlq)
+    result = ingest_inline(spec)
+    assert (result.records, result.dead_letters) == (20, 4)  # read = rows + dead letters
+    table = table_of(spec.source_path)
+    assert table.scan().to_arrow().num_rows == 16
+    assert committed_state(table).offsets == {topic: {0: 10, 1: 10}}
+    sent = _messages(secured, dlq)
+    offsets = sorted((int(dict(m.headers())["tidewater.partition"]), int(dict(m.headers())["tidewater.offset"]))
+                     for m in sent)
+    assert offsets == [(0, 0), (0, 5), (1, 2), (1, 7)]
+
+
+def test_a_dead_letter_topic_without_write_is_a_terminal_error_naming_the_setting(secured, home, topic):
+    """Only Describe on the dead-letter topic: the commit step fails with a configuration error (terminal) naming
+    `dead_letter.topic`, the topic and the Write ACL it needs; nothing reaches the topic, and after the ACL is granted
+    a retry of the commit step sends the 4 letters and the batch stands committed once."""
+    from tests.conftest import commit_as_airflow_would, stage_inline
+
+    dlq = f"{topic}-dlq"
+    _bad_records_topic(secured, topic, dlq, (AclOperation.DESCRIBE,))
+    spec = _dead_letter_pipeline(secured, home, topic, dlq)
+    from tidewater.steps.lifecycle import validate_step
+
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    with pytest.raises(ConfigError, match=rf"dead_letter.topic: .*'{dlq}'.*Write") as refused:
+        commit_as_airflow_would(spec, plan, manifest)
+    assert isinstance(refused.value, TerminalError)
+    assert _messages(secured, dlq) == []
+    grant = AclBinding(ResourceType.TOPIC, dlq, ResourcePatternType.LITERAL, f"User:{USER}", "*", AclOperation.WRITE,
+                       AclPermissionType.ALLOW)
+    admin = AdminClient({"bootstrap.servers": secured.bootstrap})  # held until the future resolves
+    for fut in admin.create_acls([grant]).values():
+        fut.result(30)
+    commit_as_airflow_would(spec, plan, manifest)
+    assert len(_messages(secured, dlq)) == 4
+    table = table_of(spec.source_path)
+    assert table.scan().to_arrow().num_rows == 16
+    assert committed_state(table).offsets == {topic: {0: 10, 1: 10}}
