@@ -186,12 +186,19 @@ def connect_drain(shared: Shared, worker: ConnectWorker, topic: str, ident: str,
         if failed:
             raise RuntimeError(f"connector {name} failed: {failed[0]}")
 
+    until_visible(shared, ident, drain, (t0, timeout), procs, "Kafka Connect worker", check, lambda: worker.delete(name))
+
+
+def until_visible(shared: Shared, ident: str, drain: Drain, clock: tuple[float, float], procs: Processes,
+                  own: str, check: Any, stop: Any) -> None:
+    """A peer's drain from ``clock`` (its start, its timeout) until every record is visible; its CPU and peak RSS
+    (``own``: the peer's process tree), then ``stop()`` the peer and read its table back."""
     try:
-        drain.seconds = shared.wait_visible(ident, drain.records, t0, timeout, check)
+        drain.seconds = shared.wait_visible(ident, drain.records, *clock, check)
     finally:
         drain.cpu = procs.finish()
-        drain.peak_rss_mb = procs.peak_rss_mb["Kafka Connect worker"]
-        worker.delete(name)
+        drain.peak_rss_mb = procs.peak_rss_mb[own]
+        stop()
     read_back(shared, ident, drain)
 
 
@@ -200,9 +207,10 @@ def streaming_drain(shared: Shared, topic: str, ident: str, drain: Drain, trigge
     checkpoint = shared.home / "checkpoints" / ident
     # Spark names the table through its catalog: peers (catalog).peers (namespace).name
     cmd = streaming_command(shared.broker.bootstrap, topic, f"peers.{ident}", checkpoint, trigger_s, shared.jdbc)
-    drain.config = {"spark-submit": " ".join(cmd[1:-5]), "query": "scripts/peer_streaming.py: readStream kafka (startingOffsets "
-                    "earliest, read_committed, failOnDataLoss) -> from_json(value, the table's columns) + topic, "
-                    "partition, offset, timestamp -> writeStream iceberg, append, checkpointLocation; trigger: "
+    drain.config = {"spark-submit": " ".join(cmd[1:-5]),
+                    "query": "scripts/peer_streaming.py: readStream kafka (startingOffsets earliest, read_committed, "
+                    "failOnDataLoss) -> from_json(value, the table's columns) + topic, partition, offset, timestamp "
+                    "-> writeStream iceberg, append, checkpointLocation; trigger: "
                     + ("Spark's default" if not trigger_s else f"processingTime {trigger_s:g} s")}
     log = open(shared.home / f"{ident}.log", "wb")
     settle()
@@ -214,11 +222,7 @@ def streaming_drain(shared: Shared, topic: str, ident: str, drain: Drain, trigge
         if proc.poll() is not None:
             raise RuntimeError(f"the streaming query exited ({proc.returncode}): see {log.name}")
 
-    try:
-        drain.seconds = shared.wait_visible(ident, drain.records, t0, timeout, check)
-    finally:
-        drain.cpu = procs.finish()
-        drain.peak_rss_mb = procs.peak_rss_mb["Structured Streaming"]
+    def stop() -> None:
         os.killpg(proc.pid, 15)
         try:
             proc.wait(30)
@@ -226,7 +230,8 @@ def streaming_drain(shared: Shared, topic: str, ident: str, drain: Drain, trigge
             os.killpg(proc.pid, 9)
             proc.wait()
         log.close()
-    read_back(shared, ident, drain)
+
+    until_visible(shared, ident, drain, (t0, timeout), procs, "Structured Streaming", check, stop)
 
 
 def tidewater_pipeline(shared: Shared, home: Path, topic: str, ident: str, connect_url: str | None) -> Path:
