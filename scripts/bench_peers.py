@@ -410,7 +410,7 @@ def main() -> int:
     args.sizes = [int(s) for s in args.records.split(",") if s]
     home = fresh_home("bench-peers")
     sys.path.insert(0, str(REPO / "include"))
-    from tidewater_dev.broker import kafka_version
+    from tidewater_dev.broker import free_port, kafka_version
 
     env = {**os.environ, "TIDEWATER_HOME": str(home), "TIDEWATER_LOG_LEVEL": "WARNING"}
     shared = Shared(home)
@@ -448,12 +448,6 @@ def main() -> int:
               **{w.url: "<worker>" for w in workers.values()}}
     write_section(PAGE, BEGIN, END, page(drains, when, versions, redact))
     return 0
-
-
-def free_port() -> int:
-    from tidewater_dev.broker import free_port as port
-
-    return port()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ process it measures.
 
 - ``ConnectWorker``: one Kafka Connect worker in distributed mode (its config, offset and status topics on the
   broker) with the Apache Iceberg sink on its classpath (jvm/peers/connect, `make peers`), driven through its REST API.
-- ``StreamingQuery``: scripts/peer_streaming.py under spark-submit (local[2]), Spark's Kafka source and Iceberg's
+- ``streaming_command``: scripts/peer_streaming.py under spark-submit (local[2]), Spark's Kafka source and Iceberg's
   Spark runtime from jvm/peers/spark.
 - ``Processes``: CPU-seconds and peak RSS of process trees, sampled, and the whole machine's CPU-seconds over the
   same window. A live process's CPU includes its reaped children (``children_user``/``children_system``), but a
@@ -51,7 +51,7 @@ def jar_version(kind: str, prefix: str) -> str:
 
 
 class ConnectWorker:
-    """One distributed-mode worker; ``create`` posts a connector, ``tasks_running`` asks its status."""
+    """One distributed-mode worker; ``create`` posts a connector, ``failed_tasks`` asks its status."""
 
     def __init__(self, bootstrap: str, work: Path, port: int, flush_ms: int | None, name: str = "peers-connect") -> None:
         """``flush_ms``: the worker's ``offset.flush.interval.ms`` (None: Connect's default, 60 s). ``name``: its
@@ -157,7 +157,7 @@ def streaming_command(bootstrap: str, topic: str, table: str, checkpoint: Path, 
 
 class Processes:
     """CPU-seconds and RSS of the process trees under ``roots`` (pids), sampled every ``every`` seconds from
-    ``start()``; ``cpu()`` is the CPU used since then, ``peak_rss_mb`` the largest sum of RSS seen."""
+    ``start()``; ``finish()`` returns the CPU used since then, ``peak_rss_mb`` is the largest sum of RSS seen."""
 
     def __init__(self, roots: dict[str, int], every: float = 0.25) -> None:
         self.roots = roots

@@ -101,7 +101,7 @@ def produce_to_topic(settings: dict[str, str], topic: str, table: Table, files: 
         if kafka_error is None:
             raise
         failures.append(kafka_error)
-        remaining = -1
+        remaining = len(producer)  # still queued: the client stopped
     refused = [f for f in failures if f.code() in _REFUSALS]
     if refused:
         raise ConfigError(f"dead_letter.topic: the broker refused to take the dead letters on topic '{topic}' "
@@ -110,7 +110,7 @@ def produce_to_topic(settings: dict[str, str], topic: str, table: Table, files: 
                           "the ACL, then retry the commit step")
     if remaining or failures:
         raise TransientError(
-            f"dead-letter topic {topic}: {max(remaining, 0)} message(s) unacknowledged after {timeout:.0f}s"
+            f"dead-letter topic {topic}: {remaining} message(s) unacknowledged after {timeout:.0f}s"
             + (f", {len(failures)} failed (first: {failures[0]})" if failures else "")
         )
     return sent
