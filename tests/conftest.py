@@ -130,6 +130,53 @@ def spark_connect() -> Iterator[object]:
     server.stop()
 
 
+REST_CLIENT = ("tidewater-tests", "rest-client-secret")
+
+
+@pytest.fixture(scope="session")
+def rest_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The Iceberg REST catalog server (``tidewater_dev.rest_catalog``: Iceberg 1.12's request handlers over a
+    JdbcCatalog, `make rest-catalog` installs it, make test runs that) on a free 127.0.0.1 port for the whole
+    session, requiring OAuth2 client credentials (``REST_CLIENT``). Each test's own catalog is the server's
+    warehouse of that name (``rest_catalog_properties``)."""
+    from tidewater_dev import rest_catalog as rest
+
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-rest-catalog-{os.getpid()}.log"
+    server = rest.start(tmp_path_factory.mktemp("rest-catalog"), log, client=REST_CLIENT)
+    yield server
+    server.stop()
+
+
+def rest_catalog_properties(server: object, home: Path) -> dict[str, str]:
+    """pyiceberg properties of a test's own catalog on the REST server: its warehouse named after ``home``'s
+    test directory, the client secret from the environment (``${TIDEWATER_TEST_REST_SECRET}``, set here)."""
+    os.environ["TIDEWATER_TEST_REST_SECRET"] = REST_CLIENT[1]
+    return {"type": "rest", "uri": server.url, "warehouse": home.parent.name,  # type: ignore[attr-defined]
+            "credential": f"{REST_CLIENT[0]}:${{TIDEWATER_TEST_REST_SECRET}}"}
+
+
+# the catalog of write_pipeline's files when a test does not name one (None: the pipeline's default SQLite
+# catalog in its home); the ``catalog`` fixture sets it per test
+DEFAULT_CATALOG: dict[str, object] | None = None
+
+
+@pytest.fixture(params=["sql", pytest.param("rest", marks=pytest.mark.rest)])
+def catalog(request: pytest.FixtureRequest, home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run a test on each catalog kind: the default SQL catalog (SQLite in the test's home) and the session's REST
+    catalog server. The pipelines ``write_pipeline`` writes use it; the value is the kind's name. On REST, the
+    server must have taken the test's table commits (a test that fell back to another catalog fails here)."""
+    if request.param != "rest":
+        yield request.param
+        return
+    server = request.getfixturevalue("rest_catalog")
+    props = rest_catalog_properties(server, home)
+    monkeypatch.setattr(sys.modules[__name__], "DEFAULT_CATALOG", {"name": "lake", "properties": props})
+    commits = "POST /v1/{prefix}/namespaces/{ns}/tables/{t}"
+    before = server.stats().get(commits, 0)
+    yield request.param
+    assert server.stats().get(commits, 0) > before, "the test committed nothing through the REST catalog server"
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An isolated TIDEWATER_HOME: its own SQLite catalog, warehouse and staging directory."""
@@ -160,6 +207,8 @@ def write_pipeline(directory: Path, **overrides: object) -> Path:
         "spark": {"master": "local[2]"},
         "schedule": None,
     }
+    if DEFAULT_CATALOG is not None:
+        doc["catalog"] = DEFAULT_CATALOG
     for k, v in overrides.items():
         if isinstance(v, dict) and isinstance(doc.get(k), dict):
             doc[k] = {**doc[k], **v}  # type: ignore[dict-item]
@@ -181,14 +230,11 @@ def produce_to_partition(bootstrap: str, topic: str, partition: int, values: lis
     """Produce ``values`` (with ``keys``, one per value) to one partition in order (creating the topic), last
     record in its own request."""
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
-    from tidewater_dev.sample_data import Deliveries
+    from tidewater_dev.sample_data import Deliveries, ensure_topic
 
     conf = {"bootstrap.servers": bootstrap}
-    admin = AdminClient(conf)
-    if topic not in admin.list_topics(timeout=10).topics:
-        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(timeout=15)
+    ensure_topic(conf, topic, partitions)
     deliveries = Deliveries()  # a record the broker refuses fails the test here, not as a shifted offset later
     p = Producer({**conf, "linger.ms": 5, "on_delivery": deliveries, **(producer_settings or {})})
     keyed = keys or [None] * len(values)

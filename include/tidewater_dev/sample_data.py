@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 SAUCES = ["regular", "light", "extra", "none", "bbq", "alfredo"]
@@ -70,6 +70,19 @@ class Deliveries:
             raise RuntimeError(f"a record was not delivered to {msg.topic()}[{msg.partition()}]: {err.str()}")
 
 
+def ensure_topic(conf: dict[str, Any], topic: str, partitions: int) -> None:
+    """Create ``topic`` unless it exists. A topic just created elsewhere may be missing from this client's
+    metadata for a moment, so the broker's TOPIC_ALREADY_EXISTS answer counts as success."""
+    admin = AdminClient(conf)
+    if topic in admin.list_topics(timeout=10).topics:
+        return
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(timeout=15)
+    except KafkaException as e:
+        if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+
+
 def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 6, create: bool = True,
             settings: dict[str, str] | None = None) -> dict[int, int]:
     """Produce ``values`` round-robin over ``partitions``; returns records per partition.
@@ -79,11 +92,7 @@ def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 6
     """
     conf = {"bootstrap.servers": bootstrap, **(settings or {})}
     if create:
-        admin = AdminClient(conf)
-        existing = admin.list_topics(timeout=10).topics
-        if topic not in existing:
-            fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
-            fut.result(timeout=15)
+        ensure_topic(conf, topic, partitions)
     deliveries = Deliveries()
     producer = Producer({**conf, "linger.ms": 5, "enable.idempotence": True, "on_delivery": deliveries})
     per_part: dict[int, list[bytes]] = {p: [] for p in range(partitions)}

@@ -398,11 +398,10 @@ def test_the_quality_gate_judges_new_row_images_not_delete_records(broker, home,
 def _produce_keyed(broker, topic, records, partitions: int = PARTITIONS) -> None:
     """(key bytes, value bytes or None) per record, to partition id % partitions in order."""
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    if topic not in admin.list_topics(timeout=10).topics:
-        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(timeout=15)
+    from tidewater_dev.sample_data import ensure_topic
+
+    ensure_topic({"bootstrap.servers": broker.bootstrap}, topic, partitions)
     p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
     for part in range(partitions):
         mine = [(k, v, i) for k, v, i in records if i % partitions == part]

@@ -31,7 +31,7 @@ def unique_ids(table) -> int:
     return len(pc.unique(ids))
 
 
-def test_three_batches_with_new_data_between_land_every_record_once(broker, pipeline_file, topic):
+def test_three_batches_with_new_data_between_land_every_record_once(broker, catalog, pipeline_file, topic):
     """Three batches, 300 new records before each: 900 rows, 3 snapshots, offsets 100/200/300 per partition."""
     for i in range(3):
         produce(broker.bootstrap, topic, pizza_events(300, seed=100 + i), partitions=3)
@@ -68,7 +68,7 @@ time.sleep(600)
 """
 
 
-def test_killed_after_write_before_commit_then_rerun_commits_each_record_once(broker, pipeline_file, topic, home):
+def test_killed_after_write_before_commit_then_rerun_commits_each_record_once(broker, catalog, pipeline_file, topic, home):
     """The process running a batch is SIGKILLed after its write step (manifest staged), before validation
     and commit. Expected: no snapshot and the offsets unmoved after the kill; the rerun plans the same
     offsets under a new batch id and commits all 600 records exactly once. The killed batch's files stay
@@ -96,7 +96,7 @@ def test_killed_after_write_before_commit_then_rerun_commits_each_record_once(br
     assert not any(killed_batch in p for p in committed_files)
 
 
-def test_commit_step_run_twice_for_one_batch_is_a_no_op(broker, pipeline_file, topic):
+def test_commit_step_run_twice_for_one_batch_is_a_no_op(broker, catalog, pipeline_file, topic):
     """Retrying the commit after it succeeded (Airflow retry, a person re-running it): no duplicate rows."""
     produce(broker.bootstrap, topic, pizza_events(240, seed=3), partitions=2)
     spec = load_pipeline(pipeline_file)

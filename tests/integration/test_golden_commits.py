@@ -125,7 +125,7 @@ def one_batch_snapshots(spec, batch_id: str) -> list:
     return [s for s in table.metadata.snapshots if summary_dict(s).get(BATCH_ID) == batch_id]
 
 
-def test_an_append_tables_commits_in_every_mode_match_the_golden_file(broker, home, topic):
+def test_an_append_tables_commits_in_every_mode_match_the_golden_file(broker, catalog, home, topic):
     """A plain append pipeline (fused holder): an ingest batch with a dead letter (one snapshot with data and offsets),
     replays (replace, append-missing), a quarantined batch published, an operator's skip with the records before it
     ingested first, and a last ingest batch. Expected: the snapshots equal golden/append_fused.json."""
@@ -163,7 +163,7 @@ def _change_pipeline(home: Path, broker, topics: list[str], **more) -> Path:
                           format={"value": "debezium"}, **more)
 
 
-def test_a_change_tables_commits_in_every_mode_match_the_golden_file(broker, home, topic):
+def test_a_change_tables_commits_in_every_mode_match_the_golden_file(broker, catalog, home, topic):
     """A plain change table (fused holder): two change batches (one snapshot each: the row delta with the offsets),
     a reapply replay of one partition, a quarantined batch dropped, an operator's skip and a last batch. The table
     equals its source's reference model where it should; the snapshots equal golden/change_fused.json."""
@@ -196,7 +196,7 @@ def test_a_change_tables_commits_in_every_mode_match_the_golden_file(broker, hom
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["a-task-per-range", "packed"])
-def test_a_routed_pipelines_commits_in_every_mode_match_the_golden_file(broker, home, topic, packed):
+def test_a_routed_pipelines_commits_in_every_mode_match_the_golden_file(broker, catalog, home, topic, packed):
     """A routed pipeline (checkpoint holder) over two Debezium topics: topic 0 feeds a change table (cur0) and an
     append table with metadata columns (hist0), topic 1 the change table cur1. Two batches, a replay of topic 0
     (cur0 reapplies, hist0 replaces) and one in append-missing mode, a batch whose topic-1 tables are quarantined

@@ -1,0 +1,84 @@
+"""An Iceberg REST catalog server for the tests: ``jvm/rest-catalog/RestCatalogServer.java`` run from source with
+the classpath `make rest-catalog` copies from Maven Central (Iceberg 1.12.0's core, SQLite's JDBC driver, Hadoop's
+client for the warehouse files). Iceberg's own request handlers (``CatalogHandlers``) over a JdbcCatalog on its own
+SQLite store answer the REST spec's routes; the Java file is the HTTP front (routing, JSON, OAuth2 client
+credentials). Why not Iceberg's REST fixture, Nessie or Polaris: none of their servers is served from Maven
+Central here (see jvm/rest-catalog/pom.xml).
+
+Settings reach the server through its environment (the client secret never on a command line). Two routes of its
+own serve the tests: ``GET /test/stats`` counts requests by route, tokens issued and expired tokens refused, and
+``POST /test/fail-commits?n=N`` refuses the next N table commits with 409 CommitFailedException, as a concurrent
+committer would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from tidewater.errors import ConfigError, TransientError
+from tidewater_dev.broker import free_port, java, wait_listening
+from tidewater_dev.process import LocalServer
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+SOURCE = CHECKOUT / "jvm" / "rest-catalog" / "RestCatalogServer.java"
+
+
+def default_libs() -> Path:
+    return CHECKOUT / ".data" / "rest-catalog" / "libs"
+
+
+@dataclass
+class RestCatalogServer(LocalServer):
+    root: str = ""  # the server's warehouse and store
+
+    grace: ClassVar[float] = 10.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def warehouse(self) -> str:
+        return str(Path(self.root) / "warehouse")
+
+    def stats(self) -> dict[str, int]:
+        """Requests by method and route, ``tokens issued``, ``expired tokens refused``, ``refused commits``."""
+        with urllib.request.urlopen(self.url + "/test/stats", timeout=10) as r:
+            return json.loads(r.read())
+
+    def fail_commits(self, n: int) -> None:
+        """Refuse the next ``n`` table commits with 409 CommitFailedException."""
+        req = urllib.request.Request(f"{self.url}/test/fail-commits?n={n}", method="POST", data=b"")
+        urllib.request.urlopen(req, timeout=10).close()
+
+
+def start(root: Path, log_path: Path, client: tuple[str, str] | None = None, token_ttl: int = 3600,
+          libs: Path | None = None, timeout: float = 120) -> RestCatalogServer:
+    """Start a server on a free 127.0.0.1 port, its store and warehouse under ``root``, and return once it listens.
+    ``client``: the OAuth2 client id and secret it requires (None: no authentication); ``token_ttl``: seconds a
+    token lives."""
+    libs = libs or default_libs()
+    if not (libs / ".installed").is_file():
+        raise ConfigError(f"{libs} is missing: run `make rest-catalog` (make test does)")
+    for sub in ("warehouse", "store"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "REST_PORT": str(port), "REST_STORE": str(root / "store"),
+           "REST_WAREHOUSE": str(root / "warehouse"), "REST_TOKEN_TTL": str(token_ttl)}
+    if client:
+        env["REST_CLIENT_ID"], env["REST_CLIENT_SECRET"] = client
+    cmd = [java(), "-Xmx384m", "-XX:+UseSerialGC", "-cp", f"{libs}/*", str(SOURCE)]
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = RestCatalogServer(proc.pid, port, str(log_path), str(root))
+    if not wait_listening(port, timeout) or proc.poll() is not None:
+        server.stop(grace=2)
+        raise TransientError(f"the REST catalog server did not listen on 127.0.0.1:{port} within {timeout:.0f} s; "
+                             f"see {log_path}")
+    return server
