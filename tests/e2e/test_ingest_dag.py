@@ -366,6 +366,7 @@ def test_metrics_reach_statsd_through_airflows_stats(broker, topic, airflow_env,
     assert metrics["airflow.tidewater.orders.lag"] == "90|g"
     assert metrics["airflow.tidewater.orders.rows"] == "90|c" and metrics["airflow.tidewater.orders.records"] == "90|c"
     assert metrics["airflow.tidewater.orders.dead_letters"] == "0|c"
+    assert metrics["airflow.tidewater.orders.commit_retries"] == "0|c"
     assert metrics["airflow.tidewater.orders.commit_seconds"].endswith("|ms")
     assert metrics["airflow.tidewater.orders.batch_seconds"].endswith("|ms")
 

@@ -119,7 +119,7 @@ def _batch(broker, topic, spec, model, seed, n=120):
     return apply(model, changes)
 
 
-def test_a_change_batch_applies_once_when_its_commit_is_retried_or_it_is_replanned_after_a_crash(broker, home, topic):
+def test_a_change_batch_applies_once_when_its_commit_is_retried_or_it_is_replanned_after_a_crash(broker, catalog, home, topic):
     """Debezium changes. (1) Write, crash before the commit, then the commit step runs twice (Airflow's retry
     after a commit that landed): applied once, one snapshot carries the batch. (2) A batch is written and its
     process dies; the next run plans the same range anew and commits it; the dead batch's commit is then
@@ -146,7 +146,7 @@ def test_a_change_batch_applies_once_when_its_commit_is_retried_or_it_is_replann
     assert committed_state(table).offsets == committed_state(_table(spec)).offsets
 
 
-def test_two_change_batches_racing_for_one_range_commit_once(broker, home, topic):
+def test_two_change_batches_racing_for_one_range_commit_once(broker, catalog, home, topic):
     """Two batches planned from the same offsets commit at the same time: one lands, the other is refused
     (offsets moved), and the table equals the source with every key once."""
     spec = _spec(home, broker, topic, "debezium")

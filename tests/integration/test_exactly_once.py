@@ -262,7 +262,7 @@ def test_a_first_batch_creates_its_table_once_before_the_spark_tasks(broker, hom
     assert len(created) == 1, created
 
 
-def test_schema_changes_the_tasks_find_are_made_once_by_the_driver_and_undone_with_an_abandoned_batch(broker, home, topic):
+def test_schema_changes_the_tasks_find_are_made_once_by_the_driver_and_undone_with_an_abandoned_batch(broker, catalog, home, topic):
     """Tasks never change a table (issue 14): three partitions, two write tasks each (`records_per_task`),
     and in the second batch each partition's later records carry a different new field (text, a double,
     a nested object). The write step (inline: the task code and driver loop Spark runs) makes one schema

@@ -1,20 +1,30 @@
-"""The REST catalog's configuration path. No Iceberg REST catalog server can be installed here (the reference
-ones are Java or Rust distributions and container images, not in the package registries), so these tests
-use a local HTTP stand-in that answers like a REST catalog refusing or failing, and check what Tidewater makes
-of it: an unreachable or failing catalog is transient, refused credentials are terminal; Spark gets the same
-catalog with its secret kept off the command line."""
+"""Batches through an Iceberg REST catalog server (the session's ``rest_catalog``: Iceberg 1.12's request handlers
+over a JdbcCatalog, OAuth2 client credentials; see tidewater_dev.rest_catalog): a commit conflict retried and
+counted, an expired token refreshed, credentials from an Airflow connection, refused credentials terminal with
+nothing committed, and the deep audit clean. The golden commit files and the exactly-once tests run on it too
+(their ``catalog`` fixture).
+
+Two tests keep a local HTTP stand-in: a catalog answering 401 or 503 to everything, which the real server does
+not do on demand; it checks that an unreachable or failing catalog is transient and refused credentials are
+terminal."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from tests.conftest import write_pipeline
+from tests.conftest import REST_CLIENT, produce_to_partition, rest_catalog_properties, stage_inline, write_pipeline
+from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import TerminalError, TransientError
-from tidewater.table.catalog import load_catalog
+from tidewater.steps.lifecycle import commit_step, validate_step
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import committed_state
+from tidewater_dev.sample_data import pizza_events
 
 pytestmark = [pytest.mark.integration]
 
@@ -77,3 +87,98 @@ def test_spark_gets_the_rest_catalog_with_its_secret_off_the_command_line(home, 
     # the write step's spark-submit never opens the catalog in Spark: it carries no catalog credential at all
     settings = spark_conf_module.write_submit_settings(_spec(home, "https://catalog.example"))
     assert "s3cr3t-value" not in repr(settings)
+
+
+def _on_rest(home, broker, topic, props: dict | None = None, conn_id: str | None = None):
+    catalog: dict = {"name": "lake", "properties": props or {}}
+    if conn_id:
+        catalog["conn_id"] = conn_id
+    return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, catalog=catalog))
+
+
+def _rows_and_offsets(spec) -> tuple[int, dict]:
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    return table.scan().to_arrow().num_rows, committed_state(table).offsets
+
+
+def _deep_audit_clean(spec) -> None:
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def test_a_rest_commit_conflict_is_retried_and_counted(broker, rest_catalog, home, topic):
+    """The server refuses the batch's commit twice with 409 CommitFailedException (as when another writer committed
+    first). Expected: the commit step refreshes and commits once on its third attempt; the result counts 2 retries;
+    40 rows, the offsets at the end, and a clean deep audit (ranges against the broker, rows against offsets)."""
+    spec = _on_rest(home, broker, topic, rest_catalog_properties(rest_catalog, home))
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(40, seed=571))
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    refused = rest_catalog.stats().get("refused commits", 0)
+    rest_catalog.fail_commits(2)
+    result = commit_step(spec, plan, manifest)
+    assert (result.status, result.rows, result.commit_retries) == ("committed", 40, 2)
+    assert result.summary()["commit_retries"] == 2
+    assert rest_catalog.stats()["refused commits"] == refused + 2
+    assert _rows_and_offsets(spec) == (40, {topic: {0: 40}})
+    again = commit_step(spec, plan, manifest)  # the retried step after a success: nothing twice
+    assert again.status == "already-committed" and _rows_and_offsets(spec) == (40, {topic: {0: 40}})
+    _deep_audit_clean(spec)
+
+
+def test_an_expired_token_is_refreshed_and_the_batch_commits(broker, home, topic, tmp_path):
+    """A server whose tokens live 2 seconds (its own, beside the session's). The catalog is opened, the token
+    expires, then a batch runs with that catalog's client: the server refuses the expired token (401), the client
+    asks for a new one with its client credentials and the batch commits 30 rows once, offsets at the end."""
+    from tidewater_dev import rest_catalog as rest
+
+    server = rest.start(tmp_path / "short-tokens", tmp_path / "short-tokens.log", client=REST_CLIENT, token_ttl=2)
+    try:
+        spec = _on_rest(home, broker, topic, rest_catalog_properties(server, home))
+        catalog = load_catalog(spec)
+        catalog.create_namespace_if_not_exists("rpc")
+        issued = server.stats()["tokens issued"]
+        time.sleep(2.5)
+        assert ("rpc",) in catalog.list_namespaces()  # with the expired token: refused, refreshed, answered
+        stats = server.stats()
+        assert stats["expired tokens refused"] >= 1 and stats["tokens issued"] > issued
+        produce_to_partition(broker.bootstrap, topic, 0, pizza_events(30, seed=572))
+        plan, manifest = stage_inline(spec)
+        validate_step(spec, plan, manifest)
+        assert commit_step(spec, plan, manifest).rows == 30
+        assert _rows_and_offsets(spec) == (30, {topic: {0: 30}})
+    finally:
+        server.stop()
+
+
+def test_rest_credentials_from_an_airflow_connection_commit_and_a_wrong_secret_commits_nothing(
+        broker, rest_catalog, home, topic, monkeypatch, capsys):
+    """The catalog comes from an Airflow ``http`` connection: host and port the server, login and password the
+    OAuth2 client id and secret, the token endpoint and warehouse in its extra. A batch commits 25 rows and the
+    secret appears in no result or log line. The same connection with a wrong password: a terminal error naming
+    the catalog, no table and no offsets."""
+    url = rest_catalog.url
+    conn = {"conn_type": "http", "host": "127.0.0.1", "port": rest_catalog.port, "login": REST_CLIENT[0],
+            "password": REST_CLIENT[1], "extra": {"warehouse": home.parent.name, "oauth2-server-uri": f"{url}/v1/oauth/tokens"}}
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_REST", json.dumps(conn))
+    spec = _on_rest(home, broker, topic, conn_id="lake_rest")
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(25, seed=573))
+    plan, manifest = stage_inline(spec)
+    validate_step(spec, plan, manifest)
+    result = commit_step(spec, plan, manifest)
+    assert result.rows == 25 and _rows_and_offsets(spec) == (25, {topic: {0: 25}})
+    assert REST_CLIENT[1] not in repr(result.summary()) + capsys.readouterr().out
+
+    other = home / "other"
+    other.mkdir()
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_WRONG", json.dumps({**conn, "password": "not-the-secret",
+                                                               "extra": {**conn["extra"], "warehouse": "wrong-secret"}}))
+    wrong = load_pipeline(write_pipeline(other, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                         catalog={"name": "lake", "conn_id": "lake_wrong"}))
+    with pytest.raises(TerminalError) as e:
+        load_catalog(wrong)
+    assert not e.value.transient and "not-the-secret" not in str(e.value)
+    right = load_pipeline(write_pipeline(other, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                         catalog={"name": "lake", "properties": {**rest_catalog_properties(rest_catalog, home),
+                                                                                 "warehouse": "wrong-secret"}}))
+    assert load_table(load_catalog(right), right.table.identifier) is None, "nothing was made with the wrong secret"

@@ -182,7 +182,7 @@ def test_twenty_source_tables_in_one_pipeline_equal_their_sources_after_every_ba
         ("rpc.src3", "2 rows"), ("rpc.src3", "offsets in the table twice")]
 
 
-def test_a_crash_between_two_tables_commits_applies_each_change_once(broker, home, topic, monkeypatch):
+def test_a_crash_between_two_tables_commits_applies_each_change_once(broker, catalog, home, topic, monkeypatch):
     """The commit step dies after the first of three change tables committed its row delta. (1) Airflow's retry
     of the commit step applies the other two and the checkpoint; the first table is not changed again. (2) The
     same crash on the next batch, whose staged files are then lost: a new plan from the checkpoint re-reads the

@@ -340,7 +340,8 @@ def commit_targets(catalog: Catalog, todo: list[Target]) -> list[TableCommit]:
         status = commit_table_output(catalog, t.job.plan, t.out, t)
         done = t.attempt.done
         return TableCommit(table=t.out.table, status=status, rows=t.out.rows,  # type: ignore[arg-type]
-                           seconds=round(time.monotonic() - t0, 4), snapshot_id=done.snapshot_id if done else None)
+                           seconds=round(time.monotonic() - t0, 4), snapshot_id=done.snapshot_id if done else None,
+                           attempts=done.attempts if done else 1)
 
     slots = min(commit_slots(catalog), len(todo))
     if slots <= 1:

@@ -16,13 +16,15 @@ TableStatus = Literal["committed", "already-committed", "checkpoint"]
 @dataclass(frozen=True)
 class TableCommit:
     """One table's commit of a batch, with its duration. ``rows``: what the batch wrote to it (a checkpoint table's
-    row is its batch's record, counted as no row); ``snapshot_id``: the snapshot that carries the batch, when known."""
+    row is its batch's record, counted as no row); ``snapshot_id``: the snapshot that carries the batch, when known;
+    ``attempts``: the catalog commits it took (more than one after a conflict or an unknown outcome)."""
 
     table: str
     status: TableStatus
     rows: int
     seconds: float
     snapshot_id: int | None = None
+    attempts: int = 1
 
     @property
     def holds_rows(self) -> bool:
@@ -55,6 +57,11 @@ class CommitResult:
         """Rows the batch wrote, over its tables."""
         return sum(t.rows for t in self.tables if t.holds_rows)
 
+    @property
+    def commit_retries(self) -> int:
+        """Commits attempted again over the batch's tables (a conflict with another writer, an unknown outcome)."""
+        return sum(t.attempts - 1 for t in self.tables)
+
     def touched(self) -> list[str]:
         """The target tables the batch committed to, besides its offsets holder."""
         return [t.table for t in self.tables if t.holds_rows and t.table != self.table]
@@ -68,4 +75,5 @@ class CommitResult:
             "records": self.records,
             "data_files": self.data_files,
             "dead_letters": self.dead_letters,
+            "commit_retries": self.commit_retries,
         }

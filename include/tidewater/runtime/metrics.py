@@ -9,6 +9,7 @@ Names, under Airflow's metric prefix (``airflow.`` by default), per pipeline:
 | ``tidewater.<pipeline>.rows`` | counter | commit task: rows committed |
 | ``tidewater.<pipeline>.records`` | counter | commit task: records read |
 | ``tidewater.<pipeline>.dead_letters`` | counter | commit task: records dead-lettered |
+| ``tidewater.<pipeline>.commit_retries`` | counter | commit task: table commits attempted again (conflicts) |
 | ``tidewater.<pipeline>.commit_seconds`` | timer | commit task: the commit step |
 | ``tidewater.<pipeline>.batch_seconds`` | timer | commit task: from the plan to the commit |
 | ``tidewater.<pipeline>.late`` | counter | an ingest run missed its ``airflow.freshness`` deadline (triggerer) |
@@ -67,6 +68,7 @@ def committed(spec: Any, plan: Any, manifest: Any, result: Any, commit_seconds: 
     s.incr(_name(spec.name, "rows"), count=result.rows)
     s.incr(_name(spec.name, "records"), count=manifest.records)
     s.incr(_name(spec.name, "dead_letters"), count=manifest.dead_letters)
+    s.incr(_name(spec.name, "commit_retries"), count=result.commit_retries)
     s.timing(_name(spec.name, "commit_seconds"), commit_seconds * 1000.0)
     try:
         planned = datetime.fromisoformat(plan.created_at)
