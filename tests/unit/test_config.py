@@ -250,6 +250,75 @@ def test_catalog_properties_from_an_airflow_connection(monkeypatch, tmp_path):
     assert missing.catalog_properties() == {"type": "sql", "uri": "sqlite:////x.db"}
 
 
+def test_an_aws_connection_maps_region_session_token_endpoints_and_assumes_its_role(monkeypatch, tmp_path):
+    """An Airflow ``aws`` connection as people write it: ``region_name``, ``aws_session_token``, ``endpoint_url`` (one
+    for every service, or per service under ``service_config``) become pyiceberg's Glue and FileIO properties, and
+    Airflow's own keys are not passed on. ``role_arn`` is assumed through STS with the connection's keys and its
+    temporary keys replace them; a refusal names the role.
+
+    STS is a stand-in here (a fake ``boto3`` module that records the call): boto3's botocore requires
+    python-dateutil < 3, and the environment Airflow 3.3 installs has 4.0.0, so boto3 cannot be installed beside it
+    without moving a package; moto's STS server runs in its own virtualenv, out of this process's reach."""
+    import sys
+    import types
+
+    from tidewater.config import connections
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setattr(connections, "_CACHE", {})
+    base = {"conn_type": "aws", "login": "AKIAEXAMPLEEXAMPLE00", "password": "aws-secret"}
+    monkeypatch.setenv("AIRFLOW_CONN_GLUE_PLAIN", json.dumps({**base, "extra": {
+        "region_name": "eu-west-1", "aws_session_token": "session-tok", "endpoint_url": "http://aws.local:5000",
+        "service_config": {"s3": {"endpoint_url": "http://s3.local:9000"}}, "s3.path-style-access": "true"}}))
+    plain = parse_pipeline({**BASE, "catalog": {"conn_id": "glue_plain"}}).catalog_properties()
+    assert plain == {"type": "glue", "client.access-key-id": "AKIAEXAMPLEEXAMPLE00", "client.secret-access-key": "aws-secret",
+                     "client.region": "eu-west-1", "client.session-token": "session-tok",
+                     "glue.endpoint": "http://aws.local:5000", "s3.endpoint": "http://s3.local:9000",
+                     "s3.path-style-access": "true"}
+
+    asked: list[dict] = []
+
+    class ClientError(Exception):
+        def __init__(self, message: str) -> None:
+            super().__init__(message)
+            self.response = {"Error": {"Message": message}}
+
+    class Session:
+        def __init__(self, **kw: object) -> None:
+            self.kw = kw
+
+        def client(self, service: str, endpoint_url: str | None = None) -> object:
+            session = self
+
+            class Sts:
+                def assume_role(self, **ask: str) -> dict:
+                    asked.append({"service": service, "endpoint": endpoint_url, "session": session.kw, **ask})
+                    if ask["RoleArn"].endswith("/denied"):
+                        raise ClientError("User is not authorized to perform: sts:AssumeRole")
+                    return {"Credentials": {"AccessKeyId": "ASIATEMP", "SecretAccessKey": "temp-secret", "SessionToken": "temp-tok"}}
+            return Sts()
+
+    monkeypatch.setitem(sys.modules, "boto3", types.SimpleNamespace(Session=Session))
+    monkeypatch.setitem(sys.modules, "botocore", types.ModuleType("botocore"))
+    monkeypatch.setitem(sys.modules, "botocore.exceptions", types.SimpleNamespace(ClientError=ClientError, BotoCoreError=OSError))
+    role = "arn:aws:iam::123456789012:role/tidewater-ingest"
+    monkeypatch.setenv("AIRFLOW_CONN_GLUE_ROLE", json.dumps({**base, "extra": {
+        "region_name": "eu-west-1", "role_arn": role, "external_id": "ext-1"}}))
+    assumed = parse_pipeline({**BASE, "catalog": {"conn_id": "glue_role"}}).catalog_properties()
+    assert assumed == {"type": "glue", "client.access-key-id": "ASIATEMP", "client.secret-access-key": "temp-secret",
+                       "client.session-token": "temp-tok", "client.region": "eu-west-1"}
+    assert asked == [{"service": "sts", "endpoint": None, "RoleArn": role, "RoleSessionName": "tidewater", "ExternalId": "ext-1",
+                      "session": {"aws_access_key_id": "AKIAEXAMPLEEXAMPLE00", "aws_secret_access_key": "aws-secret",
+                                  "aws_session_token": None, "region_name": "eu-west-1"}}]
+    monkeypatch.setenv("AIRFLOW_CONN_GLUE_DENIED", json.dumps({**base, "extra": {"role_arn": role[:-len("tidewater-ingest")] + "denied"}}))
+    with pytest.raises(ConfigError, match=r"connection 'glue_denied': STS refused to assume role_arn .*role/denied: User is not"):
+        parse_pipeline({**BASE, "catalog": {"conn_id": "glue_denied"}}).catalog_properties()
+    monkeypatch.setitem(sys.modules, "boto3", None)  # not installed
+    monkeypatch.setattr(connections, "_CACHE", {})
+    with pytest.raises(ConfigError, match="names role_arn, and assuming it needs boto3"):
+        parse_pipeline({**BASE, "catalog": {"conn_id": "glue_role"}}).catalog_properties()
+
+
 def test_the_schema_registry_from_an_airflow_connection(monkeypatch, tmp_path):
     """`format.registry_conn_id`: the host (scheme and port) is the URL, login and password the basic auth, the extra
     JSON client settings; `registry_*` set in the pipeline win. Validation does not ask for the connection."""

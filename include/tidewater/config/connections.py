@@ -10,7 +10,13 @@ A catalog connection becomes pyiceberg catalog properties by its type:
 
 - ``postgres``, ``mysql``, ``sqlite``: ``type: sql``, and ``uri`` the SQLAlchemy URL of the host, port, login, password
   and database (the connection's schema); for ``sqlite`` the host is the database file.
-- ``aws``: ``type: glue``, the login and password as ``client.access-key-id`` and ``client.secret-access-key``.
+- ``aws``: ``type: glue``, the login and password as ``client.access-key-id`` and ``client.secret-access-key``; the
+  extra's Airflow keys as pyiceberg's: ``region_name`` as ``client.region``, ``aws_session_token`` as
+  ``client.session-token``, ``endpoint_url`` as ``glue.endpoint`` and ``s3.endpoint`` (``service_config``'s ``glue``
+  and ``s3`` ``endpoint_url`` for one service), and ``role_arn`` (with ``role_session_name``, ``external_id``)
+  assumed through STS when the catalog is opened: its temporary keys replace the connection's (pyiceberg's Glue
+  client does not assume roles itself). Without login and password, boto3 finds the worker's own credentials
+  (instance profile, IRSA, ``AWS_*``).
 - ``http``, ``https`` or any other type with a host: ``type: rest``, ``uri`` the host (with its scheme and port), the
   login and password as ``credential`` (``login:password``, an OAuth2 client), a password alone as ``token``.
 
@@ -26,7 +32,7 @@ import time
 from typing import Any
 
 from tidewater.config.secrets import is_secret
-from tidewater.errors import ConfigError
+from tidewater.errors import ConfigError, TransientError
 
 # Set by the ingest DAG for its spark-submit job, whose driver cannot ask Airflow: what the catalog's and the schema
 # registry's connections resolve to
@@ -144,6 +150,62 @@ def registry_settings_of(conn: Any) -> dict[str, str]:
     return out
 
 
+# an Airflow ``aws`` connection's extra keys that are Airflow's, not pyiceberg properties
+_AIRFLOW_AWS_KEYS = ("region_name", "aws_session_token", "endpoint_url", "service_config", "role_arn",
+                     "role_session_name", "external_id")
+
+
+def glue_properties_of(conn: Any) -> dict[str, str]:
+    """pyiceberg Glue catalog properties from an ``aws`` connection (see the module docstring)."""
+    extra = dict(conn.extra_dejson or {})
+    out = {"type": "glue"}
+    if conn.login:
+        out["client.access-key-id"] = conn.login
+    if conn.password:
+        out["client.secret-access-key"] = conn.password
+    if extra.get("region_name"):
+        out["client.region"] = str(extra["region_name"])
+    if extra.get("aws_session_token"):
+        out["client.session-token"] = str(extra["aws_session_token"])
+    services = extra.get("service_config") or {}
+    for service, key in (("glue", "glue.endpoint"), ("s3", "s3.endpoint")):
+        endpoint = (services.get(service) or {}).get("endpoint_url") or extra.get("endpoint_url")
+        if endpoint:
+            out[key] = str(endpoint)
+    out.update({str(k): str(v) for k, v in extra.items() if k not in _AIRFLOW_AWS_KEYS})
+    if extra.get("role_arn"):
+        out.update(assumed_role(conn.conn_id, out, str(extra["role_arn"]), str(extra.get("role_session_name") or "tidewater"),
+                                extra.get("external_id")))
+    return out
+
+
+def assumed_role(conn_id: str, props: dict[str, str], role_arn: str, session_name: str,
+                 external_id: str | None) -> dict[str, str]:
+    """Temporary keys of ``role_arn`` from STS, asked with the connection's own keys (or the worker's when it has
+    none), as pyiceberg properties. STS refusing is a configuration error naming the role; STS unreachable is
+    transient."""
+    try:
+        import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        raise ConfigError(f"catalog.conn_id: connection {conn_id!r} names role_arn, and assuming it needs boto3 "
+                          "(pip install 'pyiceberg[glue]', which a Glue catalog needs anyway)") from None
+    session = boto3.Session(aws_access_key_id=props.get("client.access-key-id"),
+                            aws_secret_access_key=props.get("client.secret-access-key"),
+                            aws_session_token=props.get("client.session-token"), region_name=props.get("client.region"))
+    endpoint = props.get("sts.endpoint") or props.get("glue.endpoint")  # one endpoint for every service (a stand-in)
+    ask = {"RoleArn": role_arn, "RoleSessionName": session_name, **({"ExternalId": external_id} if external_id else {})}
+    try:
+        creds = session.client("sts", endpoint_url=endpoint).assume_role(**ask)["Credentials"]
+    except ClientError as e:
+        raise ConfigError(f"catalog.conn_id: connection {conn_id!r}: STS refused to assume role_arn {role_arn}: "
+                          f"{e.response.get('Error', {}).get('Message', e)}") from None
+    except BotoCoreError as e:
+        raise TransientError(f"catalog.conn_id: connection {conn_id!r}: STS unreachable while assuming {role_arn}: {e}") from None
+    return {"client.access-key-id": creds["AccessKeyId"], "client.secret-access-key": creds["SecretAccessKey"],
+            "client.session-token": creds["SessionToken"]}
+
+
 def catalog_properties_of(conn: Any) -> dict[str, str]:
     """pyiceberg catalog properties from a connection's type, fields and extra JSON."""
     kind = (conn.conn_type or "").lower()
@@ -159,11 +221,8 @@ def catalog_properties_of(conn: Any) -> dict[str, str]:
                              host=conn.host or None, port=conn.port or None, database=conn.schema or None)
             out["uri"] = url.render_as_string(hide_password=False)
     elif kind == "aws":
-        out["type"] = "glue"
-        if conn.login:
-            out["client.access-key-id"] = conn.login
-        if conn.password:
-            out["client.secret-access-key"] = conn.password
+        out.update(glue_properties_of(conn))
+        return out
     elif conn.host:
         out["type"] = "rest"
         out["uri"] = _url(conn)
