@@ -8,7 +8,8 @@ Central here (see jvm/rest-catalog/pom.xml).
 Settings reach the server through its environment (the client secret never on a command line). Two routes of its
 own serve the tests: ``GET /test/stats`` counts requests by route, tokens issued and expired tokens refused, and
 ``POST /test/fail-commits?n=N`` refuses the next N table commits with 409 CommitFailedException, as a concurrent
-committer would.
+committer would; ``POST /test/expire?max-age-ms=N`` is the catalog maintaining its tables itself (S3 Tables expires
+snapshots older than 120 hours on its own schedule): Iceberg's ExpireSnapshots on every table, at the test's call.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ class RestCatalogServer(LocalServer):
         """Requests by method and route, ``tokens issued``, ``expired tokens refused``, ``refused commits``."""
         with urllib.request.urlopen(self.url + "/test/stats", timeout=10) as r:
             return json.loads(r.read())
+
+    def expire_snapshots(self, max_age_ms: int = 0) -> int:
+        """Expire every table's snapshots older than ``max_age_ms`` on the server's side; returns how many went."""
+        req = urllib.request.Request(f"{self.url}/test/expire?max-age-ms={max_age_ms}", method="POST", data=b"")
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return int(json.loads(r.read())["expired"])
 
     def fail_commits(self, n: int) -> None:
         """Refuse the next ``n`` table commits with 409 CommitFailedException."""

@@ -15,6 +15,9 @@
 //   REST_TOKEN_TTL     seconds a token lives (default 3600); an expired token is answered 401 so clients refresh
 //   REST_FAIL_COMMITS  the next N table commits are refused with 409 CommitFailedException (conflict tests);
 //                      POST /test/fail-commits?n=N sets it while running; GET /test/stats counts requests
+//   POST /test/expire?max-age-ms=N  the catalog maintaining its tables itself, as S3 Tables does on its schedule:
+//                      Iceberg's ExpireSnapshots on every table of every catalog, snapshots older than N ms expired
+//                      (the current one and those a branch or tag references kept), their files deleted
 
 import com.fasterxml.jackson.annotation.JsonAutoDetect;
 import com.fasterxml.jackson.annotation.PropertyAccessor;
@@ -241,6 +244,22 @@ public class RestCatalogServer {
   }
 
   private static Answer testRoute(HttpExchange ex, String path) {
+    if (path.equals("/test/expire")) {
+      long cutoff = System.currentTimeMillis() - Long.parseLong(query(ex).getOrDefault("max-age-ms", "0"));
+      long expired = 0;
+      for (JdbcCatalog c : CATALOGS.values()) {
+        for (Namespace ns : c.listNamespaces()) {
+          for (TableIdentifier id : c.listTables(ns)) {
+            org.apache.iceberg.Table table = c.loadTable(id);
+            long before = java.util.stream.StreamSupport.stream(table.snapshots().spliterator(), false).count();
+            table.expireSnapshots().expireOlderThan(cutoff).retainLast(1).commit();
+            table.refresh();
+            expired += before - java.util.stream.StreamSupport.stream(table.snapshots().spliterator(), false).count();
+          }
+        }
+      }
+      return new Answer(200, Map.of("expired", expired));
+    }
     if (path.equals("/test/fail-commits")) {
       FAIL_COMMITS.set(Integer.parseInt(query(ex).getOrDefault("n", "1")));
       return new Answer(204, null);

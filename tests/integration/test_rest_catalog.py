@@ -101,9 +101,10 @@ def _rows_and_offsets(spec) -> tuple[int, dict]:
     return table.scan().to_arrow().num_rows, committed_state(table).offsets
 
 
-def _deep_audit_clean(spec) -> None:
+def _deep_audit_clean(spec):
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+    return report
 
 
 def test_a_rest_commit_conflict_is_retried_and_counted(broker, rest_catalog, home, topic):
@@ -182,3 +183,26 @@ def test_rest_credentials_from_an_airflow_connection_commit_and_a_wrong_secret_c
                                          catalog={"name": "lake", "properties": {**rest_catalog_properties(rest_catalog, home),
                                                                                  "warehouse": "wrong-secret"}}))
     assert load_table(load_catalog(right), right.table.identifier) is None, "nothing was made with the wrong secret"
+
+
+def test_a_catalog_that_expires_snapshots_itself_leaves_the_pipeline_moving_from_its_tag_and_ledger(broker, rest_catalog,
+                                                                                                 home, topic):
+    """The catalog maintains the table on its own, as S3 Tables does: three batches, then the server expires every
+    snapshot older than now with Iceberg's ExpireSnapshots (Java, on the server's side; the schedule is the test's
+    call). Expected: only the newest batch's snapshot is left (the ``tidewater-offsets`` tag's); the next batch
+    plans from it and lands the 7 new records once; the ledger still lists every batch and the deep audit is clean.
+    (A user's own delete after the batches would be flagged by the audit as an outside write, rightly: see
+    test_other_tools.py for the tag keeping an older snapshot alive.)"""
+    from tests.conftest import ingest_inline
+
+    spec = _on_rest(home, broker, topic, rest_catalog_properties(rest_catalog, home))
+    for b in range(3):
+        produce_to_partition(broker.bootstrap, topic, 0, pizza_events(10, seed=580 + b))
+        assert ingest_inline(spec).records == 10
+    assert rest_catalog.expire_snapshots(max_age_ms=0) >= 2
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert len(table.snapshots()) == 1 and committed_state(table).offsets == {topic: {0: 30}}
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(7, seed=583))
+    assert ingest_inline(spec).records == 7
+    assert _rows_and_offsets(spec) == (37, {topic: {0: 37}})
+    assert _deep_audit_clean(spec).batches == 4  # the ledger's four batches, three of them past their snapshots
