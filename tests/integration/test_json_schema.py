@@ -115,3 +115,37 @@ def test_records_of_a_schema_version_that_changes_a_column_s_type_are_refused_ag
     table = table_of(path)
     assert table.current_snapshot().snapshot_id == before and committed_state(table).offsets == {topic: {0: 1}}
     assert table.scan().to_arrow().column("qty").to_pylist() == [1]
+
+
+MAPPED = {**V1, "properties": {**V1["properties"],
+                               "extras": {"type": "object", "additionalProperties": {"type": "integer"}}}}
+UNMAPPABLE = {"type": "object", "properties": {"order_id": {"type": "string"}, "v": {"type": ["string", "integer"]}}}
+
+
+def test_a_json_schema_map_lands_as_a_map_column_and_an_unmappable_schema_id_is_dead_lettered_not_a_stopped_topic(
+        broker, home, topic, registry_url):
+    """A schema version with ``extras`` as ``additionalProperties: integer`` (a map) and records of a version whose
+    field has two types, interleaved. Expected: the batch commits; the map records land with ``extras`` as an Iceberg
+    ``map<string, long>`` holding each record's entries; the other version's 2 records are dead letters of class
+    UnmappableSchema naming its id and the path; read = rows + dead letters, offsets at the end, deep audit clean."""
+    mapped = [{"order_id": f"m{i}", "qty": i, "at": "2026-01-02T03:04:05Z", "extras": {"k": i, f"only{i}": 10 * i}}
+              for i in range(3)]
+    odd = _serialize(registry_url, UNMAPPABLE, [{"order_id": "u0", "v": 1}, {"order_id": "u1", "v": "x"}], topic)
+    ok = _serialize(registry_url, MAPPED, mapped, topic)
+    produce_to_partition(broker.bootstrap, topic, 0, [ok[0], odd[0], ok[1], odd[1], ok[2]])
+    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                                        format={"value": "json_schema", "registry_url": registry_url}))
+    result = ingest_inline(spec)
+    assert (result.records, result.dead_letters) == (5, 2)
+    table = load_table(load_catalog(spec), spec.table.identifier)
+    assert str(table.schema().find_field("extras").field_type) == "map<string, long>"
+    rows = {r["order_id"]: r["extras"] for r in table.scan().to_arrow().to_pylist()}
+    assert rows == {f"m{i}": [("k", i), (f"only{i}", 10 * i)] for i in range(3)}
+    dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset")
+    assert dlq.column("offset").to_pylist() == [1, 3]
+    assert set(dlq.column("error_class").to_pylist()) == {"UnmappableSchema"}
+    assert all("cannot be a table's columns: JSON Schema at v: type ['string', 'integer']" in m
+               for m in dlq.column("error_message").to_pylist())
+    assert committed_state(table).offsets == {topic: {0: 5}}
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]

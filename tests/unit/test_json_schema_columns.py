@@ -57,6 +57,9 @@ def test_a_required_field_inside_an_optional_object_is_not_required_of_every_val
     ({"type": "object", "properties": {"x": {"$ref": "other.json#/a"}}}, "at x: $ref 'other.json#/a' is not in the same document"),
     ({"type": "array", "items": {"type": "integer"}}, "the root must be an object"),
     ({"type": "object", "properties": {"x": {"type": "array"}}}, "at x: an array needs one schema for its items"),
+    ({"type": "object", "properties": {"x": {"type": "array", "items": {
+        "type": "object", "additionalProperties": {"type": "integer"}}}}}, "at x[]: a map inside a list or a map"),
+    ({"type": "object", "properties": {"x": {"type": "object", "additionalProperties": True}}}, "at x: an object without"),
 ])
 def test_a_schema_a_table_cannot_take_is_refused_naming_the_path(doc, message):
     with pytest.raises(TerminalError) as e:

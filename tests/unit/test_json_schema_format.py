@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 
 import pyarrow as pa
-import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -16,7 +16,6 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from tidewater.decode.json_schema import decode
 from tidewater.decode.records import DecodeContext
 from tidewater.decode.registry_client import RegistryClient
-from tidewater.errors import TerminalError
 from tidewater.source.kafka import Chunk
 
 V1 = {"type": "object", "properties": {
@@ -87,9 +86,56 @@ def test_records_that_break_their_schema_or_the_framing_are_bad_records_naming_t
     assert all(f"schema id {1}" in why[i] for i in (1, 2, 3, 4)), why
 
 
-def test_a_registered_schema_a_table_cannot_take_stops_the_batch_naming_the_id_and_path(registry_url):
+def test_records_of_a_schema_a_table_cannot_take_are_dead_letters_naming_the_id_and_path_and_the_others_land(registry_url):
+    """A schema id whose schema cannot be columns (a field of two types) does not stop the topic: its records are
+    dead letters of class UnmappableSchema naming the id and the path; another id's records in the chunk land."""
     ctx = SerializationContext("orders", MessageField.VALUE)
     mixed = {"type": "object", "properties": {"v": {"type": ["string", "integer"]}}}
-    value = _serializer(registry_url, mixed)({"v": 1}, ctx)
-    with pytest.raises(TerminalError, match=r"schema id \d+ cannot be a table's columns: .*at v"):
-        _decode(registry_url, [value])
+    bad_value = _serializer(registry_url, mixed)({"v": 1}, ctx)
+    good = _serializer(registry_url, V1)({"id": 5, "at": "2026-01-02T03:04:05Z", "buyer": {"name": "a"}}, ctx)
+    rows, bad = _decode(registry_url, [bad_value, good, bad_value])
+    assert [r["id"] for r in rows.to_pylist()] == [5]
+    assert [(b.index, b.error_class) for b in bad] == [(0, "UnmappableSchema"), (2, "UnmappableSchema")]
+    assert re.search(r"schema id \d+ cannot be a table's columns: JSON Schema at v: type \['string', 'integer'\]", bad[0].message)
+
+
+# a schema as people write maps (the shape of the "additionalProperties" maps in JSON Schema Store's published
+# schemas, e.g. package.json's "dependencies" and GitHub workflow "env"): string -> integer, string -> date-time,
+# string -> object, beside a struct that also allows other keys
+MAPS = {"type": "object", "properties": {
+    "id": {"type": "integer"},
+    "extras": {"type": "object", "additionalProperties": {"type": "integer"}},
+    "seen": {"type": "object", "additionalProperties": {"type": "string", "format": "date-time"}},
+    "stores": {"type": "object", "patternProperties": {"^s[0-9]+$": {"type": "object", "properties": {
+        "city": {"type": "string"}}}}},
+    "buyer": {"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": True},
+}, "required": ["id"]}
+
+
+def test_json_schema_maps_land_as_map_columns_and_a_value_of_another_type_is_a_violation(registry_url):
+    """``additionalProperties`` (or one ``patternProperties``) without ``properties`` is map<string, T>: each record's
+    keys and values in its row (a null value leaves its key out), dates converted, a missing map null, an empty one
+    empty. An object with properties keeps them as columns and ignores its other keys. A map value of another type
+    is a SchemaViolation naming the key's path."""
+    ctx = SerializationContext("orders", MessageField.VALUE)
+    one = _serializer(registry_url, MAPS)
+    values = [one({"id": 1, "extras": {"a": 1, "b": 2}, "seen": {"x": "2026-01-02T03:04:05Z"},
+                   "stores": {"s1": {"city": "Oslo"}}, "buyer": {"name": "n", "tier": 3}}, ctx),
+              one({"id": 2, "extras": {"c": 3, "a": None}}, ctx),
+              one({"id": 3, "extras": {}}, ctx),
+              one({"id": 4, "extras": {"a": "many"}}, ctx)]
+    rows, bad = _decode(registry_url, values)
+    assert rows.schema.field("extras").type == pa.map_(pa.string(), pa.int64())
+    assert rows.schema.field("seen").type == pa.map_(pa.string(), pa.timestamp("us", tz="UTC"))
+    assert rows.schema.field("stores").type == pa.map_(pa.string(), pa.struct([("city", pa.string())]))
+    assert rows.schema.field("buyer").type == pa.struct([("name", pa.string())])
+    got = rows.to_pylist()
+    assert [r["id"] for r in got] == [1, 2, 3]
+    assert [r["extras"] for r in got] == [[("a", 1), ("b", 2)], [("c", 3)], []]
+    assert got[0]["seen"] == [("x", dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc))] and got[1]["seen"] is None
+    assert got[0]["stores"] == [("s1", {"city": "Oslo"})] and got[0]["buyer"] == {"name": "n"}
+    assert [(b.index, b.error_class) for b in bad] == [(3, "SchemaViolation")]
+    assert "Column(/extras/a) changed from number to string" in bad[0].message  # Arrow's words, naming the path
+    rows, bad = _decode(registry_url, [values[3]])  # alone in its chunk: inferred as text, refused by the map's type
+    assert rows.num_rows == 0 and [b.error_class for b in bad] == ["SchemaViolation"]
+    assert "extras.a: 'many' is not a value of type int64" in bad[0].message, bad[0].message

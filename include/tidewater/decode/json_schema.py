@@ -14,18 +14,26 @@ The mapping (Confluent's JSON Schema converter maps the same way where both defi
 
 - ``integer`` -> int64; ``number`` -> float64; ``boolean`` -> bool; ``string`` -> string, except ``format: date-time``
   -> timestamp (microseconds, UTC) and ``format: date`` -> date32; ``enum`` of strings (without ``type``) -> string;
-- ``object`` with ``properties`` -> a struct of them, in the order they are declared; ``array`` -> a list of its
-  ``items``;
+- ``object`` with ``properties`` -> a struct of them, in the order they are declared (its ``additionalProperties``,
+  if any, are not columns: keys the properties do not name are ignored, as undeclared fields are); ``array`` -> a
+  list of its ``items``;
+- ``object`` without ``properties`` whose ``additionalProperties`` is a schema (the usual way to write a map), or
+  with one ``patternProperties`` schema -> ``map<string, T>``, T that schema's type, as a Protobuf map; a key whose
+  value is null is left out of the map. A map inside a list is not mapped;
 - a type list with ``"null"`` (``["string", "null"]``), or ``oneOf``/``anyOf`` of one type and ``{"type": "null"}``,
   is that type; local ``$ref`` (``#/$defs/...``, ``#/definitions/...``) is followed.
 
-Arrow's JSON reader does not parse dates from strings: ``reader_schema`` is the schema to parse with (the date-time
-and date columns as strings, their paths in ``formats``), converted to the table's types after the parse.
+Arrow's JSON reader does not parse dates from strings, nor objects into maps: ``reader_schema`` is the schema to
+parse with (the date-time and date columns as strings, their paths in ``formats``; the map columns left out, their
+paths in ``maps``), converted to the table's types after the parse. A schema with maps is parsed with Arrow inferring
+the fields the reader schema does not name, so each map comes back as a struct of the keys its chunk holds; the
+struct's columns become the map's entries in one vectorized pass (``_to_map``).
 
 Every column is nullable in Arrow; ``required`` is returned as paths (``a``, ``a.b`` for ``b`` required inside a
 required ``a``), for a vectorized null check after parsing. A schema this cannot map (several types for one field,
-an object without properties, a recursive ``$ref``) is refused with a ``TerminalError`` naming the path: a table
-needs one type per column.
+an object without properties or a map's schema, a recursive ``$ref``) is refused with a ``TerminalError`` naming the
+path: a table needs one type per column. In the decoder that refusal is per schema id: that id's records are dead
+letters of class ``UnmappableSchema`` naming the id and the path, and the topic's other records go on.
 """
 
 from __future__ import annotations
@@ -52,13 +60,17 @@ class Columns:
     schema: pa.Schema  # the values' columns, every field nullable
     required: tuple[str, ...]  # dotted paths a value must hold (a required field inside a required object)
     formats: dict[str, str]  # dotted path -> "date-time" or "date": strings in the values, converted after the parse
+    maps: tuple[str, ...] = ()  # dotted paths of the map columns: parsed as inferred structs, converted after
 
     def reader_schema(self) -> pa.Schema:
-        """The schema Arrow's JSON reader parses the values with: the ``formats`` columns as strings."""
+        """The schema Arrow's JSON reader parses the values with: the ``formats`` columns as strings, the ``maps``
+        left out (inferred)."""
         def walk(fields: list[pa.Field], prefix: str) -> list[pa.Field]:
             out = []
             for f in fields:
                 path = prefix + f.name
+                if path in self.maps:
+                    continue
                 if path in self.formats:
                     out.append(pa.field(f.name, pa.string()))
                 elif pa.types.is_struct(f.type):
@@ -78,7 +90,7 @@ def columns(doc: dict[str, Any]) -> Columns:
         raise TerminalError("JSON Schema: the root must be an object with properties (a row's columns), not "
                             f"{_kind(root, '$')!r}")
     fields, required = mapper.struct(root, "")
-    return Columns(pa.schema(fields), tuple(required), dict(mapper.formats))
+    return Columns(pa.schema(fields), tuple(required), dict(mapper.formats), tuple(mapper.maps))
 
 
 class _Mapper:
@@ -87,7 +99,8 @@ class _Mapper:
     def __init__(self, doc: dict[str, Any]) -> None:
         self.doc = doc
         self.active: list[str] = []
-        self.formats: dict[str, str] = {}  # the date-time and date columns met (not inside lists)
+        self.formats: dict[str, str] = {}  # the date-time and date columns met (not inside lists or maps)
+        self.maps: list[str] = []  # the map columns met
 
     def resolve(self, node: dict[str, Any], path: str) -> dict[str, Any]:
         ref = node.get("$ref")
@@ -120,6 +133,14 @@ class _Mapper:
                 paths += [path, *inner]
         return fields, paths
 
+    def map(self, item: dict[str, Any], path: str) -> pa.DataType:
+        """``map<string, T>`` of an object whose values all follow ``item``."""
+        if "[]" in path or "{}" in path:
+            raise TerminalError(f"JSON Schema at {path}: a map inside a list or a map is not mapped to a column")
+        value, _ = self.field(item, f"{path}{{}}")
+        self.maps.append(path)
+        return pa.map_(pa.string(), value)
+
     def field(self, node: dict[str, Any], path: str) -> tuple[pa.DataType, list[str]]:
         ref = node.get("$ref")
         if ref is not None and ref in self.active:
@@ -131,6 +152,9 @@ class _Mapper:
             node = _without_null(self.resolve(node, path), path)
             kind = _kind(node, path)
             if kind == "object":
+                item = _map_item(node)
+                if item is not None and not node.get("properties"):
+                    return self.map(item, path), []
                 fields, inner = self.struct(node, path)
                 return pa.struct(fields), inner
             if kind == "array":
@@ -140,6 +164,8 @@ class _Mapper:
                 item, _ = self.field(items, f"{path}[]")
                 return pa.list_(item), []
             if kind == "string" and node.get("format") in FORMATS:
+                if "{}" in path:  # a map's dates are converted with its entries (_to_map)
+                    return FORMATS[node["format"]], []
                 if "[]" not in path:  # a list of dates stays a list of strings: converting its items is not done
                     self.formats[path] = node["format"]
                     return FORMATS[node["format"]], []
@@ -148,6 +174,19 @@ class _Mapper:
         finally:
             if ref is not None:
                 self.active.pop()
+
+
+def _map_item(node: dict[str, Any]) -> dict[str, Any] | None:
+    """The schema of an object's values when it is a map: its ``additionalProperties`` schema, or its one
+    ``patternProperties`` schema."""
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict) and extra:
+        return extra
+    patterns = node.get("patternProperties")
+    if isinstance(patterns, dict) and len(patterns) == 1:
+        only = next(iter(patterns.values()))
+        return only if isinstance(only, dict) else None
+    return None
 
 
 def _without_null(node: dict[str, Any], path: str) -> dict[str, Any]:
@@ -172,7 +211,7 @@ def _without_null(node: dict[str, Any], path: str) -> dict[str, Any]:
 
 def _kind(node: dict[str, Any], path: str) -> str:
     kind = node.get("type")
-    if kind is None and "properties" in node:
+    if kind is None and ("properties" in node or _map_item(node) is not None):
         return "object"
     if kind is None and all(isinstance(v, str) for v in node.get("enum") or [None]):
         return "string"
@@ -186,6 +225,7 @@ def _kind(node: dict[str, Any], path: str) -> str:
 
 NOT_FRAMED = "NotConfluentJsonSchema"
 VIOLATION = "SchemaViolation"
+UNMAPPABLE = "UnmappableSchema"
 
 
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
@@ -210,9 +250,13 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
         mine = np.flatnonzero(ids == schema_id)
         at = where_np[mine]
         try:
-            cols = _columns(ctx.registry.json_schema(schema_id), schema_id, chunk)
+            cols = columns(ctx.registry.json_schema(schema_id))
         except UnknownSchemaId as e:
             bad.update({int(i): BadRecord(int(i), "UnknownSchemaId", str(e)) for i in at})
+            continue
+        except TerminalError as e:  # this id's records wait as dead letters; the topic's others go on
+            why = f"schema id {schema_id} cannot be a table's columns: {e}"
+            bad.update({int(i): BadRecord(int(i), UNMAPPABLE, why) for i in at})
             continue
         rows, kept, found = _parsed(chunk, at, bodies.take(pa.array(mine)), cols, schema_id, ctx)
         rows, label = with_schema_id(rows, schema_id), f"schema id {schema_id}"
@@ -237,21 +281,14 @@ def _schema_ids(heads: pa.Array) -> np.ndarray:
     return np.frombuffer(data, dtype=">u4", count=len(fixed), offset=fixed.offset * 4).astype(np.int64)
 
 
-def _columns(doc: dict[str, Any], schema_id: int, chunk: Chunk) -> Columns:
-    try:
-        return columns(doc)
-    except TerminalError as e:
-        raise TerminalError(f"schema id {schema_id} cannot be a table's columns: {e}", topic=chunk.topic,
-                            partition=chunk.partition) from None
-
-
 def _parsed(chunk: Chunk, at: np.ndarray, bodies: pa.Array, cols: Columns, schema_id: int,
             ctx: DecodeContext) -> tuple[pa.Table, np.ndarray, dict[int, BadRecord]]:
     """One schema id's records (chunk positions ``at``): their rows with the schema's types, the chunk position of
     each row, and the records that break the schema."""
     offsets = [chunk.offsets[i] for i in at.tolist()]
     sub = Chunk(chunk.topic, chunk.partition, bodies.to_pylist(), offsets, [chunk.timestamps[i] for i in at.tolist()])
-    rows, failed = decode_json_lenient(sub, cols.reader_schema(), ctx.max_depth, ctx.allow_non_numeric, extra="ignore")
+    extra = "infer" if cols.maps else "ignore"  # maps come back as structs of their keys (see the module docstring)
+    rows, failed = decode_json_lenient(sub, cols.reader_schema(), ctx.max_depth, ctx.allow_non_numeric, extra=extra)
     bad = {int(at[b.index]): BadRecord(int(at[b.index]), VIOLATION if b.error_class == "TypeMismatch" else b.error_class,
                                        f"schema id {schema_id}: {b.message}") for b in failed}
     kept = np.delete(at, [b.index for b in failed])
@@ -273,15 +310,26 @@ def _typed(rows: pa.Table, cols: Columns) -> tuple[pa.Table, dict[int, str]]:
     """``rows`` (parsed with ``reader_schema``) with the schema's types: date-time and date strings converted. A value
     that is not one is null in the result and its row returned (row -> the path and the value)."""
     broken: dict[int, str] = {}
-    arrays = [_converted(rows.column(f.name).combine_chunks(), f.type, f.name, broken) for f in cols.schema]
+    arrays = [_converted(_column(rows, f.name), f.type, f.name, broken) for f in cols.schema]
     return pa.Table.from_arrays(arrays, schema=cols.schema), broken
+
+
+def _column(rows: pa.Table, name: str) -> pa.Array:
+    """A parsed column; a map column no value of the chunk held was not inferred: all null."""
+    if name not in rows.column_names:
+        return pa.nulls(rows.num_rows)
+    return rows.column(name).combine_chunks()
 
 
 def _converted(arr: pa.Array, target: pa.DataType, path: str, broken: dict[int, str]) -> pa.Array:
     if arr.type == target:
         return arr
+    if pa.types.is_map(target):
+        return _to_map(arr, target, path, broken)
     if pa.types.is_struct(target):
-        children = [_converted(arr.field(i), f.type, f"{path}.{f.name}", broken) for i, f in enumerate(target)]
+        by_name = {f.name: i for i, f in enumerate(arr.type)} if pa.types.is_struct(arr.type) else {}
+        children = [_converted(arr.field(by_name[f.name]) if f.name in by_name else pa.nulls(len(arr)), f.type,
+                               f"{path}.{f.name}", broken) for f in target]
         return pa.StructArray.from_arrays(children, fields=list(target), mask=arr.is_null())
     try:
         return pc.cast(arr, target)
@@ -297,8 +345,33 @@ def _converted(arr: pa.Array, target: pa.DataType, path: str, broken: dict[int, 
     return pa.array(out, target)
 
 
+def _to_map(arr: pa.Array, target: pa.MapType, path: str, broken: dict[int, str]) -> pa.Array:
+    """A map column from the struct Arrow inferred for it (one field per key its chunk holds): row r's entries are
+    the fields with a value in row r, in the struct's order. Vectorized: a rows x keys validity matrix gives the
+    offsets, and one ``take`` over the fields' values (cast to the map's value type) gives the items."""
+    n = len(arr)
+    if pa.types.is_null(arr.type) or not pa.types.is_struct(arr.type) or arr.type.num_fields == 0:
+        empty = pa.array(np.zeros(n + 1, dtype=np.int32))
+        return pa.MapArray.from_arrays(empty, pa.array([], pa.string()), pa.array([], target.item_type), type=target,
+                                       mask=arr.is_null())
+    names = [f.name for f in arr.type]
+    fields = arr.flatten()  # each key's values, null where the row is null
+    values = [_converted(f, target.item_type, f"{path}.{name}", broken) for name, f in zip(names, fields)]
+    valid = np.column_stack([np.asarray(pc.is_valid(v)) for v in values])
+    counts = valid.sum(axis=1)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    rows, cols = np.nonzero(valid)  # row-major: each row's entries together, in key order
+    keys = pa.array(np.asarray(names, dtype=object)[cols], pa.string())
+    items = pa.concat_arrays(values).take(pa.array(cols.astype(np.int64) * n + rows))
+    return pa.MapArray.from_arrays(offsets, keys, items, type=target, mask=arr.is_null())
+
+
 def _format_name(t: pa.DataType) -> str:
-    return "date-time with a zone offset (RFC 3339)" if pa.types.is_timestamp(t) else "date (YYYY-MM-DD)"
+    if pa.types.is_timestamp(t):
+        return "date-time with a zone offset (RFC 3339)"
+    if pa.types.is_date(t):
+        return "date (YYYY-MM-DD)"
+    return f"value of type {t} (a map's values)"
 
 
 def _missing(rows: pa.Table, required: tuple[str, ...]) -> dict[int, str]:
