@@ -139,3 +139,40 @@ def test_json_schema_maps_land_as_map_columns_and_a_value_of_another_type_is_a_v
     rows, bad = _decode(registry_url, [values[3]])  # alone in its chunk: inferred as text, refused by the map's type
     assert rows.num_rows == 0 and [b.error_class for b in bad] == ["SchemaViolation"]
     assert "extras.a: 'many' is not a value of type int64" in bad[0].message, bad[0].message
+
+
+def test_a_ref_to_another_registered_schema_is_followed_through_the_registry_s_references(registry_url):
+    """A schema whose ``customer`` is ``{"$ref": "customer.json"}`` and whose ``ship_to`` is
+    ``{"$ref": "customer.json#/$defs/address"}``, registered with a reference to subject ``customer`` version 1 (which
+    itself refers to ``country.json``), as confluent-kafka's serializer registers it. Expected: the referenced schemas
+    are fetched by subject and version and their fields are columns; a reference the registry does not have makes
+    the id's records UnknownSchemaId dead letters."""
+    from confluent_kafka.schema_registry import Schema, SchemaReference
+
+    client = SchemaRegistryClient({"url": registry_url})
+    country = {"type": "object", "properties": {"code": {"type": "string"}}}
+    client.register_schema("country", Schema(json.dumps(country), "JSON"))
+    customer = {"type": "object", "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/address"}},
+                "$defs": {"address": {"type": "object", "properties": {
+                    "city": {"type": "string"}, "country": {"$ref": "country.json"}}}}}
+    client.register_schema("customer", Schema(json.dumps(customer), "JSON",
+                                              [SchemaReference("country.json", "country", 1)]))
+    order = {"type": "object", "properties": {"id": {"type": "integer"}, "customer": {"$ref": "customer.json"},
+                                              "ship_to": {"$ref": "customer.json#/$defs/address"}}}
+    schema = Schema(json.dumps(order), "JSON", [SchemaReference("customer.json", "customer", 1)])
+    ser = JSONSerializer(schema, client, conf={"validate": False})
+    ctx = SerializationContext("orders", MessageField.VALUE)
+    value = {"id": 1, "customer": {"name": "Ada", "home": {"city": "Oslo", "country": {"code": "NO"}}},
+             "ship_to": {"city": "Rome", "country": {"code": "IT"}}}
+    rows, bad = _decode(registry_url, [ser(value, ctx)])
+    assert bad == [] and rows.to_pylist() == [value]
+    address = pa.struct([("city", pa.string()), ("country", pa.struct([("code", pa.string())]))])
+    assert rows.schema.field("customer").type == pa.struct([("name", pa.string()), ("home", address)])
+    assert rows.schema.field("ship_to").type == address
+
+    missing = Schema(json.dumps(order), "JSON", [SchemaReference("customer.json", "customer", 7)])
+    sid = client.register_schema("orders-missing-ref", missing)
+    framed = b"\x00" + sid.to_bytes(4, "big") + json.dumps(value).encode()
+    rows, bad = _decode(registry_url, [framed])
+    assert rows.num_rows == 0 and [b.error_class for b in bad] == ["UnknownSchemaId"]
+    assert "its reference 'customer.json' (subject 'customer' version 7) is not in the registry" in bad[0].message

@@ -64,17 +64,36 @@ class RegistryClient:
         return self._cache[schema_id]
 
     def json_schema(self, schema_id: int) -> dict[str, Any]:
-        """The JSON Schema document registered as ``schema_id`` (``schemaType: JSON``; cached)."""
+        """The JSON Schema document registered as ``schema_id`` (``schemaType: JSON``; cached), with the schemas it
+        refers to (the registry's ``references``: each by name, subject and version) bundled into its ``$defs``, so
+        that a ``$ref`` to another registered schema is a local one (``bundle_references``)."""
         key = ("JSON", schema_id)
         if key not in self._cache:
-            try:
-                doc = json.loads(self._text(schema_id, "JSON"))
-            except json.JSONDecodeError as e:
-                raise UnknownSchemaId(f"schema id {schema_id} is not a JSON document: {e}") from None
-            if not isinstance(doc, dict):
-                raise UnknownSchemaId(f"schema id {schema_id} is not a JSON Schema object")
-            self._cache[key] = doc
+            found = self._registered(schema_id, "JSON")
+            doc = _json_document(found.schema_str, f"schema id {schema_id}")
+            self._cache[key] = bundle_references(doc, self._referenced(found.references or [], f"schema id {schema_id}"))
         return self._cache[key]  # type: ignore[no-any-return]
+
+    def _referenced(self, references: list[Any], what: str, depth: int = 0) -> dict[str, dict[str, Any]]:
+        """The documents ``references`` name (each by subject and version), their own references bundled: name ->
+        document. A reference the registry does not have makes the referring schema unknown."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        if depth > 32:
+            raise UnknownSchemaId(f"{what}: references nest more than 32 deep")
+        out = {}
+        for ref in references:
+            try:
+                registered = self._client.get_version(ref.subject, ref.version)
+            except SchemaRegistryError as e:
+                if e.http_status_code == 404:
+                    raise UnknownSchemaId(f"{what}: its reference {ref.name!r} (subject {ref.subject!r} version "
+                                          f"{ref.version}) is not in the registry {self.url}") from None
+                raise TransientError(f"schema registry {self.url} answered HTTP {e.http_status_code} for a reference "
+                                     f"of {what}") from None
+            sub = _json_document(registered.schema.schema_str, f"{what}'s reference {ref.name!r}")
+            out[ref.name] = bundle_references(sub, self._referenced(registered.schema.references or [], what, depth + 1))
+        return out
 
     def protobuf(self, schema_id: int) -> tuple[Any, Any]:
         """The Protobuf schema registered as ``schema_id`` (``schemaType: PROTOBUF``; cached): its descriptor pool, with
@@ -113,6 +132,48 @@ class RegistryClient:
         if (found.schema_type or "AVRO") != kind:
             raise UnknownSchemaId(f"schema id {schema_id} is a {found.schema_type} schema, not {kind}")
         return found
+
+
+def _json_document(text: Any, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(str(text))
+    except json.JSONDecodeError as e:
+        raise UnknownSchemaId(f"{what} is not a JSON document: {e}") from None
+    if not isinstance(doc, dict):
+        raise UnknownSchemaId(f"{what} is not a JSON Schema object")
+    return doc
+
+
+def bundle_references(doc: dict[str, Any], referenced: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``doc`` with each referenced document (by the name its ``$ref`` uses: ``address.json``, or
+    ``address.json#/definitions/street`` for a part of it) copied under ``$defs`` and the references rewritten as
+    local ones; the referenced document's own local references are rewritten to point inside its copy. Bundling as
+    JSON Schema 2020-12 describes it, done here because the table mapping follows local references only."""
+    if not referenced:
+        return doc
+    keys = {name: "ref:" + name.replace("/", "|").replace("~", "-") for name in referenced}
+
+    def rewritten(node: Any, inside: str | None) -> Any:
+        if isinstance(node, list):
+            return [rewritten(v, inside) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: rewritten(v, inside) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            name, _, fragment = ref.partition("#")
+            if name in keys:
+                out["$ref"] = f"#/$defs/{keys[name]}{fragment}"
+            elif not name and inside is not None:  # a local reference inside a referenced document
+                out["$ref"] = f"#/$defs/{inside}{fragment}"
+        return out
+
+    out = rewritten(doc, None)
+    defs = dict(out.get("$defs") or {})
+    for name, sub in referenced.items():
+        defs[keys[name]] = rewritten(sub, keys[name])
+    out["$defs"] = defs
+    return out
 
 
 def file_of(schema: Any, client: Any, name: str) -> tuple[Any, Any]:
