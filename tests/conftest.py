@@ -133,16 +133,20 @@ def spark_connect() -> Iterator[object]:
 REST_CLIENT = ("tidewater-tests", "rest-client-secret")
 
 
+REST_S3_KEYS = ("rest-s3-key", "rest-s3-secret-value")  # moto's server takes any keys
+
+
 @pytest.fixture(scope="session")
-def rest_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def rest_catalog(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Iterator[object]:
     """The Iceberg REST catalog server (``tidewater_dev.rest_catalog``: Iceberg 1.12's request handlers over a
     JdbcCatalog, `make rest-catalog` installs it, make test runs that) on a free 127.0.0.1 port for the whole
     session, requiring OAuth2 client credentials (``REST_CLIENT``). Each test's own catalog is the server's
-    warehouse of that name (``rest_catalog_properties``)."""
+    warehouse of that name (``rest_catalog_properties``); a warehouse named by an ``s3://`` location is in the
+    session's S3 endpoint (``REST_S3_KEYS``)."""
     from tidewater_dev import rest_catalog as rest
 
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"tidewater-test-rest-catalog-{os.getpid()}.log"
-    server = rest.start(tmp_path_factory.mktemp("rest-catalog"), log, client=REST_CLIENT)
+    server = rest.start(tmp_path_factory.mktemp("rest-catalog"), log, client=REST_CLIENT, s3=(s3_endpoint, *REST_S3_KEYS))
     yield server
     server.stop()
 

@@ -66,10 +66,10 @@ class RestCatalogServer(LocalServer):
 
 
 def start(root: Path, log_path: Path, client: tuple[str, str] | None = None, token_ttl: int = 3600,
-          libs: Path | None = None, timeout: float = 120) -> RestCatalogServer:
+          libs: Path | None = None, timeout: float = 120, s3: tuple[str, str, str] | None = None) -> RestCatalogServer:
     """Start a server on a free 127.0.0.1 port, its store and warehouse under ``root``, and return once it listens.
     ``client``: the OAuth2 client id and secret it requires (None: no authentication); ``token_ttl``: seconds a
-    token lives."""
+    token lives; ``s3``: the endpoint, access key and secret key of the bucket warehouses (``s3://`` ones)."""
     libs = libs or default_libs()
     if not (libs / ".installed").is_file():
         raise ConfigError(f"{libs} is missing: run `make rest-catalog` (make test does)")
@@ -80,6 +80,8 @@ def start(root: Path, log_path: Path, client: tuple[str, str] | None = None, tok
            "REST_WAREHOUSE": str(root / "warehouse"), "REST_TOKEN_TTL": str(token_ttl)}
     if client:
         env["REST_CLIENT_ID"], env["REST_CLIENT_SECRET"] = client
+    if s3:
+        env["REST_S3_ENDPOINT"], env["REST_S3_ACCESS_KEY"], env["REST_S3_SECRET_KEY"] = s3
     cmd = [java(), "-Xmx384m", "-XX:+UseSerialGC", "-cp", f"{libs}/*", str(SOURCE)]
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)

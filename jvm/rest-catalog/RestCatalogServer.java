@@ -10,6 +10,8 @@
 //   REST_WAREHOUSE     the warehouse directory; REST_STORE the directory of the catalogs' SQLite files
 //   A client's `warehouse` names its catalog: GET /v1/config?warehouse=W answers the prefix W, and the routes under
 //   /v1/W/ use a JdbcCatalog named W (its tables under REST_WAREHOUSE/W), so tests sharing one server stay apart.
+//   A warehouse that is an s3:// location is that bucket's, written through Iceberg's S3FileIO at REST_S3_ENDPOINT
+//   (path-style) with the keys REST_S3_ACCESS_KEY and REST_S3_SECRET_KEY.
 //   REST_CLIENT_ID, REST_CLIENT_SECRET  when set, every route but /v1/config and /v1/oauth/tokens needs a bearer
 //                      token from POST /v1/oauth/tokens (client credentials)
 //   REST_TOKEN_TTL     seconds a token lives (default 3600); an expired token is answered 401 so clients refresh
@@ -68,6 +70,7 @@ public class RestCatalogServer {
   private static final ObjectMapper MAPPER = new ObjectMapper();
   private static final String SEP = "\u001f";
   private static final Map<String, JdbcCatalog> CATALOGS = new ConcurrentHashMap<>();
+  private static final Map<String, String> LOCATIONS = new ConcurrentHashMap<>(); // prefix -> an s3:// warehouse
   private static String store;
   private static String warehouse;
   private static String clientId;
@@ -148,8 +151,17 @@ public class RestCatalogServer {
     return CATALOGS.computeIfAbsent(name, n -> {
       Map<String, String> props = new HashMap<>();
       props.put(CatalogProperties.URI, "jdbc:sqlite:" + store + "/" + n + ".db"); // a store per catalog: no lock shared
-      props.put(CatalogProperties.WAREHOUSE_LOCATION, warehouse + "/" + n);
+      props.put(CatalogProperties.WAREHOUSE_LOCATION, LOCATIONS.getOrDefault(n, warehouse + "/" + n));
       props.put("jdbc.schema-version", "V1");
+      if (LOCATIONS.containsKey(n)) {
+        Map<String, String> env = System.getenv();
+        props.put(CatalogProperties.FILE_IO_IMPL, "org.apache.iceberg.aws.s3.S3FileIO");
+        props.put("s3.endpoint", env.get("REST_S3_ENDPOINT"));
+        props.put("s3.path-style-access", "true");
+        props.put("s3.access-key-id", env.get("REST_S3_ACCESS_KEY"));
+        props.put("s3.secret-access-key", env.get("REST_S3_SECRET_KEY"));
+        props.put("client.region", "us-east-1");
+      }
       JdbcCatalog made = new JdbcCatalog();
       made.setConf(new org.apache.hadoop.conf.Configuration());
       made.initialize(n, props);
@@ -165,7 +177,11 @@ public class RestCatalogServer {
       return testRoute(ex, path);
     }
     if (path.equals("/v1/config")) {
-      String name = query(ex).getOrDefault("warehouse", "default").replaceAll("[^A-Za-z0-9_-]", "_");
+      String asked = query(ex).getOrDefault("warehouse", "default");
+      String name = asked.replaceAll("[^A-Za-z0-9_-]", "_");
+      if (asked.startsWith("s3://")) {
+        LOCATIONS.put(name, asked);
+      }
       return new Answer(200, ConfigResponse.builder().withOverride("prefix", name).build());
     }
     authorize(ex.getRequestHeaders().getFirst("Authorization"));
