@@ -30,7 +30,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: kafka rest-catalog peers bench-peers bench-broker install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: kafka rest-catalog glue-env peers bench-peers bench-broker install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -42,6 +42,7 @@ help:
 	@echo "make ui-bundle - build the Tidewater apps for Airflow's UI (TypeScript, npm; part of make setup)"
 	@echo "make executor-env - pack a virtualenv for Spark executors that lack the packages (spark.python_env)"
 	@echo "make s3-stand-in  - the local S3 endpoint the tests use (moto's server, its own virtualenv)"
+	@echo "make glue-env - the Glue catalog's test environment (boto3 in its own virtualenv: its botocore needs python-dateutil<3)"
 	@echo "make rest-catalog - the Iceberg REST catalog server the tests use (Iceberg 1.12 handlers from Maven Central, .data/rest-catalog)"
 	@echo "make spark-connect - install (pyspark 4.0.x distribution, its own folder) and start a Spark Connect server on 127.0.0.1:15002; make spark-connect-stop stops it"
 	@echo "make soak   - SOAK_MINUTES (default 60) of production with faults (scheduler on PostgreSQL, three pipelines), then every table audited; writes SOAK.md"
@@ -120,6 +121,18 @@ $(REST_LIBS)/.installed: jvm/rest-catalog/pom.xml $(KAFKA_LIBS)/.installed
 	mvn -q -B -f jvm/rest-catalog/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(REST_LIBS)
 	@touch $@
 
+# The Glue catalog's test environment: the package's dependencies (requirements-executor.txt, great-expectations)
+# with boto3, in their own virtualenv, since botocore requires python-dateutil < 3 and constraints.txt (Airflow 3.3's
+# environment) pins 4.0.0: the same constraints with dateutil and boto3 taken from constraints-moto.txt.
+# tests/integration/test_glue_catalog.py runs the package from the checkout (PYTHONPATH) with it.
+glue-env: $(DATA)/glue-venv/.installed
+$(DATA)/glue-venv/.installed: requirements-executor.txt constraints.txt constraints-moto.txt
+	@rm -rf $(DATA)/glue-venv
+	python3 -m venv $(DATA)/glue-venv
+	(grep -v '^python-dateutil==' constraints.txt; grep -E '^(python-dateutil|boto3|botocore|s3transfer|jmespath)==' constraints-moto.txt) > $(DATA)/glue-constraints.txt
+	$(DATA)/glue-venv/bin/python -m pip install -q -r requirements-executor.txt "great-expectations>=1,<2" boto3 -c $(DATA)/glue-constraints.txt
+	@touch $@
+
 # The peers of `make bench-peers` (not part of setup): a Kafka Connect worker with the Apache Iceberg sink
 # (jvm/peers/connect) and Spark's Kafka source with Iceberg's Spark runtime for Structured Streaming
 # (jvm/peers/spark), copied from Maven Central into .data/peers. Redone when a pom changes.
@@ -187,7 +200,7 @@ $(DATA)/executor-env.tar.gz: requirements-executor.txt constraints.txt pyproject
 demo: setup
 	@bash scripts/demo.sh
 
-test: setup test-system-deps s3-stand-in executor-env spark-connect-install rest-catalog lint
+test: setup test-system-deps s3-stand-in executor-env spark-connect-install rest-catalog glue-env lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # ruff: pyflakes, pycodestyle, import order, bugbear, complexity, blind excepts with their reason, no inert noqa

@@ -256,9 +256,10 @@ def test_an_aws_connection_maps_region_session_token_endpoints_and_assumes_its_r
     Airflow's own keys are not passed on. ``role_arn`` is assumed through STS with the connection's keys and its
     temporary keys replace them; a refusal names the role.
 
-    STS is a stand-in here (a fake ``boto3`` module that records the call): boto3's botocore requires
-    python-dateutil < 3, and the environment Airflow 3.3 installs has 4.0.0, so boto3 cannot be installed beside it
-    without moving a package; moto's STS server runs in its own virtualenv, out of this process's reach."""
+    STS is a stand-in here (a fake ``boto3`` module that records the call and refuses one role): boto3's botocore
+    requires python-dateutil < 3, and the environment Airflow 3.3 installs has 4.0.0, so boto3 is not in this
+    environment. The role assumed through moto's real STS, and batches through Glue with its keys, run in the Glue
+    test environment: tests/integration/test_glue_catalog.py."""
     import sys
     import types
 
