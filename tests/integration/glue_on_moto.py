@@ -2,9 +2,15 @@
 which cannot be installed beside Airflow 3.3's python-dateutil 4.0.0), against moto's server (Glue, STS and S3: the
 stand-in for AWS, which cannot run here). Not a test module: ``python glue_on_moto.py COMMAND CONFIG_JSON``.
 
+The table is ``<bucket>.orders`` (the bucket's name with ``_`` for ``-``): one Glue database per test on the session's
+moto server.
+
 - ``batch``: an ``aws`` connection (keys, region_name, endpoint_url, role_arn) mapped to pyiceberg's Glue catalog
   properties (the role assumed through moto's STS), the pipeline file written with them, one whole batch
   (the write task's code inline, validation, commit); prints the commit's summary as JSON.
+- ``batch-twice``: the same, then its commit step again (a retry after success); prints both summaries.
+- ``write-then-hang``: plans and writes a batch (its manifest staged as the write step stages it), prints
+  ``written`` and sleeps, for the test to SIGKILL it before validation and commit.
 - ``report``: the table's rows, offsets, columns, the Glue table's metadata location and the deep audit, as JSON.
 """
 
@@ -39,7 +45,7 @@ def pipeline(cfg: dict):
     path.write_text(yaml.safe_dump({
         "name": "orders", "topics": [cfg["topic"]], "schedule": None,
         "kafka": {"bootstrap_servers": cfg["bootstrap"], "read_timeout_seconds": 20},
-        "table": {"identifier": "glue_db.orders"}, "batch": {"max_records": 100000, "chunk_records": 400},
+        "table": {"identifier": cfg["bucket"].replace("-", "_") + ".orders"}, "batch": {"max_records": 100000, "chunk_records": 400},
         "validation": {"not_null": ["order_id"]}, "spark": {"master": "local[2]"},
         "catalog": {"name": "glue", "properties": properties(cfg)}}))
     return load_pipeline(path)
@@ -56,6 +62,35 @@ def batch(cfg: dict) -> dict:
     manifest = run_inline(plan, spec, kafka_settings(spec))
     validate_step(spec, plan, manifest)
     return commit_step(spec, plan, manifest).summary()
+
+
+def batch_twice(cfg: dict) -> dict:
+    from tidewater.plan.ingest import plan_batch
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.steps.lifecycle import commit_step, validate_step
+    from tidewater.write.job import run_inline
+
+    spec = pipeline(cfg)
+    plan, _ = plan_batch(spec)
+    manifest = run_inline(plan, spec, kafka_settings(spec))
+    validate_step(spec, plan, manifest)
+    return {"first": commit_step(spec, plan, manifest).summary(), "again": commit_step(spec, plan, manifest).summary()}
+
+
+def write_then_hang(cfg: dict) -> dict:
+    import time
+
+    from tidewater.batch import manifest_path, write_json_atomic
+    from tidewater.plan.ingest import plan_batch
+    from tidewater.source.kafka import kafka_settings
+    from tidewater.write.job import run_inline
+
+    spec = pipeline(cfg)  # the write task's code inline (no Spark in this environment), staged as the write step does
+    plan, path = plan_batch(spec)
+    write_json_atomic(manifest_path(path), run_inline(plan, spec, kafka_settings(spec)).to_json())
+    print("written", flush=True)
+    time.sleep(600)
+    return {}
 
 
 def report(cfg: dict) -> dict:
@@ -76,4 +111,5 @@ def report(cfg: dict) -> dict:
 
 if __name__ == "__main__":
     command, config = sys.argv[1], json.loads(sys.argv[2])
-    print("RESULT " + json.dumps({"batch": batch, "report": report}[command](config), default=str), flush=True)
+    print("RESULT " + json.dumps({"batch": batch, "batch-twice": batch_twice, "write-then-hang": write_then_hang,
+                                     "report": report}[command](config), default=str), flush=True)

@@ -22,12 +22,17 @@ GLUE_PYTHON = REPO / ".data" / "glue-venv" / "bin" / "python"
 SCRIPT = Path(__file__).parent / "glue_on_moto.py"
 
 
-def _run(command: str, cfg: dict) -> dict:
+def _command(command: str, cfg: dict) -> tuple[list[str], dict[str, str]]:
     if not GLUE_PYTHON.is_file():
         pytest.fail(f"{GLUE_PYTHON} is missing: run `make glue-env` (make test does)")
-    done = subprocess.run([str(GLUE_PYTHON), str(SCRIPT), command, json.dumps(cfg)], capture_output=True, text=True,
-                          timeout=300, env={"PATH": "/usr/bin:/bin", "TIDEWATER_HOME": cfg["home"], "PYTHONPATH": str(REPO / "include"),
-                                            "GX_ANALYTICS_ENABLED": "false"})
+    env = {"PATH": "/usr/bin:/bin", "TIDEWATER_HOME": cfg["home"], "PYTHONPATH": str(REPO / "include"),
+           "GX_ANALYTICS_ENABLED": "false"}
+    return [str(GLUE_PYTHON), str(SCRIPT), command, json.dumps(cfg)], env
+
+
+def _run(command: str, cfg: dict) -> dict:
+    cmd, env = _command(command, cfg)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT "):])
@@ -54,4 +59,31 @@ def test_batches_and_a_schema_change_through_glue_with_an_assumed_role(broker, s
     assert "tip" in got["columns"]
     assert got["metadata_location"].startswith("s3://glue-lake/warehouse/")
     assert got["files"] and all(p.startswith("s3://glue-lake/warehouse/") for p in got["files"])
+    assert got["audit_clean"], got["audit_errors"]
+
+
+def test_a_glue_batch_killed_after_its_write_then_rerun_and_retried_commits_once(broker, s3_endpoint, home, topic):
+    """The process running a batch through Glue is SIGKILLed after its write step (manifest staged), before
+    validation and commit; the rerun plans the same 25 offsets again and commits them, then its commit step runs a
+    second time (a retry after success: already committed). Expected: nothing committed by the killed batch, 25 rows
+    each once, offsets 25, the deep audit clean."""
+    from pyarrow import fs
+
+    fs.S3FileSystem(endpoint_override=s3_endpoint, scheme="http", access_key="any", secret_key="any", region="us-east-1",
+                    allow_bucket_creation=True).create_dir("glue-kill")
+    cfg = {"endpoint": s3_endpoint, "bucket": "glue-kill", "home": str(home), "topic": topic, "bootstrap": broker.bootstrap}
+    produce_to_partition(broker.bootstrap, topic, 0, pizza_events(25, seed=602))
+    cmd, env = _command("write-then-hang", cfg)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(list((home / "staging").glob("*/*/manifest.json"))) == 1, "the killed batch's manifest was staged"
+    done = _run("batch-twice", cfg)
+    assert (done["first"]["status"], done["first"]["records"]) == ("committed", 25)
+    assert done["again"]["status"] == "already-committed"
+    got = _run("report", cfg)
+    assert (got["rows"], got["distinct_order_ids"], got["offsets"]) == (25, 25, {topic: {"0": 25}})
     assert got["audit_clean"], got["audit_errors"]
