@@ -83,3 +83,39 @@ def test_arrow_s_json_reader_parses_values_with_the_reader_schema_dates_as_strin
     assert parsed.schema == got.reader_schema()
     assert parsed.column("day").to_pylist() == ["2024-01-04", None]
     assert parsed.column("store").to_pylist() == [{"city": "Oslo", "zip": 150}, {"city": "Rome", "zip": None}]
+
+
+def test_all_of_one_of_const_and_enum_as_published_schemas_write_them():
+    """The shapes of published schemas (JSON Schema Store's, OpenAPI components): a type extending a base through
+    ``allOf`` with a ``$ref``; a payment that is ``oneOf`` a card or a bank transfer (one struct of both, only what both
+    require required); ``const`` discriminators and ``enum`` of numbers."""
+    doc = {"$defs": {"base": {"type": "object", "properties": {"id": {"type": "string"}, "kind": {"const": "order"}},
+                              "required": ["id"]}},
+           "allOf": [{"$ref": "#/$defs/base"}, {"type": "object", "properties": {
+               "version": {"const": 2}, "size": {"enum": [1, 2.5]}, "flag": {"enum": [True, False]},
+               "payment": {"oneOf": [
+                   {"type": "object", "properties": {"method": {"const": "card"}, "card_last4": {"type": "string"}},
+                    "required": ["method", "card_last4"]},
+                   {"type": "object", "properties": {"method": {"const": "card"}, "iban": {"type": "string"}},
+                    "required": ["method", "iban"]},
+                   {"type": "null"}]}}, "required": ["payment"]}]}
+    got = columns(doc)
+    assert got.schema == pa.schema([
+        ("id", pa.string()), ("kind", pa.string()), ("version", pa.int64()), ("size", pa.float64()),
+        ("flag", pa.bool_()),
+        ("payment", pa.struct([("method", pa.string()), ("card_last4", pa.string()), ("iban", pa.string())]))])
+    assert set(got.required) == {"id", "payment", "payment.method"}
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ({"type": "object", "properties": {"x": {"enum": [1, "a"]}}}, "at x: enum or const values of several types"),
+    ({"type": "object", "properties": {"x": {"oneOf": [
+        {"type": "object", "properties": {"v": {"type": "string"}}},
+        {"type": "object", "properties": {"v": {"type": "integer"}}}]}}}, "at x.v: the alternatives of oneOf"),
+    ({"allOf": [{"type": "object", "properties": {"v": {"type": "string"}}},
+                {"type": "object", "properties": {"v": {"type": "integer"}}}]}, "property 'v' is 'string' in one part"),
+])
+def test_combinations_a_table_cannot_take_are_refused_naming_the_path(doc, message):
+    with pytest.raises(TerminalError) as e:
+        columns(doc)
+    assert message in str(e.value)

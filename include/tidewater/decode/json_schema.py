@@ -21,7 +21,10 @@ The mapping (Confluent's JSON Schema converter maps the same way where both defi
   with one ``patternProperties`` schema -> ``map<string, T>``, T that schema's type, as a Protobuf map; a key whose
   value is null is left out of the map. A map inside a list is not mapped;
 - a type list with ``"null"`` (``["string", "null"]``), or ``oneOf``/``anyOf`` of one type and ``{"type": "null"}``,
-  is that type; local ``$ref`` (``#/$defs/...``, ``#/definitions/...``) is followed.
+  is that type; local ``$ref`` (``#/$defs/...``, ``#/definitions/...``) is followed;
+- ``allOf`` is merged (properties and required together: a schema extending a base); ``oneOf``/``anyOf`` of several
+  objects is one struct of all their properties (required: what every alternative requires); ``const`` and ``enum``
+  without ``type`` are their values' type (integers among numbers: number).
 
 Arrow's JSON reader does not parse dates from strings, nor objects into maps: ``reader_schema`` is the schema to
 parse with (the date-time and date columns as strings, their paths in ``formats``; the map columns left out, their
@@ -85,7 +88,7 @@ class Columns:
 def columns(doc: dict[str, Any]) -> Columns:
     """The columns of a JSON Schema whose root is an object with ``properties``."""
     mapper = _Mapper(doc)
-    root = mapper.resolve(doc, "$")
+    root = mapper.combined(mapper.resolve(doc, "$"), "$")
     if _kind(root, "$") != "object":
         raise TerminalError("JSON Schema: the root must be an object with properties (a row's columns), not "
                             f"{_kind(root, '$')!r}")
@@ -133,6 +136,40 @@ class _Mapper:
                 paths += [path, *inner]
         return fields, paths
 
+    def combined(self, node: dict[str, Any], path: str, depth: int = 0) -> dict[str, Any]:
+        """``node`` with ``allOf`` merged into it (properties together, required together: how a schema extends a
+        base), and ``oneOf``/``anyOf`` of several objects as one object of all their properties (required: those every
+        alternative requires). A property two parts give different schemas is refused by path."""
+        if depth > 32:
+            raise TerminalError(f"JSON Schema at {path}: allOf/oneOf/anyOf nest more than 32 deep (a reference to itself?)")
+        parts = node.get("allOf")
+        if isinstance(parts, list):
+            merged = {k: v for k, v in node.items() if k != "allOf"}
+            for i, part in enumerate(parts):
+                if isinstance(part, dict):
+                    merged = _merged(merged, self.combined(self.resolve(part, path), path, depth + 1), f"{path} allOf[{i}]")
+            node = merged
+        for key in ("oneOf", "anyOf"):
+            options = node.get(key)
+            if not isinstance(options, list):
+                continue
+            kept = [self.combined(self.resolve(o, path), path, depth + 1) for o in options
+                    if isinstance(o, dict) and o.get("type") != "null"]
+            if len(kept) < 2 or not all(_kind(o, path) == "object" and o.get("properties") for o in kept):
+                return node  # one type and null, or alternatives of other kinds: _without_null decides
+            props: dict[str, Any] = {}
+            for o in kept:
+                for name, sub in o["properties"].items():
+                    if name in props and props[name] != sub:
+                        raise TerminalError(f"JSON Schema at {path}.{name}: the alternatives of {key} give it "
+                                            "different schemas; a column has one type")
+                    props[name] = sub
+            required = set.intersection(*(set(o.get("required") or ()) for o in kept))
+            rest = {k: v for k, v in node.items() if k != key}
+            return {**rest, "type": "object", "properties": {**(rest.get("properties") or {}), **props},
+                    "required": sorted(set(rest.get("required") or ()) | required)}
+        return node
+
     def map(self, item: dict[str, Any], path: str) -> pa.DataType:
         """``map<string, T>`` of an object whose values all follow ``item``."""
         if "[]" in path or "{}" in path:
@@ -149,7 +186,7 @@ class _Mapper:
         if ref is not None:
             self.active.append(ref)
         try:
-            node = _without_null(self.resolve(node, path), path)
+            node = _without_null(self.combined(self.resolve(node, path), path), path)
             kind = _kind(node, path)
             if kind == "object":
                 item = _map_item(node)
@@ -174,6 +211,39 @@ class _Mapper:
         finally:
             if ref is not None:
                 self.active.pop()
+
+
+def _merged(into: dict[str, Any], part: dict[str, Any], where: str) -> dict[str, Any]:
+    """``into`` with one ``allOf`` part merged in."""
+    out = dict(into)
+    for k, v in part.items():
+        if k == "properties":
+            props = dict(out.get("properties") or {})
+            for name, sub in v.items():
+                if name in props and props[name] != sub and sub.get("type") and props[name].get("type") \
+                        and sub.get("type") != props[name].get("type"):
+                    raise TerminalError(f"JSON Schema at {where}: property {name!r} is {props[name].get('type')!r} "
+                                        f"in one part and {sub.get('type')!r} in another")
+                props[name] = {**props.get(name, {}), **sub}
+            out["properties"] = props
+        elif k == "required":
+            out["required"] = sorted(set(out.get("required") or ()) | set(v))
+        elif k == "type" and out.get("type") not in (None, v):
+            raise TerminalError(f"JSON Schema at {where}: type {v!r} where another part says {out['type']!r}")
+        else:
+            out.setdefault(k, v)
+    return out
+
+
+_CONST_KINDS = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"))
+
+
+def _value_kind(values: list[Any]) -> str | None:
+    """The one JSON type of ``const``/``enum`` values (integers among numbers make numbers), or None."""
+    kinds = {next((k for t, k in _CONST_KINDS if isinstance(v, t)), None) for v in values if v is not None}
+    if kinds == {"integer", "number"}:
+        return "number"
+    return kinds.pop() if len(kinds) == 1 and None not in kinds else None
 
 
 def _map_item(node: dict[str, Any]) -> dict[str, Any] | None:
@@ -213,6 +283,11 @@ def _kind(node: dict[str, Any], path: str) -> str:
     kind = node.get("type")
     if kind is None and ("properties" in node or _map_item(node) is not None):
         return "object"
+    if kind is None and ("enum" in node or "const" in node):
+        kind = _value_kind(list(node.get("enum") or []) + ([node["const"]] if "const" in node else []))
+        if kind is None:
+            raise TerminalError(f"JSON Schema at {path}: enum or const values of several types (or objects, lists); "
+                                "a column has one type")
     if kind is None and all(isinstance(v, str) for v in node.get("enum") or [None]):
         return "string"
     if kind not in (*SCALARS, "object", "array"):
