@@ -11,6 +11,7 @@ terminal."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -20,7 +21,7 @@ import pytest
 from tests.conftest import REST_CLIENT, produce_to_partition, rest_catalog_properties, stage_inline, write_pipeline
 from tidewater.audit.pipeline import audit
 from tidewater.config.parse import load_pipeline
-from tidewater.errors import TerminalError, TransientError
+from tidewater.errors import ConfigError, TerminalError, TransientError
 from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
@@ -49,9 +50,13 @@ def _server(status: int) -> tuple[HTTPServer, str]:
     return srv, f"http://127.0.0.1:{srv.server_address[1]}"
 
 
-def _spec(home, uri: str):
+REST_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.12.0"
+
+
+def _spec(home, uri: str, spark: dict | None = None):
     return load_pipeline(write_pipeline(home, catalog={"name": "lake", "properties": {
-        "type": "rest", "uri": uri, "credential": "client:${TEST_REST_SECRET}", "warehouse": "analytics"}}))
+        "type": "rest", "uri": uri, "credential": "client:${TEST_REST_SECRET}", "warehouse": "analytics"}},
+        spark=spark or {}))
 
 
 def test_rest_catalog_unreachable_is_transient_and_refused_credentials_are_terminal(home, monkeypatch):
@@ -77,7 +82,10 @@ def test_spark_gets_the_rest_catalog_with_its_secret_off_the_command_line(home, 
     from tidewater.spark import conf as spark_conf_module
 
     monkeypatch.setenv("TEST_REST_SECRET", "s3cr3t-value")
-    conf = spark_conf_module.spark_conf(_spec(home, "https://catalog.example"))
+    with pytest.raises(ConfigError, match="spark.iceberg_packages: unset, and the offline bundled Iceberg runtime has no "
+                                          "REST client"):
+        spark_conf_module.spark_conf(_spec(home, "https://catalog.example"))
+    conf = spark_conf_module.spark_conf(_spec(home, "https://catalog.example", {"iceberg_packages": REST_RUNTIME}))
     assert conf["spark.sql.catalog.lake.type"] == "rest" and conf["spark.sql.catalog.lake.uri"] == "https://catalog.example"
     assert conf["spark.sql.catalog.lake.warehouse"] == "analytics"
     from tidewater.config.secrets import split_secrets
@@ -234,4 +242,42 @@ def test_batches_through_the_rest_catalog_land_in_a_bucket_warehouse(broker, res
     assert len(files) >= 2 and all(p.startswith(f"s3://rest-lake/{home.parent.name}/") for p in files)
     assert _rows_and_offsets(spec) == (55, {topic: {0: 55}})
     assert not any(REST_S3_KEYS[1] in json.dumps(dict(s.summary.additional_properties)) for s in table.snapshots())
+    _deep_audit_clean(spec)
+
+
+def test_the_maintenance_command_compacts_and_expires_a_rest_table_through_spark_s_rest_client(broker, rest_catalog,
+                                                                                              home, topic):
+    """`tidewater maintain` (its own process, so its JVM is fresh: Spark's classpath cannot change inside one) on a
+    REST pipeline: Spark's Iceberg REST client against the server, with Iceberg's runtime from Maven Central
+    (``spark.iceberg_packages``; with the offline bundled runtime, which lacks the REST client's HTTP library,
+    Spark's settings are refused before the JVM starts: the test above). Four batches over 2 partitions make 8 files; compaction
+    leaves fewer with the same rows and offsets, expiry keeps the tagged snapshot, the next batch commits once on top,
+    and the deep audit is clean."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ingest_inline
+    from tidewater_dev.sample_data import produce
+
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          catalog={"name": "lake", "properties": rest_catalog_properties(rest_catalog, home)},
+                          maintenance={"rewrite_data_files": {"min_input_files": 2}},
+                          spark={"iceberg_packages": REST_RUNTIME})
+    spec = load_pipeline(path)
+    for b in range(4):
+        produce(broker.bootstrap, topic, pizza_events(20, seed=610 + b), partitions=2)
+        assert ingest_inline(spec).records == 20
+    before = load_table(load_catalog(spec), spec.table.identifier)
+    files_before = len(before.inspect.files())
+    assert files_before >= 8 and _rows_and_offsets(spec) == (80, {topic: {0: 40, 1: 40}})
+    done = subprocess.run([sys.executable, "-m", "tidewater.runtime.cli", "maintain", "--pipeline", str(path), "--actions",
+                           "rewrite_data_files,expire_snapshots", "--json"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TIDEWATER_HOME": str(home)})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    after = load_table(load_catalog(spec), spec.table.identifier)
+    assert len(after.inspect.files()) < files_before and after.current_snapshot().summary.operation.value == "replace"
+    assert _rows_and_offsets(spec) == (80, {topic: {0: 40, 1: 40}})
+    produce(broker.bootstrap, topic, pizza_events(10, seed=615), partitions=2)
+    assert ingest_inline(spec).records == 10
+    assert _rows_and_offsets(spec) == (90, {topic: {0: 45, 1: 45}})
     _deep_audit_clean(spec)

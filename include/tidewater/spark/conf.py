@@ -106,6 +106,26 @@ def check_object_storage_jars(spec: PipelineSpec, conf: dict[str, str]) -> None:
                           + "') or its jar to spark.conf spark.jars. Ingest does not need it (pyiceberg writes the files).")
 
 
+# a class of the HTTP library Iceberg's REST client shades into its runtime jars
+REST_CLIENT_CLASS = "org/apache/iceberg/shaded/org/apache/hc/core5/http/Method.class"
+
+
+def check_rest_client(spec: PipelineSpec, conf: dict[str, str]) -> None:
+    """A REST catalog in Spark needs the REST client's HTTP library, which the offline bundled runtime does not
+    carry (Spark would fail later with NoClassDefFoundError): refuse before the JVM starts, naming the setting."""
+    if conf.get(f"spark.sql.catalog.{spec.catalog.name}.type") != "rest" or spec.spark.iceberg_packages:
+        return
+    import zipfile
+
+    with zipfile.ZipFile(bundled_runtime_jar()) as jar:
+        if REST_CLIENT_CLASS in jar.namelist():
+            return
+    raise ConfigError("spark.iceberg_packages: unset, and the offline bundled Iceberg runtime has no REST client "
+                      "(its HTTP library is not in the jar): a REST catalog in Spark (maintenance, `tidewater sql`) "
+                      "needs Iceberg's runtime from Maven, e.g. 'org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.12.0'. "
+                      "Ingest does not need it (pyiceberg commits).")
+
+
 def jars(spec: PipelineSpec) -> list[str]:
     out = [p for p in JDBC_DRIVERS if Path(p).is_file()]
     if not spec.spark.iceberg_packages:
@@ -136,6 +156,7 @@ def spark_conf(spec: PipelineSpec, master: str | None = None) -> dict[str, str]:
     conf.update(catalog_conf(spec))
     conf.update(spec.spark.conf)
     check_object_storage_jars(spec, conf)
+    check_rest_client(spec, conf)
     return conf
 
 
