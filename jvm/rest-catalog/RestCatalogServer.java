@@ -109,7 +109,7 @@ public class RestCatalogServer {
     String path = ex.getRequestURI().getRawPath();
     Answer answer;
     try {
-      STATS.computeIfAbsent(method + " " + route(path), k -> new AtomicLong()).incrementAndGet();
+      STATS.computeIfAbsent(method + " " + routeName(path), k -> new AtomicLong()).incrementAndGet();
       answer = route(ex, method, path);
     } catch (NoSuchNamespaceException | NoSuchTableException e) {
       answer = error(404, e);
@@ -137,7 +137,7 @@ public class RestCatalogServer {
   }
 
   /** The path with names replaced by placeholders, for the request counts. */
-  private static String route(String path) {
+  private static String routeName(String path) {
     return path.replaceAll("^/v1/[^/]+/", "/v1/{prefix}/").replaceAll("/namespaces/[^/]+", "/namespaces/{ns}").replaceAll("/tables/(?!rename)[^/]+", "/tables/{t}");
   }
 

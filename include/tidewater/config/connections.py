@@ -14,9 +14,9 @@ A catalog connection becomes pyiceberg catalog properties by its type:
   extra's Airflow keys as pyiceberg's: ``region_name`` as ``client.region``, ``aws_session_token`` as
   ``client.session-token``, ``endpoint_url`` as ``glue.endpoint`` and ``s3.endpoint`` (``service_config``'s ``glue``
   and ``s3`` ``endpoint_url`` for one service), and ``role_arn`` (with ``role_session_name``, ``external_id``)
-  assumed through STS when the catalog is opened: its temporary keys replace the connection's (pyiceberg's Glue
-  client does not assume roles itself). Without login and password, boto3 finds the worker's own credentials
-  (instance profile, IRSA, ``AWS_*``).
+  assumed through STS (``service_config``'s ``sts``, else ``endpoint_url``, else AWS's) when the catalog is opened:
+  its temporary keys replace the connection's (pyiceberg's Glue client does not assume roles itself). Without login
+  and password, boto3 finds the worker's own credentials (instance profile, IRSA, ``AWS_*``).
 - ``http``, ``https`` or any other type with a host: ``type: rest``, ``uri`` the host (with its scheme and port), the
   login and password as ``credential`` (``login:password``, an OAuth2 client), a password alone as ``token``.
 
@@ -150,6 +150,8 @@ def registry_settings_of(conn: Any) -> dict[str, str]:
     return out
 
 
+# an Airflow ``aws`` connection's extra keys, as pyiceberg Glue catalog properties (its endpoints: glue_properties_of)
+_GLUE_EXTRA = {"region_name": "client.region", "aws_session_token": "client.session-token"}
 # an Airflow ``aws`` connection's extra keys that are Airflow's, not pyiceberg properties
 _AIRFLOW_AWS_KEYS = ("region_name", "aws_session_token", "endpoint_url", "service_config", "role_arn",
                      "role_session_name", "external_id")
@@ -163,23 +165,22 @@ def glue_properties_of(conn: Any) -> dict[str, str]:
         out["client.access-key-id"] = conn.login
     if conn.password:
         out["client.secret-access-key"] = conn.password
-    if extra.get("region_name"):
-        out["client.region"] = str(extra["region_name"])
-    if extra.get("aws_session_token"):
-        out["client.session-token"] = str(extra["aws_session_token"])
+    out.update({_GLUE_EXTRA[k]: str(v) for k, v in extra.items() if k in _GLUE_EXTRA and v})
     services = extra.get("service_config") or {}
-    for service, key in (("glue", "glue.endpoint"), ("s3", "s3.endpoint")):
-        endpoint = (services.get(service) or {}).get("endpoint_url") or extra.get("endpoint_url")
-        if endpoint:
-            out[key] = str(endpoint)
+
+    def endpoint(service: str) -> str | None:  # a service's own, else the one for every service
+        return (services.get(service) or {}).get("endpoint_url") or extra.get("endpoint_url")
+
+    out.update({key: str(endpoint(service)) for service, key in (("glue", "glue.endpoint"), ("s3", "s3.endpoint"))
+                if endpoint(service)})
     out.update({str(k): str(v) for k, v in extra.items() if k not in _AIRFLOW_AWS_KEYS})
     if extra.get("role_arn"):
-        out.update(assumed_role(conn.conn_id, out, str(extra["role_arn"]), str(extra.get("role_session_name") or "tidewater"),
-                                extra.get("external_id")))
+        out.update(assumed_role(conn.conn_id, out, endpoint("sts"), str(extra["role_arn"]),
+                                str(extra.get("role_session_name") or "tidewater"), extra.get("external_id")))
     return out
 
 
-def assumed_role(conn_id: str, props: dict[str, str], role_arn: str, session_name: str,
+def assumed_role(conn_id: str, props: dict[str, str], endpoint: str | None, role_arn: str, session_name: str,
                  external_id: str | None) -> dict[str, str]:
     """Temporary keys of ``role_arn`` from STS, asked with the connection's own keys (or the worker's when it has
     none), as pyiceberg properties. STS refusing is a configuration error naming the role; STS unreachable is
@@ -193,7 +194,6 @@ def assumed_role(conn_id: str, props: dict[str, str], role_arn: str, session_nam
     session = boto3.Session(aws_access_key_id=props.get("client.access-key-id"),
                             aws_secret_access_key=props.get("client.secret-access-key"),
                             aws_session_token=props.get("client.session-token"), region_name=props.get("client.region"))
-    endpoint = props.get("sts.endpoint") or props.get("glue.endpoint")  # one endpoint for every service (a stand-in)
     ask = {"RoleArn": role_arn, "RoleSessionName": session_name, **({"ExternalId": external_id} if external_id else {})}
     try:
         creds = session.client("sts", endpoint_url=endpoint).assume_role(**ask)["Credentials"]
@@ -221,8 +221,7 @@ def catalog_properties_of(conn: Any) -> dict[str, str]:
                              host=conn.host or None, port=conn.port or None, database=conn.schema or None)
             out["uri"] = url.render_as_string(hide_password=False)
     elif kind == "aws":
-        out.update(glue_properties_of(conn))
-        return out
+        return glue_properties_of(conn)
     elif conn.host:
         out["type"] = "rest"
         out["uri"] = _url(conn)

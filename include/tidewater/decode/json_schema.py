@@ -220,10 +220,10 @@ def _merged(into: dict[str, Any], part: dict[str, Any], where: str) -> dict[str,
         if k == "properties":
             props = dict(out.get("properties") or {})
             for name, sub in v.items():
-                if name in props and props[name] != sub and sub.get("type") and props[name].get("type") \
-                        and sub.get("type") != props[name].get("type"):
-                    raise TerminalError(f"JSON Schema at {where}: property {name!r} is {props[name].get('type')!r} "
-                                        f"in one part and {sub.get('type')!r} in another")
+                before, after = props.get(name, {}).get("type"), sub.get("type")
+                if before and after and before != after:
+                    raise TerminalError(f"JSON Schema at {where}: property {name!r} is {before!r} in one part and "
+                                        f"{after!r} in another")
                 props[name] = {**props.get(name, {}), **sub}
             out["properties"] = props
         elif k == "required":
@@ -288,8 +288,6 @@ def _kind(node: dict[str, Any], path: str) -> str:
         if kind is None:
             raise TerminalError(f"JSON Schema at {path}: enum or const values of several types (or objects, lists); "
                                 "a column has one type")
-    if kind is None and all(isinstance(v, str) for v in node.get("enum") or [None]):
-        return "string"
     if kind not in (*SCALARS, "object", "array"):
         raise TerminalError(f"JSON Schema at {path}: type {kind!r} cannot be a column (one of integer, number, "
                             "boolean, string, object, array)")
@@ -325,10 +323,12 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
         mine = np.flatnonzero(ids == schema_id)
         at = where_np[mine]
         try:
-            cols = columns(ctx.registry.json_schema(schema_id))
+            doc = ctx.registry.json_schema(schema_id)  # refused credentials stay terminal: they are no schema's fault
         except UnknownSchemaId as e:
             bad.update({int(i): BadRecord(int(i), "UnknownSchemaId", str(e)) for i in at})
             continue
+        try:
+            cols = columns(doc)
         except TerminalError as e:  # this id's records wait as dead letters; the topic's others go on
             why = f"schema id {schema_id} cannot be a table's columns: {e}"
             bad.update({int(i): BadRecord(int(i), UNMAPPABLE, why) for i in at})

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from tidewater.errors import TerminalError, TransientError
@@ -77,20 +79,14 @@ class RegistryClient:
     def _referenced(self, references: list[Any], what: str, depth: int = 0) -> dict[str, dict[str, Any]]:
         """The documents ``references`` name (each by subject and version), their own references bundled: name ->
         document. A reference the registry does not have makes the referring schema unknown."""
-        from confluent_kafka.schema_registry.error import SchemaRegistryError
-
         if depth > 32:
             raise UnknownSchemaId(f"{what}: references nest more than 32 deep")
         out = {}
         for ref in references:
-            try:
+            missing = (f"{what}: its reference {ref.name!r} (subject {ref.subject!r} version {ref.version}) is not in "
+                       f"the registry {self.url}")
+            with self._asking(f"a reference of {what}", missing):
                 registered = self._client.get_version(ref.subject, ref.version)
-            except SchemaRegistryError as e:
-                if e.http_status_code == 404:
-                    raise UnknownSchemaId(f"{what}: its reference {ref.name!r} (subject {ref.subject!r} version "
-                                          f"{ref.version}) is not in the registry {self.url}") from None
-                raise TransientError(f"schema registry {self.url} answered HTTP {e.http_status_code} for a reference "
-                                     f"of {what}") from None
             sub = _json_document(registered.schema.schema_str, f"{what}'s reference {ref.name!r}")
             out[ref.name] = bundle_references(sub, self._referenced(registered.schema.references or [], what, depth + 1))
         return out
@@ -112,23 +108,29 @@ class RegistryClient:
         """The registered schema's text, which must be of ``kind`` (the registry's ``schemaType``; Avro when absent)."""
         return str(self._registered(schema_id, kind).schema_str)
 
-    def _registered(self, schema_id: int, kind: str, fmt: str | None = None) -> Any:
-        """The registered schema (confluent-kafka's ``Schema``), which must be of ``kind``; ``fmt``: the registry's
-        ``format`` (``serialized``: a Protobuf schema as a base64 ``FileDescriptorProto``)."""
+    @contextmanager
+    def _asking(self, what: str, missing: str) -> Iterator[None]:
+        """One request to the registry, its failures as Tidewater's errors: 404 an unknown schema (``missing``), 401
+        and 403 refused credentials (terminal), other answers and transport failures transient."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         try:
-            found = self._client.get_schema(schema_id, fmt=fmt)
+            yield
         except SchemaRegistryError as e:
             if e.http_status_code == 404:
-                raise UnknownSchemaId(f"schema id {schema_id} is not in the registry {self.url}") from None
+                raise UnknownSchemaId(missing) from None
             if e.http_status_code in (401, 403):
                 raise TerminalError(f"schema registry {self.url} refused the credentials (HTTP {e.http_status_code}); "
                                     "check format.registry_basic_auth / format.registry_settings") from None
-            raise TransientError(f"schema registry {self.url} answered HTTP {e.http_status_code} for schema id "
-                                 f"{schema_id}") from None
+            raise TransientError(f"schema registry {self.url} answered HTTP {e.http_status_code} for {what}") from None
         except Exception as e:  # noqa: BLE001 - the client's transport errors (refused, timeouts, TLS): no common base
             raise TransientError(f"schema registry {self.url} unreachable: {type(e).__name__}") from None
+
+    def _registered(self, schema_id: int, kind: str, fmt: str | None = None) -> Any:
+        """The registered schema (confluent-kafka's ``Schema``), which must be of ``kind``; ``fmt``: the registry's
+        ``format`` (``serialized``: a Protobuf schema as a base64 ``FileDescriptorProto``)."""
+        with self._asking(f"schema id {schema_id}", f"schema id {schema_id} is not in the registry {self.url}"):
+            found = self._client.get_schema(schema_id, fmt=fmt)
         if (found.schema_type or "AVRO") != kind:
             raise UnknownSchemaId(f"schema id {schema_id} is a {found.schema_type} schema, not {kind}")
         return found
