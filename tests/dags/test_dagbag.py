@@ -364,7 +364,8 @@ def test_a_multi_host_executor_refuses_the_per_host_default_catalog_and_staging(
     (tmp_path / "pizzas.yaml").write_text(yaml.safe_dump(doc))
     shared = {**doc, "name": "shared", "table": {"identifier": "web.shared"},
               "catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/catalog", "warehouse": "s3://lake/w"}},
-              "batch": {**doc.get("batch", {}), "staging_dir": "s3://lake/staging"}}
+              "batch": {**doc.get("batch", {}), "staging_dir": "s3://lake/staging"},
+              "validation": {**doc.get("validation", {}), "data_docs_dir": "s3://lake/docs"}}
     (tmp_path / "shared.yaml").write_text(yaml.safe_dump(shared))
 
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")

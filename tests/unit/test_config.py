@@ -486,6 +486,63 @@ def test_which_executors_can_run_a_batchs_tasks_on_different_hosts(executor, man
     assert multi_host(executor) is many
 
 
+SHARED_STATE = {"catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/catalog",
+                                            "warehouse": "s3://lake/warehouse"}},
+                "batch": {"staging_dir": "s3://lake/staging"}, "validation": {"data_docs_dir": "s3://lake/docs"}}
+
+
+@pytest.mark.parametrize(("change", "setting", "words"), [
+    ({"catalog": {"properties": {"type": "sql", "uri": "sqlite:////tmp/catalog.db", "warehouse": "s3://lake/w"}}},
+     "catalog.properties.uri", "is a SQLite file"),
+    ({"catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/c", "warehouse": "file:///tmp/w"}}},
+     "catalog.properties.warehouse", "is a local folder"),
+    ({"catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/c", "warehouse": "/srv/lake"}}},
+     "catalog.properties.warehouse", "is a local folder"),
+    ({"batch": {"staging_dir": "/tmp/staging"}}, "batch.staging_dir", "is a local folder"),
+    ({"batch": {"staging_dir": "file:///mnt/other/staging"}}, "batch.staging_dir", "is a local folder"),
+    ({"batch": {}}, "batch.staging_dir", "by default each host keeps it under its own $TIDEWATER_HOME/staging"),
+    ({"validation": {}}, "validation.data_docs_dir", "by default each host keeps it under its own"),
+    ({"validation": {"data_docs_dir": "/var/tidewater/docs"}}, "validation.data_docs_dir", "is a local folder"),
+    ({"catalog": {}}, "catalog.properties", "each host has its own SQLite catalog"),
+])
+@pytest.mark.parametrize("executor", ["CeleryExecutor", "KubernetesExecutor", "LocalExecutor,KubernetesExecutor"])
+def test_a_multi_host_executor_refuses_every_per_host_place_naming_its_setting(executor, change, setting, words):
+    """Under any executor that can put a batch's steps on different hosts (Kubernetes included), each per-host place
+    of the pipeline's state is refused by name; the same pipeline passes under the LocalExecutor."""
+    from tidewater.config.validate import check_hosts
+
+    spec = parse_pipeline({**BASE, **SHARED_STATE, **change})
+    with pytest.raises(ConfigError) as refused:
+        check_hosts(spec, executor)
+    assert f"{setting}: Airflow's executor ({executor}) can run a batch's tasks on different hosts" in str(refused.value)
+    assert words in str(refused.value)
+    check_hosts(spec, "LocalExecutor")  # one host: the same places are fine
+
+
+def test_shared_paths_admit_local_folders_every_host_mounts_but_never_a_sqlite_catalog():
+    """`airflow.shared_paths` declares mounts every host has (NFS, a CSI volume): a warehouse, staging folder and Data
+    Docs folder under one pass under Celery; a folder beside it (same prefix, other name) does not; SQLite never does."""
+    from tidewater.config.validate import check_hosts
+
+    mounted = {**BASE, "airflow": {"shared_paths": ["/mnt/lake/"]},
+               "catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/c", "warehouse": "/mnt/lake/w"}},
+               "batch": {"staging_dir": "file:///mnt/lake/staging"}, "validation": {"data_docs_dir": "/mnt/lake"}}
+    check_hosts(parse_pipeline(mounted), "CeleryExecutor")
+    beside = {**mounted, "batch": {"staging_dir": "/mnt/lakehouse/staging"}}
+    with pytest.raises(ConfigError, match=r"batch\.staging_dir: .* '/mnt/lakehouse/staging' is a local folder"):
+        check_hosts(parse_pipeline(beside), "CeleryExecutor")
+    sqlite = {**mounted, "catalog": {"properties": {"uri": "sqlite:////mnt/lake/c.db", "warehouse": "/mnt/lake/w"}}}
+    with pytest.raises(ConfigError, match=r"catalog\.properties\.uri: .*SQLite's locks do not hold"):
+        check_hosts(parse_pipeline(sqlite), "CeleryExecutor")
+
+
+def test_a_rest_catalogs_warehouse_is_a_name_not_a_folder():
+    from tidewater.config.validate import check_hosts
+
+    rest = {**BASE, **SHARED_STATE, "catalog": {"properties": {"type": "rest", "uri": "https://cat", "warehouse": "lake"}}}
+    check_hosts(parse_pipeline(rest), "KubernetesExecutor")
+
+
 def test_kafka_start_from_is_earliest_or_a_time_and_anything_else_is_refused_naming_it():
     assert parse_pipeline(BASE).kafka.start_from == "earliest"
     assert parse_pipeline({**BASE, "kafka": {**BASE["kafka"], "start_from": "2026-11-01T00:00:00Z"}}).kafka.start_from \

@@ -616,6 +616,11 @@ class AirflowSpec:
     queue: str | None = _doc(
         "The executor queue of every task (the Celery executor's queues, for example workers that have Java and "
         "Spark). Unset: the executor's default queue.", default=None)
+    shared_paths: list[str] = _doc(
+        "Local folders that every host running the pipeline's tasks mounts at the same path (an NFS or CSI volume). "
+        "Under an executor that runs tasks on several hosts (Celery, Kubernetes, Edge) a local warehouse, "
+        "`batch.staging_dir` or `validation.data_docs_dir` is refused unless it lies under one of these; a SQLite "
+        "catalog is refused even there. Unset: none (object storage only).", default_factory=list)
     on_failure: str | None = _doc(
         "What a failed task calls (Airflow's `on_failure_callback` on every task of the pipeline's DAGs): the dotted "
         "path of a callable, given Airflow's task context, or of an Airflow notifier class (made without arguments). "

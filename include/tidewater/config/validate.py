@@ -430,24 +430,59 @@ def multi_host(executor: str | None) -> bool:
 
 
 def check_hosts(spec: PipelineSpec, executor: str | None) -> None:
-    """Refuse the per-host defaults when Airflow's executor can run a batch's tasks on different hosts: without
-    ``catalog.properties`` each host gets its own SQLite catalog under ``$TIDEWATER_HOME`` (the plan task and the
-    commit task would read and write offsets in different catalogs: exactly-once broken with no error), and without
-    ``batch.staging_dir`` each host stages under its own ``$TIDEWATER_HOME/staging`` (the write task would not find the
-    plan). One ConfigError names both settings when both are missing."""
+    """Refuse every per-host place of a pipeline's state when Airflow's executor can run a batch's tasks on different
+    hosts (Celery, Kubernetes, Edge: :func:`multi_host`). Each would split what one batch needs between hosts with no
+    error: the plan task and the commit task reading offsets from different catalogs (exactly-once broken), the write
+    task not finding the plan, the api-server not finding the Data Docs. Refused, each naming its setting:
+
+    - the defaults under ``$TIDEWATER_HOME`` (no catalog settings, no ``batch.staging_dir``, no
+      ``validation.data_docs_dir``);
+    - a SQLite catalog (``catalog.properties.uri``), even on a shared mount (SQLite's locks do not hold over NFS);
+    - a local or ``file://`` warehouse, staging folder or Data Docs folder, unless it lies under one of
+      ``airflow.shared_paths``, the mounts a platform declares every host has.
+
+    A catalog from ``catalog.conn_id`` is not read here (nothing is contacted when a DAG file is parsed)."""
     if not multi_host(executor):
         return
-    problems = []
-    if not spec.catalog.properties and not spec.catalog.conn_id:
-        problems.append(f"catalog.properties: Airflow's executor ({executor}) can run a batch's tasks on different "
-                        "hosts, and without catalog properties each host has its own SQLite catalog under "
-                        "$TIDEWATER_HOME, so each would read and write the committed offsets in a different catalog. "
-                        "Set a catalog every host reaches (PostgreSQL `type: sql`, `rest`, `glue` or `hive`), or "
-                        "`catalog.conn_id`")
-    if spec.batch.staging_dir is None:
-        problems.append(f"batch.staging_dir: Airflow's executor ({executor}) can run a batch's tasks on different hosts, "
-                        "and by default each host stages under its own $TIDEWATER_HOME/staging, where the next task "
-                        "would not find the batch. Set object storage (`s3://bucket/prefix`) or a path every worker "
-                        "mounts")
+    problems = [f"{setting}: Airflow's executor ({executor}) can run a batch's tasks on different hosts, and {why}"
+                for setting, why in _per_host_places(spec)]
     if problems:
         raise config_problems(problems)
+
+
+def _per_host_places(spec: PipelineSpec):
+    """(setting, why) for each place of ``spec`` that only one host sees (:func:`check_hosts`)."""
+    shared = [p.rstrip("/") + "/" for p in spec.airflow.shared_paths]
+    advice = ("object storage (`s3://bucket/prefix`, `gs://`, `abfs://`), or a path every worker mounts, declared in "
+              "`airflow.shared_paths`")
+    props = spec.catalog.properties
+    if not props and not spec.catalog.conn_id:
+        yield ("catalog.properties", "without catalog properties each host has its own SQLite catalog under "
+               "$TIDEWATER_HOME, so each would read and write the committed offsets in a different catalog. Set a "
+               "catalog every host reaches (PostgreSQL `type: sql`, `rest`, `glue` or `hive`), or `catalog.conn_id`")
+    if str(props.get("uri", "")).startswith("sqlite"):
+        yield ("catalog.properties.uri", f"{props['uri']!r} is a SQLite file: each host would have its own (and "
+               "SQLite's locks do not hold on a shared mount). Use PostgreSQL (`postgresql+psycopg2://...`), a REST "
+               "catalog or Glue")
+    warehouse = props.get("warehouse")
+    if warehouse and props.get("type") != "rest" and _per_host(str(warehouse), shared):
+        yield ("catalog.properties.warehouse", f"{warehouse!r} is a local folder: the data files written on one host "
+               f"would be missing on the others. Use {advice}")
+    for setting, place, default in (("batch.staging_dir", spec.batch.staging_dir, "$TIDEWATER_HOME/staging"),
+                                    ("validation.data_docs_dir", spec.validation.data_docs_dir,
+                                     "$TIDEWATER_HOME/data-docs")):
+        if place is None:
+            yield (setting, f"by default each host keeps it under its own {default}, where the next task (or the "
+                   f"api-server) would not find it. Use {advice}")
+        elif _per_host(place, shared):
+            yield (setting, f"{place!r} is a local folder that the next task's host (or the api-server) would not "
+                   f"see. Use {advice}")
+
+
+def _per_host(location: str, shared: list[str]) -> bool:
+    """Whether ``location`` (a path, ``file://`` or a URI) is on a host's own disk: local, and under no shared mount."""
+    scheme = location.split("://", 1)[0].lower() if "://" in location else ""
+    if scheme not in ("", "file"):
+        return False
+    path = location[len("file://"):] if scheme else location
+    return not any((path.rstrip("/") + "/").startswith(prefix) for prefix in shared)

@@ -550,7 +550,7 @@ def _file_dags(path: Path, dag_file: str) -> dict[str, Any]:
     DAG and never hides the others."""
     try:
         spec = load_pipeline(path)
-        check_hosts(spec, airflow_executor())  # a multi-host executor: no per-host default catalog or staging
+        check_hosts(spec, airflow_executor())  # a multi-host executor: no per-host place of state
         dags = build_pipeline_dags(path, spec)
     except Exception as e:  # noqa: BLE001 - reported in the UI as the file's ingest_invalid_<file> DAG
         log.error("%s: %s", path, e)

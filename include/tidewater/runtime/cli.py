@@ -78,7 +78,7 @@ def _validated(path: Path) -> dict[str, Any]:
 
     try:
         spec = load_pipeline(path)
-        check_hosts(spec, airflow_executor())  # as the DAG factory does: per-host defaults under a multi-host executor
+        check_hosts(spec, airflow_executor())  # as the DAG factory does: per-host places under a multi-host executor
     except ConfigError as e:
         prefix = f"{path}: "
         return {"file": str(path), "pipeline": None, "problems": [x.removeprefix(prefix) for x in problems_of(e)]}

@@ -35,8 +35,8 @@ DETAILS: dict[str, str] = {
         "check a pipeline (its NAME, or `--pipeline FILE`); errors name the key. With neither, every pipeline "
         "file of the pipelines folder, each with all of its problems (and files that give two pipelines one "
         "name), then how many are valid; exit 2 if any is not. Under a multi-host Airflow executor "
-        "(`AIRFLOW__CORE__EXECUTOR` or Airflow's configuration: anything but Local) it also refuses the per-host "
-        "default catalog and staging"
+        "(`AIRFLOW__CORE__EXECUTOR` or Airflow's configuration: anything but Local) it also refuses every per-host "
+        "place of state (a SQLite catalog, a local warehouse, staging or Data Docs folder outside `airflow.shared_paths`)"
     ),
     "run": (
         "one batch through plan, write (spark-submit), validate and commit, without Airflow, with progress"
