@@ -67,14 +67,14 @@ $(DATA)/.system-deps-6:
 
 # what only the tests need: Chromium (browser tests), PostgreSQL and its JDBC driver (production-shaped tests),
 # docker-compose (the compose file is checked)
-test-system-deps: $(DATA)/.test-system-deps-1
-$(DATA)/.test-system-deps-1: $(DATA)/.system-deps-6
+test-system-deps: $(DATA)/.test-system-deps-2
+$(DATA)/.test-system-deps-2: $(DATA)/.system-deps-6
 	@if [ ! -x /usr/bin/chromium ] || ! command -v docker-compose >/dev/null || [ ! -f /usr/share/java/postgresql.jar ] \
-	    || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
-	  echo "installing Chromium, docker-compose, PostgreSQL and its JDBC driver for the tests (apt-get)"; \
+	    || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ ! -x /usr/bin/redis-server ]; then \
+	  echo "installing Chromium, docker-compose, PostgreSQL and its JDBC driver, Redis for the tests (apt-get)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
-	    libpostgresql-jdbc-java chromium docker-compose postgresql >/dev/null; \
+	    libpostgresql-jdbc-java chromium docker-compose postgresql redis-server >/dev/null; \
 	fi
 	@touch $@
 

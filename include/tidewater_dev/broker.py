@@ -73,11 +73,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_listening(port: int, timeout: float) -> bool:
+def wait_listening(port: int, timeout: float, host: str = "127.0.0.1") -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return True
         except OSError:
             time.sleep(0.05)
@@ -96,8 +96,9 @@ def port_free(port: int) -> bool:
 
 
 def node_properties(node_id: int, port: int, controller_port: int, voters: str, data_dir: Path,
-                    replication: int) -> dict[str, str]:
-    """One KRaft node's ``server.properties`` (controller and broker in one process, plaintext on 127.0.0.1).
+                    replication: int, host: str = "127.0.0.1") -> dict[str, str]:
+    """One KRaft node's ``server.properties`` (controller and broker in one process, plaintext on ``host``: 127.0.0.1,
+    or the address of a bridge that test hosts in network namespaces reach, tidewater_dev.hosts).
     ``voters``: the static quorum (``id@host:port,...``); ``replication``: the internal topics' and new topics'
     replication factor (``min.insync.replicas`` is 2 when it is 3 or more)."""
     isr = str(min(replication, 2))
@@ -105,8 +106,8 @@ def node_properties(node_id: int, port: int, controller_port: int, voters: str, 
         "process.roles": "broker,controller",
         "node.id": str(node_id),
         "controller.quorum.voters": voters,
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
@@ -138,12 +139,13 @@ class Broker(LocalServer):
     data_dir: str = ""  # its log directories (``log.dirs``)
     ephemeral: bool = False  # remove ``data_dir`` when it stops
     node_id: int = 1
+    host: str = "127.0.0.1"  # the address it listens on and advertises
 
     grace: ClassVar[float] = 15.0  # a controlled shutdown moves leadership away first
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def kill(self) -> None:
         """SIGKILL, as a crashed host: no controlled shutdown, nothing flushed; its log directories stay for
@@ -223,7 +225,7 @@ def wait_ready(bootstrap: str, brokers: int, timeout: float, nodes: list[Broker]
     from confluent_kafka.admin import AdminClient
 
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not any(wait_listening(n.port, 0.5) for n in nodes):
+    while time.monotonic() < deadline and not any(wait_listening(n.port, 0.5, n.host) for n in nodes):
         if any(not n.alive() for n in nodes):
             break
     quiet = logging.getLogger(f"{__name__}.admin")  # librdkafka's connection errors while the nodes come up
@@ -243,8 +245,8 @@ def wait_ready(bootstrap: str, brokers: int, timeout: float, nodes: list[Broker]
 
 
 def start(port: int | None = None, log_path: Path | None = None, detach: bool = False,
-          data_dir: Path | None = None) -> Broker:
-    """One Kafka node (controller and broker) on 127.0.0.1:``port`` (a free port when None), ready for clients.
+          data_dir: Path | None = None, host: str = "127.0.0.1") -> Broker:
+    """One Kafka node (controller and broker) on ``host``:``port`` (a free port when None), ready for clients.
     ``data_dir``: its log directories, kept when it stops (formatted on first use, restarted on the configuration
     written then); None: a temporary folder, removed when it stops. ``detach``: its own session, so that it outlives
     this process (the demo's broker)."""
@@ -259,9 +261,9 @@ def start(port: int | None = None, log_path: Path | None = None, detach: bool = 
     config = data / "server.properties"  # beside the logs: a kept folder restarts on the configuration it was made with
     if not (data / "logs" / "meta.properties").is_file():  # a new folder: its configuration, then its cluster id
         controller = free_port()
-        _write_properties(config, node_properties(1, port, controller, f"1@127.0.0.1:{controller}", data / "logs", 1))
+        _write_properties(config, node_properties(1, port, controller, f"1@127.0.0.1:{controller}", data / "logs", 1, host))
         _format(config, _cluster_id(), log_path)
-    broker = Broker(_launch(config, log_path, detach), port, str(log_path), str(config), str(data), ephemeral)
+    broker = Broker(_launch(config, log_path, detach), port, str(log_path), str(config), str(data), ephemeral, host=host)
     try:
         wait_ready(broker.bootstrap, 1, READY_SECONDS, [broker])
     except TransientError:

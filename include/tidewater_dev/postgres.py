@@ -28,12 +28,13 @@ USER = "tidewater"
 @dataclass
 class Postgres(LocalServer):
     root: str = ""  # the server's directory (data, socket); removed by stop()
+    host: str = "127.0.0.1"  # the address its URLs name (it listens on 127.0.0.1 too)
 
     process_group: ClassVar[bool] = True  # runuser and the postmaster's children
     grace: ClassVar[float] = 15.0
 
     def url(self, database: str, driver: str = "postgresql+psycopg2") -> str:
-        return f"{driver}://{USER}@127.0.0.1:{self.port}/{database}"
+        return f"{driver}://{USER}@{self.host}:{self.port}/{database}"
 
     def create_database(self, name: str) -> str:
         """Create database ``name`` (if missing) and return its SQLAlchemy URL."""
@@ -84,8 +85,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(log_path: str | Path, timeout: float = 60.0) -> Postgres:
-    """Initialise a cluster in a new directory and start it on a free port; returns once it takes connections."""
+def start(log_path: str | Path, timeout: float = 60.0, host: str | None = None, clients: str | None = None) -> Postgres:
+    """Initialise a cluster in a new directory and start it on a free port; returns once it takes connections.
+    ``host``: an address to listen on besides 127.0.0.1 (a bridge's, for test hosts in network namespaces), trusting
+    connections from the ``clients`` network (CIDR) there."""
     bin_dir = server_bin()
     as_root = os.geteuid() == 0
     run_as = ["runuser", "-u", "postgres", "--"] if as_root else []
@@ -98,13 +101,17 @@ def start(log_path: str | Path, timeout: float = 60.0) -> Postgres:
     if init.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         raise ConfigError(f"initdb failed: {init.stderr.strip()[-2000:]}")
+    if host and clients:
+        with open(data / "pg_hba.conf", "a") as hba:
+            hba.write(f"host all all {clients} trust\n")
+    listen = ",".join(["127.0.0.1", *([host] if host else [])])
     port = _free_port()
     log = open(log_path, "wb")
     proc = subprocess.Popen(run_as + [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root),
-                                      "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200"],
+                                      "-c", f"listen_addresses={listen}", "-c", "fsync=off", "-c", "max_connections=200"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
-    server = Postgres(proc.pid, port, str(log_path), str(root))
+    server = Postgres(proc.pid, port, str(log_path), str(root), host=host or "127.0.0.1")
     deadline = time.monotonic() + timeout
     while True:
         try:
