@@ -57,8 +57,9 @@ def test_task_chain(monkeypatch):
 
 
 def test_maintenance_dag_chain_schedule_and_asset(tmp_path, monkeypatch):
-    """maintain_<name>: the enabled actions in order, on the pipeline's maintenance schedule, each task
-    updating the table's asset and bounded by the task timeout; a disabled action has no task."""
+    """maintain_<name>: the enabled actions in order, on the pipeline's maintenance schedule, each bounded by the task
+    timeout; a disabled action has no task. Only the last action updates an asset, the maintenance asset of its own:
+    never the table's, whose events mean new rows to the DAGs scheduled on it."""
     spec = (REPO / "include" / "pipelines" / "pizzas.yaml").read_text()
     (tmp_path / "pizzas.yaml").write_text(spec + "\nmaintenance:\n  schedule: '0 3 * * *'\n  rewrite_manifests: false\n")
     shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
@@ -68,8 +69,9 @@ def test_maintenance_dag_chain_schedule_and_asset(tmp_path, monkeypatch):
     assert dag.get_task("expire_snapshots").downstream_task_ids == {"remove_orphan_files"}
     assert dag.schedule == "0 3 * * *"
     for t in dag.tasks:
-        assert [o.uri for o in t.outlets] == ["iceberg://tidewater/rpc/pizzas"]
         assert t.execution_timeout is not None
+    assert {t.task_id: [o.uri for o in t.outlets] for t in dag.tasks} == {
+        "rewrite_data_files": [], "expire_snapshots": [], "remove_orphan_files": ["tidewater://maintenance/pizzas"]}
 
 
 def test_broken_pipeline_file_shows_as_a_failing_dag(tmp_path, monkeypatch):
@@ -86,8 +88,8 @@ def test_broken_pipeline_file_shows_as_a_failing_dag(tmp_path, monkeypatch):
 
 def test_routed_pipeline_dags(tmp_path, monkeypatch):
     """A routed pipeline (docs/examples/payments_by_type.yaml) makes its ingest, replay (with a tables
-    field), skip, maintenance and audit DAGs; the maintenance DAG's asset is the pipeline's checkpoint table and the
-    documentation names the target tables."""
+    field), skip, maintenance and audit DAGs; the maintenance DAG's asset is its own (not a table's) and
+    the documentation names the target tables."""
     shutil.copy(REPO / "docs" / "examples" / "payments_by_type.yaml", tmp_path)
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
@@ -105,7 +107,7 @@ def test_routed_pipeline_dags(tmp_path, monkeypatch):
     assert held.params["table"] == "" and "the tables of `payments`" in held.doc_md
     assert "payments.debit, payments.credit, payments.bank_slip" in bag.dags["audit_payments"].doc_md
     maintain = bag.dags["maintain_payments"]
-    assert {o.uri for t in maintain.tasks for o in t.outlets} == {"iceberg://tidewater/payments/payments_checkpoints"}
+    assert {o.uri for t in maintain.tasks for o in t.outlets} == {"tidewater://maintenance/payments"}
 
 
 def test_replay_dag_form_and_chain(monkeypatch):

@@ -197,7 +197,9 @@ def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env,
       answers 0, see STACK.md) and is a no-op;
     - then "All Runs": Airflow clears those runs and runs them again, and the committed interval is re-ingested
       with replace (same rows, same offsets, one replace recorded with its interval); a downstream DAG
-      scheduled on the table's asset runs after that commit.
+      scheduled on the table's asset runs after that commit;
+    - then the maintenance DAG runs: its event is on its own asset, and the downstream DAG does not run again
+      (one run in all: maintenance changes no row).
     Airflow's metadata is in PostgreSQL, as in production: on SQLite, the scheduler, DAG processor and API server
     contend for one write lock, and in CI the second backfill request answered 503 "database is locked", then 409
     "already a running backfill". The write tasks run on the session's Spark Connect server."""
@@ -211,7 +213,7 @@ def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env,
     assert migrate.returncode == 0, migrate.stdout[-2000:] + migrate.stderr[-2000:]
     pipeline = write_pipeline(
         Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-        format={"metadata": "prefixed"}, schedule="@hourly",
+        format={"metadata": "prefixed"}, schedule="@hourly", maintenance={"schedule": None},
     )
     produce(broker.bootstrap, topic, pizza_events(100, seed=80), partitions=2)
     dags_test(airflow_env, "ingest_orders")  # a manual run: its interval is the hour before now
@@ -290,7 +292,9 @@ def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env,
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not seen.is_file():
             time.sleep(5)
+        downstream_runs = maintained_without_new_data(env, base, token)
     assert seen.is_file(), "the downstream DAG scheduled on the table's asset did not run"
+    assert len(downstream_runs) == 1, downstream_runs
     downstream = json.loads(seen.read_text())
     assert downstream and all(e["mode"] == "replace" and e["rows"] == 100 for e in downstream), downstream
     done = replays()
@@ -299,6 +303,32 @@ def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env,
     table = table_of(pipeline)
     assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == before
     assert committed_state(table).offsets == {topic: {0: 50, 1: 50}}
+
+
+def maintained_without_new_data(env: dict[str, str], base: str, token: str) -> list[dict]:
+    """Run the maintenance DAG through the scheduler, then check what it announced: one event on its own asset
+    (`tidewater://maintenance/orders`, every action's report in it) and none on the table's, since no row changed.
+    Returns the downstream DAG's runs 30 s after the maintenance run (scheduler loops that would have started one)."""
+    from tests.e2e.conftest import call_api
+
+    subprocess.run(["airflow", "dags", "unpause", "maintain_orders"], env=env, check=True, capture_output=True, timeout=120)
+    status, run = call_api(f"{base}/api/v2/dags/maintain_orders/dagRuns", token, {"logical_date": None})
+    assert status in (200, 201), run
+    deadline = time.monotonic() + 400
+    state = None
+    while time.monotonic() < deadline and state not in ("success", "failed"):
+        time.sleep(5)
+        state = call_api(f"{base}/api/v2/dags/maintain_orders/dagRuns/{run['dag_run_id']}", token)[1].get("state")
+    assert state == "success", state
+    status, events = call_api(f"{base}/api/v2/assets/events?source_dag_id=maintain_orders", token)
+    assert status == 200, events
+    assert [e["uri"] for e in events["asset_events"]] == ["tidewater://maintenance/orders"], events
+    assert set(events["asset_events"][0]["extra"]["actions"]) == {"rewrite_data_files", "rewrite_manifests",
+                                                                 "expire_snapshots", "remove_orphan_files"}
+    time.sleep(30)
+    status, runs = call_api(f"{base}/api/v2/dags/downstream_orders/dagRuns", token)
+    assert status == 200, runs
+    return runs["dag_runs"]
 
 
 def test_skip_dag_from_its_form_steps_past_a_blocking_record(broker, topic, airflow_env, spark_connect):

@@ -271,6 +271,11 @@ def test_the_properties_file_keeps_the_cluster_defaults_and_lets_secrets_win(tmp
     defaults = spark_defaults_file({"SPARK_CONF_DIR": str(tmp_path)})
     assert defaults == tmp_path / "spark-defaults.conf"
     assert spark_defaults_file({"SPARK_CONF_DIR": str(tmp_path / "none")}) is None
+    # neither variable set: the conf folder of this environment's pyspark (none there: None; it raised before)
+    import pyspark
+
+    shipped = Path(pyspark.__file__).parent / "conf" / "spark-defaults.conf"
+    assert spark_defaults_file({}) == (shipped if shipped.is_file() else None)
     path = properties_file({"spark.shared": "secret-wins"}, defaults)
     try:
         assert oct(path.stat().st_mode & 0o777) == "0o600"

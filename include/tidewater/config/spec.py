@@ -546,6 +546,18 @@ class SparkSpec:
         "repaired and used.",
         default=None,
     )
+    kubernetes_secret: str | None = _doc(
+        "Cluster deploy mode on Kubernetes (`k8s://` master, `deploy-mode: cluster` in the Spark connection's extra): "
+        "the name of a Kubernetes secret, in the driver's namespace, from which the driver pod takes the settings "
+        "resolved from Airflow connections (`kafka.conn_id`, `catalog.conn_id`, `format.registry_conn_id`, "
+        "`batch.staging_conn_id`). One key per setting, named as its variable (`TIDEWATER_KAFKA_CONFIG`, "
+        "`TIDEWATER_CATALOG_CONFIG`, `TIDEWATER_REGISTRY_CONFIG`, `TIDEWATER_STORAGE_CONFIG`); "
+        "`tidewater connections --pipeline FILE --output DIR` writes them for `kubectl create secret generic NAME "
+        "--from-file=DIR`. The generated Spark configuration holds only references "
+        "(`spark.kubernetes.driver.secretKeyRef.*`), never the values. Unset: such a pipeline is refused in cluster "
+        "mode on Kubernetes (in client mode the driver gets them in spark-submit's environment).",
+        default=None,
+    )
     connect_url: str | None = _doc(
         "A long-running Spark Connect server (`sc://host:15002`) for the write step: the batch's tasks run "
         "there through the DataFrame API (`mapInArrow`), submitted from `tidewater run` or the DAG's write "

@@ -5,11 +5,12 @@ XCom carries a small document (batch id, plan path, counts), never data or secre
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 from airflow.sdk import BaseOperator
@@ -302,8 +303,8 @@ def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | N
     return result.summary()
 
 
-# Where a driver's environment variables go on cluster managers that take them as Spark settings.
-_CLUSTER_ENV_CONF = {"yarn": "spark.yarn.appMasterEnv.", "k8s": "spark.kubernetes.driverEnv."}
+# Cluster managers whose Spark settings the provider's hook turns environment variables into (--conf arguments)
+_ENV_AS_CONF = ("yarn", "k8s")
 
 
 class IngestSparkSubmitOperator(BaseOperator):
@@ -317,8 +318,8 @@ class IngestSparkSubmitOperator(BaseOperator):
 
     Spark settings are computed when the task runs, not when the DAG file is parsed. Secrets never reach
     the command line: secret Spark settings go through a private properties file (0600, deleted after the
-    run), and Kafka settings from an Airflow connection through the process environment (or that file on
-    YARN and Kubernetes), never XCom, logs or rendered templates.
+    run), and settings from Airflow connections through spark-submit's environment (in cluster mode on Kubernetes,
+    a Kubernetes secret the settings refer to: ``_pass_settings``), never XCom, logs or rendered templates.
     """
 
     ui_color = "#d8f3ff"
@@ -389,59 +390,58 @@ class IngestSparkSubmitOperator(BaseOperator):
         self.packages = settings["packages"]
         self.application_args = write_job_args(spec, planned["plan_path"])
         self.name = f"tidewater-{spec.name}-{planned['batch_id']}"
-        secrets_file = self._pass_settings(spec, master, dict(settings["secret_conf"]))
+        secrets_file, driver_env = self._pass_settings(spec, master, dict(settings["secret_conf"]))
         log.info("batch %s: submitting the write job for %s", planned["batch_id"], spec.describe_targets())
         try:
             self._hook = self._get_hook()
-            self._hook.submit(self.application)
+            with process_env(driver_env):
+                self._hook.submit(self.application)
         except Exception:
             self._raise_batch_error(spec, planned["plan_path"])
             raise
         finally:
             remove_properties_file(secrets_file)
 
-    def _pass_settings(self, spec: PipelineSpec, master: str, secret: dict[str, str]) -> Any:
-        """How settings other than ``--conf`` reach spark-submit: its environment (``env_vars``) and, for
-        secrets, a private properties file (``properties_file``, with the cluster's defaults copied in).
-        Returns the file's path (None without secrets); the caller removes it.
+    def _pass_settings(self, spec: PipelineSpec, master: str, secret: dict[str, str]) -> tuple[Any, dict[str, str]]:
+        """How settings other than ``--conf`` reach the driver, by where it runs. Returns (the private properties
+        file holding the secret Spark settings, with the cluster's defaults copied in, or None: the caller removes
+        it; the variables to add to spark-submit's own environment while it runs).
 
-        spark-submit inherits this process's environment; only connection-resolved settings are added (Kafka's,
-        the catalog's, the schema registry's and object storage's: the driver cannot ask Airflow for them). On YARN
-        and Kubernetes the hook would turn environment variables into --conf arguments (visible in the process
-        list): there they go to the properties file instead."""
-        from tidewater.config.connections import (
-            CATALOG_CONFIG_ENV,
-            REGISTRY_CONFIG_ENV,
-            STORAGE_CONFIG_ENV,
-            catalog_connection,
-            mask,
-            registry_connection,
-            storage_connection,
-        )
-        from tidewater.source.kafka import kafka_settings
+        The settings resolved from Airflow connections (Kafka's, the catalog's, the registry's, object storage's:
+        a driver elsewhere cannot ask Airflow) are never written into the Spark configuration:
+
+        - client mode (any master): the driver is spark-submit's child on this host, so they go in spark-submit's
+          environment: through the hook's ``env_vars`` on local and standalone masters, and on YARN and Kubernetes
+          (where the hook would turn ``env_vars`` into ``--conf`` arguments, visible in the process list and the
+          application's settings) by this task's own environment while spark-submit runs (:func:`process_env`);
+        - cluster mode on Kubernetes: the driver pod takes them from the Kubernetes secret ``spark.kubernetes_secret``
+          (``spark.kubernetes.driver.secretKeyRef.<VARIABLE>=<secret>:<VARIABLE>``: references, not values);
+        - cluster mode on YARN: refused, naming the settings (:func:`yarn_cluster_refused`)."""
         from tidewater.spark.conf import launcher_env, properties_file, spark_defaults_file
 
-        env_conf = _CLUSTER_ENV_CONF.get(master.split(":", 1)[0])
-        # (the Spark hook refuses environment variables in standalone cluster mode)
-        self.env_vars = launcher_env() if env_conf is None and _deploy_mode(self._conn_id) != "cluster" else None
-        resolved = {KAFKA_CONFIG_ENV: kafka_settings(spec) if spec.kafka.conn_id else None,
-                    CATALOG_CONFIG_ENV: catalog_connection(spec.catalog.conn_id) if spec.catalog.conn_id else None,
-                    REGISTRY_CONFIG_ENV: registry_connection(rc) if (rc := spec.format.registry_conn_id) else None,
-                    STORAGE_CONFIG_ENV: storage_connection(sc) if (sc := spec.batch.staging_conn_id) else None}
-        for name, values in resolved.items():
-            if values is None:
-                continue
-            mask(values)
-            if env_conf is None:
-                self.env_vars = {**(self.env_vars or {}), name: json.dumps(values)}
-            else:
-                secret[env_conf + name] = json.dumps(values)
+        manager = master.split(":", 1)[0]
+        cluster = _deploy_mode(self._conn_id) == "cluster"
+        resolved = resolved_connections(spec)
+        # (the Spark hook refuses environment variables in standalone cluster mode, which is refused before this)
+        self.env_vars = launcher_env() if manager not in _ENV_AS_CONF and not cluster else None
+        driver_env: dict[str, str] = {}
+        if cluster and manager == "k8s" and resolved:
+            if not spec.spark.kubernetes_secret:
+                raise ConfigError(kubernetes_secret_missing(resolved))
+            for name in resolved:
+                secret[f"spark.kubernetes.driver.secretKeyRef.{name}"] = f"{spec.spark.kubernetes_secret}:{name}"
+        elif cluster and manager == "yarn" and resolved:
+            raise ConfigError(yarn_cluster_refused(resolved))
+        elif manager in _ENV_AS_CONF:
+            driver_env = resolved
+        else:
+            self.env_vars = {**(self.env_vars or {}), **resolved}
         if not secret:
             self.properties_file = None
-            return None
+            return None, driver_env
         path = properties_file(secret, spark_defaults_file({**os.environ, **(self.env_vars or {})}))
         self.properties_file = str(path)
-        return path
+        return path, driver_env
 
     @staticmethod
     def _raise_batch_error(spec: PipelineSpec, plan_path: str) -> None:
@@ -451,6 +451,69 @@ class IngestSparkSubmitOperator(BaseOperator):
         e = read_error(spec.stage(plan_path).parent)
         if e is not None:
             fail_task(e, prefix="write failed: ")
+
+
+def resolved_connections(spec: PipelineSpec) -> dict[str, str]:
+    """The settings resolved from the pipeline's Airflow connections, as the driver's variables (name: JSON), each value
+    registered with Airflow's secrets masker."""
+    from tidewater.config.connections import (
+        CATALOG_CONFIG_ENV,
+        REGISTRY_CONFIG_ENV,
+        STORAGE_CONFIG_ENV,
+        catalog_connection,
+        mask,
+        registry_connection,
+        storage_connection,
+    )
+    from tidewater.source.kafka import kafka_settings
+
+    resolved = {KAFKA_CONFIG_ENV: kafka_settings(spec) if spec.kafka.conn_id else None,
+                CATALOG_CONFIG_ENV: catalog_connection(spec.catalog.conn_id) if spec.catalog.conn_id else None,
+                REGISTRY_CONFIG_ENV: registry_connection(rc) if (rc := spec.format.registry_conn_id) else None,
+                STORAGE_CONFIG_ENV: storage_connection(sc) if (sc := spec.batch.staging_conn_id) else None}
+    out = {}
+    for name, values in resolved.items():
+        if values is not None:
+            mask(values)
+            out[name] = json.dumps(values)
+    return out
+
+
+_SETTING_OF = {KAFKA_CONFIG_ENV: "kafka.conn_id", "TIDEWATER_CATALOG_CONFIG": "catalog.conn_id",
+               "TIDEWATER_REGISTRY_CONFIG": "format.registry_conn_id", "TIDEWATER_STORAGE_CONFIG": "batch.staging_conn_id"}
+
+
+def kubernetes_secret_missing(resolved: dict[str, str]) -> str:
+    settings = ", ".join(_SETTING_OF[n] for n in resolved)
+    return (f"spark.kubernetes_secret: cluster deploy mode on Kubernetes runs the driver in a pod, which cannot ask "
+            f"Airflow for the connections of {settings}, and writing them into its settings would put them in plain "
+            f"text in the pod's spec. Name a Kubernetes secret holding the keys {', '.join(resolved)} (`tidewater "
+            "connections --pipeline FILE --output DIR` writes them; `kubectl create secret generic NAME "
+            "--from-file=DIR`), or use client deploy mode")
+
+
+def yarn_cluster_refused(resolved: dict[str, str]) -> str:
+    settings = ", ".join(_SETTING_OF[n] for n in resolved)
+    return (f"{settings}: cluster deploy mode on YARN would carry the settings of these Airflow connections to the "
+            "driver only as the application's environment (spark.yarn.appMasterEnv.*), in plain text wherever YARN "
+            "shows an application's settings. Use client deploy mode: the driver then gets them in spark-submit's "
+            "environment")
+
+
+@contextlib.contextmanager
+def process_env(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment while the block runs (so a child such as spark-submit inherits them
+    without their appearing on any command line), the previous values put back after."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def spark_master(conn_id: str, default: str) -> str:
@@ -509,8 +572,11 @@ def audit_task(pipeline_path: str) -> dict[str, Any]:
 
 
 @fail_fast
-def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None, asset: Any = None) -> dict[str, Any]:
-    """One maintenance action on the pipeline's table; its report goes to the log, XCom and the asset event."""
+def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None, asset: Any = None,
+                     earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One maintenance action on the pipeline's table; its report goes to the log and XCom. The run's last action also
+    sets the event on the maintenance asset (``outlet_events``, ``asset``): ``{"actions": {action: report}}`` with the
+    reports of the ``earlier`` actions of the run."""
     from tidewater.ops.maintenance import maintain
     from tidewater.runtime import lineage
 
@@ -522,5 +588,5 @@ def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None,
     metas = [json.loads(json.dumps(r.metadata(), default=str)) for r in reports]
     meta = metas[0] if len(metas) == 1 else {"tables": metas}
     if outlet_events is not None and asset is not None:
-        outlet_events[asset].extra = meta
+        outlet_events[asset].extra = {"actions": {**(earlier or {}), action: meta}}
     return meta

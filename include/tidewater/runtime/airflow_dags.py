@@ -468,17 +468,17 @@ def build_pipeline_dags(path: Path, spec: PipelineSpec) -> list:
     (replay, skip, dead-letter retry, audit, maintenance) and quarantine under the quarantine policy."""
     return [BUILDERS[kind](path, spec) for kind in spec.dag_ids()]
 
-def table_asset(spec: PipelineSpec) -> Asset:
-    """The table maintained (routed pipelines: their checkpoint table stands for the pipeline's tables)."""
-    from tidewater.runtime.airflow import table_asset as asset_of
-
-    return asset_of(spec.catalog.name, spec.checkpoint_table())
+def maintenance_asset(spec: PipelineSpec) -> Asset:
+    """What a maintenance run updates: an asset of its own, not the table's, whose events mean new data to the DAGs
+    scheduled on them (a compaction changes files, never rows)."""
+    return Asset(name=f"tidewater-{spec.name}-maintenance", uri=f"tidewater://maintenance/{spec.name}")
 
 
 def build_maintain_dag(path: Path, spec: PipelineSpec):
     pipeline_path = str(path)
-    asset = table_asset(spec)
+    asset = maintenance_asset(spec)
     m = spec.maintenance
+    actions = m.enabled_actions(spec.applies_changes)
 
     @dag(
         dag_id=spec.dag_ids()["maintain"],
@@ -490,18 +490,24 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):
             f"* expire snapshots older than {m.expire_snapshots.older_than_hours:g} h, keep {m.expire_snapshots.retain_last}; "
             "the snapshot holding the committed offsets and every later one are always kept\n"
             f"* remove orphan files older than {m.remove_orphan_files.older_than_hours:g} h; staged files of batches "
-            "in flight are never removed\n* pipeline file: `" + pipeline_path + "`"
+            "in flight are never removed\n"
+            f"* one event per run on the asset `{asset.uri}`, from the last action, with every action's report "
+            "(never on the table's asset: no row changed)\n* pipeline file: `" + pipeline_path + "`"
         ),
     )
     def maintain():
         previous = None
-        for action in m.enabled_actions(spec.applies_changes):
+        for action in actions:
+            last = action == actions[-1]
 
-            @task(task_id=action, outlets=[asset])
-            def run(action: str = action, **context) -> dict:
+            @task(task_id=action, outlets=[asset] if last else [])
+            def run(action: str = action, last: bool = last, **context) -> dict:
                 from tidewater.runtime.airflow import maintenance_task
 
-                return maintenance_task(pipeline_path, action, context.get("outlet_events"), asset)
+                if not last:
+                    return maintenance_task(pipeline_path, action)
+                earlier = {a: context["ti"].xcom_pull(task_ids=a) for a in actions[:-1]}
+                return maintenance_task(pipeline_path, action, context.get("outlet_events"), asset, earlier)
 
             current = run()
             if previous is not None:

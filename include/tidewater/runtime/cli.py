@@ -736,6 +736,36 @@ def _add_data_docs(sub: Any) -> None:
     p.set_defaults(fn=cmd_data_docs)
 
 
+def cmd_connections(args: argparse.Namespace) -> int:
+    """Write the settings the pipeline resolves from Airflow connections, one private file per variable, for a
+    Kubernetes secret (``spark.kubernetes_secret``). Prints the files' names, never their content."""
+    from tidewater.config.parse import load_pipeline
+    from tidewater.runtime.airflow import resolved_connections
+
+    resolved = resolved_connections(load_pipeline(args.pipeline))
+    if not resolved:
+        print("the pipeline takes no setting from an Airflow connection: nothing to write")
+        return 0
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    out.chmod(0o700)
+    for name, value in resolved.items():
+        fd = os.open(out / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
+        print(f"wrote {out / name} (mode 0600)")
+    print(f"next: kubectl create secret generic <spark.kubernetes_secret> --from-file={out}, then remove {out}")
+    return 0
+
+
+def _add_connections(sub: Any) -> None:
+    p = sub.add_parser("connections", help="write the settings the pipeline takes from Airflow connections, one "
+                       "private file per variable, for a Kubernetes secret (cluster deploy mode)")
+    _pipeline_arg(p)
+    p.add_argument("--output", required=True, metavar="DIR", help="the folder to write them into (made 0700)")
+    p.set_defaults(fn=cmd_connections)
+
+
 def _add_docs(sub: Any) -> None:
     p = sub.add_parser("docs", help="print (or write) the configuration reference, and the pipeline file's JSON Schema")
     p.add_argument("--output", default=None, help="write the reference (Markdown) here instead of printing it")
@@ -749,6 +779,7 @@ _COMMANDS = (
     _add_validate,
     _add_run,
     _add_connect_import,
+    _add_connections,
     _add_replay,
     _add_dead_letters,
     _add_quarantine,

@@ -46,6 +46,13 @@ DETAILS: dict[str, str] = {
         "per target table when routing. Warns and exits 1 when a committed offset is beyond the log end (topic "
         "recreated or truncated) or below its start (retention deleted records never ingested)"
     ),
+    "connections": (
+        "resolve the pipeline's Airflow connections (`kafka.conn_id`, `catalog.conn_id`, `format.registry_conn_id`, "
+        "`batch.staging_conn_id`) as the write step's driver gets them, and write each as a file named after its "
+        "variable (`TIDEWATER_KAFKA_CONFIG`, ...; mode 0600, in a 0700 folder) for `kubectl create secret generic "
+        "NAME --from-file=DIR`: the secret `spark.kubernetes_secret` names, from which a driver in cluster deploy "
+        "mode on Kubernetes takes them. Prints file names, never values"
+    ),
     "history": (
         "the table's snapshots with batch ids and offsets"
     ),

@@ -248,9 +248,9 @@ def spark_defaults_file(env: Mapping[str, str] | None = None) -> Path | None:
         folder = Path(env["SPARK_HOME"]) / "conf"
     else:
         found = importlib.util.find_spec("pyspark")
-        if found is None or not found.submit_search_locations:
+        if found is None or not found.submodule_search_locations:
             return None
-        folder = Path(list(found.submit_search_locations)[0]) / "conf"
+        folder = Path(list(found.submodule_search_locations)[0]) / "conf"
     path = folder / "spark-defaults.conf"
     return path if path.is_file() else None
 
