@@ -33,6 +33,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RELEASES = ("3.1.8", "3.2.2", "3.3.2")  # the newest 3.1.x, 3.2.x and 3.3.x on the package index (2026-11-28)
 SPARK_PROVIDER = "apache-airflow-providers-apache-spark"  # the newest: 6.x brings pyspark-client 4, not pyspark
+# What Airflow itself reports it loaded (its providers manager and plugins manager), as JSON on the last line: the
+# package's provider and version, the plugins by name (the view's plugin must be there once) and the plugin import
+# errors (the home page's "Plugin Import Error" count)
+LOADED = """
+import json
+from airflow import plugins_manager as pm
+from airflow.providers_manager import ProvidersManager
+names = [p["name"] for p in pm.get_plugin_info()]
+errors = pm.get_import_errors() if hasattr(pm, "get_import_errors") else dict(getattr(pm, "import_errors", None) or {})
+provider = ProvidersManager().providers.get("airflow-provider-tidewater")
+print(json.dumps({"provider": provider.version if provider else None, "plugins": names, "plugin_errors": errors}))
+"""
+
 TWO_LINES = "from tidewater.runtime.airflow_dags import pipeline_dags\nglobals().update(pipeline_dags())\n"
 PIPELINE = ("name: orders\ntopics: [orders]\nkafka: {bootstrap_servers: '127.0.0.1:9'}\n"
             "table: {identifier: rpc.orders}\nschedule: null\n")
@@ -119,8 +132,7 @@ def _loads(venv: Path, work: Path, env: dict[str, str]) -> dict:
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
            "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
     airflow = str(venv / "bin" / "airflow")
-    providers = _run([airflow, "providers", "list"], env, 600).stdout
-    plugins = _run([airflow, "plugins"], env, 600).stdout
+    loaded = json.loads(_run([str(venv / "bin" / "python"), "-c", LOADED], env, 600).stdout.strip().splitlines()[-1])
     _run([airflow, "db", "migrate"], env, 900)
     serialized = _run([airflow, "dags", "reserialize"], env, 600)
     listed = _run([airflow, "dags", "list", "--output", "json"], env, 600)
@@ -128,7 +140,9 @@ def _loads(venv: Path, work: Path, env: dict[str, str]) -> dict:
     for line in listed.stdout.splitlines():  # log lines may come before the JSON document
         if line.startswith("[{") or line.strip() == "[]":
             ids = sorted(d["dag_id"] for d in json.loads(line))
-    found = {"provider": "tidewater" in providers, "plugin": "tidewater" in plugins, "dags": ids}
+    found = {"provider": loaded["provider"],
+             "plugin": loaded["plugins"].count("tidewater") == 1 and not loaded["plugin_errors"],
+             "plugin_errors": loaded["plugin_errors"], "dags": ids}
     if not ids:  # say why: the DAG processor's parse, or the listing
         found["dags_error"] = (serialized.stderr[-800:] + listed.stderr[-800:] + listed.stdout[-400:]).strip()
     return found

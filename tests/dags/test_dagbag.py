@@ -486,3 +486,21 @@ def test_one_list_of_dag_kinds_names_every_dag_a_pipeline_file_makes(tmp_path):
     assert invalid_dag_id(Path("kinds.yaml")) == f"{INVALID_DAG_KIND}_kinds"
     for dag_id in [*spec.dag_ids().values(), invalid_dag_id(Path("kinds.yaml"))]:
         assert airflow_dags._files_for(dag_id, tmp_path) == [tmp_path / "kinds.yaml"], dag_id
+
+
+def test_the_development_set_up_registers_the_view_plugin_once_with_no_import_error(tmp_path):
+    """Airflow as `make ui` and `make demo` run it (this checkout's plugins folder, the package installed in
+    development mode with its entry point): Airflow's own plugins and providers managers report the Tidewater plugin
+    once, no plugin import error (the home page's "Plugin Import Error" count) and the provider."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from scripts.install_range import LOADED
+
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins")}
+    done = subprocess.run([sys.executable, "-c", LOADED], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded["plugins"].count("tidewater") == 1 and loaded["plugin_errors"] == {} and loaded["provider"], loaded

@@ -114,7 +114,8 @@ def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker
     package's, Airflow is absent, `init` writes the example from the wheel (which validates), `validate` and `run`
     (spark-submit from the installed pyspark, the Spark entry point from the wheel) commit 60 records once. With
     the `airflow` extra: `airflow dags list` shows the pipeline's ingest, replay, skip, audit, maintenance and quarantine DAGs from the
-    two-line file; `airflow providers list` names the package; an ingest run commits the next 30 records exactly;
+    two-line file; Airflow's providers and plugins managers report the package's provider and its plugin once, with
+    no plugin import error; an ingest run commits the next 30 records exactly;
     the api-server, with no plugins folder, serves the Tidewater view's API."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_clean_env())
@@ -165,7 +166,10 @@ def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker
     table = [ln for ln in listed.splitlines() if ln.startswith("[{")]  # log lines share stdout
     dag_ids = {d["dag_id"] for d in json.loads(table[-1])} if table else set()
     assert {f"{k}_orders" for k in ("ingest", "replay", "skip", "audit", "maintain", "quarantine")} <= dag_ids, dag_ids
-    assert "tidewater" in run(str(bin_ / "airflow"), "providers", "list").stdout
+    from scripts.install_range import LOADED
+
+    loaded = json.loads(run(str(bin_ / "python"), "-c", LOADED).stdout.strip().splitlines()[-1])
+    assert loaded["provider"] and loaded["plugins"].count("tidewater") == 1 and loaded["plugin_errors"] == {}, loaded
     produce(broker.bootstrap, topic, pizza_events(30, seed=361), partitions=2)
     run(str(bin_ / "airflow"), "dags", "test", "ingest_orders", timeout=900)
     assert _committed(bin_, env, path) == (90, 90, {"0": 45, "1": 45})
