@@ -504,3 +504,46 @@ def test_the_development_set_up_registers_the_view_plugin_once_with_no_import_er
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded["plugins"].count("tidewater") == 1 and loaded["plugin_errors"] == {} and loaded["provider"], loaded
+
+
+def test_each_step_of_a_batch_gets_its_own_queue_pool_and_kubernetes_pod(tmp_path, monkeypatch):
+    """`airflow.steps`: the write step of the ingest and replay DAGs runs on the `spark` queue in a pod with its own
+    image, resources, node selector, service account and environment from a Kubernetes secret; plan has its own queue;
+    validate and commit keep the pipeline's `airflow.queue` and no pod override. Checked with the cncf provider's own
+    models: the override merged into a pod template (PodGenerator.reconcile_pods) keeps the template's command and
+    takes the step's settings, and the DAG's serialization keeps it."""
+    import yaml
+    from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+    from airflow.serialization.serialized_objects import DagSerialization
+    from kubernetes.client import models as k8s
+
+    doc = yaml.safe_load((REPO / "include" / "pipelines" / "pizzas.yaml").read_text())
+    doc["airflow"] = {**doc.get("airflow", {}), "queue": "tidewater", "steps": {
+        "plan": {"queue": "light"},
+        "write": {"queue": "spark", "pool": "spark_slots", "image": "registry.example/tidewater-spark:0.3",
+                  "requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "6Gi"},
+                  "env_from_secrets": ["orders-env"], "node_selector": {"workload": "spark"},
+                  "service_account": "tidewater-writer"}}}
+    (tmp_path / "pizzas.yaml").write_text(yaml.safe_dump(doc))
+    shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
+    bag = dagbag(tmp_path, monkeypatch)
+    template = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="worker"), spec=k8s.V1PodSpec(containers=[
+        k8s.V1Container(name="base", image="apache/airflow:3.3.2", args=["airflow", "tasks", "run"])]))
+    for dag_id in ("ingest_pizzas", "replay_pizzas"):
+        dag = bag.dags[dag_id]
+        tasks = {t.task_id: t for t in dag.tasks}
+        assert {k: (t.queue, t.pool) for k, t in tasks.items() if k in ("plan", "write", "validate", "commit")} == {
+            "plan": ("light", "default_pool"), "write": ("spark", "spark_slots"), "validate": ("tidewater", "default_pool"),
+            "commit": ("tidewater", "default_pool")}, dag_id
+        assert [k for k, t in tasks.items() if t.executor_config] == ["write"], dag_id
+        pod = tasks["write"].executor_config["pod_override"]
+        merged = PodGenerator.reconcile_pods(template, pod)
+        base = merged.spec.containers[0]
+        assert (base.name, base.image, base.args) == ("base", "registry.example/tidewater-spark:0.3",
+                                                      ["airflow", "tasks", "run"])
+        assert base.resources.requests == {"cpu": "2", "memory": "4Gi"} and base.resources.limits == {"memory": "6Gi"}
+        assert [e.secret_ref.name for e in base.env_from] == ["orders-env"]
+        assert merged.spec.node_selector == {"workload": "spark"}
+        assert merged.spec.service_account_name == "tidewater-writer"
+        restored = DagSerialization.from_dict(DagSerialization.to_dict(dag)).get_task("write")
+        assert restored.executor_config["pod_override"] == pod, dag_id

@@ -588,6 +588,46 @@ DAG_KINDS = ("ingest", *OPTIONAL_DAGS, "quarantine", INVALID_DAG_KIND)
 
 
 @dataclass(frozen=True)
+class StepSpec:
+    """Where one step of a batch runs: its executor queue and pool, and on the KubernetesExecutor its pod."""
+
+    queue: str | None = _doc("The executor queue of this step's tasks (Celery: the workers that serve it). Unset: "
+                             "`airflow.queue`.", default=None)
+    pool: str | None = _doc("The Airflow pool of this step's tasks. Unset: `airflow.pool`.", default=None)
+    image: str | None = _doc("KubernetesExecutor: the image of this step's pod (for example one with Java and Spark "
+                             "for `write` only). Unset: the executor's pod template.", default=None)
+    requests: dict[str, str] = _doc("KubernetesExecutor: resource requests of this step's pod (`cpu: '2'`, "
+                                    "`memory: 4Gi`).", default_factory=dict)
+    limits: dict[str, str] = _doc("KubernetesExecutor: resource limits of this step's pod.", default_factory=dict)
+    env_from_secrets: list[str] = _doc(
+        "KubernetesExecutor: Kubernetes secrets whose keys become this step's environment variables (`envFrom`; "
+        "for example the `${ENV}` values of the pipeline file).", default_factory=list)
+    node_selector: dict[str, str] = _doc("KubernetesExecutor: node labels this step's pod must run on.",
+                                         default_factory=dict)
+    service_account: str | None = _doc("KubernetesExecutor: the service account of this step's pod.", default=None)
+
+    def pod_settings(self) -> bool:
+        """Whether this step overrides anything of the pod."""
+        return bool(self.image or self.requests or self.limits or self.env_from_secrets or self.node_selector
+                    or self.service_account)
+
+
+BATCH_STEPS = ("plan", "write", "validate", "commit")
+
+
+@dataclass(frozen=True)
+class StepsSpec:
+    """Per step of a batch (the ingest and replay DAGs' plan, write, validate and commit tasks; the Data Docs task
+    follows validate): its queue, pool and Kubernetes pod, so that the write step's pod can differ from the light
+    ones."""
+
+    plan: StepSpec = _doc("The plan task.", default_factory=StepSpec)
+    write: StepSpec = _doc("The write task (spark-submit or Spark Connect).", default_factory=StepSpec)
+    validate: StepSpec = _doc("The validate task and the Data Docs task.", default_factory=StepSpec)
+    commit: StepSpec = _doc("The commit task.", default_factory=StepSpec)
+
+
+@dataclass(frozen=True)
 class AirflowSpec:
     """DAG settings."""
 
@@ -633,6 +673,8 @@ class AirflowSpec:
         "Under an executor that runs tasks on several hosts (Celery, Kubernetes, Edge) a local warehouse, "
         "`batch.staging_dir` or `validation.data_docs_dir` is refused unless it lies under one of these; a SQLite "
         "catalog is refused even there. Unset: none (object storage only).", default_factory=list)
+    steps: StepsSpec = _doc("Per step of a batch: queue, pool and Kubernetes pod (see `airflow.steps.*` below).",
+                            default_factory=StepsSpec)
     on_failure: str | None = _doc(
         "What a failed task calls (Airflow's `on_failure_callback` on every task of the pipeline's DAGs): the dotted "
         "path of a callable, given Airflow's task context, or of an Airflow notifier class (made without arguments). "

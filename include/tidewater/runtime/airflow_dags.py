@@ -31,6 +31,7 @@ from tidewater.runtime.airflow import commits_alias
 from tidewater.runtime.deadlines import freshness_alert
 from tidewater.runtime.decisions import DROP, PUBLISH
 from tidewater.runtime.hosts import airflow_executor
+from tidewater.runtime.pods import step_args
 from tidewater.runtime.retries import retry_policy
 
 log = logging.getLogger(__name__)
@@ -83,29 +84,31 @@ def _doc(spec: PipelineSpec, path: Path) -> str:
 
 
 def _batch_tasks(pipeline_path: str, spec: PipelineSpec, plan_fn) -> None:
-    """plan -> write (spark-submit) -> validate -> commit, with ``plan_fn`` deciding what the batch is."""
+    """plan -> write (spark-submit) -> validate -> commit, with ``plan_fn`` deciding what the batch is; each step
+    with its own queue, pool and pod where ``airflow.steps`` sets them (runtime/pods.py)."""
 
-    @task.short_circuit(task_id="plan")
+    @task.short_circuit(task_id="plan", **step_args(spec, "plan"))
     def plan(**context) -> dict | None:
         return plan_fn(context)
 
     from tidewater.runtime.airflow import IngestSparkSubmitOperator
 
-    write = IngestSparkSubmitOperator(task_id="write", pipeline_path=pipeline_path, conn_id=spec.spark.conn_id, verbose=False)
+    write = IngestSparkSubmitOperator(task_id="write", pipeline_path=pipeline_path, conn_id=spec.spark.conn_id, verbose=False,
+                                      **step_args(spec, "write"))
 
-    @task(task_id="validate")
+    @task(task_id="validate", **step_args(spec, "validate"))
     def validate(planned: dict) -> dict:
         from tidewater.runtime.airflow import validate_task
 
         return validate_task(pipeline_path, planned)
 
-    @task(task_id="commit", outlets=[commits_alias(spec)])  # an event per committed table, on its iceberg:// asset
+    @task(task_id="commit", outlets=[commits_alias(spec)], **step_args(spec, "commit"))  # an event per table committed
     def commit(planned: dict, **context) -> dict:
         from tidewater.runtime.airflow import commit_task
 
         return commit_task(pipeline_path, planned, dag_run_id=context["run_id"], outlet_events=context.get("outlet_events"))
 
-    @task(task_id="data_docs")
+    @task(task_id="data_docs", **step_args(spec, "validate"))
     def data_docs(planned: dict) -> list:
         from tidewater.runtime.airflow import data_docs_task
 
