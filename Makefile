@@ -30,11 +30,12 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: kafka rest-catalog glue-env peers bench-peers bench-broker install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: release kafka rest-catalog glue-env peers bench-peers bench-broker install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
 	@echo "make test   - set up and run the test suite"
+	@echo "make release VERSION=X.Y.Z - version, CHANGELOG, the wheel and sdist in dist/, an annotated tag; nothing pushed"
 	@echo "make install-check - the wheel installed into Airflow 3.1.x, 3.2.x and 3.3.x without our constraints: no downgrade, provider, plugin and DAGs load (make test runs it too, in tests/e2e/test_install.py)"
 	@echo "make ui     - start the Airflow UI (api-server, scheduler, ...) on http://127.0.0.1:8080"
 	@echo "make docs   - regenerate docs/configuration.md from the code and build the documentation site into site/ (MkDocs, strict)"
@@ -295,6 +296,11 @@ bench-dag: setup test-system-deps s3-stand-in executor-env spark-connect-install
 # a release. make test runs the same check (tests/e2e/test_install.py); this runs it alone. INSTALL_ARGS="--airflow 3.2.2".
 install-check: setup
 	$(PY) scripts/install_range.py $(INSTALL_ARGS)
+
+# Cut a release: make release VERSION=0.3.0 (scripts/release.py: version, CHANGELOG, dist/, tag; nothing pushed)
+release: setup
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=X.Y.Z [NEXT=X.Y.Z.dev0]"; exit 2; }
+	$(PY) scripts/release.py $(VERSION) $(if $(NEXT),--next $(NEXT))
 
 bench-sizing: setup test-system-deps
 	$(PY) scripts/bench_sizing.py $(BENCH_ARGS)
