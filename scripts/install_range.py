@@ -7,9 +7,12 @@ these machines do not reach):
 2. the wheel of this checkout (`python -m build`) is installed into it with its `airflow` extra (the scheduler's, DAG
    processor's and api-server's install), then with `airflow,spark` (a worker's: Spark from pip's pyspark);
 3. every package whose version either install lowered is a downgrade, and `pip check` must pass;
-4. Airflow then loads what the package registers: the provider (`airflow providers list`), the plugin
-   (`airflow plugins`), and the DAGs of a two-line DAG file over one pipeline file (`airflow dags list`, after
-   `airflow db migrate` and `airflow dags reserialize` on SQLite).
+4. Airflow then loads what the package registers, as its providers and plugins managers report it: the provider, the
+   plugin (once, with no plugin import error), and the DAGs of a two-line DAG file over one pipeline file (`airflow
+   dags list`, after `airflow db migrate` and `airflow dags reserialize` on SQLite);
+5. given a broker and a topic (`make test` gives them for the newest release), an ingest run (`airflow dags test`)
+   writes through the installed Spark provider's SparkSubmitHook with pip's pyspark pinned to the provider's
+   `pyspark-client` release, and commits.
 
 Each release takes about two minutes (pip resolving Airflow's whole dependency tree). `make test` runs the same
 check on the same releases (`tests/e2e/test_install.py`, one release after another beside the rest of the suite);
@@ -47,8 +50,18 @@ print(json.dumps({"provider": provider.version if provider else None, "plugins":
 """
 
 TWO_LINES = "from tidewater.runtime.airflow_dags import pipeline_dags\nglobals().update(pipeline_dags())\n"
-PIPELINE = ("name: orders\ntopics: [orders]\nkafka: {bootstrap_servers: '127.0.0.1:9'}\n"
-            "table: {identifier: rpc.orders}\nschedule: null\n")
+PIPELINE = ("name: orders\ntopics: [{topic}]\nkafka: {{bootstrap_servers: '{bootstrap}'}}\n"
+            "table: {{identifier: rpc.orders}}\nschedule: null\n")
+# What the batch committed, read in the release's virtualenv: rows and offsets of the pipeline's table
+COMMITTED = """
+import json, sys
+from tidewater.config.parse import load_pipeline
+from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.summary import committed_state
+spec = load_pipeline(sys.argv[1])
+table = load_table(load_catalog(spec), spec.table.identifier)
+print(json.dumps({"rows": table.scan().to_arrow().num_rows, "offsets": committed_state(table).offsets}))
+"""
 
 
 def _env() -> dict[str, str]:
@@ -84,8 +97,9 @@ def build_wheel(out: Path) -> Path:
     return next((out / "dist").glob("*.whl"))
 
 
-def check_release(airflow: str, wheel: Path, work: Path) -> dict:
-    """One Airflow release: installed alone, then the wheel into it; what moved and what loads."""
+def check_release(airflow: str, wheel: Path, work: Path, kafka: tuple[str, str] | None = None) -> dict:
+    """One Airflow release: installed alone, then the wheel into it; what moved and what loads. With ``kafka``
+    (bootstrap, topic holding records), also an ingest batch through the Spark provider's hook (:func:`run_batch`)."""
     t0 = time.monotonic()
     venv, env = work / "venv", _env()
     result: dict = {"airflow": airflow, "ok": False}
@@ -112,25 +126,34 @@ def check_release(airflow: str, wheel: Path, work: Path) -> dict:
     result["pyspark_client"] = before.get("pyspark-client")  # the Spark provider 6.x's; both install `pyspark`
     check = _run([str(python), "-m", "pip", "check"], env)
     result["pip_check"] = check.stdout.strip() or check.stderr.strip()
-    result.update(_loads(venv, work, env))
+    result.update(_loads(venv, work, env, kafka))
     result["ok"] = (not result["downgraded"] and check.returncode == 0 and result["provider"] and result["plugin"]
                     and "ingest_orders" in result["dags"])
+    if kafka is not None:
+        result["batch"] = run_batch(venv, work, env, result.get("pyspark_client"))
+        result["ok"] = result["ok"] and result["batch"].get("state") == "success" and result["batch"].get("pip_check", True)
     result["seconds"] = round(time.monotonic() - t0)
     return result
 
 
-def _loads(venv: Path, work: Path, env: dict[str, str]) -> dict:
+def _airflow_env(venv: Path, work: Path, env: dict[str, str]) -> dict[str, str]:
+    dags, pipelines, home = work / "dags", work / "pipelines", work / "airflow"
+    return {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "TIDEWATER_PIPELINES_DIR": str(pipelines),
+           "TIDEWATER_HOME": str(work / "tidewater"),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+           "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+
+
+def _loads(venv: Path, work: Path, env: dict[str, str], kafka: tuple[str, str] | None) -> dict:
     """What Airflow loads of the package: provider, plugin, and the DAGs of a two-line DAG file."""
     dags, pipelines, home = work / "dags", work / "pipelines", work / "airflow"
     for d in (dags, pipelines, home):
         d.mkdir(parents=True, exist_ok=True)
     (dags / "tidewater_dags.py").write_text(TWO_LINES)
-    (pipelines / "orders.yaml").write_text(PIPELINE)
-    env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "TIDEWATER_PIPELINES_DIR": str(pipelines),
-           "TIDEWATER_HOME": str(work / "tidewater"),
-           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-           "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+    bootstrap, topic = kafka or ("127.0.0.1:9", "orders")
+    (pipelines / "orders.yaml").write_text(PIPELINE.format(bootstrap=bootstrap, topic=topic))
+    env = _airflow_env(venv, work, env)
     airflow = str(venv / "bin" / "airflow")
     loaded = json.loads(_run([str(venv / "bin" / "python"), "-c", LOADED], env, 600).stdout.strip().splitlines()[-1])
     _run([airflow, "db", "migrate"], env, 900)
@@ -146,6 +169,32 @@ def _loads(venv: Path, work: Path, env: dict[str, str]) -> dict:
     if not ids:  # say why: the DAG processor's parse, or the listing
         found["dags_error"] = (serialized.stderr[-800:] + listed.stderr[-800:] + listed.stdout[-400:]).strip()
     return found
+
+
+def run_batch(venv: Path, work: Path, env: dict[str, str], pyspark_client: str | None) -> dict:
+    """An ingest run of the pipeline (`airflow dags test`): its write step through the installed Spark provider's
+    SparkSubmitHook and pip's pyspark, pinned first to the provider's `pyspark-client` release (both install the
+    `pyspark` module; docs/install.md). Returns the run's state, the pin, `pip check` after it, and what the table
+    committed."""
+    python = venv / "bin" / "python"
+    out: dict = {"pyspark": pyspark_client}
+    if pyspark_client:
+        pin = _run([str(python), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check",
+                    f"pyspark=={pyspark_client}"], env)
+        if pin.returncode != 0:
+            return {**out, "error": "pyspark did not install at the client's release: " + pin.stderr[-1500:]}
+        out["pip_check"] = _run([str(python), "-m", "pip", "check"], env).returncode == 0
+    env = {**_airflow_env(venv, work, env), "AIRFLOW_CONN_TIDEWATER_SPARK": '{"conn_type": "spark", "host": "local[2]"}'}
+    run = _run([str(venv / "bin" / "airflow"), "dags", "test", "ingest_orders"], env, 1200)
+    text = run.stdout + run.stderr
+    out["state"] = "success" if run.returncode == 0 and "state=success" in text else "failed"
+    if out["state"] != "success":
+        return {**out, "error": text[-3000:]}
+    committed = _run([str(python), "-c", COMMITTED, str(work / "pipelines" / "orders.yaml")], env, 600)
+    if committed.returncode != 0:
+        return {**out, "error": committed.stderr[-1500:]}
+    out.update(json.loads(committed.stdout.strip().splitlines()[-1]))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

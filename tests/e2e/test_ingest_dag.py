@@ -364,41 +364,61 @@ def test_skip_dag_from_its_form_steps_past_a_blocking_record(broker, topic, airf
     assert table_of(pipeline).scan().to_arrow().num_rows == 6
 
 
+def _statsd_lines(env: dict[str, str], sock) -> list[str]:
+    """Run the ingest DAG with Airflow's StatsD metrics sent to ``sock``; the lines it received."""
+    env = {**env, "AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+           "AIRFLOW__METRICS__STATSD_PORT": str(sock.getsockname()[1]), "AIRFLOW__METRICS__STATSD_PREFIX": "airflow"}
+    dags_test(env, "ingest_orders")
+    lines: list[str] = []
+    while True:
+        try:
+            lines += sock.recv(65535).decode().splitlines()
+        except TimeoutError:
+            return lines
+
+
 def test_metrics_reach_statsd_through_airflows_stats(broker, topic, airflow_env, spark_connect):
-    """With Airflow's StatsD metrics on, an ingest run sends the pipeline's lag per partition (plan task),
-    rows, records, dead letters and the commit and batch durations (commit task) under Airflow's prefix.
-    No StatsD server is installed here: a UDP socket of the test receives the packets Airflow sends. The write
-    runs on the session's Spark Connect server."""
+    """With Airflow's StatsD metrics on, an ingest run sends the pipeline's lag per partition (plan task), rows,
+    records, bytes, dead letters (in all and per class), commit retries, freshness and the commit and batch durations
+    (commit task) under Airflow's prefix: on plain StatsD with the pipeline, topic, partition and class in the names;
+    with `statsd_influxdb_enabled` under tag-free names with those as tags (`name,pipeline=orders,...`). No StatsD
+    server is installed here: a UDP socket of the test receives the packets Airflow sends. The write runs on the
+    session's Spark Connect server."""
     airflow_env = through_spark_connect(airflow_env, spark_connect)
     import socket
 
     write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
                    kafka={"bootstrap_servers": broker.bootstrap})
-    produce(broker.bootstrap, topic, pizza_events(90, seed=60), partitions=3)
+    produce(broker.bootstrap, topic, pizza_events(90, seed=60) + [b'{"order_id": "x", "store_id": '], partitions=3)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     sock.settimeout(0.5)
-    env = {**airflow_env, "AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
-           "AIRFLOW__METRICS__STATSD_PORT": str(sock.getsockname()[1]), "AIRFLOW__METRICS__STATSD_PREFIX": "airflow"}
     try:
-        dags_test(env, "ingest_orders")
-        lines: list[str] = []
-        while True:
-            try:
-                lines += sock.recv(65535).decode().splitlines()
-            except TimeoutError:
-                break
+        lines = _statsd_lines(airflow_env, sock)
+        metrics = {ln.split(":", 1)[0]: ln.split(":", 1)[1] for ln in lines if ln.startswith("airflow.tidewater.orders")}
+        assert sorted(metrics[f"airflow.tidewater.orders.lag.{topic}.{p}"] for p in range(3)) == ["30|g", "30|g", "31|g"]
+        assert metrics["airflow.tidewater.orders.lag"] == "91|g"
+        assert metrics["airflow.tidewater.orders.rows"] == "90|c" and metrics["airflow.tidewater.orders.records"] == "91|c"
+        assert metrics["airflow.tidewater.orders.dead_letters"] == "1|c"
+        assert metrics["airflow.tidewater.orders.dead_letters.InvalidJson"] == "1|c"
+        assert metrics["airflow.tidewater.orders.commit_retries"] == "0|c"
+        assert int(metrics["airflow.tidewater.orders.bytes"].removesuffix("|c")) > 1000
+        assert metrics["airflow.tidewater.orders.freshness_seconds"].endswith("|g")
+        assert metrics["airflow.tidewater.orders.commit_seconds"].endswith("|ms")
+        assert metrics["airflow.tidewater.orders.batch_seconds"].endswith("|ms")
+
+        produce(broker.bootstrap, topic, pizza_events(30, seed=61), partitions=3, create=False)
+        tagged = _statsd_lines({**airflow_env, "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True"}, sock)
     finally:
         sock.close()
-    metrics = {ln.split(":", 1)[0]: ln.split(":", 1)[1] for ln in lines if ln.startswith("airflow.tidewater.orders")}
+    metrics = {ln.split(":", 1)[0]: ln.split(":", 1)[1] for ln in tagged if ln.startswith("airflow.tidewater.")}
+    assert not any(name.startswith("airflow.tidewater.orders") for name in metrics), metrics
     for p in range(3):
-        assert metrics[f"airflow.tidewater.orders.lag.{topic}.{p}"] == "30|g", metrics
-    assert metrics["airflow.tidewater.orders.lag"] == "90|g"
-    assert metrics["airflow.tidewater.orders.rows"] == "90|c" and metrics["airflow.tidewater.orders.records"] == "90|c"
-    assert metrics["airflow.tidewater.orders.dead_letters"] == "0|c"
-    assert metrics["airflow.tidewater.orders.commit_retries"] == "0|c"
-    assert metrics["airflow.tidewater.orders.commit_seconds"].endswith("|ms")
-    assert metrics["airflow.tidewater.orders.batch_seconds"].endswith("|ms")
+        assert metrics[f"airflow.tidewater.partition_lag,pipeline=orders,topic={topic},partition={p}"] == "10|g", metrics
+    assert metrics["airflow.tidewater.lag,pipeline=orders"] == "30|g"
+    assert metrics["airflow.tidewater.rows,pipeline=orders"] == "30|c"
+    assert metrics["airflow.tidewater.dead_letters,pipeline=orders"] == "0|c"
+    assert metrics["airflow.tidewater.freshness_seconds,pipeline=orders"].endswith("|g")
 
 
 def test_the_audit_dag_passes_on_a_clean_table_fails_on_a_discrepancy_and_the_view_shows_it(broker, topic, airflow_env):

@@ -53,6 +53,34 @@ def dist(tmp_path_factory) -> Path:
     return out
 
 
+def test_python_m_build_works_from_a_clean_clone_and_its_sdist_builds_the_wheel_without_npm(tmp_path):
+    """`python -m build` in a fresh `git clone` (no `make setup`: no UI bundle, no node_modules) builds the UI bundle
+    itself (setup.py, npm) into the sdist and the wheel; a wheel built from that sdist with no npm on the PATH carries
+    the bundle too."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=300)
+    assert not (clone / "include" / "tidewater" / "runtime" / "ui_static").exists()
+    out = tmp_path / "dist"
+    proc = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(clone)], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    bundle = "tidewater/runtime/ui_static/tidewater-ui.js"
+    with zipfile.ZipFile(next(out.glob("*.whl"))) as z:
+        assert bundle in z.namelist()
+    sdist = next(out.glob("*.tar.gz"))
+    with tarfile.open(sdist) as t:
+        assert any(n.endswith(f"include/{bundle}") for n in t.getnames())
+        assert not any("node_modules" in n for n in t.getnames())
+        t.extractall(tmp_path / "unpacked", filter="data")
+    src = next((tmp_path / "unpacked").iterdir())
+    no_npm = {**_clean_env(), "PATH": str(Path(sys.executable).parent)}
+    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "from-sdist"), str(src)],
+                          capture_output=True, text=True, timeout=900, env=no_npm)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with zipfile.ZipFile(next((tmp_path / "from-sdist").glob("*.whl"))) as z:
+        assert bundle in z.namelist()
+
+
 def _clean_env() -> dict[str, str]:
     """This process's environment without what would put this checkout (or its virtualenv) on a path."""
     return {k: v for k, v in os.environ.items()
@@ -219,13 +247,19 @@ def _view_served(bin_: Path, env: dict[str, str], tmp_path: Path) -> None:
         log.close()
 
 
-def test_the_wheel_installs_into_the_supported_airflows_without_moving_them(dist, tmp_path):
+def test_the_wheel_installs_into_the_supported_airflows_without_moving_them(dist, tmp_path, broker):
     """The support range, as a user's Airflow has it: for each of the newest Airflow 3.1.x, 3.2.x and 3.3.x, a fresh
     virtualenv gets Airflow and the newest Spark provider first, WITHOUT this project's constraints (Airflow's own
     constraint files are not reachable from these machines), then the wheel with its `airflow` extra (the
     scheduler's and api-server's install) and with `airflow,spark` (a worker's). Expected for every release: pip
     lowers no package either time, `pip check` passes, and Airflow loads the provider, the plugin and the
-    pipeline's DAGs from the two-line DAG file (`scripts/install_range.py`, which `make install-check` runs)."""
+    pipeline's DAGs from the two-line DAG file (`scripts/install_range.py`, which `make install-check` runs). On the
+    newest release an ingest run then writes 40 records through the Spark provider 6.x's SparkSubmitHook, with pip's
+    pyspark pinned to the provider's `pyspark-client` release (`pip check` still passes), and commits them once."""
+    from tidewater_dev.sample_data import pizza_events, produce
+
+    topic = f"install-range-{os.getpid()}"
+    produce(broker.bootstrap, topic, pizza_events(40, seed=362), partitions=2)
     import importlib.util
 
     loaded = importlib.util.spec_from_file_location("install_range", REPO / "scripts" / "install_range.py")
@@ -236,10 +270,15 @@ def test_the_wheel_installs_into_the_supported_airflows_without_moving_them(dist
     artifacts = Path(os.environ.get("TIDEWATER_TEST_ARTIFACTS", REPO / ".data" / "test-artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
     for release in install_range.RELEASES:
-        r = install_range.check_release(release, wheel, tmp_path / release)
+        kafka = (broker.bootstrap, topic) if release == install_range.RELEASES[-1] else None
+        r = install_range.check_release(release, wheel, tmp_path / release, kafka)
         results.append(r)  # what each release installed and loaded, kept for reading a failure or the docs
         (artifacts / "install-range.json").write_text(json.dumps(results, indent=1))
         if not (r["ok"] and str(r.get("spark_provider")).startswith("6.") and not r.get("downgraded")
                 and r.get("provider") and r.get("plugin") and {"ingest_orders", "maintain_orders"} <= set(r.get("dags", []))):
             failed.append(r)
+        elif kafka and (r["batch"].get("rows"), r["batch"].get("offsets")) != (40, {topic: {"0": 20, "1": 20}}):
+            failed.append(r)
     assert not failed, json.dumps(failed, indent=1)[-4000:]
+    batch = results[-1]["batch"]
+    assert batch["pyspark"] and batch["pyspark"].startswith("4.") and batch["pip_check"], batch

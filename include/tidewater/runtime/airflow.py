@@ -298,7 +298,7 @@ def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | N
                             plan.batch_id, opening)
         raise
     lineage.guarded(lambda: lineage.attach(complete=lineage.batch_lineage(spec, plan, manifest, result)))
-    metrics.committed(spec, plan, manifest, result, time.monotonic() - started)
+    metrics.committed(spec, plan, manifest, result, time.monotonic() - started, metrics.letter_classes(spec, manifest))
     emit_table_events(outlet_events, spec, commit_events(plan, manifest, result, dag_run_id))
     return result.summary()
 
