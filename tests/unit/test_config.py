@@ -550,3 +550,38 @@ def test_kafka_start_from_is_earliest_or_a_time_and_anything_else_is_refused_nam
     for bad in ("latest", "yesterday", "2026-13-01"):
         with pytest.raises(ConfigError, match=rf"kafka.start_from \(earliest, or an ISO-8601 time\): '{bad}' is not"):
             parse_pipeline({**BASE, "kafka": {**BASE["kafka"], "start_from": bad}})
+
+
+MODES = [("format.key", "none"), ("format.metadata", "none"), ("dead_letter.policy", "dead_letter"),
+         ("table.truncate", "dead_letter"), ("table.key_source", "value"), ("routing.unmatched", "dead_letter"),
+         ("validation.not_null_policy", "fail"), ("validation.unique_ids", "none"), ("validation.on_failure", "fail"),
+         ("maintenance.rewrite_data_files.strategy", "auto")]
+
+
+@pytest.mark.parametrize(("key", "default"), MODES)
+def test_every_mode_setting_has_its_choices_in_one_place_and_refuses_others_naming_them(key, default):
+    """A mode's choices are its type (config/spec.py: Literal): the parser refuses any other value naming the setting
+    and its choices, the JSON Schema lists them as an enum, and the reference shows them; the default is one."""
+    import typing
+
+    from tidewater.config.schema import pipeline_schema
+    from tidewater.config.spec import PipelineSpec
+
+    *path, leaf = key.split(".")
+    doc: dict = {}
+    node = doc
+    for part in path:
+        node = node.setdefault(part, {})
+    node[leaf] = "nonsense"
+    with pytest.raises(ConfigError) as refused:
+        parse_pipeline({**BASE, **doc})
+    cls = PipelineSpec
+    for part in path:
+        cls = typing.get_type_hints(cls)[part]
+    choices = typing.get_args(typing.get_type_hints(cls)[leaf])
+    assert default in choices and len(choices) >= 2
+    assert f"{key}: 'nonsense' is not one of {', '.join(choices)}" in str(refused.value)
+    schema = pipeline_schema()
+    target = schema if not path else schema["$defs"][cls.__name__]
+    assert target["properties"][leaf]["enum"] == list(choices)
+    assert " | ".join(f'"{c}"' for c in choices) in reference_markdown()

@@ -88,6 +88,10 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(inner[0], value, path)
+    if origin is typing.Literal:  # a mode: one of its choices, as text
+        if not isinstance(value, str) or value not in args:
+            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(args)}")
+        return value
     if dataclasses.is_dataclass(tp):
         return build(tp, value, path)
     if origin is list:

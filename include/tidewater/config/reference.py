@@ -82,7 +82,10 @@ def reference_markdown() -> str:
             else:
                 default = None
             shown = "required" if default in ("", []) and f.name in ("name", "identifier") else f"`{default!r}`"
-            type_shown = tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "").replace("tidewater.config.spec.", "")
+            if typing.get_origin(tp) is typing.Literal:
+                type_shown = " | ".join(f'"{choice}"' for choice in typing.get_args(tp))
+            else:
+                type_shown = tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "").replace("tidewater.config.spec.", "")
             lines.append(f"| `{key}` | `{type_shown}` | {shown} | {f.metadata['doc']} |")
         lines.append("")
         for tp, key in nested:

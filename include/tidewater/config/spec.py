@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tidewater.config.airflow_section import setting
 from tidewater.config.formats import DEBEZIUM_FORMATS, FORMATS
@@ -28,6 +28,20 @@ from tidewater.staging import locate
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
+
+
+# The choices of the mode settings, one place each: the parser refuses any other value naming the setting and its
+# choices (config/parse.py), the JSON Schema and the reference list them
+KeyFormat = Literal["none", "string", "bytes"]
+MetadataColumns = Literal["none", "prefixed", "struct"]
+DeadLetterPolicy = Literal["dead_letter", "fail", "skip"]
+TruncatePolicy = Literal["dead_letter", "apply"]
+KeySource = Literal["value", "message_key"]
+Unmatched = Literal["dead_letter", "skip"]
+NotNullPolicy = Literal["fail", "dead_letter"]
+UniqueIds = Literal["none", "batch", "table"]
+GateFailure = Literal["fail", "warn", "quarantine"]
+CompactionStrategy = Literal["auto", "binpack", "sort", "zorder"]
 
 PIPELINES_DIR_ENV = "TIDEWATER_PIPELINES_DIR"
 HOME_ENV = "TIDEWATER_HOME"
@@ -157,12 +171,12 @@ class FormatSpec:
         default_factory=dict,
     )
     timezone: str = _doc("Time zone of date-times without a zone (IANA name, e.g. `Europe/Oslo`).", default="UTC")
-    key: str = _doc(
+    key: KeyFormat = _doc(
         "Message key as a column `_kafka_key`: `none` (default), `string` (UTF-8; invalid bytes replaced) or `bytes`.",
         default="none",
     )
     headers: bool = _doc("Message headers as a column `_kafka_headers` (map of string to bytes).", default=False)
-    metadata: str = _doc(
+    metadata: MetadataColumns = _doc(
         "Kafka metadata columns: `prefixed` (default: `_kafka_topic`, `_kafka_partition`, `_kafka_offset`, "
         "`_kafka_timestamp`), `struct` (one column `_kafka` with fields topic, partition, offset, timestamp) or "
         "`none`. Replay and backfills match rows to offsets through them, so they need `prefixed` or `struct`; "
@@ -207,7 +221,7 @@ class FormatSpec:
 class DeadLetterSpec:
     """What happens to records that cannot be decoded (invalid JSON, wrong types, tombstones, ...)."""
 
-    policy: str = _doc(
+    policy: DeadLetterPolicy = _doc(
         "`dead_letter`: written to the dead-letter table in the same batch (records read = rows + dead "
         "letters); `fail`: the batch fails naming the first bad record (topic, partition, offset); `skip`: "
         "dropped and counted in the snapshot summary (`tidewater.skipped`).",
@@ -305,7 +319,7 @@ class TableSpec:
         default_factory=lambda: {"I": "insert", "c": "insert", "r": "insert", "U": "update", "u": "update",
                                  "D": "delete", "d": "delete", "t": "truncate"},
     )
-    truncate: str = _doc(
+    truncate: TruncatePolicy = _doc(
         "What a truncate of the source table (Debezium's `op: t`, or an `op_values` entry meaning `truncate`) does: "
         "`dead_letter` (default: the record is a dead letter, class `Truncate`, and no row is removed, so nothing is "
         "lost silently) or `apply` (change tables: every row committed before the batch and every change of the "
@@ -313,7 +327,7 @@ class TableSpec:
         "after it, as their order against it is not known). An append table always dead-letters them.",
         default="dead_letter",
     )
-    key_source: str = _doc(
+    key_source: KeySource = _doc(
         "Where a change's key (`id_columns`) comes from: `value` (its fields) or `message_key` (the Kafka message "
         "key: a JSON object with the id columns, a Confluent-framed Avro record through `format.registry_url`, or a "
         "JSON scalar or plain string for a single id column). With "
@@ -394,7 +408,7 @@ class RoutingSpec:
         "batch; `<name>_dead_letters`) and of dynamic tables without one. Required when routing.",
         default=None,
     )
-    unmatched: str = _doc(
+    unmatched: Unmatched = _doc(
         "Records that go to no table (no entry matches, route field missing): `dead_letter` (error class "
         "`Unrouted`) or `skip` (counted in `tidewater.skipped`).",
         default="dead_letter",
@@ -480,7 +494,7 @@ class ValidationSpec:
     """The data-quality gate that runs on a staged batch before it is committed."""
 
     not_null: list[str] = _doc("Columns that must be non-null in every row of the batch.", default_factory=list)
-    not_null_policy: str = _doc(
+    not_null_policy: NotNullPolicy = _doc(
         "What a null (or missing) value in a `not_null` column does: `fail` fails the quality gate (nothing is "
         "committed, and every retry fails the same way until the data is dealt with); `dead_letter` sets the "
         "record apart as a dead letter (`NullInRequiredColumn`, naming the column) while the write step runs, "
@@ -498,7 +512,7 @@ class ValidationSpec:
         "Rows of the checked columns held in memory at a time while validating (bounds the gate's memory).",
         default=500_000,
     )
-    unique_ids: str = _doc(
+    unique_ids: UniqueIds = _doc(
         "Uniqueness of the table's `id_columns`: `none`, `batch` (no two rows of the batch share an id) or "
         "`table` (also none of the batch's ids is already in the table; reads the table's id columns for "
         "the batch's ids).",
@@ -512,7 +526,7 @@ class ValidationSpec:
         "private copy of the project and copied back. Default: `$TIDEWATER_HOME/data-docs`.",
         default=None,
     )
-    on_failure: str = _doc(
+    on_failure: GateFailure = _doc(
         "`fail`: a failing expectation stops the batch (nothing committed, offsets unchanged); `warn`: the batch "
         "is committed and the failure is logged and recorded in the snapshot summary (`tidewater.validation`); "
         "`quarantine`: the batch's files are committed to a branch `quarantine-<batch id>` of the table, main gets "
@@ -730,7 +744,7 @@ class CompactionSpec:
     """Rewrite data files (Spark `rewrite_data_files`): small files into files near the target size."""
 
     enabled: bool = _doc("Run this task.", default=True)
-    strategy: str = _doc(
+    strategy: CompactionStrategy = _doc(
         "`auto` (sort when the table has a sort order, else bin-pack), `binpack`, `sort`, or `zorder`.",
         default="auto",
     )

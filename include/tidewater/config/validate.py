@@ -99,17 +99,12 @@ def _check_format(spec: PipelineSpec) -> None:
             raise ConfigError(
                 f"format.timestamps.{column}: {tfmt!r} is not iso8601, epoch_millis, epoch_seconds or a strftime pattern"
             )
-    one_of("format.key", spec.format.key, ("none", "string", "bytes"))
     if not re.match(r"^[A-Za-z0-9_]{1,8}$", spec.format.flatten_separator):
         raise ConfigError(f"format.flatten_separator: {spec.format.flatten_separator!r} must be 1-8 letters, digits or '_'")
-    one_of("format.metadata", spec.format.metadata, ("none", "prefixed", "struct"))
 
 
 def _check_quality_gate(spec: PipelineSpec) -> None:
     """The quality gate's policy and id checks."""
-    one_of("validation.on_failure", spec.validation.on_failure, ("fail", "warn", "quarantine"))
-    one_of("validation.unique_ids", spec.validation.unique_ids, ("none", "batch", "table"))
-    one_of("validation.not_null_policy", spec.validation.not_null_policy, ("fail", "dead_letter"))
     if spec.validation.unique_ids != "none" and not spec.routed and not spec.table.id_columns:
         raise ConfigError("validation.unique_ids: needs table.id_columns")
 
@@ -132,13 +127,11 @@ def _check_change_table(spec: PipelineSpec, t: TableSpec, where: str) -> None:
                           "pipeline may leave them to the message keys)")
     if spec.format.metadata != "prefixed":
         raise ConfigError(f"{key}: needs format.metadata: prefixed (changes to a key are ordered by partition and offset)")
-    one_of(f"{where}.key_source", t.key_source, ("value", "message_key"))
     if t.key_source == "message_key" and t.op_field:
         raise ConfigError(f"{where}.key_source: message_key is for upserts without an op field (tombstones delete)")
     for value, op in t.op_values.items():
         if op not in OPERATIONS:
             raise ConfigError(f"{where}.op_values.{value}: {op!r} is not insert, update, delete or truncate")
-    one_of(f"{where}.truncate", t.truncate, ("dead_letter", "apply"))
 
 
 def _check_routed_changes(spec: PipelineSpec) -> None:
@@ -181,7 +174,6 @@ def _check_keyed_by_message(spec: PipelineSpec, t: RouteTableSpec, where: str) -
 
 def _check_dead_letters(spec: PipelineSpec) -> None:
     """Dead-letter policy, topic and table."""
-    one_of("dead_letter.policy", spec.dead_letter.policy, ("dead_letter", "fail", "skip"))
     if spec.dead_letter.topic is not None and (
         not TOPIC.match(spec.dead_letter.topic) or spec.dead_letter.topic in spec.topics
     ):
@@ -220,7 +212,6 @@ def _check_limits_and_maintenance(spec: PipelineSpec) -> None:
     ):
         if value < minimum:
             raise ConfigError(f"{key}: must be at least {minimum}")
-    one_of("maintenance.rewrite_data_files.strategy", m.rewrite_data_files.strategy, ("auto", "binpack", "sort", "zorder"))
     if m.rewrite_data_files.strategy == "zorder" and not m.rewrite_data_files.zorder_columns:
         raise ConfigError("maintenance.rewrite_data_files.zorder_columns: needed for strategy zorder")
     longest_h = spec.longest_batch_seconds() / 3600
@@ -342,7 +333,6 @@ def _validate_routing(spec: PipelineSpec) -> None:
     if not r.namespace or not IDENTIFIER_PART.match(r.namespace):
         raise ConfigError("routing.namespace: required when routing (letters, digits and '_'): it holds the "
                           "pipeline's checkpoint and dead-letter tables")
-    one_of("routing.unmatched", r.unmatched, ("dead_letter", "skip"))
     if r.field is not None and not re.match(r"^[A-Za-z_$][A-Za-z0-9_$-]*(\.[A-Za-z_$][A-Za-z0-9_$-]*)*$", r.field):
         raise ConfigError(f"routing.field: {r.field!r} is not a field name or dotted path")
     if r.dynamic:
@@ -410,11 +400,6 @@ def _check_route_table(spec: PipelineSpec, key: str, t: RouteTableSpec, seen: se
             raise ConfigError(f"{key}.topics: {topic!r} is not one of the pipeline's topics (or topic_pattern)")
 
     check_config(t.partition_by, t.sort_by, key)
-
-
-def one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
 
 
 SINGLE_HOST_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor", "DebugExecutor"})
