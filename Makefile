@@ -30,7 +30,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: release kafka rest-catalog glue-env peers bench-peers bench-broker install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: bench-sizing-celery release kafka rest-catalog glue-env peers bench-peers bench-broker install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -301,6 +301,10 @@ install-check: setup
 release: setup
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=X.Y.Z [NEXT=X.Y.Z.dev0]"; exit 2; }
 	$(PY) scripts/release.py $(VERSION) $(if $(NEXT),--next $(NEXT))
+
+# CeleryExecutor across test hosts (network namespaces; needs root): docs/explanation/sizing.md, BENCHMARKS.md
+bench-sizing-celery: setup test-system-deps s3-stand-in
+	$(PY) scripts/bench_sizing_celery.py $(BENCH_ARGS)
 
 bench-sizing: setup test-system-deps
 	$(PY) scripts/bench_sizing.py $(BENCH_ARGS)

@@ -173,17 +173,10 @@ class Services:
 
 
 def wait_http(url: str, seconds: float) -> None:
-    import urllib.request
+    from tidewater_dev.process import answers_http
 
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(2)
-    raise SystemExit(f"{url} did not answer within {seconds:.0f} s")
+    if not answers_http(url, seconds):
+        raise SystemExit(f"{url} did not answer within {seconds:.0f} s")
 
 
 def run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:

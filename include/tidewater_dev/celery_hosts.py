@@ -17,12 +17,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from tidewater_dev import broker as kafka
 from tidewater_dev import hosts, postgres
-from tidewater_dev.process import LocalServer
+from tidewater_dev.process import LocalServer, answers_http
 
 REPO = hosts.REPO
 S3_KEY, S3_SECRET = "tidewater-celery-key", "tidewater-celery-secret-value"
@@ -35,15 +34,8 @@ def free_port(address: str) -> int:
 
 
 def wait_http(url: str, seconds: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise RuntimeError(f"{what} did not answer at {url} within {seconds:.0f} s; see {log}")
+    if not answers_http(url, seconds):
+        raise RuntimeError(f"{what} did not answer at {url} within {seconds:.0f} s; see {log}")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -62,8 +54,11 @@ class CeleryDeployment:
     """The services, Airflow's components on this machine and ``workers`` Celery worker hosts (module docstring).
     ``work``: this deployment's folder on this machine (logs, the hosts' disks)."""
 
-    def __init__(self, work: Path, workers: int = 2) -> None:
+    def __init__(self, work: Path, workers: int = 2, concurrency: int = 1,
+                 settings: dict[str, str] | None = None) -> None:
         self.work = work
+        self.concurrency = concurrency  # task slots per worker
+        self.settings = settings or {}  # more Airflow settings (AIRFLOW__...) for every component
         self.procs: dict[str, subprocess.Popen] = {}
         self.workers: dict[str, hosts.Host] = {}
         self.network = hosts.Network(hosts.free_index()).create()
@@ -142,12 +137,13 @@ class CeleryDeployment:
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "socket.gethostname",  # each try records its host's name
-            # a lost worker's task is failed (then retried elsewhere) 20 s after its last heartbeat, not 5 minutes
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+            # a lost worker's task is failed (then retried elsewhere) 40 s after its last heartbeat, not Airflow's 5
+            # minutes; long enough that a live task on a busy machine (the suite beside it) is not taken for lost
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "40",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
-            "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
             "AIRFLOW_CONN_TIDEWATER_SPARK": '{"conn_type": "spark", "host": "local[2]"}',
             "GX_ANALYTICS_ENABLED": "false", "TEST_S3_KEY": S3_KEY, "TEST_S3_SECRET": S3_SECRET,
+            **self.settings,
         }
 
     def machine_env(self) -> dict[str, str]:
@@ -179,11 +175,11 @@ class CeleryDeployment:
                 "TIDEWATER_PIPELINES_DIR": str(home / "pipelines")}
 
     def start_worker(self, host: hosts.Host) -> subprocess.Popen:
-        """A Celery worker on ``host`` (one task at a time), given a copy of the pipeline files first."""
+        """A Celery worker on ``host`` (``concurrency`` tasks at a time), given a copy of the pipeline files first."""
         copy = host.home / "pipelines"
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(self.work / "pipelines", copy)
-        proc = host.popen(["airflow", "celery", "worker", "--concurrency", "1", "--celery-hostname",
+        proc = host.popen(["airflow", "celery", "worker", "--concurrency", str(self.concurrency), "--celery-hostname",
                            f"{host.name}@{host.name}", "--without-gossip", "--without-mingle"],
                           self.worker_env(host), self.work / f"worker-{host.name}.log")
         self.procs[f"worker-{host.name}"] = proc
@@ -219,7 +215,7 @@ class CeleryDeployment:
 
         conn = psycopg2.connect(host="127.0.0.1", port=self.postgres.port, user=postgres.USER, dbname=database)
         try:
-            with conn.cursor() as cur:
+            with conn, conn.cursor() as cur:  # committed on leaving the block (an UPDATE ... RETURNING too)
                 cur.execute(sql, args)
                 return cur.fetchall()
         finally:

@@ -101,6 +101,8 @@ class Host:
         return self.disk / "home"
 
     def create(self) -> Host:
+        if self.disk.resolve().is_relative_to(REPO / ".data"):
+            raise ValueError(f"{self.disk}: a host's disk cannot lie in {REPO / '.data'}, which each host replaces")
         self.remove()
         veth = f"{self.name}v"
         _ip("netns", "add", self.name)

@@ -76,3 +76,18 @@ class LocalServer:
     @staticmethod
     def forget(state_file: str) -> None:
         (home_dir() / state_file).unlink(missing_ok=True)
+
+
+def answers_http(url: str, seconds: float) -> bool:
+    """Whether ``url`` answers 200 within ``seconds`` (asked every second or two until then)."""
+    import urllib.request
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            time.sleep(1)
+    return False
