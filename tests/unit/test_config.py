@@ -541,6 +541,8 @@ def test_a_rest_catalogs_warehouse_is_a_name_not_a_folder():
 
     rest = {**BASE, **SHARED_STATE, "catalog": {"properties": {"type": "rest", "uri": "https://cat", "warehouse": "lake"}}}
     check_hosts(parse_pipeline(rest), "KubernetesExecutor")
+    untyped = {**rest, "catalog": {"properties": {"uri": "https://cat", "warehouse": "lake"}}}  # REST by its uri
+    check_hosts(parse_pipeline(untyped), "CeleryExecutor")
 
 
 def test_kafka_start_from_is_earliest_or_a_time_and_anything_else_is_refused_naming_it():

@@ -450,7 +450,9 @@ def _per_host_places(spec: PipelineSpec):
                "SQLite's locks do not hold on a shared mount). Use PostgreSQL (`postgresql+psycopg2://...`), a REST "
                "catalog or Glue")
     warehouse = props.get("warehouse")
-    if warehouse and props.get("type") != "rest" and _per_host(str(warehouse), shared):
+    # a REST catalog's warehouse is a name the server resolves (pyiceberg takes an http(s) uri without a type as REST)
+    rest = props.get("type") == "rest" or (not props.get("type") and str(props.get("uri", "")).startswith("http"))
+    if warehouse and not rest and _per_host(str(warehouse), shared):
         yield ("catalog.properties.warehouse", f"{warehouse!r} is a local folder: the data files written on one host "
                f"would be missing on the others. Use {advice}")
     for setting, place, default in (("batch.staging_dir", spec.batch.staging_dir, "$TIDEWATER_HOME/staging"),
