@@ -161,22 +161,27 @@ def measure(svc: Services, label: str, names: list[str], topics: int, warmup: fl
     after = {c: cpu_seconds(svc.airflow[c].pid) for c in COMPONENTS}
     seconds = time.monotonic() - t0
     ended = started + timedelta(seconds=seconds)
-    since, until = started.isoformat(), ended.isoformat()
-    dags = ", ".join(f"'ingest_{n}'" for n in names)
-    ended = f"end_date >= '{since}' AND end_date < '{until}'"
-    (runs, late), = metadata_query(svc, "SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM "
-                                        f"start_date - run_after)) FROM dag_run WHERE dag_id IN ({dags}) AND "
-                                        f"state = 'success' AND {ended}")
-    (tasks,), = metadata_query(svc, f"SELECT count(*) FROM task_instance WHERE dag_id IN ({dags}) AND state = 'success' "
-                                    f"AND {ended}")
-    (failed,), = metadata_query(svc, f"SELECT count(*) FROM dag_run WHERE dag_id IN ({dags}) AND state = 'failed' "
-                                     f"AND {ended}")
-    row = {"label": label, "pipelines": len(names), "topics": topics, "rate": rate, "start_delay_s": float(late or 0),
-           "window_s": round(seconds, 1), "runs": runs,
-           "tasks": tasks, "failed_runs": failed, **{c: after[c][1] - before[c][1] for c in COMPONENTS},
+    runs = window_runs(lambda sql: metadata_query(svc, sql), names, started, ended)
+    row = {"label": label, "pipelines": len(names), "topics": topics, "rate": rate,
+           "start_delay_s": runs["start_delay_s"], "window_s": round(seconds, 1), "runs": runs["runs"],
+           "tasks": runs["tasks"], "failed_runs": runs["failed_runs"], **{c: after[c][1] - before[c][1] for c in COMPONENTS},
            "scheduler_loop": after["scheduler"][0] - before["scheduler"][0]}
     print(json.dumps(row), flush=True)
     return row
+
+
+def window_runs(query, names: list[str], started: datetime, ended: datetime) -> dict:
+    """The ingest runs of pipelines ``names`` that ended between ``started`` and ``ended``, from Airflow's metadata
+    database (``query``: SQL -> rows): successful runs, their median start delay (start minus the time the run was
+    due), their successful tasks, and failed runs."""
+    dags = ", ".join(f"'ingest_{n}'" for n in names)
+    between = f"end_date >= '{started.isoformat()}' AND end_date < '{ended.isoformat()}'"
+    (runs, late), = query("SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM "
+                          f"start_date - run_after)) FROM dag_run WHERE dag_id IN ({dags}) AND state = 'success' "
+                          f"AND {between}")
+    (tasks,), = query(f"SELECT count(*) FROM task_instance WHERE dag_id IN ({dags}) AND state = 'success' AND {between}")
+    (failed,), = query(f"SELECT count(*) FROM dag_run WHERE dag_id IN ({dags}) AND state = 'failed' AND {between}")
+    return {"runs": runs, "start_delay_s": float(late or 0), "tasks": tasks, "failed_runs": failed}
 
 
 def pause_dags(svc: Services, pattern: str = "ingest_s%") -> None:

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from scripts.bench_sizing import Flow, cpu_seconds
+from scripts.bench_sizing import Flow, cpu_seconds, window_runs
 from scripts.benchlib import command_line, write_section
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,13 +40,10 @@ MACHINE = ("scheduler", "dag-processor", "api-server")
 
 def set_pipelines(d, names: list[str], prefix: str) -> None:
     """The pipelines folder (the machine's and each worker's copy) holds exactly ``names``'s files, one topic each."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from tidewater_dev.sample_data import ensure_topic
 
-    admin = AdminClient({"bootstrap.servers": d.broker.bootstrap})
-    new = [f"{n}-events" for n in names if f"{n}-events" not in admin.list_topics(timeout=10).topics]
-    for fut in (admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1) for t in new]).values()
-                if new else []):
-        fut.result(timeout=60)
+    for n in names:
+        ensure_topic({"bootstrap.servers": d.broker.bootstrap}, f"{n}-events", 1)
     folders = [d.work / "pipelines", *(h.home / "pipelines" for h in d.workers.values())]
     for folder in folders:
         for old in folder.glob(f"{prefix}*.yaml"):
@@ -81,16 +78,10 @@ def measure(d, label: str, names: list[str], warmup: float, window: float, rate:
     time.sleep(window)
     after = {c: cpu_seconds(d.procs[c].pid)[1] for c in MACHINE} | {h: host_cpu(x) for h, x in d.workers.items()}
     seconds = time.monotonic() - t0
-    since, until = started.isoformat(), (started + timedelta(seconds=seconds)).isoformat()
-    dags = ", ".join(f"'ingest_{n}'" for n in names)
-    (runs, late), = d.query(f"SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM "
-                            f"start_date - run_after)) FROM dag_run WHERE dag_id IN ({dags}) AND state = 'success' "
-                            f"AND end_date >= '{since}' AND end_date < '{until}'")
-    (failed,), = d.query(f"SELECT count(*) FROM dag_run WHERE dag_id IN ({dags}) AND state = 'failed' AND "
-                         f"end_date >= '{since}' AND end_date < '{until}'")
+    runs = window_runs(d.query, names, started, started + timedelta(seconds=seconds))
     used = {k: after[k] - before[k] for k in after}
-    row = {"label": label, "pipelines": len(names), "rate": rate, "window_s": round(seconds, 1), "runs": runs,
-           "failed_runs": failed, "start_delay_s": float(late or 0), **{c: used[c] for c in MACHINE},
+    row = {"label": label, "pipelines": len(names), "rate": rate, "window_s": round(seconds, 1), "runs": runs["runs"],
+           "failed_runs": runs["failed_runs"], "start_delay_s": runs["start_delay_s"], **{c: used[c] for c in MACHINE},
            "workers": sum(used[h] for h in d.workers)}
     print(json.dumps(row), flush=True)
     return row

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from tidewater_dev import broker as kafka
 from tidewater_dev import hosts, postgres
@@ -27,27 +28,22 @@ REPO = hosts.REPO
 S3_KEY, S3_SECRET = "tidewater-celery-key", "tidewater-celery-secret-value"
 
 
-def free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
-
-
 def wait_http(url: str, seconds: float, what: str, log: Path) -> None:
     if not answers_http(url, seconds):
         raise RuntimeError(f"{what} did not answer at {url} within {seconds:.0f} s; see {log}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    import signal
+@dataclass
+class _ProcessGroup(LocalServer):
+    """A process this deployment started in its own session, stopped with its children (SIGTERM, SIGKILL after 20 s)."""
 
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 20)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            return
-        except (OSError, subprocess.TimeoutExpired):
-            continue
+    process_group: ClassVar[bool] = True
+    grace: ClassVar[float] = 20.0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    _ProcessGroup(proc.pid, 0, "").stop()
+    proc.poll()
 
 
 class CeleryDeployment:
@@ -70,7 +66,7 @@ class CeleryDeployment:
             self.redis_url = self._start_redis()
             self.metadata_url = self.postgres.create_database("airflow")
             self.catalog_url = self.postgres.create_database("catalog")
-            self.api_port = free_port(gw)
+            self.api_port = kafka.free_port(gw)
             (work / "pipelines").mkdir(exist_ok=True)
             self._start_airflow()
             for number in range(1, workers + 1):
@@ -87,7 +83,7 @@ class CeleryDeployment:
         server = REPO / ".data" / "moto" / "bin" / "moto_server"
         if not server.is_file():
             raise RuntimeError(f"{server} is missing: run `make s3-stand-in`")
-        port = free_port(self.network.gateway)
+        port = kafka.free_port(self.network.gateway)
         self.procs["s3"] = subprocess.Popen([str(server), "-H", self.network.gateway, "-p", str(port)],
                                             stdout=open(self.work / "s3.log", "wb"), stderr=subprocess.STDOUT,
                                             start_new_session=True)
@@ -103,19 +99,14 @@ class CeleryDeployment:
         server = shutil.which("redis-server") or "/usr/bin/redis-server"
         if not Path(server).is_file():
             raise RuntimeError("redis-server is missing: make test-system-deps installs it (apt-get)")
-        port = free_port(self.network.gateway)
+        port = kafka.free_port(self.network.gateway)
         self.procs["redis"] = subprocess.Popen(
             [server, "--bind", self.network.gateway, "--port", str(port), "--save", "", "--appendonly", "no",
              "--protected-mode", "no", "--dir", str(self.work)],
             stdout=open(self.work / "redis.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection((self.network.gateway, port), timeout=1).close()
-                return f"redis://{self.network.gateway}:{port}/0"
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"redis-server did not start; see {self.work / 'redis.log'}")
+        if not kafka.wait_listening(port, 30, self.network.gateway):
+            raise RuntimeError(f"redis-server did not start; see {self.work / 'redis.log'}")
+        return f"redis://{self.network.gateway}:{port}/0"
 
     # --- Airflow ------------------------------------------------------------------------------------------------------
 

@@ -601,6 +601,12 @@ INVALID_DAG_KIND = "ingest_invalid"
 DAG_KINDS = ("ingest", *OPTIONAL_DAGS, "quarantine", INVALID_DAG_KIND)
 
 
+def catalog_type(props: dict[str, str]) -> str:
+    """The type of the catalog these pyiceberg properties open: ``type``, else ``rest`` for an http(s) ``uri`` (as
+    pyiceberg infers it), else ``sql``."""
+    return props.get("type") or ("rest" if str(props.get("uri", "")).startswith("http") else "sql")
+
+
 @dataclass(frozen=True)
 class StepSpec:
     """Where one step of a batch runs: its executor queue and pool, and on the KubernetesExecutor its pod."""
@@ -621,12 +627,8 @@ class StepSpec:
     service_account: str | None = _doc("KubernetesExecutor: the service account of this step's pod.", default=None)
 
     def pod_settings(self) -> bool:
-        """Whether this step overrides anything of the pod."""
-        return bool(self.image or self.requests or self.limits or self.env_from_secrets or self.node_selector
-                    or self.service_account)
-
-
-BATCH_STEPS = ("plan", "write", "validate", "commit")
+        """Whether this step overrides anything of the pod (any field but its queue and pool)."""
+        return any(getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("queue", "pool"))
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ import re
 from tidewater.config.formats import DEBEZIUM_FORMATS, FORMATS
 from tidewater.config.partitioning import check_config
 from tidewater.config.routes import SOURCE_PLACEHOLDER, TOPIC_PLACEHOLDER
-from tidewater.config.spec import PipelineSpec, RouteTableSpec, TableSpec
+from tidewater.config.spec import PipelineSpec, RouteTableSpec, TableSpec, catalog_type
 from tidewater.config.times import parse_time
 from tidewater.errors import ConfigError, config_problems, problems_of
+from tidewater.staging import LOCAL_SCHEMES, scheme_of
 
 OPERATIONS = ("insert", "update", "delete", "truncate")  # what an op value may mean (transform/changes.py)
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -450,9 +451,8 @@ def _per_host_places(spec: PipelineSpec):
                "SQLite's locks do not hold on a shared mount). Use PostgreSQL (`postgresql+psycopg2://...`), a REST "
                "catalog or Glue")
     warehouse = props.get("warehouse")
-    # a REST catalog's warehouse is a name the server resolves (pyiceberg takes an http(s) uri without a type as REST)
-    rest = props.get("type") == "rest" or (not props.get("type") and str(props.get("uri", "")).startswith("http"))
-    if warehouse and not rest and _per_host(str(warehouse), shared):
+    # a REST catalog's warehouse is a name the server resolves, not a place
+    if warehouse and catalog_type(props) != "rest" and _per_host(str(warehouse), shared):
         yield ("catalog.properties.warehouse", f"{warehouse!r} is a local folder: the data files written on one host "
                f"would be missing on the others. Use {advice}")
     for setting, place, default in (("batch.staging_dir", spec.batch.staging_dir, "$TIDEWATER_HOME/staging"),
@@ -468,8 +468,8 @@ def _per_host_places(spec: PipelineSpec):
 
 def _per_host(location: str, shared: list[str]) -> bool:
     """Whether ``location`` (a path, ``file://`` or a URI) is on a host's own disk: local, and under no shared mount."""
-    scheme = location.split("://", 1)[0].lower() if "://" in location else ""
-    if scheme not in ("", "file"):
+    scheme = scheme_of(location)
+    if scheme not in LOCAL_SCHEMES:
         return False
     path = location[len("file://"):] if scheme else location
     return not any((path.rstrip("/") + "/").startswith(prefix) for prefix in shared)

@@ -15,6 +15,7 @@ from typing import Any, NoReturn, TypeVar
 
 from airflow.sdk import BaseOperator
 
+from tidewater.config.connections import CATALOG_CONFIG_ENV, REGISTRY_CONFIG_ENV, STORAGE_CONFIG_ENV
 from tidewater.config.parse import load_pipeline
 from tidewater.config.spec import KAFKA_CONFIG_ENV, PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TidewaterError
@@ -456,15 +457,7 @@ class IngestSparkSubmitOperator(BaseOperator):
 def resolved_connections(spec: PipelineSpec) -> dict[str, str]:
     """The settings resolved from the pipeline's Airflow connections, as the driver's variables (name: JSON), each value
     registered with Airflow's secrets masker."""
-    from tidewater.config.connections import (
-        CATALOG_CONFIG_ENV,
-        REGISTRY_CONFIG_ENV,
-        STORAGE_CONFIG_ENV,
-        catalog_connection,
-        mask,
-        registry_connection,
-        storage_connection,
-    )
+    from tidewater.config.connections import catalog_connection, mask, registry_connection, storage_connection
     from tidewater.source.kafka import kafka_settings
 
     resolved = {KAFKA_CONFIG_ENV: kafka_settings(spec) if spec.kafka.conn_id else None,
@@ -479,8 +472,9 @@ def resolved_connections(spec: PipelineSpec) -> dict[str, str]:
     return out
 
 
-_SETTING_OF = {KAFKA_CONFIG_ENV: "kafka.conn_id", "TIDEWATER_CATALOG_CONFIG": "catalog.conn_id",
-               "TIDEWATER_REGISTRY_CONFIG": "format.registry_conn_id", "TIDEWATER_STORAGE_CONFIG": "batch.staging_conn_id"}
+# the setting that names each connection resolved for the driver (resolved_connections)
+_SETTING_OF = {KAFKA_CONFIG_ENV: "kafka.conn_id", CATALOG_CONFIG_ENV: "catalog.conn_id",
+               REGISTRY_CONFIG_ENV: "format.registry_conn_id", STORAGE_CONFIG_ENV: "batch.staging_conn_id"}
 
 
 def kubernetes_secret_missing(resolved: dict[str, str]) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tidewater.config.secrets import SPARK_REDACTION_REGEX, split_secrets
-from tidewater.config.spec import PipelineSpec
+from tidewater.config.spec import PipelineSpec, catalog_type
 from tidewater.errors import ConfigError
 from tidewater.spark.jars import JDBC_DRIVERS, bundled_runtime_jar, repaired_jackson_jar
 
@@ -30,7 +30,7 @@ def catalog_conf(spec: PipelineSpec) -> dict[str, str]:
     name = spec.catalog.name
     pre = f"spark.sql.catalog.{name}"
     conf = {pre: "org.apache.iceberg.spark.SparkCatalog"}
-    ctype = props.get("type", "rest" if str(props.get("uri", "")).startswith("http") else "sql")
+    ctype = catalog_type(props)
     warehouse = props.get("warehouse")
     if ctype == "sql":
         uri = props["uri"]
