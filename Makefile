@@ -30,7 +30,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYTHONWARNINGS := ignore::DeprecationWarning
 
-.PHONY: bench-sizing-celery release kafka rest-catalog glue-env peers bench-peers bench-broker install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
+.PHONY: bench-sizing-celery release kafka rest-catalog schema-registry glue-env peers bench-peers bench-broker install-check bench-scale bench-sizing ui-bundle soak s3-stand-in spark-connect spark-connect-install spark-connect-stop executor-env bench bench-maintenance bench-routing bench-metadata bench-cdc bench-cdc-tables bench-data-docs bench-audit bench-cluster bench-profile bench-dag airflow tidewater help setup system-deps test-system-deps venv airflow-db demo test test-unit bench ui broker-start broker-stop docs lint clean
 
 help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
@@ -45,6 +45,7 @@ help:
 	@echo "make s3-stand-in  - the local S3 endpoint the tests use (moto's server, its own virtualenv)"
 	@echo "make glue-env - the Glue catalog's test environment (boto3 in its own virtualenv: its botocore needs python-dateutil<3)"
 	@echo "make rest-catalog - the Iceberg REST catalog server the tests use (Iceberg 1.12 handlers from Maven Central, .data/rest-catalog)"
+	@echo "make schema-registry - the schema registry the tests use (Apicurio Registry 2.4.2, built from Maven Central into .data/schema-registry)"
 	@echo "make spark-connect - install (pyspark 4.0.x distribution, its own folder) and start a Spark Connect server on 127.0.0.1:15002; make spark-connect-stop stops it"
 	@echo "make soak   - SOAK_MINUTES (default 60) of production with faults (scheduler on PostgreSQL, three pipelines), then every table audited; writes SOAK.md"
 	@echo "make bench  - throughput/memory benchmark into BENCHMARKS.md (make bench-broker: the embedded Kafka broker's start, memory and 1M records; make bench-maintenance: maintenance effect; make bench-routing: 100 tables; make bench-metadata: row metadata storage; make bench-cdc: change batches vs table size, then 100 change tables in one pipeline vs 100 pipelines (make bench-cdc-tables alone); make bench-data-docs: Data Docs page cost as history grows; make bench-audit: the audit's cost as the ledger grows; make bench-cluster: local[2] vs a standalone cluster; make bench-profile: the data path's CPU per stage in one worker; make bench-dag: a one-record batch through the ingest DAG on a running scheduler; make bench-scale: costs against pipelines, partitions, history, dead letters and routed tables; make bench-sizing: Airflow's CPU per pipeline, docs/explanation/sizing.md; make bench-peers: beside the Iceberg Kafka Connect sink and Structured Streaming, docs/explanation/peers.md)"
@@ -120,6 +121,16 @@ rest-catalog: $(REST_LIBS)/.installed
 $(REST_LIBS)/.installed: jvm/rest-catalog/pom.xml $(KAFKA_LIBS)/.installed
 	@rm -rf $(REST_LIBS)
 	mvn -q -B -f jvm/rest-catalog/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(REST_LIBS)
+	@touch $@
+
+# The schema registry of the tests: Apicurio Registry (jvm/schema-registry/pom.xml says which version and why), which
+# Maven Central serves only as an application jar: Quarkus's Maven plugin builds the runnable server from it into
+# .data/schema-registry (tidewater_dev.schema_registry starts it). Redone when the pom changes.
+REGISTRY_BUILD := $(DATA)/schema-registry
+schema-registry: $(REGISTRY_BUILD)/.installed
+$(REGISTRY_BUILD)/.installed: jvm/schema-registry/pom.xml $(KAFKA_LIBS)/.installed
+	@rm -rf $(REGISTRY_BUILD)
+	mvn -q -B -f jvm/schema-registry/pom.xml package -DskipTests -Dregistry.build=$(REGISTRY_BUILD)
 	@touch $@
 
 # The Glue catalog's test environment: the package's dependencies (requirements-executor.txt, great-expectations)
@@ -201,7 +212,7 @@ $(DATA)/executor-env.tar.gz: requirements-executor.txt constraints.txt pyproject
 demo: setup
 	@bash scripts/demo.sh
 
-test: setup test-system-deps s3-stand-in executor-env spark-connect-install rest-catalog glue-env lint
+test: setup test-system-deps s3-stand-in executor-env spark-connect-install rest-catalog schema-registry glue-env lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # ruff: pyflakes, pycodestyle, import order, bugbear, complexity, blind excepts with their reason, no inert noqa
@@ -241,7 +252,7 @@ airflow tidewater: setup
 # An hour of production with faults (scripts/soak.py; SOAK_MINUTES, default 60), audited at the end: writes SOAK.md.
 # tests/e2e/test_soak.py runs its 3-minute version in make test.
 SOAK_MINUTES ?= 60
-soak: setup test-system-deps s3-stand-in executor-env spark-connect-install rest-catalog
+soak: setup test-system-deps s3-stand-in executor-env spark-connect-install rest-catalog schema-registry
 	$(PY) scripts/soak.py --minutes $(SOAK_MINUTES) --markdown SOAK.md
 
 # Benchmarks (several minutes): writes BENCHMARKS.md. BENCH_ARGS="--sizes 1000000 --single 0" for a short run.

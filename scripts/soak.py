@@ -1,8 +1,8 @@
 """`make soak`: production on this machine for SOAK_MINUTES (default 60), with faults, then every table audited.
 
 What runs (all real, on 127.0.0.1): Debian's PostgreSQL (Airflow's metadata and the Iceberg catalog), the embedded
-broker, the local S3 endpoint (moto's server, the stand-in for S3/MinIO: batches are staged in its bucket), a schema
-registry stand-in (``LocalSchemaRegistry``: Confluent's registry is not available here), a Spark Connect server,
+broker, the local S3 endpoint (moto's server, the stand-in for S3/MinIO: batches are staged in its bucket), the schema
+registry (Apicurio Registry, `make schema-registry`; the Avro schema registered there), a Spark Connect server,
 and Airflow's api-server, scheduler (LocalExecutor) and DAG processor as separate processes. Three pipelines run
 on a schedule (SOAK_SCHEDULE, default every minute) while producers feed them continuously:
 
@@ -64,15 +64,18 @@ class Services:
     """The shared services and Airflow's components; restartable where the faults need it."""
 
     def __init__(self, work: Path) -> None:
-        from tidewater_dev import broker, postgres, spark_connect
-        from tidewater_dev.sample_data import LocalSchemaRegistry
+        from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+        from tidewater_dev import broker, postgres, schema_registry, spark_connect
 
         self.work = work
         self.postgres = postgres.start(work / "postgres.log")
         self.broker = broker.start(log_path=work / "broker.log")
         self.s3_url, self.s3 = self._start_s3()
-        self.registry = LocalSchemaRegistry({1: READING})
-        self.registry_url = self.registry.start()
+        self.registry = schema_registry.start(work / "schema-registry", work / "schema-registry.log")
+        self.registry_url = self.registry.url
+        self.reading_id = SchemaRegistryClient({"url": self.registry_url}).register_schema(
+            "soak-avro-value", Schema(json.dumps(READING), "AVRO"))
         self.connect_log = work / "spark-connect.log"
         self.connect = spark_connect.start(REPO / ".data" / "spark-connect", log_path=self.connect_log)
         self.catalog_url = self.postgres.create_database("soak_catalog")
@@ -227,9 +230,11 @@ class Producers(threading.Thread):
     """Continuous producers for the three pipelines, and the models of what they produced: the events and readings
     by id (the events by partition and offset too, for the dropped quarantined batch), each source table by key."""
 
-    def __init__(self, bootstrap: str, seed: int, first_null: float) -> None:
+    def __init__(self, bootstrap: str, seed: int, first_null: float, reading_id: int) -> None:
         super().__init__(name="producers", daemon=True)
         from confluent_kafka import Producer
+
+        self.reading_frame = b"\x00" + reading_id.to_bytes(4, "big")  # Confluent's framing: magic byte, schema id
 
         self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
         self.rng = random.Random(seed)
@@ -277,7 +282,7 @@ class Producers(threading.Thread):
             buf = io.BytesIO()
             rid = f"r{self.seq}"
             fastavro.schemaless_writer(buf, parsed, {"reading_id": rid, "sensor": self.seq % 11, "value": self.seq / 7})
-            records.append(("soak-avro", self.seq % AVRO_PARTITIONS, None, b"\x00\x00\x00\x00\x01" + buf.getvalue(),
+            records.append(("soak-avro", self.seq % AVRO_PARTITIONS, None, self.reading_frame + buf.getvalue(),
                             ("reading", rid)))
         changed = self._changes(records)
         self.send(records)
@@ -770,7 +775,7 @@ def soak(work: Path, minutes: float, seed: int, schedule: str, drain_minutes: fl
         log(f"Airflow up (api-server :{svc.api_port}); producing for {minutes} minutes")
         seconds = minutes * 60
         t0 = time.monotonic()
-        producers = Producers(svc.broker.bootstrap, seed, t0 + 0.25 * seconds)
+        producers = Producers(svc.broker.bootstrap, seed, t0 + 0.25 * seconds, svc.reading_id)
         chaos = Chaos(svc, files, chaos_plan(t0, seconds, seed), seed, producers)
         monitor = Monitor(svc)
         for thread in (producers, chaos, monitor):

@@ -35,8 +35,10 @@ _topic_counter = itertools.count()
 
 @pytest.fixture
 def schema_registry():
-    """An empty schema-registry stand-in for one test: (registry, its URL). ``LocalSchemaRegistry`` stands in for
-    Confluent's registry, which cannot run here; the serializers and clients that talk to it are confluent-kafka's."""
+    """An empty schema-registry stand-in for one test: (registry, its URL). ``LocalSchemaRegistry`` answers Confluent's
+    API in-process: the unit tests' registry, and the integration tests' where the test stops it (their
+    ``registry_url`` is a real registry, tests/integration/conftest.py). The serializers and clients that talk to it
+    are confluent-kafka's."""
     from tidewater_dev.sample_data import LocalSchemaRegistry
 
     reg = LocalSchemaRegistry({})
@@ -47,8 +49,22 @@ def schema_registry():
 
 @pytest.fixture
 def registry_url(schema_registry):
-    """The URL of ``schema_registry``."""
+    """The URL of ``schema_registry`` (the stand-in); tests/integration/conftest.py gives the real registry's."""
     return schema_registry[1]
+
+
+UNKNOWN_SCHEMA_ID = 2**31 - 1  # an id no registry of a test session has given
+
+
+def registered_avro(url: str, subject: str, schemas: dict[int, dict]) -> dict[int, int]:
+    """Register each Avro schema of ``schemas`` (a test's own numbering) under ``subject`` in the registry at
+    ``url`` with confluent-kafka's client: the id the registry gave each, by the test's number."""
+    import json
+
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    client = SchemaRegistryClient({"url": url})
+    return {n: client.register_schema(subject, Schema(json.dumps(s), "AVRO")) for n, s in schemas.items()}
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """The 3-minute version of `make soak` (scripts/soak.py): Airflow's scheduler with the LocalExecutor on PostgreSQL
 runs three pipelines (JSON appends through the Spark Connect server, a 10-table Debezium database in one routed
 pipeline and Avro through a registry, both through spark-submit, all staged in the bucket) while producers feed them
-and faults hit them. Everything is real except the bucket (moto's server) and the schema registry
-(``LocalSchemaRegistry``), stand-ins for what cannot run here. The run's services are its own (its broker, PostgreSQL
+and faults hit them. Everything is real except the bucket (moto's server), the stand-in for S3, which cannot run
+here. The run's services are its own (its broker, PostgreSQL
 and Connect server), since it kills and restarts some of them."""
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""Avro in the Confluent wire format through the real broker and write step, with a schema registry
-that the test runs locally (``LocalSchemaRegistry``: an HTTP server answering GET /schemas/ids/{id}
-like Confluent's registry, a stand-in because the registry itself is not available on these machines)."""
+"""Avro in the Confluent wire format through the real broker and write step, with the schemas registered in a real
+schema registry (Apicurio Registry's Confluent API, the session's ``registry_server``), which gives their ids. The
+registry client's own test takes the stand-in (``LocalSchemaRegistry``) for what the real one cannot do here: basic
+auth (Apicurio's authentication is OIDC, whose identity server cannot run here) and a registry that forgets a
+schema."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import struct
 import fastavro
 import pytest
 
-from tests.conftest import ingest_inline, produce_to_partition, stage_inline, table_of, write_pipeline
+from tests.conftest import UNKNOWN_SCHEMA_ID, ingest_inline, produce_to_partition, registered_avro, stage_inline, table_of, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import BatchWriteError
 from tidewater.table.catalog import load_catalog, load_table
@@ -25,29 +27,29 @@ V1 = {"type": "record", "name": "Order", "fields": [
     {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
 ]}
 V2 = {**V1, "fields": [*V1["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}]}
-SCHEMAS = {1: V1, 2: V2}
+SCHEMAS = {1: V1, 2: V2}  # the stand-in's ids, in the registry client's own test
 
 
 @pytest.fixture
-def registry():
-    reg = LocalSchemaRegistry(SCHEMAS)
-    yield reg.start()
-    reg.stop()
+def ids(registry_url: str, topic: str) -> dict[int, int]:
+    """V1 and V2 registered in the real registry under the topic's value subject: their ids, by version (1, 2)."""
+    return registered_avro(registry_url, f"{topic}-value", {1: V1, 2: V2})
 
 
-def framed(schema_id: int, record: dict) -> bytes:
+def framed(schema_id: int, record: dict, schema: dict = V1) -> bytes:
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, fastavro.parse_schema(SCHEMAS.get(schema_id, V1)), record)
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), record)
     return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
 
 
-def test_avro_records_across_schema_ids_land_typed_and_bad_ones_are_dead_letters(broker, home, topic, registry):
-    values = [framed(1, {"order_id": f"o{i}", "qty": i, "at": 1_700_000_000_000 + i}) for i in range(5)]
-    values += [framed(2, {"order_id": "o5", "qty": 5, "at": 1_700_000_000_005, "coupon": "SPRING"})]
-    values += [framed(99, {"order_id": "x", "qty": 0, "at": 0}), b'{"not": "avro"}', framed(1, {"order_id": "t", "qty": 1, "at": 1})[:-3]]
+def test_avro_records_across_schema_ids_land_typed_and_bad_ones_are_dead_letters(broker, home, topic, registry_url, ids):
+    values = [framed(ids[1], {"order_id": f"o{i}", "qty": i, "at": 1_700_000_000_000 + i}) for i in range(5)]
+    values += [framed(ids[2], {"order_id": "o5", "qty": 5, "at": 1_700_000_000_005, "coupon": "SPRING"}, V2)]
+    values += [framed(UNKNOWN_SCHEMA_ID, {"order_id": "x", "qty": 0, "at": 0}), b'{"not": "avro"}',
+               framed(ids[1], {"order_id": "t", "qty": 1, "at": 1})[:-3]]
     produce_to_partition(broker.bootstrap, topic, 0, values)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "avro", "registry_url": registry, "metadata": "none"})
+                          format={"value": "avro", "registry_url": registry_url, "metadata": "none"})
     spec = load_pipeline(path)
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (9, 3)
@@ -64,7 +66,7 @@ def test_avro_records_across_schema_ids_land_typed_and_bad_ones_are_dead_letters
     assert committed_state(table).offsets == {topic: {0: 9}}
 
 
-def test_the_registry_from_an_airflow_connection(broker, home, topic, registry, monkeypatch, tmp_path):
+def test_the_registry_from_an_airflow_connection(broker, home, topic, registry_url, ids, monkeypatch, tmp_path):
     """`format.registry_conn_id` instead of `registry_url`: the connection's host is the registry's URL (its extra a
     client setting); the batch decodes by it as by the URL, and the spec the Spark tasks get carries the resolved
     registry, not the connection id (executors cannot ask Airflow)."""
@@ -74,14 +76,15 @@ def test_the_registry_from_an_airflow_connection(broker, home, topic, registry, 
 
     monkeypatch.setattr(connections, "_CACHE", {})
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
-    monkeypatch.setenv("AIRFLOW_CONN_ORDERS_REGISTRY", json.dumps({"conn_type": "http", "host": registry,
+    monkeypatch.setenv("AIRFLOW_CONN_ORDERS_REGISTRY", json.dumps({"conn_type": "http", "host": registry_url,
                                                                    "extra": {"timeout": "7"}}))
-    produce_to_partition(broker.bootstrap, topic, 0, [framed(1, {"order_id": f"o{i}", "qty": i, "at": i}) for i in range(4)])
+    produce_to_partition(broker.bootstrap, topic, 0,
+                         [framed(ids[1], {"order_id": f"o{i}", "qty": i, "at": i}) for i in range(4)])
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           format={"value": "avro", "registry_conn_id": "orders_registry", "metadata": "none"})
     spec = load_pipeline(path)
     shipped = spec.for_executors().format
-    assert (shipped.registry_url, shipped.registry_conn_id, shipped.registry_settings) == (registry, None, {"timeout": "7"})
+    assert (shipped.registry_url, shipped.registry_conn_id, shipped.registry_settings) == (registry_url, None, {"timeout": "7"})
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (4, 0)
     assert sorted(table_of(path).scan().to_arrow().column("order_id").to_pylist()) == ["o0", "o1", "o2", "o3"]
@@ -101,7 +104,8 @@ def test_registry_client_maps_the_registry_answers():
     """confluent-kafka's schema registry client, with our error mapping: a schema by id (cached: the
     registry is not asked twice), an unknown id (the record's dead letter), credentials refused (terminal),
     accepted (basic auth), an unknown client setting (terminal, naming format.registry_settings).
-    The registry is the local stand-in of `tidewater_dev.sample_data` (no registry can be installed here)."""
+    The registry is the local stand-in of `tidewater_dev.sample_data`: the real one here has no basic auth (its
+    authentication is OIDC) and cannot be made to forget a schema."""
     from tidewater.decode.registry_client import RegistryClient, UnknownSchemaId
     from tidewater.errors import TerminalError
 
@@ -137,36 +141,32 @@ TYPED = {"type": "record", "name": "Event", "fields": [
 ]}
 
 
-def test_avro_time_nanosecond_timestamps_and_unions_land_typed(broker, home, topic):
+def test_avro_time_nanosecond_timestamps_and_unions_land_typed(broker, home, topic, registry_url):
     """time-millis and time-micros become Iceberg time, timestamp-nanos a timestamptz at microsecond
     precision (Iceberg v2 has none finer), and a union of several types a struct with one field per
-    branch (as Spark's Avro reader maps it), at the top level and inside an array. The registry is the
-    local stand-in (none can be installed here)."""
+    branch (as Spark's Avro reader maps it), at the top level and inside an array. The schema is registered in the
+    real registry."""
     import datetime
 
-    reg = LocalSchemaRegistry({7: TYPED})
-    url = reg.start()
-    try:
-        ns = 1_704_067_200_123_456_789  # 2024-01-01T00:00:00.123456789Z
-        records = [{"id": 1, "at_time": datetime.time(1, 2, 3, 4000), "at_time_us": datetime.time(1, 2, 3, 5),
-                    "at_ns": ns, "value": 42, "tags": [1, True]},
-                   {"id": 2, "at_time": datetime.time(23, 59), "at_time_us": datetime.time(0, 0, 0, 1), "at_ns": ns + 1000,
-                    "value": "forty-two", "tags": []},
-                   {"id": 3, "at_time": datetime.time(0, 0), "at_time_us": datetime.time(0, 0), "at_ns": 0, "value": None,
-                    "tags": [False]}]
-        buf = []
-        for r in records:
-            b = io.BytesIO()
-            fastavro.schemaless_writer(b, fastavro.parse_schema(TYPED), r)
-            buf.append(b"\x00" + struct.pack(">I", 7) + b.getvalue())
-        produce_to_partition(broker.bootstrap, topic, 0, buf)
-        path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                              format={"value": "avro", "registry_url": url, "metadata": "none"},
-                              validation={"not_null": ["id"]})
-        result = ingest_inline(load_pipeline(path))
-        assert (result.records, result.dead_letters) == (3, 0)
-    finally:
-        reg.stop()
+    typed_id = registered_avro(registry_url, f"{topic}-value", {1: TYPED})[1]
+    ns = 1_704_067_200_123_456_789  # 2024-01-01T00:00:00.123456789Z
+    records = [{"id": 1, "at_time": datetime.time(1, 2, 3, 4000), "at_time_us": datetime.time(1, 2, 3, 5),
+                "at_ns": ns, "value": 42, "tags": [1, True]},
+               {"id": 2, "at_time": datetime.time(23, 59), "at_time_us": datetime.time(0, 0, 0, 1), "at_ns": ns + 1000,
+                "value": "forty-two", "tags": []},
+               {"id": 3, "at_time": datetime.time(0, 0), "at_time_us": datetime.time(0, 0), "at_ns": 0, "value": None,
+                "tags": [False]}]
+    buf = []
+    for r in records:
+        b = io.BytesIO()
+        fastavro.schemaless_writer(b, fastavro.parse_schema(TYPED), r)
+        buf.append(b"\x00" + struct.pack(">I", typed_id) + b.getvalue())
+    produce_to_partition(broker.bootstrap, topic, 0, buf)
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "avro", "registry_url": registry_url, "metadata": "none"},
+                          validation={"not_null": ["id"]})
+    result = ingest_inline(load_pipeline(path))
+    assert (result.records, result.dead_letters) == (3, 0)
     table = table_of(path)
     types = {f.name: str(f.field_type) for f in table.schema().fields}
     assert types["at_time"] == "time" and types["at_time_us"] == "time" and types["at_ns"] == "timestamptz"

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests.conftest import commit_as_airflow_would, ingest_inline, produce_to_partition, stage_inline, write_pipeline
+from tests.conftest import commit_as_airflow_would, ingest_inline, produce_to_partition, registered_avro, stage_inline, write_pipeline
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import OffsetsMovedError, TransientError
 from tidewater.spark import session as spark_session
@@ -292,11 +292,11 @@ def _envelope(value: dict) -> dict:
         {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
 
 
-def test_scenario_4_debezium_avro_example_pipeline_equals_the_source(broker, home, topic, monkeypatch):
+def test_scenario_4_debezium_avro_example_pipeline_equals_the_source(broker, home, topic, monkeypatch, registry_url):
     """docs/examples/prices_debezium_avro.yaml as shipped (only the topic, the broker and the registry pointed
     at this test's): Debezium Avro envelopes under two registered schema versions (the second adds a column),
-    with deletes and tombstones, end equal to the source table; the new column is added. The registry is the
-    local stand-in of `tidewater_dev.sample_data` (no registry can be installed here)."""
+    with deletes and tombstones, end equal to the source table; the new column is added. The schemas are
+    registered in the session's real registry."""
     import io
     import struct
 
@@ -304,53 +304,48 @@ def test_scenario_4_debezium_avro_example_pipeline_equals_the_source(broker, hom
     import yaml
 
     from tests.conftest import REPO
-    from tidewater_dev.sample_data import LocalSchemaRegistry
 
     schemas = {1: _envelope(VALUE), 2: _envelope(VALUE2)}
-    registry = LocalSchemaRegistry(schemas)
-    url = registry.start()
-    try:
-        doc = yaml.safe_load((REPO / "docs" / "examples" / "prices_debezium_avro.yaml").read_text())
-        doc["topics"] = [topic]
-        monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
-        monkeypatch.setenv("SCHEMA_REGISTRY_URL", url)
-        path = home / "prices.yaml"
-        path.write_text(yaml.safe_dump(doc))
-        spec = load_pipeline(path)
-        assert spec.applies_changes and spec.op_column() == "_op"
+    ids = registered_avro(registry_url, f"{topic}-value", schemas)
+    doc = yaml.safe_load((REPO / "docs" / "examples" / "prices_debezium_avro.yaml").read_text())
+    doc["topics"] = [topic]
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
+    monkeypatch.setenv("SCHEMA_REGISTRY_URL", registry_url)
+    path = home / "prices.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    spec = load_pipeline(path)
+    assert spec.applies_changes and spec.op_column() == "_op"
 
-        def framed(schema_id: int, before: dict | None, after: dict | None, op: str) -> bytes:
-            buf = io.BytesIO()
-            fastavro.schemaless_writer(buf, fastavro.parse_schema(schemas[schema_id]),
-                                       {"before": before, "after": after, "op": op, "ts_ms": 1_700_000_000_000})
-            return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
+    def framed(schema_id: int, before: dict | None, after: dict | None, op: str) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, fastavro.parse_schema(schemas[schema_id]),
+                                   {"before": before, "after": after, "op": op, "ts_ms": 1_700_000_000_000})
+        return b"\x00" + struct.pack(">I", ids[schema_id]) + buf.getvalue()
 
-        model: dict[int, dict] = {}
-        for batch, schema_id in ((0, 1), (1, 1), (2, 2)):
-            changes = change_stream(model, 90, keys=30, seed=40 + batch)
-            records = []
-            for c in changes:
-                key = c.id
-                before = model.get(key)
-                extra = {"currency": "EUR"} if schema_id == 2 else {}
-                op = {"insert": "c", "update": "u", "delete": "d"}[c.op]
-                after = None if c.op == "delete" else {**c.row(), **extra}
-                before_img = ({**before, **extra} if before else {"id": key, "item": None, "price": None, **extra}) \
-                    if c.op != "insert" else None
-                records.append((key, framed(schema_id, before_img, after, op)))
-                if c.op == "delete":
-                    records.append((key, None))
-                    model.pop(key, None)
-                else:
-                    model[key] = c.row()
-            _produce(broker, topic, records)
-            ingest_inline(spec)
-            table = _table(spec)
-            assert _close(_rows(table), model), f"batch {batch}"
-        assert "currency" in table.schema().column_names
-        assert set(table.scan(selected_fields=("currency",)).to_arrow().column("currency").to_pylist()) <= {"EUR", None}
-    finally:
-        registry.stop()
+    model: dict[int, dict] = {}
+    for batch, schema_id in ((0, 1), (1, 1), (2, 2)):
+        changes = change_stream(model, 90, keys=30, seed=40 + batch)
+        records = []
+        for c in changes:
+            key = c.id
+            before = model.get(key)
+            extra = {"currency": "EUR"} if schema_id == 2 else {}
+            op = {"insert": "c", "update": "u", "delete": "d"}[c.op]
+            after = None if c.op == "delete" else {**c.row(), **extra}
+            before_img = ({**before, **extra} if before else {"id": key, "item": None, "price": None, **extra}) \
+                if c.op != "insert" else None
+            records.append((key, framed(schema_id, before_img, after, op)))
+            if c.op == "delete":
+                records.append((key, None))
+                model.pop(key, None)
+            else:
+                model[key] = c.row()
+        _produce(broker, topic, records)
+        ingest_inline(spec)
+        table = _table(spec)
+        assert _close(_rows(table), model), f"batch {batch}"
+    assert "currency" in table.schema().column_names
+    assert set(table.scan(selected_fields=("currency",)).to_arrow().column("currency").to_pylist()) <= {"EUR", None}
 
 
 def test_a_composite_key_identifies_rows(broker, home, topic):
@@ -513,44 +508,39 @@ def test_replaying_a_committed_change_range_restores_damage_and_otherwise_change
         run_replay(spec, ReplayRequest(topic=topic, start_offset=0, end_offset=1, mode="replace"), inline=True, out=None)
 
 
-def test_upserts_keyed_by_avro_message_keys_through_the_registry(broker, home, topic):
+def test_upserts_keyed_by_avro_message_keys_through_the_registry(broker, home, topic, registry_url):
     """format.value avro with table.key_source message_key: Confluent-framed Avro keys (a record with the id, as
-    Debezium's Avro converter writes them) identify the rows, a tombstone deletes its key. The registry is the
-    local stand-in of `tidewater_dev.sample_data` (no registry can be installed here)."""
+    Debezium's Avro converter writes them) identify the rows, a tombstone deletes its key. The schemas are registered
+    in the session's real registry."""
     import io
     import struct
 
     import fastavro
 
-    from tidewater_dev.sample_data import LocalSchemaRegistry
-
     schemas = {1: {"type": "record", "name": "Value", "fields": [{"name": "item", "type": "string"},
                                                                   {"name": "price", "type": "double"}]},
                2: {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "long"}]}}
-    registry = LocalSchemaRegistry(schemas)
-    url = registry.start()
+    ids = {**registered_avro(registry_url, f"{topic}-value", {1: schemas[1]}),
+           **registered_avro(registry_url, f"{topic}-key", {2: schemas[2]})}
 
     def framed(schema_id: int, record: dict) -> bytes:
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, fastavro.parse_schema(schemas[schema_id]), record)
-        return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
+        return b"\x00" + struct.pack(">I", ids[schema_id]) + buf.getvalue()
 
-    try:
-        spec = load_pipeline(write_pipeline(
-            home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-            format={"value": "avro", "registry_url": url}, validation={"not_null": ["id"]},
-            table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True, "key_source": "message_key"}))
-        model: dict[int, dict] = {}
-        for b in range(2):
-            changes = change_stream(model, 90, keys=25, seed=80 + b)
-            records = [(framed(2, {"id": c.id}), None if c.op == "delete" else framed(1, {"item": c.item, "price": c.price}),
-                        c.id) for c in changes]
-            _produce_keyed(broker, topic, records)
-            ingest_inline(spec)
-            model = apply(model, changes)
-            assert _close(_rows(_table(spec)), model), f"batch {b}"
-    finally:
-        registry.stop()
+    spec = load_pipeline(write_pipeline(
+        home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": "avro", "registry_url": registry_url}, validation={"not_null": ["id"]},
+        table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True, "key_source": "message_key"}))
+    model: dict[int, dict] = {}
+    for b in range(2):
+        changes = change_stream(model, 90, keys=25, seed=80 + b)
+        records = [(framed(2, {"id": c.id}), None if c.op == "delete" else framed(1, {"item": c.item, "price": c.price}),
+                    c.id) for c in changes]
+        _produce_keyed(broker, topic, records)
+        ingest_inline(spec)
+        model = apply(model, changes)
+        assert _close(_rows(_table(spec)), model), f"batch {b}"
 
 
 def test_a_quarantined_change_batch_waits_for_publish_or_drop_and_applies_in_order(broker, home, topic):

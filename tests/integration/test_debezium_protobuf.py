@@ -1,8 +1,8 @@
 """``format.value: debezium_protobuf``: Debezium change events framed by confluent-kafka's real ``ProtobufSerializer``
 (the envelope as Confluent's Protobuf converter writes it: ``before``/``after`` messages of the row's type, nullable
 columns as wrapper types), through the real broker, task code, gate and catalog. The table equals a reference model of
-the source after every batch, under a retried commit and a killed batch, and ``audit --deep`` is clean. The registry
-is the stand-in (``LocalSchemaRegistry``: none can run here); the serializer and the registry client are real."""
+the source after every batch, under a retried commit and a killed batch, and ``audit --deep`` is clean. The schemas
+are registered in a real registry (the session's Apicurio Registry) by the real serializer."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """``format.value: json_schema`` through the real broker, write step and commit: messages framed by confluent-kafka's
-real ``JSONSerializer`` against the schema-registry stand-in (``LocalSchemaRegistry``: no registry can run here; the
-serializer and the registry client are the real ones)."""
+real ``JSONSerializer`` against a real schema registry (Apicurio Registry's Confluent API, the session's
+``registry_server``), which assigns the schema ids."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -37,6 +37,12 @@ def _serialize(url: str, schema: dict, records: list[dict], topic: str) -> list[
     """The real serializer, its validation off so that records breaking the schema can be produced too."""
     ser = JSONSerializer(json.dumps(schema), SchemaRegistryClient({"url": url}), conf={"validate": False})
     return [ser(r, SerializationContext(topic, MessageField.VALUE)) for r in records]
+
+
+def _schema_id(url: str, schema: dict, topic: str) -> int:
+    """The id the registry gave ``schema`` under the topic's value subject."""
+    found = SchemaRegistryClient({"url": url}).lookup_schema(f"{topic}-value", Schema(json.dumps(schema), "JSON"))
+    return found.schema_id
 
 
 def test_json_schema_records_land_typed_a_new_version_adds_columns_and_bad_ones_are_dead_letters(broker, home, topic,
@@ -91,8 +97,9 @@ def test_a_chunk_of_two_schema_versions_that_give_a_column_two_types_is_refused_
     produce_to_partition(broker.bootstrap, topic, 0, values)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           format={"value": "json_schema", "registry_url": registry_url, "metadata": "none"})
-    with pytest.raises(TerminalBatchWriteError, match=r"field qty: schema id 1 gives it type int64, schema id 2 type "
-                                                      r"string; a column has one type"):
+    v1, changed = _schema_id(registry_url, V1, topic), _schema_id(registry_url, CHANGED, topic)
+    with pytest.raises(TerminalBatchWriteError, match=rf"field qty: schema id {v1} gives it type int64, schema id {changed} "
+                                                      r"type string; a column has one type"):
         ingest_inline(load_pipeline(path))
     table = table_of(path)
     assert table is None or table.current_snapshot() is None
@@ -109,8 +116,10 @@ def test_records_of_a_schema_version_that_changes_a_column_s_type_are_refused_ag
     ingest_inline(spec)
     before = table_of(path).current_snapshot().snapshot_id
     produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry_url, CHANGED, [{**first, "qty": "one"}], topic))
-    with pytest.raises(TerminalBatchWriteError, match=r"field qty: schema id 2 gives it type string, table rpc.orders "
-                                                      r"has int64 \(added by schema id 1\); an incompatible schema change"):
+    v1, changed = _schema_id(registry_url, V1, topic), _schema_id(registry_url, CHANGED, topic)
+    with pytest.raises(TerminalBatchWriteError, match=rf"field qty: schema id {changed} gives it type string, table "
+                                                      rf"rpc.orders has int64 \(added by schema id {v1}\); an "
+                                                      r"incompatible schema change"):
         ingest_inline(spec)
     table = table_of(path)
     assert table.current_snapshot().snapshot_id == before and committed_state(table).offsets == {topic: {0: 1}}
@@ -149,3 +158,40 @@ def test_a_json_schema_map_lands_as_a_map_column_and_an_unmappable_schema_id_is_
     assert committed_state(table).offsets == {topic: {0: 5}}
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
+def test_a_ref_to_another_registered_schema_lands_its_fields_as_columns(broker, home, topic, registry_url):
+    """An order schema whose ``customer`` is ``{"$ref": "customer.json"}`` and ``ship_to``
+    ``{"$ref": "customer.json#/$defs/address"}``, registered with a reference to the customer subject, which refers to
+    the country subject in turn, as a producer registers them: the registry keeps the references, the pipeline
+    follows them, and the referenced fields are the table's columns."""
+    from confluent_kafka.schema_registry import SchemaReference
+
+    client = SchemaRegistryClient({"url": registry_url})
+    country = {"type": "object", "properties": {"code": {"type": "string"}}}
+    client.register_schema(f"{topic}-country", Schema(json.dumps(country), "JSON"))
+    customer = {"type": "object", "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/address"}},
+                "$defs": {"address": {"type": "object", "properties": {
+                    "city": {"type": "string"}, "country": {"$ref": "country.json"}}}}}
+    client.register_schema(f"{topic}-customer", Schema(json.dumps(customer), "JSON",
+                                                       [SchemaReference("country.json", f"{topic}-country", 1)]))
+    order = {"type": "object", "properties": {"id": {"type": "integer"}, "customer": {"$ref": "customer.json"},
+                                              "ship_to": {"$ref": "customer.json#/$defs/address"}}}
+    ser = JSONSerializer(Schema(json.dumps(order), "JSON", [SchemaReference("customer.json", f"{topic}-customer", 1)]),
+                         client, conf={"validate": False})
+    values = [{"id": i, "customer": {"name": f"c{i}", "home": {"city": "Oslo", "country": {"code": "NO"}}},
+               "ship_to": {"city": "Rome", "country": {"code": "IT"}}} for i in range(3)]
+    produce_to_partition(broker.bootstrap, topic, 0, [ser(v, SerializationContext(topic, MessageField.VALUE))
+                                                      for v in values])
+    registered = client.get_schema(client.get_latest_version(f"{topic}-value").schema_id)
+    assert [r.name for r in registered.references] == ["customer.json"]
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+                          format={"value": "json_schema", "registry_url": registry_url, "metadata": "none"},
+                          validation={"not_null": []})
+    result = ingest_inline(load_pipeline(path))
+    assert (result.records, result.dead_letters) == (3, 0)
+    table = table_of(path)
+    types = {f.name: str(f.field_type) for f in table.schema().fields}
+    assert set(types) == {"id", "customer", "ship_to"} and "country: optional struct<" in types["customer"]
+    assert sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"]) == values
+    assert committed_state(table).offsets == {topic: {0: 3}}

@@ -1,7 +1,7 @@
 """``format.value: protobuf`` through the real broker, write step and commit: messages framed by confluent-kafka's real
-``ProtobufSerializer`` against the schema-registry stand-in (``LocalSchemaRegistry``: no registry can run here; the
-serializer and the registry client are the real ones). Each schema version's classes are built from descriptors in a
-pool of their own, as two builds of ``shop/events.proto`` would be."""
+``ProtobufSerializer`` against a real schema registry (Apicurio Registry's Confluent API, the session's
+``registry_server``), which assigns the ids and keeps imported files as references. Each schema version's classes are
+built from descriptors in a pool of their own, as two builds of ``shop/events.proto`` would be."""
 
 from __future__ import annotations
 
@@ -151,5 +151,10 @@ def test_an_orders_schema_with_every_kind_of_field_lands_with_iceberg_types(brok
     rows = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}
     assert rows["a"]["big"] == Decimal(2**64 - 1) and rows["a"]["status"] == "PAID" and rows["a"]["payment_case"] == "card"
     assert rows["a"]["lines"] == [{"sku": "s", "qty": 4_000_000_000}] and rows["order_b"]["payment_case"] == "cash"
+    # the imported file's message came from the registry, where the serializer registered it as a reference
+    assert rows["a"]["total"] == {"units": 12, "currency": ""} and rows["order_b"]["total"] is None
+    client = SchemaRegistryClient({"url": registry_url})
+    latest = client.get_latest_version(f"{topic}-value")
+    assert [r.name for r in client.get_schema(latest.schema_id).references] == ["shop/money.proto"]
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]

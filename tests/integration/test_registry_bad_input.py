@@ -1,8 +1,9 @@
 """Bad input of the schema-registry formats (``json_schema``, ``protobuf``): each kind a dead letter of its own class with
 its coordinates, alone in a chunk and mixed with good neighbours, never a failed batch, and the accounting adds up
 (read = rows + dead letters + skipped); an unreachable registry stops the batch as transient and commits nothing.
-Through the real broker, write task code and catalog; good messages come from confluent-kafka's real serializers, the
-registry is the stand-in (``LocalSchemaRegistry``: none can run here)."""
+Through the real broker, write task code and catalog; good messages come from confluent-kafka's real serializers
+through a real registry (the session's Apicurio Registry). The unreachable registry is the stand-in
+(``LocalSchemaRegistry``), stopped by the test: the session's real one serves other tests."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from tests.conftest import ingest_inline, produce_to_partition, stage_inline, table_of, write_pipeline
+from tests.conftest import UNKNOWN_SCHEMA_ID, ingest_inline, produce_to_partition, stage_inline, table_of, write_pipeline
 from tests.integration.test_bad_input import _dead_letter_classes
 from tidewater.config.parse import load_pipeline
 from tidewater.errors import TransientBatchWriteError
@@ -52,7 +53,7 @@ def _json_schema_corpus(url: str, topic: str) -> tuple:
     good = framed({"order_id": "g", "store_id": 1})
     head = good[:5]
     corpus = [
-        ("unknown schema id", b"\x00" + (999).to_bytes(4, "big") + b'{"order_id": "u"}', "UnknownSchemaId"),
+        ("unknown schema id", b"\x00" + UNKNOWN_SCHEMA_ID.to_bytes(4, "big") + b'{"order_id": "u"}', "UnknownSchemaId"),
         ("wrong magic byte", b"\x01" + good[1:], "NotConfluentJsonSchema"),
         ("too short for a frame", b"\x00\x00", "NotConfluentJsonSchema"),
         ("a string for an integer", framed({"order_id": "s", "store_id": "many"}), "SchemaViolation"),
@@ -77,7 +78,7 @@ def _protobuf_corpus(url: str, topic: str) -> tuple:
     good = framed(order, order_id="g", store_id=1)
     head = good[:5]
     corpus = [
-        ("unknown schema id", b"\x00" + (999).to_bytes(4, "big") + good[5:], "UnknownSchemaId"),
+        ("unknown schema id", b"\x00" + UNKNOWN_SCHEMA_ID.to_bytes(4, "big") + good[5:], "UnknownSchemaId"),
         ("wrong magic byte", b"\x01" + good[1:], "NotConfluentProtobuf"),
         ("too short for a frame", b"\x00\x00", "NotConfluentProtobuf"),
         ("message index out of range", head + b"\x02\x08" + good[6:], "MessageIndexOutOfRange"),
@@ -96,9 +97,9 @@ CORPORA = {"json_schema": _json_schema_corpus, "protobuf": _protobuf_corpus}
 
 @pytest.mark.parametrize("chunk_records", [1, 1000], ids=["alone", "mixed"])
 @pytest.mark.parametrize("fmt", sorted(CORPORA))
-def test_every_kind_of_bad_input_of_a_registry_format_has_its_outcome_alone_or_mixed(broker, home, topic, schema_registry, fmt,
+def test_every_kind_of_bad_input_of_a_registry_format_has_its_outcome_alone_or_mixed(broker, home, topic, registry_url, fmt,
                                                                                      chunk_records):
-    _, url = schema_registry
+    url = registry_url
     settings, good, corpus = CORPORA[fmt](url, topic)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
                           batch={"chunk_records": chunk_records}, validation={"not_null": []},

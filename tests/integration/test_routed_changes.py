@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests.conftest import produce_to_partition, stage_inline, write_pipeline
+from tests.conftest import produce_to_partition, registered_avro, stage_inline, write_pipeline
 from tidewater.audit.pipeline import audit
 from tidewater.commit import batch as committing
 from tidewater.config.parse import load_pipeline
@@ -524,62 +524,59 @@ def test_a_quarantined_table_of_a_routed_batch_waits_for_publish_or_drop_while_t
     assert any("quarantined" in f.text() for f in report.findings if f.table == "rpc.hist1")
 
 
-def test_debezium_avro_topics_with_avro_keys_evolve_and_name_their_id_columns(broker, home, topic):
+def test_debezium_avro_topics_with_avro_keys_evolve_and_name_their_id_columns(broker, home, topic, registry_url):
     """A routed `debezium_avro` pipeline over two topics, keys and values Confluent-framed Avro: the id columns come
     from the key schema (through the registry), and a second value schema version that adds a column evolves that
-    table within the batch. After each batch both tables equal their sources. The registry is the local stand-in
-    of `tidewater_dev.sample_data` (no schema registry can be installed here)."""
+    table within the batch. After each batch both tables equal their sources. The schemas are registered in the
+    session's real registry."""
     from tests.integration.test_changes import VALUE, VALUE2, _envelope
-    from tidewater_dev.sample_data import LocalSchemaRegistry, avro_framed
+    from tidewater_dev.sample_data import avro_framed
 
     key_schema = {"type": "record", "name": "Key", "namespace": "pg.public.prices", "fields": [{"name": "id", "type": "int"}]}
     schemas = {1: _envelope(VALUE), 2: _envelope(VALUE2), 3: key_schema}
-    registry = LocalSchemaRegistry(schemas)
-    url = registry.start()
+    ids = {**registered_avro(registry_url, f"{topic}-value", {1: schemas[1], 2: schemas[2]}),
+           **registered_avro(registry_url, f"{topic}-key", {3: key_schema})}
 
     def framed(schema_id: int, record: dict) -> bytes:
-        return avro_framed([json.dumps(record).encode()], schema_id, schemas[schema_id])[0]
+        return avro_framed([json.dumps(record).encode()], ids[schema_id], schemas[schema_id])[0]
 
-    try:
-        spec = database_by_pattern(home, broker, topic, table={"identifier": "", "upsert": True},
-                                   format={"value": "debezium_avro", "registry_url": url})
-        models: dict[str, dict[int, dict]] = {"a": {}, "b": {}}
-        for b, (name, schema_id) in enumerate([("a", 1), ("b", 1), ("a", 2)]):
-            for table, model in models.items():
-                sid = schema_id if table == name else 1
-                extra = {"currency": "EUR"} if sid == 2 else {}
-                by_part: dict[int, tuple[list, list]] = defaultdict(lambda: ([], []))
-                for c in change_stream(model, 30, keys=10, seed=10 * b + len(table) + (table == "b")):
-                    before = model.get(c.id)
-                    op = {"insert": "c", "update": "u", "delete": "d"}[c.op]
-                    image = {"before": ({**before, **extra} if before else {"id": c.id, "item": None, "price": None, **extra})
-                             if c.op != "insert" else None, "after": None if c.op == "delete" else {**c.row(), **extra},
-                             "op": op, "ts_ms": 1}
-                    keys, values = by_part[c.id % PARTITIONS]
+    spec = database_by_pattern(home, broker, topic, table={"identifier": "", "upsert": True},
+                               format={"value": "debezium_avro", "registry_url": registry_url})
+    models: dict[str, dict[int, dict]] = {"a": {}, "b": {}}
+    for b, (name, schema_id) in enumerate([("a", 1), ("b", 1), ("a", 2)]):
+        for table, model in models.items():
+            sid = schema_id if table == name else 1
+            extra = {"currency": "EUR"} if sid == 2 else {}
+            by_part: dict[int, tuple[list, list]] = defaultdict(lambda: ([], []))
+            for c in change_stream(model, 30, keys=10, seed=10 * b + len(table) + (table == "b")):
+                before = model.get(c.id)
+                op = {"insert": "c", "update": "u", "delete": "d"}[c.op]
+                image = {"before": ({**before, **extra} if before else {"id": c.id, "item": None, "price": None, **extra})
+                         if c.op != "insert" else None, "after": None if c.op == "delete" else {**c.row(), **extra},
+                         "op": op, "ts_ms": 1}
+                keys, values = by_part[c.id % PARTITIONS]
+                keys.append(framed(3, {"id": c.id}))
+                values.append(framed(sid, image))
+                if c.op == "delete":
                     keys.append(framed(3, {"id": c.id}))
-                    values.append(framed(sid, image))
-                    if c.op == "delete":
-                        keys.append(framed(3, {"id": c.id}))
-                        values.append(None)
-                        model.pop(c.id, None)
-                    else:
-                        model[c.id] = {**c.row(), **extra}
-                for p, (keys, values) in sorted(by_part.items()):
-                    produce_to_partition(broker.bootstrap, f"{topic}.inv.{table}", p, values, partitions=PARTITIONS, keys=keys)
-            plan, manifest = stage_inline(spec)
-            validate_step(spec, plan, manifest)
-            assert commit_step(spec, plan, manifest).status == "committed"
-            for table, model in models.items():
-                got = table_rows(spec, f"rpc.{table}")
-                assert {k: v["item"] for k, v in got.items()} == {k: v["item"] for k, v in model.items()}, (b, table)
-        catalog = load_catalog(spec)
-        for table in models:
-            schema = load_table(catalog, f"rpc.{table}").schema()
-            assert [schema.find_column_name(i) for i in schema.identifier_field_ids] == ["id"]
-        assert "currency" in load_table(catalog, "rpc.a").schema().column_names
-        assert "currency" not in load_table(catalog, "rpc.b").schema().column_names
-    finally:
-        registry.stop()
+                    values.append(None)
+                    model.pop(c.id, None)
+                else:
+                    model[c.id] = {**c.row(), **extra}
+            for p, (keys, values) in sorted(by_part.items()):
+                produce_to_partition(broker.bootstrap, f"{topic}.inv.{table}", p, values, partitions=PARTITIONS, keys=keys)
+        plan, manifest = stage_inline(spec)
+        validate_step(spec, plan, manifest)
+        assert commit_step(spec, plan, manifest).status == "committed"
+        for table, model in models.items():
+            got = table_rows(spec, f"rpc.{table}")
+            assert {k: v["item"] for k, v in got.items()} == {k: v["item"] for k, v in model.items()}, (b, table)
+    catalog = load_catalog(spec)
+    for table in models:
+        schema = load_table(catalog, f"rpc.{table}").schema()
+        assert [schema.find_column_name(i) for i in schema.identifier_field_ids] == ["id"]
+    assert "currency" in load_table(catalog, "rpc.a").schema().column_names
+    assert "currency" not in load_table(catalog, "rpc.b").schema().column_names
 
 
 def test_routed_upsert_tables_keyed_by_the_message_key(broker, home, topic):

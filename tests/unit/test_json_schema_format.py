@@ -1,6 +1,6 @@
 """The ``json_schema`` value format's decoder on chunks framed by confluent-kafka's real ``JSONSerializer`` against the
-schema-registry stand-in (``LocalSchemaRegistry``: no registry can run here; the serializer and the registry client
-are the real ones). The same through the broker and a batch: ``tests/integration/test_json_schema.py``."""
+schema-registry stand-in (``LocalSchemaRegistry``: the unit tests start no JVM; the serializer and the registry
+client are the real ones). The same through the broker and a batch: ``tests/integration/test_json_schema.py``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The schema-registry stand-in (``tidewater_dev.sample_data.LocalSchemaRegistry``) answers confluent-kafka's real
 clients and serializers as Confluent's registry does: schema types, references, subjects and versions. It stands in
-for a registry because none can run here; the serializers and the client talking to it are the real ones."""
+for a registry in the unit tests (no JVM), the demo and the benchmarks, and where a test needs what the real registry
+of the integration tests (Apicurio Registry) cannot do here: basic auth, a registry that stops or forgets a schema.
+The serializers and the client talking to it are the real ones."""
 
 from __future__ import annotations
 
