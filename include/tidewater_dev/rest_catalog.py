@@ -5,11 +5,17 @@ SQLite store answer the REST spec's routes; the Java file is the HTTP front (rou
 credentials). Why not Iceberg's REST fixture, Nessie or Polaris: none of their servers is served from Maven
 Central here (see jvm/rest-catalog/pom.xml).
 
-Settings reach the server through its environment (the client secret never on a command line). Two routes of its
-own serve the tests: ``GET /test/stats`` counts requests by route, tokens issued and expired tokens refused, and
-``POST /test/fail-commits?n=N`` refuses the next N table commits with 409 CommitFailedException, as a concurrent
-committer would; ``POST /test/expire?max-age-ms=N`` is the catalog maintaining its tables itself (S3 Tables expires
-snapshots older than 120 hours on its own schedule): Iceberg's ExpireSnapshots on every table, at the test's call.
+The server offers the multi-table commit (``POST /v1/{prefix}/transactions/commit``): every table's requirements
+checked, then every table's updates applied, under the lock all its commits take (the Java file says what is not
+atomic there: a crash of the server itself between two tables).
+
+Settings reach the server through its environment (the client secret never on a command line). Routes of its own
+serve the tests: ``GET /test/stats`` counts requests by route, tokens issued, expired tokens refused and
+transactions committed; ``POST /test/fail-commits?n=N`` refuses the next N commits with 409 CommitFailedException,
+as a concurrent committer would; ``POST /test/hold-transactions?ms=N`` makes the next multi-table commit wait before
+it applies, for a kill test; ``POST /test/expire?max-age-ms=N`` is the catalog maintaining its tables itself (S3
+Tables expires snapshots older than 120 hours on its own schedule): Iceberg's ExpireSnapshots on every table, at the
+test's call.
 """
 
 from __future__ import annotations
@@ -60,8 +66,15 @@ class RestCatalogServer(LocalServer):
             return int(json.loads(r.read())["expired"])
 
     def fail_commits(self, n: int) -> None:
-        """Refuse the next ``n`` table commits with 409 CommitFailedException."""
-        req = urllib.request.Request(f"{self.url}/test/fail-commits?n={n}", method="POST", data=b"")
+        """Refuse the next ``n`` table commits (a multi-table commit counts once) with 409 CommitFailedException."""
+        self._post(f"/test/fail-commits?n={n}")
+
+    def hold_transactions(self, ms: int) -> None:
+        """Make the next multi-table commit wait ``ms`` after its requirements are checked, before it applies."""
+        self._post(f"/test/hold-transactions?ms={ms}")
+
+    def _post(self, route: str) -> None:
+        req = urllib.request.Request(self.url + route, method="POST", data=b"")
         urllib.request.urlopen(req, timeout=10).close()
 
 

@@ -186,9 +186,11 @@ def test_a_crash_between_two_tables_commits_applies_each_change_once(broker, cat
     """The commit step dies after the first of three change tables committed its row delta. (1) Airflow's retry
     of the commit step applies the other two and the checkpoint; the first table is not changed again. (2) The
     same crash on the next batch, whose staged files are then lost: a new plan from the checkpoint re-reads the
-    range, the writer drops the changes the first table already applied, and every table equals its source."""
+    range, the writer drops the changes the first table already applied, and every table equals its source. The
+    one-by-one commit on every catalog (``multi_table_commit: never``: on REST a routed batch otherwise commits in one
+    transaction, tests/integration/test_rest_catalog.py)."""
     sources = [Source(f"{topic}-s{i}") for i in range(3)]
-    spec = database_pipeline(home, broker, [s.topic for s in sources])
+    spec = database_pipeline(home, broker, [s.topic for s in sources], catalog={"multi_table_commit": "never"})
     real = committing.commit_table_output
     calls: list[str] = []
 

@@ -1,7 +1,8 @@
 """The ``protobuf`` value format's decoder on chunks framed by confluent-kafka's real ``ProtobufSerializer`` against the
 schema-registry stand-in (``LocalSchemaRegistry``: the unit tests start no JVM; the serializer, the registry client
-and the reference resolver are the real ones; the integration tests run the same schemas on a real registry). The message classes are built from descriptors (``descriptor_pb2``), as
-``protoc`` would compile them from ``shop/orders.proto`` importing ``shop/money.proto`` and the well-known types."""
+and the reference resolver are the real ones; the integration tests run the same schemas on a real registry). The
+message classes are built from descriptors (``descriptor_pb2``), as ``protoc`` would compile them from
+``shop/orders.proto`` importing ``shop/money.proto`` and the well-known types."""
 
 from __future__ import annotations
 

@@ -53,15 +53,16 @@ from tidewater.batch import (
 from tidewater.commit.attempt import TargetAttempt, remove_staged
 from tidewater.commit.changes import APPLY, REAPPLY, RETRY, row_delta_attempt
 from tidewater.commit.dead_letters import DeadLetterSink
-from tidewater.commit.holders import Checkpoint, OwnSnapshot
-from tidewater.commit.primitive import Change, OffsetsExpected, commit
+from tidewater.commit.holders import Checkpoint, OwnSnapshot, checkpoint_change
+from tidewater.commit.primitive import Change, Committed, OffsetsExpected, commit
 from tidewater.commit.quarantine import quarantine_change
 from tidewater.commit.replay import refuse_rows_held_since_written, replay_change, replay_summary
 from tidewater.commit.result import CommitResult, TableCommit
+from tidewater.commit.together import Part, commit_together, offers_transactions
 from tidewater.config.parse import load_pipeline
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
-from tidewater.table.catalog import commit_slots, create_table
+from tidewater.table.catalog import commit_slots, create_table, load_table
 from tidewater.table.provisional import confirm_keys
 from tidewater.table.summary import (
     DATA_INTERVAL,
@@ -69,6 +70,7 @@ from tidewater.table.summary import (
     QUARANTINED,
     RANGES,
     committed_state,
+    find_batch_snapshot,
     quarantine_branch,
     summary_properties,
 )
@@ -266,26 +268,34 @@ KINDS: dict[tuple[str, Mode], Callable[[Any, Target], Change]] = {
 }
 
 
-def commit_table_output(catalog: Catalog, plan: BatchPlan, out: TableOutput, target: Target) -> str:
-    """Commit one target table's part of the batch, once (by batch id), with the change ``KINDS`` gives it and its
-    offsets requirement; returns the status (the commit itself is kept in ``target.attempt.done``). A change
-    table's staged change files are removed after."""
+def target_change(target: Target) -> Callable[[Any], Change]:
+    """How one target's change is prepared on the table as loaded: the change ``KINDS`` gives it, with its offsets
+    requirement and the offsets tag (every target's snapshot carries its offsets: the tag keeps the newest through
+    other tools' expiry). The same for a commit of its own and for a multi-table one (``commit/together.py``)."""
     choose = KINDS.get((target.kind, target.mode))
     if choose is None:
         raise TerminalError(f"{target.job.what}: a {target.kind} table is not committed in mode {target.mode}",
-                            table=out.table, batch_id=plan.batch_id)
+                            table=target.out.table, batch_id=target.job.plan.batch_id)
     expect = target.expected()
 
     def prepare(table: Any) -> Change:
-        # every target's snapshot carries its offsets: the tag keeps the newest through other tools' expiry
         change = choose(table, target)
         target.attempt.stamp(change.properties)
         return dataclasses.replace(change, expect=expect, tag=OFFSETS_TAG)
 
+    return prepare
+
+
+def on_missing_target(catalog: Catalog, target: Target) -> Callable[[], Any] | None:
+    """What a target's commit does when its table does not exist (``missing_table``; None: that is terminal)."""
     created = target.role.created_at_commit and target.job.ingests
-    on_missing = missing_table(catalog, plan, target.job.manifest) if created else None
-    done = commit(catalog, out.table, prepare, marker=plan.batch_id, what=target.job.what,
-                  max_attempts=target.job.max_attempts, on_missing=on_missing)
+    return missing_table(catalog, target.job.plan, target.job.manifest) if created else None
+
+
+def target_done(target: Target, done: Committed) -> str:
+    """After a target's commit (of its own or with the others): kept in its attempt, a change table's staged change
+    files removed, the commit logged; returns its status."""
+    out = target.out
     target.attempt.done = done
     if target.kind == "change":
         remove_staged(done.table, out.data_files)
@@ -295,6 +305,15 @@ def commit_table_output(catalog: Catalog, plan: BatchPlan, out: TableOutput, tar
                  f" (branch {out.branch})" if out.branch else "", out.rows,
                  f" ({', '.join(f'{k} {v}' for k, v in counts.items() if isinstance(v, int))})" if counts else "")
     return done.status
+
+
+def commit_table_output(catalog: Catalog, plan: BatchPlan, out: TableOutput, target: Target) -> str:
+    """Commit one target table's part of the batch, once (by batch id), with the change ``KINDS`` gives it and its
+    offsets requirement; returns the status (the commit itself is kept in ``target.attempt.done``). A change
+    table's staged change files are removed after."""
+    done = commit(catalog, out.table, target_change(target), marker=plan.batch_id, what=target.job.what,
+                  max_attempts=target.job.max_attempts, on_missing=on_missing_target(catalog, target))
+    return target_done(target, done)
 
 
 # ---- the batch: every target, then the holder, then the dead letters ----------------------------------------
@@ -327,8 +346,39 @@ def commit_batch(
         return answered
     todo = [Target(job, o, target_view(job.spec, catalog, o.table), o.table in held) for o in outputs
             if o.data_files or target_role(job.spec, o.table).committed_without_rows]
+    if commits_together(catalog, job):
+        timings = commit_targets_together(catalog, job, todo, sorted(held))
+        return holder.finish(outputs, todo, timings, held, holder_committed=True)
     timings = commit_targets(catalog, todo)
     return holder.finish(outputs, todo, timings, held)
+
+
+def commits_together(catalog: Catalog, job: BatchCommit) -> bool:
+    """Whether the batch's tables and its checkpoint commit in one catalog transaction (``commit/together.py``): a
+    routed ingest (a replay leaves the checkpoint as it is) on a catalog that offers it, unless
+    ``catalog.multi_table_commit`` is ``never``."""
+    return (job.ingests and not job.spec.targets.fused and job.spec.catalog.multi_table_commit == "auto"
+            and offers_transactions(catalog))
+
+
+def commit_targets_together(catalog: Catalog, job: BatchCommit, todo: list[Target], held: list[str]) -> list[TableCommit]:
+    """Every target's change and the checkpoint's (``holders.checkpoint_change``), prepared as their own commits
+    would be, in one catalog transaction; the outcomes read back from the tables, the checkpoint's last. The
+    transaction's attempts are the checkpoint's (``commit_retries`` counts a retried transaction once)."""
+    plan, holder = job.plan, job.spec.targets.holder
+    parts = [Part(t.out.table, target_change(t), on_missing_target(catalog, t)) for t in todo]
+    t0 = time.monotonic()
+    attempts = commit_together(catalog, [*parts, Part(holder, checkpoint_change(job, held))], marker=plan.batch_id,
+                               what=f"{job.what} (one transaction)", max_attempts=job.max_attempts)
+    seconds = round(time.monotonic() - t0, 4)
+    timings = []
+    for t in todo:
+        table = load_table(catalog, t.out.table)
+        found = find_batch_snapshot(table, plan.batch_id) if table is not None else None
+        done = Committed("committed" if found else "nothing-to-commit", table, found.snapshot_id if found else None)
+        timings.append(TableCommit(table=t.out.table, status=target_done(t, done), rows=t.out.rows,  # type: ignore[arg-type]
+                                   seconds=seconds, snapshot_id=done.snapshot_id))
+    return [*timings, TableCommit(table=holder, status="checkpoint", rows=0, seconds=seconds, attempts=attempts)]
 
 
 def commit_targets(catalog: Catalog, todo: list[Target]) -> list[TableCommit]:

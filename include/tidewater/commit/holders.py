@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +61,7 @@ class OwnSnapshot:
         return None
 
     def finish(self, outputs: tuple[TableOutput, ...], todo: list[Target], timings: list[TableCommit],
-               held: set[str]) -> CommitResult:
+               held: set[str], holder_committed: bool = False) -> CommitResult:
         """The outcome: the table's one snapshot (data and offsets), then the batch's dead letters."""
         job, target = self.job, todo[0]
         plan, manifest = job.plan, job.manifest
@@ -108,14 +109,16 @@ class Checkpoint:
         return None
 
     def finish(self, outputs: tuple[TableOutput, ...], todo: list[Target], timings: list[TableCommit],
-               held: set[str]) -> CommitResult:
-        """After the tables: an ingest commits the checkpoint, then the dead letters. The outcome lists every table."""
+               held: set[str], holder_committed: bool = False) -> CommitResult:
+        """After the tables: an ingest commits the checkpoint (unless it was ``holder_committed`` with them, in one
+        transaction), then the dead letters. The outcome lists every table."""
         job, plan, manifest = self.job, self.job.plan, self.job.manifest
         if job.ingests:
-            t0 = time.monotonic()
-            commit_checkpoint(self.catalog, job, sorted(held))
-            timings.append(TableCommit(table=self.ident, status="checkpoint", rows=0,
-                                       seconds=round(time.monotonic() - t0, 4)))
+            if not holder_committed:
+                t0 = time.monotonic()
+                commit_checkpoint(self.catalog, job, sorted(held))
+                timings.append(TableCommit(table=self.ident, status="checkpoint", rows=0,
+                                           seconds=round(time.monotonic() - t0, 4)))
             commit_dead_letters(self.catalog, plan, manifest, self.sink)
         log.info("%s: %s%s", job.what, ", ".join(f"{t.table}: {t.status}" for t in timings) or "no rows for any table",
                  f"; the checkpoint {self.ident}" if job.ingests else "")
@@ -146,10 +149,11 @@ def checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -
     }, schema=CHECKPOINT_SCHEMA)
 
 
-def commit_checkpoint(catalog: Catalog, job: BatchCommit, held: list[str]) -> None:
-    """The checkpoint's row and snapshot, last: the batch's offsets and accounting (records read = records routed
-    to at least one table + dead letters + skipped), and the tables the gate quarantined (where the planner looks
-    for change tables waiting on a quarantined batch)."""
+def checkpoint_change(job: BatchCommit, held: list[str]) -> Callable[[Any], Change]:
+    """How the checkpoint's change is prepared: its row and snapshot with the batch's offsets and accounting
+    (records read = records routed to at least one table + dead letters + skipped), and the tables the gate
+    quarantined (where the planner looks for change tables waiting on a quarantined batch). The same for its commit
+    of its own and for a multi-table one (``commit/together.py``)."""
     plan, manifest = job.plan, job.manifest
     offsets = plan.end_offsets()
     expect = job.holder_expected()
@@ -161,9 +165,15 @@ def commit_checkpoint(catalog: Catalog, job: BatchCommit, held: list[str]) -> No
             props[QUARANTINED_TABLES] = json.dumps(held, separators=(",", ":"))
         return Change(props, rows=checkpoint_row(plan, manifest, offsets), expect=expect, tag=OFFSETS_TAG)
 
+    return prepare
+
+
+def commit_checkpoint(catalog: Catalog, job: BatchCommit, held: list[str]) -> None:
+    """The checkpoint's commit of its own, last (``checkpoint_change``)."""
+    plan = job.plan
     try:
-        commit(catalog, plan.table, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id} (checkpoint)",
-               max_attempts=job.max_attempts)
+        commit(catalog, plan.table, checkpoint_change(job, held), marker=plan.batch_id,
+               what=f"batch {plan.batch_id} (checkpoint)", max_attempts=job.max_attempts)
     except TransientError:
         raise TransientError("the tables are committed but the checkpoint is not yet; retry the commit step",
                              table=plan.table, batch_id=plan.batch_id) from None

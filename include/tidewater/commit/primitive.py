@@ -148,7 +148,7 @@ def _data_files(table: Table, files: tuple[Any, ...]) -> list[Any]:
     return [f if isinstance(f, DataFile) else f.to_data_file(table.format_version) for f in files]
 
 
-def _ensure_branch_base(view: Table, branch: str | None) -> None:
+def ensure_branch_base(view: Table, branch: str | None) -> None:
     """A table without any snapshot accepts writes to main only: an empty snapshot on main comes first
     (no files, no offsets), then the branch starts with the change."""
     if not branch or branch == "main" or view.metadata.current_snapshot_id is not None or view.metadata.snapshots:
@@ -259,7 +259,7 @@ def commit(
             change.expect.check(table, ident)
         view = without_commit_retries(table)
         try:
-            _ensure_branch_base(view, change.branch)
+            ensure_branch_base(view, change.branch)
             with view.transaction() as tx:
                 apply_change(tx, view, change)
         except Exception as e:

@@ -37,6 +37,7 @@ MetadataColumns = Literal["none", "prefixed", "struct"]
 DeadLetterPolicy = Literal["dead_letter", "fail", "skip"]
 TruncatePolicy = Literal["dead_letter", "apply"]
 KeySource = Literal["value", "message_key"]
+MultiTableCommit = Literal["auto", "never"]
 Unmatched = Literal["dead_letter", "skip"]
 NotNullPolicy = Literal["fail", "dead_letter"]
 UniqueIds = Literal["none", "batch", "table"]
@@ -439,6 +440,14 @@ class CatalogSpec:
         "checkpoint or dead-letter table only by case is refused, so no record can reach a protected or another "
         "pipeline's table by its spelling. On: route values keep their case (`VT` and `vt` name two tables).",
         default=False,
+    )
+    multi_table_commit: MultiTableCommit = _doc(
+        "How a routed batch commits its tables. `auto`: in one catalog transaction where the catalog offers the "
+        "Iceberg REST spec's multi-table commit (`POST /v1/{prefix}/transactions/commit` among the endpoints its "
+        "`/v1/config` lists): every table's change and the checkpoint land together or not at all; elsewhere one "
+        "table after another with the checkpoint last (a batch cut short is finished by the retried commit step or "
+        "re-planned from the checkpoint). `never`: one after another on every catalog.",
+        default="auto",
     )
 
 

@@ -1,0 +1,139 @@
+"""Several tables' changes in one catalog transaction: the Iceberg REST spec's multi-table commit.
+
+A routed ingest on a catalog that offers ``POST /v1/{prefix}/transactions/commit`` (among the endpoints its
+``/v1/config`` lists; ``catalog.multi_table_commit: auto``) commits every target table and its checkpoint in one
+request, which the catalog applies whole or not at all (``commit/batch.py: commit_targets_together``). Each table's
+change is prepared exactly as its commit of its own would prepare it (the same ``Change``: snapshots, properties,
+offsets tag and offsets requirement, checked here on the table as just loaded); what would have been that table's
+commit (pyiceberg's staged updates and requirements, with the table's UUID) becomes one entry of the request. The
+Iceberg Kafka Connect sink commits table by table.
+
+Retried like the primitive (``commit/primitive.py``): a conflict (409) or an unknown outcome (a 5xx, a lost
+connection) refreshes every table and starts again; the last table (the checkpoint) carrying the marker says the
+transaction landed, and then every table has it, since the catalog applied all or nothing. A table that already
+carries the marker (a one-by-one commit cut short before the catalog offered transactions) is left as it is.
+
+pyiceberg (0.12) has no public multi-table commit: its ``Transaction`` keeps the staged updates and requirements in
+``_updates`` and ``_requirements`` and hands them to the catalog in ``commit_transaction``; ``stage`` reads them
+there, and ``post`` sends them through the REST catalog's own session (its auth, token refresh and headers).
+tests/unit/test_together.py pins that shape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tidewater.commit.primitive import (
+    Change,
+    apply_change,
+    ensure_branch_base,
+    failed_attempt,
+    without_commit_retries,
+)
+from tidewater.errors import TerminalError, TransientError
+from tidewater.table.catalog import catalog_failure, load_table
+from tidewater.table.summary import BATCH_ID, find_marked_snapshot
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+TRANSACTIONS = "POST /v1/{prefix}/transactions/commit"
+
+
+def offers_transactions(catalog: Catalog) -> bool:
+    """Whether ``catalog`` is a REST catalog whose server lists the multi-table commit among its endpoints."""
+    endpoints = getattr(catalog, "_supported_endpoints", None) or ()  # pyiceberg's RestCatalog, from /v1/config
+    return any(str(e) == TRANSACTIONS for e in endpoints)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One table of a transaction: how its change is prepared on the table as loaded (None: nothing to commit), and
+    what to do when it does not exist (return the table, None or raise; None here: that is terminal)."""
+
+    ident: str
+    prepare: Callable[[Any], Change | None]
+    on_missing: Callable[[], Any] | None = None
+
+
+def stage(catalog: Catalog, part: Part, marker: str) -> Any:
+    """``part``'s commit request, staged in a pyiceberg transaction that is never committed alone; ``True`` when the
+    table already carries ``marker``, None when there is nothing to commit. A table without snapshots that takes a
+    branch first gets main's empty base snapshot, alone (``ensure_branch_base``: no rows, no offsets)."""
+    from pyiceberg.table import CommitTableRequest, TableIdentifier
+    from pyiceberg.table.update import AssertTableUUID
+
+    table = load_table(catalog, part.ident)
+    if table is None:
+        table = part.on_missing() if part.on_missing is not None else None
+        if table is None:
+            raise TerminalError("the table does not exist (dropped between write and commit?)", table=part.ident)
+    if find_marked_snapshot(table, BATCH_ID, marker) is not None:
+        return True
+    change = part.prepare(table)
+    if change is None:
+        return None
+    if change.expect is not None:
+        change.expect.check(table, part.ident)
+    view = without_commit_retries(table)
+    ensure_branch_base(view, change.branch)
+    tx = view.transaction()
+    apply_change(tx, view, change)
+    name = view.name()
+    requirements = (*tx._requirements, AssertTableUUID(uuid=view.metadata.table_uuid))  # as commit_transaction adds
+    return CommitTableRequest(identifier=TableIdentifier(namespace=name[:-1], name=name[-1]),
+                              requirements=requirements, updates=tx._updates)
+
+
+def post(catalog: Catalog, requests: list[Any]) -> None:
+    """One multi-table commit. Raises pyiceberg's CommitFailedException on 409 (a requirement not met: another writer
+    was first) and CommitStateUnknownException on 500, 502 and 504, as its table commit does."""
+    from pyiceberg.catalog.rest.response import _handle_non_200_response
+    from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+
+    body = json.dumps({"table-changes": [json.loads(r.model_dump_json()) for r in requests]})
+    response = catalog._session.post(catalog.url("transactions/commit", prefixed=True),  # type: ignore[attr-defined]
+                                     data=body.encode())
+    if response.ok:
+        return
+    try:
+        response.raise_for_status()  # the session's HTTPError, which pyiceberg maps to its exceptions
+    except OSError as exc:  # requests' HTTPError is an OSError (requests is pyiceberg's to import, not ours)
+        _handle_non_200_response(exc, {409: CommitFailedException, 500: CommitStateUnknownException,
+                                       502: CommitStateUnknownException, 504: CommitStateUnknownException})
+
+
+def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: str, max_attempts: int) -> int:
+    """Commit every part's change in one catalog transaction, once: the last part's table carrying ``marker`` says it
+    landed. Returns the attempts it took. Raises ``OffsetsMovedError`` when a part's offsets requirement fails,
+    ``TransientError`` when the catalog kept refusing or failing (nothing of it committed)."""
+    last = parts[-1].ident
+    for attempt in range(1, max_attempts + 1):
+        try:
+            staged = [stage(catalog, p, marker) for p in parts]
+        except TransientError as e:  # a table could not be loaded
+            failed_attempt(catalog, e, "unavailable", what, last, attempt)
+            continue
+        if staged[-1] is True:  # an earlier attempt's transaction landed
+            log.info("%s: already committed (%s carries it)", what, last)
+            return attempt
+        requests = [s for s in staged if s is not None and s is not True]
+        try:
+            post(catalog, requests)
+        except Exception as e:
+            kind = catalog_failure(e)
+            if kind is None:
+                raise
+            failed_attempt(catalog, e, kind, what, last, attempt)
+            continue
+        log.info("%s: %d tables committed in one transaction", what, len(requests))
+        return attempt
+    raise TransientError(f"{what}: the multi-table commit did not succeed after {max_attempts} attempts (conflicts "
+                         "or catalog unavailable); nothing of it is committed, retrying the commit step is safe",
+                         table=last)
