@@ -219,6 +219,7 @@ test: setup test-system-deps s3-stand-in executor-env spark-connect-install rest
 # (RUF100) (configured in pyproject.toml)
 lint: venv
 	$(VENV)/bin/ruff check include dags plugins spark_apps scripts tests
+	$(VENV)/bin/ruff format --check include dags plugins spark_apps scripts tests
 
 test-unit: venv
 	$(PY) -m pytest tests/unit tests/dags $(PYTEST_ARGS)

@@ -111,8 +111,7 @@ class RssSampler:
 # ---- data ---------------------------------------------------------------------------------------------
 
 
-def produce_topic(bootstrap: str, topic: str, n: int, partitions: int, bad_every: int = 0,
-                  encode: Any = None) -> int:
+def produce_topic(bootstrap: str, topic: str, n: int, partitions: int, bad_every: int = 0, encode: Any = None) -> int:
     """Produce n pizza events (every ``bad_every``-th one truncated, if set; re-encoded by ``encode``, a registry
     format's framing, if given); returns total value bytes."""
     from tidewater_dev.sample_data import pizza_events, produce
@@ -221,8 +220,7 @@ def run_python(code: str, args: list[str], env: dict[str, str]) -> tuple[dict, d
 # ---- tidewater ----------------------------------------------------------------------------------------
 
 
-def pipeline_file(directory: Path, name: str, topic: str, bootstrap: str, table: str, master: str,
-                  fmt: dict | None = None) -> Path:
+def pipeline_file(directory: Path, name: str, topic: str, bootstrap: str, table: str, master: str, fmt: dict | None = None) -> Path:
     doc = {
         "format": fmt or {"value": "json"},
         "name": name,
@@ -250,8 +248,10 @@ def settle(limit: float = 20.0) -> None:
     by spark-submit) runs for the whole benchmark and does not count."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        if not any("org.apache.spark.deploy.SparkSubmit" in cmd and "SparkConnectServer" not in cmd
-                   for cmd in (" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))):
+        if not any(
+            "org.apache.spark.deploy.SparkSubmit" in cmd and "SparkConnectServer" not in cmd
+            for cmd in (" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+        ):
             return
         time.sleep(0.2)
 
@@ -315,13 +315,25 @@ def registry_formats(registry: Any) -> dict[str, tuple[str, Any]]:
     json_id = registry.register("pizza-json-value", {"schema": json.dumps(PIZZA_JSON_SCHEMA), "schemaType": "JSON"})["id"]
     proto = base64.standard_b64encode(pizza_proto()[0]).decode("ascii")
     proto_id = registry.register("pizza-proto-value", {"schema": proto, "schemaType": "PROTOBUF"})["id"]
-    return {"Avro": ("avro", avro_framed),
-            "JSON Schema": ("json_schema", lambda vals: json_schema_framed(vals, json_id)),
-            "Protobuf": ("protobuf", lambda vals: protobuf_framed(vals, proto_id))}
+    return {
+        "Avro": ("avro", avro_framed),
+        "JSON Schema": ("json_schema", lambda vals: json_schema_framed(vals, json_id)),
+        "Protobuf": ("protobuf", lambda vals: protobuf_framed(vals, proto_id)),
+    }
 
 
-def measure_run(case: str, engine: str, n: int, nbytes: int, path: Path, env: dict[str, str], home: Path,
-                results: list[Result], breakdowns: dict | None, bad_every: int) -> None:
+def measure_run(
+    case: str,
+    engine: str,
+    n: int,
+    nbytes: int,
+    path: Path,
+    env: dict[str, str],
+    home: Path,
+    results: list[Result],
+    breakdowns: dict | None,
+    bad_every: int,
+) -> None:
     """One `tidewater run` of the case's batch on ``engine`` (a local master, or "Spark Connect" for a pipeline
     with spark.connect_url): end to end and its data path, and its phases into ``breakdowns`` when given.
     A Connect server's processes are not the CLI's children: their RSS is not sampled."""
@@ -384,11 +396,14 @@ def write_report(results: list[Result], fixed: dict[str, float], args: argparse.
         vs_nai = f"{r.rate / nai.rate:.2f}" if nai and r.method not in ("limit", "naive") else ""
         rss = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(r.rss_mb.items()) if k != "other")
         lines.append(
-            f"| {r.case} | {r.method} | {r.records:,} | {r.seconds:.1f} | {fmt_rate(r.rate)} | {r.mbps:.1f} | "
-            f"{vs_lim} | {vs_nai} | {rss} |"
+            f"| {r.case} | {r.method} | {r.records:,} | {r.seconds:.1f} | {fmt_rate(r.rate)} | {r.mbps:.1f} | {vs_lim} | {vs_nai} | {rss} |"
         )
-    lines += ["", "`tidewater run` is end to end (plan, Spark start, write, validate, commit). The data path is the",
-              "Spark job from the first record read to the last file written (from the tasks' timings).", ""]
+    lines += [
+        "",
+        "`tidewater run` is end to end (plan, Spark start, write, validate, commit). The data path is the",
+        "Spark job from the first record read to the last file written (from the tasks' timings).",
+        "",
+    ]
     lines += ["## Files written", "", "| case | method | data files | MB | Spark tasks |", "| --- | --- | ---: | ---: | ---: |"]
     for r in results:
         if "files" in r.extra:
@@ -405,17 +420,30 @@ def main() -> int:
     ap.add_argument("--sizes", default="1000000,5000000", help="records for the 6-partition cases")
     ap.add_argument("--single", type=int, default=5_000_000, help="records for the 1-partition case (0: skip)")
     ap.add_argument("--cores", default="1,2", help="local Spark cores to compare on the smallest case")
-    ap.add_argument("--bad-percent", type=float, default=1.0,
-                    help="extra case: the first size with this share of truncated records (dead letters); 0: skip")
+    ap.add_argument(
+        "--bad-percent",
+        type=float,
+        default=1.0,
+        help="extra case: the first size with this share of truncated records (dead letters); 0: skip",
+    )
     ap.add_argument("--avro", type=int, default=1_000_000, help="extra case: Avro records, 6 partitions (0: skip)")
-    ap.add_argument("--json-schema", type=int, default=1_000_000,
-                    help="extra case: the same events in the JSON Schema wire format, 6 partitions (0: skip)")
-    ap.add_argument("--protobuf", type=int, default=1_000_000,
-                    help="extra case: the same events in the Protobuf wire format, 6 partitions (0: skip)")
+    ap.add_argument(
+        "--json-schema",
+        type=int,
+        default=1_000_000,
+        help="extra case: the same events in the JSON Schema wire format, 6 partitions (0: skip)",
+    )
+    ap.add_argument(
+        "--protobuf", type=int, default=1_000_000, help="extra case: the same events in the Protobuf wire format, 6 partitions (0: skip)"
+    )
     ap.add_argument("--small", type=int, default=100_000, help="extra case: a typical small batch, 6 partitions (0: skip)")
-    ap.add_argument("--baseline", default=None, metavar="TREE",
-                    help="a checkout of an earlier commit (git worktree add TREE COMMIT): its `tidewater run` is measured "
-                         "on the same topics in the same run, for before/after ratios")
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        metavar="TREE",
+        help="a checkout of an earlier commit (git worktree add TREE COMMIT): its `tidewater run` is measured "
+        "on the same topics in the same run, for before/after ratios",
+    )
     ap.add_argument("--repeat", type=int, default=3, help="one-record batches measured per code version (median)")
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--no-connect", action="store_true", help="skip the Spark Connect rows")
@@ -468,18 +496,33 @@ def main() -> int:
                 print("   naive", flush=True)
                 out, rss = run_python(
                     NAIVE_CODE,
-                    [b.bootstrap, topic, f"sqlite:///{work / 'naive.db'}", f"file://{work / 'naive-wh'}",
-                     f"bench.naive_{ci}", json.dumps(ends)],
+                    [
+                        b.bootstrap,
+                        topic,
+                        f"sqlite:///{work / 'naive.db'}",
+                        f"file://{work / 'naive-wh'}",
+                        f"bench.naive_{ci}",
+                        json.dumps(ends),
+                    ],
                     env,
                 )
-                results.append(Result(case, "naive", out["records"], out["seconds"], out["bytes"], rss,
-                                      {"files": out["files"]}))
+                results.append(Result(case, "naive", out["records"], out["seconds"], out["bytes"], rss, {"files": out["files"]}))
             masters = [f"local[{c}]" for c in cores] if ci == 0 else ["local[2]"]
             for master in masters:
                 name = f"b{ci}_{master[6:-1]}"
                 path = pipeline_file(work, name, topic, b.bootstrap, f"bench.t{ci}_{master[6:-1]}", master, fmt)
-                measure_run(case, master, n, nbytes, path, env, home, results,
-                            breakdowns if master == "local[2]" and not bad_every and not framed else None, bad_every)
+                measure_run(
+                    case,
+                    master,
+                    n,
+                    nbytes,
+                    path,
+                    env,
+                    home,
+                    results,
+                    breakdowns if master == "local[2]" and not bad_every and not framed else None,
+                    bad_every,
+                )
                 base_path = None
                 if baseline is not None and master == "local[2]":
                     base_path = pipeline_file(work, f"{name}_base", topic, b.bootstrap, f"bench.t{ci}_base", master, fmt)
@@ -490,16 +533,37 @@ def main() -> int:
                     if not bad_every and not framed:
                         base_breakdowns[case] = {"total (wall)": bwall}
                 if server is not None and master == "local[2]":
-                    measure_run(case, "Spark Connect", n, nbytes, connect_pipeline(path, server.url), env, home, results,
-                                connect_breakdowns if not bad_every and not framed else None, bad_every)
+                    measure_run(
+                        case,
+                        "Spark Connect",
+                        n,
+                        nbytes,
+                        connect_pipeline(path, server.url),
+                        env,
+                        home,
+                        results,
+                        connect_breakdowns if not bad_every and not framed else None,
+                        bad_every,
+                    )
                 if ci == 0 and master == masters[-1]:
                     print("   fixed costs", flush=True)
                     t0 = time.monotonic()
                     tidewater_run(path, env)
                     fixed["empty batch, `tidewater run` (no Spark start)"] = time.monotonic() - t0
-                    one_record_batches(b.bootstrap, topic, parts, path, base_path, env, baseline, args.repeat,
-                                       fixed, breakdowns, base_breakdowns,
-                                       [(connect_pipeline(path, server.url), connect_breakdowns)] if server else [])
+                    one_record_batches(
+                        b.bootstrap,
+                        topic,
+                        parts,
+                        path,
+                        base_path,
+                        env,
+                        baseline,
+                        args.repeat,
+                        fixed,
+                        breakdowns,
+                        base_breakdowns,
+                        [(connect_pipeline(path, server.url), connect_breakdowns)] if server else [],
+                    )
                     if not args.no_dag:
                         fixed.update(dag_runs(work, path, env, b.bootstrap, topic, parts))
     finally:
@@ -523,9 +587,20 @@ def main() -> int:
 ONE_RECORD = "1 record"
 
 
-def one_record_batches(bootstrap: str, topic: str, parts: int, path: Path, base_path: Path | None, env: dict[str, str],
-                       baseline: Path | None, repeat: int, fixed: dict[str, float], breakdowns: dict, base_breakdowns: dict,
-                       connect: list[tuple[Path, dict]] | None = None) -> None:
+def one_record_batches(
+    bootstrap: str,
+    topic: str,
+    parts: int,
+    path: Path,
+    base_path: Path | None,
+    env: dict[str, str],
+    baseline: Path | None,
+    repeat: int,
+    fixed: dict[str, float],
+    breakdowns: dict,
+    base_breakdowns: dict,
+    connect: list[tuple[Path, dict]] | None = None,
+) -> None:
     """One-record batches through `tidewater run`, this code, the baseline and (``connect``: its pipeline and
     breakdowns) the Spark Connect path alternating on the same records (medians)."""
     import statistics
@@ -559,27 +634,41 @@ def one_record_batches(bootstrap: str, topic: str, parts: int, path: Path, base_
         fixed[f"one-record batch, baseline `tidewater run` (median of {repeat})"] = base
 
 
-def breakdown_report(breakdowns: dict[str, dict[str, float]], base: dict[str, dict[str, float]], baseline: Path | None,
-                     engine: str = "Spark local[2]") -> str:
+def breakdown_report(
+    breakdowns: dict[str, dict[str, float]], base: dict[str, dict[str, float]], baseline: Path | None, engine: str = "Spark local[2]"
+) -> str:
     """Where the seconds of one batch go, per batch size (`tidewater run` on ``engine``)."""
     if not breakdowns:
         return ""
     cases = sorted(breakdowns, key=lambda c: (c != ONE_RECORD, "1 partition" in c, breakdowns[c].get("records", 1)))
     phases = list(dict.fromkeys(k for c in cases for k in breakdowns[c] if k != "records"))
-    lines = ["", f"## Where a batch's time goes (`tidewater run`, {engine})", "",
-             "Seconds per phase, in order. `write:` phases come from the Spark driver's milestones and the tasks' "
-             "timings (manifest `driver_timings`, `task_timings`); the first task's set-up and the data path run on "
-             "the critical path of the first task to start, other tasks run alongside.", "",
-             "| phase | " + " | ".join(cases) + " |", "| --- |" + " ---: |" * len(cases)]
+    lines = [
+        "",
+        f"## Where a batch's time goes (`tidewater run`, {engine})",
+        "",
+        "Seconds per phase, in order. `write:` phases come from the Spark driver's milestones and the tasks' "
+        "timings (manifest `driver_timings`, `task_timings`); the first task's set-up and the data path run on "
+        "the critical path of the first task to start, other tasks run alongside.",
+        "",
+        "| phase | " + " | ".join(cases) + " |",
+        "| --- |" + " ---: |" * len(cases),
+    ]
     for ph in phases:
         lines.append(f"| {ph} | " + " | ".join(f"{breakdowns[c][ph]:.2f}" if ph in breakdowns[c] else "" for c in cases) + " |")
     if base and baseline is not None:
-        commit = subprocess.run(["git", "-C", str(baseline), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
-        lines.append("| baseline total (wall), commit " + commit + " | " + " | ".join(
-            f"{base[c]['total (wall)']:.2f}" if c in base else "" for c in cases) + " |")
-        lines.append("| baseline / now | " + " | ".join(
-            f"{base[c]['total (wall)'] / breakdowns[c]['total (wall)']:.2f}x" if c in base else "" for c in cases) + " |")
+        commit = subprocess.run(["git", "-C", str(baseline), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        lines.append(
+            "| baseline total (wall), commit "
+            + commit
+            + " | "
+            + " | ".join(f"{base[c]['total (wall)']:.2f}" if c in base else "" for c in cases)
+            + " |"
+        )
+        lines.append(
+            "| baseline / now | "
+            + " | ".join(f"{base[c]['total (wall)'] / breakdowns[c]['total (wall)']:.2f}x" if c in base else "" for c in cases)
+            + " |"
+        )
     return "\n".join(lines + [""]) + "\n"
 
 
@@ -621,13 +710,17 @@ def targets_report(results: list[Result], connect: dict[str, dict[str, float]]) 
 
     one = connect.get(ONE_RECORD, {})
     setup = one.get("write: first task's set-up (catalog, table, clients)")
-    rows = [("one-record batch end to end through Connect", "<= 1.5 s",
-             f"{one['total (wall)']:.2f} s" if one else "not measured"),
-            ("6 partitions x 1M through Connect, vs naive", ">= 1.5x", vs_naive("6 partitions x 1M", "tidewater run, Spark Connect")),
-            ("6 partitions x 5M through Connect, vs naive", ">= 3x", vs_naive("6 partitions x 5M", "tidewater run, Spark Connect")),
-            ("6 partitions x 1M through spark-submit, vs naive", ">= 1.2x", vs_naive("6 partitions x 1M", "tidewater run, local[2]")),
-            ("first task's set-up on a warm worker (one-record batch, Connect)", "<= 0.3 s",
-             f"{setup:.3f} s" if setup is not None else "not measured")]
+    rows = [
+        ("one-record batch end to end through Connect", "<= 1.5 s", f"{one['total (wall)']:.2f} s" if one else "not measured"),
+        ("6 partitions x 1M through Connect, vs naive", ">= 1.5x", vs_naive("6 partitions x 1M", "tidewater run, Spark Connect")),
+        ("6 partitions x 5M through Connect, vs naive", ">= 3x", vs_naive("6 partitions x 5M", "tidewater run, Spark Connect")),
+        ("6 partitions x 1M through spark-submit, vs naive", ">= 1.2x", vs_naive("6 partitions x 1M", "tidewater run, local[2]")),
+        (
+            "first task's set-up on a warm worker (one-record batch, Connect)",
+            "<= 0.3 s",
+            f"{setup:.3f} s" if setup is not None else "not measured",
+        ),
+    ]
     lines = ["", "## Spark Connect targets (this run)", "", "| what | target | measured |", "| --- | --- | ---: |"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines + [""]) + "\n"
@@ -657,8 +750,9 @@ def dag_runs(work: Path, path: Path, env: dict[str, str], bootstrap: str, topic:
         runs = [r[0] for r in db.execute("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id", (f"ingest_{name}",))]
         for label, run_id in zip(("empty batch", "one-record batch"), runs[-2:]):
             for task_id, duration, state in db.execute(
-                    "SELECT task_id, duration, state FROM task_instance WHERE dag_id = ? AND run_id = ? ORDER BY start_date",
-                    (f"ingest_{name}", run_id)):
+                "SELECT task_id, duration, state FROM task_instance WHERE dag_id = ? AND run_id = ? ORDER BY start_date",
+                (f"ingest_{name}", run_id),
+            ):
                 if duration is not None:
                     out[f"{label}, DAG task `{task_id}` ({state})"] = duration
     return out
@@ -686,8 +780,13 @@ def dag_env(work: Path, env: dict[str, str]) -> dict[str, str]:
     """Airflow on its own SQLite database, with the ingest DAG file and a one-task no-op DAG (Airflow's own
     cost of a task, the floor under ours)."""
     af, dags = work / "airflow", work / "dags"
-    return {**env, "AIRFLOW_HOME": str(af), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{af / 'airflow.db'}",
-            "TIDEWATER_PIPELINES_DIR": str(work / "pipelines"), "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}
+    return {
+        **env,
+        "AIRFLOW_HOME": str(af),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{af / 'airflow.db'}",
+        "TIDEWATER_PIPELINES_DIR": str(work / "pipelines"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+    }
 
 
 def dag_empty_run(work: Path, path: Path, env: dict[str, str]) -> float:

@@ -34,8 +34,9 @@ def _pipeline(home: Path, bootstrap: str, name: str, table: str, **more: object)
     from tidewater.config.parse import load_pipeline
 
     path = home / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"name": name, "topics": [name], "table": {"identifier": table},
-                                    "kafka": {"bootstrap_servers": bootstrap}, **more}))
+    path.write_text(
+        yaml.safe_dump({"name": name, "topics": [name], "table": {"identifier": table}, "kafka": {"bootstrap_servers": bootstrap}, **more})
+    )
     return load_pipeline(path)
 
 
@@ -51,9 +52,12 @@ def _props(topic: str, n: int) -> dict[str, str]:
     """Batch ``n``'s snapshot properties: its id, its records, its offsets and ranges."""
     from tidewater.table.summary import BATCH_ID, OFFSETS, RANGES, RECORDS
 
-    return {BATCH_ID: f"bench-{n:06d}", RECORDS: str(PARTS),
-            OFFSETS: json.dumps({topic: {str(p): n + 1 for p in range(PARTS)}}),
-            RANGES: json.dumps([[topic, p, n, n + 1] for p in range(PARTS)])}
+    return {
+        BATCH_ID: f"bench-{n:06d}",
+        RECORDS: str(PARTS),
+        OFFSETS: json.dumps({topic: {str(p): n + 1 for p in range(PARTS)}}),
+        RANGES: json.dumps([[topic, p, n, n + 1] for p in range(PARTS)]),
+    }
 
 
 CHUNK = 100  # after the sampled commits: batches committed between two ledger syncs
@@ -67,12 +71,12 @@ def _expire(catalog: object, spec: object, table: object) -> int:
     expired = ledger.expire_history(catalog, spec)
     head = table.current_snapshot()  # type: ignore[attr-defined]
     table.maintenance.expire_snapshots().older_than(  # type: ignore[attr-defined]
-        datetime.fromtimestamp(head.timestamp_ms / 1000, tz=timezone.utc)).commit()
+        datetime.fromtimestamp(head.timestamp_ms / 1000, tz=timezone.utc)
+    ).commit()
     return expired
 
 
-def summary_level(home: Path, bootstrap: str, marks: list[int], sample: int = 300,
-                  direct: bool = False) -> list[dict[str, float]]:
+def summary_level(home: Path, bootstrap: str, marks: list[int], sample: int = 300, direct: bool = False) -> list[dict[str, float]]:
     import pyarrow as pa
 
     from tidewater.audit import ledger
@@ -130,10 +134,23 @@ def summary_level(home: Path, bootstrap: str, marks: list[int], sample: int = 30
         # the sync's median over the last (up to) 100 timed commits, and which batches those were: with a sample
         # smaller than the marks, every mark past it repeats the sample's figure, and the report says so
         timed = (max(1, len(syncs) - 99), len(syncs))
-        out.append({"batches": mark, "audit_s": seconds, "since_s": since, "lag_s": lag, "sync_s": statistics.median(syncs[-100:]),
-                    "sync_at": timed, "build_s": build, "expired": expired, "ledger_rows": rows})
-        print(f"{mark} batches: audit {seconds:.2f} s (--full), {since:.2f} s (since the last), "
-              f"sync {out[-1]['sync_s'] * 1000:.0f} ms", file=sys.stderr)
+        out.append(
+            {
+                "batches": mark,
+                "audit_s": seconds,
+                "since_s": since,
+                "lag_s": lag,
+                "sync_s": statistics.median(syncs[-100:]),
+                "sync_at": timed,
+                "build_s": build,
+                "expired": expired,
+                "ledger_rows": rows,
+            }
+        )
+        print(
+            f"{mark} batches: audit {seconds:.2f} s (--full), {since:.2f} s (since the last), sync {out[-1]['sync_s'] * 1000:.0f} ms",
+            file=sys.stderr,
+        )
     return out
 
 
@@ -146,21 +163,54 @@ def deep(home: Path, bootstrap: str, rows: int) -> dict[str, float]:
 
     spec = _pipeline(home, bootstrap, "deep", "bench.deep", format={"metadata": "prefixed"})
     catalog = load_catalog(spec)
-    schema = pa.schema([("id", pa.int64()), ("item", pa.string()), ("_kafka_topic", pa.string()),
-                        ("_kafka_partition", pa.int32()), ("_kafka_offset", pa.int64())])
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("item", pa.string()),
+            ("_kafka_topic", pa.string()),
+            ("_kafka_partition", pa.int32()),
+            ("_kafka_offset", pa.int64()),
+        ]
+    )
     table = create_table(catalog, "bench.deep", schema, {"format-version": "2"})
     t = time.monotonic()
     for start in range(0, rows, 1_000_000):
         ids = np.arange(start, min(rows, start + 1_000_000), dtype=np.int64)
-        table.append(pa.table({"id": ids, "item": pa.array(["item"] * len(ids)), "_kafka_topic": pa.array(["deep"] * len(ids)),
-                               "_kafka_partition": (ids % PARTS).astype(np.int32), "_kafka_offset": ids // PARTS},
-                              schema=schema))
+        table.append(
+            pa.table(
+                {
+                    "id": ids,
+                    "item": pa.array(["item"] * len(ids)),
+                    "_kafka_topic": pa.array(["deep"] * len(ids)),
+                    "_kafka_partition": (ids % PARTS).astype(np.int32),
+                    "_kafka_offset": ids // PARTS,
+                },
+                schema=schema,
+            )
+        )
     build = time.monotonic() - t
     per = rows // PARTS
-    entries = [{"table": "bench.deep", "batch_id": f"deep-{b:03d}", "kind": "ingest", "snapshot_id": 1,
-                "committed_at": 0, "dag_run_id": None, "topic": "deep", "partition": p,
-                "start_offset": b * per // 100, "end_offset": (b + 1) * per // 100, "records": 0, "rows": 0,
-                "dead_letters": 0, "skipped": 0, "detail": None} for b in range(100) for p in range(PARTS)]
+    entries = [
+        {
+            "table": "bench.deep",
+            "batch_id": f"deep-{b:03d}",
+            "kind": "ingest",
+            "snapshot_id": 1,
+            "committed_at": 0,
+            "dag_run_id": None,
+            "topic": "deep",
+            "partition": p,
+            "start_offset": b * per // 100,
+            "end_offset": (b + 1) * per // 100,
+            "records": 0,
+            "rows": 0,
+            "dead_letters": 0,
+            "skipped": 0,
+            "detail": None,
+        }
+        for b in range(100)
+        for p in range(PARTS)
+    ]
     from tidewater_dev.sample_data import produce  # the entries go to the checks directly (ledger cost: above)
 
     produce(bootstrap, "deep", [b"{}"] * PARTS, partitions=PARTS)
@@ -179,15 +229,23 @@ def main() -> int:
     from benchlib import command_line, fresh_home, write_section
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="17,1667,16667",
-                    help="audit after this many batches (comma-separated; 6 ledger rows a batch: 102, 10,002, 100,002)")
+    ap.add_argument(
+        "--batches",
+        default="17,1667,16667",
+        help="audit after this many batches (comma-separated; 6 ledger rows a batch: 102, 10,002, 100,002)",
+    )
     ap.add_argument("--deep-rows", type=int, default=10_000_000)
-    ap.add_argument("--sync-sample", type=int, default=300,
-                    help="the first N batches sync the ledger after every commit (timed); later ones every 100")
-    ap.add_argument("--direct", action=argparse.BooleanOptionalAction, default=True,
-                    help="after the sampled batches, write each mark's batches as snapshots directly "
-                         "(scripts/direct_history.py) and sync the ledger once: 16,667 batches (100,000 ledger rows) in "
-                         "minutes; the ledger's rows are the same, only the commits' own cost is not paid (--no-direct: commit them all)")
+    ap.add_argument(
+        "--sync-sample", type=int, default=300, help="the first N batches sync the ledger after every commit (timed); later ones every 100"
+    )
+    ap.add_argument(
+        "--direct",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the sampled batches, write each mark's batches as snapshots directly "
+        "(scripts/direct_history.py) and sync the ledger once: 16,667 batches (100,000 ledger rows) in "
+        "minutes; the ledger's rows are the same, only the commits' own cost is not paid (--no-direct: commit them all)",
+    )
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     args = ap.parse_args()
     home = fresh_home("bench-audit")
@@ -195,8 +253,7 @@ def main() -> int:
 
     b = embedded.start(log_path=home / "broker.log")
     try:
-        levels = summary_level(home, b.bootstrap, [int(x) for x in args.batches.split(",")], args.sync_sample,
-                               args.direct)
+        levels = summary_level(home, b.bootstrap, [int(x) for x in args.batches.split(",")], args.sync_sample, args.direct)
         big = deep(home, b.bootstrap, args.deep_rows)
     finally:
         b.stop()
@@ -206,39 +263,55 @@ def main() -> int:
 
 def _section(levels: list[dict[str, float]], big: dict[str, float], command: str, direct: bool = False) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
-    built = ("later ones are written as the batches' snapshots directly (`--direct`: scripts/direct_history.py, the "
-             "same snapshot properties) and the ledger synced once per mark, so that 16,667 batches (100,000 ledger "
-             "rows) take minutes; the ledger holds the rows the commits would have left"
-             if direct else
-             f"later ones sync it every {CHUNK} batches with the table's history expired after each sync, so that "
-             "building 10,000 batches takes minutes, not hours (the ledger holds the same rows either way)")
-    lines = [BEGIN, "## What the audit costs", "",
-             f"Produced by `{command}` on {now} (UTC): a table committed one batch at a time as Tidewater commits "
-             f"({PARTS} partitions, one row per partition per batch, a pyiceberg append with the batch's summary). The "
-             "first batches sync the ledger after every commit, as the commit step does, and that sync is timed (the "
-             f"per-commit cost the ledger adds, median of the last 100 timed commits); {built}. At each mark the "
-             "snapshots of the table "
-             "and of the ledger are expired (as the maintenance DAG does), then the audit (`tidewater audit`, summary "
-             "level: ledger sync and read, coverage and accounting checks, the table's history, Kafka's watermarks "
-             "and retention settings) is timed.", "",
-             "Each mark's audit is timed twice: with `--full` (every batch in the ledger), then after one more "
-             "batch, as the next scheduled audit runs (the batches since the last clean audit: one).", "",
-             "| batches in the ledger | ledger rows | audit `--full` s | audit since the last clean one s | "
-             "the view's lag chart s | ledger sync per commit ms (batches timed) |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {x['batches']:,} | {x['ledger_rows']:,} | {x['audit_s']:.2f} | {x['since_s']:.2f} | "
-              f"{x['lag_s']:.2f} | {x['sync_s'] * 1000:.0f} ({x['sync_at'][0]:,}-{x['sync_at'][1]:,}) |" for x in levels]
+    built = (
+        "later ones are written as the batches' snapshots directly (`--direct`: scripts/direct_history.py, the "
+        "same snapshot properties) and the ledger synced once per mark, so that 16,667 batches (100,000 ledger "
+        "rows) take minutes; the ledger holds the rows the commits would have left"
+        if direct
+        else f"later ones sync it every {CHUNK} batches with the table's history expired after each sync, so that "
+        "building 10,000 batches takes minutes, not hours (the ledger holds the same rows either way)"
+    )
+    lines = [
+        BEGIN,
+        "## What the audit costs",
+        "",
+        f"Produced by `{command}` on {now} (UTC): a table committed one batch at a time as Tidewater commits "
+        f"({PARTS} partitions, one row per partition per batch, a pyiceberg append with the batch's summary). The "
+        "first batches sync the ledger after every commit, as the commit step does, and that sync is timed (the "
+        f"per-commit cost the ledger adds, median of the last 100 timed commits); {built}. At each mark the "
+        "snapshots of the table "
+        "and of the ledger are expired (as the maintenance DAG does), then the audit (`tidewater audit`, summary "
+        "level: ledger sync and read, coverage and accounting checks, the table's history, Kafka's watermarks "
+        "and retention settings) is timed.",
+        "",
+        "Each mark's audit is timed twice: with `--full` (every batch in the ledger), then after one more "
+        "batch, as the next scheduled audit runs (the batches since the last clean audit: one).",
+        "",
+        "| batches in the ledger | ledger rows | audit `--full` s | audit since the last clean one s | "
+        "the view's lag chart s | ledger sync per commit ms (batches timed) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {x['batches']:,} | {x['ledger_rows']:,} | {x['audit_s']:.2f} | {x['since_s']:.2f} | "
+        f"{x['lag_s']:.2f} | {x['sync_s'] * 1000:.0f} ({x['sync_at'][0]:,}-{x['sync_at'][1]:,}) |"
+        for x in levels
+    ]
     first, last = levels[0], levels[-1]
-    lines += ["", f"Audit time, {last['batches']:,} vs {first['batches']:,} batches: `--full` "
-              f"{last['audit_s'] / first['audit_s']:.2f}x for {last['batches'] / first['batches']:.0f}x the batches; "
-              f"since the last clean audit {last['since_s'] / first['since_s']:.2f}x (it still reads the ledger, in "
-              "Arrow, and checks Kafka and the tables' histories whole; the checks run over the new batches only); the "
-              f"lag chart {last['lag_s'] / first['lag_s']:.2f}x (it reads the ledger to find the last 100 batches).", "",
-              f"Deep audit (`--deep`) of a {big['rows']:,}-row table (the offsets of every row projected and checked "
-              f"per partition against 100 batches' ranges): {big['deep_s']:.1f} s ({big['rows'] / big['deep_s'] / 1e6:.1f}M "
-              f"rows/s) with `--full`; {big['newest_s']:.2f} s ({big['newest_s'] / big['deep_s']:.3f}x) for the newest "
-              "batch's ranges, what a deep audit since the last clean one checks (the files holding other offsets are "
-              "pruned by their column statistics).", END]
+    lines += [
+        "",
+        f"Audit time, {last['batches']:,} vs {first['batches']:,} batches: `--full` "
+        f"{last['audit_s'] / first['audit_s']:.2f}x for {last['batches'] / first['batches']:.0f}x the batches; "
+        f"since the last clean audit {last['since_s'] / first['since_s']:.2f}x (it still reads the ledger, in "
+        "Arrow, and checks Kafka and the tables' histories whole; the checks run over the new batches only); the "
+        f"lag chart {last['lag_s'] / first['lag_s']:.2f}x (it reads the ledger to find the last 100 batches).",
+        "",
+        f"Deep audit (`--deep`) of a {big['rows']:,}-row table (the offsets of every row projected and checked "
+        f"per partition against 100 batches' ranges): {big['deep_s']:.1f} s ({big['rows'] / big['deep_s'] / 1e6:.1f}M "
+        f"rows/s) with `--full`; {big['newest_s']:.2f} s ({big['newest_s'] / big['deep_s']:.3f}x) for the newest "
+        "batch's ranges, what a deep audit since the last clean one checks (the files holding other offsets are "
+        "pruned by their column statistics).",
+        END,
+    ]
     return "\n".join(lines)
 
 

@@ -71,25 +71,31 @@ def main() -> int:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
     start_s = statistics.median(s for s, _ in starts)
     n = args.records
-    lines = [BEGIN, "## The embedded broker: Apache Kafka (issue 55)", "",
-             f"Produced by `{command_line('make bench-broker')}` on {when} (UTC), Apache Kafka "
-             f"{embedded.kafka_version()} in KRaft mode (one node, controller and broker; heap {' '.join(embedded.HEAP)}), "
-             f"{n:,} pizza events over 6 partitions. The broker it replaces (Tansu 0.6.0, memory storage) was measured "
-             "by `make bench` of 2026-11-26 (the Throughput table above: its `limit` and `tidewater run` rows) and, "
-             "for its start and memory, in the project's stack notes; those are other runs: compare the two brokers' "
-             "figures loosely, not as ratios.", "",
-             "| measure | Apache Kafka |", "| --- | ---: |",
-             f"| start until ready, median of {len(starts)} (s) | {start_s:.1f} |",
-             f"| RSS when ready (MB) | {statistics.median(r for _, r in starts):.0f} |",
-             f"| RSS idle on the benchmark's broker (MB) | {idle:.0f} |",
-             f"| produce {n:,} records (s; records/s) | {produce_s:.1f}; {n / produce_s / 1000:,.0f}k |",
-             f"| RSS after the produce (MB) | {after_produce:.0f} |",
-             f"| read limit: raw librdkafka, one process (s; records/s) | {limit['seconds']:.1f}; "
-             f"{n / limit['seconds'] / 1000:,.0f}k |",
-             f"| `tidewater run`, spark-submit local[2], wall (s; records/s) | {wall:.1f}; {n / wall / 1000:,.0f}k |",
-             f"| peak RSS while read and ingested (MB) | {peak:.0f} |",
-             f"| value bytes produced (MB) | {nbytes / 1e6:.0f} |",
-             "", END]
+    lines = [
+        BEGIN,
+        "## The embedded broker: Apache Kafka (issue 55)",
+        "",
+        f"Produced by `{command_line('make bench-broker')}` on {when} (UTC), Apache Kafka "
+        f"{embedded.kafka_version()} in KRaft mode (one node, controller and broker; heap {' '.join(embedded.HEAP)}), "
+        f"{n:,} pizza events over 6 partitions. The broker it replaces (Tansu 0.6.0, memory storage) was measured "
+        "by `make bench` of 2026-11-26 (the Throughput table above: its `limit` and `tidewater run` rows) and, "
+        "for its start and memory, in the project's stack notes; those are other runs: compare the two brokers' "
+        "figures loosely, not as ratios.",
+        "",
+        "| measure | Apache Kafka |",
+        "| --- | ---: |",
+        f"| start until ready, median of {len(starts)} (s) | {start_s:.1f} |",
+        f"| RSS when ready (MB) | {statistics.median(r for _, r in starts):.0f} |",
+        f"| RSS idle on the benchmark's broker (MB) | {idle:.0f} |",
+        f"| produce {n:,} records (s; records/s) | {produce_s:.1f}; {n / produce_s / 1000:,.0f}k |",
+        f"| RSS after the produce (MB) | {after_produce:.0f} |",
+        f"| read limit: raw librdkafka, one process (s; records/s) | {limit['seconds']:.1f}; {n / limit['seconds'] / 1000:,.0f}k |",
+        f"| `tidewater run`, spark-submit local[2], wall (s; records/s) | {wall:.1f}; {n / wall / 1000:,.0f}k |",
+        f"| peak RSS while read and ingested (MB) | {peak:.0f} |",
+        f"| value bytes produced (MB) | {nbytes / 1e6:.0f} |",
+        "",
+        END,
+    ]
     write_section(args.output, BEGIN, END, "\n".join(lines))
     return 0
 

@@ -34,15 +34,31 @@ def build(catalog, ident: str, rows: int, last_properties: dict[str, str] | None
 
     from tidewater.table.catalog import create_table
 
-    schema = pa.schema([("id", pa.int64()), ("item", pa.string()), ("price", pa.float32()),
-                        ("_kafka_partition", pa.int32()), ("_kafka_offset", pa.int64())])
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("item", pa.string()),
+            ("price", pa.float32()),
+            ("_kafka_partition", pa.int32()),
+            ("_kafka_offset", pa.int64()),
+        ]
+    )
     table = create_table(catalog, ident, schema, {"format-version": "2"})
     for start in range(0, rows, 1_000_000):
         ids = np.arange(start, min(rows, start + 1_000_000), dtype=np.int64)
-        table.append(pa.table({"id": ids, "item": pa.array(["item"] * len(ids)),
-                               "price": (ids % 1000).astype(np.float32), "_kafka_partition": (ids % 6).astype(np.int32),
-                               "_kafka_offset": ids}, schema=schema),
-                     snapshot_properties=(last_properties or {}) if start + 1_000_000 >= rows else {})
+        table.append(
+            pa.table(
+                {
+                    "id": ids,
+                    "item": pa.array(["item"] * len(ids)),
+                    "price": (ids % 1000).astype(np.float32),
+                    "_kafka_partition": (ids % 6).astype(np.int32),
+                    "_kafka_offset": ids,
+                },
+                schema=schema,
+            ),
+            snapshot_properties=(last_properties or {}) if start + 1_000_000 >= rows else {},
+        )
     return catalog.load_table(ident)
 
 
@@ -54,9 +70,16 @@ def changes(rows: int, n: int, seed: int, next_id: int):
     kind = rng.random(n)
     ops = np.where(kind < 0.4, "I", np.where(kind < 0.9, "U", "D"))
     ids = np.where(ops == "I", next_id + np.arange(n), rng.integers(0, rows, n))
-    return pa.table({"id": ids.astype(np.int64), "item": pa.array(["changed"] * n),
-                     "price": rng.random(n).astype(np.float32), "_kafka_partition": (ids % 6).astype(np.int32),
-                     "_kafka_offset": np.arange(n, dtype=np.int64) + seed * n, "op": ops})
+    return pa.table(
+        {
+            "id": ids.astype(np.int64),
+            "item": pa.array(["changed"] * n),
+            "price": rng.random(n).astype(np.float32),
+            "_kafka_partition": (ids % 6).astype(np.int32),
+            "_kafka_offset": np.arange(n, dtype=np.int64) + seed * n,
+            "op": ops,
+        }
+    )
 
 
 def apply_batch(catalog, ident: str, batch, seq: int) -> dict:
@@ -77,12 +100,19 @@ def apply_batch(catalog, ident: str, batch, seq: int) -> dict:
     t3 = time.perf_counter()
     deletes = write_position_deletes(table, hits, f"bench-{seq}")
     t4 = time.perf_counter()
-    commit(catalog, ident, lambda _t: Change({"bench": str(seq)}, tuple(files), deletes=tuple(deletes)), marker=None,
-           what=f"bench {seq}")
+    commit(catalog, ident, lambda _t: Change({"bench": str(seq)}, tuple(files), deletes=tuple(deletes)), marker=None, what=f"bench {seq}")
     t5 = time.perf_counter()
-    return {"net": t1 - t0, "upserts": t2 - t1, "find": t3 - t2, "deletes": t4 - t3, "commit": t5 - t4, "total": t5 - t0,
-            "bytes": sum(f.file_size_in_bytes for f in files) + sum(d.file_size_in_bytes for d in deletes),
-            "data_files": len(files), "delete_files": len(deletes)}
+    return {
+        "net": t1 - t0,
+        "upserts": t2 - t1,
+        "find": t3 - t2,
+        "deletes": t4 - t3,
+        "commit": t5 - t4,
+        "total": t5 - t0,
+        "bytes": sum(f.file_size_in_bytes for f in files) + sum(d.file_size_in_bytes for d in deletes),
+        "data_files": len(files),
+        "delete_files": len(deletes),
+    }
 
 
 def scan_seconds(catalog, ident: str) -> tuple[float, int]:
@@ -131,11 +161,19 @@ def end_to_end(catalog, args) -> dict[str, list[float]]:
             # the table starts at offset 0 of the (empty) topic, as if it had been ingested up to there
             build(catalog, f"bench.e2e_{name}", rows, {OFFSETS: json.dumps(offsets_to_json({"cdc": {0: 0, 1: 0}}))})
             paths[name] = home / f"e2e_{name}.yaml"
-            paths[name].write_text(yaml.safe_dump({
-                "name": f"e2e_{name}", "topics": ["cdc"], "kafka": {"bootstrap_servers": b.bootstrap},
-                "format": {"value": "debezium"}, "spark": {"master": "local[2]"},
-                "batch": {"max_records": 1_000_000, "records_per_task": 1_000_000},
-                "table": {"identifier": f"bench.e2e_{name}", "id_columns": ["id"], "upsert": True}}))
+            paths[name].write_text(
+                yaml.safe_dump(
+                    {
+                        "name": f"e2e_{name}",
+                        "topics": ["cdc"],
+                        "kafka": {"bootstrap_servers": b.bootstrap},
+                        "format": {"value": "debezium"},
+                        "spark": {"master": "local[2]"},
+                        "batch": {"max_records": 1_000_000, "records_per_task": 1_000_000},
+                        "table": {"identifier": f"bench.e2e_{name}", "id_columns": ["id"], "upsert": True},
+                    }
+                )
+            )
         for round_ in range(2):
             rng = np.random.default_rng(100 + round_)
             values = []
@@ -145,8 +183,7 @@ def end_to_end(catalog, args) -> dict[str, list[float]]:
                 op = "c" if roll < 0.4 else "u" if roll < 0.9 else "d"
                 k = fresh + i if op == "c" else int(rng.integers(0, args.small))  # existing keys are in both tables
                 row = {"id": k, "item": "changed", "price": 1.5}
-                values.append(json.dumps({"before": None if op == "c" else row, "after": None if op == "d" else row,
-                                          "op": op}).encode())
+                values.append(json.dumps({"before": None if op == "c" else row, "after": None if op == "d" else row, "op": op}).encode())
             produce(b.bootstrap, "cdc", values, partitions=2)
             for name in ("big", "small"):
                 t = time.perf_counter()
@@ -174,9 +211,15 @@ def main() -> int:
     from tidewater.ops.maintenance import maintain
     from tidewater.table.catalog import load_catalog
 
-    spec = parse_pipeline({"name": "bench_cdc", "topics": ["x"], "kafka": {"bootstrap_servers": "127.0.0.1:1"},
-                           "table": {"identifier": "bench.big", "id_columns": ["id"], "upsert": True},
-                           "maintenance": {"rewrite_data_files": {"min_input_files": 2, "delete_file_threshold": 1}}})
+    spec = parse_pipeline(
+        {
+            "name": "bench_cdc",
+            "topics": ["x"],
+            "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+            "table": {"identifier": "bench.big", "id_columns": ["id"], "upsert": True},
+            "maintenance": {"rewrite_data_files": {"min_input_files": 2, "delete_file_threshold": 1}},
+        }
+    )
     catalog = load_catalog(spec)
     catalog.create_namespace_if_not_exists("bench")
     built = {}
@@ -248,7 +291,8 @@ def main() -> int:
         "",
         "Full scan of the big table (pyiceberg `to_arrow`, deletes applied): "
         + ", ".join(f"after {k} batches {v[0]:.2f} s ({v[1]:,} rows)" for k, v in scans.items() if k != "compacted")
-        + f"; after compaction ({compaction:.0f} s: " + "; ".join(r.text().split(":", 1)[1].split(";")[0] for r in reports)
+        + f"; after compaction ({compaction:.0f} s: "
+        + "; ".join(r.text().split(":", 1)[1].split(";")[0] for r in reports)
         + f") {scans['compacted'][0]:.2f} s.",
         END,
     ]

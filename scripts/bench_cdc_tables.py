@@ -75,15 +75,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tables", type=int, default=100)
     ap.add_argument("--changes", type=int, default=1000, help="changes per table per batch")
-    ap.add_argument("--write", choices=["spark-submit", "inline"], default="spark-submit",
-                    help="the write step: spark-submit (as the DAG runs it) or the task code in this process")
-    ap.add_argument("--singles", type=int, default=None,
-                    help="single-table pipelines to run (default: one per table); fewer are measured and the total for "
-                         "all tables is projected from them (said so in the report)")
+    ap.add_argument(
+        "--write",
+        choices=["spark-submit", "inline"],
+        default="spark-submit",
+        help="the write step: spark-submit (as the DAG runs it) or the task code in this process",
+    )
+    ap.add_argument(
+        "--singles",
+        type=int,
+        default=None,
+        help="single-table pipelines to run (default: one per table); fewer are measured and the total for "
+        "all tables is projected from them (said so in the report)",
+    )
     ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--catalog", choices=["sqlite", "postgresql"], default="sqlite",
-                    help="the pyiceberg SQL catalog's database: SQLite (one writer at a time) or PostgreSQL (Debian's "
-                         "server started on a local port, as the production-shaped tests do)")
+    ap.add_argument(
+        "--catalog",
+        choices=["sqlite", "postgresql"],
+        default="sqlite",
+        help="the pyiceberg SQL catalog's database: SQLite (one writer at a time) or PostgreSQL (Debian's "
+        "server started on a local port, as the production-shaped tests do)",
+    )
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     args = ap.parse_args()
     given = " ".join(sys.argv[1:])
@@ -103,23 +115,39 @@ def main() -> int:
         from tidewater_dev import postgres
 
         pg = postgres.start(work / "postgres.log")
-        catalog_doc = {"properties": {"type": "sql", "uri": pg.create_database("bench"),
-                                      "warehouse": f"file://{work / 'warehouse'}"}}
+        catalog_doc = {"properties": {"type": "sql", "uri": pg.create_database("bench"), "warehouse": f"file://{work / 'warehouse'}"}}
     b = embedded.start(log_path=work / "broker.log")
-    base = {"schedule": None, "kafka": {"bootstrap_servers": b.bootstrap, "read_timeout_seconds": 60},
-            **({"catalog": catalog_doc} if catalog_doc else {}),
-            "format": {"value": "debezium"}, "validation": {"not_null": ["id"]},
-            "batch": {"max_records": 10 * args.tables * args.changes}}
-    routed_doc = {**base, "name": "inv", "topic_pattern": r"db\.inv\..+", "table": {"identifier": "", "upsert": True,
-                  "id_columns": ["id"]}, "routing": {"namespace": "bench", "dynamic": True, "table_template": "{topic[-1]}"}}
+    base = {
+        "schedule": None,
+        "kafka": {"bootstrap_servers": b.bootstrap, "read_timeout_seconds": 60},
+        **({"catalog": catalog_doc} if catalog_doc else {}),
+        "format": {"value": "debezium"},
+        "validation": {"not_null": ["id"]},
+        "batch": {"max_records": 10 * args.tables * args.changes},
+    }
+    routed_doc = {
+        **base,
+        "name": "inv",
+        "topic_pattern": r"db\.inv\..+",
+        "table": {"identifier": "", "upsert": True, "id_columns": ["id"]},
+        "routing": {"namespace": "bench", "dynamic": True, "table_template": "{topic[-1]}"},
+    }
     path = work / "inv.yaml"
     path.write_text(yaml.safe_dump(routed_doc))
     routed = load_pipeline(path)
     singles = []
     for name in names:
         p = work / f"single_{name}.yaml"
-        p.write_text(yaml.safe_dump({**base, "name": f"single_{name}", "topics": [f"db.inv.{name}"],
-                                     "table": {"identifier": f"single.{name}", "upsert": True, "id_columns": ["id"]}}))
+        p.write_text(
+            yaml.safe_dump(
+                {
+                    **base,
+                    "name": f"single_{name}",
+                    "topics": [f"db.inv.{name}"],
+                    "table": {"identifier": f"single.{name}", "upsert": True, "id_columns": ["id"]},
+                }
+            )
+        )
         singles.append(load_pipeline(p))
     models: dict[str, dict] = {n: {} for n in names}
     runs, single_runs = [], []
@@ -132,11 +160,11 @@ def main() -> int:
             print(f"== batch {batch + 1}: {sent:,} records of {args.tables} tables, one routed pipeline", flush=True)
             runs.append(timed_batch(routed, args.master, inline=args.write == "inline"))
             print(f"== batch {batch + 1}: the same through {args.tables} single-table pipelines", flush=True)
-            single_runs.append([timed_batch(s, args.master, inline=args.write == "inline") for s in singles[:args.singles]])
+            single_runs.append([timed_batch(s, args.master, inline=args.write == "inline") for s in singles[: args.singles]])
         catalog = load_catalog(routed)
         for name in names:
             check(catalog, f"bench.{name}", models[name])
-        for name in names[:args.singles]:
+        for name in names[: args.singles]:
             check(catalog, f"single.{name}", models[name])
         for r in runs:
             r["committed"] = committed_files(catalog, [f"bench.{n}" for n in names], r["batch_id"])
@@ -154,38 +182,54 @@ def main() -> int:
 
 def report(args: argparse.Namespace, command: str, started: str, runs: list[dict], single_runs: list[list[dict]]) -> str:
     """The BENCHMARKS.md section: one table per way, then the ratios."""
+
     def steps(r: dict) -> str:
         return f"{r['plan']:.1f} | {r['write']:.1f} | {r['validate']:.1f} | {r['commit']:.1f} | {r['total']:.1f}"
 
     begin, end = markers(args.write, args.catalog)
     on = "" if args.catalog == "sqlite" else f", catalog: {args.catalog}"
     lines = [
-        begin, f"## {args.tables} change tables in one pipeline against {args.tables} pipelines (write step: {args.write}{on})",
-        "", f"Produced by `{command}` on {started} (UTC), write step `{args.write}`, SQL catalog on {args.catalog}"
-        + (f" (Spark `{args.master}`)" if args.write == "spark-submit" else "") + f": {args.tables} Debezium topics of "
+        begin,
+        f"## {args.tables} change tables in one pipeline against {args.tables} pipelines (write step: {args.write}{on})",
+        "",
+        f"Produced by `{command}` on {started} (UTC), write step `{args.write}`, SQL catalog on {args.catalog}"
+        + (f" (Spark `{args.master}`)" if args.write == "spark-submit" else "")
+        + f": {args.tables} Debezium topics of "
         f"one partition, {args.changes:,} changes per table per batch (plus a tombstone per delete; batch 1's creates "
-        "are snapshot reads). Every table equals its source's reference model after both batches.", "",
+        "are snapshot reads). Every table equals its source's reference model after both batches.",
+        "",
         "| way | batch | records | plan s | write s | validate s | commit s | total s | per-table commit min / median / max s "
         "| files staged | files committed |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     for i, r in enumerate(runs):
         t = [x.seconds for x in r["result"].tables if x.status != "checkpoint"]
-        lines.append(f"| one pipeline | {i + 1} | {r['records']:,} | {steps(r)} | {min(t):.3f} / {statistics.median(t):.3f} / "
-                     f"{max(t):.3f} | {r['files']} | {r['committed']} |")
+        lines.append(
+            f"| one pipeline | {i + 1} | {r['records']:,} | {steps(r)} | {min(t):.3f} / {statistics.median(t):.3f} / "
+            f"{max(t):.3f} | {r['files']} | {r['committed']} |"
+        )
     for i, batch_runs in enumerate(single_runs):
         total = {k: sum(r[k] for r in batch_runs) for k in ("plan", "write", "validate", "commit", "total", "records")}
         c = [r["commit"] for r in batch_runs]
-        lines.append(f"| {len(batch_runs)} of the {args.tables} pipelines, one after another | {i + 1} | {int(total['records']):,} | "
-                     f"{steps(total)} | {min(c):.3f} / {statistics.median(c):.3f} / {max(c):.3f} (whole commit step) | "
-                     f"{sum(r['files'] for r in batch_runs)} | {sum(r['committed'] for r in batch_runs)} |")
+        lines.append(
+            f"| {len(batch_runs)} of the {args.tables} pipelines, one after another | {i + 1} | {int(total['records']):,} | "
+            f"{steps(total)} | {min(c):.3f} / {statistics.median(c):.3f} / {max(c):.3f} (whole commit step) | "
+            f"{sum(r['files'] for r in batch_runs)} | {sum(r['committed'] for r in batch_runs)} |"
+        )
     measured = len(single_runs[0])
     scale = args.tables / measured  # 1 unless fewer single pipelines ran
     ratios = [scale * sum(r["total"] for r in s) / max(r1["total"], 1e-9) for r1, s in zip(runs, single_runs)]
-    how = ("measured in the same run" if measured == args.tables else
-           f"projected from the {measured} measured in the same run (their total times {scale:.0f})")
-    lines += ["", f"{args.tables} single-table pipelines one after another take {ratios[0]:.1f}x (batch 1) and "
-              f"{ratios[1]:.1f}x (batch 2) the time of one pipeline for the same changes, {how}.", end]
+    how = (
+        "measured in the same run"
+        if measured == args.tables
+        else f"projected from the {measured} measured in the same run (their total times {scale:.0f})"
+    )
+    lines += [
+        "",
+        f"{args.tables} single-table pipelines one after another take {ratios[0]:.1f}x (batch 1) and "
+        f"{ratios[1]:.1f}x (batch 2) the time of one pipeline for the same changes, {how}.",
+        end,
+    ]
     return "\n".join(lines)
 
 

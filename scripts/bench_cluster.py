@@ -57,10 +57,18 @@ def main() -> int:
                 name = f"{where.replace('[', '').replace(']', '')}_{r}"
                 path = home / f"{name}.yaml"
                 spark = {"master": master, **({"python_env": str(PACK)} if where == "standalone" else {})}
-                path.write_text(yaml.safe_dump({
-                    "name": name, "topics": ["pizzas"], "kafka": {"bootstrap_servers": b.bootstrap},
-                    "table": {"identifier": f"bench.{name}"}, "spark": spark,
-                    "batch": {"max_records": args.records, "records_per_task": args.records // 2}}))
+                path.write_text(
+                    yaml.safe_dump(
+                        {
+                            "name": name,
+                            "topics": ["pizzas"],
+                            "kafka": {"bootstrap_servers": b.bootstrap},
+                            "table": {"identifier": f"bench.{name}"},
+                            "spark": spark,
+                            "batch": {"max_records": args.records, "records_per_task": args.records // 2},
+                        }
+                    )
+                )
                 result = run_once(path, master=master)
                 spec = load_pipeline(path)
                 rows = load_table(load_catalog(spec), spec.table.identifier).scan(selected_fields=("order_id",)).count()
@@ -73,20 +81,28 @@ def main() -> int:
         b.stop()
 
     def med(where: str, key: str) -> float:
-        values = [r["steps"][key] if key in r["steps"] else r["write_breakdown"].get(key, r.get(key, 0.0))
-                  for r in runs[where]]
+        values = [r["steps"][key] if key in r["steps"] else r["write_breakdown"].get(key, r.get(key, 0.0)) for r in runs[where]]
         return statistics.median(values)
 
     phases = list(runs["standalone"][0]["write_breakdown"])  # the write step's phases, in order
-    rows = [("end to end (`tidewater run`)", "seconds"), ("write step (spark-submit until the manifest)", "write"),
-            *((f"- {k}", k) for k in phases)]
+    rows = [
+        ("end to end (`tidewater run`)", "seconds"),
+        ("write step (spark-submit until the manifest)", "write"),
+        *((f"- {k}", k) for k in phases),
+    ]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
-    lines = [BEGIN, "## One batch on local[2] and on a standalone cluster", "",
-             f"Produced by `{command_line('make bench-cluster')}` on {when} (UTC): {args.records:,} pizza events "
-             f"(2 partitions, 2 write tasks) per batch; {args.rounds} batches each, alternating; medians. The cluster: "
-             "a master and 2 workers x 1 core on this 2-core machine, workers without the project's packages, the "
-             "packed environment shipped with `spark.archives`. The ratio is the cluster's overhead, not a speed-up.", "",
-             "| step | local[2] (s) | standalone (s) | standalone / local |", "| --- | ---: | ---: | ---: |"]
+    lines = [
+        BEGIN,
+        "## One batch on local[2] and on a standalone cluster",
+        "",
+        f"Produced by `{command_line('make bench-cluster')}` on {when} (UTC): {args.records:,} pizza events "
+        f"(2 partitions, 2 write tasks) per batch; {args.rounds} batches each, alternating; medians. The cluster: "
+        "a master and 2 workers x 1 core on this 2-core machine, workers without the project's packages, the "
+        "packed environment shipped with `spark.archives`. The ratio is the cluster's overhead, not a speed-up.",
+        "",
+        "| step | local[2] (s) | standalone (s) | standalone / local |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for label, key in rows:
         lo, cl = med("local[2]", key), med("standalone", key)
         lines.append(f"| {label} | {lo:.1f} | {cl:.1f} | {cl / lo:.2f} |" if lo else f"| {label} | {lo:.1f} | {cl:.1f} | - |")

@@ -37,7 +37,7 @@ from scripts.soak import REPO, Services, metadata_query, trigger
 BEGIN, END = "<!-- dag latency: begin -->", "<!-- dag latency: end -->"
 PARTITIONS = 6
 STEPS = ("plan", "write", "validate", "commit")
-NOOP_CHAIN = '''
+NOOP_CHAIN = """
 import pendulum
 from airflow.sdk import dag, task
 
@@ -53,7 +53,7 @@ def bench_noop_chain():
 
 
 bench_noop_chain()
-'''
+"""
 
 
 class LatencyServices(Services):
@@ -72,17 +72,21 @@ def pipelines(svc: Services) -> dict[str, Path]:
     dags.mkdir(exist_ok=True)
     shutil.copy(REPO / "dags" / "tidewater_dags.py", dags / "tidewater_dags.py")
     (dags / "bench_noop_chain.py").write_text(NOOP_CHAIN)
-    common = {"kafka": {"bootstrap_servers": svc.broker.bootstrap},
-              "catalog": {"name": "lake", "properties": {"type": "sql", "uri": svc.catalog_url,
-                                                          "warehouse": f"file://{svc.work / 'warehouse'}"}},
-              "schedule": None, "maintenance": {"schedule": None}, "audit": {"schedule": None},
-              "validation": {"not_null": ["order_id"]}, "airflow": {"retries": 0}}
+    common = {
+        "kafka": {"bootstrap_servers": svc.broker.bootstrap},
+        "catalog": {"name": "lake", "properties": {"type": "sql", "uri": svc.catalog_url, "warehouse": f"file://{svc.work / 'warehouse'}"}},
+        "schedule": None,
+        "maintenance": {"schedule": None},
+        "audit": {"schedule": None},
+        "validation": {"not_null": ["order_id"]},
+        "airflow": {"retries": 0},
+    }
     out = {}
-    for name, spark in (("lat_connect", {"master": "local[2]", "connect_url": svc.connect.url}),
-                        ("lat_submit", {"master": "local[2]"})):
+    for name, spark in (("lat_connect", {"master": "local[2]", "connect_url": svc.connect.url}), ("lat_submit", {"master": "local[2]"})):
         path = folder / f"{name}.yaml"
-        path.write_text(yaml.safe_dump({"name": name, "topics": [f"{name}-events"], "table": {"identifier": f"rpc.{name}"},
-                                        "spark": spark, **common}))
+        path.write_text(
+            yaml.safe_dump({"name": name, "topics": [f"{name}-events"], "table": {"identifier": f"rpc.{name}"}, "spark": spark, **common})
+        )
         out[name] = path
     return out
 
@@ -103,11 +107,15 @@ def trigger_and_wait(svc: Services, dag_id: str, timeout: float = 600) -> str:
 
 def breakdown(svc: Services, dag_id: str, run_id: str) -> dict[str, float]:
     """Seconds of one run: total (queued to the commit's end) and per step: gap, wait, run."""
-    (queued, started), = metadata_query(svc, "SELECT queued_at, start_date FROM dag_run "
-                                              f"WHERE dag_id = '{dag_id}' AND run_id = '{run_id}'")
-    tis = {t: (q, s, e) for t, q, s, e in metadata_query(
-        svc, "SELECT task_id, queued_dttm, start_date, end_date FROM task_instance "
-             f"WHERE dag_id = '{dag_id}' AND run_id = '{run_id}'")}
+    ((queued, started),) = metadata_query(
+        svc, f"SELECT queued_at, start_date FROM dag_run WHERE dag_id = '{dag_id}' AND run_id = '{run_id}'"
+    )
+    tis = {
+        t: (q, s, e)
+        for t, q, s, e in metadata_query(
+            svc, f"SELECT task_id, queued_dttm, start_date, end_date FROM task_instance WHERE dag_id = '{dag_id}' AND run_id = '{run_id}'"
+        )
+    }
     out = {"run queued until the run started": (started - queued).total_seconds()}
     previous_end = started
     for step in STEPS:
@@ -128,16 +136,16 @@ def measure(work: Path, rounds: int) -> dict[str, dict[str, float]]:
     try:
         files = pipelines(svc)
         for name in files:
-            produce(svc.broker.bootstrap, f"{name}-events", [b'{"order_id": "warm", "store_id": 1}'] * PARTITIONS,
-                    partitions=PARTITIONS)
+            produce(svc.broker.bootstrap, f"{name}-events", [b'{"order_id": "warm", "store_id": 1}'] * PARTITIONS, partitions=PARTITIONS)
         svc.start_airflow()
         results: dict[str, list[dict[str, float]]] = {}
         for i in range(rounds + 1):  # the first round warms up (tables created, the Connect server's workers started)
             for dag_id in ("bench_noop_chain", *(f"ingest_{n}" for n in files)):
                 name = dag_id.removeprefix("ingest_")
                 if name in files:
-                    produce(svc.broker.bootstrap, f"{name}-events", [b'{"order_id": "one", "store_id": 1}'],
-                            partitions=PARTITIONS, create=False)
+                    produce(
+                        svc.broker.bootstrap, f"{name}-events", [b'{"order_id": "one", "store_id": 1}'], partitions=PARTITIONS, create=False
+                    )
                 run_id = trigger_and_wait(svc, dag_id)
                 if i:
                     results.setdefault(dag_id, []).append(breakdown(svc, dag_id, run_id))
@@ -149,13 +157,22 @@ def measure(work: Path, rounds: int) -> dict[str, dict[str, float]]:
 
 def report(medians: dict[str, dict[str, float]], rounds: int) -> str:
     dags = ["ingest_lat_connect", "ingest_lat_submit", "bench_noop_chain"]
-    labels = {"ingest_lat_connect": "ingest, Spark Connect", "ingest_lat_submit": "ingest, spark-submit",
-              "bench_noop_chain": "four no-op tasks (Airflow's floor)"}
-    lines = [BEGIN, "## A one-record batch through the ingest DAG on a running scheduler", "",
-             f"Command: `{command_line('make bench-dag')}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; medians of "
-             f"{rounds} rounds after a warm-up. Airflow's api-server, DAG processor and scheduler (LocalExecutor) on "
-             "PostgreSQL, the runs triggered one at a time; seconds from the metadata database.", "",
-             "| seconds | " + " | ".join(labels[d] for d in dags) + " |", "| --- |" + " ---: |" * len(dags)]
+    labels = {
+        "ingest_lat_connect": "ingest, Spark Connect",
+        "ingest_lat_submit": "ingest, spark-submit",
+        "bench_noop_chain": "four no-op tasks (Airflow's floor)",
+    }
+    lines = [
+        BEGIN,
+        "## A one-record batch through the ingest DAG on a running scheduler",
+        "",
+        f"Command: `{command_line('make bench-dag')}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; medians of "
+        f"{rounds} rounds after a warm-up. Airflow's api-server, DAG processor and scheduler (LocalExecutor) on "
+        "PostgreSQL, the runs triggered one at a time; seconds from the metadata database.",
+        "",
+        "| seconds | " + " | ".join(labels[d] for d in dags) + " |",
+        "| --- |" + " ---: |" * len(dags),
+    ]
     for key in medians[dags[0]]:
         lines.append(f"| {key} | " + " | ".join(f"{medians[d][key]:.2f}" for d in dags) + " |")
     lines.append(END)

@@ -50,13 +50,19 @@ def main() -> int:
     b = embedded.start(log_path=work / "broker.log")
     try:
         path = work / "events.yaml"
-        path.write_text(yaml.safe_dump({
-            "name": "events", "topics": ["events"], "schedule": None,
-            "kafka": {"bootstrap_servers": b.bootstrap},
-            "table": {"identifier": "bench.events"},
-            "validation": {"not_null": ["order_id"]},
-            "maintenance": {"expire_snapshots": {"older_than_hours": 0, "retain_last": 5}},
-        }))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "events",
+                    "topics": ["events"],
+                    "schedule": None,
+                    "kafka": {"bootstrap_servers": b.bootstrap},
+                    "table": {"identifier": "bench.events"},
+                    "validation": {"not_null": ["order_id"]},
+                    "maintenance": {"expire_snapshots": {"older_than_hours": 0, "retain_last": 5}},
+                }
+            )
+        )
         spec = load_pipeline(path)
         settings = kafka_settings(spec)
 
@@ -124,9 +130,19 @@ def main() -> int:
         "| --- | ---: | --- | --- | --- | --- | --- |",
     ]
     for r in reports:
-        keep = ("rewritten_data_files_count", "added_data_files_count", "rewritten_manifests_count",
-                "added_manifests_count", "deleted_data_files_count", "deleted_manifest_files_count",
-                "deleted_manifest_lists_count", "orphan_files", "orphan_bytes", "staging_dirs_removed", "kept_for_offsets")
+        keep = (
+            "rewritten_data_files_count",
+            "added_data_files_count",
+            "rewritten_manifests_count",
+            "added_manifests_count",
+            "deleted_data_files_count",
+            "deleted_manifest_files_count",
+            "deleted_manifest_lists_count",
+            "orphan_files",
+            "orphan_bytes",
+            "staging_dirs_removed",
+            "kept_for_offsets",
+        )
         details = ", ".join(f"{k}={v}" for k, v in r.details.items() if k in keep)
         lines.append(
             f"| {r.action} | {r.seconds:.1f} | {r.before.data_files} -> {r.after.data_files} | "

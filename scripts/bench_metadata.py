@@ -37,10 +37,18 @@ def main() -> int:
         produce(b.bootstrap, "pizzas", pizza_events(RECORDS, seed=1), partitions=6)
         for meta in ("none", "prefixed", "struct"):
             path = home / f"m_{meta}.yaml"
-            path.write_text(yaml.safe_dump({
-                "name": f"m_{meta}", "topics": ["pizzas"], "kafka": {"bootstrap_servers": b.bootstrap},
-                "table": {"identifier": f"cost.m_{meta}"}, "format": {"metadata": meta},
-                "batch": {"max_records": 1_000_000, "records_per_task": 1_000_000}}))
+            path.write_text(
+                yaml.safe_dump(
+                    {
+                        "name": f"m_{meta}",
+                        "topics": ["pizzas"],
+                        "kafka": {"bootstrap_servers": b.bootstrap},
+                        "table": {"identifier": f"cost.m_{meta}"},
+                        "format": {"metadata": meta},
+                        "batch": {"max_records": 1_000_000, "records_per_task": 1_000_000},
+                    }
+                )
+            )
             spec = load_pipeline(path)
             ingest_inline(spec)
             files = load_table(load_catalog(spec), spec.table.identifier).inspect.files().to_pylist()
@@ -50,10 +58,16 @@ def main() -> int:
         b.stop()
     base = rows[0][1]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
-    lines = [BEGIN, "## What `format.metadata` costs in storage", "",
-             f"Produced by `make bench-metadata` on {when} (UTC): {RECORDS:,} pizza events (6 partitions) ingested "
-             "three times, one table per setting (zstd Parquet, one file per partition).", "",
-             "| format.metadata | data files | bytes | vs none |", "| --- | ---: | ---: | ---: |"]
+    lines = [
+        BEGIN,
+        "## What `format.metadata` costs in storage",
+        "",
+        f"Produced by `make bench-metadata` on {when} (UTC): {RECORDS:,} pizza events (6 partitions) ingested "
+        "three times, one table per setting (zstd Parquet, one file per partition).",
+        "",
+        "| format.metadata | data files | bytes | vs none |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     lines += [f"| {m} | {n} | {size:,} | {size / base:.3f} |" for m, size, n in rows]
     lines += ["", END]
     out = REPO / "BENCHMARKS.md"

@@ -85,9 +85,12 @@ class Shared:
         self.pg.create_database("peers")
         self.warehouse = f"file://{home / 'warehouse'}"
         self.sql_uri = self.pg.url("peers")
-        self.jdbc = {"catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
-                     "uri": f"jdbc:postgresql://127.0.0.1:{self.pg.port}/peers",
-                     "jdbc.user": "tidewater", "warehouse": self.warehouse}
+        self.jdbc = {
+            "catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+            "uri": f"jdbc:postgresql://127.0.0.1:{self.pg.port}/peers",
+            "jdbc.user": "tidewater",
+            "warehouse": self.warehouse,
+        }
         self.catalog = load_catalog("peers", type="sql", uri=self.sql_uri, warehouse=self.warehouse)
         self.catalog.create_namespace_if_not_exists("peers")
 
@@ -134,15 +137,19 @@ def read_back(shared: Shared, ident: str, drain: Drain) -> None:
             drain.bytes += int(summary.get("added-files-size", 0) or 0)
 
 
-def tidewater_drain(shared: Shared, path: Path, env: dict[str, str], drain: Drain, ident: str,
-                    server_pid: int | None) -> None:
+def tidewater_drain(shared: Shared, path: Path, env: dict[str, str], drain: Drain, ident: str, server_pid: int | None) -> None:
     """One `tidewater run`; its CPU is the machine's until the Spark JVM it leaves stopping has exited (``settle``)."""
     settle()
     drain.config = {"pipeline file": yaml.safe_load(path.read_text())}
     roots = shared.shared_roots() | ({"Spark Connect server": server_pid} if server_pid else {})
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "tidewater.runtime.cli", "run", "--pipeline", str(path), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidewater.runtime.cli", "run", "--pipeline", str(path), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     procs = Processes(roots | {"tidewater": proc.pid}).start()
     out, _ = proc.communicate()
     drain.seconds = time.monotonic() - t0
@@ -167,14 +174,20 @@ def like_tidewater(shared: Shared, source: str, ident: str, kafka_columns: bool)
     shared.catalog.create_table(ident, schema=Schema(*fields))
 
 
-def connect_drain(shared: Shared, worker: ConnectWorker, topic: str, ident: str, drain: Drain,
-                  config: dict[str, str], timeout: float) -> None:
+def connect_drain(
+    shared: Shared, worker: ConnectWorker, topic: str, ident: str, drain: Drain, config: dict[str, str], timeout: float
+) -> None:
     name = f"sink-{ident.split('.')[-1]}"
     connector = {
-        "connector.class": SINK, "topics": topic, "iceberg.tables": ident,
-        "iceberg.catalog": "peers", **{f"iceberg.catalog.{k}": v for k, v in shared.jdbc.items()},
-        "iceberg.control.topic": f"control-{name}", "iceberg.tables.auto-create-enabled": "false",
-        **config}
+        "connector.class": SINK,
+        "topics": topic,
+        "iceberg.tables": ident,
+        "iceberg.catalog": "peers",
+        **{f"iceberg.catalog.{k}": v for k, v in shared.jdbc.items()},
+        "iceberg.control.topic": f"control-{name}",
+        "iceberg.tables.auto-create-enabled": "false",
+        **config,
+    }
     drain.config = {"worker properties": worker.props, "connector": connector}
     create_topic(shared.broker.bootstrap, connector["iceberg.control.topic"], 1)
     procs = Processes(shared.shared_roots() | {"Kafka Connect worker": worker.proc.pid}).start()
@@ -189,8 +202,9 @@ def connect_drain(shared: Shared, worker: ConnectWorker, topic: str, ident: str,
     until_visible(shared, ident, drain, (t0, timeout), procs, "Kafka Connect worker", check, lambda: worker.delete(name))
 
 
-def until_visible(shared: Shared, ident: str, drain: Drain, clock: tuple[float, float], procs: Processes,
-                  own: str, check: Any, stop: Any) -> None:
+def until_visible(
+    shared: Shared, ident: str, drain: Drain, clock: tuple[float, float], procs: Processes, own: str, check: Any, stop: Any
+) -> None:
     """A peer's drain from ``clock`` (its start, its timeout) until every record is visible; its CPU and peak RSS
     (``own``: the peer's process tree), then ``stop()`` the peer and read its table back."""
     try:
@@ -202,16 +216,17 @@ def until_visible(shared: Shared, ident: str, drain: Drain, clock: tuple[float, 
     read_back(shared, ident, drain)
 
 
-def streaming_drain(shared: Shared, topic: str, ident: str, drain: Drain, trigger_s: float, env: dict[str, str],
-                    timeout: float) -> None:
+def streaming_drain(shared: Shared, topic: str, ident: str, drain: Drain, trigger_s: float, env: dict[str, str], timeout: float) -> None:
     checkpoint = shared.home / "checkpoints" / ident
     # Spark names the table through its catalog: peers (catalog).peers (namespace).name
     cmd = streaming_command(shared.broker.bootstrap, topic, f"peers.{ident}", checkpoint, trigger_s, shared.jdbc)
-    drain.config = {"spark-submit": " ".join(cmd[1:-5]),
-                    "query": "scripts/peer_streaming.py: readStream kafka (startingOffsets earliest, read_committed, "
-                    "failOnDataLoss) -> from_json(value, the table's columns) + topic, partition, offset, timestamp "
-                    "-> writeStream iceberg, append, checkpointLocation; trigger: "
-                    + ("Spark's default" if not trigger_s else f"processingTime {trigger_s:g} s")}
+    drain.config = {
+        "spark-submit": " ".join(cmd[1:-5]),
+        "query": "scripts/peer_streaming.py: readStream kafka (startingOffsets earliest, read_committed, "
+        "failOnDataLoss) -> from_json(value, the table's columns) + topic, partition, offset, timestamp "
+        "-> writeStream iceberg, append, checkpointLocation; trigger: "
+        + ("Spark's default" if not trigger_s else f"processingTime {trigger_s:g} s"),
+    }
     log = open(shared.home / f"{ident}.log", "wb")
     settle()
     t0 = time.monotonic()
@@ -239,41 +254,45 @@ def tidewater_pipeline(shared: Shared, home: Path, topic: str, ident: str, conne
     doc = yaml.safe_load(path.read_text())
     if connect_url:
         doc["spark"]["connect_url"] = connect_url
-    doc["catalog"] = {"name": "peers", "properties": {"type": "sql", "uri": shared.sql_uri,
-                                                       "warehouse": shared.warehouse}}
+    doc["catalog"] = {"name": "peers", "properties": {"type": "sql", "uri": shared.sql_uri, "warehouse": shared.warehouse}}
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
-def connect_settings(args: argparse.Namespace, workers: dict[str, ConnectWorker],
-                     first: bool) -> list[tuple[str, dict, Any]]:
+def connect_settings(args: argparse.Namespace, workers: dict[str, ConnectWorker], first: bool) -> list[tuple[str, dict, Any]]:
     """(label, connector settings, worker) of each Kafka Connect row: tuned, and (``first`` size only: it waits for
     commits five minutes apart) Connect's and the sink's defaults on a worker of their own."""
-    out = [("tuned: tasks.max 2 (the cores), commit interval "
+    out = [
+        (
+            "tuned: tasks.max 2 (the cores), commit interval "
             f"{args.connect_interval_ms / 1000:g} s, worker offset flush {args.connect_flush_ms / 1000:g} s",
-            {"tasks.max": "2", "iceberg.control.commit.interval-ms": str(args.connect_interval_ms)}, workers["tuned"])]
+            {"tasks.max": "2", "iceberg.control.commit.interval-ms": str(args.connect_interval_ms)},
+            workers["tuned"],
+        )
+    ]
     if "defaults" in workers and first:
         out.append(("defaults: tasks.max 1, commit interval 300 s, worker offset flush 60 s", {}, workers["defaults"]))
     return out
 
 
-def drain_all(shared: Shared, home: Path, n: int, args: argparse.Namespace, env: dict[str, str],
-              server: Any, workers: dict[str, ConnectWorker]) -> list[Drain]:
+def drain_all(
+    shared: Shared, home: Path, n: int, args: argparse.Namespace, env: dict[str, str], server: Any, workers: dict[str, ConnectWorker]
+) -> list[Drain]:
     topic = f"pizzas_{n}"
     print(f"== {n:,} records into {topic}", flush=True)
     produce_topic(shared.broker.bootstrap, topic, n, 6)
     assert sum(hi for _, hi in topic_watermarks(shared.broker.bootstrap, topic).values()) == n
     out = []
     first = f"peers.tidewater_submit_{n}"
-    for label, ident, url in [("spark-submit local[2], cold", first, None),
-                              ("Spark Connect, a warm server on local[2]", f"peers.tidewater_connect_{n}",
-                               server.url if server else None)]:
+    for label, ident, url in [
+        ("spark-submit local[2], cold", first, None),
+        ("Spark Connect, a warm server on local[2]", f"peers.tidewater_connect_{n}", server.url if server else None),
+    ]:
         if ident != first and server is None:
             continue
         print(f"   tidewater ({label})", flush=True)
         d = Drain("Tidewater", label, n)
-        tidewater_drain(shared, tidewater_pipeline(shared, home, topic, ident, url), env, d, ident,
-                        server.pid if url else None)
+        tidewater_drain(shared, tidewater_pipeline(shared, home, topic, ident, url), env, d, ident, server.pid if url else None)
         out.append(d)
     if workers:
         for i, (label, config, worker) in enumerate(connect_settings(args, workers, n == args.sizes[0])):
@@ -292,51 +311,82 @@ def drain_all(shared: Shared, home: Path, n: int, args: argparse.Namespace, env:
         streaming_drain(shared, topic, ident, d, 0.0, env, args.timeout)
         out.append(d)
     for d in out:
-        print(f"      {d.system} ({d.setting}): {d.seconds:.1f} s, {d.cpu_total:.1f} CPU-s, "
-              f"{d.peak_rss_mb:.0f} MB, {d.rows:,} rows, {d.distinct:,} distinct", flush=True)
+        print(
+            f"      {d.system} ({d.setting}): {d.seconds:.1f} s, {d.cpu_total:.1f} CPU-s, "
+            f"{d.peak_rss_mb:.0f} MB, {d.rows:,} rows, {d.distinct:,} distinct",
+            flush=True,
+        )
     return out
 
 
 def results_table(drains: list[Drain]) -> list[str]:
-    lines = ["| records | system | setting | seconds | records/s | CPU-s | CPU-s per 1M | of which broker + catalog "
-             "| peak RSS (MB) | commits | files per commit | MB per commit | rows (distinct) |",
-             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        "| records | system | setting | seconds | records/s | CPU-s | CPU-s per 1M | of which broker + catalog "
+        "| peak RSS (MB) | commits | files per commit | MB per commit | rows (distinct) |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for d in drains:
         shared = d.cpu.get("broker", 0.0) + d.cpu.get("catalog (PostgreSQL)", 0.0)
         lines.append(
             f"| {d.records:,} | {d.system} | {d.setting} | {d.seconds:.1f} | {d.records / d.seconds / 1000:,.0f}k | "
             f"{d.cpu_total:.1f} | {d.cpu_total / d.records * 1e6:.1f} | {shared:.1f} | {d.peak_rss_mb:.0f} | "
             f"{d.commits} | {d.files / max(d.commits, 1):.1f} | {d.bytes / max(d.commits, 1) / 1e6:.1f} | "
-            f"{d.rows:,} ({d.distinct:,}){'; ' + d.note if d.note else ''} |")
+            f"{d.rows:,} ({d.distinct:,}){'; ' + d.note if d.note else ''} |"
+        )
     return lines
 
 
 def method(when: str, versions: dict[str, str]) -> str:
-    return (f"Produced by `{command_line('make bench-peers')}` on {when} (UTC) on {os.cpu_count()} cores; every "
-            f"figure is from that run. The same Apache Kafka {versions['kafka']} broker (one node), the same "
-            "PostgreSQL database as the catalog (pyiceberg's SQL catalog and Iceberg "
-            f"{versions['iceberg']}'s JdbcCatalog on the same tables), the same local warehouse, the same JSON pizza "
-            "events over 6 partitions, already in the topic. Seconds: from the system's start (the CLI, the "
-            "connector's creation, spark-submit) until every record is visible in the table (polled every second). "
-            "CPU: the machine's busy CPU-seconds over that window (every process involved, the broker and "
-            "PostgreSQL included; the other systems' servers idle meanwhile, in every row alike; the benchmark's own "
-            "polling left out). Duplicates and losses: rows and distinct order ids read back.")
+    return (
+        f"Produced by `{command_line('make bench-peers')}` on {when} (UTC) on {os.cpu_count()} cores; every "
+        f"figure is from that run. The same Apache Kafka {versions['kafka']} broker (one node), the same "
+        "PostgreSQL database as the catalog (pyiceberg's SQL catalog and Iceberg "
+        f"{versions['iceberg']}'s JdbcCatalog on the same tables), the same local warehouse, the same JSON pizza "
+        "events over 6 partitions, already in the topic. Seconds: from the system's start (the CLI, the "
+        "connector's creation, spark-submit) until every record is visible in the table (polled every second). "
+        "CPU: the machine's busy CPU-seconds over that window (every process involved, the broker and "
+        "PostgreSQL included; the other systems' servers idle meanwhile, in every row alike; the benchmark's own "
+        "polling left out). Duplicates and losses: rows and distinct order ids read back."
+    )
 
 
 def report(drains: list[Drain], when: str, versions: dict[str, str]) -> str:
-    lines = [BEGIN, "## Compared with the Kafka Connect sink and Structured Streaming (issue 56)", "",
-             method(when, versions) + " Each system's configuration is on "
-             "[the comparison page](docs/explanation/peers.md).", "",
-             *results_table(drains), "", *ratios(drains), "", f"![peers](docs/img/{CHART.name})", "", END]
+    lines = [
+        BEGIN,
+        "## Compared with the Kafka Connect sink and Structured Streaming (issue 56)",
+        "",
+        method(when, versions) + " Each system's configuration is on [the comparison page](docs/explanation/peers.md).",
+        "",
+        *results_table(drains),
+        "",
+        *ratios(drains),
+        "",
+        f"![peers](docs/img/{CHART.name})",
+        "",
+        END,
+    ]
     return "\n".join(lines)
 
 
 def page(drains: list[Drain], when: str, versions: dict[str, str], redact: dict[str, str]) -> str:
     """The comparison page's generated part: the results and every configuration that produced them."""
-    lines = [BEGIN, "## Results", "", method(when, versions), "", *results_table(drains), "", *ratios(drains), "",
-             f"![Seconds and CPU-seconds per million records](../img/{CHART.name})", "",
-             "## Each system's configuration in that run", "",
-             "Addresses are shown as `<broker>`, `<catalog>`, `<warehouse>`, `<spark-connect>` and `<worker>`.", ""]
+    lines = [
+        BEGIN,
+        "## Results",
+        "",
+        method(when, versions),
+        "",
+        *results_table(drains),
+        "",
+        *ratios(drains),
+        "",
+        f"![Seconds and CPU-seconds per million records](../img/{CHART.name})",
+        "",
+        "## Each system's configuration in that run",
+        "",
+        "Addresses are shown as `<broker>`, `<catalog>`, `<warehouse>`, `<spark-connect>` and `<worker>`.",
+        "",
+    ]
     seen = set()
     for d in drains:
         if (d.system, d.setting) in seen:
@@ -362,11 +412,12 @@ def ratios(drains: list[Drain]) -> list[str]:
         for peer in sorted({d.system for d in rows} - {"Tidewater"}):
             p_cpu = min((d for d in rows if d.system == peer), key=lambda d: d.cpu_total)
             p_time = min((d for d in rows if d.system == peer), key=lambda d: d.seconds)
-            out.append(f"- {n:,} records, {peer}: its CPU-seconds are {p_cpu.cpu_total / best_cpu.cpu_total:.2f}x "
-                       f"Tidewater's ({best_cpu.setting}); its time {p_time.seconds / best_time.seconds:.2f}x "
-                       f"Tidewater's ({best_time.setting}). "
-                       + ("Tidewater uses less CPU." if best_cpu.cpu_total < p_cpu.cpu_total else
-                          f"**{peer} uses less CPU.**"))
+            out.append(
+                f"- {n:,} records, {peer}: its CPU-seconds are {p_cpu.cpu_total / best_cpu.cpu_total:.2f}x "
+                f"Tidewater's ({best_cpu.setting}); its time {p_time.seconds / best_time.seconds:.2f}x "
+                f"Tidewater's ({best_time.setting}). "
+                + ("Tidewater uses less CPU." if best_cpu.cpu_total < p_cpu.cpu_total else f"**{peer} uses less CPU.**")
+            )
     return out
 
 
@@ -393,19 +444,25 @@ def chart(drains: list[Drain]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", default="1000000,5000000", help="comma-separated backlog sizes")
-    ap.add_argument("--connect-interval-ms", type=int, default=10_000,
-                    help="the Kafka Connect sink's commit interval in its tuned setting")
-    ap.add_argument("--connect-flush-ms", type=int, default=1000,
-                    help="the Connect worker's offset.flush.interval.ms (Connect's default: 60000)")
-    ap.add_argument("--no-connect-defaults", action="store_true",
-                    help="leave out the sink at its and Connect's defaults (one task, a commit every 300 s, offsets "
-                         "flushed every 60 s, on a second worker; first size only)")
+    ap.add_argument("--connect-interval-ms", type=int, default=10_000, help="the Kafka Connect sink's commit interval in its tuned setting")
+    ap.add_argument(
+        "--connect-flush-ms", type=int, default=1000, help="the Connect worker's offset.flush.interval.ms (Connect's default: 60000)"
+    )
+    ap.add_argument(
+        "--no-connect-defaults",
+        action="store_true",
+        help="leave out the sink at its and Connect's defaults (one task, a commit every 300 s, offsets "
+        "flushed every 60 s, on a second worker; first size only)",
+    )
     ap.add_argument("--no-connect", action="store_true", help="leave out the Kafka Connect sink")
     ap.add_argument("--no-streaming", action="store_true", help="leave out Structured Streaming")
     ap.add_argument("--no-spark-connect", action="store_true", help="leave out Tidewater through Spark Connect")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds a peer may take to drain one topic")
-    ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"),
-                    help="the report's file; the chart and docs/explanation/peers.md are written only with the default")
+    ap.add_argument(
+        "--output",
+        default=str(REPO / "BENCHMARKS.md"),
+        help="the report's file; the chart and docs/explanation/peers.md are written only with the default",
+    )
     args = ap.parse_args()
     args.sizes = [int(s) for s in args.records.split(",") if s]
     home = fresh_home("bench-peers")
@@ -422,11 +479,11 @@ def main() -> int:
             server = start_connect(home, env, shared.broker.bootstrap)
         if not args.no_connect:
             print("== starting the Kafka Connect worker", flush=True)
-            workers["tuned"] = ConnectWorker(shared.broker.bootstrap, home / "connect", port=free_port(),
-                                             flush_ms=args.connect_flush_ms)
+            workers["tuned"] = ConnectWorker(shared.broker.bootstrap, home / "connect", port=free_port(), flush_ms=args.connect_flush_ms)
             if not args.no_connect_defaults:
-                workers["defaults"] = ConnectWorker(shared.broker.bootstrap, home / "connect-defaults",
-                                                    port=free_port(), flush_ms=None, name="peers-connect-defaults")
+                workers["defaults"] = ConnectWorker(
+                    shared.broker.bootstrap, home / "connect-defaults", port=free_port(), flush_ms=None, name="peers-connect-defaults"
+                )
         for n in args.sizes:
             drains += drain_all(shared, home, n, args, env, server, workers)
     finally:
@@ -442,10 +499,16 @@ def main() -> int:
     if Path(args.output).resolve() != (REPO / "BENCHMARKS.md").resolve():
         return 0  # a trial into another file leaves the chart and the comparison page as the last full run left them
     chart(drains)
-    redact = {shared.jdbc["uri"]: "<catalog>", shared.sql_uri: "<catalog>", shared.warehouse: "<warehouse>",
-              shared.broker.bootstrap: "<broker>", str(REPO) + "/": "", str(home): "<home>",
-              **({server.url: "<spark-connect>"} if server else {}),
-              **{w.url: "<worker>" for w in workers.values()}}
+    redact = {
+        shared.jdbc["uri"]: "<catalog>",
+        shared.sql_uri: "<catalog>",
+        shared.warehouse: "<warehouse>",
+        shared.broker.bootstrap: "<broker>",
+        str(REPO) + "/": "",
+        str(home): "<home>",
+        **({server.url: "<spark-connect>"} if server else {}),
+        **{w.url: "<worker>" for w in workers.values()},
+    }
     write_section(PAGE, BEGIN, END, page(drains, when, versions, redact))
     return 0
 

@@ -26,8 +26,18 @@ BEGIN, END = "<!-- routing:begin -->", "<!-- routing:end -->"
 
 
 def events(n: int, tenants: int, seed: int) -> list[bytes]:
-    return [json.dumps({"id": seed * 10_000_000 + i, "tenant": f"t{i % tenants:03d}", "amount": i % 997,
-                        "note": "x" * (i % 40), "at": "2024-01-04 12:00:00"}).encode() for i in range(n)]
+    return [
+        json.dumps(
+            {
+                "id": seed * 10_000_000 + i,
+                "tenant": f"t{i % tenants:03d}",
+                "amount": i % 997,
+                "note": "x" * (i % 40),
+                "at": "2024-01-04 12:00:00",
+            }
+        ).encode()
+        for i in range(n)
+    ]
 
 
 def main() -> int:
@@ -49,14 +59,25 @@ def main() -> int:
     from tidewater_dev.sample_data import produce
 
     b = embedded.start(log_path=work / "broker.log")
-    base = {"schedule": None, "kafka": {"bootstrap_servers": b.bootstrap, "read_timeout_seconds": 60},
-            "batch": {"max_records": args.records}, "validation": {"not_null": ["id"]}}
+    base = {
+        "schedule": None,
+        "kafka": {"bootstrap_servers": b.bootstrap, "read_timeout_seconds": 60},
+        "batch": {"max_records": args.records},
+        "validation": {"not_null": ["id"]},
+    }
     try:
         routed_path = work / "tenants.yaml"
-        routed_path.write_text(yaml.safe_dump({
-            **base, "name": "tenants", "topics": ["tenants"], "table": {"identifier": ""},
-            "routing": {"field": "tenant", "dynamic": True, "table_template": "tenant_{value}", "namespace": "bench"},
-        }))
+        routed_path.write_text(
+            yaml.safe_dump(
+                {
+                    **base,
+                    "name": "tenants",
+                    "topics": ["tenants"],
+                    "table": {"identifier": ""},
+                    "routing": {"field": "tenant", "dynamic": True, "table_template": "tenant_{value}", "namespace": "bench"},
+                }
+            )
+        )
         single_path = work / "single.yaml"
         single_path.write_text(yaml.safe_dump({**base, "name": "single", "topics": ["single"], "table": {"identifier": "bench.single"}}))
         routed, single = load_pipeline(routed_path), load_pipeline(single_path)
@@ -71,17 +92,21 @@ def main() -> int:
         one = timed_batch(single, args.master)
 
         catalog = load_catalog(routed)
-        per_table = [load_table(catalog, f"bench.tenant_t{t:03d}").scan(selected_fields=("id",)).to_arrow().num_rows
-                     for t in range(args.tables)]
+        per_table = [
+            load_table(catalog, f"bench.tenant_t{t:03d}").scan(selected_fields=("id",)).to_arrow().num_rows for t in range(args.tables)
+        ]
         assert sum(per_table) == 2 * args.records and len(set(per_table)) <= 2, per_table
         assert committed_state(load_table(catalog, routed.checkpoint_table())).offsets["tenants"] == {
-            p: 2 * args.records // 6 + (1 if p < (2 * args.records) % 6 else 0) for p in range(6)}
+            p: 2 * args.records // 6 + (1 if p < (2 * args.records) % 6 else 0) for p in range(6)
+        }
     finally:
         b.stop()
 
     def row(name: str, r: dict) -> str:
-        return (f"| {name} | {r['records']:,} | {r['files']} | {r['plan']:.1f} | {r['write']:.1f} | {r['data_path'] or 0:.1f} | "
-                f"{r['validate']:.1f} | {r['commit']:.1f} | {r['total']:.1f} |")
+        return (
+            f"| {name} | {r['records']:,} | {r['files']} | {r['plan']:.1f} | {r['write']:.1f} | {r['data_path'] or 0:.1f} | "
+            f"{r['validate']:.1f} | {r['commit']:.1f} | {r['total']:.1f} |"
+        )
 
     lines = [
         BEGIN,

@@ -72,8 +72,11 @@ def pipeline_folder(folder: Path, n: int) -> None:
     shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", folder)
     for i in range(n):
         name = f"p{i:04d}"
-        (folder / f"{name}.yaml").write_text(example.replace("name: pizzas", f"name: {name}")
-                                             .replace("completed-pizzas", f"topic-{name}").replace("rpc.pizzas", f"rpc.{name}"))
+        (folder / f"{name}.yaml").write_text(
+            example.replace("name: pizzas", f"name: {name}")
+            .replace("completed-pizzas", f"topic-{name}")
+            .replace("rpc.pizzas", f"rpc.{name}")
+        )
 
 
 def parse_seconds(folder: Path, dag_id: str | None, repeat: int) -> tuple[float, int]:
@@ -84,8 +87,7 @@ def parse_seconds(folder: Path, dag_id: str | None, repeat: int) -> tuple[float,
         env["_AIRFLOW_PARSING_CONTEXT_DAG_ID"] = dag_id
     runs = []
     for _ in range(repeat):
-        done = subprocess.run([sys.executable, "-c", PARSE, str(REPO / "dags")], env=env, capture_output=True, text=True,
-                              check=True)
+        done = subprocess.run([sys.executable, "-c", PARSE, str(REPO / "dags")], env=env, capture_output=True, text=True, check=True)
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     assert all(r["errors"] == 0 for r in runs), runs
     return statistics.median(r["seconds"] for r in runs), runs[0]["dags"]
@@ -128,8 +130,19 @@ def pipelines_curve(work: Path, counts: list[int], repeat: int) -> list[dict]:
         task, task_dags = parse_seconds(folder, "ingest_p0000", repeat)
         processor, dags = parse_seconds(folder, None, repeat)
         load_all, cold, warm = view_lookups(folder, n, repeat)
-        rows.append({"pipelines": n, "dags": dags, "task_dags": task_dags, "task_parse": task, "processor_parse": processor,
-                     "load_all": load_all, "page_before": (n + 1) * load_all, "page_after": cold, "page_warm": warm})
+        rows.append(
+            {
+                "pipelines": n,
+                "dags": dags,
+                "task_dags": task_dags,
+                "task_parse": task,
+                "processor_parse": processor,
+                "load_all": load_all,
+                "page_before": (n + 1) * load_all,
+                "page_after": cold,
+                "page_warm": warm,
+            }
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -155,8 +168,7 @@ def view_api_curve(work: Path, counts: list[int], shown: int) -> list[dict]:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         names = [f"topic-p{i:04d}" for i in range(max(counts))]
         for i in range(0, len(names), 100):
-            for fut in admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1)
-                                            for t in names[i:i + 100]]).values():
+            for fut in admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1) for t in names[i : i + 100]]).values():
                 fut.result(timeout=60)
         folder = work / f"pipelines-{max(counts)}"
         pipeline_folder(folder, max(counts))
@@ -177,8 +189,7 @@ def view_api_curve(work: Path, counts: list[int], shown: int) -> list[dict]:
             t3 = time.perf_counter()
             assert all(line["error"] is None for line in every), [line for line in every if line["error"]][:3]
             assert all(line["lag"] == 5 for line in page), page[:3]
-            rows.append({"pipelines": n, "shown": len(page), "api_before": t1 - t0, "api_page": t2 - t1,
-                         "api_all": t3 - t2})
+            rows.append({"pipelines": n, "shown": len(page), "api_before": t1 - t0, "api_page": t2 - t1, "api_all": t3 - t2})
             print(rows[-1], flush=True)
     finally:
         b.stop()
@@ -203,18 +214,37 @@ def partitions_curve(work: Path, counts: list[int], records: int, master: str) -
             for packed in (False, True):
                 name = f"p{parts}_{'packed' if packed else 'apart'}"
                 path = work / f"{name}.yaml"
-                path.write_text(yaml.safe_dump({
-                    "name": name, "topics": [topic], "table": {"identifier": f"bench.{name}"}, "schedule": None,
-                    "kafka": {"bootstrap_servers": b.bootstrap}, "spark": {"master": master},
-                    "batch": {"max_records": records, "pack_ranges": packed}}))
+                path.write_text(
+                    yaml.safe_dump(
+                        {
+                            "name": name,
+                            "topics": [topic],
+                            "table": {"identifier": f"bench.{name}"},
+                            "schedule": None,
+                            "kafka": {"bootstrap_servers": b.bootstrap},
+                            "spark": {"master": master},
+                            "batch": {"max_records": records, "pack_ranges": packed},
+                        }
+                    )
+                )
                 spec = load_pipeline(path)
                 out = timed_batch(spec, master)
                 snap = load_table(load_catalog(spec), spec.table.identifier).current_snapshot()
                 props = snap.summary.additional_properties
-                rows.append({"partitions": parts, "packed": packed, "records": out["records"],
-                             "plan": out["plan"], "write": out["write"], "validate": out["validate"],
-                             "commit": out["commit"], "total": out["total"],
-                             "files": int(props["added-data-files"]), "bytes": int(props["added-files-size"])})
+                rows.append(
+                    {
+                        "partitions": parts,
+                        "packed": packed,
+                        "records": out["records"],
+                        "plan": out["plan"],
+                        "write": out["write"],
+                        "validate": out["validate"],
+                        "commit": out["commit"],
+                        "total": out["total"],
+                        "files": int(props["added-data-files"]),
+                        "bytes": int(props["added-files-size"]),
+                    }
+                )
                 print(rows[-1], flush=True)
     finally:
         b.stop()
@@ -234,8 +264,13 @@ def add_history(spec, table_ident: str, n: int) -> None:
     row = table.scan(limit=1).to_arrow()
     keep = {k: v for k, v in summary_dict(table.current_snapshot()).items() if k.startswith("tidewater.")}
     for i in range(n):
-        commit(catalog, table_ident, lambda _t, i=i: Change({**keep, BATCH_ID: f"bench-history-{i:06d}"}, rows=row),
-               marker=None, what="bench history")
+        commit(
+            catalog,
+            table_ident,
+            lambda _t, i=i: Change({**keep, BATCH_ID: f"bench-history-{i:06d}"}, rows=row),
+            marker=None,
+            what="bench history",
+        )
 
 
 def write_history(spec, table_ident: str, n: int) -> None:
@@ -249,8 +284,7 @@ def write_history(spec, table_ident: str, n: int) -> None:
     from tidewater.table.summary import BATCH_ID, summary_dict
 
     catalog = load_catalog(spec)
-    keep = {k: v for k, v in summary_dict(load_table(catalog, table_ident).current_snapshot()).items()
-            if k.startswith("tidewater.")}
+    keep = {k: v for k, v in summary_dict(load_table(catalog, table_ident).current_snapshot()).items() if k.startswith("tidewater.")}
     append_snapshots(catalog, table_ident, n, lambda i: {**keep, BATCH_ID: f"bench-history-{i:06d}"})
 
 
@@ -278,10 +312,19 @@ def history_curve(work: Path, counts: list[int], master: str, build: str = "dire
         for n in counts:
             topic, name = f"history-{n}", f"history{n}"
             path = work / f"{name}.yaml"
-            path.write_text(yaml.safe_dump({
-                "name": name, "topics": [topic], "table": {"identifier": f"bench.{name}"}, "schedule": None,
-                "kafka": {"bootstrap_servers": b.bootstrap}, "spark": {"master": master},
-                "maintenance": {"expire_snapshots": {"older_than_hours": 0}}}))
+            path.write_text(
+                yaml.safe_dump(
+                    {
+                        "name": name,
+                        "topics": [topic],
+                        "table": {"identifier": f"bench.{name}"},
+                        "schedule": None,
+                        "kafka": {"bootstrap_servers": b.bootstrap},
+                        "spark": {"master": master},
+                        "maintenance": {"expire_snapshots": {"older_than_hours": 0}},
+                    }
+                )
+            )
             spec = load_pipeline(path)
             produce(b.bootstrap, topic, pizza_events(600, seed=3), partitions=6)
             timed_batch(spec, master, inline=True)  # the table and its first snapshot
@@ -298,8 +341,7 @@ def history_curve(work: Path, counts: list[int], master: str, build: str = "dire
                 row[f"{when}_snapshots"] = len(table.snapshots())
                 row[f"{when}_manifests"] = len(table.current_snapshot().manifests(table.io))
                 row[f"{when}_metadata_bytes"] = _metadata_bytes(table)
-                produce(b.bootstrap, topic, pizza_events(600, seed=4 if when == "before" else 5), partitions=6,
-                        create=False)
+                produce(b.bootstrap, topic, pizza_events(600, seed=4 if when == "before" else 5), partitions=6, create=False)
                 out = timed_batch(spec, master, inline=True)
                 row.update({f"{when}_plan": out["plan"], f"{when}_commit": out["commit"]})
             rows.append(row)
@@ -326,12 +368,20 @@ def routed_curve(work: Path, counts: list[int], records: int, master: str) -> li
             topic = f"routed-{n}"
             # every store id 1..n appears (the events favour stores 1-10), so the batch touches all n tables
             produce(b.bootstrap, topic, pizza_events(records, seed=6, stores=n), partitions=6)
-            base = {"topics": [topic], "schedule": None, "kafka": {"bootstrap_servers": b.bootstrap},
-                    "spark": {"master": master}, "batch": {"max_records": records}}
+            base = {
+                "topics": [topic],
+                "schedule": None,
+                "kafka": {"bootstrap_servers": b.bootstrap},
+                "spark": {"master": master},
+                "batch": {"max_records": records},
+            }
             one = {**base, "name": f"one{n}", "table": {"identifier": f"bench.one{n}"}}
-            many = {**base, "name": f"routed{n}", "table": {},
-                    "routing": {"dynamic": True, "field": "store_id", "table_template": "store_{value}",
-                                "namespace": f"routed{n}"}}
+            many = {
+                **base,
+                "name": f"routed{n}",
+                "table": {},
+                "routing": {"dynamic": True, "field": "store_id", "table_template": "store_{value}", "namespace": f"routed{n}"},
+            }
             row: dict = {"tables": n}
             for key, doc in (("one", one), ("routed", many)):
                 path = work / f"{doc['name']}.yaml"
@@ -361,12 +411,19 @@ def letter_rows(spec, n: int, start: int, batch: str):
 
     offsets = pa.array(range(start, start + n), pa.int64())
     value = b'{"order_id": null, "pizza": "margherita", "note": "' + b"x" * 120 + b'"}'
-    cols = {"topic": pa.array(["letters"] * n), "partition": pa.array([0] * n, pa.int32()), "offset": offsets,
-            "timestamp": pa.array([0] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-            "key": pa.nulls(n, pa.binary()), "value": pa.array([value] * n, pa.binary()),
-            "headers": pa.nulls(n, DEAD_LETTER_SCHEMA.field("headers").type),
-            "error_class": pa.array(["NotNullViolation"] * n), "error_message": pa.array(["order_id is null"] * n),
-            "batch_id": pa.array([batch] * n), "pipeline": pa.array([spec.name] * n)}
+    cols = {
+        "topic": pa.array(["letters"] * n),
+        "partition": pa.array([0] * n, pa.int32()),
+        "offset": offsets,
+        "timestamp": pa.array([0] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        "key": pa.nulls(n, pa.binary()),
+        "value": pa.array([value] * n, pa.binary()),
+        "headers": pa.nulls(n, DEAD_LETTER_SCHEMA.field("headers").type),
+        "error_class": pa.array(["NotNullViolation"] * n),
+        "error_message": pa.array(["order_id is null"] * n),
+        "batch_id": pa.array([batch] * n),
+        "pipeline": pa.array([spec.name] * n),
+    }
     return pa.table(cols, schema=DEAD_LETTER_SCHEMA)
 
 
@@ -383,10 +440,15 @@ def add_letters(spec, n: int) -> None:
     chunk = max(n // LETTER_COMMITS, 1)
     for i, start in enumerate(range(0, n, chunk)):
         rows = letter_rows(spec, min(chunk, n - start), start, f"bench-{i:04d}")
-        commit(catalog, spec.dead_letter_table(),
-               lambda t, rows=rows, i=i: Change({BATCH_ID: f"bench-{i:04d}", PIPELINE: spec.name}, rows=rows,
-                                                set_properties=totals_after(t, spec.name, rows.num_rows)),
-               marker=f"bench-{i:04d}", what="bench letters")
+        commit(
+            catalog,
+            spec.dead_letter_table(),
+            lambda t, rows=rows, i=i: Change(
+                {BATCH_ID: f"bench-{i:04d}", PIPELINE: spec.name}, rows=rows, set_properties=totals_after(t, spec.name, rows.num_rows)
+            ),
+            marker=f"bench-{i:04d}",
+            what="bench letters",
+        )
 
 
 def letters_curve(work: Path, counts: list[int], repeat: int) -> list[dict]:
@@ -408,9 +470,17 @@ def letters_curve(work: Path, counts: list[int], repeat: int) -> list[dict]:
     rows = []
     for n in counts:
         path = work / f"letters{n}.yaml"
-        path.write_text(yaml.safe_dump({"name": f"letters{n}", "topics": ["letters"], "schedule": None,
-                                        "table": {"identifier": f"bench.letters{n}"},
-                                        "kafka": {"bootstrap_servers": "127.0.0.1:9"}}))  # never asked
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "name": f"letters{n}",
+                    "topics": ["letters"],
+                    "schedule": None,
+                    "table": {"identifier": f"bench.letters{n}"},
+                    "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+                }
+            )
+        )  # never asked
         spec = load_pipeline(path)
         add_letters(spec, n)
         dead_letters.drop(spec, reason="bench: one batch's letters given up", batch="bench-0000", by="bench")
@@ -419,8 +489,16 @@ def letters_curve(work: Path, counts: list[int], repeat: int) -> list[dict]:
         after, kept = timed(lambda spec=spec, catalog=catalog: state.counts(spec, catalog))
         assert kept == scanned, (kept, scanned)
         listing, _ = timed(lambda spec=spec, catalog=catalog: state.listing(spec, catalog, limit=100))
-        rows.append({"letters": n, "counts_before": before, "counts_after": after, "listing": listing,
-                     "dropped": kept["dropped"], "open": kept["open"]})
+        rows.append(
+            {
+                "letters": n,
+                "counts_before": before,
+                "counts_after": after,
+                "listing": listing,
+                "dropped": kept["dropped"],
+                "open": kept["open"],
+            }
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -433,8 +511,7 @@ def _panel(ax, x: list, curves: list[tuple[list, str, str]], xlabel: str, ylabel
     ax.legend(fontsize=8)
 
 
-def chart(pipes: list[dict], parts: list[dict], letters: list[dict], routed: list[dict], history: list[dict],
-          view: list[dict]) -> None:
+def chart(pipes: list[dict], parts: list[dict], letters: list[dict], routed: list[dict], history: list[dict], view: list[dict]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -444,44 +521,93 @@ def chart(pipes: list[dict], parts: list[dict], letters: list[dict], routed: lis
     axes = [axes[0][0], axes[0][1], axes[0][2], axes[1][0], axes[1][1], axes[1][2]]
     if pipes:
         n = [r["pipelines"] for r in pipes]
-        _panel(axes[0], n, [([r["processor_parse"] for r in pipes], "o--", "task start, before (= the DAG processor's parse)"),
-                            ([r["task_parse"] for r in pipes], "o-", "task start, now (parsing context)")],
-               "pipelines in the folder", "seconds", "Parsing the DAG file")
-        _panel(axes[1], n, [([r["page_before"] for r in pipes], "o--", "before (projected: N+1 folder loads)"),
-                            ([r["page_after"] for r in pipes], "o-", "now, a fresh view (each file loaded once)"),
-                            ([r["page_warm"] for r in pipes], "o-", "now, the page shown again")],
-               "pipelines", "seconds", "Navigation page: pipeline lookups")
+        _panel(
+            axes[0],
+            n,
+            [
+                ([r["processor_parse"] for r in pipes], "o--", "task start, before (= the DAG processor's parse)"),
+                ([r["task_parse"] for r in pipes], "o-", "task start, now (parsing context)"),
+            ],
+            "pipelines in the folder",
+            "seconds",
+            "Parsing the DAG file",
+        )
+        _panel(
+            axes[1],
+            n,
+            [
+                ([r["page_before"] for r in pipes], "o--", "before (projected: N+1 folder loads)"),
+                ([r["page_after"] for r in pipes], "o-", "now, a fresh view (each file loaded once)"),
+                ([r["page_warm"] for r in pipes], "o-", "now, the page shown again"),
+            ],
+            "pipelines",
+            "seconds",
+            "Navigation page: pipeline lookups",
+        )
     if view:
         n = [r["pipelines"] for r in view]
-        _panel(axes[1], n, [([r["api_before"] for r in view], "s--", "API before: an overview per pipeline"),
-                            ([r["api_page"] for r in view], "s-", f"API now: a page ({view[-1]['shown']} pipelines)"),
-                            ([r["api_all"] for r in view], "s:", "API now: every pipeline's line at once")],
-               "pipelines", "seconds", "Navigation page: lookups and API")
+        _panel(
+            axes[1],
+            n,
+            [
+                ([r["api_before"] for r in view], "s--", "API before: an overview per pipeline"),
+                ([r["api_page"] for r in view], "s-", f"API now: a page ({view[-1]['shown']} pipelines)"),
+                ([r["api_all"] for r in view], "s:", "API now: every pipeline's line at once"),
+            ],
+            "pipelines",
+            "seconds",
+            "Navigation page: lookups and API",
+        )
     if parts:
         apart, packed = ([r for r in parts if r["packed"] == k] for k in (False, True))
-        _panel(axes[2], [r["partitions"] for r in packed],
-               [([r["files"] for r in apart], "o--", "a task per partition (before)"),
-                ([r["files"] for r in packed], "o-", "packed (now)")],
-               "partitions of the topic", "data files a batch commits", "Files per batch")
+        _panel(
+            axes[2],
+            [r["partitions"] for r in packed],
+            [([r["files"] for r in apart], "o--", "a task per partition (before)"), ([r["files"] for r in packed], "o-", "packed (now)")],
+            "partitions of the topic",
+            "data files a batch commits",
+            "Files per batch",
+        )
     if letters:
-        _panel(axes[3], [r["letters"] for r in letters],
-               [([r["counts_before"] for r in letters], "o--", "counted from the tables (before)"),
+        _panel(
+            axes[3],
+            [r["letters"] for r in letters],
+            [
+                ([r["counts_before"] for r in letters], "o--", "counted from the tables (before)"),
                 ([r["counts_after"] for r in letters], "o-", "kept by the commits (now)"),
-                ([r["listing"] for r in letters], "o:", "dead-letters list (100 letters)")],
-               "dead letters of the pipeline", "seconds", "Dead-letter counts by state")
+                ([r["listing"] for r in letters], "o:", "dead-letters list (100 letters)"),
+            ],
+            "dead letters of the pipeline",
+            "seconds",
+            "Dead-letter counts by state",
+        )
     if routed:
-        _panel(axes[4], [r["tables"] for r in routed],
-               [([r["one_total"] for r in routed], "o--", "one table, the same records"),
+        _panel(
+            axes[4],
+            [r["tables"] for r in routed],
+            [
+                ([r["one_total"] for r in routed], "o--", "one table, the same records"),
                 ([r["routed_total"] for r in routed], "o-", "routed, first batch (creates the tables)"),
-                ([r["again_total"] for r in routed], "o:", "routed, next batch")],
-               "tables in the routed pipeline", "seconds a batch", "One routed pipeline, N tables")
+                ([r["again_total"] for r in routed], "o:", "routed, next batch"),
+            ],
+            "tables in the routed pipeline",
+            "seconds a batch",
+            "One routed pipeline, N tables",
+        )
     if history:
-        _panel(axes[5], [r["snapshots"] for r in history],
-               [([r["before_plan"] for r in history], "o--", "plan, no maintenance"),
+        _panel(
+            axes[5],
+            [r["snapshots"] for r in history],
+            [
+                ([r["before_plan"] for r in history], "o--", "plan, no maintenance"),
                 ([r["before_commit"] for r in history], "s--", "commit, no maintenance"),
                 ([r["after_plan"] for r in history], "o-", "plan, after maintenance"),
-                ([r["after_commit"] for r in history], "s-", "commit, after maintenance")],
-               "snapshots of the table", "seconds", "History: plan and commit")
+                ([r["after_commit"] for r in history], "s-", "commit, after maintenance"),
+            ],
+            "snapshots of the table",
+            "seconds",
+            "History: plan and commit",
+        )
     fig.tight_layout()
     CHART.parent.mkdir(exist_ok=True)
     fig.savefig(CHART, dpi=90)
@@ -491,63 +617,97 @@ def section(cmd: str, run: dict, chart_path: str) -> str:
     pipes, parts, letters, routed = run["pipelines"], run["partitions"], run.get("letters", []), run.get("routed", [])
     history = run.get("history", [])
     cores, day = run["cores"], run["day"]
-    lines = [BEGIN, "## Platform scale (`make bench-scale`)", "",
-             f"Command: `{cmd}` ({day}, {cores} cores).", "", f"![costs against their N]({chart_path})", ""]
+    lines = [
+        BEGIN,
+        "## Platform scale (`make bench-scale`)",
+        "",
+        f"Command: `{cmd}` ({day}, {cores} cores).",
+        "",
+        f"![costs against their N]({chart_path})",
+        "",
+    ]
     if pipes:
         one = pipes[0]
-        lines += ["### 1. Pipelines in one folder", "",
-                  "| pipelines | DAGs | task start: parse now (DAGs built) | before = the DAG processor's parse | "
-                  "now / 1 pipeline | view: folder load | navigation page lookups before (projected) | now | "
-                  "shown again |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "### 1. Pipelines in one folder",
+            "",
+            "| pipelines | DAGs | task start: parse now (DAGs built) | before = the DAG processor's parse | "
+            "now / 1 pipeline | view: folder load | navigation page lookups before (projected) | now | "
+            "shown again |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in pipes:
-            lines.append(f"| {r['pipelines']} | {r['dags']} | {r['task_parse']:.2f} s ({r['task_dags']}) | "
-                         f"{r['processor_parse']:.2f} s | {r['task_parse'] / one['task_parse']:.2f}x | "
-                         f"{r['load_all']:.2f} s | {r['page_before']:.1f} s | {r['page_after']:.2f} s | "
-                         f"{r['page_warm']:.2f} s |")
+            lines.append(
+                f"| {r['pipelines']} | {r['dags']} | {r['task_parse']:.2f} s ({r['task_dags']}) | "
+                f"{r['processor_parse']:.2f} s | {r['task_parse'] / one['task_parse']:.2f}x | "
+                f"{r['load_all']:.2f} s | {r['page_before']:.1f} s | {r['page_after']:.2f} s | "
+                f"{r['page_warm']:.2f} s |"
+            )
         last = pipes[-1]
-        lines += ["", f"A task's parse at {last['pipelines']} pipelines is {last['task_parse'] / one['task_parse']:.2f}x "
-                  f"one pipeline's (before: {last['processor_parse'] / one['processor_parse']:.1f}x, the whole folder "
-                  "built for every task). The DAG processor still builds every DAG, so its parse grows with the "
-                  "folder: that is Airflow's own cost, once per parse interval, not once per task. The navigation page "
-                  "looked every file up again for each pipeline's overview (quadratic); now the list loads each file once "
-                  "while unchanged and each overview looks up the one file named after its pipeline, so a fresh view's "
-                  "page costs one folder load and a page shown again one look at each file's modification time.", ""]
+        lines += [
+            "",
+            f"A task's parse at {last['pipelines']} pipelines is {last['task_parse'] / one['task_parse']:.2f}x "
+            f"one pipeline's (before: {last['processor_parse'] / one['processor_parse']:.1f}x, the whole folder "
+            "built for every task). The DAG processor still builds every DAG, so its parse grows with the "
+            "folder: that is Airflow's own cost, once per parse interval, not once per task. The navigation page "
+            "looked every file up again for each pipeline's overview (quadratic); now the list loads each file once "
+            "while unchanged and each overview looks up the one file named after its pipeline, so a fresh view's "
+            "page costs one folder load and a page shown again one look at each file's modification time.",
+            "",
+        ]
         lines += _view_lines(run.get("view_api", []))
     if parts:
-        lines += [f"### 2. Partitions of one topic, {parts[0]['records']:,} records a batch (spark-submit, local[2])", "",
-                  "| partitions | tasks | plan | write | gate | commit | batch | data files | MB |",
-                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"### 2. Partitions of one topic, {parts[0]['records']:,} records a batch (spark-submit, local[2])",
+            "",
+            "| partitions | tasks | plan | write | gate | commit | batch | data files | MB |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in parts:
-            lines.append(f"| {r['partitions']} | {'packed' if r['packed'] else 'one per partition'} | {r['plan']:.2f} s | "
-                         f"{r['write']:.1f} s | {r['validate']:.2f} s | {r['commit']:.2f} s | {r['total']:.1f} s | "
-                         f"{r['files']} | {r['bytes'] / 1e6:.2f} |")
+            lines.append(
+                f"| {r['partitions']} | {'packed' if r['packed'] else 'one per partition'} | {r['plan']:.2f} s | "
+                f"{r['write']:.1f} s | {r['validate']:.2f} s | {r['commit']:.2f} s | {r['total']:.1f} s | "
+                f"{r['files']} | {r['bytes'] / 1e6:.2f} |"
+            )
         big = [r for r in parts if r["partitions"] == max(p["partitions"] for p in parts)]
         apart, packed = (next(r for r in big if r["packed"] == k) for k in (False, True))
-        lines += ["", f"At {apart['partitions']} partitions one task per partition wrote {apart['files']} files "
-                  f"({apart['bytes'] / 1e6:.1f} MB) for {apart['records']:,} records; packed, {packed['files']} "
-                  f"({packed['bytes'] / 1e6:.1f} MB), and the batch took {packed['total'] / apart['total']:.2f}x the "
-                  "time. Files now grow with the data and the write's parallelism, not the partitions; plan and commit "
-                  "still grow with the partitions (one watermark and one offset per partition).", ""]
+        lines += [
+            "",
+            f"At {apart['partitions']} partitions one task per partition wrote {apart['files']} files "
+            f"({apart['bytes'] / 1e6:.1f} MB) for {apart['records']:,} records; packed, {packed['files']} "
+            f"({packed['bytes'] / 1e6:.1f} MB), and the batch took {packed['total'] / apart['total']:.2f}x the "
+            "time. Files now grow with the data and the write's parallelism, not the partitions; plan and commit "
+            "still grow with the partitions (one watermark and one offset per partition).",
+            "",
+        ]
     if history:
         lines += _history_lines(history)
     if letters:
-        lines += ["### 4. Dead letters of one pipeline", "",
-                  "| letters | open / dropped | counts by state: counted (before) | kept (now) | now / before | "
-                  "`dead-letters list` (100) |", "|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "### 4. Dead letters of one pipeline",
+            "",
+            "| letters | open / dropped | counts by state: counted (before) | kept (now) | now / before | `dead-letters list` (100) |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in letters:
-            lines.append(f"| {r['letters']:,} | {r['open']:,} / {r['dropped']:,} | {r['counts_before']:.3f} s | "
-                         f"{r['counts_after']:.3f} s | {r['counts_after'] / r['counts_before']:.3f}x | "
-                         f"{r['listing']:.2f} s |")
+            lines.append(
+                f"| {r['letters']:,} | {r['open']:,} / {r['dropped']:,} | {r['counts_before']:.3f} s | "
+                f"{r['counts_after']:.3f} s | {r['counts_after'] / r['counts_before']:.3f}x | "
+                f"{r['listing']:.2f} s |"
+            )
         first, last = letters[0], letters[-1]
-        lines += ["", f"Counting the letters by state read every letter and every resolution: "
-                  f"{last['counts_before'] / first['counts_before']:.0f}x from {first['letters']:,} to "
-                  f"{last['letters']:,} letters. The commits that add letters and record what became of them now keep "
-                  "the counts in two table properties, checked against the tables' row counts, so the view's pipeline "
-                  f"page and the audit read them in {last['counts_after'] / first['counts_after']:.1f}x the time across "
-                  "the same range. `dead-letters list` still reads every matching letter: it sorts them by topic, "
-                  "partition and offset before it shows the first ones, and it is an operator's request, not the "
-                  "page's refresh.", ""]
+        lines += [
+            "",
+            f"Counting the letters by state read every letter and every resolution: "
+            f"{last['counts_before'] / first['counts_before']:.0f}x from {first['letters']:,} to "
+            f"{last['letters']:,} letters. The commits that add letters and record what became of them now keep "
+            "the counts in two table properties, checked against the tables' row counts, so the view's pipeline "
+            f"page and the audit read them in {last['counts_after'] / first['counts_after']:.1f}x the time across "
+            "the same range. `dead-letters list` still reads every matching letter: it sorts them by topic, "
+            "partition and offset before it shows the first ones, and it is an operator's request, not the "
+            "page's refresh.",
+            "",
+        ]
     if routed:
         lines += _routed_lines(routed)
     lines.append(END)
@@ -559,17 +719,28 @@ def _view_lines(view: list[dict]) -> list[str]:
     if not view:
         return []
     last = view[-1]
-    out = [f"Command: `{last['command']}` ({last['day']})." if last.get("command") else "", "",
-           "The navigation page's API on the embedded broker (`view_api_curve`: a one-partition topic a pipeline, the "
-           f"first {last['shown']} ingested once):", "",
-           "| pipelines | before: an overview per pipeline | now: the first page | now / before | every line at once |",
-           "|---:|---:|---:|---:|---:|"]
-    out += [f"| {r['pipelines']} | {r['api_before']:.2f} s | {r['api_page']:.2f} s ({r['shown']}) | "
-            f"{r['api_page'] / r['api_before']:.2f}x | {r['api_all']:.2f} s |" for r in view]
-    out += ["", f"At {last['pipelines']} pipelines the page's API takes {last['api_page']:.2f} s where the overviews took "
-            f"{last['api_before']:.1f} s. The page asks the broker once for its metadata and once for the offsets of "
-            "every partition on the page, then reads each pipeline's own table metadata (offsets, the kept dead-letter "
-            "counts, the ledger's last verdict), so it grows with the page, not with the folder.", ""]
+    out = [
+        f"Command: `{last['command']}` ({last['day']})." if last.get("command") else "",
+        "",
+        "The navigation page's API on the embedded broker (`view_api_curve`: a one-partition topic a pipeline, the "
+        f"first {last['shown']} ingested once):",
+        "",
+        "| pipelines | before: an overview per pipeline | now: the first page | now / before | every line at once |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    out += [
+        f"| {r['pipelines']} | {r['api_before']:.2f} s | {r['api_page']:.2f} s ({r['shown']}) | "
+        f"{r['api_page'] / r['api_before']:.2f}x | {r['api_all']:.2f} s |"
+        for r in view
+    ]
+    out += [
+        "",
+        f"At {last['pipelines']} pipelines the page's API takes {last['api_page']:.2f} s where the overviews took "
+        f"{last['api_before']:.1f} s. The page asks the broker once for its metadata and once for the offsets of "
+        "every partition on the page, then reads each pipeline's own table metadata (offsets, the kept dead-letter "
+        "counts, the ledger's last verdict), so it grows with the page, not with the folder.",
+        "",
+    ]
     return out
 
 
@@ -577,62 +748,85 @@ def _history_lines(history: list[dict]) -> list[str]:
     lines = ["### 3. History of one table (a small batch, inline write)", ""]
     if history[0].get("command"):
         lines += [f"Command: `{history[0]['command']}` ({history[0]['day']}).", ""]
-    lines += ["| snapshots | manifests | metadata file | plan | commit | after maintenance: snapshots | manifests | "
-              "metadata file | plan | commit | maintenance |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| snapshots | manifests | metadata file | plan | commit | after maintenance: snapshots | manifests | "
+        "metadata file | plan | commit | maintenance |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in history:
-        lines.append(f"| {r['before_snapshots']:,} | {r['before_manifests']:,} | {r['before_metadata_bytes'] / 1e3:.0f} kB | "
-                     f"{r['before_plan']:.2f} s | {r['before_commit']:.2f} s | {r['after_snapshots']} | "
-                     f"{r['after_manifests']} | {r['after_metadata_bytes'] / 1e3:.0f} kB | {r['after_plan']:.2f} s | "
-                     f"{r['after_commit']:.2f} s | {r['maintain']:.0f} s |")
+        lines.append(
+            f"| {r['before_snapshots']:,} | {r['before_manifests']:,} | {r['before_metadata_bytes'] / 1e3:.0f} kB | "
+            f"{r['before_plan']:.2f} s | {r['before_commit']:.2f} s | {r['after_snapshots']} | "
+            f"{r['after_manifests']} | {r['after_metadata_bytes'] / 1e3:.0f} kB | {r['after_plan']:.2f} s | "
+            f"{r['after_commit']:.2f} s | {r['maintain']:.0f} s |"
+        )
     first, last = history[0], history[-1]
-    lines += ["", f"From {first['before_snapshots']:,} to {last['before_snapshots']:,} snapshots without maintenance, "
-              f"the plan took {last['before_plan'] / first['before_plan']:.1f}x and the commit "
-              f"{last['before_commit'] / first['before_commit']:.1f}x: every commit writes a metadata file holding every "
-              f"snapshot ({last['before_metadata_bytes'] / 1e6:.1f} MB at {last['before_snapshots']:,}) and a manifest "
-              "list naming every manifest (one a commit), and every load reads the metadata file. After the "
-              f"maintenance DAG's expiry and manifest rewrite the table had {last['after_snapshots']} snapshots and "
-              f"{last['after_manifests']} manifest(s), and the plan and commit took "
-              f"{last['after_plan'] / first['after_plan']:.1f}x and {last['after_commit'] / first['after_commit']:.1f}x "
-              "those at the smallest history. What bounds the history is the maintenance default: snapshots older "
-              "than `maintenance.expire_snapshots.older_than_hours` (120) are expired, keeping `retain_last` (10); on "
-              "a one-minute schedule that is about 7,200 snapshots a table, so a platform on short schedules should "
-              "lower it (a day keeps 1,440) and run the maintenance DAG daily. " + _history_build(last), ""]
+    lines += [
+        "",
+        f"From {first['before_snapshots']:,} to {last['before_snapshots']:,} snapshots without maintenance, "
+        f"the plan took {last['before_plan'] / first['before_plan']:.1f}x and the commit "
+        f"{last['before_commit'] / first['before_commit']:.1f}x: every commit writes a metadata file holding every "
+        f"snapshot ({last['before_metadata_bytes'] / 1e6:.1f} MB at {last['before_snapshots']:,}) and a manifest "
+        "list naming every manifest (one a commit), and every load reads the metadata file. After the "
+        f"maintenance DAG's expiry and manifest rewrite the table had {last['after_snapshots']} snapshots and "
+        f"{last['after_manifests']} manifest(s), and the plan and commit took "
+        f"{last['after_plan'] / first['after_plan']:.1f}x and {last['after_commit'] / first['after_commit']:.1f}x "
+        "those at the smallest history. What bounds the history is the maintenance default: snapshots older "
+        "than `maintenance.expire_snapshots.older_than_hours` (120) are expired, keeping `retain_last` (10); on "
+        "a one-minute schedule that is about 7,200 snapshots a table, so a platform on short schedules should "
+        "lower it (a day keeps 1,440) and run the maintenance DAG daily. " + _history_build(last),
+        "",
+    ]
     return lines
 
 
 def _history_build(last: dict) -> str:
     if last.get("built_by") == "direct":
-        return ("The history was written directly (`scripts/direct_history.py`: a manifest and a manifest list a "
-                "snapshot, each with a real batch's snapshot properties, and one metadata file: "
-                f"{last['build']:.0f} s for {last['before_snapshots']:,} snapshots), since through commits building it "
-                "grows with the square of its length (each commit rewrites the whole metadata file; this run's commit "
-                "time at each history is in the table above). "
-                "The older snapshots' manifest lists name only their own manifest, so the maintenance time at the "
-                "largest history is a lower bound; the plan and the commit read the current snapshot, as on a real "
-                "history.")
-    return ("The history was built with a real batch's snapshot properties and one appended row a commit, not by "
-            f"batches; even so building it grows with the square of its length ({last['build']:.0f} s for "
-            f"{last['before_snapshots']:,} snapshots here), since each commit rewrites the whole metadata file.")
+        return (
+            "The history was written directly (`scripts/direct_history.py`: a manifest and a manifest list a "
+            "snapshot, each with a real batch's snapshot properties, and one metadata file: "
+            f"{last['build']:.0f} s for {last['before_snapshots']:,} snapshots), since through commits building it "
+            "grows with the square of its length (each commit rewrites the whole metadata file; this run's commit "
+            "time at each history is in the table above). "
+            "The older snapshots' manifest lists name only their own manifest, so the maintenance time at the "
+            "largest history is a lower bound; the plan and the commit read the current snapshot, as on a real "
+            "history."
+        )
+    return (
+        "The history was built with a real batch's snapshot properties and one appended row a commit, not by "
+        f"batches; even so building it grows with the square of its length ({last['build']:.0f} s for "
+        f"{last['before_snapshots']:,} snapshots here), since each commit rewrites the whole metadata file."
+    )
 
 
 def _routed_lines(routed: list[dict]) -> list[str]:
-    lines = [f"### 6. Tables in one routed pipeline, {routed[0]['records']:,} records a batch (spark-submit, local[2])", "",
-             "| tables | one table: batch | routed, first batch (creates them) | plan / write / commit | ratio | "
-             "routed, next batch | plan / write / commit | ratio |", "|---:|---:|---:|---|---:|---:|---|---:|"]
+    lines = [
+        f"### 6. Tables in one routed pipeline, {routed[0]['records']:,} records a batch (spark-submit, local[2])",
+        "",
+        "| tables | one table: batch | routed, first batch (creates them) | plan / write / commit | ratio | "
+        "routed, next batch | plan / write / commit | ratio |",
+        "|---:|---:|---:|---|---:|---:|---|---:|",
+    ]
     if routed[0].get("command"):  # measured in a run of its own, merged into the figures
         lines[1:1] = ["", f"Command: `{routed[0]['command']}` ({routed[0]['day']})."]
     for r in routed:
-        lines.append(f"| {r['tables']} | {r['one_total']:.1f} s | {r['routed_total']:.1f} s | {r['routed_plan']:.2f} / "
-                     f"{r['routed_write']:.1f} / {r['routed_commit']:.1f} s | {r['routed_total'] / r['one_total']:.2f}x | "
-                     f"{r['again_total']:.1f} s | {r['again_plan']:.2f} / {r['again_write']:.1f} / "
-                     f"{r['again_commit']:.1f} s | {r['again_total'] / r['one_total']:.2f}x |")
+        lines.append(
+            f"| {r['tables']} | {r['one_total']:.1f} s | {r['routed_total']:.1f} s | {r['routed_plan']:.2f} / "
+            f"{r['routed_write']:.1f} / {r['routed_commit']:.1f} s | {r['routed_total'] / r['one_total']:.2f}x | "
+            f"{r['again_total']:.1f} s | {r['again_plan']:.2f} / {r['again_write']:.1f} / "
+            f"{r['again_commit']:.1f} s | {r['again_total'] / r['one_total']:.2f}x |"
+        )
     last = routed[-1]
-    lines += ["", f"At {last['tables']} tables a routed batch took {last['again_total'] / last['one_total']:.2f}x one "
-              f"table's batch of the same records ({last['routed_total'] / last['one_total']:.2f}x for the first, which "
-              "creates the tables). What grows with the tables is the commit (one Iceberg commit per table: its "
-              "metadata file, manifest list and manifest, and the catalog's row) and the write's files (at least one "
-              "per table the task saw); the plan does not. Read the ratios: a row's three batches ran back to back, "
-              "while the rows ran minutes apart on a shared machine.", ""]
+    lines += [
+        "",
+        f"At {last['tables']} tables a routed batch took {last['again_total'] / last['one_total']:.2f}x one "
+        f"table's batch of the same records ({last['routed_total'] / last['one_total']:.2f}x for the first, which "
+        "creates the tables). What grows with the tables is the commit (one Iceberg commit per table: its "
+        "metadata file, manifest list and manifest, and the catalog's row) and the write's files (at least one "
+        "per table the task saw); the plan does not. Read the ratios: a row's three batches ran back to back, "
+        "while the rows ran minutes apart on a shared machine.",
+        "",
+    ]
     return lines
 
 
@@ -643,9 +837,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--partitions", default="6,100,1000", help="partition counts (empty: skip the curve)")
     ap.add_argument("--letters", default="1000,100000,1000000", help="dead-letter counts (empty: skip the curve)")
     ap.add_argument("--history", default="10,1000,10000", help="snapshots of the history curve (empty: skip it)")
-    ap.add_argument("--history-build", choices=("direct", "commits"), default="direct",
-                    help="how the history is grown: snapshots written directly (O(n), write_history) or through the "
-                         "commit primitive (what a pipeline does; quadratic in the history's length)")
+    ap.add_argument(
+        "--history-build",
+        choices=("direct", "commits"),
+        default="direct",
+        help="how the history is grown: snapshots written directly (O(n), write_history) or through the "
+        "commit primitive (what a pipeline does; quadratic in the history's length)",
+    )
     ap.add_argument("--tables", default="10,100,500", help="tables of the routed pipeline (empty: skip the curve)")
     ap.add_argument("--records", type=int, default=100_000, help="records a batch in the partitions curve")
     ap.add_argument("--repeat", type=int, default=3, help="runs per parse measurement (median)")
@@ -675,13 +873,22 @@ def main(argv: list[str] | None = None) -> None:
         routed = routed_curve(work, counts, args.records, args.master) if counts else []
         for row in routed:
             row.update(command=command_line("make bench-scale"), day=time.strftime("%Y-%m-%d", time.gmtime()))
-        run = {"command": command_line("make bench-scale"), "cores": os.cpu_count() or 0,
-               "day": time.strftime("%Y-%m-%d", time.gmtime()), "pipelines": pipes, "view_api": view, "partitions": parts,
-               "letters": letters, "routed": routed, "history": history}
+        run = {
+            "command": command_line("make bench-scale"),
+            "cores": os.cpu_count() or 0,
+            "day": time.strftime("%Y-%m-%d", time.gmtime()),
+            "pipelines": pipes,
+            "view_api": view,
+            "partitions": parts,
+            "letters": letters,
+            "routed": routed,
+            "history": history,
+        }
         (work / "rows.json").write_text(json.dumps(run, indent=1))
         FIGURES.write_text(json.dumps(run, indent=1))  # kept beside the chart: --from-json redraws it
-    chart(run["pipelines"], run["partitions"], run.get("letters", []), run.get("routed", []), run.get("history", []),
-          run.get("view_api", []))
+    chart(
+        run["pipelines"], run["partitions"], run.get("letters", []), run.get("routed", []), run.get("history", []), run.get("view_api", [])
+    )
     for output, image in ((args.output, "docs/img/bench-scale.png"), (PAGE, "../img/bench-scale.png")):
         write_section(output, BEGIN, END, section(run["command"], run, image))
 

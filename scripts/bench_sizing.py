@@ -80,22 +80,31 @@ def write_pipelines(svc: Services, names: list[str], routed: bool, routed_name: 
         old.unlink()
     admin = AdminClient({"bootstrap.servers": svc.broker.bootstrap})
     new = [t for t in (f"{n}-events" for n in names) if t not in admin.list_topics(timeout=10).topics]
-    for fut in (admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1) for t in new]).values()
-                if new else []):
+    for fut in admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1) for t in new]).values() if new else []:
         fut.result(timeout=60)
-    common = {"kafka": {"bootstrap_servers": svc.broker.bootstrap},
-              "catalog": {"name": "lake", "properties": {"type": "sql", "uri": svc.catalog_url,
-                                                          "warehouse": f"file://{svc.work / 'warehouse'}"}},
-              "schedule": "* * * * *", "maintenance": {"schedule": None}, "audit": {"schedule": None},
-              "airflow": {"retries": 0}, "spark": {"master": "local[1]"}}
+    common = {
+        "kafka": {"bootstrap_servers": svc.broker.bootstrap},
+        "catalog": {"name": "lake", "properties": {"type": "sql", "uri": svc.catalog_url, "warehouse": f"file://{svc.work / 'warehouse'}"}},
+        "schedule": "* * * * *",
+        "maintenance": {"schedule": None},
+        "audit": {"schedule": None},
+        "airflow": {"retries": 0},
+        "spark": {"master": "local[1]"},
+    }
     if routed:
-        doc = {"name": routed_name, "topics": [f"{n}-events" for n in names], "routing": {"namespace": "rpc"},
-               "tables": [{"identifier": f"rpc.{n}", "topics": [f"{n}-events"]} for n in names], **common}
+        doc = {
+            "name": routed_name,
+            "topics": [f"{n}-events" for n in names],
+            "routing": {"namespace": "rpc"},
+            "tables": [{"identifier": f"rpc.{n}", "topics": [f"{n}-events"]} for n in names],
+            **common,
+        }
         (folder / f"{routed_name}.yaml").write_text(yaml.safe_dump(doc))
         return
     for n in names:
-        (folder / f"{n}.yaml").write_text(yaml.safe_dump({"name": n, "topics": [f"{n}-events"],
-                                                          "table": {"identifier": f"rpc.{n}"}, **common}))
+        (folder / f"{n}.yaml").write_text(
+            yaml.safe_dump({"name": n, "topics": [f"{n}-events"], "table": {"identifier": f"rpc.{n}"}, **common})
+        )
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
@@ -137,8 +146,7 @@ class Flow:
         while not self.stopped.wait(5.0):
             for topic in self.topics:
                 seed += 1
-                produce(self.bootstrap, topic, pizza_events(max(1, self.rate // 12), seed=seed), partitions=1,
-                        create=False)
+                produce(self.bootstrap, topic, pizza_events(max(1, self.rate // 12), seed=seed), partitions=1, create=False)
 
     def __enter__(self) -> Flow:
         return self
@@ -148,8 +156,7 @@ class Flow:
         self.thread.join(timeout=60)
 
 
-def measure(svc: Services, label: str, names: list[str], topics: int, warmup: float, window: float,
-            rate: int = 0) -> dict:
+def measure(svc: Services, label: str, names: list[str], topics: int, warmup: float, window: float, rate: int = 0) -> dict:
     """CPU per component over ``window`` seconds after ``warmup``; the ingest runs of pipelines ``names`` that ended
     in it, their tasks, and how late the runs started (the median of start minus the time the run was due).
     ``rate``: records a minute produced to each topic meanwhile (0: the pipelines are caught up)."""
@@ -162,10 +169,19 @@ def measure(svc: Services, label: str, names: list[str], topics: int, warmup: fl
     seconds = time.monotonic() - t0
     ended = started + timedelta(seconds=seconds)
     runs = window_runs(lambda sql: metadata_query(svc, sql), names, started, ended)
-    row = {"label": label, "pipelines": len(names), "topics": topics, "rate": rate,
-           "start_delay_s": runs["start_delay_s"], "window_s": round(seconds, 1), "runs": runs["runs"],
-           "tasks": runs["tasks"], "failed_runs": runs["failed_runs"], **{c: after[c][1] - before[c][1] for c in COMPONENTS},
-           "scheduler_loop": after["scheduler"][0] - before["scheduler"][0]}
+    row = {
+        "label": label,
+        "pipelines": len(names),
+        "topics": topics,
+        "rate": rate,
+        "start_delay_s": runs["start_delay_s"],
+        "window_s": round(seconds, 1),
+        "runs": runs["runs"],
+        "tasks": runs["tasks"],
+        "failed_runs": runs["failed_runs"],
+        **{c: after[c][1] - before[c][1] for c in COMPONENTS},
+        "scheduler_loop": after["scheduler"][0] - before["scheduler"][0],
+    }
     print(json.dumps(row), flush=True)
     return row
 
@@ -176,11 +192,13 @@ def window_runs(query, names: list[str], started: datetime, ended: datetime) -> 
     due), their successful tasks, and failed runs."""
     dags = ", ".join(f"'ingest_{n}'" for n in names)
     between = f"end_date >= '{started.isoformat()}' AND end_date < '{ended.isoformat()}'"
-    (runs, late), = query("SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM "
-                          f"start_date - run_after)) FROM dag_run WHERE dag_id IN ({dags}) AND state = 'success' "
-                          f"AND {between}")
-    (tasks,), = query(f"SELECT count(*) FROM task_instance WHERE dag_id IN ({dags}) AND state = 'success' AND {between}")
-    (failed,), = query(f"SELECT count(*) FROM dag_run WHERE dag_id IN ({dags}) AND state = 'failed' AND {between}")
+    ((runs, late),) = query(
+        "SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM "
+        f"start_date - run_after)) FROM dag_run WHERE dag_id IN ({dags}) AND state = 'success' "
+        f"AND {between}"
+    )
+    ((tasks,),) = query(f"SELECT count(*) FROM task_instance WHERE dag_id IN ({dags}) AND state = 'success' AND {between}")
+    ((failed,),) = query(f"SELECT count(*) FROM dag_run WHERE dag_id IN ({dags}) AND state = 'failed' AND {between}")
     return {"runs": runs, "start_delay_s": float(late or 0), "tasks": tasks, "failed_runs": failed}
 
 
@@ -197,8 +215,16 @@ def pause_dags(svc: Services, pattern: str = "ingest_s%") -> None:
         conn.close()
 
 
-def run_all(work: Path, counts: list[int], routed_topics: int, warmup: float, window: float,
-            flowing: list[int] = (), flowing_routed: int = 0, rate: int = 0) -> list[dict]:
+def run_all(
+    work: Path,
+    counts: list[int],
+    routed_topics: int,
+    warmup: float,
+    window: float,
+    flowing: list[int] = (),
+    flowing_routed: int = 0,
+    rate: int = 0,
+) -> list[dict]:
     os.environ["TIDEWATER_HOME"] = str(work / "home")
     svc = SizingServices(work)
     rows = []
@@ -224,14 +250,12 @@ def caught_up(svc: Services, counts: list[int], routed_topics: int, warmup: floa
         # the plain pipelines' DAGs stay scheduled until the DAG processor finds their files gone: paused here
         # at once, so that their runs do not share the routed pipeline's window
         pause_dags(svc)
-        rows.append(measure(svc, f"1 routed pipeline, {routed_topics} topics", ["routed"], routed_topics, warmup,
-                            window))
+        rows.append(measure(svc, f"1 routed pipeline, {routed_topics} topics", ["routed"], routed_topics, warmup, window))
         pause_dags(svc, "ingest_routed")
     return rows
 
 
-def with_data(svc: Services, counts: list[int], routed_topics: int, rate: int, warmup: float,
-              window: float) -> list[dict]:
+def with_data(svc: Services, counts: list[int], routed_topics: int, rate: int, warmup: float, window: float) -> list[dict]:
     """Pipelines whose topics get ``rate`` records a minute, so that every run plans, writes (spark-submit on
     local[1]), validates and commits a batch: ``counts`` pipelines (topics f000...), then one routed pipeline over
     ``routed_topics`` topics of their own (g000...). The earlier configurations' DAGs are paused first."""
@@ -241,34 +265,41 @@ def with_data(svc: Services, counts: list[int], routed_topics: int, rate: int, w
         names = [f"f{i:03d}" for i in range(n)]
         write_pipelines(svc, names, routed=False)
         with Flow(svc.broker.bootstrap, [f"{x}-events" for x in names], rate):
-            rows.append(measure(svc, f"{n} pipeline{'s' if n > 1 else ''}, data flowing", names, n, warmup, window,
-                                rate))
+            rows.append(measure(svc, f"{n} pipeline{'s' if n > 1 else ''}, data flowing", names, n, warmup, window, rate))
         pause_dags(svc, "ingest_f%")
     if routed_topics:
         names = [f"g{i:03d}" for i in range(routed_topics)]
         write_pipelines(svc, names, routed=True, routed_name="groute")
         with Flow(svc.broker.bootstrap, [f"{x}-events" for x in names], rate):
-            rows.append(measure(svc, f"1 routed pipeline, {routed_topics} topics, data flowing", ["groute"],
-                                routed_topics, warmup, window, rate))
+            rows.append(
+                measure(svc, f"1 routed pipeline, {routed_topics} topics, data flowing", ["groute"], routed_topics, warmup, window, rate)
+            )
     return rows
 
 
 def report(rows: list[dict], cmd: str, window: float, day: str) -> str:
     n_cores = os.cpu_count() or 1
-    lines = [BEGIN, "## How many pipelines one Airflow carries (`make bench-sizing`)", "",
-             f"Command: `{cmd}` ({day}, {n_cores} cores). Pipelines on a one-minute schedule, caught up (their "
-             "topics get no record) or with data flowing (each run writes a batch through spark-submit on local[1]); "
-             f"LocalExecutor on PostgreSQL; CPU in cores (CPU-seconds a second) over a {window:.0f}-second window.", "",
-             "| configuration | ingest runs a minute (asked) | median start delay | scheduler's loop | its workers and "
-             "tasks | DAG processor | API server | all |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        BEGIN,
+        "## How many pipelines one Airflow carries (`make bench-sizing`)",
+        "",
+        f"Command: `{cmd}` ({day}, {n_cores} cores). Pipelines on a one-minute schedule, caught up (their "
+        "topics get no record) or with data flowing (each run writes a batch through spark-submit on local[1]); "
+        f"LocalExecutor on PostgreSQL; CPU in cores (CPU-seconds a second) over a {window:.0f}-second window.",
+        "",
+        "| configuration | ingest runs a minute (asked) | median start delay | scheduler's loop | its workers and "
+        "tasks | DAG processor | API server | all |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         minutes = r["window_s"] / 60
         total = sum(r[c] for c in COMPONENTS)
         w = r["window_s"]
-        lines.append(f"| {r['label']} | {r['runs'] / minutes:.1f} ({r['pipelines']}) | {r['start_delay_s']:.1f} s | "
-                     f"{r['scheduler_loop'] / w:.2f} | {(r['scheduler'] - r['scheduler_loop']) / w:.2f} | "
-                     f"{r['dag-processor'] / w:.2f} | {r['api-server'] / w:.2f} | {total / w:.2f} |")
+        lines.append(
+            f"| {r['label']} | {r['runs'] / minutes:.1f} ({r['pipelines']}) | {r['start_delay_s']:.1f} s | "
+            f"{r['scheduler_loop'] / w:.2f} | {(r['scheduler'] - r['scheduler_loop']) / w:.2f} | "
+            f"{r['dag-processor'] / w:.2f} | {r['api-server'] / w:.2f} | {total / w:.2f} |"
+        )
     lines += ["", *verdict(rows), END]
     return "\n".join(lines)
 
@@ -276,8 +307,7 @@ def report(rows: list[dict], cmd: str, window: float, day: str) -> str:
 def verdict(rows: list[dict]) -> list[str]:
     """What the figures say: Airflow's fixed cost and a pipeline's, pipelines per core, where this machine saturates,
     and the routed pipeline against as many pipelines."""
-    plain = sorted((r for r in rows if r["pipelines"] == r["topics"] and r["runs"] and not r.get("rate")),
-                   key=lambda r: r["pipelines"])
+    plain = sorted((r for r in rows if r["pipelines"] == r["topics"] and r["runs"] and not r.get("rate")), key=lambda r: r["pipelines"])
     if len(plain) < 2:
         return ["Fewer than two configurations ran: no slope to draw."]
 
@@ -287,15 +317,19 @@ def verdict(rows: list[dict]) -> list[str]:
     low, high = plain[0], ([r for r in plain if r not in late] or plain)[-1]
     per_run = (cores(high) - cores(low)) * 60 / (high["runs"] / (high["window_s"] / 60) - low["runs"] / (low["window_s"] / 60))
     base = cores(low) - per_run * low["runs"] / low["window_s"]
-    out = [f"Airflow's own cost, without the runs, is about {base:.2f} cores (the scheduler's loop, the DAG "
-           f"processor, the API server; from the {low['label']} row). Each further caught-up pipeline on a one-minute "
-           f"schedule adds one run a minute of about {per_run:.1f} CPU-seconds (the slope from {low['pipelines']} to {high['pipelines']} "
-           f"pipelines): one core carries about {60 / per_run:.0f} such pipelines before their batches do any work."]
+    out = [
+        f"Airflow's own cost, without the runs, is about {base:.2f} cores (the scheduler's loop, the DAG "
+        f"processor, the API server; from the {low['label']} row). Each further caught-up pipeline on a one-minute "
+        f"schedule adds one run a minute of about {per_run:.1f} CPU-seconds (the slope from {low['pipelines']} to {high['pipelines']} "
+        f"pipelines): one core carries about {60 / per_run:.0f} such pipelines before their batches do any work."
+    ]
     if late:
         r = late[0]
-        out.append(f"At {r['pipelines']} pipelines this {os.cpu_count()}-core machine ran "
-                   f"{r['runs'] / (r['window_s'] / 60):.1f} runs a minute of the {r['pipelines']} asked, starting them "
-                   f"{r['start_delay_s']:.0f} s late (median): it is saturated.")
+        out.append(
+            f"At {r['pipelines']} pipelines this {os.cpu_count()}-core machine ran "
+            f"{r['runs'] / (r['window_s'] / 60):.1f} runs a minute of the {r['pipelines']} asked, starting them "
+            f"{r['start_delay_s']:.0f} s late (median): it is saturated."
+        )
     out += _routed_line([r for r in rows if not r.get("rate")], plain)
     return out + flowing_verdict(rows, base, per_run)
 
@@ -311,30 +345,35 @@ def _routed_line(rows: list[dict], plain: list[dict]) -> list[str]:
     if not (routed and twin):
         return []
     a, b = cores(routed[0]), cores(twin[0])
-    return [f"One routed pipeline over {routed[0]['topics']} topics costs {a:.2f} cores against {b:.2f} for "
-            f"{twin[0]['pipelines']} pipelines of one topic each ({b / a:.1f}x)."]
+    return [
+        f"One routed pipeline over {routed[0]['topics']} topics costs {a:.2f} cores against {b:.2f} for "
+        f"{twin[0]['pipelines']} pipelines of one topic each ({b / a:.1f}x)."
+    ]
 
 
 def flowing_verdict(rows: list[dict], base: float, idle_run: float) -> list[str]:
     """With data flowing: a run's CPU when it writes a batch, pipelines per core, and the routed pipeline's."""
-    flow = sorted((r for r in rows if r.get("rate") and r["pipelines"] == r["topics"] and r["runs"]),
-                  key=lambda r: r["pipelines"])
+    flow = sorted((r for r in rows if r.get("rate") and r["pipelines"] == r["topics"] and r["runs"]), key=lambda r: r["pipelines"])
     if not flow:
         return []
     r = flow[-1]
     runs = r["runs"] / (r["window_s"] / 60)
     per_run = (cores(r) - base) * 60 / runs
-    out = [f"With data flowing ({r['rate']:,} records a minute a topic) every run plans, writes, validates and commits "
-           f"a batch: at {r['pipelines']} such pipelines a run cost about {per_run:.0f} CPU-seconds (the row less "
-           f"Airflow's own cost), {per_run / idle_run:.1f}x a caught-up run's, so one core carries about "
-           f"{60 / per_run:.1f} pipelines with data on a one-minute schedule. The difference is the write, validate "
-           "and commit tasks, the write step's spark-submit starting a JVM a batch among them (a warm Spark Connect "
-           "server takes that JVM off the workers: [Spark Connect](../how-to/spark-connect.md))."]
+    out = [
+        f"With data flowing ({r['rate']:,} records a minute a topic) every run plans, writes, validates and commits "
+        f"a batch: at {r['pipelines']} such pipelines a run cost about {per_run:.0f} CPU-seconds (the row less "
+        f"Airflow's own cost), {per_run / idle_run:.1f}x a caught-up run's, so one core carries about "
+        f"{60 / per_run:.1f} pipelines with data on a one-minute schedule. The difference is the write, validate "
+        "and commit tasks, the write step's spark-submit starting a JVM a batch among them (a warm Spark Connect "
+        "server takes that JVM off the workers: [Spark Connect](../how-to/spark-connect.md))."
+    ]
     if runs < 0.95 * r["pipelines"]:
-        out.append(f"At {r['pipelines']} pipelines with data this machine ran {runs:.1f} runs a minute of the "
-                   f"{r['pipelines']} asked, with {cores(r):.2f} of its {os.cpu_count()} cores busy: a run's tasks "
-                   "follow one another and a DAG runs one run at a time, so a run longer than the interval delays "
-                   "the next whatever the CPU (`make bench-dag` breaks a run down).")
+        out.append(
+            f"At {r['pipelines']} pipelines with data this machine ran {runs:.1f} runs a minute of the "
+            f"{r['pipelines']} asked, with {cores(r):.2f} of its {os.cpu_count()} cores busy: a run's tasks "
+            "follow one another and a DAG runs one run at a time, so a run longer than the interval delays "
+            "the next whatever the CPU (`make bench-dag` breaks a run down)."
+        )
     return out + _routed_line([x for x in rows if x.get("rate")], flow)
 
 
@@ -343,14 +382,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--counts", default="1,20,50", help="pipelines of each configuration")
     ap.add_argument("--routed", type=int, default=20, help="topics of the routed pipeline (0: skip it)")
     ap.add_argument("--flowing", default="1,4", help="pipelines of each configuration with data flowing (empty: none)")
-    ap.add_argument("--flowing-routed", type=int, default=4,
-                    help="topics of the routed pipeline with data flowing (0: skip it)")
+    ap.add_argument("--flowing-routed", type=int, default=4, help="topics of the routed pipeline with data flowing (0: skip it)")
     ap.add_argument("--rate", type=int, default=6000, help="records a minute a topic, with data flowing")
     ap.add_argument("--warmup", type=float, default=90)
     ap.add_argument("--window", type=float, default=240)
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
-    ap.add_argument("--from-json", help="write the report from a run's rows.json (its command and day kept), measuring "
-                                        "nothing")
+    ap.add_argument("--from-json", help="write the report from a run's rows.json (its command and day kept), measuring nothing")
     args = ap.parse_args(argv)
     from scripts.benchlib import fresh_home
 
@@ -358,10 +395,22 @@ def main(argv: list[str] | None = None) -> None:
         run = json.loads(Path(args.from_json).read_text())
     else:
         work = fresh_home("bench-sizing")
-        rows = run_all(work, [int(x) for x in args.counts.split(",") if x], args.routed, args.warmup, args.window,
-                       [int(x) for x in args.flowing.split(",") if x], args.flowing_routed, args.rate)
-        run = {"command": command_line("make bench-sizing"), "day": time.strftime("%Y-%m-%d", time.gmtime()),
-               "window": args.window, "rows": rows}
+        rows = run_all(
+            work,
+            [int(x) for x in args.counts.split(",") if x],
+            args.routed,
+            args.warmup,
+            args.window,
+            [int(x) for x in args.flowing.split(",") if x],
+            args.flowing_routed,
+            args.rate,
+        )
+        run = {
+            "command": command_line("make bench-sizing"),
+            "day": time.strftime("%Y-%m-%d", time.gmtime()),
+            "window": args.window,
+            "rows": rows,
+        }
         (work / "rows.json").write_text(json.dumps(run, indent=1))
         FIGURES.write_text(json.dumps(run, indent=1))
     section = report(run["rows"], run["command"], run["window"], run["day"])

@@ -49,9 +49,16 @@ def set_pipelines(d, names: list[str], prefix: str) -> None:
         for old in folder.glob(f"{prefix}*.yaml"):
             old.unlink()
     for n in names:
-        doc = d.pipeline(n, [f"{n}-events"], table={"identifier": f"rpc.{n}"}, schedule="* * * * *",
-                         maintenance={"schedule": None}, audit={"schedule": None},
-                         airflow={"retries": 0, "dags": []}, spark={"master": "local[1]"})
+        doc = d.pipeline(
+            n,
+            [f"{n}-events"],
+            table={"identifier": f"rpc.{n}"},
+            schedule="* * * * *",
+            maintenance={"schedule": None},
+            audit={"schedule": None},
+            airflow={"retries": 0, "dags": []},
+            spark={"master": "local[1]"},
+        )
         for folder in folders:
             (folder / f"{n}.yaml").write_text(json.dumps(doc))
 
@@ -80,9 +87,17 @@ def measure(d, label: str, names: list[str], warmup: float, window: float, rate:
     seconds = time.monotonic() - t0
     runs = window_runs(d.query, names, started, started + timedelta(seconds=seconds))
     used = {k: after[k] - before[k] for k in after}
-    row = {"label": label, "pipelines": len(names), "rate": rate, "window_s": round(seconds, 1), "runs": runs["runs"],
-           "failed_runs": runs["failed_runs"], "start_delay_s": runs["start_delay_s"], **{c: used[c] for c in MACHINE},
-           "workers": sum(used[h] for h in d.workers)}
+    row = {
+        "label": label,
+        "pipelines": len(names),
+        "rate": rate,
+        "window_s": round(seconds, 1),
+        "runs": runs["runs"],
+        "failed_runs": runs["failed_runs"],
+        "start_delay_s": runs["start_delay_s"],
+        **{c: used[c] for c in MACHINE},
+        "workers": sum(used[h] for h in d.workers),
+    }
     print(json.dumps(row), flush=True)
     return row
 
@@ -94,9 +109,12 @@ def pause(d, prefix: str) -> None:
 def run_all(work: Path, counts: list[int], flowing: list[int], rate: int, warmup: float, window: float) -> list[dict]:
     from tidewater_dev.celery_hosts import CeleryDeployment
 
-    d = CeleryDeployment(work, workers=2, concurrency=2,
-                         settings={"AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-                                   "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "20"})
+    d = CeleryDeployment(
+        work,
+        workers=2,
+        concurrency=2,
+        settings={"AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False", "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "20"},
+    )
     rows = []
     try:
         for n in counts:
@@ -108,8 +126,7 @@ def run_all(work: Path, counts: list[int], flowing: list[int], rate: int, warmup
             names = [f"f{i:03d}" for i in range(n)]
             set_pipelines(d, names, "f")
             with Flow(d.broker.bootstrap, [f"{x}-events" for x in names], rate):
-                rows.append(measure(d, f"{n} pipeline{'s' if n > 1 else ''}, data flowing", names, warmup, window,
-                                    rate))
+                rows.append(measure(d, f"{n} pipeline{'s' if n > 1 else ''}, data flowing", names, warmup, window, rate))
             pause(d, "f")
     finally:
         d.stop()
@@ -117,25 +134,41 @@ def run_all(work: Path, counts: list[int], flowing: list[int], rate: int, warmup
 
 
 def report(run: dict) -> str:
-    local = json.loads((REPO / "docs" / "img" / "bench-sizing.json").read_text()) if (
-        REPO / "docs" / "img" / "bench-sizing.json").is_file() else None
-    lines = [BEGIN, "## With the CeleryExecutor across hosts (`make bench-sizing-celery`)", "",
-             f"Command: `{run['command']}` ({run['day']}, {os.cpu_count()} cores, all hosts on this machine). Two "
-             "Celery workers on test hosts of their own (two task slots each), Redis, PostgreSQL, the bucket on "
-             "moto's S3 server; CPU in cores (CPU-seconds a second) over a "
-             f"{run['window']:.0f}-second window; the workers' column is everything on their hosts.", "",
-             "| configuration | ingest runs a minute (asked) | failed | median start delay | scheduler | DAG processor | "
-             "API server | workers | all |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    local = (
+        json.loads((REPO / "docs" / "img" / "bench-sizing.json").read_text())
+        if (REPO / "docs" / "img" / "bench-sizing.json").is_file()
+        else None
+    )
+    lines = [
+        BEGIN,
+        "## With the CeleryExecutor across hosts (`make bench-sizing-celery`)",
+        "",
+        f"Command: `{run['command']}` ({run['day']}, {os.cpu_count()} cores, all hosts on this machine). Two "
+        "Celery workers on test hosts of their own (two task slots each), Redis, PostgreSQL, the bucket on "
+        "moto's S3 server; CPU in cores (CPU-seconds a second) over a "
+        f"{run['window']:.0f}-second window; the workers' column is everything on their hosts.",
+        "",
+        "| configuration | ingest runs a minute (asked) | failed | median start delay | scheduler | DAG processor | "
+        "API server | workers | all |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in run["rows"]:
         w = r["window_s"]
         total = sum(r[c] for c in (*MACHINE, "workers"))
-        lines.append(f"| {r['label']} | {r['runs'] / (w / 60):.1f} ({r['pipelines']}) | {r['failed_runs']} | "
-                     f"{r['start_delay_s']:.1f} s | {r['scheduler'] / w:.2f} | {r['dag-processor'] / w:.2f} | "
-                     f"{r['api-server'] / w:.2f} | {r['workers'] / w:.2f} | {total / w:.2f} |")
-    lines += ["", "The LocalExecutor's figures above come from another run (" + (local["day"] if local else "none") +
-              "), so no ratio is drawn between the two tables: read them side by side. Under Celery the task "
-              "processes run on the workers (the workers' column), not under the scheduler, which keeps only its "
-              "loop; each task also pays its start on a worker that parses the DAG file.", END]
+        lines.append(
+            f"| {r['label']} | {r['runs'] / (w / 60):.1f} ({r['pipelines']}) | {r['failed_runs']} | "
+            f"{r['start_delay_s']:.1f} s | {r['scheduler'] / w:.2f} | {r['dag-processor'] / w:.2f} | "
+            f"{r['api-server'] / w:.2f} | {r['workers'] / w:.2f} | {total / w:.2f} |"
+        )
+    lines += [
+        "",
+        "The LocalExecutor's figures above come from another run ("
+        + (local["day"] if local else "none")
+        + "), so no ratio is drawn between the two tables: read them side by side. Under Celery the task "
+        "processes run on the workers (the workers' column), not under the scheduler, which keeps only its "
+        "loop; each task also pays its start on a worker that parses the DAG file.",
+        END,
+    ]
     return "\n".join(lines)
 
 
@@ -157,12 +190,22 @@ def main(argv: list[str] | None = None) -> None:
     else:
         work = Path(tempfile.mkdtemp(prefix="tidewater-bench-celery-", dir="/var/tmp"))
         try:
-            rows = run_all(work, [int(x) for x in args.counts.split(",") if x],
-                           [int(x) for x in args.flowing.split(",") if x], args.rate, args.warmup, args.window)
+            rows = run_all(
+                work,
+                [int(x) for x in args.counts.split(",") if x],
+                [int(x) for x in args.flowing.split(",") if x],
+                args.rate,
+                args.warmup,
+                args.window,
+            )
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        run = {"command": command_line("make bench-sizing-celery"), "day": time.strftime("%Y-%m-%d", time.gmtime()),
-               "window": args.window, "rows": rows}
+        run = {
+            "command": command_line("make bench-sizing-celery"),
+            "day": time.strftime("%Y-%m-%d", time.gmtime()),
+            "window": args.window,
+            "rows": rows,
+        }
         FIGURES.write_text(json.dumps(run, indent=1))
     section = report(run)
     for output in (args.output, PAGE):

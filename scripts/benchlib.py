@@ -64,6 +64,15 @@ def timed_batch(spec: Any, master: str, inline: bool = False) -> dict[str, Any]:
     t3 = time.monotonic()
     result = commit_step(spec, plan, manifest)
     t4 = time.monotonic()
-    return {"records": manifest.records, "plan": t1 - t0, "write": t2 - t1, "data_path": manifest.data_path_seconds(),
-            "validate": t3 - t2, "commit": t4 - t3, "total": t4 - t0, "result": result, "batch_id": plan.batch_id,
-            "files": len(manifest.data_files) + sum(len(o.data_files) for o in manifest.outputs)}
+    return {
+        "records": manifest.records,
+        "plan": t1 - t0,
+        "write": t2 - t1,
+        "data_path": manifest.data_path_seconds(),
+        "validate": t3 - t2,
+        "commit": t4 - t3,
+        "total": t4 - t0,
+        "result": result,
+        "batch_id": plan.batch_id,
+        "files": len(manifest.data_files) + sum(len(o.data_files) for o in manifest.outputs),
+    }

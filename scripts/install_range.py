@@ -50,8 +50,9 @@ print(json.dumps({"provider": provider.version if provider else None, "plugins":
 """
 
 TWO_LINES = "from tidewater.runtime.airflow_dags import pipeline_dags\nglobals().update(pipeline_dags())\n"
-PIPELINE = ("name: orders\ntopics: [{topic}]\nkafka: {{bootstrap_servers: '{bootstrap}'}}\n"
-            "table: {{identifier: rpc.orders}}\nschedule: null\n")
+PIPELINE = (
+    "name: orders\ntopics: [{topic}]\nkafka: {{bootstrap_servers: '{bootstrap}'}}\ntable: {{identifier: rpc.orders}}\nschedule: null\n"
+)
 # What the batch committed, read in the release's virtualenv: rows and offsets of the pipeline's table
 COMMITTED = """
 import json, sys
@@ -65,8 +66,11 @@ print(json.dumps({"rows": table.scan().to_arrow().num_rows, "offsets": committed
 
 
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "AIRFLOW_HOME", "TIDEWATER_HOME",
-                                                             "TIDEWATER_PIPELINES_DIR", "PIP_CONSTRAINT")}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV", "AIRFLOW_HOME", "TIDEWATER_HOME", "TIDEWATER_PIPELINES_DIR", "PIP_CONSTRAINT")
+    }
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -89,8 +93,13 @@ def build_wheel(out: Path) -> Path:
     import shutil
 
     src = out / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", ".data", "node_modules", "*.egg-info",
-                                                            "build", "__pycache__", ".pytest_cache", ".hypothesis"))
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".data", "node_modules", "*.egg-info", "build", "__pycache__", ".pytest_cache", ".hypothesis"
+        ),
+    )
     done = _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out / "dist"), str(src)], _env(), 900)
     if done.returncode != 0:
         raise SystemExit(f"build failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
@@ -118,8 +127,7 @@ def check_release(airflow: str, wheel: Path, work: Path, kafka: tuple[str, str] 
         if step.returncode != 0:
             return {**result, "error": f"the wheel [{extras}] did not install: " + step.stderr[-1500:]}
         after = _freeze(python, env)
-        result["downgraded"].update({n: f"{v} -> {after[n]}" for n, v in before.items()
-                                     if n in after and _lower(v, after[n])})
+        result["downgraded"].update({n: f"{v} -> {after[n]}" for n, v in before.items() if n in after and _lower(v, after[n])})
         result["added"][extras] = sorted(set(after) - set(before))
         before = after
     result["pyspark"] = before.get("pyspark")
@@ -127,8 +135,9 @@ def check_release(airflow: str, wheel: Path, work: Path, kafka: tuple[str, str] 
     check = _run([str(python), "-m", "pip", "check"], env)
     result["pip_check"] = check.stdout.strip() or check.stderr.strip()
     result.update(_loads(venv, work, env, kafka))
-    result["ok"] = (not result["downgraded"] and check.returncode == 0 and result["provider"] and result["plugin"]
-                    and "ingest_orders" in result["dags"])
+    result["ok"] = (
+        not result["downgraded"] and check.returncode == 0 and result["provider"] and result["plugin"] and "ingest_orders" in result["dags"]
+    )
     if kafka is not None:
         result["batch"] = run_batch(venv, work, env, result.get("pyspark_client"))
         result["ok"] = result["ok"] and result["batch"].get("state") == "success" and result["batch"].get("pip_check", True)
@@ -138,11 +147,16 @@ def check_release(airflow: str, wheel: Path, work: Path, kafka: tuple[str, str] 
 
 def _airflow_env(venv: Path, work: Path, env: dict[str, str]) -> dict[str, str]:
     dags, pipelines, home = work / "dags", work / "pipelines", work / "airflow"
-    return {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "TIDEWATER_PIPELINES_DIR": str(pipelines),
-           "TIDEWATER_HOME": str(work / "tidewater"),
-           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-           "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+    return {
+        **env,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "TIDEWATER_PIPELINES_DIR": str(pipelines),
+        "TIDEWATER_HOME": str(work / "tidewater"),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+    }
 
 
 def _loads(venv: Path, work: Path, env: dict[str, str], kafka: tuple[str, str] | None) -> dict:
@@ -163,9 +177,12 @@ def _loads(venv: Path, work: Path, env: dict[str, str], kafka: tuple[str, str] |
     for line in listed.stdout.splitlines():  # log lines may come before the JSON document
         if line.startswith("[{") or line.strip() == "[]":
             ids = sorted(d["dag_id"] for d in json.loads(line))
-    found = {"provider": loaded["provider"],
-             "plugin": loaded["plugins"].count("tidewater") == 1 and not loaded["plugin_errors"],
-             "plugin_errors": loaded["plugin_errors"], "dags": ids}
+    found = {
+        "provider": loaded["provider"],
+        "plugin": loaded["plugins"].count("tidewater") == 1 and not loaded["plugin_errors"],
+        "plugin_errors": loaded["plugin_errors"],
+        "dags": ids,
+    }
     if not ids:  # say why: the DAG processor's parse, or the listing
         found["dags_error"] = (serialized.stderr[-800:] + listed.stderr[-800:] + listed.stdout[-400:]).strip()
     return found
@@ -179,8 +196,9 @@ def run_batch(venv: Path, work: Path, env: dict[str, str], pyspark_client: str |
     python = venv / "bin" / "python"
     out: dict = {"pyspark": pyspark_client}
     if pyspark_client:
-        pin = _run([str(python), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check",
-                    f"pyspark=={pyspark_client}"], env)
+        pin = _run(
+            [str(python), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check", f"pyspark=={pyspark_client}"], env
+        )
         if pin.returncode != 0:
             return {**out, "error": "pyspark did not install at the client's release: " + pin.stderr[-1500:]}
         out["pip_check"] = _run([str(python), "-m", "pip", "check"], env).returncode == 0
@@ -211,12 +229,15 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             results = list(pool.map(lambda r: check_release(r, wheel, work / r), releases))
     for r in results:
-        print(f"Airflow {r['airflow']}: {'ok' if r['ok'] else 'FAILED'}; Spark provider {r.get('spark_provider')}, "
-              f"pyspark {r.get('pyspark')}; "
-              f"downgraded {r.get('downgraded') or 'nothing'}; pip check: {r.get('pip_check', '')[:200]}; "
-              f"provider {r.get('provider')}, plugin {r.get('plugin')}, DAGs {r.get('dags')}; {r.get('seconds')} s"
-              + (f"; {r['error']}" if r.get("error") else "") + (f"; DAGs: {r['dags_error']}" if r.get("dags_error") else ""),
-              flush=True)
+        print(
+            f"Airflow {r['airflow']}: {'ok' if r['ok'] else 'FAILED'}; Spark provider {r.get('spark_provider')}, "
+            f"pyspark {r.get('pyspark')}; "
+            f"downgraded {r.get('downgraded') or 'nothing'}; pip check: {r.get('pip_check', '')[:200]}; "
+            f"provider {r.get('provider')}, plugin {r.get('plugin')}, DAGs {r.get('dags')}; {r.get('seconds')} s"
+            + (f"; {r['error']}" if r.get("error") else "")
+            + (f"; DAGs: {r['dags_error']}" if r.get("dags_error") else ""),
+            flush=True,
+        )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(results, indent=1))
     return 0 if all(r["ok"] for r in results) else 1

@@ -22,20 +22,23 @@ def main() -> None:
     spark = SparkSession.builder.appName(f"peer-streaming-{topic}").getOrCreate()
     columns = [f for f in spark.table(table).schema.fields if not f.name.startswith("_kafka_")]
     value_schema = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in columns)
-    source = (spark.readStream.format("kafka")
-              .option("kafka.bootstrap.servers", bootstrap)
-              .option("subscribe", topic)
-              .option("startingOffsets", "earliest")
-              .option("kafka.isolation.level", "read_committed")
-              .option("failOnDataLoss", "true")
-              .load())
+    source = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+        .option("failOnDataLoss", "true")
+        .load()
+    )
     rows = source.select(
         F.from_json(F.col("value").cast("string"), value_schema).alias("v"),
-        F.col("topic").alias("_kafka_topic"), F.col("partition").alias("_kafka_partition"),
-        F.col("offset").alias("_kafka_offset"), F.col("timestamp").alias("_kafka_timestamp"),
+        F.col("topic").alias("_kafka_topic"),
+        F.col("partition").alias("_kafka_partition"),
+        F.col("offset").alias("_kafka_offset"),
+        F.col("timestamp").alias("_kafka_timestamp"),
     ).select("v.*", "_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp")
-    writer = (rows.writeStream.format("iceberg").outputMode("append")
-              .option("checkpointLocation", checkpoint))
+    writer = rows.writeStream.format("iceberg").outputMode("append").option("checkpointLocation", checkpoint)
     if float(trigger) > 0:
         writer = writer.trigger(processingTime=f"{float(trigger):g} seconds")
     writer.toTable(table).awaitTermination()

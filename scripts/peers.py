@@ -44,7 +44,7 @@ def peer_jars(kind: str) -> list[Path]:
 def jar_version(kind: str, prefix: str) -> str:
     """The version in a peer jar's file name (``iceberg-kafka-connect-1.12.0.jar`` -> ``1.12.0``)."""
     for jar in peer_jars(kind):
-        rest = jar.stem[len(prefix):]
+        rest = jar.stem[len(prefix) :]
         if jar.stem.startswith(prefix) and rest[:1] == "-" and rest[1:2].isdigit():
             return rest[1:]
     return "?"
@@ -61,13 +61,19 @@ class ConnectWorker:
         self.url = f"http://127.0.0.1:{port}"
         work.mkdir(parents=True, exist_ok=True)
         props = {
-            "bootstrap.servers": bootstrap, "group.id": name, "listeners": self.url,
-            "config.storage.topic": f"{name}-configs", "offset.storage.topic": f"{name}-offsets",
-            "status.storage.topic": f"{name}-status", "config.storage.replication.factor": "1",
-            "offset.storage.replication.factor": "1", "status.storage.replication.factor": "1",
+            "bootstrap.servers": bootstrap,
+            "group.id": name,
+            "listeners": self.url,
+            "config.storage.topic": f"{name}-configs",
+            "offset.storage.topic": f"{name}-offsets",
+            "status.storage.topic": f"{name}-status",
+            "config.storage.replication.factor": "1",
+            "offset.storage.replication.factor": "1",
+            "status.storage.replication.factor": "1",
             "key.converter": "org.apache.kafka.connect.storage.StringConverter",
             "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-            "value.converter.schemas.enable": "false", "plugin.discovery": "only_scan",
+            "value.converter.schemas.enable": "false",
+            "plugin.discovery": "only_scan",
         }
         if flush_ms is not None:
             # A sink task's put() runs once per consumer poll, and a poll with no new records waits until the
@@ -82,15 +88,24 @@ class ConnectWorker:
         classpath = os.pathsep.join(str(j) for j in peer_jars("connect"))
         self.log = open(work / "worker.log", "ab")
         self.proc = subprocess.Popen(
-            [java(), *CONNECT_HEAP, f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath,
-             "org.apache.kafka.connect.cli.ConnectDistributed", str(config)],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                java(),
+                *CONNECT_HEAP,
+                f"-Dlog4j2.configurationFile={log4j}",
+                "-cp",
+                classpath,
+                "org.apache.kafka.connect.cli.ConnectDistributed",
+                str(config),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._wait_ready(180)
 
     def _request(self, method: str, path: str, body: dict | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as resp:
             raw = resp.read()
         return json.loads(raw) if raw else None
@@ -141,18 +156,24 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(timeout=15)
 
 
-def streaming_command(bootstrap: str, topic: str, table: str, checkpoint: Path, trigger_s: float,
-                      catalog: dict[str, str]) -> list[str]:
+def streaming_command(bootstrap: str, topic: str, table: str, checkpoint: Path, trigger_s: float, catalog: dict[str, str]) -> list[str]:
     """spark-submit of scripts/peer_streaming.py on local[2] with the shared catalog as ``spark.sql.catalog.peers``."""
-    conf = {"spark.sql.catalog.peers": "org.apache.iceberg.spark.SparkCatalog",
-            "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}
+    conf = {
+        "spark.sql.catalog.peers": "org.apache.iceberg.spark.SparkCatalog",
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+    }
     conf.update({f"spark.sql.catalog.peers.{k}": v for k, v in catalog.items()})
-    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-           "--jars", ",".join(str(j) for j in peer_jars("spark"))]
+    cmd = [
+        str(Path(sys.executable).parent / "spark-submit"),
+        "--master",
+        "local[2]",
+        "--jars",
+        ",".join(str(j) for j in peer_jars("spark")),
+    ]
     for k, v in conf.items():
         cmd += ["--conf", f"{k}={v}"]
-    return [*cmd, str(REPO / "scripts" / "peer_streaming.py"), bootstrap, topic, table, str(checkpoint),
-            f"{trigger_s:g}"]
+    return [*cmd, str(REPO / "scripts" / "peer_streaming.py"), bootstrap, topic, table, str(checkpoint), f"{trigger_s:g}"]
 
 
 class Processes:

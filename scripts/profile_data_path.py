@@ -41,8 +41,15 @@ def markers(records: int, fmt: str = "json") -> tuple[str, str]:
 
 
 MEMORY = "replay of the read chunks from memory (not a cost of the worker)"
-STAGES = (MEMORY, "decode", "source columns", "admit and route", "cast to the table schema", "parquet encode",
-          "file close and Iceberg metrics")
+STAGES = (
+    MEMORY,
+    "decode",
+    "source columns",
+    "admit and route",
+    "cast to the table schema",
+    "parquet encode",
+    "file close and Iceberg metrics",
+)
 
 
 class Stages:
@@ -125,9 +132,16 @@ def pipeline(work: Path, topic: str, bootstrap: str, args: argparse.Namespace, f
         props["write.parquet.compression-level"] = str(args.level)
     if args.row_group:
         props["write.parquet.row-group-limit"] = str(args.row_group)
-    doc = {"name": "profile", "topics": [topic], "kafka": {"bootstrap_servers": bootstrap, "read_timeout_seconds": 60},
-           "table": {"identifier": "rpc.profile", "properties": props}, "batch": {"max_records": 100_000_000},
-           "validation": {"not_null": ["order_id", "store_id"]}, "schedule": None, **({"format": fmt} if fmt else {})}
+    doc = {
+        "name": "profile",
+        "topics": [topic],
+        "kafka": {"bootstrap_servers": bootstrap, "read_timeout_seconds": 60},
+        "table": {"identifier": "rpc.profile", "properties": props},
+        "batch": {"max_records": 100_000_000},
+        "validation": {"not_null": ["order_id", "store_id"]},
+        "schedule": None,
+        **({"format": fmt} if fmt else {}),
+    }
     path = work / "profile.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -215,8 +229,11 @@ def one_pass(spec: Any, settings: dict[str, str], broker: psutil.Process, py_spy
     instrument(stages, held)
     spy = None
     if py_spy:
-        spy = subprocess.Popen(["py-spy", "record", "--pid", str(os.getpid()), "--native", "--rate", "200", "-o", py_spy],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        spy = subprocess.Popen(
+            ["py-spy", "record", "--pid", str(os.getpid()), "--native", "--rate", "200", "-o", py_spy],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(1)
     w0, c0 = time.perf_counter(), time.process_time()
     try:
@@ -229,10 +246,18 @@ def one_pass(spec: Any, settings: dict[str, str], broker: psutil.Process, py_spy
         spy.wait(60)
     files = [f for o in manifest.outputs for f in o.data_files]  # every table's files (the table's own included)
     assert manifest.records == c_n, (manifest.records, c_n)
-    return {"records": manifest.records, "wall": wall - stages.wall[MEMORY], "cpu": cpu - stages.cpu[MEMORY],
-            "broker_cpu": (b1.user + b1.system) - (b0.user + b0.system), "stages": stages,
-            "consume": (c_wall, c_cpu), "raw": raw, "files": len(files),
-            "bytes": sum(f.file_size_in_bytes for f in files), "rows": sum(f.record_count for f in files)}
+    return {
+        "records": manifest.records,
+        "wall": wall - stages.wall[MEMORY],
+        "cpu": cpu - stages.cpu[MEMORY],
+        "broker_cpu": (b1.user + b1.system) - (b0.user + b0.system),
+        "stages": stages,
+        "consume": (c_wall, c_cpu),
+        "raw": raw,
+        "files": len(files),
+        "bytes": sum(f.file_size_in_bytes for f in files),
+        "rows": sum(f.record_count for f in files),
+    }
 
 
 def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
@@ -248,29 +273,40 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
     rest_wall = best["wall"] - sum(st.wall[s] for s in STAGES if s != MEMORY)
     begin, end = markers(args.records, args.format)
     what = "" if args.format == "json" else f", format.value {args.format}"
-    lines = [begin, f"## Profile of the data path in one worker ({n:,} records, one partition{what})", "",
-             f"Command: `{command_line('make bench-profile')}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-             f"the run with the least CPU of {len(runs)}. The write step's task code in one process "
-             "(scripts/profile_data_path.py): the range is consumed into chunks first (librdkafka's fetch thread "
-             "included), then processed from memory, each stage timed; CPU counts every thread of the process.", "",
-             "| stage | wall s | CPU s | CPU us per record | share of CPU |", "| --- | ---: | ---: | ---: | ---: |",
-             f"| consume (librdkafka, the chunk's lists) | {cw:.2f} | {cc:.2f} | {us(cc):.2f} | {cc / cpu:.0%} |"]
+    lines = [
+        begin,
+        f"## Profile of the data path in one worker ({n:,} records, one partition{what})",
+        "",
+        f"Command: `{command_line('make bench-profile')}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"the run with the least CPU of {len(runs)}. The write step's task code in one process "
+        "(scripts/profile_data_path.py): the range is consumed into chunks first (librdkafka's fetch thread "
+        "included), then processed from memory, each stage timed; CPU counts every thread of the process.",
+        "",
+        "| stage | wall s | CPU s | CPU us per record | share of CPU |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        f"| consume (librdkafka, the chunk's lists) | {cw:.2f} | {cc:.2f} | {us(cc):.2f} | {cc / cpu:.0%} |",
+    ]
     for s in STAGES[1:]:
         lines.append(f"| {s} | {st.wall[s]:.2f} | {st.cpu[s]:.2f} | {us(st.cpu[s]):.2f} | {st.cpu[s] / cpu:.0%} |")
-    lines.append(f"| the rest (task set-up, counting, dead-letter checks, manifest) | {rest_wall:.2f} | {rest_cpu:.2f} | "
-                 f"{us(rest_cpu):.2f} | {rest_cpu / cpu:.0%} |")
+    lines.append(
+        f"| the rest (task set-up, counting, dead-letter checks, manifest) | {rest_wall:.2f} | {rest_cpu:.2f} | "
+        f"{us(rest_cpu):.2f} | {rest_cpu / cpu:.0%} |"
+    )
     lines.append(f"| **worker total** | {wall:.2f} | {cpu:.2f} | **{us(cpu):.2f}** | 100% |")
     rw, rc, rn = best["raw"]
-    lines += ["", f"- Raw librdkafka consumption (`make bench`'s limit loop: each message's value read, nothing kept; in this "
-              "process, with the task's collector thresholds): "
-              f"{rc / rn * 1e6:.2f} us of CPU per record ({rw:.2f} s wall).",
-              f"- The broker's own CPU while the range was consumed: {best['broker_cpu']:.2f} s "
-              f"({us(best['broker_cpu']):.2f} us per record), not counted above.",
-              f"- Written: {best['files']} files, {best['rows']:,} rows, {best['bytes'] / 1e6:.1f} MB. Parquet: codec "
-              f"{args.codec or 'the table default (zstd)'}, level {args.level if args.level is not None else 'default'}"
-              f", row group {args.row_group or 'default'}.",
-              "- Every run: " + ", ".join(f"{total(r) / r['records'] * 1e6:.2f}" for r in runs) + " us of CPU per record.",
-              end]
+    lines += [
+        "",
+        f"- Raw librdkafka consumption (`make bench`'s limit loop: each message's value read, nothing kept; in this "
+        "process, with the task's collector thresholds): "
+        f"{rc / rn * 1e6:.2f} us of CPU per record ({rw:.2f} s wall).",
+        f"- The broker's own CPU while the range was consumed: {best['broker_cpu']:.2f} s "
+        f"({us(best['broker_cpu']):.2f} us per record), not counted above.",
+        f"- Written: {best['files']} files, {best['rows']:,} rows, {best['bytes'] / 1e6:.1f} MB. Parquet: codec "
+        f"{args.codec or 'the table default (zstd)'}, level {args.level if args.level is not None else 'default'}"
+        f", row group {args.row_group or 'default'}.",
+        "- Every run: " + ", ".join(f"{total(r) / r['records'] * 1e6:.2f}" for r in runs) + " us of CPU per record.",
+        end,
+    ]
     return "\n".join(lines)
 
 
@@ -283,8 +319,12 @@ def main() -> int:
     ap.add_argument("--row-group", type=int, default=None)
     ap.add_argument("--py-spy", default=None, metavar="SVG")
     ap.add_argument("--markdown", default=None, help="write the report into this file (between its profile markers)")
-    ap.add_argument("--format", default="json", choices=("json", "avro", "json_schema", "protobuf"),
-                    help="the pizza events' value format (the registry formats through the stand-in registry)")
+    ap.add_argument(
+        "--format",
+        default="json",
+        choices=("json", "avro", "json_schema", "protobuf"),
+        help="the pizza events' value format (the registry formats through the stand-in registry)",
+    )
     args = ap.parse_args()
     work = fresh_home("profile")
     from scripts.bench import produce_topic, registry_formats
@@ -305,8 +345,7 @@ def main() -> int:
         spec = load_pipeline(pipeline(work, topic, b.bootstrap, args, fmt))
         timed_batch(spec, "local[1]", inline=True)  # creates the table, warms imports
         produce_topic(b.bootstrap, topic, args.records, partitions=1, encode=encode)
-        runs = [one_pass(spec, kafka_settings(spec), psutil.Process(b.pid), args.py_spy if i == 0 else None)
-                for i in range(args.repeat)]
+        runs = [one_pass(spec, kafka_settings(spec), psutil.Process(b.pid), args.py_spy if i == 0 else None) for i in range(args.repeat)]
     finally:
         registry.stop()
         b.stop()

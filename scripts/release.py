@@ -50,10 +50,10 @@ def cut_changelog(root: Path, version: str, day: str) -> str:
     if start < 0:
         raise SystemExit("CHANGELOG.md has no '## Unreleased' section")
     nxt = text.find("\n## ", start + 1)
-    body = text[start + len("\n## Unreleased\n"):nxt if nxt >= 0 else len(text)]
+    body = text[start + len("\n## Unreleased\n") : nxt if nxt >= 0 else len(text)]
     if not re.search(r"^- ", body, re.M):
         raise SystemExit("CHANGELOG.md: the Unreleased section has no entry; say what changed for users first")
-    return text[:start] + f"\n## Unreleased\n\n## {version} ({day})\n" + text[start + len("\n## Unreleased\n"):]
+    return text[:start] + f"\n## Unreleased\n\n## {version} ({day})\n" + text[start + len("\n## Unreleased\n") :]
 
 
 def next_dev(version: Version) -> str:
@@ -84,8 +84,10 @@ def release(root: Path, version: str, next_version: str | None, build: bool, day
     following = next_version or next_dev(new)
     set_version(root, following)
     _git(root, "commit", "-q", "-am", f"Start {following}")
-    print(f"tagged v{version}; main is now {following}. Nothing was pushed: `git push origin main v{version}`, and "
-          f"upload dist/*{version}* where you publish.")
+    print(
+        f"tagged v{version}; main is now {following}. Nothing was pushed: `git push origin main v{version}`, and "
+        f"upload dist/*{version}* where you publish."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

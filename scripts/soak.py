@@ -49,8 +49,12 @@ BIN = Path(sys.executable).parent
 CATALOG = "lake"
 KEY, SECRET = "soak-access-key", "soak-secret-value"  # the local S3 endpoint's (any are accepted)
 DB_TABLES, DB_PARTITIONS, EVENT_PARTITIONS, AVRO_PARTITIONS = 10, 2, 3, 2
-READING = {"type": "record", "name": "Reading", "namespace": "soak", "fields": [
-    {"name": "reading_id", "type": "string"}, {"name": "sensor", "type": "int"}, {"name": "value", "type": "double"}]}
+READING = {
+    "type": "record",
+    "name": "Reading",
+    "namespace": "soak",
+    "fields": [{"name": "reading_id", "type": "string"}, {"name": "sensor", "type": "int"}, {"name": "value", "type": "double"}],
+}
 FAULTS = ("kill_task", "kill_scheduler", "kill_connect", "catalog_lock", "outside_expire", "outside_compaction")
 OPERATIONS = ("maintain", "replay_avro", "replay_db")
 ONCE = ("kill_scheduler", "kill_connect")  # once per run: the rest of the run measures their memory in one lifetime
@@ -75,7 +79,8 @@ class Services:
         self.registry = schema_registry.start(work / "schema-registry", work / "schema-registry.log")
         self.registry_url = self.registry.url
         self.reading_id = SchemaRegistryClient({"url": self.registry_url}).register_schema(
-            "soak-avro-value", Schema(json.dumps(READING), "AVRO"))
+            "soak-avro-value", Schema(json.dumps(READING), "AVRO")
+        )
         self.connect_log = work / "spark-connect.log"
         self.connect = spark_connect.start(REPO / ".data" / "spark-connect", log_path=self.connect_log)
         self.catalog_url = self.postgres.create_database("soak_catalog")
@@ -90,8 +95,12 @@ class Services:
         if not server.is_file():
             raise SystemExit(f"{server} is missing: run `make s3-stand-in`")
         port = free_port()
-        proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=open(self.work / "s3.log", "wb"),
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(server), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=open(self.work / "s3.log", "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         url = f"http://127.0.0.1:{port}"
         for _ in range(300):
             try:
@@ -101,8 +110,9 @@ class Services:
                 time.sleep(0.2)
         from pyarrow import fs
 
-        fs.S3FileSystem(endpoint_override=url, scheme="http", access_key=KEY, secret_key=SECRET, region="us-east-1",
-                        allow_bucket_creation=True).create_dir("soak")
+        fs.S3FileSystem(
+            endpoint_override=url, scheme="http", access_key=KEY, secret_key=SECRET, region="us-east-1", allow_bucket_creation=True
+        ).create_dir("soak")
         return url, proc
 
     def restart_connect(self) -> None:
@@ -113,14 +123,19 @@ class Services:
     def env(self) -> dict[str, str]:
         af = self.work / "airflow"
         return {
-            **os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "AIRFLOW_HOME": str(af), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "AIRFLOW__CORE__PARALLELISM": "4",
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "AIRFLOW_HOME": str(af),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.metadata_url,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.api_port}/execution/",
-            "AIRFLOW__API__PORT": str(self.api_port), "AIRFLOW__API_AUTH__JWT_SECRET": "soak-jwt-secret-" + "x" * 32,
+            "AIRFLOW__API__PORT": str(self.api_port),
+            "AIRFLOW__API_AUTH__JWT_SECRET": "soak-jwt-secret-" + "x" * 32,
             "AIRFLOW__API__SECRET_KEY": "soak-api-secret",
             # the tasks a killed scheduler had started are found (their scheduler's heartbeat stopped) and reset within
             # a minute, not Airflow's five; a task that stops heartbeating is failed after a minute
@@ -128,8 +143,11 @@ class Services:
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
             "AIRFLOW_CONN_TIDEWATER_SPARK": '{"conn_type": "spark", "host": "local[2]"}',
-            "TIDEWATER_PIPELINES_DIR": str(self.work / "pipelines"), "TIDEWATER_HOME": str(self.work / "home"),
-            "SOAK_S3_KEY": KEY, "SOAK_S3_SECRET": SECRET, "GX_ANALYTICS_ENABLED": "false",
+            "TIDEWATER_PIPELINES_DIR": str(self.work / "pipelines"),
+            "TIDEWATER_HOME": str(self.work / "home"),
+            "SOAK_S3_KEY": KEY,
+            "SOAK_S3_SECRET": SECRET,
+            "GX_ANALYTICS_ENABLED": "false",
         }
 
     def start_airflow(self) -> None:
@@ -143,8 +161,9 @@ class Services:
 
     def start_component(self, name: str) -> None:
         out = open(self.work / f"airflow-{name}.log", "ab")
-        self.airflow[name] = subprocess.Popen(["airflow", name], env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                                              start_new_session=True)
+        self.airflow[name] = subprocess.Popen(
+            ["airflow", name], env=self.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def kill_component(self, name: str) -> None:
         proc = self.airflow[name]
@@ -193,30 +212,49 @@ def pipelines(svc: Services, schedule: str) -> dict[str, Path]:
     """The three pipeline files in the pipelines folder the DAGs read."""
     folder = svc.work / "pipelines"
     folder.mkdir(exist_ok=True)
-    s3 = {"s3.endpoint": svc.s3_url, "s3.access-key-id": "${SOAK_S3_KEY}", "s3.secret-access-key": "${SOAK_S3_SECRET}",
-          "s3.region": "us-east-1"}
+    s3 = {
+        "s3.endpoint": svc.s3_url,
+        "s3.access-key-id": "${SOAK_S3_KEY}",
+        "s3.secret-access-key": "${SOAK_S3_SECRET}",
+        "s3.region": "us-east-1",
+    }
     common = {
         "kafka": {"bootstrap_servers": svc.broker.bootstrap, "read_timeout_seconds": 30},
-        "catalog": {"name": CATALOG, "properties": {"type": "sql", "uri": svc.catalog_url,
-                                                     "warehouse": f"file://{svc.work / 'warehouse'}"}},
+        "catalog": {
+            "name": CATALOG,
+            "properties": {"type": "sql", "uri": svc.catalog_url, "warehouse": f"file://{svc.work / 'warehouse'}"},
+        },
         "batch": {"staging_dir": "s3://soak/staging", "staging_properties": s3, "max_records": 200000},
         "schedule": schedule,
         "airflow": {"retries": 4, "retry_delay_seconds": 10, "task_timeout_minutes": 20},
-        "maintenance": {"schedule": None}, "audit": {"schedule": None},
+        "maintenance": {"schedule": None},
+        "audit": {"schedule": None},
         "spark": {"master": "local[2]"},
     }
     db_topics = [f"soak-db-{i}" for i in range(DB_TABLES)]
     docs = {
-        "soak_events": {"topics": ["soak-events"], "table": {"identifier": "rpc.soak_events"},
-                        "validation": {"not_null": ["order_id"], "on_failure": "quarantine"},
-                        "spark": {"master": "local[2]", "connect_url": svc.connect.url}},
-        "soak_db": {"topics": db_topics, "table": {"identifier": ""}, "routing": {"namespace": "rpc"},
-                    "tables": [{"identifier": f"rpc.soak_db_{i}", "topics": [t], "id_columns": ["id"], "upsert": True}
-                               for i, t in enumerate(db_topics)],
-                    "format": {"value": "debezium"}, "validation": {"not_null": ["id"]}},
-        "soak_avro": {"topics": ["soak-avro"], "table": {"identifier": "rpc.soak_avro"},
-                      "format": {"value": "avro", "registry_url": svc.registry_url},
-                      "validation": {"not_null": ["reading_id"]}},
+        "soak_events": {
+            "topics": ["soak-events"],
+            "table": {"identifier": "rpc.soak_events"},
+            "validation": {"not_null": ["order_id"], "on_failure": "quarantine"},
+            "spark": {"master": "local[2]", "connect_url": svc.connect.url},
+        },
+        "soak_db": {
+            "topics": db_topics,
+            "table": {"identifier": ""},
+            "routing": {"namespace": "rpc"},
+            "tables": [
+                {"identifier": f"rpc.soak_db_{i}", "topics": [t], "id_columns": ["id"], "upsert": True} for i, t in enumerate(db_topics)
+            ],
+            "format": {"value": "debezium"},
+            "validation": {"not_null": ["id"]},
+        },
+        "soak_avro": {
+            "topics": ["soak-avro"],
+            "table": {"identifier": "rpc.soak_avro"},
+            "format": {"value": "avro", "registry_url": svc.registry_url},
+            "validation": {"not_null": ["reading_id"]},
+        },
     }
     out = {}
     for name, doc in docs.items():
@@ -282,8 +320,7 @@ class Producers(threading.Thread):
             buf = io.BytesIO()
             rid = f"r{self.seq}"
             fastavro.schemaless_writer(buf, parsed, {"reading_id": rid, "sensor": self.seq % 11, "value": self.seq / 7})
-            records.append(("soak-avro", self.seq % AVRO_PARTITIONS, None, self.reading_frame + buf.getvalue(),
-                            ("reading", rid)))
+            records.append(("soak-avro", self.seq % AVRO_PARTITIONS, None, self.reading_frame + buf.getvalue(), ("reading", rid)))
         changed = self._changes(records)
         self.send(records)
         for i, model in changed.items():
@@ -319,6 +356,7 @@ class Producers(threading.Thread):
                         self.nulls.append((msg.partition(), msg.offset()))
                 elif tag is not None:
                     self.readings[tag[1]] += 1  # type: ignore[index]
+
             return on_delivery
 
         last_ids = {id(r) for r in lasts.values()}
@@ -364,8 +402,11 @@ def metadata_query(svc: Services, sql: str) -> list[tuple]:
 
 
 def trigger(svc: Services, dag_id: str, conf: dict | None = None, run_id: str | None = None) -> None:
-    run(["airflow", "dags", "trigger", dag_id, *(["--conf", json.dumps(conf)] if conf else []),
-         *(["--run-id", run_id] if run_id else [])], svc.env(), timeout=180)
+    run(
+        ["airflow", "dags", "trigger", dag_id, *(["--conf", json.dumps(conf)] if conf else []), *(["--run-id", run_id] if run_id else [])],
+        svc.env(),
+        timeout=180,
+    )
 
 
 def respond(svc: Services, dag_id: str, batch_id: str, action: str) -> bool:
@@ -379,15 +420,23 @@ def respond(svc: Services, dag_id: str, batch_id: str, action: str) -> bool:
     password = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
 
     def call(method: str, url: str, body: dict, token: str | None = None) -> dict:
-        req = urllib.request.Request(url, data=json.dumps(body).encode(), method=method, headers={
-            "Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})})
+        req = urllib.request.Request(
+            url,
+            data=json.dumps(body).encode(),
+            method=method,
+            headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})},
+        )
         with urllib.request.urlopen(req, timeout=60) as r:
             return json.loads(r.read())
 
     try:
         token = call("POST", f"{base}/auth/token", {"username": "admin", "password": password})["access_token"]
-        call("PATCH", f"{base}/api/v2/dags/{dag_id}/dagRuns/decide__{batch_id}/taskInstances/decide/-1/hitlDetails",
-             {"chosen_options": [action.capitalize()], "params_input": {"reason": f"soak: {action}"}}, token)
+        call(
+            "PATCH",
+            f"{base}/api/v2/dags/{dag_id}/dagRuns/decide__{batch_id}/taskInstances/decide/-1/hitlDetails",
+            {"chosen_options": [action.capitalize()], "params_input": {"reason": f"soak: {action}"}},
+            token,
+        )
     except (urllib.error.URLError, OSError) as e:  # not waiting yet (404), or the API server restarting
         log(f"quarantine decision on {batch_id} not answered yet: {e}")
         return False
@@ -397,8 +446,7 @@ def respond(svc: Services, dag_id: str, batch_id: str, action: str) -> bool:
 class Chaos(threading.Thread):
     """The faults and operations, one at a time at their planned times, and the quarantine's decisions."""
 
-    def __init__(self, svc: Services, files: dict[str, Path], plan: list[tuple[float, str]], seed: int,
-                 producers: Producers) -> None:
+    def __init__(self, svc: Services, files: dict[str, Path], plan: list[tuple[float, str]], seed: int, producers: Producers) -> None:
         super().__init__(name="chaos", daemon=True)
         self.svc, self.files, self.plan, self.rng = svc, files, plan, random.Random(seed)
         self.producers = producers
@@ -420,16 +468,26 @@ class Chaos(threading.Thread):
                 outcome, detail = "done", getattr(self, name)()
             except Exception as e:  # noqa: BLE001 - an operation that failed is reported, and fails the run
                 outcome, detail = "error", repr(e)[:500]
-            self.done.append({"name": name, "at": round(started - self.t0), "outcome": outcome, "detail": detail,
-                              "seconds": round(time.monotonic() - started, 1)})
+            self.done.append(
+                {
+                    "name": name,
+                    "at": round(started - self.t0),
+                    "outcome": outcome,
+                    "detail": detail,
+                    "seconds": round(time.monotonic() - started, 1),
+                }
+            )
             log(f"{name}: {outcome} {detail}")
 
     # --- faults -----------------------------------------------------------------------------------------------
     def kill_task(self) -> str:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            rows = metadata_query(self.svc, "SELECT dag_id, task_id, pid FROM task_instance WHERE state = 'running' "
-                                            "AND pid IS NOT NULL AND dag_id LIKE 'ingest_soak_%'")
+            rows = metadata_query(
+                self.svc,
+                "SELECT dag_id, task_id, pid FROM task_instance WHERE state = 'running' "
+                "AND pid IS NOT NULL AND dag_id LIKE 'ingest_soak_%'",
+            )
             rows.sort(key=lambda r: {"commit": 0, "write": 1, "validate": 2}.get(r[1], 3))
             for dag_id, task_id, pid in rows:
                 if not _is_task_process(pid):  # a stale pid (its task died with a scheduler) may be reused
@@ -492,16 +550,22 @@ class Chaos(threading.Thread):
         sql = call.format(catalog=CATALOG, table=table)
         failures = []
         for _ in range(3):  # another tool's commit may lose a race with a batch (Iceberg's validation): it tries again
-            proc = subprocess.run(["tidewater", "sql", "--pipeline", str(self.files["soak_events"]), sql],
-                                  env=self.svc.env(), capture_output=True, text=True, timeout=900)
+            proc = subprocess.run(
+                ["tidewater", "sql", "--pipeline", str(self.files["soak_events"]), sql],
+                env=self.svc.env(),
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             if proc.returncode == 0:
                 return f"{table}" + (f" (after {len(failures)} failed attempts: {failures[-1]})" if failures else "")
             failures.append(proc.stderr.strip().splitlines()[-1][-300:] if proc.stderr.strip() else f"exit {proc.returncode}")
         raise RuntimeError(f"{table}: {failures}")
 
     def outside_expire(self) -> str:
-        return self._outside("CALL {catalog}.system.expire_snapshots(table => '{table}', "
-                             "older_than => TIMESTAMP '2100-01-01 00:00:00', retain_last => 1)")
+        return self._outside(
+            "CALL {catalog}.system.expire_snapshots(table => '{table}', older_than => TIMESTAMP '2100-01-01 00:00:00', retain_last => 1)"
+        )
 
     def outside_compaction(self) -> str:
         return self._outside("CALL {catalog}.system.rewrite_data_files(table => '{table}', options => map('min-input-files','2'))")
@@ -518,8 +582,9 @@ class Chaos(threading.Thread):
 
         deadline = time.monotonic() + 300
         while True:  # early in a run: wait for the pipeline's first commits
-            parts = [p for p in status(load_pipeline(self.files[name]))["partitions"]
-                     if p["topic"] in topics and (p["committed"] or 0) >= 2]
+            parts = [
+                p for p in status(load_pipeline(self.files[name]))["partitions"] if p["topic"] in topics and (p["committed"] or 0) >= 2
+            ]
             if parts or time.monotonic() > deadline:
                 break
             time.sleep(10)
@@ -563,8 +628,15 @@ class Chaos(threading.Thread):
                 self.dropped_ranges += ranges
             if len(self.decisions) == 1:
                 self.producers.more_nulls.set()  # the second, for a batch of its own
-            self.done.append({"name": f"quarantine_{action}", "at": round(time.monotonic() - self.t0), "outcome": "done",
-                              "detail": q["batch_id"], "seconds": 0})
+            self.done.append(
+                {
+                    "name": f"quarantine_{action}",
+                    "at": round(time.monotonic() - self.t0),
+                    "outcome": "done",
+                    "detail": q["batch_id"],
+                    "seconds": 0,
+                }
+            )
             log(f"quarantine_{action}: {q['batch_id']} ({q['rows']} rows)")
 
 
@@ -641,9 +713,11 @@ def drain(svc: Services, files: dict[str, Path], chaos: Chaos, seconds: float) -
 # What may still change a table: a run of a DAG that is not paused, or a task already queued or running (of any DAG).
 # A run of a paused DAG whose tasks were not queued yet never goes on (the scheduler leaves paused DAGs' runs alone):
 # waiting for it waited out the whole drain deadline, about ten minutes of every soak test.
-IN_FLIGHT = ("SELECT r.dag_id FROM dag_run r JOIN dag d ON d.dag_id = r.dag_id "
-             "WHERE r.state IN ('queued', 'running') AND NOT d.is_paused "
-             "UNION SELECT dag_id FROM task_instance WHERE state IN ('queued', 'running', 'restarting', 'deferred')")
+IN_FLIGHT = (
+    "SELECT r.dag_id FROM dag_run r JOIN dag d ON d.dag_id = r.dag_id "
+    "WHERE r.state IN ('queued', 'running') AND NOT d.is_paused "
+    "UNION SELECT dag_id FROM task_instance WHERE state IN ('queued', 'running', 'restarting', 'deferred')"
+)
 
 
 def table_checks(files: dict[str, Path], producers: Producers, dropped: list[tuple]) -> dict[str, dict]:
@@ -659,35 +733,50 @@ def table_checks(files: dict[str, Path], producers: Producers, dropped: list[tup
 
     gone = {(p, o) for _, p, s, e in dropped for o in range(s, e)}
     events = collections.Counter(v for k, v in producers.events.items() if k not in gone)
-    out = {"rpc.soak_events": _compare(column("rpc.soak_events", "order_id"), events),
-           "rpc.soak_avro": _compare(column("rpc.soak_avro", "reading_id"), producers.readings)}
+    out = {
+        "rpc.soak_events": _compare(column("rpc.soak_events", "order_id"), events),
+        "rpc.soak_avro": _compare(column("rpc.soak_avro", "reading_id"), producers.readings),
+    }
     for i, model in enumerate(producers.models):
         rows = load_table(catalog, f"rpc.soak_db_{i}").scan(selected_fields=("id", "item", "price")).to_arrow().to_pylist()
         got = {r["id"]: r for r in rows}
-        out[f"rpc.soak_db_{i}"] = {"rows": len(rows), "expected": len(model),
-                                   "equal": len(got) == len(rows) and got == {k: {"id": k, **{c: v[c] for c in ("item", "price")}}
-                                                                              for k, v in model.items()}}
+        out[f"rpc.soak_db_{i}"] = {
+            "rows": len(rows),
+            "expected": len(model),
+            "equal": len(got) == len(rows) and got == {k: {"id": k, **{c: v[c] for c in ("item", "price")}} for k, v in model.items()},
+        }
     return out
 
 
 def _compare(got: collections.Counter, expected: collections.Counter) -> dict:
-    return {"rows": sum(got.values()), "expected": sum(expected.values()), "equal": got == expected,
-            "missing": sum((expected - got).values()), "extra": sum((got - expected).values())}
+    return {
+        "rows": sum(got.values()),
+        "expected": sum(expected.values()),
+        "equal": got == expected,
+        "missing": sum((expected - got).values()),
+        "extra": sum((got - expected).values()),
+    }
 
 
 def audits(files: dict[str, Path], env: dict[str, str]) -> dict[str, dict]:
     out = {}
     for name, path in files.items():
-        proc = subprocess.run(["tidewater", "audit", "--pipeline", str(path), "--deep", "--json"], env=env,
-                              capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(
+            ["tidewater", "audit", "--pipeline", str(path), "--deep", "--json"], env=env, capture_output=True, text=True, timeout=1800
+        )
         try:
             report = json.loads(proc.stdout)
         except json.JSONDecodeError:
             report = {"error": (proc.stderr or proc.stdout)[-2000:]}
         errors = [f for f in report.get("findings", []) if f.get("severity") == "error"]
-        out[name] = {"exit": proc.returncode, "discrepancies": len(errors), "first": errors[:5],
-                     "explained": sum(f.get("severity") == "explained" for f in report.get("findings", [])),
-                     "batches": report.get("batches"), "error": report.get("error")}
+        out[name] = {
+            "exit": proc.returncode,
+            "discrepancies": len(errors),
+            "first": errors[:5],
+            "explained": sum(f.get("severity") == "explained" for f in report.get("findings", [])),
+            "batches": report.get("batches"),
+            "error": report.get("error"),
+        }
     return out
 
 
@@ -704,13 +793,18 @@ def memory(samples: list[dict], judge_after: float = 1200) -> dict[str, dict]:
         life = max(by_pid.values(), key=lambda v: v[-1]["t"] - v[0]["t"])
         span = life[-1]["t"] - life[0]["t"]
         q = len(life) // 4
-        second = [s["rss_mb"] for s in life[q:2 * q]] or [life[0]["rss_mb"]]
+        second = [s["rss_mb"] for s in life[q : 2 * q]] or [life[0]["rss_mb"]]
         last = [s["rss_mb"] for s in life[-q:]] if q else [life[-1]["rss_mb"]]
         growth = (sum(last) / len(last)) / (sum(second) / len(second)) - 1
-        out[name] = {"lifetime_s": span, "samples": len(life), "rss_mb_second_quarter": round(sum(second) / len(second)),
-                     "rss_mb_last_quarter": round(sum(last) / len(last)), "growth": round(growth, 3),
-                     "max_rss_mb": max(s["rss_mb"] for s in life),
-                     "verdict": ("flat" if growth <= 0.20 else "grows") if span >= judge_after else "not judged (lifetime too short)"}
+        out[name] = {
+            "lifetime_s": span,
+            "samples": len(life),
+            "rss_mb_second_quarter": round(sum(second) / len(second)),
+            "rss_mb_last_quarter": round(sum(last) / len(last)),
+            "growth": round(growth, 3),
+            "max_rss_mb": max(s["rss_mb"] for s in life),
+            "verdict": ("flat" if growth <= 0.20 else "grows") if span >= judge_after else "not judged (lifetime too short)",
+        }
     return out
 
 
@@ -723,13 +817,15 @@ def run_states(svc: Services) -> dict[str, dict[str, int]]:
 
 def verdict(report: dict) -> list[str]:
     """What failed, in words (empty: the soak passed)."""
-    bad = [f"audit of {n}: {a['discrepancies']} discrepancies, exit {a['exit']} {a['error'] or ''}".strip()
-           for n, a in report["audits"].items() if a["exit"] != 0 or a["discrepancies"]]
+    bad = [
+        f"audit of {n}: {a['discrepancies']} discrepancies, exit {a['exit']} {a['error'] or ''}".strip()
+        for n, a in report["audits"].items()
+        if a["exit"] != 0 or a["discrepancies"]
+    ]
     bad += [f"{t} differs from its model: {c}" for t, c in report["tables"].items() if not c["equal"]]
     bad += [f"lag of {n} is {lag}" for n, lag in report["lag"].items() if lag]
     happened = {d["name"] for d in report["events"] if d["outcome"] == "done"}
-    bad += [f"{name} never happened" for name in (*FAULTS, *OPERATIONS, "quarantine_publish", "quarantine_drop")
-            if name not in happened]
+    bad += [f"{name} never happened" for name in (*FAULTS, *OPERATIONS, "quarantine_publish", "quarantine_drop") if name not in happened]
     bad += [f"{d['name']} failed: {d['detail']}" for d in report["events"] if d["outcome"] != "done"]
     bad += [f"producer error: {e}" for e in report["producer_errors"]]
     bad += [f"{n}'s resident memory grows: {m}" for n, m in report["memory"].items() if m["verdict"] == "grows"]
@@ -737,24 +833,39 @@ def verdict(report: dict) -> list[str]:
 
 
 def markdown(report: dict) -> str:
-    lines = ["# Soak", "", f"Produced by `make soak SOAK_MINUTES={report['minutes']:g}` (scripts/soak.py: its docstring says what "
-             "runs and what is checked) on this machine (2 cores), while nothing else ran.", "",
-             f"Soak of {report['minutes']} minutes ({report['started']}, seed {report['seed']}, schedule "
-             f"`{report['schedule']}`): **{'passed' if not report['failures'] else 'FAILED'}**", "",
-             f"Produced: {report['produced']}. Drained in {report['drain_seconds']} s.", "",
-             "| table | rows | model | equal |", "| --- | ---: | ---: | --- |"]
+    lines = [
+        "# Soak",
+        "",
+        f"Produced by `make soak SOAK_MINUTES={report['minutes']:g}` (scripts/soak.py: its docstring says what "
+        "runs and what is checked) on this machine (2 cores), while nothing else ran.",
+        "",
+        f"Soak of {report['minutes']} minutes ({report['started']}, seed {report['seed']}, schedule "
+        f"`{report['schedule']}`): **{'passed' if not report['failures'] else 'FAILED'}**",
+        "",
+        f"Produced: {report['produced']}. Drained in {report['drain_seconds']} s.",
+        "",
+        "| table | rows | model | equal |",
+        "| --- | ---: | ---: | --- |",
+    ]
     lines += [f"| {t} | {c['rows']} | {c['expected']} | {'yes' if c['equal'] else 'NO'} |" for t, c in report["tables"].items()]
     lines += ["", "| pipeline | batches in the ledger | explained | discrepancies | lag |", "| --- | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {n} | {a['batches']} | {a['explained']} | {a['discrepancies']} | {report['lag'][n]} |"
-              for n, a in report["audits"].items()]
+    lines += [
+        f"| {n} | {a['batches']} | {a['explained']} | {a['discrepancies']} | {report['lag'][n]} |" for n, a in report["audits"].items()
+    ]
     lines += ["", "| fault or operation | when (s) | outcome |", "| --- | ---: | --- |"]
     lines += [f"| {d['name']} | {d.get('at', '')} | {d['outcome']}: {str(d['detail'])[:160]} |" for d in report["events"]]
     lines += ["", "| DAG | runs by state |", "| --- | --- |"]
     lines += [f"| {dag} | {', '.join(f'{s} {n}' for s, n in sorted(states.items()))} |" for dag, states in sorted(report["runs"].items())]
-    lines += ["", "| process | longest lifetime (s) | RSS 2nd quarter (MB) | RSS last quarter (MB) | growth | max (MB) | verdict |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    lines += [f"| {n} | {m['lifetime_s']} | {m['rss_mb_second_quarter']} | {m['rss_mb_last_quarter']} | {m['growth']:+.1%} | "
-              f"{m['max_rss_mb']} | {m['verdict']} |" for n, m in report["memory"].items()]
+    lines += [
+        "",
+        "| process | longest lifetime (s) | RSS 2nd quarter (MB) | RSS last quarter (MB) | growth | max (MB) | verdict |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    lines += [
+        f"| {n} | {m['lifetime_s']} | {m['rss_mb_second_quarter']} | {m['rss_mb_last_quarter']} | {m['growth']:+.1%} | "
+        f"{m['max_rss_mb']} | {m['verdict']} |"
+        for n, m in report["memory"].items()
+    ]
     if report["failures"]:
         lines += ["", "Failures:", *(f"- {f}" for f in report["failures"])]
     return "\n".join(lines) + "\n"
@@ -795,11 +906,22 @@ def soak(work: Path, minutes: float, seed: int, schedule: str, drain_minutes: fl
         svc.stop_airflow()
         log("auditing every pipeline (tidewater audit --deep) and comparing every table with its model")
         report = {
-            "minutes": minutes, "seed": seed, "schedule": schedule, "started": started, "produced": dict(producers.sent),
-            "drain_seconds": drain_seconds, "lag": final_lag, "events": chaos.done, "runs": runs,
-            "producer_errors": producers.errors, "memory": memory(monitor.samples), "quarantine": chaos.decisions,
-            "dropped_ranges": chaos.dropped_ranges, "audits": audits(files, svc.env()),
-            "tables": table_checks(files, producers, chaos.dropped_ranges), "rss_samples": monitor.samples,
+            "minutes": minutes,
+            "seed": seed,
+            "schedule": schedule,
+            "started": started,
+            "produced": dict(producers.sent),
+            "drain_seconds": drain_seconds,
+            "lag": final_lag,
+            "events": chaos.done,
+            "runs": runs,
+            "producer_errors": producers.errors,
+            "memory": memory(monitor.samples),
+            "quarantine": chaos.decisions,
+            "dropped_ranges": chaos.dropped_ranges,
+            "audits": audits(files, svc.env()),
+            "tables": table_checks(files, producers, chaos.dropped_ranges),
+            "rss_samples": monitor.samples,
         }
     finally:
         svc.stop()

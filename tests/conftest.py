@@ -171,8 +171,12 @@ def rest_catalog_properties(server: object, home: Path) -> dict[str, str]:
     """pyiceberg properties of a test's own catalog on the REST server: its warehouse named after ``home``'s
     test directory, the client secret from the environment (``${TIDEWATER_TEST_REST_SECRET}``, set here)."""
     os.environ["TIDEWATER_TEST_REST_SECRET"] = REST_CLIENT[1]
-    return {"type": "rest", "uri": server.url, "warehouse": home.parent.name,  # type: ignore[attr-defined]
-            "credential": f"{REST_CLIENT[0]}:${{TIDEWATER_TEST_REST_SECRET}}"}
+    return {
+        "type": "rest",
+        "uri": server.url,
+        "warehouse": home.parent.name,  # type: ignore[attr-defined]
+        "credential": f"{REST_CLIENT[0]}:${{TIDEWATER_TEST_REST_SECRET}}",
+    }
 
 
 # the catalog of write_pipeline's files when a test does not name one (None: the pipeline's default SQLite
@@ -245,8 +249,15 @@ def pipeline_file(home: Path, broker: object, topic: str) -> Path:
     return write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})  # type: ignore[attr-defined]
 
 
-def produce_to_partition(bootstrap: str, topic: str, partition: int, values: list[bytes | None], partitions: int = 1,
-                         producer_settings: dict | None = None, keys: list[bytes | None] | None = None) -> None:
+def produce_to_partition(
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    values: list[bytes | None],
+    partitions: int = 1,
+    producer_settings: dict | None = None,
+    keys: list[bytes | None] | None = None,
+) -> None:
     """Produce ``values`` (with ``keys``, one per value) to one partition in order (creating the topic), last
     record in its own request."""
     from confluent_kafka import Producer

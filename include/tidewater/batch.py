@@ -53,8 +53,7 @@ class PartitionRange:
     def split(self, max_records: int) -> list[PartitionRange]:
         """Contiguous sub-ranges of at most ``max_records`` offsets each."""
         return [
-            PartitionRange(self.topic, self.partition, s, min(s + max_records, self.end))
-            for s in range(self.start, self.end, max_records)
+            PartitionRange(self.topic, self.partition, s, min(s + max_records, self.end)) for s in range(self.start, self.end, max_records)
         ]
 
 
@@ -92,8 +91,14 @@ class Mode(StrEnum):
         return Mode.REPLACE if self is Mode.REAPPLY else self
 
 
-_PREFIXES = {Mode.INGEST: "", Mode.SKIP: "skip-", Mode.REPLACE: "replay-", Mode.APPEND_MISSING: "replay-",
-             Mode.REAPPLY: "replay-", Mode.RETRY: "retry-"}
+_PREFIXES = {
+    Mode.INGEST: "",
+    Mode.SKIP: "skip-",
+    Mode.REPLACE: "replay-",
+    Mode.APPEND_MISSING: "replay-",
+    Mode.REAPPLY: "replay-",
+    Mode.RETRY: "retry-",
+}
 BACKFILL_PREFIX = "backfill-"  # a backfill's batch id: a replay planned from an Airflow run's data interval
 
 
@@ -119,21 +124,39 @@ class BatchPlan:
     version: int = PLAN_VERSION
 
     @classmethod
-    def new(cls, spec: Any, ranges: Any, offsets: Offsets | None, snapshot_id: int | None, mode: Mode = Mode.INGEST,
-            batch_id: str | None = None, **more: Any) -> BatchPlan:
+    def new(
+        cls,
+        spec: Any,
+        ranges: Any,
+        offsets: Offsets | None,
+        snapshot_id: int | None,
+        mode: Mode = Mode.INGEST,
+        batch_id: str | None = None,
+        **more: Any,
+    ) -> BatchPlan:
         """A new batch of ``spec``'s pipeline (a ``PipelineSpec``) over ``ranges``: its id minted for ``mode`` (unless
         given), planned now from the offsets holder's committed ``offsets`` at ``snapshot_id``; ``more``: the other
         fields of its mode (data_interval, tables, retry_of)."""
-        return cls(batch_id=batch_id or Mode(mode).new_batch_id(), pipeline=spec.name, table=spec.checkpoint_table(),
-                   pipeline_path=str(spec.source_path), ranges=tuple(ranges), base_offsets=offsets or {},
-                   created_at=utc_now_iso(), base_snapshot_id=snapshot_id, mode=mode, **more)
+        return cls(
+            batch_id=batch_id or Mode(mode).new_batch_id(),
+            pipeline=spec.name,
+            table=spec.checkpoint_table(),
+            pipeline_path=str(spec.source_path),
+            ranges=tuple(ranges),
+            base_offsets=offsets or {},
+            created_at=utc_now_iso(),
+            base_snapshot_id=snapshot_id,
+            mode=mode,
+            **more,
+        )
 
     def __post_init__(self) -> None:
         try:  # a plan read from JSON, or built with the mode's name
             object.__setattr__(self, "mode", Mode(self.mode))
         except ValueError:
-            raise TerminalError(f"batch plan {self.batch_id}: unknown mode {self.mode!r} (one of "
-                                f"{', '.join(m.value for m in Mode)})") from None
+            raise TerminalError(
+                f"batch plan {self.batch_id}: unknown mode {self.mode!r} (one of {', '.join(m.value for m in Mode)})"
+            ) from None
 
     @property
     def is_empty(self) -> bool:
@@ -204,8 +227,7 @@ class PartitionStats:
 
 
 FileContent = Literal["data", "deletes"]
-_METRICS = ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts", "lower_bounds", "upper_bounds",
-            "split_offsets")
+_METRICS = ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts", "lower_bounds", "upper_bounds", "split_offsets")
 
 
 @dataclass(frozen=True)
@@ -226,18 +248,31 @@ class StagedFile:
     metrics: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.metrics, "file_path": self.file_path, "file_format": "PARQUET", "record_count": self.record_count,
-                "file_size_in_bytes": self.file_size_in_bytes, "spec_id": self.spec_id, "content": self.content,
-                "partition": list(self.partition)}
+        return {
+            **self.metrics,
+            "file_path": self.file_path,
+            "file_format": "PARQUET",
+            "record_count": self.record_count,
+            "file_size_in_bytes": self.file_size_in_bytes,
+            "spec_id": self.spec_id,
+            "content": self.content,
+            "partition": list(self.partition),
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> StagedFile:
         content = d.get("content", "data")
         if content not in ("data", "deletes"):
             raise TerminalError(f"staged file {d.get('file_path')}: unknown content {content!r}")
-        return cls(file_path=d["file_path"], record_count=int(d["record_count"]),
-                   file_size_in_bytes=int(d["file_size_in_bytes"]), spec_id=int(d["spec_id"]), content=content,
-                   partition=tuple(d.get("partition") or ()), metrics={k: d[k] for k in _METRICS if k in d})
+        return cls(
+            file_path=d["file_path"],
+            record_count=int(d["record_count"]),
+            file_size_in_bytes=int(d["file_size_in_bytes"]),
+            spec_id=int(d["spec_id"]),
+            content=content,
+            partition=tuple(d.get("partition") or ()),
+            metrics={k: d[k] for k in _METRICS if k in d},
+        )
 
     def to_data_file(self, format_version: int) -> Any:
         """The pyiceberg ``DataFile`` a commit adds to a manifest: the staged form's other side
@@ -247,8 +282,11 @@ class StagedFile:
         from pyiceberg.typedef import Record
 
         if self.content != "data":
-            raise TerminalError(f"staged file {self.file_path} holds {self.content}: a write step stages data files only "
-                                "(a change table's position deletes are written by its commit step)", table=None)
+            raise TerminalError(
+                f"staged file {self.file_path} holds {self.content}: a write step stages data files only "
+                "(a change table's position deletes are written by its commit step)",
+                table=None,
+            )
         m = self.metrics
 
         def ints(x: dict[str, Any]) -> dict[int, int]:
@@ -354,17 +392,27 @@ class TableOutput:
     branch: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"table": self.table, "data_files": [f.to_json() for f in self.data_files], "rows": self.rows,
-                "already_committed": self.already_committed,
-                "seen_offsets": {t: {p: list(s) for p, s in ps.items()} for t, ps in self.seen_offsets.items()},
-                "ignored_fields": list(self.ignored_fields), "branch": self.branch}
+        return {
+            "table": self.table,
+            "data_files": [f.to_json() for f in self.data_files],
+            "rows": self.rows,
+            "already_committed": self.already_committed,
+            "seen_offsets": {t: {p: list(s) for p, s in ps.items()} for t, ps in self.seen_offsets.items()},
+            "ignored_fields": list(self.ignored_fields),
+            "branch": self.branch,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TableOutput:
-        return cls(table=d["table"], data_files=tuple(StagedFile.from_json(f) for f in d["data_files"]), rows=int(d["rows"]),
-                   already_committed=int(d["already_committed"]),
-                   seen_offsets={t: {p: tuple(s) for p, s in ps.items()} for t, ps in d["seen_offsets"].items()},
-                   ignored_fields=tuple(d.get("ignored_fields", ())), branch=d.get("branch"))
+        return cls(
+            table=d["table"],
+            data_files=tuple(StagedFile.from_json(f) for f in d["data_files"]),
+            rows=int(d["rows"]),
+            already_committed=int(d["already_committed"]),
+            seen_offsets={t: {p: tuple(s) for p, s in ps.items()} for t, ps in d["seen_offsets"].items()},
+            ignored_fields=tuple(d.get("ignored_fields", ())),
+            branch=d.get("branch"),
+        )
 
 
 @dataclass(frozen=True)
@@ -462,8 +510,10 @@ class BatchManifest:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> BatchManifest:
         if d.get("version") not in READABLE_MANIFESTS:
-            raise TerminalError(f"batch manifest version {d.get('version')!r} is not supported (this version reads "
-                                f"{', '.join(map(str, READABLE_MANIFESTS))})")
+            raise TerminalError(
+                f"batch manifest version {d.get('version')!r} is not supported (this version reads "
+                f"{', '.join(map(str, READABLE_MANIFESTS))})"
+            )
         outputs = tuple(TableOutput.from_json(o) for o in d.get("outputs", ()))
         own = next((o for o in outputs if o.table == d["table"]), None)
         return cls(
@@ -487,8 +537,9 @@ class BatchManifest:
         return next((o for o in self.outputs if o.table == self.table), None)
 
 
-def fused_output(plan: BatchPlan, files: tuple[StagedFile, ...], rows: int, present: int, ignored: tuple[str, ...],
-                 branch: str | None) -> TableOutput:
+def fused_output(
+    plan: BatchPlan, files: tuple[StagedFile, ...], rows: int, present: int, ignored: tuple[str, ...], branch: str | None
+) -> TableOutput:
     """The one output of a plain batch: its table holds its own offsets, so its files were written against the
     offsets the plan started from."""
     return TableOutput(plan.table, tuple(files), rows, present, plan.seen_offsets(), tuple(ignored), branch)

@@ -144,5 +144,3 @@ def error_document(e: BaseException) -> dict[str, Any]:
     else:
         doc.update(transient=False, traceback=traceback.format_exc(limit=5))
     return doc
-
-

@@ -37,8 +37,15 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 JVM_DIR = CHECKOUT / "jvm" / "kafka"  # the pom and the broker's log4j2 configuration
 HEAP = ("-Xms256m", "-Xmx1g")  # Kafka's own scripts start with 1 GB; the page cache holds the data, not the heap
 # kafka-run-class.sh's JVM options for the broker, less the GC log
-JVM_OPTS = ("-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
-            "-XX:+ExplicitGCInvokesConcurrent", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
+JVM_OPTS = (
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-Djava.awt.headless=true",
+)
 READY_SECONDS = 60  # a JVM start, a KRaft election and the broker's registration; ~5 s on two cores
 
 
@@ -47,8 +54,10 @@ def kafka_libs() -> Path:
     where = os.environ.get("TIDEWATER_KAFKA_LIBS")
     libs = Path(where) if where else CHECKOUT / ".data" / "kafka" / "libs"
     if not any(libs.glob("kafka_2.13-*.jar")):
-        raise ConfigError(f"Apache Kafka's jars are not in {libs}: run `make kafka` (make setup runs it), or set "
-                          "TIDEWATER_KAFKA_LIBS to a folder holding Kafka's libs")
+        raise ConfigError(
+            f"Apache Kafka's jars are not in {libs}: run `make kafka` (make setup runs it), or set "
+            "TIDEWATER_KAFKA_LIBS to a folder holding Kafka's libs"
+        )
     return libs
 
 
@@ -95,8 +104,9 @@ def port_free(port: int) -> bool:
     return True
 
 
-def node_properties(node_id: int, port: int, controller_port: int, voters: str, data_dir: Path,
-                    replication: int, host: str = "127.0.0.1") -> dict[str, str]:
+def node_properties(
+    node_id: int, port: int, controller_port: int, voters: str, data_dir: Path, replication: int, host: str = "127.0.0.1"
+) -> dict[str, str]:
     """One KRaft node's ``server.properties`` (controller and broker in one process, plaintext on ``host``: 127.0.0.1,
     or the address of a bridge that test hosts in network namespaces reach, tidewater_dev.hosts).
     ``voters``: the static quorum (``id@host:port,...``); ``replication``: the internal topics' and new topics'
@@ -187,8 +197,16 @@ class Cluster:
 
 def _launch(config: Path, log_path: Path, detach: bool) -> int:
     libs = kafka_libs()
-    cmd = [java(), *HEAP, *JVM_OPTS, f"-Dlog4j2.configurationFile={JVM_DIR / 'log4j2.properties'}",
-           "-cp", f"{libs}/*", "kafka.Kafka", str(config)]
+    cmd = [
+        java(),
+        *HEAP,
+        *JVM_OPTS,
+        f"-Dlog4j2.configurationFile={JVM_DIR / 'log4j2.properties'}",
+        "-cp",
+        f"{libs}/*",
+        "kafka.Kafka",
+        str(config),
+    ]
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=detach)
     return proc.pid
@@ -197,8 +215,19 @@ def _launch(config: Path, log_path: Path, detach: bool) -> int:
 def _format(config: Path, cluster_id: str, log_path: Path) -> None:
     """``kafka-storage format``: new log directories get the cluster id and the metadata version (a formatted
     directory is never formatted again: Kafka refuses another cluster id for it)."""
-    cmd = [java(), "-XX:TieredStopAtLevel=1", f"-Dlog4j2.configurationFile={JVM_DIR / 'log4j2.properties'}",
-           "-cp", f"{kafka_libs()}/*", "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
+    cmd = [
+        java(),
+        "-XX:TieredStopAtLevel=1",
+        f"-Dlog4j2.configurationFile={JVM_DIR / 'log4j2.properties'}",
+        "-cp",
+        f"{kafka_libs()}/*",
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        cluster_id,
+        "-c",
+        str(config),
+    ]
     with open(log_path, "ab") as logf:
         done = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, timeout=120, check=False)
     if done.returncode != 0:
@@ -244,8 +273,9 @@ def wait_ready(bootstrap: str, brokers: int, timeout: float, nodes: list[Broker]
     raise TransientError(f"the embedded Kafka broker did not become ready on {bootstrap} in {timeout:.0f} s; see {logs}")
 
 
-def start(port: int | None = None, log_path: Path | None = None, detach: bool = False,
-          data_dir: Path | None = None, host: str = "127.0.0.1") -> Broker:
+def start(
+    port: int | None = None, log_path: Path | None = None, detach: bool = False, data_dir: Path | None = None, host: str = "127.0.0.1"
+) -> Broker:
     """One Kafka node (controller and broker) on ``host``:``port`` (a free port when None), ready for clients.
     ``data_dir``: its log directories, kept when it stops (formatted on first use, restarted on the configuration
     written then); None: a temporary folder, removed when it stops. ``detach``: its own session, so that it outlives
@@ -314,9 +344,14 @@ class SecuredBroker(Broker):
 
     def client_settings(self, username: str, password: str) -> dict[str, str]:
         """librdkafka settings of a client of the SASL_SSL listener."""
-        return {"bootstrap.servers": self.sasl_bootstrap, "security.protocol": "SASL_SSL",
-                "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": username, "sasl.password": password,
-                "ssl.ca.location": self.ca_location}
+        return {
+            "bootstrap.servers": self.sasl_bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": username,
+            "sasl.password": password,
+            "ssl.ca.location": self.ca_location,
+        }
 
 
 def _self_signed(folder: Path) -> tuple[Path, str]:
@@ -328,11 +363,36 @@ def _self_signed(folder: Path) -> tuple[Path, str]:
     env = {**os.environ, "TIDEWATER_STORE_PASS": password}
     keytool = str(Path(java()).parent / "keytool")
     common = ["-storepass:env", "TIDEWATER_STORE_PASS", "-keystore", str(store), "-storetype", "PKCS12", "-noprompt"]
-    subprocess.run([keytool, "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048", "-validity", "7",
-                    "-dname", "CN=localhost", "-ext", "SAN=IP:127.0.0.1,DNS:localhost", *common],
-                   env=env, check=True, capture_output=True, timeout=120)
-    subprocess.run([keytool, "-exportcert", "-rfc", "-alias", "broker", "-file", str(pem), *common],
-                   env=env, check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            keytool,
+            "-genkeypair",
+            "-alias",
+            "broker",
+            "-keyalg",
+            "RSA",
+            "-keysize",
+            "2048",
+            "-validity",
+            "7",
+            "-dname",
+            "CN=localhost",
+            "-ext",
+            "SAN=IP:127.0.0.1,DNS:localhost",
+            *common,
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    subprocess.run(
+        [keytool, "-exportcert", "-rfc", "-alias", "broker", "-file", str(pem), *common],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return store, password
 
 
@@ -344,26 +404,37 @@ def start_secured(folder: Path) -> SecuredBroker:
     store, store_password = _self_signed(folder)
     port, sasl_port, controller = free_port(), free_port(), free_port()
     props = node_properties(1, port, controller, f"1@127.0.0.1:{controller}", folder / "logs", 1)
-    props.update({
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port},CONTROLLER://127.0.0.1:{controller}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port}",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",
-        "sasl.enabled.mechanisms": "SCRAM-SHA-512",
-        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
-            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
-        "ssl.keystore.location": str(store), "ssl.keystore.type": "PKCS12",
-        "ssl.keystore.password": store_password, "ssl.key.password": store_password,
-        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-        "super.users": "User:ANONYMOUS",  # the plaintext listener on 127.0.0.1 and the controller's
-        "allow.everyone.if.no.acl.found": "false",
-    })
+    props.update(
+        {
+            "listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port},CONTROLLER://127.0.0.1:{controller}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port}",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            "ssl.keystore.location": str(store),
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.password": store_password,
+            "ssl.key.password": store_password,
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:ANONYMOUS",  # the plaintext listener on 127.0.0.1 and the controller's
+            "allow.everyone.if.no.acl.found": "false",
+        }
+    )
     config = folder / "server.properties"
     _write_properties(config, props)
     config.chmod(0o600)  # it holds the key store's password
     log_path = folder / "broker.log"
     _format(config, _cluster_id(), log_path)
-    broker = SecuredBroker(_launch(config, log_path, False), port, str(log_path), str(config), str(folder), False,
-                           sasl_port=sasl_port, ca_location=str(folder / "ca.pem"))
+    broker = SecuredBroker(
+        _launch(config, log_path, False),
+        port,
+        str(log_path),
+        str(config),
+        str(folder),
+        False,
+        sasl_port=sasl_port,
+        ca_location=str(folder / "ca.pem"),
+    )
     try:
         wait_ready(broker.bootstrap, 1, READY_SECONDS, [broker])
     except TransientError:

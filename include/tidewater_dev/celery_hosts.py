@@ -50,8 +50,7 @@ class CeleryDeployment:
     """The services, Airflow's components on this machine and ``workers`` Celery worker hosts (module docstring).
     ``work``: this deployment's folder on this machine (logs, the hosts' disks)."""
 
-    def __init__(self, work: Path, workers: int = 2, concurrency: int = 1,
-                 settings: dict[str, str] | None = None) -> None:
+    def __init__(self, work: Path, workers: int = 2, concurrency: int = 1, settings: dict[str, str] | None = None) -> None:
         self.work = work
         self.concurrency = concurrency  # task slots per worker
         self.settings = settings or {}  # more Airflow settings (AIRFLOW__...) for every component
@@ -84,15 +83,19 @@ class CeleryDeployment:
         if not server.is_file():
             raise RuntimeError(f"{server} is missing: run `make s3-stand-in`")
         port = kafka.free_port(self.network.gateway)
-        self.procs["s3"] = subprocess.Popen([str(server), "-H", self.network.gateway, "-p", str(port)],
-                                            stdout=open(self.work / "s3.log", "wb"), stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+        self.procs["s3"] = subprocess.Popen(
+            [str(server), "-H", self.network.gateway, "-p", str(port)],
+            stdout=open(self.work / "s3.log", "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         url = f"http://{self.network.gateway}:{port}"
         wait_http(url + "/moto-api/", 60, "the S3 endpoint", self.work / "s3.log")
         from pyarrow import fs
 
-        fs.S3FileSystem(endpoint_override=url, scheme="http", access_key=S3_KEY, secret_key=S3_SECRET,
-                        region="us-east-1", allow_bucket_creation=True).create_dir("lake")
+        fs.S3FileSystem(
+            endpoint_override=url, scheme="http", access_key=S3_KEY, secret_key=S3_SECRET, region="us-east-1", allow_bucket_creation=True
+        ).create_dir("lake")
         return url
 
     def _start_redis(self) -> str:
@@ -101,9 +104,25 @@ class CeleryDeployment:
             raise RuntimeError("redis-server is missing: make test-system-deps installs it (apt-get)")
         port = kafka.free_port(self.network.gateway)
         self.procs["redis"] = subprocess.Popen(
-            [server, "--bind", self.network.gateway, "--port", str(port), "--save", "", "--appendonly", "no",
-             "--protected-mode", "no", "--dir", str(self.work)],
-            stdout=open(self.work / "redis.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                server,
+                "--bind",
+                self.network.gateway,
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+                "--dir",
+                str(self.work),
+            ],
+            stdout=open(self.work / "redis.log", "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         if not kafka.wait_listening(port, 30, self.network.gateway):
             raise RuntimeError(f"redis-server did not start; see {self.work / 'redis.log'}")
         return f"redis://{self.network.gateway}:{port}/0"
@@ -116,16 +135,19 @@ class CeleryDeployment:
         bin_dir = str(Path(sys.executable).parent)
         return {
             "PATH": f"{bin_dir}{os.pathsep}/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-            "LANG": "C.UTF-8", "JAVA_HOME": os.environ.get("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64"),
+            "LANG": "C.UTF-8",
+            "JAVA_HOME": os.environ.get("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64"),
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__CELERY__BROKER_URL": self.redis_url,
             "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.metadata_url,
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.metadata_url,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{gw}:{self.api_port}/execution/",
-            "AIRFLOW__API__HOST": gw, "AIRFLOW__API__PORT": str(self.api_port),
+            "AIRFLOW__API__HOST": gw,
+            "AIRFLOW__API__PORT": str(self.api_port),
             "AIRFLOW__API_AUTH__JWT_SECRET": "celery-hosts-jwt-secret-" + "x" * 32,
             "AIRFLOW__API__SECRET_KEY": "celery-hosts-api-secret",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "socket.gethostname",  # each try records its host's name
             # a lost worker's task is failed (then retried elsewhere) 40 s after its last heartbeat, not Airflow's 5
@@ -133,14 +155,21 @@ class CeleryDeployment:
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "40",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             "AIRFLOW_CONN_TIDEWATER_SPARK": '{"conn_type": "spark", "host": "local[2]"}',
-            "GX_ANALYTICS_ENABLED": "false", "TEST_S3_KEY": S3_KEY, "TEST_S3_SECRET": S3_SECRET,
+            "GX_ANALYTICS_ENABLED": "false",
+            "TEST_S3_KEY": S3_KEY,
+            "TEST_S3_SECRET": S3_SECRET,
             **self.settings,
         }
 
     def machine_env(self) -> dict[str, str]:
         """The scheduler's host (this machine): its Airflow home and pipelines under ``work``."""
-        return {**os.environ, **self.airflow_env(), "AIRFLOW_HOME": str(self.work / "airflow"),
-                "TIDEWATER_PIPELINES_DIR": str(self.work / "pipelines"), "TIDEWATER_HOME": str(self.work / "home")}
+        return {
+            **os.environ,
+            **self.airflow_env(),
+            "AIRFLOW_HOME": str(self.work / "airflow"),
+            "TIDEWATER_PIPELINES_DIR": str(self.work / "pipelines"),
+            "TIDEWATER_HOME": str(self.work / "home"),
+        }
 
     def _run(self, command: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
         proc = subprocess.run(command, env=self.machine_env(), capture_output=True, text=True, timeout=timeout)
@@ -153,26 +182,49 @@ class CeleryDeployment:
         self._run(["airflow", "db", "migrate"], timeout=900)
         for name in ("api-server", "dag-processor", "scheduler"):
             log = self.work / f"airflow-{name}.log"
-            self.procs[name] = subprocess.Popen(["airflow", name], env=self.machine_env(), stdout=open(log, "ab"),
-                                                stderr=subprocess.STDOUT, start_new_session=True)
-        wait_http(f"http://{self.network.gateway}:{self.api_port}/api/v2/monitor/health", 240, "Airflow's api-server",
-                  self.work / "airflow-api-server.log")
+            self.procs[name] = subprocess.Popen(
+                ["airflow", name], env=self.machine_env(), stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True
+            )
+        wait_http(
+            f"http://{self.network.gateway}:{self.api_port}/api/v2/monitor/health",
+            240,
+            "Airflow's api-server",
+            self.work / "airflow-api-server.log",
+        )
 
     def worker_env(self, host: hosts.Host) -> dict[str, str]:
         """A worker host's environment: its own home, Airflow home, Tidewater home and pipeline files."""
         home = Path(os.path.expanduser("~")).resolve()
-        return {**self.airflow_env(), "HOME": str(home), "TMPDIR": "/tmp", "SPARK_LOCAL_IP": "127.0.0.1",
-                "AIRFLOW_HOME": str(home / "airflow"), "TIDEWATER_HOME": str(home / "tidewater"),
-                "TIDEWATER_PIPELINES_DIR": str(home / "pipelines")}
+        return {
+            **self.airflow_env(),
+            "HOME": str(home),
+            "TMPDIR": "/tmp",
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "AIRFLOW_HOME": str(home / "airflow"),
+            "TIDEWATER_HOME": str(home / "tidewater"),
+            "TIDEWATER_PIPELINES_DIR": str(home / "pipelines"),
+        }
 
     def start_worker(self, host: hosts.Host) -> subprocess.Popen:
         """A Celery worker on ``host`` (``concurrency`` tasks at a time), given a copy of the pipeline files first."""
         copy = host.home / "pipelines"
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(self.work / "pipelines", copy)
-        proc = host.popen(["airflow", "celery", "worker", "--concurrency", str(self.concurrency), "--celery-hostname",
-                           f"{host.name}@{host.name}", "--without-gossip", "--without-mingle"],
-                          self.worker_env(host), self.work / f"worker-{host.name}.log")
+        proc = host.popen(
+            [
+                "airflow",
+                "celery",
+                "worker",
+                "--concurrency",
+                str(self.concurrency),
+                "--celery-hostname",
+                f"{host.name}@{host.name}",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            self.worker_env(host),
+            self.work / f"worker-{host.name}.log",
+        )
         self.procs[f"worker-{host.name}"] = proc
         return proc
 
@@ -190,14 +242,23 @@ class CeleryDeployment:
     def pipeline(self, name: str, topics: list[str], **sections: object) -> dict:
         """A pipeline every host can run: catalog in PostgreSQL, warehouse, staging and Data Docs in the bucket
         (addresses on the bridge), secrets by reference."""
-        s3 = {"s3.endpoint": self.s3_url, "s3.access-key-id": "${TEST_S3_KEY}",
-              "s3.secret-access-key": "${TEST_S3_SECRET}", "s3.region": "us-east-1"}
-        return {"name": name, "topics": topics, "kafka": {"bootstrap_servers": self.broker.bootstrap},
-                "catalog": {"name": "lake", "properties": {"type": "sql", "uri": self.catalog_url,
-                                                           "warehouse": "s3://lake/warehouse", **s3}},
-                "batch": {"staging_dir": "s3://lake/staging"},
-                "validation": {"data_docs_dir": "s3://lake/data-docs"},
-                "spark": {"master": "local[2]"}, "schedule": None, **sections}
+        s3 = {
+            "s3.endpoint": self.s3_url,
+            "s3.access-key-id": "${TEST_S3_KEY}",
+            "s3.secret-access-key": "${TEST_S3_SECRET}",
+            "s3.region": "us-east-1",
+        }
+        return {
+            "name": name,
+            "topics": topics,
+            "kafka": {"bootstrap_servers": self.broker.bootstrap},
+            "catalog": {"name": "lake", "properties": {"type": "sql", "uri": self.catalog_url, "warehouse": "s3://lake/warehouse", **s3}},
+            "batch": {"staging_dir": "s3://lake/staging"},
+            "validation": {"data_docs_dir": "s3://lake/data-docs"},
+            "spark": {"master": "local[2]"},
+            "schedule": None,
+            **sections,
+        }
 
     # --- the run's state, from Airflow's database ----------------------------------------------------------------------
 
@@ -228,9 +289,15 @@ class CeleryDeployment:
 
     def tries(self, dag_id: str, run_id: str) -> list[tuple[str, int, str, str]]:
         """(task, try number, state, hostname) of every try of the run's tasks, earlier tries included."""
-        rows = self.query("SELECT task_id, try_number, state, hostname FROM task_instance_history WHERE dag_id = %s "
-                          "AND run_id = %s UNION ALL SELECT task_id, try_number, state, hostname FROM task_instance "
-                          "WHERE dag_id = %s AND run_id = %s", dag_id, run_id, dag_id, run_id)
+        rows = self.query(
+            "SELECT task_id, try_number, state, hostname FROM task_instance_history WHERE dag_id = %s "
+            "AND run_id = %s UNION ALL SELECT task_id, try_number, state, hostname FROM task_instance "
+            "WHERE dag_id = %s AND run_id = %s",
+            dag_id,
+            run_id,
+            dag_id,
+            run_id,
+        )
         return sorted((t, n, s or "", h or "") for t, n, s, h in rows)
 
     def trigger(self, dag_id: str, run_id: str) -> None:
@@ -253,8 +320,9 @@ class CeleryDeployment:
 
     def running_on(self, dag_id: str, run_id: str, task_id: str) -> hosts.Host | None:
         """The worker host where the task's current try is running, or None."""
-        rows = self.query("SELECT state, hostname FROM task_instance WHERE dag_id = %s AND run_id = %s AND task_id = %s",
-                          dag_id, run_id, task_id)
+        rows = self.query(
+            "SELECT state, hostname FROM task_instance WHERE dag_id = %s AND run_id = %s AND task_id = %s", dag_id, run_id, task_id
+        )
         if rows and rows[0][0] == "running" and rows[0][1] in self.workers:
             return self.workers[rows[0][1]]
         return None

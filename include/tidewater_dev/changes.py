@@ -57,13 +57,22 @@ def apply(model: dict[int, dict], changes: list[Change]) -> dict[int, dict]:
     return out
 
 
-_ROW_SCHEMA = [{"field": "id", "type": "int64"}, {"field": "item", "type": "string", "optional": True},
-               {"field": "price", "type": "double", "optional": True}]
-CONNECT_SCHEMA = {"type": "struct", "name": "prices.Envelope", "fields": [
-    {"field": "before", "type": "struct", "optional": True, "fields": _ROW_SCHEMA},
-    {"field": "after", "type": "struct", "optional": True, "fields": _ROW_SCHEMA},
-    {"field": "op", "type": "string"}, {"field": "ts_ms", "type": "int64", "optional": True},
-    {"field": "source", "type": "struct", "optional": True, "fields": [{"field": "table", "type": "string"}]}]}
+_ROW_SCHEMA = [
+    {"field": "id", "type": "int64"},
+    {"field": "item", "type": "string", "optional": True},
+    {"field": "price", "type": "double", "optional": True},
+]
+CONNECT_SCHEMA = {
+    "type": "struct",
+    "name": "prices.Envelope",
+    "fields": [
+        {"field": "before", "type": "struct", "optional": True, "fields": _ROW_SCHEMA},
+        {"field": "after", "type": "struct", "optional": True, "fields": _ROW_SCHEMA},
+        {"field": "op", "type": "string"},
+        {"field": "ts_ms", "type": "int64", "optional": True},
+        {"field": "source", "type": "struct", "optional": True, "fields": [{"field": "table", "type": "string"}]},
+    ],
+}
 
 
 def encode(changes: list[Change], model: dict[int, dict], style: str) -> list[tuple[int, bytes | None]]:
@@ -76,8 +85,13 @@ def encode(changes: list[Change], model: dict[int, dict], style: str) -> list[tu
         before = state.get(c.id)
         if style in ("debezium", "debezium_schema"):
             op = {"insert": "c", "update": "u", "delete": "d"}[c.op]
-            env = {"before": before if c.op != "insert" else None, "after": None if c.op == "delete" else c.row(),
-                   "op": op, "ts_ms": 1_700_000_000_000, "source": {"table": "prices"}}
+            env = {
+                "before": before if c.op != "insert" else None,
+                "after": None if c.op == "delete" else c.row(),
+                "op": op,
+                "ts_ms": 1_700_000_000_000,
+                "source": {"table": "prices"},
+            }
             if c.op == "delete" and before is None:
                 env["before"] = {"id": c.id, "item": None, "price": None}
             doc = {"schema": CONNECT_SCHEMA, "payload": env} if style == "debezium_schema" else env

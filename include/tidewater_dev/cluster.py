@@ -55,14 +55,21 @@ def bare_env(work: Path) -> dict[str, str]:
     """The workers' environment: a Spark installation (pyspark's) and Debian's Python, nothing of ours."""
     import pyspark
 
-    return {"PATH": "/usr/bin:/bin", "SPARK_HOME": str(Path(pyspark.__file__).parent),
-            "JAVA_HOME": os.environ.get("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64"),
-            "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": BARE_PYTHON, "TIDEWATER_HOME": str(work / "elsewhere"),
-            "HOME": str(work), "SPARK_WORKER_DIR": str(work / "worker-dirs")}
+    return {
+        "PATH": "/usr/bin:/bin",
+        "SPARK_HOME": str(Path(pyspark.__file__).parent),
+        "JAVA_HOME": os.environ.get("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64"),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": BARE_PYTHON,
+        "TIDEWATER_HOME": str(work / "elsewhere"),
+        "HOME": str(work),
+        "SPARK_WORKER_DIR": str(work / "worker-dirs"),
+    }
 
 
-def start_standalone(work: Path, workers: int = 2, cores: int = 1, memory: str = "1g", env: dict[str, str] | None = None,
-                     timeout: float = 90) -> StandaloneCluster:
+def start_standalone(
+    work: Path, workers: int = 2, cores: int = 1, memory: str = "1g", env: dict[str, str] | None = None, timeout: float = 90
+) -> StandaloneCluster:
     """Start a master and ``workers`` workers (``cores`` cores and ``memory`` each) under ``work``; returns once
     every worker is registered. Logs: ``work/master.log``, ``work/worker<i>/worker.log``."""
     spark_class = str(Path(sys.executable).parent / "spark-class")
@@ -70,17 +77,40 @@ def start_standalone(work: Path, workers: int = 2, cores: int = 1, memory: str =
     port, ui = _port(), _port()
     cluster = StandaloneCluster(f"spark://127.0.0.1:{port}", work)
     with open(work / "master.log", "wb") as log:
-        cluster.procs.append(subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-             "--webui-port", str(ui)], env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT))
+        cluster.procs.append(
+            subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
+                env=env,
+                cwd=work,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
     for i in range(workers):
         wdir = work / f"worker{i}"
         wdir.mkdir(exist_ok=True)
         with open(wdir / "worker.log", "wb") as log:
-            cluster.procs.append(subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master, "--cores", str(cores),
-                 "--memory", memory, "--webui-port", str(_port()), "--work-dir", str(wdir)],
-                env=env, cwd=wdir, stdout=log, stderr=subprocess.STDOUT))
+            cluster.procs.append(
+                subprocess.Popen(
+                    [
+                        spark_class,
+                        "org.apache.spark.deploy.worker.Worker",
+                        cluster.master,
+                        "--cores",
+                        str(cores),
+                        "--memory",
+                        memory,
+                        "--webui-port",
+                        str(_port()),
+                        "--work-dir",
+                        str(wdir),
+                    ],
+                    env=env,
+                    cwd=wdir,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     deadline = time.monotonic() + timeout
     while _alive_workers(ui) < workers:
         if time.monotonic() > deadline:

@@ -146,8 +146,23 @@ class Host:
         """Start ``command`` on this host (module docstring: its namespaces and folders), its output to ``log`` (a
         file of the machine's)."""
         script = self._setup_script() + ' exec "$@"'
-        argv = ["ip", "netns", "exec", self.name, "unshare", "--mount", "--uts", "--propagation", "private", "--",
-                "/bin/sh", "-c", script, "host", *command]
+        argv = [
+            "ip",
+            "netns",
+            "exec",
+            self.name,
+            "unshare",
+            "--mount",
+            "--uts",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+            "host",
+            *command,
+        ]
         with open(log, "ab") as out:
             return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -156,10 +171,8 @@ class Host:
         replaced by its own; each hidden folder (``/tmp``, ``$HOME``, the system temporary folder) replaced by its
         own, with the repository and Python bound back in where they lie under one."""
         q = shlex.quote
-        lines = ["set -e", f"hostname {q(self.name)}",
-                 f"mount --bind {q(str(self.disk / 'data'))} {q(str(REPO / '.data'))}"]
-        hidden = {"tmp": Path("/tmp"), "home": Path(os.path.expanduser("~")).resolve(),
-                  "systmp": Path(tempfile.gettempdir()).resolve()}
+        lines = ["set -e", f"hostname {q(self.name)}", f"mount --bind {q(str(self.disk / 'data'))} {q(str(REPO / '.data'))}"]
+        hidden = {"tmp": Path("/tmp"), "home": Path(os.path.expanduser("~")).resolve(), "systmp": Path(tempfile.gettempdir()).resolve()}
         keep = {REPO, Path(sys.base_prefix).resolve()}
         done: set[Path] = set()
         # the folder that holds the host's own disk goes last: once it is replaced, the disk's path leads elsewhere

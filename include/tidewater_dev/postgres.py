@@ -75,8 +75,9 @@ def server_bin() -> Path:
     initdb = shutil.which("initdb")
     if initdb:
         return Path(initdb).resolve().parent
-    raise ConfigError("PostgreSQL's server programs (initdb, postgres) are not installed: `make system-deps` installs "
-                      "Debian's postgresql package")
+    raise ConfigError(
+        "PostgreSQL's server programs (initdb, postgres) are not installed: `make system-deps` installs Debian's postgresql package"
+    )
 
 
 def _free_port() -> int:
@@ -96,8 +97,11 @@ def start(log_path: str | Path, timeout: float = 60.0, host: str | None = None, 
     if as_root:
         shutil.chown(root, "postgres", "postgres")
     data = root / "data"
-    init = subprocess.run(run_as + [str(bin_dir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8",
-                                    "--no-sync"], capture_output=True, text=True)
+    init = subprocess.run(
+        run_as + [str(bin_dir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-sync"],
+        capture_output=True,
+        text=True,
+    )
     if init.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         raise ConfigError(f"initdb failed: {init.stderr.strip()[-2000:]}")
@@ -107,9 +111,27 @@ def start(log_path: str | Path, timeout: float = 60.0, host: str | None = None, 
     listen = ",".join(["127.0.0.1", *([host] if host else [])])
     port = _free_port()
     log = open(log_path, "wb")
-    proc = subprocess.Popen(run_as + [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root),
-                                      "-c", f"listen_addresses={listen}", "-c", "fsync=off", "-c", "max_connections=200"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        run_as
+        + [
+            str(bin_dir / "postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-k",
+            str(root),
+            "-c",
+            f"listen_addresses={listen}",
+            "-c",
+            "fsync=off",
+            "-c",
+            "max_connections=200",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
     server = Postgres(proc.pid, port, str(log_path), str(root), host=host or "127.0.0.1")
     deadline = time.monotonic() + timeout

@@ -78,8 +78,15 @@ class RestCatalogServer(LocalServer):
         urllib.request.urlopen(req, timeout=10).close()
 
 
-def start(root: Path, log_path: Path, client: tuple[str, str] | None = None, token_ttl: int = 3600,
-          libs: Path | None = None, timeout: float = 120, s3: tuple[str, str, str] | None = None) -> RestCatalogServer:
+def start(
+    root: Path,
+    log_path: Path,
+    client: tuple[str, str] | None = None,
+    token_ttl: int = 3600,
+    libs: Path | None = None,
+    timeout: float = 120,
+    s3: tuple[str, str, str] | None = None,
+) -> RestCatalogServer:
     """Start a server on a free 127.0.0.1 port, its store and warehouse under ``root``, and return once it listens.
     ``client``: the OAuth2 client id and secret it requires (None: no authentication); ``token_ttl``: seconds a
     token lives; ``s3``: the endpoint, access key and secret key of the bucket warehouses (``s3://`` ones)."""
@@ -89,8 +96,13 @@ def start(root: Path, log_path: Path, client: tuple[str, str] | None = None, tok
     for sub in ("warehouse", "store"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     port = free_port()
-    env = {**os.environ, "REST_PORT": str(port), "REST_STORE": str(root / "store"),
-           "REST_WAREHOUSE": str(root / "warehouse"), "REST_TOKEN_TTL": str(token_ttl)}
+    env = {
+        **os.environ,
+        "REST_PORT": str(port),
+        "REST_STORE": str(root / "store"),
+        "REST_WAREHOUSE": str(root / "warehouse"),
+        "REST_TOKEN_TTL": str(token_ttl),
+    }
     if client:
         env["REST_CLIENT_ID"], env["REST_CLIENT_SECRET"] = client
     if s3:
@@ -101,6 +113,5 @@ def start(root: Path, log_path: Path, client: tuple[str, str] | None = None, tok
     server = RestCatalogServer(proc.pid, port, str(log_path), str(root))
     if not wait_listening(port, timeout) or proc.poll() is not None:
         server.stop(grace=2)
-        raise TransientError(f"the REST catalog server did not listen on 127.0.0.1:{port} within {timeout:.0f} s; "
-                             f"see {log_path}")
+        raise TransientError(f"the REST catalog server did not listen on 127.0.0.1:{port} within {timeout:.0f} s; see {log_path}")
     return server

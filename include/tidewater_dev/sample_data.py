@@ -83,8 +83,9 @@ def ensure_topic(conf: dict[str, Any], topic: str, partitions: int) -> None:
             raise
 
 
-def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 6, create: bool = True,
-            settings: dict[str, str] | None = None) -> dict[int, int]:
+def produce(
+    bootstrap: str, topic: str, values: list[bytes], partitions: int = 6, create: bool = True, settings: dict[str, str] | None = None
+) -> dict[int, int]:
     """Produce ``values`` round-robin over ``partitions``; returns records per partition.
 
     The last record of every partition is flushed as its own produce request so that brokers that
@@ -119,11 +120,21 @@ def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 6
 
 
 PIZZA_AVRO_SCHEMA = {
-    "type": "record", "name": "CompletedPizza", "namespace": "rpc",
-    "fields": [{"name": n, "type": t} for n, t in [
-        ("order_id", "string"), ("store_id", "int"), ("sauce", "string"), ("cheese", "string"),
-        ("meats", "string"), ("veggies", "string"), ("date_ordered", "string"),
-    ]],
+    "type": "record",
+    "name": "CompletedPizza",
+    "namespace": "rpc",
+    "fields": [
+        {"name": n, "type": t}
+        for n, t in [
+            ("order_id", "string"),
+            ("store_id", "int"),
+            ("sauce", "string"),
+            ("cheese", "string"),
+            ("meats", "string"),
+            ("veggies", "string"),
+            ("date_ordered", "string"),
+        ]
+    ],
 }
 
 
@@ -142,11 +153,20 @@ def avro_framed(values: list[bytes], schema_id: int = 1, schema: dict | None = N
 
 
 PIZZA_JSON_SCHEMA = {
-    "type": "object", "title": "CompletedPizza",
-    "properties": {n: {"type": t} for n, t in [
-        ("order_id", "string"), ("store_id", "integer"), ("sauce", "string"), ("cheese", "string"),
-        ("meats", "string"), ("veggies", "string"), ("date_ordered", "string"),
-    ]},
+    "type": "object",
+    "title": "CompletedPizza",
+    "properties": {
+        n: {"type": t}
+        for n, t in [
+            ("order_id", "string"),
+            ("store_id", "integer"),
+            ("sauce", "string"),
+            ("cheese", "string"),
+            ("meats", "string"),
+            ("veggies", "string"),
+            ("date_ordered", "string"),
+        ]
+    },
     "required": ["order_id", "store_id"],
 }
 
@@ -162,13 +182,11 @@ def pizza_proto() -> Any:
     the form confluent-kafka registers, and its message class (built from the descriptor, as protoc would)."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-    kinds = {"string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-             "int": descriptor_pb2.FieldDescriptorProto.TYPE_INT32}
+    kinds = {"string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING, "int": descriptor_pb2.FieldDescriptorProto.TYPE_INT32}
     fd = descriptor_pb2.FileDescriptorProto(name="rpc/pizza.proto", package="rpc", syntax="proto3")
     m = fd.message_type.add(name="CompletedPizza")
     for number, f in enumerate(PIZZA_AVRO_SCHEMA["fields"], start=1):
-        m.field.add(name=f["name"], number=number, type=kinds[f["type"]],
-                    label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+        m.field.add(name=f["name"], number=number, type=kinds[f["type"]], label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
     return fd.SerializeToString(), message_factory.GetMessageClass(pool.FindMessageTypeByName("rpc.CompletedPizza"))
@@ -215,8 +233,7 @@ class LocalSchemaRegistry:
     def register(self, subject: str, doc: dict) -> dict:
         """Register ``doc`` (``schema``, ``schemaType``, ``references``) under ``subject``: its id (the same schema
         anywhere keeps its id; under the same subject, its version)."""
-        entry = {"schema": doc["schema"], "schemaType": doc.get("schemaType") or "AVRO",
-                 "references": list(doc.get("references") or [])}
+        entry = {"schema": doc["schema"], "schemaType": doc.get("schemaType") or "AVRO", "references": list(doc.get("references") or [])}
         with self._lock:
             sid = next((i for i, e in self.registered.items() if e == entry), None)
             if sid is None:
@@ -234,13 +251,18 @@ class LocalSchemaRegistry:
         if not 1 <= n <= len(ids):
             return None
         sid = ids[n - 1]
-        return {"subject": subject, "id": sid, "version": n, "schemaType": self.registered[sid]["schemaType"],
-                "schema": self.registered[sid]["schema"], "references": self.registered[sid]["references"]}
+        return {
+            "subject": subject,
+            "id": sid,
+            "version": n,
+            "schemaType": self.registered[sid]["schemaType"],
+            "schema": self.registered[sid]["schema"],
+            "references": self.registered[sid]["references"],
+        }
 
     def lookup(self, subject: str, doc: dict) -> dict | None:
         """``POST /subjects/{subject}``: the version of ``doc`` under ``subject``, or None."""
-        entry = {"schema": doc["schema"], "schemaType": doc.get("schemaType") or "AVRO",
-                 "references": list(doc.get("references") or [])}
+        entry = {"schema": doc["schema"], "schemaType": doc.get("schemaType") or "AVRO", "references": list(doc.get("references") or [])}
         for n, sid in enumerate(self.subjects.get(subject) or [], start=1):
             if self.registered[sid] == entry:
                 return self.version(subject, str(n))

@@ -50,11 +50,9 @@ def start(root: Path, log_path: Path, build: Path | None = None, timeout: float 
     env = {**os.environ, "QUARKUS_HTTP_PORT": str(port), "QUARKUS_HTTP_HOST": "127.0.0.1"}
     cmd = [java(), "-Xmx256m", "-XX:+UseSerialGC", "-jar", str(runner)]
     with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=root,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True)
     server = SchemaRegistryServer(proc.pid, port, str(log_path))
     if not wait_listening(port, timeout) or proc.poll() is not None:
         server.stop(grace=2)
-        raise TransientError(f"the schema registry did not listen on 127.0.0.1:{port} within {timeout:.0f} s; "
-                             f"see {log_path}")
+        raise TransientError(f"the schema registry did not listen on 127.0.0.1:{port} within {timeout:.0f} s; see {log_path}")
     return server

@@ -46,8 +46,10 @@ def check_dist(dist: Path) -> Path:
     """The distribution's spark-submit, or a ConfigError saying how to install it."""
     submit = dist / "deps" / "bin" / "spark-submit"
     if not submit.is_file() or not list((dist / "deps" / "jars").glob("spark-connect_*.jar")):
-        raise ConfigError(f"no Spark Connect server distribution at {dist} (`make spark-connect` installs it, or set "
-                          f"{DIST_ENV} to an unpacked pyspark 4.0.x source distribution)")
+        raise ConfigError(
+            f"no Spark Connect server distribution at {dist} (`make spark-connect` installs it, or set "
+            f"{DIST_ENV} to an unpacked pyspark 4.0.x source distribution)"
+        )
     for script in (dist / "deps" / "bin").iterdir():  # the archive keeps no execute bits
         if not os.access(script, os.X_OK):
             script.chmod(0o755)
@@ -58,8 +60,14 @@ def server_env(dist: Path, python: str, base: dict[str, str] | None = None) -> d
     """The server's environment: its own Spark home, its own pyspark first on the path, ``python`` for workers."""
     env = dict(os.environ if base is None else base)
     py4j = sorted((dist / "lib").glob("py4j-*.zip"))
-    env.update({"SPARK_HOME": str(dist / "deps"), "PYSPARK_PYTHON": python, "SPARK_LOCAL_IP": "127.0.0.1",
-                "PYTHONPATH": os.pathsep.join([str(dist), *map(str, py4j)])})
+    env.update(
+        {
+            "SPARK_HOME": str(dist / "deps"),
+            "PYSPARK_PYTHON": python,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYTHONPATH": os.pathsep.join([str(dist), *map(str, py4j)]),
+        }
+    )
     env.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
     env.pop("SPARK_CONF_DIR", None)  # the project's Spark settings are for its own (3.5) Spark
     return env
@@ -75,22 +83,34 @@ class ConnectServer(LocalServer):
         return f"sc://127.0.0.1:{self.port}"
 
 
-def server_command(dist: Path, port: int, host: str = "127.0.0.1", master: str = "local[2]",
-                   conf: dict[str, str] | None = None) -> list[str]:
+def server_command(
+    dist: Path, port: int, host: str = "127.0.0.1", master: str = "local[2]", conf: dict[str, str] | None = None
+) -> list[str]:
     """The spark-submit command line of a server listening on ``host:port`` (no secret is ever on it)."""
-    settings = {"spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": host,
-                "spark.ui.enabled": "false", "spark.python.worker.reuse": "true",
-                # workers forked with the write step's modules loaded (Spark reaps idle workers after a minute)
-                "spark.python.daemon.module": WORKER_DAEMON, **(conf or {})}
+    settings = {
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.connect.grpc.binding.address": host,
+        "spark.ui.enabled": "false",
+        "spark.python.worker.reuse": "true",
+        # workers forked with the write step's modules loaded (Spark reaps idle workers after a minute)
+        "spark.python.daemon.module": WORKER_DAEMON,
+        **(conf or {}),
+    }
     cmd = [str(check_dist(dist)), "--master", master, "--class", SERVER_CLASS, "--name", "tidewater-spark-connect"]
     for k, v in settings.items():
         cmd += ["--conf", f"{k}={v}"]
     return [*cmd, "spark-internal"]
 
 
-def start(dist: Path | None = None, port: int | None = None, log_path: Path | None = None,
-          python: str | None = None, master: str = "local[2]", conf: dict[str, str] | None = None,
-          timeout: float = 180) -> ConnectServer:
+def start(
+    dist: Path | None = None,
+    port: int | None = None,
+    log_path: Path | None = None,
+    python: str | None = None,
+    master: str = "local[2]",
+    conf: dict[str, str] | None = None,
+    timeout: float = 180,
+) -> ConnectServer:
     """Start a server on 127.0.0.1 (its own process group) and return once it accepts connections. ``python``:
     the workers' interpreter (default: this one, which has the project's packages). ``conf``: more settings."""
     dist = dist or default_dist()
@@ -101,13 +121,18 @@ def start(dist: Path | None = None, port: int | None = None, log_path: Path | No
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = server_command(dist, port, master=master, conf=conf)
     with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=server_env(dist, python or sys.executable), cwd=log_path.parent)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=server_env(dist, python or sys.executable),
+            cwd=log_path.parent,
+        )
     server = ConnectServer(proc.pid, port, str(log_path))
     if not wait_listening(port, timeout) or proc.poll() is not None:
         server.stop(grace=2)
-        raise TransientError(f"the Spark Connect server did not listen on 127.0.0.1:{port} within {timeout:.0f} s; "
-                             f"see {log_path}")
+        raise TransientError(f"the Spark Connect server did not listen on 127.0.0.1:{port} within {timeout:.0f} s; see {log_path}")
     log.info("Spark Connect server pid %d on %s (log %s)", proc.pid, server.url, log_path)
     return server
 

@@ -22,11 +22,18 @@ def dagbag(pipelines_dir: Path, monkeypatch: pytest.MonkeyPatch):
 def test_shipped_pipelines_import_without_errors(monkeypatch):
     bag = dagbag(REPO / "include" / "pipelines", monkeypatch)
     assert bag.import_errors == {}
-    assert {"ingest_pizzas", "maintain_pizzas", "replay_pizzas", "skip_pizzas", "audit_pizzas",
-            "retry_dead_letters_pizzas"} <= set(bag.dags)
+    assert {"ingest_pizzas", "maintain_pizzas", "replay_pizzas", "skip_pizzas", "audit_pizzas", "retry_dead_letters_pizzas"} <= set(
+        bag.dags
+    )
     for dag_id, dag in bag.dags.items():
-        kind = {"ingest": "ingest", "replay": "replay", "maintain": "maintenance", "skip": "skip",
-                "audit": "audit", "retry": "retry_dead_letters"}[dag_id.split("_")[0]]
+        kind = {
+            "ingest": "ingest",
+            "replay": "replay",
+            "maintain": "maintenance",
+            "skip": "skip",
+            "audit": "audit",
+            "retry": "retry_dead_letters",
+        }[dag_id.split("_")[0]]
         assert {"tidewater", kind} <= set(dag.tags), dag_id
         assert dag.max_active_runs == 1
         assert dag.doc_md
@@ -71,7 +78,10 @@ def test_maintenance_dag_chain_schedule_and_asset(tmp_path, monkeypatch):
     for t in dag.tasks:
         assert t.execution_timeout is not None
     assert {t.task_id: [o.uri for o in t.outlets] for t in dag.tasks} == {
-        "rewrite_data_files": [], "expire_snapshots": [], "remove_orphan_files": ["tidewater://maintenance/pizzas"]}
+        "rewrite_data_files": [],
+        "expire_snapshots": [],
+        "remove_orphan_files": ["tidewater://maintenance/pizzas"],
+    }
 
 
 def test_broken_pipeline_file_shows_as_a_failing_dag(tmp_path, monkeypatch):
@@ -117,8 +127,16 @@ def test_replay_dag_form_and_chain(monkeypatch):
     dag = bag.dags["replay_pizzas"]
     assert dag.schedule is None
     params = dag.params.dump()
-    assert params == {"topic": "completed-pizzas", "partitions": [], "start_offset": None, "end_offset": None,
-                      "start_time": None, "end_time": None, "mode": "replace", "dry_run": True}  # dry run by default
+    assert params == {
+        "topic": "completed-pizzas",
+        "partitions": [],
+        "start_offset": None,
+        "end_offset": None,
+        "start_time": None,
+        "end_time": None,
+        "mode": "replace",
+        "dry_run": True,
+    }  # dry run by default
     assert dag.params.get_param("mode").schema["enum"] == ["replace", "append-missing"]
     for name in ("start_offset", "end_offset", "start_time", "end_time", "mode", "dry_run"):
         assert dag.params.get_param(name).description, name  # every field of the form explains itself
@@ -168,8 +186,9 @@ def test_an_invalid_schedule_is_a_configuration_error_and_hides_no_other_dag(tmp
     shutil.copy(REPO / "include" / "pipelines" / "pizzas.yaml", tmp_path / "pizzas.yaml")
     shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
     doc = yaml.safe_load((tmp_path / "pizzas.yaml").read_text())
-    (tmp_path / "clicks.yaml").write_text(yaml.safe_dump({**doc, "name": "clicks", "schedule": "every 3 minutes",
-                                                          "table": {"identifier": "web.clicks"}}))
+    (tmp_path / "clicks.yaml").write_text(
+        yaml.safe_dump({**doc, "name": "clicks", "schedule": "every 3 minutes", "table": {"identifier": "web.clicks"}})
+    )
     with pytest.raises(ConfigError, match=r"schedule: 'every 3 minutes' is neither a cron expression"):
         load_pipeline(tmp_path / "clicks.yaml")
     for ok in ("*/3 * * * *", "@hourly", None):
@@ -189,10 +208,15 @@ def test_task_results_carry_snapshot_ids_as_strings():
     from tidewater.runtime.airflow import ids_as_strings
 
     big = 2**62 + 1
-    result = ids_as_strings({"snapshot_id": big, "rows": big, "tables": [{"last_snapshot_id": 7, "files": 2}],
-                             "none": {"snapshot_id": None}})
-    assert result == {"snapshot_id": str(big), "rows": big, "tables": [{"last_snapshot_id": "7", "files": 2}],
-                      "none": {"snapshot_id": None}}
+    result = ids_as_strings(
+        {"snapshot_id": big, "rows": big, "tables": [{"last_snapshot_id": 7, "files": 2}], "none": {"snapshot_id": None}}
+    )
+    assert result == {
+        "snapshot_id": str(big),
+        "rows": big,
+        "tables": [{"last_snapshot_id": "7", "files": 2}],
+        "none": {"snapshot_id": None},
+    }
 
 
 def test_the_write_task_refuses_cluster_deploy_mode_on_a_standalone_master_before_spark_submit(tmp_path, monkeypatch):
@@ -209,10 +233,11 @@ def test_the_write_task_refuses_cluster_deploy_mode_on_a_standalone_master_befor
     from tidewater.runtime.retries import retry_policy
 
     pipeline = tmp_path / "p.yaml"
-    pipeline.write_text("name: p\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\ntable: ns.t\n"
-                        "spark: {conn_id: standalone_cluster}\n")
-    monkeypatch.setenv("AIRFLOW_CONN_STANDALONE_CLUSTER", '{"conn_type": "spark", "host": "spark://127.0.0.1", '
-                       '"port": 7077, "extra": {"deploy-mode": "cluster"}}')
+    pipeline.write_text("name: p\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\ntable: ns.t\nspark: {conn_id: standalone_cluster}\n")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_STANDALONE_CLUSTER",
+        '{"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077, "extra": {"deploy-mode": "cluster"}}',
+    )
     op = IngestSparkSubmitOperator(task_id="write", pipeline_path=str(pipeline), conn_id="standalone_cluster")
     context = {"ti": SimpleNamespace(xcom_pull=lambda task_ids: {"batch_id": "b", "plan_path": "s3://x/p/b/plan.json"})}
     with pytest.raises(ConfigError, match="deploy-mode: Spark runs a Python driver in cluster deploy mode") as raised:
@@ -235,10 +260,10 @@ def test_a_spark_connect_connection_is_not_a_master_for_maintenance_sessions(mon
 
 def test_the_audit_dag_runs_on_its_schedule_and_exists_for_single_table_pipelines(tmp_path, monkeypatch):
     """audit_<name>: one task on `audit.schedule` (triggered only with null); none for a routed pipeline."""
-    (tmp_path / "p.yaml").write_text("name: p\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\ntable: ns.t\n"
-                                     "audit: {schedule: '@hourly'}\n")
-    (tmp_path / "q.yaml").write_text("name: q\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\ntable: ns.u\n"
-                                     "audit: {schedule: null}\n")
+    (tmp_path / "p.yaml").write_text(
+        "name: p\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\ntable: ns.t\naudit: {schedule: '@hourly'}\n"
+    )
+    (tmp_path / "q.yaml").write_text("name: q\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\ntable: ns.u\naudit: {schedule: null}\n")
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
     assert [t.task_id for t in bag.dags["audit_p"].tasks] == ["audit"]
@@ -247,8 +272,15 @@ def test_the_audit_dag_runs_on_its_schedule_and_exists_for_single_table_pipeline
 
 # the tasks' libraries, and the Spark provider's operator module (it loads the Kubernetes client: 0.9 s per parse,
 # which every task's start pays; the write task imports the provider's hook when it runs spark-submit)
-HEAVY = ("pyarrow", "pyspark", "pyiceberg", "confluent_kafka", "great_expectations",
-         "airflow.providers.apache.spark.operators.spark_submit", "kubernetes")
+HEAVY = (
+    "pyarrow",
+    "pyspark",
+    "pyiceberg",
+    "confluent_kafka",
+    "great_expectations",
+    "airflow.providers.apache.spark.operators.spark_submit",
+    "kubernetes",
+)
 
 
 def test_parsing_the_dag_folder_imports_no_heavy_library(tmp_path):
@@ -263,10 +295,12 @@ def test_parsing_the_dag_folder_imports_no_heavy_library(tmp_path):
     pipelines = tmp_path / "pipelines"
     shutil.copytree(REPO / "include" / "pipelines", pipelines)
     shutil.copy(REPO / "docs" / "examples" / "inventory_database.yaml", pipelines)
-    code = ("import json, sys\nfrom airflow.dag_processing.dagbag import DagBag\n"
-            f"bag = DagBag(dag_folder={str(REPO / 'dags')!r})\n"
-            f"print(json.dumps({{'dags': sorted(bag.dags), 'errors': list(bag.import_errors), "
-            f"'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))\n")
+    code = (
+        "import json, sys\nfrom airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(REPO / 'dags')!r})\n"
+        f"print(json.dumps({{'dags': sorted(bag.dags), 'errors': list(bag.import_errors), "
+        f"'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))\n"
+    )
     env = {**os.environ, "TIDEWATER_PIPELINES_DIR": str(pipelines), "AIRFLOW_HOME": str(tmp_path / "airflow")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -284,8 +318,11 @@ def many_pipelines(folder: Path, n: int, broken: int | None = None) -> list[str]
     names = []
     for i in range(n):
         name = f"p{i:04d}"
-        text = (example.replace("name: pizzas", f"name: {name}").replace("completed-pizzas", f"topic-{name}")
-                .replace("rpc.pizzas", f"rpc.{name}"))
+        text = (
+            example.replace("name: pizzas", f"name: {name}")
+            .replace("completed-pizzas", f"topic-{name}")
+            .replace("rpc.pizzas", f"rpc.{name}")
+        )
         if i == broken:
             text = text.replace("bootstrap_servers:", "bootstrp_servers:")
         (folder / f"{name}.yaml").write_text(text)
@@ -301,13 +338,19 @@ def parse_in_subprocess(folder: Path, tmp_path: Path, dag_id: str | None) -> dic
     import subprocess
     import sys
 
-    code = ("import json\nfrom airflow.dag_processing.dagbag import DagBag\n"
-            f"bag = DagBag(dag_folder={str(REPO / 'dags')!r})\n"
-            "print(json.dumps({'dags': sorted(bag.dags), 'errors': list(bag.import_errors)}))\n")
+    code = (
+        "import json\nfrom airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(REPO / 'dags')!r})\n"
+        "print(json.dumps({'dags': sorted(bag.dags), 'errors': list(bag.import_errors)}))\n"
+    )
     # 500 files take 22-37 s on this 2-core machine beside other tests, past Airflow's default 30 s import timeout:
     # these tests are about which DAGs a parse builds, not its time (docs/explanation/scale.md says to raise it)
-    env = {**os.environ, "TIDEWATER_PIPELINES_DIR": str(folder), "AIRFLOW_HOME": str(tmp_path / "airflow"),
-           "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "600"}
+    env = {
+        **os.environ,
+        "TIDEWATER_PIPELINES_DIR": str(folder),
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "600",
+    }
     env.pop("_AIRFLOW_PARSING_CONTEXT_DAG_ID", None)
     if dag_id:
         env["_AIRFLOW_PARSING_CONTEXT_DAG_ID"] = dag_id
@@ -364,10 +407,14 @@ def test_a_multi_host_executor_refuses_the_per_host_default_catalog_and_staging(
     doc.pop("catalog", None)
     doc.get("batch", {}).pop("staging_dir", None)
     (tmp_path / "pizzas.yaml").write_text(yaml.safe_dump(doc))
-    shared = {**doc, "name": "shared", "table": {"identifier": "web.shared"},
-              "catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/catalog", "warehouse": "s3://lake/w"}},
-              "batch": {**doc.get("batch", {}), "staging_dir": "s3://lake/staging"},
-              "validation": {**doc.get("validation", {}), "data_docs_dir": "s3://lake/docs"}}
+    shared = {
+        **doc,
+        "name": "shared",
+        "table": {"identifier": "web.shared"},
+        "catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/catalog", "warehouse": "s3://lake/w"}},
+        "batch": {**doc.get("batch", {}), "staging_dir": "s3://lake/staging"},
+        "validation": {**doc.get("validation", {}), "data_docs_dir": "s3://lake/docs"},
+    }
     (tmp_path / "shared.yaml").write_text(yaml.safe_dump(shared))
 
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
@@ -394,8 +441,7 @@ def test_pool_queue_and_failure_callback_reach_every_task_and_a_bad_callback_is_
 
     shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
     doc = yaml.safe_load((REPO / "include" / "pipelines" / "pizzas.yaml").read_text())
-    doc["airflow"] = {**doc.get("airflow", {}), "pool": "tidewater", "queue": "spark",
-                      "on_failure": "tests.e2e.late_hook.FailureFile"}
+    doc["airflow"] = {**doc.get("airflow", {}), "pool": "tidewater", "queue": "spark", "on_failure": "tests.e2e.late_hook.FailureFile"}
     (tmp_path / "pizzas.yaml").write_text(yaml.safe_dump(doc))
     bad = {**doc, "name": "bad", "table": "web.bad", "airflow": {"on_failure": "tests.e2e.late_hook.nothing_here"}}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
@@ -437,14 +483,15 @@ def test_a_dag_id_prefix_and_a_choice_of_optional_dags(tmp_path, monkeypatch):
     ref = _ref(spec)
     assert ref["dag_id"] == "team_a.ingest_p0001" and ref["replay_dag_id"] == "team_a.replay_p0001"
     assert (ref["skip_dag_id"], ref["retry_dag_id"], ref["quarantine_dag_id"]) == (None, None, None)
-    for bad, message in (({"dag_id_prefix": "team a "}, "airflow.dag_id_prefix: 'team a ' may hold only"),
-                         ({"dags": ["replay", "compact"]}, "airflow.dags: 'compact' is not an optional DAG")):
+    for bad, message in (
+        ({"dag_id_prefix": "team a "}, "airflow.dag_id_prefix: 'team a ' may hold only"),
+        ({"dags": ["replay", "compact"]}, "airflow.dags: 'compact' is not an optional DAG"),
+    ):
         with pytest.raises(ConfigError, match=message):
             parse_pipeline({**doc, "airflow": bad})
 
 
-def test_without_human_in_the_loop_tasks_the_quarantine_dag_is_the_form_alone_and_no_decision_opens(tmp_path, monkeypatch,
-                                                                                                   caplog):
+def test_without_human_in_the_loop_tasks_the_quarantine_dag_is_the_form_alone_and_no_decision_opens(tmp_path, monkeypatch, caplog):
     """Airflow 3.0 has no human-in-the-loop operators (the import fails, as it does here with the module hidden):
     the quarantine DAG is its form's one task, as before, and a quarantined batch's commit opens no decision but
     says to use the form. Outside a task (no supervisor), likewise."""
@@ -480,8 +527,9 @@ def test_one_list_of_dag_kinds_names_every_dag_a_pipeline_file_makes(tmp_path):
     from tidewater.runtime import airflow_dags
 
     assert set(airflow_dags.BUILDERS) == set(DAG_KINDS) - {INVALID_DAG_KIND}
-    spec = load_pipeline(write_pipeline(tmp_path, name="kinds", topics=["t"], airflow={"dags": list(OPTIONAL_DAGS)},
-                                        validation={"on_failure": "quarantine"}))
+    spec = load_pipeline(
+        write_pipeline(tmp_path, name="kinds", topics=["t"], airflow={"dags": list(OPTIONAL_DAGS)}, validation={"on_failure": "quarantine"})
+    )
     assert set(spec.dag_ids()) == set(DAG_KINDS) - {INVALID_DAG_KIND}
     assert invalid_dag_id(Path("kinds.yaml")) == f"{INVALID_DAG_KIND}_kinds"
     for dag_id in [*spec.dag_ids().values(), invalid_dag_id(Path("kinds.yaml"))]:
@@ -518,29 +566,44 @@ def test_each_step_of_a_batch_gets_its_own_queue_pool_and_kubernetes_pod(tmp_pat
     from kubernetes.client import models as k8s
 
     doc = yaml.safe_load((REPO / "include" / "pipelines" / "pizzas.yaml").read_text())
-    doc["airflow"] = {**doc.get("airflow", {}), "queue": "tidewater", "steps": {
-        "plan": {"queue": "light"},
-        "write": {"queue": "spark", "pool": "spark_slots", "image": "registry.example/tidewater-spark:0.3",
-                  "requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "6Gi"},
-                  "env_from_secrets": ["orders-env"], "node_selector": {"workload": "spark"},
-                  "service_account": "tidewater-writer"}}}
+    doc["airflow"] = {
+        **doc.get("airflow", {}),
+        "queue": "tidewater",
+        "steps": {
+            "plan": {"queue": "light"},
+            "write": {
+                "queue": "spark",
+                "pool": "spark_slots",
+                "image": "registry.example/tidewater-spark:0.3",
+                "requests": {"cpu": "2", "memory": "4Gi"},
+                "limits": {"memory": "6Gi"},
+                "env_from_secrets": ["orders-env"],
+                "node_selector": {"workload": "spark"},
+                "service_account": "tidewater-writer",
+            },
+        },
+    }
     (tmp_path / "pizzas.yaml").write_text(yaml.safe_dump(doc))
     shutil.copy(REPO / "include" / "pipelines" / "pizzas.expectations.json", tmp_path)
     bag = dagbag(tmp_path, monkeypatch)
-    template = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="worker"), spec=k8s.V1PodSpec(containers=[
-        k8s.V1Container(name="base", image="apache/airflow:3.3.2", args=["airflow", "tasks", "run"])]))
+    template = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="worker"),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base", image="apache/airflow:3.3.2", args=["airflow", "tasks", "run"])]),
+    )
     for dag_id in ("ingest_pizzas", "replay_pizzas"):
         dag = bag.dags[dag_id]
         tasks = {t.task_id: t for t in dag.tasks}
         assert {k: (t.queue, t.pool) for k, t in tasks.items() if k in ("plan", "write", "validate", "commit")} == {
-            "plan": ("light", "default_pool"), "write": ("spark", "spark_slots"), "validate": ("tidewater", "default_pool"),
-            "commit": ("tidewater", "default_pool")}, dag_id
+            "plan": ("light", "default_pool"),
+            "write": ("spark", "spark_slots"),
+            "validate": ("tidewater", "default_pool"),
+            "commit": ("tidewater", "default_pool"),
+        }, dag_id
         assert [k for k, t in tasks.items() if t.executor_config] == ["write"], dag_id
         pod = tasks["write"].executor_config["pod_override"]
         merged = PodGenerator.reconcile_pods(template, pod)
         base = merged.spec.containers[0]
-        assert (base.name, base.image, base.args) == ("base", "registry.example/tidewater-spark:0.3",
-                                                      ["airflow", "tasks", "run"])
+        assert (base.name, base.image, base.args) == ("base", "registry.example/tidewater-spark:0.3", ["airflow", "tasks", "run"])
         assert base.resources.requests == {"cpu": "2", "memory": "4Gi"} and base.resources.limits == {"memory": "6Gi"}
         assert [e.secret_ref.name for e in base.env_from] == ["orders-env"]
         assert merged.spec.node_selector == {"workload": "spark"}

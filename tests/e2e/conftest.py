@@ -25,9 +25,13 @@ def migrated_airflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     milliseconds and gives each test the same fresh schema."""
     af = tmp_path_factory.mktemp("airflow-template")
     db = af / "airflow.db"
-    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-           "AIRFLOW_HOME": str(af), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{db}"}
+    env = {
+        **os.environ,
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        "AIRFLOW_HOME": str(af),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{db}",
+    }
     subprocess.run(["airflow", "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
     return db
 
@@ -60,16 +64,18 @@ def through_spark_connect(env: dict[str, str], server: object) -> dict[str, str]
     spark-submit JVM (about 30 s less per batch). For tests whose subject is not the spark-submit path, which
     `test_dag_runs_twice_with_new_events_between_then_short_circuits` and test_production_shape.py keep."""
     host, port = server.url.removeprefix("sc://").split(":")  # type: ignore[attr-defined]
-    return {**env, "AIRFLOW_CONN_TIDEWATER_SPARK": json.dumps({"conn_type": "spark_connect", "host": host,
-                                                               "port": int(port)})}
+    return {**env, "AIRFLOW_CONN_TIDEWATER_SPARK": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)})}
 
 
 def task_tries(env: dict[str, str], dag_id: str) -> dict[str, tuple[str, int]]:
     """(state, try number) of each task of the DAG's latest run, from Airflow's database."""
     db = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")
     with contextlib.closing(sqlite3.connect(db, timeout=30)) as c:
-        rows = c.execute("SELECT task_id, state, try_number FROM task_instance WHERE dag_id = ? AND run_id = "
-                         "(SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)", (dag_id, dag_id))
+        rows = c.execute(
+            "SELECT task_id, state, try_number FROM task_instance WHERE dag_id = ? AND run_id = "
+            "(SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)",
+            (dag_id, dag_id),
+        )
         return {task: (state, tries) for task, state, tries in rows.fetchall()}
 
 
@@ -109,9 +115,11 @@ def call_api(url: str, token: str | None = None, body: dict | None = None) -> tu
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             raw = r.read()
@@ -167,8 +175,9 @@ def standalone(env: dict[str, str], tmp_path: Path):
 
 
 def list_runs(env: dict[str, str], dag_id: str) -> list[dict]:
-    out = subprocess.run(["airflow", "dags", "list-runs", dag_id, "--output", "json"], env=env,
-                         capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run(
+        ["airflow", "dags", "list-runs", dag_id, "--output", "json"], env=env, capture_output=True, text=True, timeout=120
+    ).stdout
     lines = [ln for ln in out.splitlines() if ln.startswith("[{") or ln.strip() == "[]"]  # logs share stdout
     return json.loads(lines[-1]) if lines else []
 

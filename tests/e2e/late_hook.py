@@ -22,5 +22,4 @@ class FailureFile(BaseNotifier):
     def notify(self, context: dict) -> None:
         ti = context["ti"]
         with open(os.environ["TIDEWATER_TEST_FAILURE_FILE"], "a") as f:
-            f.write(json.dumps({"dag_id": ti.dag_id, "task_id": ti.task_id,
-                                "exception": str(context.get("exception"))}) + "\n")
+            f.write(json.dumps({"dag_id": ti.dag_id, "task_id": ti.task_id, "exception": str(context.get("exception"))}) + "\n")

@@ -64,7 +64,8 @@ def forwarder(port: int, upstream: str):
 
 
 def test_a_misspelled_topic_fails_in_one_try_and_an_unreachable_broker_is_retried_until_it_is_back(
-        broker, topic, airflow_env, spark_connect, tmp_path):
+    broker, topic, airflow_env, spark_connect, tmp_path
+):
     """`airflow.retries: 3`, one second's delay. A misspelled topic (a ConfigError: retrying cannot help): the plan
     task fails on its first try, its log giving the policy's reason with the topic, and nothing is written. Then the
     pipeline's bootstrap address is a port where no broker listens: the plan task's first try fails with a transient
@@ -72,8 +73,11 @@ def test_a_misspelled_topic_fails_in_one_try_and_an_unreachable_broker_is_retrie
     rows and offsets exact. Writes through the session's Spark Connect server. `airflow.on_failure` names a notifier
     class of the tests: it hears of the failed plan task once, with its error, and of nothing in the run that passes."""
     failures = tmp_path / "failures.jsonl"
-    env = {**through_spark_connect(airflow_env, spark_connect), "TIDEWATER_TEST_FAILURE_FILE": str(failures),
-           "PYTHONPATH": str(REPO) + os.pathsep + airflow_env.get("PYTHONPATH", "")}
+    env = {
+        **through_spark_connect(airflow_env, spark_connect),
+        "TIDEWATER_TEST_FAILURE_FILE": str(failures),
+        "PYTHONPATH": str(REPO) + os.pathsep + airflow_env.get("PYTHONPATH", ""),
+    }
     pipelines = Path(env["TIDEWATER_PIPELINES_DIR"])
     produce(broker.bootstrap, topic, pizza_events(40, seed=400), partitions=2)
     settings = {"airflow": {"retries": 3, "retry_delay_seconds": 1, "on_failure": "tests.e2e.late_hook.FailureFile"}}
@@ -89,8 +93,9 @@ def test_a_misspelled_topic_fails_in_one_try_and_an_unreachable_broker_is_retrie
     port = free_port()
     pipeline = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": f"127.0.0.1:{port}"}, **settings)
     assert table_of(pipeline) is None
-    run = subprocess.Popen(["airflow", "dags", "test", "ingest_orders"], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(
+        ["airflow", "dags", "test", "ingest_orders"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and run.poll() is None:
@@ -107,26 +112,33 @@ def test_a_misspelled_topic_fails_in_one_try_and_an_unreachable_broker_is_retrie
     assert run.returncode == 0 and "state=success" in out, out[-4000:]
     state, tries = task_tries(env, "ingest_orders")["plan"]
     assert state == "success" and tries >= 2, (state, tries)
-    assert "TransientError (worth retrying; try 1 of at most 4, the next in 1 s): cannot read topic metadata" in out \
-        or "KafkaReadError (worth retrying; try 1 of at most 4" in out, out[-4000:]
+    assert (
+        "TransientError (worth retrying; try 1 of at most 4, the next in 1 s): cannot read topic metadata" in out
+        or "KafkaReadError (worth retrying; try 1 of at most 4" in out
+    ), out[-4000:]
     table = table_of(pipeline)
     assert table.scan().to_arrow().num_rows == 40
     assert committed_state(table).offsets == {topic: {0: 20, 1: 20}}
     assert len(failures.read_text().splitlines()) == 1  # the retried try was no failure of the task
 
 
-def test_a_run_still_unfinished_at_its_freshness_deadline_calls_on_late_once(broker, topic, airflow_env, tmp_path,
-                                                                            spark_connect):
+def test_a_run_still_unfinished_at_its_freshness_deadline_calls_on_late_once(broker, topic, airflow_env, tmp_path, spark_connect):
     """`airflow.freshness: 5s` and `airflow.on_late` naming a callable of the tests: a triggered ingest run takes longer
     than that (plan, write, validate, commit), so Airflow's scheduler marks its deadline missed and its triggerer calls
     Tidewater: the triggerer's log has the warning naming the pipeline and the run, `on_late` receives the run once,
     and the batch itself commits with rows and offsets exact."""
     late_file = tmp_path / "late.jsonl"
-    env = {**through_spark_connect(airflow_env, spark_connect), "TIDEWATER_TEST_LATE_FILE": str(late_file),
-           "PYTHONPATH": str(REPO) + os.pathsep + airflow_env.get("PYTHONPATH", "")}
-    pipeline = write_pipeline(Path(env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
-                              kafka={"bootstrap_servers": broker.bootstrap},
-                              airflow={"freshness": "5s", "on_late": "tests.e2e.late_hook.record"})
+    env = {
+        **through_spark_connect(airflow_env, spark_connect),
+        "TIDEWATER_TEST_LATE_FILE": str(late_file),
+        "PYTHONPATH": str(REPO) + os.pathsep + airflow_env.get("PYTHONPATH", ""),
+    }
+    pipeline = write_pipeline(
+        Path(env["TIDEWATER_PIPELINES_DIR"]),
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        airflow={"freshness": "5s", "on_late": "tests.e2e.late_hook.record"},
+    )
     produce(broker.bootstrap, topic, pizza_events(50, seed=410), partitions=2)
     with standalone(env, tmp_path) as env:
         for cmd in (["dags", "unpause", "ingest_orders"], ["dags", "trigger", "ingest_orders"]):
@@ -153,8 +165,9 @@ def test_a_run_still_unfinished_at_its_freshness_deadline_calls_on_late_once(bro
     assert committed_state(table).offsets == {topic: {0: 25, 1: 25}}
 
 
-def test_a_quarantined_batch_waits_in_required_actions_and_a_drop_there_is_applied_once(broker, topic, airflow_env,
-                                                                                      tmp_path, spark_connect):
+def test_a_quarantined_batch_waits_in_required_actions_and_a_drop_there_is_applied_once(
+    broker, topic, airflow_env, tmp_path, spark_connect
+):
     """`validation.on_failure: quarantine` with a suite the batch fails, under `airflow standalone`: the scheduled
     ingest run fails (its commit put the batch on a quarantine branch, main empty, offsets moved) and opens run
     `decide__<batch>` of quarantine_orders, whose `decide` task waits in Airflow's Required actions with the failed
@@ -169,15 +182,25 @@ def test_a_quarantined_batch_waits_in_required_actions_and_a_drop_there_is_appli
     from tidewater.table.summary import DROPPED
 
     pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
-    (pipelines / "strict.json").write_text(json.dumps({"expectations": [
-        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}]}))
-    pipeline = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                              validation={"suite": "strict.json", "on_failure": "quarantine"})
+    (pipelines / "strict.json").write_text(
+        json.dumps(
+            {
+                "expectations": [
+                    {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
+                ]
+            }
+        )
+    )
+    pipeline = write_pipeline(
+        pipelines,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        validation={"suite": "strict.json", "on_failure": "quarantine"},
+    )
     produce(broker.bootstrap, topic, pizza_events(30, seed=460), partitions=2)
     env = through_spark_connect(airflow_env, spark_connect)
     with standalone(env, tmp_path) as env:
-        for cmd in (["dags", "unpause", "ingest_orders"], ["dags", "unpause", "quarantine_orders"],
-                    ["dags", "trigger", "ingest_orders"]):
+        for cmd in (["dags", "unpause", "ingest_orders"], ["dags", "unpause", "quarantine_orders"], ["dags", "trigger", "ingest_orders"]):
             subprocess.run(["airflow", *cmd], env=env, check=True, capture_output=True, timeout=120)
         assert [r["state"] for r in wait_for_runs(env, "ingest_orders", 300)] == ["failed"]
         base = f"http://127.0.0.1:{env['AIRFLOW__API__PORT']}"
@@ -229,5 +252,10 @@ def test_a_quarantined_batch_waits_in_required_actions_and_a_drop_there_is_appli
     assert table.scan().to_arrow().num_rows == 0  # main never got the batch's rows
     assert committed_state(table).offsets == {topic: {0: 15, 1: 15}}
     dropped = json.loads(table.current_snapshot().summary.additional_properties[DROPPED])
-    assert dropped == {"batch": batch_id, "rows": 30, "ranges": [[topic, 0, 0, 15], [topic, 1, 0, 15]],
-                       "reason": "store ids out of range", "by": "admin"}
+    assert dropped == {
+        "batch": batch_id,
+        "rows": 30,
+        "ranges": [[topic, 0, 0, 15], [topic, 1, 0, 15]],
+        "reason": "store ids out of range",
+        "by": "admin",
+    }

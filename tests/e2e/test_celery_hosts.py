@@ -17,9 +17,11 @@ import pytest
 
 from tidewater_dev import hosts
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow,
-              pytest.mark.skipif(hosts.unavailable() is not None,
-                                 reason=f"test hosts cannot be made here: {hosts.unavailable()}")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(hosts.unavailable() is not None, reason=f"test hosts cannot be made here: {hosts.unavailable()}"),
+]
 
 PARTITIONS = 3
 
@@ -68,15 +70,13 @@ class CatalogLock:
         from tidewater_dev import postgres
 
         self.deployment = deployment
-        self.conn = psycopg2.connect(host="127.0.0.1", port=deployment.postgres.port, user=postgres.USER,
-                                     dbname="catalog")
+        self.conn = psycopg2.connect(host="127.0.0.1", port=deployment.postgres.port, user=postgres.USER, dbname="catalog")
         with self.conn.cursor() as cur:
             cur.execute("LOCK TABLE iceberg_tables IN EXCLUSIVE MODE")
 
     def waiting(self) -> int:
         """How many catalog connections wait for a lock (a commit blocked on this one)."""
-        rows = self.deployment.query_catalog(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = 'catalog' AND wait_event_type = 'Lock'")
+        rows = self.deployment.query_catalog("SELECT count(*) FROM pg_stat_activity WHERE datname = 'catalog' AND wait_event_type = 'Lock'")
         return rows[0][0]
 
     def release(self) -> None:
@@ -85,9 +85,13 @@ class CatalogLock:
 
 
 def _audit(deployment, pipeline: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tidewater.runtime.cli", "audit", "--pipeline", str(pipeline),
-                           "--deep", "--full", "--json"], env=deployment.machine_env(), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidewater.runtime.cli", "audit", "--pipeline", str(pipeline), "--deep", "--full", "--json"],
+        env=deployment.machine_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -107,29 +111,38 @@ def test_a_batch_moves_between_celery_worker_hosts_and_survives_losing_a_host_in
     try:
         topic = "orders-on-hosts"
         _produce(d.broker.bootstrap, topic, 3000, seed=580)
-        pipeline = d.add_pipeline("hosts", d.pipeline(
-            "hosts", [topic], table={"identifier": "rpc.orders_on_hosts"}, format={"metadata": "prefixed"},
-            airflow={"retries": 3, "retry_delay_seconds": 2, "dags": []}))
+        pipeline = d.add_pipeline(
+            "hosts",
+            d.pipeline(
+                "hosts",
+                [topic],
+                table={"identifier": "rpc.orders_on_hosts"},
+                format={"metadata": "prefixed"},
+                airflow={"retries": 3, "retry_delay_seconds": 2, "dags": []},
+            ),
+        )
         dag = "ingest_hosts"
         d.trigger(dag, "first")
 
         # the write step's host is lost while its Spark job runs
-        lost_in_write = _wait_for("the write step's Spark job", 300, lambda: (h := d.running_on(dag, "first", "write"))
-                                  and _spark_running(h) and h, d)
+        lost_in_write = _wait_for(
+            "the write step's Spark job", 300, lambda: (h := d.running_on(dag, "first", "write")) and _spark_running(h) and h, d
+        )
         time.sleep(3)
         assert lost_in_write.kill() > 0
         lock = CatalogLock(d)
-        moved_write = _wait_for("the write's retry on the other host", 600,
-                                lambda: _running_elsewhere(d, dag, "write", lost_in_write), d)
+        moved_write = _wait_for("the write's retry on the other host", 600, lambda: _running_elsewhere(d, dag, "write", lost_in_write), d)
         d.start_worker(lost_in_write)  # the host comes back, with its disk as it was
 
         # the commit step's host is lost while the commit waits for the catalog
-        lost_in_commit = _wait_for("a commit waiting for the catalog", 600,
-                                   lambda: lock.waiting() > 0 and d.running_on(dag, "first", "commit"), d)
+        lost_in_commit = _wait_for(
+            "a commit waiting for the catalog", 600, lambda: lock.waiting() > 0 and d.running_on(dag, "first", "commit"), d
+        )
         assert lost_in_commit.kill() > 0
         lock.release()
-        moved_commit = _wait_for("the commit's retry on the other host", 600,
-                                 lambda: _running_elsewhere(d, dag, "commit", lost_in_commit), d)
+        moved_commit = _wait_for(
+            "the commit's retry on the other host", 600, lambda: _running_elsewhere(d, dag, "commit", lost_in_commit), d
+        )
         d.start_worker(lost_in_commit)
         assert d.wait_run(dag, "first", 600) == "success", d.logs()
 

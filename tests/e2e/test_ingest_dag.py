@@ -35,8 +35,9 @@ def asset_events(env: dict[str, str]) -> list[tuple[str, dict, str]]:
 
     db = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")
     with sqlite3.connect(db) as c:
-        rows = c.execute("SELECT a.uri, e.extra, e.source_dag_id FROM asset_event e JOIN asset a ON a.id = e.asset_id "
-                         "ORDER BY e.id").fetchall()
+        rows = c.execute(
+            "SELECT a.uri, e.extra, e.source_dag_id FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
+        ).fetchall()
     return [(uri, json.loads(extra or "{}"), dag) for uri, extra, dag in rows]
 
 
@@ -45,7 +46,9 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
     and exact offsets; a third run with nothing new skips write/validate/commit and adds no snapshot.
     Then the maintenance DAG compacts the 4 files into 1: same rows, same offsets."""
     pipeline = write_pipeline(
-        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]),
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
         maintenance={"rewrite_data_files": {"min_input_files": 2}},
     )
     for i in range(2):
@@ -54,7 +57,7 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
         # built-in checks only: the validate task leaves the page to the data_docs task next to the commit
         assert "Data Docs page rendered after the commit" in out
         page = re.search(r"Data Docs (file://\S+?\.html), in the Tidewater view: (http://\S+?\.html)", out)
-        assert page and Path(page.group(1)[len("file://"):]).is_file()  # in the pipeline's GX site: .../<batch>/<time>/<table>.html
+        assert page and Path(page.group(1)[len("file://") :]).is_file()  # in the pipeline's GX site: .../<batch>/<time>/<table>.html
         batch = Path(page.group(1)).parts[-3]
         assert page.group(2) == f"http://localhost:8080/tidewater/data-docs/orders/{batch}.html"
     table = table_of(pipeline)
@@ -78,8 +81,12 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
     import sqlite3
 
     with sqlite3.connect(airflow_env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")) as c:
-        xcoms = [json.loads(v) for (v,) in c.execute("SELECT value FROM xcom WHERE dag_id = 'ingest_orders' AND "
-                                                     "task_id = 'commit' AND key = 'return_value' ORDER BY timestamp")]
+        xcoms = [
+            json.loads(v)
+            for (v,) in c.execute(
+                "SELECT value FROM xcom WHERE dag_id = 'ingest_orders' AND task_id = 'commit' AND key = 'return_value' ORDER BY timestamp"
+            )
+        ]
     assert [x["snapshot_id"] for x in xcoms] == [str(s.snapshot_id) for s in snaps]
     out = dags_test(airflow_env, "ingest_orders")
     assert "Skipping downstream tasks" in out
@@ -99,8 +106,7 @@ def test_dag_writes_through_a_spark_connect_connection(broker, topic, airflow_en
     Connect server (no `spark.connect_url` in the pipeline). Expected: the write task takes the Connect path
     (no spark-submit), the batch commits with rows and offsets exact, and the log names the server."""
     env = through_spark_connect(airflow_env, spark_connect)
-    pipeline = write_pipeline(Path(env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
-                              kafka={"bootstrap_servers": broker.bootstrap})
+    pipeline = write_pipeline(Path(env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     produce(broker.bootstrap, topic, pizza_events(300, seed=60), partitions=2)
     out = dags_test(env, "ingest_orders")
     assert "through Spark Connect" in out and "spark-submit" not in out.replace("spark-submit.log", "")
@@ -115,7 +121,9 @@ def test_replay_dag_from_its_form(broker, topic, airflow_env, spark_connect):
     offset fails the run with a message naming the parameter. Writes through the session's Spark Connect server."""
     airflow_env = through_spark_connect(airflow_env, spark_connect)
     pipeline = write_pipeline(
-        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]),
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
         format={"metadata": "prefixed"},
     )
     produce(broker.bootstrap, topic, pizza_events(200, seed=70), partitions=2)
@@ -123,8 +131,9 @@ def test_replay_dag_from_its_form(broker, topic, airflow_env, spark_connect):
 
     def rows():
         t = table_of(pipeline).scan().to_arrow()
-        return sorted(zip(t.column("_kafka_partition").to_pylist(), t.column("_kafka_offset").to_pylist(),
-                          t.column("order_id").to_pylist()))
+        return sorted(
+            zip(t.column("_kafka_partition").to_pylist(), t.column("_kafka_offset").to_pylist(), t.column("order_id").to_pylist())
+        )
 
     before, snaps = rows(), len(table_of(pipeline).snapshots())
     form = {"topic": topic, "partitions": [1], "start_offset": 20, "end_offset": 60}
@@ -171,9 +180,13 @@ def test_lag_trigger_starts_a_batch_through_the_scheduler(broker, topic, airflow
     asset-triggered ingest run that lands all 80 records with exact offsets (written through the session's Spark
     Connect server)."""
     airflow_env = through_spark_connect(airflow_env, spark_connect)
-    pipeline = write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
-                              kafka={"bootstrap_servers": broker.bootstrap}, schedule=None,
-                              trigger={"pending_records": 50, "poll_seconds": 2})
+    pipeline = write_pipeline(
+        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]),
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        schedule=None,
+        trigger={"pending_records": 50, "poll_seconds": 2},
+    )
     produce(broker.bootstrap, topic, pizza_events(30, seed=140), partitions=2)
     with standalone(airflow_env, tmp_path) as env:
         subprocess.run(["airflow", "dags", "unpause", "ingest_orders"], env=env, check=True, capture_output=True, timeout=120)
@@ -207,13 +220,19 @@ def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env,
 
     from tests.e2e.conftest import admin_token, call_api
 
-    airflow_env = {**through_spark_connect(airflow_env, spark_connect),
-                   "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.create_database("airflow_backfill")}
+    airflow_env = {
+        **through_spark_connect(airflow_env, spark_connect),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.create_database("airflow_backfill"),
+    }
     migrate = subprocess.run(["airflow", "db", "migrate"], env=airflow_env, capture_output=True, text=True, timeout=600)
     assert migrate.returncode == 0, migrate.stdout[-2000:] + migrate.stderr[-2000:]
     pipeline = write_pipeline(
-        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-        format={"metadata": "prefixed"}, schedule="@hourly", maintenance={"schedule": None},
+        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]),
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"metadata": "prefixed"},
+        schedule="@hourly",
+        maintenance={"schedule": None},
     )
     produce(broker.bootstrap, topic, pizza_events(100, seed=80), partitions=2)
     dags_test(airflow_env, "ingest_orders")  # a manual run: its interval is the hour before now
@@ -234,15 +253,25 @@ def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env,
     (dags / "downstream_orders.py").write_text(DOWNSTREAM_DAG.format(uri=uri, seen=str(seen)))
 
     def replays() -> list[dict]:
-        return [json.loads(s.summary.additional_properties["tidewater.replay"]) for s in table_of(pipeline).snapshots()
-                if "tidewater.replay" in s.summary.additional_properties and s.summary.operation.value == "append"]
+        return [
+            json.loads(s.summary.additional_properties["tidewater.replay"])
+            for s in table_of(pipeline).snapshots()
+            if "tidewater.replay" in s.summary.additional_properties and s.summary.operation.value == "append"
+        ]
 
     with standalone({**airflow_env, "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}, tmp_path) as env:
         base = f"http://127.0.0.1:{env['AIRFLOW__API__PORT']}"
         token = admin_token(base, env["AIRFLOW_HOME"])
         first = (datetime.fromisoformat(start) - timedelta(hours=1)).isoformat()
-        form = {"dag_id": "ingest_orders", "from_date": first, "to_date": start, "dag_run_conf": None,
-                "max_active_runs": 1, "run_backwards": False, "run_on_latest_version": True}
+        form = {
+            "dag_id": "ingest_orders",
+            "from_date": first,
+            "to_date": start,
+            "dag_run_conf": None,
+            "max_active_runs": 1,
+            "run_backwards": False,
+            "run_on_latest_version": True,
+        }
 
         def settled() -> None:
             """Wait until no run of the DAG is queued or running: unpausing makes the scheduler start a run for the
@@ -263,8 +292,11 @@ def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env,
                 # a 503 (a busy database) may come after the backfill was created, and a 409 ("already a running
                 # backfill") may name it or the previous one, not yet marked complete: look for ours, else retry
                 _, listed = call_api(f"{base}/api/v2/backfills?dag_id=ingest_orders", token)
-                running = [b for b in (listed.get("backfills", []) if isinstance(listed, dict) else [])
-                           if not b.get("completed_at") and b.get("reprocess_behavior") == behavior]
+                running = [
+                    b
+                    for b in (listed.get("backfills", []) if isinstance(listed, dict) else [])
+                    if not b.get("completed_at") and b.get("reprocess_behavior") == behavior
+                ]
                 if running:
                     status, body = 200, running[0]
                     break
@@ -276,8 +308,11 @@ def test_backfill_from_the_form_through_the_rest_api(broker, topic, airflow_env,
             deadline = time.monotonic() + 420
             while time.monotonic() < deadline:
                 status, runs = call_api(f"{base}/api/v2/dags/ingest_orders/dagRuns", token)
-                states = {r["dag_run_id"]: r["state"] for r in runs["dag_runs"] if r["dag_run_id"].startswith("backfill__")} \
-                    if status == 200 else {}
+                states = (
+                    {r["dag_run_id"]: r["state"] for r in runs["dag_runs"] if r["dag_run_id"].startswith("backfill__")}
+                    if status == 200
+                    else {}
+                )
                 status, bf = call_api(f"{base}/api/v2/backfills/{body['id']}", token)
                 if len(states) == 2 and all(s in ("success", "failed") for s in states.values()) and bf.get("completed_at"):
                     break
@@ -323,8 +358,12 @@ def maintained_without_new_data(env: dict[str, str], base: str, token: str) -> l
     status, events = call_api(f"{base}/api/v2/assets/events?source_dag_id=maintain_orders", token)
     assert status == 200, events
     assert [e["uri"] for e in events["asset_events"]] == ["tidewater://maintenance/orders"], events
-    assert set(events["asset_events"][0]["extra"]["actions"]) == {"rewrite_data_files", "rewrite_manifests",
-                                                                 "expire_snapshots", "remove_orphan_files"}
+    assert set(events["asset_events"][0]["extra"]["actions"]) == {
+        "rewrite_data_files",
+        "rewrite_manifests",
+        "expire_snapshots",
+        "remove_orphan_files",
+    }
     time.sleep(30)
     status, runs = call_api(f"{base}/api/v2/dags/downstream_orders/dagRuns", token)
     assert status == 200, runs
@@ -340,8 +379,12 @@ def test_skip_dag_from_its_form_steps_past_a_blocking_record(broker, topic, airf
     airflow_env = through_spark_connect(airflow_env, spark_connect)
     from tidewater.table.catalog import load_catalog, load_table
 
-    pipeline = write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
-                              kafka={"bootstrap_servers": broker.bootstrap}, dead_letter={"policy": "fail"})
+    pipeline = write_pipeline(
+        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]),
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        dead_letter={"policy": "fail"},
+    )
     good = pizza_events(6, seed=83)
     produce(broker.bootstrap, topic, good[:4] + [b'{"order_id": '] + good[4:], partitions=1)
     dags_test(airflow_env, "ingest_orders", expect="failed")
@@ -357,8 +400,7 @@ def test_skip_dag_from_its_form_steps_past_a_blocking_record(broker, topic, airf
     dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().to_pylist()
     assert [(r["offset"], r["error_class"]) for r in dlq] == [(4, "OperatorSkip")]
     assert "truncated by a bad deploy" in dlq[0]["error_message"]
-    out = dags_test(airflow_env, "skip_orders", {**form, "start_offset": 1, "end_offset": 2, "dry_run": False},
-                    expect="failed")
+    out = dags_test(airflow_env, "skip_orders", {**form, "start_offset": 1, "end_offset": 2, "dry_run": False}, expect="failed")
     assert "start_offset: 1 is before the next offset to ingest" in out
     dags_test(airflow_env, "ingest_orders")
     assert table_of(pipeline).scan().to_arrow().num_rows == 6
@@ -366,8 +408,13 @@ def test_skip_dag_from_its_form_steps_past_a_blocking_record(broker, topic, airf
 
 def _statsd_lines(env: dict[str, str], sock) -> list[str]:
     """Run the ingest DAG with Airflow's StatsD metrics sent to ``sock``; the lines it received."""
-    env = {**env, "AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
-           "AIRFLOW__METRICS__STATSD_PORT": str(sock.getsockname()[1]), "AIRFLOW__METRICS__STATSD_PREFIX": "airflow"}
+    env = {
+        **env,
+        "AIRFLOW__METRICS__STATSD_ON": "True",
+        "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__STATSD_PORT": str(sock.getsockname()[1]),
+        "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+    }
     dags_test(env, "ingest_orders")
     lines: list[str] = []
     while True:
@@ -387,8 +434,7 @@ def test_metrics_reach_statsd_through_airflows_stats(broker, topic, airflow_env,
     airflow_env = through_spark_connect(airflow_env, spark_connect)
     import socket
 
-    write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
-                   kafka={"bootstrap_servers": broker.bootstrap})
+    write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     produce(broker.bootstrap, topic, pizza_events(90, seed=60) + [b'{"order_id": "x", "store_id": '], partitions=3)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
@@ -429,9 +475,13 @@ def test_the_audit_dag_passes_on_a_clean_table_fails_on_a_discrepancy_and_the_vi
     from tests.conftest import ingest_inline
     from tidewater.ops.overview import overview
 
-    pipeline = write_pipeline(Path(airflow_env["TIDEWATER_PIPELINES_DIR"]), topics=[topic],
-                              kafka={"bootstrap_servers": broker.bootstrap}, format={"metadata": "prefixed"},
-                              audit={"deep": True})
+    pipeline = write_pipeline(
+        Path(airflow_env["TIDEWATER_PIPELINES_DIR"]),
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"metadata": "prefixed"},
+        audit={"deep": True},
+    )
     produce(broker.bootstrap, topic, pizza_events(60, seed=200), partitions=2)
     spec = load_pipeline(pipeline)
     ingest_inline(spec)

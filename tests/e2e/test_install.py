@@ -45,10 +45,16 @@ def dist(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("dist")
     src = tmp_path_factory.mktemp("src") / "tidewater"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", ".data", "node_modules", "*.egg-info",
-                                                             "build", "__pycache__", ".pytest_cache", ".hypothesis"))
-    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--sdist", "--outdir", str(out), str(src)],
-                          capture_output=True, text=True, timeout=600)
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".data", "node_modules", "*.egg-info", "build", "__pycache__", ".pytest_cache", ".hypothesis"
+        ),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--sdist", "--outdir", str(out), str(src)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -61,8 +67,7 @@ def test_python_m_build_works_from_a_clean_clone_and_its_sdist_builds_the_wheel_
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=300)
     assert not (clone / "include" / "tidewater" / "runtime" / "ui_static").exists()
     out = tmp_path / "dist"
-    proc = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(clone)], capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(clone)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     bundle = "tidewater/runtime/ui_static/tidewater-ui.js"
     with zipfile.ZipFile(next(out.glob("*.whl"))) as z:
@@ -74,8 +79,13 @@ def test_python_m_build_works_from_a_clean_clone_and_its_sdist_builds_the_wheel_
         t.extractall(tmp_path / "unpacked", filter="data")
     src = next((tmp_path / "unpacked").iterdir())
     no_npm = {**_clean_env(), "PATH": str(Path(sys.executable).parent)}
-    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "from-sdist"), str(src)],
-                          capture_output=True, text=True, timeout=900, env=no_npm)
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "from-sdist"), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=no_npm,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with zipfile.ZipFile(next((tmp_path / "from-sdist").glob("*.whl"))) as z:
         assert bundle in z.namelist()
@@ -83,14 +93,32 @@ def test_python_m_build_works_from_a_clean_clone_and_its_sdist_builds_the_wheel_
 
 def _clean_env() -> dict[str, str]:
     """This process's environment without what would put this checkout (or its virtualenv) on a path."""
-    return {k: v for k, v in os.environ.items()
-            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "AIRFLOW_HOME", "TIDEWATER_HOME", "TIDEWATER_PIPELINES_DIR")}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV", "AIRFLOW_HOME", "TIDEWATER_HOME", "TIDEWATER_PIPELINES_DIR")
+    }
 
 
 def _pip(venv: Path, *args: str) -> None:
-    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile",
-                           "--disable-pip-version-check", *args, "-c", str(REPO / "constraints.txt")],
-                          capture_output=True, text=True, timeout=1500, env=_clean_env())
+    proc = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-compile",
+            "--disable-pip-version-check",
+            *args,
+            "-c",
+            str(REPO / "constraints.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=_clean_env(),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -110,7 +138,8 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
     assert "pyspark" not in core  # the `spark` extra (below)
     assert any(r.startswith("apache-airflow<4,>=3.1") and 'extra == "airflow"' in r for r in requires), requires
     assert {"airflow", "spark", "spark-connect", "lineage", "s3", "dev"} <= {
-        ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Provides-Extra:")}
+        ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Provides-Extra:")
+    }
     # a distribution of its own name (`tidewater` on the package index is another project), Apache-2.0, classified
     fields = [ln.split(":", 1) for ln in meta.splitlines() if ": " in ln and not ln.startswith(" ")]
     assert ("Name", " airflow-provider-tidewater") in [(k, v) for k, v in fields]
@@ -118,14 +147,21 @@ def test_the_wheel_and_sdist_declare_the_dependencies_entry_points_and_package_d
     assert "Framework :: Apache Airflow :: Provider" in meta and "Apache License" in license_text
     # Spark is an extra: the scheduler and the api-server need none (the Spark provider 6.x brings only its client)
     assert [r for r in meta.splitlines() if r.startswith("Requires-Dist: pyspark")] == [
-        'Requires-Dist: pyspark<5,>=3.5; extra == "spark"', 'Requires-Dist: pyspark[connect]<5,>=3.5; extra == "spark-connect"']
+        'Requires-Dist: pyspark<5,>=3.5; extra == "spark"',
+        'Requires-Dist: pyspark[connect]<5,>=3.5; extra == "spark-connect"',
+    ]
     assert "tidewater = tidewater.runtime.plugin:TidewaterPlugin" in entry
     assert "provider_info = tidewater.runtime.provider:get_provider_info" in entry
     assert "tidewater = tidewater.runtime.cli:entry" in entry
-    shipped = {"tidewater/runtime/ui_page.html", "tidewater/runtime/spark_app/ingest_batch.py", "tidewater/runtime/airflow_dags.py",
-               "tidewater/examples/pizzas.yaml", "tidewater/examples/pizzas.expectations.json",
-               "tidewater/runtime/ui_static/tidewater-ui.js",  # the React apps' bundle, built by make setup
-               "tidewater/runtime/ui_static/tidewater.svg"}  # the navigation entry's icon
+    shipped = {
+        "tidewater/runtime/ui_page.html",
+        "tidewater/runtime/spark_app/ingest_batch.py",
+        "tidewater/runtime/airflow_dags.py",
+        "tidewater/examples/pizzas.yaml",
+        "tidewater/examples/pizzas.expectations.json",
+        "tidewater/runtime/ui_static/tidewater-ui.js",  # the React apps' bundle, built by make setup
+        "tidewater/runtime/ui_static/tidewater.svg",
+    }  # the navigation entry's icon
     assert shipped <= names
     # the apps' sources (ui/, TypeScript) and build tools stay out
     assert not any("node_modules" in n or n.endswith((".ts", ".tsx")) or n.startswith("ui/") for n in names)
@@ -152,9 +188,15 @@ def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker
     pipelines, home = tmp_path / "pipelines", tmp_path / "home"
     pipelines.mkdir()
     topic = f"install-{os.getpid()}"
-    doc = {"name": "orders", "topics": [topic], "kafka": {"bootstrap_servers": broker.bootstrap},
-           "table": {"identifier": "rpc.orders"}, "validation": {"not_null": ["order_id"], "on_failure": "quarantine"},
-           "spark": {"master": "local[2]"}, "schedule": None}
+    doc = {
+        "name": "orders",
+        "topics": [topic],
+        "kafka": {"bootstrap_servers": broker.bootstrap},
+        "table": {"identifier": "rpc.orders"},
+        "validation": {"not_null": ["order_id"], "on_failure": "quarantine"},
+        "spark": {"master": "local[2]"},
+        "schedule": None,
+    }
     path = pipelines / "orders.yaml"
     path.write_text(yaml.safe_dump(doc))
     env = _clean_env()
@@ -184,10 +226,15 @@ def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker
     for d in (dags, af, no_plugins):
         d.mkdir()
     (dags / "tidewater_dags.py").write_text(TWO_LINES)
-    env.update(TIDEWATER_PIPELINES_DIR=str(pipelines), AIRFLOW_HOME=str(af), AIRFLOW__CORE__DAGS_FOLDER=str(dags),
-               AIRFLOW__CORE__PLUGINS_FOLDER=str(no_plugins),
-               AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW_CONN_TIDEWATER_SPARK='{"conn_type": "spark", "host": "local[2]"}',
-               AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{af / 'airflow.db'}")
+    env.update(
+        TIDEWATER_PIPELINES_DIR=str(pipelines),
+        AIRFLOW_HOME=str(af),
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        AIRFLOW__CORE__PLUGINS_FOLDER=str(no_plugins),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW_CONN_TIDEWATER_SPARK='{"conn_type": "spark", "host": "local[2]"}',
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{af / 'airflow.db'}",
+    )
     run(str(bin_ / "airflow"), "db", "migrate")
     run(str(bin_ / "airflow"), "dags", "reserialize")  # what the DAG processor does: the DAG file parsed into the database
     listed = run(str(bin_ / "airflow"), "dags", "list", "--output", "json").stdout
@@ -206,11 +253,13 @@ def test_installed_alone_then_into_airflow_with_a_two_line_dag_file(dist, broker
 
 def _committed(bin_: Path, env: dict[str, str], path: Path) -> tuple[int, int, dict]:
     """(rows, distinct order ids, committed offsets of the one topic) as the installed package reads them."""
-    code = ("import json, sys\nfrom tidewater.config.parse import load_pipeline\n"
-            "from tidewater.table.catalog import load_catalog, load_table\nfrom tidewater.table.summary import committed_state\n"
-            "spec = load_pipeline(sys.argv[1]); t = load_table(load_catalog(spec), spec.table.identifier)\n"
-            "ids = t.scan().to_arrow().column('order_id').to_pylist()\n"
-            "print(json.dumps([len(ids), len(set(ids)), list(committed_state(t).offsets.values())[0]]))\n")
+    code = (
+        "import json, sys\nfrom tidewater.config.parse import load_pipeline\n"
+        "from tidewater.table.catalog import load_catalog, load_table\nfrom tidewater.table.summary import committed_state\n"
+        "spec = load_pipeline(sys.argv[1]); t = load_table(load_catalog(spec), spec.table.identifier)\n"
+        "ids = t.scan().to_arrow().column('order_id').to_pylist()\n"
+        "print(json.dumps([len(ids), len(set(ids)), list(committed_state(t).offsets.values())[0]]))\n"
+    )
     proc = subprocess.run([str(bin_ / "python"), "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows, distinct, offsets = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -222,8 +271,9 @@ def _view_served(bin_: Path, env: dict[str, str], tmp_path: Path) -> None:
     port = free_port()
     env = {**env, "AIRFLOW__API__PORT": str(port)}
     log = open(tmp_path / "api-server.log", "w")
-    proc = subprocess.Popen([str(bin_ / "airflow"), "api-server", "--port", str(port)], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(bin_ / "airflow"), "api-server", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -274,8 +324,14 @@ def test_the_wheel_installs_into_the_supported_airflows_without_moving_them(dist
         r = install_range.check_release(release, wheel, tmp_path / release, kafka)
         results.append(r)  # what each release installed and loaded, kept for reading a failure or the docs
         (artifacts / "install-range.json").write_text(json.dumps(results, indent=1))
-        if not (r["ok"] and str(r.get("spark_provider")).startswith("6.") and not r.get("downgraded")
-                and r.get("provider") and r.get("plugin") and {"ingest_orders", "maintain_orders"} <= set(r.get("dags", []))):
+        if not (
+            r["ok"]
+            and str(r.get("spark_provider")).startswith("6.")
+            and not r.get("downgraded")
+            and r.get("provider")
+            and r.get("plugin")
+            and {"ingest_orders", "maintain_orders"} <= set(r.get("dags", []))
+        ):
             failed.append(r)
         elif kafka and (r["batch"].get("rows"), r["batch"].get("offsets")) != (40, {topic: {"0": 20, "1": 20}}):
             failed.append(r)

@@ -59,8 +59,9 @@ class Deployment:
     def __init__(self, tmp_path: Path, broker, postgres, s3_endpoint: str, bucket: str) -> None:
         from pyarrow import fs
 
-        fs.S3FileSystem(endpoint_override=s3_endpoint, scheme="http", access_key=KEY, secret_key=SECRET,
-                        region="us-east-1", allow_bucket_creation=True).create_dir(bucket)
+        fs.S3FileSystem(
+            endpoint_override=s3_endpoint, scheme="http", access_key=KEY, secret_key=SECRET, region="us-east-1", allow_bucket_creation=True
+        ).create_dir(bucket)
         self.root, self.broker, self.bucket, self.endpoint = tmp_path, broker, bucket, s3_endpoint
         self.catalog_url = postgres.create_database(f"catalog_{bucket.replace('-', '_')}")
         self.steps = 0
@@ -69,11 +70,22 @@ class Deployment:
         """A pipeline file's text: catalog in PostgreSQL, warehouse and staging in the bucket, secrets by reference
         (``${ENV}``), or the whole catalog from the Airflow connection ``catalog_conn`` (``catalog_connection``)."""
         doc = {
-            "name": name, "kafka": {"bootstrap_servers": self.broker.bootstrap},
-            "catalog": {"name": "lake", "conn_id": catalog_conn} if catalog_conn else {"name": "lake", "properties": {
-                "type": "sql", "uri": self.catalog_url, "warehouse": f"s3://{self.bucket}/warehouse",
-                "s3.endpoint": self.endpoint, "s3.access-key-id": "${TEST_S3_KEY}",
-                "s3.secret-access-key": "${TEST_S3_SECRET}", "s3.region": "us-east-1"}},
+            "name": name,
+            "kafka": {"bootstrap_servers": self.broker.bootstrap},
+            "catalog": {"name": "lake", "conn_id": catalog_conn}
+            if catalog_conn
+            else {
+                "name": "lake",
+                "properties": {
+                    "type": "sql",
+                    "uri": self.catalog_url,
+                    "warehouse": f"s3://{self.bucket}/warehouse",
+                    "s3.endpoint": self.endpoint,
+                    "s3.access-key-id": "${TEST_S3_KEY}",
+                    "s3.secret-access-key": "${TEST_S3_SECRET}",
+                    "s3.region": "us-east-1",
+                },
+            },
             "batch": {"staging_dir": f"s3://{self.bucket}/staging"},
             "spark": {"master": "local[2]"},
             **sections,
@@ -87,10 +99,22 @@ class Deployment:
         from urllib.parse import urlparse
 
         url = urlparse(self.catalog_url)
-        return json.dumps({"conn_type": "postgres", "host": url.hostname, "port": url.port, "login": url.username,
-                           "schema": url.path.lstrip("/"),
-                           "extra": {"warehouse": f"s3://{self.bucket}/warehouse", "s3.endpoint": self.endpoint,
-                                     "s3.access-key-id": KEY, "s3.secret-access-key": SECRET, "s3.region": "us-east-1"}})
+        return json.dumps(
+            {
+                "conn_type": "postgres",
+                "host": url.hostname,
+                "port": url.port,
+                "login": url.username,
+                "schema": url.path.lstrip("/"),
+                "extra": {
+                    "warehouse": f"s3://{self.bucket}/warehouse",
+                    "s3.endpoint": self.endpoint,
+                    "s3.access-key-id": KEY,
+                    "s3.secret-access-key": SECRET,
+                    "s3.region": "us-east-1",
+                },
+            }
+        )
 
     def step(self, task: str, pipeline_text: str, args: object = None) -> object:
         """Run one task in a new process on a private directory (home, working directory, temporary files, Spark's
@@ -101,17 +125,29 @@ class Deployment:
         (private / "tmp").mkdir()
         pipeline = private / "pipelines" / "pipeline.yaml"
         pipeline.write_text(pipeline_text)
-        env = {**os.environ, "TIDEWATER_HOME": str(private / "home"), "TIDEWATER_PIPELINES_DIR": str(pipeline.parent),
-               "TMPDIR": str(private / "tmp"), "SPARK_LOCAL_DIRS": str(private / "tmp"),
-               "TEST_S3_KEY": KEY, "TEST_S3_SECRET": SECRET}
-        proc = subprocess.run([sys.executable, "-c", STEP, task, str(pipeline), json.dumps(args)], cwd=private,
-                              env=env, capture_output=True, text=True, timeout=600)
+        env = {
+            **os.environ,
+            "TIDEWATER_HOME": str(private / "home"),
+            "TIDEWATER_PIPELINES_DIR": str(pipeline.parent),
+            "TMPDIR": str(private / "tmp"),
+            "SPARK_LOCAL_DIRS": str(private / "tmp"),
+            "TEST_S3_KEY": KEY,
+            "TEST_S3_SECRET": SECRET,
+        }
+        proc = subprocess.run(
+            [sys.executable, "-c", STEP, task, str(pipeline), json.dumps(args)],
+            cwd=private,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, f"{task}: {out[-4000:]}"
         assert SECRET not in out, f"{task} printed the secret key"
         shutil.rmtree(private)
         result = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        return json.loads(result[-1][len("RESULT "):])
+        return json.loads(result[-1][len("RESULT ") :])
 
     def batch(self, pipeline_text: str, planned: dict | None = None) -> dict:
         """plan (unless given), write, validate, commit and the Data Docs page, each on its own worker."""
@@ -131,8 +167,7 @@ class Deployment:
     def staged(self) -> dict[str, bytes]:
         from pyarrow import fs
 
-        s3 = fs.S3FileSystem(endpoint_override=self.endpoint, scheme="http", access_key=KEY, secret_key=SECRET,
-                             region="us-east-1")
+        s3 = fs.S3FileSystem(endpoint_override=self.endpoint, scheme="http", access_key=KEY, secret_key=SECRET, region="us-east-1")
         out = {}
         for info in s3.get_file_info(fs.FileSelector(f"{self.bucket}/staging", recursive=True, allow_not_found=True)):
             if info.type == fs.FileType.File:
@@ -147,8 +182,9 @@ def _temp_entries() -> set[str]:
     return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(prefixes)}
 
 
-def test_ingest_change_and_replay_batches_with_every_step_on_its_own_worker(broker, topic, postgres, s3_endpoint,
-                                                                           home, tmp_path, monkeypatch):
+def test_ingest_change_and_replay_batches_with_every_step_on_its_own_worker(
+    broker, topic, postgres, s3_endpoint, home, tmp_path, monkeypatch
+):
     """An ingest batch (240 pizza events, 3 partitions), two change batches (Debezium, upserts by key) and a
     replace replay, every step in its own process and private directory: rows and offsets exact, the change
     table equal to the reference model of its source, the replay's rows identical and offsets unmoved; the
@@ -158,8 +194,9 @@ def test_ingest_change_and_replay_batches_with_every_step_on_its_own_worker(brok
     monkeypatch.setenv("TEST_S3_SECRET", SECRET)
     before = _temp_entries()
     d = Deployment(tmp_path, broker, postgres, s3_endpoint, "production")
-    orders = d.pipeline("orders", topics=[topic], table={"identifier": "rpc.orders"}, format={"metadata": "prefixed"},
-                        validation={"not_null": ["order_id"]})
+    orders = d.pipeline(
+        "orders", topics=[topic], table={"identifier": "rpc.orders"}, format={"metadata": "prefixed"}, validation={"not_null": ["order_id"]}
+    )
     produce(broker.bootstrap, topic, pizza_events(240, seed=170), partitions=3)
     first = d.batch(orders)
     assert first["commit"]["status"] == "committed"
@@ -170,9 +207,13 @@ def test_ingest_change_and_replay_batches_with_every_step_on_its_own_worker(brok
     assert d.step("plan", orders) is None, "nothing new: the plan step stages nothing"
 
     changes_topic = f"{topic}-changes"
-    prices = d.pipeline("prices", topics=[changes_topic], format={"value": "debezium"},
-                        validation={"not_null": ["id"]}, table={"identifier": "rpc.prices", "id_columns": ["id"],
-                                                               "upsert": True})
+    prices = d.pipeline(
+        "prices",
+        topics=[changes_topic],
+        format={"value": "debezium"},
+        validation={"not_null": ["id"]},
+        table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True},
+    )
     model: dict[int, dict] = {}
     for b in range(2):
         changes = change_stream(model, 60, keys=20, seed=171 + b)
@@ -182,22 +223,25 @@ def test_ingest_change_and_replay_batches_with_every_step_on_its_own_worker(brok
     rows = {r["id"]: r["item"] for r in d.table(prices).scan(selected_fields=("id", "item")).to_arrow().to_pylist()}
     assert rows == {k: v["item"] for k, v in model.items()}
 
-    content = sorted(d.table(orders).scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id"))
-                     .to_arrow().to_pylist(), key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]))
-    planned = d.step("replay_plan", orders, {"topic": topic, "partitions": "1", "start_offset": 10, "end_offset": 50,
-                                             "mode": "replace"})
+    content = sorted(
+        d.table(orders).scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id")).to_arrow().to_pylist(),
+        key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]),
+    )
+    planned = d.step("replay_plan", orders, {"topic": topic, "partitions": "1", "start_offset": 10, "end_offset": 50, "mode": "replace"})
     replay = d.batch(orders, planned)
     assert replay["commit"]["status"] == "committed"
     table = d.table(orders)
-    after = sorted(table.scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id")).to_arrow().to_pylist(),
-                   key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]))
+    after = sorted(
+        table.scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id")).to_arrow().to_pylist(),
+        key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]),
+    )
     assert after == content
     assert json.loads(table.current_snapshot().summary.additional_properties[REPLAY])["ranges"] == [[topic, 1, 10, 50]]
     assert committed_state(table).offsets == {topic: {0: 80, 1: 80, 2: 80}}
 
     staged = d.staged()
     for run in (first, replay):
-        prefix = run["planned"]["plan_path"][len("s3://"):].rsplit("/", 1)[0]
+        prefix = run["planned"]["plan_path"][len("s3://") :].rsplit("/", 1)[0]
         assert {f"{prefix}/plan.json", f"{prefix}/manifest.json"} <= set(staged), sorted(staged)
         page = run["pages"] or []  # rendered by its own worker, kept in the bucket
         assert len(page) == 1 and page[0].startswith("s3://production/data-docs/orders/gx/uncommitted/data_docs/")
@@ -207,8 +251,7 @@ def test_ingest_change_and_replay_batches_with_every_step_on_its_own_worker(brok
     assert _temp_entries() <= before, _temp_entries() - before
 
 
-def test_the_ingest_dag_through_airflows_local_executor_on_postgresql(broker, topic, postgres, s3_endpoint, tmp_path,
-                                                                      monkeypatch):
+def test_the_ingest_dag_through_airflows_local_executor_on_postgresql(broker, topic, postgres, s3_endpoint, tmp_path, monkeypatch):
     """The ingest DAG run by Airflow's scheduler with PostgreSQL as its metadata database and its LocalExecutor
     (`airflow standalone`: each task a separate process), staging in the bucket and the catalog in PostgreSQL, the
     catalog and the bucket's credentials from an Airflow connection (`catalog.conn_id`; the spark-submit driver gets
@@ -222,8 +265,14 @@ def test_the_ingest_dag_through_airflows_local_executor_on_postgresql(broker, to
 
     d = Deployment(tmp_path, broker, postgres, s3_endpoint, "airflow-shape")
     monkeypatch.setenv("AIRFLOW_CONN_TIDEWATER_CATALOG", d.catalog_connection())  # this process reads the table too
-    orders = d.pipeline("orders", catalog_conn="tidewater_catalog", topics=[topic], table={"identifier": "rpc.orders"},
-                        schedule=None, validation={"not_null": ["order_id"]})
+    orders = d.pipeline(
+        "orders",
+        catalog_conn="tidewater_catalog",
+        topics=[topic],
+        table={"identifier": "rpc.orders"},
+        schedule=None,
+        validation={"not_null": ["order_id"]},
+    )
     assert SECRET not in orders and KEY not in orders
     pipelines, af, tw_home = tmp_path / "pipelines", tmp_path / "airflow", tmp_path / "tidewater-home"
     for p in (pipelines, af, tw_home):
@@ -233,11 +282,15 @@ def test_the_ingest_dag_through_airflows_local_executor_on_postgresql(broker, to
     env = {
         **os.environ,
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-        "AIRFLOW_HOME": str(af), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata, "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW_HOME": str(af),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata,
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW_CONN_TIDEWATER_SPARK": '{"conn_type": "spark", "host": "local[2]"}',
-        "TIDEWATER_PIPELINES_DIR": str(pipelines), "TIDEWATER_HOME": str(tw_home),
+        "TIDEWATER_PIPELINES_DIR": str(pipelines),
+        "TIDEWATER_HOME": str(tw_home),
     }
     migrate = subprocess.run(["airflow", "db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
     assert migrate.returncode == 0, migrate.stdout[-2000:] + migrate.stderr[-2000:]

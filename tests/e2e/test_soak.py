@@ -29,8 +29,13 @@ def test_three_minutes_of_production_with_faults_end_audited_clean_and_equal_to_
     and the Connect server's memory was sampled (judged flat or not only on runs of 20 minutes or more)."""
     work = tmp_path / "soak"
     env = {**os.environ, "PATH": f"{REPO / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "soak.py"), "--minutes", "3", "--work", str(work),
-                           "--drain-minutes", "15", "--keep"], env=env, capture_output=True, text=True, timeout=3000)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "soak.py"), "--minutes", "3", "--work", str(work), "--drain-minutes", "15", "--keep"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     assert (work / "report.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((work / "report.json").read_text())
     assert report["failures"] == [] and proc.returncode == 0, report["failures"]

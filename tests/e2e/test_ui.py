@@ -22,8 +22,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CHROMIUM = "/usr/bin/chromium"
 # Chromium here: no sandbox as root, and no background connections (the network is closed)
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = Path(os.environ.get("TIDEWATER_TEST_ARTIFACTS", REPO / ".data" / "test-artifacts"))
 
 
@@ -39,8 +46,11 @@ def api_server(airflow_env, tmp_path):
         base = f"http://127.0.0.1:{port}{prefix}"  # a prefix: Airflow served under a path (``[api] base_url``)
         env = {**airflow_env, "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": base, **more_env}
         subprocess.run(["airflow", "dags", "reserialize"], env=env, check=True, capture_output=True, timeout=300)
-        procs.append(subprocess.Popen(["airflow", "api-server", "--port", str(port)], env=env, stdout=log,
-                                      stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                ["airflow", "api-server", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
         deadline = time.monotonic() + 180
         while _health(base) != 200:
             if time.monotonic() > deadline or procs[0].poll() is not None:
@@ -75,16 +85,16 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     from playwright.sync_api import sync_playwright
 
     pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
-    path = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          airflow={"freshness": "15m"})
+    path = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, airflow={"freshness": "15m"})
     spec = load_pipeline(path)
     produce(broker.bootstrap, topic, pizza_events(60, seed=120), partitions=3)
     ingest_inline(spec)
     produce(broker.bootstrap, topic, pizza_events(30, seed=121), partitions=3)
     held = _quarantined_batch(pipelines, broker, topic)
     # a pipeline file that does not load on the API server (a variable unset on that host): an error row, not nothing
-    (pipelines / "broken.yaml").write_text("name: broken\ntopics: [b]\ntable: ns.broken\nschedule: null\n"
-                                           "kafka: {bootstrap_servers: '${TIDEWATER_TEST_UNSET_BROKERS}'}\n")
+    (pipelines / "broken.yaml").write_text(
+        "name: broken\ntopics: [b]\ntable: ns.broken\nschedule: null\nkafka: {bootstrap_servers: '${TIDEWATER_TEST_UNSET_BROKERS}'}\n"
+    )
     base, user, password = api_server()
 
     assert call_api(f"{base}/tidewater/api/pipelines")[0] == 401
@@ -100,8 +110,7 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
     status, second = call_api(f"{base}/tidewater/api/summaries?offset=1&limit=1", token)
     assert status == 200 and [p["ref"]["name"] for p in second["pipelines"]] == ["orders"], second
     line = second["pipelines"][0]["summary"]
-    assert (line["lag"], line["partitions"], line["quarantined"], line["open_dead_letters"], line["error"]) == (
-        30, 3, 0, 0, None), line
+    assert (line["lag"], line["partitions"], line["quarantined"], line["open_dead_letters"], line["error"]) == (30, 3, 0, 0, None), line
     assert first["pipelines"][0]["summary"]["quarantined"] == 1, first
     status, problems = call_api(f"{base}/tidewater/api/problems", token)
     assert status == 200 and [(p["file"], p["dag_id"]) for p in problems] == [("broken.yaml", "ingest_invalid_broken")]
@@ -134,13 +143,17 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
             page.wait_for_url(base + "/", timeout=60_000)
             # the dashboard's Tidewater panel (Airflow 3.3's `dashboard` destination), on the home page
             page.locator("#tidewater-dashboard tr.dashboard-pipeline").nth(1).wait_for(timeout=60_000)
-            cells = {r[0]: r[1:] for r in (row.locator("td").all_inner_texts()
-                                           for row in page.locator("#tidewater-dashboard tr.dashboard-pipeline").all())}
+            cells = {
+                r[0]: r[1:]
+                for r in (row.locator("td").all_inner_texts() for row in page.locator("#tidewater-dashboard tr.dashboard-pipeline").all())
+            }
             assert cells["orders"][0] == "30" and re.fullmatch(r"\d+ s of 900 s", cells["orders"][1]), cells
             assert cells["held"][2] == "1" and cells["orders"][2] == "0", cells  # quarantined batches
             links = page.locator("#tidewater-dashboard a").evaluate_all("els => els.map(e => e.getAttribute('href'))")
-            assert sorted(links) == [f"{base}/dags/ingest_held/plugin/tidewater-pipeline",
-                                     f"{base}/dags/ingest_orders/plugin/tidewater-pipeline"], links
+            assert sorted(links) == [
+                f"{base}/dags/ingest_held/plugin/tidewater-pipeline",
+                f"{base}/dags/ingest_orders/plugin/tidewater-pipeline",
+            ], links
             broken = page.locator("#tidewater-dashboard-problems tr.pipeline-problem")
             broken.first.wait_for(timeout=60_000)
             assert broken.count() == 1 and "TIDEWATER_TEST_UNSET_BROKERS" in broken.first.inner_text()
@@ -149,8 +162,11 @@ def test_tidewater_view_api_and_browser(broker, topic, airflow_env, api_server, 
             # the navigation entry's icon, from the plugin's relative URL, resolved against the page's base and loaded
             icon = page.locator("img[src='tidewater/static/tidewater.svg']").first
             icon.wait_for(state="attached", timeout=60_000)
-            page.wait_for_function("() => [...document.querySelectorAll(\"img[src='tidewater/static/tidewater.svg']\")]"
-                                   ".some(i => i.complete && i.naturalWidth > 0)", timeout=60_000)
+            page.wait_for_function(
+                "() => [...document.querySelectorAll(\"img[src='tidewater/static/tidewater.svg']\")]"
+                ".some(i => i.complete && i.naturalWidth > 0)",
+                timeout=60_000,
+            )
             page.click("a[href='/plugin/tidewater']")  # the React app in the navigation (no frame)
             view = page
             view.locator("#total-lag").wait_for(timeout=60_000)
@@ -230,8 +246,11 @@ def test_the_view_loads_behind_a_base_url_prefix(broker, topic, airflow_env, api
             page.fill("input[name=password]", password)
             page.click("button:has-text('Sign in')")
             page.wait_for_url(base + "/", timeout=60_000)
-            page.wait_for_function("() => [...document.querySelectorAll(\"img[src='tidewater/static/tidewater.svg']\")]"
-                                   ".some(i => i.complete && i.naturalWidth > 0)", timeout=60_000)
+            page.wait_for_function(
+                "() => [...document.querySelectorAll(\"img[src='tidewater/static/tidewater.svg']\")]"
+                ".some(i => i.complete && i.naturalWidth > 0)",
+                timeout=60_000,
+            )
             page.goto(base + "/plugin/tidewater")
             page.locator("#pipeline").wait_for(timeout=60_000)
             page.locator("#pipeline").select_option("orders")
@@ -240,13 +259,14 @@ def test_the_view_loads_behind_a_base_url_prefix(broker, topic, airflow_env, api
             page.screenshot(path=str(ARTIFACTS / "tidewater-view-under-a-prefix.png"))
         finally:
             browser.close()
-    assert {url.split("?")[0] for url, _ in static} >= {f"{base}/tidewater/static/tidewater-ui.js",
-                                                        f"{base}/tidewater/static/tidewater.svg"}, static
+    assert {url.split("?")[0] for url, _ in static} >= {
+        f"{base}/tidewater/static/tidewater-ui.js",
+        f"{base}/tidewater/static/tidewater.svg",
+    }, static
     assert all(code in (200, 304) for _, code in static), static
 
 
-def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(broker, topic, airflow_env, api_server,
-                                                                              home):
+def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(broker, topic, airflow_env, api_server, home):
     """Two pipelines; an auth manager (``tests/e2e/one_dag_auth.py``: Airflow's simple one, with a user ``limited``
     who may read only ``ingest_orders``) behind the real API server. ``limited`` lists only `orders`, reads its
     overview and Data Docs, and gets 403 for every route of the other pipeline (the dashboard's panel lists only
@@ -254,14 +274,19 @@ def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(bro
     pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
     batches = {}
     for name in ("orders", "secret"):
-        spec = load_pipeline(write_pipeline(pipelines, name=name, topics=[topic], table={"identifier": f"rpc.{name}"},
-                                            kafka={"bootstrap_servers": broker.bootstrap}))
+        spec = load_pipeline(
+            write_pipeline(
+                pipelines, name=name, topics=[topic], table={"identifier": f"rpc.{name}"}, kafka={"bootstrap_servers": broker.bootstrap}
+            )
+        )
         produce(broker.bootstrap, topic, pizza_events(12, seed=130), partitions=2)
         batches[name] = ingest_inline(spec).batch_id
     base, admin, admin_password = api_server(
         AIRFLOW__CORE__AUTH_MANAGER="tests.e2e.one_dag_auth.OneDagAuthManager",
-        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin,limited:viewer", TIDEWATER_TEST_READABLE_DAGS="ingest_orders",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin,limited:viewer",
+        TIDEWATER_TEST_READABLE_DAGS="ingest_orders",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
     passwords = json.loads((Path(airflow_env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated").read_text())
     tokens = {}
     for user in ("admin", "limited"):
@@ -277,9 +302,14 @@ def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(bro
     assert call_api(f"{base}/tidewater/api/pipelines/orders", tokens["limited"])[0] == 200
     status, page = call_api(f"{base}/tidewater/data-docs/orders/{batches['orders']}.html", tokens["limited"])
     assert status == 200 and "Data documentation compiled by Great Expectations" in page
-    for route in ("api/pipelines/secret", f"data-docs/secret/{batches['secret']}.html", "data-docs/secret/index.html",
-                  "api/pipelines/secret/dead-letters", "api/pipelines/secret/lag-history",
-                  "api/pipelines/secret/runs/manual__x"):
+    for route in (
+        "api/pipelines/secret",
+        f"data-docs/secret/{batches['secret']}.html",
+        "data-docs/secret/index.html",
+        "api/pipelines/secret/dead-letters",
+        "api/pipelines/secret/lag-history",
+        "api/pipelines/secret/runs/manual__x",
+    ):
         status, body = call_api(f"{base}/tidewater/{route}", tokens["limited"])
         assert status == 403 and "ingest_secret" in body, (route, status, body)
         assert call_api(f"{base}/tidewater/{route}", tokens["admin"])[0] in (200, 307), route
@@ -302,12 +332,14 @@ def test_the_view_shows_each_user_only_the_pipelines_whose_dag_they_may_read(bro
             page.screenshot(path=str(ARTIFACTS / "limited-user-other-dag.png"))
             page.goto(f"{base}/")  # the dashboard's panel: the pipeline it may read, only
             page.locator("#tidewater-dashboard tr.dashboard-pipeline").first.wait_for(timeout=60_000)
-            assert [r.locator("td").first.inner_text() for r in
-                    page.locator("#tidewater-dashboard tr.dashboard-pipeline").all()] == ["orders"]
+            assert [r.locator("td").first.inner_text() for r in page.locator("#tidewater-dashboard tr.dashboard-pipeline").all()] == [
+                "orders"
+            ]
             page.goto(f"{base}/plugin/tidewater")
             page.locator("tr.pipeline").first.wait_for(timeout=60_000)
             assert page.locator("tr.pipeline").count() == 1 and page.locator("#pipeline option").all_inner_texts() == [
-                "orders -> rpc.orders"]
+                "orders -> rpc.orders"
+            ]
         finally:
             browser.close()
 
@@ -320,8 +352,7 @@ def _login(page, base: str, user: str, password: str) -> None:
     page.wait_for_url(base + "/", timeout=60_000)
 
 
-def test_dag_and_run_tabs_show_the_pipeline_and_a_retry_from_the_view_runs_the_retry_dag(broker, topic, airflow_env,
-                                                                                         api_server, home):
+def test_dag_and_run_tabs_show_the_pipeline_and_a_retry_from_the_view_runs_the_retry_dag(broker, topic, airflow_env, api_server, home):
     """The React apps in Airflow's own pages. On the ingest DAG's "Tidewater pipeline" tab: the lag per partition
     equals `tidewater status --json`, the lag chart is drawn (two batches), the 3 dead letters of the second batch are
     listed with their payload. On the "Tidewater batch" tab of the DAG run that committed the second batch: its batch
@@ -336,8 +367,12 @@ def test_dag_and_run_tabs_show_the_pipeline_and_a_retry_from_the_view_runs_the_r
     from tidewater_dev.sample_data import produce as produce_round_robin
 
     pipelines = Path(airflow_env["TIDEWATER_PIPELINES_DIR"])
-    path = write_pipeline(pipelines, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["order_id"], "not_null_policy": "dead_letter"})
+    path = write_pipeline(
+        pipelines,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        validation={"not_null": ["order_id"], "not_null_policy": "dead_letter"},
+    )
     spec = load_pipeline(path)
     produce_round_robin(broker.bootstrap, topic, pizza_events(30, seed=140), partitions=3)
     ingest_inline(spec)
@@ -345,16 +380,23 @@ def test_dag_and_run_tabs_show_the_pipeline_and_a_retry_from_the_view_runs_the_r
     base, user, password = api_server()
     status, token = call_api(f"{base}/auth/token", body={"username": user, "password": password})
     token = token["access_token"]
-    status, run = call_api(f"{base}/api/v2/dags/ingest_orders/dagRuns", token,
-                           body={"dag_run_id": "manual__tab-1", "logical_date": None})
+    status, run = call_api(f"{base}/api/v2/dags/ingest_orders/dagRuns", token, body={"dag_run_id": "manual__tab-1", "logical_date": None})
     assert status in (200, 201), run
     plan, manifest = stage_inline(spec)  # the run's batch, committed with its run id as the commit task would
     validate_step(spec, plan, manifest)
     committed = commit_step(spec, plan, manifest, dag_run_id="manual__tab-1")
     assert (committed.records, committed.dead_letters) == (15, 3)
     produce_round_robin(broker.bootstrap, topic, pizza_events(6, seed=143), partitions=3)  # lag 6 for the tab
-    st = json.loads(subprocess.run(["tidewater", "status", "--pipeline", str(path), "--json"], env=airflow_env,
-                                   check=True, capture_output=True, text=True, timeout=300).stdout)
+    st = json.loads(
+        subprocess.run(
+            ["tidewater", "status", "--pipeline", str(path), "--json"],
+            env=airflow_env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        ).stdout
+    )
     entries = [e for e in ledger.read(load_catalog(spec), spec).to_pylist() if e["dag_run_id"] == "manual__tab-1"]
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -395,9 +437,13 @@ def test_dag_and_run_tabs_show_the_pipeline_and_a_retry_from_the_view_runs_the_r
             page.locator("#retry-run").wait_for(timeout=60_000)
             status, runs = call_api(f"{base}/api/v2/dags/retry_dead_letters_orders/dagRuns", token)
             assert [r["conf"] for r in runs["dag_runs"]] == [{"dry_run": False}], runs
-            done = subprocess.run(["airflow", "dags", "test", "retry_dead_letters_orders", "--conf",
-                                   json.dumps(runs["dag_runs"][0]["conf"])], env=airflow_env, capture_output=True,
-                                  text=True, timeout=600)
+            done = subprocess.run(
+                ["airflow", "dags", "test", "retry_dead_letters_orders", "--conf", json.dumps(runs["dag_runs"][0]["conf"])],
+                env=airflow_env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
             page.reload()
             page.locator("#open-letters", has_text=re.compile(r"^0$")).wait_for(timeout=60_000)
@@ -414,11 +460,25 @@ def _quarantined_batch(pipelines: Path, broker, topic: str) -> str:
     on its branch. Returns its batch id."""
     from tidewater.errors import ValidationFailedError
 
-    (pipelines / "strict.json").write_text(json.dumps({"expectations": [
-        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}]}))
-    spec = load_pipeline(write_pipeline(pipelines, name="held", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        table={"identifier": "rpc.held"},
-                                        validation={"suite": "strict.json", "on_failure": "quarantine"}))
+    (pipelines / "strict.json").write_text(
+        json.dumps(
+            {
+                "expectations": [
+                    {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
+                ]
+            }
+        )
+    )
+    spec = load_pipeline(
+        write_pipeline(
+            pipelines,
+            name="held",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            table={"identifier": "rpc.held"},
+            validation={"suite": "strict.json", "on_failure": "quarantine"},
+        )
+    )
     with pytest.raises(ValidationFailedError, match="quarantined on branch quarantine-") as e:
         ingest_inline(spec)
     return str(e.value).split("quarantined on branch quarantine-", 1)[1].split()[0].rstrip(".;,)")

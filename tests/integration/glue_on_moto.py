@@ -29,25 +29,43 @@ ROLE = "arn:aws:iam::123456789012:role/tidewater-ingest"
 def properties(cfg: dict) -> dict[str, str]:
     from tidewater.config.connections import glue_properties_of
 
-    conn = SimpleNamespace(conn_id="lake_glue", login="AKIAGLUETESTKEY00000", password="glue-secret-value", extra_dejson={
-        "region_name": "us-east-1", "endpoint_url": cfg["endpoint"], "role_arn": ROLE})
+    conn = SimpleNamespace(
+        conn_id="lake_glue",
+        login="AKIAGLUETESTKEY00000",
+        password="glue-secret-value",
+        extra_dejson={"region_name": "us-east-1", "endpoint_url": cfg["endpoint"], "role_arn": ROLE},
+    )
     props = glue_properties_of(conn)
     assert props["client.access-key-id"] != conn.login, "the role's temporary keys replace the connection's"
-    return {**props, "warehouse": f"s3://{cfg['bucket']}/warehouse", "s3.region": "us-east-1",
-            "s3.access-key-id": props["client.access-key-id"], "s3.secret-access-key": props["client.secret-access-key"],
-            "s3.session-token": props["client.session-token"]}
+    return {
+        **props,
+        "warehouse": f"s3://{cfg['bucket']}/warehouse",
+        "s3.region": "us-east-1",
+        "s3.access-key-id": props["client.access-key-id"],
+        "s3.secret-access-key": props["client.secret-access-key"],
+        "s3.session-token": props["client.session-token"],
+    }
 
 
 def pipeline(cfg: dict):
     from tidewater.config.parse import load_pipeline
 
     path = Path(cfg["home"]) / "orders.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "orders", "topics": [cfg["topic"]], "schedule": None,
-        "kafka": {"bootstrap_servers": cfg["bootstrap"], "read_timeout_seconds": 20},
-        "table": {"identifier": cfg["bucket"].replace("-", "_") + ".orders"}, "batch": {"max_records": 100000, "chunk_records": 400},
-        "validation": {"not_null": ["order_id"]}, "spark": {"master": "local[2]"},
-        "catalog": {"name": "glue", "properties": properties(cfg)}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "orders",
+                "topics": [cfg["topic"]],
+                "schedule": None,
+                "kafka": {"bootstrap_servers": cfg["bootstrap"], "read_timeout_seconds": 20},
+                "table": {"identifier": cfg["bucket"].replace("-", "_") + ".orders"},
+                "batch": {"max_records": 100000, "chunk_records": 400},
+                "validation": {"not_null": ["order_id"]},
+                "spark": {"master": "local[2]"},
+                "catalog": {"name": "glue", "properties": properties(cfg)},
+            }
+        )
+    )
     return load_pipeline(path)
 
 
@@ -102,14 +120,24 @@ def report(cfg: dict) -> dict:
     table = load_table(load_catalog(spec), spec.table.identifier)
     rows = table.scan().to_arrow()
     found = audit(spec, deep=True)
-    return {"rows": rows.num_rows, "distinct_order_ids": len(set(rows.column("order_id").to_pylist())),
-            "offsets": committed_state(table).offsets, "columns": [f.name for f in table.schema().fields],
-            "metadata_location": table.metadata_location,
-            "files": [f["file_path"] for f in table.inspect.files().to_pylist()],
-            "audit_errors": [f.text() for f in found.findings if f.severity == "error"], "audit_clean": found.clean}
+    return {
+        "rows": rows.num_rows,
+        "distinct_order_ids": len(set(rows.column("order_id").to_pylist())),
+        "offsets": committed_state(table).offsets,
+        "columns": [f.name for f in table.schema().fields],
+        "metadata_location": table.metadata_location,
+        "files": [f["file_path"] for f in table.inspect.files().to_pylist()],
+        "audit_errors": [f.text() for f in found.findings if f.severity == "error"],
+        "audit_clean": found.clean,
+    }
 
 
 if __name__ == "__main__":
     command, config = sys.argv[1], json.loads(sys.argv[2])
-    print("RESULT " + json.dumps({"batch": batch, "batch-twice": batch_twice, "write-then-hang": write_then_hang,
-                                     "report": report}[command](config), default=str), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {"batch": batch, "batch-twice": batch_twice, "write-then-hang": write_then_hang, "report": report}[command](config), default=str
+        ),
+        flush=True,
+    )

@@ -38,8 +38,7 @@ def _setup(broker, home, topic):
     produce_to_partition(broker.bootstrap, topic, 0, events[30:50])
     ingest_inline(spec)
     produce_to_partition(broker.bootstrap, topic, 0, events[50:])
-    done = skip(spec, SkipRequest(topic=topic, partition=0, start_offset=55, end_offset=57, reason="bad deploy",
-                                  by="alice"))
+    done = skip(spec, SkipRequest(topic=topic, partition=0, start_offset=55, end_offset=57, reason="bad deploy", by="alice"))
     assert done["status"] == "committed"
     ingest_inline(spec)
     return spec, path
@@ -53,8 +52,7 @@ def test_a_clean_table_audits_clean_and_an_operator_skip_is_explained(broker, ho
     code, doc = _audit(path, capsys)
     assert code == 0 and doc["clean"], doc
     assert doc["batches"] == 5
-    assert doc["partitions"] == [{"topic": topic, "partition": 0, "committed": 60, "log_start": 0, "log_end": 60,
-                                  "lag": 0}]
+    assert doc["partitions"] == [{"topic": topic, "partition": 0, "committed": 60, "log_start": 0, "log_end": 60, "lag": 0}]
     explained = [f for f in doc["findings"] if f["severity"] == "explained"]
     assert [(f["start"], f["end"]) for f in explained] == [(55, 57)] and "alice: bad deploy" in explained[0]["message"]
     assert not [f for f in doc["findings"] if f["severity"] == "error"]
@@ -78,23 +76,35 @@ def test_an_audit_checks_the_batches_since_the_last_clean_one_and_full_checks_al
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(10, seed=193))
     for batch, rng in (("twice", [65, 68]), ("after-a-hole", [75, 78])):
         rows = table_of(path).scan(limit=3).to_arrow()
-        table_of(path).append(rows, snapshot_properties={BATCH_ID: batch, RANGES: json.dumps([[topic, 0, *rng]]),
-                                                         OFFSETS: json.dumps({topic: {"0": rng[1]}}), RECORDS: "3"})
+        table_of(path).append(
+            rows,
+            snapshot_properties={
+                BATCH_ID: batch,
+                RANGES: json.dumps([[topic, 0, *rng]]),
+                OFFSETS: json.dumps({topic: {"0": rng[1]}}),
+                RECORDS: "3",
+            },
+        )
     for _ in range(2):
         code, doc = _audit(path, capsys)
         assert code == 1 and doc["batches"] == 2 and doc["since"], doc
-        errors = {(f["start"], f["end"], f["batch_id"]): f["message"] for f in doc["findings"] if f["check"] == "coverage"
-                  and f["severity"] == "error"}
-        assert errors == {(65, 68, "twice"): "offsets committed twice: below 70, where the batches the last clean audit "
-                          "checked end",
-                          (70, 75, "after-a-hole"): "offsets never committed: between the batches the last clean audit "
-                          "checked and this one"}, errors
+        errors = {
+            (f["start"], f["end"], f["batch_id"]): f["message"]
+            for f in doc["findings"]
+            if f["check"] == "coverage" and f["severity"] == "error"
+        }
+        assert errors == {
+            (65, 68, "twice"): "offsets committed twice: below 70, where the batches the last clean audit checked end",
+            (70, 75, "after-a-hole"): "offsets never committed: between the batches the last clean audit checked and this one",
+        }, errors
     capsys.readouterr()
     assert main(["audit", "--pipeline", str(path), "--full", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["batches"] == 8 and doc["since"] is None
-    assert {(f["start"], f["end"]) for f in doc["findings"] if f["check"] == "coverage" and f["severity"] == "error"} \
-        == {(65, 68), (70, 75)}
+    assert {(f["start"], f["end"]) for f in doc["findings"] if f["check"] == "coverage" and f["severity"] == "error"} == {
+        (65, 68),
+        (70, 75),
+    }
 
 
 def test_rows_written_outside_tidewater_and_a_hole_in_the_committed_ranges_are_named(broker, home, topic, capsys):
@@ -107,12 +117,22 @@ def test_rows_written_outside_tidewater_and_a_hole_in_the_committed_ranges_are_n
     outside = table_of(path).current_snapshot().snapshot_id
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(10, seed=191))
     rows = table_of(path).scan(limit=3).to_arrow()
-    table_of(path).append(rows, snapshot_properties={BATCH_ID: "hand-made", RANGES: json.dumps([[topic, 0, 65, 68]]),
-                                                     OFFSETS: json.dumps({topic: {"0": 68}}), RECORDS: "3"})
+    table_of(path).append(
+        rows,
+        snapshot_properties={
+            BATCH_ID: "hand-made",
+            RANGES: json.dumps([[topic, 0, 65, 68]]),
+            OFFSETS: json.dumps({topic: {"0": 68}}),
+            RECORDS: "3",
+        },
+    )
     code, doc = _audit(path, capsys)
     assert code == 1 and not doc["clean"]
-    errors = {(f["check"], f.get("start"), f.get("end"), f.get("batch_id"), f.get("snapshot_id")): f["message"]
-              for f in doc["findings"] if f["severity"] == "error"}
+    errors = {
+        (f["check"], f.get("start"), f.get("end"), f.get("batch_id"), f.get("snapshot_id")): f["message"]
+        for f in doc["findings"]
+        if f["severity"] == "error"
+    }
     assert ("outside-write", None, None, None, outside) in errors
     assert "5 rows added" in errors[("outside-write", None, None, None, outside)]
     hole = [k for k in errors if k[0] == "coverage"]
@@ -136,8 +156,7 @@ def test_a_recreated_topic_leaves_committed_offsets_beyond_its_log_end(broker, h
     assert [(f["partition"], f["start"], f["end"]) for f in kafka] == [(0, 3, 60)] and "recreated" in kafka[0]["message"]
 
 
-def test_the_ledger_outlives_expired_snapshots_and_catches_up_after_a_failed_entry(broker, home, topic, capsys,
-                                                                                  monkeypatch):
+def test_the_ledger_outlives_expired_snapshots_and_catches_up_after_a_failed_entry(broker, home, topic, capsys, monkeypatch):
     """The ledger entry of every batch fails after its commit (as if killed between the two commits): the batches
     are committed, their entries missing. Compaction and snapshot expiry (`tidewater maintain`, Spark, every
     snapshot but those expiry keeps) follow; expiry records the entries first, so afterwards the table has one
@@ -153,21 +172,41 @@ def test_the_ledger_outlives_expired_snapshots_and_catches_up_after_a_failed_ent
     spec, path = _setup(broker, home, topic)
     monkeypatch.setattr(ledger, "sync", real)
     assert ledger.read(load_catalog(spec), spec).num_rows == 0, "every entry failed: the commits landed without them"
-    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        maintenance={"expire_snapshots": {"older_than_hours": 0, "retain_last": 1},
-                                                     "rewrite_data_files": {"min_input_files": 2}}))
+    spec = load_pipeline(
+        write_pipeline(
+            home,
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            maintenance={"expire_snapshots": {"older_than_hours": 0, "retain_last": 1}, "rewrite_data_files": {"min_input_files": 2}},
+        )
+    )
     files = len(table_of(path).inspect.files())
     tidewater = str(Path(sys.executable).parent / "tidewater")
     env = {**os.environ, "TIDEWATER_HOME": str(home)}
-    done = subprocess.run([tidewater, "maintain", "--pipeline", str(path), "--actions",
-                           "rewrite_data_files,expire_snapshots"], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [tidewater, "maintain", "--pipeline", str(path), "--actions", "rewrite_data_files,expire_snapshots"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(table_of(path).inspect.files()) == 1 < files, "compacted"
     assert len(table_of(path).snapshots()) == 2  # the compaction's, and the newest batch's (it holds the offsets)
     assert len(load_catalog(spec).load_table(ledger.identifier(spec)).snapshots()) == 1, "the ledger's history expired"
-    sql = subprocess.run([tidewater, "sql", "--pipeline", str(path), "SELECT count(DISTINCT batch_id) AS batches FROM "
-                          f"{spec.catalog.name}.{ledger.identifier(spec)}"], env=env, capture_output=True, text=True,
-                         timeout=600)
+    sql = subprocess.run(
+        [
+            tidewater,
+            "sql",
+            "--pipeline",
+            str(path),
+            f"SELECT count(DISTINCT batch_id) AS batches FROM {spec.catalog.name}.{ledger.identifier(spec)}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert sql.returncode == 0 and "5" in sql.stdout.split("batches", 1)[-1], sql.stdout + sql.stderr[-2000:]
     code, doc = _audit(path, capsys)
     assert code == 0 and doc["batches"] == 5, doc
@@ -201,8 +240,7 @@ def test_the_deep_audit_accounts_for_every_offset_and_names_duplicates_and_lost_
     neither a row nor a dead letter, and exits 1."""
     from pyiceberg.expressions import EqualTo, In
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"metadata": "prefixed"})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"metadata": "prefixed"})
     events = pizza_events(5, seed=193)
     produce_to_partition(broker.bootstrap, topic, 0, [events[0]])  # creates the topic; offset 0, no marker
     _transactional(broker.bootstrap, topic, events[1:3])  # 1 and 3, markers at 2 and 4
@@ -220,7 +258,8 @@ def test_the_deep_audit_accounts_for_every_offset_and_names_duplicates_and_lost_
     doc = json.loads(out.out)  # stdout: the document alone; the deep audit's progress goes to stderr
     assert doc["clean"], doc
     assert [f["message"] for f in doc["findings"] if f["check"] == "deep"] == [
-        "2 offsets hold no record in Kafka (transaction markers or compaction)"]
+        "2 offsets hold no record in Kafka (transaction markers or compaction)"
+    ]
     progress = out.err.splitlines()
     assert "reading the source offsets of rpc.orders over 1 merged range(s) ..." in progress, out.err
     assert any(re.fullmatch(r"read 5 offsets of rpc\.orders in [0-9.]+ s", line) for line in progress), out.err
@@ -231,8 +270,11 @@ def test_the_deep_audit_accounts_for_every_offset_and_names_duplicates_and_lost_
     table_of(path).delete(EqualTo("_kafka_offset", offsets[2]))
     capsys.readouterr()
     assert main(["audit", "--pipeline", str(path), "--deep", "--json"]) == 1
-    deep = {(f["start"], f["end"], f["message"]) for f in json.loads(capsys.readouterr().out)["findings"]
-            if f["check"] == "deep" and f["severity"] == "error"}
+    deep = {
+        (f["start"], f["end"], f["message"])
+        for f in json.loads(capsys.readouterr().out)["findings"]
+        if f["check"] == "deep" and f["severity"] == "error"
+    }
     assert offsets[:3] == [0, 1, 3]
     assert deep == {(0, 2, "offsets in the table twice"), (3, 4, "records in Kafka with no row and no dead letter")}
 
@@ -242,21 +284,27 @@ def test_the_deep_audit_of_a_change_table_finds_a_key_held_twice(broker, home, t
     clean, deep included (its rows' offsets are each once; offsets of superseded changes have no row by design).
     A copy of one row appended outside Tidewater: the key is named as held twice (and its offset as in the
     table twice), exit 1."""
-    path = write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "debezium", "metadata": "prefixed"}, validation={"not_null": ["id"]},
-                          table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True})
+    path = write_pipeline(
+        home,
+        name="prices",
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": "debezium", "metadata": "prefixed"},
+        validation={"not_null": ["id"]},
+        table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True},
+    )
     model = ingest_changes(broker, topic, load_pipeline(path), batches=2, changes=40, keys=12, seed=210)
     table = table_of(path)
-    assert {r["id"]: r["item"] for r in table.scan(selected_fields=("id", "item")).to_arrow().to_pylist()} == \
-        {k: v["item"] for k, v in model.items()}
+    assert {r["id"]: r["item"] for r in table.scan(selected_fields=("id", "item")).to_arrow().to_pylist()} == {
+        k: v["item"] for k, v in model.items()
+    }
     code, doc = _audit_deep(path, capsys)
     assert code == 0 and doc["clean"], doc
     one = table.scan(limit=1).to_arrow()
     table.append(one)
     code, doc = _audit_deep(path, capsys)
     keys = [f["message"] for f in doc["findings"] if f["check"] == "deep" and f["severity"] == "error"]
-    assert code == 1 and sorted(keys) == [f"key {{'id': {one.column('id')[0].as_py()}}} has 2 rows",
-                                          "offsets in the table twice"], doc
+    assert code == 1 and sorted(keys) == [f"key {{'id': {one.column('id')[0].as_py()}}} has 2 rows", "offsets in the table twice"], doc
 
 
 def _audit_deep(path, capsys) -> tuple[int, dict]:
@@ -278,8 +326,7 @@ def test_lag_beyond_retention_is_a_warning_naming_the_partition_and_the_setting(
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    created = admin.create_topics([NewTopic(topic, 1, 1, config={"retention.ms": "3600000",
-                                                                 "retention.bytes": "1048576"})])
+    created = admin.create_topics([NewTopic(topic, 1, 1, config={"retention.ms": "3600000", "retention.bytes": "1048576"})])
     created[topic].result(15)
     producer = Producer({"bootstrap.servers": broker.bootstrap})
     written = int(time.time() * 1000) - 55 * 60_000
@@ -288,8 +335,7 @@ def test_lag_beyond_retention_is_a_warning_naming_the_partition_and_the_setting(
         if i == 8:
             producer.flush(15)  # the last record in its own request (the embedded broker's high watermark)
     producer.flush(15)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          batch={"max_records": 2})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, batch={"max_records": 2})
     ingest_inline(load_pipeline(path))
     code, doc = _audit(path, capsys)
     assert code == 0 and doc["clean"], doc
@@ -348,8 +394,7 @@ def test_an_aborted_transaction_leaves_offsets_the_deep_audit_explains(broker, h
     read_committed consumers (STACK.md), so here the aborted record becomes a row; what is checked is what holds
     on both: the audit is clean, every offset of the range is a row or is reported as holding no record, and
     at least the abort marker is among the latter."""
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"metadata": "prefixed"})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"metadata": "prefixed"})
     events = pizza_events(4, seed=194)
     produce_to_partition(broker.bootstrap, topic, 0, [events[0]])
     _transactional(broker.bootstrap, topic, [events[1]], abort=True)
@@ -367,25 +412,30 @@ def test_an_aborted_transaction_leaves_offsets_the_deep_audit_explains(broker, h
     holes = end - len(offsets)
     assert holes >= 1
     assert [f["message"] for f in doc["findings"] if f["check"] == "deep"] == [
-        f"{holes} offset{'s' if holes > 1 else ''} hold{'' if holes > 1 else 's'} no record in Kafka (transaction "
-        "markers or compaction)"]
+        f"{holes} offset{'s' if holes > 1 else ''} hold{'' if holes > 1 else 's'} no record in Kafka (transaction markers or compaction)"
+    ]
 
 
 def _routed(home, broker, a: str, b: str) -> tuple:
     """A routed pipeline: topic ``a`` to rpc.a, topic ``b`` to rpc.b, rows carrying their source offsets."""
-    path = write_pipeline(home, topics=[a, b], kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
-                          validation={"not_null": []}, format={"metadata": "prefixed"}, routing={"namespace": "rpc"},
-                          tables=[{"identifier": "rpc.a", "topics": [a]}, {"identifier": "rpc.b", "topics": [b]}])
+    path = write_pipeline(
+        home,
+        topics=[a, b],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={"identifier": ""},
+        validation={"not_null": []},
+        format={"metadata": "prefixed"},
+        routing={"namespace": "rpc"},
+        tables=[{"identifier": "rpc.a", "topics": [a]}, {"identifier": "rpc.b", "topics": [b]}],
+    )
     return load_pipeline(path), path
 
 
 def _errors(doc: dict) -> set[tuple]:
-    return {(f["check"], f["table"], f["batch_id"], f["start"], f["end"]) for f in doc["findings"]
-            if f["severity"] == "error"}
+    return {(f["check"], f["table"], f["batch_id"], f["start"], f["end"]) for f in doc["findings"] if f["severity"] == "error"}
 
 
-def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(broker, home, topic, capsys,
-                                                                               monkeypatch):
+def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(broker, home, topic, capsys, monkeypatch):
     """Topic A to rpc.a, topic B to rpc.b. Batch 1 (10 and 7 records) commits with its ledger entry failing (a kill
     between the two commits); batch 2 (3 records to A; 2 good and 1 undecodable record to B) records both. The audit
     reads the checkpoint's ranges and counts (read = routed + dead letters + skipped) and each table's commits: clean,
@@ -420,12 +470,23 @@ def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(
     second = commit_step(spec, plan, manifest)
     assert (second.records, second.dead_letters) == (6, 1)
     entries = ledger.read(load_catalog(spec), spec).to_pylist()
-    cp = [(e["batch_id"], e["topic"], e["start_offset"], e["end_offset"], e["records"], e["rows"], e["dead_letters"])
-          for e in entries if e["table"] == spec.checkpoint_table()]
-    assert sorted(cp) == sorted([(first.batch_id, a, 0, 10, 17, 17, 0), (first.batch_id, b, 0, 7, 17, 17, 0),
-                                 (second.batch_id, a, 10, 13, 6, 5, 1), (second.batch_id, b, 7, 10, 6, 5, 1)])
+    cp = [
+        (e["batch_id"], e["topic"], e["start_offset"], e["end_offset"], e["records"], e["rows"], e["dead_letters"])
+        for e in entries
+        if e["table"] == spec.checkpoint_table()
+    ]
+    assert sorted(cp) == sorted(
+        [
+            (first.batch_id, a, 0, 10, 17, 17, 0),
+            (first.batch_id, b, 0, 7, 17, 17, 0),
+            (second.batch_id, a, 10, 13, 6, 5, 1),
+            (second.batch_id, b, 7, 10, 6, 5, 1),
+        ]
+    )
     assert {(e["table"], e["batch_id"], e["rows"]) for e in entries if e["table"] == "rpc.b"} == {
-        ("rpc.b", first.batch_id, 7), ("rpc.b", second.batch_id, 2)}
+        ("rpc.b", first.batch_id, 7),
+        ("rpc.b", second.batch_id, 2),
+    }
     code, doc = _audit_args(["--deep"], path, capsys)
     assert code == 0 and doc["clean"] and doc["batches"] == 2 and doc["tables"] == ["rpc.a", "rpc.b"], doc
     assert sorted((p["topic"], p["committed"], p["lag"]) for p in doc["partitions"]) == [(a, 13, 0), (b, 10, 0)]
@@ -466,8 +527,11 @@ def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(
     outside = next(f["snapshot_id"] for f in doc["findings"] if f["check"] == "outside-write")
     assert outside == table_a.refresh().current_snapshot().snapshot_id
     assert _errors(doc) == {
-        ("deep", None, third.batch_id, 10, 14), ("deep", "rpc.a", None, 3, 5),
-        ("outside-write", "rpc.a", None, None, None), ("routed", "rpc.b", third.batch_id, None, None)}
+        ("deep", None, third.batch_id, 10, 14),
+        ("deep", "rpc.a", None, 3, 5),
+        ("outside-write", "rpc.a", None, None, None),
+        ("routed", "rpc.b", third.batch_id, None, None),
+    }
     missing = next(f for f in doc["findings"] if f["check"] == "routed")
     assert "no commit of it" in missing["message"] and missing["topic"] is None
     assert main(["audit", "--pipeline", str(path)]) == 1
@@ -477,14 +541,19 @@ def test_a_routed_pipeline_is_audited_from_its_checkpoint_and_each_target_table(
     from tidewater.audit.pipeline import audit
 
     batch = lineage.batch_lineage(spec, plan, manifest, second)
-    assert [(i.name, [(r["partition"], r["start"], r["end"]) for r in i.inputFacets["tidewater_offsetRanges"].ranges])
-            for i in batch.inputs] == sorted([(a, [(0, 10, 13)]), (b, [(0, 7, 10)])])
-    assert {o.facets["symlinks"].identifiers[0].name: o.outputFacets["outputStatistics"].rowCount
-            for o in batch.outputs} == {"rpc.a": 3, "rpc.b": 2, spec.dead_letter_table(): 1}
+    assert [
+        (i.name, [(r["partition"], r["start"], r["end"]) for r in i.inputFacets["tidewater_offsetRanges"].ranges]) for i in batch.inputs
+    ] == sorted([(a, [(0, 10, 13)]), (b, [(0, 7, 10)])])
+    assert {o.facets["symlinks"].identifiers[0].name: o.outputFacets["outputStatistics"].rowCount for o in batch.outputs} == {
+        "rpc.a": 3,
+        "rpc.b": 2,
+        spec.dead_letter_table(): 1,
+    }
     inputs = lineage.audit_lineage(spec, audit(spec), deep=False).inputs
-    verdicts = {i.facets["symlinks"].identifiers[0].name: {x.assertion: x.success
-                                                           for x in i.facets["dataQualityAssertions"].assertions}
-                for i in inputs}
+    verdicts = {
+        i.facets["symlinks"].identifiers[0].name: {x.assertion: x.success for x in i.facets["dataQualityAssertions"].assertions}
+        for i in inputs
+    }
     assert verdicts["rpc.a"]["tidewater_audit_outside-write"] is False and verdicts["rpc.a"]["tidewater_audit_routed"]
     assert verdicts["rpc.b"]["tidewater_audit_routed"] is False and verdicts["rpc.b"]["tidewater_audit_outside-write"]
 
@@ -520,8 +589,9 @@ def test_a_compacted_topic_is_not_warned_about_retention_and_its_offsets_are_acc
         if i == 7:
             producer.flush(15)  # the last record in its own request (the embedded broker's high watermark)
     producer.flush(15)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          batch={"max_records": 3}, format={"metadata": "prefixed"})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, batch={"max_records": 3}, format={"metadata": "prefixed"}
+    )
     ingest_inline(load_pipeline(path))
     code, doc = _audit(path, capsys)
     assert code == 0 and doc["clean"], doc

@@ -21,11 +21,15 @@ from tidewater_dev.sample_data import LocalSchemaRegistry
 
 pytestmark = [pytest.mark.integration]
 
-V1 = {"type": "record", "name": "Order", "fields": [
-    {"name": "order_id", "type": "string"},
-    {"name": "qty", "type": "int"},
-    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-]}
+V1 = {
+    "type": "record",
+    "name": "Order",
+    "fields": [
+        {"name": "order_id", "type": "string"},
+        {"name": "qty", "type": "int"},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
 V2 = {**V1, "fields": [*V1["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}]}
 SCHEMAS = {1: V1, 2: V2}  # the stand-in's ids, in the registry client's own test
 
@@ -45,11 +49,18 @@ def framed(schema_id: int, record: dict, schema: dict = V1) -> bytes:
 def test_avro_records_across_schema_ids_land_typed_and_bad_ones_are_dead_letters(broker, home, topic, registry_url, ids):
     values = [framed(ids[1], {"order_id": f"o{i}", "qty": i, "at": 1_700_000_000_000 + i}) for i in range(5)]
     values += [framed(ids[2], {"order_id": "o5", "qty": 5, "at": 1_700_000_000_005, "coupon": "SPRING"}, V2)]
-    values += [framed(UNKNOWN_SCHEMA_ID, {"order_id": "x", "qty": 0, "at": 0}), b'{"not": "avro"}',
-               framed(ids[1], {"order_id": "t", "qty": 1, "at": 1})[:-3]]
+    values += [
+        framed(UNKNOWN_SCHEMA_ID, {"order_id": "x", "qty": 0, "at": 0}),
+        b'{"not": "avro"}',
+        framed(ids[1], {"order_id": "t", "qty": 1, "at": 1})[:-3],
+    ]
     produce_to_partition(broker.bootstrap, topic, 0, values)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "avro", "registry_url": registry_url, "metadata": "none"})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": "avro", "registry_url": registry_url, "metadata": "none"},
+    )
     spec = load_pipeline(path)
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (9, 3)
@@ -76,12 +87,14 @@ def test_the_registry_from_an_airflow_connection(broker, home, topic, registry_u
 
     monkeypatch.setattr(connections, "_CACHE", {})
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
-    monkeypatch.setenv("AIRFLOW_CONN_ORDERS_REGISTRY", json.dumps({"conn_type": "http", "host": registry_url,
-                                                                   "extra": {"timeout": "7"}}))
-    produce_to_partition(broker.bootstrap, topic, 0,
-                         [framed(ids[1], {"order_id": f"o{i}", "qty": i, "at": i}) for i in range(4)])
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "avro", "registry_conn_id": "orders_registry", "metadata": "none"})
+    monkeypatch.setenv("AIRFLOW_CONN_ORDERS_REGISTRY", json.dumps({"conn_type": "http", "host": registry_url, "extra": {"timeout": "7"}}))
+    produce_to_partition(broker.bootstrap, topic, 0, [framed(ids[1], {"order_id": f"o{i}", "qty": i, "at": i}) for i in range(4)])
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": "avro", "registry_conn_id": "orders_registry", "metadata": "none"},
+    )
     spec = load_pipeline(path)
     shipped = spec.for_executors().format
     assert (shipped.registry_url, shipped.registry_conn_id, shipped.registry_settings) == (registry_url, None, {"timeout": "7"})
@@ -92,8 +105,9 @@ def test_the_registry_from_an_airflow_connection(broker, home, topic, registry_u
 
 def test_registry_unreachable_fails_the_batch_without_committing(broker, home, topic):
     produce_to_partition(broker.bootstrap, topic, 0, [framed(1, {"order_id": "o", "qty": 1, "at": 1})])
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "avro", "registry_url": "http://127.0.0.1:9"})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"value": "avro", "registry_url": "http://127.0.0.1:9"}
+    )
     with pytest.raises(BatchWriteError) as e:
         stage_inline(load_pipeline(path))
     assert e.value.transient and "schema registry http://127.0.0.1:9 unreachable" in str(e.value)
@@ -131,14 +145,18 @@ def test_registry_client_maps_the_registry_answers():
         locked.stop()
 
 
-TYPED = {"type": "record", "name": "Event", "fields": [
-    {"name": "id", "type": "long"},
-    {"name": "at_time", "type": {"type": "int", "logicalType": "time-millis"}},
-    {"name": "at_time_us", "type": {"type": "long", "logicalType": "time-micros"}},
-    {"name": "at_ns", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
-    {"name": "value", "type": ["null", "long", "string"]},
-    {"name": "tags", "type": {"type": "array", "items": ["int", "boolean"]}},
-]}
+TYPED = {
+    "type": "record",
+    "name": "Event",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "at_time", "type": {"type": "int", "logicalType": "time-millis"}},
+        {"name": "at_time_us", "type": {"type": "long", "logicalType": "time-micros"}},
+        {"name": "at_ns", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
+        {"name": "value", "type": ["null", "long", "string"]},
+        {"name": "tags", "type": {"type": "array", "items": ["int", "boolean"]}},
+    ],
+}
 
 
 def test_avro_time_nanosecond_timestamps_and_unions_land_typed(broker, home, topic, registry_url):
@@ -150,21 +168,38 @@ def test_avro_time_nanosecond_timestamps_and_unions_land_typed(broker, home, top
 
     typed_id = registered_avro(registry_url, f"{topic}-value", {1: TYPED})[1]
     ns = 1_704_067_200_123_456_789  # 2024-01-01T00:00:00.123456789Z
-    records = [{"id": 1, "at_time": datetime.time(1, 2, 3, 4000), "at_time_us": datetime.time(1, 2, 3, 5),
-                "at_ns": ns, "value": 42, "tags": [1, True]},
-               {"id": 2, "at_time": datetime.time(23, 59), "at_time_us": datetime.time(0, 0, 0, 1), "at_ns": ns + 1000,
-                "value": "forty-two", "tags": []},
-               {"id": 3, "at_time": datetime.time(0, 0), "at_time_us": datetime.time(0, 0), "at_ns": 0, "value": None,
-                "tags": [False]}]
+    records = [
+        {
+            "id": 1,
+            "at_time": datetime.time(1, 2, 3, 4000),
+            "at_time_us": datetime.time(1, 2, 3, 5),
+            "at_ns": ns,
+            "value": 42,
+            "tags": [1, True],
+        },
+        {
+            "id": 2,
+            "at_time": datetime.time(23, 59),
+            "at_time_us": datetime.time(0, 0, 0, 1),
+            "at_ns": ns + 1000,
+            "value": "forty-two",
+            "tags": [],
+        },
+        {"id": 3, "at_time": datetime.time(0, 0), "at_time_us": datetime.time(0, 0), "at_ns": 0, "value": None, "tags": [False]},
+    ]
     buf = []
     for r in records:
         b = io.BytesIO()
         fastavro.schemaless_writer(b, fastavro.parse_schema(TYPED), r)
         buf.append(b"\x00" + struct.pack(">I", typed_id) + b.getvalue())
     produce_to_partition(broker.bootstrap, topic, 0, buf)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "avro", "registry_url": registry_url, "metadata": "none"},
-                          validation={"not_null": ["id"]})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": "avro", "registry_url": registry_url, "metadata": "none"},
+        validation={"not_null": ["id"]},
+    )
     result = ingest_inline(load_pipeline(path))
     assert (result.records, result.dead_letters) == (3, 0)
     table = table_of(path)

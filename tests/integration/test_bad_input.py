@@ -38,8 +38,13 @@ def test_every_kind_of_bad_input_has_its_outcome_alone_or_mixed(broker, home, to
     from tidewater.steps.write import run_write_step
 
     # no not-null checks: `{}` lands as a row of nulls, and the gate would stop the batch (its own policy)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          batch={"chunk_records": chunk_records}, validation={"not_null": []})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        batch={"chunk_records": chunk_records},
+        validation={"not_null": []},
+    )
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, [obj(order_id=f"seed{i}") for i in range(3)])
     ingest_inline(spec)  # the table exists with the good records' types

@@ -63,8 +63,7 @@ def _heal(cluster: embedded.Cluster) -> None:
 
 def _spec(home: Path, cluster: embedded.Cluster, topic: str):
     # a leader's loss is noticed after broker.session.timeout.ms (9 s): the reader waits longer than that
-    return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": cluster.bootstrap,
-                                                                      "read_timeout_seconds": 90}))
+    return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": cluster.bootstrap, "read_timeout_seconds": 90}))
 
 
 def _exactly_once(spec, topic: str, per_partition: int) -> None:
@@ -172,8 +171,9 @@ def test_the_dead_letter_topic_s_leader_killed_during_the_commit_still_commits_o
     values = pizza_events(297, seed=45)
     values[10:10] = [b"{not json", b"[1, 2]", b"\xff\xfe"]  # three dead letters, at partition 1, 2 and 0
     produce(cluster.bootstrap, topic, values, partitions=PARTITIONS, create=False)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": cluster.bootstrap, "read_timeout_seconds": 90},
-                          dead_letter={"topic": dlq})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": cluster.bootstrap, "read_timeout_seconds": 90}, dead_letter={"topic": dlq}
+    )
     spec = load_pipeline(path)
     victim = _leader(cluster, dlq, 0)
     real = dead_letters.produce_to_topic
@@ -193,8 +193,7 @@ def test_the_dead_letter_topic_s_leader_killed_during_the_commit_still_commits_o
     assert len(coords) == len({(r["_kafka_partition"], r["_kafka_offset"]) for r in coords}) == 297
     assert committed_state(table).offsets == {topic: dict.fromkeys(range(PARTITIONS), 100)}
     letters = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow()
-    assert sorted(zip(letters.column("partition").to_pylist(), letters.column("offset").to_pylist())) == \
-        [(0, 4), (1, 3), (2, 3)]
+    assert sorted(zip(letters.column("partition").to_pylist(), letters.column("offset").to_pylist())) == [(0, 4), (1, 3), (2, 3)]
     consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "dlq-check", "enable.partition.eof": True})
     consumer.assign([KTP(dlq, 0, 0)])
     sent = set()

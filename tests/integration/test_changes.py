@@ -25,8 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PARTITIONS = 3
 STYLES = {
     "debezium": {"format": {"value": "debezium"}, "table": {"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True}},
-    "debezium_schema": {"format": {"value": "debezium"},
-                        "table": {"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True}},
+    "debezium_schema": {"format": {"value": "debezium"}, "table": {"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True}},
     "op_field": {"table": {"identifier": "rpc.prices", "id_columns": ["id"], "op_field": "op"}},
     "upsert": {"table": {"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True}},
 }
@@ -34,8 +33,17 @@ STYLES = {
 
 def _spec(home, broker, topic, style, **more):
     validation = {"not_null": ["id"], **more.pop("validation", {})}
-    return load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        validation=validation, **STYLES[style], **more))
+    return load_pipeline(
+        write_pipeline(
+            home,
+            name="prices",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            validation=validation,
+            **STYLES[style],
+            **more,
+        )
+    )
 
 
 def _produce(broker, topic, records) -> None:
@@ -64,8 +72,7 @@ def _close(a: dict, b: dict) -> bool:
 
     if a.keys() != b.keys():
         return False
-    return all(a[k]["item"] == b[k]["item"] and np.float32(a[k]["price"] or 0) == np.float32(b[k]["price"] or 0)
-               for k in a)
+    return all(a[k]["item"] == b[k]["item"] and np.float32(a[k]["price"] or 0) == np.float32(b[k]["price"] or 0) for k in a)
 
 
 @pytest.mark.parametrize("style", ["debezium", "debezium_schema", "op_field", "upsert"])
@@ -227,8 +234,10 @@ def test_compaction_racing_change_batches_never_resurrects_or_double_deletes_a_r
         assert _close(_rows(table), model)
         ident = f"{spec.catalog.name}.{spec.table.identifier}"
         spark.sql(f"REFRESH TABLE {ident}")
-        seen = {r["id"]: {"id": r["id"], "item": r["item"], "price": r["price"]}
-                for r in spark.sql(f"SELECT id, item, price FROM {ident}").collect()}
+        seen = {
+            r["id"]: {"id": r["id"], "item": r["item"], "price": r["price"]}
+            for r in spark.sql(f"SELECT id, item, price FROM {ident}").collect()
+        }
         assert _close(seen, model)
         assert any(r.startswith("rewrote") and r != "rewrote 0" for r in rounds), rounds
         # the maintenance actions fold the deletes away: compaction rewrites the files that have deletes
@@ -249,17 +258,26 @@ def test_bad_changes_are_dead_letters_naming_their_record_through_spark(broker, 
     batch leaves nothing), and the snapshot's counts add up to the records read."""
     from tidewater.steps.lifecycle import run_once
 
-    path = write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["id"]}, **STYLES["op_field"])
-    values = [json.dumps(v).encode() for v in (
-        {"id": 1, "item": "a", "price": 1.0, "op": "I"},
-        {"id": 2, "item": "b", "price": 2.0, "op": "I"},
-        {"id": 1, "item": "a2", "price": 1.5, "op": "X"},  # unknown operation
-        {"item": "c", "price": 3.0, "op": "I"},  # no key
-        {"id": 2, "op": "D"},
-        {"id": 3, "item": "c", "price": 3.0, "op": "U"},  # update of an absent key: an insert
-        {"id": 4, "op": "D"},  # delete of an absent key: a no-op
-    )]
+    path = write_pipeline(
+        home,
+        name="prices",
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        validation={"not_null": ["id"]},
+        **STYLES["op_field"],
+    )
+    values = [
+        json.dumps(v).encode()
+        for v in (
+            {"id": 1, "item": "a", "price": 1.0, "op": "I"},
+            {"id": 2, "item": "b", "price": 2.0, "op": "I"},
+            {"id": 1, "item": "a2", "price": 1.5, "op": "X"},  # unknown operation
+            {"item": "c", "price": 3.0, "op": "I"},  # no key
+            {"id": 2, "op": "D"},
+            {"id": 3, "item": "c", "price": 3.0, "op": "U"},  # update of an absent key: an insert
+            {"id": 4, "op": "D"},  # delete of an absent key: a no-op
+        )
+    ]
     produce_to_partition(broker.bootstrap, topic, 0, values)
     result = run_once(path)
     assert result["records"] == 7
@@ -272,24 +290,38 @@ def test_bad_changes_are_dead_letters_naming_their_record_through_spark(broker, 
     assert int(summary["tidewater.dead-letters"]) == 2 and int(summary["tidewater.records"]) == 7
     dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset").to_pylist()
     assert [(d["topic"], d["partition"], d["offset"], d["error_class"]) for d in dlq] == [
-        (topic, 0, 2, "UnknownOp"), (topic, 0, 3, "MissingId")]
+        (topic, 0, 2, "UnknownOp"),
+        (topic, 0, 3, "MissingId"),
+    ]
     assert "'X'" in dlq[0]["error_message"]
     assert committed_state(table).offsets == {topic: {0: 7}}
 
 
-VALUE = {"type": "record", "name": "Value", "namespace": "pg.public.prices", "fields": [
-    {"name": "id", "type": "int"},
-    {"name": "item", "type": ["null", "string"], "default": None},
-    {"name": "price", "type": ["null", "float"], "default": None}]}
+VALUE = {
+    "type": "record",
+    "name": "Value",
+    "namespace": "pg.public.prices",
+    "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "item", "type": ["null", "string"], "default": None},
+        {"name": "price", "type": ["null", "float"], "default": None},
+    ],
+}
 VALUE2 = {**VALUE, "fields": [*VALUE["fields"], {"name": "currency", "type": ["null", "string"], "default": None}]}
 
 
 def _envelope(value: dict) -> dict:
-    return {"type": "record", "name": "Envelope", "namespace": "pg.public.prices", "fields": [
-        {"name": "before", "type": ["null", value], "default": None},
-        {"name": "after", "type": ["null", "pg.public.prices.Value"], "default": None},
-        {"name": "op", "type": "string"},
-        {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+    return {
+        "type": "record",
+        "name": "Envelope",
+        "namespace": "pg.public.prices",
+        "fields": [
+            {"name": "before", "type": ["null", value], "default": None},
+            {"name": "after", "type": ["null", "pg.public.prices.Value"], "default": None},
+            {"name": "op", "type": "string"},
+            {"name": "ts_ms", "type": ["null", "long"], "default": None},
+        ],
+    }
 
 
 def test_scenario_4_debezium_avro_example_pipeline_equals_the_source(broker, home, topic, monkeypatch, registry_url):
@@ -318,8 +350,9 @@ def test_scenario_4_debezium_avro_example_pipeline_equals_the_source(broker, hom
 
     def framed(schema_id: int, before: dict | None, after: dict | None, op: str) -> bytes:
         buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, fastavro.parse_schema(schemas[schema_id]),
-                                   {"before": before, "after": after, "op": op, "ts_ms": 1_700_000_000_000})
+        fastavro.schemaless_writer(
+            buf, fastavro.parse_schema(schemas[schema_id]), {"before": before, "after": after, "op": op, "ts_ms": 1_700_000_000_000}
+        )
         return b"\x00" + struct.pack(">I", ids[schema_id]) + buf.getvalue()
 
     model: dict[int, dict] = {}
@@ -332,8 +365,9 @@ def test_scenario_4_debezium_avro_example_pipeline_equals_the_source(broker, hom
             extra = {"currency": "EUR"} if schema_id == 2 else {}
             op = {"insert": "c", "update": "u", "delete": "d"}[c.op]
             after = None if c.op == "delete" else {**c.row(), **extra}
-            before_img = ({**before, **extra} if before else {"id": key, "item": None, "price": None, **extra}) \
-                if c.op != "insert" else None
+            before_img = (
+                ({**before, **extra} if before else {"id": key, "item": None, "price": None, **extra}) if c.op != "insert" else None
+            )
             records.append((key, framed(schema_id, before_img, after, op)))
             if c.op == "delete":
                 records.append((key, None))
@@ -351,17 +385,26 @@ def test_scenario_4_debezium_avro_example_pipeline_equals_the_source(broker, hom
 def test_a_composite_key_identifies_rows(broker, home, topic):
     """id_columns [region, id]: the same id in two regions is two rows; an update and a delete touch only the
     row with both values (the lookup joins on every id column)."""
-    spec = load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        validation={"not_null": ["id"]},
-                                        table={"identifier": "rpc.prices", "id_columns": ["region", "id"], "op_field": "op"}))
+    spec = load_pipeline(
+        write_pipeline(
+            home,
+            name="prices",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            validation={"not_null": ["id"]},
+            table={"identifier": "rpc.prices", "id_columns": ["region", "id"], "op_field": "op"},
+        )
+    )
 
     def send(*rows: dict) -> None:
         produce_to_partition(broker.bootstrap, topic, 0, [json.dumps(r).encode() for r in rows])
         ingest_inline(spec)
 
-    send({"region": "eu", "id": 1, "item": "a", "price": 1.0, "op": "I"},
-         {"region": "us", "id": 1, "item": "b", "price": 2.0, "op": "I"},
-         {"region": "eu", "id": 2, "item": "c", "price": 3.0, "op": "I"})
+    send(
+        {"region": "eu", "id": 1, "item": "a", "price": 1.0, "op": "I"},
+        {"region": "us", "id": 1, "item": "b", "price": 2.0, "op": "I"},
+        {"region": "eu", "id": 2, "item": "c", "price": 3.0, "op": "I"},
+    )
     send({"region": "us", "id": 1, "item": "b2", "price": 2.5, "op": "U"}, {"region": "eu", "id": 2, "op": "D"})
     rows = sorted((r["region"], r["id"], r["item"]) for r in _table(spec).scan().to_arrow().to_pylist())
     assert rows == [("eu", 1, "a"), ("us", 1, "b2")]
@@ -374,8 +417,16 @@ def test_the_quality_gate_judges_new_row_images_not_delete_records(broker, home,
     fails the batch (nothing committed, offsets unchanged)."""
     from tidewater.errors import ValidationFailedError
 
-    spec = load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        validation={"not_null": ["id", "item"]}, **STYLES["op_field"]))
+    spec = load_pipeline(
+        write_pipeline(
+            home,
+            name="prices",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            validation={"not_null": ["id", "item"]},
+            **STYLES["op_field"],
+        )
+    )
 
     def send(*rows: dict) -> None:
         produce_to_partition(broker.bootstrap, topic, 0, [json.dumps(r).encode() for r in rows])
@@ -412,10 +463,16 @@ def test_upserts_keyed_by_the_message_key_and_tombstones_delete(broker, home, to
     """table.key_source: message_key: values without their id land under the key's id, a later value replaces
     it, a tombstone (null value) deletes the key, a tombstone of an absent key is a no-op, and a record without
     a key is a dead letter (MissingId). Against the reference model, over two batches."""
-    spec = load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        validation={"not_null": ["id"]},
-                                        table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True,
-                                               "key_source": "message_key"}))
+    spec = load_pipeline(
+        write_pipeline(
+            home,
+            name="prices",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            validation={"not_null": ["id"]},
+            table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True, "key_source": "message_key"},
+        )
+    )
 
     def key(k: int) -> bytes:
         return json.dumps({"id": k}).encode() if key_style == "json_object" else str(k).encode()
@@ -444,10 +501,17 @@ def test_debezium_events_keyed_by_the_message_key_count_their_tombstones_once(br
     """`format.value: debezium` with `key_source: message_key`: Debezium's tombstones follow its deletes; keyed by
     the message key they are deletes (a no-op after the event's own delete), not skipped records as well, so the
     accounting adds up (it counted them twice and failed every batch) and the table equals the source."""
-    spec = load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        format={"value": "debezium"}, validation={"not_null": ["id"]},
-                                        table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True,
-                                               "key_source": "message_key"}))
+    spec = load_pipeline(
+        write_pipeline(
+            home,
+            name="prices",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            format={"value": "debezium"},
+            validation={"not_null": ["id"]},
+            table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True, "key_source": "message_key"},
+        )
+    )
     model: dict[int, dict] = {}
     for b in range(2):
         changes = change_stream(model, 60, keys=15, seed=90 + b)
@@ -517,26 +581,37 @@ def test_upserts_keyed_by_avro_message_keys_through_the_registry(broker, home, t
 
     import fastavro
 
-    schemas = {1: {"type": "record", "name": "Value", "fields": [{"name": "item", "type": "string"},
-                                                                  {"name": "price", "type": "double"}]},
-               2: {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "long"}]}}
-    ids = {**registered_avro(registry_url, f"{topic}-value", {1: schemas[1]}),
-           **registered_avro(registry_url, f"{topic}-key", {2: schemas[2]})}
+    schemas = {
+        1: {"type": "record", "name": "Value", "fields": [{"name": "item", "type": "string"}, {"name": "price", "type": "double"}]},
+        2: {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "long"}]},
+    }
+    ids = {
+        **registered_avro(registry_url, f"{topic}-value", {1: schemas[1]}),
+        **registered_avro(registry_url, f"{topic}-key", {2: schemas[2]}),
+    }
 
     def framed(schema_id: int, record: dict) -> bytes:
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, fastavro.parse_schema(schemas[schema_id]), record)
         return b"\x00" + struct.pack(">I", ids[schema_id]) + buf.getvalue()
 
-    spec = load_pipeline(write_pipeline(
-        home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-        format={"value": "avro", "registry_url": registry_url}, validation={"not_null": ["id"]},
-        table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True, "key_source": "message_key"}))
+    spec = load_pipeline(
+        write_pipeline(
+            home,
+            name="prices",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            format={"value": "avro", "registry_url": registry_url},
+            validation={"not_null": ["id"]},
+            table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True, "key_source": "message_key"},
+        )
+    )
     model: dict[int, dict] = {}
     for b in range(2):
         changes = change_stream(model, 90, keys=25, seed=80 + b)
-        records = [(framed(2, {"id": c.id}), None if c.op == "delete" else framed(1, {"item": c.item, "price": c.price}),
-                    c.id) for c in changes]
+        records = [
+            (framed(2, {"id": c.id}), None if c.op == "delete" else framed(1, {"item": c.item, "price": c.price}), c.id) for c in changes
+        ]
         _produce_keyed(broker, topic, records)
         ingest_inline(spec)
         model = apply(model, changes)
@@ -555,10 +630,16 @@ def test_a_quarantined_change_batch_waits_for_publish_or_drop_and_applies_in_ord
     from tidewater.plan.ingest import plan_batch
 
     # items are item-<key>-<seed>-<i>: batches of seeds 31 and 33 fail the suite
-    (home / "strict.json").write_text(json.dumps({"expectations": [
-        {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": "item", "regex": "^item-[0-9]+-(?:31|33)-"}}]}))
-    spec = _spec(home, broker, topic, "debezium", validation={"not_null": ["id"], "suite": "strict.json",
-                                                               "on_failure": "quarantine"})
+    (home / "strict.json").write_text(
+        json.dumps(
+            {
+                "expectations": [
+                    {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": "item", "regex": "^item-[0-9]+-(?:31|33)-"}}
+                ]
+            }
+        )
+    )
+    spec = _spec(home, broker, topic, "debezium", validation={"not_null": ["id"], "suite": "strict.json", "on_failure": "quarantine"})
     model = _batch(broker, topic, spec, {}, seed=30)
     assert ingest_inline(spec).status == "committed"
     before = dict(model)
@@ -601,18 +682,28 @@ def test_publishing_a_quarantined_change_batch_is_refused_once_main_has_moved(br
     from tidewater.errors import TerminalError, ValidationFailedError
     from tidewater.ops import quarantine
 
-    (home / "strict.json").write_text(json.dumps({"expectations": [
-        {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": "item", "regex": "^item-[0-9]+-41-"}}]}))
-    spec = _spec(home, broker, topic, "debezium", validation={"not_null": ["id"], "suite": "strict.json",
-                                                               "on_failure": "quarantine"})
+    (home / "strict.json").write_text(
+        json.dumps(
+            {
+                "expectations": [
+                    {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": "item", "regex": "^item-[0-9]+-41-"}}
+                ]
+            }
+        )
+    )
+    spec = _spec(home, broker, topic, "debezium", validation={"not_null": ["id"], "suite": "strict.json", "on_failure": "quarantine"})
     _batch(broker, topic, spec, _batch(broker, topic, spec, {}, seed=40), seed=41)
     plan, manifest = stage_inline(spec)
     validate_step(spec, plan, manifest)
     with pytest.raises(ValidationFailedError):
         commit_step(spec, plan, manifest)
     table = _table(spec)
-    table.append(pa.Table.from_pylist([{"id": 10_000, "item": "outside", "_op": "c", "_kafka_topic": "x",
-                                        "_kafka_partition": 0, "_kafka_offset": 0}], schema=table.schema().as_arrow()))
+    table.append(
+        pa.Table.from_pylist(
+            [{"id": 10_000, "item": "outside", "_op": "c", "_kafka_topic": "x", "_kafka_partition": 0, "_kafka_offset": 0}],
+            schema=table.schema().as_arrow(),
+        )
+    )
     head = _table(spec).current_snapshot().snapshot_id
     with pytest.raises(TerminalError, match=f"moved past quarantined batch {plan.batch_id}.*Drop it, then replay"):
         quarantine.publish(spec, plan.batch_id)
@@ -672,8 +763,12 @@ def test_a_lost_commit_attempt_leaves_none_of_its_files_behind(broker, home, top
 
     lost.clear()  # a replay of partition 0 from its start, mode reapply: its row images are table-dependent
     offsets = committed_state(_table(spec)).offsets
-    report = run_replay(spec, ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=offsets[topic][0],
-                                            mode="reapply"), inline=True, out=None)
+    report = run_replay(
+        spec,
+        ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=offsets[topic][0], mode="reapply"),
+        inline=True,
+        out=None,
+    )
     assert report["status"] == "committed" and lost, report
     table = _table(spec)
     assert committed_state(table).offsets == offsets

@@ -23,8 +23,7 @@ TIDEWATER = str(Path(sys.executable).parent / "tidewater")
 
 
 def cli(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([TIDEWATER, *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TIDEWATER_HOME": str(home)})
+    return subprocess.run([TIDEWATER, *args], capture_output=True, text=True, timeout=300, env={**os.environ, "TIDEWATER_HOME": str(home)})
 
 
 def test_version(home):
@@ -45,20 +44,17 @@ def test_run_json_prints_only_the_json_document_on_stdout(broker, home, topic):
 
 def test_maintain_and_replay_dry_runs_show_each_line_once(broker, home, topic):
     """The maintenance report and the replay preview are printed by the command and not logged a second time."""
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"metadata": "prefixed"})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"metadata": "prefixed"})
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(8, seed=91))
     ingest_inline(load_pipeline(path))
-    maintain = cli(home, "maintain", "--pipeline", str(path), "--actions", "rewrite_manifests", "--dry-run",
-                   "--master", "local[1]")
+    maintain = cli(home, "maintain", "--pipeline", str(path), "--actions", "rewrite_manifests", "--dry-run", "--master", "local[1]")
     assert maintain.returncode == 0, maintain.stderr[-2000:]
     both = maintain.stdout + maintain.stderr
     assert both.count("rewrite_manifests on rpc.orders (dry run)") == 1
     # progress on stderr, as each action starts and ends
     assert "[1/1] rewrite_manifests on rpc.orders ..." in maintain.stderr
     assert re.search(r"\[1/1\] rewrite_manifests on rpc\.orders: done in \d+\.\d s", maintain.stderr), maintain.stderr
-    replay = cli(home, "replay", "--pipeline", str(path), "--topic", topic, "--start-offset", "0", "--end-offset", "5",
-                 "--dry-run")
+    replay = cli(home, "replay", "--pipeline", str(path), "--topic", topic, "--start-offset", "0", "--end-offset", "5", "--dry-run")
     assert replay.returncode == 0, replay.stderr[-2000:]
     both = replay.stdout + replay.stderr
     assert both.count(f"{topic}[0] [0, 5)") == 1 and "dry run: nothing changed" in replay.stdout
@@ -91,12 +87,16 @@ def test_steps_import_spark_and_great_expectations_only_when_used(broker, home, 
     """An empty plan and a batch checked by the built-in checks alone import neither pyspark nor
     great-expectations (2-4 s of imports, more than a small batch's data path). The batch's Data Docs page
     is then left for later: `tidewater data-docs` (the DAG's data_docs task) renders it from the saved report."""
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["order_id"]})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["order_id"]})
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(3, seed=92))
     ingest_inline(load_pipeline(path))  # the script's first plan finds nothing new
-    proc = subprocess.run([sys.executable, "-c", STEPS_SCRIPT, str(path)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TIDEWATER_HOME": str(home)})
+    proc = subprocess.run(
+        [sys.executable, "-c", STEPS_SCRIPT, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TIDEWATER_HOME": str(home)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["empty_plan"] == [] and seen["batch"] == []
@@ -216,13 +216,24 @@ validate_step(spec, plan, manifest)
 def test_a_suite_validation_log_is_not_buried_in_great_expectations_noise(broker, home, topic):
     """Importing great-expectations logs about 210 INFO lines; the validate step with a suite (which imports
     it) logs its own verdict and the Data Docs page, and at most a couple of great-expectations lines."""
-    (home / "range.json").write_text(json.dumps({"expectations": [
-        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 0, "max_value": 1000}}]}))
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"suite": "range.json"})
+    (home / "range.json").write_text(
+        json.dumps(
+            {
+                "expectations": [
+                    {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 0, "max_value": 1000}}
+                ]
+            }
+        )
+    )
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"suite": "range.json"})
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(20, seed=99))
-    proc = subprocess.run([sys.executable, "-c", QUIET_SCRIPT, str(path), str(Path(__file__).resolve().parents[2])],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "TIDEWATER_HOME": str(home)})
+    proc = subprocess.run(
+        [sys.executable, "-c", QUIET_SCRIPT, str(path), str(Path(__file__).resolve().parents[2])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TIDEWATER_HOME": str(home)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stderr.split("=====VALIDATE", 1)[1].splitlines()
     assert any("suite orders.range.json): passed" in line for line in log), log
@@ -253,12 +264,14 @@ def test_sql_uses_the_dags_spark_connection_and_fails_in_one_line(home):
     `tidewater: error:` line (exit 2), not a Py4J stack trace."""
     path = write_pipeline(home, spark={"master": "local[2]"})
     env = {**os.environ, "TIDEWATER_HOME": str(home), "AIRFLOW_CONN_TIDEWATER_SPARK": '{"conn_type": "spark", "host": "local[1]"}'}
-    ok = subprocess.run([TIDEWATER, "sql", "--pipeline", str(path), "SET spark.master"], capture_output=True, text=True,
-                        timeout=300, env=env)
+    ok = subprocess.run(
+        [TIDEWATER, "sql", "--pipeline", str(path), "SET spark.master"], capture_output=True, text=True, timeout=300, env=env
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "local[1]" in ok.stdout and "local[2]" not in ok.stdout
-    bad = subprocess.run([TIDEWATER, "sql", "--pipeline", str(path), "SELECT * FROM rpc.no_such_table"], capture_output=True,
-                         text=True, timeout=300, env=env)
+    bad = subprocess.run(
+        [TIDEWATER, "sql", "--pipeline", str(path), "SELECT * FROM rpc.no_such_table"], capture_output=True, text=True, timeout=300, env=env
+    )
     assert bad.returncode == 2, bad.stderr[-2000:]
     errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("tidewater: ")]
     assert len(errors) == 1 and errors[0].startswith("tidewater: error: Spark: ") and "no_such_table" in errors[0], errors

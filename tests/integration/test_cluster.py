@@ -43,10 +43,20 @@ def test_ingest_replay_and_maintenance_run_on_workers_without_the_projects_packa
     from tidewater.steps.lifecycle import commit_step, plan_step, validate_step
     from tidewater.steps.write import run_write_step
 
-    base = {"topics": [topic], "kafka": {"bootstrap_servers": broker.bootstrap},
-            "maintenance": {"rewrite_data_files": {"min_input_files": 2}}}
-    bare = load_pipeline(write_pipeline(home, name="bare", spark={"master": cluster, "conf": {
-        "spark.pyspark.python": BARE_PYTHON}}, table={"identifier": "rpc.bare"}, **base))
+    base = {
+        "topics": [topic],
+        "kafka": {"bootstrap_servers": broker.bootstrap},
+        "maintenance": {"rewrite_data_files": {"min_input_files": 2}},
+    }
+    bare = load_pipeline(
+        write_pipeline(
+            home,
+            name="bare",
+            spark={"master": cluster, "conf": {"spark.pyspark.python": BARE_PYTHON}},
+            table={"identifier": "rpc.bare"},
+            **base,
+        )
+    )
     produce(broker.bootstrap, topic, pizza_events(60, seed=700), partitions=2)
     plan, path = plan_step(bare)
     with pytest.raises(TerminalError, match="spark.python_env: the executors' Python cannot import"):
@@ -68,13 +78,13 @@ def test_ingest_replay_and_maintenance_run_on_workers_without_the_projects_packa
 
     produce(broker.bootstrap, topic, pizza_events(20, seed=701), partitions=2)
     ingest_inline(spec)  # a second batch, so compaction has files to merge
-    result = run_replay(spec, ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=30), master=cluster,
-                        out=None)
+    result = run_replay(spec, ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=30), master=cluster, out=None)
     assert result["status"] == "committed" and result["rows"] == 30
     # append-missing: the offsets already held are read by the driver and sent with each task (executors never
     # read the staging directory, which may be the driver's local disk)
-    missing = run_replay(spec, ReplayRequest(topic=topic, partitions=(1,), start_offset=0, end_offset=30,
-                                             mode="append-missing"), master=cluster, out=None)
+    missing = run_replay(
+        spec, ReplayRequest(topic=topic, partitions=(1,), start_offset=0, end_offset=30, mode="append-missing"), master=cluster, out=None
+    )
     assert missing["status"] == "committed" and (missing["rows"], missing["already_present"]) == (0, 30)
     [report] = maintain(spec, actions=["rewrite_data_files"], master=cluster)
     assert report.after.data_files < report.before.data_files

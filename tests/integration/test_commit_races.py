@@ -22,7 +22,6 @@ from tidewater_dev.sample_data import pizza_events, produce
 pytestmark = [pytest.mark.integration]
 
 
-
 def test_two_committers_of_one_batch_race_one_commits_the_other_finds_it(broker, pipeline_file, topic):
     """Two committers (separate catalog connections) commit the same staged batch at once.
 
@@ -108,8 +107,7 @@ def test_concurrent_first_writers_create_the_namespace_and_table_once(home):
     from tidewater.config.parse import parse_pipeline
     from tidewater.table.evolution import ensure_table
 
-    spec = parse_pipeline({"name": "race", "topics": ["t"], "table": "fresh_ns.orders",
-                           "kafka": {"bootstrap_servers": "127.0.0.1:1"}})
+    spec = parse_pipeline({"name": "race", "topics": ["t"], "table": "fresh_ns.orders", "kafka": {"bootstrap_servers": "127.0.0.1:1"}})
     schemas = [pa.schema([("id", pa.int64()), (f"f{i % 2}", pa.string())]) for i in range(8)]
     results = race(*[lambda s=s: ensure_table(load_catalog(spec), spec.table, None, s.empty_table()) for s in schemas])
     errors = [r for r in results if isinstance(r, Exception)]
@@ -181,7 +179,7 @@ def test_catalog_locked_at_commit_time_is_transient_and_the_commit_lands_after(p
     spec = load_pipeline(pipeline_file)
     produce(broker.bootstrap, topic, pizza_events(60, seed=7), partitions=3)
     plan, manifest = stage_inline(spec)
-    db = spec.catalog_properties()["uri"][len("sqlite:///"):]
+    db = spec.catalog_properties()["uri"][len("sqlite:///") :]
 
     import tidewater.table.catalog as catalogs
 
@@ -212,7 +210,7 @@ def test_catalog_locked_through_every_attempt_fails_transient_and_nothing_lands(
     produce(broker.bootstrap, topic, pizza_events(30, seed=8), partitions=3)
     plan, manifest = stage_inline(spec)
     catalog = load_catalog(spec)
-    db = spec.catalog_properties()["uri"][len("sqlite:///"):]
+    db = spec.catalog_properties()["uri"][len("sqlite:///") :]
     holder = _lock_catalog(db, 14)
     with pytest.raises(TransientError) as e:
         commit_batch(catalog, plan, manifest, max_attempts=2)

@@ -64,8 +64,12 @@ def _counts(spec) -> dict[str, int]:
 
 def _plain(home: Path, broker, topic: str) -> Path:
     """A plain pipeline whose batch dead-letters 3 records without an order_id and 2 that are not JSON."""
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["order_id"], "not_null_policy": "dead_letter"})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        validation={"not_null": ["order_id"], "not_null_policy": "dead_letter"},
+    )
     good = pizza_events(10, seed=301)
     produce_to_partition(broker.bootstrap, topic, 0, good[:4] + null_order_ids(3, 302) + [b"{nope", b"[1"] + good[4:])
     result = ingest_inline(load_pipeline(path))
@@ -82,8 +86,7 @@ def test_retry_commits_the_letters_that_now_pass_once_and_keeps_those_that_fail_
     assert _counts(spec)["open"] == 5
     assert main(["dead-letters", "retry", "--pipeline", str(path), "--dry-run", "--json"]) == 0
     dry = json.loads(capsys.readouterr().out)
-    assert (dry["status"], dry["letters"], dry["by_class"]) == ("dry-run", 5, {"NullInRequiredColumn": 3,
-                                                                               "InvalidJson": 2}), dry
+    assert (dry["status"], dry["letters"], dry["by_class"]) == ("dry-run", 5, {"NullInRequiredColumn": 3, "InvalidJson": 2}), dry
     assert table_of(path).scan().to_arrow().num_rows == 10  # the dry run changed nothing
 
     _relax(path)
@@ -94,8 +97,7 @@ def test_retry_commits_the_letters_that_now_pass_once_and_keeps_those_that_fail_
     assert (done["letters"], done["resolved"], done["failed_again"], done["rows"]) == (5, 3, 2, 3), done
     table = table_of(path)
     rows = table.scan().to_arrow()
-    assert rows.num_rows == 13 and sorted(rows.column("_kafka_offset").to_pylist()) == list(range(15))[:4] + \
-        [4, 5, 6] + list(range(9, 15))
+    assert rows.num_rows == 13 and sorted(rows.column("_kafka_offset").to_pylist()) == list(range(15))[:4] + [4, 5, 6] + list(range(9, 15))
     assert committed_state(table).offsets == before == {topic: {0: 15}}
     snap = find_batch_snapshot(table, done["batch_id"])
     assert snap is not None and done["snapshots"] == {spec.table.identifier: str(snap.snapshot_id)}
@@ -112,8 +114,7 @@ def test_retry_commits_the_letters_that_now_pass_once_and_keeps_those_that_fail_
     again = dead_letters.retry(spec)  # the two broken ones fail again; nothing is committed for them
     assert (again["resolved"], again["failed_again"], again["status"]) == (0, 2, "nothing-to-commit"), again
     assert table_of(path).scan().to_arrow().num_rows == 13 and len(table_of(path).snapshots()) == len(table.snapshots())
-    assert _counts(spec) == {"open": 2, "retrying": 0, "resolved": 3, "skipped": 0, "dropped": 0,
-                                         "total": 5}
+    assert _counts(spec) == {"open": 2, "retrying": 0, "resolved": 3, "skipped": 0, "dropped": 0, "total": 5}
 
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
@@ -126,8 +127,9 @@ def test_drop_gives_letters_up_with_a_reason_and_the_audit_counts_them(broker, h
     path = _plain(home, broker, topic)
     spec = load_pipeline(path)
     assert main(["dead-letters", "drop", "--pipeline", str(path), "--class", "InvalidJson"]) == 2  # no reason
-    assert main(["dead-letters", "drop", "--pipeline", str(path), "--class", "InvalidJson",
-                 "--reason", "garbage from a test producer"]) == 0
+    assert (
+        main(["dead-letters", "drop", "--pipeline", str(path), "--class", "InvalidJson", "--reason", "garbage from a test producer"]) == 0
+    )
     dropped = state.letters(spec, state="dropped")
     assert sorted(dropped.column("offset").to_pylist()) == [7, 8]
     assert set(dropped.column("reason").to_pylist()) == {"garbage from a test producer"}
@@ -135,8 +137,7 @@ def test_drop_gives_letters_up_with_a_reason_and_the_audit_counts_them(broker, h
     spec = load_pipeline(path)
     assert dead_letters.retry(spec)["resolved"] == 3
     assert dead_letters.retry(spec)["status"] == "nothing-to-retry"
-    assert _counts(spec) == {"open": 0, "retrying": 0, "resolved": 3, "skipped": 0, "dropped": 2,
-                                         "total": 5}
+    assert _counts(spec) == {"open": 0, "retrying": 0, "resolved": 3, "skipped": 0, "dropped": 2, "total": 5}
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
     assert any("2 dropped" in f.text() for f in report.findings)
@@ -163,7 +164,7 @@ def test_a_retry_killed_between_its_commits_lands_once_on_the_next_run(broker, h
     name, module, rows_at_kill = KILL_POINTS[point]
     code = f"""
 import importlib, os, signal, sys
-sys.path.insert(0, {str(REPO / 'include')!r})
+sys.path.insert(0, {str(REPO / "include")!r})
 from tidewater.config.parse import load_pipeline
 from tidewater.ops import dead_letters as d
 target = importlib.import_module({module!r})
@@ -224,16 +225,31 @@ def test_change_table_retry_applies_in_source_order_or_refuses(broker, home, top
     an insert with no later change) and refuses it when one is (id 2: a later update is the row; id 4: deleted later,
     no row left). The table equals the reference model of the source with the refused changes still missing, the
     refused letters stay open with their reason, offsets unchanged, the audit clean."""
-    path = write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          table={"identifier": "rpc.prices", "id_columns": ["id"], "op_field": "op"},
-                          validation={"not_null": ["id", "item"], "not_null_policy": "dead_letter"})
+    path = write_pipeline(
+        home,
+        name="prices",
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={"identifier": "rpc.prices", "id_columns": ["id"], "op_field": "op"},
+        validation={"not_null": ["id", "item"], "not_null_policy": "dead_letter"},
+    )
     spec = load_pipeline(path)
-    produce_to_partition(broker.bootstrap, topic, 0, [_change(1, "I", "a"), _change(2, "I", "b"), _change(3, "I", None),
-                                                      _change(4, "I", "d")])
+    produce_to_partition(
+        broker.bootstrap, topic, 0, [_change(1, "I", "a"), _change(2, "I", "b"), _change(3, "I", None), _change(4, "I", "d")]
+    )
     assert ingest_inline(spec).dead_letters == 1
-    produce_to_partition(broker.bootstrap, topic, 0, [_change(1, "U", None, 2.0), _change(2, "U", None, 2.0),
-                                                      _change(2, "U", "b3", 3.0), _change(4, "U", None, 2.0),
-                                                      _change(4, "D", "d", 2.0)])
+    produce_to_partition(
+        broker.bootstrap,
+        topic,
+        0,
+        [
+            _change(1, "U", None, 2.0),
+            _change(2, "U", None, 2.0),
+            _change(2, "U", "b3", 3.0),
+            _change(4, "U", None, 2.0),
+            _change(4, "D", "d", 2.0),
+        ],
+    )
     assert ingest_inline(spec).dead_letters == 3
     table = load_table(load_catalog(spec), "rpc.prices")
     assert {r["id"]: r["item"] for r in table.scan().to_arrow().to_pylist()} == {1: "a", 2: "b3"}
@@ -257,8 +273,7 @@ def test_change_table_retry_applies_in_source_order_or_refuses(broker, home, top
     assert sorted(state.letters(spec, state="resolved").column("offset").to_pylist()) == [2, 4]
     again = dead_letters.retry(spec)  # the refused ones are refused again; nothing changes
     assert (again["refused"], again["resolved"]) == (2, 0), again
-    assert {r["id"]: (r["item"], r["price"]) for r in load_table(load_catalog(spec), "rpc.prices").scan().to_arrow()
-            .to_pylist()} == got
+    assert {r["id"]: (r["item"], r["price"]) for r in load_table(load_catalog(spec), "rpc.prices").scan().to_arrow().to_pylist()} == got
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
@@ -268,10 +283,16 @@ def test_routed_retry_commits_each_table_once_and_keeps_the_checkpoint(broker, h
     them in both tables as one batch (each table's snapshot carries its id, the checkpoint does not move), the
     letters point to both snapshots; a second retry is a no-op; the deep audit is clean."""
     a, b = topic + "-a", topic + "-b"
-    path = write_pipeline(home, name="routed", topics=[a, b], kafka={"bootstrap_servers": broker.bootstrap},
-                          table={"identifier": ""}, routing={"namespace": "rpc"},
-                          tables=[{"identifier": "rpc.ra", "topics": [a]}, {"identifier": "rpc.rb", "topics": [b]}],
-                          validation={"not_null": ["name"], "not_null_policy": "dead_letter"})
+    path = write_pipeline(
+        home,
+        name="routed",
+        topics=[a, b],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={"identifier": ""},
+        routing={"namespace": "rpc"},
+        tables=[{"identifier": "rpc.ra", "topics": [a]}, {"identifier": "rpc.rb", "topics": [b]}],
+        validation={"not_null": ["name"], "not_null_policy": "dead_letter"},
+    )
     spec = load_pipeline(path)
     ev = [json.dumps({"id": i, "name": None if i % 3 == 0 else f"n{i}"}).encode() for i in range(9)]
     produce_to_partition(broker.bootstrap, a, 0, ev)
@@ -283,8 +304,7 @@ def test_routed_retry_commits_each_table_once_and_keeps_the_checkpoint(broker, h
     assert (run["found"], run["batch_id"], run["records"], run["dead_letters"], run["rows"]) == (True, plan.batch_id, 15, 5, 10)
     assert {t["table"] for t in run["tables"]} == {spec.checkpoint_table(), "rpc.ra", "rpc.rb"}
     assert sorted((r["topic"], r["start_offset"], r["end_offset"]) for r in run["ranges"]) == [(a, 0, 9), (b, 0, 6)]
-    assert {t["table"]: t["rows"] for t in run["tables"] if t["table"] != spec.checkpoint_table()} == {"rpc.ra": 6,
-                                                                                                     "rpc.rb": 4}
+    assert {t["table"]: t["rows"] for t in run["tables"] if t["table"] != spec.checkpoint_table()} == {"rpc.ra": 6, "rpc.rb": 4}
     assert run["offsets"] == {a: {"0": 9}, b: {"0": 6}}
     assert run_detail(spec, "manual__none")["found"] is False
     assert [p["lag"] for p in lag_history(spec)] == [15]
@@ -368,10 +388,18 @@ def test_letters_the_new_settings_skip_are_marked_skipped_not_resolved(broker, h
     """A routed pipeline dead-letters the records no route takes (`unmatched: dead_letter`); the operator decides they
     are to be skipped (`unmatched: skip`) and retries: the letters are marked skipped (no table holds them), not
     resolved; nothing is committed; the deep audit is clean."""
+
     def routed(unmatched: str) -> Path:
-        return write_pipeline(home, name="typed", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                              table={"identifier": ""}, routing={"namespace": "rpc", "field": "kind", "unmatched": unmatched},
-                              tables=[{"identifier": "rpc.pay", "route_regex": "pay"}], validation={"not_null": []})
+        return write_pipeline(
+            home,
+            name="typed",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            table={"identifier": ""},
+            routing={"namespace": "rpc", "field": "kind", "unmatched": unmatched},
+            tables=[{"identifier": "rpc.pay", "route_regex": "pay"}],
+            validation={"not_null": []},
+        )
 
     spec = load_pipeline(routed("dead_letter"))
     values = [json.dumps({"id": i, "kind": "pay" if i < 3 else "other"}).encode() for i in range(5)]
@@ -416,16 +444,22 @@ def test_a_refusal_lands_on_its_own_topics_letter_when_two_topics_share_an_offse
     reason, b's is resolved, rpc.hb holds all 4 rows and rpc.ca the source's rows (before the fix the refusal, keyed
     by partition and offset only, also fell on b's letter, which stayed open though its row had landed)."""
     a, b = topic + "-a", topic + "-b"
-    path = write_pipeline(home, name="two", topics=[a, b], kafka={"bootstrap_servers": broker.bootstrap},
-                          table={"identifier": ""}, routing={"namespace": "rpc"}, format={"metadata": "prefixed"},
-                          tables=[{"identifier": "rpc.ca", "topics": [a], "id_columns": ["id"], "op_field": "op"},
-                                  {"identifier": "rpc.hb", "topics": [b]}],
-                          validation={"not_null": ["id", "item"], "not_null_policy": "dead_letter"})
+    path = write_pipeline(
+        home,
+        name="two",
+        topics=[a, b],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={"identifier": ""},
+        routing={"namespace": "rpc"},
+        format={"metadata": "prefixed"},
+        tables=[{"identifier": "rpc.ca", "topics": [a], "id_columns": ["id"], "op_field": "op"}, {"identifier": "rpc.hb", "topics": [b]}],
+        validation={"not_null": ["id", "item"], "not_null_policy": "dead_letter"},
+    )
     spec = load_pipeline(path)
-    produce_to_partition(broker.bootstrap, a, 0, [_change(1, "I", "a"), _change(2, "I", "b"), _change(2, "U", None, 2.0),
-                                                  _change(2, "U", "b3", 3.0)])
-    produce_to_partition(broker.bootstrap, b, 0, [json.dumps({"id": i, "item": None if i == 2 else f"i{i}"}).encode()
-                                                  for i in range(4)])
+    produce_to_partition(
+        broker.bootstrap, a, 0, [_change(1, "I", "a"), _change(2, "I", "b"), _change(2, "U", None, 2.0), _change(2, "U", "b3", 3.0)]
+    )
+    produce_to_partition(broker.bootstrap, b, 0, [json.dumps({"id": i, "item": None if i == 2 else f"i{i}"}).encode() for i in range(4)])
     assert ingest_inline(spec).dead_letters == 2
     assert sorted((r["topic"], r["offset"]) for r in state.letters(spec).to_pylist()) == [(a, 2), (b, 2)]
     doc = yaml.safe_load(path.read_text())
@@ -468,8 +502,14 @@ def test_two_pipelines_sharing_a_dead_letter_table_keep_each_ones_count_when_the
     again), so the kept counts are each pipeline's letters and the table's rows."""
     specs = []
     for name in ("north", "south"):
-        path = write_pipeline(home, name=name, topics=[f"{topic}-{name}"], kafka={"bootstrap_servers": broker.bootstrap},
-                              table={"identifier": f"rpc.{name}"}, dead_letter={"table": "rpc.shared_dead_letters"})
+        path = write_pipeline(
+            home,
+            name=name,
+            topics=[f"{topic}-{name}"],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            table={"identifier": f"rpc.{name}"},
+            dead_letter={"table": "rpc.shared_dead_letters"},
+        )
         specs.append(load_pipeline(path))
 
     def batches(spec) -> None:

@@ -49,8 +49,7 @@ def test_bad_input_corpus_lands_in_rows_and_dead_letters_through_spark(broker, h
     """30 good records, then the corpus, then 30 good records, on one partition, through `tidewater run`
     (spark-submit): every bad record is a dead letter with its raw bytes, offset and error class; the
     5 MB value and the 40-deep object land as rows; offsets move past all of them; status counts them."""
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["order_id"]})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["order_id"]})
     good = pizza_events(60, seed=61)
     values = good[:30] + [v for v, _ in CORPUS] + good[30:]
     produce_to_partition(broker.bootstrap, topic, 0, values, producer_settings={"message.max.bytes": 10_000_000})
@@ -81,8 +80,7 @@ def test_bad_input_corpus_lands_in_rows_and_dead_letters_through_spark(broker, h
 
 
 def test_skip_policy_counts_and_writes_no_dead_letters(broker, home, topic):
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          dead_letter={"policy": "skip"})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, dead_letter={"policy": "skip"})
     spec = load_pipeline(path)
     good = pizza_events(20, seed=62)
     produce_to_partition(broker.bootstrap, topic, 0, good[:10] + [b"{broken", None] + good[10:])
@@ -118,9 +116,7 @@ def test_first_batch_entirely_bad_still_moves_the_offsets(broker, home, topic):
     assert committed_state(table).offsets == {topic: {0: 8}}
 
 
-def test_failure_between_the_batch_commit_and_the_dead_letter_commit_is_repaired_by_a_retry(
-    broker, home, topic, monkeypatch
-):
+def test_failure_between_the_batch_commit_and_the_dead_letter_commit_is_repaired_by_a_retry(broker, home, topic, monkeypatch):
     """The batch commits, then the dead-letter commit fails (fault injected): the commit step raises a
     transient error; retrying it finds the batch committed and commits the dead letters exactly once."""
     import tidewater.commit.holders as committing

@@ -36,15 +36,14 @@ def _envelope_class():
     """``dbserver.public.prices.Envelope`` as the converter would register it (a pool of its own)."""
     pool = descriptor_pool.DescriptorPool()
     pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
-    fd = descriptor_pb2.FileDescriptorProto(name="prices/envelope.proto", package="dbserver.public.prices",
-                                            syntax="proto3", dependency=["google/protobuf/wrappers.proto"])
+    fd = descriptor_pb2.FileDescriptorProto(
+        name="prices/envelope.proto", package="dbserver.public.prices", syntax="proto3", dependency=["google/protobuf/wrappers.proto"]
+    )
     env = fd.message_type.add(name="Envelope")
     value = env.nested_type.add(name="Value")
     value.field.add(name="id", number=1, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
-    value.field.add(name="item", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
-                    type_name=".google.protobuf.StringValue")
-    value.field.add(name="price", number=3, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
-                    type_name=".google.protobuf.DoubleValue")
+    value.field.add(name="item", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".google.protobuf.StringValue")
+    value.field.add(name="price", number=3, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".google.protobuf.DoubleValue")
     source = env.nested_type.add(name="Source")
     source.field.add(name="db", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     source.field.add(name="table", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
@@ -56,8 +55,6 @@ def _envelope_class():
     env.field.add(name="ts_ms", number=5, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
     pool.Add(fd)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("dbserver.public.prices.Envelope"))
-
-
 
 
 def _image(cls, row: dict | None):
@@ -82,8 +79,9 @@ def _produce(broker, topic, url, model, changes, produced: dict[int, int]) -> No
         before = model.get(c.id) if c.op != "insert" else None
         before = before or ({"id": c.id} if c.op != "insert" else None)
         after = None if c.op == "delete" else c.row()
-        env = cls(op={"insert": "c", "update": "u", "delete": "d"}[c.op], ts_ms=1_700_000_000_000,
-                  source=cls.Source(db="shop", table="prices"))
+        env = cls(
+            op={"insert": "c", "update": "u", "delete": "d"}[c.op], ts_ms=1_700_000_000_000, source=cls.Source(db="shop", table="prices")
+        )
         for name, img in (("before", _image(cls, before)), ("after", _image(cls, after))):
             if img is not None:
                 getattr(env, name).CopyFrom(img)
@@ -107,10 +105,17 @@ def _rows(spec) -> dict[int, dict]:
 
 
 def _spec(home, broker, topic, url):
-    return load_pipeline(write_pipeline(home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        validation={"not_null": ["id"]},
-                                        format={"value": "debezium_protobuf", "registry_url": url},
-                                        table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True}))
+    return load_pipeline(
+        write_pipeline(
+            home,
+            name="prices",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            validation={"not_null": ["id"]},
+            format={"value": "debezium_protobuf", "registry_url": url},
+            table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True},
+        )
+    )
 
 
 STAGE_VALIDATE_THEN_HANG = """
@@ -129,8 +134,13 @@ time.sleep(600)
 def _killed_after_validate(spec):
     """A batch planned, written and validated by a process that is then SIGKILLed before its commit; its plan and
     manifest as the killed process staged them."""
-    proc = subprocess.Popen([sys.executable, "-c", STAGE_VALIDATE_THEN_HANG, str(spec.source_path)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # the test's TIDEWATER_HOME
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STAGE_VALIDATE_THEN_HANG, str(spec.source_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )  # the test's TIDEWATER_HOME
     try:
         assert proc.stdout is not None
         batch_id = proc.stdout.readline().strip()
@@ -143,7 +153,8 @@ def _killed_after_validate(spec):
 
 
 def test_a_debezium_protobuf_stream_equals_its_source_after_every_batch_a_retried_commit_and_a_killed_batch(
-        broker, home, topic, registry_url):
+    broker, home, topic, registry_url
+):
     spec = _spec(home, broker, topic, registry_url)
     model: dict[int, dict] = {}
     produced: dict[int, int] = {}
@@ -168,7 +179,6 @@ def test_a_debezium_protobuf_stream_equals_its_source_after_every_batch_a_retrie
     assert _rows(spec) == {k: {"id": k, **{c: v.get(c) for c in ("item", "price")}} for k, v in model.items()}
     table = load_table(load_catalog(spec), spec.table.identifier)
     assert committed_state(table).offsets == {topic: produced}
-    assert sum(1 for s in table.snapshots() if s.summary.additional_properties.get("tidewater.batch-id") ==
-               dead_plan.batch_id) == 0
+    assert sum(1 for s in table.snapshots() if s.summary.additional_properties.get("tidewater.batch-id") == dead_plan.batch_id) == 0
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]

@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.integration]
 
 def _numbered(fields: list[tuple[str, pa.DataType, int, bool]]) -> pa.Schema:
     """A decoded schema whose fields carry their source field numbers (as the Protobuf decoder marks them)."""
-    return pa.schema([pa.field(name, typ, nullable=nullable, metadata={FIELD_NUMBER: str(n).encode()})
-                      for name, typ, n, nullable in fields])
+    return pa.schema(
+        [pa.field(name, typ, nullable=nullable, metadata={FIELD_NUMBER: str(n).encode()}) for name, typ, n, nullable in fields]
+    )
 
 
 @pytest.fixture
@@ -56,15 +57,17 @@ def test_a_column_added_by_a_later_schema_version_records_its_schema_id_and_a_co
     catalog, spec = catalog_and_spec
     v1 = with_schema_id(pa.table({"order_id": pa.array([], pa.string()), "qty": pa.array([], pa.int64())}), 1)
     ensure_table(catalog, spec.table, None, v1)
-    v2 = with_schema_id(pa.table({"order_id": pa.array([], pa.string()), "qty": pa.array([], pa.int64()),
-                                  "coupon": pa.array([], pa.string())}), 2)
+    v2 = with_schema_id(
+        pa.table({"order_id": pa.array([], pa.string()), "qty": pa.array([], pa.int64()), "coupon": pa.array([], pa.string())}), 2
+    )
     ensure_table(catalog, spec.table, load_table(catalog, "rpc.evo"), v2)
 
     table = load_table(catalog, "rpc.evo")
     assert json.loads(table.properties[SCHEMA_IDS]) == {"order_id": 1, "qty": 1, "coupon": 2}
 
-    explicit = with_schema_ids(pa.schema([pa.field(f.name, t) for f, t in zip(
-        table.schema().fields, (pa.string(), pa.int64(), pa.string()), strict=True)]), table)
+    explicit = with_schema_ids(
+        pa.schema([pa.field(f.name, t) for f, t in zip(table.schema().fields, (pa.string(), pa.int64(), pa.string()), strict=True)]), table
+    )
     assert explicit.field("coupon").metadata[SCHEMA_ID] == b"2"
 
     class Context:  # the decoder's view of the table (decode/context.py's fields that refuse_conflicts reads)
@@ -73,6 +76,9 @@ def test_a_column_added_by_a_later_schema_version_records_its_schema_id_and_a_co
 
     Context.explicit = explicit
     v3 = pa.table({"order_id": pa.array(["o1"]), "qty": pa.array([1]), "coupon": pa.array([7])})
-    with pytest.raises(TerminalError, match=r"field coupon: schema id 3 gives it type int64, table rpc.evo has string "
-                                            r"\(added by schema id 2\)"):
+    with pytest.raises(
+        TerminalError,
+        match=r"field coupon: schema id 3 gives it type int64, table rpc.evo has string "
+        r"\(added by schema id 2\)",
+    ):
         refuse_conflicts(Context, v3, "schema id 3")

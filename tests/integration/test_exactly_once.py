@@ -75,8 +75,9 @@ def test_killed_after_write_before_commit_then_rerun_commits_each_record_once(br
     uncommitted."""
     produce(broker.bootstrap, topic, pizza_events(600, seed=7), partitions=3)
     env = {**os.environ, "TIDEWATER_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, "-c", WRITE_THEN_HANG, str(pipeline_file)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITE_THEN_HANG, str(pipeline_file)], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
     proc.kill()
     proc.wait()
@@ -117,8 +118,7 @@ def test_commit_step_run_twice_for_one_batch_is_a_no_op(broker, catalog, pipelin
 def test_malformed_json_fails_the_batch_naming_topic_partition_offset(broker, home, topic):
     """dead_letter.policy fail, one truncated JSON value at partition 1 offset 25: the batch fails naming
     it; nothing is committed, the offsets do not move and no data file of the batch remains."""
-    pipeline_file = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                   dead_letter={"policy": "fail"})
+    pipeline_file = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, dead_letter={"policy": "fail"})
     good = pizza_events(60, seed=5)
     produce_to_partition(broker.bootstrap, topic, 0, good[:30], partitions=2)
     produce_to_partition(broker.bootstrap, topic, 1, good[30:55] + [b'{"order_id": "x", "store_id": '] + good[55:])
@@ -169,15 +169,17 @@ def test_unreachable_spark_connect_server_is_a_transient_error(broker, home, top
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          spark={"connect_url": f"sc://127.0.0.1:{port}"})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, spark={"connect_url": f"sc://127.0.0.1:{port}"}
+    )
     spec = load_pipeline(path)
     produce(broker.bootstrap, topic, pizza_events(5, seed=96), partitions=1)
     plan, plan_path = plan_batch(spec)
     with pytest.raises(TransientError, match=rf"spark.connect_url: the Spark Connect server 127.0.0.1:{port} is unreachable"):
         run_write_step(spec, plan_path)
-    bad = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                       spark={"connect_url": "http://127.0.0.1:15002"}))
+    bad = load_pipeline(
+        write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, spark={"connect_url": "http://127.0.0.1:15002"})
+    )
     with pytest.raises(ConfigError, match="spark.connect_url: 'http://127.0.0.1:15002' is not a Spark Connect URL"):
         run_write_step(bad, plan_path)
     assert table_of(path) is None or table_of(path).current_snapshot() is None
@@ -217,8 +219,13 @@ def test_executors_get_the_catalog_and_locations_from_the_driver_not_their_envir
     other.mkdir()
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     produce(broker.bootstrap, topic, pizza_events(120, seed=94), partitions=3)
-    proc = subprocess.run([sys.executable, "-c", EXECUTOR_ENV_SCRIPT, str(home), str(other), str(path)],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "TIDEWATER_HOME": str(home)})
+    proc = subprocess.run(
+        [sys.executable, "-c", EXECUTOR_ENV_SCRIPT, str(home), str(other), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TIDEWATER_HOME": str(home)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["status"] == "committed" and len(out["files"]) == 3
@@ -285,8 +292,12 @@ def test_schema_changes_the_tasks_find_are_made_once_by_the_driver_and_undone_wi
         write_json_atomic(manifest_path(plan_path), manifest.to_json())
         return plan, manifest
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          batch={"max_records": 100000, "chunk_records": 10, "records_per_task": 20})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        batch={"max_records": 100000, "chunk_records": 10, "records_per_task": 20},
+    )
     spec = load_pipeline(path)
     produce(broker.bootstrap, topic, pizza_events(90, seed=31), partitions=3)  # 30 per partition
     plan, manifest = stage()
@@ -345,9 +356,14 @@ def test_a_routed_first_batch_creates_each_table_once_before_the_spark_tasks(bro
     from tidewater.steps.lifecycle import plan_step
     from tidewater.table.catalog import load_catalog, load_table
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, table="",
-                          routing={"namespace": "pay", "field": "type", "dynamic": True, "table_template": "{value}"},
-                          validation={})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table="",
+        routing={"namespace": "pay", "field": "type", "dynamic": True, "table_template": "{value}"},
+        validation={},
+    )
     spec = load_pipeline(path)
     events = [json.dumps({"id": i, "type": ("debit", "credit")[i % 2], "amount": i}).encode() for i in range(300)]
     produce(broker.bootstrap, topic, events, partitions=6)
@@ -368,8 +384,7 @@ def test_a_routed_first_batch_creates_each_table_once_before_the_spark_tasks(bro
 
     # A later batch names a table no batch named before (no probe then): the six tasks report it, the write
     # job's driver creates it once, tagged as the batch's, and runs them again.
-    produce(broker.bootstrap, topic, [json.dumps({"id": 300 + i, "type": "refund", "amount": i}).encode()
-                                      for i in range(60)], partitions=6)
+    produce(broker.bootstrap, topic, [json.dumps({"id": 300 + i, "type": "refund", "amount": i}).encode() for i in range(60)], partitions=6)
     plan, plan_path = plan_step(spec)
     assert load_table(catalog, "pay.refund") is None
     manifest = run_write_step(spec, plan_path, master="local[2]")

@@ -15,17 +15,24 @@ pytestmark = [pytest.mark.integration]
 
 
 def test_connect_json_lands_with_declared_types(broker, home, topic):
-    schema = {"type": "struct", "fields": [
-        {"field": "order_id", "type": "string"}, {"field": "qty", "type": "int16"},
-        {"field": "price", "type": "float64"},
-        {"field": "at", "type": "int64", "name": "org.apache.kafka.connect.data.Timestamp"},
-    ]}
-    values = [json.dumps({"schema": schema, "payload": {"order_id": f"o{i}", "qty": i, "price": i, "at": 1_700_000_000_000 + i}}).encode()
-              for i in range(20)]
+    schema = {
+        "type": "struct",
+        "fields": [
+            {"field": "order_id", "type": "string"},
+            {"field": "qty", "type": "int16"},
+            {"field": "price", "type": "float64"},
+            {"field": "at", "type": "int64", "name": "org.apache.kafka.connect.data.Timestamp"},
+        ],
+    }
+    values = [
+        json.dumps({"schema": schema, "payload": {"order_id": f"o{i}", "qty": i, "price": i, "at": 1_700_000_000_000 + i}}).encode()
+        for i in range(20)
+    ]
     values.insert(7, b'{"schema": null}')  # no payload: a dead letter
     produce_to_partition(broker.bootstrap, topic, 0, values)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "connect_json", "metadata": "none"})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"value": "connect_json", "metadata": "none"}
+    )
     result = ingest_inline(load_pipeline(path))
     assert (result.records, result.dead_letters) == (21, 1)
     table = table_of(path)
@@ -34,8 +41,12 @@ def test_connect_json_lands_with_declared_types(broker, home, topic):
     assert sorted(table.scan().to_arrow().column("qty").to_pylist()) == list(range(20))
     # a later batch into the existing table: the logical Timestamp is read as declared and converted (it was
     # read with the table's timestamp type before, which failed every record)
-    produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"schema": schema, "payload": {
-        "order_id": "o20", "qty": 20, "price": 2.5, "at": 1_700_000_000_020}}).encode()])
+    produce_to_partition(
+        broker.bootstrap,
+        topic,
+        0,
+        [json.dumps({"schema": schema, "payload": {"order_id": "o20", "qty": 20, "price": 2.5, "at": 1_700_000_000_020}}).encode()],
+    )
     result = ingest_inline(load_pipeline(path))
     assert (result.records, result.dead_letters) == (1, 0)
     at = table_of(path).scan().to_arrow().sort_by("qty").column("at").to_pylist()
@@ -50,8 +61,9 @@ def test_debezium_events_land_with_op_column_and_tombstones_skipped(broker, home
     events.append({"before": {"order_id": "o2", "status": "new"}, "after": None, "op": "d", "ts_ms": 12})
     values: list[bytes | None] = [json.dumps(e).encode() for e in events] + [None, b'{"op": "?"}']
     produce_to_partition(broker.bootstrap, topic, 0, values)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "debezium", "metadata": "none"})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"value": "debezium", "metadata": "none"}
+    )
     result = ingest_inline(load_pipeline(path))
     table = table_of(path)
     rows = table.scan().to_arrow()
@@ -75,8 +87,12 @@ def test_date_time_columns_parsed_and_unparseable_values_dead_lettered(broker, h
     events = pizza_events(20, seed=71)
     bad = json.dumps({**json.loads(events[0]), "date_ordered": "last tuesday"}).encode()
     produce_to_partition(broker.bootstrap, topic, 0, events[:10] + [bad] + events[10:15])
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"timestamps": {"date_ordered": "%Y-%m-%d %H:%M:%S"}, "timezone": "Europe/Oslo"})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"timestamps": {"date_ordered": "%Y-%m-%d %H:%M:%S"}, "timezone": "Europe/Oslo"},
+    )
     spec = load_pipeline(path)
     assert ingest_inline(spec).dead_letters == 1
     table = table_of(path)
@@ -100,8 +116,13 @@ def test_date_time_columns_parsed_and_unparseable_values_dead_lettered(broker, h
 def test_date_time_inside_an_object_lands_as_a_timestamp(broker, home, topic):
     """format.timestamps with a dotted path: the field inside the struct column becomes a timestamptz;
     a value that does not parse makes its record a dead letter; a second batch reads the typed table."""
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"timestamps": {"meta.at": "iso8601"}}, validation={"not_null": ["id"]})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"timestamps": {"meta.at": "iso8601"}},
+        validation={"not_null": ["id"]},
+    )
     values = [json.dumps({"id": i, "meta": {"at": f"2024-02-29T12:23:0{i}", "src": "x"}}).encode() for i in range(5)]
     values.append(json.dumps({"id": 9, "meta": {"at": "yesterday"}}).encode())
     produce_to_partition(broker.bootstrap, topic, 0, values)
@@ -113,6 +134,7 @@ def test_date_time_inside_an_object_lands_as_a_timestamp(broker, home, topic):
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": 20, "meta": {"at": "2024-03-01T00:00:00Z"}}).encode()])
     assert ingest_inline(spec).records == 1
     rows = table_of(path).scan().to_arrow().sort_by("id")
-    assert [m["at"].isoformat() for m in rows.column("meta").to_pylist()] == [
-        f"2024-02-29T12:23:0{i}+00:00" for i in range(5)] + ["2024-03-01T00:00:00+00:00"]
+    assert [m["at"].isoformat() for m in rows.column("meta").to_pylist()] == [f"2024-02-29T12:23:0{i}+00:00" for i in range(5)] + [
+        "2024-03-01T00:00:00+00:00"
+    ]
     assert committed_state(table_of(path)).offsets == {topic: {0: 7}}

@@ -25,8 +25,7 @@ SCRIPT = Path(__file__).parent / "glue_on_moto.py"
 def _command(command: str, cfg: dict) -> tuple[list[str], dict[str, str]]:
     if not GLUE_PYTHON.is_file():
         pytest.fail(f"{GLUE_PYTHON} is missing: run `make glue-env` (make test does)")
-    env = {"PATH": "/usr/bin:/bin", "TIDEWATER_HOME": cfg["home"], "PYTHONPATH": str(REPO / "include"),
-           "GX_ANALYTICS_ENABLED": "false"}
+    env = {"PATH": "/usr/bin:/bin", "TIDEWATER_HOME": cfg["home"], "PYTHONPATH": str(REPO / "include"), "GX_ANALYTICS_ENABLED": "false"}
     return [str(GLUE_PYTHON), str(SCRIPT), command, json.dumps(cfg)], env
 
 
@@ -35,7 +34,7 @@ def _run(command: str, cfg: dict) -> dict:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def test_batches_and_a_schema_change_through_glue_with_an_assumed_role(broker, s3_endpoint, home, topic):
@@ -44,8 +43,9 @@ def test_batches_and_a_schema_change_through_glue_with_an_assumed_role(broker, s
     column after the second commit; every data file in the bucket; the deep audit clean."""
     from pyarrow import fs
 
-    fs.S3FileSystem(endpoint_override=s3_endpoint, scheme="http", access_key="any", secret_key="any", region="us-east-1",
-                    allow_bucket_creation=True).create_dir("glue-lake")
+    fs.S3FileSystem(
+        endpoint_override=s3_endpoint, scheme="http", access_key="any", secret_key="any", region="us-east-1", allow_bucket_creation=True
+    ).create_dir("glue-lake")
     cfg = {"endpoint": s3_endpoint, "bucket": "glue-lake", "home": str(home), "topic": topic, "bootstrap": broker.bootstrap}
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(30, seed=600))
     first = _run("batch", cfg)
@@ -69,8 +69,9 @@ def test_a_glue_batch_killed_after_its_write_then_rerun_and_retried_commits_once
     each once, offsets 25, the deep audit clean."""
     from pyarrow import fs
 
-    fs.S3FileSystem(endpoint_override=s3_endpoint, scheme="http", access_key="any", secret_key="any", region="us-east-1",
-                    allow_bucket_creation=True).create_dir("glue-kill")
+    fs.S3FileSystem(
+        endpoint_override=s3_endpoint, scheme="http", access_key="any", secret_key="any", region="us-east-1", allow_bucket_creation=True
+    ).create_dir("glue-kill")
     cfg = {"endpoint": s3_endpoint, "bucket": "glue-kill", "home": str(home), "topic": topic, "bootstrap": broker.bootstrap}
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(25, seed=602))
     cmd, env = _command("write-then-hang", cfg)

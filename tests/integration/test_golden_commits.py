@@ -41,9 +41,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 GOLDEN = Path(__file__).parent / "golden"
 # Iceberg's own summary keys that say what a snapshot did (sizes are left out: they differ with the timestamps
 # the records carry)
-ICEBERG_KEYS = ("added-records", "deleted-records", "added-data-files", "deleted-data-files", "added-delete-files",
-                "removed-delete-files", "added-position-deletes", "removed-position-deletes", "total-records",
-                "total-data-files", "total-delete-files", "total-position-deletes")
+ICEBERG_KEYS = (
+    "added-records",
+    "deleted-records",
+    "added-data-files",
+    "deleted-data-files",
+    "added-delete-files",
+    "removed-delete-files",
+    "added-position-deletes",
+    "removed-position-deletes",
+    "total-records",
+    "total-data-files",
+    "total-delete-files",
+    "total-position-deletes",
+)
 BATCH_IDS = re.compile(r"(?:skip-|replay-)?\d{8}T\d{6,9}Z-[0-9a-f]{8}")
 VOLATILE = ("tidewater.valid-through-ms", "tidewater.valid-through")
 
@@ -59,8 +70,7 @@ def normalized(catalog, namespace: str, topics: dict[str, str]) -> dict:
         return BATCH_IDS.sub(lambda m: names.setdefault(m.group(0), f"<b{len(names) + 1}>"), text)
 
     tables = {name: load_table(catalog, f"{namespace}.{name}") for _, name in sorted(catalog.list_tables(namespace))}
-    ordered = {name: sorted(t.metadata.snapshots, key=lambda s: (s.sequence_number, s.timestamp_ms))
-               for name, t in tables.items()}
+    ordered = {name: sorted(t.metadata.snapshots, key=lambda s: (s.sequence_number, s.timestamp_ms)) for name, t in tables.items()}
     everywhere = {str(s.snapshot_id): f"<{name}:s{i}>" for name, snaps in ordered.items() for i, s in enumerate(snaps)}
 
     def value(key: str, text: str) -> str:  # snapshot ids in values (the ledger's position) by their stable names
@@ -75,8 +85,9 @@ def normalized(catalog, namespace: str, topics: dict[str, str]) -> dict:
             props = summary_dict(s)
             kept = {k: value(k, v) for k, v in sorted(props.items()) if k.startswith("tidewater.")}
             kept.update({k: props[k] for k in ICEBERG_KEYS if k in props})
-            rows.append({"id": ids[s.snapshot_id], "parent": ids.get(s.parent_snapshot_id),
-                         "operation": s.summary.operation.value, "summary": kept})
+            rows.append(
+                {"id": ids[s.snapshot_id], "parent": ids.get(s.parent_snapshot_id), "operation": s.summary.operation.value, "summary": kept}
+            )
         refs = {stable(r): ids.get(ref.snapshot_id) for r, ref in sorted(table.metadata.refs.items())}
         out[name] = {"snapshots": rows, "refs": refs}
     return out
@@ -90,9 +101,15 @@ LAYOUT_KEYS = ("added-data-files", "deleted-data-files", "total-data-files", "ad
 
 
 def without_layout(doc: dict) -> dict:
-    return {t: {**d, "snapshots": [{**s, "operation": None,
-                                    "summary": {k: v for k, v in s["summary"].items() if k not in LAYOUT_KEYS}}
-                                   for s in d["snapshots"]]} for t, d in doc.items()}
+    return {
+        t: {
+            **d,
+            "snapshots": [
+                {**s, "operation": None, "summary": {k: v for k, v in s["summary"].items() if k not in LAYOUT_KEYS}} for s in d["snapshots"]
+            ],
+        }
+        for t, d in doc.items()
+    }
 
 
 def check_golden(name: str, doc: dict, layout: bool = True) -> None:
@@ -115,8 +132,9 @@ def ev(i: int, v: str | None = None) -> bytes:
 
 
 def strict_suite(home: Path, column: str, regex: str) -> str:
-    (home / "strict.json").write_text(json.dumps({"expectations": [
-        {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": column, "regex": regex}}]}))
+    (home / "strict.json").write_text(
+        json.dumps({"expectations": [{"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": column, "regex": regex}}]})
+    )
     return "strict.json"
 
 
@@ -129,9 +147,14 @@ def test_an_append_tables_commits_in_every_mode_match_the_golden_file(broker, ca
     """A plain append pipeline (fused holder): an ingest batch with a dead letter (one snapshot with data and offsets),
     replays (replace, append-missing), a quarantined batch published, an operator's skip with the records before it
     ingested first, and a last ingest batch. Expected: the snapshots equal golden/append_fused.json."""
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"metadata": "prefixed"}, batch={"write_parallelism": 2},
-                          validation={"not_null": ["id"], "suite": strict_suite(home, "v", "^bad"), "on_failure": "quarantine"})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"metadata": "prefixed"},
+        batch={"write_parallelism": 2},
+        validation={"not_null": ["id"], "suite": strict_suite(home, "v", "^bad"), "on_failure": "quarantine"},
+    )
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(20)] + [b"{not json"] + [ev(20)], partitions=2)
     produce_to_partition(broker.bootstrap, topic, 1, [ev(100 + i) for i in range(15)])
@@ -139,8 +162,10 @@ def test_an_append_tables_commits_in_every_mode_match_the_golden_file(broker, ca
     assert (first.status, first.records, first.dead_letters) == ("committed", 37, 1)
     only = one_batch_snapshots(spec, first.batch_id)
     assert len(only) == 1 and OFFSETS in summary_dict(only[0]) and int(summary_dict(only[0])["added-records"]) == 36
-    for req in (ReplayRequest(topic=topic, partitions=(0,), start_offset=5, end_offset=15),
-                ReplayRequest(topic=topic, partitions=(1,), start_offset=0, end_offset=15, mode="append-missing")):
+    for req in (
+        ReplayRequest(topic=topic, partitions=(0,), start_offset=5, end_offset=15),
+        ReplayRequest(topic=topic, partitions=(1,), start_offset=0, end_offset=15, mode="append-missing"),
+    ):
         assert run_replay(spec, req, out=None, inline=True)["status"] == "committed"
     produce_to_partition(broker.bootstrap, topic, 0, [ev(200 + i, "bad") for i in range(4)])
     plan, manifest = stage_inline(spec)
@@ -158,17 +183,27 @@ def test_an_append_tables_commits_in_every_mode_match_the_golden_file(broker, ca
 
 def _change_pipeline(home: Path, broker, topics: list[str], **more) -> Path:
     more.setdefault("batch", {"write_parallelism": 2})  # packing as on two cores, whatever this machine has
-    return write_pipeline(home, name="prices", topics=topics, kafka={"bootstrap_servers": broker.bootstrap},
-                          table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True},
-                          format={"value": "debezium"}, **more)
+    return write_pipeline(
+        home,
+        name="prices",
+        topics=topics,
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True},
+        format={"value": "debezium"},
+        **more,
+    )
 
 
 def test_a_change_tables_commits_in_every_mode_match_the_golden_file(broker, catalog, home, topic):
     """A plain change table (fused holder): two change batches (one snapshot each: the row delta with the offsets),
     a reapply replay of one partition, a quarantined batch dropped, an operator's skip and a last batch. The table
     equals its source's reference model where it should; the snapshots equal golden/change_fused.json."""
-    path = _change_pipeline(home, broker, [topic], validation={
-        "not_null": ["id"], "suite": strict_suite(home, "item", "^item-[0-9]+-31-"), "on_failure": "quarantine"})
+    path = _change_pipeline(
+        home,
+        broker,
+        [topic],
+        validation={"not_null": ["id"], "suite": strict_suite(home, "item", "^item-[0-9]+-31-"), "on_failure": "quarantine"},
+    )
     spec = load_pipeline(path)
     source = Source(topic)
     for b in range(2):
@@ -206,15 +241,24 @@ def test_a_routed_pipelines_commits_in_every_mode_match_the_golden_file(broker, 
     data files, and the replace replay of topic 0 rewrites the append table's files (they also hold the other
     partition's rows) where it removed whole files."""
     sources = [Source(f"{topic}-s{i}") for i in range(2)]
-    tables = [{"identifier": "rpc.cur0", "topics": [sources[0].topic], "id_columns": ["id"], "upsert": True},
-              {"identifier": "rpc.hist0", "topics": [sources[0].topic]},
-              {"identifier": "rpc.cur1", "topics": [sources[1].topic], "id_columns": ["id"], "upsert": True},
-              {"identifier": "rpc.hist1", "topics": [sources[1].topic]}]
-    path = write_pipeline(home, name="routed", topics=[s.topic for s in sources], kafka={"bootstrap_servers": broker.bootstrap},
-                          table={"identifier": ""}, tables=tables, routing={"namespace": "rpc"},
-                          format={"value": "debezium", "metadata": "prefixed"},
-                          validation={"not_null": ["id"], "suite": strict_suite(home, "item", "^item-[0-9]+-31-"),
-                                      "on_failure": "quarantine"}, batch={"pack_ranges": packed, "write_parallelism": 2})
+    tables = [
+        {"identifier": "rpc.cur0", "topics": [sources[0].topic], "id_columns": ["id"], "upsert": True},
+        {"identifier": "rpc.hist0", "topics": [sources[0].topic]},
+        {"identifier": "rpc.cur1", "topics": [sources[1].topic], "id_columns": ["id"], "upsert": True},
+        {"identifier": "rpc.hist1", "topics": [sources[1].topic]},
+    ]
+    path = write_pipeline(
+        home,
+        name="routed",
+        topics=[s.topic for s in sources],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={"identifier": ""},
+        tables=tables,
+        routing={"namespace": "rpc"},
+        format={"value": "debezium", "metadata": "prefixed"},
+        validation={"not_null": ["id"], "suite": strict_suite(home, "item", "^item-[0-9]+-31-"), "on_failure": "quarantine"},
+        batch={"pack_ranges": packed, "write_parallelism": 2},
+    )
     spec = load_pipeline(path)
     for b in range(2):
         for i, s in enumerate(sources):
@@ -236,8 +280,7 @@ def test_a_routed_pipelines_commits_in_every_mode_match_the_golden_file(broker, 
         assert quarantine_task(str(path), {"action": "publish", "batch_id": plan.batch_id, "table": ident})["status"] == "published"
     produce_to_partition(broker.bootstrap, sources[0].topic, 0, [b"{not json", b"{nor this"], partitions=2)
     at = committed_state(load_table(load_catalog(spec), spec.checkpoint_table())).offsets[sources[0].topic][0]
-    done = skip(spec, SkipRequest(topic=sources[0].topic, partition=0, start_offset=at, end_offset=at + 2, reason="golden",
-                                  by="test"))
+    done = skip(spec, SkipRequest(topic=sources[0].topic, partition=0, start_offset=at, end_offset=at + 2, reason="golden", by="test"))
     assert (done["status"], done["dead_letters"]) == ("committed", 2)
     sources[0].produce(broker, 3, 10, seed=40)  # source 1's deletes would carry images of the refused items
     assert ingest_inline(spec).status == "committed"
@@ -269,8 +312,11 @@ def test_manifests_staged_by_the_previous_version_commit_once(broker, home, topi
         plan, path = plan_batch(spec)
         doc = run_inline(plan, spec, kafka_settings(spec)).to_json()
         own = [o for o in doc["outputs"] if o["table"] == doc["table"]]
-        doc.update(version=1, data_files=own[0]["data_files"] if own else doc["data_files"],
-                   outputs=[o for o in doc["outputs"] if o["table"] != doc["table"]])
+        doc.update(
+            version=1,
+            data_files=own[0]["data_files"] if own else doc["data_files"],
+            outputs=[o for o in doc["outputs"] if o["table"] != doc["table"]],
+        )
         write_json_atomic(manifest_path(path), doc)
         manifest = BatchManifest.from_json(read_json(manifest_path(path)))
         assert manifest.version == 1 and (manifest.data_files or manifest.outputs)
@@ -291,11 +337,19 @@ def test_manifests_staged_by_the_previous_version_commit_once(broker, home, topi
     assert len(one_batch_snapshots(spec, plan.batch_id)) == 1
 
     sources = [Source(f"{topic}-r{i}") for i in range(2)]
-    tables = [{"identifier": f"rpc.r{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True}
-              for i, s in enumerate(sources)]
-    routed = load_pipeline(write_pipeline(home, name="upgraded", topics=[s.topic for s in sources], table={"identifier": ""},
-                                          kafka={"bootstrap_servers": broker.bootstrap}, tables=tables,
-                                          routing={"namespace": "rpc"}, format={"value": "debezium"}))
+    tables = [{"identifier": f"rpc.r{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True} for i, s in enumerate(sources)]
+    routed = load_pipeline(
+        write_pipeline(
+            home,
+            name="upgraded",
+            topics=[s.topic for s in sources],
+            table={"identifier": ""},
+            kafka={"bootstrap_servers": broker.bootstrap},
+            tables=tables,
+            routing={"namespace": "rpc"},
+            format={"value": "debezium"},
+        )
+    )
     for i, s in enumerate(sources):
         s.produce(broker, 0, 15, seed=70 + i)
     plan, manifest = staged_as_version_1(routed)
@@ -307,8 +361,7 @@ def test_manifests_staged_by_the_previous_version_commit_once(broker, home, topi
     assert committed_state(checkpoint).offsets == plan.end_offsets()
 
 
-def test_target_tables_commit_concurrently_on_postgresql_and_a_failure_among_them_commits_once(broker, home, topic,
-                                                                                              postgres, monkeypatch):
+def test_target_tables_commit_concurrently_on_postgresql_and_a_failure_among_them_commits_once(broker, home, topic, postgres, monkeypatch):
     """A routed batch of six change tables on a PostgreSQL catalog, whose tables commit on a pool of several slots
     (SQLite's would be one). One table's commit fails (a crash in the middle of the pool): the step fails, the
     checkpoint does not move, the tables that committed keep the batch once. Retrying the step commits the rest
@@ -319,8 +372,15 @@ def test_target_tables_commit_concurrently_on_postgresql_and_a_failure_among_the
     from tidewater.table.catalog import commit_slots
 
     sources = [Source(f"{topic}-p{i}") for i in range(6)]
-    spec = database_pipeline(home, broker, [s.topic for s in sources], name="pooled", catalog={"properties": {
-        "type": "sql", "uri": postgres.create_database("pooled_catalog"), "warehouse": f"file://{home / 'warehouse'}"}})
+    spec = database_pipeline(
+        home,
+        broker,
+        [s.topic for s in sources],
+        name="pooled",
+        catalog={
+            "properties": {"type": "sql", "uri": postgres.create_database("pooled_catalog"), "warehouse": f"file://{home / 'warehouse'}"}
+        },
+    )
     assert commit_slots(load_catalog(spec)) > 1
     for i, s in enumerate(sources):
         s.produce(broker, 0, 25, seed=90 + i)
@@ -349,6 +409,5 @@ def test_target_tables_commit_concurrently_on_postgresql_and_a_failure_among_the
     assert result.status == "committed" and {t.table: t.status for t in result.tables}["rpc.src3"] == "committed"
     for i, s in enumerate(sources):
         assert_equals_source(spec, f"rpc.src{i}", s)
-        assert len([x for x in load_table(catalog, f"rpc.src{i}").snapshots()
-                    if summary_dict(x).get(BATCH_ID) == plan.batch_id]) == 1
+        assert len([x for x in load_table(catalog, f"rpc.src{i}").snapshots() if summary_dict(x).get(BATCH_ID) == plan.batch_id]) == 1
     assert committed_state(load_table(catalog, spec.checkpoint_table())).offsets == plan.end_offsets()

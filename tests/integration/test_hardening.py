@@ -74,9 +74,14 @@ def test_killed_between_the_batch_commit_and_its_dead_letters_loses_no_dead_lett
 
 
 def _routed(home, broker, topic, **routing):
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
-                          validation={"not_null": []},
-                          routing={"namespace": "tenants", "field": "tenant", "dynamic": True, **routing})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={"identifier": ""},
+        validation={"not_null": []},
+        routing={"namespace": "tenants", "field": "tenant", "dynamic": True, **routing},
+    )
     return load_pipeline(path)
 
 
@@ -88,18 +93,35 @@ def test_route_values_cannot_leave_the_namespace_or_reach_reserved_or_foreign_ta
     or ForeignTable) naming it; no table is created outside `tenants`, none beside a protected table by case,
     the reserved tables keep their schema, the foreign table is unchanged, and `acme` and `ACME` land in
     `tenants.acme` alone. Written through spark-submit."""
-    other = load_pipeline(write_pipeline(home, name="other", topics=[topic + "-o"],
-                                         kafka={"bootstrap_servers": broker.bootstrap},
-                                         table={"identifier": "tenants.shared"}, validation={"not_null": []}))
+    other = load_pipeline(
+        write_pipeline(
+            home,
+            name="other",
+            topics=[topic + "-o"],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            table={"identifier": "tenants.shared"},
+            validation={"not_null": []},
+        )
+    )
     produce_to_partition(broker.bootstrap, topic + "-o", 0, [json.dumps({"id": 1}).encode()])
     ingest_inline(other)
     foreign_before = load_table(load_catalog(other), "tenants.shared").current_snapshot().snapshot_id
 
     spec = _routed(home, broker, topic)
-    names = ["acme", "a.b", "victim.t", "acme\n", spec.checkpoint_table().split(".")[1],
-             spec.dead_letter_table().split(".")[1], "shared",
-             spec.checkpoint_table().split(".")[1].upper(), spec.dead_letter_table().split(".")[1].title(), "SHARED",
-             "ACME", spec.ledger_table().split(".")[1]]
+    names = [
+        "acme",
+        "a.b",
+        "victim.t",
+        "acme\n",
+        spec.checkpoint_table().split(".")[1],
+        spec.dead_letter_table().split(".")[1],
+        "shared",
+        spec.checkpoint_table().split(".")[1].upper(),
+        spec.dead_letter_table().split(".")[1].title(),
+        "SHARED",
+        "ACME",
+        spec.ledger_table().split(".")[1],
+    ]
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i, "tenant": n}).encode() for i, n in enumerate(names)])
     from tidewater.steps.lifecycle import commit_step, plan_step, validate_step
     from tidewater.steps.write import run_write_step
@@ -112,13 +134,27 @@ def test_route_values_cannot_leave_the_namespace_or_reach_reserved_or_foreign_ta
     catalog = load_catalog(spec)
     dlq = load_table(catalog, spec.dead_letter_table()).scan().to_arrow().sort_by("offset").to_pylist()
     assert [(r["offset"], r["error_class"]) for r in dlq] == [
-        (1, "InvalidRoute"), (2, "InvalidRoute"), (3, "InvalidRoute"), (4, "InvalidRoute"), (5, "InvalidRoute"),
-        (6, "ForeignTable"), (7, "InvalidRoute"), (8, "InvalidRoute"), (9, "ForeignTable"), (11, "InvalidRoute")]
+        (1, "InvalidRoute"),
+        (2, "InvalidRoute"),
+        (3, "InvalidRoute"),
+        (4, "InvalidRoute"),
+        (5, "InvalidRoute"),
+        (6, "ForeignTable"),
+        (7, "InvalidRoute"),
+        (8, "InvalidRoute"),
+        (9, "ForeignTable"),
+        (11, "InvalidRoute"),
+    ]
     assert "own checkpoint, dead-letter or ledger table" in dlq[3]["error_message"]
     assert "pipeline 'other'" in dlq[5]["error_message"]
     assert {".".join(t) for ns in catalog.list_namespaces() for t in catalog.list_tables(ns)} == {
-        "tenants.shared", "tenants.shared_ledger", "tenants.acme", spec.checkpoint_table(), spec.dead_letter_table(),
-        spec.ledger_table()}  # the pipeline's own ledger, written by the commit step, never by a route
+        "tenants.shared",
+        "tenants.shared_ledger",
+        "tenants.acme",
+        spec.checkpoint_table(),
+        spec.dead_letter_table(),
+        spec.ledger_table(),
+    }  # the pipeline's own ledger, written by the commit step, never by a route
     assert "own checkpoint, dead-letter or ledger table" in dlq[6]["error_message"] and "pipeline 'other'" in dlq[8]["error_message"]
     assert "own checkpoint, dead-letter or ledger table" in dlq[9]["error_message"]
     assert _rows(spec, "tenants.acme") == 2
@@ -132,9 +168,15 @@ def test_a_template_cannot_put_the_value_into_the_namespace(home):
     from tidewater.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"routing.table_template: .*never in the namespace"):
-        load_pipeline(write_pipeline(home, topics=["t"], kafka={"bootstrap_servers": "127.0.0.1:1"},
-                                     table={"identifier": ""},
-                                     routing={"namespace": "ns", "field": "k", "dynamic": True, "table_template": "{value}.t"}))
+        load_pipeline(
+            write_pipeline(
+                home,
+                topics=["t"],
+                kafka={"bootstrap_servers": "127.0.0.1:1"},
+                table={"identifier": ""},
+                routing={"namespace": "ns", "field": "k", "dynamic": True, "table_template": "{value}.t"},
+            )
+        )
 
 
 def test_orphan_removal_refuses_a_location_another_table_shares(broker, home, topic):
@@ -145,8 +187,9 @@ def test_orphan_removal_refuses_a_location_another_table_shares(broker, home, to
     from tidewater.ops.maintenance import run_action
     from tidewater.spark import session as spark_session
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          maintenance={"remove_orphan_files": {"older_than_hours": 24}})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, maintenance={"remove_orphan_files": {"older_than_hours": 24}}
+    )
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(5, seed=73))
     ingest_inline(spec)
@@ -231,13 +274,24 @@ def test_no_secret_on_the_spark_submit_command_line(broker, home, topic, monkeyp
     conf_dir.mkdir()
     events.mkdir()
     (conf_dir / "spark-defaults.conf").write_text(
-        f"spark.eventLog.enabled  true\nspark.eventLog.dir  file://{events}\nspark.tw.probe  from-the-cluster")
+        f"spark.eventLog.enabled  true\nspark.eventLog.dir  file://{events}\nspark.tw.probe  from-the-cluster"
+    )
     monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
     catalog_secret = "cat-s3cr3t-Z9"
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          catalog={"properties": {"type": "sql", "uri": f"sqlite:///{home}/catalog.db",
-                                                  "warehouse": f"file://{home}/warehouse", "credential": catalog_secret}},
-                          spark={"conf": SPARK_SECRETS})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        catalog={
+            "properties": {
+                "type": "sql",
+                "uri": f"sqlite:///{home}/catalog.db",
+                "warehouse": f"file://{home}/warehouse",
+                "credential": catalog_secret,
+            }
+        },
+        spark={"conf": SPARK_SECRETS},
+    )
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(20, seed=74))
     planned = plan_task(str(path))
@@ -253,8 +307,11 @@ def test_no_secret_on_the_spark_submit_command_line(broker, home, topic, monkeyp
     recorded = _event_log_environment(events)  # the cluster's default turned the event log on
     assert recorded["spark.tw.probe"] == "from-the-cluster"
     assert {k: recorded.get(k) for k in SPARK_SECRETS} == {k: "*********(redacted)" for k in SPARK_SECRETS}
-    texts = {"spark-submit.log": (plan_path.parent / "spark-submit.log").read_text(),
-             "event log": next(events.iterdir()).read_text(), "XCom": json.dumps(planned)}
+    texts = {
+        "spark-submit.log": (plan_path.parent / "spark-submit.log").read_text(),
+        "event log": next(events.iterdir()).read_text(),
+        "XCom": json.dumps(planned),
+    }
     texts.update({str(f): f.read_text(errors="replace") for f in plan_path.parent.rglob("*") if f.is_file()})
     assert [(where, s) for where, text in texts.items() for s in secrets if s in text] == []
     assert not list(Path("/tmp").glob("tidewater-spark-*/secrets.properties")), "the properties file was removed"
@@ -291,22 +348,32 @@ def test_connect_import_turns_every_credential_into_an_environment_reference():
     copied into the generated pipeline; each becomes a ${TIDEWATER_...} reference that is reported."""
     from tidewater.interop.connect import convert, to_yaml
 
-    res = convert({"name": "c", "config": {
-        "topics": "t", "iceberg.tables": "ns.t",
-        "iceberg.catalog.type": "rest", "iceberg.catalog.uri": "https://svc:Sup3rS3cret@catalog.example/api",
-        "iceberg.catalog.header.Authorization": "Bearer eyJ-T0KEN",
-        "iceberg.kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                                          "username=\"u\" password=\"KafkaPw1\";",
-    }})
+    res = convert(
+        {
+            "name": "c",
+            "config": {
+                "topics": "t",
+                "iceberg.tables": "ns.t",
+                "iceberg.catalog.type": "rest",
+                "iceberg.catalog.uri": "https://svc:Sup3rS3cret@catalog.example/api",
+                "iceberg.catalog.header.Authorization": "Bearer eyJ-T0KEN",
+                "iceberg.kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                'username="u" password="KafkaPw1";',
+            },
+        }
+    )
     text = to_yaml(res)
     for secret in ("Sup3rS3cret", "eyJ-T0KEN", "KafkaPw1"):
         assert secret not in text
     props = res.pipeline["catalog"]["properties"]
     assert props["uri"].startswith("${TIDEWATER_C_") and props["header.Authorization"].startswith("${TIDEWATER_C_")
-    assert {k for k, _ in res.env} >= {"iceberg.catalog.uri", "iceberg.catalog.header.Authorization",
-                                      "iceberg.kafka.sasl.jaas.config"}
-    res = convert({"name": "c", "config": {"topics": "t", "iceberg.tables": "ns.t",
-                                           "iceberg.catalog.uri": "jdbc:postgresql://db/ice?user=u&password=JdbcPw2"}})
+    assert {k for k, _ in res.env} >= {"iceberg.catalog.uri", "iceberg.catalog.header.Authorization", "iceberg.kafka.sasl.jaas.config"}
+    res = convert(
+        {
+            "name": "c",
+            "config": {"topics": "t", "iceberg.tables": "ns.t", "iceberg.catalog.uri": "jdbc:postgresql://db/ice?user=u&password=JdbcPw2"},
+        }
+    )
     assert "JdbcPw2" not in to_yaml(res) and res.pipeline["catalog"]["properties"]["uri"].startswith("${")
 
 
@@ -323,8 +390,13 @@ def test_unreachable_broker_gives_one_clear_error_not_a_flood_of_librdkafka_line
         port = s.getsockname()[1]  # closed again: nothing listens there
     path = write_pipeline(home, kafka={"bootstrap_servers": f"127.0.0.1:{port}"})
     tidewater = str(Path(sys.executable).parent / "tidewater")
-    proc = subprocess.run([tidewater, "run", "--pipeline", str(path)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TIDEWATER_HOME": str(home)})
+    proc = subprocess.run(
+        [tidewater, "run", "--pipeline", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TIDEWATER_HOME": str(home)},
+    )
     assert proc.returncode == 75, proc.stderr[-2000:]
     lines = proc.stderr.splitlines()
     assert any(line.startswith("tidewater: transient") or "tidewater: " in line for line in lines[-3:]), lines[-5:]
@@ -390,8 +462,7 @@ def test_an_operator_skips_the_record_that_blocks_a_partition(broker, home, topi
     from tidewater.errors import BatchWriteError
     from tidewater.steps.lifecycle import run_once
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          dead_letter={"policy": "fail"})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, dead_letter={"policy": "fail"})
     spec = load_pipeline(path)
     good = pizza_events(15, seed=75)
     produce_to_partition(broker.bootstrap, topic, 0, good[:10] + [b'{"order_id": "x", "store_id": '] + good[10:])
@@ -403,8 +474,13 @@ def test_an_operator_skips_the_record_that_blocks_a_partition(broker, home, topi
     env = {**os.environ, "TIDEWATER_HOME": str(home)}
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([tidewater, "skip", "--pipeline", str(path), "--topic", topic, "--partition", "0", *args],
-                              capture_output=True, text=True, timeout=300, env=env)
+        return subprocess.run(
+            [tidewater, "skip", "--pipeline", str(path), "--topic", topic, "--partition", "0", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
 
     dry = cli("--start-offset", "10", "--end-offset", "11", "--reason", "bad deploy", "--dry-run", "--json")
     assert dry.returncode == 0 and json.loads(dry.stdout)["status"] == "dry-run"
@@ -415,8 +491,11 @@ def test_an_operator_skips_the_record_that_blocks_a_partition(broker, home, topi
     assert (out["status"], out["ingested_first"], out["dead_letters"]) == ("committed", 10, 1)
     table = load_table(load_catalog(spec), spec.table.identifier)
     assert table.scan().to_arrow().num_rows == 10 and committed_state(table).offsets == {topic: {0: 11}}
-    skips = [json.loads(s.summary.additional_properties["tidewater.operator-skip"]) for s in table.snapshots()
-             if "tidewater.operator-skip" in s.summary.additional_properties]
+    skips = [
+        json.loads(s.summary.additional_properties["tidewater.operator-skip"])
+        for s in table.snapshots()
+        if "tidewater.operator-skip" in s.summary.additional_properties
+    ]
     assert skips == [{"topic": topic, "partition": 0, "start": 10, "end": 11, "reason": "bad deploy 4711", "by": "alice"}]
     dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().to_pylist()
     assert [(r["offset"], r["error_class"]) for r in dlq] == [(10, "OperatorSkip")]
@@ -438,8 +517,12 @@ def test_a_null_in_a_not_null_column_fails_the_batch_or_becomes_a_dead_letter(br
     from tidewater.errors import ValidationFailedError
     from tidewater.steps.lifecycle import run_once
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["order_id"], "not_null_policy": policy})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        validation={"not_null": ["order_id"], "not_null_policy": policy},
+    )
     spec = load_pipeline(path)
     values = pizza_events(8, seed=76)
     values.insert(3, json.dumps({"store_id": 1}).encode())
@@ -487,8 +570,7 @@ def test_a_rejected_batch_leaves_no_column_and_no_table_behind(broker, home, top
         run_once(path, master="local[2]")
     assert load_table(load_catalog(spec), spec.table.identifier) is None, "the table the rejected batch created is gone"
 
-    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        validation={"not_null": []}))
+    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": []}))
     assert run_once(path.parent / "orders.yaml", master="local[2]")["status"] == "committed"
     spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}))
     events = [json.loads(v) for v in pizza_events(4, seed=78)]
@@ -547,8 +629,9 @@ def test_a_failed_write_step_undoes_the_columns_it_added(broker, home, topic):
     from tidewater.errors import BatchWriteError
     from tidewater.steps.lifecycle import run_once
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          dead_letter={"policy": "fail"}, batch={"chunk_records": 2})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, dead_letter={"policy": "fail"}, batch={"chunk_records": 2}
+    )
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(2, seed=81))
     assert run_once(path, master="local[2]")["status"] == "committed"

@@ -20,17 +20,24 @@ from tidewater.table.summary import committed_state
 
 pytestmark = [pytest.mark.integration]
 
-V1 = {"type": "object", "properties": {
-    "order_id": {"type": "string"},
-    "qty": {"type": "integer"},
-    "at": {"type": "string", "format": "date-time"},
-    "buyer": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
-}, "required": ["order_id", "qty", "at"]}
-V2 = {**V1, "properties": {**V1["properties"], "coupon": {"type": ["string", "null"]},
-                           "buyer": {"type": "object", "properties": {"name": {"type": "string"},
-                                                                      "tier": {"type": "integer"}}}}}
-
-
+V1 = {
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "string"},
+        "qty": {"type": "integer"},
+        "at": {"type": "string", "format": "date-time"},
+        "buyer": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    },
+    "required": ["order_id", "qty", "at"],
+}
+V2 = {
+    **V1,
+    "properties": {
+        **V1["properties"],
+        "coupon": {"type": ["string", "null"]},
+        "buyer": {"type": "object", "properties": {"name": {"type": "string"}, "tier": {"type": "integer"}}},
+    },
+}
 
 
 def _serialize(url: str, schema: dict, records: list[dict], topic: str) -> list[bytes]:
@@ -45,22 +52,28 @@ def _schema_id(url: str, schema: dict, topic: str) -> int:
     return found.schema_id
 
 
-def test_json_schema_records_land_typed_a_new_version_adds_columns_and_bad_ones_are_dead_letters(broker, home, topic,
-                                                                                                 registry_url):
+def test_json_schema_records_land_typed_a_new_version_adds_columns_and_bad_ones_are_dead_letters(broker, home, topic, registry_url):
     first = [{"order_id": f"o{i}", "qty": i, "at": f"2026-01-02T03:04:0{i}Z", "buyer": {"name": f"b{i}"}} for i in range(4)]
-    broken = [{"order_id": "x", "qty": "many", "at": "2026-01-02T03:04:05Z"},  # a string where integer is declared
-              {"order_id": "y", "qty": 1}]  # required `at` missing
+    broken = [
+        {"order_id": "x", "qty": "many", "at": "2026-01-02T03:04:05Z"},  # a string where integer is declared
+        {"order_id": "y", "qty": 1},
+    ]  # required `at` missing
     values = _serialize(registry_url, V1, first + broken, topic) + [b'{"order_id": "z"}']  # no framing
     produce_to_partition(broker.bootstrap, topic, 0, values)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "json_schema", "registry_url": registry_url})  # Kafka metadata columns: audit --deep
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"value": "json_schema", "registry_url": registry_url}
+    )  # Kafka metadata columns: audit --deep
     spec = load_pipeline(path)
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (7, 3)
     table = table_of(path)
     types = {f.name: str(f.field_type) for f in table.schema().fields if not f.name.startswith("_kafka_")}
     assert {k: v.split(":")[0] if k != "buyer" else v.split(": ", 1)[1] for k, v in types.items()} == {
-        "order_id": "string", "qty": "long", "at": "timestamptz", "buyer": "name: optional string>"}
+        "order_id": "string",
+        "qty": "long",
+        "at": "timestamptz",
+        "buyer": "name: optional string>",
+    }
     assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == ["o0", "o1", "o2", "o3"]
     dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset")
     assert dlq.column("error_class").to_pylist() == ["SchemaViolation", "SchemaViolation", "NotConfluentJsonSchema"]
@@ -69,8 +82,7 @@ def test_json_schema_records_land_typed_a_new_version_adds_columns_and_bad_ones_
     assert committed_state(table).offsets == {topic: {0: 7}}
 
     # a new version adds a top-level and a nested field: the table evolves before the batch commits
-    later = [{"order_id": "o9", "qty": 9, "at": "2026-01-03T00:00:00+02:00", "coupon": "SPRING",
-              "buyer": {"name": "b9", "tier": 2}}]
+    later = [{"order_id": "o9", "qty": 9, "at": "2026-01-03T00:00:00+02:00", "coupon": "SPRING", "buyer": {"name": "b9", "tier": 2}}]
     produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry_url, V2, later, topic))
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (1, 0)
@@ -85,65 +97,81 @@ def test_json_schema_records_land_typed_a_new_version_adds_columns_and_bad_ones_
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
 
-
 CHANGED = {**V1, "properties": {**V1["properties"], "qty": {"type": "string"}}}  # qty: integer -> string
 
 
-def test_a_chunk_of_two_schema_versions_that_give_a_column_two_types_is_refused_naming_both_ids(broker, home, topic,
-                                                                                                registry_url):
+def test_a_chunk_of_two_schema_versions_that_give_a_column_two_types_is_refused_naming_both_ids(broker, home, topic, registry_url):
     """The first batch, before the table exists: nothing is created or committed and the offsets stay."""
     first = {"order_id": "o1", "qty": 1, "at": "2026-01-02T03:04:05Z"}
     values = _serialize(registry_url, V1, [first], topic) + _serialize(registry_url, CHANGED, [{**first, "qty": "one"}], topic)
     produce_to_partition(broker.bootstrap, topic, 0, values)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "json_schema", "registry_url": registry_url, "metadata": "none"})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": "json_schema", "registry_url": registry_url, "metadata": "none"},
+    )
     v1, changed = _schema_id(registry_url, V1, topic), _schema_id(registry_url, CHANGED, topic)
-    with pytest.raises(TerminalBatchWriteError, match=rf"field qty: schema id {v1} gives it type int64, schema id {changed} "
-                                                      r"type string; a column has one type"):
+    with pytest.raises(
+        TerminalBatchWriteError,
+        match=rf"field qty: schema id {v1} gives it type int64, schema id {changed} "
+        r"type string; a column has one type",
+    ):
         ingest_inline(load_pipeline(path))
     table = table_of(path)
     assert table is None or table.current_snapshot() is None
 
 
-def test_records_of_a_schema_version_that_changes_a_column_s_type_are_refused_against_the_table(broker, home, topic,
-                                                                                               registry_url):
+def test_records_of_a_schema_version_that_changes_a_column_s_type_are_refused_against_the_table(broker, home, topic, registry_url):
     """Nothing of the batch is committed: the table's snapshot, rows and offsets stay."""
     first = {"order_id": "o1", "qty": 1, "at": "2026-01-02T03:04:05Z"}
     produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry_url, V1, [first], topic))
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "json_schema", "registry_url": registry_url, "metadata": "none"})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": "json_schema", "registry_url": registry_url, "metadata": "none"},
+    )
     spec = load_pipeline(path)
     ingest_inline(spec)
     before = table_of(path).current_snapshot().snapshot_id
     produce_to_partition(broker.bootstrap, topic, 0, _serialize(registry_url, CHANGED, [{**first, "qty": "one"}], topic))
     v1, changed = _schema_id(registry_url, V1, topic), _schema_id(registry_url, CHANGED, topic)
-    with pytest.raises(TerminalBatchWriteError, match=rf"field qty: schema id {changed} gives it type string, table "
-                                                      rf"rpc.orders has int64 \(added by schema id {v1}\); an "
-                                                      r"incompatible schema change"):
+    with pytest.raises(
+        TerminalBatchWriteError,
+        match=rf"field qty: schema id {changed} gives it type string, table "
+        rf"rpc.orders has int64 \(added by schema id {v1}\); an "
+        r"incompatible schema change",
+    ):
         ingest_inline(spec)
     table = table_of(path)
     assert table.current_snapshot().snapshot_id == before and committed_state(table).offsets == {topic: {0: 1}}
     assert table.scan().to_arrow().column("qty").to_pylist() == [1]
 
 
-MAPPED = {**V1, "properties": {**V1["properties"],
-                               "extras": {"type": "object", "additionalProperties": {"type": "integer"}}}}
+MAPPED = {**V1, "properties": {**V1["properties"], "extras": {"type": "object", "additionalProperties": {"type": "integer"}}}}
 UNMAPPABLE = {"type": "object", "properties": {"order_id": {"type": "string"}, "v": {"type": ["string", "integer"]}}}
 
 
 def test_a_json_schema_map_lands_as_a_map_column_and_an_unmappable_schema_id_is_dead_lettered_not_a_stopped_topic(
-        broker, home, topic, registry_url):
+    broker, home, topic, registry_url
+):
     """A schema version with ``extras`` as ``additionalProperties: integer`` (a map) and records of a version whose
     field has two types, interleaved. Expected: the batch commits; the map records land with ``extras`` as an Iceberg
     ``map<string, long>`` holding each record's entries; the other version's 2 records are dead letters of class
     UnmappableSchema naming its id and the path; read = rows + dead letters, offsets at the end, deep audit clean."""
-    mapped = [{"order_id": f"m{i}", "qty": i, "at": "2026-01-02T03:04:05Z", "extras": {"k": i, f"only{i}": 10 * i}}
-              for i in range(3)]
+    mapped = [{"order_id": f"m{i}", "qty": i, "at": "2026-01-02T03:04:05Z", "extras": {"k": i, f"only{i}": 10 * i}} for i in range(3)]
     odd = _serialize(registry_url, UNMAPPABLE, [{"order_id": "u0", "v": 1}, {"order_id": "u1", "v": "x"}], topic)
     ok = _serialize(registry_url, MAPPED, mapped, topic)
     produce_to_partition(broker.bootstrap, topic, 0, [ok[0], odd[0], ok[1], odd[1], ok[2]])
-    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        format={"value": "json_schema", "registry_url": registry_url}))
+    spec = load_pipeline(
+        write_pipeline(
+            home,
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            format={"value": "json_schema", "registry_url": registry_url},
+        )
+    )
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (5, 2)
     table = load_table(load_catalog(spec), spec.table.identifier)
@@ -153,8 +181,9 @@ def test_a_json_schema_map_lands_as_a_map_column_and_an_unmappable_schema_id_is_
     dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset")
     assert dlq.column("offset").to_pylist() == [1, 3]
     assert set(dlq.column("error_class").to_pylist()) == {"UnmappableSchema"}
-    assert all("cannot be a table's columns: JSON Schema at v: type ['string', 'integer']" in m
-               for m in dlq.column("error_message").to_pylist())
+    assert all(
+        "cannot be a table's columns: JSON Schema at v: type ['string', 'integer']" in m for m in dlq.column("error_message").to_pylist()
+    )
     assert committed_state(table).offsets == {topic: {0: 5}}
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
@@ -170,24 +199,43 @@ def test_a_ref_to_another_registered_schema_lands_its_fields_as_columns(broker, 
     client = SchemaRegistryClient({"url": registry_url})
     country = {"type": "object", "properties": {"code": {"type": "string"}}}
     client.register_schema(f"{topic}-country", Schema(json.dumps(country), "JSON"))
-    customer = {"type": "object", "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/address"}},
-                "$defs": {"address": {"type": "object", "properties": {
-                    "city": {"type": "string"}, "country": {"$ref": "country.json"}}}}}
-    client.register_schema(f"{topic}-customer", Schema(json.dumps(customer), "JSON",
-                                                       [SchemaReference("country.json", f"{topic}-country", 1)]))
-    order = {"type": "object", "properties": {"id": {"type": "integer"}, "customer": {"$ref": "customer.json"},
-                                              "ship_to": {"$ref": "customer.json#/$defs/address"}}}
-    ser = JSONSerializer(Schema(json.dumps(order), "JSON", [SchemaReference("customer.json", f"{topic}-customer", 1)]),
-                         client, conf={"validate": False})
-    values = [{"id": i, "customer": {"name": f"c{i}", "home": {"city": "Oslo", "country": {"code": "NO"}}},
-               "ship_to": {"city": "Rome", "country": {"code": "IT"}}} for i in range(3)]
-    produce_to_partition(broker.bootstrap, topic, 0, [ser(v, SerializationContext(topic, MessageField.VALUE))
-                                                      for v in values])
+    customer = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/address"}},
+        "$defs": {"address": {"type": "object", "properties": {"city": {"type": "string"}, "country": {"$ref": "country.json"}}}},
+    }
+    client.register_schema(
+        f"{topic}-customer", Schema(json.dumps(customer), "JSON", [SchemaReference("country.json", f"{topic}-country", 1)])
+    )
+    order = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "customer": {"$ref": "customer.json"},
+            "ship_to": {"$ref": "customer.json#/$defs/address"},
+        },
+    }
+    ser = JSONSerializer(
+        Schema(json.dumps(order), "JSON", [SchemaReference("customer.json", f"{topic}-customer", 1)]), client, conf={"validate": False}
+    )
+    values = [
+        {
+            "id": i,
+            "customer": {"name": f"c{i}", "home": {"city": "Oslo", "country": {"code": "NO"}}},
+            "ship_to": {"city": "Rome", "country": {"code": "IT"}},
+        }
+        for i in range(3)
+    ]
+    produce_to_partition(broker.bootstrap, topic, 0, [ser(v, SerializationContext(topic, MessageField.VALUE)) for v in values])
     registered = client.get_schema(client.get_latest_version(f"{topic}-value").schema_id)
     assert [r.name for r in registered.references] == ["customer.json"]
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "json_schema", "registry_url": registry_url, "metadata": "none"},
-                          validation={"not_null": []})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": "json_schema", "registry_url": registry_url, "metadata": "none"},
+        validation={"not_null": []},
+    )
     result = ingest_inline(load_pipeline(path))
     assert (result.records, result.dead_letters) == (3, 0)
     table = table_of(path)

@@ -42,8 +42,9 @@ USER, PASSWORD = "pipeline", "pipeline-secret-1"
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded.SecuredBroker]:
     b = embedded.start_secured(tmp_path_factory.mktemp("secured-kafka"))
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
-    done = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
-        USER, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), PASSWORD.encode())])
+    done = admin.alter_user_scram_credentials(
+        [UserScramCredentialUpsertion(USER, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), PASSWORD.encode())]
+    )
     for fut in done.values():
         fut.result(30)
     yield b
@@ -55,8 +56,10 @@ def _topic_for_the_pipeline(b: embedded.SecuredBroker, topic: str, records: int)
     pipeline needs: Describe and Read on the topic for ``User:pipeline``, nothing on any group."""
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
     admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
-    acls = [AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{USER}", "*", op,
-                       AclPermissionType.ALLOW) for op in (AclOperation.DESCRIBE, AclOperation.READ)]
+    acls = [
+        AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{USER}", "*", op, AclPermissionType.ALLOW)
+        for op in (AclOperation.DESCRIBE, AclOperation.READ)
+    ]
     for fut in admin.create_acls(acls).values():
         fut.result(30)
     p = Producer({"bootstrap.servers": b.bootstrap})
@@ -66,22 +69,26 @@ def _topic_for_the_pipeline(b: embedded.SecuredBroker, topic: str, records: int)
 
 
 @pytest.mark.parametrize("credentials", ["connection", "environment"])
-def test_a_pipeline_with_only_describe_and_read_on_its_topic_ingests_over_sasl_ssl(secured, home, topic, monkeypatch,
-                                                                                credentials):
+def test_a_pipeline_with_only_describe_and_read_on_its_topic_ingests_over_sasl_ssl(secured, home, topic, monkeypatch, credentials):
     """SCRAM-SHA-512 over TLS, the password from an Airflow connection or from ``${KAFKA_PASSWORD}``. Expected: the
     plan, the read and ``audit --deep`` (which reads Kafka too) work with Describe and Read on the topic alone (the
     reading consumer joins no group and commits nothing), every record lands once, offsets at the end."""
     _topic_for_the_pipeline(secured, topic, 40)
-    tls = {k: v for k, v in secured.client_settings(USER, PASSWORD).items() if k not in ("bootstrap.servers",
-                                                                                        "sasl.username", "sasl.password")}
+    tls = {
+        k: v for k, v in secured.client_settings(USER, PASSWORD).items() if k not in ("bootstrap.servers", "sasl.username", "sasl.password")
+    }
     if credentials == "connection":
-        monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SECURED", json.dumps({
-            "conn_type": "generic", "host": secured.sasl_bootstrap, "login": USER, "password": PASSWORD, "extra": tls}))
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_KAFKA_SECURED",
+            json.dumps({"conn_type": "generic", "host": secured.sasl_bootstrap, "login": USER, "password": PASSWORD, "extra": tls}),
+        )
         kafka = {"conn_id": "kafka_secured", "bootstrap_servers": None}
     else:
         monkeypatch.setenv("KAFKA_PASSWORD", PASSWORD)
-        kafka = {"bootstrap_servers": secured.sasl_bootstrap,
-                 "settings": {**tls, "sasl.username": USER, "sasl.password": "${KAFKA_PASSWORD}"}}
+        kafka = {
+            "bootstrap_servers": secured.sasl_bootstrap,
+            "settings": {**tls, "sasl.username": USER, "sasl.password": "${KAFKA_PASSWORD}"},
+        }
     path = write_pipeline(home, topics=[topic], kafka=kafka)
     spec = load_pipeline(path)
     assert ingest_inline(spec).records == 40
@@ -99,8 +106,9 @@ def test_a_wrong_password_is_a_terminal_error_naming_the_setting_and_nothing_is_
     _topic_for_the_pipeline(secured, topic, 10)
     wrong = "not-the-password"
     settings = {k: v for k, v in secured.client_settings(USER, wrong).items() if k != "bootstrap.servers"}
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": secured.sasl_bootstrap, "settings": settings,
-                                                        "read_timeout_seconds": 10})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": secured.sasl_bootstrap, "settings": settings, "read_timeout_seconds": 10}
+    )
     with pytest.raises(ConfigError) as refused:
         plan_batch(load_pipeline(path))
     assert isinstance(refused.value, TerminalError)
@@ -128,10 +136,13 @@ def _bad_records_topic(b: embedded.SecuredBroker, topic: str, dlq: str, dlq_ops:
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
     for name, parts in ((topic, 2), (dlq, 1)):
         admin.create_topics([NewTopic(name, num_partitions=parts, replication_factor=1)])[name].result(30)
-    acls = [AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{USER}", "*", op,
-                       AclPermissionType.ALLOW) for op in (AclOperation.DESCRIBE, AclOperation.READ)]
-    acls += [AclBinding(ResourceType.TOPIC, dlq, ResourcePatternType.LITERAL, f"User:{USER}", "*", op,
-                        AclPermissionType.ALLOW) for op in dlq_ops]
+    acls = [
+        AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{USER}", "*", op, AclPermissionType.ALLOW)
+        for op in (AclOperation.DESCRIBE, AclOperation.READ)
+    ]
+    acls += [
+        AclBinding(ResourceType.TOPIC, dlq, ResourcePatternType.LITERAL, f"User:{USER}", "*", op, AclPermissionType.ALLOW) for op in dlq_ops
+    ]
     for fut in admin.create_acls(acls).values():
         fut.result(30)
     p = Producer({"bootstrap.servers": b.bootstrap})
@@ -142,8 +153,11 @@ def _bad_records_topic(b: embedded.SecuredBroker, topic: str, dlq: str, dlq_ops:
 
 def _dead_letter_pipeline(b: embedded.SecuredBroker, home, topic: str, dlq: str):
     settings = {k: v for k, v in b.client_settings(USER, PASSWORD).items() if k != "bootstrap.servers"}
-    return load_pipeline(write_pipeline(home, topics=[topic], dead_letter={"topic": dlq},
-                                        kafka={"bootstrap_servers": b.sasl_bootstrap, "settings": settings}))
+    return load_pipeline(
+        write_pipeline(
+            home, topics=[topic], dead_letter={"topic": dlq}, kafka={"bootstrap_servers": b.sasl_bootstrap, "settings": settings}
+        )
+    )
 
 
 def _messages(b: embedded.SecuredBroker, topic: str) -> list:
@@ -172,8 +186,7 @@ def test_the_dead_letter_topic_needs_describe_and_write_and_nothing_more(secured
     assert table.scan().to_arrow().num_rows == 16
     assert committed_state(table).offsets == {topic: {0: 10, 1: 10}}
     sent = _messages(secured, dlq)
-    offsets = sorted((int(dict(m.headers())["tidewater.partition"]), int(dict(m.headers())["tidewater.offset"]))
-                     for m in sent)
+    offsets = sorted((int(dict(m.headers())["tidewater.partition"]), int(dict(m.headers())["tidewater.offset"])) for m in sent)
     assert offsets == [(0, 0), (0, 5), (1, 2), (1, 7)]
 
 
@@ -194,8 +207,9 @@ def test_a_dead_letter_topic_without_write_is_a_terminal_error_naming_the_settin
         commit_as_airflow_would(spec, plan, manifest)
     assert isinstance(refused.value, TerminalError)
     assert _messages(secured, dlq) == []
-    grant = AclBinding(ResourceType.TOPIC, dlq, ResourcePatternType.LITERAL, f"User:{USER}", "*", AclOperation.WRITE,
-                       AclPermissionType.ALLOW)
+    grant = AclBinding(
+        ResourceType.TOPIC, dlq, ResourcePatternType.LITERAL, f"User:{USER}", "*", AclOperation.WRITE, AclPermissionType.ALLOW
+    )
     admin = AdminClient({"bootstrap.servers": secured.bootstrap})  # held until the future resolves
     for fut in admin.create_acls([grant]).values():
         fut.result(30)

@@ -77,8 +77,7 @@ def _order_ids(table) -> list[str]:
     return sorted(table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist())
 
 
-def test_read_committed_batches_hold_the_committed_records_and_an_open_transaction_holds_its_partition(broker, home,
-                                                                                                      topic):
+def test_read_committed_batches_hold_the_committed_records_and_an_open_transaction_holds_its_partition(broker, home, topic):
     """Two transactional producers interleave over two partitions: committed, aborted and committed transactions,
     then one left open on partition 1. Expected: the first batch holds exactly the committed records; partition 0
     ends at its high watermark (past its control markers), partition 1 waits at the open transaction's first offset
@@ -103,8 +102,9 @@ def test_read_committed_batches_hold_the_committed_records_and_an_open_transacti
     assert plan_batch(spec)[0].is_empty  # the open transaction holds partition 1
     st = status(spec)  # what `tidewater status` and the view say of it
     assert [(p["partition"], p["end"], p["lag"], p["held"]) for p in st["partitions"]] == [(0, 13, 0, 0), (1, 9, 0, 4)]
-    assert len(st["waiting"]) == 1 and st["waiting"][0].startswith(f"{topic}[1]: 4 offsets after the last stable "
-                                                                    "offset 9 wait for an open transaction")
+    assert len(st["waiting"]) == 1 and st["waiting"][0].startswith(
+        f"{topic}[1]: 4 offsets after the last stable offset 9 wait for an open transaction"
+    )
 
     b.commit_transaction(30)
     second = ingest_inline(spec)
@@ -118,15 +118,20 @@ def test_read_committed_batches_hold_the_committed_records_and_an_open_transacti
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
     # a replay over every offset, markers and aborted records included, puts back exactly the committed records
-    before = sorted(table.scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id")).to_arrow().to_pylist(),
-                    key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]))
+    before = sorted(
+        table.scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id")).to_arrow().to_pylist(),
+        key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]),
+    )
     for partition, end in ((0, 13), (1, 14)):
-        replayed = run_replay(spec, ReplayRequest(topic=topic, partitions=(partition,), start_offset=0, end_offset=end),
-                              out=None, inline=True)
+        replayed = run_replay(
+            spec, ReplayRequest(topic=topic, partitions=(partition,), start_offset=0, end_offset=end), out=None, inline=True
+        )
         assert replayed["status"] == "committed" and replayed["rows"] == (7 if partition == 0 else 8)
     table = table_of(spec.source_path)
-    after = sorted(table.scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id")).to_arrow().to_pylist(),
-                   key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]))
+    after = sorted(
+        table.scan(selected_fields=("_kafka_partition", "_kafka_offset", "order_id")).to_arrow().to_pylist(),
+        key=lambda r: (r["_kafka_partition"], r["_kafka_offset"]),
+    )
     assert after == before and committed_state(table).offsets == {topic: {0: 13, 1: 14}}
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
@@ -136,8 +141,18 @@ def _compacted(bootstrap: str, topic: str) -> dict[bytes, bytes | None]:
     """A compacted topic whose cleaner has run: keys 0-9 written three times over several segments, keys 0-2
     deleted by tombstones; returns the latest value per key (None: deleted). Waits for the cleaner (its check
     runs every 15 s) until fewer records than were produced remain."""
-    _create(bootstrap, topic, 1, {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
-                                   "delete.retention.ms": "600000", "min.compaction.lag.ms": "0"})
+    _create(
+        bootstrap,
+        topic,
+        1,
+        {
+            "cleanup.policy": "compact",
+            "segment.ms": "100",
+            "min.cleanable.dirty.ratio": "0.01",
+            "delete.retention.ms": "600000",
+            "min.compaction.lag.ms": "0",
+        },
+    )
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     latest: dict[bytes, bytes | None] = {}
     for rnd in range(3):
@@ -179,8 +194,7 @@ def _read_all(bootstrap: str, topic: str) -> list[tuple[int, bytes | None, bytes
         c.close()
 
 
-def test_a_compacted_topic_with_tombstones_lands_what_survived_and_the_audit_reads_its_gaps_as_compaction(broker, home,
-                                                                                                         topic):
+def test_a_compacted_topic_with_tombstones_lands_what_survived_and_the_audit_reads_its_gaps_as_compaction(broker, home, topic):
     """``cleanup.policy=compact``, values overwritten over several segments and three keys deleted by tombstones,
     the cleaner run before the first batch. Expected: every record still in the log is read once (values as rows,
     tombstones as dead letters of class Tombstone: a JSON pipeline needs an object), read = written + dead-lettered +
@@ -262,8 +276,9 @@ def test_a_new_pipeline_starts_at_its_start_time_and_a_plan_without_records_lose
         for i, v in enumerate(_events(6, 50 + partition, f"old{partition}")):
             p.produce(topic, v, partition=partition, timestamp=start - 60_000 + i)
     p.flush(30)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap,
-                                                        "start_from": "2026-05-28T20:26:40Z"})  # = start
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap, "start_from": "2026-05-28T20:26:40Z"}
+    )  # = start
     spec = load_pipeline(path)
     plan, staged = plan_batch(spec)
     assert plan.is_empty and staged is None
@@ -310,8 +325,7 @@ def test_a_topic_deleted_and_created_again_is_refused_naming_the_offsets(broker,
             time.sleep(0.5)
     produce_to_partition(broker.bootstrap, topic, 0, _events(3, 71, "second-life"))
     before = table_of(path).current_snapshot().snapshot_id
-    with pytest.raises(OffsetGapError, match=r"committed offset 8 is beyond the end offset 3: the topic was recreated") \
-            as refused:
+    with pytest.raises(OffsetGapError, match=r"committed offset 8 is beyond the end offset 3: the topic was recreated") as refused:
         plan_batch(spec)
     assert isinstance(refused.value, TerminalError) and (refused.value.topic, refused.value.partition) == (topic, 0)
     table = table_of(path)
@@ -339,8 +353,12 @@ def test_a_producer_killed_inside_a_transaction_holds_its_partition_until_the_br
     waiting note is gone, the next batch reads past the aborted records and the marker, no aborted record lands,
     and the offsets reach the end."""
     produce_to_partition(broker.bootstrap, topic, 0, _events(3, 90, "before"))
-    proc = subprocess.Popen([sys.executable, "-c", OPEN_A_TRANSACTION_THEN_HANG, broker.bootstrap, f"{topic}-dead",
-                             topic], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OPEN_A_TRANSACTION_THEN_HANG, broker.bootstrap, f"{topic}-dead", topic],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "open"
     finally:

@@ -57,8 +57,7 @@ def spark_for(request):
 
 def _pipeline(home: Path, broker, topic: str, **maintenance):
     doc = {"rewrite_data_files": {"min_input_files": 2}, **maintenance}
-    return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        maintenance=doc))
+    return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, maintenance=doc))
 
 
 def test_compaction_reduces_files_and_keeps_rows_offsets_and_content(broker, home, topic, spark_for):
@@ -143,7 +142,7 @@ def test_ingest_and_compaction_run_concurrently_exactly_once(broker, home, topic
     assert ops.count("append") == 5
     # a compaction committed before the last ingest commit: the two really interleaved
     assert rewrites >= 1
-    assert "append" in ops[ops.index("replace") + 1:]
+    assert "append" in ops[ops.index("replace") + 1 :]
 
 
 def test_expiry_keeps_offsets_readable_and_time_travel_to_retained_snapshots(broker, home, topic, spark_for):
@@ -263,9 +262,21 @@ def test_sorted_table_is_compacted_with_sort_and_the_cli_reports_a_dry_run(broke
         order.asc("store_id", IdentityTransform())
 
     out = subprocess.run(
-        [str(Path(sys.executable).parent / "tidewater"), "maintain", "--pipeline", spec.source_path,
-         "--actions", "rewrite_data_files,expire_snapshots", "--dry-run", "--json", "--master", "local[1]"],
-        capture_output=True, text=True, check=True,
+        [
+            str(Path(sys.executable).parent / "tidewater"),
+            "maintain",
+            "--pipeline",
+            spec.source_path,
+            "--actions",
+            "rewrite_data_files,expire_snapshots",
+            "--dry-run",
+            "--json",
+            "--master",
+            "local[1]",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     reports = json.loads(out)
     assert [r["action"] for r in reports] == ["rewrite_data_files", "expire_snapshots"]
@@ -297,8 +308,11 @@ def test_compaction_that_cannot_commit_fails_instead_of_reporting_success(broker
     holder = sqlite3.connect(str(home / "catalog.db"), isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")  # RESERVED: readers go on, every commit gets "database is locked"
     try:
-        with pytest.raises(TransientError, match=r"rewrite_data_files: 6 data file\(s\) were not compacted because their "
-                                                 r"file groups failed to commit .* 0 file\(s\) were compacted"):
+        with pytest.raises(
+            TransientError,
+            match=r"rewrite_data_files: 6 data file\(s\) were not compacted because their "
+            r"file groups failed to commit .* 0 file\(s\) were compacted",
+        ):
             maintain(spec, actions=["rewrite_data_files"], spark=spark)
     finally:
         holder.execute("ROLLBACK")

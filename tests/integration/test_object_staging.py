@@ -32,8 +32,9 @@ KEY, SECRET = "tidewater-stage-key", "tidewater-stage-secret-value"
 def _fs(url: str):
     from pyarrow import fs
 
-    return fs.S3FileSystem(endpoint_override=url, scheme="http", access_key=KEY, secret_key=SECRET,
-                           region="us-east-1", allow_bucket_creation=True)
+    return fs.S3FileSystem(
+        endpoint_override=url, scheme="http", access_key=KEY, secret_key=SECRET, region="us-east-1", allow_bucket_creation=True
+    )
 
 
 def _objects(url: str, prefix: str) -> dict[str, bytes]:
@@ -46,12 +47,21 @@ def _objects(url: str, prefix: str) -> dict[str, bytes]:
     for info in infos:
         if info.type == fs.FileType.File:
             with s3.open_input_stream(info.path) as f:
-                out[info.path[len(prefix):].lstrip("/")] = f.read()
+                out[info.path[len(prefix) :].lstrip("/")] = f.read()
     return out
 
 
-def _pipeline(home: Path, broker, topic: str, url: str, monkeypatch, bucket: str, warehouse_in_bucket: bool = True,
-              storage_conn: bool = False, **overrides) -> Path:
+def _pipeline(
+    home: Path,
+    broker,
+    topic: str,
+    url: str,
+    monkeypatch,
+    bucket: str,
+    warehouse_in_bucket: bool = True,
+    storage_conn: bool = False,
+    **overrides,
+) -> Path:
     """A pipeline staging in ``s3://<bucket>/staging`` with the catalog's own `s3.*` settings (credentials
     through the environment); the warehouse in the bucket too, or on local disk with the staging settings
     given apart (`batch.staging_properties`, or with ``storage_conn`` an Airflow `aws` connection,
@@ -59,8 +69,7 @@ def _pipeline(home: Path, broker, topic: str, url: str, monkeypatch, bucket: str
     _fs(url).create_dir(bucket)
     monkeypatch.setenv("TEST_S3_KEY", KEY)
     monkeypatch.setenv("TEST_S3_SECRET", SECRET)
-    s3 = {"s3.endpoint": url, "s3.access-key-id": "${TEST_S3_KEY}", "s3.secret-access-key": "${TEST_S3_SECRET}",
-          "s3.region": "us-east-1"}
+    s3 = {"s3.endpoint": url, "s3.access-key-id": "${TEST_S3_KEY}", "s3.secret-access-key": "${TEST_S3_SECRET}", "s3.region": "us-east-1"}
     batch = {"staging_dir": f"s3://{bucket}/staging", **overrides.pop("batch", {})}
     props = {"type": "sql", "uri": f"sqlite:///{home}/catalog.db"}
     if warehouse_in_bucket:
@@ -72,21 +81,27 @@ def _pipeline(home: Path, broker, topic: str, url: str, monkeypatch, bucket: str
         from tidewater.config import connections
 
         monkeypatch.setattr(connections, "_CACHE", {})
-        monkeypatch.setenv("AIRFLOW_CONN_STAGE_STORE", json.dumps({
-            "conn_type": "aws", "login": KEY, "password": SECRET,
-            "extra": {"endpoint_url": url, "region_name": "us-east-1"}}))
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_STAGE_STORE",
+            json.dumps({"conn_type": "aws", "login": KEY, "password": SECRET, "extra": {"endpoint_url": url, "region_name": "us-east-1"}}),
+        )
         batch.pop("staging_properties", None)
         batch["staging_conn_id"] = "stage_store"
-    return write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          catalog={"name": "tidewater", "properties": props}, batch=batch, **overrides)
+    return write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        catalog={"name": "tidewater", "properties": props},
+        batch=batch,
+        **overrides,
+    )
 
 
 def _spark_submit_logs() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("tidewater-spark-submit-*.log")}
 
 
-def test_a_batch_staged_in_the_bucket_lands_exactly_and_nothing_is_staged_on_local_disk(broker, home, topic,
-                                                                                      s3_endpoint, monkeypatch):
+def test_a_batch_staged_in_the_bucket_lands_exactly_and_nothing_is_staged_on_local_disk(broker, home, topic, s3_endpoint, monkeypatch):
     """`tidewater run` through spark-submit with staging and warehouse in the bucket: every record once, exact
     offsets; the plan, manifest, quality report and spark-submit's log are objects of the batch's prefix; the
     local staging directory was never made and the log's temporary copy is gone; no secret in any object or
@@ -131,8 +146,7 @@ time.sleep(600)
 """
 
 
-def test_killed_after_a_write_staged_in_the_bucket_then_rerun_commits_each_record_once(broker, home, topic,
-                                                                                      s3_endpoint, monkeypatch):
+def test_killed_after_a_write_staged_in_the_bucket_then_rerun_commits_each_record_once(broker, home, topic, s3_endpoint, monkeypatch):
     """The process running a batch is SIGKILLed after its write step (manifest on the bucket), before the
     commit: nothing committed; the rerun plans the same offsets under a new batch id and commits 600 records
     once; the killed batch's files are not in the table."""
@@ -141,8 +155,9 @@ def test_killed_after_a_write_staged_in_the_bucket_then_rerun_commits_each_recor
     path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage2")
     produce(broker.bootstrap, topic, pizza_events(600, seed=62), partitions=3)
     env = {**os.environ, "TIDEWATER_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, "-c", WRITE_THEN_HANG, str(path)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITE_THEN_HANG, str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     assert proc.stdout is not None
     said, staged_plan = proc.stdout.readline().split()
     assert said == "written" and staged_plan.startswith("s3://stage2/staging/")
@@ -162,15 +177,23 @@ def test_killed_after_a_write_staged_in_the_bucket_then_rerun_commits_each_recor
     assert not any(killed in t.file.file_path for t in table.scan().plan_files())
 
 
-def test_a_batch_through_spark_connect_is_staged_in_the_bucket(broker, home, topic, s3_endpoint, monkeypatch,
-                                                               spark_connect):
+def test_a_batch_through_spark_connect_is_staged_in_the_bucket(broker, home, topic, s3_endpoint, monkeypatch, spark_connect):
     """The write step on the real Spark Connect server (the session's): this process, its client, reads the plan
     from the bucket and stages the manifest there; the server's workers never see the staging area. The bucket's
     credentials come from an Airflow connection (`batch.staging_conn_id`), and no secret reaches the staged files."""
     from tidewater.steps.lifecycle import run_once
 
-    path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage9", warehouse_in_bucket=False,
-                     storage_conn=True, spark={"connect_url": spark_connect.url})
+    path = _pipeline(
+        home,
+        broker,
+        topic,
+        s3_endpoint,
+        monkeypatch,
+        "stage9",
+        warehouse_in_bucket=False,
+        storage_conn=True,
+        spark={"connect_url": spark_connect.url},
+    )
     assert KEY not in path.read_text() and "staging_properties" not in path.read_text()
     produce(broker.bootstrap, topic, pizza_events(90, seed=71), partitions=3)
     result = run_once(path)
@@ -185,8 +208,7 @@ def test_a_batch_through_spark_connect_is_staged_in_the_bucket(broker, home, top
     assert not (home / "staging").exists()
 
 
-def test_two_committers_and_a_retry_read_the_staged_batch_from_the_bucket_and_commit_it_once(broker, home, topic,
-                                                                                            s3_endpoint, monkeypatch):
+def test_two_committers_and_a_retry_read_the_staged_batch_from_the_bucket_and_commit_it_once(broker, home, topic, s3_endpoint, monkeypatch):
     """A batch staged in the bucket is committed by two committers at once, each loading the plan and the
     manifest from the bucket by the location text Airflow passes (XCom), then once more after success:
     one 'committed', the others 'already-committed'; rows and offsets exact."""
@@ -219,22 +241,29 @@ def test_two_committers_and_a_retry_read_the_staged_batch_from_the_bucket_and_co
     assert committed_state(table).offsets == {topic: {0: 100, 1: 100, 2: 100}}
 
 
-def test_a_replay_through_spark_is_staged_in_the_bucket_and_adds_only_the_lost_rows(broker, home, topic,
-                                                                                   s3_endpoint, monkeypatch):
+def test_a_replay_through_spark_is_staged_in_the_bucket_and_adds_only_the_lost_rows(broker, home, topic, s3_endpoint, monkeypatch):
     """An append-missing replay through spark-submit: its plan is staged in the bucket, the write tasks ask the table
     which offsets it already holds; only the lost rows come back, offsets unmoved."""
     from tests.conftest import ingest_inline
     from tidewater.ops.replay import run_replay
     from tidewater.plan.replay import ReplayRequest
 
-    path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage4", warehouse_in_bucket=False,
-                     format={"metadata": "prefixed"}, validation={"not_null": ["id"]})
+    path = _pipeline(
+        home,
+        broker,
+        topic,
+        s3_endpoint,
+        monkeypatch,
+        "stage4",
+        warehouse_in_bucket=False,
+        format={"metadata": "prefixed"},
+        validation={"not_null": ["id"]},
+    )
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i}).encode() for i in range(50)])
     spec = load_pipeline(path)
     assert ingest_inline(spec).records == 50
     table_of(path).delete("_kafka_offset >= 10 and _kafka_offset < 17")
-    result = run_replay(spec, ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=50,
-                                            mode="append-missing"), out=None)
+    result = run_replay(spec, ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=50, mode="append-missing"), out=None)
     assert (result["rows"], result["already_present"]) == (7, 43)
     ids = sorted(table_of(path).scan().to_arrow().column("id").to_pylist())
     assert ids == list(range(50))
@@ -244,8 +273,7 @@ def test_a_replay_through_spark_is_staged_in_the_bucket_and_adds_only_the_lost_r
     assert not (home / "staging").exists()
 
 
-def test_maintenance_finds_in_flight_batches_and_removes_stale_staging_in_the_bucket(broker, home, topic,
-                                                                                    s3_endpoint, monkeypatch):
+def test_maintenance_finds_in_flight_batches_and_removes_stale_staging_in_the_bucket(broker, home, topic, s3_endpoint, monkeypatch):
     """Orphan removal's view of the staging area on the bucket: a batch staged but not committed protects its
     data files; batches older than the cutoff are removed whole (a dry run only counts them). The cutoff is
     moved rather than the objects' age (an object's modification time cannot be set on S3); the full
@@ -303,8 +331,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_an_unreachable_bucket_is_transient_and_a_missing_one_terminal_naming_the_setting(broker, home, topic,
-                                                                                         s3_endpoint, monkeypatch):
+def test_an_unreachable_bucket_is_transient_and_a_missing_one_terminal_naming_the_setting(broker, home, topic, s3_endpoint, monkeypatch):
     """The plan step stages its plan: an endpoint nobody listens on is worth retrying, a bucket that does not
     exist is not; both errors name `batch.staging_dir`, and neither carries the secret key."""
     from tidewater.steps.lifecycle import plan_step
@@ -312,16 +339,34 @@ def test_an_unreachable_bucket_is_transient_and_a_missing_one_terminal_naming_th
     produce(broker.bootstrap, topic, pizza_events(10, seed=68), partitions=1)
     path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage7", warehouse_in_bucket=False)
     spec = load_pipeline(path)
-    down = load_pipeline(write_pipeline(home, name="down", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        batch={**spec_batch(spec), "staging_properties": {
-                                            **spec.batch.staging_properties, "s3.endpoint": f"http://127.0.0.1:{_free_port()}",
-                                            "s3.connect-timeout": "2"}}))
+    down = load_pipeline(
+        write_pipeline(
+            home,
+            name="down",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            batch={
+                **spec_batch(spec),
+                "staging_properties": {
+                    **spec.batch.staging_properties,
+                    "s3.endpoint": f"http://127.0.0.1:{_free_port()}",
+                    "s3.connect-timeout": "2",
+                },
+            },
+        )
+    )
     with pytest.raises(TransientError, match=r"batch\.staging_dir") as e:
         plan_step(down)
     assert SECRET not in str(e.value)
-    missing = load_pipeline(write_pipeline(home, name="missing", topics=[topic],
-                                           kafka={"bootstrap_servers": broker.bootstrap},
-                                           batch={**spec_batch(spec), "staging_dir": "s3://no-such-bucket/staging"}))
+    missing = load_pipeline(
+        write_pipeline(
+            home,
+            name="missing",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            batch={**spec_batch(spec), "staging_dir": "s3://no-such-bucket/staging"},
+        )
+    )
     with pytest.raises(ConfigError, match=r"batch\.staging_dir") as e2:
         plan_step(missing)
     assert SECRET not in str(e2.value)
@@ -338,8 +383,12 @@ def test_refused_credentials_are_a_terminal_error(broker, home, topic, monkeypat
 
     port = _free_port()
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
-    proc = subprocess.Popen([str(REPO / ".data" / "moto" / "bin" / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(REPO / ".data" / "moto" / "bin" / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -351,11 +400,22 @@ def test_refused_credentials_are_a_terminal_error(broker, home, topic, monkeypat
                 time.sleep(0.2)
         monkeypatch.setenv("TEST_S3_SECRET", SECRET)
         produce(broker.bootstrap, topic, pizza_events(5, seed=69), partitions=1)
-        spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                            batch={"staging_dir": "s3://guarded/staging", "staging_properties": {
-                                                "s3.endpoint": f"http://127.0.0.1:{port}", "s3.region": "us-east-1",
-                                                "s3.access-key-id": "AKIAUNKNOWN",
-                                                "s3.secret-access-key": "${TEST_S3_SECRET}"}}))
+        spec = load_pipeline(
+            write_pipeline(
+                home,
+                topics=[topic],
+                kafka={"bootstrap_servers": broker.bootstrap},
+                batch={
+                    "staging_dir": "s3://guarded/staging",
+                    "staging_properties": {
+                        "s3.endpoint": f"http://127.0.0.1:{port}",
+                        "s3.region": "us-east-1",
+                        "s3.access-key-id": "AKIAUNKNOWN",
+                        "s3.secret-access-key": "${TEST_S3_SECRET}",
+                    },
+                },
+            )
+        )
         with pytest.raises(ConfigError, match=r"batch\.staging_dir: the store refused access") as e:
             plan_step(spec)
         assert SECRET not in str(e.value)
@@ -364,9 +424,9 @@ def test_refused_credentials_are_a_terminal_error(broker, home, topic, monkeypat
         proc.wait(timeout=30)
 
 
-def test_cluster_deploy_mode_on_a_standalone_master_is_a_terminal_error_saying_what_works(broker, home, topic,
-                                                                                         s3_endpoint, monkeypatch,
-                                                                                         tmp_path):
+def test_cluster_deploy_mode_on_a_standalone_master_is_a_terminal_error_saying_what_works(
+    broker, home, topic, s3_endpoint, monkeypatch, tmp_path
+):
     """Spark itself refuses a Python driver in cluster deploy mode on a standalone master (YARN and Kubernetes,
     which run such drivers, cannot run here). Set in the pipeline, `tidewater validate` refuses it; set in the
     cluster's spark-defaults.conf, the write step says so and what to use instead, rather than retrying.
@@ -376,8 +436,18 @@ def test_cluster_deploy_mode_on_a_standalone_master_is_a_terminal_error_saying_w
 
     spark = {"master": "spark://127.0.0.1:1"}
     with pytest.raises(ConfigError, match=r"spark\.conf spark\.submit\.deployMode: Spark runs a Python driver"):
-        load_pipeline(_pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage8", warehouse_in_bucket=False,
-                                spark={**spark, "conf": {"spark.submit.deployMode": "cluster"}}))
+        load_pipeline(
+            _pipeline(
+                home,
+                broker,
+                topic,
+                s3_endpoint,
+                monkeypatch,
+                "stage8",
+                warehouse_in_bucket=False,
+                spark={**spark, "conf": {"spark.submit.deployMode": "cluster"}},
+            )
+        )
     (tmp_path / "spark-defaults.conf").write_text("spark.submit.deployMode cluster\n")
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
     path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "stage8", warehouse_in_bucket=False, spark=spark)
@@ -389,8 +459,7 @@ def test_cluster_deploy_mode_on_a_standalone_master_is_a_terminal_error_saying_w
     assert "spark.connect_url" in str(e.value) and "batch.staging_dir" in str(e.value)
 
 
-def test_data_docs_live_in_the_bucket_and_the_tidewater_view_serves_them_from_there(broker, home, topic, s3_endpoint,
-                                                                                    monkeypatch):
+def test_data_docs_live_in_the_bucket_and_the_tidewater_view_serves_them_from_there(broker, home, topic, s3_endpoint, monkeypatch):
     """`validation.data_docs_dir` in the bucket: each batch's report and page go there (rendered in a private
     temporary copy of the project, nothing under the home), the site's index lists the batches; with the store
     limited to two results, the oldest result and its page leave the bucket. The Tidewater view (its FastAPI app;
@@ -402,8 +471,16 @@ def test_data_docs_live_in_the_bucket_and_the_tidewater_view_serves_them_from_th
     from tidewater.quality import data_docs
     from tidewater.runtime.ui import create_app
 
-    path = _pipeline(home, broker, topic, s3_endpoint, monkeypatch, "docs1", warehouse_in_bucket=False,
-                     validation={"not_null": ["order_id"], "data_docs_dir": "s3://docs1/data-docs"})
+    path = _pipeline(
+        home,
+        broker,
+        topic,
+        s3_endpoint,
+        monkeypatch,
+        "docs1",
+        warehouse_in_bucket=False,
+        validation={"not_null": ["order_id"], "data_docs_dir": "s3://docs1/data-docs"},
+    )
     spec = load_pipeline(path)
     monkeypatch.setattr(data_docs, "INDEX_ROWS", 2)
     batches = []

@@ -24,30 +24,39 @@ KEY, SECRET = "tidewater-test-key", "tidewater-test-secret-value"
 def _bucket(url: str, name: str) -> None:
     from pyarrow import fs
 
-    s3 = fs.S3FileSystem(endpoint_override=url, scheme="http", access_key=KEY, secret_key=SECRET, region="us-east-1",
-                         allow_bucket_creation=True)
+    s3 = fs.S3FileSystem(
+        endpoint_override=url, scheme="http", access_key=KEY, secret_key=SECRET, region="us-east-1", allow_bucket_creation=True
+    )
     s3.create_dir(name)
 
 
 def _catalog(home, url: str, bucket: str, monkeypatch) -> dict:
     monkeypatch.setenv("TEST_S3_KEY", KEY)
     monkeypatch.setenv("TEST_S3_SECRET", SECRET)
-    return {"name": "tidewater", "properties": {
-        "type": "sql", "uri": f"sqlite:///{home}/catalog.db", "warehouse": f"s3://{bucket}/warehouse",
-        "s3.endpoint": url, "s3.access-key-id": "${TEST_S3_KEY}", "s3.secret-access-key": "${TEST_S3_SECRET}",
-        "s3.region": "us-east-1"}}
+    return {
+        "name": "tidewater",
+        "properties": {
+            "type": "sql",
+            "uri": f"sqlite:///{home}/catalog.db",
+            "warehouse": f"s3://{bucket}/warehouse",
+            "s3.endpoint": url,
+            "s3.access-key-id": "${TEST_S3_KEY}",
+            "s3.secret-access-key": "${TEST_S3_SECRET}",
+            "s3.region": "us-east-1",
+        },
+    }
 
 
-def test_batches_land_in_the_bucket_through_spark_submit_and_secrets_stay_out(broker, home, topic, s3_endpoint,
-                                                                             monkeypatch):
+def test_batches_land_in_the_bucket_through_spark_submit_and_secrets_stay_out(broker, home, topic, s3_endpoint, monkeypatch):
     """`tidewater run` (spark-submit): the executors write the data files into the bucket, the commit lands
     every record once with exact offsets, and the secret key is in no staged file, log line or snapshot."""
     from tidewater.runtime.progress import BatchProgress
     from tidewater.steps.lifecycle import run_once
 
     _bucket(s3_endpoint, "lake")
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          catalog=_catalog(home, s3_endpoint, "lake", monkeypatch))
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, catalog=_catalog(home, s3_endpoint, "lake", monkeypatch)
+    )
     events = pizza_events(90, seed=501)
     produce(broker.bootstrap, topic, events, partitions=3)
     lines: list[str] = []
@@ -71,10 +80,18 @@ def test_a_change_table_in_the_bucket_equals_its_source(broker, home, topic, s3_
     """Debezium changes in two batches: the row images and the position delete files go to the bucket, and the
     table equals the reference model."""
     _bucket(s3_endpoint, "changes")
-    spec = load_pipeline(write_pipeline(
-        home, name="prices", topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"value": "debezium"},
-        validation={"not_null": ["id"]}, catalog=_catalog(home, s3_endpoint, "changes", monkeypatch),
-        table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True}))
+    spec = load_pipeline(
+        write_pipeline(
+            home,
+            name="prices",
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            format={"value": "debezium"},
+            validation={"not_null": ["id"]},
+            catalog=_catalog(home, s3_endpoint, "changes", monkeypatch),
+            table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True},
+        )
+    )
     model = ingest_changes(broker, topic, spec, batches=2, changes=80, keys=25, seed=90)
     table = load_table(load_catalog(spec), spec.table.identifier)
     rows = {r["id"]: r["item"] for r in table.scan(selected_fields=("id", "item")).to_arrow().to_pylist()}

@@ -39,8 +39,15 @@ def ev(i: int) -> bytes:
 
 
 def pipeline(home, broker, topic):
-    return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        format={"metadata": "prefixed"}, validation={"not_null": ["id"]}))
+    return load_pipeline(
+        write_pipeline(
+            home,
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            format={"metadata": "prefixed"},
+            validation={"not_null": ["id"]},
+        )
+    )
 
 
 def ids(spec) -> list[int]:
@@ -78,10 +85,13 @@ def test_spark_compaction_and_expiry_from_outside_leave_the_pipeline_planning_fr
     spark = spark_session.session(spec, app_name="tidewater-test-other-tools", master="local[2]")
     try:
         ident = f"{spec.catalog.name}.{spec.table.identifier}"
-        spark.sql(f"CALL {spec.catalog.name}.system.rewrite_data_files(table => '{spec.table.identifier}', "
-                  "options => map('min-input-files','2'))").collect()
-        spark.sql(f"CALL {spec.catalog.name}.system.expire_snapshots(table => '{spec.table.identifier}', "
-                  "older_than => TIMESTAMP '2100-01-01 00:00:00', retain_last => 1)").collect()
+        spark.sql(
+            f"CALL {spec.catalog.name}.system.rewrite_data_files(table => '{spec.table.identifier}', options => map('min-input-files','2'))"
+        ).collect()
+        spark.sql(
+            f"CALL {spec.catalog.name}.system.expire_snapshots(table => '{spec.table.identifier}', "
+            "older_than => TIMESTAMP '2100-01-01 00:00:00', retain_last => 1)"
+        ).collect()
         assert spark.sql(f"SELECT count(*) AS n FROM {ident}").collect()[0]["n"] == 60
     finally:
         spark_session.release_catalog(spark, spec)
@@ -186,11 +196,11 @@ def test_with_the_tag_removed_and_the_offsets_expired_planning_refuses_naming_th
     table = load_table(load_catalog(spec), spec.table.identifier)
     table.overwrite(table.scan().to_arrow())
     expire_all_unreferenced(load_table(load_catalog(spec), spec.table.identifier))
-    with pytest.raises(TerminalError, match=f"committed offsets are unreadable.*the tag {OFFSETS_TAG} that keeps the "
-                                            "newest one is missing"):
+    with pytest.raises(
+        TerminalError, match=f"committed offsets are unreadable.*the tag {OFFSETS_TAG} that keeps the newest one is missing"
+    ):
         plan_batch(spec)
     assert ids(spec) == list(range(10))
-
 
 
 def lose_offsets(spec, ident: str) -> None:
@@ -202,8 +212,7 @@ def lose_offsets(spec, ident: str) -> None:
     expire_all_unreferenced(load_table(catalog, ident))
 
 
-def test_recover_offsets_commits_what_the_ledger_and_the_rows_agree_on_and_the_audit_explains_it(broker, home, topic,
-                                                                                                  capsys):
+def test_recover_offsets_commits_what_the_ledger_and_the_rows_agree_on_and_the_audit_explains_it(broker, home, topic, capsys):
     """Two batches, then the offsets are lost (tag removed, outside overwrite, expiry): planning refuses. A dry run
     shows the ledger's and the rows' offsets and changes nothing. The recovery commits them (they agree); the next
     batch adds only new records (every id once), and the audit explains the recovery."""
@@ -266,15 +275,21 @@ def test_recover_offsets_refuses_when_the_rows_lost_their_tail_until_the_operato
     assert path is None and ids(spec) == list(range(10))
 
 
-def test_recover_offsets_without_a_ledger_or_metadata_columns_cannot_prove_anything_and_changes_nothing(broker, home,
-                                                                                                      topic):
+def test_recover_offsets_without_a_ledger_or_metadata_columns_cannot_prove_anything_and_changes_nothing(broker, home, topic):
     """A table without metadata columns whose ledger was dropped: the recovery says it cannot prove the offsets
     (naming the table and the ledger) and changes nothing."""
     from tidewater.errors import ConfigError
     from tidewater.ops.recover import recover
 
-    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        format={"metadata": "none"}, validation={"not_null": ["id"]}))
+    spec = load_pipeline(
+        write_pipeline(
+            home,
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            format={"metadata": "none"},
+            validation={"not_null": ["id"]},
+        )
+    )
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(6)], partitions=1)
     ingest_inline(spec)
     load_catalog(spec).drop_table(spec.ledger_table())
@@ -292,8 +307,7 @@ def test_recover_offsets_of_a_routed_pipelines_checkpoint_and_table(broker, home
     from tidewater.ops.recover import recover
 
     sources = [Source(f"{topic}-y{i}") for i in range(2)]
-    spec = database_pipeline(home, broker, [s.topic for s in sources], name="lost",
-                             format={"value": "debezium", "metadata": "prefixed"})
+    spec = database_pipeline(home, broker, [s.topic for s in sources], name="lost", format={"value": "debezium", "metadata": "prefixed"})
     for b in range(2):
         for i, s in enumerate(sources):
             s.produce(broker, b, 20, seed=60 + 10 * b + i)

@@ -55,8 +55,9 @@ def test_sixty_short_ranges_are_two_tasks_with_the_rows_offsets_and_dead_letters
     packed = write_pipeline(home, name="packed", topics=[topic], kafka=kafka, table={"identifier": "rpc.packed"})
     result = run_once(packed)
     assert result["status"] == "committed" and result["records"] == 720
-    apart = load_pipeline(write_pipeline(home, name="apart", topics=[topic], kafka=kafka, table={"identifier": "rpc.apart"},
-                                         batch={"pack_ranges": False}))
+    apart = load_pipeline(
+        write_pipeline(home, name="apart", topics=[topic], kafka=kafka, table={"identifier": "rpc.apart"}, batch={"pack_ranges": False})
+    )
     assert ingest_inline(apart).status == "committed"
 
     catalog = load_catalog(load_pipeline(packed))
@@ -80,8 +81,9 @@ def test_a_packed_batch_killed_after_its_write_then_rerun_lands_each_record_once
     many_partitions(broker, topic)
     path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap})
     env = {**os.environ, "TIDEWATER_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, "-c", WRITE_THEN_HANG, str(path)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITE_THEN_HANG, str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
     proc.kill()
     proc.wait()
@@ -115,8 +117,14 @@ def test_partitions_a_topic_gains_are_read_from_their_log_start_by_the_next_plan
     for partition in (3, 4, 5):  # nine more each: the new partitions hold 10 records, offsets 0-9
         produce_to_partition(broker.bootstrap, topic, partition, pizza_events(9, seed=7 + partition))
     plan, _ = plan_batch(spec)
-    assert [(r.partition, r.start, r.end) for r in plan.ranges] == [(0, 10, 11), (1, 10, 11), (2, 10, 11), (3, 0, 10),
-                                                                     (4, 0, 10), (5, 0, 10)]
+    assert [(r.partition, r.start, r.end) for r in plan.ranges] == [
+        (0, 10, 11),
+        (1, 10, 11),
+        (2, 10, 11),
+        (3, 0, 10),
+        (4, 0, 10),
+        (5, 0, 10),
+    ]
     assert ingest_inline(spec).records == 33
     table = table_of(spec.source_path)
     rows = coordinates(table, "_kafka_partition", "_kafka_offset")

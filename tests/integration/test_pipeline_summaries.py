@@ -24,13 +24,20 @@ def test_pipelines_on_one_broker_are_asked_together_and_each_line_matches_its_st
     produce(broker.bootstrap, topic, pizza_events(30, seed=1), partitions=2)
     produce(broker.bootstrap, f"{topic}-x", pizza_events(25, seed=2), partitions=3)
     kafka = {"bootstrap_servers": broker.bootstrap}
-    specs = [load_pipeline(write_pipeline(home, name="a", topics=[topic], kafka=kafka, table={"identifier": "rpc.a"})),
-             load_pipeline(write_pipeline(home, name="b", topics=[], topic_pattern=f"{topic}-.*", kafka=kafka,
-                                          table={"identifier": "rpc.b"})),
-             load_pipeline(write_pipeline(home, name="c", topics=[f"{topic}-missing"], kafka=kafka,
-                                          table={"identifier": "rpc.c"})),
-             load_pipeline(write_pipeline(home, name="d", topics=[topic], table={"identifier": "rpc.d"},
-                                          kafka={**kafka, "settings": {"no.such.librdkafka.setting": "1"}}))]
+    specs = [
+        load_pipeline(write_pipeline(home, name="a", topics=[topic], kafka=kafka, table={"identifier": "rpc.a"})),
+        load_pipeline(write_pipeline(home, name="b", topics=[], topic_pattern=f"{topic}-.*", kafka=kafka, table={"identifier": "rpc.b"})),
+        load_pipeline(write_pipeline(home, name="c", topics=[f"{topic}-missing"], kafka=kafka, table={"identifier": "rpc.c"})),
+        load_pipeline(
+            write_pipeline(
+                home,
+                name="d",
+                topics=[topic],
+                table={"identifier": "rpc.d"},
+                kafka={**kafka, "settings": {"no.such.librdkafka.setting": "1"}},
+            )
+        ),
+    ]
     ingest_inline(specs[0])
     produce(broker.bootstrap, topic, pizza_events(10, seed=3), partitions=2)
 

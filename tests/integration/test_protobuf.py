@@ -28,8 +28,9 @@ def _event_class(version: int):
     renamed = version == 3
     pool = descriptor_pool.DescriptorPool()
     pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
-    fd = descriptor_pb2.FileDescriptorProto(name="shop/events.proto", package="shop", syntax="proto3",
-                                            dependency=["google/protobuf/wrappers.proto"])
+    fd = descriptor_pb2.FileDescriptorProto(
+        name="shop/events.proto", package="shop", syntax="proto3", dependency=["google/protobuf/wrappers.proto"]
+    )
     event = fd.message_type.add(name="Event")
     buyer = event.nested_type.add(name="Buyer")
     buyer.field.add(name="full_name" if renamed else "name", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
@@ -39,12 +40,9 @@ def _event_class(version: int):
     if version == 2:
         buyer.field.add(name="tier", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
     if version in (2, 3):
-        event.field.add(name="coupon", number=4, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
-                        type_name=".google.protobuf.StringValue")
+        event.field.add(name="coupon", number=4, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".google.protobuf.StringValue")
     pool.Add(fd)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Event"))
-
-
 
 
 def _serialize(url: str, cls, messages: list, topic: str) -> list[bytes]:
@@ -52,20 +50,22 @@ def _serialize(url: str, cls, messages: list, topic: str) -> list[bytes]:
     return [ser(m, SerializationContext(topic, MessageField.VALUE)) for m in messages]
 
 
-def test_protobuf_records_land_typed_a_new_version_adds_columns_and_bad_ones_are_dead_letters(broker, home, topic,
-                                                                                              registry_url):
+def test_protobuf_records_land_typed_a_new_version_adds_columns_and_bad_ones_are_dead_letters(broker, home, topic, registry_url):
     v1 = _event_class(1)
     good = _serialize(registry_url, v1, [v1(order_id=f"e{i}", qty=i, buyer=v1.Buyer(name=f"b{i}")) for i in range(4)], topic)
     values = good + [b'{"id": "json"}', good[0][:5] + b"\x00" + b"\x0a\x09cut"]  # no framing; a string cut short
     produce_to_partition(broker.bootstrap, topic, 0, values)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "protobuf", "registry_url": registry_url})  # Kafka metadata columns: audit --deep
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"value": "protobuf", "registry_url": registry_url}
+    )  # Kafka metadata columns: audit --deep
     spec = load_pipeline(path)
     result = ingest_inline(spec)
     assert (result.records, result.dead_letters) == (6, 2)
     table = table_of(path)
     assert {f.name: str(f.field_type) for f in table.schema().fields if f.name in ("order_id", "qty")} == {
-        "order_id": "string", "qty": "int"}
+        "order_id": "string",
+        "qty": "int",
+    }
     assert {f.name for f in table.schema().fields if not f.name.startswith("_kafka_")} == {"order_id", "qty", "buyer"}
     assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == ["e0", "e1", "e2", "e3"]
     dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().sort_by("offset")
@@ -94,10 +94,15 @@ def test_a_field_renamed_with_its_number_kept_renames_the_column_which_keeps_its
     ``buyer.full_name``. The table's columns are renamed (not dropped and added): the rows written before keep their
     values under the new names, the new rows land beside them, and ``coupon`` is added."""
     v1, v3 = _event_class(1), _event_class(3)
-    produce_to_partition(broker.bootstrap, topic, 0, _serialize(
-        registry_url, v1, [v1(order_id=f"e{i}", qty=i + 1, buyer=v1.Buyer(name=f"b{i}")) for i in range(3)], topic))
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "protobuf", "registry_url": registry_url})
+    produce_to_partition(
+        broker.bootstrap,
+        topic,
+        0,
+        _serialize(registry_url, v1, [v1(order_id=f"e{i}", qty=i + 1, buyer=v1.Buyer(name=f"b{i}")) for i in range(3)], topic),
+    )
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"value": "protobuf", "registry_url": registry_url}
+    )
     spec = load_pipeline(path)
     ingest_inline(spec)
     ids = {f.name: f.field_id for f in table_of(path).schema().fields}
@@ -118,7 +123,6 @@ def test_a_field_renamed_with_its_number_kept_renames_the_column_which_keeps_its
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
 
-
 def test_an_orders_schema_with_every_kind_of_field_lands_with_iceberg_types(broker, home, topic, registry_url):
     """``shop.Order`` (tests/unit/test_protobuf_format.py: a nested message, an enum, repeated messages, a map, a
     Timestamp, a Duration, a wrapper, a oneof, proto3 optional, uint64 and an imported file) through the broker into
@@ -128,24 +132,49 @@ def test_an_orders_schema_with_every_kind_of_field_lands_with_iceberg_types(brok
     from tests.unit.test_protobuf_format import _build
 
     classes = _build()
-    order = classes["Order"](id="a", big=2**64 - 1, status=1, card="visa", coupon="X",
-                             lines=[classes["Order"].Line(sku="s", qty=4_000_000_000)], attrs={"k": "v"})
+    order = classes["Order"](
+        id="a",
+        big=2**64 - 1,
+        status=1,
+        card="visa",
+        coupon="X",
+        lines=[classes["Order"].Line(sku="s", qty=4_000_000_000)],
+        attrs={"k": "v"},
+    )
     order.at.FromSeconds(1_700_000_000)
     order.wait.FromSeconds(90)
     order.total.units = 12
     ser = ProtobufSerializer(classes["Order"], SchemaRegistryClient({"url": registry_url}), {"use.deprecated.format": False})
-    produce_to_partition(broker.bootstrap, topic, 0, [ser(o, SerializationContext(topic, MessageField.VALUE))
-                                                      for o in (order, classes["Order"](id="order_b", cash=5))])
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "protobuf", "registry_url": registry_url}, validation={"not_null": []})
+    produce_to_partition(
+        broker.bootstrap,
+        topic,
+        0,
+        [ser(o, SerializationContext(topic, MessageField.VALUE)) for o in (order, classes["Order"](id="order_b", cash=5))],
+    )
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": "protobuf", "registry_url": registry_url},
+        validation={"not_null": []},
+    )
     spec = load_pipeline(path)
     assert ingest_inline(spec).records == 2
     table = table_of(path)
     types = {f.name: str(f.field_type) for f in table.schema().fields if not f.name.startswith("_kafka_")}
-    assert {k: types[k] for k in ("id", "big", "status", "at", "wait", "note", "raw", "card", "cash", "coupon",
-                                  "payment_case")} == {
-        "id": "string", "big": "decimal(20, 0)", "status": "string", "at": "timestamptz", "wait": "long",
-        "note": "string", "raw": "binary", "card": "string", "cash": "long", "coupon": "string", "payment_case": "string"}
+    assert {k: types[k] for k in ("id", "big", "status", "at", "wait", "note", "raw", "card", "cash", "coupon", "payment_case")} == {
+        "id": "string",
+        "big": "decimal(20, 0)",
+        "status": "string",
+        "at": "timestamptz",
+        "wait": "long",
+        "note": "string",
+        "raw": "binary",
+        "card": "string",
+        "cash": "long",
+        "coupon": "string",
+        "payment_case": "string",
+    }
     assert types["lines"].startswith("list<struct<") and "qty: optional long" in types["lines"]
     assert types["attrs"].startswith("map<string, string>") and types["total"].startswith("struct<")
     rows = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}

@@ -24,9 +24,15 @@ from tidewater.table.summary import committed_state
 
 pytestmark = [pytest.mark.integration]
 
-ORDER = {"type": "object", "properties": {"order_id": {"type": "string"}, "store_id": {"type": "integer"},
-                                          "at": {"type": ["string", "null"], "format": "date-time"}},
-         "required": ["order_id"]}
+ORDER = {
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "string"},
+        "store_id": {"type": "integer"},
+        "at": {"type": ["string", "null"], "format": "date-time"},
+    },
+    "required": ["order_id"],
+}
 
 
 def _order_class():
@@ -93,17 +99,19 @@ def _protobuf_corpus(url: str, topic: str) -> tuple:
 CORPORA = {"json_schema": _json_schema_corpus, "protobuf": _protobuf_corpus}
 
 
-
-
 @pytest.mark.parametrize("chunk_records", [1, 1000], ids=["alone", "mixed"])
 @pytest.mark.parametrize("fmt", sorted(CORPORA))
-def test_every_kind_of_bad_input_of_a_registry_format_has_its_outcome_alone_or_mixed(broker, home, topic, registry_url, fmt,
-                                                                                     chunk_records):
+def test_every_kind_of_bad_input_of_a_registry_format_has_its_outcome_alone_or_mixed(broker, home, topic, registry_url, fmt, chunk_records):
     url = registry_url
     settings, good, corpus = CORPORA[fmt](url, topic)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          batch={"chunk_records": chunk_records}, validation={"not_null": []},
-                          format={**settings, "registry_url": url, "metadata": "none"})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        batch={"chunk_records": chunk_records},
+        validation={"not_null": []},
+        format={**settings, "registry_url": url, "metadata": "none"},
+    )
     spec = load_pipeline(path)
     values: list[bytes | None] = []
     for i, (_, value, _) in enumerate(corpus):
@@ -132,9 +140,12 @@ def test_every_kind_of_bad_input_of_a_registry_format_has_its_outcome_alone_or_m
 def test_an_unreachable_registry_stops_the_batch_as_transient_and_commits_nothing(broker, home, topic, schema_registry, fmt):
     reg, url = schema_registry
     _, good, _ = CORPORA[fmt](url, topic)
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": fmt, "registry_url": url, "metadata": "none",
-                                  "registry_settings": {"max.retries": "0", "timeout": "2"}})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": fmt, "registry_url": url, "metadata": "none", "registry_settings": {"max.retries": "0", "timeout": "2"}},
+    )
     produce_to_partition(broker.bootstrap, topic, 0, [good(i) for i in range(3)])
     reg.stop()
     with pytest.raises(TransientBatchWriteError, match="unreachable"):

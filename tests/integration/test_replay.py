@@ -31,8 +31,14 @@ def ev(i: int, **kw) -> bytes:
 
 
 def setup_table(broker, home, topic, n0: int = 40, n1: int = 30, **overrides):
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"metadata": "prefixed"}, validation={"not_null": ["id"]}, **overrides)
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"metadata": "prefixed"},
+        validation={"not_null": ["id"]},
+        **overrides,
+    )
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(n0)], partitions=2)
     produce_to_partition(broker.bootstrap, topic, 1, [ev(1000 + i) for i in range(n1)])
     spec = load_pipeline(path)
@@ -87,8 +93,7 @@ def test_append_missing_restores_only_absent_offsets(broker, home, topic):
     assert committed_state(table_of(path)).offsets == {topic: {0: 40, 1: 30}}
 
 
-def test_an_append_missing_replay_killed_before_its_commit_lands_once_when_the_commit_is_retried(broker, home, topic,
-                                                                                               monkeypatch):
+def test_an_append_missing_replay_killed_before_its_commit_lands_once_when_the_commit_is_retried(broker, home, topic, monkeypatch):
     """Kill between steps: the replay's write step has asked the table what it holds and staged the missing rows, and
     the commit dies before it starts. Nothing is visible. The commit step retried on the staged plan and manifest (as
     Airflow retries the commit task) lands the missing rows once, and a retry after that success changes nothing."""
@@ -110,7 +115,7 @@ def test_an_append_missing_replay_killed_before_its_commit_lands_once_when_the_c
     req = ReplayRequest(topic=topic, partitions=(0,), start_offset=0, end_offset=40, mode="append-missing")
     with pytest.raises(KeyboardInterrupt):
         run_replay(spec, req, out=None, inline=True)
-    (plan, manifest), = staged
+    ((plan, manifest),) = staged
     assert (manifest.rows_in_files, manifest.present) == (10, 30)  # the write step asked the table
     assert content(path) == lost, "nothing of the killed replay is visible"
     plan_path = next(p for p in spec.staging_dir().rglob("plan.json") if p.parent.name == plan.batch_id)
@@ -121,8 +126,7 @@ def test_an_append_missing_replay_killed_before_its_commit_lands_once_when_the_c
     assert committed_state(table_of(path)).offsets == {topic: {0: 40, 1: 30}}
 
 
-def test_an_append_missing_replay_whose_rows_another_replay_restored_first_is_refused_at_its_commit(broker, home, topic,
-                                                                                                  monkeypatch):
+def test_an_append_missing_replay_whose_rows_another_replay_restored_first_is_refused_at_its_commit(broker, home, topic, monkeypatch):
     """Concurrent committers: replay A's write step stages the ten lost rows and A dies before its commit; replay B of
     the same range runs whole and restores them. A's commit (the commit task retried on its staged plan and manifest)
     would append them a second time: it is refused, terminal, naming the first such record, and nothing is committed.
@@ -150,7 +154,7 @@ def test_an_append_missing_replay_whose_rows_another_replay_restored_first_is_re
     run_replay(spec, req, out=None, inline=True)  # B: the same rows, committed
     assert content(path) == before
     snapshots = len(table_of(path).snapshots())
-    (plan, manifest), = staged
+    ((plan, manifest),) = staged
     assert manifest.rows_in_files == 10
     plan_path = next(p for p in spec.staging_dir().rglob("plan.json") if p.parent.name == plan.batch_id)
     with pytest.raises(TerminalError, match="10 of the rows this replay would append are in the table already") as e:
@@ -164,14 +168,17 @@ def test_an_append_missing_replay_whose_rows_another_replay_restored_first_is_re
     assert result["status"] in ("committed", "empty"), result
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"end_offset": 45}, "end_offset: 45 is beyond the committed offset 40"),
-    ({"start_time": "2024-01-01T00:00:00"}, "give one pair, not both or neither"),
-    ({"mode": "upsert"}, "mode: 'upsert' is not one of replace, append-missing"),
-    ({"topic": "elsewhere"}, "topic: 'elsewhere' is not one of the pipeline's topics"),
-    ({"partitions": (7,)}, "partitions: [7] do not exist"),
-    ({"end_offset": 5}, "end_offset: 5 must be greater than start_offset 10"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"end_offset": 45}, "end_offset: 45 is beyond the committed offset 40"),
+        ({"start_time": "2024-01-01T00:00:00"}, "give one pair, not both or neither"),
+        ({"mode": "upsert"}, "mode: 'upsert' is not one of replace, append-missing"),
+        ({"topic": "elsewhere"}, "topic: 'elsewhere' is not one of the pipeline's topics"),
+        ({"partitions": (7,)}, "partitions: [7] do not exist"),
+        ({"end_offset": 5}, "end_offset: 5 must be greater than start_offset 10"),
+    ],
+)
 def test_parameters_are_checked_before_anything_runs(broker, home, topic, change, message):
     spec, path = setup_table(broker, home, topic)
     snapshots = len(table_of(path).snapshots())
@@ -183,8 +190,9 @@ def test_parameters_are_checked_before_anything_runs(broker, home, topic, change
 
 
 def test_replay_needs_metadata_columns(broker, home, topic):
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]},
-                          format={"metadata": "none"})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]}, format={"metadata": "none"}
+    )
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(5)])
     spec = load_pipeline(path)
     ingest_inline(spec)
@@ -249,15 +257,27 @@ def test_replay_command_through_spark(broker, home, topic):
     replaces the range."""
     spec, path = setup_table(broker, home, topic)
     before, snaps = content(path), len(table_of(path).snapshots())
-    cmd = [str(Path(sys.executable).parent / "tidewater"), "replay", "--pipeline", str(path), "--topic", topic,
-           "--partitions", "0,1", "--start-offset", "0", "--end-offset", "20"]
+    cmd = [
+        str(Path(sys.executable).parent / "tidewater"),
+        "replay",
+        "--pipeline",
+        str(path),
+        "--topic",
+        topic,
+        "--partitions",
+        "0,1",
+        "--start-offset",
+        "0",
+        "--end-offset",
+        "20",
+    ]
     dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
     assert f"{topic}[0] [0, 20): 20 offsets; rows now 20, to delete 20, to add at most 20" in dry.stdout
     assert len(table_of(path).snapshots()) == snaps
     run = subprocess.run(cmd + ["--json"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    doc = json.loads(run.stdout[run.stdout.index("{"):])
+    doc = json.loads(run.stdout[run.stdout.index("{") :])
     assert (doc["status"], doc["rows"]) == ("committed", 40)
     assert content(path) == before
     ids = table_of(path).scan().to_arrow().column("id")
@@ -287,8 +307,13 @@ def test_backfill_of_committed_and_uncommitted_intervals(broker, home, topic):
     from tidewater.runtime.airflow import plan_task
     from tidewater.table.summary import DATA_INTERVAL, RANGES
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"metadata": "prefixed"}, validation={"not_null": ["id"]})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"metadata": "prefixed"},
+        validation={"not_null": ["id"]},
+    )
     spec = load_pipeline(path)
     i1 = ("2024-01-01T00:05:00+00:00", "2024-01-01T00:10:00+00:00")
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(20)], partitions=2)
@@ -330,12 +355,18 @@ def test_backfill_of_committed_and_uncommitted_intervals(broker, home, topic):
 def test_rows_written_before_metadata_was_enabled_block_a_replay(broker, home, topic):
     """A table filled without metadata columns, then switched to format.metadata prefixed: its old rows
     cannot be matched to offsets, so a replay is refused (it would add their records again)."""
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]},
-                          format={"metadata": "none"})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]}, format={"metadata": "none"}
+    )
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(5)])
     ingest_inline(load_pipeline(path))
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]},
-                          format={"metadata": "prefixed"})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        validation={"not_null": ["id"]},
+        format={"metadata": "prefixed"},
+    )
     produce_to_partition(broker.bootstrap, topic, 0, [ev(10 + i) for i in range(5)])
     spec = load_pipeline(path)
     ingest_inline(spec)

@@ -54,9 +54,16 @@ REST_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.12.0"
 
 
 def _spec(home, uri: str, spark: dict | None = None):
-    return load_pipeline(write_pipeline(home, catalog={"name": "lake", "properties": {
-        "type": "rest", "uri": uri, "credential": "client:${TEST_REST_SECRET}", "warehouse": "analytics"}},
-        spark=spark or {}))
+    return load_pipeline(
+        write_pipeline(
+            home,
+            catalog={
+                "name": "lake",
+                "properties": {"type": "rest", "uri": uri, "credential": "client:${TEST_REST_SECRET}", "warehouse": "analytics"},
+            },
+            spark=spark or {},
+        )
+    )
 
 
 def test_rest_catalog_unreachable_is_transient_and_refused_credentials_are_terminal(home, monkeypatch):
@@ -82,8 +89,7 @@ def test_spark_gets_the_rest_catalog_with_its_secret_off_the_command_line(home, 
     from tidewater.spark import conf as spark_conf_module
 
     monkeypatch.setenv("TEST_REST_SECRET", "s3cr3t-value")
-    with pytest.raises(ConfigError, match="spark.iceberg_packages: unset, and the offline bundled Iceberg runtime has no "
-                                          "REST client"):
+    with pytest.raises(ConfigError, match="spark.iceberg_packages: unset, and the offline bundled Iceberg runtime has no REST client"):
         spark_conf_module.spark_conf(_spec(home, "https://catalog.example"))
     conf = spark_conf_module.spark_conf(_spec(home, "https://catalog.example", {"iceberg_packages": REST_RUNTIME}))
     assert conf["spark.sql.catalog.lake.type"] == "rest" and conf["spark.sql.catalog.lake.uri"] == "https://catalog.example"
@@ -161,14 +167,21 @@ def test_an_expired_token_is_refreshed_and_the_batch_commits(broker, home, topic
 
 
 def test_rest_credentials_from_an_airflow_connection_commit_and_a_wrong_secret_commits_nothing(
-        broker, rest_catalog, home, topic, monkeypatch, capsys):
+    broker, rest_catalog, home, topic, monkeypatch, capsys
+):
     """The catalog comes from an Airflow ``http`` connection: host and port the server, login and password the
     OAuth2 client id and secret, the token endpoint and warehouse in its extra. A batch commits 25 rows and the
     secret appears in no result or log line. The same connection with a wrong password: a terminal error naming
     the catalog, no table and no offsets."""
     url = rest_catalog.url
-    conn = {"conn_type": "http", "host": "127.0.0.1", "port": rest_catalog.port, "login": REST_CLIENT[0],
-            "password": REST_CLIENT[1], "extra": {"warehouse": home.parent.name, "oauth2-server-uri": f"{url}/v1/oauth/tokens"}}
+    conn = {
+        "conn_type": "http",
+        "host": "127.0.0.1",
+        "port": rest_catalog.port,
+        "login": REST_CLIENT[0],
+        "password": REST_CLIENT[1],
+        "extra": {"warehouse": home.parent.name, "oauth2-server-uri": f"{url}/v1/oauth/tokens"},
+    }
     monkeypatch.setenv("AIRFLOW_CONN_LAKE_REST", json.dumps(conn))
     spec = _on_rest(home, broker, topic, conn_id="lake_rest")
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(25, seed=573))
@@ -180,21 +193,30 @@ def test_rest_credentials_from_an_airflow_connection_commit_and_a_wrong_secret_c
 
     other = home / "other"
     other.mkdir()
-    monkeypatch.setenv("AIRFLOW_CONN_LAKE_WRONG", json.dumps({**conn, "password": "not-the-secret",
-                                                               "extra": {**conn["extra"], "warehouse": "wrong-secret"}}))
-    wrong = load_pipeline(write_pipeline(other, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                         catalog={"name": "lake", "conn_id": "lake_wrong"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_LAKE_WRONG",
+        json.dumps({**conn, "password": "not-the-secret", "extra": {**conn["extra"], "warehouse": "wrong-secret"}}),
+    )
+    wrong = load_pipeline(
+        write_pipeline(
+            other, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, catalog={"name": "lake", "conn_id": "lake_wrong"}
+        )
+    )
     with pytest.raises(TerminalError) as e:
         load_catalog(wrong)
     assert not e.value.transient and "not-the-secret" not in str(e.value)
-    right = load_pipeline(write_pipeline(other, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                         catalog={"name": "lake", "properties": {**rest_catalog_properties(rest_catalog, home),
-                                                                                 "warehouse": "wrong-secret"}}))
+    right = load_pipeline(
+        write_pipeline(
+            other,
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            catalog={"name": "lake", "properties": {**rest_catalog_properties(rest_catalog, home), "warehouse": "wrong-secret"}},
+        )
+    )
     assert load_table(load_catalog(right), right.table.identifier) is None, "nothing was made with the wrong secret"
 
 
-def test_a_catalog_that_expires_snapshots_itself_leaves_the_pipeline_moving_from_its_tag_and_ledger(broker, rest_catalog,
-                                                                                                 home, topic):
+def test_a_catalog_that_expires_snapshots_itself_leaves_the_pipeline_moving_from_its_tag_and_ledger(broker, rest_catalog, home, topic):
     """The catalog maintains the table on its own, as S3 Tables does: three batches, then the server expires every
     snapshot older than now with Iceberg's ExpireSnapshots (Java, on the server's side; the schedule is the test's
     call). Expected: only the newest batch's snapshot is left (the ``tidewater-offsets`` tag's); the next batch
@@ -216,8 +238,7 @@ def test_a_catalog_that_expires_snapshots_itself_leaves_the_pipeline_moving_from
     assert _deep_audit_clean(spec).batches == 4  # the ledger's four batches, three of them past their snapshots
 
 
-def test_batches_through_the_rest_catalog_land_in_a_bucket_warehouse(broker, rest_catalog, s3_endpoint, home, topic,
-                                                                     monkeypatch):
+def test_batches_through_the_rest_catalog_land_in_a_bucket_warehouse(broker, rest_catalog, s3_endpoint, home, topic, monkeypatch):
     """The REST catalog's warehouse is a bucket (moto's S3 server: the stand-in for S3, which cannot run here): the
     server writes the table metadata through Iceberg's S3FileIO, Tidewater's writer the data files through pyiceberg's.
     Two batches: every record once, offsets at the end, every data file and the metadata in the bucket, the bucket's
@@ -226,12 +247,23 @@ def test_batches_through_the_rest_catalog_land_in_a_bucket_warehouse(broker, res
 
     from tests.conftest import REST_S3_KEYS, ingest_inline
 
-    fs.S3FileSystem(endpoint_override=s3_endpoint, scheme="http", access_key=REST_S3_KEYS[0], secret_key=REST_S3_KEYS[1],
-                    region="us-east-1", allow_bucket_creation=True).create_dir("rest-lake")
+    fs.S3FileSystem(
+        endpoint_override=s3_endpoint,
+        scheme="http",
+        access_key=REST_S3_KEYS[0],
+        secret_key=REST_S3_KEYS[1],
+        region="us-east-1",
+        allow_bucket_creation=True,
+    ).create_dir("rest-lake")
     monkeypatch.setenv("TEST_S3_SECRET", REST_S3_KEYS[1])
-    props = {**rest_catalog_properties(rest_catalog, home), "warehouse": f"s3://rest-lake/{home.parent.name}",
-             "s3.endpoint": s3_endpoint, "s3.access-key-id": REST_S3_KEYS[0], "s3.secret-access-key": "${TEST_S3_SECRET}",
-             "s3.region": "us-east-1"}
+    props = {
+        **rest_catalog_properties(rest_catalog, home),
+        "warehouse": f"s3://rest-lake/{home.parent.name}",
+        "s3.endpoint": s3_endpoint,
+        "s3.access-key-id": REST_S3_KEYS[0],
+        "s3.secret-access-key": "${TEST_S3_SECRET}",
+        "s3.region": "us-east-1",
+    }
     spec = _on_rest(home, broker, topic, props)
     for b, n in enumerate((40, 15)):
         produce_to_partition(broker.bootstrap, topic, 0, pizza_events(n, seed=590 + b))
@@ -245,8 +277,7 @@ def test_batches_through_the_rest_catalog_land_in_a_bucket_warehouse(broker, res
     _deep_audit_clean(spec)
 
 
-def test_the_maintenance_command_compacts_and_expires_a_rest_table_through_spark_s_rest_client(broker, rest_catalog,
-                                                                                              home, topic):
+def test_the_maintenance_command_compacts_and_expires_a_rest_table_through_spark_s_rest_client(broker, rest_catalog, home, topic):
     """`tidewater maintain` (its own process, so its JVM is fresh: Spark's classpath cannot change inside one) on a
     REST pipeline: Spark's Iceberg REST client against the server, with Iceberg's runtime from Maven Central
     (``spark.iceberg_packages``; with the offline bundled runtime, which lacks the REST client's HTTP library,
@@ -259,10 +290,14 @@ def test_the_maintenance_command_compacts_and_expires_a_rest_table_through_spark
     from tests.conftest import ingest_inline
     from tidewater_dev.sample_data import produce
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          catalog={"name": "lake", "properties": rest_catalog_properties(rest_catalog, home)},
-                          maintenance={"rewrite_data_files": {"min_input_files": 2}},
-                          spark={"iceberg_packages": REST_RUNTIME})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        catalog={"name": "lake", "properties": rest_catalog_properties(rest_catalog, home)},
+        maintenance={"rewrite_data_files": {"min_input_files": 2}},
+        spark={"iceberg_packages": REST_RUNTIME},
+    )
     spec = load_pipeline(path)
     for b in range(4):
         produce(broker.bootstrap, topic, pizza_events(20, seed=610 + b), partitions=2)
@@ -270,9 +305,23 @@ def test_the_maintenance_command_compacts_and_expires_a_rest_table_through_spark
     before = load_table(load_catalog(spec), spec.table.identifier)
     files_before = len(before.inspect.files())
     assert files_before >= 8 and _rows_and_offsets(spec) == (80, {topic: {0: 40, 1: 40}})
-    done = subprocess.run([sys.executable, "-m", "tidewater.runtime.cli", "maintain", "--pipeline", str(path), "--actions",
-                           "rewrite_data_files,expire_snapshots", "--json"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TIDEWATER_HOME": str(home)})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tidewater.runtime.cli",
+            "maintain",
+            "--pipeline",
+            str(path),
+            "--actions",
+            "rewrite_data_files,expire_snapshots",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TIDEWATER_HOME": str(home)},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     after = load_table(load_catalog(spec), spec.table.identifier)
     assert len(after.inspect.files()) < files_before and after.current_snapshot().summary.operation.value == "replace"

@@ -72,10 +72,12 @@ def _wait(what: str, done, seconds: float = 60) -> None:
 
 
 def test_a_routed_batch_is_one_rest_transaction_whole_when_its_committer_is_killed_and_nothing_when_refused(
-        broker, rest_catalog, home, topic):
+    broker, rest_catalog, home, topic
+):
     sources = [Source(f"{topic}-s{i}") for i in range(3)]
-    spec = database_pipeline(home, broker, [s.topic for s in sources],
-                             catalog={"name": "lake", "properties": rest_catalog_properties(rest_catalog, home)})
+    spec = database_pipeline(
+        home, broker, [s.topic for s in sources], catalog={"name": "lake", "properties": rest_catalog_properties(rest_catalog, home)}
+    )
 
     # 1. a batch commits its three change tables and its checkpoint in one request; the one table commit of its own
     #    is the pipeline's ledger, synced after the batch (audit/ledger.py: a record of batches, not the batch)
@@ -93,9 +95,12 @@ def test_a_routed_batch_is_one_rest_transaction_whole_when_its_committer_is_kill
     plan_path = batch_dir(spec.staging_dir(), spec.name, plan.batch_id) / PLAN_NAME
     sent, landed = rest_catalog.stats().get(TRANSACTION, 0), rest_catalog.stats().get("transactions committed", 0)
     rest_catalog.hold_transactions(4000)
-    proc = subprocess.Popen([sys.executable, "-c", COMMIT_STAGED, str(spec.source_path), str(plan_path),
-                             str(manifest_path(plan_path))], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", COMMIT_STAGED, str(spec.source_path), str(plan_path), str(manifest_path(plan_path))],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait("the transaction to reach the server", lambda: rest_catalog.stats().get(TRANSACTION, 0) > sent)
         assert _carrying(spec, sources, plan.batch_id) == []  # held: nothing applied yet
@@ -127,9 +132,12 @@ def test_never_commits_a_routed_batch_table_by_table_on_the_same_catalog(broker,
     """``catalog.multi_table_commit: never``: the same routed batch on the same server commits each table and then the
     checkpoint on its own (no transaction)."""
     sources = [Source(f"{topic}-s{i}") for i in range(2)]
-    spec = database_pipeline(home, broker, [s.topic for s in sources],
-                             catalog={"name": "lake", "properties": rest_catalog_properties(rest_catalog, home),
-                                      "multi_table_commit": "never"})
+    spec = database_pipeline(
+        home,
+        broker,
+        [s.topic for s in sources],
+        catalog={"name": "lake", "properties": rest_catalog_properties(rest_catalog, home), "multi_table_commit": "never"},
+    )
     plan, manifest = _batch(broker, spec, sources, 0)
     before = rest_catalog.stats()
     assert commit_step(spec, plan, manifest).status == "committed"

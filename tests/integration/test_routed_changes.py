@@ -27,30 +27,44 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PARTITIONS = 2
 
 
-def database_pipeline(home, broker, topics: list[str], truncate: dict[int, str] | None = None, name: str = "inventory",
-                      **more):
+def database_pipeline(home, broker, topics: list[str], truncate: dict[int, str] | None = None, name: str = "inventory", **more):
     """One pipeline over the topics of a database's tables: `rpc.src<i>` applies the changes of topic i (``truncate``:
     table index -> its `table.truncate`)."""
-    tables = [{"identifier": f"rpc.src{i}", "topics": [t], "id_columns": ["id"], "upsert": True,
-               **({"truncate": truncate[i]} if truncate and i in truncate else {})} for i, t in enumerate(topics)]
+    tables = [
+        {
+            "identifier": f"rpc.src{i}",
+            "topics": [t],
+            "id_columns": ["id"],
+            "upsert": True,
+            **({"truncate": truncate[i]} if truncate and i in truncate else {}),
+        }
+        for i, t in enumerate(topics)
+    ]
     settings = {"format": {"value": "debezium"}, "validation": {"not_null": ["id"]}, **more}
-    return load_pipeline(write_pipeline(
-        home, name=name, topics=topics, kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
-        tables=tables, routing={"namespace": "rpc"}, **settings))
+    return load_pipeline(
+        write_pipeline(
+            home,
+            name=name,
+            topics=topics,
+            kafka={"bootstrap_servers": broker.bootstrap},
+            table={"identifier": ""},
+            tables=tables,
+            routing={"namespace": "rpc"},
+            **settings,
+        )
+    )
 
 
 class Source:
     """One source table: its reference model, and its changes encoded as Debezium JSON. From ``note_from`` on,
     the source table has a new column `note` (every row image written from then carries it)."""
 
-    def __init__(self, topic: str, note_from: int | None = None, key_style: str | None = None,
-                 source: dict | None = None) -> None:
+    def __init__(self, topic: str, note_from: int | None = None, key_style: str | None = None, source: dict | None = None) -> None:
         self.topic, self.note_from, self.key_style, self.source = topic, note_from, key_style, source
         self.model: dict[int, dict] = {}
         self.records = 0
 
-    def produce(self, broker, batch: int, n: int, seed: int, snapshot: bool = False,
-                truncate: str | None = None) -> int:
+    def produce(self, broker, batch: int, n: int, seed: int, snapshot: bool = False, truncate: str | None = None) -> int:
         """``n`` generated changes (snapshot reads `r` instead of creates with ``snapshot``; with ``truncate``, a
         truncate of the source table first, which the table applies or dead-letters: `apply`, `dead_letter`);
         returns records sent."""
@@ -76,8 +90,7 @@ class Source:
                 value = json.dumps(env).encode()
             by_part[key % PARTITIONS].append(value)
         for p, values in sorted(by_part.items()):
-            produce_to_partition(broker.bootstrap, self.topic, p, values, partitions=PARTITIONS,
-                                 keys=keys[p] if self.key_style else None)
+            produce_to_partition(broker.bootstrap, self.topic, p, values, partitions=PARTITIONS, keys=keys[p] if self.key_style else None)
         self.model = apply(self.model, changes)
         if noted:  # rows written before the column existed have none
             last = {c.id: c for c in changes}  # each key's last image in this batch
@@ -93,8 +106,7 @@ def message_key(key: int, style: str | None) -> bytes | None:
     """Debezium's message key for a row of key ``key``: JSON with its schema (`schema`), without (`plain`), or
     none (`none`: a source table without a primary key)."""
     if style == "schema":
-        schema = {"type": "struct", "optional": False, "name": "inv.Key",
-                  "fields": [{"field": "id", "type": "int64", "optional": False}]}
+        schema = {"type": "struct", "optional": False, "name": "inv.Key", "fields": [{"field": "id", "type": "int64", "optional": False}]}
         return json.dumps({"schema": schema, "payload": {"id": key}}).encode()
     return json.dumps({"id": key}).encode() if style == "plain" else None
 
@@ -134,8 +146,10 @@ def test_twenty_source_tables_in_one_pipeline_equal_their_sources_after_every_ba
     spec = database_pipeline(home, broker, [s.topic for s in sources], truncate={5: "apply"})
     truncating = {5: "apply", 6: "dead_letter"}
     for b in range(3):
-        sent = sum(s.produce(broker, b, 20, seed=100 * b + i, snapshot=b == 0, truncate=truncating.get(i) if b == 2 else None)
-                   for i, s in enumerate(sources))
+        sent = sum(
+            s.produce(broker, b, 20, seed=100 * b + i, snapshot=b == 0, truncate=truncating.get(i) if b == 2 else None)
+            for i, s in enumerate(sources)
+        )
         if b == 1:  # as the DAG writes: spark-submit (the others run the same task code in this process)
             plan, path = plan_batch(spec)
             manifest = run_write_step(spec, path, master="local[2]")
@@ -158,28 +172,30 @@ def test_twenty_source_tables_in_one_pipeline_equal_their_sources_after_every_ba
             assert counts.get("truncated", 0) == (1 if b == 2 and i == 5 else 0)
             assert counts["cross_partition_keys"] == 0
             routed += int(props[RECORDS])
-            assert committed_state(table).offsets[s.topic] == committed_state(
-                load_table(catalog, spec.checkpoint_table())).offsets[s.topic]
+            assert committed_state(table).offsets[s.topic] == committed_state(load_table(catalog, spec.checkpoint_table())).offsets[s.topic]
         assert int(checkpoint[RECORDS]) == sent == routed + int(checkpoint[SKIPPED]) + int(checkpoint[DEAD_LETTERS])
         assert int(checkpoint[DEAD_LETTERS]) == (1 if b == 2 else 0) and int(checkpoint[SKIPPED]) > 0  # tombstones
     letters = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow().to_pylist()
     assert [(d["topic"], d["error_class"]) for d in letters] == [(sources[6].topic, "Truncate")]
     assert "table.truncate: apply" in letters[0]["error_message"]
     assert {f"rpc.src{i}" for i in range(3)} == {
-        f"rpc.src{i}" for i in range(20) if "note" in load_table(load_catalog(spec), f"rpc.src{i}").schema().column_names}
+        f"rpc.src{i}" for i in range(20) if "note" in load_table(load_catalog(spec), f"rpc.src{i}").schema().column_names
+    }
     report = audit(spec)
     assert report.clean, [f.text() for f in report.findings]
     # deep: the change tables' superseded changes have no row of their own (each key once instead), said so
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
     assert [f.message for f in report.findings if f.check == "deep" and f.severity == "info"] == [
-        "offsets read for change tables are not checked one by one (a key keeps one row): "
-        + ", ".join(sorted(s.topic for s in sources))]
+        "offsets read for change tables are not checked one by one (a key keeps one row): " + ", ".join(sorted(s.topic for s in sources))
+    ]
     table = load_table(load_catalog(spec), "rpc.src3")
     table.append(table.scan(limit=1).to_arrow())  # a key twice, by another writer
     report = audit(spec, deep=True)
     assert sorted((f.table, f.message.split(" has ")[-1]) for f in report.findings if f.check == "deep" and f.severity == "error") == [
-        ("rpc.src3", "2 rows"), ("rpc.src3", "offsets in the table twice")]
+        ("rpc.src3", "2 rows"),
+        ("rpc.src3", "offsets in the table twice"),
+    ]
 
 
 def test_a_crash_between_two_tables_commits_applies_each_change_once(broker, catalog, home, topic, monkeypatch):
@@ -229,8 +245,9 @@ def test_a_crash_between_two_tables_commits_applies_each_change_once(broker, cat
     validate_step(spec, replanned, manifest)
     assert commit_step(spec, replanned, manifest).status == "committed"
     catalog = load_catalog(spec)
-    ends = {s.topic: {p: n for p, n in committed_state(load_table(catalog, spec.checkpoint_table())).offsets[s.topic].items()}
-            for s in sources}
+    ends = {
+        s.topic: {p: n for p, n in committed_state(load_table(catalog, spec.checkpoint_table())).offsets[s.topic].items()} for s in sources
+    }
     for i, s in enumerate(sources):
         assert_equals_source(spec, f"rpc.src{i}", s)
         assert committed_state(load_table(catalog, f"rpc.src{i}")).offsets[s.topic] == ends[s.topic]
@@ -244,10 +261,17 @@ def database_by_pattern(home, broker, prefix: str, **more):
     """Every topic `<prefix>.<schema>.<table>` to a change table named by the topic's last part."""
     import re
 
-    doc = {"name": "bypattern", "topics": [], "topic_pattern": re.escape(prefix) + r"\..+",
-           "kafka": {"bootstrap_servers": broker.bootstrap}, "table": {"identifier": "", "upsert": True, "id_columns": ["id"]},
-           "routing": {"namespace": "rpc", "dynamic": True, "table_template": "{topic[-1]}"},
-           "format": {"value": "debezium"}, "validation": {"not_null": ["id"]}, **more}
+    doc = {
+        "name": "bypattern",
+        "topics": [],
+        "topic_pattern": re.escape(prefix) + r"\..+",
+        "kafka": {"bootstrap_servers": broker.bootstrap},
+        "table": {"identifier": "", "upsert": True, "id_columns": ["id"]},
+        "routing": {"namespace": "rpc", "dynamic": True, "table_template": "{topic[-1]}"},
+        "format": {"value": "debezium"},
+        "validation": {"not_null": ["id"]},
+        **more,
+    }
     return load_pipeline(write_pipeline(home, **doc))
 
 
@@ -329,11 +353,21 @@ def test_change_tables_on_a_branch_are_published_by_fast_forwarding_main(broker,
     from tidewater.ops.publish import publish_branch
 
     sources = [Source(f"{topic}-s{i}") for i in range(3)]
-    tables = [{"identifier": f"rpc.src{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True, "branch": "audit"}
-              for i, s in enumerate(sources)]
-    path = write_pipeline(home, name="inventory", topics=[s.topic for s in sources], table={"identifier": ""},
-                          kafka={"bootstrap_servers": broker.bootstrap}, tables=tables, routing={"namespace": "rpc"},
-                          format={"value": "debezium"}, validation={"not_null": ["id"]})
+    tables = [
+        {"identifier": f"rpc.src{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True, "branch": "audit"}
+        for i, s in enumerate(sources)
+    ]
+    path = write_pipeline(
+        home,
+        name="inventory",
+        topics=[s.topic for s in sources],
+        table={"identifier": ""},
+        kafka={"bootstrap_servers": broker.bootstrap},
+        tables=tables,
+        routing={"namespace": "rpc"},
+        format={"value": "debezium"},
+        validation={"not_null": ["id"]},
+    )
     spec = load_pipeline(path)
 
     def batch(seed: int) -> None:
@@ -362,8 +396,7 @@ def test_change_tables_on_a_branch_are_published_by_fast_forwarding_main(broker,
     catalog = load_catalog(spec)
     for i, s in enumerate(sources):
         assert_equals_source(spec, f"rpc.src{i}", s, branch="audit")
-        assert {k: v["item"] for k, v in table_rows(spec, f"rpc.src{i}").items()} == {
-            k: v["item"] for k, v in published[i].items()}
+        assert {k: v["item"] for k, v in table_rows(spec, f"rpc.src{i}").items()} == {k: v["item"] for k, v in published[i].items()}
     assert publish_branch(spec, "rpc.src1")["snapshots"] == 1
     assert_equals_source(spec, "rpc.src1", sources[1])
     report = audit(spec)
@@ -372,8 +405,11 @@ def test_change_tables_on_a_branch_are_published_by_fast_forwarding_main(broker,
     import pyarrow as pa
 
     outside = load_table(catalog, "rpc.src2")
-    outside.append(pa.Table.from_pylist([{"id": 999, "_op": "c", "_kafka_topic": "x", "_kafka_partition": 0,
-                                          "_kafka_offset": 0}], schema=outside.schema().as_arrow()))
+    outside.append(
+        pa.Table.from_pylist(
+            [{"id": 999, "_op": "c", "_kafka_topic": "x", "_kafka_partition": 0, "_kafka_offset": 0}], schema=outside.schema().as_arrow()
+        )
+    )
     head = load_table(catalog, "rpc.src2").current_snapshot().snapshot_id
     with pytest.raises(TerminalError, match="a fast-forward would drop main's commits"):
         publish_branch(spec, "rpc.src2")
@@ -421,8 +457,9 @@ def test_the_envelope_source_block_names_the_table_when_one_topic_carries_severa
     its source; the accounting adds up; the audit is clean."""
     shared = f"{topic}.all"
     sources = {name: Source(shared, source={"db": "shop", "schema": "inv", "table": name}) for name in ("orders", "items")}
-    spec = database_by_pattern(home, broker, topic, routing={"namespace": "rpc", "dynamic": True,
-                                                             "table_template": "{source.schema}_{source.table}"})
+    spec = database_by_pattern(
+        home, broker, topic, routing={"namespace": "rpc", "dynamic": True, "table_template": "{source.schema}_{source.table}"}
+    )
     for b in range(2):
         sent = sum(s.produce(broker, b, 20, seed=5 * b + i) for i, s in enumerate(sources.values()))
         plan, manifest = stage_inline(spec)
@@ -451,15 +488,30 @@ def test_a_quarantined_table_of_a_routed_batch_waits_for_publish_or_drop_while_t
     from tidewater.runtime.decisions import apply_decision
     from tidewater.table.summary import DECIDED_BY
 
-    (home / "strict.json").write_text(json.dumps({"expectations": [  # items are item-<key>-<seed>-<i>
-        {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": "item", "regex": "^item-[0-9]+-(?:11|31)-"}}]}))
+    (home / "strict.json").write_text(
+        json.dumps(
+            {
+                "expectations": [  # items are item-<key>-<seed>-<i>
+                    {"type": "expect_column_values_to_not_match_regex", "kwargs": {"column": "item", "regex": "^item-[0-9]+-(?:11|31)-"}}
+                ]
+            }
+        )
+    )
     sources = [Source(f"{topic}-s{i}") for i in range(3)]
-    tables = [{"identifier": f"rpc.src{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True}
-              for i, s in enumerate(sources)] + [{"identifier": "rpc.hist1", "topics": [sources[1].topic]}]
-    path = write_pipeline(home, name="held", topics=[s.topic for s in sources], table={"identifier": ""},
-                          kafka={"bootstrap_servers": broker.bootstrap}, tables=tables, routing={"namespace": "rpc"},
-                          format={"value": "debezium"},
-                          validation={"not_null": ["id"], "suite": "strict.json", "on_failure": "quarantine"})
+    tables = [{"identifier": f"rpc.src{i}", "topics": [s.topic], "id_columns": ["id"], "upsert": True} for i, s in enumerate(sources)] + [
+        {"identifier": "rpc.hist1", "topics": [sources[1].topic]}
+    ]
+    path = write_pipeline(
+        home,
+        name="held",
+        topics=[s.topic for s in sources],
+        table={"identifier": ""},
+        kafka={"bootstrap_servers": broker.bootstrap},
+        tables=tables,
+        routing={"namespace": "rpc"},
+        format={"value": "debezium"},
+        validation={"not_null": ["id"], "suite": "strict.json", "on_failure": "quarantine"},
+    )
     spec = load_pipeline(path)
     catalog = load_catalog(spec)
 
@@ -491,19 +543,22 @@ def test_a_quarantined_table_of_a_routed_batch_waits_for_publish_or_drop_while_t
     assert table_rows(spec, "rpc.src1") == {k: table_rows(spec, "rpc.src1")[k] for k in before[1]}
     assert set(table_rows(spec, "rpc.src1")) == set(before[1]) and history() == rows0
     assert committed_state(load_table(catalog, "rpc.src1")).offsets[sources[1].topic] == plan.end_offsets()[sources[1].topic]
-    assert {(q["table"], q["batch_id"]) for q in quarantine.list_all(spec)} == {("rpc.src1", plan.batch_id),
-                                                                                ("rpc.hist1", plan.batch_id)}
+    assert {(q["table"], q["batch_id"]) for q in quarantine.list_all(spec)} == {("rpc.src1", plan.batch_id), ("rpc.hist1", plan.batch_id)}
     with pytest.raises(TerminalError, match=f"batch {plan.batch_id} of change table rpc.src1 is quarantined.*--table rpc.src1"):
         plan_batch(spec)
     # one decision in Airflow's Required actions publishes the batch on both quarantined tables (runtime/decisions.py)
-    decided = apply_decision(str(path), {"decision": True, "batch_id": plan.batch_id, "tables": list(e.value.tables)},
-                             {"chosen_options": ["Publish"], "params_input": {"reason": None},
-                              "responded_by_user": {"id": "3", "name": "lin"}})
+    decided = apply_decision(
+        str(path),
+        {"decision": True, "batch_id": plan.batch_id, "tables": list(e.value.tables)},
+        {"chosen_options": ["Publish"], "params_input": {"reason": None}, "responded_by_user": {"id": "3", "name": "lin"}},
+    )
     assert [(t["table"], t["status"]) for t in decided["tables"]] == [("rpc.hist1", "published"), ("rpc.src1", "published")]
-    assert all(load_table(catalog, t).current_snapshot().summary.additional_properties[DECIDED_BY] == "lin"
-               for t in ("rpc.hist1", "rpc.src1"))
-    assert quarantine_task(str(path), {"action": "publish", "batch_id": plan.batch_id, "table": "rpc.src1"})["status"] == \
-        "published"  # the form after the decision: done once
+    assert all(
+        load_table(catalog, t).current_snapshot().summary.additional_properties[DECIDED_BY] == "lin" for t in ("rpc.hist1", "rpc.src1")
+    )
+    assert (
+        quarantine_task(str(path), {"action": "publish", "batch_id": plan.batch_id, "table": "rpc.src1"})["status"] == "published"
+    )  # the form after the decision: done once
     for i, s in enumerate(sources):
         assert_equals_source(spec, f"rpc.src{i}", s)
     published = history()
@@ -536,14 +591,17 @@ def test_debezium_avro_topics_with_avro_keys_evolve_and_name_their_id_columns(br
 
     key_schema = {"type": "record", "name": "Key", "namespace": "pg.public.prices", "fields": [{"name": "id", "type": "int"}]}
     schemas = {1: _envelope(VALUE), 2: _envelope(VALUE2), 3: key_schema}
-    ids = {**registered_avro(registry_url, f"{topic}-value", {1: schemas[1], 2: schemas[2]}),
-           **registered_avro(registry_url, f"{topic}-key", {3: key_schema})}
+    ids = {
+        **registered_avro(registry_url, f"{topic}-value", {1: schemas[1], 2: schemas[2]}),
+        **registered_avro(registry_url, f"{topic}-key", {3: key_schema}),
+    }
 
     def framed(schema_id: int, record: dict) -> bytes:
         return avro_framed([json.dumps(record).encode()], ids[schema_id], schemas[schema_id])[0]
 
-    spec = database_by_pattern(home, broker, topic, table={"identifier": "", "upsert": True},
-                               format={"value": "debezium_avro", "registry_url": registry_url})
+    spec = database_by_pattern(
+        home, broker, topic, table={"identifier": "", "upsert": True}, format={"value": "debezium_avro", "registry_url": registry_url}
+    )
     models: dict[str, dict[int, dict]] = {"a": {}, "b": {}}
     for b, (name, schema_id) in enumerate([("a", 1), ("b", 1), ("a", 2)]):
         for table, model in models.items():
@@ -553,9 +611,14 @@ def test_debezium_avro_topics_with_avro_keys_evolve_and_name_their_id_columns(br
             for c in change_stream(model, 30, keys=10, seed=10 * b + len(table) + (table == "b")):
                 before = model.get(c.id)
                 op = {"insert": "c", "update": "u", "delete": "d"}[c.op]
-                image = {"before": ({**before, **extra} if before else {"id": c.id, "item": None, "price": None, **extra})
-                         if c.op != "insert" else None, "after": None if c.op == "delete" else {**c.row(), **extra},
-                         "op": op, "ts_ms": 1}
+                image = {
+                    "before": ({**before, **extra} if before else {"id": c.id, "item": None, "price": None, **extra})
+                    if c.op != "insert"
+                    else None,
+                    "after": None if c.op == "delete" else {**c.row(), **extra},
+                    "op": op,
+                    "ts_ms": 1,
+                }
                 keys, values = by_part[c.id % PARTITIONS]
                 keys.append(framed(3, {"id": c.id}))
                 values.append(framed(sid, image))
@@ -592,10 +655,19 @@ def test_routed_upsert_tables_keyed_by_the_message_key(broker, home, topic):
 
     keyed = [f"{topic}-k{i}" for i in range(2)]
     plain = f"{topic}-events"
-    tables = [{"identifier": f"rpc.kv{i}", "topics": [t], "id_columns": ["id"], "upsert": True, "key_source": "message_key"}
-              for i, t in enumerate(keyed)] + [{"identifier": "rpc.events", "topics": [plain]}]
-    doc = dict(name="keyed", topics=[*keyed, plain], kafka={"bootstrap_servers": broker.bootstrap}, table={"identifier": ""},
-               tables=tables, routing={"namespace": "rpc"}, validation={"not_null": []})
+    tables = [
+        {"identifier": f"rpc.kv{i}", "topics": [t], "id_columns": ["id"], "upsert": True, "key_source": "message_key"}
+        for i, t in enumerate(keyed)
+    ] + [{"identifier": "rpc.events", "topics": [plain]}]
+    doc = dict(
+        name="keyed",
+        topics=[*keyed, plain],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={"identifier": ""},
+        tables=tables,
+        routing={"namespace": "rpc"},
+        validation={"not_null": []},
+    )
     spec = load_pipeline(write_pipeline(home, **doc))
     models: list[dict[int, dict]] = [{}, {}]
     events = 0
@@ -603,8 +675,14 @@ def test_routed_upsert_tables_keyed_by_the_message_key(broker, home, topic):
         sent = 0
         for i, t in enumerate(keyed):
             changes = change_stream(models[i], 40, keys=12, seed=20 * b + i)
-            records = [(json.dumps({"id": c.id}).encode(), None if c.op == "delete" else
-                        json.dumps({"item": c.item, "price": c.price}).encode(), c.id) for c in changes]
+            records = [
+                (
+                    json.dumps({"id": c.id}).encode(),
+                    None if c.op == "delete" else json.dumps({"item": c.item, "price": c.price}).encode(),
+                    c.id,
+                )
+                for c in changes
+            ]
             records.append((None, json.dumps({"item": "x", "price": 1.0}).encode(), 0))  # no key: a dead letter
             _produce_keyed(broker, t, records)
             models[i] = apply(models[i], changes)

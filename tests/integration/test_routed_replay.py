@@ -29,26 +29,43 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def history_and_current(home, broker, sources: list[Source]):
-    tables = [{"identifier": "rpc.cur0", "topics": [sources[0].topic], "id_columns": ["id"], "upsert": True},
-              {"identifier": "rpc.hist0", "topics": [sources[0].topic]},
-              {"identifier": "rpc.cur1", "topics": [sources[1].topic], "id_columns": ["id"], "upsert": True}]
-    return load_pipeline(write_pipeline(
-        home, name="histcur", topics=[s.topic for s in sources], kafka={"bootstrap_servers": broker.bootstrap},
-        table={"identifier": ""}, tables=tables, routing={"namespace": "rpc"}, format={"value": "debezium"},
-        validation={"not_null": ["id"]}))
+    tables = [
+        {"identifier": "rpc.cur0", "topics": [sources[0].topic], "id_columns": ["id"], "upsert": True},
+        {"identifier": "rpc.hist0", "topics": [sources[0].topic]},
+        {"identifier": "rpc.cur1", "topics": [sources[1].topic], "id_columns": ["id"], "upsert": True},
+    ]
+    return load_pipeline(
+        write_pipeline(
+            home,
+            name="histcur",
+            topics=[s.topic for s in sources],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            table={"identifier": ""},
+            tables=tables,
+            routing={"namespace": "rpc"},
+            format={"value": "debezium"},
+            validation={"not_null": ["id"]},
+        )
+    )
 
 
 def history(spec) -> list[tuple]:
     """The append table's rows as (partition, offset, id, op), sorted: each record once."""
-    rows = load_table(load_catalog(spec), "rpc.hist0").scan(
-        selected_fields=("_kafka_partition", "_kafka_offset", "id", "_op")).to_arrow().to_pylist()
+    rows = (
+        load_table(load_catalog(spec), "rpc.hist0")
+        .scan(selected_fields=("_kafka_partition", "_kafka_offset", "id", "_op"))
+        .to_arrow()
+        .to_pylist()
+    )
     return sorted((r["_kafka_partition"], r["_kafka_offset"], r["id"], r["_op"]) for r in rows)
 
 
 def offsets_of(spec) -> dict[str, dict]:
     catalog = load_catalog(spec)
-    return {ident: committed_state(load_table(catalog, ident)).offsets
-            for ident in ("rpc.cur0", "rpc.hist0", "rpc.cur1", spec.checkpoint_table())}
+    return {
+        ident: committed_state(load_table(catalog, ident)).offsets
+        for ident in ("rpc.cur0", "rpc.hist0", "rpc.cur1", spec.checkpoint_table())
+    }
 
 
 def ends(spec, topic: str) -> dict[int, int]:
@@ -60,8 +77,15 @@ def replay(spec, topic: str, end: dict[int, int], spark: bool = False, **kw):
     write step in this process, or (``spark``) through spark-submit as the replay DAG runs it."""
     out = []
     for p, e in sorted(end.items()):
-        out.append(run_replay(spec, ReplayRequest(topic=topic, partitions=(p,), start_offset=0, end_offset=e, **kw),
-                              out=None, inline=not spark, master="local[2]" if spark else None))
+        out.append(
+            run_replay(
+                spec,
+                ReplayRequest(topic=topic, partitions=(p,), start_offset=0, end_offset=e, **kw),
+                out=None,
+                inline=not spark,
+                master="local[2]" if spark else None,
+            )
+        )
     return out
 
 
@@ -116,8 +140,10 @@ def test_a_routed_replay_leaves_healthy_tables_unchanged_and_restores_damaged_on
     staged = max((spec.staging_dir() / spec.name).glob("replay-*/plan.json"), key=lambda p: p.stat().st_mtime)
     plan = load_plan(staged)
     result = commit_step(spec, plan, load_manifest(staged))  # Airflow's retry of the commit step
-    assert {t.table: t.status for t in result.tables} == {calls[0]: "already-committed",
-                                                        ({"rpc.cur0", "rpc.hist0"} - {calls[0]}).pop(): "committed"}
+    assert {t.table: t.status for t in result.tables} == {
+        calls[0]: "already-committed",
+        ({"rpc.cur0", "rpc.hist0"} - {calls[0]}).pop(): "committed",
+    }
     replay(spec, sources[0].topic, {p: e for p, e in end0.items() if p != 0})
     assert_equals_source(spec, "rpc.cur0", sources[0])
     assert history(spec) == kept

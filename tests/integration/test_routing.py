@@ -25,8 +25,13 @@ pytestmark = [pytest.mark.integration]
 
 
 def routed_pipeline(home, broker, topics, **overrides):
-    doc = {"topics": topics, "kafka": {"bootstrap_servers": broker.bootstrap}, "table": {"identifier": ""},
-           "validation": {"not_null": []}, **overrides}
+    doc = {
+        "topics": topics,
+        "kafka": {"bootstrap_servers": broker.bootstrap},
+        "table": {"identifier": ""},
+        "validation": {"not_null": []},
+        **overrides,
+    }
     doc["routing"] = {"namespace": "rpc", **doc.get("routing", {})}
     return load_pipeline(write_pipeline(home, **doc))
 
@@ -58,8 +63,9 @@ def test_topics_mapped_to_tables(broker, home, topic):
     """Topic A to its own table, topics B and C into one table: rows per table, each table's offsets
     and the checkpoint's; a second batch adds only the new records."""
     a, b, c = topic + "-a", topic + "-b", topic + "-c"
-    spec = routed_pipeline(home, broker, [a, b, c], tables=[{"identifier": "rpc.a", "topics": [a]},
-                                                            {"identifier": "rpc.bc", "topics": [b, c]}])
+    spec = routed_pipeline(
+        home, broker, [a, b, c], tables=[{"identifier": "rpc.a", "topics": [a]}, {"identifier": "rpc.bc", "topics": [b, c]}]
+    )
     produce_to_partition(broker.bootstrap, a, 0, [ev(i, src="a") for i in range(10)])
     produce_to_partition(broker.bootstrap, b, 0, [ev(i, src="b") for i in range(7)])
     produce_to_partition(broker.bootstrap, c, 0, [ev(i, src="c") for i in range(5)])
@@ -86,9 +92,11 @@ def test_static_routing_fans_out_and_counts_unmatched(broker, home, topic):
     """routing.field meta.type: a record goes to every table whose regex fully matches; records with
     another type or without the field are skipped (counted), then, with unmatched: dead_letter, become
     `Unrouted` dead letters."""
-    tables = [{"identifier": "rpc.payments", "route_regex": "pay.*"},
-              {"identifier": "rpc.money", "route_regex": "pay.*|refund"},
-              {"identifier": "rpc.refunds", "route_regex": "refund", "partition_by": ["bucket(2, id)"]}]
+    tables = [
+        {"identifier": "rpc.payments", "route_regex": "pay.*"},
+        {"identifier": "rpc.money", "route_regex": "pay.*|refund"},
+        {"identifier": "rpc.refunds", "route_regex": "refund", "partition_by": ["bucket(2, id)"]},
+    ]
     spec = routed_pipeline(home, broker, [topic], tables=tables, routing={"field": "meta.type", "unmatched": "skip"})
     kinds = ["pay_in"] * 5 + ["payout"] * 3 + ["refund"] * 4 + ["other", "prepay"]
     values = [ev(i, meta={"type": k}) for i, k in enumerate(kinds)] + [ev(99)]
@@ -121,9 +129,11 @@ def test_dynamic_routing_through_spark_checks_names_and_creates_tables(broker, h
     (`payments_{value}`); bad names (path tricks, empty, over-long) and records without the field are
     dead letters; a `tables` entry overrides the defaults of one dynamic table; with auto_create off a
     new tenant's records are `UnknownTable` dead letters."""
-    overrides = dict(routing={"field": "tenant", "dynamic": True, "table_template": "payments_{value}"},
-                     table={"identifier": "", "properties": {"owner": "payments-team"}},
-                     tables=[{"identifier": "rpc.payments_acme", "properties": {"owner": "acme"}}])
+    overrides = dict(
+        routing={"field": "tenant", "dynamic": True, "table_template": "payments_{value}"},
+        table={"identifier": "", "properties": {"owner": "payments-team"}},
+        tables=[{"identifier": "rpc.payments_acme", "properties": {"owner": "acme"}}],
+    )
     spec = routed_pipeline(home, broker, [topic], **overrides)
     p0 = [ev(i, tenant="acme", amount=i) for i in range(40)] + [ev(40, tenant="../etc"), ev(41, tenant="")]
     p1 = [ev(100 + i, tenant="globex", amount=i) for i in range(30)] + [ev(130, tenant="x" * 300), ev(131)]
@@ -207,8 +217,7 @@ def test_failure_after_some_tables_committed_never_duplicates(broker, home, topi
     # the audit: clean; the batch whose checkpoint commit never happened is explained, on the one table it reached
     report = audit(spec)
     assert report.clean and report.batches == 2, [f.text() for f in report.findings]
-    assert [(f.check, f.table, f.batch_id) for f in report.findings if f.severity == "explained"] == [
-        ("routed", "rpc.t0", plan2.batch_id)]
+    assert [(f.check, f.table, f.batch_id) for f in report.findings if f.severity == "explained"] == [("routed", "rpc.t0", plan2.batch_id)]
 
 
 def test_imported_kafka_connect_configuration_runs_as_is(broker, home, topic):
@@ -219,28 +228,43 @@ def test_imported_kafka_connect_configuration_runs_as_is(broker, home, topic):
     import sys
     from pathlib import Path
 
-    connector = {"name": "orders-sink", "config": {
-        "connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
-        "topics": topic, "tasks.max": "2",
-        "iceberg.tables": "shop.created,shop.cancelled",
-        "iceberg.tables.route-field": "status",
-        "iceberg.table.shop.created.route-regex": "created",
-        "iceberg.table.shop.cancelled.route-regex": "cancel+ed",
-        "iceberg.tables.default-partition-by": "bucket(id, 2)",
-        "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
-        "iceberg.catalog.uri": f"jdbc:sqlite:{home}/connect-catalog.db",
-        "iceberg.catalog.warehouse": f"file://{home}/connect-warehouse",
-        "key.converter": "org.apache.kafka.connect.storage.StringConverter",
-        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-        "value.converter.schemas.enable": "false",
-        "errors.tolerance": "all",
-        "iceberg.control.commit.interval-ms": "120000",
-    }}
+    connector = {
+        "name": "orders-sink",
+        "config": {
+            "connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
+            "topics": topic,
+            "tasks.max": "2",
+            "iceberg.tables": "shop.created,shop.cancelled",
+            "iceberg.tables.route-field": "status",
+            "iceberg.table.shop.created.route-regex": "created",
+            "iceberg.table.shop.cancelled.route-regex": "cancel+ed",
+            "iceberg.tables.default-partition-by": "bucket(id, 2)",
+            "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+            "iceberg.catalog.uri": f"jdbc:sqlite:{home}/connect-catalog.db",
+            "iceberg.catalog.warehouse": f"file://{home}/connect-warehouse",
+            "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+            "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "value.converter.schemas.enable": "false",
+            "errors.tolerance": "all",
+            "iceberg.control.commit.interval-ms": "120000",
+        },
+    }
     src = home / "connector.json"
     src.write_text(json.dumps(connector))
     out = home / "orders_sink.yaml"
-    proc = subprocess.run([str(Path(sys.executable).parent / "tidewater"), "connect-import", str(src), "-o", str(out),
-                           "--bootstrap-servers", broker.bootstrap], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "tidewater"),
+            "connect-import",
+            str(src),
+            "-o",
+            str(out),
+            "--bootstrap-servers",
+            broker.bootstrap,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     spec = load_pipeline(out)
     assert spec.routed and spec.schedule == "*/2 * * * *" and spec.catalog.properties["type"] == "sql"
@@ -291,8 +315,15 @@ def test_single_table_pipeline_on_a_branch(broker, home, topic):
     commit adds nothing."""
     from tidewater.steps.lifecycle import commit_step
 
-    spec = load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                        table={"identifier": "rpc.orders", "branch": "ingest"}, validation={"not_null": ["id"]}))
+    spec = load_pipeline(
+        write_pipeline(
+            home,
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            table={"identifier": "rpc.orders", "branch": "ingest"},
+            validation={"not_null": ["id"]},
+        )
+    )
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i) for i in range(4)])
     plan, manifest = stage_inline(spec)
     validate_step(spec, plan, manifest)
@@ -310,10 +341,12 @@ def test_each_table_has_its_own_suite(broker, home, topic):
     batch (nothing committed anywhere, checkpoint unmoved) and the report names the table."""
     from tidewater.errors import ValidationFailedError
 
-    (home / "small.json").write_text(json.dumps({"expectations": [
-        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "id", "min_value": 0, "max_value": 9}}]}))
-    tables = [{"identifier": "rpc.small", "route_regex": "s", "suite": "small.json"},
-              {"identifier": "rpc.big", "route_regex": "b"}]
+    (home / "small.json").write_text(
+        json.dumps(
+            {"expectations": [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "id", "min_value": 0, "max_value": 9}}]}
+        )
+    )
+    tables = [{"identifier": "rpc.small", "route_regex": "s", "suite": "small.json"}, {"identifier": "rpc.big", "route_regex": "b"}]
     spec = routed_pipeline(home, broker, [topic], tables=tables, routing={"field": "k"})
     produce_to_partition(broker.bootstrap, topic, 0, [ev(i, k="s") for i in range(5)] + [ev(100 + i, k="b") for i in range(5)])
     assert ingest_inline(spec).records == 10
@@ -337,8 +370,13 @@ def test_an_operator_skips_a_blocking_record_of_a_routed_pipeline(broker, home, 
     from tidewater.table.summary import OPERATOR_SKIP
 
     a, b = topic + "-a", topic + "-b"
-    spec = routed_pipeline(home, broker, [a, b], dead_letter={"policy": "fail"},
-                           tables=[{"identifier": "rpc.ta", "topics": [a]}, {"identifier": "rpc.tb", "topics": [b]}])
+    spec = routed_pipeline(
+        home,
+        broker,
+        [a, b],
+        dead_letter={"policy": "fail"},
+        tables=[{"identifier": "rpc.ta", "topics": [a]}, {"identifier": "rpc.tb", "topics": [b]}],
+    )
     produce_to_partition(broker.bootstrap, a, 0, [ev(i) for i in range(6)] + [b'{"id": '] + [ev(i) for i in range(7, 10)])
     produce_to_partition(broker.bootstrap, b, 0, [ev(100 + i) for i in range(4)])
     with pytest.raises(BatchWriteError) as e:

@@ -17,12 +17,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_nested_types_evolution_and_spark_read(broker, home, topic):
     """Batch 1 creates the table (long, double, boolean, string, struct, list); batch 2 adds a top-level
     field and a field inside the struct. Spark SQL on the JDBC catalog sees every row and the new fields."""
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["id"]}, format={"metadata": "none"})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["id"]}, format={"metadata": "none"}
+    )
     spec = load_pipeline(path)
-    first = [json.dumps({"id": i, "amount": i * 1.5, "paid": i % 2 == 0, "payer": f"p{i}",
-                         "address": {"city": "Oslo", "zip": 1000 + i}, "items": [{"sku": "a", "qty": i}]}).encode()
-             for i in range(10)]
+    first = [
+        json.dumps(
+            {
+                "id": i,
+                "amount": i * 1.5,
+                "paid": i % 2 == 0,
+                "payer": f"p{i}",
+                "address": {"city": "Oslo", "zip": 1000 + i},
+                "items": [{"sku": "a", "qty": i}],
+            }
+        ).encode()
+        for i in range(10)
+    ]
     produce_to_partition(broker.bootstrap, topic, 0, first)
     assert ingest_inline(spec).records == 10
     table = load_table(load_catalog(spec), spec.table.identifier)
@@ -32,8 +43,9 @@ def test_nested_types_evolution_and_spark_read(broker, home, topic):
     assert types["address"].startswith("struct<") and "city: optional string" in types["address"]
     assert types["items"].startswith("list<struct<")
 
-    second = [json.dumps({"id": 10 + i, "payer": "q", "channel": "web", "address": {"city": "Rome", "country": "IT"}}).encode()
-              for i in range(5)]
+    second = [
+        json.dumps({"id": 10 + i, "payer": "q", "channel": "web", "address": {"city": "Rome", "country": "IT"}}).encode() for i in range(5)
+    ]
     produce_to_partition(broker.bootstrap, topic, 0, second)
     assert ingest_inline(spec).records == 5
     table = load_table(load_catalog(spec), spec.table.identifier)
@@ -55,15 +67,23 @@ def test_evolution_off_ignores_new_fields_and_reports_them(broker, home, topic):
     without them; the schema is unchanged and the snapshot names the ignored fields."""
     from tidewater.table.summary import IGNORED_FIELDS
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          table={"identifier": "rpc.orders", "evolve_schema": False}, validation={"not_null": ["id"]},
-                          format={"metadata": "none"})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={"identifier": "rpc.orders", "evolve_schema": False},
+        validation={"not_null": ["id"]},
+        format={"metadata": "none"},
+    )
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i, "address": {"city": "Oslo"}}).encode() for i in range(3)])
     ingest_inline(spec)  # creates the table (auto_create is on)
-    produce_to_partition(broker.bootstrap, topic, 0, [
-        json.dumps({"id": 10 + i, "coupon": "X", "address": {"city": "Rome", "zip": 100}}).encode() for i in range(4)
-    ])
+    produce_to_partition(
+        broker.bootstrap,
+        topic,
+        0,
+        [json.dumps({"id": 10 + i, "coupon": "X", "address": {"city": "Rome", "zip": 100}}).encode() for i in range(4)],
+    )
     assert ingest_inline(spec).records == 4
     table = load_table(load_catalog(spec), spec.table.identifier)
     assert [f.name for f in table.schema().fields] == ["id", "address"]

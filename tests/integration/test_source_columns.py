@@ -29,10 +29,13 @@ def _produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes
 
 
 def test_key_headers_and_prefixed_metadata_columns_skip_the_dead_letter(broker, home, topic):
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"key": "string", "headers": True, "metadata": "prefixed"})
-    records = [(f"k{i}".encode(), json.dumps({"order_id": f"o{i}", "n": i}).encode(), [("src", f"h{i}".encode())])
-               for i in range(6)]
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"key": "string", "headers": True, "metadata": "prefixed"},
+    )
+    records = [(f"k{i}".encode(), json.dumps({"order_id": f"o{i}", "n": i}).encode(), [("src", f"h{i}".encode())]) for i in range(6)]
     records[3] = (b"k3", b"{broken", [("src", b"h3")])
     records[4] = (None, records[4][1], None)
     _produce(broker.bootstrap, topic, records)
@@ -41,8 +44,7 @@ def test_key_headers_and_prefixed_metadata_columns_skip_the_dead_letter(broker, 
     t = table_of(path).scan().to_arrow().sort_by("_kafka_offset")
     assert t.column("_kafka_offset").to_pylist() == [0, 1, 2, 4, 5]
     assert t.column("_kafka_key").to_pylist() == ["k0", "k1", "k2", None, "k5"]
-    assert t.column("_kafka_headers").to_pylist() == [[("src", b"h0")], [("src", b"h1")], [("src", b"h2")], None,
-                                                       [("src", b"h5")]]
+    assert t.column("_kafka_headers").to_pylist() == [[("src", b"h0")], [("src", b"h1")], [("src", b"h2")], None, [("src", b"h5")]]
     assert set(t.column("_kafka_topic").to_pylist()) == {topic} and set(t.column("_kafka_partition").to_pylist()) == {0}
     assert t.column("_kafka_timestamp").type == pa.timestamp("us", tz="UTC")
     assert t.column("_kafka_timestamp")[0].as_py().timestamp() == 1_700_000_000
@@ -60,8 +62,7 @@ def test_key_headers_and_prefixed_metadata_columns_skip_the_dead_letter(broker, 
 
 
 def test_metadata_struct_column(broker, home, topic):
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"metadata": "struct"})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, format={"metadata": "struct"})
     _produce(broker.bootstrap, topic, [(None, json.dumps({"order_id": f"o{i}"}).encode(), None) for i in range(3)])
     ingest_inline(load_pipeline(path))
     t = table_of(path).scan().to_arrow()
@@ -74,10 +75,18 @@ def test_plain_string_and_raw_bytes_values(broker, home, topic, kind):
     """`string`: invalid UTF-8 is a dead letter, a tombstone lands as a null value; `bytes`: everything lands."""
     from tidewater.table.catalog import load_catalog, load_table
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": kind, "metadata": "prefixed"}, validation={"not_null": []})
-    _produce(broker.bootstrap, topic, [(None, b"line one", None), (None, b"\xff\xfe bad", None),
-                                       (None, None, None), (None, "línea".encode(), None)])
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": kind, "metadata": "prefixed"},
+        validation={"not_null": []},
+    )
+    _produce(
+        broker.bootstrap,
+        topic,
+        [(None, b"line one", None), (None, b"\xff\xfe bad", None), (None, None, None), (None, "línea".encode(), None)],
+    )
     spec = load_pipeline(path)
     result = ingest_inline(spec)
     t = table_of(path).scan().to_arrow().sort_by("_kafka_offset")

@@ -44,8 +44,7 @@ def test_the_write_step_on_spark_4_writes_every_record_once(broker, home, topic,
     it ran on Spark 4, 300 rows with offsets {0: 150, 1: 150}, and a retried commit adds nothing."""
     assert spark4.startswith("4.")
     assert spark_submit_binary().startswith(str(REPO / ".data" / "spark-connect" / "deps" / "bin"))
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          batch={"records_per_task": 70})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, batch={"records_per_task": 70})
     spec = load_pipeline(path)
     events = pizza_events(300, seed=41)
     produce_to_partition(broker.bootstrap, topic, 0, events[:150], partitions=2)

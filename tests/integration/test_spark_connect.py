@@ -73,9 +73,16 @@ def test_a_change_batch_through_the_server_equals_the_source(broker, home, topic
     equal, deleted keys absent) and the snapshot's counts add up."""
     from tidewater_dev.changes import apply, change_stream, encode
 
-    path = _pipeline(home, broker, topic, spark_connect.url, name="prices", format={"value": "debezium"},
-                     table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True},
-                     validation={"not_null": ["id"]})
+    path = _pipeline(
+        home,
+        broker,
+        topic,
+        spark_connect.url,
+        name="prices",
+        format={"value": "debezium"},
+        table={"identifier": "rpc.prices", "id_columns": ["id"], "upsert": True},
+        validation={"not_null": ["id"]},
+    )
     spec = load_pipeline(path)
     model: dict[int, dict] = {}
     for b in range(3):
@@ -108,8 +115,7 @@ def test_a_replay_through_the_server_leaves_the_table_identical(broker, home, to
     from tidewater.plan.replay import ReplayRequest
     from tidewater.table.summary import REPLAY
 
-    path = _pipeline(home, broker, topic, spark_connect.url, format={"metadata": "prefixed"},
-                     validation={"not_null": ["id"]})
+    path = _pipeline(home, broker, topic, spark_connect.url, format={"metadata": "prefixed"}, validation={"not_null": ["id"]})
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i}).encode() for i in range(40)], partitions=2)
     produce_to_partition(broker.bootstrap, topic, 1, [json.dumps({"id": 1000 + i}).encode() for i in range(30)])
@@ -117,8 +123,7 @@ def test_a_replay_through_the_server_leaves_the_table_identical(broker, home, to
 
     def content():
         t = table_of(path).scan().to_arrow()
-        return sorted(zip(t.column("_kafka_partition").to_pylist(), t.column("_kafka_offset").to_pylist(),
-                          t.column("id").to_pylist()))
+        return sorted(zip(t.column("_kafka_partition").to_pylist(), t.column("_kafka_offset").to_pylist(), t.column("id").to_pylist()))
 
     before, offsets = content(), committed_state(table_of(path)).offsets
     result = run_replay(spec, ReplayRequest(topic=topic, partitions=(0,), start_offset=10, end_offset=30), out=None)
@@ -156,8 +161,7 @@ def test_dead_letters_through_the_server_are_counted_and_kept(broker, home, topi
     path = _pipeline(home, broker, topic, spark_connect.url)
     spec = load_pipeline(path)
     good = pizza_events(12, seed=97)
-    produce_to_partition(broker.bootstrap, topic, 0, good[:6] + [b"{bad", b"[1]", b"\xff", b'{"order_id": "n", "x": NaN}']
-                         + good[6:])
+    produce_to_partition(broker.bootstrap, topic, 0, good[:6] + [b"{bad", b"[1]", b"\xff", b'{"order_id": "n", "x": NaN}'] + good[6:])
     _, manifest, result = _batch(spec)
     assert result.status == "committed"
     table = table_of(path)
@@ -166,7 +170,11 @@ def test_dead_letters_through_the_server_are_counted_and_kept(broker, home, topi
     assert int(summary[RECORDS]) == 16 == 12 + int(summary[DEAD_LETTERS])
     dlq = load_table(load_catalog(spec), spec.dead_letter_table()).scan().to_arrow()
     assert sorted(zip(dlq.column("offset").to_pylist(), dlq.column("error_class").to_pylist())) == [
-        (6, "InvalidJson"), (7, "TypeMismatch"), (8, "InvalidUtf8"), (9, "InvalidJson")]
+        (6, "InvalidJson"),
+        (7, "TypeMismatch"),
+        (8, "InvalidUtf8"),
+        (9, "InvalidJson"),
+    ]
 
 
 def _kill_once_a_file_is_written(command: list[str], home: Path, what: str) -> None:
@@ -185,14 +193,14 @@ def test_a_batch_killed_mid_write_is_written_once_by_the_next_run(broker, home, 
     """`tidewater run` (the Connect path) is killed (SIGKILL) as soon as the server's first task wrote a data file
     (30 tasks of 10,000 records: most are still to run). Expected: nothing was committed and no manifest was
     staged; the next run plans the range again and commits it: every record exactly once, offsets exact."""
-    path = _pipeline(home, broker, topic, spark_connect.url, batch={"records_per_task": 10_000, "chunk_records": 2000,
-                                                                     "max_records": 400_000})
+    path = _pipeline(
+        home, broker, topic, spark_connect.url, batch={"records_per_task": 10_000, "chunk_records": 2000, "max_records": 400_000}
+    )
     events = pizza_events(300_000, seed=98)
     for p in range(2):
         for i in range(p * 150_000, (p + 1) * 150_000, 50_000):  # the producer's local queue holds 100,000
-            produce_to_partition(broker.bootstrap, topic, p, events[i:i + 50_000], partitions=2)
-    _kill_once_a_file_is_written([str(Path(sys.executable).parent / "tidewater"), "run", "--pipeline", str(path)], home,
-                                 "the run")
+            produce_to_partition(broker.bootstrap, topic, p, events[i : i + 50_000], partitions=2)
+    _kill_once_a_file_is_written([str(Path(sys.executable).parent / "tidewater"), "run", "--pipeline", str(path)], home, "the run")
     assert not list((home / "staging").rglob("manifest.json")), "killed before the write step's manifest"
     table = table_of(path)
     assert table is None or table.current_snapshot() is None, "the killed batch committed nothing"
@@ -217,21 +225,22 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
     from tidewater_dev.cluster import BARE_PYTHON
 
     dist = Path(__file__).resolve().parents[2] / ".data" / "spark-connect"
-    warm = load_pipeline(_pipeline(home, broker, topic + "-warm", spark_connect.url, name="warm",
-                                   table={"identifier": "rpc.warm"}))
+    warm = load_pipeline(_pipeline(home, broker, topic + "-warm", spark_connect.url, name="warm", table={"identifier": "rpc.warm"}))
     produce_to_partition(broker.bootstrap, topic + "-warm", 0, pizza_events(5, seed=101))
     assert _batch(warm)[2].status == "committed"
     # sessions idle for 8 s are closed (checked every second): for the session walk that opens part (1)
-    idle = {"spark.connect.session.manager.defaultSessionTimeout": "8s",
-            "spark.connect.session.manager.maintenanceInterval": "1s"}
+    idle = {"spark.connect.session.manager.defaultSessionTimeout": "8s", "spark.connect.session.manager.maintenanceInterval": "1s"}
     bare = connect.start(dist, python=BARE_PYTHON, log_path=tmp_path / "bare.log", conf=idle)
     try:
         _sessions_are_shared_and_a_closed_one_is_replaced(bare.url)
         spec = load_pipeline(_pipeline(home, broker, topic, bare.url))
         produce_to_partition(broker.bootstrap, topic, 0, pizza_events(10, seed=99))
         _, plan_path = plan_step(spec)
-        with pytest.raises(ConfigError, match=r"spark.connect_url: the Spark Connect server's Python workers cannot "
-                                              r"import '\w+'") as e:
+        with pytest.raises(
+            ConfigError,
+            match=r"spark.connect_url: the Spark Connect server's Python workers cannot "
+            r"import '\w+'",
+        ) as e:
             run_write_step(spec, plan_path)
         assert e.value.transient is False
     finally:
@@ -240,7 +249,7 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
     server = connect.start(dist, log_path=tmp_path / "good.log")
     events = pizza_events(150_000, seed=100)
     for i in range(0, len(events), 50_000):  # the producer's local queue holds 100,000 messages
-        produce_to_partition(broker.bootstrap, topic, 0, events[i:i + 50_000])
+        produce_to_partition(broker.bootstrap, topic, 0, events[i : i + 50_000])
     spec = load_pipeline(_pipeline(home, broker, topic, server.url, batch={"chunk_records": 2000}))
     _, plan_path = plan_step(spec)
     before = set(home.rglob("*.parquet"))
@@ -258,8 +267,11 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
     stopper.start()
     started = time.monotonic()
     try:
-        with pytest.raises(TransientError, match=r"spark.connect_url: the Spark Connect server 127.0.0.1:\d+ "
-                                                 r"(went away or is restarting|is unreachable)") as e:
+        with pytest.raises(
+            TransientError,
+            match=r"spark.connect_url: the Spark Connect server 127.0.0.1:\d+ "
+            r"(went away or is restarting|is unreachable)",
+        ) as e:
             run_write_step(spec, plan_path)
     finally:
         done.set()
@@ -273,9 +285,11 @@ def test_server_faults_are_transient_or_terminal_and_name_the_setting(broker, ho
 def _session_id(url: str) -> str:
     """The session id a new process takes for ``url`` (a separate interpreter, as an Airflow task is)."""
     # a process that hangs prints where (its stacks) and exits, so that the assertion below shows them
-    code = ("import faulthandler, sys; faulthandler.dump_traceback_later(90, exit=True); "
-            "from tidewater.spark.connect import connect_session; "
-            "s = connect_session(sys.argv[1]); print(s.client._session_id); assert s.range(3).count() == 3")
+    code = (
+        "import faulthandler, sys; faulthandler.dump_traceback_later(90, exit=True); "
+        "from tidewater.spark.connect import connect_session; "
+        "s = connect_session(sys.argv[1]); print(s.client._session_id); assert s.range(3).count() == 3"
+    )
     out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip().splitlines()[-1]
@@ -322,7 +336,8 @@ class FileStore:
 
 
 def test_a_retry_interrupts_what_its_killed_try_left_running_on_the_server_and_writes_the_batch_once(
-        broker, home, topic, spark_connect, tmp_path, caplog):
+    broker, home, topic, spark_connect, tmp_path, caplog
+):
     """The write task's first try (a process running the Connect write with a task state store, as the Airflow task
     does) is killed (SIGKILL) once the server's first task wrote a data file; its operation goes on running on the
     server. The retry, with the same store, finds the dead try's operation tag there and interrupts that operation
@@ -337,20 +352,21 @@ def test_a_retry_interrupts_what_its_killed_try_left_running_on_the_server_and_w
     namespace: dict = {}
     exec(FILE_STORE, namespace)
     store = namespace["FileStore"](tmp_path / "task-state.json")
-    path = _pipeline(home, broker, topic, spark_connect.url, batch={"records_per_task": 10_000, "chunk_records": 2000,
-                                                                     "max_records": 400_000})
+    path = _pipeline(
+        home, broker, topic, spark_connect.url, batch={"records_per_task": 10_000, "chunk_records": 2000, "max_records": 400_000}
+    )
     events = pizza_events(200_000, seed=99)
     for p in range(2):
         for i in range(p * 100_000, (p + 1) * 100_000, 50_000):
-            produce_to_partition(broker.bootstrap, topic, p, events[i:i + 50_000], partitions=2)
+            produce_to_partition(broker.bootstrap, topic, p, events[i : i + 50_000], partitions=2)
     spec = load_pipeline(path)
     plan, plan_path = plan_step(spec)
     first_try = FILE_STORE + (
         "import sys\nfrom tidewater.config.parse import load_pipeline\nfrom tidewater.steps.write import run_connect_write\n"
         "spec = load_pipeline(sys.argv[1])\n"
-        "run_connect_write(spec, spec.stage(sys.argv[2]), tries=FileStore(sys.argv[3]))\n")
-    _kill_once_a_file_is_written([sys.executable, "-c", first_try, str(path), str(plan_path), str(store.path)], home,
-                                 "the first try")
+        "run_connect_write(spec, spec.stage(sys.argv[2]), tries=FileStore(sys.argv[3]))\n"
+    )
+    _kill_once_a_file_is_written([sys.executable, "-c", first_try, str(path), str(plan_path), str(store.path)], home, "the first try")
     old_tag = store.get(CONNECT_TAG_KEY)
     assert old_tag and old_tag.startswith(f"tidewater-{spec.name}-{plan.batch_id}-"), old_tag
     with caplog.at_level(logging.WARNING, logger="tidewater.spark.connect"):

@@ -36,9 +36,14 @@ def test_partitioned_and_sorted_table_through_spark(broker, home, topic):
     day(ts), bucket(4, store_id) and truncate(2, sauce) and a sort order: every partition's row count
     matches the events produced, files prune by partition, offsets are exact."""
     path = write_pipeline(
-        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-        table={"identifier": "rpc.orders", "partition_by": ["day(date_ordered)", "bucket(4, store_id)", "truncate(2, sauce)"],
-               "sort_by": ["date_ordered desc", "store_id"]},
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={
+            "identifier": "rpc.orders",
+            "partition_by": ["day(date_ordered)", "bucket(4, store_id)", "truncate(2, sauce)"],
+            "sort_by": ["date_ordered desc", "store_id"],
+        },
         format={"timestamps": {"date_ordered": "%Y-%m-%d %H:%M:%S"}},
         batch={"records_per_task": 150, "chunk_records": 70},
     )
@@ -51,9 +56,14 @@ def test_partitioned_and_sorted_table_through_spark(broker, home, topic):
 
     table = table_of(path)
     assert [(f.name, str(f.transform)) for f in table.spec().fields] == [
-        ("date_ordered_day", "day"), ("store_id_bucket", "bucket[4]"), ("sauce_trunc", "truncate[2]")]
+        ("date_ordered_day", "day"),
+        ("store_id_bucket", "bucket[4]"),
+        ("sauce_trunc", "truncate[2]"),
+    ]
     assert [(table.schema().find_column_name(f.source_id), str(f.direction)) for f in table.sort_order().fields] == [
-        ("date_ordered", "DESC"), ("store_id", "ASC")]
+        ("date_ordered", "DESC"),
+        ("store_id", "ASC"),
+    ]
     assert committed_state(table).offsets == {topic: {0: 300, 1: 200}}
     _accounting(table, 500, 0)
 
@@ -67,8 +77,12 @@ def test_partitioned_and_sorted_table_through_spark(broker, home, topic):
         day = datetime.strptime(e["date_ordered"], "%Y-%m-%d %H:%M:%S").date()
         expected[(day, bucket(e["store_id"]), e["sauce"][:2])] += 1
     partitions = table.inspect.partitions().to_pylist()
-    got = Counter({(p["partition"]["date_ordered_day"], p["partition"]["store_id_bucket"], p["partition"]["sauce_trunc"]):
-                   p["record_count"] for p in partitions})
+    got = Counter(
+        {
+            (p["partition"]["date_ordered_day"], p["partition"]["store_id_bucket"], p["partition"]["sauce_trunc"]): p["record_count"]
+            for p in partitions
+        }
+    )
     assert got == expected and len({k[0] for k in got}) == 3  # Jan 4, 5 and 6
     files = list(table.scan().plan_files())
     one_store = list(table.scan(row_filter="store_id = 7").plan_files())
@@ -78,10 +92,16 @@ def test_partitioned_and_sorted_table_through_spark(broker, home, topic):
 
 def test_partition_by_a_missing_or_unsuitable_column_fails_naming_the_setting(broker, home, topic):
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(5, seed=1))
-    for partition_by, message in ((["day(shipped_at)"], "table.partition_by[0]: column 'shipped_at' is not in the records"),
-                                  (["store_id", "hour(sauce)"], "table.partition_by[1]: 'hour(sauce)': a hour transform cannot apply")):
-        path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                              table={"identifier": "rpc.orders", "partition_by": partition_by})
+    for partition_by, message in (
+        (["day(shipped_at)"], "table.partition_by[0]: column 'shipped_at' is not in the records"),
+        (["store_id", "hour(sauce)"], "table.partition_by[1]: 'hour(sauce)': a hour transform cannot apply"),
+    ):
+        path = write_pipeline(
+            home,
+            topics=[topic],
+            kafka={"bootstrap_servers": broker.bootstrap},
+            table={"identifier": "rpc.orders", "partition_by": partition_by},
+        )
         with pytest.raises(Exception, match=re.escape(message)):
             ingest_inline(load_pipeline(path))
         assert table_of(path) is None  # nothing created, nothing committed
@@ -99,30 +119,47 @@ def test_widening_and_required_columns_made_optional(broker, home, topic):
     from pyiceberg.schema import Schema
     from pyiceberg.types import FloatType, IntegerType, NestedField, StringType, StructType
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          format={"value": "connect_json"}, validation={"not_null": ["id"]})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        format={"value": "connect_json"},
+        validation={"not_null": ["id"]},
+    )
     spec = load_pipeline(path)
     catalog = load_catalog(spec)
     catalog.create_namespace_if_not_exists("rpc")
-    catalog.create_table("rpc.orders", Schema(
-        NestedField(1, "id", IntegerType(), required=True),
-        NestedField(2, "amount", FloatType(), required=False),
-        NestedField(3, "note", StringType(), required=True),
-        NestedField(4, "dims", StructType(NestedField(5, "w", IntegerType(), required=True)), required=False),
-    ))
-    narrow = [{"field": "id", "type": "int32"}, {"field": "amount", "type": "float32"}, {"field": "note", "type": "string"},
-              {"field": "dims", "type": "struct", "fields": [{"field": "w", "type": "int32"}]}]
-    produce_to_partition(broker.bootstrap, topic, 0, _connect(narrow, [{"id": i, "amount": 1.5, "note": "n", "dims": {"w": i}}
-                                                                        for i in range(5)]))
+    catalog.create_table(
+        "rpc.orders",
+        Schema(
+            NestedField(1, "id", IntegerType(), required=True),
+            NestedField(2, "amount", FloatType(), required=False),
+            NestedField(3, "note", StringType(), required=True),
+            NestedField(4, "dims", StructType(NestedField(5, "w", IntegerType(), required=True)), required=False),
+        ),
+    )
+    narrow = [
+        {"field": "id", "type": "int32"},
+        {"field": "amount", "type": "float32"},
+        {"field": "note", "type": "string"},
+        {"field": "dims", "type": "struct", "fields": [{"field": "w", "type": "int32"}]},
+    ]
+    produce_to_partition(
+        broker.bootstrap, topic, 0, _connect(narrow, [{"id": i, "amount": 1.5, "note": "n", "dims": {"w": i}} for i in range(5)])
+    )
     assert ingest_inline(spec).records == 5
     table = table_of(path)
     assert {f.name: (str(f.field_type), f.required) for f in table.schema().fields}["id"] == ("int", True)
 
-    wide = [{"field": "id", "type": "int32"}, {"field": "amount", "type": "float64"},
-            {"field": "dims", "type": "struct", "fields": [{"field": "w", "type": "int64"}]}]
+    wide = [
+        {"field": "id", "type": "int32"},
+        {"field": "amount", "type": "float64"},
+        {"field": "dims", "type": "struct", "fields": [{"field": "w", "type": "int64"}]},
+    ]
     big = 2**40
-    produce_to_partition(broker.bootstrap, topic, 0, _connect(wide, [{"id": 10 + i, "amount": 0.1, "dims": {"w": big + i}}
-                                                                       for i in range(4)]))
+    produce_to_partition(
+        broker.bootstrap, topic, 0, _connect(wide, [{"id": 10 + i, "amount": 0.1, "dims": {"w": big + i}} for i in range(4)])
+    )
     assert ingest_inline(spec).records == 4
     table = table_of(path)
     fields = {f.name: (str(f.field_type), f.required) for f in table.schema().fields}
@@ -144,20 +181,37 @@ def test_flattening_map_columns_and_case_insensitive_matching(broker, home, topi
     fill the columns first seen as `id`/`customer_*`, and a value that cannot take its column's type is
     a TypeMismatch dead letter (its record only)."""
     path = write_pipeline(
-        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
         format={"flatten": True, "flatten_max_depth": 2, "map_columns": ["attrs"], "metadata": "none"},
-        table={"identifier": "rpc.orders", "case_insensitive": True}, validation={"not_null": ["id"]},
+        table={"identifier": "rpc.orders", "case_insensitive": True},
+        validation={"not_null": ["id"]},
     )
     spec = load_pipeline(path)
-    first = [json.dumps({"id": i, "customer": {"name": f"c{i}", "address": {"zip": 1000 + i, "geo": {"lat": 59.9}}},
-                         "attrs": {f"k{i}": "v", "color": "red"}}).encode() for i in range(6)]
+    first = [
+        json.dumps(
+            {
+                "id": i,
+                "customer": {"name": f"c{i}", "address": {"zip": 1000 + i, "geo": {"lat": 59.9}}},
+                "attrs": {f"k{i}": "v", "color": "red"},
+            }
+        ).encode()
+        for i in range(6)
+    ]
     produce_to_partition(broker.bootstrap, topic, 0, first)
     assert ingest_inline(spec).records == 6
     table = table_of(path)
-    types = {f.name: str(f.field_type).split(": ", 1)[-1] if "struct" in str(f.field_type) else str(f.field_type)
-             for f in table.schema().fields}
-    assert types == {"id": "long", "customer_name": "string", "customer_address_zip": "long",
-                     "customer_address_geo": "lat: optional double>", "attrs": "map<string, string>"}
+    types = {
+        f.name: str(f.field_type).split(": ", 1)[-1] if "struct" in str(f.field_type) else str(f.field_type) for f in table.schema().fields
+    }
+    assert types == {
+        "id": "long",
+        "customer_name": "string",
+        "customer_address_zip": "long",
+        "customer_address_geo": "lat: optional double>",
+        "attrs": "map<string, string>",
+    }
     rows = table.scan().to_arrow().sort_by("id")
     assert dict(rows.column("attrs").to_pylist()[2]) == {"k2": "v", "color": "red"}
 
@@ -200,14 +254,22 @@ def test_name_mapping_aliases_fill_the_mapped_columns(broker, home, topic):
     from pyiceberg.schema import Schema
     from pyiceberg.types import DoubleType, LongType, NestedField
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["customer_id"]}, format={"metadata": "none"})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        validation={"not_null": ["customer_id"]},
+        format={"metadata": "none"},
+    )
     spec = load_pipeline(path)
     catalog = load_catalog(spec)
     catalog.create_namespace_if_not_exists("rpc")
     mapping = [{"field-id": 1, "names": ["customer_id", "custId"]}, {"field-id": 2, "names": ["amount", "amt"]}]
-    catalog.create_table("rpc.orders", Schema(NestedField(1, "customer_id", LongType()), NestedField(2, "amount", DoubleType())),
-                         properties={"schema.name-mapping.default": json.dumps(mapping)})
+    catalog.create_table(
+        "rpc.orders",
+        Schema(NestedField(1, "customer_id", LongType()), NestedField(2, "amount", DoubleType())),
+        properties={"schema.name-mapping.default": json.dumps(mapping)},
+    )
     values = [json.dumps({"custId": i, "amt": i * 2.5}).encode() for i in range(7)]
     values += [json.dumps({"customer_id": 100, "amount": 1.0}).encode()]
     produce_to_partition(broker.bootstrap, topic, 0, values)
@@ -260,8 +322,7 @@ def test_dead_letters_also_go_to_a_kafka_topic_once(broker, home, topic):
     from tidewater.steps.lifecycle import commit_step
 
     dlq_topic = topic + "-dlq"
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          dead_letter={"topic": dlq_topic})
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, dead_letter={"topic": dlq_topic})
     spec = load_pipeline(path)
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -313,9 +374,13 @@ def test_partitioned_batch_failure_leaves_no_files_and_a_retried_commit_adds_not
     from tidewater.errors import TidewaterError
     from tidewater.steps.lifecycle import commit_step, validate_step
 
-    settings = dict(topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                    table={"identifier": "rpc.orders", "partition_by": ["hour(date_ordered)", "store_id"]},
-                    format={"timestamps": {"date_ordered": "%Y-%m-%d %H:%M:%S"}}, batch={"chunk_records": 20})
+    settings = dict(
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={"identifier": "rpc.orders", "partition_by": ["hour(date_ordered)", "store_id"]},
+        format={"timestamps": {"date_ordered": "%Y-%m-%d %H:%M:%S"}},
+        batch={"chunk_records": 20},
+    )
     path = write_pipeline(home, dead_letter={"policy": "fail"}, **settings)
     good = pizza_events(120, seed=9, start=datetime(2024, 3, 1, 10, 59))
     produce_to_partition(broker.bootstrap, topic, 0, good[:60], partitions=2)
@@ -367,7 +432,12 @@ def test_columns_of_mostly_distinct_values_are_written_without_a_dictionary_with
         return files, rows.sort_by("order_id")
 
     assert parquet.dictionary_columns(parquet.to_table_schema(table, events)) == [
-        "store_id", "sauce", "cheese", "meats", "veggies"]  # order_id and date_ordered: mostly distinct
+        "store_id",
+        "sauce",
+        "cheese",
+        "meats",
+        "veggies",
+    ]  # order_id and date_ordered: mostly distinct
     chosen, chosen_rows = written("chosen")
     monkeypatch.setattr(parquet, "dictionary_columns", lambda rows: True)  # every column: the writer before the choice
     every, every_rows = written("every")

@@ -22,8 +22,9 @@ def test_daily_topics_are_picked_up_as_they_appear_and_a_retried_commit_adds_not
     covers both; a topic that does not match is never read; committing the last batch again is a no-op."""
     prefix = topic.replace("-", "_")
     day1, day2, other = f"{prefix}.20240102", f"{prefix}.20240103", f"{prefix}.archive"
-    path = write_pipeline(home, topics=[], topic_pattern=prefix.replace(".", r"\.") + r"\.\d{8}",
-                          kafka={"bootstrap_servers": broker.bootstrap})
+    path = write_pipeline(
+        home, topics=[], topic_pattern=prefix.replace(".", r"\.") + r"\.\d{8}", kafka={"bootstrap_servers": broker.bootstrap}
+    )
     spec = load_pipeline(path)
     assert plan_batch(spec)[1] is None  # nothing matches yet: empty plan, nothing staged
 

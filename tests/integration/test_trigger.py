@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.integration]
 
 def test_pending_records_bytes_and_age_each_start_a_batch(broker, home, topic):
     """Each threshold, alone, says why a batch should start; a committed batch brings pending back to 0."""
+
     def spec_with(**trigger):
-        return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                                            trigger=trigger))
+        return load_pipeline(write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, trigger=trigger))
 
     records = spec_with(pending_records=50)
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(40, seed=130))
@@ -51,12 +51,12 @@ def test_the_trigger_fires_once_per_batch(broker, home, topic):
     and fires again after the commit when records pile up again."""
     from tidewater.runtime.triggers import PendingDataTrigger
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          trigger={"pending_records": 10, "poll_seconds": 1})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, trigger={"pending_records": 10, "poll_seconds": 1}
+    )
     produce_to_partition(broker.bootstrap, topic, 0, pizza_events(15, seed=132))
     trigger = PendingDataTrigger(str(path), poll_seconds=1)
-    assert trigger.serialize() == ("tidewater.runtime.triggers.PendingDataTrigger",
-                                   {"pipeline_path": str(path), "poll_seconds": 1})
+    assert trigger.serialize() == ("tidewater.runtime.triggers.PendingDataTrigger", {"pipeline_path": str(path), "poll_seconds": 1})
 
     async def scenario() -> list[dict]:
         events = []

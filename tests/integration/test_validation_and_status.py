@@ -23,15 +23,21 @@ from tidewater_dev.sample_data import pizza_events, produce
 pytestmark = [pytest.mark.integration]
 
 
-
 def test_failing_suite_blocks_the_commit_with_a_readable_report(broker, home, topic):
     """A suite expecting store_id <= 5 fails on pizza data: ValidationFailedError listing the failed
     expectation with its unexpected count; no snapshot, offsets unchanged."""
-    (home / "strict.json").write_text(json.dumps({"expectations": [
-        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
-    ]}))
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["order_id"], "suite": "strict.json"})
+    (home / "strict.json").write_text(
+        json.dumps(
+            {
+                "expectations": [
+                    {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
+                ]
+            }
+        )
+    )
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["order_id"], "suite": "strict.json"}
+    )
     spec = load_pipeline(path)
     produce(broker.bootstrap, topic, pizza_events(200, seed=41), partitions=2)
     plan, manifest = stage_inline(spec)
@@ -52,13 +58,23 @@ def test_row_wise_expectations_run_in_chunks_with_exact_counts(broker, home, top
     from tidewater.quality.gate import chunks
     from tidewater.table.catalog import load_catalog, load_table
 
-    (home / "mixed.json").write_text(json.dumps({"expectations": [
-        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 20}},
-        {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "order_id"}},
-    ]}))
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          batch={"records_per_task": 45},
-                          validation={"not_null": ["order_id"], "suite": "mixed.json", "chunk_rows": 30})
+    (home / "mixed.json").write_text(
+        json.dumps(
+            {
+                "expectations": [
+                    {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 20}},
+                    {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "order_id"}},
+                ]
+            }
+        )
+    )
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        batch={"records_per_task": 45},
+        validation={"not_null": ["order_id"], "suite": "mixed.json", "chunk_rows": 30},
+    )
     spec = load_pipeline(path)
     events = pizza_events(200, seed=45)
     produce(broker.bootstrap, topic, events, partitions=2)
@@ -79,8 +95,9 @@ def test_row_wise_expectations_run_in_chunks_with_exact_counts(broker, home, top
 
 
 def test_null_in_required_column_fails_the_gate(broker, home, topic):
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["order_id", "store_id"]})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["order_id", "store_id"]}
+    )
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, [b'{"order_id": "a", "store_id": 1}', b'{"order_id": "b"}'])
     plan, manifest = stage_inline(spec)
@@ -97,7 +114,9 @@ def test_status_reports_committed_end_and_lag(broker, pipeline_file, topic):
     produce(broker.bootstrap, topic, pizza_events(30, seed=44), partitions=3)
     out = subprocess.run(
         [str(Path(sys.executable).parent / "tidewater"), "status", "--pipeline", str(pipeline_file), "--json"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     st = json.loads(out)
     assert st["last_snapshot_id"] == result.snapshot_id
@@ -105,15 +124,18 @@ def test_status_reports_committed_end_and_lag(broker, pipeline_file, topic):
     assert st["valid_through"] is not None
     assert st["total_lag"] == 30
     assert [(p["partition"], p["committed"], p["end"], p["lag"]) for p in st["partitions"]] == [
-        (0, 30, 40, 10), (1, 30, 40, 10), (2, 30, 40, 10)
+        (0, 30, 40, 10),
+        (1, 30, 40, 10),
+        (2, 30, 40, 10),
     ]
 
 
 def test_validate_command_exit_codes(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ntopics: [a]\ntable: ns.t\nkafka: {bootstrap_servers: h}\nbatch: {max_record: 5}\n")
-    proc = subprocess.run([str(Path(sys.executable).parent / "tidewater"), "validate", "--pipeline", str(bad)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "tidewater"), "validate", "--pipeline", str(bad)], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert "batch.max_record: unknown key (did you mean 'max_records'?)" in proc.stderr
 
@@ -123,11 +145,21 @@ def test_warn_policy_commits_a_failing_batch_and_records_the_verdict(broker, hom
     summary records the verdict (suite, success false, one failed check). A passing batch records success."""
     from tidewater.table.summary import VALIDATION
 
-    (home / "strict.json").write_text(json.dumps({"expectations": [
-        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
-    ]}))
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["order_id"], "suite": "strict.json", "on_failure": "warn"})
+    (home / "strict.json").write_text(
+        json.dumps(
+            {
+                "expectations": [
+                    {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
+                ]
+            }
+        )
+    )
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        validation={"not_null": ["order_id"], "suite": "strict.json", "on_failure": "warn"},
+    )
     spec = load_pipeline(path)
     produce(broker.bootstrap, topic, pizza_events(100, seed=91), partitions=2)
     plan, manifest = stage_inline(spec)
@@ -145,8 +177,9 @@ def test_warn_policy_never_lets_the_accounting_check_pass(broker, home, topic):
     """The row-count/accounting checks guard exactly-once: with warn they still stop the batch."""
     from dataclasses import replace
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["order_id"], "on_failure": "warn"})
+    path = write_pipeline(
+        home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap}, validation={"not_null": ["order_id"], "on_failure": "warn"}
+    )
     spec = load_pipeline(path)
     produce(broker.bootstrap, topic, pizza_events(20, seed=92), partitions=1)
     plan, manifest = stage_inline(spec)
@@ -171,11 +204,21 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     from tidewater.runtime.decisions import apply_decision, body_for
     from tidewater.table.summary import DECIDED_BY, DROPPED, QUARANTINED, VALIDATION
 
-    (home / "strict.json").write_text(json.dumps({"expectations": [
-        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
-    ]}))
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          validation={"not_null": ["order_id"], "suite": "strict.json", "on_failure": "quarantine"})
+    (home / "strict.json").write_text(
+        json.dumps(
+            {
+                "expectations": [
+                    {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 1, "max_value": 5}}
+                ]
+            }
+        )
+    )
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        validation={"not_null": ["order_id"], "suite": "strict.json", "on_failure": "quarantine"},
+    )
     spec = load_pipeline(path)
     produce(broker.bootstrap, topic, pizza_events(100, seed=93), partitions=2)
     plan, manifest = stage_inline(spec)
@@ -209,11 +252,14 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
 
     report = audit(spec, deep=True)
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
-    assert sorted((f.batch_id, f.message) for f in report.findings if f.check == "deep" and f.severity == "explained") == sorted([
-        (plan.batch_id, f"50 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan.batch_id}"),
-        (plan.batch_id, f"50 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan.batch_id}"),
-        (plan2.batch_id, f"20 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan2.batch_id}"),
-        (plan2.batch_id, f"20 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan2.batch_id}")])
+    assert sorted((f.batch_id, f.message) for f in report.findings if f.check == "deep" and f.severity == "explained") == sorted(
+        [
+            (plan.batch_id, f"50 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan.batch_id}"),
+            (plan.batch_id, f"50 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan.batch_id}"),
+            (plan2.batch_id, f"20 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan2.batch_id}"),
+            (plan2.batch_id, f"20 offsets without a row: a quarantined batch waiting on its branch quarantine-{plan2.batch_id}"),
+        ]
+    )
     body = body_for(spec, plan, (spec.table.identifier,))
     failed = [line for line in body.splitlines() if line.startswith("- `expect")]
     assert len(failed) == 1 and "expect_column_values_to_be_between(column='store_id'" in failed[0], body
@@ -222,12 +268,15 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     assert f"/tidewater/data-docs/{spec.name}/{plan.batch_id}.html" in body
 
     def decide(batch_id: str, option: str, reason: str, name: str) -> dict:  # as the decide task's answer arrives
-        return apply_decision(str(path), {"decision": True, "batch_id": batch_id, "tables": [spec.table.identifier]},
-                              {"chosen_options": [option], "params_input": {"reason": reason},
-                               "responded_by_user": {"id": "7", "name": name}})
+        return apply_decision(
+            str(path),
+            {"decision": True, "batch_id": batch_id, "tables": [spec.table.identifier]},
+            {"chosen_options": [option], "params_input": {"reason": reason}, "responded_by_user": {"id": "7", "name": name}},
+        )
 
     assert decide(plan.batch_id, "Publish", "", "ada")["tables"] == [
-        {"table": spec.table.identifier, "batch_id": plan.batch_id, "status": "published", "rows": 100}]
+        {"table": spec.table.identifier, "batch_id": plan.batch_id, "status": "published", "rows": 100}
+    ]
     assert table_of(path).current_snapshot().summary.additional_properties[DECIDED_BY] == "ada"
     snapshots = len(table_of(path).metadata.snapshots)
     assert decide(plan.batch_id, "Publish", "", "ada")["tables"][0]["status"] == "published"  # again: nothing more
@@ -241,8 +290,13 @@ def test_quarantine_policy_then_publish_and_drop(broker, home, topic):
     assert quarantine.list_quarantined(spec, table) == []
     assert committed_state(table).offsets == {topic: {0: 70, 1: 70}}
     dropped = json.loads(table.current_snapshot().summary.additional_properties[DROPPED])
-    assert dropped == {"batch": plan2.batch_id, "rows": 40, "ranges": [[topic, 0, 50, 70], [topic, 1, 50, 70]],
-                       "reason": "store ids out of range", "by": "grace"}
+    assert dropped == {
+        "batch": plan2.batch_id,
+        "rows": 40,
+        "ranges": [[topic, 0, 50, 70], [topic, 1, 50, 70]],
+        "reason": "store ids out of range",
+        "by": "grace",
+    }
     assert quarantine.drop(spec, plan2.batch_id)["status"] == "dropped"  # decided once: a retry finds the drop
     assert len(table_of(path).metadata.snapshots) == snapshots + 1
     with pytest.raises(ConfigError, match="no quarantined batch nope"):
@@ -260,9 +314,13 @@ def test_id_uniqueness_in_the_batch_and_against_the_table_with_data_docs(broker,
     page (and the index) naming the checks. Nothing is committed by a failing batch."""
     from tidewater.quality.data_docs import docs_dir, page_of, render_pending, site_dir
 
-    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap},
-                          table={"identifier": "rpc.orders", "id_columns": ["id"]},
-                          validation={"not_null": ["id"], "unique_ids": "table"})
+    path = write_pipeline(
+        home,
+        topics=[topic],
+        kafka={"bootstrap_servers": broker.bootstrap},
+        table={"identifier": "rpc.orders", "id_columns": ["id"]},
+        validation={"not_null": ["id"], "unique_ids": "table"},
+    )
     spec = load_pipeline(path)
     produce_to_partition(broker.bootstrap, topic, 0, [json.dumps({"id": i}).encode() for i in range(10)])
     plan, manifest = stage_inline(spec)

@@ -16,13 +16,19 @@ from tidewater.config.spec import home_dir, pipelines_dir
 
 @pytest.fixture
 def airflow_cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in ("TIDEWATER_PIPELINES_DIR", "TIDEWATER_HOME", "AIRFLOW__TIDEWATER__PIPELINES_DIR",
-                 "AIRFLOW__TIDEWATER__HOME", "AIRFLOW_CONFIG"):
+    for name in (
+        "TIDEWATER_PIPELINES_DIR",
+        "TIDEWATER_HOME",
+        "AIRFLOW__TIDEWATER__PIPELINES_DIR",
+        "AIRFLOW__TIDEWATER__HOME",
+        "AIRFLOW_CONFIG",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     cfg = tmp_path / "airflow.cfg"
-    cfg.write_text(f"[core]\nload_examples = False\n\n[tidewater]\npipelines_dir = {tmp_path / 'from-cfg'}\n"
-                   f"home = {tmp_path / 'home-from-cfg'}\n")
+    cfg.write_text(
+        f"[core]\nload_examples = False\n\n[tidewater]\npipelines_dir = {tmp_path / 'from-cfg'}\nhome = {tmp_path / 'home-from-cfg'}\n"
+    )
     return cfg
 
 
@@ -45,14 +51,21 @@ def test_the_section_of_airflow_cfg_then_airflows_variable_then_ours_win_in_turn
 def test_the_command_line_finds_a_pipeline_through_airflow_cfg_and_airflow_knows_the_section(airflow_cfg):
     folder = airflow_cfg.parent / "from-cfg"
     folder.mkdir()
-    (folder / "orders.yaml").write_text("name: orders\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\n"
-                                        "table: ns.orders\nschedule: null\n")
+    (folder / "orders.yaml").write_text(
+        "name: orders\ntopics: [a]\nkafka: {bootstrap_servers: 'h:9092'}\ntable: ns.orders\nschedule: null\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEWATER_")}
-    proc = subprocess.run([sys.executable, "-m", "tidewater.runtime.cli", "validate", "orders"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidewater.runtime.cli", "validate", "orders"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and f"{folder / 'orders.yaml'}: ok" in proc.stdout, proc.stderr
-    listed = subprocess.run([str(Path(sys.executable).parent / "airflow"), "config", "get-value", "tidewater",
-                             "pipelines_dir"], env=env, capture_output=True, text=True, timeout=120)
+    listed = subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "config", "get-value", "tidewater", "pipelines_dir"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert listed.stdout.strip().endswith(str(folder)), listed.stdout + listed.stderr[-2000:]
     from tidewater.runtime.provider import get_provider_info
 

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "include" / "tidewater"
-MAX_LINES = 60
-LENGTH_NOTE = "Length:"  # a paragraph of the docstring that says why a function needs more than MAX_LINES
+# A function's length in statements (the lines a statement starts on), not in lines: the formatter (ruff format)
+# lays one call over as many lines as it has arguments. 45 is the most any function had when the limit was 60 lines,
+# before the code was formatted.
+MAX_STATEMENTS = 45
+LENGTH_NOTE = "Length:"  # a paragraph of the docstring that says why a function needs more than MAX_STATEMENTS
 
 
 def module_name(path: Path) -> str:
@@ -58,7 +61,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(graph.get(n, ())):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state and (found := visit(m)):
                 return found
         stack.pop()
@@ -85,8 +88,27 @@ def test_the_package_has_no_import_cycle() -> None:
 # session cache, the spark-submit launcher) serves the steps; the batch's steps string the stages together; operations
 # run steps; interop, the shipped example (data, for `tidewater init`) and the runtime (Airflow tasks, the CLI,
 # Spark entry points) are the entry points.
-ROOMS = ("errors", "staging", "batch", "config", "source", "decode", "transform", "table", "write", "quality", "plan",
-         "commit", "audit", "spark", "steps", "ops", "interop", "examples", "runtime")
+ROOMS = (
+    "errors",
+    "staging",
+    "batch",
+    "config",
+    "source",
+    "decode",
+    "transform",
+    "table",
+    "write",
+    "quality",
+    "plan",
+    "commit",
+    "audit",
+    "spark",
+    "steps",
+    "ops",
+    "interop",
+    "examples",
+    "runtime",
+)
 
 
 def room_of(module: str) -> str:
@@ -97,8 +119,12 @@ def room_of(module: str) -> str:
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     """Imports that run up the room order (inside functions included; the package's ``__init__`` is no room)."""
     rank = {r: i for i, r in enumerate(ROOMS)}
-    return [f"{m} -> {d}" for m, deps in sorted(graph.items()) for d in sorted(deps)
-            if "tidewater" not in (room_of(m), room_of(d)) and rank[room_of(d)] > rank[room_of(m)]]
+    return [
+        f"{m} -> {d}"
+        for m, deps in sorted(graph.items())
+        for d in sorted(deps)
+        if "tidewater" not in (room_of(m), room_of(d)) and rank[room_of(d)] > rank[room_of(m)]
+    ]
 
 
 def test_rooms_import_downward_only() -> None:
@@ -109,8 +135,7 @@ def test_rooms_import_downward_only() -> None:
 
 
 def test_the_room_check_finds_an_upward_import() -> None:
-    assert upward_imports({"tidewater.audit.ledger": {"tidewater.ops.status"}}) == [
-        "tidewater.audit.ledger -> tidewater.ops.status"]
+    assert upward_imports({"tidewater.audit.ledger": {"tidewater.ops.status"}}) == ["tidewater.audit.ledger -> tidewater.ops.status"]
     assert upward_imports({"tidewater.ops.status": {"tidewater.table.summary"}}) == []
 
 
@@ -122,9 +147,13 @@ def test_the_cycle_finder_finds_cycles() -> None:
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_no_private_name_is_imported_from_another_module(name: str) -> None:
     tree = ast.parse(MODULES[name].read_text())
-    private = [f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-               and (n.module or "").startswith("tidewater") for a in n.names
-               if a.name.startswith("_") and not a.name.startswith("__")]  # dunders (__version__) are public
+    private = [
+        f"{n.module}.{a.name}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("tidewater")
+        for a in n.names
+        if a.name.startswith("_") and not a.name.startswith("__")
+    ]  # dunders (__version__) are public
     assert private == []
 
 
@@ -133,21 +162,34 @@ def test_long_functions_say_why_in_their_docstring() -> None:
     for name, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                length = (node.end_lineno or node.lineno) - node.lineno + 1
-                if length > MAX_LINES and LENGTH_NOTE not in (ast.get_docstring(node) or ""):
-                    long_ones.append(f"{name}.{node.name} ({length} lines)")
+                length = len({s.lineno for s in ast.walk(node) if isinstance(s, ast.stmt) and s is not node})
+                if length > MAX_STATEMENTS and LENGTH_NOTE not in (ast.get_docstring(node) or ""):
+                    long_ones.append(f"{name}.{node.name} ({length} statements)")
     assert long_ones == []
 
 
 def test_stages_are_packages_named_after_the_pipeline() -> None:
     """Where offsets are decided, where the one commit is, how a record travels: from file names alone."""
-    for module in ("tidewater.plan.planner", "tidewater.commit.primitive", "tidewater.commit.batch",
-                   "tidewater.config.targets", "tidewater.table.targets", "tidewater.audit.ledger", "tidewater.source.kafka",
-                   "tidewater.decode.registry", "tidewater.config.formats", "tidewater.write.task",
-                   "tidewater.table.catalog", "tidewater.quality.gate"):
+    for module in (
+        "tidewater.plan.planner",
+        "tidewater.commit.primitive",
+        "tidewater.commit.batch",
+        "tidewater.config.targets",
+        "tidewater.table.targets",
+        "tidewater.audit.ledger",
+        "tidewater.source.kafka",
+        "tidewater.decode.registry",
+        "tidewater.config.formats",
+        "tidewater.write.task",
+        "tidewater.table.catalog",
+        "tidewater.quality.gate",
+    ):
         assert module in MODULES
-    assert not [m for m in MODULES if m.count(".") == 1 and m not in (
-        "tidewater.batch", "tidewater.errors") and not MODULES[m].name == "__init__.py"], "flat modules are back"
+    assert not [
+        m
+        for m in MODULES
+        if m.count(".") == 1 and m not in ("tidewater.batch", "tidewater.errors") and not MODULES[m].name == "__init__.py"
+    ], "flat modules are back"
 
 
 def test_the_connect_workers_daemon_preloads_modules_that_exist():
@@ -191,7 +233,8 @@ def shape_condition_sites() -> list[str]:
                 continue
             for cond in conditions:
                 words = {n.id for n in ast.walk(cond) if isinstance(n, ast.Name)} | {
-                    n.attr for n in ast.walk(cond) if isinstance(n, ast.Attribute)}
+                    n.attr for n in ast.walk(cond) if isinstance(n, ast.Attribute)
+                }
                 if words & SHAPE_WORDS:
                     sites.append(f"{rel}:{cond.lineno}")
     return sites
@@ -201,7 +244,8 @@ def test_the_plain_or_routed_question_is_asked_in_no_more_places_than_before():
     sites = shape_condition_sites()
     assert len(sites) <= MAX_SHAPE_CONDITIONS, (
         f"{len(sites)} conditions ask whether a pipeline is plain or routed outside config/ and table/targets.py "
-        f"(at most {MAX_SHAPE_CONDITIONS}): ask the target set or a target's value object instead. " + ", ".join(sites))
+        f"(at most {MAX_SHAPE_CONDITIONS}): ask the target set or a target's value object instead. " + ", ".join(sites)
+    )
 
 
 def test_the_spark_submit_driver_starts_without_the_task_libraries():
@@ -212,8 +256,10 @@ def test_the_spark_submit_driver_starts_without_the_task_libraries():
     import subprocess
     import sys
 
-    code = ("import json, sys\nimport tidewater.runtime.spark_app.ingest_batch\n"
-            "print(json.dumps([m for m in ('pyarrow', 'pyiceberg', 'pandas', 'great_expectations', 'pyspark.sql') "
-            "if m in sys.modules]))")
+    code = (
+        "import json, sys\nimport tidewater.runtime.spark_app.ingest_batch\n"
+        "print(json.dumps([m for m in ('pyarrow', 'pyiceberg', 'pandas', 'great_expectations', 'pyspark.sql') "
+        "if m in sys.modules]))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []

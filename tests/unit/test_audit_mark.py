@@ -18,10 +18,23 @@ HOLDER, TARGET = "db.checkpoints", "db.a"
 
 
 def _entry(table: str, batch: str, at_s: int, start: int | None = None, end: int | None = None, kind: str = "ingest") -> dict:
-    return {"table": table, "batch_id": batch, "kind": kind, "snapshot_id": at_s, "committed_at":
-            datetime.fromtimestamp(at_s, tz=timezone.utc), "dag_run_id": None, "topic": "t" if start is not None else None,
-            "partition": 0 if start is not None else None, "start_offset": start, "end_offset": end, "records": 0,
-            "rows": 0, "dead_letters": 0, "skipped": 0, "detail": None}
+    return {
+        "table": table,
+        "batch_id": batch,
+        "kind": kind,
+        "snapshot_id": at_s,
+        "committed_at": datetime.fromtimestamp(at_s, tz=timezone.utc),
+        "dag_run_id": None,
+        "topic": "t" if start is not None else None,
+        "partition": 0 if start is not None else None,
+        "start_offset": start,
+        "end_offset": end,
+        "records": 0,
+        "rows": 0,
+        "dead_letters": 0,
+        "skipped": 0,
+        "detail": None,
+    }
 
 
 def _ledger(*entries: dict) -> pa.Table:
@@ -29,9 +42,15 @@ def _ledger(*entries: dict) -> pa.Table:
 
 
 def test_an_audit_from_a_mark_checks_each_tables_newer_entries_and_the_targets_of_newer_holder_batches():
-    rows = _ledger(_entry(HOLDER, "b1", 100, 0, 10), _entry(TARGET, "b1", 99),
-                   _entry(TARGET, "b2", 199), _entry(HOLDER, "b2", 200, 10, 20),  # b2's table commit before the mark
-                   _entry(HOLDER, "b3", 300, 20, 30), _entry(TARGET, "b3", 299), _entry("db.new", "b3", 299))
+    rows = _ledger(
+        _entry(HOLDER, "b1", 100, 0, 10),
+        _entry(TARGET, "b1", 99),
+        _entry(TARGET, "b2", 199),
+        _entry(HOLDER, "b2", 200, 10, 20),  # b2's table commit before the mark
+        _entry(HOLDER, "b3", 300, 20, 30),
+        _entry(TARGET, "b3", 299),
+        _entry("db.new", "b3", 299),
+    )
     assert since(rows, None, HOLDER) is rows
     mark = {"at": {HOLDER: 150 * 10**6, TARGET: 200 * 10**6}, "ends": [["t", 0, 10]]}
     got = {(e["table"], e["batch_id"]) for e in since(rows, mark, HOLDER).to_pylist()}
@@ -39,8 +58,12 @@ def test_an_audit_from_a_mark_checks_each_tables_newer_entries_and_the_targets_o
 
 
 def test_a_clean_audit_moves_the_mark_to_its_newest_entries_and_the_ends_its_holder_batches_reached():
-    rows = _ledger(_entry(HOLDER, "b1", 100, 0, 10), _entry(TARGET, "b1", 99), _entry(HOLDER, "b2", 200, 10, 25),
-                   _entry(HOLDER, "r1", 250, 0, 5, kind="replay"))
+    rows = _ledger(
+        _entry(HOLDER, "b1", 100, 0, 10),
+        _entry(TARGET, "b1", 99),
+        _entry(HOLDER, "b2", 200, 10, 25),
+        _entry(HOLDER, "r1", 250, 0, 5, kind="replay"),
+    )
     mark = next_mark(rows, rows.to_pylist(), HOLDER, {"at": {"db.gone": 5}, "ends": [["t", 1, 7]]})
     assert mark == {"at": {"db.gone": 5, HOLDER: 250 * 10**6, TARGET: 99 * 10**6}, "ends": [["t", 0, 25], ["t", 1, 7]]}
     assert ends_of(mark) == {("t", 0): 25, ("t", 1): 7}
@@ -62,8 +85,10 @@ def test_the_verdict_keeps_the_last_clean_marks_when_an_audit_has_errors_or_cove
 def test_coverage_from_a_mark_names_offsets_below_it_and_a_hole_after_it():
     entries = [_entry(HOLDER, "next", 1, 30, 40), _entry(HOLDER, "again", 2, 25, 28), _entry(HOLDER, "late", 3, 45, 50)]
     found = {(f.start, f.end, f.batch_id): f.message for f in coverage(entries, {("t", 0): 30})}
-    assert found == {(25, 28, "again"): "offsets committed twice: below 30, where the batches the last clean audit "
-                     "checked end", (40, 45, "late"): "offsets never committed: between batch next and the next"}
+    assert found == {
+        (25, 28, "again"): "offsets committed twice: below 30, where the batches the last clean audit checked end",
+        (40, 45, "late"): "offsets never committed: between batch next and the next",
+    }
     assert coverage([_entry(HOLDER, "next", 1, 32, 40)], {("t", 0): 30})[0].start == 30
     assert coverage([_entry(HOLDER, "next", 1, 30, 40)], {("t", 0): 30}) == []
 
@@ -81,8 +106,10 @@ def _table(*snaps: tuple[int, str, dict]) -> object:
 
     from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
-    built = [Snapshot(snapshot_id=i, timestamp_ms=at_s * 1000, summary=Summary(Operation(op), **props), manifest_list="m",
-                      sequence_number=i) for i, (at_s, op, props) in enumerate(snaps, start=1)]
+    built = [
+        Snapshot(snapshot_id=i, timestamp_ms=at_s * 1000, summary=Summary(Operation(op), **props), manifest_list="m", sequence_number=i)
+        for i, (at_s, op, props) in enumerate(snaps, start=1)
+    ]
     return SimpleNamespace(metadata=SimpleNamespace(snapshots=built))
 
 
@@ -94,8 +121,13 @@ def test_a_deep_audit_starts_over_after_a_rewrite_and_the_summary_checks_after_r
     assert rewritten_since(_table((10, "append", {BATCH_ID: "b1"}), batch), 15 * 10**6) is None, "new batches only"
     old_compaction = (5, "replace", {})
     assert rewritten_since(_table(old_compaction, batch), 15 * 10**6) is None, "before the mark"
-    for rewrite in ((30, "replace", {}), (30, "append", {}), (30, "overwrite", {BATCH_ID: "r", REPLAY: "{}"}),
-                    (30, "append", {PUBLISHED: "b"}), (30, "append", {BATCH_ID: "x", RECOVERED: "{}"})):
+    for rewrite in (
+        (30, "replace", {}),
+        (30, "append", {}),
+        (30, "overwrite", {BATCH_ID: "r", REPLAY: "{}"}),
+        (30, "append", {PUBLISHED: "b"}),
+        (30, "append", {BATCH_ID: "x", RECOVERED: "{}"}),
+    ):
         assert rewritten_since(_table(batch, rewrite), 15 * 10**6).snapshot_id == 2, rewrite
     only = (RECOVERED,)
     assert rewritten_since(_table(batch, (30, "replace", {}), (31, "append", {PUBLISHED: "b"})), 15 * 10**6, only) is None

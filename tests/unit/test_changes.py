@@ -20,8 +20,12 @@ def _records(changes: list[tuple[int, int, str, int]]) -> pa.Table:
     for key, part, op, value in changes:
         offsets[part] = offsets.get(part, -1) + 1
         rows.append({"id": key, "_kafka_partition": part, "_kafka_offset": offsets[part], "op": op, "v": value})
-    return pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.int64()), ("_kafka_partition", pa.int32()),
-                                                        ("_kafka_offset", pa.int64()), ("op", pa.string()), ("v", pa.int64())]))
+    return pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [("id", pa.int64()), ("_kafka_partition", pa.int32()), ("_kafka_offset", pa.int64()), ("op", pa.string()), ("v", pa.int64())]
+        ),
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -61,9 +65,11 @@ def test_without_an_op_column_every_record_upserts_and_the_last_image_wins():
 
 def test_unknown_and_missing_operations_are_named_per_row():
     t = pa.table({"op": ["I", "X", None, "d"]})
-    assert bad_ops(t, "op", OPS) == {1: "operation 'X' in 'op' is not one of I, U, D",
-                                     2: "operation None in 'op' is not one of I, U, D",
-                                     3: "operation 'd' in 'op' is not one of I, U, D"}
+    assert bad_ops(t, "op", OPS) == {
+        1: "operation 'X' in 'op' is not one of I, U, D",
+        2: "operation None in 'op' is not one of I, U, D",
+        3: "operation 'd' in 'op' is not one of I, U, D",
+    }
     assert bad_ops(pa.table({"x": [1]}), "op", OPS) == {0: "no operation field 'op'"}
 
 

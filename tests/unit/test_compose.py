@@ -31,11 +31,16 @@ def test_the_compose_client_accepts_the_file():
     client = shutil.which("docker-compose")
     assert client, "docker-compose is missing: `make system-deps` installs it (apt-get)"
     env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_FERNET_KEY"}
-    done = subprocess.run([client, "-f", str(COMPOSE), "config", "-q"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={**env, "AIRFLOW_FERNET_KEY": "x" * 43 + "="})
+    done = subprocess.run(
+        [client, "-f", str(COMPOSE), "config", "-q"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "AIRFLOW_FERNET_KEY": "x" * 43 + "="},
+    )
     assert done.returncode == 0, done.stderr
-    refused = subprocess.run([client, "-f", str(COMPOSE), "config", "-q"], cwd=REPO, capture_output=True, text=True,
-                             timeout=120, env=env)
+    refused = subprocess.run([client, "-f", str(COMPOSE), "config", "-q"], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert refused.returncode != 0 and "AIRFLOW_FERNET_KEY" in refused.stderr, refused.stderr
 
 
@@ -56,22 +61,34 @@ def test_every_long_running_service_has_a_healthcheck_and_dependents_wait_for_it
 
 def test_the_stack_has_what_users_run_and_its_addresses_name_services_of_the_file():
     services = _services()
-    assert {"kafka", "minio", "minio-bucket", "iceberg-rest", "spark-master", "spark-worker", "postgres",
-            "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor"} <= set(services)
-    exposed = {name: {str(p).split(":")[-1].split("/")[0] for p in [*s.get("expose", []), *s.get("ports", [])]}
-               for name, s in services.items()}
+    assert {
+        "kafka",
+        "minio",
+        "minio-bucket",
+        "iceberg-rest",
+        "spark-master",
+        "spark-worker",
+        "postgres",
+        "airflow-apiserver",
+        "airflow-scheduler",
+        "airflow-dag-processor",
+    } <= set(services)
+    exposed = {
+        name: {str(p).split(":")[-1].split("/")[0] for p in [*s.get("expose", []), *s.get("ports", [])]} for name, s in services.items()
+    }
     for name, s in services.items():
         assert s.get("image"), f"{name}: no image"
         env = s.get("environment") or {}
-        texts = [str(v) for v in env.values()] + [" ".join(map(str, s.get("command") or []))
-                                                 if isinstance(s.get("command"), list) else str(s.get("command") or "")]
+        texts = [str(v) for v in env.values()] + [
+            " ".join(map(str, s.get("command") or [])) if isinstance(s.get("command"), list) else str(s.get("command") or "")
+        ]
         for text in texts:
             for host, port in re.findall(r"(?:[a-z+]+://|@|\s|^)([a-z][a-z0-9-]*):(\d{2,5})\b", text):
                 if host in LOCAL or host in ("jdbc", "sqlite", "file"):
                     continue
                 assert host in services, f"{name}: {text!r} names {host!r}, which is not a service"
                 assert port in exposed[host], f"{name}: {text!r} uses port {port} of {host}, which it does not expose"
-        for dep in (s.get("depends_on") or {}):
+        for dep in s.get("depends_on") or {}:
             assert dep in services, f"{name} depends on {dep!r}"
     conn = yaml.safe_load(COMPOSE.read_text())["services"]["airflow-scheduler"]["environment"]["AIRFLOW_CONN_TIDEWATER_SPARK"]
     assert '"host": "spark://spark-master"' in conn and "7077" in exposed["spark-master"]

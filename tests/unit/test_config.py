@@ -56,9 +56,14 @@ def test_defaults_and_shorthand():
 
 
 def test_routed_tables_take_their_defaults_from_table():
-    spec = parse_pipeline({**BASE, "table": {"partition_by": ["day(ts)"], "properties": {"a": "1"}},
-                           "tables": [{"identifier": "ns.x"}, {"identifier": "ns.y", "partition_by": []}],
-                           "routing": {"namespace": "ns"}})
+    spec = parse_pipeline(
+        {
+            **BASE,
+            "table": {"partition_by": ["day(ts)"], "properties": {"a": "1"}},
+            "tables": [{"identifier": "ns.x"}, {"identifier": "ns.y", "partition_by": []}],
+            "routing": {"namespace": "ns"},
+        }
+    )
     assert spec.routed and spec.checkpoint_table() == f"ns.{spec.name}_checkpoints"
     assert spec.dead_letter_table() == f"ns.{spec.name}_dead_letters"
     assert spec.table_spec("ns.x").partition_by == ["day(ts)"] and spec.table_spec("ns.x").properties == {"a": "1"}
@@ -82,10 +87,14 @@ def test_routed_tables_take_their_defaults_from_table():
         ({"topics": []}, "topics: at least one topic"),
         ({"validation": {"suite": "missing.json"}}, "validation.suite: file"),
         ({"validation": {"chunk_rows": 0}}, "validation.chunk_rows: must be at least 1"),
-        ({"maintenance": {"remove_orphan_files": {"older_than_hours": 2}}},
-         "maintenance.remove_orphan_files.older_than_hours: 2 is less than the longest possible batch (12.2 h"),
-        ({"airflow": {"task_timeout_minutes": 600}},
-         "maintenance.remove_orphan_files.older_than_hours: 72 is less than the longest possible batch (120.2 h"),
+        (
+            {"maintenance": {"remove_orphan_files": {"older_than_hours": 2}}},
+            "maintenance.remove_orphan_files.older_than_hours: 2 is less than the longest possible batch (12.2 h",
+        ),
+        (
+            {"airflow": {"task_timeout_minutes": 600}},
+            "maintenance.remove_orphan_files.older_than_hours: 72 is less than the longest possible batch (120.2 h",
+        ),
         ({"maintenance": {"rewrite_data_files": {"strategy": "zorder"}}}, "maintenance.rewrite_data_files.zorder_columns"),
         ({"maintenance": {"rewrite_data_files": {"strategy": "fast"}}}, "maintenance.rewrite_data_files.strategy: 'fast'"),
         ({"maintenance": {"expire_snapshots": {"retain_last": 0}}}, "maintenance.expire_snapshots.retain_last"),
@@ -98,49 +107,92 @@ def test_routed_tables_take_their_defaults_from_table():
         ({"dead_letter": {"topic": "a"}}, "dead_letter.topic: 'a' must be a valid Kafka topic name, not a source topic"),
         ({"table": "", "tables": [{"identifier": "ns.a"}]}, "routing.namespace: required when routing"),
         ({"tables": [{"identifier": "ns.a"}], "routing": {"namespace": "ns"}}, "table.identifier: not used when records are routed"),
-        ({"table": "", "tables": [{"identifier": "ns.a", "route_regex": "x"}], "routing": {"namespace": "ns"}},
-         "tables[0].route_regex: needs routing.field"),
-        ({"table": "", "tables": [{"identifier": "ns.a", "topics": ["zz"]}], "routing": {"namespace": "ns"}},
-         "tables[0].topics: 'zz' is not one of the pipeline's topics"),
-        ({"table": "", "tables": [{"identifier": "ns.a"}, {"identifier": "ns.a"}], "routing": {"namespace": "ns"}},
-         "tables[1].identifier: 'ns.a' is listed twice"),
-        ({"table": "", "tables": [{"identifier": "ns.a", "route_regex": "("}], "routing": {"namespace": "ns", "field": "k"}},
-         "tables[0].route_regex: '(' is not a valid regular expression"),
+        (
+            {"table": "", "tables": [{"identifier": "ns.a", "route_regex": "x"}], "routing": {"namespace": "ns"}},
+            "tables[0].route_regex: needs routing.field",
+        ),
+        (
+            {"table": "", "tables": [{"identifier": "ns.a", "topics": ["zz"]}], "routing": {"namespace": "ns"}},
+            "tables[0].topics: 'zz' is not one of the pipeline's topics",
+        ),
+        (
+            {"table": "", "tables": [{"identifier": "ns.a"}, {"identifier": "ns.a"}], "routing": {"namespace": "ns"}},
+            "tables[1].identifier: 'ns.a' is listed twice",
+        ),
+        (
+            {"table": "", "tables": [{"identifier": "ns.a", "route_regex": "("}], "routing": {"namespace": "ns", "field": "k"}},
+            "tables[0].route_regex: '(' is not a valid regular expression",
+        ),
         ({"table": "", "routing": {"namespace": "ns", "dynamic": True}}, "routing.field: required with routing.dynamic"),
-        ({"table": "", "routing": {"namespace": "ns", "dynamic": True, "field": "k", "table_template": "t"}},
-         "routing.table_template: 't' must contain {value}"),
-        ({"table": "", "routing": {"namespace": "ns", "dynamic": True, "field": "k", "unmatched": "drop"}},
-         "routing.unmatched: 'drop' is not one of dead_letter, skip"),
-        ({"table": "", "tables": [{"identifier": "ns.p_checkpoints"}], "routing": {"namespace": "ns"}},
-         "tables: 'ns.p_checkpoints' is the pipeline's own checkpoint"),
+        (
+            {"table": "", "routing": {"namespace": "ns", "dynamic": True, "field": "k", "table_template": "t"}},
+            "routing.table_template: 't' must contain {value}",
+        ),
+        (
+            {"table": "", "routing": {"namespace": "ns", "dynamic": True, "field": "k", "unmatched": "drop"}},
+            "routing.unmatched: 'drop' is not one of dead_letter, skip",
+        ),
+        (
+            {"table": "", "tables": [{"identifier": "ns.p_checkpoints"}], "routing": {"namespace": "ns"}},
+            "tables: 'ns.p_checkpoints' is the pipeline's own checkpoint",
+        ),
         ({"table": {"identifier": "ns.t", "upsert": True}}, "table.upsert: needs table.id_columns"),
-        ({"table": {"identifier": "", "upsert": True, "id_columns": ["id"], "key_source": "message_key"},
-          "routing": {"namespace": "ns", "dynamic": True, "field": "k", "table_template": "t_{value}"}},
-         "table.key_source: message_key needs tables named by their topic alone"),
-        ({"table": {"identifier": "ns.t", "op_field": "op", "id_columns": ["id"]}, "format": {"metadata": "none"}},
-         "table.op_field: needs format.metadata: prefixed"),
-        ({"table": {"identifier": "ns.t", "op_field": "op", "id_columns": ["id"], "op_values": {"X": "erase"}}},
-         "table.op_values.X: 'erase' is not insert, update, delete or truncate"),
-        ({"table": {"identifier": "ns.t", "upsert": True, "id_columns": ["id"], "truncate": "drop"}},
-         "table.truncate: 'drop' is not one of dead_letter, apply"),
-        ({"table": {"identifier": "ns.t", "upsert": True, "id_columns": ["id"], "key_source": "header"}},
-         "table.key_source: 'header' is not one of value, message_key"),
-        ({"table": {"identifier": "ns.t", "op_field": "op", "id_columns": ["id"], "key_source": "message_key"}},
-         "table.key_source: message_key is for upserts without an op field"),
-        ({"table": "", "tables": [{"identifier": "ns.a", "upsert": True}], "routing": {"namespace": "ns"}},
-         "tables[0].upsert: needs tables[0].id_columns"),
-        ({"table": {"identifier": "", "upsert": True}, "tables": [{"identifier": "ns.a"}], "routing": {"namespace": "ns"}},
-         "table.upsert / op_field: on a routed pipeline with static `tables`, set them per table under `tables`"),
-        ({"topics": ["a", "b"], "table": "", "routing": {"namespace": "ns"},
-          "tables": [{"identifier": "ns.a", "upsert": True, "id_columns": ["id"]}]},
-         "tables[0].topics: a change table takes the records of exactly one topic"),
-        ({"table": "", "routing": {"namespace": "ns", "dynamic": True, "table_template": "{topic[-1]}_{source}"}},
-         "routing.table_template: '{topic[-1]}_{source}': the placeholders are {value}, {topic}, {topic[N]}"),
-        ({"table": "", "routing": {"namespace": "ns", "dynamic": True, "table_template": "t_{value}"}},
-         "routing.field: required with routing.dynamic (or name tables by {topic}"),
-        ({"table": {"identifier": "", "upsert": True}, "routing": {"namespace": "ns", "dynamic": True,
-                                                                  "table_template": "{topic}"}},
-         "table.upsert: needs table.id_columns"),
+        (
+            {
+                "table": {"identifier": "", "upsert": True, "id_columns": ["id"], "key_source": "message_key"},
+                "routing": {"namespace": "ns", "dynamic": True, "field": "k", "table_template": "t_{value}"},
+            },
+            "table.key_source: message_key needs tables named by their topic alone",
+        ),
+        (
+            {"table": {"identifier": "ns.t", "op_field": "op", "id_columns": ["id"]}, "format": {"metadata": "none"}},
+            "table.op_field: needs format.metadata: prefixed",
+        ),
+        (
+            {"table": {"identifier": "ns.t", "op_field": "op", "id_columns": ["id"], "op_values": {"X": "erase"}}},
+            "table.op_values.X: 'erase' is not insert, update, delete or truncate",
+        ),
+        (
+            {"table": {"identifier": "ns.t", "upsert": True, "id_columns": ["id"], "truncate": "drop"}},
+            "table.truncate: 'drop' is not one of dead_letter, apply",
+        ),
+        (
+            {"table": {"identifier": "ns.t", "upsert": True, "id_columns": ["id"], "key_source": "header"}},
+            "table.key_source: 'header' is not one of value, message_key",
+        ),
+        (
+            {"table": {"identifier": "ns.t", "op_field": "op", "id_columns": ["id"], "key_source": "message_key"}},
+            "table.key_source: message_key is for upserts without an op field",
+        ),
+        (
+            {"table": "", "tables": [{"identifier": "ns.a", "upsert": True}], "routing": {"namespace": "ns"}},
+            "tables[0].upsert: needs tables[0].id_columns",
+        ),
+        (
+            {"table": {"identifier": "", "upsert": True}, "tables": [{"identifier": "ns.a"}], "routing": {"namespace": "ns"}},
+            "table.upsert / op_field: on a routed pipeline with static `tables`, set them per table under `tables`",
+        ),
+        (
+            {
+                "topics": ["a", "b"],
+                "table": "",
+                "routing": {"namespace": "ns"},
+                "tables": [{"identifier": "ns.a", "upsert": True, "id_columns": ["id"]}],
+            },
+            "tables[0].topics: a change table takes the records of exactly one topic",
+        ),
+        (
+            {"table": "", "routing": {"namespace": "ns", "dynamic": True, "table_template": "{topic[-1]}_{source}"}},
+            "routing.table_template: '{topic[-1]}_{source}': the placeholders are {value}, {topic}, {topic[N]}",
+        ),
+        (
+            {"table": "", "routing": {"namespace": "ns", "dynamic": True, "table_template": "t_{value}"}},
+            "routing.field: required with routing.dynamic (or name tables by {topic}",
+        ),
+        (
+            {"table": {"identifier": "", "upsert": True}, "routing": {"namespace": "ns", "dynamic": True, "table_template": "{topic}"}},
+            "table.upsert: needs table.id_columns",
+        ),
     ],
 )
 def test_errors_name_the_key(patch, message):
@@ -152,8 +204,12 @@ def test_errors_name_the_key(patch, message):
 def test_a_routed_debezium_pipeline_may_leave_id_columns_to_the_message_keys():
     """Change tables of a routed Debezium pipeline without `id_columns` take them from the message keys; a table
     listed with its own keeps them; other formats still need them (see test_errors_name_the_key)."""
-    doc = {**BASE, "table": {"identifier": "", "upsert": True}, "format": {"value": "debezium"},
-           "routing": {"namespace": "ns", "dynamic": True, "table_template": "{topic[-1]}"}}
+    doc = {
+        **BASE,
+        "table": {"identifier": "", "upsert": True},
+        "format": {"value": "debezium"},
+        "routing": {"namespace": "ns", "dynamic": True, "table_template": "{topic[-1]}"},
+    }
     spec = parse_pipeline(doc)
     assert spec.ids_from_keys and spec.for_table("ns.orders").table.id_columns == []
     keyed = parse_pipeline({**doc, "table": {"identifier": "", "upsert": True, "id_columns": ["id"]}})
@@ -199,8 +255,15 @@ def test_kafka_settings_from_an_airflow_connection(monkeypatch, tmp_path):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     monkeypatch.setenv(
         "AIRFLOW_CONN_KAFKA_PROD",
-        json.dumps({"conn_type": "generic", "host": "b1:9092,b2:9092", "login": "svc", "password": "s3cret-pw",
-                    "extra": {"security.protocol": "SASL_SSL", "sasl.mechanisms": "PLAIN"}}),
+        json.dumps(
+            {
+                "conn_type": "generic",
+                "host": "b1:9092,b2:9092",
+                "login": "svc",
+                "password": "s3cret-pw",
+                "extra": {"security.protocol": "SASL_SSL", "sasl.mechanisms": "PLAIN"},
+            }
+        ),
     )
     spec = parse_pipeline({**BASE, "kafka": {"conn_id": "kafka_prod", "settings": {"sasl.mechanisms": "SCRAM-SHA-512"}}})
     assert kafka_settings(spec) == {
@@ -225,24 +288,52 @@ def test_catalog_properties_from_an_airflow_connection(monkeypatch, tmp_path):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     monkeypatch.setattr(connections, "_CACHE", {})
     conns = {
-        "lake_pg": {"conn_type": "postgres", "host": "db.internal", "port": 5433, "login": "tw", "password": "p@ss/w",
-                    "schema": "iceberg", "extra": {"warehouse": "s3://lake/wh", "s3.secret-access-key": "s3-secret"}},
-        "lake_rest": {"conn_type": "https", "host": "catalog.example.com", "login": "client", "password": "cs",
-                      "extra": {"warehouse": "prod"}},
-        "lake_glue": {"conn_type": "aws", "login": "AKIAEXAMPLEEXAMPLE00", "password": "aws-secret",
-                      "extra": {"client.region": "eu-west-1"}},
+        "lake_pg": {
+            "conn_type": "postgres",
+            "host": "db.internal",
+            "port": 5433,
+            "login": "tw",
+            "password": "p@ss/w",
+            "schema": "iceberg",
+            "extra": {"warehouse": "s3://lake/wh", "s3.secret-access-key": "s3-secret"},
+        },
+        "lake_rest": {
+            "conn_type": "https",
+            "host": "catalog.example.com",
+            "login": "client",
+            "password": "cs",
+            "extra": {"warehouse": "prod"},
+        },
+        "lake_glue": {
+            "conn_type": "aws",
+            "login": "AKIAEXAMPLEEXAMPLE00",
+            "password": "aws-secret",
+            "extra": {"client.region": "eu-west-1"},
+        },
     }
     for conn_id, conn in conns.items():
         monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
     pg = parse_pipeline({**BASE, "catalog": {"conn_id": "lake_pg", "properties": {"warehouse": "s3://other/wh"}}})
-    assert pg.catalog_properties() == {"type": "sql", "uri": "postgresql+psycopg2://tw:p%40ss%2Fw@db.internal:5433/iceberg",
-                                       "warehouse": "s3://other/wh", "s3.secret-access-key": "s3-secret"}
+    assert pg.catalog_properties() == {
+        "type": "sql",
+        "uri": "postgresql+psycopg2://tw:p%40ss%2Fw@db.internal:5433/iceberg",
+        "warehouse": "s3://other/wh",
+        "s3.secret-access-key": "s3-secret",
+    }
     rest = parse_pipeline({**BASE, "catalog": {"conn_id": "lake_rest"}})
-    assert rest.catalog_properties() == {"type": "rest", "uri": "https://catalog.example.com", "credential": "client:cs",
-                                         "warehouse": "prod"}
+    assert rest.catalog_properties() == {
+        "type": "rest",
+        "uri": "https://catalog.example.com",
+        "credential": "client:cs",
+        "warehouse": "prod",
+    }
     glue = parse_pipeline({**BASE, "catalog": {"conn_id": "lake_glue"}})
-    assert glue.catalog_properties() == {"type": "glue", "client.access-key-id": "AKIAEXAMPLEEXAMPLE00",
-                                         "client.secret-access-key": "aws-secret", "client.region": "eu-west-1"}
+    assert glue.catalog_properties() == {
+        "type": "glue",
+        "client.access-key-id": "AKIAEXAMPLEEXAMPLE00",
+        "client.secret-access-key": "aws-secret",
+        "client.region": "eu-west-1",
+    }
     missing = parse_pipeline({**BASE, "catalog": {"conn_id": "nope"}})  # parsed and validated without asking
     with pytest.raises(ConfigError, match="catalog.conn_id: Airflow connection 'nope' not found"):
         missing.catalog_properties()
@@ -268,14 +359,32 @@ def test_an_aws_connection_maps_region_session_token_endpoints_and_assumes_its_r
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     monkeypatch.setattr(connections, "_CACHE", {})
     base = {"conn_type": "aws", "login": "AKIAEXAMPLEEXAMPLE00", "password": "aws-secret"}
-    monkeypatch.setenv("AIRFLOW_CONN_GLUE_PLAIN", json.dumps({**base, "extra": {
-        "region_name": "eu-west-1", "aws_session_token": "session-tok", "endpoint_url": "http://aws.local:5000",
-        "service_config": {"s3": {"endpoint_url": "http://s3.local:9000"}}, "s3.path-style-access": "true"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_GLUE_PLAIN",
+        json.dumps(
+            {
+                **base,
+                "extra": {
+                    "region_name": "eu-west-1",
+                    "aws_session_token": "session-tok",
+                    "endpoint_url": "http://aws.local:5000",
+                    "service_config": {"s3": {"endpoint_url": "http://s3.local:9000"}},
+                    "s3.path-style-access": "true",
+                },
+            }
+        ),
+    )
     plain = parse_pipeline({**BASE, "catalog": {"conn_id": "glue_plain"}}).catalog_properties()
-    assert plain == {"type": "glue", "client.access-key-id": "AKIAEXAMPLEEXAMPLE00", "client.secret-access-key": "aws-secret",
-                     "client.region": "eu-west-1", "client.session-token": "session-tok",
-                     "glue.endpoint": "http://aws.local:5000", "s3.endpoint": "http://s3.local:9000",
-                     "s3.path-style-access": "true"}
+    assert plain == {
+        "type": "glue",
+        "client.access-key-id": "AKIAEXAMPLEEXAMPLE00",
+        "client.secret-access-key": "aws-secret",
+        "client.region": "eu-west-1",
+        "client.session-token": "session-tok",
+        "glue.endpoint": "http://aws.local:5000",
+        "s3.endpoint": "http://s3.local:9000",
+        "s3.path-style-access": "true",
+    }
 
     asked: list[dict] = []
 
@@ -297,21 +406,40 @@ def test_an_aws_connection_maps_region_session_token_endpoints_and_assumes_its_r
                     if ask["RoleArn"].endswith("/denied"):
                         raise ClientError("User is not authorized to perform: sts:AssumeRole")
                     return {"Credentials": {"AccessKeyId": "ASIATEMP", "SecretAccessKey": "temp-secret", "SessionToken": "temp-tok"}}
+
             return Sts()
 
     monkeypatch.setitem(sys.modules, "boto3", types.SimpleNamespace(Session=Session))
     monkeypatch.setitem(sys.modules, "botocore", types.ModuleType("botocore"))
     monkeypatch.setitem(sys.modules, "botocore.exceptions", types.SimpleNamespace(ClientError=ClientError, BotoCoreError=OSError))
     role = "arn:aws:iam::123456789012:role/tidewater-ingest"
-    monkeypatch.setenv("AIRFLOW_CONN_GLUE_ROLE", json.dumps({**base, "extra": {
-        "region_name": "eu-west-1", "role_arn": role, "external_id": "ext-1"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_GLUE_ROLE", json.dumps({**base, "extra": {"region_name": "eu-west-1", "role_arn": role, "external_id": "ext-1"}})
+    )
     assumed = parse_pipeline({**BASE, "catalog": {"conn_id": "glue_role"}}).catalog_properties()
-    assert assumed == {"type": "glue", "client.access-key-id": "ASIATEMP", "client.secret-access-key": "temp-secret",
-                       "client.session-token": "temp-tok", "client.region": "eu-west-1"}
-    assert asked == [{"service": "sts", "endpoint": None, "RoleArn": role, "RoleSessionName": "tidewater", "ExternalId": "ext-1",
-                      "session": {"aws_access_key_id": "AKIAEXAMPLEEXAMPLE00", "aws_secret_access_key": "aws-secret",
-                                  "aws_session_token": None, "region_name": "eu-west-1"}}]
-    monkeypatch.setenv("AIRFLOW_CONN_GLUE_DENIED", json.dumps({**base, "extra": {"role_arn": role[:-len("tidewater-ingest")] + "denied"}}))
+    assert assumed == {
+        "type": "glue",
+        "client.access-key-id": "ASIATEMP",
+        "client.secret-access-key": "temp-secret",
+        "client.session-token": "temp-tok",
+        "client.region": "eu-west-1",
+    }
+    assert asked == [
+        {
+            "service": "sts",
+            "endpoint": None,
+            "RoleArn": role,
+            "RoleSessionName": "tidewater",
+            "ExternalId": "ext-1",
+            "session": {
+                "aws_access_key_id": "AKIAEXAMPLEEXAMPLE00",
+                "aws_secret_access_key": "aws-secret",
+                "aws_session_token": None,
+                "region_name": "eu-west-1",
+            },
+        }
+    ]
+    monkeypatch.setenv("AIRFLOW_CONN_GLUE_DENIED", json.dumps({**base, "extra": {"role_arn": role[: -len("tidewater-ingest")] + "denied"}}))
     with pytest.raises(ConfigError, match=r"connection 'glue_denied': STS refused to assume role_arn .*role/denied: User is not"):
         parse_pipeline({**BASE, "catalog": {"conn_id": "glue_denied"}}).catalog_properties()
     monkeypatch.setitem(sys.modules, "boto3", None)  # not installed
@@ -327,14 +455,25 @@ def test_the_schema_registry_from_an_airflow_connection(monkeypatch, tmp_path):
 
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     monkeypatch.setattr(connections, "_CACHE", {})
-    monkeypatch.setenv("AIRFLOW_CONN_SR", json.dumps({"conn_type": "https", "host": "sr.example.com", "port": 8081,
-                                                      "login": "sr-user", "password": "sr-pw",
-                                                      "extra": {"ssl.ca.location": "/etc/ca.pem"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SR",
+        json.dumps(
+            {
+                "conn_type": "https",
+                "host": "sr.example.com",
+                "port": 8081,
+                "login": "sr-user",
+                "password": "sr-pw",
+                "extra": {"ssl.ca.location": "/etc/ca.pem"},
+            }
+        ),
+    )
     fmt = {"value": "avro", "registry_conn_id": "sr"}
     spec = parse_pipeline({**BASE, "format": fmt})
     assert spec.registry() == ("https://sr.example.com:8081", "sr-user:sr-pw", {"ssl.ca.location": "/etc/ca.pem"})
-    mine = parse_pipeline({**BASE, "format": {**fmt, "registry_url": "http://mine:8081", "registry_settings": {
-        "ssl.ca.location": "/mine.pem"}}})
+    mine = parse_pipeline(
+        {**BASE, "format": {**fmt, "registry_url": "http://mine:8081", "registry_settings": {"ssl.ca.location": "/mine.pem"}}}
+    )
     assert mine.registry() == ("http://mine:8081", "sr-user:sr-pw", {"ssl.ca.location": "/mine.pem"})
     from tidewater.decode.registry_client import RegistryClient  # a connection's settings are text: the numeric ones are typed
     from tidewater.errors import TerminalError
@@ -354,17 +493,33 @@ def test_object_storage_credentials_from_an_airflow_connection(monkeypatch, tmp_
 
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     monkeypatch.setattr(connections, "_CACHE", {})
-    monkeypatch.setenv("AIRFLOW_CONN_STORE", json.dumps({
-        "conn_type": "aws", "login": "AKIAEXAMPLEEXAMPLE00", "password": "store-secret",
-        "extra": {"endpoint_url": "http://minio:9000", "region_name": "eu-west-1", "s3.path-style-access": "true"}}))
-    spec = parse_pipeline({**BASE, "catalog": {"properties": {"type": "sql", "uri": "sqlite:////c.db",
-                                                              "s3.region": "us-east-1"}},
-                           "batch": {"staging_dir": "s3://b/staging", "staging_conn_id": "store",
-                                     "staging_properties": {"s3.region": "ap-south-1"}}})
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_STORE",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "AKIAEXAMPLEEXAMPLE00",
+                "password": "store-secret",
+                "extra": {"endpoint_url": "http://minio:9000", "region_name": "eu-west-1", "s3.path-style-access": "true"},
+            }
+        ),
+    )
+    spec = parse_pipeline(
+        {
+            **BASE,
+            "catalog": {"properties": {"type": "sql", "uri": "sqlite:////c.db", "s3.region": "us-east-1"}},
+            "batch": {"staging_dir": "s3://b/staging", "staging_conn_id": "store", "staging_properties": {"s3.region": "ap-south-1"}},
+        }
+    )
     assert spec.staging_file_properties() == {
-        "type": "sql", "uri": "sqlite:////c.db", "s3.access-key-id": "AKIAEXAMPLEEXAMPLE00",
-        "s3.secret-access-key": "store-secret", "s3.endpoint": "http://minio:9000", "s3.region": "ap-south-1",
-        "s3.path-style-access": "true"}
+        "type": "sql",
+        "uri": "sqlite:////c.db",
+        "s3.access-key-id": "AKIAEXAMPLEEXAMPLE00",
+        "s3.secret-access-key": "store-secret",
+        "s3.endpoint": "http://minio:9000",
+        "s3.region": "ap-south-1",
+        "s3.path-style-access": "true",
+    }
     shipped = spec.for_executors().batch
     assert shipped.staging_conn_id is None and shipped.staging_properties["s3.secret-access-key"] == "store-secret"
     assert shipped.staging_properties["s3.region"] == "ap-south-1"
@@ -380,9 +535,18 @@ def test_every_problem_of_a_pipeline_file_is_reported_at_once(tmp_path):
     from tidewater.errors import ConfigError
 
     path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump({"name": "p", "topics": ["t"], "kafka": {"bootstrap_server": "h:9092"},
-                                    "table": {"identifier": "ns.t", "evolve_schema": "maybe"},
-                                    "batch": {"max_records": "lots"}, "sheduel": "@hourly"}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "p",
+                "topics": ["t"],
+                "kafka": {"bootstrap_server": "h:9092"},
+                "table": {"identifier": "ns.t", "evolve_schema": "maybe"},
+                "batch": {"max_records": "lots"},
+                "sheduel": "@hourly",
+            }
+        )
+    )
     with pytest.raises(ConfigError) as e:
         load_pipeline(path)
     problems = e.value.problems
@@ -393,8 +557,9 @@ def test_every_problem_of_a_pipeline_file_is_reported_at_once(tmp_path):
     assert any(p.startswith("batch.max_records: expected an integer") for p in problems)
     assert str(e.value).startswith(f"{path}: 4 problems:")
 
-    path.write_text(yaml.safe_dump({"name": "Bad Name", "topics": ["t"], "kafka": {"settings": {"group.id": "g"}},
-                                    "table": {"identifier": "ns.t"}}))
+    path.write_text(
+        yaml.safe_dump({"name": "Bad Name", "topics": ["t"], "kafka": {"settings": {"group.id": "g"}}, "table": {"identifier": "ns.t"}})
+    )
     with pytest.raises(ConfigError) as e:
         load_pipeline(path)
     assert [p.split(":")[0] for p in e.value.problems] == ["name", "kafka"], e.value.problems
@@ -413,8 +578,11 @@ def test_the_pipeline_schema_for_editors_matches_the_code_and_the_parser():
     schema = json.loads((REPO / "docs" / "pipeline.schema.json").read_text())
     assert schema == json.loads(json.dumps(pipeline_schema()))
     validator = jsonschema.Draft202012Validator(schema)
-    files = [REPO / "include" / "pipelines" / "pizzas.yaml", *sorted((REPO / "docs" / "examples").glob("*.yaml")),
-             *sorted((REPO / "docker" / "pipelines").glob("*.yaml"))]
+    files = [
+        REPO / "include" / "pipelines" / "pizzas.yaml",
+        *sorted((REPO / "docs" / "examples").glob("*.yaml")),
+        *sorted((REPO / "docker" / "pipelines").glob("*.yaml")),
+    ]
     assert len(files) >= 4
     for f in files:
         assert list(validator.iter_errors(yaml.safe_load(f.read_text()))) == [], f
@@ -437,17 +605,17 @@ SECRET_CASES = [
     ("spark.hadoop.fs.gs.auth.service.account.private.key", "pk", True),
     ("spark.hadoop.javax.jdo.option.ConnectionPassword", "hive", True),
     ("s3.access-key-id", "AKIA0123456789ABCDEF", True),
-    ("spark.custom.endpoint", "https://user:Pw-1@host:8443/p", True),       # a password in a URL, any key
+    ("spark.custom.endpoint", "https://user:Pw-1@host:8443/p", True),  # a password in a URL, any key
     ("spark.custom.jdbc", "jdbc:sqlserver://db;user=u;password=Pw-2", True),  # a JDBC property
-    ("spark.custom.url", "https://host/x?sig=abc&token=Tk-3", True),          # a query string
+    ("spark.custom.url", "https://host/x?sig=abc&token=Tk-3", True),  # a query string
     ("spark.custom.pem", "-----BEGIN RSA PRIVATE KEY-----\nMII", True),
-    ("spark.custom.id", "AKIAABCDEFGHIJKLMNOP", True),                      # an AWS access key id
+    ("spark.custom.id", "AKIAABCDEFGHIJKLMNOP", True),  # an AWS access key id
     ("bootstrap.servers", "h:1", False),
     ("spark.executorEnv.PATH", "/usr/bin", False),
     ("spark.sql.shuffle.partitions", "4", False),
     ("spark.eventLog.dir", "s3a://logs/spark", False),
     ("spark.master", "spark://127.0.0.1:7077", False),
-    ("uri", "postgresql+psycopg2://app@db:5432/catalog", False),             # a user name alone
+    ("uri", "postgresql+psycopg2://app@db:5432/catalog", False),  # a user name alone
 ]
 
 
@@ -475,36 +643,59 @@ def test_spark_redaction_covers_what_the_write_job_passes_as_secret():
     assert missed == []
 
 
-
-@pytest.mark.parametrize(("executor", "many"), [
-    (None, False), ("", False), ("LocalExecutor", False), ("airflow.executors.local_executor.LocalExecutor", False),
-    ("fast:LocalExecutor", False), ("CeleryExecutor", True), ("LocalExecutor,KubernetesExecutor", True),
-    ("edge:airflow.providers.edge3.executors.EdgeExecutor", True), ("my_company.executors.CustomExecutor", True)])
+@pytest.mark.parametrize(
+    ("executor", "many"),
+    [
+        (None, False),
+        ("", False),
+        ("LocalExecutor", False),
+        ("airflow.executors.local_executor.LocalExecutor", False),
+        ("fast:LocalExecutor", False),
+        ("CeleryExecutor", True),
+        ("LocalExecutor,KubernetesExecutor", True),
+        ("edge:airflow.providers.edge3.executors.EdgeExecutor", True),
+        ("my_company.executors.CustomExecutor", True),
+    ],
+)
 def test_which_executors_can_run_a_batchs_tasks_on_different_hosts(executor, many):
     from tidewater.config.validate import multi_host
 
     assert multi_host(executor) is many
 
 
-SHARED_STATE = {"catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/catalog",
-                                            "warehouse": "s3://lake/warehouse"}},
-                "batch": {"staging_dir": "s3://lake/staging"}, "validation": {"data_docs_dir": "s3://lake/docs"}}
+SHARED_STATE = {
+    "catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/catalog", "warehouse": "s3://lake/warehouse"}},
+    "batch": {"staging_dir": "s3://lake/staging"},
+    "validation": {"data_docs_dir": "s3://lake/docs"},
+}
 
 
-@pytest.mark.parametrize(("change", "setting", "words"), [
-    ({"catalog": {"properties": {"type": "sql", "uri": "sqlite:////tmp/catalog.db", "warehouse": "s3://lake/w"}}},
-     "catalog.properties.uri", "is a SQLite file"),
-    ({"catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/c", "warehouse": "file:///tmp/w"}}},
-     "catalog.properties.warehouse", "is a local folder"),
-    ({"catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/c", "warehouse": "/srv/lake"}}},
-     "catalog.properties.warehouse", "is a local folder"),
-    ({"batch": {"staging_dir": "/tmp/staging"}}, "batch.staging_dir", "is a local folder"),
-    ({"batch": {"staging_dir": "file:///mnt/other/staging"}}, "batch.staging_dir", "is a local folder"),
-    ({"batch": {}}, "batch.staging_dir", "by default each host keeps it under its own $TIDEWATER_HOME/staging"),
-    ({"validation": {}}, "validation.data_docs_dir", "by default each host keeps it under its own"),
-    ({"validation": {"data_docs_dir": "/var/tidewater/docs"}}, "validation.data_docs_dir", "is a local folder"),
-    ({"catalog": {}}, "catalog.properties", "each host has its own SQLite catalog"),
-])
+@pytest.mark.parametrize(
+    ("change", "setting", "words"),
+    [
+        (
+            {"catalog": {"properties": {"type": "sql", "uri": "sqlite:////tmp/catalog.db", "warehouse": "s3://lake/w"}}},
+            "catalog.properties.uri",
+            "is a SQLite file",
+        ),
+        (
+            {"catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/c", "warehouse": "file:///tmp/w"}}},
+            "catalog.properties.warehouse",
+            "is a local folder",
+        ),
+        (
+            {"catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/c", "warehouse": "/srv/lake"}}},
+            "catalog.properties.warehouse",
+            "is a local folder",
+        ),
+        ({"batch": {"staging_dir": "/tmp/staging"}}, "batch.staging_dir", "is a local folder"),
+        ({"batch": {"staging_dir": "file:///mnt/other/staging"}}, "batch.staging_dir", "is a local folder"),
+        ({"batch": {}}, "batch.staging_dir", "by default each host keeps it under its own $TIDEWATER_HOME/staging"),
+        ({"validation": {}}, "validation.data_docs_dir", "by default each host keeps it under its own"),
+        ({"validation": {"data_docs_dir": "/var/tidewater/docs"}}, "validation.data_docs_dir", "is a local folder"),
+        ({"catalog": {}}, "catalog.properties", "each host has its own SQLite catalog"),
+    ],
+)
 @pytest.mark.parametrize("executor", ["CeleryExecutor", "KubernetesExecutor", "LocalExecutor,KubernetesExecutor"])
 def test_a_multi_host_executor_refuses_every_per_host_place_naming_its_setting(executor, change, setting, words):
     """Under any executor that can put a batch's steps on different hosts (Kubernetes included), each per-host place
@@ -524,9 +715,13 @@ def test_shared_paths_admit_local_folders_every_host_mounts_but_never_a_sqlite_c
     Docs folder under one pass under Celery; a folder beside it (same prefix, other name) does not; SQLite never does."""
     from tidewater.config.validate import check_hosts
 
-    mounted = {**BASE, "airflow": {"shared_paths": ["/mnt/lake/"]},
-               "catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/c", "warehouse": "/mnt/lake/w"}},
-               "batch": {"staging_dir": "file:///mnt/lake/staging"}, "validation": {"data_docs_dir": "/mnt/lake"}}
+    mounted = {
+        **BASE,
+        "airflow": {"shared_paths": ["/mnt/lake/"]},
+        "catalog": {"properties": {"type": "sql", "uri": "postgresql+psycopg2://db/c", "warehouse": "/mnt/lake/w"}},
+        "batch": {"staging_dir": "file:///mnt/lake/staging"},
+        "validation": {"data_docs_dir": "/mnt/lake"},
+    }
     check_hosts(parse_pipeline(mounted), "CeleryExecutor")
     beside = {**mounted, "batch": {"staging_dir": "/mnt/lakehouse/staging"}}
     with pytest.raises(ConfigError, match=r"batch\.staging_dir: .* '/mnt/lakehouse/staging' is a local folder"):
@@ -547,17 +742,27 @@ def test_a_rest_catalogs_warehouse_is_a_name_not_a_folder():
 
 def test_kafka_start_from_is_earliest_or_a_time_and_anything_else_is_refused_naming_it():
     assert parse_pipeline(BASE).kafka.start_from == "earliest"
-    assert parse_pipeline({**BASE, "kafka": {**BASE["kafka"], "start_from": "2026-11-01T00:00:00Z"}}).kafka.start_from \
+    assert (
+        parse_pipeline({**BASE, "kafka": {**BASE["kafka"], "start_from": "2026-11-01T00:00:00Z"}}).kafka.start_from
         == "2026-11-01T00:00:00Z"
+    )
     for bad in ("latest", "yesterday", "2026-13-01"):
         with pytest.raises(ConfigError, match=rf"kafka.start_from \(earliest, or an ISO-8601 time\): '{bad}' is not"):
             parse_pipeline({**BASE, "kafka": {**BASE["kafka"], "start_from": bad}})
 
 
-MODES = [("format.key", "none"), ("format.metadata", "none"), ("dead_letter.policy", "dead_letter"),
-         ("table.truncate", "dead_letter"), ("table.key_source", "value"), ("routing.unmatched", "dead_letter"),
-         ("validation.not_null_policy", "fail"), ("validation.unique_ids", "none"), ("validation.on_failure", "fail"),
-         ("maintenance.rewrite_data_files.strategy", "auto")]
+MODES = [
+    ("format.key", "none"),
+    ("format.metadata", "none"),
+    ("dead_letter.policy", "dead_letter"),
+    ("table.truncate", "dead_letter"),
+    ("table.key_source", "value"),
+    ("routing.unmatched", "dead_letter"),
+    ("validation.not_null_policy", "fail"),
+    ("validation.unique_ids", "none"),
+    ("validation.on_failure", "fail"),
+    ("maintenance.rewrite_data_files.strategy", "auto"),
+]
 
 
 @pytest.mark.parametrize(("key", "default"), MODES)

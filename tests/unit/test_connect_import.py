@@ -65,8 +65,15 @@ def test_every_key_is_mapped_or_reported_and_the_result_validates(monkeypatch):
     keys = set(APACHE["config"])
     assert {k for k, _ in res.mapped} | {k for k, _ in res.unmapped} == keys
     unmapped = dict(res.unmapped)
-    for k in ("iceberg.tables.cdc-field", "iceberg.tables.upsert-mode-enabled", "transforms", "some.unknown.key",
-              "iceberg.control.topic", "consumer.override.auto.offset.reset", "connector.class"):
+    for k in (
+        "iceberg.tables.cdc-field",
+        "iceberg.tables.upsert-mode-enabled",
+        "transforms",
+        "some.unknown.key",
+        "iceberg.control.topic",
+        "consumer.override.auto.offset.reset",
+        "connector.class",
+    ):
         assert unmapped[k], k
     p = res.pipeline
     assert p["name"] == "events_sink" and p["topics"] == ["events", "audit"] and p["schedule"] == "*/5 * * * *"
@@ -121,12 +128,34 @@ def test_no_topics_is_a_clear_error():
 
 def test_the_command_writes_a_file_that_loads(tmp_path: Path):
     src = tmp_path / "connector.json"
-    src.write_text(json.dumps({"name": "one", "config": {"topics": "a", "iceberg.tables": "db.a",
-                                                         "iceberg.catalog.type": "rest", "iceberg.catalog.uri": "http://c",
-                                                         "iceberg.catalog.credential": "s3cret"}}))
+    src.write_text(
+        json.dumps(
+            {
+                "name": "one",
+                "config": {
+                    "topics": "a",
+                    "iceberg.tables": "db.a",
+                    "iceberg.catalog.type": "rest",
+                    "iceberg.catalog.uri": "http://c",
+                    "iceberg.catalog.credential": "s3cret",
+                },
+            }
+        )
+    )
     out = tmp_path / "one.yaml"
-    proc = subprocess.run([str(Path(sys.executable).parent / "tidewater"), "connect-import", str(src), "-o", str(out),
-                           "--bootstrap-servers", "127.0.0.1:9092"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "tidewater"),
+            "connect-import",
+            str(src),
+            "-o",
+            str(out),
+            "--bootstrap-servers",
+            "127.0.0.1:9092",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "s3cret" not in out.read_text() + proc.stderr
     assert "iceberg.catalog.credential -> ${TIDEWATER_ONE_CATALOG_CREDENTIAL}" in proc.stderr
@@ -154,9 +183,17 @@ def test_import_options_point_the_pipeline_at_another_catalog(tmp_path: Path, mo
     """A user moving from a REST/MinIO setup: `--catalog local` drops the connector's catalog settings (the
     local default catalog), `--catalog-uri`/`--warehouse` replace them (a password in the URI becomes an
     environment reference); the result validates and runs as it is."""
-    connector = {"name": "one", "config": {"topics": "a", "iceberg.tables": "db.a", "iceberg.catalog": "prod",
-                                           "iceberg.catalog.type": "rest", "iceberg.catalog.uri": "https://rest:8181",
-                                           "iceberg.catalog.warehouse": "s3://bucket/wh"}}
+    connector = {
+        "name": "one",
+        "config": {
+            "topics": "a",
+            "iceberg.tables": "db.a",
+            "iceberg.catalog": "prod",
+            "iceberg.catalog.type": "rest",
+            "iceberg.catalog.uri": "https://rest:8181",
+            "iceberg.catalog.warehouse": "s3://bucket/wh",
+        },
+    }
     local = convert(connector, catalog="local").pipeline
     assert local["catalog"] == {"name": "prod"}
     other = convert(connector, catalog_uri="postgresql+psycopg2://u:pw@db/cat", warehouse="/data/wh")
@@ -168,8 +205,21 @@ def test_import_options_point_the_pipeline_at_another_catalog(tmp_path: Path, mo
     src = tmp_path / "c.json"
     src.write_text(json.dumps(connector))
     out = tmp_path / "one.yaml"
-    proc = subprocess.run([str(Path(sys.executable).parent / "tidewater"), "connect-import", str(src), "--catalog", "local",
-                           "--bootstrap-servers", "127.0.0.1:9092", "-o", str(out)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "tidewater"),
+            "connect-import",
+            str(src),
+            "--catalog",
+            "local",
+            "--bootstrap-servers",
+            "127.0.0.1:9092",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "replaced by the local default catalog" in proc.stderr
     spec = parse_pipeline(yaml.safe_load(out.read_text()))
@@ -179,17 +229,23 @@ def test_import_options_point_the_pipeline_at_another_catalog(tmp_path: Path, mo
 def test_a_debezium_upsert_connector_becomes_a_change_pipeline():
     """The Iceberg sink's Debezium transform, cdc-field and upsert mode map to the debezium format with upserts
     by the id columns; the result validates as a change table."""
-    res = convert({"name": "prices-cdc", "config": {
-        "topics": "pg.public.prices",
-        "iceberg.tables": "db.prices",
-        "iceberg.tables.default-id-columns": "id",
-        "iceberg.tables.cdc-field": "_cdc.op",
-        "iceberg.tables.upsert-mode-enabled": "true",
-        "transforms": "debezium",
-        "transforms.debezium.type": "org.apache.iceberg.connect.transforms.DebeziumTransform",
-        "iceberg.catalog.type": "sql",
-        "iceberg.catalog.uri": "sqlite:////tmp/x.db",
-    }}, bootstrap="broker:9092")
+    res = convert(
+        {
+            "name": "prices-cdc",
+            "config": {
+                "topics": "pg.public.prices",
+                "iceberg.tables": "db.prices",
+                "iceberg.tables.default-id-columns": "id",
+                "iceberg.tables.cdc-field": "_cdc.op",
+                "iceberg.tables.upsert-mode-enabled": "true",
+                "transforms": "debezium",
+                "transforms.debezium.type": "org.apache.iceberg.connect.transforms.DebeziumTransform",
+                "iceberg.catalog.type": "sql",
+                "iceberg.catalog.uri": "sqlite:////tmp/x.db",
+            },
+        },
+        bootstrap="broker:9092",
+    )
     assert not [k for k, _ in res.unmapped if "cdc" in k or "upsert" in k or k.startswith("transforms")], res.unmapped
     p = res.pipeline
     assert p["format"]["value"] == "debezium" and p["table"]["upsert"] is True and "op_field" not in p["table"]
@@ -198,9 +254,18 @@ def test_a_debezium_upsert_connector_becomes_a_change_pipeline():
 
 
 def test_an_op_field_connector_keeps_its_field():
-    res = convert({"name": "orders", "config": {"topics": "orders", "iceberg.tables": "db.orders",
-                                                "iceberg.tables.default-id-columns": "order_id",
-                                                "iceberg.tables.cdc-field": "op"}}, bootstrap="broker:9092")
+    res = convert(
+        {
+            "name": "orders",
+            "config": {
+                "topics": "orders",
+                "iceberg.tables": "db.orders",
+                "iceberg.tables.default-id-columns": "order_id",
+                "iceberg.tables.cdc-field": "op",
+            },
+        },
+        bootstrap="broker:9092",
+    )
     spec = parse_pipeline(res.pipeline)
     assert spec.applies_changes and spec.op_column() == "op"
 
@@ -208,15 +273,21 @@ def test_an_op_field_connector_keeps_its_field():
 def test_a_json_schema_converter_reads_its_registry_and_keeps_its_credentials_out_of_the_file(monkeypatch):
     """Confluent's JsonSchemaConverter is the json_schema format; its registry URL is mapped and its basic auth is a
     secret: named as an environment variable, never copied."""
-    res = convert({"name": "orders-sink", "config": {
-        "topics": "orders",
-        "iceberg.tables": "db.orders",
-        "value.converter": "io.confluent.connect.json.JsonSchemaConverter",
-        "value.converter.schema.registry.url": "https://registry.example.com",
-        "value.converter.basic.auth.user.info": "user:very-secret",
-        "iceberg.catalog.type": "sql",
-        "iceberg.catalog.uri": "sqlite:////tmp/x.db",
-    }}, bootstrap="broker:9092")
+    res = convert(
+        {
+            "name": "orders-sink",
+            "config": {
+                "topics": "orders",
+                "iceberg.tables": "db.orders",
+                "value.converter": "io.confluent.connect.json.JsonSchemaConverter",
+                "value.converter.schema.registry.url": "https://registry.example.com",
+                "value.converter.basic.auth.user.info": "user:very-secret",
+                "iceberg.catalog.type": "sql",
+                "iceberg.catalog.uri": "sqlite:////tmp/x.db",
+            },
+        },
+        bootstrap="broker:9092",
+    )
     fmt = res.pipeline["format"]
     assert (fmt["value"], fmt["registry_url"]) == ("json_schema", "https://registry.example.com")
     assert fmt["registry_basic_auth"].startswith("${") and "very-secret" not in json.dumps(res.pipeline)
@@ -226,25 +297,42 @@ def test_a_json_schema_converter_reads_its_registry_and_keeps_its_credentials_ou
 
 
 def test_a_protobuf_converter_is_the_protobuf_format():
-    res = convert({"name": "events-sink", "config": {
-        "topics": "events", "iceberg.tables": "db.events",
-        "value.converter": "io.confluent.connect.protobuf.ProtobufConverter",
-        "value.converter.schema.registry.url": "http://registry:8081,http://registry2:8081",
-        "iceberg.catalog.type": "sql", "iceberg.catalog.uri": "sqlite:////tmp/x.db",
-    }}, bootstrap="broker:9092")
+    res = convert(
+        {
+            "name": "events-sink",
+            "config": {
+                "topics": "events",
+                "iceberg.tables": "db.events",
+                "value.converter": "io.confluent.connect.protobuf.ProtobufConverter",
+                "value.converter.schema.registry.url": "http://registry:8081,http://registry2:8081",
+                "iceberg.catalog.type": "sql",
+                "iceberg.catalog.uri": "sqlite:////tmp/x.db",
+            },
+        },
+        bootstrap="broker:9092",
+    )
     assert (res.pipeline["format"]["value"], res.pipeline["format"]["registry_url"]) == ("protobuf", "http://registry:8081")
     assert parse_pipeline(res.pipeline).format.value == "protobuf"
 
 
-
 def test_a_debezium_connector_with_the_protobuf_converter_is_the_debezium_protobuf_format():
-    res = convert({"name": "prices-cdc", "config": {
-        "topics": "pg.public.prices", "iceberg.tables": "db.prices", "iceberg.tables.default-id-columns": "id",
-        "iceberg.tables.upsert-mode-enabled": "true", "transforms": "debezium",
-        "transforms.debezium.type": "org.apache.iceberg.connect.transforms.DebeziumTransform",
-        "value.converter": "io.confluent.connect.protobuf.ProtobufConverter",
-        "value.converter.schema.registry.url": "http://registry:8081",
-        "iceberg.catalog.type": "sql", "iceberg.catalog.uri": "sqlite:////tmp/x.db",
-    }}, bootstrap="broker:9092")
+    res = convert(
+        {
+            "name": "prices-cdc",
+            "config": {
+                "topics": "pg.public.prices",
+                "iceberg.tables": "db.prices",
+                "iceberg.tables.default-id-columns": "id",
+                "iceberg.tables.upsert-mode-enabled": "true",
+                "transforms": "debezium",
+                "transforms.debezium.type": "org.apache.iceberg.connect.transforms.DebeziumTransform",
+                "value.converter": "io.confluent.connect.protobuf.ProtobufConverter",
+                "value.converter.schema.registry.url": "http://registry:8081",
+                "iceberg.catalog.type": "sql",
+                "iceberg.catalog.uri": "sqlite:////tmp/x.db",
+            },
+        },
+        bootstrap="broker:9092",
+    )
     spec = parse_pipeline(res.pipeline)
     assert spec.format.value == "debezium_protobuf" and spec.applies_changes and spec.op_column() == "_op"

@@ -26,8 +26,7 @@ def test_iso8601_naive_and_zoned_mixed():
     t = pa.table({"created_at": ["2024-02-29T12:23:03", "2024-02-29T12:23:03+01:00", "2024-02-29T12:23:03Z"]})
     out, failed = apply(t, FormatSpec(timestamps={"created_at": "iso8601"}))
     assert failed == []
-    assert out.column("created_at").to_pylist() == [utc(2024, 2, 29, 12, 23, 3), utc(2024, 2, 29, 11, 23, 3),
-                                                    utc(2024, 2, 29, 12, 23, 3)]
+    assert out.column("created_at").to_pylist() == [utc(2024, 2, 29, 12, 23, 3), utc(2024, 2, 29, 11, 23, 3), utc(2024, 2, 29, 12, 23, 3)]
     assert out.schema.field("created_at").type == pa.timestamp("us", tz="UTC")
 
 
@@ -35,8 +34,7 @@ def test_iso8601_error_path_keeps_the_good_values():
     t = pa.table({"at": ["2024-02-29T12:23:03.250+02:00", "not a date", "2024-03-01"]})
     out, failed = apply(t, FormatSpec(timestamps={"at": "iso8601"}))
     assert [r for r, _ in failed] == [1]
-    assert out.column("at").to_pylist() == [datetime(2024, 2, 29, 10, 23, 3, 250000, tzinfo=timezone.utc),
-                                            utc(2024, 3, 1)]
+    assert out.column("at").to_pylist() == [datetime(2024, 2, 29, 10, 23, 3, 250000, tzinfo=timezone.utc), utc(2024, 3, 1)]
 
 
 def test_epochs():
@@ -53,8 +51,12 @@ def test_a_field_inside_an_object_is_converted_and_bad_values_name_their_row():
     from tidewater.config.spec import FormatSpec
     from tidewater.transform.conversions import apply, decoder_schema
 
-    t = pa.table({"id": [1, 2, 3, 4], "meta": pa.array([
-        {"at": "2024-01-04 12:28:13", "who": "a"}, {"at": "not a time", "who": "b"}, None, {"at": None, "who": "d"}])})
+    t = pa.table(
+        {
+            "id": [1, 2, 3, 4],
+            "meta": pa.array([{"at": "2024-01-04 12:28:13", "who": "a"}, {"at": "not a time", "who": "b"}, None, {"at": None, "who": "d"}]),
+        }
+    )
     fmt = FormatSpec(timestamps={"meta.at": "%Y-%m-%d %H:%M:%S"}, timezone="Europe/Oslo")
     out, failed = apply(t, fmt)
     assert failed == [(1, "column 'meta.at': 'not a time' is not a date-time in format '%Y-%m-%d %H:%M:%S'")]

@@ -16,8 +16,7 @@ def test_the_guard_names_every_partition_whose_offset_moved_and_nothing_else():
     guard = OffsetsExpected({"t": {0: (10,), 1: (5, 5), 2: (None,), 3: (7, 8)}})
     assert guard.moved_from({"t": {0: 10, 1: 5}}) == ["t[3] written against [7, 8], now at None"]
     moved = guard.moved_from({"t": {0: 12, 1: 5, 2: 0, 3: 7}})
-    assert moved == ["t[0] written against 10, now at 12", "t[2] written against None, now at 0",
-                     "t[3] written against [7, 8], now at 7"]
+    assert moved == ["t[0] written against 10, now at 12", "t[2] written against None, now at 0", "t[3] written against [7, 8], now at 7"]
 
 
 def test_the_offsets_after_a_batch_continue_each_range_and_keep_the_others():
@@ -49,8 +48,9 @@ def test_kinds_commit_every_table_kind_in_every_mode_a_batch_can_be_in():
 
 
 def test_a_plan_knows_its_mode_from_json_and_refuses_an_unknown_one():
-    plan = BatchPlan(batch_id="b", pipeline="p", table="t", pipeline_path="p.yaml", ranges=(), base_offsets={},
-                     created_at="now", mode="append-missing")
+    plan = BatchPlan(
+        batch_id="b", pipeline="p", table="t", pipeline_path="p.yaml", ranges=(), base_offsets={}, created_at="now", mode="append-missing"
+    )
     assert plan.mode is Mode.APPEND_MISSING
     doc = plan.to_json()
     assert doc["mode"] == "append-missing" and BatchPlan.from_json(doc) == plan
@@ -89,8 +89,7 @@ def test_an_attempt_keeps_the_offsets_its_change_stamps():
     from tidewater.table.summary import summary_properties
 
     attempt = TargetAttempt()
-    props = summary_properties(offsets={"t": {0: 25, 3: 7}}, batch_id="b", pipeline="p", records=3,
-                               valid_through_ms=None, dag_run_id=None)
+    props = summary_properties(offsets={"t": {0: 25, 3: 7}}, batch_id="b", pipeline="p", records=3, valid_through_ms=None, dag_run_id=None)
     attempt.stamp(props)
     assert attempt.stamped == {"t": {0: 25, 3: 7}}
     attempt.stamp({"other": "x"})
@@ -104,14 +103,28 @@ def test_a_target_s_role_is_asked_of_the_target_set_by_name():
     from tidewater.config.parse import parse_pipeline
     from tidewater.table.targets import target_role
 
-    plain = parse_pipeline({"name": "plain", "topics": ["t"], "kafka": {"bootstrap_servers": "h:1"},
-                            "table": {"identifier": "db.plain"}})
-    routed = parse_pipeline({"name": "routed", "topics": ["t"], "kafka": {"bootstrap_servers": "h:1"},
-                             "table": {"identifier": ""},
-                             "routing": {"namespace": "ev", "field": "k", "dynamic": True, "table_template": "ev_{value}"}})
+    plain = parse_pipeline({"name": "plain", "topics": ["t"], "kafka": {"bootstrap_servers": "h:1"}, "table": {"identifier": "db.plain"}})
+    routed = parse_pipeline(
+        {
+            "name": "routed",
+            "topics": ["t"],
+            "kafka": {"bootstrap_servers": "h:1"},
+            "table": {"identifier": ""},
+            "routing": {"namespace": "ev", "field": "k", "dynamic": True, "table_template": "ev_{value}"},
+        }
+    )
+
     def answers(role):
-        return (role.holds_offsets, role.carries_totals, role.created_at_commit, role.committed_without_rows,
-                role.has_own_settings, role.keeps_own_offsets, role.reached_by_routing, role.takes_one_topic)
+        return (
+            role.holds_offsets,
+            role.carries_totals,
+            role.created_at_commit,
+            role.committed_without_rows,
+            role.has_own_settings,
+            role.keeps_own_offsets,
+            role.reached_by_routing,
+            role.takes_one_topic,
+        )
 
     assert answers(target_role(plain, "db.plain")) == (True, True, True, True, False, False, False, False)
     assert answers(target_role(routed, "ev.ev_a")) == (False, False, False, False, True, True, True, True)
@@ -129,8 +142,14 @@ def test_a_replay_s_modes_and_its_default_follow_the_pipeline_s_tables():
     base = {"topics": ["t"], "kafka": {"bootstrap_servers": "h:1"}, "format": {"metadata": "prefixed"}}
     append = parse_pipeline({**base, "name": "a", "table": {"identifier": "db.a"}})
     changes = parse_pipeline({**base, "name": "c", "table": {"identifier": "db.c", "upsert": True, "id_columns": ["id"]}})
-    routed = parse_pipeline({**base, "name": "r", "table": {"identifier": ""},
-                             "routing": {"namespace": "ev", "field": "k", "dynamic": True, "table_template": "ev_{value}"}})
+    routed = parse_pipeline(
+        {
+            **base,
+            "name": "r",
+            "table": {"identifier": ""},
+            "routing": {"namespace": "ev", "field": "k", "dynamic": True, "table_template": "ev_{value}"},
+        }
+    )
     assert append.replay_modes == ("replace", "append-missing")
     assert changes.replay_modes == ("reapply",)
     assert routed.replay_modes == ("replace", "append-missing", "reapply")

@@ -72,16 +72,24 @@ def test_a_missed_deadline_warns_counts_and_calls_on_late_with_the_run(caplog, m
     sent: list[str] = []
     monkeypatch.setattr("tidewater.runtime.metrics.late", lambda pipeline: sent.append(pipeline))
     CALLS.clear()
-    context = {"dag_run": {"dag_id": "ingest_orders", "dag_run_id": "scheduled__1", "queued_at": "2026-11-27T04:00:00Z"},
-               "deadline": {"id": "d1", "deadline_time": "2026-11-27T04:15:00Z"}}
+    context = {
+        "dag_run": {"dag_id": "ingest_orders", "dag_run_id": "scheduled__1", "queued_at": "2026-11-27T04:00:00Z"},
+        "deadline": {"id": "d1", "deadline_time": "2026-11-27T04:15:00Z"},
+    }
     with caplog.at_level("WARNING", logger="tidewater.runtime.deadlines"):
         output = asyncio.run(deadlines.late_run("orders", "15m", f"{__name__}.record_late", context=context))
-    message = ("pipeline orders: ingest run scheduled__1 is still unfinished 15m after it was queued at "
-               "2026-11-27T04:00:00Z (airflow.freshness)")
+    message = (
+        "pipeline orders: ingest run scheduled__1 is still unfinished 15m after it was queued at 2026-11-27T04:00:00Z (airflow.freshness)"
+    )
     assert output == message and caplog.messages == [message] and sent == ["orders"]
     (info,) = CALLS
-    assert info == {"pipeline": "orders", "freshness": "15m", "message": message, "dag_run": context["dag_run"],
-                    "deadline": context["deadline"]}
+    assert info == {
+        "pipeline": "orders",
+        "freshness": "15m",
+        "message": message,
+        "dag_run": context["dag_run"],
+        "deadline": context["deadline"],
+    }
     asyncio.run(deadlines.late_run("orders", "15m", f"{__name__}.RecordingNotifier", context=context))
     assert CALLS[-1]["notifier"] and CALLS[-1]["pipeline"] == "orders"
 

@@ -79,7 +79,11 @@ def test_lenient_sets_bad_records_apart_and_keeps_the_good_in_order():
     table, bad = decode_json_lenient(chunk(values), None)
     assert table.column("a").to_pylist() == [1, 4, 5]
     assert [(b.index, b.error_class) for b in bad] == [
-        (1, "InvalidJson"), (2, "Tombstone"), (3, "EmptyValue"), (4, "InvalidUtf8"), (6, "TypeMismatch")
+        (1, "InvalidJson"),
+        (2, "Tombstone"),
+        (3, "EmptyValue"),
+        (4, "InvalidUtf8"),
+        (6, "TypeMismatch"),
     ]
     assert table.num_rows + len(bad) == len(values)
 
@@ -122,13 +126,16 @@ def test_schema_limits_set_apart_the_records_over_them_and_keep_the_rest():
 
     names = ["id", "a", "b", "c", "d", "e", "f", "g"]
     schema = pa.schema([*((n, pa.int64()) for n in names), ("h", pa.struct([("x", pa.int64())])), ("z" * 20, pa.int64())])
-    rows = pa.Table.from_pylist([
-        {"id": 1, "a": 1, "b": 2},
-        {"id": 2, "c": 1, "d": 2, "e": 3, "f": 4, "g": 5},
-        {"id": 3, "h": {"x": 1}},
-        {"id": 4, "z" * 20: 1},
-        {"id": 5},
-    ], schema=schema)
+    rows = pa.Table.from_pylist(
+        [
+            {"id": 1, "a": 1, "b": 2},
+            {"id": 2, "c": 1, "d": 2, "e": 3, "f": 4, "g": 5},
+            {"id": 3, "h": {"x": 1}},
+            {"id": 4, "z" * 20: 1},
+            {"id": 5},
+        ],
+        schema=schema,
+    )
     existing = pa.schema([("id", pa.int64())])
     kept, over = check(rows, existing, SchemaLimits(max_new_columns=3, max_columns=100, max_field_name_length=10), 0)
     assert [(o.row, o.error_class) for o in over] == [(1, "TooManyColumns"), (2, "TooManyColumns"), (3, "FieldNameTooLong")]
@@ -143,14 +150,14 @@ def test_schema_limits_set_apart_the_records_over_them_and_keep_the_rest():
 
 
 NUMBERS = [
-    b'{"a": 1, "x": NaN}',                                       # 0: not JSON
-    b'{"a": 2, "xs": [1.5, -Infinity]}',                         # 1: not JSON
-    b'{"a": 3, "huge": ' + b"7" * 200 + b"}",                    # 2: a new field would become a double
-    b'{"a": 4, "r": 1e400}',                                     # 3: beyond a double
-    b'{"a": 5, "n": 9223372036854775807}',                       # 4: the largest long: a row
-    b'{"a": 6, "n": 9223372036854775808}',                       # 5: one past it
-    b'{"a": 7, "s": "id: 123456789012345678901234, NaN"}',       # 6: a string that looks suspect: a row
-    b'{"a": 8, "d": 1e19}',                                      # 7: a double that large is legitimate: a row
+    b'{"a": 1, "x": NaN}',  # 0: not JSON
+    b'{"a": 2, "xs": [1.5, -Infinity]}',  # 1: not JSON
+    b'{"a": 3, "huge": ' + b"7" * 200 + b"}",  # 2: a new field would become a double
+    b'{"a": 4, "r": 1e400}',  # 3: beyond a double
+    b'{"a": 5, "n": 9223372036854775807}',  # 4: the largest long: a row
+    b'{"a": 6, "n": 9223372036854775808}',  # 5: one past it
+    b'{"a": 7, "s": "id: 123456789012345678901234, NaN"}',  # 6: a string that looks suspect: a row
+    b'{"a": 8, "d": 1e19}',  # 7: a double that large is legitimate: a row
 ]
 
 
@@ -162,7 +169,12 @@ def test_nan_infinity_and_out_of_range_numbers_are_dead_letters_named_by_class()
 
     table, bad = decode_json_lenient(chunk(NUMBERS), None)
     assert [(b.index, b.error_class) for b in bad] == [
-        (0, "InvalidJson"), (1, "InvalidJson"), (2, "NumberOutOfRange"), (3, "NumberOutOfRange"), (5, "NumberOutOfRange")]
+        (0, "InvalidJson"),
+        (1, "InvalidJson"),
+        (2, "NumberOutOfRange"),
+        (3, "NumberOutOfRange"),
+        (5, "NumberOutOfRange"),
+    ]
     assert "format.allow_non_numeric_numbers" in bad[0].message and "64-bit" in bad[2].message
     assert table.column("a").to_pylist() == [5, 7, 8]
     assert table.column("n").to_pylist() == [9223372036854775807, None, None] and table.schema.field("n").type == pa.int64()
@@ -184,8 +196,7 @@ def test_non_numeric_numbers_are_doubles_when_allowed_but_out_of_range_ones_neve
     from tidewater.decode.json import decode_json_lenient
 
     table, bad = decode_json_lenient(chunk(NUMBERS), None, allow_non_numeric=True)
-    assert [(b.index, b.error_class) for b in bad] == [(2, "NumberOutOfRange"), (3, "NumberOutOfRange"),
-                                                      (5, "NumberOutOfRange")]
+    assert [(b.index, b.error_class) for b in bad] == [(2, "NumberOutOfRange"), (3, "NumberOutOfRange"), (5, "NumberOutOfRange")]
     assert table.column("a").to_pylist() == [1, 2, 5, 7, 8]
     assert math.isnan(table.column("x").to_pylist()[0]) and table.column("x").type == pa.float64()
     assert table.column("xs").to_pylist()[1] == [1.5, -math.inf]

@@ -14,8 +14,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_site_builds_strictly_with_every_page(tmp_path):
     site = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     pages = {p.relative_to(REPO / "docs").with_suffix("").as_posix() for p in (REPO / "docs").rglob("*.md")}
     built = {p.relative_to(site).parent.as_posix() for p in site.rglob("index.html")}
@@ -41,4 +47,3 @@ def test_the_formats_page_has_a_section_for_every_value_format():
     page = (REPO / "docs" / "reference" / "formats.md").read_text()
     named = {n for h in re.findall(r"^## (.+)$", page, re.M) for n in h.split(" and ")}
     assert named == set(FORMATS), (sorted(set(FORMATS) - named), sorted(named - set(FORMATS)))
-

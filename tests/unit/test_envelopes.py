@@ -11,7 +11,9 @@ from tidewater.decode.debezium import decode_debezium
 from tidewater.source.kafka import Chunk
 
 SCHEMA = {
-    "type": "struct", "name": "orders.Value", "optional": False,
+    "type": "struct",
+    "name": "orders.Value",
+    "optional": False,
     "fields": [
         {"field": "id", "type": "int32", "optional": False},
         {"field": "amount", "type": "float64", "optional": True},
@@ -31,8 +33,10 @@ def connect(payload: dict | None) -> bytes:
 
 
 def test_connect_payload_typed_by_the_declared_schema():
-    rows = [connect({"id": 1, "amount": 2, "ordered_at": 1_700_000_000_000, "day": 19000, "tags": ["a"]}),
-            connect({"id": 2, "amount": 2.5, "ordered_at": None, "day": None, "tags": []})]
+    rows = [
+        connect({"id": 1, "amount": 2, "ordered_at": 1_700_000_000_000, "day": 19000, "tags": ["a"]}),
+        connect({"id": 2, "amount": 2.5, "ordered_at": None, "day": None, "tags": []}),
+    ]
     table, bad = decode_connect(chunk(rows), None)
     assert bad == []
     assert table.schema.field("id").type == pa.int32()
@@ -60,20 +64,29 @@ def test_debezium_after_for_create_update_snapshot_before_for_delete():
     values = [json.dumps(e).encode() for e in ev] + [None, json.dumps({**ev[0], "op": "x"}).encode()]
     table, bad = decode_debezium(chunk(values), None)
     assert table.to_pylist() == [
-        {"id": 1, "name": "a", "_op": "c"}, {"id": 1, "name": "b", "_op": "u"},
-        {"id": 1, "name": "b", "_op": "d"}, {"id": 2, "name": "r", "_op": "r"},
+        {"id": 1, "name": "a", "_op": "c"},
+        {"id": 1, "name": "b", "_op": "u"},
+        {"id": 1, "name": "b", "_op": "d"},
+        {"id": 2, "name": "r", "_op": "r"},
     ]
     assert [(b.index, b.error_class) for b in bad] == [(4, "Tombstone"), (5, "NotDebezium")]
 
 
 def test_debezium_inside_a_connect_envelope():
     row_schema = {"type": "struct", "optional": True, "fields": [{"field": "id", "type": "int64"}, {"field": "v", "type": "string"}]}
-    schema = {"type": "struct", "fields": [
-        {"field": "before", **row_schema}, {"field": "after", **row_schema},
-        {"field": "op", "type": "string"}, {"field": "ts_ms", "type": "int64", "optional": True},
-    ]}
-    payloads = [{"before": None, "after": {"id": 7, "v": "x"}, "op": "c", "ts_ms": 1},
-                {"before": {"id": 7, "v": "x"}, "after": None, "op": "d", "ts_ms": 2}]
+    schema = {
+        "type": "struct",
+        "fields": [
+            {"field": "before", **row_schema},
+            {"field": "after", **row_schema},
+            {"field": "op", "type": "string"},
+            {"field": "ts_ms", "type": "int64", "optional": True},
+        ],
+    }
+    payloads = [
+        {"before": None, "after": {"id": 7, "v": "x"}, "op": "c", "ts_ms": 1},
+        {"before": {"id": 7, "v": "x"}, "after": None, "op": "d", "ts_ms": 2},
+    ]
     values = [json.dumps({"schema": schema, "payload": p}).encode() for p in payloads]
     table, bad = decode_debezium(chunk(values), None)
     assert bad == []
@@ -85,11 +98,17 @@ def test_debezium_schema_changes_and_heartbeats_are_named_not_taken_for_rows():
     changes: each is a bad record named for what it is (`SchemaChange`, `Heartbeat`), in a chunk of its own or
     among change events; anything else without a valid `op` stays `NotDebezium`; a truncate (`t`) is a change event
     without an image."""
-    ddl = {"source": {"db": "inventory"}, "databaseName": "inventory", "ddl": "ALTER TABLE orders ADD note text",
-           "tableChanges": [{"type": "ALTER", "id": "inventory.orders"}], "ts_ms": 5}
+    ddl = {
+        "source": {"db": "inventory"},
+        "databaseName": "inventory",
+        "ddl": "ALTER TABLE orders ADD note text",
+        "tableChanges": [{"type": "ALTER", "id": "inventory.orders"}],
+        "ts_ms": 5,
+    }
     change = {"before": None, "after": {"id": 1}, "op": "c", "ts_ms": 1}
-    values = [json.dumps(v).encode() for v in (change, ddl, {"ts_ms": 6}, {"foo": 1},
-                                                {"before": None, "after": None, "op": "t", "ts_ms": 7})]
+    values = [
+        json.dumps(v).encode() for v in (change, ddl, {"ts_ms": 6}, {"foo": 1}, {"before": None, "after": None, "op": "t", "ts_ms": 7})
+    ]
     table, bad = decode_debezium(chunk(values), None)
     assert [(b.index, b.error_class) for b in bad] == [(1, "SchemaChange"), (2, "Heartbeat"), (3, "NotDebezium")]
     assert "schema change topic out of `topics` / `topic_pattern`" in bad[0].message

@@ -14,11 +14,20 @@ def _file(rows: int) -> StagedFile:
     return StagedFile(f"/staged/{rows}.parquet", rows, 100, 0)
 
 
-def _manifest(files: list[int], letters: int, skipped: int, routed: int | None = None,
-              outputs: tuple[TableOutput, ...] = ()) -> BatchManifest:
+def _manifest(
+    files: list[int], letters: int, skipped: int, routed: int | None = None, outputs: tuple[TableOutput, ...] = ()
+) -> BatchManifest:
     part = PartitionStats("a", 0, 0, 10, 10, 0, 9, None, None, dead_letters=letters, skipped=skipped, routed=routed)
-    return BatchManifest("b", "ns.t", tuple(_file(n) for n in files), (part,), 0, "now",
-                         dead_letter_files=(_file(letters),) if letters else (), outputs=outputs)
+    return BatchManifest(
+        "b",
+        "ns.t",
+        tuple(_file(n) for n in files),
+        (part,),
+        0,
+        "now",
+        dead_letter_files=(_file(letters),) if letters else (),
+        outputs=outputs,
+    )
 
 
 def test_a_plain_tables_checks_add_up_the_whole_batch_and_fail_when_a_row_is_missing():

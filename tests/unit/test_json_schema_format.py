@@ -18,16 +18,17 @@ from tidewater.decode.records import DecodeContext
 from tidewater.decode.registry_client import RegistryClient
 from tidewater.source.kafka import Chunk
 
-V1 = {"type": "object", "properties": {
-    "id": {"type": "integer"},
-    "at": {"type": "string", "format": "date-time"},
-    "day": {"type": ["string", "null"], "format": "date"},
-    "buyer": {"type": "object", "properties": {"name": {"type": "string"}, "vip": {"type": "boolean"}},
-              "required": ["name"]},
-}, "required": ["id", "at", "buyer"]}
+V1 = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "at": {"type": "string", "format": "date-time"},
+        "day": {"type": ["string", "null"], "format": "date"},
+        "buyer": {"type": "object", "properties": {"name": {"type": "string"}, "vip": {"type": "boolean"}}, "required": ["name"]},
+    },
+    "required": ["id", "at", "buyer"],
+}
 V2 = {**V1, "properties": {**V1["properties"], "coupon": {"type": "string"}}}
-
-
 
 
 def _serializer(url: str, schema: dict) -> JSONSerializer:
@@ -47,10 +48,11 @@ def _decode(url: str, values: list):
 def test_values_of_two_schema_ids_land_in_chunk_order_with_the_schema_s_types(registry_url):
     ctx = SerializationContext("orders", MessageField.VALUE)
     one, two = _serializer(registry_url, V1), _serializer(registry_url, V2)
-    values = [one({"id": 1, "at": "2026-01-02T03:04:05Z", "day": "2026-01-02", "buyer": {"name": "a"}}, ctx),
-              two({"id": 2, "at": "2026-01-02T04:04:05+01:00", "buyer": {"name": "b", "vip": True}, "coupon": "X",
-                   "unnamed": [1, 2]}, ctx),
-              one({"id": 3, "at": "2026-01-02T05:04:05.5Z", "day": None, "buyer": {"name": "c"}}, ctx)]
+    values = [
+        one({"id": 1, "at": "2026-01-02T03:04:05Z", "day": "2026-01-02", "buyer": {"name": "a"}}, ctx),
+        two({"id": 2, "at": "2026-01-02T04:04:05+01:00", "buyer": {"name": "b", "vip": True}, "coupon": "X", "unnamed": [1, 2]}, ctx),
+        one({"id": 3, "at": "2026-01-02T05:04:05.5Z", "day": None, "buyer": {"name": "c"}}, ctx),
+    ]
     rows, bad = _decode(registry_url, values)
     assert bad == []
     assert rows.schema.field("at").type == pa.timestamp("us", tz="UTC") and rows.schema.field("day").type == pa.date32()
@@ -66,20 +68,28 @@ def test_records_that_break_their_schema_or_the_framing_are_bad_records_naming_t
     ctx = SerializationContext("orders", MessageField.VALUE)
     one = _serializer(registry_url, V1)
     good = {"id": 1, "at": "2026-01-02T03:04:05Z", "buyer": {"name": "a"}}
-    values = [one(good, ctx),
-              one({**good, "id": "seven"}, ctx),  # a string where the schema says integer
-              one({**good, "at": "2026-01-02T03:04:05"}, ctx),  # no zone offset: not an RFC 3339 date-time
-              one({"id": 4, "at": "2026-01-02T03:04:05Z"}, ctx),  # required buyer missing
-              one({**good, "buyer": {"vip": False}}, ctx),  # required buyer.name missing
-              b'{"id": 6}',  # no framing
-              b"\x00" + (99).to_bytes(4, "big") + b'{"id": 7}',  # an id the registry does not know
-              None,
-              one({**good, "id": 9}, ctx)]
+    values = [
+        one(good, ctx),
+        one({**good, "id": "seven"}, ctx),  # a string where the schema says integer
+        one({**good, "at": "2026-01-02T03:04:05"}, ctx),  # no zone offset: not an RFC 3339 date-time
+        one({"id": 4, "at": "2026-01-02T03:04:05Z"}, ctx),  # required buyer missing
+        one({**good, "buyer": {"vip": False}}, ctx),  # required buyer.name missing
+        b'{"id": 6}',  # no framing
+        b"\x00" + (99).to_bytes(4, "big") + b'{"id": 7}',  # an id the registry does not know
+        None,
+        one({**good, "id": 9}, ctx),
+    ]
     rows, bad = _decode(registry_url, values)
     assert [r["id"] for r in rows.to_pylist()] == [1, 9]
     assert [(b.index, b.error_class) for b in bad] == [
-        (1, "SchemaViolation"), (2, "SchemaViolation"), (3, "SchemaViolation"), (4, "SchemaViolation"),
-        (5, "NotConfluentJsonSchema"), (6, "UnknownSchemaId"), (7, "Tombstone")]
+        (1, "SchemaViolation"),
+        (2, "SchemaViolation"),
+        (3, "SchemaViolation"),
+        (4, "SchemaViolation"),
+        (5, "NotConfluentJsonSchema"),
+        (6, "UnknownSchemaId"),
+        (7, "Tombstone"),
+    ]
     why = {b.index: b.message for b in bad}
     assert "at: '2026-01-02T03:04:05' is not a date-time" in why[2]
     assert "buyer: required" in why[3] and "buyer.name: required" in why[4]
@@ -102,14 +112,17 @@ def test_records_of_a_schema_a_table_cannot_take_are_dead_letters_naming_the_id_
 # a schema as people write maps (the shape of the "additionalProperties" maps in JSON Schema Store's published
 # schemas, e.g. package.json's "dependencies" and GitHub workflow "env"): string -> integer, string -> date-time,
 # string -> object, beside a struct that also allows other keys
-MAPS = {"type": "object", "properties": {
-    "id": {"type": "integer"},
-    "extras": {"type": "object", "additionalProperties": {"type": "integer"}},
-    "seen": {"type": "object", "additionalProperties": {"type": "string", "format": "date-time"}},
-    "stores": {"type": "object", "patternProperties": {"^s[0-9]+$": {"type": "object", "properties": {
-        "city": {"type": "string"}}}}},
-    "buyer": {"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": True},
-}, "required": ["id"]}
+MAPS = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "extras": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "seen": {"type": "object", "additionalProperties": {"type": "string", "format": "date-time"}},
+        "stores": {"type": "object", "patternProperties": {"^s[0-9]+$": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+        "buyer": {"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": True},
+    },
+    "required": ["id"],
+}
 
 
 def test_json_schema_maps_land_as_map_columns_and_a_value_of_another_type_is_a_violation(registry_url):
@@ -119,11 +132,21 @@ def test_json_schema_maps_land_as_map_columns_and_a_value_of_another_type_is_a_v
     is a SchemaViolation naming the key's path."""
     ctx = SerializationContext("orders", MessageField.VALUE)
     one = _serializer(registry_url, MAPS)
-    values = [one({"id": 1, "extras": {"a": 1, "b": 2}, "seen": {"x": "2026-01-02T03:04:05Z"},
-                   "stores": {"s1": {"city": "Oslo"}}, "buyer": {"name": "n", "tier": 3}}, ctx),
-              one({"id": 2, "extras": {"c": 3, "a": None}}, ctx),
-              one({"id": 3, "extras": {}}, ctx),
-              one({"id": 4, "extras": {"a": "many"}}, ctx)]
+    values = [
+        one(
+            {
+                "id": 1,
+                "extras": {"a": 1, "b": 2},
+                "seen": {"x": "2026-01-02T03:04:05Z"},
+                "stores": {"s1": {"city": "Oslo"}},
+                "buyer": {"name": "n", "tier": 3},
+            },
+            ctx,
+        ),
+        one({"id": 2, "extras": {"c": 3, "a": None}}, ctx),
+        one({"id": 3, "extras": {}}, ctx),
+        one({"id": 4, "extras": {"a": "many"}}, ctx),
+    ]
     rows, bad = _decode(registry_url, values)
     assert rows.schema.field("extras").type == pa.map_(pa.string(), pa.int64())
     assert rows.schema.field("seen").type == pa.map_(pa.string(), pa.timestamp("us", tz="UTC"))
@@ -152,18 +175,28 @@ def test_a_ref_to_another_registered_schema_is_followed_through_the_registry_s_r
     client = SchemaRegistryClient({"url": registry_url})
     country = {"type": "object", "properties": {"code": {"type": "string"}}}
     client.register_schema("country", Schema(json.dumps(country), "JSON"))
-    customer = {"type": "object", "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/address"}},
-                "$defs": {"address": {"type": "object", "properties": {
-                    "city": {"type": "string"}, "country": {"$ref": "country.json"}}}}}
-    client.register_schema("customer", Schema(json.dumps(customer), "JSON",
-                                              [SchemaReference("country.json", "country", 1)]))
-    order = {"type": "object", "properties": {"id": {"type": "integer"}, "customer": {"$ref": "customer.json"},
-                                              "ship_to": {"$ref": "customer.json#/$defs/address"}}}
+    customer = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/address"}},
+        "$defs": {"address": {"type": "object", "properties": {"city": {"type": "string"}, "country": {"$ref": "country.json"}}}},
+    }
+    client.register_schema("customer", Schema(json.dumps(customer), "JSON", [SchemaReference("country.json", "country", 1)]))
+    order = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "customer": {"$ref": "customer.json"},
+            "ship_to": {"$ref": "customer.json#/$defs/address"},
+        },
+    }
     schema = Schema(json.dumps(order), "JSON", [SchemaReference("customer.json", "customer", 1)])
     ser = JSONSerializer(schema, client, conf={"validate": False})
     ctx = SerializationContext("orders", MessageField.VALUE)
-    value = {"id": 1, "customer": {"name": "Ada", "home": {"city": "Oslo", "country": {"code": "NO"}}},
-             "ship_to": {"city": "Rome", "country": {"code": "IT"}}}
+    value = {
+        "id": 1,
+        "customer": {"name": "Ada", "home": {"city": "Oslo", "country": {"code": "NO"}}},
+        "ship_to": {"city": "Rome", "country": {"code": "IT"}},
+    }
     rows, bad = _decode(registry_url, [ser(value, ctx)])
     assert bad == [] and rows.to_pylist() == [value]
     address = pa.struct([("city", pa.string()), ("country", pa.struct([("code", pa.string())]))])

@@ -17,21 +17,25 @@ def test_table_locations_name_datasets_as_openlineage_names_iceberg_tables_witho
 
 
 def test_kafka_namespace_is_the_first_bootstrap_server_without_a_listener_name():
-    spec = SimpleNamespace(kafka=SimpleNamespace(conn_id=None, bootstrap_servers="SASL_SSL://b1:9093, b2:9093",
-                                                 settings={"sasl.password": "pw"}))
+    spec = SimpleNamespace(
+        kafka=SimpleNamespace(conn_id=None, bootstrap_servers="SASL_SSL://b1:9093, b2:9093", settings={"sasl.password": "pw"})
+    )
     assert kafka_namespace(spec) == "kafka://b1:9093"
 
 
 def test_gate_checks_become_assertions_with_their_column_and_observed_values():
-    report = {"checks": [
-        {"expectation": "expect_column_values_to_not_be_null", "kwargs": {"column": "order_id"}, "success": True,
-         "observed": {}},
-        {"expectation": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "max_value": 5},
-         "success": False, "observed": {"unexpected_count": 7}},
-    ]}
+    report = {
+        "checks": [
+            {"expectation": "expect_column_values_to_not_be_null", "kwargs": {"column": "order_id"}, "success": True, "observed": {}},
+            {
+                "expectation": "expect_column_values_to_be_between",
+                "kwargs": {"column": "store_id", "max_value": 5},
+                "success": False,
+                "observed": {"unexpected_count": 7},
+            },
+        ]
+    }
     ok, bad = gate_assertions(report)
-    assert (ok.assertion, ok.column, ok.success, ok.actual) == ("expect_column_values_to_not_be_null", "order_id", True,
-                                                                None)
-    assert (bad.column, bad.success, bad.params, bad.actual) == ("store_id", False, {"max_value": "5"},
-                                                                 '{"unexpected_count": 7}')
+    assert (ok.assertion, ok.column, ok.success, ok.actual) == ("expect_column_values_to_not_be_null", "order_id", True, None)
+    assert (bad.column, bad.success, bad.params, bad.actual) == ("store_id", False, {"max_value": "5"}, '{"unexpected_count": 7}')
     assert gate_assertions(None) is None

@@ -14,7 +14,11 @@ from tidewater.table.summary import BATCH_ID, OFFSETS, VALID_THROUGH_MS, summary
 
 def test_summary_is_namespaced_cumulative_and_secret_free():
     props = summary_properties(
-        offsets={"a": {0: 10, 1: 5}}, batch_id="b1", pipeline="p", records=15, valid_through_ms=1_700_000_000_000,
+        offsets={"a": {0: 10, 1: 5}},
+        batch_id="b1",
+        pipeline="p",
+        records=15,
+        valid_through_ms=1_700_000_000_000,
         dag_run_id="manual__x",
     )
     assert all(k.startswith("tidewater.") for k in props)
@@ -150,8 +154,9 @@ def test_deployment_faults_and_spark_failures_are_classified():
     fault = deployment_fault('java.io.IOException: Cannot run program "./environment/bin/python": error=2, No such file')
     assert isinstance(fault, ConfigError) and "./environment/bin/python" in str(fault)
     assert deployment_fault("org.apache.spark.SparkException: Job aborted: executor lost") is None
-    fault = deployment_fault("org.apache.spark.SparkException: Cluster deploy mode is currently not supported for "
-                             "python applications on standalone clusters.")
+    fault = deployment_fault(
+        "org.apache.spark.SparkException: Cluster deploy mode is currently not supported for python applications on standalone clusters."
+    )
     assert isinstance(fault, ConfigError) and "spark.connect_url" in str(fault)
     bad_sql = spark_failure(AnalysisException(message="[TABLE_OR_VIEW_NOT_FOUND] The table `x` cannot be found.\nplan..."))
     assert bad_sql is not None and not bad_sql.transient and str(bad_sql).startswith("Spark: [TABLE_OR_VIEW_NOT_FOUND]")

@@ -26,8 +26,13 @@ def _imported() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in PKG.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
                 if top != "tidewater" and top not in sys.stdlib_module_names:

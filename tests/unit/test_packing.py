@@ -57,7 +57,10 @@ def test_a_thousand_short_ranges_are_a_few_tasks_and_long_ones_keep_their_own():
     long = [PartitionRange("clicks", 0, 0, 600_000), PartitionRange("clicks", 1, 0, 10), PartitionRange("clicks", 2, 5, 15)]
     tasks = task_ranges(long, 250_000, 2, pack=True)
     assert [[(r.partition, r.start, r.end) for r in t] for t in tasks] == [
-        [(0, 0, 250_000)], [(0, 250_000, 500_000)], [(0, 500_000, 600_000), (1, 0, 10), (2, 5, 15)]]
+        [(0, 0, 250_000)],
+        [(0, 250_000, 500_000)],
+        [(0, 500_000, 600_000), (1, 0, 10), (2, 5, 15)],
+    ]
 
 
 def test_equal_ranges_as_many_as_the_cores_are_not_packed():

@@ -84,8 +84,7 @@ def test_consecutive_batches_are_contiguous_and_non_overlapping(state, cap, batc
     assert plan_ranges(caught_up, watermarks, cap) == []
 
 
-@given(st.dictionaries(st.tuples(st.just("t"), st.integers(0, 50)), st.integers(0, 10_000), max_size=30),
-       st.integers(0, 50_000))
+@given(st.dictionaries(st.tuples(st.just("t"), st.integers(0, 50)), st.integers(0, 10_000), max_size=30), st.integers(0, 50_000))
 def test_allocate_is_fair_and_bounded(available, cap):
     grant = allocate(available, cap)
     assert sum(grant.values()) == min(cap, sum(available.values()))

@@ -46,9 +46,17 @@ def _build() -> dict:
         _field(m, "units", 1, F.TYPE_INT64)
         _field(m, "currency", 2, F.TYPE_STRING)
         pool.Add(money)
-        fd = descriptor_pb2.FileDescriptorProto(name="shop/orders.proto", package="shop", syntax="proto3", dependency=[
-            "shop/money.proto", "google/protobuf/timestamp.proto", "google/protobuf/duration.proto",
-            "google/protobuf/wrappers.proto"])
+        fd = descriptor_pb2.FileDescriptorProto(
+            name="shop/orders.proto",
+            package="shop",
+            syntax="proto3",
+            dependency=[
+                "shop/money.proto",
+                "google/protobuf/timestamp.proto",
+                "google/protobuf/duration.proto",
+                "google/protobuf/wrappers.proto",
+            ],
+        )
         status = fd.enum_type.add(name="Status")
         status.value.add(name="NEW", number=0)
         status.value.add(name="PAID", number=1)
@@ -62,11 +70,16 @@ def _build() -> dict:
         _field(entry, "value", 2, F.TYPE_STRING)
         o.oneof_decl.add(name="payment")
         o.oneof_decl.add(name="_coupon")
-        for args in [("id", 1, F.TYPE_STRING), ("big", 2, F.TYPE_UINT64), ("status", 3, F.TYPE_ENUM, ".shop.Status"),
-                     ("at", 4, F.TYPE_MESSAGE, ".google.protobuf.Timestamp"),
-                     ("wait", 5, F.TYPE_MESSAGE, ".google.protobuf.Duration"),
-                     ("note", 6, F.TYPE_MESSAGE, ".google.protobuf.StringValue"),
-                     ("total", 7, F.TYPE_MESSAGE, ".shop.Money"), ("raw", 12, F.TYPE_BYTES)]:
+        for args in [
+            ("id", 1, F.TYPE_STRING),
+            ("big", 2, F.TYPE_UINT64),
+            ("status", 3, F.TYPE_ENUM, ".shop.Status"),
+            ("at", 4, F.TYPE_MESSAGE, ".google.protobuf.Timestamp"),
+            ("wait", 5, F.TYPE_MESSAGE, ".google.protobuf.Duration"),
+            ("note", 6, F.TYPE_MESSAGE, ".google.protobuf.StringValue"),
+            ("total", 7, F.TYPE_MESSAGE, ".shop.Money"),
+            ("raw", 12, F.TYPE_BYTES),
+        ]:
             _field(o, *args[:3], type_name=args[3] if len(args) > 3 else None)
         _field(o, "card", 8, F.TYPE_STRING, oneof=0)
         _field(o, "cash", 9, F.TYPE_INT64, oneof=0)
@@ -77,8 +90,6 @@ def _build() -> dict:
         _field(r, "order_id", 1, F.TYPE_STRING)
         pool.Add(fd)
     return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"shop.{n}")) for n in ("Order", "Refund")}
-
-
 
 
 def _serialize(url: str, cls, messages: list) -> list[bytes]:
@@ -93,8 +104,16 @@ def _decode(url: str, values: list):
 
 def test_messages_land_with_iceberg_types_and_the_imported_file_comes_from_the_registry(registry_url):
     classes = _build()
-    order = classes["Order"](id="a", big=2**64 - 1, status=1, card="visa", coupon="X", raw=b"\x01",
-                             lines=[classes["Order"].Line(sku="s", qty=4_000_000_000)], attrs={"k": "v"})
+    order = classes["Order"](
+        id="a",
+        big=2**64 - 1,
+        status=1,
+        card="visa",
+        coupon="X",
+        raw=b"\x01",
+        lines=[classes["Order"].Line(sku="s", qty=4_000_000_000)],
+        attrs={"k": "v"},
+    )
     order.at.FromSeconds(1_700_000_000)
     order.at.nanos = 123_456_789
     order.wait.FromSeconds(90)
@@ -131,18 +150,24 @@ def test_bad_frames_unknown_ids_indexes_out_of_range_and_corrupt_bytes_are_bad_r
     classes = _build()
     good = _serialize(registry_url, classes["Order"], [classes["Order"](id="a"), classes["Order"](id="z")])
     head = good[0][:5]  # magic byte and the schema id the serializer registered
-    values = [good[0],
-              b'{"id": "json"}',  # no framing
-              b"\x00" + (99).to_bytes(4, "big") + b"\x00" + b"\x0a\x01a",  # an id the registry does not know
-              head + b"\x02\x0a" + b"\x0a\x01a",  # message indexes [5]: the file has two messages
-              head + b"\x00" + b"\x0a\x05ab",  # a string field cut short
-              None,
-              good[1]]
+    values = [
+        good[0],
+        b'{"id": "json"}',  # no framing
+        b"\x00" + (99).to_bytes(4, "big") + b"\x00" + b"\x0a\x01a",  # an id the registry does not know
+        head + b"\x02\x0a" + b"\x0a\x01a",  # message indexes [5]: the file has two messages
+        head + b"\x00" + b"\x0a\x05ab",  # a string field cut short
+        None,
+        good[1],
+    ]
     rows, bad = _decode(registry_url, values)
     assert [r["id"] for r in rows.to_pylist()] == ["a", "z"]
     assert [(b.index, b.error_class) for b in bad] == [
-        (1, "NotConfluentProtobuf"), (2, "UnknownSchemaId"), (3, "MessageIndexOutOfRange"), (4, "InvalidProtobuf"),
-        (5, "Tombstone")]
+        (1, "NotConfluentProtobuf"),
+        (2, "UnknownSchemaId"),
+        (3, "MessageIndexOutOfRange"),
+        (4, "InvalidProtobuf"),
+        (5, "Tombstone"),
+    ]
     assert "message index 5 out of range" in bad[2].message
 
 
@@ -153,14 +178,22 @@ def test_a_message_type_that_gives_a_table_column_another_type_is_refused_naming
 
     classes = _build()
     values = _serialize(registry_url, classes["Refund"], [classes["Refund"](order_id="a")])
-    ctx = DecodeContext("protobuf", explicit=pa.schema([("order_id", pa.int64())]), registry=RegistryClient(registry_url),
-                        table="db.refunds")
+    ctx = DecodeContext(
+        "protobuf", explicit=pa.schema([("order_id", pa.int64())]), registry=RegistryClient(registry_url), table="db.refunds"
+    )
     chunk = Chunk("orders", 0, values, [0], [0])
-    with pytest.raises(TerminalError, match=r"field order_id: schema id \d+ \(shop.Refund\) gives it type string, "
-                                            r"table db.refunds has int64"):
+    with pytest.raises(
+        TerminalError,
+        match=r"field order_id: schema id \d+ \(shop.Refund\) gives it type string, "
+        r"table db.refunds has int64",
+    ):
         decode(chunk, ctx)
-    wider = DecodeContext("protobuf", explicit=pa.schema([("order_id", pa.string()), ("old", pa.int32())]),
-                          registry=RegistryClient(registry_url), table="db.refunds")
+    wider = DecodeContext(
+        "protobuf",
+        explicit=pa.schema([("order_id", pa.string()), ("old", pa.int32())]),
+        registry=RegistryClient(registry_url),
+        table="db.refunds",
+    )
     rows, bad = decode(chunk, wider)
     assert bad == [] and rows.to_pylist() == [{"order_id": "a"}]
 
@@ -181,7 +214,12 @@ def test_format_message_is_refused_for_a_format_without_protobuf_messages():
     from tidewater.config.parse import parse_pipeline
     from tidewater.errors import ConfigError
 
-    doc = {"name": "orders", "topics": ["orders"], "kafka": {"bootstrap_servers": "h:9092"},
-           "table": {"identifier": "db.orders"}, "format": {"value": "json", "message": "shop.Order"}}
+    doc = {
+        "name": "orders",
+        "topics": ["orders"],
+        "kafka": {"bootstrap_servers": "h:9092"},
+        "table": {"identifier": "db.orders"},
+        "format": {"value": "json", "message": "shop.Order"},
+    }
     with pytest.raises(ConfigError, match="format.message: names a Protobuf message type; value format json"):
         parse_pipeline(doc)

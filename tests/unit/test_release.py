@@ -22,8 +22,12 @@ def _clone(tmp_path):
 
 
 def _release(clone, *args):
-    return subprocess.run([sys.executable, str(SCRIPT), *args, "--no-build", "--root", str(clone), "--date", "2026-12-01"],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args, "--no-build", "--root", str(clone), "--date", "2026-12-01"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _git(clone, *args):
@@ -34,7 +38,7 @@ def test_a_release_sets_the_version_cuts_the_changelog_tags_and_starts_the_next(
     clone = _clone(tmp_path)
     done = _release(clone, "0.3.0")
     assert done.returncode == 0, done.stderr
-    assert _git(clone, "tag", "--list") .split() == ["v0.3.0"]
+    assert _git(clone, "tag", "--list").split() == ["v0.3.0"]
     tagged = _git(clone, "show", "v0.3.0:include/tidewater/__init__.py")
     assert '__version__ = "0.3.0"' in tagged
     changelog = _git(clone, "show", "v0.3.0:CHANGELOG.md")
@@ -44,11 +48,14 @@ def test_a_release_sets_the_version_cuts_the_changelog_tags_and_starts_the_next(
     assert _git(clone, "status", "--porcelain") == ""
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["0.2.0"], "is not above the current"),
-    (["0.3.0.dev1"], "a release version, without .dev"),
-    (["three"], "is not a version"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["0.2.0"], "is not above the current"),
+        (["0.3.0.dev1"], "a release version, without .dev"),
+        (["three"], "is not a version"),
+    ],
+)
 def test_a_release_refuses_a_version_that_is_not_a_new_release(tmp_path, args, words):
     clone = _clone(tmp_path)
     done = _release(clone, *args)

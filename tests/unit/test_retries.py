@@ -19,11 +19,11 @@ def policy():
 
 
 def test_a_terminal_error_fails_at_once_with_its_message_as_the_reason():
-    decision = policy().evaluate(ConfigError("topics: topic 'ordres' is not available on the broker", topic="ordres"),
-                                 try_number=1, max_tries=3)
+    decision = policy().evaluate(
+        ConfigError("topics: topic 'ordres' is not available on the broker", topic="ordres"), try_number=1, max_tries=3
+    )
     assert decision.action is RetryAction.FAIL
-    assert decision.reason == ("ConfigError (retrying cannot help): topics: topic 'ordres' is not available on the "
-                               "broker [topic=ordres]")
+    assert decision.reason == ("ConfigError (retrying cannot help): topics: topic 'ordres' is not available on the broker [topic=ordres]")
     assert policy().evaluate(OffsetGapError("gone"), try_number=1, max_tries=3).action is RetryAction.FAIL
 
 

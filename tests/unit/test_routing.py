@@ -12,11 +12,18 @@ from tidewater.transform.routing import Router
 
 
 def _router(case_sensitive: bool) -> Router:
-    return Router(parse_pipeline({
-        "name": "relroute2", "topics": ["t"], "kafka": {"bootstrap_servers": "h:1"}, "table": {"identifier": ""},
-        "catalog": {"case_sensitive": case_sensitive},
-        "routing": {"namespace": "ev", "field": "k", "dynamic": True, "table_template": "ev_{value}"},
-    }))
+    return Router(
+        parse_pipeline(
+            {
+                "name": "relroute2",
+                "topics": ["t"],
+                "kafka": {"bootstrap_servers": "h:1"},
+                "table": {"identifier": ""},
+                "catalog": {"case_sensitive": case_sensitive},
+                "routing": {"namespace": "ev", "field": "k", "dynamic": True, "table_template": "ev_{value}"},
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("value", ["RELROUTE2_CHECKPOINTS", "Relroute2_Dead_Letters", "relroute2_checkpoints", "relroute2_ledger"])
@@ -24,10 +31,18 @@ def test_a_case_variant_of_a_protected_table_is_refused_whatever_the_catalog(val
     """With the template `{value}`, a value naming the checkpoint, dead-letter or ledger table in any case is refused,
     on a case-folding catalog and on a case-sensitive one alike (the names only differ by case)."""
     for case_sensitive in (False, True):
-        router = Router(parse_pipeline({
-            "name": "relroute2", "topics": ["t"], "kafka": {"bootstrap_servers": "h:1"}, "table": {"identifier": ""},
-            "catalog": {"case_sensitive": case_sensitive}, "routing": {"namespace": "ev", "field": "k", "dynamic": True},
-        }))
+        router = Router(
+            parse_pipeline(
+                {
+                    "name": "relroute2",
+                    "topics": ["t"],
+                    "kafka": {"bootstrap_servers": "h:1"},
+                    "table": {"identifier": ""},
+                    "catalog": {"case_sensitive": case_sensitive},
+                    "routing": {"namespace": "ev", "field": "k", "dynamic": True},
+                }
+            )
+        )
         refused = router.refusal(value)
         if case_sensitive and value != value.lower():
             assert refused is None, "a case-sensitive catalog keeps them apart"
@@ -47,18 +62,28 @@ def test_values_that_differ_by_case_name_one_table_unless_the_catalog_is_case_se
 
 
 def _topic_router(template: str, field: str | None = None) -> Router:
-    return Router(parse_pipeline({
-        "name": "db", "topic_pattern": r"dbserver1\..*", "kafka": {"bootstrap_servers": "h:1"}, "table": {"identifier": ""},
-        "routing": {"namespace": "raw", "dynamic": True, "table_template": template, **({"field": field} if field else {})},
-    }))
+    return Router(
+        parse_pipeline(
+            {
+                "name": "db",
+                "topic_pattern": r"dbserver1\..*",
+                "kafka": {"bootstrap_servers": "h:1"},
+                "table": {"identifier": ""},
+                "routing": {"namespace": "raw", "dynamic": True, "table_template": template, **({"field": field} if field else {})},
+            }
+        )
+    )
 
 
-@pytest.mark.parametrize(("template", "topic", "table"), [
-    ("{topic[-1]}", "dbserver1.inventory.Customers", "raw.customers"),
-    ("{topic[1]}_{topic[2]}", "dbserver1.inventory.order-lines", "raw.inventory_order_lines"),
-    ("{topic[1]}.{topic[-1]}", "dbserver1.inventory.orders", "inventory.orders"),
-    ("cdc_{topic}", "dbserver1.inventory.orders", "raw.cdc_dbserver1_inventory_orders"),
-])
+@pytest.mark.parametrize(
+    ("template", "topic", "table"),
+    [
+        ("{topic[-1]}", "dbserver1.inventory.Customers", "raw.customers"),
+        ("{topic[1]}_{topic[2]}", "dbserver1.inventory.order-lines", "raw.inventory_order_lines"),
+        ("{topic[1]}.{topic[-1]}", "dbserver1.inventory.orders", "inventory.orders"),
+        ("cdc_{topic}", "dbserver1.inventory.orders", "raw.cdc_dbserver1_inventory_orders"),
+    ],
+)
 def test_the_topic_names_the_table_of_every_record_of_a_chunk(template, topic, table):
     """`{topic}` is the whole name and `{topic[N]}` its N-th dotted part (negative: from the end); other characters
     become `_` and names fold to lower case; a template without a namespace puts the table in routing.namespace."""
@@ -102,23 +127,35 @@ def test_the_debezium_source_block_names_the_table_of_each_record():
     from tidewater.decode.debezium import SOURCE_COLUMN, decode_debezium
     from tidewater.source.kafka import Chunk
 
-    spec = parse_pipeline({
-        "name": "bysource", "topics": ["dbserver1.all"], "kafka": {"bootstrap_servers": "h:1"}, "format": {"value": "debezium"},
-        "table": {"identifier": "", "upsert": True, "id_columns": ["id"]},
-        "routing": {"namespace": "cdc", "dynamic": True, "table_template": "{source.schema}_{source.table}"}})
+    spec = parse_pipeline(
+        {
+            "name": "bysource",
+            "topics": ["dbserver1.all"],
+            "kafka": {"bootstrap_servers": "h:1"},
+            "format": {"value": "debezium"},
+            "table": {"identifier": "", "upsert": True, "id_columns": ["id"]},
+            "routing": {"namespace": "cdc", "dynamic": True, "table_template": "{source.schema}_{source.table}"},
+        }
+    )
     assert spec.routes_by_source
 
     def event(i: int, source: dict) -> bytes:
         return json.dumps({"before": None, "after": {"id": i}, "op": "c", "source": source}).encode()
 
-    values = [event(1, {"schema": "inv", "table": "Orders"}), event(2, {"schema": "inv", "table": "items"}),
-              event(3, {"schema": "inv", "table": "orders"}), event(4, {"schema": "inv", "table": "bad name"}),
-              event(5, {"schema": "inv"})]
+    values = [
+        event(1, {"schema": "inv", "table": "Orders"}),
+        event(2, {"schema": "inv", "table": "items"}),
+        event(3, {"schema": "inv", "table": "orders"}),
+        event(4, {"schema": "inv", "table": "bad name"}),
+        event(5, {"schema": "inv"}),
+    ]
     decoded, bad = decode_debezium(Chunk("dbserver1.all", 0, values, list(range(5)), [0] * 5), None, keep_source=True)
     assert not bad and SOURCE_COLUMN in decoded.column_names
     routed = Router(spec).route("dbserver1.all", decoded)
     assert {t: m.to_pylist() for t, m in routed.masks.items()} == {
-        "cdc.inv_orders": [True, False, True, False, False], "cdc.inv_items": [False, True, False, False, False]}
+        "cdc.inv_orders": [True, False, True, False, False],
+        "cdc.inv_items": [False, True, False, False, False],
+    }
     why = dict(routed.invalid)
     assert sorted(why) == [3, 4] and "source.table = 'bad name'" in why[3]
     assert "has no source.schema / source.table" in why[4]
@@ -126,14 +163,25 @@ def test_the_debezium_source_block_names_the_table_of_each_record():
     assert SOURCE_COLUMN not in plain.column_names
 
 
-@pytest.mark.parametrize("routing,fmt,message", [
-    ({"table_template": "{source.table}"}, "json", "{source.<field>} needs a Debezium format"),
-    ({"table_template": "{source.db}.{source.table}"}, "debezium", "may only be in the table name"),
-    ({"table_template": "{source.table}_{value}", "field": "k"}, "debezium", "use {value} or {source.<field>}, not both"),
-])
+@pytest.mark.parametrize(
+    "routing,fmt,message",
+    [
+        ({"table_template": "{source.table}"}, "json", "{source.<field>} needs a Debezium format"),
+        ({"table_template": "{source.db}.{source.table}"}, "debezium", "may only be in the table name"),
+        ({"table_template": "{source.table}_{value}", "field": "k"}, "debezium", "use {value} or {source.<field>}, not both"),
+    ],
+)
 def test_source_placeholders_are_checked(routing, fmt, message):
     from tidewater.errors import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):
-        parse_pipeline({"name": "bysource", "topics": ["t"], "kafka": {"bootstrap_servers": "h:1"}, "format": {"value": fmt},
-                        "table": {"identifier": ""}, "routing": {"namespace": "cdc", "dynamic": True, **routing}})
+        parse_pipeline(
+            {
+                "name": "bysource",
+                "topics": ["t"],
+                "kafka": {"bootstrap_servers": "h:1"},
+                "format": {"value": fmt},
+                "table": {"identifier": ""},
+                "routing": {"namespace": "cdc", "dynamic": True, **routing},
+            }
+        )

@@ -29,8 +29,7 @@ def test_a_scheme_the_file_layer_cannot_serve_is_refused_by_validation_naming_th
         parse_pipeline({**BASE, "batch": {"staging_dir": "ftp://host/staging"}})
     with pytest.raises(ConfigError, match=r"validation\.data_docs_dir: 'hdfs://nn/docs' uses the scheme 'hdfs'"):
         parse_pipeline({**BASE, "validation": {"data_docs_dir": "hdfs://nn/docs"}})
-    spec = parse_pipeline({**BASE, "batch": {"staging_dir": "s3://lake/staging",
-                                             "staging_properties": {"s3.region": "eu-west-1"}}})
+    spec = parse_pipeline({**BASE, "batch": {"staging_dir": "s3://lake/staging", "staging_properties": {"s3.region": "eu-west-1"}}})
     assert str(spec.staging_dir()) == "s3://lake/staging"
 
 
@@ -51,16 +50,24 @@ def test_a_document_that_is_not_whole_is_a_terminal_error_naming_it(tmp_path: Pa
     assert not e.value.transient
 
 
-@pytest.mark.parametrize(("text", "kind"), [
-    # The CI failure this guards against: a port number containing "403" read as an HTTP 403.
-    ("When getting information for key 'k' in bucket 'b': AWS Error NETWORK_CONNECTION during HeadObject "
-     "operation: curlCode: 7, Could not connect to server; Details: Failed to connect to 127.0.0.1:40305", "transient"),
-    ("When getting information for key 'k' in bucket 'b': AWS Error UNKNOWN (HTTP status 403) during HeadObject "
-     "operation: No response body.", "terminal"),
-    ("When creating key 'k' in bucket 'b': AWS Error NO_SUCH_BUCKET during PutObject operation: bucket missing",
-     "terminal"),
-    ("When reading 'k': AWS Error SLOW_DOWN during GetObject operation: reduce your request rate", "transient"),
-])
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        # The CI failure this guards against: a port number containing "403" read as an HTTP 403.
+        (
+            "When getting information for key 'k' in bucket 'b': AWS Error NETWORK_CONNECTION during HeadObject "
+            "operation: curlCode: 7, Could not connect to server; Details: Failed to connect to 127.0.0.1:40305",
+            "transient",
+        ),
+        (
+            "When getting information for key 'k' in bucket 'b': AWS Error UNKNOWN (HTTP status 403) during HeadObject "
+            "operation: No response body.",
+            "terminal",
+        ),
+        ("When creating key 'k' in bucket 'b': AWS Error NO_SUCH_BUCKET during PutObject operation: bucket missing", "terminal"),
+        ("When reading 'k': AWS Error SLOW_DOWN during GetObject operation: reduce your request rate", "transient"),
+    ],
+)
 def test_store_failures_are_classed_by_the_sdk_words_not_by_digits_in_a_host_or_port(text, kind):
     from tidewater.errors import TransientError
     from tidewater.staging.objects import storage_failure

@@ -53,8 +53,12 @@ def test_a_table_that_carries_the_marker_is_left_out_and_nothing_to_commit_is_no
 
 
 def test_the_offsets_requirement_is_checked_on_the_table_as_loaded_and_a_missing_table_is_terminal(catalog):
-    catalog.load_table("rpc.a").append(pa.table({"id": pa.array([4], pa.int64())}), snapshot_properties=summary_properties(
-        offsets={"t": {0: 7}}, batch_id="b0", pipeline="p", records=1, valid_through_ms=None, dag_run_id=None))
+    catalog.load_table("rpc.a").append(
+        pa.table({"id": pa.array([4], pa.int64())}),
+        snapshot_properties=summary_properties(
+            offsets={"t": {0: 7}}, batch_id="b0", pipeline="p", records=1, valid_through_ms=None, dag_run_id=None
+        ),
+    )
     moved = OffsetsExpected({"t": {0: (5,)}}, batch_id="b1")
     with pytest.raises(OffsetsMovedError, match=r"t\[0\] written against 5, now at 7"):
         stage(catalog, Part("rpc.a", lambda t: Change({BATCH_ID: "b1"}, expect=moved)), "b1")

@@ -40,11 +40,18 @@ def test_retry_decisions_apply_in_source_order_and_refuse_a_later_change():
     """Keys 1..4 retried at offsets 10..13 of partition 0: key 1's row was written earlier (applied), key 2's later
     (refused), key 3's in another partition (refused: no order), key 4 has no row but one was removed since
     (refused); key 5 has no row and nothing removed (applied)."""
-    changes = pa.table({"id": [1, 2, 3, 4, 5], PARTITION: pa.array([0] * 5, pa.int32()),
-                        OFFSET: pa.array([10, 11, 12, 13, 14], pa.int64()), "op": ["U"] * 5})
+    changes = pa.table(
+        {
+            "id": [1, 2, 3, 4, 5],
+            PARTITION: pa.array([0] * 5, pa.int32()),
+            OFFSET: pa.array([10, 11, 12, 13, 14], pa.int64()),
+            "op": ["U"] * 5,
+        }
+    )
     net = net_changes(changes, ["id"], "op", {"U": "update", "I": "insert", "D": "delete"})
-    rows = pa.table({"__key": pa.array([0, 1, 2], pa.int64()), PARTITION: pa.array([0, 0, 1], pa.int32()),
-                     OFFSET: pa.array([3, 20, 1], pa.int64())})
+    rows = pa.table(
+        {"__key": pa.array([0, 1, 2], pa.int64()), PARTITION: pa.array([0, 0, 1], pa.int32()), OFFSET: pa.array([3, 20, 1], pa.int64())}
+    )
     apply, refused = retry_decisions(net, rows, [None, None, None, "removed by snapshot 7", None])
     assert apply.to_pylist() == [True, False, False, False, True]
     assert [k for k, _ in refused] == [1, 2, 3]
@@ -98,5 +105,4 @@ def test_the_package_metadata_is_seen_once_so_airflow_loads_the_plugin_once():
 
     found = [str(getattr(d, "_path", d)) for d in distributions() if d.metadata["Name"] in ("tidewater", "airflow-provider-tidewater")]
     assert len(found) == 1, found
-    assert [e.value for e in entry_points(group="airflow.plugins") if e.name == "tidewater"] == [
-        "tidewater.runtime.plugin:TidewaterPlugin"]
+    assert [e.value for e in entry_points(group="airflow.plugins") if e.name == "tidewater"] == ["tidewater.runtime.plugin:TidewaterPlugin"]

@@ -32,8 +32,14 @@ if TYPE_CHECKING:
 CHECK_AT_MOST = 100_000  # missing offsets asked of Kafka per partition (beyond: reported as not checked)
 
 
-def deep_findings(spec: PipelineSpec, catalog: Catalog, tables: dict[str, Any], entries: list[dict[str, Any]],
-                  every_table: bool = True, progress: Callable[[str], None] | None = None) -> list[Finding]:
+def deep_findings(
+    spec: PipelineSpec,
+    catalog: Catalog,
+    tables: dict[str, Any],
+    entries: list[dict[str, Any]],
+    every_table: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> list[Finding]:
     """From the metadata columns of ``tables`` (the pipeline's table, or a routed pipeline's targets): no (topic,
     partition, offset) twice in a table, none both a row and a dead letter (but a letter a retry resolved, which must be
     a row of an append table), and (append tables; ``every_table``:
@@ -58,8 +64,14 @@ def deep_findings(spec: PipelineSpec, catalog: Catalog, tables: dict[str, Any], 
             out += [dataclasses.replace(f, table=target_role(spec, ident).reported_as) for f in found]
     changed = _change_topics(spec, tables)
     if changed is None or changed:
-        out.append(Finding("info", "deep", "offsets read for change tables are not checked one by one (a key keeps "
-                           "one row): " + ("every topic may feed one" if changed is None else ", ".join(sorted(changed)))))
+        out.append(
+            Finding(
+                "info",
+                "deep",
+                "offsets read for change tables are not checked one by one (a key keeps "
+                "one row): " + ("every topic may feed one" if changed is None else ", ".join(sorted(changed))),
+            )
+        )
     settings = kafka_settings(spec)
     lows = {tp: low for tp, (low, _) in watermarks(settings, sorted({(r.topic, r.partition) for r in ranges})).items()}
     rereader = Rereader(settings, f"{spec.name}-audit", spec.kafka.read_timeout_seconds)
@@ -77,8 +89,7 @@ def deep_findings(spec: PipelineSpec, catalog: Catalog, tables: dict[str, Any], 
             dead = _offsets(letters, rng)
             resolved = _offsets(fixed, rng)
             # a letter a retry resolved is a row now (append tables: its own; a change table may have moved on)
-            out += _twice(np.intersect1d(anywhere, np.setdiff1d(np.unique(dead), resolved)), rng,
-                          "both a row and a dead letter", 0)
+            out += _twice(np.intersect1d(anywhere, np.setdiff1d(np.unique(dead), resolved)), rng, "both a row and a dead letter", 0)
             one_row_per_offset = not spec.applies_changes and changed is not None and rng.topic not in changed
             if one_row_per_offset:
                 out += _twice(np.setdiff1d(resolved, anywhere), rng, "resolved by a retry but no row", 0)
@@ -120,8 +131,10 @@ def _offsets(data: Any, rng: Any) -> Any:
     """The offsets ``data`` (topic, partition, offset columns) holds in ``rng``, sorted, as a numpy array."""
     if data is None or data.num_rows == 0:
         return np.array([], np.int64)
-    mask = pc.and_(pc.and_(pc.equal(data.column("topic"), rng.topic), pc.equal(data.column("partition"), rng.partition)),
-                   pc.and_(pc.greater_equal(data.column("offset"), rng.start), pc.less(data.column("offset"), rng.end)))
+    mask = pc.and_(
+        pc.and_(pc.equal(data.column("topic"), rng.topic), pc.equal(data.column("partition"), rng.partition)),
+        pc.and_(pc.greater_equal(data.column("offset"), rng.start), pc.less(data.column("offset"), rng.end)),
+    )
     return np.sort(data.column("offset").filter(mask).to_numpy())
 
 
@@ -131,8 +144,9 @@ def _dead_letters(catalog: Catalog, spec: PipelineSpec) -> Any:
     if dlq is None or dlq.current_snapshot() is None:
         return None
     data = dlq.scan(row_filter=EqualTo("pipeline", spec.name), selected_fields=("topic", "partition", "offset")).to_arrow()
-    return pa.table({"topic": data.column("topic"), "partition": data.column("partition").cast(pa.int32()),
-                     "offset": data.column("offset")})
+    return pa.table(
+        {"topic": data.column("topic"), "partition": data.column("partition").cast(pa.int32()), "offset": data.column("offset")}
+    )
 
 
 def _resolved_letters(catalog: Catalog, spec: PipelineSpec) -> Any:
@@ -154,8 +168,7 @@ def _runs(values: Any) -> list[tuple[int, int]]:
 def _twice(offsets: Any, rng: Any, what: str, more_than: int = 1) -> list[Finding]:
     """Offsets that occur more than ``more_than`` times in ``offsets`` (sorted), as ranges."""
     values, counts = np.unique(offsets, return_counts=True)
-    return [Finding("error", "deep", f"offsets {what}", rng.topic, rng.partition, s, e)
-            for s, e in _runs(values[counts > more_than])]
+    return [Finding("error", "deep", f"offsets {what}", rng.topic, rng.partition, s, e) for s, e in _runs(values[counts > more_than])]
 
 
 def _change_topics(spec: PipelineSpec, tables: dict[str, Any]) -> set[str] | None:
@@ -182,8 +195,7 @@ def _not_on_main(tables: dict[str, Any], dropped: dict[str, Any]) -> dict[str, s
     return out
 
 
-def _missing(found: Any, rng: Any, batches: list[dict[str, Any]], rereader: Any, low: int,
-             undecided: dict[str, str]) -> list[Finding]:
+def _missing(found: Any, rng: Any, batches: list[dict[str, Any]], rereader: Any, low: int, undecided: dict[str, str]) -> list[Finding]:
     """Offsets of ``rng`` neither rows nor dead letters: explained by the batches' skipped counts, by the batch being
     a quarantined one that was dropped or still waits (``undecided``), or by Kafka not holding them (transaction
     markers, compaction); else lost (an error)."""
@@ -212,22 +224,39 @@ def _absent_from_kafka(offsets: Any, rng: Any, batch: dict[str, Any], rereader: 
     Offsets below the log start ``low`` cannot be asked any more (retention removed them): said so."""
     out: list[Finding] = []
     if len(offsets) and offsets[0] < low:
-        out.append(finding_at("info", "deep", f"{int((offsets < low).sum())} offsets without a row could not be checked: "
-                       "retention removed them from Kafka", batch))
+        out.append(
+            finding_at(
+                "info",
+                "deep",
+                f"{int((offsets < low).sum())} offsets without a row could not be checked: retention removed them from Kafka",
+                batch,
+            )
+        )
         offsets = offsets[offsets >= low]
     if len(offsets) == 0:
         return out
     asked = offsets[:CHECK_AT_MOST]
     held = np.array(sorted(rereader.fetch(rng.topic, rng.partition, asked.tolist())), dtype=np.int64)
-    out += [Finding("error", "deep", "records in Kafka with no row and no dead letter", rng.topic, rng.partition, s, e,
-                   batch["batch_id"], batch["snapshot_id"]) for s, e in _runs(held)]
+    out += [
+        Finding(
+            "error",
+            "deep",
+            "records in Kafka with no row and no dead letter",
+            rng.topic,
+            rng.partition,
+            s,
+            e,
+            batch["batch_id"],
+            batch["snapshot_id"],
+        )
+        for s, e in _runs(held)
+    ]
     never = np.setdiff1d(asked, held)
     if len(never):
         said = f"{len(never)} offsets hold" if len(never) > 1 else "1 offset holds"
         out.append(finding_at("info", "deep", f"{said} no record in Kafka (transaction markers or compaction)", batch))
     if len(offsets) > CHECK_AT_MOST:
-        out.append(finding_at("info", "deep", f"{len(offsets) - CHECK_AT_MOST} more offsets without a row were not asked of "
-                       "Kafka", batch))
+        out.append(finding_at("info", "deep", f"{len(offsets) - CHECK_AT_MOST} more offsets without a row were not asked of Kafka", batch))
     return out
 
 

@@ -27,8 +27,11 @@ class Finding:
     def text(self) -> str:
         where = f"{self.topic}[{self.partition}] [{self.start}, {self.end}) " if self.topic is not None else ""
         where = f"{self.table}: {where}" if self.table else where
-        at = f" (batch {self.batch_id}, snapshot {self.snapshot_id})" if self.batch_id else (
-            f" (snapshot {self.snapshot_id})" if self.snapshot_id else "")
+        at = (
+            f" (batch {self.batch_id}, snapshot {self.snapshot_id})"
+            if self.batch_id
+            else (f" (snapshot {self.snapshot_id})" if self.snapshot_id else "")
+        )
         return f"{self.severity:<9} {self.check:<13} {where}{self.message}{at}"
 
 
@@ -48,9 +51,16 @@ class AuditReport:
         return not any(f.severity == "error" for f in self.findings)
 
     def to_json(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "table": self.table, "tables": self.tables, "clean": self.clean,
-                "batches": self.batches, "since": self.since,
-                "partitions": self.partitions, "findings": [asdict(f) for f in self.findings]}
+        return {
+            "pipeline": self.pipeline,
+            "table": self.table,
+            "tables": self.tables,
+            "clean": self.clean,
+            "batches": self.batches,
+            "since": self.since,
+            "partitions": self.partitions,
+            "findings": [asdict(f) for f in self.findings],
+        }
 
 
 def detail(e: dict[str, Any]) -> dict[str, str]:
@@ -58,5 +68,6 @@ def detail(e: dict[str, Any]) -> dict[str, str]:
 
 
 def finding_at(severity: str, check: str, message: str, e: dict[str, Any]) -> Finding:
-    return Finding(severity, check, message, e["topic"], e["partition"], e["start_offset"], e["end_offset"],
-                   e["batch_id"], e["snapshot_id"])
+    return Finding(
+        severity, check, message, e["topic"], e["partition"], e["start_offset"], e["end_offset"], e["batch_id"], e["snapshot_id"]
+    )

@@ -35,8 +35,9 @@ def tables_per_batch(checkpoint: Any) -> dict[str, list[str]]:
     return {b: json.loads(t or "[]") for b, t in zip(data.column("batch_id").to_pylist(), data.column("tables").to_pylist())}
 
 
-def target_findings(ident: str, entries: list[dict[str, Any]], checkpoint: list[dict[str, Any]],
-                    wrote: dict[str, list[str]]) -> list[Finding]:
+def target_findings(
+    ident: str, entries: list[dict[str, Any]], checkpoint: list[dict[str, Any]], wrote: dict[str, list[str]]
+) -> list[Finding]:
     """One target table of a routed pipeline against the checkpoint's batches: a batch the checkpoint committed
     with rows for the table but the table lacks (its rows are lost: an error); rows committed that are not those
     the writer counted (an error); a batch in the table the checkpoint never committed (explained: its checkpoint
@@ -46,24 +47,51 @@ def target_findings(ident: str, entries: list[dict[str, Any]], checkpoint: list[
     committed = {e["batch_id"]: e for e in checkpoint}
     for batch_id, e in committed.items():
         if ident in wrote.get(batch_id, []) and batch_id not in own:
-            out.append(Finding("error", "routed", "the checkpoint committed this batch with rows for the table, but "
-                               "the table has no commit of it: those rows are missing", batch_id=batch_id,
-                               snapshot_id=e["snapshot_id"]))
+            out.append(
+                Finding(
+                    "error",
+                    "routed",
+                    "the checkpoint committed this batch with rows for the table, but "
+                    "the table has no commit of it: those rows are missing",
+                    batch_id=batch_id,
+                    snapshot_id=e["snapshot_id"],
+                )
+            )
     for batch_id, e in own.items():
         if e["kind"] in ("recover", "drop"):  # explained with the holder's (see recoveries), or by decisions
             continue
         if e["kind"] == "quarantine":  # its rows wait on the branch (published later as their own commit)
-            out.append(finding_at("explained", "routed", "quarantined: the rows are on the quarantine branch "
-                           f"{detail(e).get('tidewater.quarantined', '')}", e))
+            out.append(
+                finding_at(
+                    "explained",
+                    "routed",
+                    f"quarantined: the rows are on the quarantine branch {detail(e).get('tidewater.quarantined', '')}",
+                    e,
+                )
+            )
             continue
         applied, what = _applied(e, "rows committed")
         if e["rows"] is not None and applied != e["records"]:
-            out.append(Finding("error", "accounting", f"{what} {applied} != rows the writer routed to the "
-                               f"table {e['records']}", batch_id=batch_id, snapshot_id=e["snapshot_id"]))
+            out.append(
+                Finding(
+                    "error",
+                    "accounting",
+                    f"{what} {applied} != rows the writer routed to the table {e['records']}",
+                    batch_id=batch_id,
+                    snapshot_id=e["snapshot_id"],
+                )
+            )
         if batch_id not in committed:
-            out.append(Finding("explained", "routed", "committed to this table while the batch's checkpoint commit "
-                               "failed; the next batch left out the records the table held", batch_id=batch_id,
-                               snapshot_id=e["snapshot_id"]))
+            out.append(
+                Finding(
+                    "explained",
+                    "routed",
+                    "committed to this table while the batch's checkpoint commit "
+                    "failed; the next batch left out the records the table held",
+                    batch_id=batch_id,
+                    snapshot_id=e["snapshot_id"],
+                )
+            )
     return out
 
 
@@ -87,39 +115,91 @@ def coverage(entries: list[dict[str, Any]], ends: Mapping[tuple[str, int], int] 
         for cur in ranges[1:]:
             prev, reach = reach, max(reach, cur, key=lambda e: e["end_offset"])
             if cur["start_offset"] > prev["end_offset"]:
-                out.append(Finding("error", "coverage", f"offsets never committed: between batch {prev['batch_id']} "
-                                   "and the next", topic, part, prev["end_offset"], cur["start_offset"], cur["batch_id"],
-                                   cur["snapshot_id"]))
+                out.append(
+                    Finding(
+                        "error",
+                        "coverage",
+                        f"offsets never committed: between batch {prev['batch_id']} and the next",
+                        topic,
+                        part,
+                        prev["end_offset"],
+                        cur["start_offset"],
+                        cur["batch_id"],
+                        cur["snapshot_id"],
+                    )
+                )
             elif cur["start_offset"] < prev["end_offset"]:
-                out.append(Finding("error", "coverage", f"offsets committed twice: also by batch {prev['batch_id']}",
-                                   topic, part, cur["start_offset"], min(prev["end_offset"], cur["end_offset"]),
-                                   cur["batch_id"], cur["snapshot_id"]))
+                out.append(
+                    Finding(
+                        "error",
+                        "coverage",
+                        f"offsets committed twice: also by batch {prev['batch_id']}",
+                        topic,
+                        part,
+                        cur["start_offset"],
+                        min(prev["end_offset"], cur["end_offset"]),
+                        cur["batch_id"],
+                        cur["snapshot_id"],
+                    )
+                )
         for e in ranges:
             if e["kind"] == "skip":
                 request = json.loads(detail(e).get("tidewater.operator-skip", "{}"))
                 lost = int(request.get("deleted_unread", 0))
-                where = (f"{lost} records deleted by retention before they were ingested, a known loss; the rest in "
-                         "the dead-letter table") if lost else "its records are in the dead-letter table"
-                out.append(finding_at("explained", "coverage", f"skipped by {request.get('by', '?')}: "
-                               f"{request.get('reason', '')} ({where})", e))
+                where = (
+                    (f"{lost} records deleted by retention before they were ingested, a known loss; the rest in the dead-letter table")
+                    if lost
+                    else "its records are in the dead-letter table"
+                )
+                out.append(
+                    finding_at("explained", "coverage", f"skipped by {request.get('by', '?')}: {request.get('reason', '')} ({where})", e)
+                )
             elif e["kind"] == "quarantine":
-                out.append(finding_at("explained", "coverage", "quarantined: the rows are on the quarantine branch "
-                               f"{detail(e).get('tidewater.quarantined', '')}", e))
+                out.append(
+                    finding_at(
+                        "explained",
+                        "coverage",
+                        f"quarantined: the rows are on the quarantine branch {detail(e).get('tidewater.quarantined', '')}",
+                        e,
+                    )
+                )
     return out
 
 
 def _after_mark(ranges: list[dict[str, Any]], end: int) -> list[Finding]:
     """The new ranges of a partition against ``end``, where the batches the last clean audit checked ended: below it,
     offsets committed twice; a first range after it, offsets never committed."""
-    out = [Finding("error", "coverage", f"offsets committed twice: below {end}, where the batches the last clean "
-                   "audit checked end", e["topic"], e["partition"], e["start_offset"], min(e["end_offset"], end),
-                   e["batch_id"], e["snapshot_id"]) for e in ranges if e["start_offset"] < end]
+    out = [
+        Finding(
+            "error",
+            "coverage",
+            f"offsets committed twice: below {end}, where the batches the last clean audit checked end",
+            e["topic"],
+            e["partition"],
+            e["start_offset"],
+            min(e["end_offset"], end),
+            e["batch_id"],
+            e["snapshot_id"],
+        )
+        for e in ranges
+        if e["start_offset"] < end
+    ]
     later = [e for e in ranges if e["start_offset"] >= end]
     if later and later[0]["start_offset"] > end:
         first = later[0]
-        out.append(Finding("error", "coverage", "offsets never committed: between the batches the last clean audit "
-                           "checked and this one", first["topic"], first["partition"], end, first["start_offset"],
-                           first["batch_id"], first["snapshot_id"]))
+        out.append(
+            Finding(
+                "error",
+                "coverage",
+                "offsets never committed: between the batches the last clean audit checked and this one",
+                first["topic"],
+                first["partition"],
+                end,
+                first["start_offset"],
+                first["batch_id"],
+                first["snapshot_id"],
+            )
+        )
     return out
 
 
@@ -149,9 +229,15 @@ def accounting(entries: list[dict[str, Any]], rows_are: str = "rows") -> list[Fi
         seen.add(e["batch_id"])
         applied, what = _applied(e, rows_are)
         if e["records"] != applied + e["dead_letters"] + e["skipped"]:
-            out.append(Finding("error", "accounting", f"records read {e['records']} != {what} {applied} + dead "
-                               f"letters {e['dead_letters']} + skipped {e['skipped']}", batch_id=e["batch_id"],
-                               snapshot_id=e["snapshot_id"]))
+            out.append(
+                Finding(
+                    "error",
+                    "accounting",
+                    f"records read {e['records']} != {what} {applied} + dead letters {e['dead_letters']} + skipped {e['skipped']}",
+                    batch_id=e["batch_id"],
+                    snapshot_id=e["snapshot_id"],
+                )
+            )
     return out
 
 
@@ -195,8 +281,14 @@ def outside_writes(table: Table) -> list[Finding]:
             continue
         added, removed = int(props.get("added-records", 0)), int(props.get("deleted-records", 0))
         if added or removed:
-            out.append(Finding("error", "outside-write", f"{operation} made outside Tidewater: {added} rows added, "
-                               f"{removed} removed", snapshot_id=snap.snapshot_id))
+            out.append(
+                Finding(
+                    "error",
+                    "outside-write",
+                    f"{operation} made outside Tidewater: {added} rows added, {removed} removed",
+                    snapshot_id=snap.snapshot_id,
+                )
+            )
     return out
 
 
@@ -214,16 +306,30 @@ def dropped_batches(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def decisions(entries: list[dict[str, Any]]) -> list[Finding]:
     """What operators decided: quarantined batches dropped (explained with the rows that never reached the table),
     and offsets recovered (``tidewater recover-offsets``: explained with the evidence and who asked)."""
-    out = [Finding("explained", "quarantine", f"quarantined batch dropped by an operator: its {d.get('rows', 0)} rows "
-                   "never reached the table", batch_id=batch, snapshot_id=d["entry"]["snapshot_id"], table=d["entry"]["table"])
-           for batch, d in dropped_batches(entries).items()]
+    out = [
+        Finding(
+            "explained",
+            "quarantine",
+            f"quarantined batch dropped by an operator: its {d.get('rows', 0)} rows never reached the table",
+            batch_id=batch,
+            snapshot_id=d["entry"]["snapshot_id"],
+            table=d["entry"]["table"],
+        )
+        for batch, d in dropped_batches(entries).items()
+    ]
     for e in entries:
         if e["kind"] != "recover":
             continue
         why = json.loads(detail(e).get("tidewater.recovered", "{}"))
         how = "the ledger and the rows agreed" if why.get("agree") else "confirmed by the operator"
-        out.append(finding_at("explained", "coverage", f"offsets of {e['table']} recovered by {why.get('by')} ({how}; "
-                              f"ledger {why.get('ledger')}, rows {why.get('rows')})", e))
+        out.append(
+            finding_at(
+                "explained",
+                "coverage",
+                f"offsets of {e['table']} recovered by {why.get('by')} ({how}; ledger {why.get('ledger')}, rows {why.get('rows')})",
+                e,
+            )
+        )
     return out
 
 
@@ -240,7 +346,15 @@ def rolled_back(table: Table, branch: str | None, entries: list[dict[str, Any]])
         history.add(sid)
         sid = by_id[sid].parent_snapshot_id
     gone = {e["batch_id"] for e in entries if e["snapshot_id"] in by_id and e["snapshot_id"] not in history}
-    found = [finding_at("explained", "coverage", "rolled back by another tool: the batch's snapshot is no longer in the "
-                        "table's history, and its records were read again after the rollback", e)
-             for e in entries if e["batch_id"] in gone and e["kind"] in MOVING]
+    found = [
+        finding_at(
+            "explained",
+            "coverage",
+            "rolled back by another tool: the batch's snapshot is no longer in the "
+            "table's history, and its records were read again after the rollback",
+            e,
+        )
+        for e in entries
+        if e["batch_id"] in gone and e["kind"] in MOVING
+    ]
     return [e for e in entries if e["batch_id"] not in gone], found

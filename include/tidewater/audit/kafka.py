@@ -27,8 +27,7 @@ def against_kafka(spec: PipelineSpec, table: Any) -> tuple[list[Finding], list[d
 RETENTION_WARNING = 0.8  # warn once the unread records have used this share of what retention allows them
 
 
-def retention_findings(settings: dict[str, str], parts: list[dict[str, Any]], now_ms: int | None = None
-                       ) -> list[Finding]:
+def retention_findings(settings: dict[str, str], parts: list[dict[str, Any]], now_ms: int | None = None) -> list[Finding]:
     """Warnings for partitions whose unread records retention will delete before they are ingested, at the lag
     of now: the oldest unread record's age against ``retention.ms``, and the unread share of the retained log
     against ``retention.bytes`` (its size, in records); only where cleanup.policy deletes. A compacted topic
@@ -51,25 +50,45 @@ def retention_findings(settings: dict[str, str], parts: list[dict[str, Any]], no
         ts = oldest.get((p["topic"], p["partition"]))
         if ms > 0 and ts is not None and now_ms - ts >= RETENTION_WARNING * ms:
             left = max(ms - (now_ms - ts), 0)
-            out.append(Finding("warning", "kafka", f"lag beyond retention: the oldest unread record is "
-                               f"{(now_ms - ts) / 3_600_000:.1f} h old and retention.ms is {ms / 3_600_000:.1f} h; "
-                               f"unread records are deleted within {left / 3_600_000:.1f} h unless ingested", *where))
+            out.append(
+                Finding(
+                    "warning",
+                    "kafka",
+                    f"lag beyond retention: the oldest unread record is "
+                    f"{(now_ms - ts) / 3_600_000:.1f} h old and retention.ms is {ms / 3_600_000:.1f} h; "
+                    f"unread records are deleted within {left / 3_600_000:.1f} h unless ingested",
+                    *where,
+                )
+            )
         retained = p["log_end"] - p["log_start"]
         if size > 0 and retained and p["lag"] / retained >= RETENTION_WARNING:
-            out.append(Finding("warning", "kafka", f"lag beyond retention: {p['lag']} unread records are "
-                               f"{100 * p['lag'] / retained:.0f}% of the partition's retained log (retention.bytes "
-                               f"{size}); as the log grows, the oldest unread ones are deleted first", *where))
+            out.append(
+                Finding(
+                    "warning",
+                    "kafka",
+                    f"lag beyond retention: {p['lag']} unread records are "
+                    f"{100 * p['lag'] / retained:.0f}% of the partition's retained log (retention.bytes "
+                    f"{size}); as the log grows, the oldest unread ones are deleted first",
+                    *where,
+                )
+            )
         compacted, lag_ms = cleanup.get(p["topic"], (-1, -1, False, 0))[2:]
         if compacted:
-            out.append(Finding("info", "kafka", "compacted topic (cleanup.policy compact): an unread record that a "
-                               f"later record of its key supersedes may be removed before it is read (after "
-                               f"min.compaction.lag.ms {lag_ms}); the deep audit reports such offsets as holding no "
-                               "record", *where))
+            out.append(
+                Finding(
+                    "info",
+                    "kafka",
+                    "compacted topic (cleanup.policy compact): an unread record that a "
+                    f"later record of its key supersedes may be removed before it is read (after "
+                    f"min.compaction.lag.ms {lag_ms}); the deep audit reports such offsets as holding no "
+                    "record",
+                    *where,
+                )
+            )
     return out
 
 
-def topic_cleanup(settings: dict[str, str], topics: list[str], timeout: float = 15.0
-                  ) -> dict[str, tuple[int, int, bool, int]]:
+def topic_cleanup(settings: dict[str, str], topics: list[str], timeout: float = 15.0) -> dict[str, tuple[int, int, bool, int]]:
     """(retention.ms, retention.bytes, compacted, min.compaction.lag.ms) per topic as the broker reports them;
     the retention settings are -1 (unlimited) unless cleanup.policy includes ``delete``."""
     admin = AdminClient(client_logging(dict(settings)))
@@ -77,18 +96,19 @@ def topic_cleanup(settings: dict[str, str], topics: list[str], timeout: float = 
     out = {}
     for resource, future in futures.items():
         config = future.result(timeout)
-        value = {k: config[k].value for k in ("retention.ms", "retention.bytes", "cleanup.policy",
-                                              "min.compaction.lag.ms") if k in config}
+        value = {k: config[k].value for k in ("retention.ms", "retention.bytes", "cleanup.policy", "min.compaction.lag.ms") if k in config}
         policy = {p.strip() for p in (value.get("cleanup.policy") or "delete").split(",")}
         deletes = "delete" in policy
-        out[resource.name] = (int(value.get("retention.ms") or -1) if deletes else -1,
-                              int(value.get("retention.bytes") or -1) if deletes else -1,
-                              "compact" in policy, int(value.get("min.compaction.lag.ms") or 0))
+        out[resource.name] = (
+            int(value.get("retention.ms") or -1) if deletes else -1,
+            int(value.get("retention.bytes") or -1) if deletes else -1,
+            "compact" in policy,
+            int(value.get("min.compaction.lag.ms") or 0),
+        )
     return out
 
 
-def oldest_unread(settings: dict[str, str], parts: list[dict[str, Any]], timeout: float = 10.0
-                  ) -> dict[tuple[str, int], int]:
+def oldest_unread(settings: dict[str, str], parts: list[dict[str, Any]], timeout: float = 10.0) -> dict[tuple[str, int], int]:
     """The timestamp (ms) of the record at each partition's committed offset: the oldest one not yet read."""
     if not parts:
         return {}
@@ -105,19 +125,31 @@ def oldest_unread(settings: dict[str, str], parts: list[dict[str, Any]], timeout
     return out
 
 
-def kafka_findings(committed: dict[str, dict[int, int]], marks: dict[tuple[str, int], tuple[int, int]]
-                   ) -> tuple[list[Finding], list[dict[str, Any]]]:
+def kafka_findings(
+    committed: dict[str, dict[int, int]], marks: dict[tuple[str, int], tuple[int, int]]
+) -> tuple[list[Finding], list[dict[str, Any]]]:
     """Findings and per-partition positions from the committed offsets and (log start, log end) per partition."""
     out, parts = [], []
     for (topic, part), (low, high) in sorted(marks.items()):
         at = committed.get(topic, {}).get(part)
-        parts.append({"topic": topic, "partition": part, "committed": at, "log_start": low, "log_end": high,
-                      "lag": None if at is None else max(high - at, 0)})
+        parts.append(
+            {
+                "topic": topic,
+                "partition": part,
+                "committed": at,
+                "log_start": low,
+                "log_end": high,
+                "lag": None if at is None else max(high - at, 0),
+            }
+        )
         if at is None:
             continue
         if at < low:
             out.append(Finding("error", "kafka", "deleted by retention before they were read", topic, part, at, low))
         elif at > high:
-            out.append(Finding("error", "kafka", f"committed offset is beyond the log end {high} (was the topic "
-                               "recreated?)", topic, part, high, at))
+            out.append(
+                Finding(
+                    "error", "kafka", f"committed offset is beyond the log end {high} (was the topic recreated?)", topic, part, high, at
+                )
+            )
     return out, parts

@@ -58,7 +58,6 @@ THROUGH = "tidewater.ledger-through"  # on the ledger's snapshots: the table sna
 LAST_AUDIT = "tidewater.last-audit"  # the ledger table's property: the last audit's verdict (JSON)
 
 
-
 def identifier(spec: PipelineSpec) -> str:
     return (spec.routed_from or spec).ledger_table()
 
@@ -114,13 +113,25 @@ def entries(table_ident: str, snapshots: list[Any], checkpoint: bool = False, ta
         unranged = kind in ("recover", "drop")
         ranges: list[tuple[Any, Any, Any, Any]] = list(_ranges(props, previous)) if not unranged else []
         for topic, part, start, end in ranges or ([(None, None, None, None)] if target or unranged else []):
-            rows.append({
-                "table": table_ident, "batch_id": props[BATCH_ID], "kind": kind, "snapshot_id": snap.snapshot_id,
-                "committed_at": snap.timestamp_ms * 1000, "dag_run_id": props.get(DAG_RUN_ID), "topic": topic,
-                "partition": part, "start_offset": start, "end_offset": end, "records": int(props.get(RECORDS, 0)),
-                "rows": _rows(props, checkpoint), "dead_letters": int(props.get(DEAD_LETTERS, 0)),
-                "skipped": int(props.get(SKIPPED, 0)), "detail": json.dumps(detail, sort_keys=True) if detail else None,
-            })
+            rows.append(
+                {
+                    "table": table_ident,
+                    "batch_id": props[BATCH_ID],
+                    "kind": kind,
+                    "snapshot_id": snap.snapshot_id,
+                    "committed_at": snap.timestamp_ms * 1000,
+                    "dag_run_id": props.get(DAG_RUN_ID),
+                    "topic": topic,
+                    "partition": part,
+                    "start_offset": start,
+                    "end_offset": end,
+                    "records": int(props.get(RECORDS, 0)),
+                    "rows": _rows(props, checkpoint),
+                    "dead_letters": int(props.get(DEAD_LETTERS, 0)),
+                    "skipped": int(props.get(SKIPPED, 0)),
+                    "detail": json.dumps(detail, sort_keys=True) if detail else None,
+                }
+            )
         if OFFSETS in props:
             previous = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in json.loads(props[OFFSETS]).items()}
     return rows
@@ -197,8 +208,7 @@ def sync(catalog: Catalog, spec: PipelineSpec, touched: list[str] | None = None)
             known = set(zip(known_rows.column("table").to_pylist(), known_rows.column("batch_id").to_pylist()))
             rows = [r for r in rows if (r["table"], r["batch_id"]) not in known]
         added[0] = len(rows)
-        mark = str(heads[spec.targets.holder]) if fused \
-            else json.dumps({**through, **heads}, sort_keys=True, separators=(",", ":"))
+        mark = str(heads[spec.targets.holder]) if fused else json.dumps({**through, **heads}, sort_keys=True, separators=(",", ":"))
         # the pipeline's name marks the ledger as its own: another pipeline's routes never write into it (ForeignTable)
         return Change(properties={THROUGH: mark, PIPELINE: spec.name}, rows=pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA))
 
@@ -207,8 +217,15 @@ def sync(catalog: Catalog, spec: PipelineSpec, touched: list[str] | None = None)
     # no-op. A routed pipeline's mark merges the ledger's (``touched``), so each attempt computes it afresh, and a
     # sync that finds nothing new commits nothing (see prepare)
     marker = str(heads[spec.targets.holder]) if fused else None
-    commit(catalog, ident, prepare, marker=marker, marker_key=THROUGH, what=f"ledger {ident}",
-           on_missing=lambda: load_table(catalog, ident) or create_table(catalog, ident, LEDGER_SCHEMA, {"format-version": "2"}))
+    commit(
+        catalog,
+        ident,
+        prepare,
+        marker=marker,
+        marker_key=THROUGH,
+        what=f"ledger {ident}",
+        on_missing=lambda: load_table(catalog, ident) or create_table(catalog, ident, LEDGER_SCHEMA, {"format-version": "2"}),
+    )
     return added[0]
 
 
@@ -234,8 +251,7 @@ def compact(catalog: Catalog, spec: PipelineSpec, at_files: int = COMPACT_AT_FIL
     try:
         ledger.overwrite(rows, snapshot_properties=props)
     except CommitFailedException as e:
-        log.info("the ledger %s was not compacted (a batch recorded meanwhile: %s); the next expiry does it",
-                 identifier(spec), e)
+        log.info("the ledger %s was not compacted (a batch recorded meanwhile: %s); the next expiry does it", identifier(spec), e)
         return 0
     log.info("the ledger %s: %d files rewritten into one (%d entries)", identifier(spec), len(files), rows.num_rows)
     return len(files)
@@ -251,11 +267,13 @@ def expire_history(catalog: Catalog, spec: PipelineSpec) -> int:
     def expire() -> int:
         ledger = load_table(catalog, identifier(spec))
         head = ledger.current_snapshot() if ledger is not None else None
-        old = [s.snapshot_id for s in ledger.metadata.snapshots if head is not None and s.snapshot_id != head.snapshot_id] \
-            if ledger is not None else []
+        old = (
+            [s.snapshot_id for s in ledger.metadata.snapshots if head is not None and s.snapshot_id != head.snapshot_id]
+            if ledger is not None
+            else []
+        )
         if old:
-            ledger.maintenance.expire_snapshots().older_than(
-                datetime.fromtimestamp(head.timestamp_ms / 1000, tz=timezone.utc)).commit()
+            ledger.maintenance.expire_snapshots().older_than(datetime.fromtimestamp(head.timestamp_ms / 1000, tz=timezone.utc)).commit()
         return len(old)
 
     return retry_busy(expire, "expiring the ledger's history", identifier(spec))

@@ -62,8 +62,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def audit(spec: PipelineSpec, table: str | None = None, deep: bool = False, full: bool = False,
-          progress: Callable[[str], None] | None = None) -> AuditReport:
+def audit(
+    spec: PipelineSpec, table: str | None = None, deep: bool = False, full: bool = False, progress: Callable[[str], None] | None = None
+) -> AuditReport:
     """Bring the ledger up to date with the tables, then check it, the tables' histories and Kafka (``deep``: and
     every row's source offset); ``table``: one target table only; ``full``: every batch, not only those since the
     last clean audit. The verdict, with the mark the next audit starts from, is kept for the Tidewater view.
@@ -74,9 +75,17 @@ def audit(spec: PipelineSpec, table: str | None = None, deep: bool = False, full
     report = audit_targets(spec, catalog, table, deep, mark, progress)
     report.findings += [why] if why else []
     errors = [f.text() for f in report.findings if f.severity == "error"]
-    verdict = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "deep": deep, "clean": report.clean,
-               "batches": report.batches, "errors": len(errors), "first": errors[:5], "table": report.table,
-               "since": report.since, **_marks(previous, report, deep, whole=table is None)}
+    verdict = {
+        "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "deep": deep,
+        "clean": report.clean,
+        "batches": report.batches,
+        "errors": len(errors),
+        "first": errors[:5],
+        "table": report.table,
+        "since": report.since,
+        **_marks(previous, report, deep, whole=table is None),
+    }
     try:
         ledger.save_verdict(catalog, spec, verdict)
     except Exception as e:  # noqa: BLE001 - the verdict is for the view; the audit's answer stands without it
@@ -93,9 +102,13 @@ def _usable_mark(catalog: Catalog, mark: dict[str, Any] | None, deep: bool) -> t
         table = load_table(catalog, ident)
         snap = rewritten_since(table, after, None if deep else (RECOVERED,)) if table is not None else None
         if snap is not None:
-            return None, Finding("info", "deep" if deep else "coverage", f"every batch checked: {ident} was rewritten "
-                                 f"since the last clean audit ({operation_of(snap)} snapshot {snap.snapshot_id}: "
-                                 f"{_what(snap)})")
+            return None, Finding(
+                "info",
+                "deep" if deep else "coverage",
+                f"every batch checked: {ident} was rewritten "
+                f"since the last clean audit ({operation_of(snap)} snapshot {snap.snapshot_id}: "
+                f"{_what(snap)})",
+            )
     return mark, None
 
 
@@ -122,16 +135,33 @@ def letter_findings(spec: PipelineSpec, catalog: Catalog) -> list[Finding]:
     n = letter_counts(spec, catalog)
     if not n["total"]:
         return []
-    out = [Finding("info", "dead-letters", f"{n['total']} dead letters: {n['open']} open, {n['resolved']} resolved by "
-                   f"retries, {n['skipped']} skipped by retries, {n['dropped']} dropped")]
+    out = [
+        Finding(
+            "info",
+            "dead-letters",
+            f"{n['total']} dead letters: {n['open']} open, {n['resolved']} resolved by "
+            f"retries, {n['skipped']} skipped by retries, {n['dropped']} dropped",
+        )
+    ]
     if n["retrying"]:
-        out.append(Finding("warning", "dead-letters", f"{n['retrying']} dead letters claimed by a retry that did not "
-                           "finish: the next `tidewater dead-letters retry` finishes it"))
+        out.append(
+            Finding(
+                "warning",
+                "dead-letters",
+                f"{n['retrying']} dead letters claimed by a retry that did not finish: the next `tidewater dead-letters retry` finishes it",
+            )
+        )
     return out
 
 
-def audit_targets(spec: PipelineSpec, catalog: Catalog, only: str | None, deep: bool,
-                  mark: dict[str, Any] | None = None, progress: Callable[[str], None] | None = None) -> AuditReport:
+def audit_targets(
+    spec: PipelineSpec,
+    catalog: Catalog,
+    only: str | None,
+    deep: bool,
+    mark: dict[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> AuditReport:
     """Coverage, accounting and Kafka from the holder's batches; per target table (every one, or ``only``) the
     writes outside Tidewater and, for tables of a separate holder, the holder's batches against the table's commits.
     ``deep``: each table's rows once per offset, and (all tables audited) every offset of a committed range a row
@@ -140,17 +170,21 @@ def audit_targets(spec: PipelineSpec, catalog: Catalog, only: str | None, deep: 
     targets, holder_ident = spec.targets, spec.targets.holder
     known = target_tables(catalog, spec)
     if only is not None and only not in known:
-        raise ConfigError(f"--table: {only!r} is not one of this pipeline's target tables "
-                          f"({', '.join(known) or 'none committed yet'})")
+        raise ConfigError(f"--table: {only!r} is not one of this pipeline's target tables ({', '.join(known) or 'none committed yet'})")
     ledger.sync(catalog, spec)
     everything = ledger.read(catalog, spec)
     entries = since(everything, mark, holder_ident).to_pylist()
     holder = load_table(catalog, holder_ident)
     mine, undone = rolled_back(holder, targets.branch, [e for e in entries if e["table"] == holder_ident])
     audited = [only] if only else known
-    report = AuditReport(spec.name, only or holder_ident, len({e["batch_id"] for e in mine}),
-                         tables=[t for t in audited if target_role(spec, t).reported_as],
-                         since=_mark_time(mark, holder_ident), mark=next_mark(everything, mine, holder_ident, mark))
+    report = AuditReport(
+        spec.name,
+        only or holder_ident,
+        len({e["batch_id"] for e in mine}),
+        tables=[t for t in audited if target_role(spec, t).reported_as],
+        since=_mark_time(mark, holder_ident),
+        mark=next_mark(everything, mine, holder_ident, mark),
+    )
     report.findings += undone + coverage(mine, ends_of(mark)) + accounting(mine, targets.holder_rows)
     report.findings += decisions(entries) + letter_findings(spec, catalog)
     tables = {t: holder if target_role(spec, t).holds_offsets else load_table(catalog, t) for t in audited}

@@ -81,6 +81,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class BatchCommit:
     """One batch's commit: what was planned and written, the gate's verdict, and who asked. ``extra``: more
@@ -114,8 +115,11 @@ class BatchCommit:
         files whose own checks failed."""
         if not (self.validation or {}).get("quarantine"):
             return []
-        return [o.table for o in outputs if target_role(self.spec, o.table).carries_totals
-                or (o.data_files and not (self.verdict(o.table) or {}).get("success", True))]
+        return [
+            o.table
+            for o in outputs
+            if target_role(self.spec, o.table).carries_totals or (o.data_files and not (self.verdict(o.table) or {}).get("success", True))
+        ]
 
     def holder_expected(self) -> OffsetsExpected:
         """A separate holder's requirement: its offsets are those the plan started from (checked before the targets
@@ -125,10 +129,18 @@ class BatchCommit:
     def holder_properties(self, offsets: Offsets, ignored: tuple[str, ...] = ()) -> dict[str, str]:
         """The holder's snapshot properties: the batch's offsets and its accounting, as a whole."""
         m = self.manifest
-        props = summary_properties(offsets=offsets, batch_id=self.plan.batch_id, pipeline=self.plan.pipeline,
-                                   records=m.records, valid_through_ms=m.valid_through_ms(), dag_run_id=self.dag_run_id,
-                                   dead_letters=m.dead_letters, skipped=m.skipped, ignored_fields=ignored,
-                                   validation=dict(self.validation) if self.validation is not None else None)
+        props = summary_properties(
+            offsets=offsets,
+            batch_id=self.plan.batch_id,
+            pipeline=self.plan.pipeline,
+            records=m.records,
+            valid_through_ms=m.valid_through_ms(),
+            dag_run_id=self.dag_run_id,
+            dead_letters=m.dead_letters,
+            skipped=m.skipped,
+            ignored_fields=ignored,
+            validation=dict(self.validation) if self.validation is not None else None,
+        )
         props.update(batch_properties(self.plan))
         props.update(self.extra or {})
         return props
@@ -145,8 +157,7 @@ def outputs_of(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> 
     started from."""
     if manifest.outputs or not spec.targets.fused:
         return manifest.outputs
-    return (fused_output(plan, manifest.data_files, manifest.rows_expected, manifest.present, manifest.ignored_fields,
-                         spec.table.branch),)
+    return (fused_output(plan, manifest.data_files, manifest.rows_expected, manifest.present, manifest.ignored_fields, spec.table.branch),)
 
 
 @dataclass
@@ -194,9 +205,16 @@ class Target:
         offsets = advanced(offsets, plan.ranges)
         if self.role.carries_totals:
             return job.holder_properties(offsets, out.ignored_fields)
-        props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=records,
-                                   valid_through_ms=None, dag_run_id=job.dag_run_id, ignored_fields=out.ignored_fields,
-                                   validation=job.verdict(out.table))
+        props = summary_properties(
+            offsets=offsets,
+            batch_id=plan.batch_id,
+            pipeline=plan.pipeline,
+            records=records,
+            valid_through_ms=None,
+            dag_run_id=job.dag_run_id,
+            ignored_fields=out.ignored_fields,
+            validation=job.verdict(out.table),
+        )
         props.update(batch_properties(plan))  # the batch's ranges, for the pipeline's ledger
         return props
 
@@ -221,18 +239,22 @@ def appended(table: Any, t: Target) -> Change:
     confirm = tuple(confirm_keys(table, batch_id))  # the batch's schema changes become permanent with it
     if t.held:
         to_branch = quarantine_change(batch_id, t.out.data_files, props)
-        return Change({**props, QUARANTINED: quarantine_branch(batch_id)}, (), branch=t.out.branch, also=(to_branch,),
-                      remove_properties=confirm)
+        return Change(
+            {**props, QUARANTINED: quarantine_branch(batch_id)}, (), branch=t.out.branch, also=(to_branch,), remove_properties=confirm
+        )
     return Change(props, t.out.data_files, branch=t.out.branch, remove_properties=confirm)
 
 
 def row_delta(table: Any, t: Target) -> Change:
     """A change table's batch: its changes by key as one row delta (``commit/changes.py``)."""
     if t.role.takes_one_topic and len(t.out.seen_offsets) > 1:  # a key's changes are ordered within one topic only
-        raise TerminalError(f"change table {t.out.table} got changes of {len(t.out.seen_offsets)} topics in one batch "
-                            f"({', '.join(sorted(t.out.seen_offsets))}): a change table takes one topic's changes; route "
-                            "each topic to its own table (routing.table_template)", table=t.out.table,
-                            batch_id=t.job.plan.batch_id)
+        raise TerminalError(
+            f"change table {t.out.table} got changes of {len(t.out.seen_offsets)} topics in one batch "
+            f"({', '.join(sorted(t.out.seen_offsets))}): a change table takes one topic's changes; route "
+            "each topic to its own table (routing.table_template)",
+            table=t.out.table,
+            batch_id=t.job.plan.batch_id,
+        )
     return row_delta_attempt(table, t.view, t.job.plan, t.out.data_files, t.attempt, t.properties, APPLY, quarantine=t.held)
 
 
@@ -274,8 +296,11 @@ def target_change(target: Target) -> Callable[[Any], Change]:
     other tools' expiry). The same for a commit of its own and for a multi-table one (``commit/together.py``)."""
     choose = KINDS.get((target.kind, target.mode))
     if choose is None:
-        raise TerminalError(f"{target.job.what}: a {target.kind} table is not committed in mode {target.mode}",
-                            table=target.out.table, batch_id=target.job.plan.batch_id)
+        raise TerminalError(
+            f"{target.job.what}: a {target.kind} table is not committed in mode {target.mode}",
+            table=target.out.table,
+            batch_id=target.job.plan.batch_id,
+        )
     expect = target.expected()
 
     def prepare(table: Any) -> Change:
@@ -301,9 +326,15 @@ def target_done(target: Target, done: Committed) -> str:
         remove_staged(done.table, out.data_files)
     if done.status == "committed":
         counts = target.attempt.counts
-        log.info("%s (%s) committed to %s%s: %d rows%s", target.job.what, target.mode, out.table,
-                 f" (branch {out.branch})" if out.branch else "", out.rows,
-                 f" ({', '.join(f'{k} {v}' for k, v in counts.items() if isinstance(v, int))})" if counts else "")
+        log.info(
+            "%s (%s) committed to %s%s: %d rows%s",
+            target.job.what,
+            target.mode,
+            out.table,
+            f" (branch {out.branch})" if out.branch else "",
+            out.rows,
+            f" ({', '.join(f'{k} {v}' for k, v in counts.items() if isinstance(v, int))})" if counts else "",
+        )
     return done.status
 
 
@@ -311,8 +342,15 @@ def commit_table_output(catalog: Catalog, plan: BatchPlan, out: TableOutput, tar
     """Commit one target table's part of the batch, once (by batch id), with the change ``KINDS`` gives it and its
     offsets requirement; returns the status (the commit itself is kept in ``target.attempt.done``). A change
     table's staged change files are removed after."""
-    done = commit(catalog, out.table, target_change(target), marker=plan.batch_id, what=target.job.what,
-                  max_attempts=target.job.max_attempts, on_missing=on_missing_target(catalog, target))
+    done = commit(
+        catalog,
+        out.table,
+        target_change(target),
+        marker=plan.batch_id,
+        what=target.job.what,
+        max_attempts=target.job.max_attempts,
+        on_missing=on_missing_target(catalog, target),
+    )
     return target_done(target, done)
 
 
@@ -334,8 +372,7 @@ def commit_batch(
     """Commit a batch over the pipeline's target set (``spec``, default the pipeline the plan names); see the
     module docstring. Raises ``OffsetsMovedError`` when another writer moved the offsets (terminal: re-plan),
     ``TransientError`` when the catalog kept failing (retrying the commit step is safe)."""
-    job = BatchCommit(spec or load_pipeline(plan.pipeline_path), plan, manifest, dag_run_id, validation,
-                      extra_properties, max_attempts)
+    job = BatchCommit(spec or load_pipeline(plan.pipeline_path), plan, manifest, dag_run_id, validation, extra_properties, max_attempts)
     outputs = outputs_of(job.spec, plan, manifest)
     check_manifest(job, outputs)
     held = set(job.quarantined(outputs)) if job.ingests else set()
@@ -344,8 +381,11 @@ def commit_batch(
     answered = holder.ready(outputs, held)
     if answered is not None:
         return answered
-    todo = [Target(job, o, target_view(job.spec, catalog, o.table), o.table in held) for o in outputs
-            if o.data_files or target_role(job.spec, o.table).committed_without_rows]
+    todo = [
+        Target(job, o, target_view(job.spec, catalog, o.table), o.table in held)
+        for o in outputs
+        if o.data_files or target_role(job.spec, o.table).committed_without_rows
+    ]
     if commits_together(catalog, job):
         timings = commit_targets_together(catalog, job, todo, sorted(held))
         return holder.finish(outputs, todo, timings, held, holder_committed=True)
@@ -357,8 +397,7 @@ def commits_together(catalog: Catalog, job: BatchCommit) -> bool:
     """Whether the batch's tables and its checkpoint commit in one catalog transaction (``commit/together.py``): a
     routed ingest (a replay leaves the checkpoint as it is) on a catalog that offers it, unless
     ``catalog.multi_table_commit`` is ``never``."""
-    return (job.ingests and not job.spec.targets.fused and job.spec.catalog.multi_table_commit == "auto"
-            and offers_transactions(catalog))
+    return job.ingests and not job.spec.targets.fused and job.spec.catalog.multi_table_commit == "auto" and offers_transactions(catalog)
 
 
 def commit_targets_together(catalog: Catalog, job: BatchCommit, todo: list[Target], held: list[str]) -> list[TableCommit]:
@@ -368,16 +407,28 @@ def commit_targets_together(catalog: Catalog, job: BatchCommit, todo: list[Targe
     plan, holder = job.plan, job.spec.targets.holder
     parts = [Part(t.out.table, target_change(t), on_missing_target(catalog, t)) for t in todo]
     t0 = time.monotonic()
-    attempts = commit_together(catalog, [*parts, Part(holder, checkpoint_change(job, held))], marker=plan.batch_id,
-                               what=f"{job.what} (one transaction)", max_attempts=job.max_attempts)
+    attempts = commit_together(
+        catalog,
+        [*parts, Part(holder, checkpoint_change(job, held))],
+        marker=plan.batch_id,
+        what=f"{job.what} (one transaction)",
+        max_attempts=job.max_attempts,
+    )
     seconds = round(time.monotonic() - t0, 4)
     timings = []
     for t in todo:
         table = load_table(catalog, t.out.table)
         found = find_batch_snapshot(table, plan.batch_id) if table is not None else None
         done = Committed("committed" if found else "nothing-to-commit", table, found.snapshot_id if found else None)
-        timings.append(TableCommit(table=t.out.table, status=target_done(t, done), rows=t.out.rows,  # type: ignore[arg-type]
-                                   seconds=seconds, snapshot_id=done.snapshot_id))
+        timings.append(
+            TableCommit(
+                table=t.out.table,
+                status=target_done(t, done),
+                rows=t.out.rows,  # type: ignore[arg-type]
+                seconds=seconds,
+                snapshot_id=done.snapshot_id,
+            )
+        )
     return [*timings, TableCommit(table=holder, status="checkpoint", rows=0, seconds=seconds, attempts=attempts)]
 
 
@@ -385,13 +436,19 @@ def commit_targets(catalog: Catalog, todo: list[Target]) -> list[TableCommit]:
     """Each target's commit (``commit_table_output``), on a pool of the catalog's commit slots; in the targets'
     order when one at a time. A failure is raised once the commits under way have ended; the targets committed
     stay committed (a retry skips them by batch id)."""
+
     def one(t: Target) -> TableCommit:
         t0 = time.monotonic()
         status = commit_table_output(catalog, t.job.plan, t.out, t)
         done = t.attempt.done
-        return TableCommit(table=t.out.table, status=status, rows=t.out.rows,  # type: ignore[arg-type]
-                           seconds=round(time.monotonic() - t0, 4), snapshot_id=done.snapshot_id if done else None,
-                           attempts=done.attempts if done else 1)
+        return TableCommit(
+            table=t.out.table,
+            status=status,
+            rows=t.out.rows,  # type: ignore[arg-type]
+            seconds=round(time.monotonic() - t0, 4),
+            snapshot_id=done.snapshot_id if done else None,
+            attempts=done.attempts if done else 1,
+        )
 
     slots = min(commit_slots(catalog), len(todo))
     if slots <= 1:
@@ -415,23 +472,33 @@ def check_manifest(job: BatchCommit, outputs: tuple[TableOutput, ...]) -> None:
     for r in plan.ranges:
         reached = got.get(r.topic, {}).get(r.partition)
         if reached != r.end:
-            raise TerminalError(f"manifest does not cover the planned range [{r.start}, {r.end}) (reached {reached})",
-                                batch_id=plan.batch_id, topic=r.topic, partition=r.partition)
+            raise TerminalError(
+                f"manifest does not cover the planned range [{r.start}, {r.end}) (reached {reached})",
+                batch_id=plan.batch_id,
+                topic=r.topic,
+                partition=r.partition,
+            )
     routed = manifest.routed
     if manifest.dead_letters_in_files != manifest.dead_letters or (
-            routed is not None and manifest.records != routed + manifest.dead_letters + manifest.skipped):
+        routed is not None and manifest.records != routed + manifest.dead_letters + manifest.skipped
+    ):
         raise TerminalError(
             f"accounting does not add up: {manifest.records} records read, "
             + (f"{routed} routed to tables, " if routed is not None else "")
             + f"{manifest.dead_letters} dead letters ({manifest.dead_letters_in_files} in files), {manifest.skipped} "
-            f"skipped, {manifest.present} already present", batch_id=plan.batch_id)
+            f"skipped, {manifest.present} already present",
+            batch_id=plan.batch_id,
+        )
     for o in outputs:
         in_files = sum(f.record_count for f in o.data_files)
         if in_files != o.rows:
-            raise TerminalError(f"accounting does not add up: data files hold {in_files} rows but the writer counted "
-                                f"{o.rows} ({manifest.records} records read, {manifest.dead_letters} dead letters, "
-                                f"{manifest.skipped} skipped, {manifest.present} already present)", table=o.table,
-                                batch_id=plan.batch_id)
+            raise TerminalError(
+                f"accounting does not add up: data files hold {in_files} rows but the writer counted "
+                f"{o.rows} ({manifest.records} records read, {manifest.dead_letters} dead letters, "
+                f"{manifest.skipped} skipped, {manifest.present} already present)",
+                table=o.table,
+                batch_id=plan.batch_id,
+            )
 
 
 def batch_properties(plan: BatchPlan) -> dict[str, str]:
@@ -448,8 +515,10 @@ def missing_table(catalog: Catalog, plan: BatchPlan, manifest: BatchManifest) ->
     """What a fused table's commit does when the table does not exist: refuse if files were written for it (it was
     dropped in between), create it empty if records were read (every one was a dead letter or skipped, and the
     offsets must move; its columns come with the first good record), else nothing."""
+
     def on_missing() -> Any:
         if manifest.data_files:
             raise TerminalError("table disappeared between write and commit", table=plan.table, batch_id=plan.batch_id)
         return create_table(catalog, plan.table, pa.schema([]), {"format-version": "2"}) if manifest.records else None
+
     return on_missing

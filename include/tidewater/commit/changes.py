@@ -146,13 +146,23 @@ def _apply_all(table: Any, spec: PipelineSpec, plan: BatchPlan, attempt: TargetA
     counts.update(cross_partition_keys=net.cross_partition_keys if net else 0, position_deletes=sum(len(p) for _, p in hits))
     if truncated is not None:
         counts.update(truncated=truncated.truncates, superseded=truncated.superseded)
-        log.info("batch %s: %d truncate(s) of %s applied: its rows removed, %d earlier change(s) of the batch superseded",
-                 plan.batch_id, truncated.truncates, spec.table.identifier, truncated.superseded)
+        log.info(
+            "batch %s: %d truncate(s) of %s applied: its rows removed, %d earlier change(s) of the batch superseded",
+            plan.batch_id,
+            truncated.truncates,
+            spec.table.identifier,
+            truncated.superseded,
+        )
     if net and net.cross_partition_keys:
         counts["cross_partition_examples"] = list(net.cross_partition_examples)
-        log.warning("batch %s: %d key(s) of %s changed in more than one partition (e.g. %s): their order across "
-                    "partitions is not the source's; keys must be partitioned by key", plan.batch_id,
-                    net.cross_partition_keys, spec.table.identifier, net.cross_partition_examples[:3])
+        log.warning(
+            "batch %s: %d key(s) of %s changed in more than one partition (e.g. %s): their order across "
+            "partitions is not the source's; keys must be partitioned by key",
+            plan.batch_id,
+            net.cross_partition_keys,
+            spec.table.identifier,
+            net.cross_partition_examples[:3],
+        )
     return Decided(hits, counts, truncated=truncated)
 
 
@@ -169,8 +179,9 @@ def _reapply(table: Any, spec: PipelineSpec, plan: BatchPlan, attempt: TargetAtt
     (``transform.changes.reapply_decisions``)."""
     net, branch = attempt.net, spec.table.branch
     if net is None:
-        return Decided([], {"reapplied": 0, "restored": 0, "superseded": 0, "absent": 0, "noop": 0, "position_deletes": 0},
-                       upserts=pa.table({}))
+        return Decided(
+            [], {"reapplied": 0, "restored": 0, "superseded": 0, "absent": 0, "noop": 0, "position_deletes": 0}, upserts=pa.table({})
+        )
     found = find_rows(table, net.keys, list(spec.table.id_columns), source=True, branch=branch)
     rows = pa.concat_tables([t for _, t in found]) if found else pa.table({"__key": pa.array([], pa.int64())})
     offsets = committed_state(table, branch).offsets
@@ -200,13 +211,25 @@ def _retry(table: Any, spec: PipelineSpec, plan: BatchPlan, attempt: TargetAttem
     counts: dict[str, Any] = {
         "applied": int(pc.sum(pc.cast(pc.take(applied, net.group), pa.int64())).as_py() or 0),
         "refused": refused_rows.num_rows,
-        "refused_letters": [[t, p, o, why[k]] for t, p, o, k in zip(refused_rows.column(TOPIC).to_pylist(),
-                                                                     refused_rows.column(PARTITION).to_pylist(),
-                                                                     refused_rows.column(OFFSET).to_pylist(),
-                                                                     net.group.filter(refusing).to_pylist(), strict=True)],
-        "position_deletes": sum(len(p) for _, p in hits)}
-    log.info("retry %s of %s: %d changes applied, %d refused (a later change of their key is applied)", plan.batch_id,
-             spec.table.identifier, counts["applied"], counts["refused"])
+        "refused_letters": [
+            [t, p, o, why[k]]
+            for t, p, o, k in zip(
+                refused_rows.column(TOPIC).to_pylist(),
+                refused_rows.column(PARTITION).to_pylist(),
+                refused_rows.column(OFFSET).to_pylist(),
+                net.group.filter(refusing).to_pylist(),
+                strict=True,
+            )
+        ],
+        "position_deletes": sum(len(p) for _, p in hits),
+    }
+    log.info(
+        "retry %s of %s: %d changes applied, %d refused (a later change of their key is applied)",
+        plan.batch_id,
+        spec.table.identifier,
+        counts["applied"],
+        counts["refused"],
+    )
     return Decided(hits, counts, upserts=upserts)
 
 
@@ -215,8 +238,16 @@ REAPPLY = Decision(_stage_net, _reapply)
 RETRY = Decision(_stage_sorted, _retry)
 
 
-def row_delta_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, attempt: TargetAttempt,
-                      properties: Callable[[Any], dict[str, str]], decision: Decision, quarantine: bool = False) -> Change:
+def row_delta_attempt(
+    table: Any,
+    spec: PipelineSpec,
+    plan: BatchPlan,
+    files: Any,
+    attempt: TargetAttempt,
+    properties: Callable[[Any], dict[str, str]],
+    decision: Decision,
+    quarantine: bool = False,
+) -> Change:
     """One attempt to apply the staged change records ``files`` to ``table`` as loaded now, as ``decision`` decides;
     ``properties`` gives the snapshot's properties (offsets included) on it. ``attempt`` keeps what is done once (the
     staged changes, an ingest's new row images) and what this attempt wrote. ``quarantine``: the row delta goes to
@@ -241,10 +272,8 @@ def row_delta_attempt(table: Any, spec: PipelineSpec, plan: BatchPlan, files: An
     if decided.truncated is None:
         return Change(props, attempt.files, deletes=deletes, branch=branch, remove_properties=remove)
 
-    emptied = {TRUNCATE: json.dumps({"batch_id": plan.batch_id, "truncates": decided.truncated.truncates}),
-               PIPELINE: plan.pipeline}
-    return Change(props, attempt.files, branch=branch, delete_filter=AlwaysTrue(), delete_properties=emptied,
-                  remove_properties=remove)
+    emptied = {TRUNCATE: json.dumps({"batch_id": plan.batch_id, "truncates": decided.truncated.truncates}), PIPELINE: plan.pipeline}
+    return Change(props, attempt.files, branch=branch, delete_filter=AlwaysTrue(), delete_properties=emptied, remove_properties=remove)
 
 
 def restorable(table: Table, plan: BatchPlan, offsets: Offsets, spec: PipelineSpec) -> list[int]:
@@ -253,14 +282,24 @@ def restorable(table: Table, plan: BatchPlan, offsets: Offsets, spec: PipelineSp
     applied a truncate: a truncate is not ordered against other partitions' changes, so a row may be missing
     because of it."""
     if any(TRUNCATE in summary_dict(s) for s in table.snapshots()):
-        log.info("replay %s: %s has applied a truncate: rows missing from it are not restored (counted absent)",
-                 plan.batch_id, spec.table.identifier)
+        log.info(
+            "replay %s: %s has applied a truncate: rows missing from it are not restored (counted absent)",
+            plan.batch_id,
+            spec.table.identifier,
+        )
         return []
     return sorted({r.partition for r in plan.ranges if r.end >= offsets.get(r.topic, {}).get(r.partition, r.end + 1)})
 
 
-def quarantined(plan: BatchPlan, props: dict[str, str], files: tuple[Any, ...], deletes: tuple[Any, ...], truncates: bool,
-                branch: str | None, remove: tuple[str, ...]) -> Change:
+def quarantined(
+    plan: BatchPlan,
+    props: dict[str, str],
+    files: tuple[Any, ...],
+    deletes: tuple[Any, ...],
+    truncates: bool,
+    branch: str | None,
+    remove: tuple[str, ...],
+) -> Change:
     """A change batch the gate refused (``validation.on_failure: quarantine``): its whole row delta (new row images
     and position deletes, computed against the table as it is) lands on the branch ``quarantine-<batch id>``, and
     main gets an empty snapshot with the batch id, the advanced offsets and the branch's name, in one transaction.
@@ -268,11 +307,18 @@ def quarantined(plan: BatchPlan, props: dict[str, str], files: tuple[Any, ...], 
     after that snapshot; the next batch is not planned until a person publishes or drops it (a key's changes apply
     in order). A batch with a truncate cannot be quarantined: its emptying of the table is not a row delta."""
     if truncates:
-        raise TerminalError(f"batch {plan.batch_id} failed the quality gate and holds a truncate, which a quarantine "
-                            "branch cannot carry: fix the data or the suite, or set validation.on_failure: fail",
-                            batch_id=plan.batch_id, table=plan.table)
+        raise TerminalError(
+            f"batch {plan.batch_id} failed the quality gate and holds a truncate, which a quarantine "
+            "branch cannot carry: fix the data or the suite, or set validation.on_failure: fail",
+            batch_id=plan.batch_id,
+            table=plan.table,
+        )
     name = quarantine_branch(plan.batch_id)
-    to_branch = Change({**{k: v for k, v in props.items() if k not in (OFFSETS, BATCH_ID)}, QUARANTINE_OF: plan.batch_id},
-                       files, deletes=deletes, branch=name)
+    to_branch = Change(
+        {**{k: v for k, v in props.items() if k not in (OFFSETS, BATCH_ID)}, QUARANTINE_OF: plan.batch_id},
+        files,
+        deletes=deletes,
+        branch=name,
+    )
     main = {k: v for k, v in props.items() if k != CHANGES}  # nothing of the batch is applied to main
     return Change({**main, QUARANTINED: name}, (), branch=branch, also=(to_branch,), remove_properties=remove)

@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 DeadLetterSink = Callable[[Any, list[StagedFile]], str]
 
 
-def commit_dead_letters(catalog: Catalog, plan: BatchPlan, manifest: BatchManifest, sink: DeadLetterSink | None = None,
-                        max_attempts: int = 8) -> None:
+def commit_dead_letters(
+    catalog: Catalog, plan: BatchPlan, manifest: BatchManifest, sink: DeadLetterSink | None = None, max_attempts: int = 8
+) -> None:
     """Append the batch's dead-letter files, once: after the batch's own commit, idempotent by batch id; the same
     commit keeps the table's count of each pipeline's letters (``table.letters.KEPT_TOTALS``).
 
@@ -50,15 +51,16 @@ def commit_dead_letters(catalog: Catalog, plan: BatchPlan, manifest: BatchManife
         if sink is not None and DEAD_LETTER_TOPIC not in sent:
             sent[DEAD_LETTER_TOPIC] = sink(table, list(manifest.dead_letter_files))
         added = sum(f.record_count for f in manifest.dead_letter_files)
-        return Change({**props, **sent}, manifest.dead_letter_files,
-                      set_properties=totals_after(table, plan.pipeline, added))
+        return Change({**props, **sent}, manifest.dead_letter_files, set_properties=totals_after(table, plan.pipeline, added))
 
     try:
-        done = commit(catalog, ident, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id} (dead letters)",
-                      max_attempts=max_attempts)
+        done = commit(
+            catalog, ident, prepare, marker=plan.batch_id, what=f"batch {plan.batch_id} (dead letters)", max_attempts=max_attempts
+        )
     except TransientError:
-        raise TransientError("the batch is committed but its dead letters are not yet; retry the commit step",
-                             table=ident, batch_id=plan.batch_id) from None
+        raise TransientError(
+            "the batch is committed but its dead letters are not yet; retry the commit step", table=ident, batch_id=plan.batch_id
+        ) from None
     if done.status == "committed":
         log.info("batch %s: %d dead letters committed to %s", plan.batch_id, manifest.dead_letters, ident)
 
@@ -68,8 +70,7 @@ def commit_dead_letters(catalog: Catalog, plan: BatchPlan, manifest: BatchManife
 HEADER_PREFIX = "tidewater."
 
 
-def produce_to_topic(settings: dict[str, str], topic: str, table: Table, files: list[StagedFile],
-                     timeout: float = 60.0) -> int:
+def produce_to_topic(settings: dict[str, str], topic: str, table: Table, files: list[StagedFile], timeout: float = 60.0) -> int:
     """Produce the dead letters in ``files`` (data files of the dead-letter table) to ``topic``.
 
     Each message keeps the raw key, value and headers and adds headers naming its source and error:
@@ -79,8 +80,18 @@ def produce_to_topic(settings: dict[str, str], topic: str, table: Table, files: 
     Raises TransientError when a message is not acknowledged, ConfigError when the broker refuses the pipeline's
     principal the topic (an ACL to grant: retrying cannot help until it is).
     """
-    consumer_only = ("auto.offset.reset", "fetch.", "max.partition.fetch.bytes", "queued.", "session.timeout.ms",
-                     "group.", "heartbeat.", "max.poll.interval.ms", "check.crcs", "isolation.level")
+    consumer_only = (
+        "auto.offset.reset",
+        "fetch.",
+        "max.partition.fetch.bytes",
+        "queued.",
+        "session.timeout.ms",
+        "group.",
+        "heartbeat.",
+        "max.poll.interval.ms",
+        "check.crcs",
+        "isolation.level",
+    )
     conf = {k: v for k, v in settings.items() if not k.startswith(consumer_only)}
     producer = Producer(client_logging({**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 20}))
     failures: list[Any] = []
@@ -104,10 +115,12 @@ def produce_to_topic(settings: dict[str, str], topic: str, table: Table, files: 
         remaining = len(producer)  # still queued: the client stopped
     refused = [f for f in failures if f.code() in _REFUSALS]
     if refused:
-        raise ConfigError(f"dead_letter.topic: the broker refused to take the dead letters on topic '{topic}' "
-                          f"({refused[0].str()}): the pipeline's principal needs Describe and Write on that topic "
-                          "(docs/reference/kafka.md); the batch's rows are committed, its dead letters not yet: grant "
-                          "the ACL, then retry the commit step")
+        raise ConfigError(
+            f"dead_letter.topic: the broker refused to take the dead letters on topic '{topic}' "
+            f"({refused[0].str()}): the pipeline's principal needs Describe and Write on that topic "
+            "(docs/reference/kafka.md); the batch's rows are committed, its dead letters not yet: grant "
+            "the ACL, then retry the commit step"
+        )
     if remaining or failures:
         raise TransientError(
             f"dead-letter topic {topic}: {remaining} message(s) unacknowledged after {timeout:.0f}s"
@@ -152,8 +165,11 @@ def _kafka_error(e: BaseException | None) -> KafkaError | None:
 
 
 # a delivery error that names a missing permission, not a passing fault
-_REFUSALS = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-             KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+_REFUSALS = (
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+)
 
 
 def dead_letter_sink(spec: Any, batch_id: str) -> Any:

@@ -60,15 +60,20 @@ class OwnSnapshot:
             _replay_of_committed_ranges(self.job, load_table(self.catalog, ident), ident)
         return None
 
-    def finish(self, outputs: tuple[TableOutput, ...], todo: list[Target], timings: list[TableCommit],
-               held: set[str], holder_committed: bool = False) -> CommitResult:
+    def finish(
+        self,
+        outputs: tuple[TableOutput, ...],
+        todo: list[Target],
+        timings: list[TableCommit],
+        held: set[str],
+        holder_committed: bool = False,
+    ) -> CommitResult:
         """The outcome: the table's one snapshot (data and offsets), then the batch's dead letters."""
         job, target = self.job, todo[0]
         plan, manifest = job.plan, job.manifest
         done: Committed | None = target.attempt.done
         if done is None or done.status == "nothing-to-commit":
-            return CommitResult(status="nothing-to-commit", batch_id=plan.batch_id, table=plan.table, records=0,
-                                data_files=0, offsets={})
+            return CommitResult(status="nothing-to-commit", batch_id=plan.batch_id, table=plan.table, records=0, data_files=0, offsets={})
         found = find_batch_snapshot(done.table, plan.batch_id) if done.status == "committed" else None
         offsets = target.attempt.stamped
         if offsets is None:
@@ -76,11 +81,18 @@ class OwnSnapshot:
         files = len(target.attempt.files) if target.kind == "change" else len(target.out.data_files)
         if job.ingests:
             commit_dead_letters(self.catalog, plan, manifest, self.sink)
-        own = dataclasses.replace(timings[0], rows=manifest.rows_in_files,
-                                  snapshot_id=found.snapshot_id if found else done.snapshot_id)
-        return CommitResult(status=done.status, batch_id=plan.batch_id, table=plan.table, records=manifest.records,
-                            data_files=files, offsets=offsets, dead_letters=manifest.dead_letters if job.ingests else 0,
-                            tables=(own,), quarantined=(plan.table,) if target.held else ())
+        own = dataclasses.replace(timings[0], rows=manifest.rows_in_files, snapshot_id=found.snapshot_id if found else done.snapshot_id)
+        return CommitResult(
+            status=done.status,
+            batch_id=plan.batch_id,
+            table=plan.table,
+            records=manifest.records,
+            data_files=files,
+            offsets=offsets,
+            dead_letters=manifest.dead_letters if job.ingests else 0,
+            tables=(own,),
+            quarantined=(plan.table,) if target.held else (),
+        )
 
 
 class Checkpoint:
@@ -102,14 +114,27 @@ class Checkpoint:
         self.table = self.table or create_table(self.catalog, self.ident, CHECKPOINT_SCHEMA, {"format-version": "2"})
         if find_batch_snapshot(self.table, plan.batch_id) is not None:
             commit_dead_letters(self.catalog, plan, manifest, self.sink)
-            return CommitResult(status="already-committed", batch_id=plan.batch_id, table=self.ident,
-                                records=manifest.records, data_files=files_of(outputs), offsets=plan.end_offsets(),
-                                dead_letters=manifest.dead_letters, quarantined=tuple(sorted(held)))
+            return CommitResult(
+                status="already-committed",
+                batch_id=plan.batch_id,
+                table=self.ident,
+                records=manifest.records,
+                data_files=files_of(outputs),
+                offsets=plan.end_offsets(),
+                dead_letters=manifest.dead_letters,
+                quarantined=tuple(sorted(held)),
+            )
         job.holder_expected().check(self.table, self.ident)
         return None
 
-    def finish(self, outputs: tuple[TableOutput, ...], todo: list[Target], timings: list[TableCommit],
-               held: set[str], holder_committed: bool = False) -> CommitResult:
+    def finish(
+        self,
+        outputs: tuple[TableOutput, ...],
+        todo: list[Target],
+        timings: list[TableCommit],
+        held: set[str],
+        holder_committed: bool = False,
+    ) -> CommitResult:
         """After the tables: an ingest commits the checkpoint (unless it was ``holder_committed`` with them, in one
         transaction), then the dead letters. The outcome lists every table."""
         job, plan, manifest = self.job, self.job.plan, self.job.manifest
@@ -117,17 +142,27 @@ class Checkpoint:
             if not holder_committed:
                 t0 = time.monotonic()
                 commit_checkpoint(self.catalog, job, sorted(held))
-                timings.append(TableCommit(table=self.ident, status="checkpoint", rows=0,
-                                           seconds=round(time.monotonic() - t0, 4)))
+                timings.append(TableCommit(table=self.ident, status="checkpoint", rows=0, seconds=round(time.monotonic() - t0, 4)))
             commit_dead_letters(self.catalog, plan, manifest, self.sink)
-        log.info("%s: %s%s", job.what, ", ".join(f"{t.table}: {t.status}" for t in timings) or "no rows for any table",
-                 f"; the checkpoint {self.ident}" if job.ingests else "")
+        log.info(
+            "%s: %s%s",
+            job.what,
+            ", ".join(f"{t.table}: {t.status}" for t in timings) or "no rows for any table",
+            f"; the checkpoint {self.ident}" if job.ingests else "",
+        )
         done = job.ingests or any(t.status == "committed" for t in timings) or not timings
         offsets = plan.end_offsets() if job.ingests else committed_state(self.table).offsets if self.table is not None else {}
-        return CommitResult(status="committed" if done else "already-committed", batch_id=plan.batch_id, table=self.ident,
-                            records=manifest.records, data_files=files_of(outputs), offsets=offsets,
-                            dead_letters=manifest.dead_letters if job.ingests else 0, tables=tuple(timings),
-                            quarantined=tuple(sorted(held)))
+        return CommitResult(
+            status="committed" if done else "already-committed",
+            batch_id=plan.batch_id,
+            table=self.ident,
+            records=manifest.records,
+            data_files=files_of(outputs),
+            offsets=offsets,
+            dead_letters=manifest.dead_letters if job.ingests else 0,
+            tables=tuple(timings),
+            quarantined=tuple(sorted(held)),
+        )
 
 
 def _replay_of_committed_ranges(job: BatchCommit, holder: Any, ident: str) -> None:
@@ -140,13 +175,19 @@ def _replay_of_committed_ranges(job: BatchCommit, holder: Any, ident: str) -> No
 def checkpoint_row(plan: BatchPlan, manifest: BatchManifest, offsets: Offsets) -> Any:
     """The checkpoint table's row for a batch (``table/own_tables.py``: CHECKPOINT_SCHEMA)."""
     tables = [o.table for o in manifest.outputs if o.data_files]
-    return pa.table({
-        "batch_id": [plan.batch_id], "pipeline": [plan.pipeline],
-        "committed_at": pa.array([datetime.now(timezone.utc)], pa.timestamp("us", tz="UTC")),
-        "records": pa.array([manifest.records], pa.int64()), "dead_letters": pa.array([manifest.dead_letters], pa.int64()),
-        "skipped": pa.array([manifest.skipped], pa.int64()), "tables": [json.dumps(tables)],
-        "offsets": [json.dumps(offsets_to_json(offsets), separators=(",", ":"))],
-    }, schema=CHECKPOINT_SCHEMA)
+    return pa.table(
+        {
+            "batch_id": [plan.batch_id],
+            "pipeline": [plan.pipeline],
+            "committed_at": pa.array([datetime.now(timezone.utc)], pa.timestamp("us", tz="UTC")),
+            "records": pa.array([manifest.records], pa.int64()),
+            "dead_letters": pa.array([manifest.dead_letters], pa.int64()),
+            "skipped": pa.array([manifest.skipped], pa.int64()),
+            "tables": [json.dumps(tables)],
+            "offsets": [json.dumps(offsets_to_json(offsets), separators=(",", ":"))],
+        },
+        schema=CHECKPOINT_SCHEMA,
+    )
 
 
 def checkpoint_change(job: BatchCommit, held: list[str]) -> Callable[[Any], Change]:
@@ -172,8 +213,15 @@ def commit_checkpoint(catalog: Catalog, job: BatchCommit, held: list[str]) -> No
     """The checkpoint's commit of its own, last (``checkpoint_change``)."""
     plan = job.plan
     try:
-        commit(catalog, plan.table, checkpoint_change(job, held), marker=plan.batch_id,
-               what=f"batch {plan.batch_id} (checkpoint)", max_attempts=job.max_attempts)
+        commit(
+            catalog,
+            plan.table,
+            checkpoint_change(job, held),
+            marker=plan.batch_id,
+            what=f"batch {plan.batch_id} (checkpoint)",
+            max_attempts=job.max_attempts,
+        )
     except TransientError:
-        raise TransientError("the tables are committed but the checkpoint is not yet; retry the commit step",
-                             table=plan.table, batch_id=plan.batch_id) from None
+        raise TransientError(
+            "the tables are committed but the checkpoint is not yet; retry the commit step", table=plan.table, batch_id=plan.batch_id
+        ) from None

@@ -76,17 +76,22 @@ class OffsetsExpected:
 
     def moved_from(self, now: Offsets) -> list[str]:
         """The partitions whose committed offsets ``now`` are not what the batch saw, each described (pure)."""
-        return [f"{topic}[{p}] written against {seen[0] if len(set(seen)) == 1 else list(seen)}, "
-                f"now at {now.get(topic, {}).get(p)}"
-                for topic, parts in sorted(self.seen.items()) for p, seen in sorted(parts.items())
-                if any(s != now.get(topic, {}).get(p) for s in seen)]
+        return [
+            f"{topic}[{p}] written against {seen[0] if len(set(seen)) == 1 else list(seen)}, now at {now.get(topic, {}).get(p)}"
+            for topic, parts in sorted(self.seen.items())
+            for p, seen in sorted(parts.items())
+            if any(s != now.get(topic, {}).get(p) for s in seen)
+        ]
 
     def check(self, table: Any, ident: str) -> None:
         moved = self.moved(table)
         if moved:
-            raise OffsetsMovedError(f"{self.holder}'s offsets moved since this batch was planned (another writer "
-                                    "committed); refusing to commit to avoid duplicates. Re-plan the batch: "
-                                    + "; ".join(moved), table=ident, batch_id=self.batch_id)
+            raise OffsetsMovedError(
+                f"{self.holder}'s offsets moved since this batch was planned (another writer "
+                "committed); refusing to commit to avoid duplicates. Re-plan the batch: " + "; ".join(moved),
+                table=ident,
+                batch_id=self.batch_id,
+            )
 
 
 @dataclass(frozen=True)
@@ -164,8 +169,9 @@ def apply_change(tx: Any, table: Any, change: Change) -> None:
     transaction has given main its first snapshot."""
     branch = change.branch or "main"
     if change.delete_filter is not None:
-        tx.delete(delete_filter=change.delete_filter, snapshot_properties=dict(change.delete_properties or change.properties),
-                  branch=branch)
+        tx.delete(
+            delete_filter=change.delete_filter, snapshot_properties=dict(change.delete_properties or change.properties), branch=branch
+        )
     if change.deletes:
         row_delta(tx, table, _data_files(table, change.files), list(change.deletes), dict(change.properties), branch)
     elif change.append and change.rows is not None:
@@ -270,5 +276,8 @@ def commit(
             continue
         snap = view.snapshot_by_name(change.branch) if change.branch else view.current_snapshot()
         return Committed("committed", view, snap.snapshot_id if snap else None, attempt)
-    raise TransientError(f"{what}: commit did not succeed after {max_attempts} attempts (conflicts or catalog "
-                         "unavailable); retrying the commit step is safe", table=ident)
+    raise TransientError(
+        f"{what}: commit did not succeed after {max_attempts} attempts (conflicts or catalog "
+        "unavailable); retrying the commit step is safe",
+        table=ident,
+    )

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 def quarantine_change(batch_id: str, data_files: Any, props: dict[str, str]) -> Change:
     """The batch's files on its quarantine branch; main's snapshot carries offsets and batch id."""
     branch_props = {k: v for k, v in props.items() if k not in (OFFSETS, BATCH_ID)}
@@ -43,8 +44,7 @@ def quarantine_change(batch_id: str, data_files: Any, props: dict[str, str]) -> 
     return Change(branch_props, tuple(data_files), branch=quarantine_branch(batch_id))
 
 
-def publish_files(catalog: Catalog, ident: str, pipeline: str, batch_id: str,
-                  extra: dict[str, str] | None = None) -> tuple[str, int, int]:
+def publish_files(catalog: Catalog, ident: str, pipeline: str, batch_id: str, extra: dict[str, str] | None = None) -> tuple[str, int, int]:
     """Append the quarantine branch's files to main, once (``extra``: more snapshot properties, such as who
     decided). Returns (status, rows, files)."""
     counted: dict[str, int] = {}
@@ -59,8 +59,7 @@ def publish_files(catalog: Catalog, ident: str, pipeline: str, batch_id: str,
 
     done = commit(catalog, ident, prepare, marker=batch_id, marker_key=PUBLISHED, what=f"publish {batch_id}")
     if done.status == "committed":
-        log.info("published quarantined batch %s: %d rows in %d files appended to %s", batch_id, counted["rows"],
-                 counted["files"], ident)
+        log.info("published quarantined batch %s: %d rows in %d files appended to %s", batch_id, counted["rows"], counted["files"], ident)
     return done.status, counted.get("rows", 0), counted.get("files", 0)
 
 
@@ -76,8 +75,9 @@ def added_files(table: Table, snapshot: Any) -> tuple[list[Any], list[Any]]:
     return data, deletes
 
 
-def publish_changes(catalog: Catalog, ident: str, pipeline: str, batch_id: str,
-                    extra: dict[str, str] | None = None) -> tuple[str, int, int]:
+def publish_changes(
+    catalog: Catalog, ident: str, pipeline: str, batch_id: str, extra: dict[str, str] | None = None
+) -> tuple[str, int, int]:
     """Apply a quarantined change batch's row delta to main, once: its new row images and position deletes, as
     computed against main when the batch was quarantined. Only while main's head is still the batch's own
     snapshot (nothing changed main's rows since); otherwise a terminal error says what to do. Returns (status,
@@ -90,9 +90,13 @@ def publish_changes(catalog: Catalog, ident: str, pipeline: str, batch_id: str,
             return None
         main = table.current_snapshot()
         if main is None or summary_dict(main).get(BATCH_ID) != batch_id:
-            raise TerminalError(f"main of {ident} moved past quarantined batch {batch_id} (snapshot "
-                                f"{main.snapshot_id if main else None} is newer): its changes can no longer be applied "
-                                "in order. Drop it, then replay its range with mode reapply", table=ident, batch_id=batch_id)
+            raise TerminalError(
+                f"main of {ident} moved past quarantined batch {batch_id} (snapshot "
+                f"{main.snapshot_id if main else None} is newer): its changes can no longer be applied "
+                "in order. Drop it, then replay its range with mode reapply",
+                table=ident,
+                batch_id=batch_id,
+            )
         data, deletes = added_files(table, head)
         counted.update(rows=sum(f.record_count for f in data), files=len(data) + len(deletes))
         props = {PUBLISHED: batch_id, PIPELINE: pipeline, **(extra or {})}
@@ -102,8 +106,13 @@ def publish_changes(catalog: Catalog, ident: str, pipeline: str, batch_id: str,
 
     done = commit(catalog, ident, prepare, marker=batch_id, marker_key=PUBLISHED, what=f"publish {batch_id}")
     if done.status == "committed":
-        log.info("published quarantined change batch %s: %d row images and %d files applied to %s", batch_id,
-                 counted["rows"], counted["files"], ident)
+        log.info(
+            "published quarantined change batch %s: %d row images and %d files applied to %s",
+            batch_id,
+            counted["rows"],
+            counted["files"],
+            ident,
+        )
     return done.status, counted.get("rows", 0), counted.get("files", 0)
 
 
@@ -116,8 +125,9 @@ class QuarantinedError(ValidationFailedError):
         super().__init__(message, batch_id=batch_id, table=", ".join(tables))
 
 
-def quarantined_error(plan_batch_id: str, tables: tuple[str, ...], validation: dict[str, Any] | None,
-                      spec: PipelineSpec) -> QuarantinedError:
+def quarantined_error(
+    plan_batch_id: str, tables: tuple[str, ...], validation: dict[str, Any] | None, spec: PipelineSpec
+) -> QuarantinedError:
     """The run's error for a quarantined batch: ``tables`` lists the target tables quarantined. Those a person must
     name (a routed pipeline's: ``--table``) are named in the command, and the others committed the batch as usual."""
     failed = (validation or {}).get("failed")
@@ -127,8 +137,10 @@ def quarantined_error(plan_batch_id: str, tables: tuple[str, ...], validation: d
     return QuarantinedError(
         f"batch {plan_batch_id} failed validation ({failed} check(s)) and was quarantined on branch "
         f"{quarantine_branch(plan_batch_id)} of {table}; the offsets moved on and main is unchanged"
-        + (" (the other tables committed the batch)" if named else "") + ". Publish it with "
+        + (" (the other tables committed the batch)" if named else "")
+        + ". Publish it with "
         f"`tidewater quarantine publish --pipeline {spec.source_path}{which} --batch {plan_batch_id}` or drop it with "
         f"`tidewater quarantine drop ...`",
-        batch_id=plan_batch_id, tables=tuple(tables),
+        batch_id=plan_batch_id,
+        tables=tuple(tables),
     )

@@ -26,8 +26,13 @@ def refuse_uncommitted_ranges(plan: BatchPlan, offsets: Offsets, holder: str) ->
     batches'."""
     for r in plan.ranges:
         if r.end > offsets.get(r.topic, {}).get(r.partition, -1):
-            raise TerminalError(f"replay range [{r.start}, {r.end}) is beyond the committed offset", table=holder,
-                                topic=r.topic, partition=r.partition, batch_id=plan.batch_id)
+            raise TerminalError(
+                f"replay range [{r.start}, {r.end}) is beyond the committed offset",
+                table=holder,
+                topic=r.topic,
+                partition=r.partition,
+                batch_id=plan.batch_id,
+            )
 
 
 def refuse_rows_held_since_written(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any) -> None:
@@ -44,15 +49,23 @@ def refuse_rows_held_since_written(table: Any, spec: PipelineSpec, plan: BatchPl
     staged = staged_offsets(spec, table, [f.file_path for f in files])
     coordinates = ["topic", "partition", "offset"]
     held = _distinct(present, coordinates)
-    again = staged.cast(held.schema).join(held, keys=coordinates, join_type="inner").sort_by(
-        [("partition", "ascending"), ("offset", "ascending")])
+    again = (
+        staged.cast(held.schema)
+        .join(held, keys=coordinates, join_type="inner")
+        .sort_by([("partition", "ascending"), ("offset", "ascending")])
+    )
     if again.num_rows:
         first, count = again.slice(0, 1).to_pylist()[0], again.num_rows
-        raise TerminalError(f"{count} of the rows this replay would append are in the table already: another replay or "
-                            "retry of these offsets committed after this one's write step read what the table held. "
-                            "Nothing was committed; run the replay again (it leaves out what the table holds)",
-                            table=spec.table.identifier, batch_id=plan.batch_id, topic=first["topic"],
-                            partition=first["partition"], offset=first["offset"])
+        raise TerminalError(
+            f"{count} of the rows this replay would append are in the table already: another replay or "
+            "retry of these offsets committed after this one's write step read what the table held. "
+            "Nothing was committed; run the replay again (it leaves out what the table holds)",
+            table=spec.table.identifier,
+            batch_id=plan.batch_id,
+            topic=first["topic"],
+            partition=first["partition"],
+            offset=first["offset"],
+        )
 
 
 def _distinct(table: Any, columns: list[str]) -> Any:
@@ -60,17 +73,31 @@ def _distinct(table: Any, columns: list[str]) -> Any:
     return table.group_by(columns).aggregate([]).select(columns)
 
 
-def replay_summary(plan: BatchPlan, offsets: Offsets, records: int, skipped: int, dag_run_id: str | None,
-                   validation: dict[str, Any] | None) -> dict[str, str]:
+def replay_summary(
+    plan: BatchPlan, offsets: Offsets, records: int, skipped: int, dag_run_id: str | None, validation: dict[str, Any] | None
+) -> dict[str, str]:
     """A replay snapshot's properties: the table's committed offsets unchanged, the batch id, the ranges."""
-    props = summary_properties(offsets=offsets, batch_id=plan.batch_id, pipeline=plan.pipeline, records=records,
-                               valid_through_ms=None, dag_run_id=dag_run_id, dead_letters=0, skipped=skipped,
-                               validation=validation)
-    props[REPLAY] = json.dumps({"mode": plan.mode, "ranges": [[r.topic, r.partition, r.start, r.end] for r in plan.ranges],
-                                **({"data_interval": list(plan.data_interval)} if plan.data_interval else {}),
-                                **({"tables": list(plan.tables)} if plan.tables else {}),
-                                **({"retry_of": list(plan.retry_of)} if plan.retry_of else {})},
-                               separators=(",", ":"))
+    props = summary_properties(
+        offsets=offsets,
+        batch_id=plan.batch_id,
+        pipeline=plan.pipeline,
+        records=records,
+        valid_through_ms=None,
+        dag_run_id=dag_run_id,
+        dead_letters=0,
+        skipped=skipped,
+        validation=validation,
+    )
+    props[REPLAY] = json.dumps(
+        {
+            "mode": plan.mode,
+            "ranges": [[r.topic, r.partition, r.start, r.end] for r in plan.ranges],
+            **({"data_interval": list(plan.data_interval)} if plan.data_interval else {}),
+            **({"tables": list(plan.tables)} if plan.tables else {}),
+            **({"retry_of": list(plan.retry_of)} if plan.retry_of else {}),
+        },
+        separators=(",", ":"),
+    )
     return props
 
 
@@ -82,5 +109,12 @@ def replay_change(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, p
         return Change(props, files, branch=spec.table.branch, remove_properties=confirm)
     # With nothing to append the delete's snapshot carries the batch id (the idempotency marker).
     marker = {k: v for k, v in props.items() if k != BATCH_ID} if append else props
-    return Change(props, files, branch=spec.table.branch, delete_filter=rows_filter(spec, plan.ranges),
-                  delete_properties=marker, append=append, remove_properties=confirm)
+    return Change(
+        props,
+        files,
+        branch=spec.table.branch,
+        delete_filter=rows_filter(spec, plan.ranges),
+        delete_properties=marker,
+        append=append,
+        remove_properties=confirm,
+    )

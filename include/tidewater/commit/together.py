@@ -87,8 +87,9 @@ def stage(catalog: Catalog, part: Part, marker: str) -> Any:
     apply_change(tx, view, change)
     name = view.name()
     requirements = (*tx._requirements, AssertTableUUID(uuid=view.metadata.table_uuid))  # as commit_transaction adds
-    return CommitTableRequest(identifier=TableIdentifier(namespace=name[:-1], name=name[-1]),
-                              requirements=requirements, updates=tx._updates)
+    return CommitTableRequest(
+        identifier=TableIdentifier(namespace=name[:-1], name=name[-1]), requirements=requirements, updates=tx._updates
+    )
 
 
 def post(catalog: Catalog, requests: list[Any]) -> None:
@@ -98,15 +99,24 @@ def post(catalog: Catalog, requests: list[Any]) -> None:
     from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 
     body = json.dumps({"table-changes": [json.loads(r.model_dump_json()) for r in requests]})
-    response = catalog._session.post(catalog.url("transactions/commit", prefixed=True),  # type: ignore[attr-defined]
-                                     data=body.encode())
+    response = catalog._session.post(
+        catalog.url("transactions/commit", prefixed=True),  # type: ignore[attr-defined]
+        data=body.encode(),
+    )
     if response.ok:
         return
     try:
         response.raise_for_status()  # the session's HTTPError, which pyiceberg maps to its exceptions
     except OSError as exc:  # requests' HTTPError is an OSError (requests is pyiceberg's to import, not ours)
-        _handle_non_200_response(exc, {409: CommitFailedException, 500: CommitStateUnknownException,
-                                       502: CommitStateUnknownException, 504: CommitStateUnknownException})
+        _handle_non_200_response(
+            exc,
+            {
+                409: CommitFailedException,
+                500: CommitStateUnknownException,
+                502: CommitStateUnknownException,
+                504: CommitStateUnknownException,
+            },
+        )
 
 
 def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: str, max_attempts: int) -> int:
@@ -134,6 +144,8 @@ def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: s
             continue
         log.info("%s: %d tables committed in one transaction", what, len(requests))
         return attempt
-    raise TransientError(f"{what}: the multi-table commit did not succeed after {max_attempts} attempts (conflicts "
-                         "or catalog unavailable); nothing of it is committed, retrying the commit step is safe",
-                         table=last)
+    raise TransientError(
+        f"{what}: the multi-table commit did not succeed after {max_attempts} attempts (conflicts "
+        "or catalog unavailable); nothing of it is committed, retrying the commit step is safe",
+        table=last,
+    )

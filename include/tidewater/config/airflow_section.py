@@ -17,14 +17,18 @@ SECTION = "tidewater"
 
 # option -> (the TIDEWATER_* variable that overrides it, description); the provider metadata lists them
 OPTIONS: dict[str, tuple[str, str]] = {
-    "pipelines_dir": ("TIDEWATER_PIPELINES_DIR",
-                      "The folder of pipeline files whose DAGs the DAG file builds and which the Tidewater view reads. "
-                      "Every Airflow component (DAG processor, scheduler, workers, api-server) must see the same "
-                      "folder."),
-    "home": ("TIDEWATER_HOME",
-             "The data folder of the embedded defaults (a SQLite catalog, a warehouse, staging, the repaired Iceberg "
-             "jar). Default: ~/.tidewater. A deployment on several hosts sets catalog and staging in each pipeline "
-             "instead."),
+    "pipelines_dir": (
+        "TIDEWATER_PIPELINES_DIR",
+        "The folder of pipeline files whose DAGs the DAG file builds and which the Tidewater view reads. "
+        "Every Airflow component (DAG processor, scheduler, workers, api-server) must see the same "
+        "folder.",
+    ),
+    "home": (
+        "TIDEWATER_HOME",
+        "The data folder of the embedded defaults (a SQLite catalog, a warehouse, staging, the repaired Iceberg "
+        "jar). Default: ~/.tidewater. A deployment on several hosts sets catalog and staging in each pipeline "
+        "instead.",
+    ),
 }
 
 

@@ -153,8 +153,7 @@ def registry_settings_of(conn: Any) -> dict[str, str]:
 # an Airflow ``aws`` connection's extra keys, as pyiceberg Glue catalog properties (its endpoints: glue_properties_of)
 _GLUE_EXTRA = {"region_name": "client.region", "aws_session_token": "client.session-token"}
 # an Airflow ``aws`` connection's extra keys that are Airflow's, not pyiceberg properties
-_AIRFLOW_AWS_KEYS = ("region_name", "aws_session_token", "endpoint_url", "service_config", "role_arn",
-                     "role_session_name", "external_id")
+_AIRFLOW_AWS_KEYS = ("region_name", "aws_session_token", "endpoint_url", "service_config", "role_arn", "role_session_name", "external_id")
 
 
 def glue_properties_of(conn: Any) -> dict[str, str]:
@@ -171,17 +170,25 @@ def glue_properties_of(conn: Any) -> dict[str, str]:
     def endpoint(service: str) -> str | None:  # a service's own, else the one for every service
         return (services.get(service) or {}).get("endpoint_url") or extra.get("endpoint_url")
 
-    out.update({key: str(endpoint(service)) for service, key in (("glue", "glue.endpoint"), ("s3", "s3.endpoint"))
-                if endpoint(service)})
+    out.update({key: str(endpoint(service)) for service, key in (("glue", "glue.endpoint"), ("s3", "s3.endpoint")) if endpoint(service)})
     out.update({str(k): str(v) for k, v in extra.items() if k not in _AIRFLOW_AWS_KEYS})
     if extra.get("role_arn"):
-        out.update(assumed_role(conn.conn_id, out, endpoint("sts"), str(extra["role_arn"]),
-                                str(extra.get("role_session_name") or "tidewater"), extra.get("external_id")))
+        out.update(
+            assumed_role(
+                conn.conn_id,
+                out,
+                endpoint("sts"),
+                str(extra["role_arn"]),
+                str(extra.get("role_session_name") or "tidewater"),
+                extra.get("external_id"),
+            )
+        )
     return out
 
 
-def assumed_role(conn_id: str, props: dict[str, str], endpoint: str | None, role_arn: str, session_name: str,
-                 external_id: str | None) -> dict[str, str]:
+def assumed_role(
+    conn_id: str, props: dict[str, str], endpoint: str | None, role_arn: str, session_name: str, external_id: str | None
+) -> dict[str, str]:
     """Temporary keys of ``role_arn`` from STS, asked with the connection's own keys (or the worker's when it has
     none), as pyiceberg properties. STS refusing is a configuration error naming the role; STS unreachable is
     transient."""
@@ -189,21 +196,31 @@ def assumed_role(conn_id: str, props: dict[str, str], endpoint: str | None, role
         import boto3
         from botocore.exceptions import BotoCoreError, ClientError
     except ImportError:
-        raise ConfigError(f"catalog.conn_id: connection {conn_id!r} names role_arn, and assuming it needs boto3 "
-                          "(pip install 'pyiceberg[glue]', which a Glue catalog needs anyway)") from None
-    session = boto3.Session(aws_access_key_id=props.get("client.access-key-id"),
-                            aws_secret_access_key=props.get("client.secret-access-key"),
-                            aws_session_token=props.get("client.session-token"), region_name=props.get("client.region"))
+        raise ConfigError(
+            f"catalog.conn_id: connection {conn_id!r} names role_arn, and assuming it needs boto3 "
+            "(pip install 'pyiceberg[glue]', which a Glue catalog needs anyway)"
+        ) from None
+    session = boto3.Session(
+        aws_access_key_id=props.get("client.access-key-id"),
+        aws_secret_access_key=props.get("client.secret-access-key"),
+        aws_session_token=props.get("client.session-token"),
+        region_name=props.get("client.region"),
+    )
     ask = {"RoleArn": role_arn, "RoleSessionName": session_name, **({"ExternalId": external_id} if external_id else {})}
     try:
         creds = session.client("sts", endpoint_url=endpoint).assume_role(**ask)["Credentials"]
     except ClientError as e:
-        raise ConfigError(f"catalog.conn_id: connection {conn_id!r}: STS refused to assume role_arn {role_arn}: "
-                          f"{e.response.get('Error', {}).get('Message', e)}") from None
+        raise ConfigError(
+            f"catalog.conn_id: connection {conn_id!r}: STS refused to assume role_arn {role_arn}: "
+            f"{e.response.get('Error', {}).get('Message', e)}"
+        ) from None
     except BotoCoreError as e:
         raise TransientError(f"catalog.conn_id: connection {conn_id!r}: STS unreachable while assuming {role_arn}: {e}") from None
-    return {"client.access-key-id": creds["AccessKeyId"], "client.secret-access-key": creds["SecretAccessKey"],
-            "client.session-token": creds["SessionToken"]}
+    return {
+        "client.access-key-id": creds["AccessKeyId"],
+        "client.secret-access-key": creds["SecretAccessKey"],
+        "client.session-token": creds["SessionToken"],
+    }
 
 
 def catalog_properties_of(conn: Any) -> dict[str, str]:
@@ -217,8 +234,14 @@ def catalog_properties_of(conn: Any) -> dict[str, str]:
         else:
             from sqlalchemy.engine import URL
 
-            url = URL.create(_SQL_DRIVERS[kind], username=conn.login or None, password=conn.password or None,
-                             host=conn.host or None, port=conn.port or None, database=conn.schema or None)
+            url = URL.create(
+                _SQL_DRIVERS[kind],
+                username=conn.login or None,
+                password=conn.password or None,
+                host=conn.host or None,
+                port=conn.port or None,
+                database=conn.schema or None,
+            )
             out["uri"] = url.render_as_string(hide_password=False)
     elif kind == "aws":
         return glue_properties_of(conn)

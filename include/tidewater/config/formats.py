@@ -24,19 +24,25 @@ _DEBEZIUM_CONTROL = ("SchemaChange", "Heartbeat")  # decode/debezium.py: control
 FORMATS: dict[str, ValueFormat] = {
     "json": ValueFormat("tidewater.decode.json"),
     "connect_json": ValueFormat("tidewater.decode.connect"),
-    "debezium": ValueFormat("tidewater.decode.debezium", skipped_classes=("Tombstone",), op_column="_op",
-                            control_classes=_DEBEZIUM_CONTROL),
-    "debezium_avro": ValueFormat("tidewater.decode.debezium_avro", skipped_classes=("Tombstone",), registry=True,
-                                 op_column="_op", control_classes=_DEBEZIUM_CONTROL),
+    "debezium": ValueFormat(
+        "tidewater.decode.debezium", skipped_classes=("Tombstone",), op_column="_op", control_classes=_DEBEZIUM_CONTROL
+    ),
+    "debezium_avro": ValueFormat(
+        "tidewater.decode.debezium_avro", skipped_classes=("Tombstone",), registry=True, op_column="_op", control_classes=_DEBEZIUM_CONTROL
+    ),
     "avro": ValueFormat("tidewater.decode.avro", registry=True),
     "json_schema": ValueFormat("tidewater.decode.json_schema", registry=True),
     "protobuf": ValueFormat("tidewater.decode.protobuf", registry=True),
-    "debezium_protobuf": ValueFormat("tidewater.decode.debezium_protobuf", skipped_classes=("Tombstone",),
-                                     registry=True, op_column="_op", control_classes=_DEBEZIUM_CONTROL),
+    "debezium_protobuf": ValueFormat(
+        "tidewater.decode.debezium_protobuf",
+        skipped_classes=("Tombstone",),
+        registry=True,
+        op_column="_op",
+        control_classes=_DEBEZIUM_CONTROL,
+    ),
     "string": ValueFormat("tidewater.decode.raw", structured=False),
     "bytes": ValueFormat("tidewater.decode.raw", structured=False),
 }
 
 # Debezium's change events, whatever they are encoded in: ids from message keys, {source.<field>} routing
 DEBEZIUM_FORMATS = tuple(name for name, f in FORMATS.items() if f.control_classes == _DEBEZIUM_CONTROL)
-

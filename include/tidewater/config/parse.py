@@ -212,12 +212,15 @@ def find_pipeline(name: str, directory: str | os.PathLike[str] | None = None) ->
     if len(matches) == 1:
         return matches[0]
     if matches:
-        raise ConfigError(f"pipeline {name!r}: {len(matches)} files in {d} name it ({', '.join(p.name for p in matches)});"
-                          " pass one with --pipeline FILE")
+        raise ConfigError(
+            f"pipeline {name!r}: {len(matches)} files in {d} name it ({', '.join(p.name for p in matches)}); pass one with --pipeline FILE"
+        )
     known = sorted(n for n in found.values() if n)
     hint = difflib.get_close_matches(name, known, n=1)
-    raise ConfigError(f"no pipeline named {name!r} in {d} (set {PIPELINES_DIR_ENV} or pass --pipeline FILE)"
-                      + (f"; did you mean {hint[0]!r}?" if hint else f"; pipelines there: {', '.join(known) or 'none'}"))
+    raise ConfigError(
+        f"no pipeline named {name!r} in {d} (set {PIPELINES_DIR_ENV} or pass --pipeline FILE)"
+        + (f"; did you mean {hint[0]!r}?" if hint else f"; pipelines there: {', '.join(known) or 'none'}")
+    )
 
 
 def _name_in(path: Path) -> str | None:

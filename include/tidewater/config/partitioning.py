@@ -20,8 +20,16 @@ CALL = re.compile(r"^\s*([A-Za-z_]+)\s*\(\s*(.+?)\s*\)\s*$")
 COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-TIME_TRANSFORMS = {"year": "year", "years": "year", "month": "month", "months": "month", "day": "day", "days": "day",
-                   "hour": "hour", "hours": "hour"}
+TIME_TRANSFORMS = {
+    "year": "year",
+    "years": "year",
+    "month": "month",
+    "months": "month",
+    "day": "day",
+    "days": "day",
+    "hour": "hour",
+    "hours": "hour",
+}
 
 
 SORT = re.compile(r"^\s*(?P<col>\S+)(\s+(?P<dir>asc|desc))?(\s+nulls\s+(?P<nulls>first|last))?\s*$", re.I)
@@ -61,8 +69,7 @@ def parse_partition_field(text: str, key: str) -> PartitionField:
             return PartitionField(columns[0], name, int(numbers[0]))
         raise ConfigError(f"{key}: {text!r}: {name} takes a positive whole number and a column, e.g. {name}(16, id)")
     raise ConfigError(
-        f"{key}: {text!r} is not a supported partition transform "
-        "(identity, year, month, day, hour, bucket(N, col), truncate(W, col))"
+        f"{key}: {text!r} is not a supported partition transform (identity, year, month, day, hour, bucket(N, col), truncate(W, col))"
     )
 
 
@@ -78,8 +85,7 @@ def parse_sort_field(text: str, key: str) -> SortField:
     if m is None or not COLUMN.match(m.group("col")):
         raise ConfigError(f"{key}: {text!r} is not `column [asc|desc] [nulls first|nulls last]`")
     nulls = m.group("nulls")
-    return SortField(m.group("col"), (m.group("dir") or "asc").lower() == "desc",
-                     None if nulls is None else nulls.lower() == "first")
+    return SortField(m.group("col"), (m.group("dir") or "asc").lower() == "desc", None if nulls is None else nulls.lower() == "first")
 
 
 def check_config(partition_by: list[str], sort_by: list[str], prefix: str) -> None:

@@ -32,15 +32,23 @@ def pipeline_schema() -> dict[str, Any]:
         if target is not None:
             _describe(cls, target)
     table = schema["properties"]["table"]
-    schema["properties"]["table"] = {"description": table.pop("description", ""), "anyOf": [
-        {"type": "string", "description": "shorthand for table.identifier"}, table]}
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "Tidewater pipeline",
-            **{k: v for k, v in schema.items() if k != "title"}}
+    schema["properties"]["table"] = {
+        "description": table.pop("description", ""),
+        "anyOf": [{"type": "string", "description": "shorthand for table.identifier"}, table],
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Tidewater pipeline",
+        **{k: v for k, v in schema.items() if k != "title"},
+    }
 
 
 def _spec_classes() -> list[type]:
-    return [c for c in vars(spec_module).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
-            and c.__module__ == spec_module.__name__]
+    return [
+        c
+        for c in vars(spec_module).values()
+        if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == spec_module.__name__
+    ]
 
 
 def _describe(cls: type, target: dict[str, Any]) -> None:

@@ -33,10 +33,10 @@ _SECRET_KEY = re.compile(
 _ENV_NAME = re.compile(r"(?:^|\.)[A-Z][A-Z0-9_]*(?:PASS|SECRET|TOKEN|KEY|CREDENTIAL|AUTH)[A-Z0-9_]*$")
 # Values that carry a secret whatever their key.
 _SECRET_VALUE = re.compile(
-    r"://[^/\s:@]+:[^/\s@]*@"                        # user:password@ in a URL
+    r"://[^/\s:@]+:[^/\s@]*@"  # user:password@ in a URL
     r"|(?:password|passwd|pwd|secret|token|credential|sig)=[^&;\s]"  # a query string or a JDBC property
-    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"           # a PEM private key
-    r"|\b(?:AKIA|ASIA)[A-Z0-9]{16}\b",               # an AWS access key id
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"  # a PEM private key
+    r"|\b(?:AKIA|ASIA)[A-Z0-9]{16}\b",  # an AWS access key id
     re.I,
 )
 

@@ -109,8 +109,7 @@ class KafkaSpec:
         default_factory=dict,
     )
     read_timeout_seconds: float = _doc(
-        "Fail a partition read (transient error naming the partition and position) when no progress is made "
-        "for this long.",
+        "Fail a partition read (transient error naming the partition and position) when no progress is made for this long.",
         default=60.0,
     )
     start_from: str = _doc(
@@ -148,23 +147,29 @@ class FormatSpec:
     )
     registry_url: str | None = _doc(
         "Schema registry URL (Confluent REST API) for `value: avro`, `debezium_avro`, `json_schema`, `protobuf` and "
-        "`debezium_protobuf`, and for Avro message keys (`table.key_source: message_key`).", default=None)
-    registry_basic_auth: str | None = _doc(
-        "`user:password` for the schema registry (use `${ENV_VAR}`; never logged).", default=None
+        "`debezium_protobuf`, and for Avro message keys (`table.key_source: message_key`).",
+        default=None,
     )
+    registry_basic_auth: str | None = _doc("`user:password` for the schema registry (use `${ENV_VAR}`; never logged).", default=None)
     registry_settings: dict[str, str] = _doc(
         "More settings of confluent-kafka's schema registry client: TLS (`ssl.ca.location`, `ssl.certificate.location`, "
         "`ssl.key.location`), bearer auth (`bearer.auth.credentials.source`, `bearer.auth.token`, ...), `timeout`, "
-        "`max.retries`. Secret values through `${ENV_VAR}`.", default_factory=dict)
+        "`max.retries`. Secret values through `${ENV_VAR}`.",
+        default_factory=dict,
+    )
     registry_conn_id: str | None = _doc(
         "Airflow connection id holding the schema registry, instead of `registry_url` (served by Airflow's secrets "
         "backends): its host (with scheme and port) is the URL, its login and password the basic auth, and its "
         "extra JSON adds `registry_settings`. `registry_url`, `registry_basic_auth` and `registry_settings` set "
-        "here win.", default=None)
+        "here win.",
+        default=None,
+    )
     message: str | None = _doc(
         "`protobuf`, `debezium_protobuf`: the message type to read (its full name, `shop.Order`) instead of the one "
         "each record's message indexes pick; a record whose schema has no such message is a dead letter "
-        "`MessageIndexOutOfRange`.", default=None)
+        "`MessageIndexOutOfRange`.",
+        default=None,
+    )
     timestamps: dict[str, str] = _doc(
         "Columns parsed into UTC timestamps (a field inside an object as `a.b`), column -> format: a strftime pattern "
         "(`%Y-%m-%d %H:%M:%S`), `iso8601` (with or without a zone: `2024-02-29T12:23:03`, `...+01:00`, `...Z`), "
@@ -205,7 +210,8 @@ class FormatSpec:
     )
     max_nesting_depth: int = _doc(
         "Deepest object/array nesting a record may have; deeper records are dead letters (class `TooDeep`) "
-        "instead of exhausting the decoder's stack.", default=64
+        "instead of exhausting the decoder's stack.",
+        default=64,
     )
     flatten_max_depth: int = _doc(
         "Object levels flattened; objects nested deeper stay struct columns (1: only top-level objects).", default=8
@@ -248,9 +254,7 @@ class TableSpec:
     """The target Iceberg table."""
 
     identifier: str = _doc("Table identifier `namespace.name` (nested namespaces allowed: `a.b.name`).", default="")
-    auto_create: bool = _doc(
-        "Create the namespace and table when missing, with the schema inferred from the data.", default=True
-    )
+    auto_create: bool = _doc("Create the namespace and table when missing, with the schema inferred from the data.", default=True)
     evolve_schema: bool = _doc(
         "Add columns for new top-level or nested fields found in the data. When off, new fields are left out "
         "of the rows and reported (snapshot summary `tidewater.ignored-fields`, the write step's log).",
@@ -282,8 +286,7 @@ class TableSpec:
         default_factory=list,
     )
     suite: str | None = _doc(
-        "This table's great-expectations suite file (relative to the pipeline file); replaces `validation.suite` "
-        "for this table.",
+        "This table's great-expectations suite file (relative to the pipeline file); replaces `validation.suite` for this table.",
         default=None,
     )
     id_columns: list[str] = _doc(
@@ -317,8 +320,16 @@ class TableSpec:
         "What each value of `op_field` means: `insert`, `update`, `delete` or `truncate` (see `truncate`). An insert "
         "of an existing key is applied as an update (Debezium's snapshot reads `r` are inserts), a delete of an absent "
         "key is a no-op (counted). A value not listed here makes the record a dead letter (`UnknownOp`).",
-        default_factory=lambda: {"I": "insert", "c": "insert", "r": "insert", "U": "update", "u": "update",
-                                 "D": "delete", "d": "delete", "t": "truncate"},
+        default_factory=lambda: {
+            "I": "insert",
+            "c": "insert",
+            "r": "insert",
+            "U": "update",
+            "u": "update",
+            "D": "delete",
+            "d": "delete",
+            "t": "truncate",
+        },
     )
     truncate: TruncatePolicy = _doc(
         "What a truncate of the source table (Debezium's `op: t`, or an `op_values` entry meaning `truncate`) does: "
@@ -383,8 +394,11 @@ class RouteTableSpec(TableSpec):
 class RoutingSpec:
     """How a pipeline with several target tables routes records (with `tables:` or `routing.dynamic`)."""
 
-    field: str | None = _doc("Route field: a dotted path into the record value (`meta.type`). Required for static "
-                             "`route_regex` entries and for a `table_template` with `{value}`.", default=None)
+    field: str | None = _doc(
+        "Route field: a dotted path into the record value (`meta.type`). Required for static "
+        "`route_regex` entries and for a `table_template` with `{value}`.",
+        default=None,
+    )
     dynamic: bool = _doc(
         "The record names its table: `table_template` filled with the route field's value and/or the record's "
         "topic; names are checked (letters, digits, `_`; at most 255 characters); tables are auto-created with the "
@@ -463,39 +477,43 @@ class BatchSpec:
         "A partition range longer than this is split into sub-ranges read by separate Spark tasks.",
         default=250_000,
     )
-    chunk_records: int = _doc(
-        "Records decoded and written at a time inside one Spark task (bounds memory per task).", default=50_000
-    )
+    chunk_records: int = _doc("Records decoded and written at a time inside one Spark task (bounds memory per task).", default=50_000)
     pack_ranges: bool = _doc(
         "Short partition ranges are read by one Spark task together, which writes their rows into the same data "
         "files: a batch's files grow with its data, not with the topic's partitions. A task reads at most "
         "`records_per_task` records, and no more than the batch's records shared over `write_parallelism` tasks. "
         "Ingest batches only (replays read one range a task); which rows and offsets a batch commits is the same "
-        "either way.", default=True
+        "either way.",
+        default=True,
     )
     write_parallelism: int = _doc(
         "How many tasks packing spreads a batch over at least (when it has as many ranges). 0: Spark's default "
         "parallelism (the cores Spark has); through Spark Connect the server's `spark.default.parallelism`, or this "
-        "machine's cores when it is unset; the inline write (no Spark), this machine's cores.", default=0
+        "machine's cores when it is unset; the inline write (no Spark), this machine's cores.",
+        default=0,
     )
     staging_dir: str | None = _doc(
         "Where each batch's steps leave what the next step reads (plan, manifest, error, quality verdict, "
         "replay and skip records), under `<dir>/<pipeline>/<batch id>/`: a local path (or `file://`) that every "
         "host running a step shares, or object storage (`s3://bucket/prefix`, `gs://`, `abfs://`) when they "
         "share no disk, read and written with the catalog's file settings (`s3.*`, `gcs.*`, `adls.*`, overridden "
-        "by `staging_properties`). Default: `$TIDEWATER_HOME/staging`.", default=None
+        "by `staging_properties`). Default: `$TIDEWATER_HOME/staging`.",
+        default=None,
     )
     staging_properties: dict[str, str] = _doc(
         "File-layer settings for an object-storage `staging_dir` that differ from the catalog's (pyiceberg FileIO "
         "keys such as `s3.endpoint`, `s3.access-key-id`, `s3.secret-access-key`, `s3.region`). Secret values "
-        "through `${ENV_VAR}`.", default_factory=dict
+        "through `${ENV_VAR}`.",
+        default_factory=dict,
     )
     staging_conn_id: str | None = _doc(
         "Airflow connection id holding the object storage credentials of `staging_dir` and `validation."
         "data_docs_dir` (served by Airflow's secrets backends): an `aws` connection's login and password as the "
         "access key, its extra's `endpoint_url`, `region_name` and `aws_session_token` as `s3.endpoint`, `s3.region` "
         "and `s3.session-token`, and any extra key with a dot (`s3.*`, `gcs.*`, `adls.*`) as it is. Over the "
-        "catalog's file settings; `staging_properties` win.", default=None)
+        "catalog's file settings; `staging_properties` win.",
+        default=None,
+    )
 
 
 @dataclass(frozen=True)
@@ -511,7 +529,7 @@ class ValidationSpec:
         default="fail",
     )
     suite: str | None = _doc(
-        "A great-expectations suite file (JSON, `{\"expectations\": [{\"type\": ..., \"kwargs\": {...}}]}`), "
+        'A great-expectations suite file (JSON, `{"expectations": [{"type": ..., "kwargs": {...}}]}`), '
         "relative to the pipeline file, whose expectations are added to the built-in ones. Row-wise "
         "expectations (`expect_column_values_to_*`, column pairs) run chunk by chunk; whole-column ones "
         "(uniqueness, means, ...) read their columns for the whole batch.",
@@ -553,9 +571,7 @@ class SparkSpec:
     """How the write step's Spark job is submitted."""
 
     master: str = _doc("Spark master for `tidewater run` (the DAG uses the Airflow connection).", default="local[*]")
-    conn_id: str = _doc(
-        "Airflow Spark connection used by the ingest DAG's SparkSubmitOperator.", default="tidewater_spark"
-    )
+    conn_id: str = _doc("Airflow Spark connection used by the ingest DAG's SparkSubmitOperator.", default="tidewater_spark")
     conf: dict[str, str] = _doc("Extra Spark configuration passed to spark-submit.", default_factory=dict)
     python_env: str | None = _doc(
         "A packed Python environment for executors whose machines lack the project's packages (`make executor-env` "
@@ -565,8 +581,7 @@ class SparkSpec:
         default=None,
     )
     iceberg_packages: str | None = _doc(
-        "Maven coordinates for the Iceberg Spark runtime (production). Unset: the bundled offline jar is "
-        "repaired and used.",
+        "Maven coordinates for the Iceberg Spark runtime (production). Unset: the bundled offline jar is repaired and used.",
         default=None,
     )
     kubernetes_secret: str | None = _doc(
@@ -620,19 +635,25 @@ def catalog_type(props: dict[str, str]) -> str:
 class StepSpec:
     """Where one step of a batch runs: its executor queue and pool, and on the KubernetesExecutor its pod."""
 
-    queue: str | None = _doc("The executor queue of this step's tasks (Celery: the workers that serve it). Unset: "
-                             "`airflow.queue`.", default=None)
+    queue: str | None = _doc(
+        "The executor queue of this step's tasks (Celery: the workers that serve it). Unset: `airflow.queue`.", default=None
+    )
     pool: str | None = _doc("The Airflow pool of this step's tasks. Unset: `airflow.pool`.", default=None)
-    image: str | None = _doc("KubernetesExecutor: the image of this step's pod (for example one with Java and Spark "
-                             "for `write` only). Unset: the executor's pod template.", default=None)
-    requests: dict[str, str] = _doc("KubernetesExecutor: resource requests of this step's pod (`cpu: '2'`, "
-                                    "`memory: 4Gi`).", default_factory=dict)
+    image: str | None = _doc(
+        "KubernetesExecutor: the image of this step's pod (for example one with Java and Spark "
+        "for `write` only). Unset: the executor's pod template.",
+        default=None,
+    )
+    requests: dict[str, str] = _doc(
+        "KubernetesExecutor: resource requests of this step's pod (`cpu: '2'`, `memory: 4Gi`).", default_factory=dict
+    )
     limits: dict[str, str] = _doc("KubernetesExecutor: resource limits of this step's pod.", default_factory=dict)
     env_from_secrets: list[str] = _doc(
         "KubernetesExecutor: Kubernetes secrets whose keys become this step's environment variables (`envFrom`; "
-        "for example the `${ENV}` values of the pipeline file).", default_factory=list)
-    node_selector: dict[str, str] = _doc("KubernetesExecutor: node labels this step's pod must run on.",
-                                         default_factory=dict)
+        "for example the `${ENV}` values of the pipeline file).",
+        default_factory=list,
+    )
+    node_selector: dict[str, str] = _doc("KubernetesExecutor: node labels this step's pod must run on.", default_factory=dict)
     service_account: str | None = _doc("KubernetesExecutor: the service account of this step's pod.", default=None)
 
     def pod_settings(self) -> bool:
@@ -659,10 +680,14 @@ class AirflowSpec:
     retries: int = _doc(
         "Task retries. On Airflow 3.3 and later only errors worth retrying (an unreachable broker or catalog, a commit "
         "conflict) use them: an error retrying cannot help (a bad setting, a refused schema) fails the task at once, "
-        "and other failures keep Airflow's default retries.", default=2)
+        "and other failures keep Airflow's default retries.",
+        default=2,
+    )
     retry_delay_seconds: int = _doc(
         "Delay before the first retry. On Airflow 3.3 and later an error worth retrying waits this long, doubled at each "
-        "further try, at most an hour.", default=60)
+        "further try, at most an hour.",
+        default=60,
+    )
     owner: str = _doc("DAG owner shown in the UI.", default="tidewater")
     tags: list[str] = _doc("Extra DAG tags (`tidewater` and `ingest` are always set).", default_factory=list)
     task_timeout_minutes: int = _doc(
@@ -681,31 +706,41 @@ class AirflowSpec:
     dag_id_prefix: str = _doc(
         "Put before every DAG id of the pipeline (`team_a_` gives `team_a_ingest_orders`, `team_a_replay_orders`, ...), "
         "for a shared Airflow where another team's DAG may have the name. Letters, digits, `_`, `-` and `.` only. A "
-        "task's parse still builds only its own pipeline's DAGs when the file is named after the pipeline.", default="")
+        "task's parse still builds only its own pipeline's DAGs when the file is named after the pipeline.",
+        default="",
+    )
     dags: list[str] = _doc(
         "Which optional DAGs the pipeline gets beside its ingest DAG: any of `replay`, `skip`, `retry_dead_letters`, "
         "`audit`, `maintain` (default: all). The quarantine DAG comes with `validation.on_failure: quarantine`. The "
         "Tidewater view leaves out the links and buttons of DAGs a pipeline does not have.",
-        default_factory=lambda: list(OPTIONAL_DAGS))
+        default_factory=lambda: list(OPTIONAL_DAGS),
+    )
     pool: str | None = _doc(
         "The Airflow pool every task of the pipeline's DAGs runs in (create it in Airflow: Admin > Pools), to bound how "
-        "many Tidewater tasks a shared Airflow runs at once. Unset: Airflow's `default_pool`.", default=None)
+        "many Tidewater tasks a shared Airflow runs at once. Unset: Airflow's `default_pool`.",
+        default=None,
+    )
     queue: str | None = _doc(
         "The executor queue of every task (the Celery executor's queues, for example workers that have Java and "
-        "Spark). Unset: the executor's default queue.", default=None)
+        "Spark). Unset: the executor's default queue.",
+        default=None,
+    )
     shared_paths: list[str] = _doc(
         "Local folders that every host running the pipeline's tasks mounts at the same path (an NFS or CSI volume). "
         "Under an executor that runs tasks on several hosts (Celery, Kubernetes, Edge) a local warehouse, "
         "`batch.staging_dir` or `validation.data_docs_dir` is refused unless it lies under one of these; a SQLite "
-        "catalog is refused even there. Unset: none (object storage only).", default_factory=list)
-    steps: StepsSpec = _doc("Per step of a batch: queue, pool and Kubernetes pod (see `airflow.steps.*` below).",
-                            default_factory=StepsSpec)
+        "catalog is refused even there. Unset: none (object storage only).",
+        default_factory=list,
+    )
+    steps: StepsSpec = _doc("Per step of a batch: queue, pool and Kubernetes pod (see `airflow.steps.*` below).", default_factory=StepsSpec)
     on_failure: str | None = _doc(
         "What a failed task calls (Airflow's `on_failure_callback` on every task of the pipeline's DAGs): the dotted "
         "path of a callable, given Airflow's task context, or of an Airflow notifier class (made without arguments). "
         "It is imported when the DAG file is parsed, so the DAG processor and the workers must be able to import it; "
         "a path that does not import shows the pipeline as its failing `ingest_invalid_<file>` DAG naming this "
-        "setting. Unset: none.", default=None)
+        "setting. Unset: none.",
+        default=None,
+    )
     on_late: str | None = _doc(
         "What a missed `airflow.freshness` deadline calls: the dotted path of a callable, or of an Airflow notifier "
         "class (made without arguments), given one dict (`pipeline`, `freshness`, `message`, `dag_run`, "
@@ -764,16 +799,18 @@ class CompactionSpec:
         "Target size of rewritten files. Default: the table's `write.target-file-size-bytes`.", default=None
     )
     min_input_files: int = _doc("A file group is rewritten only when it has at least this many files.", default=5)
-    partial_progress: bool = _doc(
-        "Commit file groups as they finish (big tables make progress even if the task dies).", default=True
-    )
+    partial_progress: bool = _doc("Commit file groups as they finish (big tables make progress even if the task dies).", default=True)
     partial_progress_max_commits: int = _doc("Most commits one run makes with partial progress.", default=10)
     delete_ratio_threshold: float = _doc(
         "Change tables: a data file whose deleted rows reach this share of its rows is rewritten without them, "
-        "whatever its size (Iceberg's `delete-ratio-threshold`).", default=0.3)
+        "whatever its size (Iceberg's `delete-ratio-threshold`).",
+        default=0.3,
+    )
     delete_file_threshold: int = _doc(
         "Change tables: a data file with at least this many position delete files is rewritten without the "
-        "deleted rows (Iceberg's `delete-file-threshold`).", default=3)
+        "deleted rows (Iceberg's `delete-file-threshold`).",
+        default=3,
+    )
 
 
 @dataclass(frozen=True)
@@ -806,7 +843,9 @@ class MaintenanceSpec:
     rewrite_data_files: CompactionSpec = _doc("Compaction.", default_factory=CompactionSpec)
     rewrite_position_deletes: bool = _doc(
         "Change tables: merge small position delete files and drop those whose rows are gone (Spark "
-        "`rewrite_position_delete_files`). Skipped on tables without delete files.", default=True)
+        "`rewrite_position_delete_files`). Skipped on tables without delete files.",
+        default=True,
+    )
     rewrite_manifests: bool = _doc("Rewrite manifests (Spark `rewrite_manifests`).", default=True)
     expire_snapshots: ExpirySpec = _doc("Snapshot expiry.", default_factory=ExpirySpec)
     remove_orphan_files: OrphanSpec = _doc("Orphan file removal.", default_factory=OrphanSpec)
@@ -824,8 +863,13 @@ class MaintenanceSpec:
         return [a for a in MAINTENANCE_ACTIONS if on[a]]
 
 
-MAINTENANCE_ACTIONS = ("rewrite_data_files", "rewrite_position_delete_files", "rewrite_manifests", "expire_snapshots",
-                       "remove_orphan_files")
+MAINTENANCE_ACTIONS = (
+    "rewrite_data_files",
+    "rewrite_position_delete_files",
+    "rewrite_manifests",
+    "expire_snapshots",
+    "remove_orphan_files",
+)
 
 
 @dataclass(frozen=True)
@@ -833,15 +877,16 @@ class TriggerSpec:
     """Batches started by the amount of pending data, besides the schedule (checked by Airflow's triggerer,
     without Spark). Any threshold set turns it on; a batch starts when one is exceeded."""
 
-    pending_records: int | None = _doc("Start a batch when more records than this wait in Kafka (all partitions).",
-                                       default=None)
+    pending_records: int | None = _doc("Start a batch when more records than this wait in Kafka (all partitions).", default=None)
     pending_bytes: int | None = _doc(
         "Start a batch when the pending records weigh more than this, estimated from the size of the first pending "
-        "record of each partition.", default=None)
+        "record of each partition.",
+        default=None,
+    )
     max_age_seconds: float | None = _doc(
-        "Start a batch when the oldest pending record (its Kafka timestamp) is older than this.", default=None)
-    poll_seconds: float = _doc("How often the triggerer checks (reads offsets and at most one record per partition).",
-                               default=30.0)
+        "Start a batch when the oldest pending record (its Kafka timestamp) is older than this.", default=None
+    )
+    poll_seconds: float = _doc("How often the triggerer checks (reads offsets and at most one record per partition).", default=30.0)
 
     @property
     def enabled(self) -> bool:
@@ -852,13 +897,20 @@ class TriggerSpec:
 class AuditSpec:
     """The `audit_<name>` DAG (`tidewater audit` by hand)."""
 
-    schedule: str | None = _doc("Airflow schedule of the audit DAG, which fails on a discrepancy. `null`: triggered "
-                                "only.", default="@daily")
-    deep: bool = _doc("Also check every row's source offset (`tidewater audit --deep`; needs `format.metadata`): reads "
-                      "the table's offset columns and the dead letters.", default=False)
-    full: bool = _doc("Check every batch in the ledger on each run (`tidewater audit --full`). By default a run checks "
-                      "the batches committed since the last clean audit (a deep run: since the last clean deep audit), "
-                      "and Kafka, the dead letters and the writes outside Tidewater whole.", default=False)
+    schedule: str | None = _doc(
+        "Airflow schedule of the audit DAG, which fails on a discrepancy. `null`: triggered only.", default="@daily"
+    )
+    deep: bool = _doc(
+        "Also check every row's source offset (`tidewater audit --deep`; needs `format.metadata`): reads "
+        "the table's offset columns and the dead letters.",
+        default=False,
+    )
+    full: bool = _doc(
+        "Check every batch in the ledger on each run (`tidewater audit --full`). By default a run checks "
+        "the batches committed since the last clean audit (a deep run: since the last clean deep audit), "
+        "and Kafka, the dead letters and the writes outside Tidewater whole.",
+        default=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -866,8 +918,7 @@ class PipelineSpec:
     """One pipeline: Kafka topics into one Iceberg table."""
 
     name: str = _doc("Pipeline name: lower-case letters, digits and `_`. The DAG id is `ingest_<name>`.", default="")
-    topics: list[str] = _doc("Kafka topics to ingest. `topics`, `topic_pattern` or both: at least one is required.",
-                             default_factory=list)
+    topics: list[str] = _doc("Kafka topics to ingest. `topics`, `topic_pattern` or both: at least one is required.", default_factory=list)
     topic_pattern: str | None = _doc(
         "Regular expression (full match) selecting more topics, e.g. `logs\\.\\d{8}` for daily topics. Matching "
         "topics are listed at every plan, so topics created later are picked up; their offsets are tracked like "
@@ -978,14 +1029,14 @@ class PipelineSpec:
         fmt, batch = self.format, self.batch
         if fmt.registry_conn_id:
             url, auth, registry = self.registry()
-            fmt = dataclasses.replace(fmt, registry_url=url, registry_basic_auth=auth, registry_settings=registry,
-                                      registry_conn_id=None)
-        staging = {**(storage_connection(batch.staging_conn_id) if batch.staging_conn_id else {}),
-                   **batch.staging_properties}
+            fmt = dataclasses.replace(fmt, registry_url=url, registry_basic_auth=auth, registry_settings=registry, registry_conn_id=None)
+        staging = {**(storage_connection(batch.staging_conn_id) if batch.staging_conn_id else {}), **batch.staging_properties}
         return dataclasses.replace(
-            self, catalog=dataclasses.replace(self.catalog, properties=self.catalog_properties(), conn_id=None),
-            format=fmt, batch=dataclasses.replace(batch, staging_dir=str(self.staging_dir()), staging_conn_id=None,
-                                                  staging_properties=staging))
+            self,
+            catalog=dataclasses.replace(self.catalog, properties=self.catalog_properties(), conn_id=None),
+            format=fmt,
+            batch=dataclasses.replace(batch, staging_dir=str(self.staging_dir()), staging_conn_id=None, staging_properties=staging),
+        )
 
     @property
     def routed(self) -> bool:
@@ -1008,8 +1059,12 @@ class PipelineSpec:
             schema = table.schema()
             tspec = dataclasses.replace(tspec, id_columns=[schema.find_column_name(i) for i in schema.identifier_field_ids])
         return dataclasses.replace(
-            self, table=tspec, tables=[], routing=RoutingSpec(),
-            dead_letter=dataclasses.replace(self.dead_letter, table=self.dead_letter_table()), routed_from=self,
+            self,
+            table=tspec,
+            tables=[],
+            routing=RoutingSpec(),
+            dead_letter=dataclasses.replace(self.dead_letter, table=self.dead_letter_table()),
+            routed_from=self,
         )
 
     @property
@@ -1051,8 +1106,15 @@ class PipelineSpec:
             ident = self.table.identifier
             return TargetSet(ident, True, (ident,), self.table.branch, f"{ident}_ledger", dead or f"{ident}_dead_letters")
         base = f"{self.routing.namespace}.{self.name}"
-        return TargetSet(f"{base}_checkpoints", False, tuple(t.identifier for t in self.tables), None, f"{base}_ledger",
-                         dead or f"{base}_dead_letters", holder_rows="records routed")
+        return TargetSet(
+            f"{base}_checkpoints",
+            False,
+            tuple(t.identifier for t in self.tables),
+            None,
+            f"{base}_ledger",
+            dead or f"{base}_dead_letters",
+            holder_rows="records routed",
+        )
 
     def checkpoint_table(self) -> str:
         """Where the pipeline's position lives (``targets.holder``): the target table, or the checkpoint table when

@@ -84,11 +84,13 @@ def _check_format(spec: PipelineSpec) -> None:
     if FORMATS[spec.format.value].registry and not spec.format.registry_url and not spec.format.registry_conn_id:
         raise ConfigError(f"format.registry_url: required for value format {spec.format.value} (or format.registry_conn_id)")
     if spec.format.message and "protobuf" not in FORMATS[spec.format.value].module:
-        raise ConfigError(f"format.message: names a Protobuf message type; value format {spec.format.value} has none "
-                          "(protobuf and debezium_protobuf do)")
+        raise ConfigError(
+            f"format.message: names a Protobuf message type; value format {spec.format.value} has none (protobuf and debezium_protobuf do)"
+        )
     if spec.format.skip_control_events and not FORMATS[spec.format.value].control_classes:
-        raise ConfigError(f"format.skip_control_events: value format {spec.format.value} has no control events "
-                          f"({', '.join(DEBEZIUM_FORMATS)} do)")
+        raise ConfigError(
+            f"format.skip_control_events: value format {spec.format.value} has no control events ({', '.join(DEBEZIUM_FORMATS)} do)"
+        )
     try:
         from zoneinfo import ZoneInfo
 
@@ -97,9 +99,7 @@ def _check_format(spec: PipelineSpec) -> None:
         raise ConfigError(f"format.timezone: {spec.format.timezone!r} is not an IANA time zone name") from None
     for column, tfmt in spec.format.timestamps.items():
         if tfmt not in ("iso8601", "epoch_millis", "epoch_seconds") and "%" not in tfmt:
-            raise ConfigError(
-                f"format.timestamps.{column}: {tfmt!r} is not iso8601, epoch_millis, epoch_seconds or a strftime pattern"
-            )
+            raise ConfigError(f"format.timestamps.{column}: {tfmt!r} is not iso8601, epoch_millis, epoch_seconds or a strftime pattern")
     if not re.match(r"^[A-Za-z0-9_]{1,8}$", spec.format.flatten_separator):
         raise ConfigError(f"format.flatten_separator: {spec.format.flatten_separator!r} must be 1-8 letters, digits or '_'")
 
@@ -124,8 +124,10 @@ def _check_change_table(spec: PipelineSpec, t: TableSpec, where: str) -> None:
     """One change table's settings (``where``: `table` or `tables[i]`)."""
     key = f"{where}.op_field" if t.op_field and not t.upsert else f"{where}.upsert"
     if not t.id_columns and not (spec.routed and spec.format.value in DEBEZIUM_FORMATS):
-        raise ConfigError(f"{key}: needs {where}.id_columns (the columns that identify a row; a routed Debezium "
-                          "pipeline may leave them to the message keys)")
+        raise ConfigError(
+            f"{key}: needs {where}.id_columns (the columns that identify a row; a routed Debezium "
+            "pipeline may leave them to the message keys)"
+        )
     if spec.format.metadata != "prefixed":
         raise ConfigError(f"{key}: needs format.metadata: prefixed (changes to a key are ordered by partition and offset)")
     if t.key_source == "message_key" and t.op_field:
@@ -142,13 +144,17 @@ def _check_routed_changes(spec: PipelineSpec) -> None:
     table fed by two), keys from the value."""
     if spec.table.upsert or spec.table.op_field:
         if not spec.routing.dynamic:
-            raise ConfigError("table.upsert / op_field: on a routed pipeline with static `tables`, set them per table "
-                              "under `tables` (or route dynamically: routing.dynamic)")
+            raise ConfigError(
+                "table.upsert / op_field: on a routed pipeline with static `tables`, set them per table "
+                "under `tables` (or route dynamically: routing.dynamic)"
+            )
         _check_change_table(spec, spec.table, "table")
         template = spec.routing.table_template
         if spec.table.key_source != "value" and ("{value}" in template or spec.routes_by_source):
-            raise ConfigError("table.key_source: message_key needs tables named by their topic alone "
-                              f"(routing.table_template {template!r} takes the record's values)")
+            raise ConfigError(
+                "table.key_source: message_key needs tables named by their topic alone "
+                f"(routing.table_template {template!r} takes the record's values)"
+            )
     single_topic = len(spec.topics) == 1 and not spec.topic_pattern
     for i, t in enumerate(spec.tables):
         if not (t.upsert or t.op_field):
@@ -156,8 +162,10 @@ def _check_routed_changes(spec: PipelineSpec) -> None:
         where = f"tables[{i}]"
         _check_change_table(spec, t, where)
         if len(t.topics) != 1 and not single_topic and not spec.routing.dynamic:
-            raise ConfigError(f"{where}.topics: a change table takes the records of exactly one topic (a key's changes "
-                              "are ordered by partition and offset within a topic); list that topic")
+            raise ConfigError(
+                f"{where}.topics: a change table takes the records of exactly one topic (a key's changes "
+                "are ordered by partition and offset within a topic); list that topic"
+            )
         if t.key_source != "value":
             _check_keyed_by_message(spec, t, where)
 
@@ -165,19 +173,17 @@ def _check_routed_changes(spec: PipelineSpec) -> None:
 def _check_keyed_by_message(spec: PipelineSpec, t: RouteTableSpec, where: str) -> None:
     """A routed change table keyed by the message key: the key decides every record of its topic (tombstones become
     deletes), so the topic must go to this table alone, by topic."""
-    others = [o.identifier for o in spec.tables if o.identifier != t.identifier and (not o.topics or
-                                                                                      set(o.topics) & set(t.topics))]
+    others = [o.identifier for o in spec.tables if o.identifier != t.identifier and (not o.topics or set(o.topics) & set(t.topics))]
     if len(t.topics) != 1 or t.route_regex or others:
-        raise ConfigError(f"{where}.key_source: message_key needs the table to take one topic by `topics`, without a "
-                          "route_regex, and no other table to take that topic" + (f" ({', '.join(others)} does)"
-                                                                                    if others else ""))
+        raise ConfigError(
+            f"{where}.key_source: message_key needs the table to take one topic by `topics`, without a "
+            "route_regex, and no other table to take that topic" + (f" ({', '.join(others)} does)" if others else "")
+        )
 
 
 def _check_dead_letters(spec: PipelineSpec) -> None:
     """Dead-letter policy, topic and table."""
-    if spec.dead_letter.topic is not None and (
-        not TOPIC.match(spec.dead_letter.topic) or spec.dead_letter.topic in spec.topics
-    ):
+    if spec.dead_letter.topic is not None and (not TOPIC.match(spec.dead_letter.topic) or spec.dead_letter.topic in spec.topics):
         raise ConfigError(f"dead_letter.topic: {spec.dead_letter.topic!r} must be a valid Kafka topic name, not a source topic")
     if spec.dead_letter.topic and spec.dead_letter.policy != "dead_letter":
         raise ConfigError("dead_letter.topic: only used with dead_letter.policy: dead_letter")
@@ -206,9 +212,15 @@ def _check_limits_and_maintenance(spec: PipelineSpec) -> None:
         ("maintenance.rewrite_data_files.min_input_files", m.rewrite_data_files.min_input_files, 1),
         ("maintenance.expire_snapshots.retain_last", m.expire_snapshots.retain_last, 1),
         ("maintenance.expire_snapshots.older_than_hours", m.expire_snapshots.older_than_hours, 0),
-        *((f"trigger.{k}", v, 1) for k, v in (("pending_records", spec.trigger.pending_records),
-                                              ("pending_bytes", spec.trigger.pending_bytes),
-                                              ("max_age_seconds", spec.trigger.max_age_seconds)) if v is not None),
+        *(
+            (f"trigger.{k}", v, 1)
+            for k, v in (
+                ("pending_records", spec.trigger.pending_records),
+                ("pending_bytes", spec.trigger.pending_bytes),
+                ("max_age_seconds", spec.trigger.max_age_seconds),
+            )
+            if v is not None
+        ),
         ("trigger.poll_seconds", spec.trigger.poll_seconds, 1),
     ):
         if value < minimum:
@@ -235,12 +247,15 @@ def _check_dag_ids(spec: PipelineSpec) -> None:
     from tidewater.config.spec import OPTIONAL_DAGS
 
     if not re.fullmatch(r"[A-Za-z0-9_.-]*", spec.airflow.dag_id_prefix):
-        raise ConfigError(f"airflow.dag_id_prefix: {spec.airflow.dag_id_prefix!r} may hold only letters, digits, "
-                          "'_', '-' and '.' (Airflow's DAG ids)")
+        raise ConfigError(
+            f"airflow.dag_id_prefix: {spec.airflow.dag_id_prefix!r} may hold only letters, digits, '_', '-' and '.' (Airflow's DAG ids)"
+        )
     unknown = [k for k in spec.airflow.dags if k not in OPTIONAL_DAGS]
     if unknown:
-        raise ConfigError(f"airflow.dags: {', '.join(map(repr, unknown))} is not an optional DAG; choose among "
-                          f"{', '.join(OPTIONAL_DAGS)} (the ingest DAG is always there)")
+        raise ConfigError(
+            f"airflow.dags: {', '.join(map(repr, unknown))} is not an optional DAG; choose among "
+            f"{', '.join(OPTIONAL_DAGS)} (the ingest DAG is always there)"
+        )
 
 
 def _check_catalog_airflow_suites(spec: PipelineSpec) -> None:
@@ -274,8 +289,7 @@ def _check_staging(spec: PipelineSpec) -> None:
     from tidewater.staging import locate
 
     # the file settings of the pipeline's own properties: a connection is not resolved at parse time
-    props = {**(spec.catalog.properties if spec.catalog.conn_id else spec.catalog_properties()),
-             **spec.batch.staging_properties}
+    props = {**(spec.catalog.properties if spec.catalog.conn_id else spec.catalog_properties()), **spec.batch.staging_properties}
     if spec.batch.staging_dir:
         locate(spec.batch.staging_dir, props, "batch.staging_dir")
     if spec.spark.master.startswith("spark://") and spec.spark.conf.get("spark.submit.deployMode") == "cluster":
@@ -287,26 +301,39 @@ def _check_staging(spec: PipelineSpec) -> None:
 def _check_audit(spec: PipelineSpec) -> None:
     check_schedule("audit.schedule", spec.audit.schedule)
     if spec.audit.deep and spec.format.metadata not in ("prefixed", "struct"):
-        raise ConfigError("audit.deep: the deep audit reads each row's source offset; set format.metadata to prefixed "
-                          "or struct (the default), or turn audit.deep off")
+        raise ConfigError(
+            "audit.deep: the deep audit reads each row's source offset; set format.metadata to prefixed "
+            "or struct (the default), or turn audit.deep off"
+        )
 
 
 def cluster_mode_refused(setting: str) -> ConfigError:
     """The terminal error for a Python driver in cluster deploy mode on a standalone master (Spark refuses it)."""
-    return ConfigError(f"{setting}: Spark runs a Python driver in cluster deploy mode on YARN and Kubernetes only, not "
-                       "on a standalone master; use client mode (the default: spark.conf spark.submit.deployMode, or "
-                       "the Airflow Spark connection's deploy-mode) or a Spark Connect server (spark.connect_url), with "
-                       "batch.staging_dir on object storage when the hosts share no disk")
+    return ConfigError(
+        f"{setting}: Spark runs a Python driver in cluster deploy mode on YARN and Kubernetes only, not "
+        "on a standalone master; use client mode (the default: spark.conf spark.submit.deployMode, or "
+        "the Airflow Spark connection's deploy-mode) or a Spark Connect server (spark.connect_url), with "
+        "batch.staging_dir on object storage when the hosts share no disk"
+    )
 
 
-SECTIONS = (_check_name_and_topics, _check_targets, _check_kafka, _check_format, _check_quality_gate, _check_changes,
-            _check_dead_letters, _check_limits_and_maintenance, _check_catalog_airflow_suites, _check_staging,
-            _check_audit)
+SECTIONS = (
+    _check_name_and_topics,
+    _check_targets,
+    _check_kafka,
+    _check_format,
+    _check_quality_gate,
+    _check_changes,
+    _check_dead_letters,
+    _check_limits_and_maintenance,
+    _check_catalog_airflow_suites,
+    _check_staging,
+    _check_audit,
+)
 
 
 # Airflow's schedule presets (besides cron expressions).
-SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly",
-                    "@annually", "@midnight")
+SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@annually", "@midnight")
 
 
 def check_schedule(key: str, schedule: str | None) -> None:
@@ -316,8 +343,7 @@ def check_schedule(key: str, schedule: str | None) -> None:
     from croniter import croniter
 
     if not croniter.is_valid(schedule):
-        raise ConfigError(f"{key}: {schedule!r} is neither a cron expression (e.g. '*/3 * * * *') nor one of "
-                          f"{', '.join(SCHEDULE_PRESETS)}")
+        raise ConfigError(f"{key}: {schedule!r} is neither a cron expression (e.g. '*/3 * * * *') nor one of {', '.join(SCHEDULE_PRESETS)}")
 
 
 def check_identifier(key: str, ident: str) -> None:
@@ -329,11 +355,14 @@ def check_identifier(key: str, ident: str) -> None:
 def _validate_routing(spec: PipelineSpec) -> None:
     r = spec.routing
     if spec.table.identifier:
-        raise ConfigError("table.identifier: not used when records are routed (`tables` or routing.dynamic); "
-                          "`table` holds the defaults of every target table, list the targets under `tables`")
+        raise ConfigError(
+            "table.identifier: not used when records are routed (`tables` or routing.dynamic); "
+            "`table` holds the defaults of every target table, list the targets under `tables`"
+        )
     if not r.namespace or not IDENTIFIER_PART.match(r.namespace):
-        raise ConfigError("routing.namespace: required when routing (letters, digits and '_'): it holds the "
-                          "pipeline's checkpoint and dead-letter tables")
+        raise ConfigError(
+            "routing.namespace: required when routing (letters, digits and '_'): it holds the pipeline's checkpoint and dead-letter tables"
+        )
     if r.field is not None and not re.match(r"^[A-Za-z_$][A-Za-z0-9_$-]*(\.[A-Za-z_$][A-Za-z0-9_$-]*)*$", r.field):
         raise ConfigError(f"routing.field: {r.field!r} is not a field name or dotted path")
     if r.dynamic:
@@ -353,28 +382,35 @@ def _check_template(template: str, field: str | None, fmt: str) -> None:
     by_source = bool(SOURCE_PLACEHOLDER.search(template))
     rest = SOURCE_PLACEHOLDER.sub("s", TOPIC_PLACEHOLDER.sub("t", template)).replace("{value}", "v")
     if "{" in rest or "}" in rest:
-        raise ConfigError(f"routing.table_template: {template!r}: the placeholders are {{value}}, {{topic}}, "
-                          "{topic[N]} (the N-th dot-separated part of the topic's name, negative from the end) and, "
-                          "for Debezium formats, {source.<field>} (a field of the envelope's source block)")
+        raise ConfigError(
+            f"routing.table_template: {template!r}: the placeholders are {{value}}, {{topic}}, "
+            "{topic[N]} (the N-th dot-separated part of the topic's name, negative from the end) and, "
+            "for Debezium formats, {source.<field>} (a field of the envelope's source block)"
+        )
     if by_source:
         if fmt not in DEBEZIUM_FORMATS:
-            raise ConfigError(f"routing.table_template: {template!r}: {{source.<field>}} needs a Debezium format "
-                              f"(format.value {', '.join(DEBEZIUM_FORMATS)}; not {fmt})")
+            raise ConfigError(
+                f"routing.table_template: {template!r}: {{source.<field>}} needs a Debezium format "
+                f"(format.value {', '.join(DEBEZIUM_FORMATS)}; not {fmt})"
+            )
         if "{value}" in template:
             raise ConfigError(f"routing.table_template: {template!r}: use {{value}} or {{source.<field>}}, not both")
         if "\x00" in SOURCE_PLACEHOLDER.sub("\x00", template).rpartition(".")[0]:
-            raise ConfigError(f"routing.table_template: {template!r}: {{source.<field>}} may only be in the table "
-                              "name, never in the namespace (records must not choose where their table lives)")
+            raise ConfigError(
+                f"routing.table_template: {template!r}: {{source.<field>}} may only be in the table "
+                "name, never in the namespace (records must not choose where their table lives)"
+            )
         return
     if not by_topic or "{value}" in template:
         if not field:
-            raise ConfigError("routing.field: required with routing.dynamic (or name tables by {topic} in "
-                              "routing.table_template)")
+            raise ConfigError("routing.field: required with routing.dynamic (or name tables by {topic} in routing.table_template)")
         if template.count("{value}") != 1:
             raise ConfigError(f"routing.table_template: {template!r} must contain {{value}} once (or {{topic}})")
         if "{value}" in template.rpartition(".")[0]:
-            raise ConfigError(f"routing.table_template: {template!r}: {{value}} may only be in the table name, "
-                              "never in the namespace (records must not choose where their table lives)")
+            raise ConfigError(
+                f"routing.table_template: {template!r}: {{value}} may only be in the table name, "
+                "never in the namespace (records must not choose where their table lives)"
+            )
 
 
 def _check_route_table(spec: PipelineSpec, key: str, t: RouteTableSpec, seen: set[str]) -> None:
@@ -430,8 +466,10 @@ def check_hosts(spec: PipelineSpec, executor: str | None) -> None:
     A catalog from ``catalog.conn_id`` is not read here (nothing is contacted when a DAG file is parsed)."""
     if not multi_host(executor):
         return
-    problems = [f"{setting}: Airflow's executor ({executor}) can run a batch's tasks on different hosts, and {why}"
-                for setting, why in _per_host_places(spec)]
+    problems = [
+        f"{setting}: Airflow's executor ({executor}) can run a batch's tasks on different hosts, and {why}"
+        for setting, why in _per_host_places(spec)
+    ]
     if problems:
         raise config_problems(problems)
 
@@ -439,31 +477,41 @@ def check_hosts(spec: PipelineSpec, executor: str | None) -> None:
 def _per_host_places(spec: PipelineSpec):
     """(setting, why) for each place of ``spec`` that only one host sees (:func:`check_hosts`)."""
     shared = [p.rstrip("/") + "/" for p in spec.airflow.shared_paths]
-    advice = ("object storage (`s3://bucket/prefix`, `gs://`, `abfs://`), or a path every worker mounts, declared in "
-              "`airflow.shared_paths`")
+    advice = "object storage (`s3://bucket/prefix`, `gs://`, `abfs://`), or a path every worker mounts, declared in `airflow.shared_paths`"
     props = spec.catalog.properties
     if not props and not spec.catalog.conn_id:
-        yield ("catalog.properties", "without catalog properties each host has its own SQLite catalog under "
-               "$TIDEWATER_HOME, so each would read and write the committed offsets in a different catalog. Set a "
-               "catalog every host reaches (PostgreSQL `type: sql`, `rest`, `glue` or `hive`), or `catalog.conn_id`")
+        yield (
+            "catalog.properties",
+            "without catalog properties each host has its own SQLite catalog under "
+            "$TIDEWATER_HOME, so each would read and write the committed offsets in a different catalog. Set a "
+            "catalog every host reaches (PostgreSQL `type: sql`, `rest`, `glue` or `hive`), or `catalog.conn_id`",
+        )
     if str(props.get("uri", "")).startswith("sqlite"):
-        yield ("catalog.properties.uri", f"{props['uri']!r} is a SQLite file: each host would have its own (and "
-               "SQLite's locks do not hold on a shared mount). Use PostgreSQL (`postgresql+psycopg2://...`), a REST "
-               "catalog or Glue")
+        yield (
+            "catalog.properties.uri",
+            f"{props['uri']!r} is a SQLite file: each host would have its own (and "
+            "SQLite's locks do not hold on a shared mount). Use PostgreSQL (`postgresql+psycopg2://...`), a REST "
+            "catalog or Glue",
+        )
     warehouse = props.get("warehouse")
     # a REST catalog's warehouse is a name the server resolves, not a place
     if warehouse and catalog_type(props) != "rest" and _per_host(str(warehouse), shared):
-        yield ("catalog.properties.warehouse", f"{warehouse!r} is a local folder: the data files written on one host "
-               f"would be missing on the others. Use {advice}")
-    for setting, place, default in (("batch.staging_dir", spec.batch.staging_dir, "$TIDEWATER_HOME/staging"),
-                                    ("validation.data_docs_dir", spec.validation.data_docs_dir,
-                                     "$TIDEWATER_HOME/data-docs")):
+        yield (
+            "catalog.properties.warehouse",
+            f"{warehouse!r} is a local folder: the data files written on one host would be missing on the others. Use {advice}",
+        )
+    for setting, place, default in (
+        ("batch.staging_dir", spec.batch.staging_dir, "$TIDEWATER_HOME/staging"),
+        ("validation.data_docs_dir", spec.validation.data_docs_dir, "$TIDEWATER_HOME/data-docs"),
+    ):
         if place is None:
-            yield (setting, f"by default each host keeps it under its own {default}, where the next task (or the "
-                   f"api-server) would not find it. Use {advice}")
+            yield (
+                setting,
+                f"by default each host keeps it under its own {default}, where the next task (or the "
+                f"api-server) would not find it. Use {advice}",
+            )
         elif _per_host(place, shared):
-            yield (setting, f"{place!r} is a local folder that the next task's host (or the api-server) would not "
-                   f"see. Use {advice}")
+            yield (setting, f"{place!r} is a local folder that the next task's host (or the api-server) would not see. Use {advice}")
 
 
 def _per_host(location: str, shared: list[str]) -> bool:
@@ -471,5 +519,5 @@ def _per_host(location: str, shared: list[str]) -> bool:
     scheme = scheme_of(location)
     if scheme not in LOCAL_SCHEMES:
         return False
-    path = location[len("file://"):] if scheme else location
+    path = location[len("file://") :] if scheme else location
     return not any((path.rstrip("/") + "/").startswith(prefix) for prefix in shared)

@@ -29,8 +29,16 @@ def _branches(schema: list[Any]) -> list[Any]:
     return [b for b in schema if b != "null"]
 
 
-_PRIMITIVES = {"null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
-               "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}
+_PRIMITIVES = {
+    "null": pa.null(),
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "bytes": pa.binary(),
+    "string": pa.string(),
+}
 
 
 def arrow_type(schema: Any, named: dict[str, pa.DataType] | None = None, namespace: str = "") -> pa.DataType:
@@ -63,10 +71,18 @@ def arrow_type(schema: Any, named: dict[str, pa.DataType] | None = None, namespa
 def _complex_type(schema: dict, named: dict[str, pa.DataType], namespace: str) -> pa.DataType:
     t = schema.get("type")
     logical = schema.get("logicalType")
-    logical_types = {"timestamp-millis": pa.timestamp("us", tz="UTC"), "timestamp-micros": pa.timestamp("us", tz="UTC"),
-                  "timestamp-nanos": pa.timestamp("ns", tz="UTC"), "local-timestamp-millis": pa.timestamp("us"),
-                  "local-timestamp-micros": pa.timestamp("us"), "local-timestamp-nanos": pa.timestamp("ns"),
-                  "time-millis": pa.time64("us"), "time-micros": pa.time64("us"), "date": pa.date32(), "uuid": pa.string()}
+    logical_types = {
+        "timestamp-millis": pa.timestamp("us", tz="UTC"),
+        "timestamp-micros": pa.timestamp("us", tz="UTC"),
+        "timestamp-nanos": pa.timestamp("ns", tz="UTC"),
+        "local-timestamp-millis": pa.timestamp("us"),
+        "local-timestamp-micros": pa.timestamp("us"),
+        "local-timestamp-nanos": pa.timestamp("ns"),
+        "time-millis": pa.time64("us"),
+        "time-micros": pa.time64("us"),
+        "date": pa.date32(),
+        "uuid": pa.string(),
+    }
     if logical in logical_types:
         return logical_types[logical]
     if logical == "decimal":
@@ -84,8 +100,20 @@ def _complex_type(schema: dict, named: dict[str, pa.DataType], namespace: str) -
     return arrow_type(t, named, namespace)
 
 
-_PY_TYPES = {"boolean": bool, "int": int, "long": int, "float": float, "double": float, "string": str, "bytes": bytes,
-             "enum": str, "fixed": bytes, "record": dict, "map": dict, "array": list}
+_PY_TYPES = {
+    "boolean": bool,
+    "int": int,
+    "long": int,
+    "float": float,
+    "double": float,
+    "string": str,
+    "bytes": bytes,
+    "enum": str,
+    "fixed": bytes,
+    "record": dict,
+    "map": dict,
+    "array": list,
+}
 
 
 def _kind(schema: Any) -> str:
@@ -116,6 +144,7 @@ def union_converter(schema: Any) -> Any:
                 if py is not None and isinstance(v, py) and not (py is int and isinstance(v, bool)):
                     return {f"member{j}": ((inner[i](v) if inner[i] else v) if j == i else None) for j in range(len(branches))}
             return {f"member{j}": None for j in range(len(branches))}
+
         return pick
     if isinstance(schema, dict) and schema.get("type") == "record":
         fields = [(f["name"], union_converter(f["type"])) for f in schema["fields"]]
@@ -194,8 +223,12 @@ def decode_avro(chunk: Chunk, registry: RegistryClient) -> tuple[pa.Table, list[
         micros = pa.schema([pa.field(f.name, to_micros(f.type), f.nullable) for f in schema])
         return (table if micros == schema else table.cast(micros, safe=False)), bad
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise TerminalError(f"Avro records of schema ids {sorted(types)} do not fit one table schema: {e}",
-                            topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[0]) from e
+        raise TerminalError(
+            f"Avro records of schema ids {sorted(types)} do not fit one table schema: {e}",
+            topic=chunk.topic,
+            partition=chunk.partition,
+            offset=chunk.offsets[0],
+        ) from e
 
 
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:

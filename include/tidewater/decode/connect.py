@@ -25,8 +25,14 @@ DATE = "org.apache.kafka.connect.data.Date"
 
 
 _PRIMITIVES = {
-    "int8": pa.int32(), "int16": pa.int32(), "int32": pa.int32(), "int64": pa.int64(),
-    "float32": pa.float32(), "float64": pa.float64(), "boolean": pa.bool_(), "string": pa.string(),
+    "int8": pa.int32(),
+    "int16": pa.int32(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
     "bytes": pa.string(),  # base64 text in Connect JSON; kept as text
 }
 
@@ -102,8 +108,7 @@ def failures_where(n: int, bad: list[BadRecord], failing: Any, kind: str, messag
 
 
 def all_failed(n: int, bad: list[BadRecord], kind: str, message: str) -> tuple[pa.Table, list[BadRecord]]:
-    return pa.table({}), sorted(bad + [BadRecord(i, kind, message) for i in surviving(n, [b.index for b in bad])],
-                                key=lambda b: b.index)
+    return pa.table({}), sorted(bad + [BadRecord(i, kind, message) for i in surviving(n, [b.index for b in bad])], key=lambda b: b.index)
 
 
 _WIDENINGS = {(pa.int32(), pa.int64()), (pa.float32(), pa.float64())}
@@ -126,8 +131,12 @@ def _table_types_unless_wider(declared: pa.DataType, have: pa.DataType | None) -
 
 
 def _family(t: pa.DataType) -> str:
-    for name, test in (("int", pa.types.is_integer), ("float", pa.types.is_floating), ("text", pa.types.is_string),
-                       ("bool", pa.types.is_boolean)):
+    for name, test in (
+        ("int", pa.types.is_integer),
+        ("float", pa.types.is_floating),
+        ("text", pa.types.is_string),
+        ("bool", pa.types.is_boolean),
+    ):
         if test(t):
             return name
     return str(t)

@@ -15,8 +15,9 @@ from tidewater.source.kafka import Chunk
 OPS = ("c", "u", "d", "r", "t")  # t: a truncate (no image): applied or set apart by table.truncate
 
 
-def decode_debezium(chunk: Chunk, explicit: pa.Schema | None, allow_non_numeric: bool = False,
-                    keep_source: bool = False) -> tuple[pa.Table, list[BadRecord]]:
+def decode_debezium(
+    chunk: Chunk, explicit: pa.Schema | None, allow_non_numeric: bool = False, keep_source: bool = False
+) -> tuple[pa.Table, list[BadRecord]]:
     """Debezium change events (plain JSON or inside a Connect envelope): the row image plus ``_op``.
 
     ``after`` for c/u/r, ``before`` for d. Tombstones (null values after a delete) come back as bad
@@ -33,8 +34,9 @@ def decode_debezium(chunk: Chunk, explicit: pa.Schema | None, allow_non_numeric:
 SOURCE_COLUMN = "__debezium_source"  # the envelope's source block, for routing only (never written to a table)
 
 
-def unwrap(outer: pa.Table, bad: list[BadRecord], n: int, explicit: pa.Schema | None,
-           keep_source: bool = False) -> tuple[pa.Table, list[BadRecord]]:
+def unwrap(
+    outer: pa.Table, bad: list[BadRecord], n: int, explicit: pa.Schema | None, keep_source: bool = False
+) -> tuple[pa.Table, list[BadRecord]]:
     """Decoded envelopes (``op``, ``before``, ``after`` columns; ``bad`` already set apart from the ``n``
     records) to the row image plus ``_op``, whatever the envelopes were encoded in (JSON, Avro). ``keep_source``:
     the envelope's ``source`` block too, as the column ``SOURCE_COLUMN`` (the router reads and drops it)."""
@@ -92,11 +94,23 @@ def control_events(n: int, bad: list[BadRecord], outer: pa.Table, not_change: An
         heartbeat = pc.and_(heartbeat, pc.is_valid(outer.column("ts_ms")))
     else:
         heartbeat = pc.and_(heartbeat, pa.repeat(False, outer.num_rows))
-    out = failures_where(n, bad, schema, SCHEMA_CHANGE, "a Debezium schema-change event, not a row change: leave the "
-                         "connector's schema change topic out of `topics` / `topic_pattern`, or set "
-                         "format.skip_control_events: true")
-    out += failures_where(n, bad, heartbeat, HEARTBEAT, "a Debezium heartbeat, not a row change: leave the heartbeat "
-                          "topic out of `topics` / `topic_pattern`, or set format.skip_control_events: true")
+    out = failures_where(
+        n,
+        bad,
+        schema,
+        SCHEMA_CHANGE,
+        "a Debezium schema-change event, not a row change: leave the "
+        "connector's schema change topic out of `topics` / `topic_pattern`, or set "
+        "format.skip_control_events: true",
+    )
+    out += failures_where(
+        n,
+        bad,
+        heartbeat,
+        HEARTBEAT,
+        "a Debezium heartbeat, not a row change: leave the heartbeat "
+        "topic out of `topics` / `topic_pattern`, or set format.skip_control_events: true",
+    )
     return out, pc.and_(not_change, pc.invert(pc.or_(schema, heartbeat)))
 
 
@@ -109,6 +123,7 @@ def _any(masks: list[Any], n: int) -> Any:
 
 def _same_type(before: Any, after: Any) -> tuple[Any, Any]:
     """Before and after images as one struct type (an all-null image takes the other's type)."""
+
     def null_only(c: Any) -> bool:
         return c is None or pa.types.is_null(c.type)
 

@@ -138,7 +138,7 @@ def schema_depth(schema: pa.Schema) -> int:
 
 _FIRST_BYTE = itemgetter(slice(0, 1))
 
-SUSPECT_MAGNITUDE = 2.0 ** 63  # an integer token at least this large does not fit a long: it became a double
+SUSPECT_MAGNITUDE = 2.0**63  # an integer token at least this large does not fit a long: it became a double
 
 
 def _suspect_numbers(table: pa.Table, allow_non_numeric: bool) -> bool:
@@ -183,8 +183,9 @@ def _buffer_problem(buf: bytes, values: list[bytes]) -> str | None:
     return None
 
 
-def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_DEPTH_DEFAULT,
-                allow_non_numeric: bool = False, extra: str = "infer") -> pa.Table:
+def decode_json(
+    chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_DEPTH_DEFAULT, allow_non_numeric: bool = False, extra: str = "infer"
+) -> pa.Table:
     """Parse a chunk of JSON object values. Raises RecordError naming the first bad record. ``extra``: see
     ``_parse``."""
     if explicit is not None:
@@ -212,8 +213,16 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_D
     try:
         table = None if problem else _parse_settled(buf, explicit, block_size, extra)
     except pa.ArrowInvalid as e:
-        _raise_bad_record(chunk, values, explicit, block_size, e, max_depth,  # type: ignore[arg-type]
-                          allow_non_numeric, extra)
+        _raise_bad_record(
+            chunk,
+            values,
+            explicit,
+            block_size,
+            e,
+            max_depth,  # type: ignore[arg-type]
+            allow_non_numeric,
+            extra,
+        )
         raise  # pragma: no cover - _raise_bad_record always raises
     except RecursionError:
         problem = "nesting too deep"
@@ -224,8 +233,12 @@ def decode_json(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_D
         # a false alarm (a legitimate double that large): no record holds such a token
     if problem is not None:
         _raise_first_screened(chunk, values, max_depth, allow_non_numeric)  # type: ignore[arg-type]
-        raise RecordError(f"chunk of {len(values)} records could not be decoded ({problem})", topic=chunk.topic,
-                          partition=chunk.partition, offset=chunk.offsets[0])
+        raise RecordError(
+            f"chunk of {len(values)} records could not be decoded ({problem})",
+            topic=chunk.topic,
+            partition=chunk.partition,
+            offset=chunk.offsets[0],
+        )
     assert table is not None
     if table.num_rows != n:
         stripped = [i for i, v in enumerate(values) if not v.strip()]  # type: ignore[union-attr]
@@ -244,22 +257,35 @@ def _raise_first_screened(chunk: Chunk, values: list[bytes], max_depth: int, all
     for i, v in enumerate(values):
         found = screen(v, max_depth, allow_non_numeric)
         if found is not None:
-            raise RecordError(f"record is not a valid JSON object ({found[0]}: {found[1]})", topic=chunk.topic,
-                              partition=chunk.partition, offset=chunk.offsets[i])
+            raise RecordError(
+                f"record is not a valid JSON object ({found[0]}: {found[1]})",
+                topic=chunk.topic,
+                partition=chunk.partition,
+                offset=chunk.offsets[i],
+            )
 
 
 def _raise_bad_record(
-    chunk: Chunk, values: list[bytes], explicit: pa.Schema | None, block_size: int, error: Exception,
-    max_depth: int = MAX_DEPTH_DEFAULT, allow_non_numeric: bool = False, extra: str = "infer",
+    chunk: Chunk,
+    values: list[bytes],
+    explicit: pa.Schema | None,
+    block_size: int,
+    error: Exception,
+    max_depth: int = MAX_DEPTH_DEFAULT,
+    allow_non_numeric: bool = False,
+    extra: str = "infer",
 ) -> None:
     """Find the first record that is no JSON object at all (screen), else the first whose prefix fails to
     parse (bisection: a type the table does not take), and raise naming it."""
     for i, v in enumerate(values):
         found = screen(v, max_depth, allow_non_numeric)
         if found is not None:
-            raise RecordError(f"record is not a valid JSON object ({found[0]}: {found[1]})", topic=chunk.topic,
-                              partition=chunk.partition,
-                              offset=chunk.offsets[i]) from error
+            raise RecordError(
+                f"record is not a valid JSON object ({found[0]}: {found[1]})",
+                topic=chunk.topic,
+                partition=chunk.partition,
+                offset=chunk.offsets[i],
+            ) from error
 
     def fails(k: int) -> bool:
         try:
@@ -297,8 +323,9 @@ def _raise_bad_record(
     ) from error
 
 
-def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_DEPTH_DEFAULT,
-                        allow_non_numeric: bool = False, extra: str = "infer") -> tuple[pa.Table, list[BadRecord]]:
+def decode_json_lenient(
+    chunk: Chunk, explicit: pa.Schema | None, max_depth: int = MAX_DEPTH_DEFAULT, allow_non_numeric: bool = False, extra: str = "infer"
+) -> tuple[pa.Table, list[BadRecord]]:
     """Like :func:`decode_json`, but records that cannot be decoded are returned apart, not raised.
 
     Success path: one parse of the whole chunk, as ``decode_json``. Error path only: each record is
@@ -339,13 +366,21 @@ def decode_json_lenient(chunk: Chunk, explicit: pa.Schema | None, max_depth: int
             schema = settle_schema(first.schema, schema)
             continue
         if table.num_rows != len(good):
-            raise RecordError(f"chunk of {len(values)} records decoded to {table.num_rows} rows",
-                              topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[0])
+            raise RecordError(
+                f"chunk of {len(values)} records decoded to {table.num_rows} rows",
+                topic=chunk.topic,
+                partition=chunk.partition,
+                offset=chunk.offsets[0],
+            )
         bad.update(failed)
         break
     else:
-        raise RecordError(f"chunk of {len(values)} records: field types could not be settled",
-                          topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[0])
+        raise RecordError(
+            f"chunk of {len(values)} records: field types could not be settled",
+            topic=chunk.topic,
+            partition=chunk.partition,
+            offset=chunk.offsets[0],
+        )
     return table, [bad[i] for i in sorted(bad)]
 
 
@@ -379,8 +414,9 @@ def _checked_int(token: str) -> int:
     digits = token.lstrip("-")
     value = int(token) if len(digits) <= 20 else None  # longer ones never fit (and int() caps digits)
     if value is None or not -(1 << 63) <= value < (1 << 63):
-        raise _Unrepresentable("NumberOutOfRange", f"integer {token[:40]}{'...' if len(token) > 40 else ''} "
-                                                   "is outside the signed 64-bit range")
+        raise _Unrepresentable(
+            "NumberOutOfRange", f"integer {token[:40]}{'...' if len(token) > 40 else ''} is outside the signed 64-bit range"
+        )
     return value
 
 
@@ -391,8 +427,7 @@ def _checked_float(token: str) -> float:
     return value
 
 
-def screen(v: bytes | None, max_depth: int = MAX_DEPTH_DEFAULT,
-           allow_non_numeric: bool = False) -> tuple[str, str] | None:
+def screen(v: bytes | None, max_depth: int = MAX_DEPTH_DEFAULT, allow_non_numeric: bool = False) -> tuple[str, str] | None:
     """(error class, message) for a value that is no usable JSON object, else None (error path only)."""
     if v is None:
         return "Tombstone", "record has a null value (tombstone); JSON pipelines need an object per record"

@@ -68,6 +68,7 @@ class Columns:
     def reader_schema(self) -> pa.Schema:
         """The schema Arrow's JSON reader parses the values with: the ``formats`` columns as strings, the ``maps``
         left out (inferred)."""
+
         def walk(fields: list[pa.Field], prefix: str) -> list[pa.Field]:
             out = []
             for f in fields:
@@ -90,8 +91,7 @@ def columns(doc: dict[str, Any]) -> Columns:
     mapper = _Mapper(doc)
     root = mapper.combined(mapper.resolve(doc, "$"), "$")
     if _kind(root, "$") != "object":
-        raise TerminalError("JSON Schema: the root must be an object with properties (a row's columns), not "
-                            f"{_kind(root, '$')!r}")
+        raise TerminalError(f"JSON Schema: the root must be an object with properties (a row's columns), not {_kind(root, '$')!r}")
     fields, required = mapper.struct(root, "")
     return Columns(pa.schema(fields), tuple(required), dict(mapper.formats), tuple(mapper.maps))
 
@@ -110,8 +110,10 @@ class _Mapper:
         if ref is None:
             return node
         if not ref.startswith("#/"):
-            raise TerminalError(f"JSON Schema at {path}: $ref {ref!r} is not in the same document (only local "
-                                "references, #/$defs/... or #/definitions/..., are followed)")
+            raise TerminalError(
+                f"JSON Schema at {path}: $ref {ref!r} is not in the same document (only local "
+                "references, #/$defs/... or #/definitions/..., are followed)"
+            )
         target: Any = self.doc
         for part in ref[2:].split("/"):
             if not isinstance(target, dict) or part not in target:
@@ -123,8 +125,7 @@ class _Mapper:
         """(fields, required paths) of an object's properties; nested required paths only under required parents."""
         props = node.get("properties")
         if not isinstance(props, dict) or not props:
-            raise TerminalError(f"JSON Schema at {prefix or '$'}: an object without properties has no columns to "
-                                "map (give its properties)")
+            raise TerminalError(f"JSON Schema at {prefix or '$'}: an object without properties has no columns to map (give its properties)")
         required = set(node.get("required") or ())
         fields: list[pa.Field] = []
         paths: list[str] = []
@@ -153,21 +154,27 @@ class _Mapper:
             options = node.get(key)
             if not isinstance(options, list):
                 continue
-            kept = [self.combined(self.resolve(o, path), path, depth + 1) for o in options
-                    if isinstance(o, dict) and o.get("type") != "null"]
+            kept = [
+                self.combined(self.resolve(o, path), path, depth + 1) for o in options if isinstance(o, dict) and o.get("type") != "null"
+            ]
             if len(kept) < 2 or not all(_kind(o, path) == "object" and o.get("properties") for o in kept):
                 return node  # one type and null, or alternatives of other kinds: _without_null decides
             props: dict[str, Any] = {}
             for o in kept:
                 for name, sub in o["properties"].items():
                     if name in props and props[name] != sub:
-                        raise TerminalError(f"JSON Schema at {path}.{name}: the alternatives of {key} give it "
-                                            "different schemas; a column has one type")
+                        raise TerminalError(
+                            f"JSON Schema at {path}.{name}: the alternatives of {key} give it different schemas; a column has one type"
+                        )
                     props[name] = sub
             required = set.intersection(*(set(o.get("required") or ()) for o in kept))
             rest = {k: v for k, v in node.items() if k != key}
-            return {**rest, "type": "object", "properties": {**(rest.get("properties") or {}), **props},
-                    "required": sorted(set(rest.get("required") or ()) | required)}
+            return {
+                **rest,
+                "type": "object",
+                "properties": {**(rest.get("properties") or {}), **props},
+                "required": sorted(set(rest.get("required") or ()) | required),
+            }
         return node
 
     def map(self, item: dict[str, Any], path: str) -> pa.DataType:
@@ -181,8 +188,7 @@ class _Mapper:
     def field(self, node: dict[str, Any], path: str) -> tuple[pa.DataType, list[str]]:
         ref = node.get("$ref")
         if ref is not None and ref in self.active:
-            raise TerminalError(f"JSON Schema at {path}: $ref {ref!r} refers to itself; a table's columns cannot "
-                                "nest without end")
+            raise TerminalError(f"JSON Schema at {path}: $ref {ref!r} refers to itself; a table's columns cannot nest without end")
         if ref is not None:
             self.active.append(ref)
         try:
@@ -222,8 +228,7 @@ def _merged(into: dict[str, Any], part: dict[str, Any], where: str) -> dict[str,
             for name, sub in v.items():
                 before, after = props.get(name, {}).get("type"), sub.get("type")
                 if before and after and before != after:
-                    raise TerminalError(f"JSON Schema at {where}: property {name!r} is {before!r} in one part and "
-                                        f"{after!r} in another")
+                    raise TerminalError(f"JSON Schema at {where}: property {name!r} is {before!r} in one part and {after!r} in another")
                 props[name] = {**props.get(name, {}), **sub}
             out["properties"] = props
         elif k == "required":
@@ -267,8 +272,7 @@ def _without_null(node: dict[str, Any], path: str) -> dict[str, Any]:
             continue
         kept = [o for o in options if o.get("type") != "null"]
         if len(kept) != 1:
-            raise TerminalError(f"JSON Schema at {path}: {key} of {len(kept)} types; a column has one type "
-                                "(and may be null)")
+            raise TerminalError(f"JSON Schema at {path}: {key} of {len(kept)} types; a column has one type (and may be null)")
         return {**{k: v for k, v in node.items() if k != key}, **kept[0]}
     types = node.get("type")
     if isinstance(types, list):
@@ -286,11 +290,11 @@ def _kind(node: dict[str, Any], path: str) -> str:
     if kind is None and ("enum" in node or "const" in node):
         kind = _value_kind(list(node.get("enum") or []) + ([node["const"]] if "const" in node else []))
         if kind is None:
-            raise TerminalError(f"JSON Schema at {path}: enum or const values of several types (or objects, lists); "
-                                "a column has one type")
+            raise TerminalError(f"JSON Schema at {path}: enum or const values of several types (or objects, lists); a column has one type")
     if kind not in (*SCALARS, "object", "array"):
-        raise TerminalError(f"JSON Schema at {path}: type {kind!r} cannot be a column (one of integer, number, "
-                            "boolean, string, object, array)")
+        raise TerminalError(
+            f"JSON Schema at {path}: type {kind!r} cannot be a column (one of integer, number, boolean, string, object, array)"
+        )
     return str(kind)
 
 
@@ -305,8 +309,7 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
     """Registry entry for ``json_schema`` (see the module docstring). Rows come back in chunk order, the bad records
     apart; an unreachable registry fails the batch (``TransientError``: nothing is committed, retrying is safe)."""
     values = pa.array(chunk.values, pa.binary())
-    framed = pc.fill_null(pc.and_(pc.greater_equal(pc.binary_length(values), 5),
-                                  pc.equal(pc.binary_slice(values, 0, 1), b"\x00")), False)
+    framed = pc.fill_null(pc.and_(pc.greater_equal(pc.binary_length(values), 5), pc.equal(pc.binary_slice(values, 0, 1), b"\x00")), False)
     bad = {i: _unframed(i, chunk.values[i]) for i in pc.indices_nonzero(pc.invert(framed)).to_pylist()}
     where = pc.indices_nonzero(framed)
     heads = values.take(where)
@@ -356,16 +359,21 @@ def _schema_ids(heads: pa.Array) -> np.ndarray:
     return np.frombuffer(data, dtype=">u4", count=len(fixed), offset=fixed.offset * 4).astype(np.int64)
 
 
-def _parsed(chunk: Chunk, at: np.ndarray, bodies: pa.Array, cols: Columns, schema_id: int,
-            ctx: DecodeContext) -> tuple[pa.Table, np.ndarray, dict[int, BadRecord]]:
+def _parsed(
+    chunk: Chunk, at: np.ndarray, bodies: pa.Array, cols: Columns, schema_id: int, ctx: DecodeContext
+) -> tuple[pa.Table, np.ndarray, dict[int, BadRecord]]:
     """One schema id's records (chunk positions ``at``): their rows with the schema's types, the chunk position of
     each row, and the records that break the schema."""
     offsets = [chunk.offsets[i] for i in at.tolist()]
     sub = Chunk(chunk.topic, chunk.partition, bodies.to_pylist(), offsets, [chunk.timestamps[i] for i in at.tolist()])
     extra = "infer" if cols.maps else "ignore"  # maps come back as structs of their keys (see the module docstring)
     rows, failed = decode_json_lenient(sub, cols.reader_schema(), ctx.max_depth, ctx.allow_non_numeric, extra=extra)
-    bad = {int(at[b.index]): BadRecord(int(at[b.index]), VIOLATION if b.error_class == "TypeMismatch" else b.error_class,
-                                       f"schema id {schema_id}: {b.message}") for b in failed}
+    bad = {
+        int(at[b.index]): BadRecord(
+            int(at[b.index]), VIOLATION if b.error_class == "TypeMismatch" else b.error_class, f"schema id {schema_id}: {b.message}"
+        )
+        for b in failed
+    }
     kept = np.delete(at, [b.index for b in failed])
     if rows.num_rows == 0:
         return rows, kept[:0], bad
@@ -373,8 +381,7 @@ def _parsed(chunk: Chunk, at: np.ndarray, bodies: pa.Array, cols: Columns, schem
     for r, why in _missing(rows, cols.required).items():
         broken.setdefault(r, why)  # a required date that is not one is null now: its own reason comes first
     if broken:
-        bad.update({int(kept[r]): BadRecord(int(kept[r]), VIOLATION, f"schema id {schema_id}: {why}")
-                    for r, why in broken.items()})
+        bad.update({int(kept[r]): BadRecord(int(kept[r]), VIOLATION, f"schema id {schema_id}: {why}") for r, why in broken.items()})
         keep = np.ones(rows.num_rows, dtype=bool)
         keep[list(broken)] = False
         rows, kept = rows.filter(pa.array(keep)), kept[keep]
@@ -403,8 +410,10 @@ def _converted(arr: pa.Array, target: pa.DataType, path: str, broken: dict[int, 
         return _to_map(arr, target, path, broken)
     if pa.types.is_struct(target):
         by_name = {f.name: i for i, f in enumerate(arr.type)} if pa.types.is_struct(arr.type) else {}
-        children = [_converted(arr.field(by_name[f.name]) if f.name in by_name else pa.nulls(len(arr)), f.type,
-                               f"{path}.{f.name}", broken) for f in target]
+        children = [
+            _converted(arr.field(by_name[f.name]) if f.name in by_name else pa.nulls(len(arr)), f.type, f"{path}.{f.name}", broken)
+            for f in target
+        ]
         return pa.StructArray.from_arrays(children, fields=list(target), mask=arr.is_null())
     try:
         return pc.cast(arr, target)
@@ -427,8 +436,7 @@ def _to_map(arr: pa.Array, target: pa.MapType, path: str, broken: dict[int, str]
     n = len(arr)
     if pa.types.is_null(arr.type) or not pa.types.is_struct(arr.type) or arr.type.num_fields == 0:
         empty = pa.array(np.zeros(n + 1, dtype=np.int32))
-        return pa.MapArray.from_arrays(empty, pa.array([], pa.string()), pa.array([], target.item_type), type=target,
-                                       mask=arr.is_null())
+        return pa.MapArray.from_arrays(empty, pa.array([], pa.string()), pa.array([], target.item_type), type=target, mask=arr.is_null())
     names = [f.name for f in arr.type]
     fields = arr.flatten()  # each key's values, null where the row is null
     values = [_converted(f, target.item_type, f"{path}.{name}", broken) for name, f in zip(names, fields)]

@@ -42,8 +42,7 @@ NOT_FRAMED = "NotConfluentProtobuf"
 INDEX_OUT_OF_RANGE = "MessageIndexOutOfRange"
 INVALID = "InvalidProtobuf"
 
-_WRAPPERS = {f"google.protobuf.{n}Value" for n in ("Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool",
-                                                   "String", "Bytes")}
+_WRAPPERS = {f"google.protobuf.{n}Value" for n in ("Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes")}
 _TIMESTAMP, _DURATION = "google.protobuf.Timestamp", "google.protobuf.Duration"
 
 
@@ -74,8 +73,9 @@ def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]
     return decode_protobuf(chunk, ctx.registry, ctx.message, ctx)
 
 
-def decode_protobuf(chunk: Chunk, registry: Any, message: str | None = None,
-                    table: DecodeContext | None = None) -> tuple[pa.Table, list[BadRecord]]:
+def decode_protobuf(
+    chunk: Chunk, registry: Any, message: str | None = None, table: DecodeContext | None = None
+) -> tuple[pa.Table, list[BadRecord]]:
     """Rows in chunk order and the bad records apart; an unreachable registry fails the batch (``TransientError``:
     nothing is committed, retrying is safe). ``message``: the message type to read (``format.message``) instead of
     the message indexes'. ``table``: the context whose table each message type's columns are checked against (None:
@@ -122,8 +122,12 @@ def _framed(chunk: Chunk, bad: dict[int, BadRecord]) -> dict[tuple[int, tuple[in
         try:
             body = frame.from_bytes(io.BytesIO(v))
         except (SerializationError, EOFError, struct.error, ValueError) as e:  # what a frame that is not one raises
-            bad[i] = BadRecord(i, NOT_FRAMED, f"value does not start with magic byte 0, a schema id and message "
-                               f"indexes ({type(e).__name__}: {e}); starts with {v[:16]!r}")
+            bad[i] = BadRecord(
+                i,
+                NOT_FRAMED,
+                f"value does not start with magic byte 0, a schema id and message "
+                f"indexes ({type(e).__name__}: {e}); starts with {v[:16]!r}",
+            )
             continue
         if frame.id is None:
             bad[i] = BadRecord(i, NOT_FRAMED, "value names its schema by GUID (magic byte 1); schema ids are read")
@@ -132,8 +136,7 @@ def _framed(chunk: Chunk, bad: dict[int, BadRecord]) -> dict[tuple[int, tuple[in
     return groups
 
 
-def _messages(desc: Any, items: list[tuple[int, bytes]], schema_id: int,
-              bad: dict[int, BadRecord]) -> tuple[pa.Table, np.ndarray]:
+def _messages(desc: Any, items: list[tuple[int, bytes]], schema_id: int, bad: dict[int, BadRecord]) -> tuple[pa.Table, np.ndarray]:
     """One message type's records: parsed (the corrupt ones set apart in ``bad``), converted to Arrow by protarrow,
     then to the table's types."""
     import protarrow
@@ -151,8 +154,13 @@ def _messages(desc: Any, items: list[tuple[int, bytes]], schema_id: int,
             continue
         messages.append(message)
         kept.append(i)
-    config = protarrow.ProtarrowConfig(enum_type=pa.string(), timestamp_type=pa.timestamp("us", "UTC"),
-                                       duration_type=pa.duration("us"), list_nullable=True, map_nullable=True)
+    config = protarrow.ProtarrowConfig(
+        enum_type=pa.string(),
+        timestamp_type=pa.timestamp("us", "UTC"),
+        duration_type=pa.duration("us"),
+        list_nullable=True,
+        map_nullable=True,
+    )
     if not messages:
         return pa.table({}), np.array([], dtype=np.int64)
     table = protarrow.messages_to_table(messages, cls, config)
@@ -200,8 +208,9 @@ def _value(arr: pa.Array, f: Any) -> pa.Array:
     if f.message_type is not None:
         name = f.message_type.full_name
         if name in (_TIMESTAMP, _DURATION):
-            micros = pc.add(pc.multiply(arr.field("seconds"), 1_000_000),
-                            pc.divide(arr.field("nanos").cast(pa.int64()), 1000))  # integer division: microseconds
+            micros = pc.add(
+                pc.multiply(arr.field("seconds"), 1_000_000), pc.divide(arr.field("nanos").cast(pa.int64()), 1000)
+            )  # integer division: microseconds
             micros = pc.if_else(arr.is_valid(), micros, pa.scalar(None, pa.int64()))
             return micros.cast(pa.timestamp("us", "UTC")) if name == _TIMESTAMP else micros
         if name in _WRAPPERS:

@@ -22,8 +22,11 @@ def decode_raw(chunk: Chunk, kind: str) -> tuple[pa.Table, list[BadRecord]]:
         return pa.table({"value": text}), []
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         pass
-    bad = [BadRecord(i, "InvalidUtf8", f"value is not valid UTF-8; value starts with {v[:120]!r}")
-           for i, v in enumerate(chunk.values) if v is not None and not_utf8(v)]
+    bad = [
+        BadRecord(i, "InvalidUtf8", f"value is not valid UTF-8; value starts with {v[:120]!r}")
+        for i, v in enumerate(chunk.values)
+        if v is not None and not_utf8(v)
+    ]
     return pa.table({"value": values.filter(keep_mask(len(values), [b.index for b in bad])).cast(pa.string())}), bad
 
 

@@ -38,8 +38,10 @@ def in_chunk_order(parts: list[pa.Table], positions: list[np.ndarray], labels: l
             found = type_conflicts(parts[j].schema, parts[i].schema)
             if found:
                 path, a, b = found[0]
-                raise TerminalError(f"field {path}: {names[j]} gives it type {a}, {names[i]} type {b}; a column has one "
-                                    "type (an incompatible schema change)")
+                raise TerminalError(
+                    f"field {path}: {names[j]} gives it type {a}, {names[i]} type {b}; a column has one "
+                    "type (an incompatible schema change)"
+                )
     table = pa.concat_tables([p for p, _ in full], promote_options="permissive")
     return table.take(pa.array(np.argsort(np.concatenate([at for _, at in full]), kind="stable")))
 
@@ -88,8 +90,11 @@ def refuse_conflicts(ctx: Any, rows: pa.Table, label: str) -> None:
         column = ctx.explicit.field(path.split(".")[0])
         added = (column.metadata or {}).get(SCHEMA_ID)
         since = f" (added by schema id {added.decode()})" if added else ""
-        raise TerminalError(f"field {path}: {label} gives it type {got}, {where} has {have}{since}; an incompatible "
-                            "schema change (a new column name, or a new table, takes it)", table=ctx.table)
+        raise TerminalError(
+            f"field {path}: {label} gives it type {got}, {where} has {have}{since}; an incompatible "
+            "schema change (a new column name, or a new table, takes it)",
+            table=ctx.table,
+        )
 
 
 # ---- error path: separate the records that cannot be decoded -------------------------------------

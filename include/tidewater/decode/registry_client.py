@@ -42,8 +42,7 @@ class RegistryClient:
     a schema that is not Avro makes the record a dead letter (``UnknownSchemaId``); refused credentials
     (401, 403) are terminal; an unreachable registry or a server error is transient."""
 
-    def __init__(self, url: str, auth: str | None = None, settings: dict[str, str] | None = None,
-                 timeout: float = 10.0) -> None:
+    def __init__(self, url: str, auth: str | None = None, settings: dict[str, str] | None = None, timeout: float = 10.0) -> None:
         # an optional backend (httpx, authlib, attrs): imported by the Avro formats only
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
@@ -83,8 +82,9 @@ class RegistryClient:
             raise UnknownSchemaId(f"{what}: references nest more than 32 deep")
         out = {}
         for ref in references:
-            missing = (f"{what}: its reference {ref.name!r} (subject {ref.subject!r} version {ref.version}) is not in "
-                       f"the registry {self.url}")
+            missing = (
+                f"{what}: its reference {ref.name!r} (subject {ref.subject!r} version {ref.version}) is not in the registry {self.url}"
+            )
             with self._asking(f"a reference of {what}", missing):
                 registered = self._client.get_version(ref.subject, ref.version)
             sub = _json_document(registered.schema.schema_str, f"{what}'s reference {ref.name!r}")
@@ -120,8 +120,10 @@ class RegistryClient:
             if e.http_status_code == 404:
                 raise UnknownSchemaId(missing) from None
             if e.http_status_code in (401, 403):
-                raise TerminalError(f"schema registry {self.url} refused the credentials (HTTP {e.http_status_code}); "
-                                    "check format.registry_basic_auth / format.registry_settings") from None
+                raise TerminalError(
+                    f"schema registry {self.url} refused the credentials (HTTP {e.http_status_code}); "
+                    "check format.registry_basic_auth / format.registry_settings"
+                ) from None
             raise TransientError(f"schema registry {self.url} answered HTTP {e.http_status_code} for {what}") from None
         except Exception as e:  # noqa: BLE001 - the client's transport errors (refused, timeouts, TLS): no common base
             raise TransientError(f"schema registry {self.url} unreachable: {type(e).__name__}") from None

@@ -107,9 +107,9 @@ def _schedule(ms: int) -> tuple[str, str | None]:
 
 def _jdbc_uri(uri: str) -> str:
     if uri.startswith("jdbc:sqlite:"):
-        return "sqlite:///" + uri[len("jdbc:sqlite:"):]  # an absolute path gives sqlite:////path
+        return "sqlite:///" + uri[len("jdbc:sqlite:") :]  # an absolute path gives sqlite:////path
     if uri.startswith("jdbc:postgresql:"):
-        return "postgresql+psycopg2:" + uri[len("jdbc:postgresql:"):]
+        return "postgresql+psycopg2:" + uri[len("jdbc:postgresql:") :]
     return uri
 
 
@@ -154,9 +154,11 @@ Handler = Callable[[_Draft, str, Any], None]
 
 def _set(section: str, name: str, convert: Callable[[Any], Any], target: str) -> Handler:
     """A handler that stores the converted value at draft.<section>[name] (section "" = the pipeline)."""
+
     def handle(d: _Draft, raw_key: str, value: Any) -> None:
         (d.res.pipeline if not section else getattr(d, section))[name] = convert(value)
         d.mapped(raw_key, target)
+
     return handle
 
 
@@ -197,8 +199,13 @@ def _catalog_class(d: _Draft, raw_key: str, value: Any) -> None:
         d.unmapped(raw_key, f"catalog class {value} has no pyiceberg equivalent")
 
 
-_VALUE_CONVERTERS = {"AvroConverter": "avro", "JsonSchemaConverter": "json_schema", "ProtobufConverter": "protobuf",
-                     "StringConverter": "string", "ByteArrayConverter": "bytes"}
+_VALUE_CONVERTERS = {
+    "AvroConverter": "avro",
+    "JsonSchemaConverter": "json_schema",
+    "ProtobufConverter": "protobuf",
+    "StringConverter": "string",
+    "ByteArrayConverter": "bytes",
+}
 _KEY_CONVERTERS = {"StringConverter": "string", "ByteArrayConverter": "bytes"}
 
 
@@ -209,8 +216,7 @@ def _value_converter(d: _Draft, raw_key: str, value: Any) -> None:
     else:
         kind = _VALUE_CONVERTERS.get(cls)
     if kind is None:
-        d.unmapped(raw_key, f"converter {value} is not supported (json, connect_json, avro, json_schema, protobuf, "
-                               "string, bytes)")
+        d.unmapped(raw_key, f"converter {value} is not supported (json, connect_json, avro, json_schema, protobuf, string, bytes)")
         return
     d.fmt["value"] = kind
     d.mapped(raw_key, f"format.value {kind}")
@@ -251,17 +257,16 @@ def _transform(d: _Draft, raw_key: str, value: Any) -> None:
     """The Iceberg sink's Debezium transform becomes the debezium value format with upserts by the id
     columns (its other keys come with it); other single message transforms are not run."""
     if not _has_debezium_transform(d.config):
-        d.unmapped(raw_key, "single message transforms are not run; use format.* settings (flatten, map_columns, "
-                            "timestamps) or a view")
+        d.unmapped(raw_key, "single message transforms are not run; use format.* settings (flatten, map_columns, timestamps) or a view")
         return
     d.table["upsert"] = True  # the value format (debezium, debezium_avro, debezium_protobuf) is chosen with the converter
-    d.mapped(raw_key, "format.value: debezium (debezium_avro with the Avro converter) + table.upsert (the envelope's "
-                      "op is the `_op` column)")
+    d.mapped(
+        raw_key, "format.value: debezium (debezium_avro with the Avro converter) + table.upsert (the envelope's op is the `_op` column)"
+    )
 
 
 def _has_debezium_transform(config: dict[str, Any]) -> bool:
-    return any(str(k).startswith("transforms.") and str(k).endswith(".type") and str(v) == DEBEZIUM_TRANSFORM
-               for k, v in config.items())
+    return any(str(k).startswith("transforms.") and str(k).endswith(".type") and str(v) == DEBEZIUM_TRANSFORM for k, v in config.items())
 
 
 def _cdc_field(d: _Draft, raw_key: str, value: Any) -> None:
@@ -270,6 +275,7 @@ def _cdc_field(d: _Draft, raw_key: str, value: Any) -> None:
         return
     d.table["op_field"] = str(value)
     d.mapped(raw_key, "table.op_field (values I/U/D, and Debezium's c/r/u/d: table.op_values)")
+
 
 # Keys matched exactly (after _kebab), then prefixes in order, then _IGNORED.
 _EXACT: dict[str, Handler] = {
@@ -305,15 +311,18 @@ _EXACT: dict[str, Handler] = {
 
 def _table_property(prefix: str, target: str) -> Handler:
     def handle(d: _Draft, raw_key: str, value: Any) -> None:
-        d.table.setdefault("properties", {})[raw_key[len(prefix):]] = str(value)
+        d.table.setdefault("properties", {})[raw_key[len(prefix) :]] = str(value)
         d.mapped(raw_key, target)
+
     return handle
 
 
 _PER_TABLE = re.compile(r"^iceberg\.table\.(.+)\.(route-regex|id-columns|partition-by|commit-branch)$")
 _PER_TABLE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "route-regex": ("route_regex", str), "id-columns": ("id_columns", _list),
-    "partition-by": ("partition_by", _partition_fields), "commit-branch": ("branch", str),
+    "route-regex": ("route_regex", str),
+    "id-columns": ("id_columns", _list),
+    "partition-by": ("partition_by", _partition_fields),
+    "commit-branch": ("branch", str),
 }
 
 
@@ -329,7 +338,7 @@ def _per_table(d: _Draft, raw_key: str, value: Any) -> None:
 
 
 def _catalog_property(d: _Draft, raw_key: str, value: Any) -> None:
-    prop = raw_key[len("iceberg.catalog."):]
+    prop = raw_key[len("iceberg.catalog.") :]
     if prop == "io-impl":
         d.unmapped(raw_key, "pyiceberg picks its FileIO from the warehouse scheme (py-io-impl to override)")
     elif prop == "uri" and str(value).startswith("jdbc:"):
@@ -346,7 +355,7 @@ _MANAGED = ("group.id", "enable.auto.commit", "isolation.level", "auto.offset.re
 
 
 def _kafka_property(d: _Draft, raw_key: str, value: Any) -> None:
-    prop = raw_key.split(".", 2)[2] if _kebab(raw_key).startswith("iceberg.kafka.") else raw_key[len("consumer.override."):]
+    prop = raw_key.split(".", 2)[2] if _kebab(raw_key).startswith("iceberg.kafka.") else raw_key[len("consumer.override.") :]
     if prop in _MANAGED:
         d.unmapped(raw_key, "managed by Tidewater (offsets live in the tables; new partitions start at the log start)")
     elif prop == "bootstrap.servers":
@@ -359,8 +368,10 @@ def _kafka_property(d: _Draft, raw_key: str, value: Any) -> None:
 
 _PREFIXES: tuple[tuple[str, Handler], ...] = (
     ("iceberg.tables.auto-create-props.", _table_property("iceberg.tables.auto-create-props.", "table.properties")),
-    ("iceberg.tables.write-props.", _table_property("iceberg.tables.write-props.",
-                                                    "table.properties (write properties are table properties here)")),
+    (
+        "iceberg.tables.write-props.",
+        _table_property("iceberg.tables.write-props.", "table.properties (write properties are table properties here)"),
+    ),
     ("iceberg.table.", _per_table),
     ("iceberg.catalog.", _catalog_property),
     ("iceberg.kafka.", _kafka_property),
@@ -386,8 +397,10 @@ def _assemble(d: _Draft) -> None:
     if not p.get("topics") and not p.get("topic_pattern"):
         raise ConfigError("connector configuration: no `topics` or `topics.regex`")
     p.setdefault("topics", [])
-    p["kafka"] = {"bootstrap_servers": d.bootstrap or "${KAFKA_BOOTSTRAP_SERVERS}",
-                  **({"settings": d.kafka_settings} if d.kafka_settings else {})}
+    p["kafka"] = {
+        "bootstrap_servers": d.bootstrap or "${KAFKA_BOOTSTRAP_SERVERS}",
+        **({"settings": d.kafka_settings} if d.kafka_settings else {}),
+    }
     if not d.bootstrap:
         d.res.env.append(("(bootstrap servers)", "KAFKA_BOOTSTRAP_SERVERS"))
     # Rows carry their source (topic, partition, offset): replay and backfills work on the imported pipeline.
@@ -414,8 +427,11 @@ def _assemble(d: _Draft) -> None:
             moved = [k for k, t in d.res.mapped if t.startswith(("table.op_field", "table.upsert"))]
             d.res.mapped = [(k, t) for k, t in d.res.mapped if k not in moved]
             for k in moved:
-                d.unmapped(k, "a routed change table is listed under `tables` with its one topic and id_columns: set "
-                               "tables[].upsert there by hand (or one pipeline per table)")
+                d.unmapped(
+                    k,
+                    "a routed change table is listed under `tables` with its one topic and id_columns: set "
+                    "tables[].upsert there by hand (or one pipeline per table)",
+                )
         p["table"] = d.table
         first = (d.tables[0] if d.tables else "").rsplit(".", 1)
         d.routing["namespace"] = first[0] if len(first) == 2 else "default"
@@ -439,16 +455,25 @@ def _retarget_catalog(d: _Draft, catalog: str | None, catalog_uri: str | None, w
             d.res.notes.append("catalog.properties of the connector replaced by the local default catalog (--catalog local)")
         d.catalog = {}
     if catalog_uri:
-        d.catalog = {"type": "rest" if catalog_uri.startswith(("http://", "https://")) else "sql",
-                     "uri": d.value_or_secret("--catalog-uri", "uri", catalog_uri, "catalog_uri")}
+        d.catalog = {
+            "type": "rest" if catalog_uri.startswith(("http://", "https://")) else "sql",
+            "uri": d.value_or_secret("--catalog-uri", "uri", catalog_uri, "catalog_uri"),
+        }
         d.res.notes.append("catalog.properties: type and uri from --catalog-uri (the connector's catalog settings dropped)")
     if warehouse:
         d.catalog["warehouse"] = warehouse
         d.res.notes.append("catalog.properties.warehouse from --warehouse")
 
 
-def convert(doc: dict[str, Any], name: str | None = None, bootstrap: str | None = None, *, catalog: str | None = None,
-            catalog_uri: str | None = None, warehouse: str | None = None) -> ImportResult:
+def convert(
+    doc: dict[str, Any],
+    name: str | None = None,
+    bootstrap: str | None = None,
+    *,
+    catalog: str | None = None,
+    catalog_uri: str | None = None,
+    warehouse: str | None = None,
+) -> ImportResult:
     """Map a connector configuration to a pipeline document (a dict ready for YAML). ``catalog="local"``,
     ``catalog_uri`` and ``warehouse`` replace the connector's catalog settings."""
     if not isinstance(doc, dict):

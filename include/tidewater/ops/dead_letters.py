@@ -78,8 +78,15 @@ log = logging.getLogger(__name__)
 # ---- retry ----------------------------------------------------------------------------------------------------------
 
 
-def retry(spec: PipelineSpec, *, error_class: str | None = None, batch: str | None = None, dry_run: bool = False,
-          by: str | None = None, out: Any = None) -> dict[str, Any]:
+def retry(
+    spec: PipelineSpec,
+    *,
+    error_class: str | None = None,
+    batch: str | None = None,
+    dry_run: bool = False,
+    by: str | None = None,
+    out: Any = None,
+) -> dict[str, Any]:
     """Retry the open letters (of ``error_class``, of ``batch``) with the current settings; see the module docstring.
     A retry left unfinished (killed) is finished first, whatever the filters. ``dry_run``: only say what would be
     retried. Returns what happened: the retry's batch id, and how many letters were resolved, failed again or were
@@ -93,8 +100,12 @@ def retry(spec: PipelineSpec, *, error_class: str | None = None, batch: str | No
         say("nothing to retry: no open dead letters" + _filters(error_class, batch))
         return {"status": "nothing-to-retry", "letters": 0, "finished": finished}
     by_class = tally(chosen.column("error_class"))
-    say(f"{chosen.num_rows} open dead letters to retry" + _filters(error_class, batch) + ": "
-        + ", ".join(f"{n} {c}" for c, n in by_class.items()))
+    say(
+        f"{chosen.num_rows} open dead letters to retry"
+        + _filters(error_class, batch)
+        + ": "
+        + ", ".join(f"{n} {c}" for c, n in by_class.items())
+    )
     if dry_run:
         return {"status": "dry-run", "letters": chosen.num_rows, "by_class": by_class, "finished": finished}
     rid = Mode.RETRY.new_batch_id()
@@ -159,8 +170,13 @@ def finish(spec: PipelineSpec, catalog: Catalog, rid: str, claimed: pa.Table, by
     except TidewaterError as e:
         if not e.transient and not committed_before and not _landed(catalog, spec, rid):
             why = str(e)
-            _record(catalog, spec, lambda _t: _resolution_rows(spec, claimed, LetterState.RELEASED, rid, by, reason=why),
-                    f"{rid}/done", f"retry {rid} (released)")
+            _record(
+                catalog,
+                spec,
+                lambda _t: _resolution_rows(spec, claimed, LetterState.RELEASED, rid, by, reason=why),
+                f"{rid}/done",
+                f"retry {rid} (released)",
+            )
             say(f"retry {rid} failed before it committed anything; its {claimed.num_rows} letters are open again: {e}")
         raise
     snapshots = _snapshots(catalog, spec, rid)
@@ -169,12 +185,20 @@ def finish(spec: PipelineSpec, catalog: Catalog, rid: str, claimed: pa.Table, by
     delete_files(load_table(catalog, spec.dead_letter_table()), [f.file_path for f in manifest.dead_letter_files])
     _record(catalog, spec, lambda _t: outcome, f"{rid}/done", f"retry {rid} (outcome)")
     n = tally(outcome.column("state"))
-    say(f"{status}: retry {rid} of {claimed.num_rows} dead letters: {n.get('resolved', 0)} resolved "
+    say(
+        f"{status}: retry {rid} of {claimed.num_rows} dead letters: {n.get('resolved', 0)} resolved "
         f"({_rows(manifest)} rows written, {manifest.present} already present), {n.get('failed-again', 0)} failed "
-        f"again, {n.get('refused', 0)} refused, {n.get('skipped', 0)} skipped")
-    return {"status": status, "batch_id": rid, "letters": claimed.num_rows, "rows": _rows(manifest),
-            "already_present": manifest.present, **{s.value.replace("-", "_"): n.get(s.value, 0) for s in OUTCOMES},
-            "snapshots": snapshots}
+        f"again, {n.get('refused', 0)} refused, {n.get('skipped', 0)} skipped"
+    )
+    return {
+        "status": status,
+        "batch_id": rid,
+        "letters": claimed.num_rows,
+        "rows": _rows(manifest),
+        "already_present": manifest.present,
+        **{s.value.replace("-", "_"): n.get(s.value, 0) for s in OUTCOMES},
+        "snapshots": snapshots,
+    }
 
 
 def _remove_unused(catalog: Catalog, manifest: BatchManifest, result: Any) -> None:
@@ -198,18 +222,27 @@ def _plan(spec: PipelineSpec, catalog: Catalog, rid: str, claimed: pa.Table) -> 
     for t, p, lo, hi in zip(*(parts.column(c).to_pylist() for c in ("topic", "partition", "offset_min", "offset_max"))):
         ranges.append(PartitionRange(t, int(p), int(lo), int(hi) + 1))
     holder, state = holder_state(catalog, spec)
-    return BatchPlan.new(spec, sorted(ranges), state.offsets if state is not None else None,
-                         state.snapshot_id if state is not None else None, Mode.RETRY, batch_id=rid,
-                         retry_of=tuple(sorted(set(claimed.column("letter_batch_id").to_pylist()))))
+    return BatchPlan.new(
+        spec,
+        sorted(ranges),
+        state.offsets if state is not None else None,
+        state.snapshot_id if state is not None else None,
+        Mode.RETRY,
+        batch_id=rid,
+        retry_of=tuple(sorted(set(claimed.column("letter_batch_id").to_pylist()))),
+    )
 
 
 def write_claimed(spec: PipelineSpec, plan: BatchPlan, claimed: pa.Table) -> BatchManifest:
     """The write step of a retry, in this process (letters are few; no Spark): one task per partition over the
     letters' stored records. Offsets a table already holds are left out (``TableSink.held``; the pipeline's own
     table's are counted in ``manifest.present``)."""
-    parts = [claimed.filter(pc.and_(pc.equal(claimed.column("topic"), r.topic),
-                                    pc.equal(claimed.column("partition"), r.partition))).sort_by("offset")
-             for r in plan.ranges]
+    parts = [
+        claimed.filter(pc.and_(pc.equal(claimed.column("topic"), r.topic), pc.equal(claimed.column("partition"), r.partition))).sort_by(
+            "offset"
+        )
+        for r in plan.ranges
+    ]
 
     def execute(ids: list[int]) -> list[dict[str, Any]]:
         return [write_letters(spec, plan.batch_id, i, plan.ranges[i], parts[i]) for i in ids]
@@ -233,8 +266,9 @@ def _snapshots(catalog: Catalog, spec: PipelineSpec, rid: str) -> dict[str, str]
     return out
 
 
-def _outcome(spec: PipelineSpec, catalog: Catalog, plan: BatchPlan, claimed: pa.Table, manifest: BatchManifest,
-             snapshots: dict[str, str], by: str) -> pa.Table:
+def _outcome(
+    spec: PipelineSpec, catalog: Catalog, plan: BatchPlan, claimed: pa.Table, manifest: BatchManifest, snapshots: dict[str, str], by: str
+) -> pa.Table:
     """Step 3's rows: per claimed letter, failed-again (a new letter of the retry holds its offset; its new error is
     the reason), refused (a change table's commit stamped it), skipped (the retry skipped records, and no table holds
     this one's offset), else resolved (pointing to the retry's ``snapshots``)."""
@@ -253,9 +287,9 @@ def _outcome(spec: PipelineSpec, catalog: Catalog, plan: BatchPlan, claimed: pa.
     coordinates = list(zip(*(claimed.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
     states, reasons = zip(*classify(coordinates, again, refused, no_row), strict=True) if coordinates else ((), ())
     rows = _resolution_rows(spec, claimed, LetterState.RESOLVED, plan.batch_id, by, snapshots=json.dumps(snapshots, sort_keys=True))
-    return rows.set_column(rows.schema.get_field_index("state"), "state",
-                           pa.array([st.value for st in states], pa.string())).set_column(
-        rows.schema.get_field_index("reason"), "reason", pa.array(list(reasons), pa.string()))
+    return rows.set_column(rows.schema.get_field_index("state"), "state", pa.array([st.value for st in states], pa.string())).set_column(
+        rows.schema.get_field_index("reason"), "reason", pa.array(list(reasons), pa.string())
+    )
 
 
 def _without_a_row(spec: PipelineSpec, catalog: Catalog, plan: BatchPlan, claimed: pa.Table) -> set[tuple[str, int, int]]:
@@ -277,8 +311,16 @@ def _without_a_row(spec: PipelineSpec, catalog: Catalog, plan: BatchPlan, claime
 # ---- drop -----------------------------------------------------------------------------------------------------------
 
 
-def drop(spec: PipelineSpec, *, reason: str, error_class: str | None = None, batch: str | None = None,
-         dry_run: bool = False, by: str | None = None, out: Any = None) -> dict[str, Any]:
+def drop(
+    spec: PipelineSpec,
+    *,
+    reason: str,
+    error_class: str | None = None,
+    batch: str | None = None,
+    dry_run: bool = False,
+    by: str | None = None,
+    out: Any = None,
+) -> dict[str, Any]:
     """Give up the open letters (of ``error_class``, of ``batch``): they become ``dropped`` with ``reason`` and who
     did it; their records stay in the dead-letter table (the audit counts them as dead letters given up)."""
     say = out or (lambda _s: None)
@@ -309,17 +351,26 @@ def drop(spec: PipelineSpec, *, reason: str, error_class: str | None = None, bat
 # ---- the resolution table -------------------------------------------------------------------------------------------
 
 
-def _resolution_rows(spec: PipelineSpec, chosen: pa.Table, state: LetterState, action: str, by: str,
-                     reason: str | None = None, snapshots: str | None = None) -> pa.Table:
+def _resolution_rows(
+    spec: PipelineSpec, chosen: pa.Table, state: LetterState, action: str, by: str, reason: str | None = None, snapshots: str | None = None
+) -> pa.Table:
     n = chosen.num_rows
-    return pa.table({
-        "topic": chosen.column("topic"), "partition": chosen.column("partition").cast(pa.int32()),
-        "offset": chosen.column("offset"), "letter_batch_id": chosen.column("letter_batch_id"),
-        "pipeline": pa.array([spec.name] * n, pa.string()), "state": pa.array([state.value] * n, pa.string()),
-        "action_id": pa.array([action] * n, pa.string()), "snapshots": pa.array([snapshots] * n, pa.string()),
-        "reason": pa.array([reason] * n, pa.string()), "by": pa.array([by] * n, pa.string()),
-        "at": pa.array([datetime.now(timezone.utc)] * n, pa.timestamp("us", tz="UTC")),
-    }, schema=RESOLUTION_SCHEMA)
+    return pa.table(
+        {
+            "topic": chosen.column("topic"),
+            "partition": chosen.column("partition").cast(pa.int32()),
+            "offset": chosen.column("offset"),
+            "letter_batch_id": chosen.column("letter_batch_id"),
+            "pipeline": pa.array([spec.name] * n, pa.string()),
+            "state": pa.array([state.value] * n, pa.string()),
+            "action_id": pa.array([action] * n, pa.string()),
+            "snapshots": pa.array([snapshots] * n, pa.string()),
+            "reason": pa.array([reason] * n, pa.string()),
+            "by": pa.array([by] * n, pa.string()),
+            "at": pa.array([datetime.now(timezone.utc)] * n, pa.timestamp("us", tz="UTC")),
+        },
+        schema=RESOLUTION_SCHEMA,
+    )
 
 
 def _record(catalog: Catalog, spec: PipelineSpec, rows_of: Any, marker: str, what: str) -> None:
@@ -338,7 +389,8 @@ def _record(catalog: Catalog, spec: PipelineSpec, rows_of: Any, marker: str, wha
         rows = rows_of(table)
         if rows.num_rows == 0:
             return None
-        return Change({BATCH_ID: marker, PIPELINE: spec.name, RECORDS: str(rows.num_rows)}, rows=rows,
-                      set_properties=states_after(table, spec, rows))
+        return Change(
+            {BATCH_ID: marker, PIPELINE: spec.name, RECORDS: str(rows.num_rows)}, rows=rows, set_properties=states_after(table, spec, rows)
+        )
 
     commit(catalog, resolution_table_name(spec), prepare, marker=marker, what=what)

@@ -139,8 +139,11 @@ def rewrite_data_files(spark: Any, spec: PipelineSpec, table: Table, dry_run: bo
     }
     if dry_run:
         small = [f for f in _live_files(table) if f["size"] < 0.75 * target]
-        return {"strategy": strategy, "target_file_size_bytes": target,
-                "candidate_files": len(small) if len(small) >= c.min_input_files else 0}
+        return {
+            "strategy": strategy,
+            "target_file_size_bytes": target,
+            "candidate_files": len(small) if len(small) >= c.min_input_files else 0,
+        }
     args = [f"table => {_sql_str(spec.table.identifier)}", f"strategy => {_sql_str('sort' if strategy == 'zorder' else strategy)}"]
     if strategy == "zorder":
         args.append(f"sort_order => {_sql_str('zorder(' + ','.join(c.zorder_columns) + ')')}")
@@ -180,15 +183,20 @@ def _check_rewrite_committed(spec: PipelineSpec, table: Table, known: set[int], 
             if attempt == 9:
                 raise
             time.sleep(0.5)
-    landed = sum(int(s.summary.get("deleted-data-files", 0) or 0) for s in table.metadata.snapshots
-                 if s.snapshot_id not in known and s.summary is not None and s.summary.operation.value == "replace")
+    landed = sum(
+        int(s.summary.get("deleted-data-files", 0) or 0)
+        for s in table.metadata.snapshots
+        if s.snapshot_id not in known and s.summary is not None and s.summary.operation.value == "replace"
+    )
     expected = max(surely, int(row.get("rewritten_data_files_count") or 0))
     failed = int(row.get("failed_data_files_count") or 0) + max(0, expected - landed)
     if failed:
         raise TransientError(
             f"rewrite_data_files: {failed} data file(s) were not compacted because their file groups failed to commit "
             f"(a busy or locked catalog, or a concurrent change); {landed} file(s) were compacted. Retrying compacts "
-            "the rest", table=spec.table.identifier)
+            "the rest",
+            table=spec.table.identifier,
+        )
 
 
 def _live_files(table: Table) -> list[dict[str, Any]]:
@@ -203,8 +211,11 @@ def rewrite_position_delete_files(spark: Any, spec: PipelineSpec, table: Any, dr
     deletes = TableStats.of(table).delete_files
     if dry_run or not deletes:
         return {"delete_files": deletes}
-    return _one_row(spark, f"CALL {spec.catalog.name}.system.rewrite_position_delete_files(table => "
-                           f"{_sql_str(spec.table.identifier)}, options => map('rewrite-all', 'true'))")
+    return _one_row(
+        spark,
+        f"CALL {spec.catalog.name}.system.rewrite_position_delete_files(table => "
+        f"{_sql_str(spec.table.identifier)}, options => map('rewrite-all', 'true'))",
+    )
 
 
 def rewrite_manifests(spark: Any, spec: PipelineSpec, table: Table, dry_run: bool) -> dict[str, Any]:
@@ -230,7 +241,7 @@ def expire_snapshots(spark: Any, spec: PipelineSpec, table: Table, dry_run: bool
     e = spec.maintenance.expire_snapshots
     cutoff, clamped = expiry_cutoff_ms(spec, table)
     snaps = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms)
-    kept_newest = {s.snapshot_id for s in snaps[-e.retain_last:]}
+    kept_newest = {s.snapshot_id for s in snaps[-e.retain_last :]}
     candidates = [s.snapshot_id for s in snaps if s.timestamp_ms < cutoff and s.snapshot_id not in kept_newest]
     out: dict[str, Any] = {"older_than": _ts_literal(cutoff)[10:-1], "kept_for_offsets": clamped}
     if dry_run:
@@ -306,10 +317,20 @@ def remove_orphan_files(spark: Any, spec: PipelineSpec, table: Table, dry_run: b
     another table of the catalog shares the location: its files are not this table's to judge."""
     sharing = tables_sharing_location(load_catalog(spec), table)
     if sharing:
-        log.warning("remove_orphan_files: %s shares its location %s with %s; nothing removed",
-                    ".".join(table.name()), table.location(), ", ".join(sharing))
-        return {"skipped": f"location shared with {', '.join(sharing)}", "orphan_files": 0, "orphan_bytes": 0,
-                "kept_in_flight": 0, "staging_dirs_removed": 0, "files": []}
+        log.warning(
+            "remove_orphan_files: %s shares its location %s with %s; nothing removed",
+            ".".join(table.name()),
+            table.location(),
+            ", ".join(sharing),
+        )
+        return {
+            "skipped": f"location shared with {', '.join(sharing)}",
+            "orphan_files": 0,
+            "orphan_bytes": 0,
+            "kept_in_flight": 0,
+            "staging_dirs_removed": 0,
+            "files": [],
+        }
     hours = spec.maintenance.remove_orphan_files.older_than_hours
     cutoff = int(time.time() * 1000) - int(hours * 3600 * 1000)
     sql = (
@@ -372,15 +393,20 @@ def run_action(spark: Any, spec: PipelineSpec, action: str, dry_run: bool = Fals
     finally:
         spark_session.release_catalog(spark, spec)
     table = catalog.load_table(spec.table.identifier)
-    report = ActionReport(spec.table.identifier, action, dry_run, before, TableStats.of(table), details,
-                          time.monotonic() - started)
+    report = ActionReport(spec.table.identifier, action, dry_run, before, TableStats.of(table), details, time.monotonic() - started)
     log.debug("%s", report.text())  # callers show it: the CLI prints it, the Airflow task logs it
     return report
 
 
-def maintain(spec: PipelineSpec, actions: list[str] | None = None, dry_run: bool = False, spark: Any = None,
-             master: str | None = None, table: str | None = None,
-             progress: Callable[[str], None] | None = None) -> list[ActionReport]:
+def maintain(
+    spec: PipelineSpec,
+    actions: list[str] | None = None,
+    dry_run: bool = False,
+    spark: Any = None,
+    master: str | None = None,
+    table: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[ActionReport]:
     """Run the enabled actions (or ``actions``) in order on each target table in turn (or on ``table``).
     ``progress``: told of each action as it starts and ends (``[2/8] rewrite_manifests on rpc.orders``), for long
     work on many tables (the command line prints it on stderr)."""
@@ -398,8 +424,7 @@ def maintain(spec: PipelineSpec, actions: list[str] | None = None, dry_run: bool
                 progress(f"[{i}/{len(steps)}] {action} on {view.table.identifier} ...")
             reports.append(run_action(spark, view, action, dry_run))
             if progress:
-                progress(f"[{i}/{len(steps)}] {action} on {view.table.identifier}: done in "
-                         f"{time.monotonic() - started:.1f} s")
+                progress(f"[{i}/{len(steps)}] {action} on {view.table.identifier}: done in {time.monotonic() - started:.1f} s")
         return reports
     finally:
         if own:

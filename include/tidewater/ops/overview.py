@@ -55,17 +55,25 @@ def recent_batches(spec: PipelineSpec, table: Table, limit: int) -> list[dict[st
             continue
         verdict = json.loads(props[VALIDATION]) if props.get(VALIDATION) else None
         vt = int(props[VALID_THROUGH_MS]) if props.get(VALID_THROUGH_MS) else None
-        out.append({
-            "batch_id": batch, "snapshot_id": str(s.snapshot_id), "committed_at": _iso(s.timestamp_ms),
-            "records": int(props.get(RECORDS, 0)), "rows": int(s.summary.get("added-records", 0) or 0),
-            "files": int(s.summary.get("added-data-files", 0) or 0), "dead_letters": int(props.get(DEAD_LETTERS, 0)),
-            "skipped": int(props.get(SKIPPED, 0)),
-            "validation": None if verdict is None else {"success": verdict.get("success"), "failed": verdict.get("failed"),
-                                                        "checks": verdict.get("checks")},
-            "data_docs": f"{spec.name}/{batch}.html" if has_page(spec, batch) else None,
-            "valid_through": _iso(vt), "latency_s": round((s.timestamp_ms - vt) / 1000, 1) if vt is not None else None,
-            "changes": changes,
-        })
+        out.append(
+            {
+                "batch_id": batch,
+                "snapshot_id": str(s.snapshot_id),
+                "committed_at": _iso(s.timestamp_ms),
+                "records": int(props.get(RECORDS, 0)),
+                "rows": int(s.summary.get("added-records", 0) or 0),
+                "files": int(s.summary.get("added-data-files", 0) or 0),
+                "dead_letters": int(props.get(DEAD_LETTERS, 0)),
+                "skipped": int(props.get(SKIPPED, 0)),
+                "validation": None
+                if verdict is None
+                else {"success": verdict.get("success"), "failed": verdict.get("failed"), "checks": verdict.get("checks")},
+                "data_docs": f"{spec.name}/{batch}.html" if has_page(spec, batch) else None,
+                "valid_through": _iso(vt),
+                "latency_s": round((s.timestamp_ms - vt) / 1000, 1) if vt is not None else None,
+                "changes": changes,
+            }
+        )
         if len(out) >= limit:
             break
     return out
@@ -76,8 +84,7 @@ def dead_letter_classes(spec: PipelineSpec, catalog: Catalog) -> list[dict[str, 
     dlq = load_table(catalog, spec.dead_letter_table())
     if dlq is None or dlq.current_snapshot() is None:
         return []
-    rows = dlq.scan(selected_fields=("error_class", "topic", "partition", "offset", "error_message"),
-                    limit=DEAD_LETTER_SCAN).to_arrow()
+    rows = dlq.scan(selected_fields=("error_class", "topic", "partition", "offset", "error_message"), limit=DEAD_LETTER_SCAN).to_arrow()
     by: dict[str, dict[str, Any]] = {}
     for r in rows.to_pylist():  # bounded by DEAD_LETTER_SCAN: the error path, not the hot path
         c = by.setdefault(r["error_class"] or "?", {"error_class": r["error_class"] or "?", "count": 0, "examples": []})
@@ -114,7 +121,11 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
     vt = st["valid_through"]
     freshness = (datetime.now(timezone.utc) - datetime.fromisoformat(vt)).total_seconds() if vt else None
     out: dict[str, Any] = {
-        "pipeline": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "routed": own is None, "status": st,
+        "pipeline": spec.name,
+        "dag_id": spec.dag_id,
+        "table": spec.checkpoint_table(),
+        "routed": own is None,
+        "status": st,
         "freshness_s": round(freshness, 1) if freshness is not None else None,
         "batches": recent_batches(spec, table, batches) if table is not None else [],
         "dead_letters": dead_letter_classes(spec, catalog),
@@ -137,14 +148,19 @@ def lag_history(spec: PipelineSpec, limit: int = 100) -> list[dict[str, Any]]:
     between the committed offsets and the log end when it was planned (its ranges' span, summed over partitions: the
     planner reads up to the log end, unless ``batch.max_records`` capped the batch, marked ``capped``)."""
     entries = ledger.read(load_catalog(spec), spec)  # one row per batch and range
-    mine = entries.filter(pc.and_(pc.and_(pc.equal(entries.column("table"), spec.targets.holder),
-                                          pc.is_in(entries.column("kind"), pa.array(MOVING))),
-                                  pc.is_valid(entries.column("start_offset"))))
+    mine = entries.filter(
+        pc.and_(
+            pc.and_(pc.equal(entries.column("table"), spec.targets.holder), pc.is_in(entries.column("kind"), pa.array(MOVING))),
+            pc.is_valid(entries.column("start_offset")),
+        )
+    )
     spans = mine.append_column("span", pc.subtract(mine.column("end_offset"), mine.column("start_offset")))
     per = spans.group_by("batch_id").aggregate([("span", "sum"), ("committed_at", "max")]).sort_by("committed_at_max")
     per = per.slice(max(0, per.num_rows - limit))
-    return [{"at": at.isoformat(timespec="seconds"), "batch_id": batch, "lag": lag, "capped": lag >= spec.batch.max_records}
-            for batch, lag, at in zip(*(per.column(c).to_pylist() for c in ("batch_id", "span_sum", "committed_at_max")))]
+    return [
+        {"at": at.isoformat(timespec="seconds"), "batch_id": batch, "lag": lag, "capped": lag >= spec.batch.max_records}
+        for batch, lag, at in zip(*(per.column(c).to_pylist() for c in ("batch_id", "span_sum", "committed_at_max")))
+    ]
 
 
 def run_detail(spec: PipelineSpec, run_id: str) -> dict[str, Any]:
@@ -162,21 +178,37 @@ def run_detail(spec: PipelineSpec, run_id: str) -> dict[str, Any]:
     batch_id = main[0]["batch_id"]
     tables: dict[str, dict[str, Any]] = {}
     for e in mine:
-        tables.setdefault(e["table"], {"table": e["table"], "rows": e["rows"] or 0, "snapshot_id": str(e["snapshot_id"]),
-                                       "kind": e["kind"]})
+        tables.setdefault(
+            e["table"], {"table": e["table"], "rows": e["rows"] or 0, "snapshot_id": str(e["snapshot_id"]), "kind": e["kind"]}
+        )
     table = load_table(catalog, holder)
     snap = table.snapshot_by_id(main[0]["snapshot_id"]) if table is not None else None
     props = summary_dict(snap) if snap is not None else {}
     verdict = json.loads(props[VALIDATION]) if props.get(VALIDATION) else None
     return {
-        "pipeline": spec.name, "run_id": run_id, "found": True, "batch_id": batch_id, "kind": main[0]["kind"],
+        "pipeline": spec.name,
+        "run_id": run_id,
+        "found": True,
+        "batch_id": batch_id,
+        "kind": main[0]["kind"],
         "snapshot_id": str(main[0]["snapshot_id"]),
-        "ranges": [{"table": e["table"], "topic": e["topic"], "partition": e["partition"], "start_offset": e["start_offset"],
-                    "end_offset": e["end_offset"], "offsets": e["end_offset"] - e["start_offset"]}
-                   for e in main if e["start_offset"] is not None],  # the batch's (each table's summary repeats them)
+        "ranges": [
+            {
+                "table": e["table"],
+                "topic": e["topic"],
+                "partition": e["partition"],
+                "start_offset": e["start_offset"],
+                "end_offset": e["end_offset"],
+                "offsets": e["end_offset"] - e["start_offset"],
+            }
+            for e in main
+            if e["start_offset"] is not None
+        ],  # the batch's (each table's summary repeats them)
         "tables": sorted(tables.values(), key=lambda t: t["table"]),
-        "records": main[0]["records"], "rows": sum(t["rows"] for t in tables.values() if spec.targets.takes_rows(t["table"])),
-        "dead_letters": main[0]["dead_letters"], "skipped": main[0]["skipped"],
+        "records": main[0]["records"],
+        "rows": sum(t["rows"] for t in tables.values() if spec.targets.takes_rows(t["table"])),
+        "dead_letters": main[0]["dead_letters"],
+        "skipped": main[0]["skipped"],
         "validation": None if verdict is None else {k: verdict.get(k) for k in ("success", "failed", "checks")},
         "data_docs": f"{spec.name}/{batch_id}.html" if has_page(spec, batch_id) else None,
         "offsets": json.loads(props[OFFSETS]) if props.get(OFFSETS) else None,

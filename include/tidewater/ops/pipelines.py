@@ -61,15 +61,23 @@ def _ends_by_pipeline(settings: dict[str, str], specs: list[PipelineSpec]) -> di
     found = {spec.name: pipeline_topics(spec, cluster) for spec in specs}
     wanted = sorted({(t, p) for topics, _ in found.values() for t in topics for p in cluster[t]})
     ends = watermarks(settings, wanted)
-    return {name: ({(t, p): ends[(t, p)] for t in topics for p in cluster[t]}, missing)
-            for name, (topics, missing) in found.items()}
+    return {name: ({(t, p): ends[(t, p)] for t in topics for p in cluster[t]}, missing) for name, (topics, missing) in found.items()}
 
 
 def _line(spec: PipelineSpec, ends: tuple[Ends, list[str]] | None, failure: TidewaterError | None) -> dict[str, Any]:
     """The pipeline's line: its partitions' lag against the offsets its holder committed, and what its tables keep."""
-    line: dict[str, Any] = {"name": spec.name, "lag": None, "partitions": None, "freshness_s": None, "audit": None,
-                            "quarantined": None, "open_dead_letters": None, "problems": [], "error": None,
-                            "transient": None}
+    line: dict[str, Any] = {
+        "name": spec.name,
+        "lag": None,
+        "partitions": None,
+        "freshness_s": None,
+        "audit": None,
+        "quarantined": None,
+        "open_dead_letters": None,
+        "problems": [],
+        "error": None,
+        "transient": None,
+    }
     if failure is not None or ends is None:
         return {**line, "error": str(failure), "transient": getattr(failure, "transient", None)}
     try:
@@ -79,12 +87,14 @@ def _line(spec: PipelineSpec, ends: tuple[Ends, list[str]] | None, failure: Tide
         parts = [PartitionStatus(t, p, committed.get(t, {}).get(p), lo, hi) for (t, p), (lo, hi) in sorted(ends[0].items())]
         vt = state.valid_through_ms if state is not None else None
         line.update(
-            lag=sum(p.lag for p in parts), partitions=len(parts),
+            lag=sum(p.lag for p in parts),
+            partitions=len(parts),
             freshness_s=round(datetime.now(timezone.utc).timestamp() - vt / 1000, 1) if vt is not None else None,
-            audit=ledger.last_verdict(catalog, spec), quarantined=len(quarantine.list_all(spec)),
+            audit=ledger.last_verdict(catalog, spec),
+            quarantined=len(quarantine.list_all(spec)),
             open_dead_letters=letter_counts(spec, catalog)["open"],
-            problems=[f"topics: topic {t!r} is not available on the broker" for t in ends[1]]
-            + [p.problem for p in parts if p.problem])
+            problems=[f"topics: topic {t!r} is not available on the broker" for t in ends[1]] + [p.problem for p in parts if p.problem],
+        )
     except TidewaterError as e:
         line.update(error=str(e), transient=e.transient)
     except Exception as e:

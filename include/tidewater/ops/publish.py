@@ -57,9 +57,11 @@ def publish_branch(spec: PipelineSpec, table_ident: str | None = None) -> dict[s
     main = table.metadata.current_snapshot_id
     lineage = _ancestors(table, head.snapshot_id)
     if main is not None and main not in lineage and not _only_branch_base(table, main):
-        raise TerminalError(f"main of {ident} moved since branch {branch!r} left it (main's head {main} is not an "
-                            "ancestor of the branch's head): a fast-forward would drop main's commits; merge by hand",
-                            table=ident)
+        raise TerminalError(
+            f"main of {ident} moved since branch {branch!r} left it (main's head {main} is not an "
+            "ancestor of the branch's head): a fast-forward would drop main's commits; merge by hand",
+            table=ident,
+        )
     gained = lineage.index(main) if main in lineage else len(lineage)
     if gained:
         try:

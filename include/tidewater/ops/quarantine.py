@@ -50,9 +50,15 @@ def list_quarantined(spec: PipelineSpec, table: Table) -> list[dict[str, Any]]:
             continue
         snap = table.metadata.snapshot_by_id(ref.snapshot_id)
         props = summary_dict(snap)
-        out.append({"batch_id": name[len(QUARANTINE_BRANCH):], "branch": name, "rows": int(props.get("added-records", 0)),
-                    "files": int(props.get("added-data-files", 0)),
-                    "validation": json.loads(props[VALIDATION]) if VALIDATION in props else None})
+        out.append(
+            {
+                "batch_id": name[len(QUARANTINE_BRANCH) :],
+                "branch": name,
+                "rows": int(props.get("added-records", 0)),
+                "files": int(props.get("added-data-files", 0)),
+                "validation": json.loads(props[VALIDATION]) if VALIDATION in props else None,
+            }
+        )
     return out
 
 
@@ -70,11 +76,12 @@ def publish(spec: PipelineSpec, batch_id: str, by: str | None = None) -> dict[st
     name = quarantine_branch(batch_id)
     done = next((s for s in table.metadata.snapshots if summary_dict(s).get(PUBLISHED) == batch_id), None)
     if done is None and table.snapshot_by_name(name) is None:
-        raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier} "
-                          f"(waiting: {', '.join(q['batch_id'] for q in list_quarantined(spec, table)) or 'none'})")
+        raise ConfigError(
+            f"--batch: no quarantined batch {batch_id} in {spec.table.identifier} "
+            f"(waiting: {', '.join(q['batch_id'] for q in list_quarantined(spec, table)) or 'none'})"
+        )
     publishing = publish_changes if spec.applies_changes else publish_files
-    status, rows, _files = publishing(load_catalog(spec), spec.table.identifier, spec.name, batch_id,
-                                      {DECIDED_BY: by} if by else None)
+    status, rows, _files = publishing(load_catalog(spec), spec.table.identifier, spec.name, batch_id, {DECIDED_BY: by} if by else None)
     table = _table(spec)
     if status != "committed":
         done = next((s for s in table.metadata.snapshots if summary_dict(s).get(PUBLISHED) == batch_id), None)
@@ -98,12 +105,21 @@ def drop(spec: PipelineSpec, batch_id: str, reason: str = "", by: str | None = N
         raise ConfigError(f"--batch: no quarantined batch {batch_id} in {spec.table.identifier}")
     rows = next((q["rows"] for q in list_quarantined(spec, table) if q["batch_id"] == batch_id), 0)
     ranges = json.loads(summary_dict(head).get(RANGES, "[]"))
-    decision = {"batch": batch_id, "rows": rows, "ranges": ranges,
-                **({"reason": reason.strip()} if reason.strip() else {}), **({"by": by} if by else {})}
-    record = {BATCH_ID: DROP_PREFIX + batch_id, PIPELINE: spec.name,
-              DROPPED: json.dumps(decision, separators=(",", ":"))}
-    commit(load_catalog(spec), spec.table.identifier, lambda _t: Change(record, (), branch=spec.table.branch),
-           marker=record[BATCH_ID], what=f"drop of quarantined batch {batch_id}")
+    decision = {
+        "batch": batch_id,
+        "rows": rows,
+        "ranges": ranges,
+        **({"reason": reason.strip()} if reason.strip() else {}),
+        **({"by": by} if by else {}),
+    }
+    record = {BATCH_ID: DROP_PREFIX + batch_id, PIPELINE: spec.name, DROPPED: json.dumps(decision, separators=(",", ":"))}
+    commit(
+        load_catalog(spec),
+        spec.table.identifier,
+        lambda _t: Change(record, (), branch=spec.table.branch),
+        marker=record[BATCH_ID],
+        what=f"drop of quarantined batch {batch_id}",
+    )
     table = _table(spec)
     if table.snapshot_by_name(name) is not None:
         table.manage_snapshots().remove_branch(name).commit()
@@ -116,8 +132,10 @@ def view_for(spec: PipelineSpec, table: str | None) -> PipelineSpec:
     named = spec.targets.named(table, spec.name)  # a plain pipeline's one table, named or not
     known = target_tables(load_catalog(spec), spec)
     if named not in known:
-        raise ConfigError(f"--table: {'required for a routed pipeline' if not named else repr(named) + ' is not a target table'}"
-                          f" (the target tables of {spec.name}: {', '.join(known) or 'none yet'})")
+        raise ConfigError(
+            f"--table: {'required for a routed pipeline' if not named else repr(named) + ' is not a target table'}"
+            f" (the target tables of {spec.name}: {', '.join(known) or 'none yet'})"
+        )
     return target_spec(spec, named)
 
 
@@ -133,14 +151,23 @@ def list_all(spec: PipelineSpec, table: str | None = None) -> list[dict[str, Any
     return out
 
 
-def decision_body(spec: PipelineSpec, batch_id: str, tables: tuple[str, ...], report: dict[str, Any] | None,
-                  ranges: list[tuple[str, int, int, int]], docs_url: str | None) -> str:
+def decision_body(
+    spec: PipelineSpec,
+    batch_id: str,
+    tables: tuple[str, ...],
+    report: dict[str, Any] | None,
+    ranges: list[tuple[str, int, int, int]],
+    docs_url: str | None,
+) -> str:
     """What a person needs to decide on a quarantined batch, as Markdown (the body of the decision in Airflow's
     Required actions): the tables and their rows, the failed expectations with what was observed, the batch's
     ranges, and its Data Docs page."""
-    lines = [f"Batch `{batch_id}` of pipeline `{spec.name}` failed its expectations and waits on branch "
-             f"`{quarantine_branch(batch_id)}` of {', '.join(f'`{t}`' for t in tables)}. Main is unchanged and the "
-             "offsets moved on. **Publish** appends its rows to main; **Drop** gives them up (give a reason).", ""]
+    lines = [
+        f"Batch `{batch_id}` of pipeline `{spec.name}` failed its expectations and waits on branch "
+        f"`{quarantine_branch(batch_id)}` of {', '.join(f'`{t}`' for t in tables)}. Main is unchanged and the "
+        "offsets moved on. **Publish** appends its rows to main; **Drop** gives them up (give a reason).",
+        "",
+    ]
     if report is not None:
         from tidewater.quality.gate import ValidationReport
 

@@ -68,9 +68,14 @@ class Proposal:
         return bool(self.ledger) and self.rows is not None and not self.disagreements
 
     def to_json(self) -> dict[str, Any]:
-        return {"table": self.table, "ledger": offsets_to_json(self.ledger),
-                "rows": offsets_to_json(self.rows) if self.rows is not None else None, "agree": self.agree,
-                "disagreements": self.disagreements, "offsets": offsets_to_json(self.offsets)}
+        return {
+            "table": self.table,
+            "ledger": offsets_to_json(self.ledger),
+            "rows": offsets_to_json(self.rows) if self.rows is not None else None,
+            "agree": self.agree,
+            "disagreements": self.disagreements,
+            "offsets": offsets_to_json(self.offsets),
+        }
 
 
 def branch_of(spec: PipelineSpec, ident: str) -> str | None:
@@ -148,8 +153,10 @@ def compare(p: Proposal) -> None:
             start = p.last_starts.get(topic, {}).get(part, 0)
             reached = p.rows.get(topic, {}).get(part)
             if upto > start and (reached is None or reached <= start):
-                p.disagreements.append(f"{topic}[{part}]: the ledger's last range [{start}, {upto}) has no rows in the "
-                                       "table (rolled back or deleted, or all dead letters or skipped)")
+                p.disagreements.append(
+                    f"{topic}[{part}]: the ledger's last range [{start}, {upto}) has no rows in the "
+                    "table (rolled back or deleted, or all dead letters or skipped)"
+                )
 
 
 def propose(spec: PipelineSpec) -> list[Proposal]:
@@ -164,12 +171,13 @@ def propose(spec: PipelineSpec) -> list[Proposal]:
     for ident in stuck:
         ends, starts = from_ledger(entries, ident)
         holder_of_others = spec.targets.holds(ident) and not spec.targets.fused
-        sources = [load_table(catalog, t) for t in target_tables(catalog, spec)] if holder_of_others \
-            else [load_table(catalog, ident)]
+        sources = [load_table(catalog, t) for t in target_tables(catalog, spec)] if holder_of_others else [load_table(catalog, ident)]
         p = Proposal(ident, ends, from_rows(spec, sources), starts)
         if not p.ledger and p.rows is None:
-            raise ConfigError(f"{ident}: its offsets cannot be proven: the ledger {spec.ledger_table()} records no batch "
-                              "of it and its rows carry no source offsets (format.metadata: none); nothing was changed")
+            raise ConfigError(
+                f"{ident}: its offsets cannot be proven: the ledger {spec.ledger_table()} records no batch "
+                "of it and its rows carry no source offsets (format.metadata: none); nothing was changed"
+            )
         compare(p)
         out.append(p)
     return out
@@ -186,9 +194,11 @@ def recover(spec: PipelineSpec, by: str, dry_run: bool = False, confirmed: bool 
     if dry_run or not (agree or confirmed):
         doc["status"] = "dry-run" if dry_run else "refused"
         if not dry_run:
-            log.warning("recover-offsets: the evidence does not agree (%s); nothing committed: check it, then run "
-                        "again with --yes to commit the proposal", "; ".join(d for p in proposals for d in p.disagreements)
-                        or "a single source")
+            log.warning(
+                "recover-offsets: the evidence does not agree (%s); nothing committed: check it, then run "
+                "again with --yes to commit the proposal",
+                "; ".join(d for p in proposals for d in p.disagreements) or "a single source",
+            )
         return doc
     catalog = load_catalog(spec)
     batch_id = "recover-" + new_batch_id()
@@ -201,11 +211,31 @@ def recover(spec: PipelineSpec, by: str, dry_run: bool = False, confirmed: bool 
 def commit_recovered(catalog: Catalog, spec: PipelineSpec, p: Proposal, batch_id: str, by: str, agree: bool) -> None:
     """One table's recovered offsets as an empty snapshot, tagged (once, by batch id)."""
     branch = branch_of(spec, p.table)
-    evidence = {"by": by, "agree": agree, "ledger": offsets_to_json(p.ledger),
-                "rows": offsets_to_json(p.rows) if p.rows is not None else None, "disagreements": p.disagreements[:20]}
-    props = {OFFSETS: json.dumps(offsets_to_json(p.offsets), separators=(",", ":")), BATCH_ID: batch_id,
-             PIPELINE: spec.name, RECOVERED: json.dumps(evidence, separators=(",", ":"), sort_keys=True)}
-    commit(catalog, p.table, lambda _table: Change(props, (), branch=branch, tag=OFFSETS_TAG), marker=batch_id,
-           what=f"recover-offsets {batch_id}")
-    log.info("recover-offsets %s: %s now holds offsets %s (%s, by %s)", batch_id, p.table, offsets_to_json(p.offsets),
-             "ledger and rows agree" if agree else "confirmed by the operator", by)
+    evidence = {
+        "by": by,
+        "agree": agree,
+        "ledger": offsets_to_json(p.ledger),
+        "rows": offsets_to_json(p.rows) if p.rows is not None else None,
+        "disagreements": p.disagreements[:20],
+    }
+    props = {
+        OFFSETS: json.dumps(offsets_to_json(p.offsets), separators=(",", ":")),
+        BATCH_ID: batch_id,
+        PIPELINE: spec.name,
+        RECOVERED: json.dumps(evidence, separators=(",", ":"), sort_keys=True),
+    }
+    commit(
+        catalog,
+        p.table,
+        lambda _table: Change(props, (), branch=branch, tag=OFFSETS_TAG),
+        marker=batch_id,
+        what=f"recover-offsets {batch_id}",
+    )
+    log.info(
+        "recover-offsets %s: %s now holds offsets %s (%s, by %s)",
+        batch_id,
+        p.table,
+        offsets_to_json(p.offsets),
+        "ledger and rows agree" if agree else "confirmed by the operator",
+        by,
+    )

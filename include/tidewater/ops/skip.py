@@ -80,16 +80,21 @@ def check_request(spec: PipelineSpec, req: SkipRequest, committed: int | None, l
         raise ConfigError("reason: required (it is recorded with the dead letters and in the table's history)")
     expected = committed if committed is not None else low
     if req.start_offset < expected:
-        raise ConfigError(f"start_offset: {req.start_offset} is before the next offset to ingest of "
-                          f"{req.topic}[{req.partition}], {expected}: records before it are committed already")
+        raise ConfigError(
+            f"start_offset: {req.start_offset} is before the next offset to ingest of "
+            f"{req.topic}[{req.partition}], {expected}: records before it are committed already"
+        )
     if not req.start_offset < req.end_offset <= high:
-        raise ConfigError(f"end_offset: {req.end_offset} must be after start_offset {req.start_offset} and at most the "
-                          f"end offset {high} of {req.topic}[{req.partition}]")
+        raise ConfigError(
+            f"end_offset: {req.end_offset} must be after start_offset {req.start_offset} and at most the "
+            f"end offset {high} of {req.topic}[{req.partition}]"
+        )
     return expected
 
 
-def _dead_letter_files(spec: PipelineSpec, settings: dict[str, str], plan: BatchPlan, req: SkipRequest,
-                       low: int) -> tuple[list[StagedFile], PartitionStats]:
+def _dead_letter_files(
+    spec: PipelineSpec, settings: dict[str, str], plan: BatchPlan, req: SkipRequest, low: int
+) -> tuple[list[StagedFile], PartitionStats]:
     """The range's records as dead-letter rows (OperatorSkip, with the reason), written as staged files. Offsets
     below the log start ``low`` were deleted by retention: they are not read."""
     table = ensure_dead_letter_table(load_catalog(spec), spec)
@@ -98,16 +103,33 @@ def _dead_letter_files(spec: PipelineSpec, settings: dict[str, str], plan: Batch
     count, first, last = 0, None, None
     rng = plan.ranges[0]
     readable = PartitionRange(rng.topic, rng.partition, max(rng.start, low), rng.end)
-    for chunk in read_range(settings, readable, chunk_records=spec.batch.chunk_records,
-                            read_timeout=spec.kafka.read_timeout_seconds, client_id=f"{spec.name}-skip", keys=True,
-                            headers=True):
+    for chunk in read_range(
+        settings,
+        readable,
+        chunk_records=spec.batch.chunk_records,
+        read_timeout=spec.kafka.read_timeout_seconds,
+        client_id=f"{spec.name}-skip",
+        keys=True,
+        headers=True,
+    ):
         bad = [BadRecord(i, ERROR_CLASS, message) for i in range(len(chunk))]
         writer.write(to_table_schema(table, dead_letter_rows(chunk, bad, plan.batch_id, spec.name)))
         count += len(chunk)
         first = chunk.offsets[0] if first is None else first
         last = chunk.offsets[-1]
-    stats = PartitionStats(rng.topic, rng.partition, rng.start, rng.end, count, first, last, None, None, dead_letters=count,
-                           routed=None if spec.targets.fused else 0)
+    stats = PartitionStats(
+        rng.topic,
+        rng.partition,
+        rng.start,
+        rng.end,
+        count,
+        first,
+        last,
+        None,
+        None,
+        dead_letters=count,
+        routed=None if spec.targets.fused else 0,
+    )
     return [StagedFile.from_json(f) for f in writer.close()], stats
 
 
@@ -119,20 +141,38 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     settings = kafka_settings(spec)
     low, high = watermarks(settings, [(req.topic, req.partition)])[(req.topic, req.partition)]
     nxt = check_request(spec, req, offsets.get(req.topic, {}).get(req.partition), low, high)
-    preview: dict[str, Any] = {"topic": req.topic, "partition": req.partition, "start": req.start_offset,
-                               "end": req.end_offset, "reason": req.reason, "by": req.by}
+    preview: dict[str, Any] = {
+        "topic": req.topic,
+        "partition": req.partition,
+        "start": req.start_offset,
+        "end": req.end_offset,
+        "reason": req.reason,
+        "by": req.by,
+    }
     deleted = max(0, min(req.end_offset, low) - req.start_offset)  # offsets retention removed before ingestion
     if deleted:
         preview["deleted_unread"] = deleted
     if req.dry_run:
-        log.info("skip (dry run): would ingest %s[%d] [%d, %d) first, then dead-letter [%d, %d) and move the offset "
-                 "to %d", req.topic, req.partition, nxt, req.start_offset, req.start_offset, req.end_offset,
-                 req.end_offset)
+        log.info(
+            "skip (dry run): would ingest %s[%d] [%d, %d) first, then dead-letter [%d, %d) and move the offset to %d",
+            req.topic,
+            req.partition,
+            nxt,
+            req.start_offset,
+            req.start_offset,
+            req.end_offset,
+            req.end_offset,
+        )
         return {"status": "dry-run", "ingested_first": req.start_offset - nxt, **preview}
     ingested = 0
     if req.start_offset > nxt:
-        ingested = _ingest_before(spec, settings, PartitionRange(req.topic, req.partition, nxt, req.start_offset), offsets,
-                                  state.snapshot_id if state is not None else None)
+        ingested = _ingest_before(
+            spec,
+            settings,
+            PartitionRange(req.topic, req.partition, nxt, req.start_offset),
+            offsets,
+            state.snapshot_id if state is not None else None,
+        )
         table, state = holder_state(catalog, spec)
         offsets = state.offsets if state is not None else {}
     rng = PartitionRange(req.topic, req.partition, req.start_offset, req.end_offset)
@@ -143,23 +183,47 @@ def skip(spec: PipelineSpec, req: SkipRequest) -> dict[str, Any]:
     count = stats.records
     # no rows for any table: a plain pipeline's one table gets an empty output (its offsets move past the range)
     own = (fused_output(plan, (), 0, 0, (), spec.table.branch),) if spec.targets.fused else ()
-    manifest = BatchManifest(batch_id=plan.batch_id, table=plan.table, data_files=(), partitions=(stats,),
-                             schema_id=table.schema().schema_id if table is not None else -1, written_at=utc_now_iso(),
-                             dead_letter_table=spec.dead_letter_table(), dead_letter_files=tuple(files), outputs=own)
+    manifest = BatchManifest(
+        batch_id=plan.batch_id,
+        table=plan.table,
+        data_files=(),
+        partitions=(stats,),
+        schema_id=table.schema().schema_id if table is not None else -1,
+        written_at=utc_now_iso(),
+        dead_letter_table=spec.dead_letter_table(),
+        dead_letter_files=tuple(files),
+        outputs=own,
+    )
     write_json_atomic(directory / MANIFEST_NAME, manifest.to_json())
     extra = {OPERATOR_SKIP: json.dumps(preview, separators=(",", ":"))}
     # the holder moves on (a routed pipeline's target tables get no commit: no rows)
-    result = commit_batch(catalog, plan, manifest, spec=spec, dead_letter_sink=dead_letter_sink(spec, plan.batch_id),
-                          extra_properties=extra)
-    log.info("skip %s: %d records of %s[%d] [%d, %d) dead-lettered by %s (%s), %d deleted by retention unread; "
-             "offset now %d", plan.batch_id, count, req.topic, req.partition, req.start_offset, req.end_offset, req.by,
-             req.reason, deleted, req.end_offset)
-    return {"status": result.status, "batch_id": plan.batch_id, "dead_letters": count, "ingested_first": ingested,
-            "deleted_unread": deleted, **preview}
+    result = commit_batch(
+        catalog, plan, manifest, spec=spec, dead_letter_sink=dead_letter_sink(spec, plan.batch_id), extra_properties=extra
+    )
+    log.info(
+        "skip %s: %d records of %s[%d] [%d, %d) dead-lettered by %s (%s), %d deleted by retention unread; offset now %d",
+        plan.batch_id,
+        count,
+        req.topic,
+        req.partition,
+        req.start_offset,
+        req.end_offset,
+        req.by,
+        req.reason,
+        deleted,
+        req.end_offset,
+    )
+    return {
+        "status": result.status,
+        "batch_id": plan.batch_id,
+        "dead_letters": count,
+        "ingested_first": ingested,
+        "deleted_unread": deleted,
+        **preview,
+    }
 
 
-def _ingest_before(spec: PipelineSpec, settings: dict[str, str], rng: PartitionRange, offsets: Any,
-                   snapshot_id: int | None) -> int:
+def _ingest_before(spec: PipelineSpec, settings: dict[str, str], rng: PartitionRange, offsets: Any, snapshot_id: int | None) -> int:
     """Ingest the records before the skipped range as a batch of their own (same task code as Spark runs,
     validated and committed like any batch). Returns the records read."""
     plan = BatchPlan.new(spec, (rng,), offsets, snapshot_id)
@@ -169,6 +233,13 @@ def _ingest_before(spec: PipelineSpec, settings: dict[str, str], rng: PartitionR
     write_json_atomic(directory / MANIFEST_NAME, manifest.to_json())
     validate_step(spec, plan, manifest)
     commit_step(spec, plan, manifest)
-    log.info("skip: ingested %s[%d] [%d, %d) first (%d records) as batch %s", rng.topic, rng.partition, rng.start,
-             rng.end, manifest.records, plan.batch_id)
+    log.info(
+        "skip: ingested %s[%d] [%d, %d) first (%d records) as batch %s",
+        rng.topic,
+        rng.partition,
+        rng.start,
+        rng.end,
+        manifest.records,
+        plan.batch_id,
+    )
     return manifest.records

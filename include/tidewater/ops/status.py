@@ -52,20 +52,26 @@ class PartitionStatus:
         """Why this partition's batches stop short of its high watermark (None: they do not)."""
         if not self.held:
             return None
-        return (f"{self.topic}[{self.partition}]: {self.held} offsets after the last stable offset {self.end} wait for "
-                "an open transaction: batches stop there until it commits or aborts (a producer that died inside it "
-                "holds it until its transaction.timeout.ms, then the broker aborts it)")
+        return (
+            f"{self.topic}[{self.partition}]: {self.held} offsets after the last stable offset {self.end} wait for "
+            "an open transaction: batches stop there until it commits or aborts (a producer that died inside it "
+            "holds it until its transaction.timeout.ms, then the broker aborts it)"
+        )
 
     @property
     def problem(self) -> str | None:
         """Why the next plan of this partition will fail, as the planner would say it (None: healthy)."""
         c = self.committed
         if c is not None and c > self.end:
-            return (f"{self.topic}[{self.partition}]: committed offset {c} is beyond the end offset {self.end}: the "
-                    "topic was recreated or truncated since it was ingested; batches fail until an operator acts")
+            return (
+                f"{self.topic}[{self.partition}]: committed offset {c} is beyond the end offset {self.end}: the "
+                "topic was recreated or truncated since it was ingested; batches fail until an operator acts"
+            )
         if c is not None and c < self.log_start:
-            return (f"{self.topic}[{self.partition}]: committed offset {c} is below the log start offset {self.log_start}: "
-                    f"{self.log_start - c} records were deleted by retention before they were ingested")
+            return (
+                f"{self.topic}[{self.partition}]: committed offset {c} is below the log start offset {self.log_start}: "
+                f"{self.log_start - c} records were deleted by retention before they were ingested"
+            )
         return None
 
 
@@ -106,8 +112,15 @@ def status(spec: PipelineSpec) -> dict[str, Any]:
         "last_batch_skipped": int(last_props.get(SKIPPED, 0)),
         "last_batch_changes": changes_of(last_props),
         "partitions": [
-            {"topic": p.topic, "partition": p.partition, "committed": p.committed, "log_start": p.log_start,
-             "end": p.end, "lag": p.lag, "held": p.held}
+            {
+                "topic": p.topic,
+                "partition": p.partition,
+                "committed": p.committed,
+                "log_start": p.log_start,
+                "end": p.end,
+                "lag": p.lag,
+                "held": p.held,
+            }
             for p in parts
         ],
     }
@@ -123,8 +136,15 @@ def table_status(spec: PipelineSpec, catalog: Catalog, wm: dict[Any, Any], iso: 
         t = load_table(catalog, ident)
         st = committed_state(t, target_spec(spec, ident).table.branch) if t is not None else None
         lag = sum(hi - (st.offsets.get(tp, {}).get(p, lo) if st else lo) for (tp, p), (lo, hi) in wm.items())
-        rows.append({"table": ident, "exists": t is not None, "last_batch_id": st.batch_id if st else None,
-                     "committed_at": iso(st.committed_at_ms) if st else None, "lag": lag})
+        rows.append(
+            {
+                "table": ident,
+                "exists": t is not None,
+                "last_batch_id": st.batch_id if st else None,
+                "committed_at": iso(st.committed_at_ms) if st else None,
+                "lag": lag,
+            }
+        )
     return rows
 
 

@@ -34,8 +34,9 @@ def committed_intervals(table: Table) -> dict[str, list[list[Any]]]:
     return out
 
 
-def plan_backfill(spec: PipelineSpec, data_interval: tuple[str, str], reprocess: bool = False,
-                  lookup: OffsetLookup | None = None) -> tuple[BatchPlan | None, Path | None]:
+def plan_backfill(
+    spec: PipelineSpec, data_interval: tuple[str, str], reprocess: bool = False, lookup: OffsetLookup | None = None
+) -> tuple[BatchPlan | None, Path | None]:
     """What an Airflow backfill run of the ingest DAG does for its data interval.
 
     - The interval was committed by an ingest batch (its ranges are in the snapshot summary): nothing,
@@ -77,9 +78,11 @@ def plan_backfill(spec: PipelineSpec, data_interval: tuple[str, str], reprocess:
             log.info("backfill %s: no committed records in the interval (later records are the scheduled runs' to ingest)", key)
             return None, None
     if spec.format.metadata == "none":
-        raise ConfigError(f"format.metadata: the backfill of {key} needs rows that carry their source offsets "
-                          "(format.metadata prefixed or struct)")
+        raise ConfigError(
+            f"format.metadata: the backfill of {key} needs rows that carry their source offsets (format.metadata prefixed or struct)"
+        )
     replay_tables(spec, catalog, (), table)  # every target table's rows must carry their offsets
     log.info("backfill %s: %s over %s", key, mode, ", ".join(f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in ranges))
-    return stage_replay_plan(spec, ranges, mode, state.offsets, state.snapshot_id, data_interval=data_interval,
-                             batch_id=BACKFILL_PREFIX + new_batch_id())
+    return stage_replay_plan(
+        spec, ranges, mode, state.offsets, state.snapshot_id, data_interval=data_interval, batch_id=BACKFILL_PREFIX + new_batch_id()
+    )

@@ -40,9 +40,12 @@ def refuse_while_quarantined(spec: PipelineSpec, table: Any) -> None:
     waiting = quarantined_batches(table)
     if waiting:
         which = f" --table {spec.table.identifier}" if spec.routed_from is not None else ""
-        raise TerminalError(f"batch {waiting[0]} of change table {spec.table.identifier} is quarantined: publish or drop "
-                            f"it first (`tidewater quarantine publish|drop{which} --batch {waiting[0]}`, or the quarantine_"
-                            f"{spec.name} DAG); the next batch's changes must follow it", table=spec.table.identifier)
+        raise TerminalError(
+            f"batch {waiting[0]} of change table {spec.table.identifier} is quarantined: publish or drop "
+            f"it first (`tidewater quarantine publish|drop{which} --batch {waiting[0]}`, or the quarantine_"
+            f"{spec.name} DAG); the next batch's changes must follow it",
+            table=spec.table.identifier,
+        )
 
 
 def refuse_while_a_change_table_is_quarantined(spec: PipelineSpec, catalog: Catalog, holder: Any) -> None:
@@ -56,8 +59,9 @@ def refuse_while_a_change_table_is_quarantined(spec: PipelineSpec, catalog: Cata
             refuse_while_quarantined(view, table)
 
 
-def first_offsets(spec: PipelineSpec, settings: dict[str, str], committed: Offsets,
-                  parts: list[TopicPartition]) -> dict[TopicPartition, int]:
+def first_offsets(
+    spec: PipelineSpec, settings: dict[str, str], committed: Offsets, parts: list[TopicPartition]
+) -> dict[TopicPartition, int]:
     """Where the partitions without committed offsets start under ``kafka.start_from`` (none asked for
     ``earliest``: the planner starts them at their log start)."""
     if spec.kafka.start_from == "earliest":
@@ -71,8 +75,12 @@ def first_offsets(spec: PipelineSpec, settings: dict[str, str], committed: Offse
     for topic in sorted({t for t, _ in new}):
         found = lookup.offsets_for_times(topic, sorted(p for t, p in new if t == topic), ms)
         out.update({(topic, p): o for p, o in found.items()})
-    log.info("pipeline %s: partitions without committed offsets start at %s (kafka.start_from): %s", spec.name,
-             spec.kafka.start_from, ", ".join(f"{t}[{p}] {o}" for (t, p), o in sorted(out.items())))
+    log.info(
+        "pipeline %s: partitions without committed offsets start at %s (kafka.start_from): %s",
+        spec.name,
+        spec.kafka.start_from,
+        ", ".join(f"{t}[{p}] {o}" for (t, p), o in sorted(out.items())),
+    )
     return out
 
 
@@ -98,7 +106,11 @@ def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None)
     write_json_atomic(path, plan.to_json())
     log.info(
         "pipeline %s: planned batch %s: %d offsets over %d partitions -> %s",
-        spec.name, plan.batch_id, plan.record_span, len(plan.ranges), spec.describe_targets(),
+        spec.name,
+        plan.batch_id,
+        plan.record_span,
+        len(plan.ranges),
+        spec.describe_targets(),
     )
     for r in plan.ranges:
         log.info("  %s[%d] [%d, %d) %d", r.topic, r.partition, r.start, r.end, r.size)

@@ -76,5 +76,9 @@ def pending(spec: PipelineSpec) -> Pending:
     firsts = _first_pending(settings, starts) if (spec.trigger.pending_bytes or spec.trigger.max_age_seconds) else []
     sizes = [len(m.value() or b"") + len(m.key() or b"") for m in firsts]
     stamps = [m.timestamp()[1] for m in firsts if m.timestamp()[1] > 0]
-    return Pending(records, int(records * sum(sizes) / len(sizes)) if sizes else 0, min(stamps) if stamps else None,
-                   {t: dict(ps) for t, ps in committed.items()})
+    return Pending(
+        records,
+        int(records * sum(sizes) / len(sizes)) if sizes else 0,
+        min(stamps) if stamps else None,
+        {t: dict(ps) for t, ps in committed.items()},
+    )

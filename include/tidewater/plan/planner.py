@@ -16,7 +16,8 @@ from tidewater.errors import OffsetGapError
 
 
 def start_offsets(
-    committed: Offsets, watermarks: Mapping[TopicPartition, tuple[int, int]],
+    committed: Offsets,
+    watermarks: Mapping[TopicPartition, tuple[int, int]],
     first: Mapping[TopicPartition, int] | None = None,
 ) -> dict[TopicPartition, int]:
     """Where each partition resumes. A partition never committed starts at ``first`` (``kafka.start_from``'s
@@ -44,8 +45,7 @@ def start_offsets(
             )
         if c > high:
             raise OffsetGapError(
-                f"committed offset {c} is beyond the end offset {high}: the topic was recreated or "
-                f"truncated since it was ingested",
+                f"committed offset {c} is beyond the end offset {high}: the topic was recreated or truncated since it was ingested",
                 topic=topic,
                 partition=partition,
                 offset=c,
@@ -94,9 +94,7 @@ def plan_ranges(
     starts = start_offsets(committed, watermarks, first)
     available = {tp: watermarks[tp][1] - s for tp, s in starts.items()}
     grant = allocate(available, max_records)
-    ranges = [
-        PartitionRange(tp[0], tp[1], starts[tp], starts[tp] + grant[tp]) for tp in sorted(starts) if grant[tp] > 0
-    ]
+    ranges = [PartitionRange(tp[0], tp[1], starts[tp], starts[tp] + grant[tp]) for tp in sorted(starts) if grant[tp] > 0]
     return ranges
 
 

@@ -45,8 +45,6 @@ log = logging.getLogger(__name__)
 MODES = tuple(m.value for m in (Mode.REPLACE, Mode.APPEND_MISSING, Mode.REAPPLY))
 
 
-
-
 @dataclass(frozen=True)
 class ReplayRequest:
     """What a person asks to replay (the replay DAG's form, or `tidewater replay`)."""
@@ -105,14 +103,19 @@ def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
     if req.tables and spec.targets.fused:
         raise ConfigError(f"tables: pipeline {spec.name} writes one table ({spec.table.identifier}); leave tables empty")
     if spec.format.metadata == "none":
-        raise ConfigError("format.metadata: replay needs the source of every row: set format.metadata to prefixed or "
-                          "struct (rows written before that cannot be matched to their offsets)")
+        raise ConfigError(
+            "format.metadata: replay needs the source of every row: set format.metadata to prefixed or "
+            "struct (rows written before that cannot be matched to their offsets)"
+        )
     if req.mode not in MODES:
         raise ConfigError(f"mode: {req.mode!r} is not one of {', '.join(MODES)}")
     if req.mode not in spec.replay_modes:
-        raise ConfigError("mode: a change table (table.upsert / op_field) is replayed with mode reapply (each change is "
-                          "applied again where it is still its key's latest)" if spec.applies_changes else
-                          "mode: reapply is for change tables (table.upsert / op_field); use replace or append-missing")
+        raise ConfigError(
+            "mode: a change table (table.upsert / op_field) is replayed with mode reapply (each change is "
+            "applied again where it is still its key's latest)"
+            if spec.applies_changes
+            else "mode: reapply is for change tables (table.upsert / op_field); use replace or append-missing"
+        )
     if not req.topic:
         raise ConfigError("topic: required")
     by_offset = req.start_offset is not None or req.end_offset is not None
@@ -131,8 +134,9 @@ def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
             raise ConfigError("end_time: must be after start_time")
 
 
-def resolve_ranges(spec: PipelineSpec, req: ReplayRequest, committed: Offsets, settings: dict[str, str],
-                   lookup: OffsetLookup | None = None) -> list[PartitionRange]:
+def resolve_ranges(
+    spec: PipelineSpec, req: ReplayRequest, committed: Offsets, settings: dict[str, str], lookup: OffsetLookup | None = None
+) -> list[PartitionRange]:
     """The offset ranges of a request, checked against the log and the committed offsets.
 
     By offset: a range beyond the committed offset is an error (those records are the scheduled
@@ -151,8 +155,9 @@ def resolve_ranges(spec: PipelineSpec, req: ReplayRequest, committed: Offsets, s
         bounds = {p: (req.start_offset, req.end_offset) for p in partitions}
     else:
         lookup = lookup or KafkaOffsetLookup(settings)
-        bounds = interval_offsets(lookup, req.topic, partitions, parse_time(req.start_time or "", "start_time"),
-                                  parse_time(req.end_time or "", "end_time"))
+        bounds = interval_offsets(
+            lookup, req.topic, partitions, parse_time(req.start_time or "", "start_time"), parse_time(req.end_time or "", "end_time")
+        )
     out = []
     for p in partitions:
         start, end = bounds[p]
@@ -164,16 +169,17 @@ def resolve_ranges(spec: PipelineSpec, req: ReplayRequest, committed: Offsets, s
             if start < low:
                 raise ConfigError(f"start_offset: {start} is below the log start {low} of {req.topic}[{p}] (deleted by retention)")
             if end > upto:
-                raise ConfigError(f"end_offset: {end} is beyond the committed offset {upto} of {req.topic}[{p}]; "
-                                  "the scheduled batches ingest records from there")
+                raise ConfigError(
+                    f"end_offset: {end} is beyond the committed offset {upto} of {req.topic}[{p}]; "
+                    "the scheduled batches ingest records from there"
+                )
         start, end = max(start, low), min(end, upto)
         if end > start:
             out.append(PartitionRange(req.topic, p, start, end))
     return out
 
 
-def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: str,
-            table_name: str | None = None) -> list[dict[str, Any]]:
+def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: str, table_name: str | None = None) -> list[dict[str, Any]]:
     """Per partition: offsets in the range, rows now from it, rows to delete and (at most) to add."""
     present = present_offsets(spec, table, ranges)
     out = []
@@ -182,10 +188,20 @@ def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: 
         now = int(pc.sum(mask.cast("int64")).as_py() or 0)
         distinct = len(pc.unique(present.column("offset").filter(mask))) if now else 0
         reapply = mode == "reapply"  # rows_now: rows whose latest change is in the range; at most those change
-        out.append({"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end, "offsets": r.size,
-                    "rows_now": now, "rows_to_delete": now if mode == "replace" else 0,
-                    "rows_to_add_at_most": r.size if mode in ("replace", "reapply") else r.size - distinct,
-                    **({"mode": mode} if reapply else {}), **({"table": table_name} if table_name else {})})
+        out.append(
+            {
+                "topic": r.topic,
+                "partition": r.partition,
+                "start": r.start,
+                "end": r.end,
+                "offsets": r.size,
+                "rows_now": now,
+                "rows_to_delete": now if mode == "replace" else 0,
+                "rows_to_add_at_most": r.size if mode in ("replace", "reapply") else r.size - distinct,
+                **({"mode": mode} if reapply else {}),
+                **({"table": table_name} if table_name else {}),
+            }
+        )
     return out
 
 
@@ -193,30 +209,41 @@ def describe(row: dict[str, Any]) -> str:
     """One preview row as people read it (logs, the CLI, the replay DAG)."""
     where = f"{row['table']}: " if row.get("table") else ""
     if row.get("mode") == "reapply":
-        return (f"{where}{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} changes to "
-                f"re-read; {row['rows_now']} rows were written by them; each change is applied again only where it is "
-                "still its key's latest (a healthy table stays unchanged)")
-    return (f"{where}{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} offsets; rows "
-            f"now {row['rows_now']}, to delete {row['rows_to_delete']}, to add at most {row['rows_to_add_at_most']}")
+        return (
+            f"{where}{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} changes to "
+            f"re-read; {row['rows_now']} rows were written by them; each change is applied again only where it is "
+            "still its key's latest (a healthy table stays unchanged)"
+        )
+    return (
+        f"{where}{row['topic']}[{row['partition']}] [{row['start']}, {row['end']}): {row['offsets']} offsets; rows "
+        f"now {row['rows_now']}, to delete {row['rows_to_delete']}, to add at most {row['rows_to_add_at_most']}"
+    )
 
 
-def stage_replay_plan(spec: PipelineSpec, ranges: list[PartitionRange], mode: str, committed: Offsets,
-                      snapshot_id: int | None, data_interval: tuple[str, str] | None = None,
-                      batch_id: str | None = None, tables: tuple[str, ...] = ()) -> tuple[BatchPlan, Any]:
+def stage_replay_plan(
+    spec: PipelineSpec,
+    ranges: list[PartitionRange],
+    mode: str,
+    committed: Offsets,
+    snapshot_id: int | None,
+    data_interval: tuple[str, str] | None = None,
+    batch_id: str | None = None,
+    tables: tuple[str, ...] = (),
+) -> tuple[BatchPlan, Any]:
     """Write a replay plan to the staging area. Routed pipelines: ``tables`` the target tables asked for (empty: all).
     An append-missing replay's write step asks each table which offsets it already holds (``TableSink.held``)."""
     bid = batch_id or Mode(mode).new_batch_id()  # the staging directory's name, before the plan
     directory = batch_dir(spec.staging_dir(), spec.name, bid)
-    plan = BatchPlan.new(spec, ranges, committed, snapshot_id, mode, batch_id=bid, data_interval=data_interval,
-                         tables=tables)
+    plan = BatchPlan.new(spec, ranges, committed, snapshot_id, mode, batch_id=bid, data_interval=data_interval, tables=tables)
 
     path = directory / PLAN_NAME
     write_json_atomic(path, plan.to_json())
     return plan, path
 
 
-def plan_replay(spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | None = None, log_preview: bool = True
-                ) -> tuple[BatchPlan | None, Path | None, list[dict[str, Any]]]:
+def plan_replay(
+    spec: PipelineSpec, req: ReplayRequest, lookup: OffsetLookup | None = None, log_preview: bool = True
+) -> tuple[BatchPlan | None, Path | None, list[dict[str, Any]]]:
     """Check and plan a replay: its ranges are checked against the holder's committed offsets, and previewed per
     target table and partition (each table keeps its own offsets). Returns (plan, path, preview); plan and path
     are None for a dry run or when the request selects no committed records. ``log_preview``: log each preview
@@ -243,8 +270,10 @@ def replay_tables(spec: PipelineSpec, catalog: Catalog, asked: tuple[str, ...], 
     known = target_tables(catalog, spec, holder)
     unknown = sorted(set(asked) - set(known))
     if unknown:
-        raise ConfigError(f"tables: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a target table of "
-                          f"pipeline {spec.name} (its tables: {', '.join(known) or 'none yet'})")
+        raise ConfigError(
+            f"tables: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a target table of "
+            f"pipeline {spec.name} (its tables: {', '.join(known) or 'none yet'})"
+        )
     out = {}
     for ident in asked or known:
         table = holder if target_role(spec, ident).holds_offsets else load_table(catalog, ident)
@@ -257,8 +286,9 @@ def replay_tables(spec: PipelineSpec, catalog: Catalog, asked: tuple[str, ...], 
     return out
 
 
-def replay_preview(spec: PipelineSpec, tables: dict[str, Any], ranges: list[PartitionRange], mode: str,
-                   asked: bool) -> list[dict[str, Any]]:
+def replay_preview(
+    spec: PipelineSpec, tables: dict[str, Any], ranges: list[PartitionRange], mode: str, asked: bool
+) -> list[dict[str, Any]]:
     """Per target table and partition (see ``preview``), each with the mode the table gets. Tables of a separate
     holder are named, and without ``asked`` tables only those holding rows from the ranges are shown (records
     re-read may also route elsewhere); a fused set's one table is always shown."""

@@ -73,18 +73,19 @@ def _result(check: Any) -> Any:
     try:
         get_expectation_impl(etype)
     except Exception:  # noqa: BLE001 - not a great-expectations expectation (GX's own kinds): a Tidewater check
-        meta = {"notes": {"format": "markdown", "content": [f"Tidewater check: **{check.expectation}** "
-                                                                 f"{html.escape(str(check.kwargs))}"]}}
+        meta = {"notes": {"format": "markdown", "content": [f"Tidewater check: **{check.expectation}** {html.escape(str(check.kwargs))}"]}}
         etype, kwargs = "expect_table_row_count_to_equal", {"value": check.kwargs.get("read", 0)}
     for k in EXTRA:
         if k in check.kwargs:
             meta.setdefault("notes", {"format": "markdown", "content": []})["content"].append(f"{k}: `{check.kwargs[k]}`")
-    result = {k: v for k, v in check.observed.items() if k in ("observed_value", "element_count", "unexpected_count",
-                                                               "partial_unexpected_list")}
+    result = {
+        k: v for k, v in check.observed.items() if k in ("observed_value", "element_count", "unexpected_count", "partial_unexpected_list")
+    }
     if "unexpected_count" in result and result.get("element_count"):
         result["unexpected_percent"] = 100.0 * result["unexpected_count"] / result["element_count"]
-    return ExpectationValidationResult(success=check.success, result=result,
-                                       expectation_config=ExpectationConfiguration(type=etype, kwargs=kwargs, meta=meta))
+    return ExpectationValidationResult(
+        success=check.success, result=result, expectation_config=ExpectationConfiguration(type=etype, kwargs=kwargs, meta=meta)
+    )
 
 
 def report_path(spec: PipelineSpec, batch_id: str) -> Any:
@@ -157,10 +158,8 @@ def render_pending(spec: PipelineSpec, batch_id: str | None = None) -> list[Any]
 
 def render_in_background(spec: PipelineSpec, batch_id: str) -> None:
     """Start ``tidewater data-docs`` for one batch in its own session (it outlives this process)."""
-    cmd = [sys.executable, "-m", "tidewater.runtime.cli", "data-docs", "--pipeline", str(spec.source_path),
-           "--batch", batch_id]
-    subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+    cmd = [sys.executable, "-m", "tidewater.runtime.cli", "data-docs", "--pipeline", str(spec.source_path), "--batch", batch_id]
+    subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def write_page(spec: PipelineSpec, report: Any, table: str) -> Any:
@@ -196,9 +195,11 @@ def _render(project: Path, report: Any, table: str, spec: PipelineSpec) -> None:
 
         now = datetime.now(timezone.utc)
         context = gx.get_context(mode="file", project_root_dir=str(project))
-        key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=report.suite),
-                                         run_id=RunIdentifier(run_name=report.batch_id, run_time=now),
-                                         batch_identifier=table)
+        key = ValidationResultIdentifier(
+            expectation_suite_identifier=ExpectationSuiteIdentifier(name=report.suite),
+            run_id=RunIdentifier(run_name=report.batch_id, run_time=now),
+            batch_identifier=table,
+        )
         results = [_result(c) for c in report.checks]
         context.validation_results_store.set(key, _suite_result(spec, report, table, now, results))
         _keep_newest(context.validation_results_store, project)
@@ -238,7 +239,7 @@ def _working_copy(project: Any) -> Iterator[Path]:
         for rel in sorted(copied.keys() - now.keys()):
             (remote / rel).unlink(missing_ok=True)
             if rel.startswith(results) and rel.endswith(".json"):  # a dropped result: its page goes too
-                (remote / (pages + rel[len(results):-len(".json")] + ".html")).unlink(missing_ok=True)
+                (remote / (pages + rel[len(results) : -len(".json")] + ".html")).unlink(missing_ok=True)
 
 
 def _suite_page(context: Any, suite: str, results: list[Any]) -> list[Any]:
@@ -268,14 +269,26 @@ def _suite_result(spec: PipelineSpec, report: Any, table: str, now: datetime, re
 
     ok = sum(c.success for c in report.checks)
     return ExpectationSuiteValidationResult(
-        success=report.success, results=results, suite_name=report.suite,
-        statistics={"evaluated_expectations": len(results), "successful_expectations": ok,
-                    "unsuccessful_expectations": len(results) - ok,
-                    "success_percent": 100.0 * ok / len(results) if results else 100.0},
-        meta={"great_expectations_version": gx.__version__, "batch_id": report.batch_id,
-              "run_id": {"run_name": report.batch_id, "run_time": now.isoformat()},
-              "active_batch_definition": {"datasource_name": spec.catalog.name, "data_connector_name": "staged-files",
-                                          "data_asset_name": table, "batch_identifiers": {"batch": report.batch_id}}},
+        success=report.success,
+        results=results,
+        suite_name=report.suite,
+        statistics={
+            "evaluated_expectations": len(results),
+            "successful_expectations": ok,
+            "unsuccessful_expectations": len(results) - ok,
+            "success_percent": 100.0 * ok / len(results) if results else 100.0,
+        },
+        meta={
+            "great_expectations_version": gx.__version__,
+            "batch_id": report.batch_id,
+            "run_id": {"run_name": report.batch_id, "run_time": now.isoformat()},
+            "active_batch_definition": {
+                "datasource_name": spec.catalog.name,
+                "data_connector_name": "staged-files",
+                "data_asset_name": table,
+                "batch_identifiers": {"batch": report.batch_id},
+            },
+        },
     )
 
 

@@ -65,22 +65,31 @@ class ValidationReport:
     tables: tuple[tuple[str, ValidationReport], ...] = ()  # routed pipelines: the report of each target table
 
     def text(self) -> str:
-        head = f"validation of batch {self.batch_id} ({self.rows} rows, suite {self.suite}): " + (
-            "passed" if self.success else "FAILED"
-        )
+        head = f"validation of batch {self.batch_id} ({self.rows} rows, suite {self.suite}): " + ("passed" if self.success else "FAILED")
         return "\n".join([head, *(c.line() for c in self.checks)])
 
     def to_json(self) -> dict[str, Any]:
-        return {"batch_id": self.batch_id, "suite": self.suite, "success": self.success, "rows": self.rows,
-                "checks": [{"expectation": c.expectation, "kwargs": c.kwargs, "success": c.success, "observed": c.observed}
-                           for c in self.checks],
-                "tables": [[t, r.to_json()] for t, r in self.tables]}
+        return {
+            "batch_id": self.batch_id,
+            "suite": self.suite,
+            "success": self.success,
+            "rows": self.rows,
+            "checks": [
+                {"expectation": c.expectation, "kwargs": c.kwargs, "success": c.success, "observed": c.observed} for c in self.checks
+            ],
+            "tables": [[t, r.to_json()] for t, r in self.tables],
+        }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ValidationReport:
-        return cls(doc["batch_id"], doc["suite"], doc["success"], doc["rows"],
-                   tuple(CheckResult(**c) for c in doc["checks"]),
-                   tuple((t, cls.from_json(r)) for t, r in doc.get("tables", [])))
+        return cls(
+            doc["batch_id"],
+            doc["suite"],
+            doc["success"],
+            doc["rows"],
+            tuple(CheckResult(**c) for c in doc["checks"]),
+            tuple((t, cls.from_json(r)) for t, r in doc.get("tables", [])),
+        )
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -112,8 +121,15 @@ class TableFiles:
 
     @classmethod
     def of_batch(cls, manifest: BatchManifest) -> TableFiles:
-        return cls(manifest.table, tuple(manifest.data_files), manifest.records, manifest.dead_letters,
-                   manifest.skipped, manifest.present, manifest.dead_letters_in_files)
+        return cls(
+            manifest.table,
+            tuple(manifest.data_files),
+            manifest.records,
+            manifest.dead_letters,
+            manifest.skipped,
+            manifest.present,
+            manifest.dead_letters_in_files,
+        )
 
     @classmethod
     def of_output(cls, out: TableOutput) -> TableFiles:
@@ -139,7 +155,7 @@ def load_suite_file(spec: PipelineSpec) -> list[dict[str, Any]]:
         raise ConfigError(f"validation.suite: cannot read {path}: {e}") from None
     exps = doc.get("expectations") if isinstance(doc, dict) else None
     if not isinstance(exps, list):
-        raise ConfigError(f"validation.suite: {path} must hold {{\"expectations\": [...]}}")
+        raise ConfigError(f'validation.suite: {path} must hold {{"expectations": [...]}}')
     for i, e in enumerate(exps):
         if not isinstance(e, dict) or not isinstance(e.get("type"), str) or not isinstance(e.get("kwargs", {}), dict):
             raise ConfigError(f"validation.suite: {path}: expectations[{i}] needs a string 'type' and a 'kwargs' mapping")
@@ -186,8 +202,9 @@ def row_images(spec: PipelineSpec) -> tuple[str, dict[str, str]] | None:
     return (op, dict(spec.table.op_values)) if op else None
 
 
-def chunks(table: Table, files: TableFiles, columns: list[str], chunk_rows: int,
-           images: tuple[str, dict[str, str]] | None = None) -> Iterator[Any]:
+def chunks(
+    table: Table, files: TableFiles, columns: list[str], chunk_rows: int, images: tuple[str, dict[str, str]] | None = None
+) -> Iterator[Any]:
     """The named columns of the staged files, as Arrow tables of at most ``chunk_rows`` rows (with
     ``images``: the delete records left out, see ``row_images``)."""
     read = columns + [images[0]] if images and images[0] not in columns else columns
@@ -231,16 +248,24 @@ def builtin_checks(spec: PipelineSpec, table: Table, files: TableFiles) -> list[
     rows = files.rows_in_files
     checks = [
         CheckResult(
-            "expect_table_row_count_to_equal", {"value": files.rows_expected}, rows == files.rows_expected,
+            "expect_table_row_count_to_equal",
+            {"value": files.rows_expected},
+            rows == files.rows_expected,
             {"observed_value": rows},
         ),
         CheckResult(
             "accounting: records read = rows + dead letters + skipped",
-            {"read": files.records, "dead_letters": files.dead_letters, "skipped": files.skipped,
-             **({"already_present": files.present} if files.present else {})},
+            {
+                "read": files.records,
+                "dead_letters": files.dead_letters,
+                "skipped": files.skipped,
+                **({"already_present": files.present} if files.present else {}),
+            },
             files.records == rows + files.dead_letters_in_files + files.skipped + files.present,
-            {"observed_value": f"{rows} rows + {files.dead_letters_in_files} dead letters + {files.skipped} skipped"
-                               + (f" + {files.present} already present" if files.present else "")},
+            {
+                "observed_value": f"{rows} rows + {files.dead_letters_in_files} dead letters + {files.skipped} skipped"
+                + (f" + {files.present} already present" if files.present else "")
+            },
         ),
     ]
     schema = table.schema() if table is not None else None
@@ -251,14 +276,22 @@ def builtin_checks(spec: PipelineSpec, table: Table, files: TableFiles) -> list[
         try:
             field = schema.find_field(column)
         except ValueError:
-            checks.append(CheckResult("expect_column_values_to_not_be_null", {"column": column}, False,
-                                      {"error": f"column {column!r} is not in table {files.table}"}))
+            checks.append(
+                CheckResult(
+                    "expect_column_values_to_not_be_null",
+                    {"column": column},
+                    False,
+                    {"error": f"column {column!r} is not in table {files.table}"},
+                )
+            )
             continue
         nulls = 0
         images = row_images(spec)
         if images:  # change tables: the new row images only (a delete record may carry its key alone)
-            nulls = sum(t.column(column).null_count if column in t.column_names else t.num_rows
-                        for t in chunks(table, files, [column], spec.validation.chunk_rows, images))
+            nulls = sum(
+                t.column(column).null_count if column in t.column_names else t.num_rows
+                for t in chunks(table, files, [column], spec.validation.chunk_rows, images)
+            )
         for f in files.data_files if not images else ():
             counted = f.metrics["null_value_counts"].get(str(field.field_id))
             if counted is None or not field.field_type.is_primitive:
@@ -280,8 +313,14 @@ def unique_id_checks(table: Table, files: TableFiles, id_columns: list[str], aga
     """No two rows of the batch share an id; with ``against_table``, no id of the batch is in the table yet."""
     ids = _whole(table, files, id_columns)
     if any(c not in ids.column_names for c in id_columns):
-        return [CheckResult("expect_compound_columns_to_be_unique", {"column_list": id_columns}, False,
-                            {"error": f"id columns {id_columns} are not all in the staged files"})]
+        return [
+            CheckResult(
+                "expect_compound_columns_to_be_unique",
+                {"column_list": id_columns},
+                False,
+                {"error": f"id columns {id_columns} are not all in the staged files"},
+            )
+        ]
     one_column = len(id_columns) == 1
     kind = "expect_column_values_to_be_unique" if one_column else "expect_compound_columns_to_be_unique"
     args: dict[str, Any] = {"column": id_columns[0]} if one_column else {"column_list": list(id_columns)}
@@ -302,8 +341,7 @@ def unique_id_checks(table: Table, files: TableFiles, id_columns: list[str], aga
                 held = table.scan(row_filter=In(id_columns[0], values), selected_fields=tuple(id_columns)).to_arrow()
                 if held.num_rows:
                     keys = held.group_by(id_columns).aggregate([])
-                    hits = groups.select(id_columns).join(keys.cast(groups.select(id_columns).schema), keys=id_columns,
-                                                          join_type="inner")
+                    hits = groups.select(id_columns).join(keys.cast(groups.select(id_columns).schema), keys=id_columns, join_type="inner")
                     existing += hits.num_rows
                     found += hits.slice(0, 20 - len(found)).to_pylist() if len(found) < 20 else []
         observed = {"element_count": groups.num_rows}
@@ -418,8 +456,7 @@ def validate_table(spec: PipelineSpec, table: Any, files: TableFiles, batch_id: 
     if row_wise:
         runner = _Runner(f"{suite_name}.row-wise", row_wise)
         images = row_images(spec)
-        per_chunk = [runner.run(t.to_pandas())
-                     for t in chunks(table, files, _columns_of(row_wise), spec.validation.chunk_rows, images)]
+        per_chunk = [runner.run(t.to_pandas()) for t in chunks(table, files, _columns_of(row_wise), spec.validation.chunk_rows, images)]
         if per_chunk:
             for e, c in zip(row_wise, _merge(per_chunk)):
                 results[id(e)] = c
@@ -439,8 +476,7 @@ def validate_table(spec: PipelineSpec, table: Any, files: TableFiles, batch_id: 
 ROUTED_ACCOUNTING = "accounting: records read = records routed + dead letters + skipped"
 
 
-ACCOUNTING_CHECKS = ("expect_table_row_count_to_equal", "accounting: records read = rows + dead letters + skipped",
-                     ROUTED_ACCOUNTING)
+ACCOUNTING_CHECKS = ("expect_table_row_count_to_equal", "accounting: records read = rows + dead letters + skipped", ROUTED_ACCOUNTING)
 
 
 def routed_accounting(manifest: BatchManifest) -> CheckResult:
@@ -469,12 +505,14 @@ def require_valid(report: ValidationReport, on_failure: str = "fail") -> None:
     """Raise ValidationFailedError when the gate fails. With ``warn`` and ``quarantine``, only the
     accounting checks raise (they guard exactly-once); with ``warn`` other failures are logged and the
     batch is committed, with ``quarantine`` the commit step puts the batch on a quarantine branch."""
-    if on_failure in ("warn", "quarantine") and not any(not c.success and c.expectation in ACCOUNTING_CHECKS
-                                                        for c in report.checks):
+    if on_failure in ("warn", "quarantine") and not any(not c.success and c.expectation in ACCOUNTING_CHECKS for c in report.checks):
         if not report.success:
-            log.warning("validation.on_failure is %s: %s\n%s", on_failure,
-                        "committing despite" if on_failure == "warn" else "the batch goes to a quarantine branch",
-                        report.text())
+            log.warning(
+                "validation.on_failure is %s: %s\n%s",
+                on_failure,
+                "committing despite" if on_failure == "warn" else "the batch goes to a quarantine branch",
+                report.text(),
+            )
         return
     if not report.success:
         raise ValidationFailedError(report.text() + "\nNothing was committed; the offsets did not move.", batch_id=report.batch_id)
@@ -494,15 +532,22 @@ def judge(spec: PipelineSpec, catalog: Catalog, manifest: BatchManifest) -> Vali
     for files in (TableFiles.of_output(out) for out in manifest.outputs if out.data_files):
         table = load_table(catalog, files.table)
         if table is None:
-            checks.append(CheckResult("table exists", {"table": files.table}, False,
-                                      {"error": "staged files exist but the table does not"}))
+            checks.append(
+                CheckResult("table exists", {"table": files.table}, False, {"error": "staged files exist but the table does not"})
+            )
             continue
         report = validate_table(_table_view(spec, files.table, table), table, files, manifest.batch_id)
         reports.append((files.table, report))
         checks += [dataclasses.replace(c, kwargs={"table": files.table, **c.kwargs}) for c in report.checks]
     suite = spec.suite_path()
-    return ValidationReport(manifest.batch_id, f"{spec.name}.{suite.name if suite else 'builtin'}", all(c.success for c in checks),
-                            sum(o.rows for o in manifest.outputs), tuple(checks), tuple(reports))
+    return ValidationReport(
+        manifest.batch_id,
+        f"{spec.name}.{suite.name if suite else 'builtin'}",
+        all(c.success for c in checks),
+        sum(o.rows for o in manifest.outputs),
+        tuple(checks),
+        tuple(reports),
+    )
 
 
 def _judge_one(spec: PipelineSpec, catalog: Catalog, manifest: BatchManifest) -> ValidationReport:

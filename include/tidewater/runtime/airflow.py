@@ -31,8 +31,10 @@ def ids_as_strings(value: Any) -> Any:
     """A task result with every snapshot id as a string: XCom goes through JSON, and the UI's JavaScript
     rounds integers above 2^53 (a wrong id for time travel). Keys ending in ``snapshot_id`` are ids."""
     if isinstance(value, dict):
-        return {k: (str(v) if isinstance(k, str) and k.endswith("snapshot_id") and isinstance(v, int) else ids_as_strings(v))
-                for k, v in value.items()}
+        return {
+            k: (str(v) if isinstance(k, str) and k.endswith("snapshot_id") and isinstance(v, int) else ids_as_strings(v))
+            for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [ids_as_strings(v) for v in value]
     return value
@@ -68,8 +70,9 @@ def fail_fast(fn: F) -> F:
 
 
 @fail_fast
-def plan_task(pipeline_path: str, run_type: str | None = None, data_interval: tuple[str, str] | None = None,
-              reprocess: bool = False, cleared: int = 0) -> dict[str, Any] | None:
+def plan_task(
+    pipeline_path: str, run_type: str | None = None, data_interval: tuple[str, str] | None = None, reprocess: bool = False, cleared: int = 0
+) -> dict[str, Any] | None:
     """Plan the next batch (a backfill run: its interval, see replay.plan_backfill). Returns None
     (skipping write/validate/commit) when there is nothing to do.
 
@@ -85,8 +88,11 @@ def plan_task(pipeline_path: str, run_type: str | None = None, data_interval: tu
         from tidewater.plan.backfill import plan_backfill
 
         if cleared and not reprocess:
-            log.info("this backfill run re-runs an earlier run of its interval (cleared %d time(s): Reprocess Behavior "
-                     "or a Clear): its committed ranges are re-ingested with replace", cleared)
+            log.info(
+                "this backfill run re-runs an earlier run of its interval (cleared %d time(s): Reprocess Behavior "
+                "or a Clear): its committed ranges are re-ingested with replace",
+                cleared,
+            )
             reprocess = True
 
         plan, path = plan_backfill(spec, data_interval, reprocess)
@@ -112,8 +118,7 @@ def replay_plan_task(pipeline_path: str, params: dict[str, Any]) -> dict[str, An
 
 
 @fail_fast
-def quarantine_task(pipeline_path: str, params: dict[str, Any], outlet_events: Any = None,
-                    by: str | None = None) -> dict[str, Any]:
+def quarantine_task(pipeline_path: str, params: dict[str, Any], outlet_events: Any = None, by: str | None = None) -> dict[str, Any]:
     """The quarantine DAG's form: list, publish or drop (errors name the parameter); ``by``: who triggered it."""
     from tidewater.ops import quarantine
 
@@ -123,20 +128,30 @@ def quarantine_task(pipeline_path: str, params: dict[str, Any], outlet_events: A
     if action == "list":
         rows = quarantine.list_all(spec, table)
         for q in rows:
-            log.info("quarantined batch %s of %s: %d rows on branch %s, validation %s", q["batch_id"], q["table"],
-                     q["rows"], q["branch"], q["validation"])
+            log.info(
+                "quarantined batch %s of %s: %d rows on branch %s, validation %s",
+                q["batch_id"],
+                q["table"],
+                q["rows"],
+                q["branch"],
+                q["validation"],
+            )
         if not rows:
             log.info("no quarantined batches")
         return {"quarantined": rows}
     if not batch_id:
         raise ConfigError(f"batch_id: required for {action}")
     view = quarantine.view_for(spec, table)
-    result = (quarantine.publish(view, batch_id, by=by) if action == "publish"
-              else quarantine.drop(view, batch_id, reason=str(params.get("reason") or ""), by=by))
+    result = (
+        quarantine.publish(view, batch_id, by=by)
+        if action == "publish"
+        else quarantine.drop(view, batch_id, reason=str(params.get("reason") or ""), by=by)
+    )
     log.info("%s batch %s of %s: %d rows", result["status"], batch_id, view.table.identifier, result["rows"])
     if action == "publish" and result["rows"]:
-        emit_table_events(outlet_events, spec, [(view.table.identifier, {"batch_id": batch_id, "mode": "quarantine-publish",
-                                                                          "rows": result["rows"]})])
+        emit_table_events(
+            outlet_events, spec, [(view.table.identifier, {"batch_id": batch_id, "mode": "quarantine-publish", "rows": result["rows"]})]
+        )
     return result
 
 
@@ -151,24 +166,36 @@ def skip_task(pipeline_path: str, params: dict[str, Any], by: str) -> dict[str, 
             raise ConfigError(f"{name}: required (a whole number)")
         return int(value)
 
-    req = SkipRequest(str(params.get("topic") or ""), number("partition"), number("start_offset"), number("end_offset"),
-                      str(params.get("reason") or ""), by, bool(params.get("dry_run", True)))
+    req = SkipRequest(
+        str(params.get("topic") or ""),
+        number("partition"),
+        number("start_offset"),
+        number("end_offset"),
+        str(params.get("reason") or ""),
+        by,
+        bool(params.get("dry_run", True)),
+    )
     return skip(load_pipeline(pipeline_path), req)
 
 
 @fail_fast
-def retry_dead_letters_task(pipeline_path: str, params: dict[str, Any], by: str,
-                            outlet_events: Any = None) -> dict[str, Any]:
+def retry_dead_letters_task(pipeline_path: str, params: dict[str, Any], by: str, outlet_events: Any = None) -> dict[str, Any]:
     """The dead-letter retry DAG: retry the open letters (of a class, of a batch), or only say what it would do."""
     from tidewater.ops.dead_letters import retry
 
     spec = load_pipeline(pipeline_path)
-    result = retry(spec, error_class=(params.get("error_class") or "").strip() or None,
-                   batch=(params.get("batch_id") or "").strip() or None, dry_run=bool(params.get("dry_run", True)),
-                   by=by, out=log.info)
+    result = retry(
+        spec,
+        error_class=(params.get("error_class") or "").strip() or None,
+        batch=(params.get("batch_id") or "").strip() or None,
+        dry_run=bool(params.get("dry_run", True)),
+        by=by,
+        out=log.info,
+    )
     if result.get("rows"):
-        emit_table_events(outlet_events, spec, [(t, {"batch_id": result["batch_id"], "mode": "dead-letter-retry"})
-                                                for t in result.get("snapshots", {})])
+        emit_table_events(
+            outlet_events, spec, [(t, {"batch_id": result["batch_id"], "mode": "dead-letter-retry"}) for t in result.get("snapshots", {})]
+        )
     return result
 
 
@@ -218,8 +245,9 @@ def connect_write_task(pipeline_path: str, planned: dict[str, Any], url: str | N
 
     spec = load_pipeline(pipeline_path)
     manifest = run_connect_write(spec, spec.stage(planned["plan_path"]), url=url, tries=tries)
-    log.info("batch %s: %d records written in %d files through Spark Connect", planned["batch_id"], manifest.records,
-             len(manifest.data_files))
+    log.info(
+        "batch %s: %d records written in %d files through Spark Connect", planned["batch_id"], manifest.records, len(manifest.data_files)
+    )
 
 
 @fail_fast
@@ -265,14 +293,21 @@ def commit_events(plan: Any, manifest: Any, result: Any, dag_run_id: str | None)
     from datetime import datetime, timezone
 
     vt = manifest.valid_through_ms()
-    base = {"batch_id": plan.batch_id, "mode": plan.mode, "dead_letters": manifest.dead_letters,
-            "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in manifest.next_offsets().items()},
-            "valid_through": datetime.fromtimestamp(vt / 1000, timezone.utc).isoformat() if vt is not None else None,
-            "dag_run_id": dag_run_id}
+    base = {
+        "batch_id": plan.batch_id,
+        "mode": plan.mode,
+        "dead_letters": manifest.dead_letters,
+        "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in manifest.next_offsets().items()},
+        "valid_through": datetime.fromtimestamp(vt / 1000, timezone.utc).isoformat() if vt is not None else None,
+        "dag_run_id": dag_run_id,
+    }
     if result.status == "nothing-to-commit":
         return []
-    return [(t.table, {**base, "rows": t.rows, **({"snapshot_id": str(t.snapshot_id)} if t.snapshot_id is not None else {})})
-            for t in result.tables if t.holds_rows and t.rows]
+    return [
+        (t.table, {**base, "rows": t.rows, **({"snapshot_id": str(t.snapshot_id)} if t.snapshot_id is not None else {})})
+        for t in result.tables
+        if t.holds_rows and t.rows
+    ]
 
 
 @fail_fast
@@ -295,8 +330,7 @@ def commit_task(pipeline_path: str, planned: dict[str, Any], dag_run_id: str | N
             try:
                 decisions.open_decision(spec, plan.batch_id, e.tables, decisions.body_for(spec, plan, e.tables))
             except Exception as opening:  # noqa: BLE001 - the run must still fail with the quarantine's own error
-                log.warning("could not open the decision on batch %s (%s); decide with the quarantine DAG's form",
-                            plan.batch_id, opening)
+                log.warning("could not open the decision on batch %s (%s); decide with the quarantine DAG's form", plan.batch_id, opening)
         raise
     lineage.guarded(lambda: lineage.attach(complete=lineage.batch_lineage(spec, plan, manifest, result)))
     metrics.committed(spec, plan, manifest, result, time.monotonic() - started, metrics.letter_classes(spec, manifest))
@@ -325,8 +359,9 @@ class IngestSparkSubmitOperator(BaseOperator):
 
     ui_color = "#d8f3ff"
 
-    def __init__(self, *, pipeline_path: str, conn_id: str = "spark_default", verbose: bool = False,
-                 plan_task_id: str = "plan", **kwargs: Any) -> None:
+    def __init__(
+        self, *, pipeline_path: str, conn_id: str = "spark_default", verbose: bool = False, plan_task_id: str = "plan", **kwargs: Any
+    ) -> None:
         from tidewater.config.spec import spark_app_path
 
         super().__init__(**kwargs)
@@ -346,9 +381,17 @@ class IngestSparkSubmitOperator(BaseOperator):
     def _get_hook(self) -> Any:
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-        return SparkSubmitHook(conf=self.conf or {}, conn_id=self._conn_id, jars=self.jars, packages=self.packages,
-                               name=self.name, application_args=self.application_args, env_vars=self.env_vars,
-                               verbose=self._verbose, properties_file=self.properties_file)
+        return SparkSubmitHook(
+            conf=self.conf or {},
+            conn_id=self._conn_id,
+            jars=self.jars,
+            packages=self.packages,
+            name=self.name,
+            application_args=self.application_args,
+            env_vars=self.env_vars,
+            verbose=self._verbose,
+            properties_file=self.properties_file,
+        )
 
     def on_kill(self) -> None:
         if self._hook is not None:  # the spark-submit process (and, on a cluster, the driver it started)
@@ -372,13 +415,14 @@ class IngestSparkSubmitOperator(BaseOperator):
         except Exception:  # noqa: BLE001 - not found, or a secrets backend's own error: unusable
             raise ConfigError(
                 f"spark.conn_id: Airflow connection {self._conn_id!r} is not defined; e.g. "
-                f"AIRFLOW_CONN_{self._conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[*]\"}}'"
+                f'AIRFLOW_CONN_{self._conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\''
             ) from None
         if conn.conn_type == "spark_connect":  # the provider's Spark Connect connection: the server's URL
             from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
-            connect_write_task(self.pipeline_path, planned, SparkConnectHook(self._conn_id).get_connection_url(),
-                               tries=context.get("task_state_store"))
+            connect_write_task(
+                self.pipeline_path, planned, SparkConnectHook(self._conn_id).get_connection_url(), tries=context.get("task_state_store")
+            )
             return
         master = spark_master(self._conn_id, spec.spark.master)
         if master.startswith("spark://") and _deploy_mode(self._conn_id) == "cluster":
@@ -460,10 +504,12 @@ def resolved_connections(spec: PipelineSpec) -> dict[str, str]:
     from tidewater.config.connections import catalog_connection, mask, registry_connection, storage_connection
     from tidewater.source.kafka import kafka_settings
 
-    resolved = {KAFKA_CONFIG_ENV: kafka_settings(spec) if spec.kafka.conn_id else None,
-                CATALOG_CONFIG_ENV: catalog_connection(spec.catalog.conn_id) if spec.catalog.conn_id else None,
-                REGISTRY_CONFIG_ENV: registry_connection(rc) if (rc := spec.format.registry_conn_id) else None,
-                STORAGE_CONFIG_ENV: storage_connection(sc) if (sc := spec.batch.staging_conn_id) else None}
+    resolved = {
+        KAFKA_CONFIG_ENV: kafka_settings(spec) if spec.kafka.conn_id else None,
+        CATALOG_CONFIG_ENV: catalog_connection(spec.catalog.conn_id) if spec.catalog.conn_id else None,
+        REGISTRY_CONFIG_ENV: registry_connection(rc) if (rc := spec.format.registry_conn_id) else None,
+        STORAGE_CONFIG_ENV: storage_connection(sc) if (sc := spec.batch.staging_conn_id) else None,
+    }
     out = {}
     for name, values in resolved.items():
         if values is not None:
@@ -473,25 +519,33 @@ def resolved_connections(spec: PipelineSpec) -> dict[str, str]:
 
 
 # the setting that names each connection resolved for the driver (resolved_connections)
-_SETTING_OF = {KAFKA_CONFIG_ENV: "kafka.conn_id", CATALOG_CONFIG_ENV: "catalog.conn_id",
-               REGISTRY_CONFIG_ENV: "format.registry_conn_id", STORAGE_CONFIG_ENV: "batch.staging_conn_id"}
+_SETTING_OF = {
+    KAFKA_CONFIG_ENV: "kafka.conn_id",
+    CATALOG_CONFIG_ENV: "catalog.conn_id",
+    REGISTRY_CONFIG_ENV: "format.registry_conn_id",
+    STORAGE_CONFIG_ENV: "batch.staging_conn_id",
+}
 
 
 def kubernetes_secret_missing(resolved: dict[str, str]) -> str:
     settings = ", ".join(_SETTING_OF[n] for n in resolved)
-    return (f"spark.kubernetes_secret: cluster deploy mode on Kubernetes runs the driver in a pod, which cannot ask "
-            f"Airflow for the connections of {settings}, and writing them into its settings would put them in plain "
-            f"text in the pod's spec. Name a Kubernetes secret holding the keys {', '.join(resolved)} (`tidewater "
-            "connections --pipeline FILE --output DIR` writes them; `kubectl create secret generic NAME "
-            "--from-file=DIR`), or use client deploy mode")
+    return (
+        f"spark.kubernetes_secret: cluster deploy mode on Kubernetes runs the driver in a pod, which cannot ask "
+        f"Airflow for the connections of {settings}, and writing them into its settings would put them in plain "
+        f"text in the pod's spec. Name a Kubernetes secret holding the keys {', '.join(resolved)} (`tidewater "
+        "connections --pipeline FILE --output DIR` writes them; `kubectl create secret generic NAME "
+        "--from-file=DIR`), or use client deploy mode"
+    )
 
 
 def yarn_cluster_refused(resolved: dict[str, str]) -> str:
     settings = ", ".join(_SETTING_OF[n] for n in resolved)
-    return (f"{settings}: cluster deploy mode on YARN would carry the settings of these Airflow connections to the "
-            "driver only as the application's environment (spark.yarn.appMasterEnv.*), in plain text wherever YARN "
-            "shows an application's settings. Use client deploy mode: the driver then gets them in spark-submit's "
-            "environment")
+    return (
+        f"{settings}: cluster deploy mode on YARN would carry the settings of these Airflow connections to the "
+        "driver only as the application's environment (spark.yarn.appMasterEnv.*), in plain text wherever YARN "
+        "shows an application's settings. Use client deploy mode: the driver then gets them in spark-submit's "
+        "environment"
+    )
 
 
 @contextlib.contextmanager
@@ -522,8 +576,7 @@ def spark_master(conn_id: str, default: str) -> str:
     except Exception:  # noqa: BLE001 - no such connection (or no backend answers): the pipeline's spark.master
         return default
     if conn.conn_type == "spark_connect":
-        log.info("Airflow connection %r is a Spark Connect server: Spark sessions of this task use spark.master %s",
-                 conn_id, default)
+        log.info("Airflow connection %r is a Spark Connect server: Spark sessions of this task use spark.master %s", conn_id, default)
         return default
     host = conn.host or ""
     if host and conn.port and "://" in host:
@@ -559,15 +612,20 @@ def audit_task(pipeline_path: str) -> dict[str, Any]:
         {"error": log.error, "warning": log.warning}.get(f.severity, log.info)("%s", f.text())
     errors = [f.text() for f in report.findings if f.severity == "error"]
     if errors:
-        raise TerminalError(f"audit of {report.table}: {len(errors)} discrepanc{'y' if len(errors) == 1 else 'ies'}: "
-                            + "; ".join(errors[:5]) + (" ..." if len(errors) > 5 else ""), table=report.table)
+        raise TerminalError(
+            f"audit of {report.table}: {len(errors)} discrepanc{'y' if len(errors) == 1 else 'ies'}: "
+            + "; ".join(errors[:5])
+            + (" ..." if len(errors) > 5 else ""),
+            table=report.table,
+        )
     log.info("audit of %s: clean (%d batches)", report.table, report.batches)
     return {"table": report.table, "clean": True, "batches": report.batches}
 
 
 @fail_fast
-def maintenance_task(pipeline_path: str, action: str, outlet_events: Any = None, asset: Any = None,
-                     earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+def maintenance_task(
+    pipeline_path: str, action: str, outlet_events: Any = None, asset: Any = None, earlier: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One maintenance action on the pipeline's table; its report goes to the log and XCom. The run's last action also
     sets the event on the maintenance asset (``outlet_events``, ``asset``): ``{"actions": {action: report}}`` with the
     reports of the ``earlier`` actions of the run."""

@@ -93,8 +93,9 @@ def _batch_tasks(pipeline_path: str, spec: PipelineSpec, plan_fn) -> None:
 
     from tidewater.runtime.airflow import IngestSparkSubmitOperator
 
-    write = IngestSparkSubmitOperator(task_id="write", pipeline_path=pipeline_path, conn_id=spec.spark.conn_id, verbose=False,
-                                      **step_args(spec, "write"))
+    write = IngestSparkSubmitOperator(
+        task_id="write", pipeline_path=pipeline_path, conn_id=spec.spark.conn_id, verbose=False, **step_args(spec, "write")
+    )
 
     @task(task_id="validate", **step_args(spec, "validate"))
     def validate(planned: dict) -> dict:
@@ -145,9 +146,13 @@ def _schedule(spec: PipelineSpec, pipeline_path: str):
 
     from tidewater.runtime.triggers import PendingDataTrigger
 
-    asset = Asset(name=f"tidewater-{spec.name}-pending", uri=f"tidewater://pending/{spec.name}",
-                  watchers=[AssetWatcher(name=f"tidewater_{spec.name}_pending",
-                                         trigger=PendingDataTrigger(pipeline_path, spec.trigger.poll_seconds))])
+    asset = Asset(
+        name=f"tidewater-{spec.name}-pending",
+        uri=f"tidewater://pending/{spec.name}",
+        watchers=[
+            AssetWatcher(name=f"tidewater_{spec.name}_pending", trigger=PendingDataTrigger(pipeline_path, spec.trigger.poll_seconds))
+        ],
+    )
     if timetable is None or isinstance(timetable, str):  # triggered only (or @once/@continuous): the lag alone
         return [asset]
     return AssetOrTimeSchedule(timetable=timetable, assets=asset)
@@ -164,11 +169,19 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):
         **_dag_kwargs(spec, "ingest"),
         **({"deadline": alert} if alert is not None else {}),
         doc_md=_doc(spec, path),
-        params={"reprocess": Param(False, type="boolean", title="Re-ingest committed intervals (new backfill runs)", description=(
-            "Backfill runs only. A backfill run that re-runs an earlier run (Reprocess Behavior 'All Runs' or "
-            "'Missing and Errored Runs', or a Clear) always re-ingests its interval, replacing the rows it produced. "
-            "For intervals without an earlier run, turn this on (the backfill form sends it only with "
-            "'Override parameters on existing runs' on); otherwise an interval already committed is left as it is"))},
+        params={
+            "reprocess": Param(
+                False,
+                type="boolean",
+                title="Re-ingest committed intervals (new backfill runs)",
+                description=(
+                    "Backfill runs only. A backfill run that re-runs an earlier run (Reprocess Behavior 'All Runs' or "
+                    "'Missing and Errored Runs', or a Clear) always re-ingests its interval, replacing the rows it produced. "
+                    "For intervals without an earlier run, turn this on (the backfill form sends it only with "
+                    "'Override parameters on existing runs' on); otherwise an interval already committed is left as it is"
+                ),
+            )
+        },
     )
     def ingest():
         def plan_fn(context: dict) -> dict | None:
@@ -178,8 +191,13 @@ def build_ingest_dag(path: Path, spec: PipelineSpec):
             run_type = getattr(run, "run_type", None)
             start, end = context.get("data_interval_start"), context.get("data_interval_end")
             interval = (start.isoformat(), end.isoformat()) if start is not None and end is not None else None
-            return plan_task(pipeline_path, run_type=str(getattr(run_type, "value", run_type) or ""), data_interval=interval,
-                             reprocess=bool(context["params"].get("reprocess")), cleared=getattr(run, "clear_number", 0) or 0)
+            return plan_task(
+                pipeline_path,
+                run_type=str(getattr(run_type, "value", run_type) or ""),
+                data_interval=interval,
+                reprocess=bool(context["params"].get("reprocess")),
+                cleared=getattr(run, "clear_number", 0) or 0,
+            )
 
         _batch_tasks(pipeline_path, spec, plan_fn)
 
@@ -193,9 +211,13 @@ ISO_TIME = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]\d{2}:?
 def build_replay_dag(path: Path, spec: PipelineSpec):
     """``replay_<name>``: triggered from the UI with a form; re-reads an offset or time range into the table."""
     pipeline_path = str(path)
-    topic = Param(spec.topics[0] if spec.topics else "", type="string", title="Topic",
-                  description="A topic of the pipeline" + (f" (or one matching `{spec.topic_pattern}`)" if spec.topic_pattern else ""),
-                  **({"enum": list(spec.topics)} if spec.topics and not spec.topic_pattern else {}))
+    topic = Param(
+        spec.topics[0] if spec.topics else "",
+        type="string",
+        title="Topic",
+        description="A topic of the pipeline" + (f" (or one matching `{spec.topic_pattern}`)" if spec.topic_pattern else ""),
+        **({"enum": list(spec.topics)} if spec.topics and not spec.topic_pattern else {}),
+    )
 
     @dag(
         dag_id=spec.dag_ids()["replay"],
@@ -207,36 +229,81 @@ def build_replay_dag(path: Path, spec: PipelineSpec):
             "`replace` deletes the rows that came from the range and appends the re-read ones in one commit (replaying "
             "twice leaves the table identical); `append-missing` adds only offsets the table does not hold. "
             "`dry_run` logs what would change per partition. The committed offsets never move; records past them are "
-            "the scheduled batches' to ingest. Needs `format.metadata: prefixed` or `struct`." + _routed_replay_doc(spec)
-            + "\n\n* pipeline file: `" + pipeline_path + "`"
+            "the scheduled batches' to ingest. Needs `format.metadata: prefixed` or `struct`."
+            + _routed_replay_doc(spec)
+            + "\n\n* pipeline file: `"
+            + pipeline_path
+            + "`"
         ),
         params={
             "topic": topic,
-            "partitions": Param([], type="array", items={"type": "integer", "minimum": 0}, title="Partitions",
-                                description="Partition numbers; empty for every partition"),
-            "start_offset": Param(None, type=["null", "integer"], minimum=0, title="Start offset",
-                                  description="First offset to re-read (with End offset; leave both empty to give times)"),
-            "end_offset": Param(None, type=["null", "integer"], minimum=1, title="End offset (exclusive)",
-                                description="One past the last offset to re-read; at most the committed offset "
-                                            "(see `tidewater status`)"),
-            "start_time": Param(None, type=["null", "string"], pattern=ISO_TIME, title="Start time",
-                                description="Instead of offsets: ISO-8601, e.g. 2024-01-04T12:00:00Z (UTC when no zone), "
-                                            "mapped to an offset by Kafka's timestamp lookup"),
-            "end_time": Param(None, type=["null", "string"], pattern=ISO_TIME, title="End time (exclusive)",
-                              description="ISO-8601 like Start time; records at or after it are not re-read"),
-            "mode": Param(spec.replay_modes[0], type="string", enum=list(spec.replay_modes), title="Mode",
-                          description="reapply (change tables): apply each re-read change again where it is still its "
-                                      "key's latest change; a healthy table stays unchanged. replace: delete the rows that "
-                                      "came from the range and append the re-read records in one commit (replaying twice "
-                                      "leaves the table identical). append-missing: add only the offsets the table does "
-                                      "not hold (rows already there are not touched)"),
-            "dry_run": Param(True, type="boolean", title="Dry run",
-                             description="On (default): only log the rows to delete and to add per partition; turn off "
-                                         "to change the table"),
-            **({"tables": Param([], type="array", items={"type": "string"}, title="Tables",
-                                description="Target tables to replay (full names); empty: every table the re-read "
-                                            "records route to. Records routed only to other tables are skipped")}
-               if spec.routed else {}),
+            "partitions": Param(
+                [],
+                type="array",
+                items={"type": "integer", "minimum": 0},
+                title="Partitions",
+                description="Partition numbers; empty for every partition",
+            ),
+            "start_offset": Param(
+                None,
+                type=["null", "integer"],
+                minimum=0,
+                title="Start offset",
+                description="First offset to re-read (with End offset; leave both empty to give times)",
+            ),
+            "end_offset": Param(
+                None,
+                type=["null", "integer"],
+                minimum=1,
+                title="End offset (exclusive)",
+                description="One past the last offset to re-read; at most the committed offset (see `tidewater status`)",
+            ),
+            "start_time": Param(
+                None,
+                type=["null", "string"],
+                pattern=ISO_TIME,
+                title="Start time",
+                description="Instead of offsets: ISO-8601, e.g. 2024-01-04T12:00:00Z (UTC when no zone), "
+                "mapped to an offset by Kafka's timestamp lookup",
+            ),
+            "end_time": Param(
+                None,
+                type=["null", "string"],
+                pattern=ISO_TIME,
+                title="End time (exclusive)",
+                description="ISO-8601 like Start time; records at or after it are not re-read",
+            ),
+            "mode": Param(
+                spec.replay_modes[0],
+                type="string",
+                enum=list(spec.replay_modes),
+                title="Mode",
+                description="reapply (change tables): apply each re-read change again where it is still its "
+                "key's latest change; a healthy table stays unchanged. replace: delete the rows that "
+                "came from the range and append the re-read records in one commit (replaying twice "
+                "leaves the table identical). append-missing: add only the offsets the table does "
+                "not hold (rows already there are not touched)",
+            ),
+            "dry_run": Param(
+                True,
+                type="boolean",
+                title="Dry run",
+                description="On (default): only log the rows to delete and to add per partition; turn off to change the table",
+            ),
+            **(
+                {
+                    "tables": Param(
+                        [],
+                        type="array",
+                        items={"type": "string"},
+                        title="Tables",
+                        description="Target tables to replay (full names); empty: every table the re-read "
+                        "records route to. Records routed only to other tables are skipped",
+                    )
+                }
+                if spec.routed
+                else {}
+            ),
         },
     )
     def replay():
@@ -257,10 +324,12 @@ def _targets(spec: PipelineSpec) -> str:
 def _routed_replay_doc(spec: PipelineSpec) -> str:
     if not spec.routed:
         return ""
-    return (" A routed pipeline's replay rewrites each target table the re-read records route to (or the `tables` "
-            "named): its change tables are always reapplied (`reapply`: each change again where it is still its key's "
-            "latest), its append tables get the mode (`reapply` there means `replace`). The ranges are checked against "
-            "the checkpoint table's offsets; every table keeps its own. The dry run logs rows per table and partition.")
+    return (
+        " A routed pipeline's replay rewrites each target table the re-read records route to (or the `tables` "
+        "named): its change tables are always reapplied (`reapply`: each change again where it is still its key's "
+        "latest), its append tables get the mode (`reapply` there means `replace`). The ranges are checked against "
+        "the checkpoint table's offsets; every table keeps its own. The dry run logs rows per table and partition."
+    )
 
 
 def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body, outlets: list | None = None):
@@ -291,16 +360,22 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):
         HITLOperator = None
     kwargs = {**_dag_kwargs(spec, "quarantine"), "max_active_runs": QUARANTINE_RUNS}
 
-    @dag(dag_id=spec.dag_ids()["quarantine"], schedule=None, **kwargs, doc_md=_quarantine_doc(spec, pipeline_path),
-         params=_quarantine_params(spec))
+    @dag(
+        dag_id=spec.dag_ids()["quarantine"],
+        schedule=None,
+        **kwargs,
+        doc_md=_quarantine_doc(spec, pipeline_path),
+        params=_quarantine_params(spec),
+    )
     def quarantine():
         @task(task_id="quarantine", outlets=[commits_alias(spec)])
         def form(**context) -> dict:
             from tidewater.runtime.airflow import quarantine_task
 
             user = getattr(context.get("dag_run"), "triggering_user_name", None)
-            return quarantine_task(pipeline_path, dict(context["params"]), outlet_events=context.get("outlet_events"),
-                                   by=str(user) if user else None)
+            return quarantine_task(
+                pipeline_path, dict(context["params"]), outlet_events=context.get("outlet_events"), by=str(user) if user else None
+            )
 
         if HITLOperator is None:
             form()
@@ -311,12 +386,22 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):
             return "decide" if (context["dag_run"].conf or {}).get("decision") else "quarantine"
 
         decide = HITLOperator(
-            task_id="decide", options=[PUBLISH, DROP], execution_timeout=None, retries=0,
+            task_id="decide",
+            options=[PUBLISH, DROP],
+            execution_timeout=None,
+            retries=0,
             subject="Quarantined batch {{ dag_run.conf.get('batch_id', '') }} of " + spec.name + ": publish or drop?",
             body="{{ dag_run.conf.get('body', '') }}",
-            params={"reason": Param(None, type=["null", "string"], title="Reason (for Drop)",
-                                    description="Why the batch is given up: kept with the drop on the table's main "
-                                                "(optional: without one the drop records who dropped it)")})
+            params={
+                "reason": Param(
+                    None,
+                    type=["null", "string"],
+                    title="Reason (for Drop)",
+                    description="Why the batch is given up: kept with the drop on the table's main "
+                    "(optional: without one the drop records who dropped it)",
+                )
+            },
+        )
 
         @task(task_id="apply", outlets=[commits_alias(spec)])
         def apply(answer: dict, **context) -> dict:
@@ -325,9 +410,15 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):
 
             done = apply_decision(pipeline_path, dict(context["dag_run"].conf or {}), answer)
             if done["decision"] == PUBLISH:
-                emit_table_events(context.get("outlet_events"), spec, [
-                    (t["table"], {"batch_id": done["batch_id"], "mode": "quarantine-publish", "rows": t["rows"]})
-                    for t in done["tables"] if t["rows"]])
+                emit_table_events(
+                    context.get("outlet_events"),
+                    spec,
+                    [
+                        (t["table"], {"batch_id": done["batch_id"], "mode": "quarantine-publish", "rows": t["rows"]})
+                        for t in done["tables"]
+                        if t["rows"]
+                    ],
+                )
             return done
 
         route() >> [form(), decide]
@@ -337,24 +428,35 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):
 
 
 def _quarantine_doc(spec: PipelineSpec, pipeline_path: str) -> str:
-    return (f"### quarantined batches of {_targets(spec)}\n\nA batch that fails its expectations is committed "
-            "to a branch `quarantine-<batch id>` (main unchanged, offsets advanced) and its ingest run fails. Where "
-            "Airflow has human-in-the-loop tasks (3.1+), the ingest run also starts a run `decide__<batch id>` of this "
-            "DAG, whose `decide` task waits in **Required actions** with the failed expectations, the rows, the ranges "
-            "and the Data Docs link: Publish appends the batch to main, Drop gives it up (with a reason), and who "
-            "decided is kept in the table's history. Trigger this DAG with the form for scripts and older Airflow: "
-            "`list` to see the batches, `publish` to append one to main, `drop` to discard it.\n\n"
-            "* pipeline file: `" + pipeline_path + "`")
+    return (
+        f"### quarantined batches of {_targets(spec)}\n\nA batch that fails its expectations is committed "
+        "to a branch `quarantine-<batch id>` (main unchanged, offsets advanced) and its ingest run fails. Where "
+        "Airflow has human-in-the-loop tasks (3.1+), the ingest run also starts a run `decide__<batch id>` of this "
+        "DAG, whose `decide` task waits in **Required actions** with the failed expectations, the rows, the ranges "
+        "and the Data Docs link: Publish appends the batch to main, Drop gives it up (with a reason), and who "
+        "decided is kept in the table's history. Trigger this DAG with the form for scripts and older Airflow: "
+        "`list` to see the batches, `publish` to append one to main, `drop` to discard it.\n\n"
+        "* pipeline file: `" + pipeline_path + "`"
+    )
 
 
 def _quarantine_params(spec: PipelineSpec) -> dict[str, Any]:
     return {
         "action": Param("list", type="string", enum=["list", "publish", "drop"], title="Action"),
         "batch_id": Param("", type="string", title="Batch id", description="For publish and drop (see list)"),
-        "reason": Param(None, type=["null", "string"], title="Reason",
-                        description="For drop (optional): why the batch is given up"),
-        **({"table": Param("", type="string", title="Table", description="The target table (full name) of the batch to "
-                           "publish or drop; for list, empty lists every table")} if spec.routed else {}),
+        "reason": Param(None, type=["null", "string"], title="Reason", description="For drop (optional): why the batch is given up"),
+        **(
+            {
+                "table": Param(
+                    "",
+                    type="string",
+                    title="Table",
+                    description="The target table (full name) of the batch to publish or drop; for list, empty lists every table",
+                )
+            }
+            if spec.routed
+            else {}
+        ),
     }
 
 
@@ -368,24 +470,37 @@ def build_skip_dag(path: Path, spec: PipelineSpec):
         user = getattr(context.get("dag_run"), "triggering_user_name", None) or "airflow"
         return skip_task(pipeline_path, params, by=str(user))
 
-    return _form_dag(spec, "skip", (
-        f"### skip blocking records of {_targets(spec)}\n\nWhen a partition is stuck on records that "
-        "fail every retry, trigger this DAG with the partition, the range to skip (it starts at or after the "
-        "partition's committed offset, see `tidewater status`) and a reason. Records before the range are "
-        "ingested first; the range goes to the dead-letter table as `OperatorSkip` with the reason and the "
-        "triggering user, and the partition's offset moves past it (recorded as `tidewater.operator-skip` in the "
-        "table's history). `dry_run` (on by default) only checks.\n\n* pipeline file: `" + pipeline_path + "`"
-    ), {
-        "topic": Param(spec.topics[0] if spec.topics else "", type="string", title="Topic"),
-        "partition": Param(0, type="integer", minimum=0, title="Partition"),
-        "start_offset": Param(0, type="integer", minimum=0, title="Start offset",
-                              description="The first record to skip (at or after the committed offset)"),
-        "end_offset": Param(1, type="integer", minimum=1, title="End offset (exclusive)",
-                            description="The first offset that is ingested again"),
-        "reason": Param("", type="string", minLength=1, title="Reason",
-                        description="Kept with the dead letters and in the table's history"),
-        "dry_run": Param(True, type="boolean", title="Dry run", description="Only check and log what would happen"),
-    }, body)
+    return _form_dag(
+        spec,
+        "skip",
+        (
+            f"### skip blocking records of {_targets(spec)}\n\nWhen a partition is stuck on records that "
+            "fail every retry, trigger this DAG with the partition, the range to skip (it starts at or after the "
+            "partition's committed offset, see `tidewater status`) and a reason. Records before the range are "
+            "ingested first; the range goes to the dead-letter table as `OperatorSkip` with the reason and the "
+            "triggering user, and the partition's offset moves past it (recorded as `tidewater.operator-skip` in the "
+            "table's history). `dry_run` (on by default) only checks.\n\n* pipeline file: `" + pipeline_path + "`"
+        ),
+        {
+            "topic": Param(spec.topics[0] if spec.topics else "", type="string", title="Topic"),
+            "partition": Param(0, type="integer", minimum=0, title="Partition"),
+            "start_offset": Param(
+                0,
+                type="integer",
+                minimum=0,
+                title="Start offset",
+                description="The first record to skip (at or after the committed offset)",
+            ),
+            "end_offset": Param(
+                1, type="integer", minimum=1, title="End offset (exclusive)", description="The first offset that is ingested again"
+            ),
+            "reason": Param(
+                "", type="string", minLength=1, title="Reason", description="Kept with the dead letters and in the table's history"
+            ),
+            "dry_run": Param(True, type="boolean", title="Dry run", description="Only check and log what would happen"),
+        },
+        body,
+    )
 
 
 def build_retry_dead_letters_dag(path: Path, spec: PipelineSpec):
@@ -399,22 +514,29 @@ def build_retry_dead_letters_dag(path: Path, spec: PipelineSpec):
         user = getattr(context.get("dag_run"), "triggering_user_name", None) or "airflow"
         return retry_dead_letters_task(pipeline_path, params, by=str(user), outlet_events=context.get("outlet_events"))
 
-    return _form_dag(spec, "retry_dead_letters", (
-        f"### retry the dead letters of {_targets(spec)}\n\nAfter a fix (a schema, a pipeline setting, a quality rule "
-        "that was too strict), trigger this DAG to decode the open dead letters again with the current settings: the "
-        "records that now pass are committed once, as a batch of their own (offsets do not move), and their letters "
-        "are marked resolved with the snapshot; records that fail again stay letters with their new error; change "
-        "tables apply them in source order or refuse them when a later change of the key is applied. The stored "
-        "records are decoded, so Kafka need not hold them any more. Choose an error class or a batch to retry only "
-        "those; `dry_run` (on by default) only counts them. `tidewater dead-letters drop` gives letters up.\n\n"
-        "* pipeline file: `" + pipeline_path + "`"
-    ), {
-        "error_class": Param("", type="string", title="Error class", description="Only letters of this class (empty: all)"),
-        "batch_id": Param("", type="string", title="Batch id", description="Only letters this batch dead-lettered "
-                                                                             "(empty: all)"),
-        "dry_run": Param(True, type="boolean", title="Dry run", description="On (default): only count the letters; turn "
-                                                                            "off to retry them"),
-    }, body, outlets=[commits_alias(spec)])
+    return _form_dag(
+        spec,
+        "retry_dead_letters",
+        (
+            f"### retry the dead letters of {_targets(spec)}\n\nAfter a fix (a schema, a pipeline setting, a quality rule "
+            "that was too strict), trigger this DAG to decode the open dead letters again with the current settings: the "
+            "records that now pass are committed once, as a batch of their own (offsets do not move), and their letters "
+            "are marked resolved with the snapshot; records that fail again stay letters with their new error; change "
+            "tables apply them in source order or refuse them when a later change of the key is applied. The stored "
+            "records are decoded, so Kafka need not hold them any more. Choose an error class or a batch to retry only "
+            "those; `dry_run` (on by default) only counts them. `tidewater dead-letters drop` gives letters up.\n\n"
+            "* pipeline file: `" + pipeline_path + "`"
+        ),
+        {
+            "error_class": Param("", type="string", title="Error class", description="Only letters of this class (empty: all)"),
+            "batch_id": Param("", type="string", title="Batch id", description="Only letters this batch dead-lettered (empty: all)"),
+            "dry_run": Param(
+                True, type="boolean", title="Dry run", description="On (default): only count the letters; turn off to retry them"
+            ),
+        },
+        body,
+        outlets=[commits_alias(spec)],
+    )
 
 
 def build_audit_dag(path: Path, spec: PipelineSpec):
@@ -422,16 +544,28 @@ def build_audit_dag(path: Path, spec: PipelineSpec):
     pipeline_path = str(path)
 
     what = f"`{spec.table.identifier}`" if not spec.routed else f"pipeline `{spec.name}` ({spec.describe_targets()})"
-    routed = (" For a routed pipeline, from its checkpoint table, and per target table: every batch the checkpoint "
-              "committed with rows for it is in it with the rows its writer counted.") if spec.routed else ""
+    routed = (
+        (
+            " For a routed pipeline, from its checkpoint table, and per target table: every batch the checkpoint "
+            "committed with rows for it is in it with the rows its writer counted."
+        )
+        if spec.routed
+        else ""
+    )
 
-    @dag(dag_id=spec.dag_ids()["audit"], schedule=spec.audit.schedule, **_dag_kwargs(spec, "audit"), doc_md=(
-        f"### audit of {what}\n\nChecks the table against its topic from the ledger: per partition "
-        "the committed ranges follow each other with no gap or overlap, every batch's records read = rows + dead "
-        "letters + skipped, no snapshot changed rows outside Tidewater, no committed offset below the log start or "
-        f"beyond the log end{'; and every row source offset (`audit.deep`)' if spec.audit.deep else ''}. The run fails on "
-        "a discrepancy and its log names each one (topic, partition, offsets, batch, snapshot); the Tidewater view "
-        f"shows the last verdict. Same as `tidewater audit`.{routed}"))
+    @dag(
+        dag_id=spec.dag_ids()["audit"],
+        schedule=spec.audit.schedule,
+        **_dag_kwargs(spec, "audit"),
+        doc_md=(
+            f"### audit of {what}\n\nChecks the table against its topic from the ledger: per partition "
+            "the committed ranges follow each other with no gap or overlap, every batch's records read = rows + dead "
+            "letters + skipped, no snapshot changed rows outside Tidewater, no committed offset below the log start or "
+            f"beyond the log end{'; and every row source offset (`audit.deep`)' if spec.audit.deep else ''}. The run fails on "
+            "a discrepancy and its log names each one (topic, partition, offsets, batch, snapshot); the Tidewater view "
+            f"shows the last verdict. Same as `tidewater audit`.{routed}"
+        ),
+    )
     def audit():
         @task(task_id="audit", retries=spec.airflow.retries)
         def run() -> dict:
@@ -470,6 +604,7 @@ def build_pipeline_dags(path: Path, spec: PipelineSpec) -> list:
     """Every DAG of one pipeline file (``PipelineSpec.dag_ids``): ingest, the optional DAGs of ``airflow.dags``
     (replay, skip, dead-letter retry, audit, maintenance) and quarantine under the quarantine policy."""
     return [BUILDERS[kind](path, spec) for kind in spec.dag_ids()]
+
 
 def maintenance_asset(spec: PipelineSpec) -> Asset:
     """What a maintenance run updates: an asset of its own, not the table's, whose events mean new data to the DAGs
@@ -523,9 +658,15 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):
 # The builder of each kind of DAG (config.spec.DAG_KINDS; tests/dags/test_dagbag.py holds the two equal): a DAG id
 # is ``<airflow.dag_id_prefix><kind>_<pipeline name>`` (PipelineSpec.dag_ids, build_pipeline_dags), and a file that
 # does not load makes ``ingest_invalid_<file stem>`` (build_invalid_dag).
-BUILDERS = {"ingest": build_ingest_dag, "audit": build_audit_dag, "replay": build_replay_dag,
-            "skip": build_skip_dag, "retry_dead_letters": build_retry_dead_letters_dag,
-            "quarantine": build_quarantine_dag, "maintain": build_maintain_dag}
+BUILDERS = {
+    "ingest": build_ingest_dag,
+    "audit": build_audit_dag,
+    "replay": build_replay_dag,
+    "skip": build_skip_dag,
+    "retry_dead_letters": build_retry_dead_letters_dag,
+    "quarantine": build_quarantine_dag,
+    "maintain": build_maintain_dag,
+}
 
 
 def _occurrences(text: str, part: str) -> list[int]:
@@ -550,7 +691,7 @@ def _files_for(dag_id: str, folder: Path) -> list[Path]:
     for a DAG id ``<kind>_<name>`` (a file named after its pipeline, as ``tidewater init`` and the examples name
     them). The folder is not listed: a task's parse costs the same however many files it holds."""
     # each place a kind's "<kind>_" occurs: at the start, or after a pipeline's airflow.dag_id_prefix
-    names = {dag_id[i + len(kind) + 1:] for kind in DAG_KINDS for i in _occurrences(dag_id, kind + "_")}
+    names = {dag_id[i + len(kind) + 1 :] for kind in DAG_KINDS for i in _occurrences(dag_id, kind + "_")}
     return sorted(p for n in names for p in (folder / f"{n}.yaml", folder / f"{n}.yml") if p.is_file())
 
 
@@ -580,8 +721,7 @@ def pipeline_dags(dag_file: str | None = None, folder: str | Path | None = None)
     dag_file = dag_file or sys._getframe(1).f_code.co_filename
     where = Path(folder) if folder else pipelines_dir()
     if not where.is_dir():
-        log.warning("no pipelines folder at %s: set TIDEWATER_PIPELINES_DIR, or pass folder= to pipeline_dags in %s",
-                    where, dag_file)
+        log.warning("no pipelines folder at %s: set TIDEWATER_PIPELINES_DIR, or pass folder= to pipeline_dags in %s", where, dag_file)
     wanted = _parsing_dag_id()
     if wanted:
         out: dict[str, Any] = {}

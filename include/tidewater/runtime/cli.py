@@ -16,8 +16,9 @@ from tidewater.errors import TidewaterError
 def _pipeline_arg(p: argparse.ArgumentParser, folder: bool = False) -> None:
     """The pipeline a command acts on: its name (looked up in the pipelines folder) or ``--pipeline FILE``. With
     ``folder``, neither means every pipeline file of the folder."""
-    p.add_argument("pipeline_name", nargs="?", metavar="NAME",
-                   help="the pipeline's name, looked up in the pipelines folder ($TIDEWATER_PIPELINES_DIR)")
+    p.add_argument(
+        "pipeline_name", nargs="?", metavar="NAME", help="the pipeline's name, looked up in the pipelines folder ($TIDEWATER_PIPELINES_DIR)"
+    )
     p.add_argument("--pipeline", metavar="FILE", help="the pipeline file (YAML), instead of a NAME")
     p.set_defaults(pipeline_folder=folder)
 
@@ -51,8 +52,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         paths = discover_pipelines()
         if not paths:
-            raise ConfigError(f"no pipeline files (*.yaml, *.yml) in {pipelines_dir()}: set TIDEWATER_PIPELINES_DIR, "
-                              "or give a NAME or --pipeline FILE")
+            raise ConfigError(
+                f"no pipeline files (*.yaml, *.yml) in {pipelines_dir()}: set TIDEWATER_PIPELINES_DIR, or give a NAME or --pipeline FILE"
+            )
         reports = [_validated(p) for p in paths]
         _shared_names(reports)
     failed = [r for r in reports if r["problems"]]
@@ -82,9 +84,14 @@ def _validated(path: Path) -> dict[str, Any]:
     except ConfigError as e:
         prefix = f"{path}: "
         return {"file": str(path), "pipeline": None, "problems": [x.removeprefix(prefix) for x in problems_of(e)]}
-    return {"file": str(path), "pipeline": spec.name, "dag_id": spec.dag_id, "problems": [],
-            "summary": f"pipeline {spec.name}, DAG {spec.dag_id}, {len(spec.topics)} topic(s)"
-                       f"{' + pattern ' + repr(spec.topic_pattern) if spec.topic_pattern else ''} -> {spec.describe_targets()}"}
+    return {
+        "file": str(path),
+        "pipeline": spec.name,
+        "dag_id": spec.dag_id,
+        "problems": [],
+        "summary": f"pipeline {spec.name}, DAG {spec.dag_id}, {len(spec.topics)} topic(s)"
+        f"{' + pattern ' + repr(spec.topic_pattern) if spec.topic_pattern else ''} -> {spec.describe_targets()}",
+    }
 
 
 def _shared_names(reports: list[dict[str, Any]]) -> None:
@@ -123,8 +130,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  last snapshot: {st['last_snapshot_id']} at {st['last_snapshot_at']} (batch {st['last_batch_id']})")
     print(f"  valid through: {st['valid_through']}")
     print(f"  total lag:     {st['total_lag']}")
-    print(f"  dead letters:  {st['dead_letters']} in {st['dead_letter_table']} (last batch: "
-          f"{st['last_batch_dead_letters']} dead-lettered, {st['last_batch_skipped']} skipped)")
+    print(
+        f"  dead letters:  {st['dead_letters']} in {st['dead_letter_table']} (last batch: "
+        f"{st['last_batch_dead_letters']} dead-lettered, {st['last_batch_skipped']} skipped)"
+    )
     if st.get("last_batch_changes"):
         print(f"  last changes:  {_changes_text(st['last_batch_changes'])}")
     print(f"  {'topic':<30} {'part':>4} {'committed':>12} {'end':>12} {'lag':>10}")
@@ -142,16 +151,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from tidewater.config.parse import load_pipeline
 
     try:
-        report = audit(load_pipeline(args.pipeline), args.table, deep=args.deep, full=args.full,
-                       progress=_progress if args.deep else None)
+        report = audit(load_pipeline(args.pipeline), args.table, deep=args.deep, full=args.full, progress=_progress if args.deep else None)
     except TidewaterError as e:
         print(f"tidewater: {'transient' if e.transient else 'error'}: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
         return 0 if report.clean else 1
-    since = f"committed since the last clean audit's, {report.since} (--full: every batch)" if report.since \
-        else "in the ledger"
+    since = f"committed since the last clean audit's, {report.since} (--full: every batch)" if report.since else "in the ledger"
     print(f"audit of {report.table} (pipeline {report.pipeline}): {report.batches} batches {since}")
     for f in report.findings:
         print(f"  {f.text()}")
@@ -174,8 +181,10 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 0
     print(f"{'snapshot':>20} {'at':<26} {'op':<8} {'records':>8} {'files':>5}  batch / offsets")
     for r in rows:
-        print(f"{r['snapshot_id']:>20} {r['at']:<26} {r['operation'] or '':<8} {r['records'] or '':>8} "
-              f"{r['added_files'] or '':>5}  {r['batch_id'] or ''}")
+        print(
+            f"{r['snapshot_id']:>20} {r['at']:<26} {r['operation'] or '':<8} {r['records'] or '':>8} "
+            f"{r['added_files'] or '':>5}  {r['batch_id'] or ''}"
+        )
         if r["offsets"]:
             print(f"{'':>63}offsets {r['offsets']}  valid-through {r['valid_through']}")
         if r.get("changes"):
@@ -226,9 +235,11 @@ def _dev_tool(name: str, command: str) -> Any:
     except ModuleNotFoundError as e:
         if e.name not in ("tidewater_dev", f"tidewater_dev.{name}"):
             raise
-        raise ConfigError(f"`tidewater {command}` is a development tool of a Tidewater checkout (include/tidewater_dev, "
-                          "used by `make demo` and the tests); the installed package does not ship it. Use your own "
-                          "Kafka cluster and Spark, or run it from a checkout") from None
+        raise ConfigError(
+            f"`tidewater {command}` is a development tool of a Tidewater checkout (include/tidewater_dev, "
+            "used by `make demo` and the tests); the installed package does not ship it. Use your own "
+            "Kafka cluster and Spark, or run it from a checkout"
+        ) from None
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -266,8 +277,7 @@ def cmd_spark_connect(args: argparse.Namespace) -> int:
 
 
 def _add_spark_connect(sub: Any) -> None:
-    p = sub.add_parser("spark-connect", help="a local Spark Connect server for the write step (`make spark-connect` "
-                                             "installs it)")
+    p = sub.add_parser("spark-connect", help="a local Spark Connect server for the write step (`make spark-connect` installs it)")
     p.add_argument("action", choices=["start", "stop", "status"])
     p.add_argument("--port", type=int, default=15002, help="start: the port to listen on (default 15002)")
     p.set_defaults(fn=cmd_spark_connect)
@@ -275,8 +285,7 @@ def _add_spark_connect(sub: Any) -> None:
 
 def cmd_produce_sample(args: argparse.Namespace) -> int:
     sample = _dev_tool("sample_data", "produce-sample")
-    counts = sample.produce(args.bootstrap, args.topic, sample.pizza_events(args.count, seed=args.seed),
-                            partitions=args.partitions)
+    counts = sample.produce(args.bootstrap, args.topic, sample.pizza_events(args.count, seed=args.seed), partitions=args.partitions)
     print(f"produced {sum(counts.values())} pizza events to {args.topic} ({args.partitions} partitions)")
     return 0
 
@@ -311,9 +320,11 @@ def cmd_init(args: argparse.Namespace) -> int:
     for path in write_example(folder, schema=pipeline_schema()):
         print(f"wrote {path}")
     pipeline = folder / f"{EXAMPLE}.yaml"
-    print(f"next: edit {pipeline} (topics, kafka.bootstrap_servers, table.identifier), then\n"
-          f"  tidewater validate --pipeline {pipeline}\n  tidewater run --pipeline {pipeline}\n"
-          f"and point TIDEWATER_PIPELINES_DIR at {folder.resolve()} for the DAGs and the Tidewater view")
+    print(
+        f"next: edit {pipeline} (topics, kafka.bootstrap_servers, table.identifier), then\n"
+        f"  tidewater validate --pipeline {pipeline}\n  tidewater run --pipeline {pipeline}\n"
+        f"and point TIDEWATER_PIPELINES_DIR at {folder.resolve()} for the DAGs and the Tidewater view"
+    )
     return 0
 
 
@@ -342,16 +353,18 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         saved = os.dup(1)
         os.dup2(2, 1)
         try:
-            reports = maintain(spec, actions=actions, dry_run=args.dry_run, master=_master(spec, args.master),
-                               table=args.table, progress=_progress)
+            reports = maintain(
+                spec, actions=actions, dry_run=args.dry_run, master=_master(spec, args.master), table=args.table, progress=_progress
+            )
         finally:
             sys.stdout.flush()
             os.dup2(saved, 1)
             os.close(saved)
         print(reports_json(reports))
     else:
-        for r in maintain(spec, actions=actions, dry_run=args.dry_run, master=_master(spec, args.master),
-                          table=args.table, progress=_progress):
+        for r in maintain(
+            spec, actions=actions, dry_run=args.dry_run, master=_master(spec, args.master), table=args.table, progress=_progress
+        ):
             print(r.text())
     return 0
 
@@ -373,8 +386,9 @@ def cmd_connect_import(args: argparse.Namespace) -> int:
         doc = json.loads(Path(args.connector).read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"{args.connector}: cannot read the connector JSON: {e}") from None
-    res = convert(doc, name=args.name, bootstrap=args.bootstrap_servers, catalog=args.catalog,
-                  catalog_uri=args.catalog_uri, warehouse=args.warehouse)
+    res = convert(
+        doc, name=args.name, bootstrap=args.bootstrap_servers, catalog=args.catalog, catalog_uri=args.catalog_uri, warehouse=args.warehouse
+    )
     text = to_yaml(res)
     import yaml
 
@@ -406,12 +420,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from tidewater.plan.replay import ReplayRequest
 
     spec = load_pipeline(args.pipeline)
-    req = ReplayRequest.from_params({
-        "topic": args.topic, "partitions": args.partitions, "start_offset": args.start_offset, "end_offset": args.end_offset,
-        "start_time": args.start_time, "end_time": args.end_time,
-        "mode": args.mode or spec.replay_modes[0], "dry_run": args.dry_run,
-        "tables": args.tables,
-    })
+    req = ReplayRequest.from_params(
+        {
+            "topic": args.topic,
+            "partitions": args.partitions,
+            "start_offset": args.start_offset,
+            "end_offset": args.end_offset,
+            "start_time": args.start_time,
+            "end_time": args.end_time,
+            "mode": args.mode or spec.replay_modes[0],
+            "dry_run": args.dry_run,
+            "tables": args.tables,
+        }
+    )
     result = run_replay(spec, req, master=args.master, out=None if args.json else print)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
@@ -431,8 +452,10 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
         if not args.json:
             print(", ".join(f"{n} {s}" for s, n in result["counts"].items()) + " dead letters")
             for r in result["letters"]:
-                print(f"{r['topic']}[{r['partition']}]@{r['offset']} {r['status']:<12} {r['error_class']}: "
-                      f"{(r['error_message'] or '')[:120]} (batch {r['letter_batch_id']})")
+                print(
+                    f"{r['topic']}[{r['partition']}]@{r['offset']} {r['status']:<12} {r['error_class']}: "
+                    f"{(r['error_message'] or '')[:120]} (batch {r['letter_batch_id']})"
+                )
             if result["matching"] > len(result["letters"]):
                 print(f"... {result['matching'] - len(result['letters'])} more (--limit)")
     elif args.action == "retry":
@@ -446,14 +469,21 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 
 def _add_dead_letters(sub: Any) -> None:
     p = sub.add_parser("dead-letters", help="list dead letters; retry them with the current settings, or drop them")
-    p.add_argument("action", choices=["list", "retry", "drop"],
-                   help="list: letters and their state; retry: decode the open letters again and commit those that pass "
-                        "(once, as a batch of its own); drop: give the open letters up, with --reason")
+    p.add_argument(
+        "action",
+        choices=["list", "retry", "drop"],
+        help="list: letters and their state; retry: decode the open letters again and commit those that pass "
+        "(once, as a batch of its own); drop: give the open letters up, with --reason",
+    )
     _pipeline_arg(p)
     p.add_argument("--class", dest="error_class", default="", help="only letters of this error class")
     p.add_argument("--batch", default="", help="only letters this batch dead-lettered")
-    p.add_argument("--state", default="open", choices=["open", "retrying", "resolved", "skipped", "dropped", "all"],
-                   help="list: letters in this state (default open)")
+    p.add_argument(
+        "--state",
+        default="open",
+        choices=["open", "retrying", "resolved", "skipped", "dropped", "all"],
+        help="list: letters in this state (default open)",
+    )
     p.add_argument("--limit", type=int, default=100, help="list: at most this many letters")
     p.add_argument("--reason", default="", help="drop: why they are given up (kept with each letter)")
     p.add_argument("--dry-run", action="store_true", help="retry, drop: say what would be done; change nothing")
@@ -476,8 +506,10 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
         else:
             for q in rows:
                 v = q["validation"] or {}
-                print(f"{q['batch_id']}  {q['table']} branch {q['branch']}  {q['rows']} rows in {q['files']} files  "
-                      f"failed {v.get('failed', '?')}/{v.get('checks', '?')} checks ({v.get('suite', '?')})")
+                print(
+                    f"{q['batch_id']}  {q['table']} branch {q['branch']}  {q['rows']} rows in {q['files']} files  "
+                    f"failed {v.get('failed', '?')}/{v.get('checks', '?')} checks ({v.get('suite', '?')})"
+                )
             if not rows:
                 print("no quarantined batches")
         return 0
@@ -485,8 +517,11 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch: required for {args.action}")
     view = quarantine.view_for(spec, args.table)
     by = args.by or getpass.getuser()
-    result = (quarantine.publish(view, args.batch, by=by) if args.action == "publish"
-              else quarantine.drop(view, args.batch, reason=args.reason, by=by))
+    result = (
+        quarantine.publish(view, args.batch, by=by)
+        if args.action == "publish"
+        else quarantine.drop(view, args.batch, reason=args.reason, by=by)
+    )
     print(json.dumps(result) if args.json else f"{result['status']} batch {result['batch_id']}: {result['rows']} rows")
     return 0
 
@@ -496,8 +531,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from tidewater.ops.publish import publish_branch
 
     r = publish_branch(load_pipeline(args.pipeline), args.table)
-    print(json.dumps(r) if args.json else f"published branch {r['branch']} of {r['table']}: main at {r['main_after']} "
-          f"({r['snapshots']} snapshot(s) gained)")
+    print(
+        json.dumps(r)
+        if args.json
+        else f"published branch {r['branch']} of {r['table']}: main at {r['main_after']} ({r['snapshots']} snapshot(s) gained)"
+    )
     return 0
 
 
@@ -508,18 +546,23 @@ def cmd_skip(args: argparse.Namespace) -> int:
     from tidewater.ops.skip import SkipRequest, skip
 
     spec = load_pipeline(args.pipeline)
-    req = SkipRequest(args.topic, args.partition, args.start_offset, args.end_offset, args.reason,
-                      args.by or getpass.getuser(), args.dry_run)
+    req = SkipRequest(
+        args.topic, args.partition, args.start_offset, args.end_offset, args.reason, args.by or getpass.getuser(), args.dry_run
+    )
     result = skip(spec, req)
     if args.json:
         print(json.dumps(result))
     elif result["status"] == "dry-run":
-        print(f"dry run: would dead-letter {req.topic}[{req.partition}] [{req.start_offset}, {req.end_offset}) and move "
-              f"the offset to {req.end_offset}")
+        print(
+            f"dry run: would dead-letter {req.topic}[{req.partition}] [{req.start_offset}, {req.end_offset}) and move "
+            f"the offset to {req.end_offset}"
+        )
     else:
         lost = f", {result['deleted_unread']} deleted by retention unread" if result["deleted_unread"] else ""
-        print(f"{result['status']}: {result['dead_letters']} records of {req.topic}[{req.partition}] "
-              f"[{req.start_offset}, {req.end_offset}) dead-lettered as OperatorSkip{lost} ({result['batch_id']})")
+        print(
+            f"{result['status']}: {result['dead_letters']} records of {req.topic}[{req.partition}] "
+            f"[{req.start_offset}, {req.end_offset}) dead-lettered as OperatorSkip{lost} ({result['batch_id']})"
+        )
     return 0
 
 
@@ -528,8 +571,12 @@ def _add_skip(sub: Any) -> None:
     _pipeline_arg(p)
     p.add_argument("--topic", required=True, help="the blocked topic")
     p.add_argument("--partition", type=int, required=True, help="the blocked partition")
-    p.add_argument("--start-offset", type=int, required=True,
-                   help="the partition's committed offset or later (below its log start: records retention deleted)")
+    p.add_argument(
+        "--start-offset",
+        type=int,
+        required=True,
+        help="the partition's committed offset or later (below its log start: records retention deleted)",
+    )
     p.add_argument("--end-offset", type=int, required=True, help="exclusive: the first offset ingested again")
     p.add_argument("--reason", required=True, help="why (kept with the dead letters and in the table's history)")
     p.add_argument("--by", default=None, help="who asks (default: the user running the command)")
@@ -567,8 +614,9 @@ def cmd_recover_offsets(args: argparse.Namespace) -> int:
 
 
 def _add_recover_offsets(sub: Any) -> None:
-    p = sub.add_parser("recover-offsets", help="propose a table's lost offsets from the ledger and its rows; commit "
-                       "them when both agree (or with --yes)")
+    p = sub.add_parser(
+        "recover-offsets", help="propose a table's lost offsets from the ledger and its rows; commit them when both agree (or with --yes)"
+    )
     _pipeline_arg(p)
     p.add_argument("--dry-run", action="store_true", help="show the evidence and the proposal; change nothing")
     p.add_argument("--yes", action="store_true", help="commit the proposal even where the evidence does not agree")
@@ -596,12 +644,23 @@ def _add_connect_import(sub: Any) -> None:
     p = sub.add_parser("connect-import", help="turn a Kafka Connect Iceberg sink configuration into a pipeline file")
     p.add_argument("connector", metavar="CONNECTOR.json", help="the connector JSON (with or without name/config)")
     p.add_argument("--name", default=None, help="pipeline name (default: the connector's name)")
-    p.add_argument("--bootstrap-servers", default=None,
-                   help="Kafka brokers (the connector inherits them from its worker; default ${KAFKA_BOOTSTRAP_SERVERS})")
-    p.add_argument("--catalog", choices=["local"], default=None,
-                   help="use the local default catalog (SQLite under $TIDEWATER_HOME) instead of the connector's")
-    p.add_argument("--catalog-uri", default=None, metavar="URI",
-                   help="another catalog: a REST catalog's http(s) URL or a SQLAlchemy URL (replaces the connector's)")
+    p.add_argument(
+        "--bootstrap-servers",
+        default=None,
+        help="Kafka brokers (the connector inherits them from its worker; default ${KAFKA_BOOTSTRAP_SERVERS})",
+    )
+    p.add_argument(
+        "--catalog",
+        choices=["local"],
+        default=None,
+        help="use the local default catalog (SQLite under $TIDEWATER_HOME) instead of the connector's",
+    )
+    p.add_argument(
+        "--catalog-uri",
+        default=None,
+        metavar="URI",
+        help="another catalog: a REST catalog's http(s) URL or a SQLAlchemy URL (replaces the connector's)",
+    )
     p.add_argument("--warehouse", default=None, help="the catalog's warehouse location (catalog.properties.warehouse)")
     p.add_argument("--output", "-o", default=None, help="write the pipeline YAML here (default: stdout)")
     p.set_defaults(fn=cmd_connect_import)
@@ -616,11 +675,18 @@ def _add_replay(sub: Any) -> None:
     p.add_argument("--end-offset", type=int, default=None, help="exclusive")
     p.add_argument("--start-time", default=None, help="ISO-8601 (naive: UTC); instead of offsets")
     p.add_argument("--end-time", default=None, help="ISO-8601, exclusive")
-    p.add_argument("--mode", default=None, choices=["replace", "append-missing", "reapply"],
-                   help="default: reapply for change tables, replace otherwise; routed pipelines: the append tables' "
-                        "mode (their change tables are always reapplied)")
-    p.add_argument("--tables", default="", help="routed pipelines: comma-separated target tables to replay (default: "
-                                                "every table the re-read records route to)")
+    p.add_argument(
+        "--mode",
+        default=None,
+        choices=["replace", "append-missing", "reapply"],
+        help="default: reapply for change tables, replace otherwise; routed pipelines: the append tables' "
+        "mode (their change tables are always reapplied)",
+    )
+    p.add_argument(
+        "--tables",
+        default="",
+        help="routed pipelines: comma-separated target tables to replay (default: every table the re-read records route to)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print rows to delete and to add per partition; change nothing")
     p.add_argument("--master", default=None, help="Spark master (default: the pipeline's spark.master)")
     p.add_argument("--json", action="store_true")
@@ -634,8 +700,9 @@ def _add_quarantine(sub: Any) -> None:
     p.add_argument("--batch", default=None, help="batch id (publish, drop)")
     p.add_argument("--table", default=None, help="routed pipelines: the target table (publish, drop; list: default all)")
     p.add_argument("--reason", default="", help="drop: why the batch is given up (kept in the drop's record on main)")
-    p.add_argument("--by", default=None, help="publish, drop: who decides, kept in the table's history (default: the "
-                   "user running the command)")
+    p.add_argument(
+        "--by", default=None, help="publish, drop: who decides, kept in the table's history (default: the user running the command)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_quarantine)
 
@@ -656,14 +723,24 @@ def _add_status(sub: Any) -> None:
 
 
 def _add_audit(sub: Any) -> None:
-    p = sub.add_parser("audit", help="check that the table is exactly its topic: ranges, counts, outside writes, "
-                       "Kafka (exit 0 clean, 1 discrepancies, 2 error)")
+    p = sub.add_parser(
+        "audit",
+        help="check that the table is exactly its topic: ranges, counts, outside writes, Kafka (exit 0 clean, 1 discrepancies, 2 error)",
+    )
     _pipeline_arg(p)
     p.add_argument("--table", help="the table to audit (default: the pipeline's; routed pipelines: one target table, default all)")
-    p.add_argument("--deep", action="store_true", help="also every row's source offset (format.metadata): none twice, "
-                   "none both a row and a dead letter, none missing unless skipped or absent from Kafka")
-    p.add_argument("--full", action="store_true", help="check every batch in the ledger (default: the batches committed "
-                   "since the last clean audit; Kafka, dead letters and outside writes are checked whole either way)")
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="also every row's source offset (format.metadata): none twice, "
+        "none both a row and a dead letter, none missing unless skipped or absent from Kafka",
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="check every batch in the ledger (default: the batches committed "
+        "since the last clean audit; Kafka, dead letters and outside writes are checked whole either way)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(fn=cmd_audit)
 
@@ -680,8 +757,9 @@ def _add_sql(sub: Any) -> None:
     _pipeline_arg(p)
     p.add_argument("query")
     p.add_argument("--limit", type=int, default=20, help="rows to show")
-    p.add_argument("--master", default=None,
-                   help="Spark master (default: the spark.conn_id Airflow connection's, else the pipeline's spark.master)")
+    p.add_argument(
+        "--master", default=None, help="Spark master (default: the spark.conn_id Airflow connection's, else the pipeline's spark.master)"
+    )
     p.set_defaults(fn=cmd_sql)
 
 
@@ -689,12 +767,17 @@ def _add_maintain(sub: Any) -> None:
     p = sub.add_parser("maintain", help="compact, rewrite manifests, expire snapshots, remove orphan files")
     _pipeline_arg(p)
     p.add_argument("--table", default=None, help="the table to maintain (default: the pipeline's table)")
-    p.add_argument("--actions", default=None, metavar="A,B",
-                   help="comma-separated subset of rewrite_data_files, rewrite_manifests, expire_snapshots, "
-                        "remove_orphan_files (default: those enabled in the pipeline's maintenance section)")
+    p.add_argument(
+        "--actions",
+        default=None,
+        metavar="A,B",
+        help="comma-separated subset of rewrite_data_files, rewrite_manifests, expire_snapshots, "
+        "remove_orphan_files (default: those enabled in the pipeline's maintenance section)",
+    )
     p.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
-    p.add_argument("--master", default=None,
-                   help="Spark master (default: the spark.conn_id Airflow connection's, else the pipeline's spark.master)")
+    p.add_argument(
+        "--master", default=None, help="Spark master (default: the spark.conn_id Airflow connection's, else the pipeline's spark.master)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_maintain)
 
@@ -702,8 +785,9 @@ def _add_maintain(sub: Any) -> None:
 def _add_broker(sub: Any) -> None:
     p = sub.add_parser("broker", help="the embedded Kafka-compatible broker (demo and tests)")
     p.add_argument("action", choices=["start", "stop", "status"])
-    p.add_argument("--port", type=int, default=None,
-                   help="start: the port to listen on (default 19092); stop and status: only the broker on this port")
+    p.add_argument(
+        "--port", type=int, default=None, help="start: the port to listen on (default 19092); stop and status: only the broker on this port"
+    )
     p.set_defaults(fn=cmd_broker)
 
 
@@ -759,8 +843,11 @@ def cmd_connections(args: argparse.Namespace) -> int:
 
 
 def _add_connections(sub: Any) -> None:
-    p = sub.add_parser("connections", help="write the settings the pipeline takes from Airflow connections, one "
-                       "private file per variable, for a Kubernetes secret (cluster deploy mode)")
+    p = sub.add_parser(
+        "connections",
+        help="write the settings the pipeline takes from Airflow connections, one "
+        "private file per variable, for a Kubernetes secret (cluster deploy mode)",
+    )
     _pipeline_arg(p)
     p.add_argument("--output", required=True, metavar="DIR", help="the folder to write them into (made 0700)")
     p.set_defaults(fn=cmd_connections)

@@ -38,9 +38,7 @@ DETAILS: dict[str, str] = {
         "(`AIRFLOW__CORE__EXECUTOR` or Airflow's configuration: anything but Local) it also refuses every per-host "
         "place of state (a SQLite catalog, a local warehouse, staging or Data Docs folder outside `airflow.shared_paths`)"
     ),
-    "run": (
-        "one batch through plan, write (spark-submit), validate and commit, without Airflow, with progress"
-    ),
+    "run": ("one batch through plan, write (spark-submit), validate and commit, without Airflow, with progress"),
     "status": (
         "per partition: committed offset, end offset, lag; last snapshot and time; valid-through; dead letters; "
         "per target table when routing. Warns and exits 1 when a committed offset is beyond the log end (topic "
@@ -53,9 +51,7 @@ DETAILS: dict[str, str] = {
         "NAME --from-file=DIR`: the secret `spark.kubernetes_secret` names, from which a driver in cluster deploy "
         "mode on Kubernetes takes them. Prints file names, never values"
     ),
-    "history": (
-        "the table's snapshots with batch ids and offsets"
-    ),
+    "history": ("the table's snapshots with batch ids and offsets"),
     "audit": (
         "is the table exactly its topic? (Routed pipelines: all their tables, or `--table T`.) The batches "
         "committed since the last clean audit, or with `--full` every batch in the ledger ([since the last clean "
@@ -69,12 +65,8 @@ DETAILS: dict[str, str] = {
         " is reported as not checkable); change tables: each key once. Names each discrepancy by topic, "
         "partition, offsets, batch and snapshot; exit 0 clean, 1 discrepancies, 2 error"
     ),
-    "sql": (
-        "Spark SQL on the pipeline's catalog"
-    ),
-    "maintain": (
-        "the maintenance DAG's actions from the command line; `--dry-run` reports what would change"
-    ),
+    "sql": ("Spark SQL on the pipeline's catalog"),
+    "maintain": ("the maintenance DAG's actions from the command line; `--dry-run` reports what would change"),
     "replay": (
         "re-read a committed range; `--dry-run` prints rows to delete and to add per partition (change tables: "
         "`reapply`, the default for them; routed pipelines: per table, `--tables` for some of them)"
@@ -108,27 +100,15 @@ DETAILS: dict[str, str] = {
         "offsets, shows both, and commits them only when they agree, or with `--yes`. Refuses, changing nothing, "
         "when neither can prove them. Exit 1 when refused"
     ),
-    "connect-import": (
-        "a Kafka Connect Iceberg sink configuration as a pipeline file; lists every key it did not map and why"
-    ),
-    "broker": (
-        "the embedded broker for the demo (`stop`/`status --port N`: only the broker on that port)"
-    ),
-    "spark-connect": (
-        "a local Spark Connect server for the write step (`make spark-connect` installs and starts it; default "
-        "port 15002)"
-    ),
-    "produce-sample": (
-        "produce Scenario 1 pizza events"
-    ),
+    "connect-import": ("a Kafka Connect Iceberg sink configuration as a pipeline file; lists every key it did not map and why"),
+    "broker": ("the embedded broker for the demo (`stop`/`status --port N`: only the broker on that port)"),
+    "spark-connect": ("a local Spark Connect server for the write step (`make spark-connect` installs and starts it; default port 15002)"),
+    "produce-sample": ("produce Scenario 1 pizza events"),
     "docs": (
         "print (or write) the configuration reference; `--schema FILE` writes the pipeline file's JSON Schema and"
         " `--cli FILE` this command-line reference, generated from the parser"
     ),
-    "data-docs": (
-        "render the Data Docs pages that validated batches left for later (see [the quality "
-        "gate](../how-to/quality-gate.md))"
-    ),
+    "data-docs": ("render the Data Docs pages that validated batches left for later (see [the quality gate](../how-to/quality-gate.md))"),
 }
 
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
@@ -153,8 +133,18 @@ def reference(commands: dict[str, argparse.ArgumentParser], summaries: dict[str,
     out = [INTRO]
     for name, parser in commands.items():
         usage = " ".join(parser.format_usage().split()).removeprefix("usage: ")
-        out += [f"## tidewater {name}", "", f"{summaries[name][:1].upper()}{summaries[name][1:]}.", "", "```",
-                usage, "```", "", DETAILS[name][:1].upper() + DETAILS[name][1:] + ".", ""]
+        out += [
+            f"## tidewater {name}",
+            "",
+            f"{summaries[name][:1].upper()}{summaries[name][1:]}.",
+            "",
+            "```",
+            usage,
+            "```",
+            "",
+            DETAILS[name][:1].upper() + DETAILS[name][1:] + ".",
+            "",
+        ]
         rows = [_argument(a) for a in parser._actions if a.help != argparse.SUPPRESS and a.dest != "help"]
         out += ["| argument | meaning |", "| --- | --- |", *rows, ""]
     return "\n".join(out)

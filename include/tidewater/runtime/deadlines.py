@@ -36,25 +36,29 @@ def freshness_alert(spec: Any) -> Any | None:
         log.info("pipeline %s: airflow.freshness needs Airflow 3.1 or later (deadline alerts); no deadline set", spec.name)
         return None
     kwargs = {"pipeline": spec.name, "freshness": spec.airflow.freshness, "on_late": spec.airflow.on_late}
-    return DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=interval,
-                         callback=AsyncCallback(CALLBACK, kwargs=kwargs), name=f"tidewater_{spec.name}_freshness")
+    return DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_QUEUED_AT,
+        interval=interval,
+        callback=AsyncCallback(CALLBACK, kwargs=kwargs),
+        name=f"tidewater_{spec.name}_freshness",
+    )
 
 
-async def late_run(pipeline: str, freshness: str, on_late: str | None = None, context: dict | None = None,
-                   **_: Any) -> str:
+async def late_run(pipeline: str, freshness: str, on_late: str | None = None, context: dict | None = None, **_: Any) -> str:
     """A missed freshness deadline, in Airflow's triggerer: warn, count, then ``on_late``. Returns the warning, which
     Airflow keeps as the callback's output (a string: Airflow stores it as text). A failing ``on_late`` is logged
     with its error, never raised: the warning and the metric were already sent."""
     run = dict((context or {}).get("dag_run") or {})
     run_id = run.get("dag_run_id") or run.get("run_id")  # Airflow's API model of the run names it dag_run_id
-    message = (f"pipeline {pipeline}: ingest run {run_id} is still unfinished {freshness} after it was "
-               f"queued at {run.get('queued_at')} (airflow.freshness)")
+    message = (
+        f"pipeline {pipeline}: ingest run {run_id} is still unfinished {freshness} after it was "
+        f"queued at {run.get('queued_at')} (airflow.freshness)"
+    )
     log.warning(message)
     from tidewater.runtime.metrics import late
 
     late(pipeline)
-    info = {"pipeline": pipeline, "freshness": freshness, "message": message, "dag_run": run,
-            "deadline": (context or {}).get("deadline")}
+    info = {"pipeline": pipeline, "freshness": freshness, "message": message, "dag_run": run, "deadline": (context or {}).get("deadline")}
     if on_late:
         try:
             await _call(on_late, info)

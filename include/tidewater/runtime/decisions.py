@@ -47,8 +47,11 @@ def open_decision(spec: PipelineSpec, batch_id: str, tables: tuple[str, ...], bo
     """Start the decision run of a quarantined batch; its run id, or None where Airflow cannot (logged). A run that
     exists already (the commit task retried) is left as it is."""
     if not supported():
-        log.info("batch %s is quarantined; decide with the %s DAG's form (publish or drop) or `tidewater quarantine`",
-                 batch_id, spec.dag_ids()["quarantine"])
+        log.info(
+            "batch %s is quarantined; decide with the %s DAG's form (publish or drop) or `tidewater quarantine`",
+            batch_id,
+            spec.dag_ids()["quarantine"],
+        )
         return None
     from airflow.sdk.execution_time.comms import ErrorResponse, TriggerDagRun
     from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
@@ -97,8 +100,7 @@ def apply_decision(pipeline_path: str, conf: dict[str, Any], answer: dict[str, A
     batch_id, results = str(conf["batch_id"]), []
     for table in conf.get("tables") or [None]:
         view = quarantine.view_for(spec, table)  # a plain pipeline's one table is its own
-        done = (quarantine.publish(view, batch_id, by=by) if chosen == [PUBLISH]
-                else quarantine.drop(view, batch_id, reason=reason, by=by))
+        done = quarantine.publish(view, batch_id, by=by) if chosen == [PUBLISH] else quarantine.drop(view, batch_id, reason=reason, by=by)
         log.info("%s decided: %s batch %s of %s (%d rows)", by, done["status"], batch_id, view.table.identifier, done["rows"])
         results.append({"table": view.table.identifier, **done})
     return {"batch_id": batch_id, "decision": chosen[0], "by": by, "reason": reason, "tables": results}

@@ -88,12 +88,14 @@ def _facets() -> Any:
         @attr.define
         class OffsetRanges(InputDatasetFacet):
             """The offset ranges of a topic that the run read: [{partition, start, end}], end exclusive."""
+
             ranges: list[dict[str, int]] = attr.field(factory=list)
             _get_schema = schema("OffsetRanges")
 
         @attr.define
         class Batch(RunFacet):
             """One Tidewater batch: what was read and where it went (read = rows + dead letters + skipped)."""
+
             batchId: str
             mode: str
             pipeline: str
@@ -132,6 +134,7 @@ _FACETS: dict[str, Any] | None = None
 
 # ---- datasets -------------------------------------------------------------------------------------------
 
+
 def kafka_namespace(spec: PipelineSpec) -> str:
     """``kafka://host:port`` of the first bootstrap server (OpenLineage's naming of Kafka)."""
     first = kafka_settings(spec)["bootstrap.servers"].split(",")[0].strip()
@@ -147,9 +150,12 @@ def topic_inputs(spec: PipelineSpec, ranges: Any) -> list[Any]:
         by_topic.setdefault(r.topic, []).append({"partition": r.partition, "start": r.start, "end": r.end})
     namespace = kafka_namespace(spec)
     facet = _facets()["OffsetRanges"]
-    return [InputDataset(namespace=namespace, name=topic,
-                         inputFacets={"tidewater_offsetRanges": facet(ranges=sorted(rs, key=lambda d: d["partition"]))})
-            for topic, rs in sorted(by_topic.items())]
+    return [
+        InputDataset(
+            namespace=namespace, name=topic, inputFacets={"tidewater_offsetRanges": facet(ranges=sorted(rs, key=lambda d: d["partition"]))}
+        )
+        for topic, rs in sorted(by_topic.items())
+    ]
 
 
 def _location_name(location: str) -> tuple[str, str]:
@@ -165,14 +171,19 @@ def _schema_fields(schema: Any) -> list[Any]:
 
     def field(f: Any) -> Any:
         nested = [field(n) for n in f.field_type.fields] if hasattr(f.field_type, "fields") else []
-        return schema_dataset.SchemaDatasetFacetFields(name=f.name, type=str(f.field_type), description=f.doc,
-                                                       fields=nested)
+        return schema_dataset.SchemaDatasetFacetFields(name=f.name, type=str(f.field_type), description=f.doc, fields=nested)
 
     return [field(f) for f in schema.fields]
 
 
-def table_dataset(spec: PipelineSpec, table: Table, ident: str, output: bool = True, stats: dict[str, int] | None = None,
-                  assertions: list[Any] | None = None) -> Any:
+def table_dataset(
+    spec: PipelineSpec,
+    table: Table,
+    ident: str,
+    output: bool = True,
+    stats: dict[str, int] | None = None,
+    assertions: list[Any] | None = None,
+) -> Any:
     """An Iceberg table as an input or output dataset, with its schema, catalog, current snapshot and (outputs)
     the statistics of what this run added."""
     from openlineage.client.event_v2 import InputDataset, OutputDataset
@@ -189,24 +200,29 @@ def table_dataset(spec: PipelineSpec, table: Table, ident: str, output: bool = T
     warehouse = spec.catalog.properties.get("warehouse")
     facets: dict[str, Any] = {
         "schema": schema_dataset.SchemaDatasetFacet(fields=_schema_fields(table.schema())),
-        "symlinks": symlinks_dataset.SymlinksDatasetFacet(identifiers=[symlinks_dataset.Identifier(
-            namespace=f"iceberg://{spec.catalog.name}", name=ident, type="TABLE")]),
+        "symlinks": symlinks_dataset.SymlinksDatasetFacet(
+            identifiers=[symlinks_dataset.Identifier(namespace=f"iceberg://{spec.catalog.name}", name=ident, type="TABLE")]
+        ),
         "catalog": catalog_dataset.CatalogDatasetFacet(
-            framework="iceberg", type=spec.catalog.properties.get("type", "sql"), name=spec.catalog.name,
-            warehouseUri=_strip_user_info(warehouse) if warehouse else None, source="tidewater"),
+            framework="iceberg",
+            type=spec.catalog.properties.get("type", "sql"),
+            name=spec.catalog.name,
+            warehouseUri=_strip_user_info(warehouse) if warehouse else None,
+            source="tidewater",
+        ),
     }
     snapshot = table.current_snapshot()
     if snapshot is not None:
         facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=str(snapshot.snapshot_id))
     if assertions is not None:
-        facets["dataQualityAssertions"] = data_quality_assertions_dataset.DataQualityAssertionsDatasetFacet(
-            assertions=assertions)
+        facets["dataQualityAssertions"] = data_quality_assertions_dataset.DataQualityAssertionsDatasetFacet(assertions=assertions)
     if not output:
         return InputDataset(namespace=namespace, name=name, facets=facets)
     out_facets = {}
     if stats is not None:
         out_facets["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
-            rowCount=stats["rows"], size=stats["bytes"], fileCount=stats["files"])
+            rowCount=stats["rows"], size=stats["bytes"], fileCount=stats["files"]
+        )
     return OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=out_facets)
 
 
@@ -229,10 +245,15 @@ def gate_assertions(report: dict[str, Any] | None) -> list[Any] | None:
     for c in report.get("checks", []):
         kwargs = c.get("kwargs") or {}
         column = kwargs.get("column")
-        out.append(dq.Assertion(assertion=c["expectation"], success=bool(c["success"]),
-                                column=str(column) if column is not None else None,
-                                params={k: str(v) for k, v in kwargs.items() if k != "column"},
-                                actual=_observed(c.get("observed"))))
+        out.append(
+            dq.Assertion(
+                assertion=c["expectation"],
+                success=bool(c["success"]),
+                column=str(column) if column is not None else None,
+                params={k: str(v) for k, v in kwargs.items() if k != "column"},
+                actual=_observed(c.get("observed")),
+            )
+        )
     return out
 
 
@@ -244,6 +265,7 @@ def _observed(observed: Any) -> str | None:
 
 # ---- what each task attaches --------------------------------------------------------------------------------
 
+
 def batch_lineage(spec: PipelineSpec, plan: Any, manifest: Any, result: Any = None, gate: str | None = None) -> Any:
     """A batch (ingest, replay, change batch): the topics' ranges in; each table it wrote (and the dead-letter
     table) out, with what this batch added; the gate's checks; the batch's counts as a run facet."""
@@ -253,7 +275,7 @@ def batch_lineage(spec: PipelineSpec, plan: Any, manifest: Any, result: Any = No
     report = read_json(staged / GATE_REPORT_NAME) if (staged / GATE_REPORT_NAME).is_file() else None
     if gate is None:
         verdict = read_json(staged / VALIDATION_NAME) if (staged / VALIDATION_NAME).is_file() else {}
-        gate = ("passed" if verdict.get("success", True) else "quarantined" if verdict.get("quarantine") else "warned")
+        gate = "passed" if verdict.get("success", True) else "quarantined" if verdict.get("quarantine") else "warned"
     reports = dict(report.get("tables", [])) if report else {}  # routed: each table's own report
     catalog = load_catalog(spec)
     outputs = []
@@ -265,12 +287,19 @@ def batch_lineage(spec: PipelineSpec, plan: Any, manifest: Any, result: Any = No
         checks = reports.get(ident, report) if ident != manifest.dead_letter_table else None
         outputs.append(table_dataset(spec, table, ident, stats=stats, assertions=gate_assertions(checks)))
     snapshot = getattr(result, "snapshot_id", None)
-    run = _facets()["Batch"](batchId=plan.batch_id, mode=plan.mode, pipeline=spec.name, recordsRead=manifest.records,
-                             rows=manifest.rows_in_files, deadLetters=manifest.dead_letters, skipped=manifest.skipped,
-                             gate=gate, status=getattr(result, "status", None),
-                             snapshotId=str(snapshot) if snapshot is not None else None)
-    return OperatorLineage(inputs=topic_inputs(spec, manifest.partitions), outputs=outputs,
-                           run_facets={"tidewater_batch": run})
+    run = _facets()["Batch"](
+        batchId=plan.batch_id,
+        mode=plan.mode,
+        pipeline=spec.name,
+        recordsRead=manifest.records,
+        rows=manifest.rows_in_files,
+        deadLetters=manifest.dead_letters,
+        skipped=manifest.skipped,
+        gate=gate,
+        status=getattr(result, "status", None),
+        snapshotId=str(snapshot) if snapshot is not None else None,
+    )
+    return OperatorLineage(inputs=topic_inputs(spec, manifest.partitions), outputs=outputs, run_facets={"tidewater_batch": run})
 
 
 def _written(plan: Any, manifest: Any) -> list[tuple[str, Any, int]]:
@@ -294,8 +323,14 @@ def maintenance_lineage(spec: PipelineSpec, reports: list[Any]) -> Any:
     return OperatorLineage(
         inputs=[table_dataset(spec, t, r.table, output=False) for r, t in tables],
         outputs=[table_dataset(spec, t, r.table) for r, t in tables],
-        run_facets={"tidewater_maintenance": facet(action=reports[0].action if reports else "", table=", ".join(
-            r.table for r, _ in tables), report=json.loads(json.dumps([r.metadata() for r in reports], default=str)))})
+        run_facets={
+            "tidewater_maintenance": facet(
+                action=reports[0].action if reports else "",
+                table=", ".join(r.table for r, _ in tables),
+                report=json.loads(json.dumps([r.metadata() for r in reports], default=str)),
+            )
+        },
+    )
 
 
 AUDIT_CHECKS = ("coverage", "accounting", "outside-write", "kafka", "routed", "deep")  # routed, deep: when they run
@@ -316,11 +351,23 @@ def audit_lineage(spec: PipelineSpec, report: Any, deep: bool) -> Any:
     inputs = []
     for ident in report.tables or [report.table]:  # routed: each target table, with the findings that concern it
         mine = [f for f in errors if f.table in (None, ident)]
-        assertions = [dq.Assertion(assertion=f"tidewater_audit_{k}", success=not any(f.check == k for f in mine),
-                                   description=next((f.text() for f in mine if f.check == k), None)) for k in kinds]
+        assertions = [
+            dq.Assertion(
+                assertion=f"tidewater_audit_{k}",
+                success=not any(f.check == k for f in mine),
+                description=next((f.text() for f in mine if f.check == k), None),
+            )
+            for k in kinds
+        ]
         table = load_table(catalog, ident)
         if table is not None:
             inputs.append(table_dataset(spec, table, ident, output=False, assertions=assertions))
-    run = _facets()["Audit"](table=report.table, clean=report.clean, deep=deep, batches=report.batches,
-                             errors=len(errors), findings=[f.text() for f in errors][:100])
+    run = _facets()["Audit"](
+        table=report.table,
+        clean=report.clean,
+        deep=deep,
+        batches=report.batches,
+        errors=len(errors),
+        findings=[f.text() for f in errors][:100],
+    )
     return OperatorLineage(inputs=inputs, outputs=[], run_facets={"tidewater_audit": run})

@@ -89,14 +89,17 @@ def lag(spec: Any) -> int | None:
     return st["total_lag"]
 
 
-def committed(spec: Any, plan: Any, manifest: Any, result: Any, commit_seconds: float,
-              classes: dict[str, int] | None = None) -> None:
+def committed(spec: Any, plan: Any, manifest: Any, result: Any, commit_seconds: float, classes: dict[str, int] | None = None) -> None:
     """Count what one batch committed and time it; ``classes``: its dead letters per error class."""
     p = spec.name
     _send("incr", "rows", result.rows, p)
     _send("incr", "records", manifest.records, p)
-    _send("incr", "bytes", sum(f.file_size_in_bytes for o in manifest.outputs for f in o.data_files)
-          or sum(f.file_size_in_bytes for f in manifest.data_files), p)
+    _send(
+        "incr",
+        "bytes",
+        sum(f.file_size_in_bytes for o in manifest.outputs for f in o.data_files) or sum(f.file_size_in_bytes for f in manifest.data_files),
+        p,
+    )
     _send("incr", "dead_letters", manifest.dead_letters, p)
     for error_class, count in sorted((classes or {}).items()):
         _send("incr", "dead_letters_by_class", count, p, **{"class": error_class})

@@ -57,10 +57,8 @@ def react_apps(bundle: Path = BUNDLE) -> list[dict[str, str]]:
         nav["icon"] = f"tidewater/static/{icon.name}"
     apps = [
         nav,
-        {"name": "Tidewater pipeline", "bundle_url": url + "&page=dag", "destination": "dag",
-         "url_route": "tidewater-pipeline"},
-        {"name": "Tidewater batch", "bundle_url": url + "&page=run", "destination": "dag_run",
-         "url_route": "tidewater-batch"},
+        {"name": "Tidewater pipeline", "bundle_url": url + "&page=dag", "destination": "dag", "url_route": "tidewater-pipeline"},
+        {"name": "Tidewater batch", "bundle_url": url + "&page=run", "destination": "dag_run", "url_route": "tidewater-batch"},
     ]
     if dashboard_supported():
         apps.append({"name": "Tidewater pipelines", "bundle_url": url + "&page=dashboard", "destination": "dashboard"})

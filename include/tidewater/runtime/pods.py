@@ -30,11 +30,19 @@ def pod_override(settings: StepSpec, key: str) -> Any:
     try:
         from kubernetes.client import models as k8s
     except ImportError:
-        raise ConfigError(f"{key}: pod settings need the Kubernetes client (install the cncf.kubernetes provider, "
-                          "which the KubernetesExecutor needs anyway)") from None
-    resources = (k8s.V1ResourceRequirements(requests=settings.requests or None, limits=settings.limits or None)
-                 if settings.requests or settings.limits else None)
+        raise ConfigError(
+            f"{key}: pod settings need the Kubernetes client (install the cncf.kubernetes provider, "
+            "which the KubernetesExecutor needs anyway)"
+        ) from None
+    resources = (
+        k8s.V1ResourceRequirements(requests=settings.requests or None, limits=settings.limits or None)
+        if settings.requests or settings.limits
+        else None
+    )
     env_from = [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=name)) for name in settings.env_from_secrets]
     container = k8s.V1Container(name="base", image=settings.image, resources=resources, env_from=env_from or None)
-    return k8s.V1Pod(spec=k8s.V1PodSpec(containers=[container], node_selector=settings.node_selector or None,
-                                        service_account_name=settings.service_account))
+    return k8s.V1Pod(
+        spec=k8s.V1PodSpec(
+            containers=[container], node_selector=settings.node_selector or None, service_account_name=settings.service_account
+        )
+    )

@@ -36,8 +36,7 @@ class BatchProgress:
         getattr(self, event.replace("-", "_"))(**facts)
 
     def planning(self, spec: PipelineSpec) -> None:
-        self.out(f"[1/4] plan     {spec.name}: reading committed offsets from {spec.checkpoint_table()} and end "
-                 "offsets from Kafka")
+        self.out(f"[1/4] plan     {spec.name}: reading committed offsets from {spec.checkpoint_table()} and end offsets from Kafka")
 
     def caught_up(self, seconds: float) -> None:
         self.out(f"{INDENT}nothing to ingest: every partition is caught up ({seconds:.1f}s)")
@@ -60,8 +59,7 @@ class BatchProgress:
         extra = f", {manifest.dead_letters} dead letter(s)" if manifest.dead_letters else ""
         extra += f", {manifest.skipped} skipped" if manifest.skipped else ""
         files = sum(len(o.data_files) for o in manifest.outputs)
-        self.out(f"{INDENT}{manifest.records} records -> {files} file(s) for {len(manifest.outputs)} table(s){extra} "
-                 f"({seconds:.1f}s)")
+        self.out(f"{INDENT}{manifest.records} records -> {files} file(s) for {len(manifest.outputs)} table(s){extra} ({seconds:.1f}s)")
         self.out("[3/4] validate the quality gate on the staged files")
 
     def validated(self, report: ValidationReport, seconds: float) -> None:
@@ -73,8 +71,11 @@ class BatchProgress:
 
     def committed(self, result: CommitResult, seconds: float, total: float) -> None:
         for t in result.tables:  # what the batch did to each table
-            self.out(f"{INDENT}{t.table}: {t.status}" + (f", snapshot {t.snapshot_id}" if t.snapshot_id is not None else "")
-                     + (f", {t.rows} row(s)" if t.holds_rows else ""))
+            self.out(
+                f"{INDENT}{t.table}: {t.status}"
+                + (f", snapshot {t.snapshot_id}" if t.snapshot_id is not None else "")
+                + (f", {t.rows} row(s)" if t.holds_rows else "")
+            )
         self.out(f"{INDENT}{result.status}: {result.records} records ({seconds:.1f}s; {total:.1f}s total)")
 
     def docs(self, site: Any) -> None:

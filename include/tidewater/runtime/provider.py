@@ -18,13 +18,23 @@ def get_provider_info() -> dict[str, Any]:
         "description": (
             "Exactly-once micro-batch ingestion from Kafka into Apache Iceberg, orchestrated by Airflow. The ingest "
             "DAGs submit their write step through a Spark connection (type spark, from the Apache Spark provider; "
-            "its id is the pipeline's spark.conn_id setting); the brokers and the catalog come from the pipeline files."),
+            "its id is the pipeline's spark.conn_id setting); the brokers and the catalog come from the pipeline files."
+        ),
         "versions": [__version__],
         "triggers": [{"integration-name": "Tidewater", "python-modules": ["tidewater.runtime.triggers"]}],
-        "config": {SECTION: {
-            "description": "Tidewater's deployment settings; a TIDEWATER_* variable of the same meaning wins.",
-            "options": {option: {"description": f"{text} (The variable {env} overrides it.)", "version_added": "0.3.0",
-                                 "type": "string", "example": None, "default": None}
-                        for option, (env, text) in OPTIONS.items()},
-        }},
+        "config": {
+            SECTION: {
+                "description": "Tidewater's deployment settings; a TIDEWATER_* variable of the same meaning wins.",
+                "options": {
+                    option: {
+                        "description": f"{text} (The variable {env} overrides it.)",
+                        "version_added": "0.3.0",
+                        "type": "string",
+                        "example": None,
+                        "default": None,
+                    }
+                    for option, (env, text) in OPTIONS.items()
+                },
+            }
+        },
     }

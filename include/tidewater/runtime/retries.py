@@ -39,7 +39,6 @@ def tidewater_error(exc: BaseException | None) -> TidewaterError | None:
     return None
 
 
-
 def _policy_base() -> type | None:
     try:
         from airflow.sdk.definitions.retry_policy import RetryPolicy
@@ -74,8 +73,7 @@ def _policy_class(base: type) -> type:
         def __init__(self, base_delay: timedelta) -> None:
             self.base_delay = base_delay
 
-        def evaluate(self, exception: BaseException, try_number: int, max_tries: int,
-                     context: Any = None) -> Any:
+        def evaluate(self, exception: BaseException, try_number: int, max_tries: int, context: Any = None) -> Any:
             err = tidewater_error(exception)
             if err is None:
                 return RetryDecision.default()
@@ -83,9 +81,12 @@ def _policy_class(base: type) -> type:
             if not err.transient:
                 return RetryDecision.fail(reason=f"{name} (retrying cannot help): {err}")
             delay = doubled_delay(self.base_delay, try_number)
-            return RetryDecision.retry(delay=delay, reason=f"{name} (worth retrying; try {try_number} of at most "
-                                                           f"{max_tries + 1}, the next in {int(delay.total_seconds())} s): "
-                                                           f"{err}")
+            return RetryDecision.retry(
+                delay=delay,
+                reason=f"{name} (worth retrying; try {try_number} of at most "
+                f"{max_tries + 1}, the next in {int(delay.total_seconds())} s): "
+                f"{err}",
+            )
 
         def serialize(self) -> dict[str, Any]:
             return {"__type": "tidewater.ErrorClassRetryPolicy", "base_delay": self.base_delay.total_seconds()}

@@ -28,8 +28,10 @@ def main(argv: list[str] | None = None, driver_started: float | None = None) -> 
     configure_logging()
     ap = argparse.ArgumentParser(prog="ingest_batch.py", description="Write one Tidewater batch (never commits).")
     ap.add_argument("--plan", required=True, help="location of the batch plan JSON (a path or an object-storage URI)")
-    ap.add_argument("--pipeline", help="the pipeline file (default: the one the plan names); its settings reach "
-                    "the staging area when it is on object storage")
+    ap.add_argument(
+        "--pipeline",
+        help="the pipeline file (default: the one the plan names); its settings reach the staging area when it is on object storage",
+    )
     args = ap.parse_args(argv)
     if args.pipeline:
         spec = load_pipeline(args.pipeline)

@@ -32,8 +32,7 @@ class PendingDataTrigger(BaseEventTrigger):
         self.poll_seconds = poll_seconds
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("tidewater.runtime.triggers.PendingDataTrigger",
-                {"pipeline_path": self.pipeline_path, "poll_seconds": self.poll_seconds})
+        return ("tidewater.runtime.triggers.PendingDataTrigger", {"pipeline_path": self.pipeline_path, "poll_seconds": self.poll_seconds})
 
     async def run(self) -> Any:
         fired_at: dict[str, dict[int, int]] | None = None
@@ -43,8 +42,9 @@ class PendingDataTrigger(BaseEventTrigger):
                 spec = load_pipeline(self.pipeline_path)
                 now = await asyncio.to_thread(pending, spec)
                 why = now.exceeded(spec)
-                if fired_at is not None and (now.committed != fired_at or
-                                             time.monotonic() - fired_time > max(600.0, 10 * self.poll_seconds)):
+                if fired_at is not None and (
+                    now.committed != fired_at or time.monotonic() - fired_time > max(600.0, 10 * self.poll_seconds)
+                ):
                     fired_at = None  # the batch it started has committed (or never will: a failed run)
                 if why and fired_at is None:
                     log.info("pipeline %s: starting a batch: %s", spec.name, why)

@@ -122,10 +122,14 @@ def _page_route(app: Any) -> None:
         readable = _readable(user, {s.dag_id for s in specs.values()})
         shown = [specs[name] for name in sorted(specs) if specs[name].dag_id in readable]
         offset, limit = max(0, offset), max(1, min(limit, 200))
-        chosen = shown[offset:offset + limit]
+        chosen = shown[offset : offset + limit]
         lines = summaries(chosen)
-        return {"total": len(shown), "offset": offset, "limit": limit,
-                "pipelines": [{"ref": _ref(spec), "summary": line} for spec, line in zip(chosen, lines)]}
+        return {
+            "total": len(shown),
+            "offset": offset,
+            "limit": limit,
+            "pipelines": [{"ref": _ref(spec), "summary": line} for spec, line in zip(chosen, lines)],
+        }
 
 
 def _problem_route(app: Any) -> None:
@@ -154,8 +158,11 @@ def create_app() -> Any:
     from fastapi import Depends, FastAPI, HTTPException
     from fastapi.responses import HTMLResponse
 
-    app = FastAPI(title="Tidewater", description="Lag, freshness, batches and dead letters of Tidewater pipelines",
-                  dependencies=[Depends(requires_authenticated())])
+    app = FastAPI(
+        title="Tidewater",
+        description="Lag, freshness, batches and dead letters of Tidewater pipelines",
+        dependencies=[Depends(requires_authenticated())],
+    )
 
     def spec_of(name: str, user: Any) -> Any:
         spec = _pipeline(name)
@@ -203,8 +210,7 @@ def create_app() -> Any:
                 raise HTTPException(status_code=404, detail=f"no Data Docs page for batch {batch} of pipeline {name}")
             # relative, so that the page's own relative links (Home, the suite, static files) resolve in the site
             return RedirectResponse(found.relative_to(site_dir(spec)).as_posix(), status_code=307)
-        return _site_file(site_dir(spec), page, HTTPException(status_code=404, detail=f"no Data Docs file {page} for "
-                                                                                       f"pipeline {name}"))
+        return _site_file(site_dir(spec), page, HTTPException(status_code=404, detail=f"no Data Docs file {page} for pipeline {name}"))
 
     return app
 
@@ -221,13 +227,20 @@ def _history_letters_and_runs(app: Any, spec_of: Any) -> None:
         return _answer(lambda: lag_history(spec_of(name, user), max(1, min(limit, 1000))))
 
     @app.get("/api/pipelines/{name}/dead-letters")
-    def letters(name: str, state: str = "open", error_class: str = "", batch: str = "", limit: int = 50,
-                user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008
+    def letters(
+        name: str,
+        state: str = "open",
+        error_class: str = "",
+        batch: str = "",
+        limit: int = 50,
+        user: Any = Depends(get_user),  # noqa: B008
+    ) -> dict[str, Any]:
         from tidewater.table.letters import listing
 
         spec = spec_of(name, user)  # payloads only for users who may read the pipeline's DAG
-        return _answer(lambda: listing(spec, state=state, error_class=error_class or None, batch=batch or None,
-                                       limit=max(1, min(limit, 500))))
+        return _answer(
+            lambda: listing(spec, state=state, error_class=error_class or None, batch=batch or None, limit=max(1, min(limit, 500)))
+        )
 
     @app.get("/api/pipelines/{name}/runs/{run_id:path}")
     def run(name: str, run_id: str, user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008
@@ -247,18 +260,25 @@ def _bundle(app: Any) -> None:
         path = STATIC / file
         if "/" in file or not path.is_file():
             raise HTTPException(status_code=404, detail=f"no file {file}")
-        return FileResponse(path, media_type="text/javascript" if file.endswith(".js") else None,
-                            headers={"Cache-Control": "no-cache"})
+        return FileResponse(path, media_type="text/javascript" if file.endswith(".js") else None, headers={"Cache-Control": "no-cache"})
 
 
 def _ref(spec: Any) -> dict[str, Any]:
     """A pipeline as the view lists it: its name, tables and the ids of its DAGs (the DAG tab finds its pipeline by
     any of them; a DAG the pipeline does not have, by ``airflow.dags`` or its quarantine policy, is null)."""
     dags = spec.dag_ids()
-    return {"name": spec.name, "dag_id": spec.dag_id, "table": spec.checkpoint_table(), "targets": spec.describe_targets(),
-            "dag_ids": list(dags.values()), "replay_dag_id": dags.get("replay"), "skip_dag_id": dags.get("skip"),
-            "quarantine_dag_id": dags.get("quarantine"), "retry_dag_id": dags.get("retry_dead_letters"),
-            "freshness_deadline_s": int(fresh.total_seconds()) if (fresh := spec.airflow.freshness_interval()) else None}
+    return {
+        "name": spec.name,
+        "dag_id": spec.dag_id,
+        "table": spec.checkpoint_table(),
+        "targets": spec.describe_targets(),
+        "dag_ids": list(dags.values()),
+        "replay_dag_id": dags.get("replay"),
+        "skip_dag_id": dags.get("skip"),
+        "quarantine_dag_id": dags.get("quarantine"),
+        "retry_dag_id": dags.get("retry_dead_letters"),
+        "freshness_deadline_s": int(fresh.total_seconds()) if (fresh := spec.airflow.freshness_interval()) else None,
+    }
 
 
 def _answer(make: Any) -> Any:

@@ -184,9 +184,11 @@ def refused(client: Any, settings: dict[str, str]) -> None:
     client.poll(0)
     err = client.refusals.error
     if err is not None:
-        raise ConfigError(f"kafka: the brokers at {redact(settings).get('bootstrap.servers')} refused the credentials "
-                          f"({err.str()}): check sasl.username and sasl.password in kafka.settings, or the login and "
-                          "password of the kafka.conn_id connection; nothing was read")
+        raise ConfigError(
+            f"kafka: the brokers at {redact(settings).get('bootstrap.servers')} refused the credentials "
+            f"({err.str()}): check sasl.username and sasl.password in kafka.settings, or the login and "
+            "password of the kafka.conn_id connection; nothing was read"
+        )
 
 
 def resolve_topics(settings: dict[str, str], spec: PipelineSpec, timeout: float = 15.0) -> list[str]:
@@ -234,8 +236,7 @@ def list_partitions(settings: dict[str, str], topics: list[str], timeout: float 
         consumer.close()
 
 
-def cluster_topics(settings: dict[str, str], names: list[str] | None = None,
-                   timeout: float = 15.0) -> dict[str, list[int]]:
+def cluster_topics(settings: dict[str, str], names: list[str] | None = None, timeout: float = 15.0) -> dict[str, list[int]]:
     """Topics of the cluster with their partitions, in one request (``list_partitions`` asks topic by topic, which
     suits one pipeline; a page of many pipelines on one broker asks once): the ``names`` that exist (a DescribeTopics
     request), or every topic but the internal ones when ``names`` is None (a topic pattern needs them all)."""
@@ -264,8 +265,7 @@ def cluster_topics(settings: dict[str, str], names: list[str] | None = None,
             raise TransientError(f"cannot list topics on {where}: {e}") from None
     finally:
         consumer.close()
-    return {name: sorted(t.partitions) for name, t in md.topics.items()
-            if not name.startswith("__") and t.error is None and t.partitions}
+    return {name: sorted(t.partitions) for name, t in md.topics.items() if not name.startswith("__") and t.error is None and t.partitions}
 
 
 def pipeline_topics(spec: PipelineSpec, cluster: dict[str, list[int]]) -> tuple[list[str], list[str]]:
@@ -290,9 +290,7 @@ def new_admin(settings: dict[str, str], client_id: str) -> Any:
     return admin
 
 
-def watermarks(
-    settings: dict[str, str], partitions: list[TopicPartition], timeout: float = 15.0
-) -> dict[TopicPartition, tuple[int, int]]:
+def watermarks(settings: dict[str, str], partitions: list[TopicPartition], timeout: float = 15.0) -> dict[TopicPartition, tuple[int, int]]:
     """(log start offset, end offset) per partition, as a read_committed consumer sees them (the end is the last
     stable offset). One ListOffsets request per partition leader for all the partitions' starts, then one for their
     ends (a consumer's ``get_watermark_offsets`` asks for one partition at a time).
@@ -312,8 +310,7 @@ def watermarks(
     return {tp: (low[tp], high[tp]) for tp in partitions}
 
 
-def high_watermarks(settings: dict[str, str], partitions: list[TopicPartition],
-                    timeout: float = 15.0) -> dict[TopicPartition, int]:
+def high_watermarks(settings: dict[str, str], partitions: list[TopicPartition], timeout: float = 15.0) -> dict[TopicPartition, int]:
     """Each partition's end as a read_uncommitted consumer sees it (the high watermark): past the last stable offset
     of ``watermarks`` when a transaction is open on the partition (``ops/status.py`` says why such a partition waits)."""
     from confluent_kafka import IsolationLevel
@@ -325,15 +322,15 @@ def high_watermarks(settings: dict[str, str], partitions: list[TopicPartition],
     return _list_offsets(admin, settings, partitions, OffsetSpec.latest(), timeout, IsolationLevel.READ_UNCOMMITTED)
 
 
-def _list_offsets(admin: Any, settings: dict[str, str], partitions: list[TopicPartition], spec: Any, timeout: float,
-                  isolation: Any = None) -> dict[TopicPartition, int]:
+def _list_offsets(
+    admin: Any, settings: dict[str, str], partitions: list[TopicPartition], spec: Any, timeout: float, isolation: Any = None
+) -> dict[TopicPartition, int]:
     """One ListOffsets request (``spec``: earliest, latest) for ``partitions``, read_committed unless ``isolation``."""
     from confluent_kafka import IsolationLevel
 
     level = IsolationLevel.READ_COMMITTED if isolation is None else isolation
     try:
-        return _offsets(admin.list_offsets({KTP(t, p): spec for t, p in partitions}, isolation_level=level,
-                                           request_timeout=timeout))
+        return _offsets(admin.list_offsets({KTP(t, p): spec for t, p in partitions}, isolation_level=level, request_timeout=timeout))
     except TransientError:
         refused(admin, settings)
         raise
@@ -352,8 +349,11 @@ def _offsets(futures: dict[Any, Any]) -> dict[TopicPartition, int]:
         except Exception as e:  # noqa: BLE001 - the broker unreachable, or the partition's leader unknown for now
             raise TransientError(f"cannot read watermarks: {e}", topic=tp.topic, partition=tp.partition) from None
         if offset < 0:
-            raise TransientError(f"cannot read watermarks: the broker answered no offset ({offset}); the partition's "
-                                 "leader is likely moving", topic=tp.topic, partition=tp.partition)
+            raise TransientError(
+                f"cannot read watermarks: the broker answered no offset ({offset}); the partition's leader is likely moving",
+                topic=tp.topic,
+                partition=tp.partition,
+            )
         out[(tp.topic, tp.partition)] = offset
     return out
 
@@ -399,8 +399,7 @@ class _Columns:
             self.header_list.extend(map(Message.headers, msgs))
 
     def take(self) -> Chunk:
-        chunk = Chunk(self.rng.topic, self.rng.partition, self.values, self.offsets, self.stamps, self.key_list,
-                      self.header_list)
+        chunk = Chunk(self.rng.topic, self.rng.partition, self.values, self.offsets, self.stamps, self.key_list, self.header_list)
         self.reset()
         return chunk
 
@@ -473,7 +472,9 @@ def read_range(
                 raise KafkaReadError(
                     f"no progress for {read_timeout:.0f}s reading up to offset {rng.end} (broker unreachable, or "
                     "the records were deleted while reading)",
-                    topic=rng.topic, partition=rng.partition, offset=pos,
+                    topic=rng.topic,
+                    partition=rng.partition,
+                    offset=pos,
                 )
         if cols.offsets:
             yield cols.take()

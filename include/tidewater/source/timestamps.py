@@ -33,8 +33,9 @@ class KafkaOffsetLookup:
             consumer.close()
         bad = next((tp for tp in found if tp.error is not None or tp.offset < -1), None)
         if bad is not None:  # an error, or no answer (-1001: the leader moving); -1 alone means "no such record"
-            raise TransientError(f"offsets_for_times failed: {bad.error or f'no offset ({bad.offset})'}", topic=topic,
-                                 partition=bad.partition)
+            raise TransientError(
+                f"offsets_for_times failed: {bad.error or f'no offset ({bad.offset})'}", topic=topic, partition=bad.partition
+            )
         ends = watermarks(self.settings, [(topic, p) for p in partitions])
         return {tp.partition: (tp.offset if tp.offset >= 0 else ends[(topic, tp.partition)][1]) for tp in found}
 

@@ -100,10 +100,13 @@ def check_object_storage_jars(spec: PipelineSpec, conf: dict[str, str]) -> None:
         return
     given = " ".join([spec.spark.iceberg_packages or "", conf.get("spark.jars", ""), conf.get("spark.jars.packages", "")])
     if "iceberg-aws-bundle" not in given:
-        raise ConfigError(f"catalog.properties: the warehouse is on object storage, and Spark reaches it through "
-                          f"Iceberg's S3FileIO, which needs {AWS_BUNDLE}: add it to spark.iceberg_packages (with the "
-                          "Iceberg runtime, e.g. 'org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2," + AWS_BUNDLE
-                          + "') or its jar to spark.conf spark.jars. Ingest does not need it (pyiceberg writes the files).")
+        raise ConfigError(
+            f"catalog.properties: the warehouse is on object storage, and Spark reaches it through "
+            f"Iceberg's S3FileIO, which needs {AWS_BUNDLE}: add it to spark.iceberg_packages (with the "
+            "Iceberg runtime, e.g. 'org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2,"
+            + AWS_BUNDLE
+            + "') or its jar to spark.conf spark.jars. Ingest does not need it (pyiceberg writes the files)."
+        )
 
 
 # a class of the HTTP library Iceberg's REST client shades into its runtime jars
@@ -120,10 +123,12 @@ def check_rest_client(spec: PipelineSpec, conf: dict[str, str]) -> None:
     with zipfile.ZipFile(bundled_runtime_jar()) as jar:
         if REST_CLIENT_CLASS in jar.namelist():
             return
-    raise ConfigError("spark.iceberg_packages: unset, and the offline bundled Iceberg runtime has no REST client "
-                      "(its HTTP library is not in the jar): a REST catalog in Spark (maintenance, `tidewater sql`) "
-                      "needs Iceberg's runtime from Maven, e.g. 'org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.12.0'. "
-                      "Ingest does not need it (pyiceberg commits).")
+    raise ConfigError(
+        "spark.iceberg_packages: unset, and the offline bundled Iceberg runtime has no REST client "
+        "(its HTTP library is not in the jar): a REST catalog in Spark (maintenance, `tidewater sql`) "
+        "needs Iceberg's runtime from Maven, e.g. 'org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.12.0'. "
+        "Ingest does not need it (pyiceberg commits)."
+    )
 
 
 def jars(spec: PipelineSpec) -> list[str]:
@@ -210,8 +215,11 @@ def python_env_conf(spec: PipelineSpec) -> dict[str, str]:
         if not path.is_file():
             raise ConfigError(f"spark.python_env: {path} does not exist (`make executor-env` builds it)")
         where = str(path)
-    return {"spark.archives": f"{where}#environment", "spark.pyspark.python": "./environment/bin/python",
-            "spark.pyspark.driver.python": sys.executable}
+    return {
+        "spark.archives": f"{where}#environment",
+        "spark.pyspark.python": "./environment/bin/python",
+        "spark.pyspark.driver.python": sys.executable,
+    }
 
 
 def write_submit_settings(spec: PipelineSpec, master: str | None = None) -> dict[str, Any]:
@@ -270,8 +278,11 @@ def properties_file(conf: dict[str, str], defaults: Path | None = None) -> Path:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         if defaults is not None:
-            log.info("spark-submit: secret settings go in a private properties file, so the cluster's defaults "
-                     "from %s are copied into it (spark-submit would skip them)", defaults)
+            log.info(
+                "spark-submit: secret settings go in a private properties file, so the cluster's defaults "
+                "from %s are copied into it (spark-submit would skip them)",
+                defaults,
+            )
             # a trailing continuation line or a missing final newline must not swallow our first key
             fh.write(defaults.read_text(encoding="utf-8") + "\n\n# tidewater: the pipeline's secret settings\n")
         for k, v in conf.items():
@@ -298,13 +309,16 @@ def spark_submit_binary(env: Mapping[str, str] | None = None) -> str:
     if found:
         return found
     where = f"SPARK_HOME={env['SPARK_HOME']} has no bin/spark-submit; " if env.get("SPARK_HOME") else ""
-    raise ConfigError(f"spark-submit: not found ({where}none beside {sys.executable} nor on the PATH): install Spark "
-                      "with the package's `spark` extra (pip install 'airflow-provider-tidewater[spark]') or set "
-                      "SPARK_HOME to a Spark 3.5 or 4 distribution")
+    raise ConfigError(
+        f"spark-submit: not found ({where}none beside {sys.executable} nor on the PATH): install Spark "
+        "with the package's `spark` extra (pip install 'airflow-provider-tidewater[spark]') or set "
+        "SPARK_HOME to a Spark 3.5 or 4 distribution"
+    )
 
 
-def spark_submit_command(spec: PipelineSpec, application: str, args: list[str], master: str | None = None,
-                         secrets_file: Path | None = None) -> list[str]:
+def spark_submit_command(
+    spec: PipelineSpec, application: str, args: list[str], master: str | None = None, secrets_file: Path | None = None
+) -> list[str]:
     """The write step's spark-submit command line (``tidewater run``; the DAG passes the same settings).
     Secret settings are never on it: pass ``secrets_file`` (see ``properties_file``)."""
     s = write_submit_settings(spec, master)

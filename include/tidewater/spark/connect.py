@@ -150,18 +150,30 @@ def connect_failure(e: BaseException, url: str) -> Any:
     text = str(e)
     missing = missing_module(text)
     if missing:
-        return ConfigError(f"spark.connect_url: the Spark Connect server's Python workers cannot import {missing!r}: "
-                           "start the server with an interpreter that has the project's packages (PYSPARK_PYTHON; "
-                           "`make spark-connect` does)")
+        return ConfigError(
+            f"spark.connect_url: the Spark Connect server's Python workers cannot import {missing!r}: "
+            "start the server with an interpreter that has the project's packages (PYSPARK_PYTHON; "
+            "`make spark-connect` does)"
+        )
     # gRPC gone (UNAVAILABLE, refused, reset), the session lost with a restart (INVALID_HANDLE), or a server that
     # is shutting down and still answers (its SparkContext stopped first)
-    if any(t in text for t in ("UNAVAILABLE", "Connection refused", "failed to connect", "Socket closed",
-                               "INVALID_HANDLE", "Deadline Exceeded", "connection reset", "stopped SparkContext",
-                               "SparkContext was shut down")):
+    if any(
+        t in text
+        for t in (
+            "UNAVAILABLE",
+            "Connection refused",
+            "failed to connect",
+            "Socket closed",
+            "INVALID_HANDLE",
+            "Deadline Exceeded",
+            "connection reset",
+            "stopped SparkContext",
+            "SparkContext was shut down",
+        )
+    ):
         first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)[:300]
         host, port = _connect_endpoint(url)  # never the whole URL: it may carry a token
-        return TransientError(f"spark.connect_url: the Spark Connect server {host}:{port} went away or is restarting "
-                              f"({first})")
+        return TransientError(f"spark.connect_url: the Spark Connect server {host}:{port} went away or is restarting ({first})")
     return None
 
 

@@ -58,15 +58,19 @@ def bundled_runtime_jar(release: str | None = None) -> Path:
     release = release or spark_release()
     if release and release != RUNTIME_SPARK:
         scala = "2.13" if release.startswith("4") else "2.12"
-        raise ConfigError(f"spark.iceberg_packages: unset, and the offline Iceberg runtime ({RUNTIME_JAR}) is built "
-                          f"for Spark {RUNTIME_SPARK}, not this Spark {release}; set it to Iceberg's runtime for "
-                          f"Spark {release}, e.g. org.apache.iceberg:iceberg-spark-runtime-{release}_{scala}:1.10.2")
+        raise ConfigError(
+            f"spark.iceberg_packages: unset, and the offline Iceberg runtime ({RUNTIME_JAR}) is built "
+            f"for Spark {RUNTIME_SPARK}, not this Spark {release}; set it to Iceberg's runtime for "
+            f"Spark {release}, e.g. org.apache.iceberg:iceberg-spark-runtime-{release}_{scala}:1.10.2"
+        )
     try:
         import snowpark_connect_deps_iceberg
     except ImportError:
-        raise ConfigError("spark.iceberg_packages: unset, and the offline Iceberg runtime (snowpark-connect-deps-iceberg, "
-                          "requirements-dev.txt) is not installed; set it to the Maven coordinates, e.g. "
-                          "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2") from None
+        raise ConfigError(
+            "spark.iceberg_packages: unset, and the offline Iceberg runtime (snowpark-connect-deps-iceberg, "
+            "requirements-dev.txt) is not installed; set it to the Maven coordinates, e.g. "
+            "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2"
+        ) from None
 
     base = Path(snowpark_connect_deps_iceberg.__file__).parent
     jar = base / "jars" / RUNTIME_JAR

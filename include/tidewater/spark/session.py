@@ -46,9 +46,17 @@ def release_catalog(spark: Any, spec: PipelineSpec) -> None:
 
 # Text of a failure of Spark's own work that a retry can heal (a concurrent commit, a busy or unreachable
 # catalog, store or cluster); anything else (bad SQL, a missing table, a bad setting) is terminal.
-_TRANSIENT_SPARK = ("CommitFailedException", "database is locked", "Connection refused", "ConnectException",
-                    "UnknownHostException", "SocketTimeoutException", "ServiceUnavailable", "SdkClientException",
-                    "All masters are unresponsive")
+_TRANSIENT_SPARK = (
+    "CommitFailedException",
+    "database is locked",
+    "Connection refused",
+    "ConnectException",
+    "UnknownHostException",
+    "SocketTimeoutException",
+    "ServiceUnavailable",
+    "SdkClientException",
+    "All masters are unresponsive",
+)
 
 
 def spark_failure(e: BaseException) -> Any:

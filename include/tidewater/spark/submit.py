@@ -38,16 +38,16 @@ class WriteJob:
     written to a private temporary file while the job runs and uploaded when it has exited (the file is
     then removed): error messages name the staged copy."""
 
-    def __init__(self, spec: PipelineSpec, plan_path: Any, master: str | None = None,
-                 timings: dict[str, float] | None = None) -> None:
+    def __init__(self, spec: PipelineSpec, plan_path: Any, master: str | None = None, timings: dict[str, float] | None = None) -> None:
         self.timings = {} if timings is None else timings
         (plan_path.parent / ERROR_NAME).unlink(missing_ok=True)
         manifest_path(plan_path).unlink(missing_ok=True)
         secret = write_submit_settings(spec, master)["secret_conf"]
         env = _spark_env(master or spec.spark.master)
         self.secrets_file = properties_file(secret, spark_defaults_file(env)) if secret else None
-        cmd = spark_submit_command(spec, str(spark_app_path()), write_job_args(spec, plan_path), master=master,
-                                   secrets_file=self.secrets_file)
+        cmd = spark_submit_command(
+            spec, str(spark_app_path()), write_job_args(spec, plan_path), master=master, secrets_file=self.secrets_file
+        )
         self.log_path, self.staged_log = _job_log(plan_path)
         self.started = time.monotonic()
         self.timings["submitted"] = time.time()
@@ -135,4 +135,3 @@ def _spark_env(master: str) -> dict[str, str]:
 def write_job_args(spec: PipelineSpec, plan_path: Any) -> list[str]:
     """The write job's arguments: the pipeline file (its settings reach the staging area) and the plan."""
     return ["--pipeline", str(spec.source_path), "--plan", str(plan_path)]
-

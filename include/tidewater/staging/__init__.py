@@ -54,12 +54,14 @@ def locate(location: str | StagePath, properties: Mapping[str, str], setting: st
         return location
     scheme = scheme_of(location)
     if scheme in LOCAL_SCHEMES:
-        return Path(location[len("file://"):] if scheme else location).expanduser()
+        return Path(location[len("file://") :] if scheme else location).expanduser()
     if scheme in OBJECT_SCHEMES:
         return object_path(location, properties, setting)
 
-    raise ConfigError(f"{setting}: {location!r} uses the scheme {scheme!r}, which the staging file layer cannot serve "
-                      f"(a path, file://, or one of {', '.join(s + '://' for s in OBJECT_SCHEMES)})")
+    raise ConfigError(
+        f"{setting}: {location!r} uses the scheme {scheme!r}, which the staging file layer cannot serve "
+        f"(a path, file://, or one of {', '.join(s + '://' for s in OBJECT_SCHEMES)})"
+    )
 
 
 def write_json(path: StagePath, doc: Mapping[str, Any]) -> None:
@@ -88,8 +90,10 @@ def read_json(path: StagePath) -> dict[str, Any]:
     try:
         doc = json.loads(data)
     except ValueError as e:
-        raise TerminalError(f"{path} is not a whole JSON document ({len(data)} bytes: {e}); the step that wrote it "
-                            "has to run again (its batch is planned anew)") from None
+        raise TerminalError(
+            f"{path} is not a whole JSON document ({len(data)} bytes: {e}); the step that wrote it "
+            "has to run again (its batch is planned anew)"
+        ) from None
     if not isinstance(doc, dict):
         raise TerminalError(f"{path} holds JSON {type(doc).__name__}, not a staged document")
     return doc
@@ -111,4 +115,3 @@ def modified(path: StagePath) -> float:
     if path.is_dir():
         times += [f.stat().st_mtime for f in path.iterdir() if f.is_file()]
     return max(times)
-

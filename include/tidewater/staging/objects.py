@@ -19,9 +19,22 @@ T = TypeVar("T")
 # Words in pyarrow's error text (the AWS, Google and Azure SDKs' own) that mean a person has to act: the
 # credentials were refused or the bucket does not exist. Anything else (refused connections, timeouts,
 # throttling, 5xx) may heal on a retry.
-_REFUSED = ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "INVALID_ACCESS_KEY",
-            "NoSuchBucket", "NO_SUCH_BUCKET", "Forbidden", "AuthorizationFailure", "AuthenticationFailed",
-            "PermissionDenied", "HTTP status 403", "ExpiredToken", "InvalidToken")
+_REFUSED = (
+    "ACCESS_DENIED",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "INVALID_ACCESS_KEY",
+    "NoSuchBucket",
+    "NO_SUCH_BUCKET",
+    "Forbidden",
+    "AuthorizationFailure",
+    "AuthenticationFailed",
+    "PermissionDenied",
+    "HTTP status 403",
+    "ExpiredToken",
+    "InvalidToken",
+)
 # The SDKs' words for a store that did not answer: transient even when the rest of the text (a host name, a
 # port such as 40305) happens to contain one of the words above.
 _UNREACHED = ("NETWORK_CONNECTION", "curlCode", "Could not connect", "Connection refused", "timed out")
@@ -72,7 +85,7 @@ class ObjectPath:
     def relative_to(self, other: ObjectPath) -> PurePosixPath:
         if not self.key.startswith(other.key + "/"):
             raise ValueError(f"{self} is not under {other}")
-        return PurePosixPath(self.key[len(other.key) + 1:])
+        return PurePosixPath(self.key[len(other.key) + 1 :])
 
     def as_uri(self) -> str:
         return str(self)
@@ -134,6 +147,7 @@ class ObjectPath:
 
     def write_bytes(self, data: bytes) -> None:
         """One object, sent whole: it appears under its name only when the upload completes."""
+
         def write() -> None:
             with self.fs.open_output_stream(self.key) as fh:
                 fh.write(data)

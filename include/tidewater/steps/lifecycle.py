@@ -97,14 +97,20 @@ def finish_pending_commits(spec: PipelineSpec) -> str | None:
     directory = batch_dir(spec.staging_dir(), spec.name, state.batch_id)
     mpath, ppath = directory / MANIFEST_NAME, directory / PLAN_NAME
     if not (mpath.is_file() and ppath.is_file()):
-        log.error("batch %s: committed with %s dead letters that the dead-letter table %s does not hold, and its "
-                  "staging directory %s is gone: those dead letters cannot be recovered (the records are still in "
-                  "Kafka at the batch's ranges)", state.batch_id, props.get(DEAD_LETTERS), spec.dead_letter_table(),
-                  directory)
+        log.error(
+            "batch %s: committed with %s dead letters that the dead-letter table %s does not hold, and its "
+            "staging directory %s is gone: those dead letters cannot be recovered (the records are still in "
+            "Kafka at the batch's ranges)",
+            state.batch_id,
+            props.get(DEAD_LETTERS),
+            spec.dead_letter_table(),
+            directory,
+        )
         return None
     plan, manifest = load_plan(ppath), BatchManifest.from_json(read_json(mpath))
-    log.info("batch %s: finishing its dead-letter commit (%d dead letters) left by an interrupted run", plan.batch_id,
-             manifest.dead_letters)
+    log.info(
+        "batch %s: finishing its dead-letter commit (%d dead letters) left by an interrupted run", plan.batch_id, manifest.dead_letters
+    )
     commit_dead_letters(catalog, plan, manifest, dead_letter_sink(spec, plan.batch_id))
     return plan.batch_id
 
@@ -134,9 +140,15 @@ def _abandoned_batches(spec: PipelineSpec, catalog: Catalog) -> list[Path]:
     table = load_table(catalog, spec.checkpoint_table())
     committed = {summary_dict(s).get(BATCH_ID) for s in table.metadata.snapshots} if table is not None else set()
     newest = max((b for b in committed if b and is_ingest_batch(b)), default="")
-    return [d for d in sorted(root.iterdir())
-            if d.name > newest and is_ingest_batch(d.name) and d.name not in committed
-            and (d / PLAN_NAME).is_file() and not (d / REVERTED_NAME).is_file()]
+    return [
+        d
+        for d in sorted(root.iterdir())
+        if d.name > newest
+        and is_ingest_batch(d.name)
+        and d.name not in committed
+        and (d / PLAN_NAME).is_file()
+        and not (d / REVERTED_NAME).is_file()
+    ]
 
 
 def revert_abandoned(spec: PipelineSpec) -> list[str]:
@@ -185,20 +197,29 @@ def record_in_ledger(spec: PipelineSpec, touched: list[str] | None = None) -> No
     try:
         ledger.sync(load_catalog(spec), spec, touched)
     except Exception as e:  # noqa: BLE001 - see the docstring
-        log.warning("the ledger %s was not brought up to date (the next commit or audit does it): %s",
-                    ledger.identifier(spec), e)
+        log.warning("the ledger %s was not brought up to date (the next commit or audit does it): %s", ledger.identifier(spec), e)
 
 
 def _commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, dag_run_id: str | None) -> CommitResult:
     reverted = batch_path(spec, plan) / REVERTED_NAME
     if reverted.is_file():
         why = read_json(reverted).get("why", "")
-        raise TerminalError(f"batch {plan.batch_id} will never commit ({why}); its schema changes were undone. The next "
-                            "run plans its records anew", batch_id=plan.batch_id, table=plan.table)
+        raise TerminalError(
+            f"batch {plan.batch_id} will never commit ({why}); its schema changes were undone. The next run plans its records anew",
+            batch_id=plan.batch_id,
+            table=plan.table,
+        )
     path = batch_path(spec, plan) / VALIDATION_NAME
     validation = read_json(path) if path.is_file() else None
-    result = commit_batch(load_catalog(spec), plan, manifest, spec=spec, dag_run_id=dag_run_id, validation=validation,
-                          dead_letter_sink=dead_letter_sink(spec, plan.batch_id))
+    result = commit_batch(
+        load_catalog(spec),
+        plan,
+        manifest,
+        spec=spec,
+        dag_run_id=dag_run_id,
+        validation=validation,
+        dead_letter_sink=dead_letter_sink(spec, plan.batch_id),
+    )
     if result.quarantined:  # a quarantined batch fails its run with the gate's report (its commit has landed)
         raise quarantined_error(plan.batch_id, tuple(result.quarantined), validation, spec)
     return result
@@ -211,8 +232,9 @@ def _unseen(event: str, **facts: Any) -> None:
     """No progress shown (run_once's default)."""
 
 
-def run_once(spec_path: str | Path, master: str | None = None, progress: Progress | None = None,
-             wait_for_spark: bool = True) -> dict[str, Any]:
+def run_once(
+    spec_path: str | Path, master: str | None = None, progress: Progress | None = None, wait_for_spark: bool = True
+) -> dict[str, Any]:
     """One batch through plan, write (spark-submit or Spark Connect), validate and commit. ``progress`` is told each
     stage as it starts and what it did (events ``planning``, ``caught-up``, ``planned``, ``writing``, ``running``,
     ``written``, ``validated``, ``committing``, ``committed``, ``docs``, with the step's own results as facts); the
@@ -234,16 +256,18 @@ def run_once(spec_path: str | Path, master: str | None = None, progress: Progres
     submit: dict[str, float] = {}
     background: list[Any] = []  # Spark stops while the batch is validated and committed
     try:
-        manifest = run_write_step(spec, plan_path, master, progress=lambda elapsed: say("running", seconds=elapsed),
-                                  timings=submit, background=background)
+        manifest = run_write_step(
+            spec, plan_path, master, progress=lambda elapsed: say("running", seconds=elapsed), timings=submit, background=background
+        )
         return _validate_and_commit(spec, plan, manifest, say, submit, (t0, t1))
     finally:
         for finish in background if wait_for_spark else ():
             finish()
 
 
-def _validate_and_commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, say: Progress,
-                         submit: dict[str, float], started: tuple[float, float]) -> dict[str, Any]:
+def _validate_and_commit(
+    spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest, say: Progress, submit: dict[str, float], started: tuple[float, float]
+) -> dict[str, Any]:
     t0, t1 = started
     say("written", manifest=manifest, seconds=time.monotonic() - t1)
     t2 = time.monotonic()
@@ -258,6 +282,9 @@ def _validate_and_commit(spec: PipelineSpec, plan: BatchPlan, manifest: BatchMan
     if page_of(spec, plan.batch_id) is None:
         render_in_background(spec, plan.batch_id)
         say("docs", site=site_dir(spec) / "index.html")
-    return {**result.summary(), "seconds": round(time.monotonic() - t0, 3),
-            "steps": {k: round(v, 3) for k, v in steps.items()},
-            "write_breakdown": write_breakdown(manifest, submit["submitted"], submit["returned"])}
+    return {
+        **result.summary(),
+        "seconds": round(time.monotonic() - t0, 3),
+        "steps": {k: round(v, 3) for k, v in steps.items()},
+        "write_breakdown": write_breakdown(manifest, submit["submitted"], submit["returned"]),
+    }

@@ -52,14 +52,14 @@ def load_manifest(plan_path: Any, spec: PipelineSpec | None = None) -> BatchMani
     return BatchManifest.from_json(read_json(mpath))
 
 
-
-
-
-
-
-
-def run_write_step(spec: PipelineSpec, plan_path: Path, master: str | None = None, progress: Any = None,
-                   timings: dict[str, float] | None = None, background: list[Any] | None = None) -> BatchManifest:
+def run_write_step(
+    spec: PipelineSpec,
+    plan_path: Path,
+    master: str | None = None,
+    progress: Any = None,
+    timings: dict[str, float] | None = None,
+    background: list[Any] | None = None,
+) -> BatchManifest:
     """Run the Spark job with spark-submit (as the DAG does) and return its manifest. ``timings`` receives
     when spark-submit started and when the step returned (epoch seconds, for :func:`write_breakdown`).
 
@@ -73,36 +73,9 @@ def run_write_step(spec: PipelineSpec, plan_path: Path, master: str | None = Non
     return load_manifest(plan_path)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, float] | None = None,
-                      url: str | None = None, tries: Any = None) -> BatchManifest:
+def run_connect_write(
+    spec: PipelineSpec, plan_path: Path, timings: dict[str, float] | None = None, url: str | None = None, tries: Any = None
+) -> BatchManifest:
     """The write step on a Spark Connect server (``url``, default ``spark.connect_url``), from this process:
     the same plan, tasks, manifest and error document as the spark-submit job. Its operations carry a tag of this
     try, kept in ``tries`` (the task's state store) before they start, so that a later try interrupts them first
@@ -137,30 +110,31 @@ def run_connect_write(spec: PipelineSpec, plan_path: Path, timings: dict[str, fl
     return manifest
 
 
-
-
 def write_breakdown(manifest: BatchManifest, submitted: float, returned: float) -> dict[str, float]:
     """Where the write step's wall time went, in seconds, in order (from the driver's milestones and the
     tasks' timings; the figures add up to returned - submitted)."""
     d, tasks = manifest.driver_timings, manifest.task_timings
     if not d or "manifest_built" not in d:
         return {"spark-submit": round(returned - submitted, 3)}
-    marks = [("spark-submit and JVM start, until the Python driver runs", submitted, d["driver_started"]),
-             ("driver imports", d["driver_started"], d["imports_done"]),
-             ("SparkContext start", d["imports_done"], d["session_ready"])]
+    marks = [
+        ("spark-submit and JVM start, until the Python driver runs", submitted, d["driver_started"]),
+        ("driver imports", d["driver_started"], d["imports_done"]),
+        ("SparkContext start", d["imports_done"], d["session_ready"]),
+    ]
     ready = d["session_ready"]
     if tasks:
         first, last = min(t["started_at"] for t in tasks), max(t["finished_at"] for t in tasks)
         setup = min(tasks, key=lambda t: t["started_at"]).get("setup_seconds", 0.0)
-        marks += [("task scheduling and Python worker start", ready, first),
-                  ("first task's set-up (catalog, table, clients)", first, first + setup),
-                  ("data path after set-up (read, decode, write)", first + setup, last),
-                  ("task results to the driver", last, d["job_done"])]
+        marks += [
+            ("task scheduling and Python worker start", ready, first),
+            ("first task's set-up (catalog, table, clients)", first, first + setup),
+            ("data path after set-up (read, decode, write)", first + setup, last),
+            ("task results to the driver", last, d["job_done"]),
+        ]
     else:
         marks.append(("no tasks", ready, d["job_done"]))
-    marks += [("manifest (driver)", d["job_done"], d["manifest_built"]),
-              ("manifest written until the step returned (Spark stop and JVM exit, unless in the background)",
-               d["manifest_built"], returned)]
+    marks += [
+        ("manifest (driver)", d["job_done"], d["manifest_built"]),
+        ("manifest written until the step returned (Spark stop and JVM exit, unless in the background)", d["manifest_built"], returned),
+    ]
     return {name: round(b - a, 3) for name, a, b in marks}
-
-

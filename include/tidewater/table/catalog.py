@@ -52,7 +52,6 @@ def catalog_failure(e: BaseException) -> str | None:
 _LOADED: dict[tuple, Any] = {}  # catalogs this process loaded, by process, name and properties (see load_catalog)
 
 
-
 def load_catalog(spec: PipelineSpec) -> Any:
     """The pipeline's pyiceberg catalog, loaded once per process and set of properties: a step asks for it several
     times (the holder, the tables, the ledger), and a SQL catalog opens a connection pool and checks its own tables
@@ -142,9 +141,15 @@ def load_table(catalog: Catalog, identifier: str) -> Any | None:
         raise
 
 
-def create_table(catalog: Catalog, ident: str, schema: pa.Schema, properties: dict[str, str],
-                 partition_by: list[str] | None = None, sort_by: list[str] | None = None,
-                 id_columns: list[str] | None = None) -> Any:
+def create_table(
+    catalog: Catalog,
+    ident: str,
+    schema: pa.Schema,
+    properties: dict[str, str],
+    partition_by: list[str] | None = None,
+    sort_by: list[str] | None = None,
+    id_columns: list[str] | None = None,
+) -> Any:
     """Create the namespace and table if missing; safe when several writers do it at once.
 
     The partition spec, sort order and identifier fields are part of the creation (never a second
@@ -158,8 +163,7 @@ def create_table(catalog: Catalog, ident: str, schema: pa.Schema, properties: di
     if id_columns:
         missing = [c for c in id_columns if schema.get_field_index(c) < 0]
         if missing:
-            raise TerminalError(f"id_columns: {', '.join(missing)} not in the records' fields ({', '.join(schema.names)})",
-                                table=ident)
+            raise TerminalError(f"id_columns: {', '.join(missing)} not in the records' fields ({', '.join(schema.names)})", table=ident)
         schema = pa.schema([f.with_nullable(False) if f.name in id_columns else f for f in schema])
     iceberg_schema = assign_fresh_schema_ids(visit_pyarrow(schema, _ConvertToIcebergWithoutIDs()))
     if id_columns:

@@ -91,9 +91,12 @@ class Evolution:
         return bool(self.new or self.widen or self.optional or self.renamed)
 
     def describe(self) -> str:
-        parts = [f"rename {', '.join(f'{a} to {b}' for a, b in self.renamed)}" if self.renamed else "",
-                 f"add {', '.join(self.new)}" if self.new else "", f"widen {', '.join(self.widen)}" if self.widen else "",
-                 f"make optional {', '.join(self.optional)}" if self.optional else ""]
+        parts = [
+            f"rename {', '.join(f'{a} to {b}' for a, b in self.renamed)}" if self.renamed else "",
+            f"add {', '.join(self.new)}" if self.new else "",
+            f"widen {', '.join(self.widen)}" if self.widen else "",
+            f"make optional {', '.join(self.optional)}" if self.optional else "",
+        ]
         return "; ".join(p for p in parts if p)
 
 
@@ -112,8 +115,9 @@ def with_schema_ids(explicit: pa.Schema | None, table: Any) -> pa.Schema | None:
     known = json.loads(table.metadata.properties.get(SCHEMA_IDS, "{}")) if table is not None else {}
     if explicit is None or not known:
         return explicit
-    return pa.schema([f.with_metadata({**(f.metadata or {}), SCHEMA_ID: str(known[f.name]).encode()})
-                      if f.name in known else f for f in explicit])
+    return pa.schema(
+        [f.with_metadata({**(f.metadata or {}), SCHEMA_ID: str(known[f.name]).encode()}) if f.name in known else f for f in explicit]
+    )
 
 
 def field_numbers(t: pa.DataType | pa.Schema, prefix: str = "") -> dict[str, int]:
@@ -148,8 +152,7 @@ def renames(table: Any, schema: pa.Schema, new: list[str]) -> list[tuple[str, st
 _WIDER = {("int", "long"), ("float", "double")}
 
 
-def _walk(fields: Any, arrays: dict[str, pa.Array], valid: pa.Array | None, prefix: str,
-          widen: list[str], optional: list[str]) -> None:
+def _walk(fields: Any, arrays: dict[str, pa.Array], valid: pa.Array | None, prefix: str, widen: list[str], optional: list[str]) -> None:
     for f in fields:
         path = f"{prefix}{f.name}"
         arr = arrays.get(f.name)
@@ -243,8 +246,7 @@ def pending_change(tspec: TableSpec, table: Any | None, data: pa.Table, optional
     if not tspec.evolve_schema:
         if not (change.new or change.optional):
             return None  # values are cast to the narrower type; one that does not fit fails the task
-        raise TerminalError(f"the records need schema changes ({change.describe()}) and table.evolve_schema is off",
-                            table=ident)
+        raise TerminalError(f"the records need schema changes ({change.describe()}) and table.evolve_schema is off", table=ident)
     return change
 
 
@@ -255,8 +257,14 @@ def _required(table: Table, path: str) -> bool:
         return False
 
 
-def ensure_table(catalog: Catalog, tspec: TableSpec, table: Any | None, data: pa.Table,
-                 provisional: tuple[str, str] | None = None, optional: tuple[str, ...] = ()) -> Any:
+def ensure_table(
+    catalog: Catalog,
+    tspec: TableSpec,
+    table: Any | None,
+    data: pa.Table,
+    provisional: tuple[str, str] | None = None,
+    optional: tuple[str, ...] = (),
+) -> Any:
     """A table that ``data`` fits (creating or evolving it: new fields, int -> long and float -> double,
     required -> optional), or an error. Safe to race: every attempt re-checks against a fresh table.
     ``tspec``: the table's settings (a pipeline's ``table``, or one target of a routed pipeline).
@@ -270,8 +278,15 @@ def ensure_table(catalog: Catalog, tspec: TableSpec, table: Any | None, data: pa
         created_by = {prov.CREATED_BY: provisional[0]} if provisional else {}
         known = {NUMBERS: json.dumps(numbers, sort_keys=True)} if numbers else {}
         known |= {SCHEMA_IDS: json.dumps(ids, sort_keys=True)} if ids else {}
-        table = create_table(catalog, ident, schema, {"format-version": "2", **tspec.properties, **created_by, **known},
-                             tspec.partition_by, tspec.sort_by, tspec.id_columns)
+        table = create_table(
+            catalog,
+            ident,
+            schema,
+            {"format-version": "2", **tspec.properties, **created_by, **known},
+            tspec.partition_by,
+            tspec.sort_by,
+            tspec.id_columns,
+        )
         change = pending_change(tspec, table, data, optional)
     if not change:
         return table
@@ -297,8 +312,12 @@ def ensure_table(catalog: Catalog, tspec: TableSpec, table: Any | None, data: pa
                     have_ids = json.loads(table.metadata.properties.get(SCHEMA_IDS, "{}"))
                     new_ids = {p[0]: ids[p[0]] for p in added if len(p) == 1 and p[0] in ids}  # paths are name tuples
                     tx.set_properties({SCHEMA_IDS: json.dumps({**new_ids, **have_ids}, sort_keys=True)})
-            log.info("table %s: schema changed%s: %s", ident, f" (batch {provisional[0]}, until it commits)"
-                     if provisional and added else "", change.describe())
+            log.info(
+                "table %s: schema changed%s: %s",
+                ident,
+                f" (batch {provisional[0]}, until it commits)" if provisional and added else "",
+                change.describe(),
+            )
             return table
         except CommitFailedException:
             time.sleep(0.2 * (attempt + 1))
@@ -316,7 +335,7 @@ def _numbers_after(table: Any, numbers: dict[str, int], renamed: tuple[tuple[str
     numbers added."""
     known = json.loads(table.metadata.properties.get(NUMBERS, "{}"))
     for old, path in renamed:
-        known = {(path + p[len(old):] if p == old or p.startswith(old + ".") else p): n for p, n in known.items()}
+        known = {(path + p[len(old) :] if p == old or p.startswith(old + ".") else p): n for p, n in known.items()}
     return json.dumps({**known, **numbers}, sort_keys=True)
 
 
@@ -335,8 +354,13 @@ DRIVER_TAG = "driver"  # the provisional tag of the changes the write job's driv
 def change_request(ident: str, data: pa.Table, change: Evolution, id_columns: list[str] | None = None) -> dict[str, Any]:
     """A task's report of a change its rows need (JSON: it travels in the task's result to the driver).
     ``id_columns``: the table's, as the task knows them (read from the message keys: see ``TableSink.key_ids``)."""
-    return {"table": ident, "schema": base64.b64encode(data.schema.serialize().to_pybytes()).decode("ascii"),
-            "optional": list(change.optional), "change": change.describe(), "id_columns": list(id_columns or [])}
+    return {
+        "table": ident,
+        "schema": base64.b64encode(data.schema.serialize().to_pybytes()).decode("ascii"),
+        "optional": list(change.optional),
+        "change": change.describe(),
+        "id_columns": list(id_columns or []),
+    }
 
 
 def apply_requests(catalog: Catalog, spec: Any, requests: list[dict[str, Any]], batch_id: str) -> list[str]:
@@ -359,7 +383,10 @@ def apply_requests(catalog: Catalog, spec: Any, requests: list[dict[str, Any]], 
         table = load_table(catalog, ident)
         for schema in merged:
             current = table
-            table = retry_busy(lambda s=schema, t=current, ts=tspec, o=optional: ensure_table(
-                catalog, ts, t, s.empty_table(), (batch_id, DRIVER_TAG), o), "creating or evolving the table", ident)
+            table = retry_busy(
+                lambda s=schema, t=current, ts=tspec, o=optional: ensure_table(catalog, ts, t, s.empty_table(), (batch_id, DRIVER_TAG), o),
+                "creating or evolving the table",
+                ident,
+            )
         done.append(f"{ident}: {'; '.join(sorted({r['change'] for r in reqs}))}")
     return done

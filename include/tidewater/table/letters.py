@@ -58,9 +58,12 @@ SKIPPED_REASON = "decoded, but the pipeline's settings skip it (a tombstone, a r
 Coordinates = tuple[str, int, int]  # a record's topic, partition and offset
 
 
-def classify(claimed: list[Coordinates], again: Mapping[Coordinates, str],
-             refused: Mapping[tuple[str | None, int, int], str],
-             without_row: set[Coordinates]) -> list[tuple[LetterState, str | None]]:
+def classify(
+    claimed: list[Coordinates],
+    again: Mapping[Coordinates, str],
+    refused: Mapping[tuple[str | None, int, int], str],
+    without_row: set[Coordinates],
+) -> list[tuple[LetterState, str | None]]:
     """The outcome of each letter a retry claimed, in order, with its reason: ``failed-again`` when a new letter of the
     retry holds its coordinates (``again``: its new error), ``refused`` when a change table refused its change
     (``refused``, keyed by topic, partition and offset; a refusal an earlier version stamped names no topic, None, and
@@ -88,11 +91,12 @@ def refusals(stamped: list[list[Any]], table: str) -> dict[tuple[str | None, int
         t, p, o, why = entry if len(entry) == 4 else (None, *entry)
         out[(t, int(p), int(o))] = f"refused by {table}: {why}"
     return out
+
+
 PREVIEW_BYTES = 512  # of a letter's payload, in the view and the CLI's listing
 
 
-KEY_TYPES = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-                       ("letter_batch_id", pa.string())])
+KEY_TYPES = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("letter_batch_id", pa.string())])
 
 
 def keys_of(t: pa.Table) -> pa.Table:
@@ -115,14 +119,20 @@ def letter_states(catalog: Catalog, spec: PipelineSpec, table: Table | None = No
 
 def _newest(rows: pa.Table, keys: list[str], columns: list[str]) -> pa.Table:
     """Per letter (``keys``), ``columns`` of its newest resolution row (by ``at``, then by order written)."""
-    rows = rows.append_column("__n", pa.array(range(rows.num_rows), pa.int64())).sort_by([("at", "ascending"),
-                                                                                         ("__n", "ascending")])
+    rows = rows.append_column("__n", pa.array(range(rows.num_rows), pa.int64())).sort_by([("at", "ascending"), ("__n", "ascending")])
     latest = rows.group_by(keys, use_threads=False).aggregate([(c, "last") for c in columns])
     return latest.rename_columns([c.removesuffix("_last") for c in latest.column_names])
 
 
-def letters(spec: PipelineSpec, catalog: Any | None = None, *, error_class: str | None = None, batch: str | None = None,
-            state: str = "open", payload: bool = True) -> pa.Table:
+def letters(
+    spec: PipelineSpec,
+    catalog: Any | None = None,
+    *,
+    error_class: str | None = None,
+    batch: str | None = None,
+    state: str = "open",
+    payload: bool = True,
+) -> pa.Table:
     """The pipeline's dead letters (rows of its dead-letter table, with ``letter_batch_id`` for their batch) and their
     ``state`` (``STATES``), filtered by error class, the batch that dead-lettered them, and state (one of ``STATES``
     or ``all``), sorted by topic, partition and offset."""
@@ -169,11 +179,13 @@ def counts(spec: PipelineSpec, catalog: Any | None = None) -> dict[str, int]:
         return {**dict.fromkeys(STATES, 0), "total": 0}
     totals = kept(dlq, KEPT_TOTALS)
     resolutions = load_table(catalog, resolution_table_name(spec))
-    states = kept(resolutions, KEPT_STATES) if resolutions is not None and resolutions.current_snapshot() is not None \
-        else {"pipelines": {}}
+    states = kept(resolutions, KEPT_STATES) if resolutions is not None and resolutions.current_snapshot() is not None else {"pipelines": {}}
     if totals is None or states is None:
-        log.info("the dead-letter counts of %s are not kept current (written by another writer or an earlier "
-                 "version): counted from the tables; the next commit of letters or outcomes keeps them again", spec.name)
+        log.info(
+            "the dead-letter counts of %s are not kept current (written by another writer or an earlier "
+            "version): counted from the tables; the next commit of letters or outcomes keeps them again",
+            spec.name,
+        )
         return scanned(spec, catalog)
     out = dict.fromkeys(STATES, 0)
     out.update({s: n for s, n in states["pipelines"].get(spec.name, {}).items() if s in out and s != "open"})
@@ -192,15 +204,36 @@ def scanned(spec: PipelineSpec, catalog: Any | None = None) -> dict[str, int]:
     return out
 
 
-def listing(spec: PipelineSpec, catalog: Any | None = None, *, error_class: str | None = None, batch: str | None = None,
-            state: str = "open", limit: int = 100, preview: bool = True) -> dict[str, Any]:
+def listing(
+    spec: PipelineSpec,
+    catalog: Any | None = None,
+    *,
+    error_class: str | None = None,
+    batch: str | None = None,
+    state: str = "open",
+    limit: int = 100,
+    preview: bool = True,
+) -> dict[str, Any]:
     """Letters as JSON for the view and ``tidewater dead-letters list``: the first ``limit`` rows (a payload preview of
     ``PREVIEW_BYTES`` when ``preview``), the counts per state."""
     rows = letters(spec, catalog, error_class=error_class, batch=batch, state=state, payload=preview)
     out = []
     for r in rows.slice(0, limit).to_pylist() if rows.num_rows else []:  # bounded by limit: the error path
-        item = {k: r[k] for k in ("topic", "partition", "offset", "error_class", "error_message", "letter_batch_id",
-                                  "status", "action_id", "reason", "by")}
+        item = {
+            k: r[k]
+            for k in (
+                "topic",
+                "partition",
+                "offset",
+                "error_class",
+                "error_message",
+                "letter_batch_id",
+                "status",
+                "action_id",
+                "reason",
+                "by",
+            )
+        }
         item["timestamp"] = r["timestamp"].isoformat() if r.get("timestamp") else None
         if r.get("snapshots"):
             item["snapshots"] = json.loads(r["snapshots"])
@@ -209,8 +242,7 @@ def listing(spec: PipelineSpec, catalog: Any | None = None, *, error_class: str 
             item["payload_preview"] = value[:PREVIEW_BYTES].decode("utf-8", "replace") if value is not None else None
             item["payload_bytes"] = len(value) if value is not None else 0
         out.append(item)
-    return {"pipeline": spec.name, "state": state, "matching": rows.num_rows, "letters": out,
-            "counts": counts(spec, catalog)}
+    return {"pipeline": spec.name, "state": state, "matching": rows.num_rows, "letters": out, "counts": counts(spec, catalog)}
 
 
 # ---- kept counts ----------------------------------------------------------------------------------------------------
@@ -247,8 +279,7 @@ def totals_after(table: Table, pipeline: str, added: int) -> dict[str, str]:
         current = {"rows": total_records(table) or 0, "pipelines": tally(rows.column("pipeline")) if rows.num_rows else {}}
     pipelines = dict(current["pipelines"])
     pipelines[pipeline] = int(pipelines.get(pipeline, 0)) + added
-    return {KEPT_TOTALS: json.dumps({"rows": current["rows"] + added, "pipelines": pipelines}, sort_keys=True,
-                                    separators=(",", ":"))}
+    return {KEPT_TOTALS: json.dumps({"rows": current["rows"] + added, "pipelines": pipelines}, sort_keys=True, separators=(",", ":"))}
 
 
 def _status(state: pa.Array) -> pa.Array:
@@ -273,8 +304,9 @@ def states_after(table: Table, spec: PipelineSpec, rows: pa.Table) -> dict[str, 
     for s, n in tally(_status(moved.column("__new"))).items():
         mine[s] = mine.get(s, 0) + n
     pipelines = {**current["pipelines"], spec.name: {s: n for s, n in sorted(mine.items()) if s != "open" and n}}
-    return {KEPT_STATES: json.dumps({"rows": current["rows"] + rows.num_rows, "pipelines": pipelines}, sort_keys=True,
-                                    separators=(",", ":"))}
+    return {
+        KEPT_STATES: json.dumps({"rows": current["rows"] + rows.num_rows, "pipelines": pipelines}, sort_keys=True, separators=(",", ":"))
+    }
 
 
 def _state_counts(table: Table) -> dict[str, dict[str, int]]:

@@ -66,8 +66,7 @@ def _carried(data: pa.Table, path: Path) -> np.ndarray:
 def _restrict(t: pa.DataType, keep: set[Path], prefix: Path = ()) -> pa.DataType:
     """``t`` without the struct fields whose path is not in ``keep`` (recursively)."""
     if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, _restrict(f.type, keep, (*prefix, f.name)), f.nullable)
-                          for f in t if (*prefix, f.name) in keep])
+        return pa.struct([pa.field(f.name, _restrict(f.type, keep, (*prefix, f.name)), f.nullable) for f in t if (*prefix, f.name) in keep])
     if pa.types.is_list(t):
         return pa.list_(_restrict(t.value_type, keep, (*prefix, "element")))
     if pa.types.is_large_list(t):
@@ -91,16 +90,24 @@ def check(data: pa.Table, existing: pa.Schema | None, limits: SchemaLimits, adde
     return _set_apart(data, have, new, too_long, budget, limits)
 
 
-def _set_apart(data: pa.Table, have: set[Path], new: list[Path], too_long: list[Path], budget: int,
-               limits: SchemaLimits) -> tuple[pa.Table, list[Rejected]]:
+def _set_apart(
+    data: pa.Table, have: set[Path], new: list[Path], too_long: list[Path], budget: int, limits: SchemaLimits
+) -> tuple[pa.Table, list[Rejected]]:
     """Error path: reject the rows carrying over-long names, then, while the fields the remaining rows
     would add exceed the budget, the row that adds the most of them."""
     carriers = {p: np.flatnonzero(_carried(data, p)) for p in new}
     rejected: dict[int, Rejected] = {}
     for p in too_long:
         for r in carriers[p].tolist():
-            rejected.setdefault(r, Rejected(r, "FieldNameTooLong", f"field {'.'.join(p)[:80]!r}... is {len(p[-1])} characters; "
-                                                                   f"table.max_field_name_length is {limits.max_field_name_length}"))
+            rejected.setdefault(
+                r,
+                Rejected(
+                    r,
+                    "FieldNameTooLong",
+                    f"field {'.'.join(p)[:80]!r}... is {len(p[-1])} characters; "
+                    f"table.max_field_name_length is {limits.max_field_name_length}",
+                ),
+            )
     counts = {p: len(set(carriers[p].tolist()) - set(rejected)) for p in new}
     per_row: dict[int, list[Path]] = {}
     for p in new:
@@ -112,9 +119,14 @@ def _set_apart(data: pa.Table, have: set[Path], new: list[Path], too_long: list[
         adds = per_row.pop(worst)
         for p in adds:
             counts[p] -= 1
-        rejected[worst] = Rejected(worst, "TooManyColumns", (
-            f"the record would add {len(adds)} columns; table.max_new_columns is {limits.max_new_columns} per write "
-            f"task and table.max_columns {limits.max_columns} in all ({len(have)} now)"))
+        rejected[worst] = Rejected(
+            worst,
+            "TooManyColumns",
+            (
+                f"the record would add {len(adds)} columns; table.max_new_columns is {limits.max_new_columns} per write "
+                f"task and table.max_columns {limits.max_columns} in all ({len(have)} now)"
+            ),
+        )
     keep_paths = have | {p for p, c in counts.items() if c}
     mask = np.ones(data.num_rows, dtype=bool)
     mask[list(rejected)] = False

@@ -27,11 +27,16 @@ if TYPE_CHECKING:
 
 def iceberg_transform(f: PartitionField) -> Any:
     """The Iceberg transform of a parsed ``table.partition_by`` entry."""
-    return {
-        "identity": t.IdentityTransform, "year": t.YearTransform, "month": t.MonthTransform,
-        "day": t.DayTransform, "hour": t.HourTransform,
-    }[f.transform]() if f.width is None else (
-        t.BucketTransform(f.width) if f.transform == "bucket" else t.TruncateTransform(f.width)
+    return (
+        {
+            "identity": t.IdentityTransform,
+            "year": t.YearTransform,
+            "month": t.MonthTransform,
+            "day": t.DayTransform,
+            "hour": t.HourTransform,
+        }[f.transform]()
+        if f.width is None
+        else (t.BucketTransform(f.width) if f.transform == "bucket" else t.TruncateTransform(f.width))
     )
 
 
@@ -40,13 +45,13 @@ def build(schema: Any, partition_by: list[str], sort_by: list[str], prefix: str 
 
     Raises TerminalError naming the setting when a column is missing or its type does not suit the transform.
     """
+
     def source(column: str, key: str) -> Any:
         try:
             return schema.find_field(column)
         except ValueError:
             raise TerminalError(
-                f"{key}: column {column!r} is not in the records' schema "
-                f"(columns: {', '.join(f.name for f in schema.fields)})"
+                f"{key}: column {column!r} is not in the records' schema (columns: {', '.join(f.name for f in schema.fields)})"
             ) from None
 
     pfields = []
@@ -65,8 +70,14 @@ def build(schema: Any, partition_by: list[str], sort_by: list[str], prefix: str 
         src = source(sf.column, key)
         direction = SortDirection.DESC if sf.descending else SortDirection.ASC
         nulls_first = (not sf.descending) if sf.nulls_first is None else sf.nulls_first
-        sfields.append(IcebergSortField(source_id=src.field_id, transform=t.IdentityTransform(), direction=direction,
-                                        null_order=NullOrder.NULLS_FIRST if nulls_first else NullOrder.NULLS_LAST))
+        sfields.append(
+            IcebergSortField(
+                source_id=src.field_id,
+                transform=t.IdentityTransform(),
+                direction=direction,
+                null_order=NullOrder.NULLS_FIRST if nulls_first else NullOrder.NULLS_LAST,
+            )
+        )
     spec = PartitionSpec(*pfields) if pfields else PartitionSpec()
     order = SortOrder(*sfields) if sfields else SortOrder()
     return spec, order

@@ -28,17 +28,19 @@ def metadata_columns(spec: PipelineSpec) -> tuple[str, str, str]:
 def rows_filter(spec: PipelineSpec, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
     """An Iceberg row filter selecting the rows that came from ``ranges``."""
     topic, partition, offset = metadata_columns(spec)
-    terms = [And(EqualTo(topic, r.topic), And(EqualTo(partition, r.partition),
-                                              And(GreaterThanOrEqual(offset, r.start), LessThan(offset, r.end))))
-             for r in ranges]
+    terms = [
+        And(
+            EqualTo(topic, r.topic), And(EqualTo(partition, r.partition), And(GreaterThanOrEqual(offset, r.start), LessThan(offset, r.end)))
+        )
+        for r in ranges
+    ]
     return reduce(Or, terms)
 
 
 def present_offsets(spec: PipelineSpec, table: Table, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
     """(topic, partition, offset) of the rows the table holds from ``ranges`` (Arrow table)."""
     if table is None or not ranges or table.current_snapshot() is None:
-        return pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()),
-                         "offset": pa.array([], pa.int64())})
+        return pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()), "offset": pa.array([], pa.int64())})
     cols = metadata_columns(spec)
     top = cols[0].split(".")[0]
     data = table.scan(row_filter=rows_filter(spec, ranges), selected_fields=tuple({c.split(".")[0] for c in cols} | {top})).to_arrow()
@@ -63,8 +65,13 @@ def _coordinates(spec: PipelineSpec, data: Any) -> Any:
     if spec.format.metadata == "struct":
         s = data.column("_kafka").combine_chunks()
         return pa.table({"topic": s.field("topic"), "partition": s.field("partition").cast(pa.int32()), "offset": s.field("offset")})
-    return pa.table({"topic": data.column("_kafka_topic"), "partition": data.column("_kafka_partition").cast(pa.int32()),
-                     "offset": data.column("_kafka_offset")})
+    return pa.table(
+        {
+            "topic": data.column("_kafka_topic"),
+            "partition": data.column("_kafka_partition").cast(pa.int32()),
+            "offset": data.column("_kafka_offset"),
+        }
+    )
 
 
 def check_rows_carry_offsets(spec: PipelineSpec, table: Table) -> None:
@@ -76,13 +83,14 @@ def check_rows_carry_offsets(spec: PipelineSpec, table: Table) -> None:
     try:
         field_id = table.schema().find_field(offset_col).field_id
     except ValueError:
-        raise ConfigError(f"format.metadata: the table has no {offset_col} column yet: its rows cannot be matched "
-                          "to offsets") from None
+        raise ConfigError(f"format.metadata: the table has no {offset_col} column yet: its rows cannot be matched to offsets") from None
     missing = 0
     for task in table.scan(selected_fields=(offset_col.split(".")[0],)).plan_files():
         counts = task.file.null_value_counts or {}
         missing += int(counts.get(field_id, 0)) if field_id in counts else task.file.record_count
     if missing:
-        raise ConfigError(f"format.metadata: {missing} rows of {spec.table.identifier} have no {offset_col} (written "
-                          "before format.metadata was set); a replay cannot match them to offsets and would add their "
-                          "records again")
+        raise ConfigError(
+            f"format.metadata: {missing} rows of {spec.table.identifier} have no {offset_col} (written "
+            "before format.metadata was set); a replay cannot match them to offsets and would add their "
+            "records again"
+        )

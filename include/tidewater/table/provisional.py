@@ -93,8 +93,13 @@ def revert(catalog: Catalog, ident: str, batch_id: str) -> list[str]:
                     upd.delete_column(p)
         tx.remove_properties(*keys)
     undone = [".".join(p) for p in outermost]
-    log.warning("batch %s will not commit: removed the columns it added to %s (%s)%s", batch_id, ident,
-                ", ".join(undone) or "none", f"; kept {len(ids) - len(drop)} that committed data uses" if keep else "")
+    log.warning(
+        "batch %s will not commit: removed the columns it added to %s (%s)%s",
+        batch_id,
+        ident,
+        ", ".join(undone) or "none",
+        f"; kept {len(ids) - len(drop)} that committed data uses" if keep else "",
+    )
     return undone
 
 

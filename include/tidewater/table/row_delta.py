@@ -57,15 +57,16 @@ def _delete_manifest_writer(producer: Any, spec: Any) -> Any:
         def _meta(self) -> dict[str, str]:
             return {**super()._meta, "content": "deletes"}
 
-    return DeleteManifestWriter(spec, producer.schema(), producer.new_manifest_output(), producer.snapshot_id,
-                                producer._compression)
+    return DeleteManifestWriter(spec, producer.schema(), producer.new_manifest_output(), producer.snapshot_id, producer._compression)
 
 
 def row_delta(tx: Any, table: Table, files: list[Any], deletes: list[Any], properties: dict[str, str], branch: str) -> None:
     """Add ``files`` (data) and ``deletes`` (position delete files) to ``branch`` in one snapshot of ``tx``."""
     if table.format_version < 2:
-        raise TerminalError("position deletes need a format-version 2 table; upgrade it with "
-                            "`ALTER TABLE ... SET TBLPROPERTIES ('format-version'='2')`", table=table.name())
+        raise TerminalError(
+            "position deletes need a format-version 2 table; upgrade it with `ALTER TABLE ... SET TBLPROPERTIES ('format-version'='2')`",
+            table=table.name(),
+        )
 
     class RowDelta(_FastAppendFiles):
         def _manifests(self) -> list[Any]:
@@ -76,8 +77,15 @@ def row_delta(tx: Any, table: Table, files: list[Any], deletes: list[Any], prope
             for spec_id, group in by_spec.items():
                 with _delete_manifest_writer(self, self.spec(spec_id)) as writer:
                     for f in group:
-                        writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self.snapshot_id,
-                                                           sequence_number=None, file_sequence_number=None, data_file=f))
+                        writer.add(
+                            ManifestEntry.from_args(
+                                status=ManifestEntryStatus.ADDED,
+                                snapshot_id=self.snapshot_id,
+                                sequence_number=None,
+                                file_sequence_number=None,
+                                data_file=f,
+                            )
+                        )
                 manifests.append(writer.to_manifest_file())
             return manifests
 
@@ -89,8 +97,13 @@ def row_delta(tx: Any, table: Table, files: list[Any], deletes: list[Any], prope
             finally:
                 self._added_data_files = data
 
-    producer = RowDelta(operation=Operation.OVERWRITE if deletes else Operation.APPEND, transaction=tx, io=table.io,
-                        branch=branch, snapshot_properties=properties)
+    producer = RowDelta(
+        operation=Operation.OVERWRITE if deletes else Operation.APPEND,
+        transaction=tx,
+        io=table.io,
+        branch=branch,
+        snapshot_properties=properties,
+    )
     with producer:
         for f in files:
             producer.append_data_file(f)
@@ -115,9 +128,11 @@ def _deleted_positions(table: Table, task: Any) -> Any:
     gone = []
     for d in task.delete_files:
         if d.content != DataFileContent.POSITION_DELETES:
-            raise TerminalError(f"{d.file_path} is an equality delete file (written by another tool): change tables "
-                                "need position deletes only; rewrite the table's deletes with Spark first",
-                                table=table.name())
+            raise TerminalError(
+                f"{d.file_path} is an equality delete file (written by another tool): change tables "
+                "need position deletes only; rewrite the table's deletes with Spark first",
+                table=table.name(),
+            )
         with table.io.new_input(d.file_path).open() as fh:
             t = pq.read_table(fh, columns=["file_path", "pos"])
         gone.append(t.filter(pc.equal(t.column("file_path"), task.file.file_path)).column("pos"))
@@ -162,8 +177,7 @@ def _hits_in_file(table: Table, task: Any, indexed: Any, id_columns: list[str], 
     return hit.sort_by("__pos").select(["__pos", "__key", *extra]) if hit.num_rows else None
 
 
-def find_rows(table: Table, keys: Any, id_columns: list[str], source: bool = False,
-              branch: str | None = None) -> list[tuple[Any, Any]]:
+def find_rows(table: Table, keys: Any, id_columns: list[str], source: bool = False, branch: str | None = None) -> list[tuple[Any, Any]]:
     """Where the changed keys live in ``table`` now (on ``branch``, default main): [(data file, rows)], rows as
     ``_hits_in_file`` gives them. Reads only the id columns of files whose bounds admit the keys (files in
     parallel: Arrow's readers and lookups release the GIL), and a file's delete files only when it holds a
@@ -172,8 +186,11 @@ def find_rows(table: Table, keys: Any, id_columns: list[str], source: bool = Fal
     if head is None or keys.num_rows == 0:
         return []
     indexed = keys.append_column("__key", pa.array(np.arange(keys.num_rows), pa.int64()))
-    tasks = list(table.scan(row_filter=_bounds_filter(keys, id_columns), selected_fields=tuple(id_columns),
-                            snapshot_id=head.snapshot_id).plan_files())
+    tasks = list(
+        table.scan(
+            row_filter=_bounds_filter(keys, id_columns), selected_fields=tuple(id_columns), snapshot_id=head.snapshot_id
+        ).plan_files()
+    )
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         found = list(pool.map(lambda t: _hits_in_file(table, t, indexed, id_columns, source), tasks))
     return [(t.file, f) for t, f in zip(tasks, found) if f is not None]
@@ -194,10 +211,12 @@ def live_rows(table: Any, keys: Any, id_columns: list[str], branch: str | None =
 
 def write_position_deletes(table: Table, hits: list[tuple[Any, Any]], prefix: str) -> list[Any]:
     """One position delete file per data file in ``hits``, beside it (same partition directory)."""
-    schema = pa.schema([
-        pa.field("file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": str(PATH_FIELD_ID)}),
-        pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": str(POS_FIELD_ID)}),
-    ])
+    schema = pa.schema(
+        [
+            pa.field("file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": str(PATH_FIELD_ID)}),
+            pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": str(POS_FIELD_ID)}),
+        ]
+    )
     out = []
     for i, (data_file, positions) in enumerate(hits):
         path = f"{os.path.dirname(data_file.file_path)}/{prefix}-deletes-{i:05d}-{uuid.uuid4().hex[:12]}.parquet"
@@ -206,14 +225,20 @@ def write_position_deletes(table: Table, hits: list[tuple[Any, Any]], prefix: st
             pq.write_table(rows, stream)
         lo, hi = positions[0].as_py(), positions[-1].as_py()
         f = DataFile.from_args(
-            _table_format_version=table.format_version, content=DataFileContent.POSITION_DELETES, file_path=path,
-            file_format=FileFormat.PARQUET, partition=data_file.partition, record_count=len(positions),
+            _table_format_version=table.format_version,
+            content=DataFileContent.POSITION_DELETES,
+            file_path=path,
+            file_format=FileFormat.PARQUET,
+            partition=data_file.partition,
+            record_count=len(positions),
             file_size_in_bytes=len(table.io.new_input(path)),
             value_counts={PATH_FIELD_ID: len(positions), POS_FIELD_ID: len(positions)},
             null_value_counts={PATH_FIELD_ID: 0, POS_FIELD_ID: 0},
             lower_bounds={PATH_FIELD_ID: data_file.file_path.encode(), POS_FIELD_ID: lo.to_bytes(8, "little", signed=True)},
             upper_bounds={PATH_FIELD_ID: data_file.file_path.encode(), POS_FIELD_ID: hi.to_bytes(8, "little", signed=True)},
-            sort_order_id=None, equality_ids=None, key_metadata=None,
+            sort_order_id=None,
+            equality_ids=None,
+            key_metadata=None,
         )
         f.spec_id = data_file.spec_id  # not a manifest field: pyiceberg keeps it beside the record
         out.append(f)
@@ -237,16 +262,19 @@ def removed_since(table: Table, keys: Any, ids: list[str], letter_batches: tuple
     while snap is not None and (snap.sequence_number or 0) >= since:
         chain.append(snap)
         snap = table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
-    removing = [s for s in chain if s.parent_snapshot_id is not None and s.summary is not None
-                and (int(s.summary.get("added-position-deletes", 0) or 0) or int(s.summary.get("deleted-records", 0) or 0))]
+    removing = [
+        s
+        for s in chain
+        if s.parent_snapshot_id is not None
+        and s.summary is not None
+        and (int(s.summary.get("added-position-deletes", 0) or 0) or int(s.summary.get("deleted-records", 0) or 0))
+    ]
     if len(removing) > MAX_LATER_SNAPSHOTS:
-        return [f"{len(removing)} snapshots removed rows since the letters' batch (more than {MAX_LATER_SNAPSHOTS} "
-                "searched)"] * n
+        return [f"{len(removing)} snapshots removed rows since the letters' batch (more than {MAX_LATER_SNAPSHOTS} searched)"] * n
     out: list[str | None] = [None] * n
     indexed = keys.append_column("__key", pa.array(np.arange(n), pa.int64()))
     for s in removing:
-        before = table.scan(row_filter=_bounds_filter(keys, ids), selected_fields=tuple(ids),
-                            snapshot_id=s.parent_snapshot_id).to_arrow()
+        before = table.scan(row_filter=_bounds_filter(keys, ids), selected_fields=tuple(ids), snapshot_id=s.parent_snapshot_id).to_arrow()
         if before.num_rows:
             hit = before.cast(indexed.select(ids).schema).join(indexed, keys=ids, join_type="inner")
             for k in hit.column("__key").to_pylist():  # error path: the retried keys only

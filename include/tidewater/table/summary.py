@@ -196,28 +196,39 @@ def committed_state(table: Table, branch: str | None = None) -> CommittedState:
     by_id = {s.snapshot_id: s for s in meta.snapshots}
     found, oldest = _newest_with_offsets(by_id, current)
     tag = meta.refs.get(OFFSETS_TAG)
-    if found is None and oldest is not None and tag is not None and tag.snapshot_id in by_id \
-            and by_id[tag.snapshot_id].sequence_number < oldest.sequence_number:
+    if (
+        found is None
+        and oldest is not None
+        and tag is not None
+        and tag.snapshot_id in by_id
+        and by_id[tag.snapshot_id].sequence_number < oldest.sequence_number
+    ):
         # another tool's expiry cut the history (expired parents are forgotten) above the tagged snapshot, which is
         # older than all that is left of it: the offsets where the history went on from there
         found, _ = _newest_with_offsets(by_id, tag.snapshot_id)
     if found is not None:
         snap, props = found
         vt = props.get(VALID_THROUGH_MS)
-        return CommittedState(offsets=offsets_from_json(json.loads(props[OFFSETS])), snapshot_id=current,
-                              tidewater_snapshot_id=snap.snapshot_id, batch_id=props.get(BATCH_ID),
-                              valid_through_ms=int(vt) if vt else None, committed_at_ms=snap.timestamp_ms)
+        return CommittedState(
+            offsets=offsets_from_json(json.loads(props[OFFSETS])),
+            snapshot_id=current,
+            tidewater_snapshot_id=snap.snapshot_id,
+            batch_id=props.get(BATCH_ID),
+            valid_through_ms=int(vt) if vt else None,
+            committed_at_ms=snap.timestamp_ms,
+        )
     if current in by_id and BRANCH_BASE in summary_dict(by_id[current]):
         return CommittedState({}, current, None, None, None, None)  # only the empty base of a branch
     if current is not None:
         # The table has history but none of it carries offsets: they were expired (another tool removed
         # the snapshot that held them) or the table was filled by something else. Planning from nothing
         # would re-read everything into a table that already has data.
-        where = (f"and the tag {OFFSETS_TAG} points to snapshot {tag.snapshot_id}, which is not in that history (the table "
-                 "was rolled back or restored past it, or another tool moved the tag): the rows of its batches may be gone"
-                 if tag is not None else
-                 f"and the tag {OFFSETS_TAG} that keeps the newest one is missing (removed by another tool, or the table "
-                 "predates it)")
+        where = (
+            f"and the tag {OFFSETS_TAG} points to snapshot {tag.snapshot_id}, which is not in that history (the table "
+            "was rolled back or restored past it, or another tool moved the tag): the rows of its batches may be gone"
+            if tag is not None
+            else f"and the tag {OFFSETS_TAG} that keeps the newest one is missing (removed by another tool, or the table predates it)"
+        )
         raise TerminalError(
             f"committed offsets are unreadable: no snapshot in the history of the current snapshot {current} "
             f"carries {OFFSETS} (expired by another tool, or the table was written by something else), {where}; "
@@ -261,4 +272,4 @@ def quarantine_branch(batch_id: str) -> str:
 
 def quarantined_batches(table: Table) -> list[str]:
     """The batch ids of the table's quarantine branches (batches waiting for publish or drop), oldest first."""
-    return sorted(name[len(QUARANTINE_BRANCH):] for name in table.metadata.refs if name.startswith(QUARANTINE_BRANCH))
+    return sorted(name[len(QUARANTINE_BRANCH) :] for name in table.metadata.refs if name.startswith(QUARANTINE_BRANCH))

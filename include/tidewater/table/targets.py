@@ -70,8 +70,10 @@ def target_view(spec: PipelineSpec, catalog: Catalog, ident: str) -> PipelineSpe
     if view is not spec and view.applies_changes and not view.table.id_columns:
         view = spec.for_table(ident, load_table(catalog, ident))
         if not view.table.id_columns:
-            raise TerminalError(f"table {ident} has no id columns: id_columns is empty and the table has no identifier "
-                                "fields; set its id_columns", table=ident)
+            raise TerminalError(
+                f"table {ident} has no id columns: id_columns is empty and the table has no identifier fields; set its id_columns",
+                table=ident,
+            )
     return view
 
 

@@ -108,8 +108,9 @@ def _differs_from_previous(sorted_rows: pa.Table, columns: list[str]) -> pa.Arra
     return pa.concat_arrays([pa.array([True]), diff])
 
 
-def net_changes(changes: pa.Table, id_columns: list[str], op_column: str | None, op_values: dict[str, str],
-                examples: int = 5) -> NetChanges:
+def net_changes(
+    changes: pa.Table, id_columns: list[str], op_column: str | None, op_values: dict[str, str], examples: int = 5
+) -> NetChanges:
     """Reduce ``changes`` (records with the id columns, ``_kafka_partition`` and ``_kafka_offset``) to the net
     change per key."""
     order = [(c, "ascending") for c in id_columns] + [(PARTITION, "ascending"), (OFFSET, "ascending")]
@@ -126,8 +127,14 @@ def net_changes(changes: pa.Table, id_columns: list[str], op_column: str | None,
     crossing = pc.unique(group.filter(moved)) if n else pa.array([], pa.int64())
     sample = net.select(id_columns).take(crossing.slice(0, examples)).to_pylist() if len(crossing) else []
     return NetChanges(
-        upserts=net.filter(pc.invert(last_deletes)), keys=net.select(id_columns), last=net, last_deletes=last_deletes,
-        new_group=new_group, deleting=deleting, group=group, cross_partition_keys=len(crossing),
+        upserts=net.filter(pc.invert(last_deletes)),
+        keys=net.select(id_columns),
+        last=net,
+        last_deletes=last_deletes,
+        new_group=new_group,
+        deleting=deleting,
+        group=group,
+        cross_partition_keys=len(crossing),
         cross_partition_examples=tuple(sample),
     )
 
@@ -175,8 +182,9 @@ def reapply_decisions(net: NetChanges, rows: pa.Table, reaching: list[int] | Non
         applied = existed = pa.repeat(False, n)
     lost = pc.and_(pc.invert(existed), pc.invert(net.last_deletes))
     if reaching:
-        lost_here = pc.and_(lost, pc.is_in(net.last.column(PARTITION), value_set=pa.array(reaching, pa.int32()).cast(
-            net.last.schema.field(PARTITION).type)))
+        lost_here = pc.and_(
+            lost, pc.is_in(net.last.column(PARTITION), value_set=pa.array(reaching, pa.int32()).cast(net.last.schema.field(PARTITION).type))
+        )
         applied = pc.or_(applied, lost_here)
     else:
         lost_here = pa.repeat(False, n)
@@ -205,11 +213,14 @@ def retry_decisions(net: NetChanges, rows: pa.Table | None, removed: list[str | 
     if rows is not None and rows.num_rows:
         key = rows.column("__key").combine_chunks()
         mine_p, mine_o = pc.take(net.last.column(PARTITION), key), pc.take(net.last.column(OFFSET), key)
-        later = pc.fill_null(pc.or_(pc.not_equal(rows.column(PARTITION).combine_chunks(), mine_p),
-                                    pc.greater(rows.column(OFFSET).combine_chunks(), mine_o)), True)
+        later = pc.fill_null(
+            pc.or_(pc.not_equal(rows.column(PARTITION).combine_chunks(), mine_p), pc.greater(rows.column(OFFSET).combine_chunks(), mine_o)),
+            True,
+        )
         live = set(key.to_pylist())
-        for k, p, o in zip(key.filter(later).to_pylist(), rows.column(PARTITION).filter(later).to_pylist(),
-                           rows.column(OFFSET).filter(later).to_pylist()):  # error path: refused keys only
+        for k, p, o in zip(
+            key.filter(later).to_pylist(), rows.column(PARTITION).filter(later).to_pylist(), rows.column(OFFSET).filter(later).to_pylist()
+        ):  # error path: refused keys only
             refused[k] = f"a later change of the key is applied (its row comes from partition {p} offset {o})"
     else:
         live = set()

@@ -14,8 +14,9 @@ from tidewater.transform.conversions import apply
 from tidewater.transform.shaping import conform, shape
 
 
-def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = None,
-                 shaper: Any = None) -> tuple[Any, list[Any], list[Any]]:
+def decode_chunk(
+    spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = None, shaper: Any = None
+) -> tuple[Any, list[Any], list[Any]]:
     """Decode a chunk in the pipeline's value format: (rows, bad records, records ignored by design).
 
     Ignored: records a format skips by design (Debezium tombstones follow deletes and carry no row),
@@ -25,10 +26,21 @@ def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = 
     fmt = spec.format.value
     kind = FORMATS[fmt]
     fail = spec.dead_letter.policy == "fail"
-    decoded, bad = decoder(fmt)(chunk, DecodeContext(fmt, explicit, fail, registry, spec.format.max_nesting_depth,
-                                                  spec.format.allow_non_numeric_numbers, spec.routes_by_source,
-                                                  spec.targets.own_table, tuple(spec.format.timestamps),
-                                                  spec.format.message))
+    decoded, bad = decoder(fmt)(
+        chunk,
+        DecodeContext(
+            fmt,
+            explicit,
+            fail,
+            registry,
+            spec.format.max_nesting_depth,
+            spec.format.allow_non_numeric_numbers,
+            spec.routes_by_source,
+            spec.targets.own_table,
+            tuple(spec.format.timestamps),
+            spec.format.message,
+        ),
+    )
     skipped = kind.skipped_classes + (kind.control_classes if spec.format.skip_control_events else ())
     ignored = [b for b in bad if b.error_class in skipped]
     bad = [b for b in bad if b.error_class not in skipped]
@@ -48,6 +60,7 @@ def decode_chunk(spec: PipelineSpec, chunk: Any, explicit: Any, registry: Any = 
         decoded, failed = apply(decoded, spec.format)
         bad = record_failures(failed, "ConversionError")
     if bad and fail:
-        raise RecordError(f"{bad[0].error_class}: {bad[0].message}", topic=chunk.topic, partition=chunk.partition,
-                          offset=chunk.offsets[bad[0].index])
+        raise RecordError(
+            f"{bad[0].error_class}: {bad[0].message}", topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[bad[0].index]
+        )
     return decoded, bad, ignored

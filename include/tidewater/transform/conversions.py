@@ -79,8 +79,7 @@ def _set(table: pa.Table, path: str, new: pa.Array) -> pa.Table:
         i = arr.type.get_field_index(rest[0])
         children = [arr.field(j) for j in range(arr.type.num_fields)]
         children[i] = rebuild(children[i], rest[1:])
-        return pa.StructArray.from_arrays(children, names=[f.name for f in arr.type],
-                                          mask=pc.is_null(arr) if arr.null_count else None)
+        return pa.StructArray.from_arrays(children, names=[f.name for f in arr.type], mask=pc.is_null(arr) if arr.null_count else None)
 
     top = table.column(names[0]).combine_chunks()
     return table.set_column(table.column_names.index(names[0]), names[0], rebuild(top, names[1:]))

@@ -44,8 +44,7 @@ def _key_columns(chunk: Chunk, ids: list[str], types: dict[str, pa.DataType], re
     n = len(chunk)
     keyed = Chunk(chunk.topic, chunk.partition, list(chunk.keys or [None] * n), chunk.offsets, chunk.timestamps)
     raw = pa.array(keyed.values, pa.binary())
-    if registry is not None and pc.any(pc.fill_null(pc.starts_with(pc.cast(raw, pa.string(), safe=False), "\x00"),
-                                                    False)).as_py():
+    if registry is not None and pc.any(pc.fill_null(pc.starts_with(pc.cast(raw, pa.string(), safe=False), "\x00"), False)).as_py():
         parsed, bad = decode_avro(keyed, registry)
         return _spread(parsed, bad, n, ids, types)
     text = pc.cast(raw, pa.string(), safe=False)
@@ -85,9 +84,15 @@ def _cast_or_null(col: pa.Array, to: pa.DataType) -> pa.Array:
         return pc.cast(pc.if_else(ok, col, pa.scalar(None, pa.string())), to)
 
 
-def keyed_changes(spec: PipelineSpec, chunk: Chunk, decoded: pa.Table, bad: list[BadRecord], ignored: list[BadRecord],
-                  table_schema: pa.Schema | None = None, registry: Any = None
-                  ) -> tuple[pa.Table, list[BadRecord], list[BadRecord]]:
+def keyed_changes(
+    spec: PipelineSpec,
+    chunk: Chunk,
+    decoded: pa.Table,
+    bad: list[BadRecord],
+    ignored: list[BadRecord],
+    table_schema: pa.Schema | None = None,
+    registry: Any = None,
+) -> tuple[pa.Table, list[BadRecord], list[BadRecord]]:
     """Decoded rows with their id columns from the message key and an operation (`_op`: the record's own,
     else U), plus one delete row per tombstone; rows in chunk order. Returns (rows, bad, ignored) without
     the tombstones, which are rows now. ``table_schema``: the table's Arrow schema, whose id types win;
@@ -111,8 +116,9 @@ def keyed_changes(spec: PipelineSpec, chunk: Chunk, decoded: pa.Table, bad: list
         return values, bad, ignored
     at = pa.array(tombstones, pa.int64())
     deletes = keys.take(at).append_column(KEYED_OP, pa.repeat(DELETE, len(tombstones)))
-    both = pa.concat_tables([values.append_column("__at", pc.cast(rows_at, pa.int64())), deletes.append_column("__at", at)],
-                           promote_options="permissive")
+    both = pa.concat_tables(
+        [values.append_column("__at", pc.cast(rows_at, pa.int64())), deletes.append_column("__at", at)], promote_options="permissive"
+    )
     return both.sort_by("__at").drop_columns(["__at"]), bad, ignored
 
 

@@ -122,8 +122,11 @@ class Router:
             return text if self._case_sensitive else text.lower()
 
         template = TOPIC_PLACEHOLDER.sub(fill, self.routing.table_template)
-        why = (f"topic {topic!r} has no part {', '.join(missing)} for routing.table_template "
-               f"{self.routing.table_template!r}") if missing else None
+        why = (
+            (f"topic {topic!r} has no part {', '.join(missing)} for routing.table_template {self.routing.table_template!r}")
+            if missing
+            else None
+        )
         if why is None and "{value}" not in template and not SOURCE_PLACEHOLDER.search(template):
             why = self._refused_name(self._qualified(template, template))
         self._topic_templates[topic] = (template, why)
@@ -209,19 +212,26 @@ class Router:
                 continue
             out.masks[ident] = pc.or_(out.masks[ident], rows) if ident in out.masks else rows
         missing = f"the change event has no source.{' / source.'.join(fields)} to name its table"
-        out.invalid = [(r, reasons.get(combined[r].as_py(), missing))  # error path
-                       for r in pc.indices_nonzero(bad_rows).to_pylist()]
+        out.invalid = [
+            (r, reasons.get(combined[r].as_py(), missing))  # error path
+            for r in pc.indices_nonzero(bad_rows).to_pylist()
+        ]
         out.unmatched = pa.array(np.zeros(n, dtype=bool))
         return out
 
     def _source_table(self, values: dict[str, str], template: str) -> tuple[str, str | None]:
         """The table one source block's values name, and why they cannot (None when they can)."""
-        why = next((f"source.{f} = {v[:300]!r}: a name part must be 1-128 letters, digits or '_'"
-                    for f, v in values.items() if not ROUTE_VALUE.fullmatch(v)), None)
+        why = next(
+            (
+                f"source.{f} = {v[:300]!r}: a name part must be 1-128 letters, digits or '_'"
+                for f, v in values.items()
+                if not ROUTE_VALUE.fullmatch(v)
+            ),
+            None,
+        )
         if why is not None:
             return "", why
-        name = SOURCE_PLACEHOLDER.sub(lambda m: values[m.group(1)] if self._case_sensitive else values[m.group(1)].lower(),
-                                      template)
+        name = SOURCE_PLACEHOLDER.sub(lambda m: values[m.group(1)] if self._case_sensitive else values[m.group(1)].lower(), template)
         ident = self._qualified(name, SOURCE_PLACEHOLDER.sub("s", template))  # the dots of placeholders name no namespace
         return ident, self._refused_name(ident)
 

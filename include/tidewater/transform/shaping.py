@@ -46,8 +46,7 @@ def _common_type(types: list[pa.DataType], column: str) -> pa.DataType:
     if all(pa.types.is_primitive(t) or pa.types.is_string(t) for t in distinct):
         return pa.string()
     raise TerminalError(
-        f"format.map_columns: the values of {column!r} mix types that have no common type "
-        f"({', '.join(sorted(str(t) for t in distinct))})"
+        f"format.map_columns: the values of {column!r} mix types that have no common type ({', '.join(sorted(str(t) for t in distinct))})"
     )
 
 
@@ -155,11 +154,13 @@ class NameMatcher:
             mapping = None
         by_id: dict[int, list[str]] = {}
         if mapping is not None:
+
             def collect(fields: Any) -> None:
                 for mf in fields:
                     if mf.field_id is not None:
                         by_id.setdefault(mf.field_id, []).extend(mf.names)
                     collect(mf.fields)
+
             collect(mapping)
 
         def level(fields: Any, path: tuple[str, ...]) -> None:

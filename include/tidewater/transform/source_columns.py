@@ -55,7 +55,9 @@ def add_source_columns(fmt: FormatSpec, chunk: Chunk, table: pa.Table, bad: list
     if clash:
         raise RecordError(
             f"record field(s) {', '.join(sorted(clash))} collide with the source columns of format.key/headers/metadata",
-            topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[0],
+            topic=chunk.topic,
+            partition=chunk.partition,
+            offset=chunk.offsets[0],
         )
     n = len(chunk)
     keep = keep_mask(n, bad) if bad else None
@@ -79,8 +81,11 @@ def add_source_columns(fmt: FormatSpec, chunk: Chunk, table: pa.Table, bad: list
     if fmt.key != "none":
         keys = pa.array(chunk.keys, pa.binary())
         if fmt.key == "string":
-            keys = pa.array([k.decode("utf-8", "replace") if k is not None else None for k in keys.to_pylist()], pa.string()) \
-                if not _valid_utf8(keys) else keys.cast(pa.string())
+            keys = (
+                pa.array([k.decode("utf-8", "replace") if k is not None else None for k in keys.to_pylist()], pa.string())
+                if not _valid_utf8(keys)
+                else keys.cast(pa.string())
+            )
         cols[PREFIX + "key"] = take(keys)
     if fmt.headers:
         cols[PREFIX + "headers"] = take(pa.array(chunk.headers, HEADERS_TYPE))

@@ -68,14 +68,18 @@ def _truncates(spec: PipelineSpec, tspec: Any, rows: Any) -> dict[int, tuple[Any
         return {}
     if spec.applies_changes and tspec.truncate == "apply":
         return dict.fromkeys(found, (None, ""))
-    why = ("a truncate of the source table: not applied (table.truncate: dead_letter); set table.truncate: apply to "
-           "remove the table's rows at this point of the stream" if spec.applies_changes else
-           "a truncate of the source table: an append table cannot apply it (it keeps its rows)")
+    why = (
+        "a truncate of the source table: not applied (table.truncate: dead_letter); set table.truncate: apply to "
+        "remove the table's rows at this point of the stream"
+        if spec.applies_changes
+        else "a truncate of the source table: an append table cannot apply it (it keeps its rows)"
+    )
     return dict.fromkeys(found, ("Truncate", why))
 
 
-def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: Any, offsets: Any,
-                   failed: dict[int, tuple[str, str]]) -> tuple[Any, Any] | None:
+def _rows_for_sink(
+    sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: Any, offsets: Any, failed: dict[int, tuple[str, str]]
+) -> tuple[Any, Any] | None:
     """The rows routed to one table, conformed to its types: (rows, their indices in ``decoded``), or None.
 
     Rows the table already holds (below its own committed offset) are dropped and counted; rows that
@@ -85,8 +89,13 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
         for r in rows_of.to_pylist():  # error path
             failed.setdefault(r, ("UnknownTable", f"table {ident} does not exist and auto_create is off"))
         return None
-    refused = (("ForeignTable", f"table {ident} holds the batches of pipeline {sink.owner!r}") if sink.foreign else
-               ("TableKindMismatch", sink.kind_mismatch) if sink.kind_mismatch else None)
+    refused = (
+        ("ForeignTable", f"table {ident} holds the batches of pipeline {sink.owner!r}")
+        if sink.foreign
+        else ("TableKindMismatch", sink.kind_mismatch)
+        if sink.kind_mismatch
+        else None
+    )
     if refused is None:
         no_ids = sink.key_ids(chunk)
         refused = ("MissingId", no_ids) if no_ids else None
@@ -120,8 +129,16 @@ def _rows_for_sink(sink: TableSink, ident: str, mask: Any, chunk: Any, decoded: 
     return sub, rows_of
 
 
-def route_chunk(spec: PipelineSpec, router: Any, sinks: dict[str, TableSink], open_sink: Any, chunk: Any,
-                 decoded: Any, bad_idx: list[int], only: frozenset[str] | None = None) -> tuple[list[Any], int, int]:
+def route_chunk(
+    spec: PipelineSpec,
+    router: Any,
+    sinks: dict[str, TableSink],
+    open_sink: Any,
+    chunk: Any,
+    decoded: Any,
+    bad_idx: list[int],
+    only: frozenset[str] | None = None,
+) -> tuple[list[Any], int, int]:
     """Routed pipelines: split decoded rows over the target tables and write them.
 
     Returns (records that become dead letters, records skipped as unmatched, records routed to at least
@@ -176,13 +193,12 @@ def _only_tables(routed: Any, only: frozenset[str]) -> Any:
     return dataclasses.replace(routed, masks=kept, unmatched=pc.or_(routed.unmatched, left_out))
 
 
-
-
 def _refuse(chunk: Any, bad: list[Any]) -> None:
     """``dead_letter.policy: fail``: the first bad record stops the task, named by its coordinates."""
     first = bad[0]
-    raise RecordError(f"{first.error_class}: {first.message}", topic=chunk.topic, partition=chunk.partition,
-                      offset=chunk.offsets[first.index])
+    raise RecordError(
+        f"{first.error_class}: {first.message}", topic=chunk.topic, partition=chunk.partition, offset=chunk.offsets[first.index]
+    )
 
 
 class OneTable:
@@ -208,8 +224,7 @@ class OneTable:
         explicit = with_schema_ids(decoder_schema(without_source_columns(table_schema, spec.format), spec.format), table)
         if not shaping.active(spec.format, spec.table, table):
             return explicit, None
-        return shaping.decoder_schema(explicit, spec.format), (shaping.NameMatcher(table, spec.table.case_insensitive),
-                                                                table_schema)
+        return shaping.decoder_schema(explicit, spec.format), (shaping.NameMatcher(table, spec.table.case_insensitive), table_schema)
 
     def keyed(self, topic: str) -> tuple[PipelineSpec, Any] | None:
         """(the pipeline, its table or None) when its records are changes keyed by the message key."""
@@ -262,8 +277,11 @@ class OneTable:
     def result(self) -> dict[str, Any]:
         """The task result's fields for its table: its files, the fields it ignored, the schema it wrote."""
         table = self.sink.table
-        return {"files": self.sink.files, "ignored_fields": sorted(self.sink.ignored_fields),
-                "schema_id": table.schema().schema_id if table is not None else -1}
+        return {
+            "files": self.sink.files,
+            "ignored_fields": sorted(self.sink.ignored_fields),
+            "schema_id": table.schema().schema_id if table is not None else -1,
+        }
 
 
 class Routes:
@@ -305,8 +323,7 @@ class Routes:
         """(every bad record, nothing left to write): routing writes each table's rows as it splits them, since a
         record that one of its tables refuses is written to none."""
         w = self.writer
-        more, unmatched, routed_now = route_chunk(w.spec, self.router, w.sinks, w.open_sink, chunk, decoded, gone,
-                                                  self.only)
+        more, unmatched, routed_now = route_chunk(w.spec, self.router, w.sinks, w.open_sink, chunk, decoded, gone, self.only)
         w.skipped += unmatched
         self.routed += routed_now
         if more and w.policy == "fail":

@@ -54,8 +54,9 @@ from tidewater.write.packing import Pack, task_ranges
 log = logging.getLogger(__name__)
 
 
-def task_body(spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, ranges: Pack, mode: str,
-              tables: tuple[str, ...]) -> dict[str, Any]:
+def task_body(
+    spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, ranges: Pack, mode: str, tables: tuple[str, ...]
+) -> dict[str, Any]:
     """One task of the write step where it runs (``write.task.write_ranges``, imported there: see the docstring)."""
     from tidewater.write.task import write_ranges
 
@@ -66,14 +67,17 @@ def tasks_of(plan: BatchPlan, spec: PipelineSpec, parallelism: int) -> list[Pack
     """The ranges each task of the write step reads (``write/packing.py``): an ingest batch packs its short ranges
     over ``batch.write_parallelism`` tasks, or ``parallelism`` (the engine's) when that is 0; a replay reads one
     sub-range a task (the offsets it leaves out are a partition's)."""
-    tasks = task_ranges(plan.ranges, spec.batch.records_per_task, spec.batch.write_parallelism or parallelism,
-                        pack=spec.batch.pack_ranges and plan.mode is Mode.INGEST)
+    tasks = task_ranges(
+        plan.ranges,
+        spec.batch.records_per_task,
+        spec.batch.write_parallelism or parallelism,
+        pack=spec.batch.pack_ranges and plan.mode is Mode.INGEST,
+    )
     log.info("batch %s: %d task(s) over %d partition range(s)", plan.batch_id, len(tasks), len(plan.ranges))
     return tasks
 
 
-def run(sc: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
-        timings: dict[str, float] | None = None) -> BatchManifest:
+def run(sc: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str], timings: dict[str, float] | None = None) -> BatchManifest:
     """Run the write step on the SparkContext ``sc`` (one Spark task per sub-range or pack) and return the manifest."""
     timings = {} if timings is None else timings
     timings["job_submitted"] = time.time()
@@ -98,8 +102,9 @@ def connect_parallelism(spark: Any) -> int:
     return int(value) if value else (os.cpu_count() or 1)
 
 
-def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str],
-              timings: dict[str, float] | None = None) -> BatchManifest:
+def run_arrow(
+    spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str], timings: dict[str, float] | None = None
+) -> BatchManifest:
     """The same write step through Spark's DataFrame API, for Spark Connect (which has no RDDs): one
     partition per task, each running the task code once in ``mapInArrow`` and returning its result
     as one JSON string. Works on a classic SparkSession too."""
@@ -114,8 +119,7 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
             import pyarrow as pa  # where the tasks run
 
             for b in batches:
-                out = [json.dumps(task_body(spec, settings, batch_id, ids[k], tasks[ids[k]], mode, only))
-                       for k in b.column(0).to_pylist()]
+                out = [json.dumps(task_body(spec, settings, batch_id, ids[k], tasks[ids[k]], mode, only)) for k in b.column(0).to_pylist()]
                 yield pa.RecordBatch.from_pydict({"result": out}, schema=pa.schema([("result", pa.string())]))
 
         # spark.range splits 0..n-1 evenly: exactly one task per partition
@@ -125,8 +129,6 @@ def run_arrow(spark: Any, plan: BatchPlan, spec: PipelineSpec, settings: dict[st
     results = write_rounds(execute, plan, spec, len(tasks), timings)
     timings["job_done"] = time.time()
     return collect_manifest(plan, spec, results, timings)
-
-
 
 
 def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) -> BatchManifest:
@@ -145,8 +147,9 @@ def run_inline(plan: BatchPlan, spec: PipelineSpec, settings: dict[str, str]) ->
 MAX_ROUNDS = 3  # a task's second run finds the changes made; a third covers a change another writer undid
 
 
-def write_rounds(execute: Any, plan: BatchPlan, spec: PipelineSpec, n: int,
-                 timings: dict[str, float] | None = None) -> list[dict[str, Any]]:
+def write_rounds(
+    execute: Any, plan: BatchPlan, spec: PipelineSpec, n: int, timings: dict[str, float] | None = None
+) -> list[dict[str, Any]]:
     """Run the tasks ``0..n-1`` (``execute(ids)`` returns their results); while some report schema changes
     their rows need, make the changes here, once per table, and run those tasks again. A change that
     cannot be made (a setting forbids it, conflicting types) becomes the batch's error."""
@@ -163,15 +166,16 @@ def write_rounds(execute: Any, plan: BatchPlan, spec: PipelineSpec, n: int,
         requests = [req for i in todo for req in results[i]["evolve"]]
         try:
             if round_no == MAX_ROUNDS:
-                raise TerminalError(f"the tasks still need schema changes after {MAX_ROUNDS} rounds: "
-                                    f"{'; '.join(sorted({r['table'] + ': ' + r['change'] for r in requests}))}",
-                                    batch_id=plan.batch_id)
+                raise TerminalError(
+                    f"the tasks still need schema changes after {MAX_ROUNDS} rounds: "
+                    f"{'; '.join(sorted({r['table'] + ': ' + r['change'] for r in requests}))}",
+                    batch_id=plan.batch_id,
+                )
             changed = change_schemas(spec, requests, plan.batch_id)
         except TidewaterError as e:
             results[-1] = {"task_id": -1, "error": error_document(e)}
             break
-        log.info("batch %s: schema changed once for %d task(s) (%s); running them again", plan.batch_id, len(todo),
-                 " | ".join(changed))
+        log.info("batch %s: schema changed once for %d task(s) (%s); running them again", plan.batch_id, len(todo), " | ".join(changed))
         if timings is not None:
             timings[f"schema_changed_{round_no}"] = time.time()
     return list(results.values())
@@ -208,8 +212,9 @@ def discard(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]]) 
         revert(catalog, ident, plan.batch_id)  # nothing of this batch can commit: undo its schema changes
 
 
-def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]],
-                     timings: dict[str, float] | None = None) -> BatchManifest:
+def collect_manifest(
+    plan: BatchPlan, spec: PipelineSpec, results: list[dict[str, Any]], timings: dict[str, float] | None = None
+) -> BatchManifest:
     """Gather the tasks' results; raise the first task error (all tasks' files are then uncommitted)."""
     errors = [r for r in results if "error" in r]
     if errors:
@@ -236,8 +241,7 @@ def collect_manifest(plan: BatchPlan, spec: PipelineSpec, results: list[dict[str
         return manifest
     # a plain batch's one table: its output holds the files, the rows the writer counted into them, and the offsets
     # they were written against (the plan's)
-    own = fused_output(plan, manifest.data_files, manifest.rows_expected, manifest.present, manifest.ignored_fields,
-                       spec.table.branch)
+    own = fused_output(plan, manifest.data_files, manifest.rows_expected, manifest.present, manifest.ignored_fields, spec.table.branch)
     return dataclasses.replace(manifest, outputs=(own,))
 
 
@@ -257,11 +261,17 @@ def merge_outputs(outputs: list[dict[str, Any]]) -> tuple[TableOutput, ...]:
                     values = seen.setdefault(topic, {}).setdefault(p, [])
                     if off not in values:
                         values.append(off)
-        merged.append(TableOutput(
-            table=ident, data_files=tuple(StagedFile.from_json(f) for o in parts for f in o["data_files"]),
-            rows=sum(o["rows"] for o in parts), already_committed=sum(o["already_committed"] for o in parts),
-            seen_offsets={t: {p: tuple(v) for p, v in ps.items()} for t, ps in seen.items()},
-            ignored_fields=tuple(sorted({n for o in parts for n in o["ignored_fields"]})), branch=parts[0].get("branch")))
+        merged.append(
+            TableOutput(
+                table=ident,
+                data_files=tuple(StagedFile.from_json(f) for o in parts for f in o["data_files"]),
+                rows=sum(o["rows"] for o in parts),
+                already_committed=sum(o["already_committed"] for o in parts),
+                seen_offsets={t: {p: tuple(v) for p, v in ps.items()} for t, ps in seen.items()},
+                ignored_fields=tuple(sorted({n for o in parts for n in o["ignored_fields"]})),
+                branch=parts[0].get("branch"),
+            )
+        )
     return tuple(merged)
 
 
@@ -282,14 +292,18 @@ def deployment_fault(text: str) -> Any:
     lacks the project's packages or does not exist on the workers), else None. ``text``: the job's error or log."""
     missing = missing_module(text)
     if missing:
-        return ConfigError(f"spark.python_env: the executors' Python cannot import {missing!r} (it lacks the "
-                           "project's packages); ship them with spark.python_env (`make executor-env` builds "
-                           ".data/executor-env.tar.gz) or install them on the workers")
+        return ConfigError(
+            f"spark.python_env: the executors' Python cannot import {missing!r} (it lacks the "
+            "project's packages); ship them with spark.python_env (`make executor-env` builds "
+            ".data/executor-env.tar.gz) or install them on the workers"
+        )
     program = re.search(r'Cannot run program "([^"]+)"', text)
     if program:
-        return ConfigError(f"spark.python_env / spark.pyspark.python: the executors' Python {program.group(1)!r} does not "
-                           "exist on the workers; ship an environment with spark.python_env (`make executor-env`) or "
-                           "set spark.conf spark.pyspark.python to the workers' interpreter")
+        return ConfigError(
+            f"spark.python_env / spark.pyspark.python: the executors' Python {program.group(1)!r} does not "
+            "exist on the workers; ship an environment with spark.python_env (`make executor-env`) or "
+            "set spark.conf spark.pyspark.python to the workers' interpreter"
+        )
     if "Cluster deploy mode is currently not supported for python applications" in text:
         return cluster_mode_refused("deploy mode")
     return None

@@ -46,9 +46,7 @@ def to_table_schema(table: Table, decoded: pa.Table) -> pa.Table:
     schema = table.schema()
     file_schema = pyarrow_to_schema(decoded.schema, name_mapping=schema.name_mapping, format_version=table.format_version)
     batches = [
-        _to_requested_schema(
-            requested_schema=schema, file_schema=file_schema, batch=b, include_field_ids=True, format_model=fmt
-        )
+        _to_requested_schema(requested_schema=schema, file_schema=file_schema, batch=b, include_field_ids=True, format_model=fmt)
         for b in decoded.to_batches()
     ]
     target = schema_to_pyarrow(schema, include_field_ids=True)
@@ -116,8 +114,9 @@ class DataFileWriter:
                 name = f"{self._prefix}-{self._seq:05d}-{uuid.uuid4().hex[:12]}.parquet"
                 path = self._locations.new_data_location(data_file_name=name, partition_key=key)
                 stream = self._io.new_output(path).create(overwrite=False)
-                writer = pq.ParquetWriter(stream, schema=rows.schema, store_decimal_as_integer=True,
-                                          use_dictionary=dictionary_columns(rows), **self._kwargs)
+                writer = pq.ParquetWriter(
+                    stream, schema=rows.schema, store_decimal_as_integer=True, use_dictionary=dictionary_columns(rows), **self._kwargs
+                )
                 f = self._open[record] = _OpenFile(path, stream, writer, record)
             f.writer.write_table(rows)
             if f.stream.tell() >= self._target:

@@ -40,8 +40,17 @@ class TableSink:
     """Everything one Spark task writes to one target table: the schema changes its rows need, data files,
     and (routed pipelines) the rows it leaves out because the table already committed them."""
 
-    def __init__(self, spec: PipelineSpec, tspec: Any, catalog: Catalog, prefix: str, role: TargetRole,
-                 batch: tuple[str, str] | None = None, replay: tuple[str, Any] | None = None, registry: Any = None) -> None:
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        tspec: Any,
+        catalog: Catalog,
+        prefix: str,
+        role: TargetRole,
+        batch: tuple[str, str] | None = None,
+        replay: tuple[str, Any] | None = None,
+        registry: Any = None,
+    ) -> None:
         self.spec, self.tspec, self.catalog, self.prefix = spec, tspec, catalog, prefix
         self.batch = batch  # (batch id, task tag): schema changes are provisional until the batch commits
         self.table = load_table(catalog, tspec.identifier)
@@ -58,15 +67,22 @@ class TableSink:
         self.replay = replay
         self._present: Any = None
         self.seen: dict[str, dict[int, int | None]] = {}
-        self._committed = committed_state(self.table, tspec.branch).offsets \
-            if role.keeps_own_offsets and self.table is not None else {}
+        self._committed = committed_state(self.table, tspec.branch).offsets if role.keeps_own_offsets and self.table is not None else {}
         newest = newest_batch(self.table) if role.reached_by_routing and self.table is not None else None
         self.owner = newest.get(PIPELINE) if newest else None
         # a routed table's records must be what the table holds: changes to rows, or rows to append
-        self.kind_mismatch = None if newest is None or (CHANGES in newest) == self.view.applies_changes else (
-            f"table {tspec.identifier} holds " + ("changes applied to rows, but this pipeline appends rows to it"
-                                                  if CHANGES in newest else "appended rows, but this pipeline applies "
-                                                  "changes to it (table.upsert / op_field)"))
+        self.kind_mismatch = (
+            None
+            if newest is None or (CHANGES in newest) == self.view.applies_changes
+            else (
+                f"table {tspec.identifier} holds "
+                + (
+                    "changes applied to rows, but this pipeline appends rows to it"
+                    if CHANGES in newest
+                    else "appended rows, but this pipeline applies changes to it (table.upsert / op_field)"
+                )
+            )
+        )
         self.added = 0  # fields this task added to the table (table.max_new_columns)
         # a schema probe (see task.probe_schema): the only sink that changes the table itself; it writes no file
         self.probe = False
@@ -85,13 +101,22 @@ class TableSink:
 
         names, offset = key_field_names(chunk, self.registry)
         if not names:
-            found = (f"no record of {chunk.topic}[{chunk.partition}] in this chunk has a key" if offset is None else
-                     f"the key at {chunk.topic}[{chunk.partition}] offset {offset} is not a record of fields")
+            found = (
+                f"no record of {chunk.topic}[{chunk.partition}] in this chunk has a key"
+                if offset is None
+                else f"the key at {chunk.topic}[{chunk.partition}] offset {offset} is not a record of fields"
+            )
             return f"{where} {found} (a source table without a primary key?); set its id_columns"
         self.tspec = dataclasses.replace(self.tspec, id_columns=names)
         self.view = dataclasses.replace(self.view, table=self.tspec)
-        log.info("table %s: id columns %s from the message key at %s[%d] offset %d", self.tspec.identifier, names,
-                 chunk.topic, chunk.partition, offset)
+        log.info(
+            "table %s: id columns %s from the message key at %s[%d] offset %d",
+            self.tspec.identifier,
+            names,
+            chunk.topic,
+            chunk.partition,
+            offset,
+        )
         return None
 
     @property
@@ -149,8 +174,11 @@ class TableSink:
         if change:
             self.added += len(new_fields(table, decoded.schema)) if table is not None else 0
             current = table
-            table = self.table = retry_busy(lambda: ensure_table(self.catalog, self.tspec, current, decoded, self.batch),
-                                            "creating or evolving the table", self.tspec.identifier)
+            table = self.table = retry_busy(
+                lambda: ensure_table(self.catalog, self.tspec, current, decoded, self.batch),
+                "creating or evolving the table",
+                self.tspec.identifier,
+            )
         if self.probe or self.requests:
             return
         if self.writer is None:
@@ -187,9 +215,15 @@ class TableSink:
         delete_files(self.table, paths)
 
     def output(self) -> dict[str, Any]:
-        return {"table": self.tspec.identifier, "data_files": self.files, "rows": self.rows, "already_committed": self.already,
-                "seen_offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in self.seen.items()},
-                "ignored_fields": sorted(self.ignored_fields), "branch": self.tspec.branch}
+        return {
+            "table": self.tspec.identifier,
+            "data_files": self.files,
+            "rows": self.rows,
+            "already_committed": self.already,
+            "seen_offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in self.seen.items()},
+            "ignored_fields": sorted(self.ignored_fields),
+            "branch": self.tspec.branch,
+        }
 
 
 def staged_truncates(spec: PipelineSpec, rows: Any) -> Any:

@@ -51,8 +51,18 @@ class TaskWriter:
     """The state of one task: sinks per table, the dead-letter writer, counts. One method per step of
     the per-chunk loop; ``write_ranges`` drives it."""
 
-    def __init__(self, spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, rng: PartitionRange,
-                 mode: str, *, probe: bool = False, tables: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        settings: dict[str, str],
+        batch_id: str,
+        task_id: int,
+        rng: PartitionRange,
+        mode: str,
+        *,
+        probe: bool = False,
+        tables: tuple[str, ...] = (),
+    ) -> None:
         self.probe = probe
         self.spec, self.settings, self.batch_id, self.task_id, self.rng = spec, settings, batch_id, task_id, rng
         self.started, self.started_at = time.monotonic(), time.time()
@@ -98,10 +108,16 @@ class TaskWriter:
     def open_sink(self, ident: str) -> TableSink:
         role = target_role(self.spec, ident)
         tspec = self.spec.table if role.holds_offsets else self.spec.table_spec(ident)
-        self.sinks[ident] = TableSink(self.spec, tspec, self.catalog, self.prefix, role,
-                                      batch=(self.batch_id, f"t{self.task_id:05d}"),
-                                      replay=(self.mode, self.rng) if self.mode != "ingest" else None,
-                                      registry=self.registry)
+        self.sinks[ident] = TableSink(
+            self.spec,
+            tspec,
+            self.catalog,
+            self.prefix,
+            role,
+            batch=(self.batch_id, f"t{self.task_id:05d}"),
+            replay=(self.mode, self.rng) if self.mode != "ingest" else None,
+            registry=self.registry,
+        )
         self.sinks[ident].probe = self.probe
         return self.sinks[ident]
 
@@ -111,10 +127,15 @@ class TaskWriter:
 
     def chunks(self) -> Any:
         spec = self.spec
-        return read_range(self.settings, self.rng, chunk_records=spec.batch.chunk_records,
-                          read_timeout=spec.kafka.read_timeout_seconds, client_id=f"{spec.name}-{self.task_id}",
-                          keys=spec.format.key != "none" or spec.keys_from_messages or spec.ids_from_keys,
-                          headers=spec.format.headers)
+        return read_range(
+            self.settings,
+            self.rng,
+            chunk_records=spec.batch.chunk_records,
+            read_timeout=spec.kafka.read_timeout_seconds,
+            client_id=f"{spec.name}-{self.task_id}",
+            keys=spec.format.key != "none" or spec.keys_from_messages or spec.ids_from_keys,
+            headers=spec.format.headers,
+        )
 
     def process(self, chunk: Any) -> None:
         """One chunk: decode it, key it, add its source columns, place its rows, set its bad records apart, write."""
@@ -123,8 +144,9 @@ class TaskWriter:
         keyed = self.dest.keyed(chunk.topic)
         if keyed is not None:
             view, table = keyed
-            decoded, bad, ignored = keyed_changes(view, chunk, decoded, bad, ignored,
-                                                  table_arrow_schema(table) if table is not None else None, self.registry)
+            decoded, bad, ignored = keyed_changes(
+                view, chunk, decoded, bad, ignored, table_arrow_schema(table) if table is not None else None, self.registry
+            )
         self.skipped += len(ignored)  # after keying: a tombstone keyed by the message key is a delete, not skipped
         gone = sorted(b.index for b in bad + ignored)
         decoded = add_source_columns(self.spec.format, chunk, decoded, gone)
@@ -139,8 +161,15 @@ class TaskWriter:
             return
         if self.policy != "dead_letter":
             self.skipped += len(bad)
-            log.warning("batch %s: skipped %d undecodable records of %s[%d], first at offset %d: %s", self.batch_id,
-                        len(bad), chunk.topic, chunk.partition, chunk.offsets[bad[0].index], bad[0].message)
+            log.warning(
+                "batch %s: skipped %d undecodable records of %s[%d], first at offset %d: %s",
+                self.batch_id,
+                len(bad),
+                chunk.topic,
+                chunk.partition,
+                chunk.offsets[bad[0].index],
+                bad[0].message,
+            )
             return
         if self.dlq_writer is None:
             self.dlq_table = ensure_dead_letter_table(self.catalog, self.spec)
@@ -178,9 +207,21 @@ class TaskWriter:
 
     def range_stats(self) -> PartitionStats:
         rng = self.rng
-        return PartitionStats(rng.topic, rng.partition, rng.start, rng.end, self.records, self.first, self.last, self.tmin,
-                              self.tmax, self.dead, self.skipped, self.dest.routed,
-                              self.present)
+        return PartitionStats(
+            rng.topic,
+            rng.partition,
+            rng.start,
+            rng.end,
+            self.records,
+            self.first,
+            self.last,
+            self.tmin,
+            self.tmax,
+            self.dead,
+            self.skipped,
+            self.dest.routed,
+            self.present,
+        )
 
     def result(self) -> dict[str, Any]:
         stats = [*self.done, self.range_stats()]
@@ -188,9 +229,15 @@ class TaskWriter:
             "task_id": self.task_id,
             "dead_letter_files": self.dlq_files,
             "stats": [asdict(s) for s in stats],  # one per range the task read
-            "timing": {"task_id": self.task_id, "started_at": self.started_at, "finished_at": time.time(),
-                       "seconds": time.monotonic() - self.started, "setup_seconds": self.setup_seconds,
-                       "records": sum(s.records for s in stats), **worker_process()},
+            "timing": {
+                "task_id": self.task_id,
+                "started_at": self.started_at,
+                "finished_at": time.time(),
+                "seconds": time.monotonic() - self.started,
+                "setup_seconds": self.setup_seconds,
+                "records": sum(s.records for s in stats),
+                **worker_process(),
+            },
         }
         result.update(self.dest.result())
         return result
@@ -214,8 +261,7 @@ def probe_schema(spec: PipelineSpec, settings: dict[str, str], batch_id: str, ra
             for chunk in writer.chunks():
                 writer.process(chunk)
         except Exception as e:  # noqa: BLE001 - the Spark task meets the same record and reports it
-            log.info("batch %s: schema probe of %s[%d] stopped (%s); the tasks go on", batch_id, rng.topic,
-                     rng.partition, e)
+            log.info("batch %s: schema probe of %s[%d] stopped (%s); the tasks go on", batch_id, rng.topic, rng.partition, e)
         finally:
             writer.rereader.close()
 
@@ -261,8 +307,13 @@ def fewer_collections() -> Any:
 
 
 def write_ranges(
-    spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, ranges: tuple[PartitionRange, ...],
-    mode: str = "ingest", tables: tuple[str, ...] = (),
+    spec: PipelineSpec,
+    settings: dict[str, str],
+    batch_id: str,
+    task_id: int,
+    ranges: tuple[PartitionRange, ...],
+    mode: str = "ingest",
+    tables: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One task of the write step: read ``ranges`` (one sub-range, or several short ones packed: see
     ``write/packing.py``), decode, write data files (one TableSink per target table, shared by the ranges). Returns
@@ -276,8 +327,7 @@ def write_ranges(
     """
     _leave_a_removed_directory()
     with fewer_collections():
-        return _run_task(spec, task_id, ranges, lambda: TaskWriter(spec, settings, batch_id, task_id, ranges[0], mode,
-                                                                    tables=tables))
+        return _run_task(spec, task_id, ranges, lambda: TaskWriter(spec, settings, batch_id, task_id, ranges[0], mode, tables=tables))
 
 
 def _run_task(spec: PipelineSpec, task_id: int, ranges: tuple[PartitionRange, ...], make: Any) -> dict[str, Any]:
@@ -302,10 +352,6 @@ def _run_task(spec: PipelineSpec, task_id: int, ranges: tuple[PartitionRange, ..
     return writer.result()
 
 
-
-
-
-
 class _LetterWriter(TaskWriter):
     """A dead-letter retry's task (``ops/dead_letters.py``): the records are the letters' stored raw records (key,
     value, headers, timestamp) instead of a read of Kafka, so a retry works when Kafka no longer holds them; they are
@@ -321,8 +367,15 @@ class _LetterWriter(TaskWriter):
         t = self.letters
         stamps = t.column("timestamp").cast(pa.int64()).to_pylist()  # microseconds; Kafka's are milliseconds
         headers = [[(h["key"], h["value"]) for h in hs] if hs else [] for hs in t.column("headers").to_pylist()]
-        yield Chunk(self.rng.topic, self.rng.partition, t.column("value").to_pylist(), t.column("offset").to_pylist(),
-                    [s // 1000 if s is not None else -1 for s in stamps], t.column("key").to_pylist(), headers)
+        yield Chunk(
+            self.rng.topic,
+            self.rng.partition,
+            t.column("value").to_pylist(),
+            t.column("offset").to_pylist(),
+            [s // 1000 if s is not None else -1 for s in stamps],
+            t.column("key").to_pylist(),
+            headers,
+        )
 
 
 def write_letters(spec: PipelineSpec, batch_id: str, task_id: int, rng: PartitionRange, letters: Any) -> dict[str, Any]:
