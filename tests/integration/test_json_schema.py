@@ -192,32 +192,12 @@ def test_a_json_schema_map_lands_as_a_map_column_and_an_unmappable_schema_id_is_
 def test_a_ref_to_another_registered_schema_lands_its_fields_as_columns(broker, home, topic, registry_url):
     """An order schema whose ``customer`` is ``{"$ref": "customer.json"}`` and ``ship_to``
     ``{"$ref": "customer.json#/$defs/address"}``, registered with a reference to the customer subject, which refers to
-    the country subject in turn, as a producer registers them: the registry keeps the references, the pipeline
-    follows them, and the referenced fields are the table's columns."""
-    from confluent_kafka.schema_registry import SchemaReference
+    the country subject in turn, as a producer registers them (the unit test's schemas): the registry keeps the
+    references, the pipeline follows them, and the referenced fields are the table's columns."""
+    from tests.unit.test_json_schema_format import order_referring_to_customer
 
     client = SchemaRegistryClient({"url": registry_url})
-    country = {"type": "object", "properties": {"code": {"type": "string"}}}
-    client.register_schema(f"{topic}-country", Schema(json.dumps(country), "JSON"))
-    customer = {
-        "type": "object",
-        "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/address"}},
-        "$defs": {"address": {"type": "object", "properties": {"city": {"type": "string"}, "country": {"$ref": "country.json"}}}},
-    }
-    client.register_schema(
-        f"{topic}-customer", Schema(json.dumps(customer), "JSON", [SchemaReference("country.json", f"{topic}-country", 1)])
-    )
-    order = {
-        "type": "object",
-        "properties": {
-            "id": {"type": "integer"},
-            "customer": {"$ref": "customer.json"},
-            "ship_to": {"$ref": "customer.json#/$defs/address"},
-        },
-    }
-    ser = JSONSerializer(
-        Schema(json.dumps(order), "JSON", [SchemaReference("customer.json", f"{topic}-customer", 1)]), client, conf={"validate": False}
-    )
+    ser = JSONSerializer(order_referring_to_customer(client, f"{topic}-"), client, conf={"validate": False})
     values = [
         {
             "id": i,

@@ -9,7 +9,7 @@ import json
 import re
 
 import pyarrow as pa
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -164,33 +164,45 @@ def test_json_schema_maps_land_as_map_columns_and_a_value_of_another_type_is_a_v
     assert "extras.a: 'many' is not a value of type int64" in bad[0].message, bad[0].message
 
 
+COUNTRY = {"type": "object", "properties": {"code": {"type": "string"}}}
+CUSTOMER = {  # its home address's country refers to COUNTRY
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/address"}},
+    "$defs": {"address": {"type": "object", "properties": {"city": {"type": "string"}, "country": {"$ref": "country.json"}}}},
+}
+ORDER_REFERRING = {  # refers to CUSTOMER, and to a definition inside it
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "customer": {"$ref": "customer.json"},
+        "ship_to": {"$ref": "customer.json#/$defs/address"},
+    },
+}
+
+
+def order_referring_to_customer(client: SchemaRegistryClient, prefix: str = "") -> Schema:
+    """Register ``COUNTRY`` and ``CUSTOMER`` (which refers to it) as subjects ``<prefix>country`` and
+    ``<prefix>customer``, as a producer registers referenced schemas: the order schema with its reference, to serialize
+    with."""
+    from confluent_kafka.schema_registry import SchemaReference
+
+    client.register_schema(f"{prefix}country", Schema(json.dumps(COUNTRY), "JSON"))
+    refs = [SchemaReference("country.json", f"{prefix}country", 1)]
+    client.register_schema(f"{prefix}customer", Schema(json.dumps(CUSTOMER), "JSON", refs))
+    return Schema(json.dumps(ORDER_REFERRING), "JSON", [SchemaReference("customer.json", f"{prefix}customer", 1)])
+
+
 def test_a_ref_to_another_registered_schema_is_followed_through_the_registry_s_references(registry_url):
     """A schema whose ``customer`` is ``{"$ref": "customer.json"}`` and whose ``ship_to`` is
     ``{"$ref": "customer.json#/$defs/address"}``, registered with a reference to subject ``customer`` version 1 (which
     itself refers to ``country.json``), as confluent-kafka's serializer registers it. Expected: the referenced schemas
     are fetched by subject and version and their fields are columns; a reference the registry does not have makes
     the id's records UnknownSchemaId dead letters."""
-    from confluent_kafka.schema_registry import Schema, SchemaReference
+    from confluent_kafka.schema_registry import SchemaReference
 
     client = SchemaRegistryClient({"url": registry_url})
-    country = {"type": "object", "properties": {"code": {"type": "string"}}}
-    client.register_schema("country", Schema(json.dumps(country), "JSON"))
-    customer = {
-        "type": "object",
-        "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/address"}},
-        "$defs": {"address": {"type": "object", "properties": {"city": {"type": "string"}, "country": {"$ref": "country.json"}}}},
-    }
-    client.register_schema("customer", Schema(json.dumps(customer), "JSON", [SchemaReference("country.json", "country", 1)]))
-    order = {
-        "type": "object",
-        "properties": {
-            "id": {"type": "integer"},
-            "customer": {"$ref": "customer.json"},
-            "ship_to": {"$ref": "customer.json#/$defs/address"},
-        },
-    }
-    schema = Schema(json.dumps(order), "JSON", [SchemaReference("customer.json", "customer", 1)])
-    ser = JSONSerializer(schema, client, conf={"validate": False})
+    ser = JSONSerializer(order_referring_to_customer(client), client, conf={"validate": False})
+    order = ORDER_REFERRING
     ctx = SerializationContext("orders", MessageField.VALUE)
     value = {
         "id": 1,

@@ -208,6 +208,16 @@ def failed_attempt(catalog: Catalog, e: BaseException, kind: str, what: str, ide
     time.sleep(random.uniform(0.05, min(0.1 * 2**attempt, 5)))
 
 
+def retried_after(catalog: Catalog, e: BaseException, what: str, ident: str, attempt: int) -> bool:
+    """Whether a commit call that raised ``e`` is tried again (``catalog_failure``: a conflict or an unknown outcome);
+    if so, the attempt is logged and backed off (``failed_attempt``). False: re-raise it."""
+    kind = catalog_failure(e)
+    if kind is None:
+        return False
+    failed_attempt(catalog, e, kind, what, ident, attempt)
+    return True
+
+
 def drop_connections(catalog: Catalog) -> None:
     """Close a SQL catalog's pooled connections (rolling back whatever they left open)."""
     engine = getattr(catalog, "engine", None)
@@ -269,10 +279,8 @@ def commit(
             with view.transaction() as tx:
                 apply_change(tx, view, change)
         except Exception as e:
-            kind = catalog_failure(e)
-            if kind is None:
+            if not retried_after(catalog, e, what, ident, attempt):
                 raise
-            failed_attempt(catalog, e, kind, what, ident, attempt)
             continue
         snap = view.snapshot_by_name(change.branch) if change.branch else view.current_snapshot()
         return Committed("committed", view, snap.snapshot_id if snap else None, attempt)

@@ -32,10 +32,11 @@ from tidewater.commit.primitive import (
     apply_change,
     ensure_branch_base,
     failed_attempt,
+    retried_after,
     without_commit_retries,
 )
 from tidewater.errors import TerminalError, TransientError
-from tidewater.table.catalog import catalog_failure, load_table
+from tidewater.table.catalog import load_table
 from tidewater.table.summary import BATCH_ID, find_marked_snapshot
 
 if TYPE_CHECKING:
@@ -137,10 +138,8 @@ def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: s
         try:
             post(catalog, requests)
         except Exception as e:
-            kind = catalog_failure(e)
-            if kind is None:
+            if not retried_after(catalog, e, what, last, attempt):
                 raise
-            failed_attempt(catalog, e, kind, what, last, attempt)
             continue
         log.info("%s: %d tables committed in one transaction", what, len(requests))
         return attempt
