@@ -24,19 +24,18 @@ and its offsets land in ONE snapshot. Every commit goes through ``commit.primiti
   (``table.catalog.commit_slots``; SQLite one at a time).
 - The batch's dead letters are committed after the holder, once (``commit/dead_letters.py``).
 
-The holder's part (get ready before the targets, finish after them) is ``commit/holders.py``: ``OwnSnapshot`` for
-a plain pipeline, ``Checkpoint`` for a routed one.
+The holder's part (get ready before the targets, finish after them) is ``commit/holders.py``: the ``Holder``
+Protocol, answered by ``OwnSnapshot`` for a plain pipeline and ``Checkpoint`` for a routed one. The job and its
+targets as data (``BatchCommit``, ``Target``) are ``commit/job.py``, which both read.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -45,18 +44,17 @@ from tidewater.batch import (
     BatchManifest,
     BatchPlan,
     Mode,
-    Offsets,
-    PartitionRange,
     TableOutput,
     fused_output,
 )
-from tidewater.commit.attempt import TargetAttempt, remove_staged
+from tidewater.commit.attempt import remove_staged
 from tidewater.commit.changes import APPLY, REAPPLY, RETRY, row_delta_attempt
 from tidewater.commit.dead_letters import DeadLetterSink
-from tidewater.commit.holders import Checkpoint, OwnSnapshot, checkpoint_change
-from tidewater.commit.primitive import Change, Committed, OffsetsExpected, commit
+from tidewater.commit.holders import Checkpoint, Holder, OwnSnapshot, checkpoint_change
+from tidewater.commit.job import BatchCommit, Target
+from tidewater.commit.primitive import Change, Committed, commit
 from tidewater.commit.quarantine import quarantine_change
-from tidewater.commit.replay import refuse_rows_held_since_written, replay_change, replay_summary
+from tidewater.commit.replay import refuse_rows_held_since_written, replay_change
 from tidewater.commit.result import CommitResult, TableCommit
 from tidewater.commit.together import Part, commit_together, offers_transactions
 from tidewater.config.parse import load_pipeline
@@ -65,90 +63,17 @@ from tidewater.errors import TerminalError
 from tidewater.table.catalog import commit_slots, create_table, load_table
 from tidewater.table.provisional import confirm_keys
 from tidewater.table.summary import (
-    DATA_INTERVAL,
     OFFSETS_TAG,
     QUARANTINED,
-    RANGES,
-    committed_state,
     find_batch_snapshot,
     quarantine_branch,
-    summary_properties,
 )
-from tidewater.table.targets import TargetRole, target_role, target_view
+from tidewater.table.targets import target_role, target_view
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatchCommit:
-    """One batch's commit: what was planned and written, the gate's verdict, and who asked. ``extra``: more
-    properties for the holder's snapshot (an operator's skip records its request)."""
-
-    spec: PipelineSpec
-    plan: BatchPlan
-    manifest: BatchManifest
-    dag_run_id: str | None = None
-    validation: Mapping[str, Any] | None = None
-    extra: Mapping[str, str] | None = None
-    max_attempts: int = 8
-
-    @property
-    def ingests(self) -> bool:
-        """The batch moves offsets (ingest, skip); otherwise it is a replay, which keeps them."""
-        return self.plan.mode.moves_offsets
-
-    @property
-    def what(self) -> str:
-        return f"{'batch' if self.ingests else 'replay'} {self.plan.batch_id}"
-
-    def verdict(self, ident: str) -> dict[str, Any] | None:
-        """The gate's verdict on one target: a fused table's is the batch's, others have their own."""
-        if target_role(self.spec, ident).carries_totals:
-            return dict(self.validation) if self.validation is not None else None
-        return (self.validation or {}).get("tables", {}).get(ident)
-
-    def quarantined(self, outputs: tuple[TableOutput, ...]) -> list[str]:
-        """The targets whose part of the batch the gate quarantined: a fused table whole, other tables those with
-        files whose own checks failed."""
-        if not (self.validation or {}).get("quarantine"):
-            return []
-        return [
-            o.table
-            for o in outputs
-            if target_role(self.spec, o.table).carries_totals or (o.data_files and not (self.verdict(o.table) or {}).get("success", True))
-        ]
-
-    def holder_expected(self) -> OffsetsExpected:
-        """A separate holder's requirement: its offsets are those the plan started from (checked before the targets
-        commit, and again on the holder's own commit)."""
-        return OffsetsExpected(written_against(self.plan), None, self.plan.batch_id, "the pipeline's checkpoint")
-
-    def holder_properties(self, offsets: Offsets, ignored: tuple[str, ...] = ()) -> dict[str, str]:
-        """The holder's snapshot properties: the batch's offsets and its accounting, as a whole."""
-        m = self.manifest
-        props = summary_properties(
-            offsets=offsets,
-            batch_id=self.plan.batch_id,
-            pipeline=self.plan.pipeline,
-            records=m.records,
-            valid_through_ms=m.valid_through_ms(),
-            dag_run_id=self.dag_run_id,
-            dead_letters=m.dead_letters,
-            skipped=m.skipped,
-            ignored_fields=ignored,
-            validation=dict(self.validation) if self.validation is not None else None,
-        )
-        props.update(batch_properties(self.plan))
-        props.update(self.extra or {})
-        return props
-
-
-def written_against(plan: BatchPlan) -> dict[str, dict[int, tuple[int | None, ...]]]:
-    """The holder's committed offsets the plan started from, for each planned partition."""
-    return {t: {int(p): s for p, s in ps.items()} for t, ps in plan.seen_offsets().items()}
 
 
 def outputs_of(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> tuple[TableOutput, ...]:
@@ -158,75 +83,6 @@ def outputs_of(spec: PipelineSpec, plan: BatchPlan, manifest: BatchManifest) -> 
     if manifest.outputs or not spec.targets.fused:
         return manifest.outputs
     return (fused_output(plan, manifest.data_files, manifest.rows_expected, manifest.present, manifest.ignored_fields, spec.table.branch),)
-
-
-@dataclass
-class Target:
-    """One table of a batch's commit: what the write step left for it, its view of the pipeline, and whether the
-    gate quarantined it. ``attempt`` keeps what its commit attempts know (``commit/attempt.py``)."""
-
-    job: BatchCommit
-    out: TableOutput
-    view: PipelineSpec
-    held: bool = False
-    attempt: TargetAttempt = field(default_factory=TargetAttempt)
-
-    @property
-    def role(self) -> TargetRole:
-        """The table's part in the batch (``table/targets.py``): holder of the offsets, carrier of the totals."""
-        return target_role(self.job.spec, self.out.table)
-
-    @property
-    def kind(self) -> str:
-        return "change" if self.view.applies_changes else "append"
-
-    @property
-    def mode(self) -> Mode:
-        """The batch's mode for this table: replays reapply change tables, whatever the request's mode."""
-        return self.job.plan.mode.for_table(self.view.applies_changes)
-
-    def expected(self) -> OffsetsExpected | None:
-        """The offsets requirement of this table's change (replays keep offsets and have none)."""
-        if not self.job.ingests:
-            return None
-        seen = {t: {int(p): tuple(s) for p, s in ps.items()} for t, ps in self.out.seen_offsets.items()}
-        return OffsetsExpected(seen, self.view.table.branch, self.job.plan.batch_id, f"table {self.out.table}")
-
-    def properties(self, table: Any) -> dict[str, str]:
-        """The snapshot's properties on ``table`` as loaded now: its offsets (advanced by an ingest, kept by a
-        replay), the batch id and the counts (a fused table's: the whole batch's). Pure: the offsets it stamps are
-        kept from the prepared change (``TargetAttempt.stamp``)."""
-        job, out, plan = self.job, self.out, self.job.plan
-        offsets = committed_state(table, self.view.table.branch).offsets
-        m = job.manifest
-        records, skipped = (m.records, m.skipped) if self.role.carries_totals else (out.rows, 0)
-        if not job.ingests:
-            return replay_summary(plan, offsets, records, skipped, job.dag_run_id, job.verdict(out.table))
-        offsets = advanced(offsets, plan.ranges)
-        if self.role.carries_totals:
-            return job.holder_properties(offsets, out.ignored_fields)
-        props = summary_properties(
-            offsets=offsets,
-            batch_id=plan.batch_id,
-            pipeline=plan.pipeline,
-            records=records,
-            valid_through_ms=None,
-            dag_run_id=job.dag_run_id,
-            ignored_fields=out.ignored_fields,
-            validation=job.verdict(out.table),
-        )
-        props.update(batch_properties(plan))  # the batch's ranges, for the pipeline's ledger
-        return props
-
-
-def advanced(current: Offsets, ranges: tuple[PartitionRange, ...]) -> Offsets:
-    """The table's offsets advanced to the end of the batch's ranges, never moved back (a table that a later batch
-    already advanced keeps its own)."""
-    offsets: Offsets = {t: dict(ps) for t, ps in current.items()}
-    for r in ranges:
-        cur = offsets.setdefault(r.topic, {}).get(r.partition)
-        offsets[r.topic][r.partition] = r.end if cur is None else max(cur, r.end)
-    return offsets
 
 
 # ---- the change of one target: chosen by what the batch carries for it and its mode ----------------------
@@ -377,7 +233,7 @@ def commit_batch(
     check_manifest(job, outputs)
     held = set(job.quarantined(outputs)) if job.ingests else set()
     # the one place the commit asks where the offsets live (see commit/holders.py)
-    holder = (OwnSnapshot if job.spec.targets.fused else Checkpoint)(catalog, job, dead_letter_sink)
+    holder: Holder = (OwnSnapshot if job.spec.targets.fused else Checkpoint)(catalog, job, dead_letter_sink)
     answered = holder.ready(outputs, held)
     if answered is not None:
         return answered
@@ -499,16 +355,6 @@ def check_manifest(job: BatchCommit, outputs: tuple[TableOutput, ...]) -> None:
                 table=o.table,
                 batch_id=plan.batch_id,
             )
-
-
-def batch_properties(plan: BatchPlan) -> dict[str, str]:
-    """The batch's ranges and the Airflow run's data interval, for backfills to find later."""
-    props = {RANGES: json.dumps([[r.topic, r.partition, r.start, r.end] for r in plan.ranges], separators=(",", ":"))}
-    if len(props[RANGES]) > 50_000:  # thousands of partitions: keep the summary small
-        del props[RANGES]
-    if plan.data_interval:
-        props[DATA_INTERVAL] = "/".join(plan.data_interval)
-    return props
 
 
 def missing_table(catalog: Catalog, plan: BatchPlan, manifest: BatchManifest) -> Callable[[], Any]:

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -37,9 +37,29 @@ from tidewater.table.summary import OFFSETS_TAG, QUARANTINED_TABLES, ROUTED, com
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
-    from tidewater.commit.batch import BatchCommit, Target
+    from tidewater.commit.job import BatchCommit, Target
 
 log = logging.getLogger(__name__)
+
+
+class Holder(Protocol):
+    """What the commit loop (``commit/batch.py: commit_batch``) asks of an offsets holder, before and after the target
+    tables commit: ``OwnSnapshot`` and ``Checkpoint`` answer it."""
+
+    def ready(self, outputs: tuple[TableOutput, ...], held: set[str]) -> CommitResult | None:
+        """Before the tables: checks, and the outcome when there is nothing left to commit (None: go on)."""
+        ...
+
+    def finish(
+        self,
+        outputs: tuple[TableOutput, ...],
+        todo: list[Target],
+        timings: list[TableCommit],
+        held: set[str],
+        holder_committed: bool = False,
+    ) -> CommitResult:
+        """After the tables (``holder_committed``: the holder's change went with theirs, in one transaction)."""
+        ...
 
 
 def files_of(outputs: tuple[TableOutput, ...]) -> int:
