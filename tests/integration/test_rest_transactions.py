@@ -145,3 +145,42 @@ def test_never_commits_a_routed_batch_table_by_table_on_the_same_catalog(broker,
     assert after.get(TRANSACTION, 0) == before.get(TRANSACTION, 0)
     assert after.get(TABLE_COMMIT, 0) == before.get(TABLE_COMMIT, 0) + 4  # two tables, the checkpoint, the ledger
     _all_equal_sources(spec, sources)
+
+
+def test_a_one_by_one_commit_cut_short_is_finished_by_the_transaction_leaving_the_committed_table_alone(
+    broker, rest_catalog, home, topic, monkeypatch
+):
+    """The commit step dies after the first of three tables committed one by one (``never``, as before the catalog
+    offered transactions); the retried step, on ``auto``, commits the other two and the checkpoint in one transaction
+    and leaves the first as it was (``already-committed``): each table equals its source, each change applied once."""
+    from tidewater.commit import batch as committing
+
+    sources = [Source(f"{topic}-s{i}") for i in range(3)]
+    catalog = {"name": "lake", "properties": rest_catalog_properties(rest_catalog, home)}
+    one_by_one = database_pipeline(home, broker, [s.topic for s in sources], catalog={**catalog, "multi_table_commit": "never"})
+    plan, manifest = _batch(broker, one_by_one, sources, 0)
+    real, calls = committing.commit_table_output, []
+
+    def die_after_first(*a, **kw):
+        if calls:
+            raise TransientError("simulated crash between table commits")
+        calls.append(a[2].table)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(committing, "commit_table_output", die_after_first)
+    with pytest.raises(TransientError):
+        commit_step(one_by_one, plan, manifest)
+    monkeypatch.setattr(committing, "commit_table_output", real)
+    assert _carrying(one_by_one, sources, plan.batch_id) == calls == ["rpc.src0"]
+
+    together = database_pipeline(home, broker, [s.topic for s in sources], catalog=catalog)
+    sent = rest_catalog.stats().get(TRANSACTION, 0)
+    result = commit_step(together, plan, manifest)
+    assert rest_catalog.stats().get(TRANSACTION, 0) == sent + 1
+    assert {t.table: t.status for t in result.tables} == {
+        "rpc.src0": "already-committed",
+        "rpc.src1": "committed",
+        "rpc.src2": "committed",
+        together.checkpoint_table(): "checkpoint",
+    }
+    _all_equal_sources(together, sources)

@@ -258,12 +258,13 @@ def commits_together(catalog: Catalog, job: BatchCommit) -> bool:
 
 def commit_targets_together(catalog: Catalog, job: BatchCommit, todo: list[Target], held: list[str]) -> list[TableCommit]:
     """Every target's change and the checkpoint's (``holders.checkpoint_change``), prepared as their own commits
-    would be, in one catalog transaction; the outcomes read back from the tables, the checkpoint's last. The
-    transaction's attempts are the checkpoint's (``commit_retries`` counts a retried transaction once)."""
+    would be, in one catalog transaction; the outcomes read back from the tables, the checkpoint's last (a table that
+    had the batch before, from a one-by-one commit cut short, is ``already-committed``). The transaction's attempts
+    are the checkpoint's (``commit_retries`` counts a retried transaction once)."""
     plan, holder = job.plan, job.spec.targets.holder
     parts = [Part(t.out.table, target_change(t), on_missing_target(catalog, t)) for t in todo]
     t0 = time.monotonic()
-    attempts = commit_together(
+    attempts, carried = commit_together(
         catalog,
         [*parts, Part(holder, checkpoint_change(job, held))],
         marker=plan.batch_id,
@@ -275,7 +276,8 @@ def commit_targets_together(catalog: Catalog, job: BatchCommit, todo: list[Targe
     for t in todo:
         table = load_table(catalog, t.out.table)
         found = find_batch_snapshot(table, plan.batch_id) if table is not None else None
-        done = Committed("committed" if found else "nothing-to-commit", table, found.snapshot_id if found else None)
+        status = "nothing-to-commit" if not found else "already-committed" if t.out.table in carried else "committed"
+        done = Committed(status, table, found.snapshot_id if found else None)  # type: ignore[arg-type]
         timings.append(
             TableCommit(
                 table=t.out.table,

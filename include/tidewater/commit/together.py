@@ -120,20 +120,24 @@ def post(catalog: Catalog, requests: list[Any]) -> None:
         )
 
 
-def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: str, max_attempts: int) -> int:
+def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: str, max_attempts: int) -> tuple[int, set[str]]:
     """Commit every part's change in one catalog transaction, once: the last part's table carrying ``marker`` says it
-    landed. Returns the attempts it took. Raises ``OffsetsMovedError`` when a part's offsets requirement fails,
-    ``TransientError`` when the catalog kept refusing or failing (nothing of it committed)."""
+    landed. Returns the attempts it took and the parts' tables that carried ``marker`` before anything was posted
+    (left as they were). Raises ``OffsetsMovedError`` when a part's offsets requirement fails, ``TransientError``
+    when the catalog kept refusing or failing (nothing of it committed)."""
     last = parts[-1].ident
+    carried: set[str] | None = None
     for attempt in range(1, max_attempts + 1):
         try:
             staged = [stage(catalog, p, marker) for p in parts]
         except TransientError as e:  # a table could not be loaded
             failed_attempt(catalog, e, "unavailable", what, last, attempt)
             continue
+        if carried is None:  # staged before anything was posted: these had it already
+            carried = {p.ident for p, s in zip(parts, staged) if s is True}
         if staged[-1] is True:  # an earlier attempt's transaction landed
             log.info("%s: already committed (%s carries it)", what, last)
-            return attempt
+            return attempt, carried
         requests = [s for s in staged if s is not None and s is not True]
         try:
             post(catalog, requests)
@@ -142,7 +146,7 @@ def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: s
                 raise
             continue
         log.info("%s: %d tables committed in one transaction", what, len(requests))
-        return attempt
+        return attempt, carried
     raise TransientError(
         f"{what}: the multi-table commit did not succeed after {max_attempts} attempts (conflicts "
         "or catalog unavailable); nothing of it is committed, retrying the commit step is safe",
