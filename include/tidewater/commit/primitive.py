@@ -234,6 +234,39 @@ def _load(catalog: Catalog, ident: str, what: str, attempt: int) -> tuple[Any, b
         return None, False
 
 
+def prepared(
+    table: Any,
+    ident: str,
+    prepare: Callable[[Any], Change | None],
+    *,
+    marker: str | None,
+    marker_key: str,
+    what: str,
+    on_missing: Callable[[], Any] | None,
+    attempt: int,
+) -> Committed | tuple[Any, Change]:
+    """Steps 2 to 4 of :func:`commit` on ``table`` as just loaded (None: it does not exist): the outcome when there is
+    nothing to apply (``already-committed``: it carries the marker; ``nothing-to-commit``), else the table and its
+    change, whose offsets requirement holds. Shared with the multi-table commit (``commit/together.py``)."""
+    if table is None:
+        if on_missing is None:
+            raise TerminalError(f"{what}: the table does not exist (dropped between write and commit?)", table=ident)
+        table = on_missing()
+        if table is None:
+            return Committed("nothing-to-commit", None, None, attempt)
+    if marker is not None:
+        found = find_marked_snapshot(table, marker_key, marker)
+        if found is not None:
+            log.info("%s: already committed to %s as snapshot %s", what, ident, found.snapshot_id)
+            return Committed("already-committed", table, found.snapshot_id, attempt)
+    change = prepare(table)
+    if change is None:
+        return Committed("nothing-to-commit", table, None, attempt)
+    if change.expect is not None:
+        change.expect.check(table, ident)
+    return table, change
+
+
 def commit(
     catalog: Catalog,
     ident: str,
@@ -257,22 +290,10 @@ def commit(
         table, loaded = _load(catalog, ident, what, attempt)
         if not loaded:
             continue
-        if table is None:
-            if on_missing is None:
-                raise TerminalError(f"{what}: the table does not exist (dropped between write and commit?)", table=ident)
-            table = on_missing()
-            if table is None:
-                return Committed("nothing-to-commit", None, None, attempt)
-        if marker is not None:
-            found = find_marked_snapshot(table, marker_key, marker)
-            if found is not None:
-                log.info("%s: already committed to %s as snapshot %s", what, ident, found.snapshot_id)
-                return Committed("already-committed", table, found.snapshot_id, attempt)
-        change = prepare(table)
-        if change is None:
-            return Committed("nothing-to-commit", table, None, attempt)
-        if change.expect is not None:
-            change.expect.check(table, ident)
+        ready = prepared(table, ident, prepare, marker=marker, marker_key=marker_key, what=what, on_missing=on_missing, attempt=attempt)
+        if isinstance(ready, Committed):
+            return ready
+        table, change = ready
         view = without_commit_retries(table)
         try:
             ensure_branch_base(view, change.branch)

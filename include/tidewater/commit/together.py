@@ -29,15 +29,16 @@ from typing import TYPE_CHECKING, Any
 
 from tidewater.commit.primitive import (
     Change,
+    Committed,
     apply_change,
     ensure_branch_base,
-    failed_attempt,
+    prepared,
     retried_after,
     without_commit_retries,
 )
-from tidewater.errors import TerminalError, TransientError
+from tidewater.errors import TransientError
 from tidewater.table.catalog import load_table
-from tidewater.table.summary import BATCH_ID, find_marked_snapshot
+from tidewater.table.summary import BATCH_ID
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -63,25 +64,27 @@ class Part:
     on_missing: Callable[[], Any] | None = None
 
 
-def stage(catalog: Catalog, part: Part, marker: str) -> Any:
+def stage(catalog: Catalog, part: Part, marker: str, what: str = "a multi-table commit") -> Any:
     """``part``'s commit request, staged in a pyiceberg transaction that is never committed alone; ``True`` when the
-    table already carries ``marker``, None when there is nothing to commit. A table without snapshots that takes a
-    branch first gets main's empty base snapshot, alone (``ensure_branch_base``: no rows, no offsets)."""
+    table already carries ``marker``, None when there is nothing to commit (the primitive's steps 2 to 4:
+    ``primitive.prepared``). A table without snapshots that takes a branch first gets main's empty base snapshot,
+    alone (``ensure_branch_base``: no rows, no offsets)."""
     from pyiceberg.table import CommitTableRequest, TableIdentifier
     from pyiceberg.table.update import AssertTableUUID
 
-    table = load_table(catalog, part.ident)
-    if table is None:
-        table = part.on_missing() if part.on_missing is not None else None
-        if table is None:
-            raise TerminalError("the table does not exist (dropped between write and commit?)", table=part.ident)
-    if find_marked_snapshot(table, BATCH_ID, marker) is not None:
-        return True
-    change = part.prepare(table)
-    if change is None:
-        return None
-    if change.expect is not None:
-        change.expect.check(table, part.ident)
+    ready = prepared(
+        load_table(catalog, part.ident),
+        part.ident,
+        part.prepare,
+        marker=marker,
+        marker_key=BATCH_ID,
+        what=what,
+        on_missing=part.on_missing,
+        attempt=1,
+    )
+    if isinstance(ready, Committed):
+        return True if ready.status == "already-committed" else None
+    table, change = ready
     view = without_commit_retries(table)
     ensure_branch_base(view, change.branch)
     tx = view.transaction()
@@ -128,10 +131,11 @@ def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: s
     last = parts[-1].ident
     carried: set[str] | None = None
     for attempt in range(1, max_attempts + 1):
-        try:
-            staged = [stage(catalog, p, marker) for p in parts]
-        except TransientError as e:  # a table could not be loaded
-            failed_attempt(catalog, e, "unavailable", what, last, attempt)
+        try:  # a table not loaded, or a branch base refused: retried as the primitive retries its own steps
+            staged = [stage(catalog, p, marker, what) for p in parts]
+        except Exception as e:
+            if not retried_after(catalog, e, what, last, attempt):
+                raise
             continue
         if carried is None:  # staged before anything was posted: these had it already
             carried = {p.ident for p, s in zip(parts, staged) if s is True}
