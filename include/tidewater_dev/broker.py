@@ -29,7 +29,7 @@ from typing import ClassVar
 
 from tidewater.config.spec import home_dir
 from tidewater.errors import ConfigError, TransientError
-from tidewater_dev.process import LocalServer
+from tidewater_dev.process import LocalServer, wait_listening
 
 log = logging.getLogger(__name__)
 
@@ -80,17 +80,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def wait_listening(port: int, timeout: float, host: str = "127.0.0.1") -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
 
 
 def port_free(port: int) -> bool:

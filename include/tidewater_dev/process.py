@@ -6,14 +6,36 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
 from tidewater.config.spec import home_dir
+from tidewater.errors import TransientError
 
 S = TypeVar("S", bound="LocalServer")
+
+
+def wait_listening(port: int, timeout: float, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts connections on ``host:port`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def spawn(cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen:
+    """A server's process in a session of its own (its stop signals the group where the class says so), its output
+    appended to ``log_path``."""
+    with open(log_path, "ab") as logf:
+        return subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
 
 
 @dataclass
@@ -60,6 +82,14 @@ class LocalServer:
                 os.waitpid(self.pid, 0)
             except ChildProcessError:
                 pass
+
+    def listening(self: S, proc: subprocess.Popen, what: str, timeout: float) -> S:
+        """This server once its port accepts connections with ``proc`` still running; else it is stopped and a
+        TransientError names ``what`` and the log."""
+        if not wait_listening(self.port, timeout) or proc.poll() is not None:
+            self.stop(grace=2)
+            raise TransientError(f"{what} did not listen on 127.0.0.1:{self.port} within {timeout:.0f} s; see {self.log_path}")
+        return self
 
     def record(self, state_file: str) -> None:
         """Remember this server in $TIDEWATER_HOME (for `stop` and `status` from another process)."""

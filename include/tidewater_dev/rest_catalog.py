@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from tidewater.errors import ConfigError, TransientError
-from tidewater_dev.broker import free_port, java, wait_listening
-from tidewater_dev.process import LocalServer
+from tidewater.errors import ConfigError
+from tidewater_dev.broker import free_port, java
+from tidewater_dev.process import LocalServer, spawn
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 SOURCE = CHECKOUT / "jvm" / "rest-catalog" / "RestCatalogServer.java"
@@ -108,10 +107,5 @@ def start(
     if s3:
         env["REST_S3_ENDPOINT"], env["REST_S3_ACCESS_KEY"], env["REST_S3_SECRET_KEY"] = s3
     cmd = [java(), "-Xmx384m", "-XX:+UseSerialGC", "-cp", f"{libs}/*", str(SOURCE)]
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = RestCatalogServer(proc.pid, port, str(log_path), str(root))
-    if not wait_listening(port, timeout) or proc.poll() is not None:
-        server.stop(grace=2)
-        raise TransientError(f"the REST catalog server did not listen on 127.0.0.1:{port} within {timeout:.0f} s; see {log_path}")
-    return server
+    proc = spawn(cmd, log_path, env)
+    return RestCatalogServer(proc.pid, port, str(log_path), str(root)).listening(proc, "the REST catalog server", timeout)

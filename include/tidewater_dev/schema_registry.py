@@ -11,14 +11,13 @@ What it cannot do here: authenticate. Apicurio Registry's authentication is OIDC
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from tidewater.errors import ConfigError, TransientError
-from tidewater_dev.broker import free_port, java, wait_listening
-from tidewater_dev.process import LocalServer
+from tidewater.errors import ConfigError
+from tidewater_dev.broker import free_port, java
+from tidewater_dev.process import LocalServer, spawn
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 CCOMPAT = "/apis/ccompat/v7"  # Apicurio Registry's Confluent-compatible API
@@ -49,10 +48,5 @@ def start(root: Path, log_path: Path, build: Path | None = None, timeout: float 
     # settings through the environment, which Quarkus reads (QUARKUS_HTTP_PORT for quarkus.http.port)
     env = {**os.environ, "QUARKUS_HTTP_PORT": str(port), "QUARKUS_HTTP_HOST": "127.0.0.1"}
     cmd = [java(), "-Xmx256m", "-XX:+UseSerialGC", "-jar", str(runner)]
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True)
-    server = SchemaRegistryServer(proc.pid, port, str(log_path))
-    if not wait_listening(port, timeout) or proc.poll() is not None:
-        server.stop(grace=2)
-        raise TransientError(f"the schema registry did not listen on 127.0.0.1:{port} within {timeout:.0f} s; see {log_path}")
-    return server
+    proc = spawn(cmd, log_path, env, cwd=root)
+    return SchemaRegistryServer(proc.pid, port, str(log_path)).listening(proc, "the schema registry", timeout)

@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from tidewater.config.spec import home_dir
-from tidewater.errors import ConfigError, TransientError
-from tidewater_dev.broker import CHECKOUT, free_port, port_free, wait_listening
-from tidewater_dev.process import LocalServer
+from tidewater.errors import ConfigError
+from tidewater_dev.broker import CHECKOUT, free_port, port_free
+from tidewater_dev.process import LocalServer, spawn
 
 log = logging.getLogger(__name__)
 
@@ -120,19 +119,8 @@ def start(
     log_path = log_path or home_dir() / f"spark-connect-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = server_command(dist, port, master=master, conf=conf)
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=server_env(dist, python or sys.executable),
-            cwd=log_path.parent,
-        )
-    server = ConnectServer(proc.pid, port, str(log_path))
-    if not wait_listening(port, timeout) or proc.poll() is not None:
-        server.stop(grace=2)
-        raise TransientError(f"the Spark Connect server did not listen on 127.0.0.1:{port} within {timeout:.0f} s; see {log_path}")
+    proc = spawn(cmd, log_path, server_env(dist, python or sys.executable), cwd=log_path.parent)
+    server = ConnectServer(proc.pid, port, str(log_path)).listening(proc, "the Spark Connect server", timeout)
     log.info("Spark Connect server pid %d on %s (log %s)", proc.pid, server.url, log_path)
     return server
 
