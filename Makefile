@@ -39,7 +39,7 @@ help:
 	@echo "make install-check - the wheel installed into Airflow 3.1.x, 3.2.x and 3.3.x without our constraints: no downgrade, provider, plugin and DAGs load (make test runs it too, in tests/e2e/test_install.py)"
 	@echo "make ui     - start the Airflow UI (api-server, scheduler, ...) on http://127.0.0.1:8080"
 	@echo "make docs   - regenerate docs/configuration.md from the code and build the documentation site into site/ (MkDocs, strict)"
-	@echo "make lint   - ruff (part of make test)"
+	@echo "make lint   - ruff (checks and formatter) and mypy (part of make test)"
 	@echo "make ui-bundle - build the Tidewater apps for Airflow's UI (TypeScript, npm; part of make setup)"
 	@echo "make executor-env - pack a virtualenv for Spark executors that lack the packages (spark.python_env)"
 	@echo "make s3-stand-in  - the local S3 endpoint the tests use (moto's server, its own virtualenv)"
@@ -216,10 +216,11 @@ test: setup test-system-deps s3-stand-in executor-env spark-connect-install rest
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # ruff: pyflakes, pycodestyle, import order, bugbear, complexity, blind excepts with their reason, no inert noqa
-# (RUF100) (configured in pyproject.toml)
+# (RUF100), the formatter; mypy on the rooms [tool.mypy] lists, no unused type: ignore (all in pyproject.toml)
 lint: venv
 	$(VENV)/bin/ruff check include dags plugins spark_apps scripts tests
 	$(VENV)/bin/ruff format --check include dags plugins spark_apps scripts tests
+	$(VENV)/bin/mypy
 
 test-unit: venv
 	$(PY) -m pytest tests/unit tests/dags $(PYTEST_ARGS)

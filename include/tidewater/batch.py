@@ -16,7 +16,10 @@ from datetime import date, datetime, timezone
 from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from pyiceberg.typedef import TableVersion
 
 from tidewater.errors import TerminalError
 from tidewater.staging import read_json as read
@@ -200,7 +203,7 @@ class BatchPlan:
             created_at=d["created_at"],
             base_snapshot_id=d.get("base_snapshot_id"),
             mode=d.get("mode", "ingest"),
-            data_interval=tuple(d["data_interval"]) if d.get("data_interval") else None,  # type: ignore[arg-type]
+            data_interval=tuple(d["data_interval"]) if d.get("data_interval") else None,
             tables=tuple(d.get("tables") or ()),
             retry_of=tuple(d.get("retry_of") or ()),
             version=d["version"],
@@ -274,7 +277,7 @@ class StagedFile:
             metrics={k: d[k] for k in _METRICS if k in d},
         )
 
-    def to_data_file(self, format_version: int) -> Any:
+    def to_data_file(self, format_version: TableVersion) -> Any:
         """The pyiceberg ``DataFile`` a commit adds to a manifest: the staged form's other side
         (``staged_data_file``). pyiceberg is imported here, not at the top: the spark-submit driver reads these
         documents and starts without it (``tests/unit/test_architecture.py``)."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tidewater.config.spec import home_dir
+from tidewater.config.locations import home_dir
 from tidewater.errors import ConfigError, TransientError
 from tidewater_dev.process import LocalServer, wait_listening
 

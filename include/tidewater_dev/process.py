@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from tidewater.config.spec import home_dir
+from tidewater.config.locations import home_dir
 from tidewater.errors import TransientError
 
 S = TypeVar("S", bound="LocalServer")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from tidewater.config.spec import home_dir
+from tidewater.config.locations import home_dir
 from tidewater.errors import ConfigError
 from tidewater_dev.broker import CHECKOUT, free_port, port_free
 from tidewater_dev.process import LocalServer, spawn

@@ -523,7 +523,7 @@ def test_one_list_of_dag_kinds_names_every_dag_a_pipeline_file_makes(tmp_path):
     task's parse finds a pipeline's file from a DAG id of any kind."""
     from tests.conftest import write_pipeline
     from tidewater.config.parse import invalid_dag_id, load_pipeline
-    from tidewater.config.spec import DAG_KINDS, INVALID_DAG_KIND, OPTIONAL_DAGS
+    from tidewater.config.sections.airflow import DAG_KINDS, INVALID_DAG_KIND, OPTIONAL_DAGS
     from tidewater.runtime import airflow_dags
 
     assert set(airflow_dags.BUILDERS) == set(DAG_KINDS) - {INVALID_DAG_KIND}

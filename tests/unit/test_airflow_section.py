@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tidewater.config.spec import home_dir, pipelines_dir
+from tidewater.config.locations import home_dir, pipelines_dir
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from tidewater.config.spec import FormatSpec
+from tidewater.config.sections.source import FormatSpec
 from tidewater.transform.conversions import apply
 
 
@@ -48,7 +48,7 @@ def test_epochs():
 def test_a_field_inside_an_object_is_converted_and_bad_values_name_their_row():
     import pyarrow as pa
 
-    from tidewater.config.spec import FormatSpec
+    from tidewater.config.sections.source import FormatSpec
     from tidewater.transform.conversions import apply, decoder_schema
 
     t = pa.table(

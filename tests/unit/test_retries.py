@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
 
-from tidewater.config.spec import MAX_RETRY_DELAY, doubled_delay
+from tidewater.config.sections.airflow import MAX_RETRY_DELAY, doubled_delay
 from tidewater.errors import ConfigError, KafkaReadError, OffsetGapError, TransientError
 from tidewater.runtime import retries
 from tidewater.runtime.airflow import fail_fast

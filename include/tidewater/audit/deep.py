@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.expressions import EqualTo
 
 from tidewater.audit.findings import MOVING, Finding, finding_at
 from tidewater.audit.history import dropped_batches
@@ -20,6 +19,7 @@ from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.source.kafka import Rereader, kafka_settings, watermarks
 from tidewater.table.catalog import load_table
+from tidewater.table.filters import equal
 from tidewater.table.letters import letters as letters_in
 from tidewater.table.provenance import present_offsets
 from tidewater.table.summary import quarantine_branch, quarantined_batches
@@ -143,7 +143,7 @@ def _dead_letters(catalog: Catalog, spec: PipelineSpec) -> Any:
     dlq = load_table(catalog, spec.dead_letter_table())
     if dlq is None or dlq.current_snapshot() is None:
         return None
-    data = dlq.scan(row_filter=EqualTo("pipeline", spec.name), selected_fields=("topic", "partition", "offset")).to_arrow()
+    data = dlq.scan(row_filter=equal("pipeline", spec.name), selected_fields=("topic", "partition", "offset")).to_arrow()
     return pa.table(
         {"topic": data.column("topic"), "partition": data.column("partition").cast(pa.int32()), "offset": data.column("offset")}
     )

@@ -55,7 +55,7 @@ from tidewater.commit.job import BatchCommit, Target
 from tidewater.commit.primitive import Change, Committed, commit
 from tidewater.commit.quarantine import quarantine_change
 from tidewater.commit.replay import refuse_rows_held_since_written, replay_change
-from tidewater.commit.result import CommitResult, TableCommit
+from tidewater.commit.result import CommitResult, CommitStatus, TableCommit
 from tidewater.commit.together import Part, commit_together, offers_transactions
 from tidewater.config.parse import load_pipeline
 from tidewater.config.spec import PipelineSpec
@@ -173,7 +173,7 @@ def on_missing_target(catalog: Catalog, target: Target) -> Callable[[], Any] | N
     return missing_table(catalog, target.job.plan, target.job.manifest) if created else None
 
 
-def target_done(target: Target, done: Committed) -> str:
+def target_done(target: Target, done: Committed) -> CommitStatus:
     """After a target's commit (of its own or with the others): kept in its attempt, a change table's staged change
     files removed, the commit logged; returns its status."""
     out = target.out
@@ -194,7 +194,7 @@ def target_done(target: Target, done: Committed) -> str:
     return done.status
 
 
-def commit_table_output(catalog: Catalog, plan: BatchPlan, out: TableOutput, target: Target) -> str:
+def commit_table_output(catalog: Catalog, plan: BatchPlan, out: TableOutput, target: Target) -> CommitStatus:
     """Commit one target table's part of the batch, once (by batch id), with the change ``KINDS`` gives it and its
     offsets requirement; returns the status (the commit itself is kept in ``target.attempt.done``). A change
     table's staged change files are removed after."""
@@ -276,13 +276,13 @@ def commit_targets_together(catalog: Catalog, job: BatchCommit, todo: list[Targe
     for t in todo:
         table = load_table(catalog, t.out.table)
         found = find_batch_snapshot(table, plan.batch_id) if table is not None else None
-        status = "nothing-to-commit" if not found else "already-committed" if t.out.table in carried else "committed"
-        done = Committed(status, table, found.snapshot_id if found else None)  # type: ignore[arg-type]
+        status: CommitStatus = "nothing-to-commit" if not found else "already-committed" if t.out.table in carried else "committed"
+        done = Committed(status, table, found.snapshot_id if found else None)
         timings.append(
             TableCommit(
                 table=t.out.table,
                 status=target_done(t, done),
-                rows=t.out.rows,  # type: ignore[arg-type]
+                rows=t.out.rows,
                 seconds=seconds,
                 snapshot_id=done.snapshot_id,
             )
@@ -302,7 +302,7 @@ def commit_targets(catalog: Catalog, todo: list[Target]) -> list[TableCommit]:
         return TableCommit(
             table=t.out.table,
             status=status,
-            rows=t.out.rows,  # type: ignore[arg-type]
+            rows=t.out.rows,
             seconds=round(time.monotonic() - t0, 4),
             snapshot_id=done.snapshot_id if done else None,
             attempts=done.attempts if done else 1,

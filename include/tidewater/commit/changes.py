@@ -139,7 +139,7 @@ def _apply_all(table: Any, spec: PipelineSpec, plan: BatchPlan, attempt: TargetA
     """An ingest: every key's net change applied; its live rows (none after a truncate of the batch) deleted."""
     net, truncated = attempt.net, attempt.truncated
     if truncated is not None:  # every row committed before the batch goes: the changes meet an empty table
-        hits, existed = [], pa.repeat(False, net.keys.num_rows)  # truncates come with staged changes: net is set
+        hits, existed = [], pa.repeat(False, net.keys.num_rows if net else 0)
     else:
         hits, existed = live_rows(table, net.keys, list(spec.table.id_columns), spec.table.branch) if net else ([], None)
     counts: dict[str, Any] = count_effects(net, existed) if net else dict.fromkeys(("inserted", "updated", "deleted", "noop"), 0)

@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from tidewater.batch import BatchManifest, BatchPlan, StagedFile
 from tidewater.commit.primitive import Change, commit
-from tidewater.errors import ConfigError, TransientError
+from tidewater.errors import ConfigError, TerminalError, TransientError
 from tidewater.source.kafka import client_logging, kafka_settings
 from tidewater.table.letters import totals_after
 from tidewater.table.summary import BATCH_ID, DEAD_LETTER_TOPIC, PIPELINE, RECORDS
@@ -44,6 +44,10 @@ def commit_dead_letters(
     if not manifest.dead_letter_files:
         return
     ident = manifest.dead_letter_table
+    if ident is None:
+        raise TerminalError(
+            f"batch {plan.batch_id} wrote {len(manifest.dead_letter_files)} dead-letter file(s) but names no dead-letter table"
+        )
     sent: dict[str, str] = {}  # sent once per call, whatever the commit attempts
 
     def prepare(table: Any) -> Change:

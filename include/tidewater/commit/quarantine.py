@@ -65,7 +65,8 @@ def publish_files(catalog: Catalog, ident: str, pipeline: str, batch_id: str, ex
 
 def added_files(table: Table, snapshot: Any) -> tuple[list[Any], list[Any]]:
     """The data files and the delete files ``snapshot`` added."""
-    data, deletes = [], []
+    data: list[Any] = []
+    deletes: list[Any] = []
     for manifest in snapshot.manifests(table.io):
         if manifest.added_snapshot_id != snapshot.snapshot_id:
             continue

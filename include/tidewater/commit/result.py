@@ -10,7 +10,7 @@ from typing import Any, Literal
 from tidewater.batch import Offsets
 
 CommitStatus = Literal["committed", "already-committed", "nothing-to-commit"]
-TableStatus = Literal["committed", "already-committed", "checkpoint"]
+TableStatus = Literal["committed", "already-committed", "nothing-to-commit", "checkpoint"]  # a target table's, or the holder's
 
 
 @dataclass(frozen=True)

@@ -99,21 +99,21 @@ def stage(catalog: Catalog, part: Part, marker: str, what: str = "a multi-table 
 def post(catalog: Catalog, requests: list[Any]) -> None:
     """One multi-table commit. Raises pyiceberg's CommitFailedException on 409 (a requirement not met: another writer
     was first) and CommitStateUnknownException on 500, 502 and 504, as its table commit does."""
+    from pyiceberg.catalog.rest import RestCatalog
     from pyiceberg.catalog.rest.response import _handle_non_200_response
     from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 
+    if not isinstance(catalog, RestCatalog):  # offers_transactions said it is one
+        raise TypeError(f"a multi-table commit needs a REST catalog, not {type(catalog).__name__}")
     body = json.dumps({"table-changes": [json.loads(r.model_dump_json()) for r in requests]})
-    response = catalog._session.post(
-        catalog.url("transactions/commit", prefixed=True),  # type: ignore[attr-defined]
-        data=body.encode(),
-    )
+    response = catalog._session.post(catalog.url("transactions/commit", prefixed=True), data=body.encode())
     if response.ok:
         return
     try:
         response.raise_for_status()  # the session's HTTPError, which pyiceberg maps to its exceptions
     except OSError as exc:  # requests' HTTPError is an OSError (requests is pyiceberg's to import, not ours)
         _handle_non_200_response(
-            exc,
+            exc,  # type: ignore[arg-type]  # typed as requests' HTTPError, which this is
             {
                 409: CommitFailedException,
                 500: CommitStateUnknownException,

@@ -13,7 +13,9 @@ from typing import Any
 
 import yaml
 
-from tidewater.config.spec import INVALID_DAG_KIND, PIPELINES_DIR_ENV, PipelineSpec, pipelines_dir
+from tidewater.config.locations import PIPELINES_DIR_ENV, pipelines_dir
+from tidewater.config.sections.airflow import INVALID_DAG_KIND
+from tidewater.config.spec import PipelineSpec
 from tidewater.config.validate import validate
 from tidewater.errors import ConfigError, config_problems, problems_of
 
@@ -92,7 +94,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, str) or value not in args:
             raise ConfigError(f"{path}: {value!r} is not one of {', '.join(args)}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value, path)
     if origin is list:
         if isinstance(value, str):

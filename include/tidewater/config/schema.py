@@ -15,7 +15,6 @@ import dataclasses
 import typing
 from typing import Any
 
-from tidewater.config import spec as spec_module
 from tidewater.config.spec import PipelineSpec
 
 _SCALAR_TYPES = ("integer", "number", "boolean", "string")
@@ -44,11 +43,18 @@ def pipeline_schema() -> dict[str, Any]:
 
 
 def _spec_classes() -> list[type]:
-    return [
-        c
-        for c in vars(spec_module).values()
-        if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == spec_module.__name__
-    ]
+    """Every dataclass of the pipeline file: ``PipelineSpec`` and its sections' (``config/sections``), nested
+    ones included."""
+    out: list[type] = []
+    todo: list[type] = [PipelineSpec]
+    while todo:
+        cls = todo.pop()
+        if cls in out:
+            continue
+        out.append(cls)
+        for tp in typing.get_type_hints(cls).values():
+            todo += [t for t in (tp, *typing.get_args(tp)) if isinstance(t, type) and dataclasses.is_dataclass(t)]
+    return out
 
 
 def _describe(cls: type, target: dict[str, Any]) -> None:

@@ -7,7 +7,9 @@ import re
 from tidewater.config.formats import DEBEZIUM_FORMATS, FORMATS
 from tidewater.config.partitioning import check_config
 from tidewater.config.routes import SOURCE_PLACEHOLDER, TOPIC_PLACEHOLDER
-from tidewater.config.spec import PipelineSpec, RouteTableSpec, TableSpec, catalog_type
+from tidewater.config.sections.run import catalog_type
+from tidewater.config.sections.table import RouteTableSpec, TableSpec
+from tidewater.config.spec import PipelineSpec
 from tidewater.config.times import parse_time
 from tidewater.errors import ConfigError, config_problems, problems_of
 from tidewater.staging import LOCAL_SCHEMES, scheme_of
@@ -244,7 +246,7 @@ def _check_dotted(setting: str, value: str | None, example: str) -> None:
 
 def _check_dag_ids(spec: PipelineSpec) -> None:
     """``airflow.dag_id_prefix`` makes valid DAG ids; ``airflow.dags`` names optional DAGs only."""
-    from tidewater.config.spec import OPTIONAL_DAGS
+    from tidewater.config.sections.airflow import OPTIONAL_DAGS
 
     if not re.fullmatch(r"[A-Za-z0-9_.-]*", spec.airflow.dag_id_prefix):
         raise ConfigError(

@@ -52,7 +52,7 @@ def connect_type(schema: dict[str, Any]) -> pa.DataType | None:
         return pa.list_(vt) if vt is not None else None
     if t == "map":
         return None  # JSON objects with free keys: inferred
-    return _PRIMITIVES.get(t)
+    return _PRIMITIVES.get(t) if isinstance(t, str) else None
 
 
 def _logical_conversions(schema: dict[str, Any]) -> dict[str, str]:

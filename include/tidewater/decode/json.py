@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 import json
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -190,25 +190,25 @@ def decode_json(
     ``_parse``."""
     if explicit is not None:
         explicit = readable_schema(explicit)
-    values = chunk.values
-    n = len(values)
+    n = len(chunk.values)
     if n == 0:
         return pa.table({})
-    if values.count(None):
-        i = values.index(None)
+    if chunk.values.count(None):
+        i = chunk.values.index(None)
         raise RecordError(
             "record has a null value (tombstone); JSON pipelines need an object per record",
             topic=chunk.topic,
             partition=chunk.partition,
             offset=chunk.offsets[i],
         )
-    buf = b"\n".join(values)  # type: ignore[arg-type]
+    values = cast(list[bytes], chunk.values)  # no null among them (above)
+    buf = b"\n".join(values)
     if buf.count(b"\n") != n - 1 or b"\r" in buf:
         # Pretty-printed values: raw line breaks can only be whitespace between JSON tokens.
-        values = [v.replace(b"\r", b" ").replace(b"\n", b" ") for v in values]  # type: ignore[union-attr]
-        buf = b"\n".join(values)  # type: ignore[arg-type]
-    block_size = max(MIN_BLOCK_SIZE, 2 * max(map(len, values)) + 1)  # type: ignore[arg-type]
-    problem = _buffer_problem(buf, values)  # type: ignore[arg-type]
+        values = [v.replace(b"\r", b" ").replace(b"\n", b" ") for v in values]
+        buf = b"\n".join(values)
+    block_size = max(MIN_BLOCK_SIZE, 2 * max(map(len, values)) + 1)
+    problem = _buffer_problem(buf, values)
     table = None
     try:
         table = None if problem else _parse_settled(buf, explicit, block_size, extra)
@@ -219,7 +219,7 @@ def decode_json(
             explicit,
             block_size,
             e,
-            max_depth,  # type: ignore[arg-type]
+            max_depth,
             allow_non_numeric,
             extra,
         )
@@ -229,10 +229,10 @@ def decode_json(
     if table is not None and schema_depth(table.schema) > max_depth:
         problem = f"nesting deeper than format.max_nesting_depth ({max_depth})"
     if table is not None and problem is None and _suspect_numbers(table, allow_non_numeric):
-        _raise_first_screened(chunk, values, max_depth, allow_non_numeric)  # type: ignore[arg-type]
+        _raise_first_screened(chunk, values, max_depth, allow_non_numeric)
         # a false alarm (a legitimate double that large): no record holds such a token
     if problem is not None:
-        _raise_first_screened(chunk, values, max_depth, allow_non_numeric)  # type: ignore[arg-type]
+        _raise_first_screened(chunk, values, max_depth, allow_non_numeric)
         raise RecordError(
             f"chunk of {len(values)} records could not be decoded ({problem})",
             topic=chunk.topic,
@@ -241,7 +241,7 @@ def decode_json(
         )
     assert table is not None
     if table.num_rows != n:
-        stripped = [i for i, v in enumerate(values) if not v.strip()]  # type: ignore[union-attr]
+        stripped = [i for i, v in enumerate(values) if not v.strip()]
         i = stripped[0] if stripped else 0
         raise RecordError(
             "record value is empty or whitespace; expected a JSON object",

@@ -50,7 +50,7 @@ def type_conflicts(have: pa.Schema, got: pa.Schema, prefix: str = "") -> list[tu
     """The fields both schemas hold whose types are neither equal nor one a widening of the other (int -> long,
     float -> double, null -> anything; nested structs, lists and maps compared field by field): (path, have, got)."""
     theirs = {f.name: f.type for f in got}
-    out = []
+    out: list[tuple[str, pa.DataType, pa.DataType]] = []
     for f in have:
         if f.name in theirs and not _fits(f.type, theirs[f.name], f"{prefix}{f.name}", out):
             out.append((f"{prefix}{f.name}", f.type, theirs[f.name]))

@@ -19,4 +19,4 @@ from tidewater.decode.records import BadRecord, DecodeContext
 
 
 def decoder(fmt: str) -> Callable[[Any, DecodeContext], tuple[Any, list[BadRecord]]]:
-    return importlib.import_module(FORMATS[fmt].module).decode  # type: ignore[no-any-return]
+    return importlib.import_module(FORMATS[fmt].module).decode

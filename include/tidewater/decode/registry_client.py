@@ -73,7 +73,7 @@ class RegistryClient:
             found = self._registered(schema_id, "JSON")
             doc = _json_document(found.schema_str, f"schema id {schema_id}")
             self._cache[key] = bundle_references(doc, self._referenced(found.references or [], f"schema id {schema_id}"))
-        return self._cache[key]  # type: ignore[no-any-return]
+        return self._cache[key]
 
     def _referenced(self, references: list[Any], what: str, depth: int = 0) -> dict[str, dict[str, Any]]:
         """The documents ``references`` name (each by subject and version), their own references bundled: name ->
@@ -102,7 +102,7 @@ class RegistryClient:
                 self._cache[key] = file_of(found, self._client, f"schema-{schema_id}.proto")
             except (TypeError, ValueError) as e:  # not a serialized FileDescriptorProto, or an import it cannot resolve
                 raise UnknownSchemaId(f"schema id {schema_id} is not a usable Protobuf schema: {e}") from None
-        return self._cache[key]  # type: ignore[no-any-return]
+        return self._cache[key]
 
     def _text(self, schema_id: int, kind: str) -> str:
         """The registered schema's text, which must be of ``kind`` (the registry's ``schemaType``; Avro when absent)."""
@@ -183,8 +183,8 @@ def bundle_references(doc: dict[str, Any], referenced: dict[str, dict[str, Any]]
 def file_of(schema: Any, client: Any, name: str) -> tuple[Any, Any]:
     """A descriptor pool holding the registered ``schema`` (a base64 ``FileDescriptorProto``) and the files it imports,
     and the schema's file descriptor. The well-known types (``google/protobuf/*.proto``) come from protobuf itself."""
+    from confluent_kafka.schema_registry._sync.protobuf import _resolve_named_schema  # the deserializer's resolver (the synchronous one)
     from confluent_kafka.schema_registry.error import SchemaRegistryError
-    from confluent_kafka.schema_registry.protobuf import _resolve_named_schema  # exported: the deserializer's resolver
     from google.protobuf import descriptor_pb2, descriptor_pool
     from google.protobuf.message import DecodeError
 

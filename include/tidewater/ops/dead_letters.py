@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.expressions import EqualTo
 
 from tidewater.batch import BatchManifest, BatchPlan, Mode, PartitionRange, new_batch_id
 from tidewater.commit.primitive import Change, commit
@@ -48,6 +47,7 @@ from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TidewaterError
 from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.filters import equal
 from tidewater.table.letters import (
     KEY,
     OPEN,
@@ -382,7 +382,7 @@ def _record(catalog: Catalog, spec: PipelineSpec, rows_of: Any, marker: str, wha
 
     def prepare(table: Table) -> Change | None:
         if table.current_snapshot() is not None:
-            done = table.scan(row_filter=EqualTo("action_id", action), selected_fields=("state",)).to_arrow()
+            done = table.scan(row_filter=equal("action_id", action), selected_fields=("state",)).to_arrow()
             states = set(done.column("state").to_pylist())
             if (phase == "claim" and states) or (phase != "claim" and states - {LetterState.RETRYING.value}):
                 return None

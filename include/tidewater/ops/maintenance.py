@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from tidewater.audit import ledger
 from tidewater.batch import MANIFEST_NAME, BatchManifest, read_json
-from tidewater.config.spec import MAINTENANCE_ACTIONS, PipelineSpec
+from tidewater.config.sections.maintenance import MAINTENANCE_ACTIONS
+from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TransientError
 from tidewater.spark import session as spark_session
 from tidewater.staging import modified, remove_tree

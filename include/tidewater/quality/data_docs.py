@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from tidewater.batch import read_json, write_json_atomic
-from tidewater.config.spec import PipelineSpec, home_dir
+from tidewater.config.locations import home_dir
+from tidewater.config.spec import PipelineSpec
 from tidewater.quality.gate import ValidationReport, import_great_expectations
 
 log = logging.getLogger(__name__)

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.expressions import In
 
 from tidewater.batch import BatchManifest, StagedFile, TableOutput
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, ValidationFailedError
 from tidewater.table.catalog import load_table
+from tidewater.table.filters import one_of
 from tidewater.transform.changes import deletes_mask
 
 if TYPE_CHECKING:
@@ -338,7 +338,7 @@ def unique_id_checks(table: Table, files: TableFiles, id_columns: list[str], aga
             first = pc.unique(ids.column(id_columns[0]).combine_chunks()).drop_null()
             for i in range(0, len(first), IN_CHUNK):
                 values = first.slice(i, IN_CHUNK).to_pylist()
-                held = table.scan(row_filter=In(id_columns[0], values), selected_fields=tuple(id_columns)).to_arrow()
+                held = table.scan(row_filter=one_of(id_columns[0], values), selected_fields=tuple(id_columns)).to_arrow()
                 if held.num_rows:
                     keys = held.group_by(id_columns).aggregate([])
                     hits = groups.select(id_columns).join(keys.cast(groups.select(id_columns).schema), keys=id_columns, join_type="inner")

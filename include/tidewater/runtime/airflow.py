@@ -16,8 +16,9 @@ from typing import Any, NoReturn, TypeVar
 from airflow.sdk import BaseOperator
 
 from tidewater.config.connections import CATALOG_CONFIG_ENV, REGISTRY_CONFIG_ENV, STORAGE_CONFIG_ENV
+from tidewater.config.locations import KAFKA_CONFIG_ENV
 from tidewater.config.parse import load_pipeline
-from tidewater.config.spec import KAFKA_CONFIG_ENV, PipelineSpec
+from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TidewaterError
 from tidewater.runtime.links import data_docs_url
 
@@ -362,7 +363,7 @@ class IngestSparkSubmitOperator(BaseOperator):
     def __init__(
         self, *, pipeline_path: str, conn_id: str = "spark_default", verbose: bool = False, plan_task_id: str = "plan", **kwargs: Any
     ) -> None:
-        from tidewater.config.spec import spark_app_path
+        from tidewater.config.locations import spark_app_path
 
         super().__init__(**kwargs)
         self.application = str(spark_app_path())

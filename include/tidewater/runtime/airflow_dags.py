@@ -23,8 +23,10 @@ from typing import Any
 
 from airflow.sdk import Asset, Param, dag, task
 
+from tidewater.config.locations import pipelines_dir
 from tidewater.config.parse import discover_pipelines, invalid_dag_id, load_pipeline
-from tidewater.config.spec import DAG_KINDS, PipelineSpec, pipelines_dir
+from tidewater.config.sections.airflow import DAG_KINDS
+from tidewater.config.spec import PipelineSpec
 from tidewater.config.validate import check_hosts
 from tidewater.errors import ConfigError
 from tidewater.runtime.airflow import commits_alias

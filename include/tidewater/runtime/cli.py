@@ -40,8 +40,8 @@ def _resolve_pipeline(ap: argparse.ArgumentParser, args: argparse.Namespace) -> 
 def cmd_validate(args: argparse.Namespace) -> int:
     """One pipeline (NAME or --pipeline): its first error fails the command. No pipeline: every file of the pipelines
     folder, each reported with all of its problems (and pipelines that share a name), then the exit code."""
+    from tidewater.config.locations import pipelines_dir
     from tidewater.config.parse import discover_pipelines
-    from tidewater.config.spec import pipelines_dir
     from tidewater.errors import ConfigError
 
     if args.pipeline:
@@ -923,7 +923,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     configure_logging(args.log_level or ("WARNING" if args.command in ("status", "history", "docs", "audit") else None))
-    from tidewater.config.spec import READ_ONLY_ENV
+    from tidewater.config.locations import READ_ONLY_ENV
 
     read_only = args.command in READ_ONLY or (args.command in ("dead-letters", "quarantine") and args.action == "list")
     before = os.environ.get(READ_ONLY_ENV)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidewater.config.spec import PipelineSpec, StepSpec
+from tidewater.config.sections.airflow import StepSpec
+from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from tidewater.batch import BatchManifest, BatchPlan
 from tidewater.commit.result import CommitResult
-from tidewater.config.spec import PipelineSpec, spark_app_path
+from tidewater.config.locations import spark_app_path
+from tidewater.config.spec import PipelineSpec
 from tidewater.quality.gate import ValidationReport
 from tidewater.table.targets import target_spec
 

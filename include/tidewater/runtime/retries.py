@@ -23,7 +23,7 @@ import functools
 from datetime import timedelta
 from typing import Any
 
-from tidewater.config.spec import doubled_delay
+from tidewater.config.sections.airflow import doubled_delay
 from tidewater.errors import TidewaterError
 
 

@@ -99,7 +99,7 @@ def _pipeline(name: str) -> Any:
     each of those requests looks its pipeline up: from the file named after it (one file, as ``tidewater init`` and
     the examples name them), else from every file. Loading every file per request made the page's cost grow with the
     square of the pipelines (``make bench-scale``)."""
-    from tidewater.config.spec import pipelines_dir
+    from tidewater.config.locations import pipelines_dir
 
     for path in (pipelines_dir() / f"{name}.yaml", pipelines_dir() / f"{name}.yml"):
         spec = _loaded(path)

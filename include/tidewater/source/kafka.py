@@ -21,8 +21,9 @@ from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.admin import AdminClient
 
 from tidewater.batch import PartitionRange, TopicPartition
+from tidewater.config.locations import KAFKA_CONFIG_ENV
 from tidewater.config.secrets import redact
-from tidewater.config.spec import KAFKA_CONFIG_ENV, PipelineSpec
+from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, KafkaReadError, TransientError
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tidewater.config.secrets import SPARK_REDACTION_REGEX, split_secrets
-from tidewater.config.spec import PipelineSpec, catalog_type
+from tidewater.config.sections.run import catalog_type
+from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.spark.jars import JDBC_DRIVERS, bundled_runtime_jar, repaired_jackson_jar
 

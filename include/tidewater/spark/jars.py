@@ -15,7 +15,7 @@ import struct
 import zipfile
 from pathlib import Path
 
-from tidewater.config.spec import home_dir
+from tidewater.config.locations import home_dir
 from tidewater.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tidewater.batch import ERROR_NAME, manifest_path
-from tidewater.config.spec import PipelineSpec, spark_app_path
+from tidewater.config.locations import spark_app_path
+from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TransientError
 from tidewater.spark.conf import (
     launcher_env,

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tidewater.config.spec import READ_ONLY_ENV, PipelineSpec
+from tidewater.config.locations import READ_ONLY_ENV
+from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TransientError
 
 if TYPE_CHECKING:
@@ -183,8 +184,9 @@ def create_table(
             ident, schema=iceberg_schema, partition_spec=spec, sort_order=order, properties=properties
         )
     except Exception:
-        table = load_table(catalog, ident)
-        if table is None:
+        loaded = load_table(catalog, ident)
+        if loaded is None:
             raise
+        table = loaded
     log.info("table %s ready (schema id %s)", ident, table.schema().schema_id)
     return table

@@ -16,7 +16,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.types import StructType
 
-from tidewater.config.spec import TableSpec
+from tidewater.config.sections.table import TableSpec
 from tidewater.decode.records import FIELD_NUMBER, SCHEMA_ID
 from tidewater.errors import TerminalError, TransientError
 from tidewater.table import provisional as prov
@@ -141,7 +141,7 @@ def renames(table: Any, schema: pa.Schema, new: list[str]) -> list[tuple[str, st
     got = field_numbers(schema)
     data_paths = arrow_paths(pa.struct(list(schema)))
     by_number = {(p.rpartition(".")[0], n): p for p, n in known.items()}
-    out = []
+    out: list[tuple[str, str]] = []
     for path in new:
         old = by_number.get((path.rpartition(".")[0], got.get(path)))
         if old is not None and old not in data_paths and not any(path.startswith(b + ".") for _, b in out):

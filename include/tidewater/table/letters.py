@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.expressions import And, EqualTo
 
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
 from tidewater.table.catalog import load_catalog, load_table
+from tidewater.table.filters import all_of, equal
 from tidewater.table.own_tables import RESOLUTION_SCHEMA, resolution_table_name
 
 if TYPE_CHECKING:
@@ -104,13 +104,14 @@ def keys_of(t: pa.Table) -> pa.Table:
     return t.select(KEY).cast(KEY_TYPES)
 
 
-def letter_states(catalog: Catalog, spec: PipelineSpec, table: Table | None = None) -> pa.Table:
+def letter_states(catalog: Catalog | None, spec: PipelineSpec, table: Table | None = None) -> pa.Table:
     """Each letter's newest resolution row: ``KEY`` + state, action_id, snapshots, reason, by, at (none: all open);
     from ``table`` (the resolution table as a commit attempt loaded it) or the catalog's current one."""
-    table = table if table is not None else load_table(catalog, resolution_table_name(spec))
+    if table is None and catalog is not None:
+        table = load_table(catalog, resolution_table_name(spec))
     if table is None or table.current_snapshot() is None:
         return RESOLUTION_SCHEMA.empty_table().drop_columns(["pipeline"])
-    rows = table.scan(row_filter=EqualTo("pipeline", spec.name)).to_arrow()
+    rows = table.scan(row_filter=equal("pipeline", spec.name)).to_arrow()
     latest = _newest(rows, KEY, [c for c in RESOLUTION_SCHEMA.names if c not in KEY and c != "pipeline"])
     for c in KEY:
         latest = latest.set_column(latest.schema.get_field_index(c), c, latest.column(c).cast(KEY_TYPES.field(c).type))
@@ -142,11 +143,12 @@ def letters(
     dlq = load_table(catalog, spec.dead_letter_table())
     if dlq is None or dlq.current_snapshot() is None:
         return pa.table({})
-    cond: Any = EqualTo("pipeline", spec.name)
+    conditions = [equal("pipeline", spec.name)]
     if error_class:
-        cond = And(cond, EqualTo("error_class", error_class))
+        conditions.append(equal("error_class", error_class))
     if batch:
-        cond = And(cond, EqualTo("batch_id", batch))
+        conditions.append(equal("batch_id", batch))
+    cond = all_of(conditions)
     fields = ("*",) if payload else ("topic", "partition", "offset", "timestamp", "error_class", "error_message", "batch_id")
     rows = dlq.scan(row_filter=cond, selected_fields=fields).to_arrow()
     rows = rows.rename_columns(["letter_batch_id" if n == "batch_id" else n for n in rows.column_names])
@@ -273,7 +275,7 @@ def totals_after(table: Table, pipeline: str, added: int) -> dict[str, str]:
     """The dead-letter table's property after a commit appends ``added`` letters of ``pipeline`` to ``table`` (as this
     commit attempt loaded it): the kept totals plus those, or, when they are not current, the table's letters counted
     by pipeline (once: the commit keeps them from then on)."""
-    current = kept(table, KEPT_TOTALS) if table.current_snapshot() is not None else {"rows": 0, "pipelines": {}}
+    current: dict[str, Any] | None = kept(table, KEPT_TOTALS) if table.current_snapshot() is not None else {"rows": 0, "pipelines": {}}
     if current is None:  # the rows they count are the summary's total (which counts rows a delete file removed too)
         rows = table.scan(selected_fields=("pipeline",)).to_arrow()
         current = {"rows": total_records(table) or 0, "pipelines": tally(rows.column("pipeline")) if rows.num_rows else {}}
@@ -292,7 +294,7 @@ def states_after(table: Table, spec: PipelineSpec, rows: pa.Table) -> dict[str, 
     ``table`` as this attempt loaded it: each letter leaves its state's count for its new state's. The letters' states
     before are read from the table (an operator's action, not a batch: it may read the table)."""
     has = table.current_snapshot() is not None
-    current = kept(table, KEPT_STATES) if has else {"rows": 0, "pipelines": {}}
+    current: dict[str, Any] | None = kept(table, KEPT_STATES) if has else {"rows": 0, "pipelines": {}}
     before = letter_states(None, spec, table) if has else RESOLUTION_SCHEMA.empty_table().drop_columns(["pipeline"])
     if current is None:  # not current: every pipeline's letters counted from the rows
         current = {"rows": total_records(table) or 0, "pipelines": _state_counts(table)}

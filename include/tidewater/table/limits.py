@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.config.spec import SchemaLimits
+from tidewater.config.sections.table import SchemaLimits
 
 Path = tuple[str, ...]
 

@@ -92,7 +92,10 @@ def split(table: Table, data: pa.Table) -> list[tuple[Any, pa.Table]]:
     names = [f"__part_{i}" for i in range(len(spec.fields))]
     keyed = data
     for f, name in zip(spec.fields, names):
-        column = _get_field_from_arrow_table(data, schema.find_column_name(f.source_id))
+        source = schema.find_column_name(f.source_id)
+        if source is None:
+            raise TerminalError(f"{'.'.join(table.name())}: partition field {f.name} has no source column (field id {f.source_id})")
+        column = _get_field_from_arrow_table(data, source)
         keyed = keyed.append_column(name, f.transform.pyarrow_transform(schema.find_field(f.source_id).field_type)(column))
     keyed = keyed.sort_by([(n, "ascending") for n in names]).combine_chunks()
     # A new partition starts where any partition value differs from the row before (nulls compare equal).

@@ -4,15 +4,14 @@ append-missing replay skips what is present) and whether every row can answer at
 
 from __future__ import annotations
 
-from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan, Or
 
 from tidewater.batch import PartitionRange
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError
+from tidewater.table.filters import all_of, any_of, at_least, below, equal
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -28,13 +27,9 @@ def metadata_columns(spec: PipelineSpec) -> tuple[str, str, str]:
 def rows_filter(spec: PipelineSpec, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:
     """An Iceberg row filter selecting the rows that came from ``ranges``."""
     topic, partition, offset = metadata_columns(spec)
-    terms = [
-        And(
-            EqualTo(topic, r.topic), And(EqualTo(partition, r.partition), And(GreaterThanOrEqual(offset, r.start), LessThan(offset, r.end)))
-        )
-        for r in ranges
-    ]
-    return reduce(Or, terms)
+    return any_of(
+        all_of((equal(topic, r.topic), equal(partition, r.partition), at_least(offset, r.start), below(offset, r.end))) for r in ranges
+    )
 
 
 def present_offsets(spec: PipelineSpec, table: Table, ranges: list[PartitionRange] | tuple[PartitionRange, ...]) -> Any:

@@ -27,7 +27,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThanOrEqual
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
@@ -41,6 +40,7 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _FastAppendFiles
 
 from tidewater.errors import TerminalError
+from tidewater.table.filters import all_of, at_least, at_most
 from tidewater.table.summary import find_batch_snapshot
 from tidewater.transform.changes import OFFSET, PARTITION
 
@@ -65,7 +65,7 @@ def row_delta(tx: Any, table: Table, files: list[Any], deletes: list[Any], prope
     if table.format_version < 2:
         raise TerminalError(
             "position deletes need a format-version 2 table; upgrade it with `ALTER TABLE ... SET TBLPROPERTIES ('format-version'='2')`",
-            table=table.name(),
+            table=".".join(table.name()),
         )
 
     class RowDelta(_FastAppendFiles):
@@ -131,7 +131,7 @@ def _deleted_positions(table: Table, task: Any) -> Any:
             raise TerminalError(
                 f"{d.file_path} is an equality delete file (written by another tool): change tables "
                 "need position deletes only; rewrite the table's deletes with Spark first",
-                table=table.name(),
+                table=".".join(table.name()),
             )
         with table.io.new_input(d.file_path).open() as fh:
             t = pq.read_table(fh, columns=["file_path", "pos"])
@@ -141,14 +141,14 @@ def _deleted_positions(table: Table, task: Any) -> Any:
 
 def _bounds_filter(keys: Any, id_columns: list[str]) -> Any:
     """A filter that prunes data files by the changed keys' min/max (per id column)."""
-    expr: Any = AlwaysTrue()
+    bounds = []
     for c in id_columns:
         mm = pc.min_max(keys.column(c))
         lo, hi = mm["min"].as_py(), mm["max"].as_py()
         if lo is None or isinstance(lo, (bytes, dict, list)):
             continue
-        expr = And(expr, And(GreaterThanOrEqual(c, lo), LessThanOrEqual(c, hi)))
-    return expr
+        bounds += [at_least(c, lo), at_most(c, hi)]
+    return all_of(bounds)
 
 
 def _hits_in_file(table: Table, task: Any, indexed: Any, id_columns: list[str], source: bool) -> Any | None:
@@ -253,8 +253,8 @@ def removed_since(table: Table, keys: Any, ids: list[str], letter_batches: tuple
     removed a row of the key, else why it may have (a row of the key was live before a snapshot that removed rows,
     or the history cannot tell: the letters' batch is no longer in it, too many snapshots removed rows)."""
     n = keys.num_rows
-    found = [find_batch_snapshot(table, b) for b in letter_batches]
-    if not letter_batches or any(s is None for s in found):
+    found = [s for b in letter_batches if (s := find_batch_snapshot(table, b)) is not None]
+    if not letter_batches or len(found) < len(letter_batches):
         return ["the history no longer holds the letters' batch, so a later delete of the key cannot be ruled out"] * n
     since = min(s.sequence_number or 0 for s in found)
     head = table.snapshot_by_name(branch) if branch else table.current_snapshot()

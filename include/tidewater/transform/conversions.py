@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.config.spec import FormatSpec
+from tidewater.config.sections.source import FormatSpec
 from tidewater.decode.records import keep_mask
 
 UTC_US = pa.timestamp("us", tz="UTC")

@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.config.spec import KEYED_OP, PipelineSpec
+from tidewater.config.sections.table import KEYED_OP
+from tidewater.config.spec import PipelineSpec
 from tidewater.decode.avro import decode_avro
 from tidewater.decode.json import decode_json_lenient
 from tidewater.decode.records import BadRecord, decoded_rows

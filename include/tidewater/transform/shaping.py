@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.types import StructType
 
-from tidewater.config.spec import FormatSpec, TableSpec
+from tidewater.config.sections.source import FormatSpec
+from tidewater.config.sections.table import TableSpec
 from tidewater.decode.records import keep_mask
 from tidewater.errors import TerminalError
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tidewater.config.spec import FormatSpec
+from tidewater.config.sections.source import FormatSpec
 from tidewater.decode.records import keep_mask
 from tidewater.errors import RecordError
 from tidewater.source.kafka import Chunk

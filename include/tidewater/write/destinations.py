@@ -2,23 +2,28 @@
 
 A plain pipeline is a set of one target table (``config/targets.py``); its task writes every decoded record to that
 table's sink. A routed pipeline's task splits each chunk over the tables its routes name. The task's loop
-(``write/task.py: TaskWriter``) is the same for both: it asks its destination for the decoder's inputs, for the
-change table a topic's message keys feed, and to place each chunk's rows, and the destination answers. A new
-difference between the two kinds is a method of both classes here, not a branch in the loop.
+(``write/task.py: TaskWriter``) is the same for both: it asks its destination (``Destination``) for the decoder's
+inputs, for the change table a topic's message keys feed, and to place each chunk's rows, and the destination
+answers; a placement comes back by value (``Placement``), and the task alone adds its counts to the range's. A new
+difference between the two kinds is a method of both classes here, not a branch in the loop. What a destination asks
+of its task is declared here too (``Task``), so this module does not know the task's class.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidewater.config.formats import FORMATS
-from tidewater.config.spec import KEYED_OP, PipelineSpec
+from tidewater.config.sections.table import KEYED_OP
+from tidewater.config.spec import PipelineSpec
 from tidewater.decode.debezium import SOURCE_COLUMN
 from tidewater.decode.records import BadRecord, decoded_rows, keep_mask, null_rows
 from tidewater.errors import RecordError
@@ -31,10 +36,51 @@ from tidewater.transform.shaping import NameMatcher, conform
 from tidewater.transform.source_columns import without_source_columns
 from tidewater.write.sinks import TableSink
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
-    from tidewater.write.task import TaskWriter
+class Task(Protocol):
+    """What a destination asks of its task (``write/task.py: TaskWriter``): the pipeline, the bad-record policy
+    (``dead_letter.policy``, or ``skip`` in a replay), the sinks opened so far and a sink for a table."""
+
+    @property
+    def spec(self) -> PipelineSpec: ...
+
+    @property
+    def policy(self) -> str: ...
+
+    @property
+    def sinks(self) -> dict[str, TableSink]: ...
+
+    def open_sink(self, ident: str) -> TableSink: ...
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a destination did with one chunk's rows. ``bad``: every bad record of the chunk (the decoder's and the
+    destination's, by index); ``write``: the write of the admitted rows, run after the bad records are set apart;
+    ``present``: records left out because the table already holds their offsets; ``skipped``: records routed to no
+    table."""
+
+    bad: list[Any]
+    write: Callable[[], None]
+    present: int = 0
+    skipped: int = 0
+
+
+class Destination(Protocol):
+    """Where a task's records go (``OneTable``, ``Routes``). ``routed``: records of the range routed to at least one
+    table (None: a plain pipeline routes nothing)."""
+
+    routed: int | None
+
+    def reset(self) -> None: ...
+
+    def decoder_inputs(self) -> tuple[Any, Any]: ...
+
+    def keyed(self, topic: str) -> tuple[PipelineSpec, Any] | None: ...
+
+    def place(self, chunk: Any, decoded: Any, gone: list[int], bad: list[Any]) -> Placement: ...
+
+    def result(self) -> dict[str, Any]: ...
 
 
 def row_failures(spec: PipelineSpec, tspec: Any, rows: Any, not_null: list[str]) -> dict[int, tuple[str, str]]:
@@ -205,7 +251,7 @@ class OneTable:
     """A plain pipeline's destination: its one table's sink takes every decoded record. Records over the table's
     limits or failing its row checks join the bad records; a replay leaves out the offsets the table holds."""
 
-    def __init__(self, writer: TaskWriter) -> None:
+    def __init__(self, writer: Task) -> None:
         self.writer = writer
         self.sink = writer.open_sink(writer.spec.table.identifier)
         self.routed: int | None = None  # a plain pipeline routes nothing (its stats say None, not 0)
@@ -233,11 +279,11 @@ class OneTable:
             return spec, self.sink.table
         return None
 
-    def place(self, chunk: Any, decoded: Any, gone: list[int], bad: list[Any]) -> tuple[list[Any], Callable[[], None]]:
-        """(every bad record, the write of the admitted rows): the write runs after the bad records are set apart."""
+    def place(self, chunk: Any, decoded: Any, gone: list[int], bad: list[Any]) -> Placement:
+        """Every bad record, the write of the admitted rows and the records the table already holds."""
         decoded, bad, gone = self.admit(chunk, decoded, bad, gone)
-        decoded = self.drop_present(chunk, decoded, gone)
-        return bad, lambda: self.sink.write(decoded)
+        decoded, present = self.drop_present(chunk, decoded, gone)
+        return Placement(bad, lambda: self.sink.write(decoded), present=present)
 
     def admit(self, chunk: Any, decoded: Any, bad: list[Any], gone: list[int]) -> tuple[Any, list[Any], list[int]]:
         """Records over the table's schema limits (see ``table/limits.py``) and, with
@@ -261,18 +307,17 @@ class OneTable:
         bad = sorted(bad + more, key=lambda b: b.index)
         return decoded, bad, sorted(gone + [b.index for b in more])
 
-    def drop_present(self, chunk: Any, decoded: Any, gone: list[int]) -> Any:
+    def drop_present(self, chunk: Any, decoded: Any, gone: list[int]) -> tuple[Any, int]:
         """Append-missing replays and dead-letter retries: leave out the records whose offsets the table already
-        holds (``TableSink.held``), counted as present. An ingest asks nothing: the table keeps no offsets apart
-        from the batch's."""
+        holds (``TableSink.held``); returns the rows left and how many were present. An ingest asks nothing: the
+        table keeps no offsets apart from the batch's."""
         if self.sink.replay is None or not decoded.num_rows:
-            return decoded
+            return decoded, 0
         offsets = pc.take(pa.array(chunk.offsets, pa.int64()), decoded_rows(len(chunk), gone))
         held = self.sink.held(chunk.topic, chunk.partition, offsets)
         if held is None:
-            return decoded
-        self.writer.present += pc.sum(held.cast(pa.int64())).as_py() or 0
-        return decoded.filter(pc.invert(held))
+            return decoded, 0
+        return decoded.filter(pc.invert(held)), pc.sum(held.cast(pa.int64())).as_py() or 0
 
     def result(self) -> dict[str, Any]:
         """The task result's fields for its table: its files, the fields it ignored, the schema it wrote."""
@@ -288,7 +333,7 @@ class Routes:
     """A routed pipeline's destination: each chunk's rows split over the tables the routes name (``Router``), each
     table's sink opened when a record first goes to it. ``only`` (a replay of some target tables) skips the rest."""
 
-    def __init__(self, writer: TaskWriter, only: frozenset[str] | None) -> None:
+    def __init__(self, writer: Task, only: frozenset[str] | None) -> None:
         self.writer = writer
         self.router = Router(writer.spec)
         self.only = only
@@ -319,16 +364,15 @@ class Routes:
         sink = self.writer.sinks.get(ident) or self.writer.open_sink(ident)
         return sink.view, sink.table
 
-    def place(self, chunk: Any, decoded: Any, gone: list[int], bad: list[Any]) -> tuple[list[Any], Callable[[], None]]:
-        """(every bad record, nothing left to write): routing writes each table's rows as it splits them, since a
-        record that one of its tables refuses is written to none."""
+    def place(self, chunk: Any, decoded: Any, gone: list[int], bad: list[Any]) -> Placement:
+        """Every bad record, nothing left to write (routing writes each table's rows as it splits them, since a
+        record that one of its tables refuses is written to none) and the records routed to no table."""
         w = self.writer
         more, unmatched, routed_now = route_chunk(w.spec, self.router, w.sinks, w.open_sink, chunk, decoded, gone, self.only)
-        w.skipped += unmatched
-        self.routed += routed_now
+        self.routed = (self.routed or 0) + routed_now
         if more and w.policy == "fail":
             _refuse(chunk, more)
-        return sorted(bad + more, key=lambda b: b.index), lambda: None
+        return Placement(sorted(bad + more, key=lambda b: b.index), lambda: None, skipped=unmatched)
 
     def result(self) -> dict[str, Any]:
         """The task result's fields: each table's output (its files, its schema, its counts)."""

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidewater.config.spec import PipelineSpec
+from tidewater.errors import TerminalError
 from tidewater.table import limits
 from tidewater.table.catalog import load_table, retry_busy
 from tidewater.table.evolution import (
@@ -181,6 +182,8 @@ class TableSink:
             )
         if self.probe or self.requests:
             return
+        if table is None:  # a missing table is a pending change: created above, or requested and returned
+            raise TerminalError(f"{self.tspec.identifier}: no table to write to", table=self.tspec.identifier)
         if self.writer is None:
             self.writer = DataFileWriter(table, self.prefix + f"-s{table.schema().schema_id}")
         self.writer.write(to_table_schema(table, decoded))
@@ -254,8 +257,9 @@ def _placeholder(t: Any) -> Any:
     return pa.scalar(None, t)
 
 
-def delete_files(table: Table, paths: list[str]) -> None:
-    """Delete data files of a batch that can never be committed (no manifest references them)."""
+def delete_files(table: Table | None, paths: list[str]) -> None:
+    """Delete data files of a batch that can never be committed (no manifest references them; no table: none were
+    written)."""
     if table is None:
         return
     for p in paths:

@@ -40,7 +40,7 @@ from tidewater.transform.chunk import decode_chunk
 from tidewater.transform.keys import keyed_changes
 from tidewater.transform.source_columns import add_source_columns
 from tidewater.write.dead_letters import dead_letter_rows
-from tidewater.write.destinations import OneTable, Routes
+from tidewater.write.destinations import Destination, OneTable, Routes
 from tidewater.write.parquet import DataFileWriter, to_table_schema
 from tidewater.write.sinks import TableSink, delete_files
 
@@ -76,7 +76,7 @@ class TaskWriter:
         if FORMATS[spec.format.value].registry:
             self.registry = RegistryClient(*spec.registry())
         # the one place a task asks the pipeline's shape: where its records go (see write/destinations.py)
-        self.dest: OneTable | Routes = OneTable(self) if spec.targets.fused else Routes(self, self.only)
+        self.dest: Destination = OneTable(self) if spec.targets.fused else Routes(self, self.only)
         self.rereader = Rereader(settings, f"{spec.name}-{task_id}-dlq", spec.kafka.read_timeout_seconds)
         self.setup_seconds = time.monotonic() - self.started  # catalog, table and clients opened
         self.dlq_writer: Any = None
@@ -150,9 +150,11 @@ class TaskWriter:
         self.skipped += len(ignored)  # after keying: a tombstone keyed by the message key is a delete, not skipped
         gone = sorted(b.index for b in bad + ignored)
         decoded = add_source_columns(self.spec.format, chunk, decoded, gone)
-        bad, write = self.dest.place(chunk, decoded, gone, bad)
-        self.set_apart(chunk, bad)
-        write()
+        placed = self.dest.place(chunk, decoded, gone, bad)
+        self.present += placed.present
+        self.skipped += placed.skipped
+        self.set_apart(chunk, placed.bad)
+        placed.write()
         self.count(chunk)
 
     def set_apart(self, chunk: Any, bad: list[Any]) -> None:

@@ -1,7 +1,7 @@
 """spark-submit entry point of the write step: read a planned offset range, write data files, never commit.
 
 Usage: spark-submit ... ingest_batch.py --pipeline PIPELINE.yaml --plan STAGING/<pipeline>/<batch>/plan.json
-(STAGING: a local directory or an object-storage URI, `batch.staging_dir`). ``tidewater.config.spec.spark_app_path``
+(STAGING: a local directory or an object-storage URI, `batch.staging_dir`). ``tidewater.config.locations.spark_app_path``
 names this file; `TIDEWATER_SPARK_APP` names another.
 """
 
