@@ -292,3 +292,13 @@ def test_the_type_checker_covers_the_first_areas_and_no_fewer_modules_than_befor
     missing = [m for m in MODULES if any(m == a or m.startswith(a + ".") for a in FIRST_TYPED) and m not in typed]
     assert not missing, f"modules of the first areas outside the type check: {missing}"
     assert len(typed) >= MIN_TYPED_MODULES, f"{len(typed)} modules type-checked, fewer than {MIN_TYPED_MODULES}"
+
+
+MAX_MODULE_LINES = 800  # past this a module holds more than one subject: split it by meaning (config/sections, cli_*)
+
+
+def test_no_module_is_over_800_lines() -> None:
+    lengths = {m: len(p.read_text().splitlines()) for m, p in MODULES.items()}
+    assert max(lengths.values()) > 300, "the modules were not read"
+    over = {m: n for m, n in lengths.items() if n > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"

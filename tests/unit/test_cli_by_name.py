@@ -126,3 +126,23 @@ def test_read_only_commands_leave_no_catalog_or_warehouse_behind(folder, tmp_pat
     import os
 
     assert "TIDEWATER_READ_ONLY" not in os.environ  # the mode ends with the command (main() runs in this process)
+
+
+def test_the_checkouts_development_commands_come_from_tidewater_dev(capsys, monkeypatch):
+    """`broker`, `spark-connect` and `produce-sample` are the checkout's (include/tidewater_dev/cli.py, outside the
+    wheel). Without that package (as installed from the wheel: tidewater_dev hidden from the import system here), each
+    is a stand-in that fails with a ConfigError saying where the command lives; nothing else of the CLI changes."""
+    import sys
+
+    from tidewater.runtime.cli import DEV_COMMANDS, build_parser
+
+    dev_parsers = {name: p for name, p in build_parser()._subparsers._group_actions[0].choices.items() if name in DEV_COMMANDS}
+    assert set(dev_parsers) == set(DEV_COMMANDS)
+    assert all(p._defaults["fn"].__module__ == "tidewater_dev.cli" for p in dev_parsers.values())
+
+    monkeypatch.delitem(sys.modules, "tidewater_dev.cli", raising=False)
+    monkeypatch.setitem(sys.modules, "tidewater_dev", None)
+    choices = build_parser()._subparsers._group_actions[0].choices
+    assert all(choices[name]._defaults["fn"].__module__ == "tidewater.runtime.cli" for name in DEV_COMMANDS)
+    assert main(["broker", "start", "--port", "19099"]) == 2
+    assert "`tidewater broker` is a development tool of a Tidewater checkout" in capsys.readouterr().err

@@ -127,7 +127,7 @@ def decoded_rows(n: int, bad: list[int]) -> pa.Array:
     return pa.array(np.flatnonzero(keep_mask(n, bad).to_numpy(zero_copy_only=False)) if bad else np.arange(n), pa.uint64())
 
 
-MAX_DEPTH_DEFAULT = 64  # format.max_nesting_depth's default (config/spec.py states it too, free of decode imports)
+MAX_DEPTH_DEFAULT = 64  # format.max_nesting_depth's default (config/sections/source.py states it too, free of decode imports)
 
 
 @dataclass(frozen=True)
