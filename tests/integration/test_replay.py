@@ -182,8 +182,8 @@ def test_an_append_missing_replay_whose_rows_another_replay_restored_first_is_re
 def test_parameters_are_checked_before_anything_runs(broker, home, topic, change, message):
     spec, path = setup_table(broker, home, topic)
     snapshots = len(table_of(path).snapshots())
-    req = ReplayRequest(**{**ReplayRequest(topic=topic, start_offset=10, end_offset=20).__dict__, **change})
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ConfigError) as e:  # an unknown mode already when the request is made
+        req = ReplayRequest(**{**ReplayRequest(topic=topic, start_offset=10, end_offset=20).__dict__, **change})
         run_replay(spec, req, out=None, inline=True)
     assert message in str(e.value)
     assert len(table_of(path).snapshots()) == snapshots

@@ -54,7 +54,7 @@ from tidewater.errors import ConfigError
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.letters import counts as letter_counts
 from tidewater.table.summary import RECOVERED, summary_dict
-from tidewater.table.targets import target_role, target_tables
+from tidewater.table.targets import reported_tables, target_role, target_tables
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -181,7 +181,7 @@ def audit_targets(
         spec.name,
         only or holder_ident,
         len({e["batch_id"] for e in mine}),
-        tables=[t for t in audited if target_role(spec, t).reported_as],
+        tables=reported_tables(spec, audited),
         since=_mark_time(mark, holder_ident),
         mark=next_mark(everything, mine, holder_ident, mark),
     )

@@ -51,7 +51,7 @@ from tidewater.commit.attempt import remove_staged
 from tidewater.commit.changes import APPLY, REAPPLY, RETRY, row_delta_attempt
 from tidewater.commit.dead_letters import DeadLetterSink
 from tidewater.commit.holders import Checkpoint, Holder, OwnSnapshot, checkpoint_change
-from tidewater.commit.job import BatchCommit, Target
+from tidewater.commit.job import BatchCommit, TableKind, Target
 from tidewater.commit.primitive import Change, Committed, commit
 from tidewater.commit.quarantine import quarantine_change
 from tidewater.commit.replay import refuse_rows_held_since_written, replay_change
@@ -133,16 +133,16 @@ def reapplied(table: Any, t: Target) -> Change:
     return row_delta_attempt(table, t.view, t.job.plan, t.out.data_files, t.attempt, t.properties, REAPPLY)
 
 
-KINDS: dict[tuple[str, Mode], Callable[[Any, Target], Change]] = {
-    ("append", Mode.INGEST): appended,
-    ("append", Mode.SKIP): appended,
-    ("change", Mode.INGEST): row_delta,
-    ("change", Mode.SKIP): appended,  # nothing to apply: the snapshot moves the offsets past the skipped range
-    ("append", Mode.REPLACE): replayed,
-    ("append", Mode.APPEND_MISSING): replayed,
-    ("change", Mode.REAPPLY): reapplied,
-    ("append", Mode.RETRY): replayed,  # the letters' records that now pass, appended (offsets already held left out)
-    ("change", Mode.RETRY): retried,
+KINDS: dict[tuple[TableKind, Mode], Callable[[Any, Target], Change]] = {
+    (TableKind.APPEND, Mode.INGEST): appended,
+    (TableKind.APPEND, Mode.SKIP): appended,
+    (TableKind.CHANGE, Mode.INGEST): row_delta,
+    (TableKind.CHANGE, Mode.SKIP): appended,  # nothing to apply: the snapshot moves the offsets past the skipped range
+    (TableKind.APPEND, Mode.REPLACE): replayed,
+    (TableKind.APPEND, Mode.APPEND_MISSING): replayed,
+    (TableKind.CHANGE, Mode.REAPPLY): reapplied,
+    (TableKind.APPEND, Mode.RETRY): replayed,  # the letters' records that now pass, appended (offsets already held left out)
+    (TableKind.CHANGE, Mode.RETRY): retried,
 }
 
 
@@ -178,7 +178,7 @@ def target_done(target: Target, done: Committed) -> CommitStatus:
     files removed, the commit logged; returns its status."""
     out = target.out
     target.attempt.done = done
-    if target.kind == "change":
+    if target.kind is TableKind.CHANGE:
         remove_staged(done.table, out.data_files)
     if done.status == "committed":
         counts = target.attempt.counts

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from tidewater.batch import BatchManifest, BatchPlan, Offsets, TableOutput, offsets_to_json
 from tidewater.commit.dead_letters import DeadLetterSink, commit_dead_letters
+from tidewater.commit.job import TableKind
 from tidewater.commit.primitive import Change, Committed, commit
 from tidewater.commit.replay import refuse_uncommitted_ranges
 from tidewater.commit.result import CommitResult, TableCommit
@@ -98,7 +99,7 @@ class OwnSnapshot:
         offsets = target.attempt.stamped
         if offsets is None:
             offsets = plan.end_offsets() if job.ingests else committed_state(done.table, target.view.table.branch).offsets
-        files = len(target.attempt.files) if target.kind == "change" else len(target.out.data_files)
+        files = len(target.attempt.files) if target.kind is TableKind.CHANGE else len(target.out.data_files)
         if job.ingests:
             commit_dead_letters(self.catalog, plan, manifest, self.sink)
         own = dataclasses.replace(timings[0], rows=manifest.rows_in_files, snapshot_id=found.snapshot_id if found else done.snapshot_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from tidewater.batch import BatchManifest, BatchPlan, Mode, Offsets, PartitionRange, TableOutput
@@ -18,6 +19,15 @@ from tidewater.commit.replay import replay_summary
 from tidewater.config.spec import PipelineSpec
 from tidewater.table.summary import DATA_INTERVAL, RANGES, committed_state, summary_properties
 from tidewater.table.targets import TargetRole, target_role
+
+
+class TableKind(StrEnum):
+    """What a target table does with a batch's rows: appends them, or applies them by key as changes (upserts,
+    deletes, a change stream's operations). With the batch's ``Mode`` it picks the table's change
+    (``commit/batch.py: KINDS``)."""
+
+    APPEND = "append"
+    CHANGE = "change"
 
 
 @dataclass(frozen=True)
@@ -106,8 +116,9 @@ class Target:
         return target_role(self.job.spec, self.out.table)
 
     @property
-    def kind(self) -> str:
-        return "change" if self.view.applies_changes else "append"
+    def kind(self) -> TableKind:
+        """What the table does with the batch's rows (its settings for it: ``table.upsert`` or ``op_field``)."""
+        return TableKind.CHANGE if self.view.applies_changes else TableKind.APPEND
 
     @property
     def mode(self) -> Mode:

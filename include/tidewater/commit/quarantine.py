@@ -28,7 +28,7 @@ from tidewater.table.summary import (
     quarantine_branch,
     summary_dict,
 )
-from tidewater.table.targets import target_role
+from tidewater.table.targets import reported_tables
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -132,7 +132,7 @@ def quarantined_error(
     """The run's error for a quarantined batch: ``tables`` lists the target tables quarantined. Those a person must
     name (a routed pipeline's: ``--table``) are named in the command, and the others committed the batch as usual."""
     failed = (validation or {}).get("failed")
-    named = [t for t in tables if target_role(spec, t).reported_as]
+    named = reported_tables(spec, tables)
     which = f" --table {named[0]}" if len(named) == 1 else " --table T" if named else ""
     table = ", ".join(tables)
     return QuarantinedError(

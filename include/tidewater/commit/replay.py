@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tidewater.batch import BatchPlan, Offsets
+from tidewater.batch import BatchPlan, Mode, Offsets
 from tidewater.commit.primitive import Change
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
@@ -101,11 +101,11 @@ def replay_summary(
     return props
 
 
-def replay_change(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, props: dict[str, str], mode: str) -> Change:
+def replay_change(table: Any, spec: PipelineSpec, plan: BatchPlan, files: Any, props: dict[str, str], mode: Mode) -> Change:
     """``replace``: delete the range's rows and append ``files`` (one transaction); ``append-missing``: append."""
-    append = bool(files) or mode != "replace"
+    append = bool(files) or mode is not Mode.REPLACE
     confirm = tuple(confirm_keys(table, plan.batch_id))
-    if mode != "replace":
+    if mode is not Mode.REPLACE:
         return Change(props, files, branch=spec.table.branch, remove_properties=confirm)
     # With nothing to append the delete's snapshot carries the batch id (the idempotency marker).
     marker = {k: v for k, v in props.items() if k != BATCH_ID} if append else props

@@ -406,7 +406,7 @@ def _assemble(d: _Draft) -> None:
     # Rows carry their source (topic, partition, offset): replay and backfills work on the imported pipeline.
     d.fmt.setdefault("metadata", "prefixed")
     if _has_debezium_transform(d.config):
-        d.fmt["value"] = {"avro": "debezium_avro", "protobuf": "debezium_protobuf"}.get(d.fmt.get("value"), "debezium")
+        d.fmt["value"] = {"avro": "debezium_avro", "protobuf": "debezium_protobuf"}.get(str(d.fmt.get("value")), "debezium")
     catalog = {**({"name": d.catalog_name} if d.catalog_name else {}), **({"properties": d.catalog} if d.catalog else {})}
     for section, value in (("format", d.fmt), ("catalog", catalog), ("dead_letter", d.dead_letter)):
         if value:

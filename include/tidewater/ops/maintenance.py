@@ -35,6 +35,7 @@ from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TransientError
 from tidewater.spark import session as spark_session
 from tidewater.staging import modified, remove_tree
+from tidewater.table.backoff import tries
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import committed_state
 from tidewater.table.targets import target_spec, target_tables
@@ -176,14 +177,9 @@ def _check_rewrite_committed(spec: PipelineSpec, table: Table, known: set[int], 
     Ignoring") and returns as if the group had not been planned. Compare what the table's new replace
     snapshots removed with the files that had to be rewritten: a compaction that did not land must fail
     (transient: a busy or locked catalog, or a concurrent change), never look done."""
-    for attempt in range(10):  # the check reads the catalog too: a commit of an ingest may hold it for a moment
-        try:
+    for attempt in tries(TransientError, attempts=10, wait=0.5, grows=False):  # the check reads the catalog too:
+        with attempt:  # a commit of an ingest may hold it for a moment
             table = load_table(load_catalog(spec), spec.table.identifier)
-            break
-        except TransientError:
-            if attempt == 9:
-                raise
-            time.sleep(0.5)
     landed = sum(
         int(s.summary.get("deleted-data-files", 0) or 0)
         for s in table.metadata.snapshots

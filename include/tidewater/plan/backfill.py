@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidewater.batch import BACKFILL_PREFIX, BatchPlan, PartitionRange, new_batch_id
+from tidewater.batch import BACKFILL_PREFIX, BatchPlan, Mode, PartitionRange, new_batch_id
 from tidewater.config.spec import PipelineSpec
 from tidewater.config.times import parse_time
 from tidewater.errors import ConfigError
@@ -60,7 +60,7 @@ def plan_backfill(
             log.info("backfill %s: already committed (ranges %s); nothing to do (set reprocess to re-ingest it)", key, known[key])
             return None, None
         ranges = [PartitionRange(t, int(p), int(s), int(e)) for t, p, s, e in known[key] if int(e) > int(s)]
-        mode = "replace"
+        mode = Mode.REPLACE
     else:
         settings = kafka_settings(spec)
         lookup = lookup or KafkaOffsetLookup(settings)
@@ -73,7 +73,7 @@ def plan_backfill(
                 upto = state.offsets.get(topic, {}).get(p)
                 if upto is not None and min(hi, upto) > lo:
                     ranges.append(PartitionRange(topic, p, lo, min(hi, upto)))
-        mode = "replace" if reprocess else "append-missing"
+        mode = Mode.REPLACE if reprocess else Mode.APPEND_MISSING
         if not ranges:
             log.info("backfill %s: no committed records in the interval (later records are the scheduled runs' to ingest)", key)
             return None, None

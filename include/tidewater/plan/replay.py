@@ -55,9 +55,14 @@ class ReplayRequest:
     end_offset: int | None = None  # exclusive
     start_time: str | None = None  # ISO-8601; naive times are UTC
     end_time: str | None = None  # exclusive
-    mode: str = "replace"
+    mode: Mode = Mode.REPLACE
     dry_run: bool = False
     tables: tuple[str, ...] = ()  # only these target tables of a routed pipeline (empty: every table)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:  # a form's or a caller's mode name; check_request says which the pipeline takes
+            raise ConfigError(f"mode: {self.mode!r} is not one of {', '.join(MODES)}")
+        object.__setattr__(self, "mode", Mode(self.mode))
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ReplayRequest:
@@ -86,7 +91,7 @@ class ReplayRequest:
             end_offset=opt_int("end_offset"),
             start_time=params.get("start_time") or None,
             end_time=params.get("end_time") or None,
-            mode=str(params.get("mode") or "replace"),
+            mode=params.get("mode") or Mode.REPLACE,
             dry_run=bool(params.get("dry_run")),
             tables=_names(params.get("tables")),
         )
@@ -151,7 +156,8 @@ def resolve_ranges(
         raise ConfigError(f"partitions: {unknown} do not exist in topic {req.topic} (it has {len(available)})")
     marks = watermarks(settings, [(req.topic, p) for p in partitions])
     done = committed.get(req.topic, {})
-    if req.start_offset is not None:
+    bounds: dict[int, tuple[int, int]]
+    if req.start_offset is not None and req.end_offset is not None:  # check_request: both or neither
         bounds = {p: (req.start_offset, req.end_offset) for p in partitions}
     else:
         lookup = lookup or KafkaOffsetLookup(settings)
@@ -179,7 +185,9 @@ def resolve_ranges(
     return out
 
 
-def preview(spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: str, table_name: str | None = None) -> list[dict[str, Any]]:
+def preview(
+    spec: PipelineSpec, table: Any, ranges: list[PartitionRange], mode: Mode, table_name: str | None = None
+) -> list[dict[str, Any]]:
     """Per partition: offsets in the range, rows now from it, rows to delete and (at most) to add."""
     present = present_offsets(spec, table, ranges)
     out = []
@@ -223,7 +231,7 @@ def describe(row: dict[str, Any]) -> str:
 def stage_replay_plan(
     spec: PipelineSpec,
     ranges: list[PartitionRange],
-    mode: str,
+    mode: Mode,
     committed: Offsets,
     snapshot_id: int | None,
     data_interval: tuple[str, str] | None = None,
@@ -232,7 +240,7 @@ def stage_replay_plan(
 ) -> tuple[BatchPlan, Any]:
     """Write a replay plan to the staging area. Routed pipelines: ``tables`` the target tables asked for (empty: all).
     An append-missing replay's write step asks each table which offsets it already holds (``TableSink.held``)."""
-    bid = batch_id or Mode(mode).new_batch_id()  # the staging directory's name, before the plan
+    bid = batch_id or mode.new_batch_id()  # the staging directory's name, before the plan
     directory = batch_dir(spec.staging_dir(), spec.name, bid)
     plan = BatchPlan.new(spec, ranges, committed, snapshot_id, mode, batch_id=bid, data_interval=data_interval, tables=tables)
 
@@ -287,7 +295,7 @@ def replay_tables(spec: PipelineSpec, catalog: Catalog, asked: tuple[str, ...], 
 
 
 def replay_preview(
-    spec: PipelineSpec, tables: dict[str, Any], ranges: list[PartitionRange], mode: str, asked: bool
+    spec: PipelineSpec, tables: dict[str, Any], ranges: list[PartitionRange], mode: Mode, asked: bool
 ) -> list[dict[str, Any]]:
     """Per target table and partition (see ``preview``), each with the mode the table gets. Tables of a separate
     holder are named, and without ``asked`` tables only those holding rows from the ranges are shown (records
@@ -296,7 +304,7 @@ def replay_preview(
     for ident, table in sorted(tables.items()):
         view = target_spec(spec, ident)
         own = target_role(spec, ident).holds_offsets  # the pipeline's own table: shown always, unnamed
-        rows = preview(view, table, ranges, Mode(mode).for_table(view.applies_changes), table_name=None if own else ident)
+        rows = preview(view, table, ranges, mode.for_table(view.applies_changes), table_name=None if own else ident)
         if own or asked or any(r["rows_now"] for r in rows):
             shown.extend(rows)
     return shown

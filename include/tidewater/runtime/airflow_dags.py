@@ -545,7 +545,6 @@ def build_audit_dag(path: Path, spec: PipelineSpec):
     """``audit_<name>``: is the table exactly its topic (``tidewater audit``); fails on a discrepancy."""
     pipeline_path = str(path)
 
-    what = f"`{spec.table.identifier}`" if not spec.routed else f"pipeline `{spec.name}` ({spec.describe_targets()})"
     routed = (
         (
             " For a routed pipeline, from its checkpoint table, and per target table: every batch the checkpoint "
@@ -560,7 +559,7 @@ def build_audit_dag(path: Path, spec: PipelineSpec):
         schedule=spec.audit.schedule,
         **_dag_kwargs(spec, "audit"),
         doc_md=(
-            f"### audit of {what}\n\nChecks the table against its topic from the ledger: per partition "
+            f"### audit of {_targets(spec)}\n\nChecks the table against its topic from the ledger: per partition "
             "the committed ranges follow each other with no gap or overlap, every batch's records read = rows + dead "
             "letters + skipped, no snapshot changed rows outside Tidewater, no committed offset below the log start or "
             f"beyond the log end{'; and every row source offset (`audit.deep`)' if spec.audit.deep else ''}. The run fails on "

@@ -14,7 +14,7 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, Message
 from confluent_kafka import TopicPartition as KTP
@@ -454,7 +454,7 @@ def read_range(
             msgs, at_eof = _without_errors(consumer.consume(num_messages=want, timeout=1.0), rng, pos)
             past_end = False
             if msgs:
-                offs = list(map(Message.offset, msgs))
+                offs = cast(list[int], list(map(Message.offset, msgs)))  # never None: error events are filtered out
                 if offs[-1] >= rng.end:
                     cut = bisect_left(offs, rng.end)
                     past_end, msgs, offs = True, msgs[:cut], offs[:cut]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -17,6 +16,7 @@ import pyarrow as pa
 from tidewater.config.locations import READ_ONLY_ENV
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import ConfigError, TerminalError, TransientError
+from tidewater.table.backoff import tries
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -80,20 +80,17 @@ def load_catalog(spec: PipelineSpec) -> Any:
     key = (os.getpid(), spec.catalog.name, tuple(sorted((k, str(v)) for k, v in props.items())))
     if key in _LOADED:
         return _LOADED[key]
-    for attempt in range(5):
-        try:
-            _LOADED[key] = _load(spec.catalog.name, **props)
-            return _LOADED[key]
-        except Exception as e:  # noqa: BLE001 - any catalog implementation's errors: classified below
-            # A new SQL catalog creates its own tables on first load; concurrent first loads collide
-            # ("already exists"), and the next attempt finds the tables in place.
-            if "already exists" in str(e) and attempt < 4:
-                time.sleep(0.1 * (attempt + 1))
-                continue
-            if catalog_failure(e) is not None:
-                raise TransientError(f"catalog {spec.catalog.name!r} is unreachable or busy: {e}") from None
-            raise ConfigError(f"catalog.properties: cannot load catalog {spec.catalog.name!r}: {e}") from None
-    raise AssertionError("unreachable")
+    try:
+        # A new SQL catalog creates its own tables on first load; concurrent first loads collide ("already
+        # exists"), and the next attempt finds the tables in place.
+        for attempt in tries(lambda e: "already exists" in str(e), attempts=5, wait=0.1):
+            with attempt:
+                _LOADED[key] = _load(spec.catalog.name, **props)
+    except Exception as e:  # noqa: BLE001 - any catalog implementation's errors: classified here
+        if catalog_failure(e) is not None:
+            raise TransientError(f"catalog {spec.catalog.name!r} is unreachable or busy: {e}") from None
+        raise ConfigError(f"catalog.properties: cannot load catalog {spec.catalog.name!r}: {e}") from None
+    return _LOADED[key]
 
 
 MAX_COMMIT_SLOTS = 8
@@ -114,18 +111,15 @@ def commit_slots(catalog: Catalog) -> int:
 def retry_busy(fn: Any, what: str, table: str, attempts: int = 8) -> Any:
     """``fn()``, retried with backoff while the catalog is busy or unreachable (SQLite answers "database is
     locked" at once when two writers each hold a read lock and want to write); then a ``TransientError``."""
-    import random
-
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except Exception as e:
-            if catalog_failure(e) is None:
-                raise
-            if attempt == attempts - 1:
-                raise TransientError(f"catalog unreachable or busy while {what}: {e}", table=table) from None
-            time.sleep(0.2 * (attempt + 1) + random.random() * 0.2)
-    raise AssertionError("unreachable")
+    try:
+        for attempt in tries(lambda e: catalog_failure(e) is not None, attempts=attempts, wait=0.2, jitter=0.2):
+            with attempt:
+                return fn()
+    except Exception as e:
+        if catalog_failure(e) is None:
+            raise
+        raise TransientError(f"catalog unreachable or busy while {what}: {e}", table=table) from None
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def load_table(catalog: Catalog, identifier: str) -> Any | None:

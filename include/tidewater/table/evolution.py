@@ -6,7 +6,6 @@ import base64
 import dataclasses
 import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ from tidewater.config.sections.table import TableSpec
 from tidewater.decode.records import FIELD_NUMBER, SCHEMA_ID
 from tidewater.errors import TerminalError, TransientError
 from tidewater.table import provisional as prov
+from tidewater.table.backoff import tries
 from tidewater.table.catalog import create_table, load_table, retry_busy
 from tidewater.table.limits import field_paths
 from tidewater.table.targets import target_spec
@@ -290,44 +290,55 @@ def ensure_table(
         change = pending_change(tspec, table, data, optional)
     if not change:
         return table
-    for attempt in range(10):
-        try:
-            have = set(field_paths(pa.struct(list(table_arrow_schema(table)))))
-            added = [p for p in field_paths(pa.struct(list(schema))) if p not in have]
-            with table.transaction() as tx:
-                if change.renamed:  # first, on its own: the union below then finds the columns by their new names
-                    with tx.update_schema() as upd:
-                        for old, path in change.renamed:  # not reverted with the batch: the source's schema says so
-                            upd.rename_column(old, path.rpartition(".")[2])
-                with tx.update_schema() as upd:
-                    upd.union_by_name(_keep_required(table, schema, set(change.optional)))
-                    for path in change.optional:
-                        if path not in arrow_paths(pa.struct(list(schema))):
-                            upd.make_column_optional(path)
-                if provisional and added:
-                    tx.set_properties(prov.marked_properties(table, provisional[0], provisional[1], added))
-                if numbers:
-                    tx.set_properties({NUMBERS: _numbers_after(table, numbers, change.renamed)})
-                if ids and added:  # the id that added each new top-level column (the columns it had keep theirs)
-                    have_ids = json.loads(table.metadata.properties.get(SCHEMA_IDS, "{}"))
-                    new_ids = {p[0]: ids[p[0]] for p in added if len(p) == 1 and p[0] in ids}  # paths are name tuples
-                    tx.set_properties({SCHEMA_IDS: json.dumps({**new_ids, **have_ids}, sort_keys=True)})
-            log.info(
-                "table %s: schema changed%s: %s",
-                ident,
-                f" (batch {provisional[0]}, until it commits)" if provisional and added else "",
-                change.describe(),
-            )
-            return table
-        except CommitFailedException:
-            time.sleep(0.2 * (attempt + 1))
-            table = catalog.load_table(ident)
-            change = pending_change(tspec, table, data, optional)
-            if not change:
+    try:
+        for attempt in tries(CommitFailedException, attempts=10, wait=0.2):
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:  # another writer changed the table first: ask again
+                    table = catalog.load_table(ident)
+                    change = pending_change(tspec, table, data, optional)
+                    if not change:
+                        return table
+                _apply_change(table, ident, change, schema, provisional)
                 return table
-        except ValueError as e:
-            raise TerminalError(f"cannot evolve the schema ({change.describe()}): {e}", table=ident) from e
-    raise TransientError("schema evolution kept conflicting with other writers", table=ident)
+    except CommitFailedException:
+        raise TransientError("schema evolution kept conflicting with other writers", table=ident) from None
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
+def _apply_change(table: Any, ident: str, change: Evolution, schema: pa.Schema, provisional: tuple[str, str] | None) -> None:
+    """One attempt at ``change`` on ``table`` as loaded: renames first, then the union of ``schema``, columns made
+    optional, the provisional mark and the field numbers and schema ids of the new columns, in one transaction.
+    Raises pyiceberg's CommitFailedException when another writer was first."""
+    numbers, ids = field_numbers(schema), schema_ids(schema)
+    try:
+        have = set(field_paths(pa.struct(list(table_arrow_schema(table)))))
+        added = [p for p in field_paths(pa.struct(list(schema))) if p not in have]
+        with table.transaction() as tx:
+            if change.renamed:  # first, on its own: the union below then finds the columns by their new names
+                with tx.update_schema() as upd:
+                    for old, path in change.renamed:  # not reverted with the batch: the source's schema says so
+                        upd.rename_column(old, path.rpartition(".")[2])
+            with tx.update_schema() as upd:
+                upd.union_by_name(_keep_required(table, schema, set(change.optional)))
+                for path in change.optional:
+                    if path not in arrow_paths(pa.struct(list(schema))):
+                        upd.make_column_optional(path)
+            if provisional and added:
+                tx.set_properties(prov.marked_properties(table, provisional[0], provisional[1], added))
+            if numbers:
+                tx.set_properties({NUMBERS: _numbers_after(table, numbers, change.renamed)})
+            if ids and added:  # the id that added each new top-level column (the columns it had keep theirs)
+                have_ids = json.loads(table.metadata.properties.get(SCHEMA_IDS, "{}"))
+                new_ids = {p[0]: ids[p[0]] for p in added if len(p) == 1 and p[0] in ids}  # paths are name tuples
+                tx.set_properties({SCHEMA_IDS: json.dumps({**new_ids, **have_ids}, sort_keys=True)})
+        log.info(
+            "table %s: schema changed%s: %s",
+            ident,
+            f" (batch {provisional[0]}, until it commits)" if provisional and added else "",
+            change.describe(),
+        )
+    except ValueError as e:
+        raise TerminalError(f"cannot evolve the schema ({change.describe()}): {e}", table=ident) from e
 
 
 def _numbers_after(table: Any, numbers: dict[str, int], renamed: tuple[tuple[str, str], ...]) -> str:

@@ -8,6 +8,7 @@ quarantine listings, maintenance, the ledger, the audit and the CLI.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -136,3 +137,9 @@ class TargetRole:
 def target_role(spec: PipelineSpec, ident: str) -> TargetRole:
     """Target table ``ident``'s role in ``spec``'s batches. Pure: names only."""
     return TargetRole(ident, spec.targets.holds(ident))
+
+
+def reported_tables(spec: PipelineSpec, tables: Iterable[str]) -> list[str]:
+    """The tables of ``tables`` a report names (``TargetRole.reported_as``): all but the offsets holder, whose
+    findings and batches are the pipeline's own."""
+    return [t for t in tables if target_role(spec, t).reported_as]

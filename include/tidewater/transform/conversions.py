@@ -102,7 +102,7 @@ def _iso(col: pa.Array, tz: str) -> pa.Array:
     # Error path: parse value by value so only the bad ones fail.
 
     zone = ZoneInfo(tz)
-    out = []
+    out: list[datetime | None] = []
     for v in col.to_pylist():
         if v is None:
             out.append(None)

@@ -128,10 +128,10 @@ def key_field_names(chunk: Chunk, registry: Any = None) -> tuple[list[str], int 
     key), read once per chunk: JSON with its schema (``{"schema": ..., "payload": {...}}``) or without, or a
     Confluent-framed Avro record (``registry``). Returns (names, offset of the key read), ``([], offset)`` when
     that key is not a record with fields, ``([], None)`` when no record has a key."""
-    at = next((i for i, k in enumerate(chunk.keys or []) if k), None)
-    if at is None:
+    found = next(((k, chunk.offsets[i]) for i, k in enumerate(chunk.keys or []) if k), None)
+    if found is None:
         return [], None
-    key, offset = chunk.keys[at], chunk.offsets[at]
+    key, offset = found
     if key[:1] == b"\x00" and registry is not None:
         parsed, bad = decode_avro(Chunk(chunk.topic, chunk.partition, [key], [offset], [0]), registry)
         return ([] if bad else list(parsed.column_names)), offset

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 
 def task_body(
-    spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, ranges: Pack, mode: str, tables: tuple[str, ...]
+    spec: PipelineSpec, settings: dict[str, str], batch_id: str, task_id: int, ranges: Pack, mode: Mode, tables: tuple[str, ...]
 ) -> dict[str, Any]:
     """One task of the write step where it runs (``write.task.write_ranges``, imported there: see the docstring)."""
     from tidewater.write.task import write_ranges

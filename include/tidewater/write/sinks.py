@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tidewater.batch import Mode
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError
 from tidewater.table import limits
@@ -49,7 +50,7 @@ class TableSink:
         prefix: str,
         role: TargetRole,
         batch: tuple[str, str] | None = None,
-        replay: tuple[str, Any] | None = None,
+        replay: tuple[Mode, Any] | None = None,
         registry: Any = None,
     ) -> None:
         self.spec, self.tspec, self.catalog, self.prefix = spec, tspec, catalog, prefix
@@ -141,7 +142,7 @@ class TableSink:
             t = self.threshold(topic, partition)
             return None if t is None else pc.less(offsets, t)
         mode, rng = self.replay
-        if mode != "append-missing" or self.table is None or self.view.format.metadata not in ("prefixed", "struct"):
+        if mode is not Mode.APPEND_MISSING or self.table is None or self.view.format.metadata not in ("prefixed", "struct"):
             return None
         if self._present is None:
             self._present = present_offsets(self.view, self.table, [rng]).column("offset").combine_chunks()

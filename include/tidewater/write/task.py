@@ -23,10 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.batch import (
-    PartitionRange,
-    PartitionStats,
-)
+from tidewater.batch import Mode, PartitionRange, PartitionStats
 from tidewater.config.formats import FORMATS
 from tidewater.config.spec import PipelineSpec
 from tidewater.decode.registry_client import RegistryClient
@@ -58,7 +55,7 @@ class TaskWriter:
         batch_id: str,
         task_id: int,
         rng: PartitionRange,
-        mode: str,
+        mode: Mode,
         *,
         probe: bool = False,
         tables: tuple[str, ...] = (),
@@ -67,7 +64,7 @@ class TaskWriter:
         self.spec, self.settings, self.batch_id, self.task_id, self.rng = spec, settings, batch_id, task_id, rng
         self.started, self.started_at = time.monotonic(), time.time()
         self.catalog = load_catalog(spec)
-        self.policy = spec.dead_letter.policy if mode == "ingest" else "skip"
+        self.policy = spec.dead_letter.policy if mode is Mode.INGEST else "skip"
         self.mode = mode
         self.only = frozenset(tables) or None  # routed replays: the target tables asked for (None: every table)
         self.prefix = f"{batch_id}-{task_id:05d}"
@@ -115,7 +112,7 @@ class TaskWriter:
             self.prefix,
             role,
             batch=(self.batch_id, f"t{self.task_id:05d}"),
-            replay=(self.mode, self.rng) if self.mode != "ingest" else None,
+            replay=(self.mode, self.rng) if self.mode is not Mode.INGEST else None,
             registry=self.registry,
         )
         self.sinks[ident].probe = self.probe
@@ -258,7 +255,7 @@ def probe_schema(spec: PipelineSpec, settings: dict[str, str], batch_id: str, ra
     for i, rng in enumerate(ranges):
         head = PartitionRange(rng.topic, rng.partition, rng.start, min(rng.end, rng.start + PROBE_RECORDS))
         # Built outside the guard: a writer that cannot be built is our fault, not a record's, and must not hide.
-        writer = TaskWriter(spec, settings, batch_id, 90000 + i, head, "ingest", probe=True)
+        writer = TaskWriter(spec, settings, batch_id, 90000 + i, head, Mode.INGEST, probe=True)
         try:
             for chunk in writer.chunks():
                 writer.process(chunk)
@@ -314,7 +311,7 @@ def write_ranges(
     batch_id: str,
     task_id: int,
     ranges: tuple[PartitionRange, ...],
-    mode: str = "ingest",
+    mode: Mode = Mode.INGEST,
     tables: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One task of the write step: read ``ranges`` (one sub-range, or several short ones packed: see
@@ -361,7 +358,7 @@ class _LetterWriter(TaskWriter):
     rows (offsets a table already holds are left out), and a record that fails again becomes a new dead letter."""
 
     def __init__(self, spec: PipelineSpec, batch_id: str, task_id: int, rng: PartitionRange, letters: Any) -> None:
-        super().__init__(spec, {}, batch_id, task_id, rng, "append-missing")
+        super().__init__(spec, {}, batch_id, task_id, rng, Mode.APPEND_MISSING)
         self.policy = "dead_letter"
         self.letters = letters
 
