@@ -94,9 +94,9 @@ def deep_findings(
             if one_row_per_offset:
                 out += _twice(np.setdiff1d(resolved, anywhere), rng, "resolved by a retry but no row", 0)
             if one_row_per_offset and every_table:
-                found = np.union1d(anywhere, dead)
+                seen = np.union1d(anywhere, dead)
                 mine_batches = [e for e in moving if (e["topic"], e["partition"]) == (rng.topic, rng.partition)]
-                out += _missing(found, rng, mine_batches, rereader, lows.get((rng.topic, rng.partition), 0), undecided)
+                out += _missing(seen, rng, mine_batches, rereader, lows.get((rng.topic, rng.partition), 0), undecided)
     finally:
         rereader.close()
     return out

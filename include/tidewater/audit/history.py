@@ -111,9 +111,11 @@ def coverage(entries: list[dict[str, Any]], ends: Mapping[tuple[str, int], int] 
         if ends and (topic, part) in ends:
             out += _after_mark(ranges, ends[(topic, part)])
             ranges = [e for e in ranges if e["start_offset"] >= ends[(topic, part)]]
-        reach = ranges[0] if ranges else None  # of the ranges so far, the one that ends furthest
-        for cur in ranges[1:]:
-            prev, reach = reach, max(reach, cur, key=lambda e: e["end_offset"])
+        reach: dict[str, Any] | None = None  # of the ranges so far, the one that ends furthest
+        for cur in ranges:
+            prev, reach = reach, cur if reach is None else max(reach, cur, key=lambda e: e["end_offset"])
+            if prev is None:
+                continue
             if cur["start_offset"] > prev["end_offset"]:
                 out.append(
                     Finding(
@@ -333,7 +335,7 @@ def decisions(entries: list[dict[str, Any]]) -> list[Finding]:
     return out
 
 
-def rolled_back(table: Table, branch: str | None, entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Finding]]:
+def rolled_back(table: Table | None, branch: str | None, entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Finding]]:
     """The entries whose batches another tool rolled back (their snapshot is still in the table's metadata but no
     longer in the history of the branch's head): the remaining entries, and a finding explaining each rolled-back
     batch (its records were read again by the batches after the rollback). Expired snapshots are not told apart."""

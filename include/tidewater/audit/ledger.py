@@ -141,7 +141,8 @@ def _unrecorded(table: Table, head: int, through: int | None) -> tuple[list[Any]
     """The ancestors of ``head`` after ``through``, oldest first, and whether the walk reached ``through``
     (False: the ledger is new, or its mark's snapshot is gone: entries must be deduplicated)."""
     by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
-    walked, sid = [], head
+    walked: list[Any] = []
+    sid: int | None = head
     while sid is not None and sid in by_id and sid != through:
         walked.append(by_id[sid])
         sid = by_id[sid].parent_snapshot_id
@@ -241,7 +242,7 @@ def compact(catalog: Catalog, spec: PipelineSpec, at_files: int = COMPACT_AT_FIL
 
     ledger = load_table(catalog, identifier(spec))
     head = ledger.current_snapshot() if ledger is not None else None
-    if head is None:
+    if ledger is None or head is None:
         return 0
     files = [t.file for t in ledger.scan().plan_files()]
     if len(files) < at_files:
@@ -267,11 +268,9 @@ def expire_history(catalog: Catalog, spec: PipelineSpec) -> int:
     def expire() -> int:
         ledger = load_table(catalog, identifier(spec))
         head = ledger.current_snapshot() if ledger is not None else None
-        old = (
-            [s.snapshot_id for s in ledger.metadata.snapshots if head is not None and s.snapshot_id != head.snapshot_id]
-            if ledger is not None
-            else []
-        )
+        if ledger is None or head is None:
+            return 0
+        old = [s.snapshot_id for s in ledger.metadata.snapshots if s.snapshot_id != head.snapshot_id]
         if old:
             ledger.maintenance.expire_snapshots().older_than(datetime.fromtimestamp(head.timestamp_ms / 1000, tz=timezone.utc)).commit()
         return len(old)

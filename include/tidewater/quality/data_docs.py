@@ -70,7 +70,8 @@ def _result(check: Any) -> Any:
     from great_expectations.expectations.registry import get_expectation_impl
 
     kwargs = {k: v for k, v in check.kwargs.items() if k not in EXTRA}
-    etype, meta = check.expectation, {}
+    etype = check.expectation
+    meta: dict[str, Any] = {}
     try:
         get_expectation_impl(etype)
     except Exception:  # noqa: BLE001 - not a great-expectations expectation (GX's own kinds): a Tidewater check

@@ -156,8 +156,8 @@ def load_suite_file(spec: PipelineSpec) -> list[dict[str, Any]]:
     exps = doc.get("expectations") if isinstance(doc, dict) else None
     if not isinstance(exps, list):
         raise ConfigError(f'validation.suite: {path} must hold {{"expectations": [...]}}')
-    for i, e in enumerate(exps):
-        if not isinstance(e, dict) or not isinstance(e.get("type"), str) or not isinstance(e.get("kwargs", {}), dict):
+    for i, exp in enumerate(exps):
+        if not isinstance(exp, dict) or not isinstance(exp.get("type"), str) or not isinstance(exp.get("kwargs", {}), dict):
             raise ConfigError(f"validation.suite: {path}: expectations[{i}] needs a string 'type' and a 'kwargs' mapping")
     return exps
 
@@ -239,7 +239,7 @@ def _whole(table: Any, files: TableFiles, columns: list[str], images: tuple[str,
     return pa.concat_tables(pieces, promote_options="permissive")
 
 
-def builtin_checks(spec: PipelineSpec, table: Table, files: TableFiles) -> list[CheckResult]:
+def builtin_checks(spec: PipelineSpec, table: Table | None, files: TableFiles) -> list[CheckResult]:
     """Row count and not-null, from the row and null counts the writer put in the manifest: no data is read.
 
     A not-null column without a null count in some file (a struct or list column, or metrics switched
@@ -268,13 +268,12 @@ def builtin_checks(spec: PipelineSpec, table: Table, files: TableFiles) -> list[
             },
         ),
     ]
-    schema = table.schema() if table is not None else None
     for column in spec.validation.not_null:
-        if not files.data_files:  # no rows (every record dead-lettered or skipped): nothing can be null
+        if not files.data_files or table is None:  # no rows (every record dead-lettered or skipped): nothing can be null
             checks.append(CheckResult("expect_column_values_to_not_be_null", {"column": column}, True, {}))
             continue
         try:
-            field = schema.find_field(column)
+            field = table.schema().find_field(column)
         except ValueError:
             checks.append(
                 CheckResult(
