@@ -11,6 +11,7 @@ the tables its configuration lists plus those the holder's history names (dynami
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, overload
 
 from tidewater.errors import ConfigError
 
@@ -38,6 +39,12 @@ class TargetSet:
     def holds(self, ident: str) -> bool:
         """``ident`` is the offsets holder (for a fused set: the target table too)."""
         return ident == self.holder
+
+    @overload
+    def named(self, table: str | None, pipeline: str, required: Literal[True]) -> str: ...
+
+    @overload
+    def named(self, table: str | None, pipeline: str, required: bool = False) -> str | None: ...
 
     def named(self, table: str | None, pipeline: str, required: bool = False) -> str | None:
         """The target table a person names (``--table``): a plain pipeline's one table, named or not (naming another

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from tidewater.batch import BatchManifest, BatchPlan, Mode, PartitionRange, new_batch_id
 from tidewater.commit.primitive import Change, commit
 from tidewater.config.spec import PipelineSpec
-from tidewater.errors import ConfigError, TidewaterError
+from tidewater.errors import ConfigError, TerminalError, TidewaterError
 from tidewater.steps.lifecycle import commit_step, validate_step
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.filters import equal
@@ -266,6 +266,14 @@ def _snapshots(catalog: Catalog, spec: PipelineSpec, rid: str) -> dict[str, str]
     return out
 
 
+def _dead_letter_io(catalog: Catalog, spec: PipelineSpec, plan: BatchPlan) -> Any:
+    """The dead-letter table's file IO, to read the letters a retry's commit added to it."""
+    dlq = load_table(catalog, spec.dead_letter_table())
+    if dlq is None:
+        raise TerminalError(f"retry {plan.batch_id}: its dead letters were committed, but {spec.dead_letter_table()} is gone")
+    return dlq.io
+
+
 def _outcome(
     spec: PipelineSpec, catalog: Catalog, plan: BatchPlan, claimed: pa.Table, manifest: BatchManifest, snapshots: dict[str, str], by: str
 ) -> pa.Table:
@@ -273,15 +281,17 @@ def _outcome(
     the reason), refused (a change table's commit stamped it), skipped (the retry skipped records, and no table holds
     this one's offset), else resolved (pointing to the retry's ``snapshots``)."""
     again: dict[tuple[str, int, int], str] = {}
-    dlq = load_table(catalog, spec.dead_letter_table())
     for f in manifest.dead_letter_files:  # the error path: the letters that failed again
-        with dlq.io.new_input(f.file_path).open() as fh:
+        with _dead_letter_io(catalog, spec, plan).new_input(f.file_path).open() as fh:
             t = pq.read_table(fh, columns=["topic", "partition", "offset", "error_class", "error_message"])
         for r in t.to_pylist():
             again[(r["topic"], r["partition"], r["offset"])] = f"{r['error_class']}: {r['error_message']}"
     refused: dict[tuple[str | None, int, int], str] = {}
     for ident, snap_id in snapshots.items():
-        changes = changes_of(summary_dict(load_table(catalog, ident).snapshot_by_id(int(snap_id)))) or {}
+        target = load_table(catalog, ident)
+        if target is None:
+            raise TerminalError(f"retry {plan.batch_id}: {ident} was committed to and is gone", table=ident)
+        changes = changes_of(summary_dict(target.snapshot_by_id(int(snap_id)))) or {}
         refused.update(refusals(changes.get("refused_letters", []), ident))
     no_row = _without_a_row(spec, catalog, plan, claimed) if manifest.skipped else set()
     coordinates = list(zip(*(claimed.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))

@@ -179,7 +179,10 @@ def _check_rewrite_committed(spec: PipelineSpec, table: Table, known: set[int], 
     (transient: a busy or locked catalog, or a concurrent change), never look done."""
     for attempt in tries(TransientError, attempts=10, wait=0.5, grows=False):  # the check reads the catalog too:
         with attempt:  # a commit of an ingest may hold it for a moment
-            table = load_table(load_catalog(spec), spec.table.identifier)
+            loaded = load_table(load_catalog(spec), spec.table.identifier)
+    if loaded is None:
+        raise TerminalError(f"{spec.table.identifier} was dropped during its compaction", table=spec.table.identifier)
+    table = loaded
     landed = sum(
         int(s.summary.get("deleted-data-files", 0) or 0)
         for s in table.metadata.snapshots
@@ -228,9 +231,9 @@ def expiry_cutoff_ms(spec: PipelineSpec, table: Table, now_ms: int | None = None
     cutoff = now_ms - int(spec.maintenance.expire_snapshots.older_than_hours * 3600 * 1000)
     state = committed_state(table)
     if state.tidewater_snapshot_id is not None:
-        keep = table.metadata.snapshot_by_id(state.tidewater_snapshot_id).timestamp_ms
-        if keep < cutoff:
-            return keep, True
+        kept = table.metadata.snapshot_by_id(state.tidewater_snapshot_id)  # None: expired by another tool already
+        if kept is not None and kept.timestamp_ms < cutoff:
+            return kept.timestamp_ms, True
     return cutoff, False
 
 

@@ -52,7 +52,7 @@ def publish_branch(spec: PipelineSpec, table_ident: str | None = None) -> dict[s
         raise ConfigError(f"table.branch: {ident} commits to main; there is no branch to publish")
     table = load_table(load_catalog(spec), ident)
     head = table.snapshot_by_name(branch) if table is not None else None
-    if head is None:
+    if table is None or head is None:
         raise ConfigError(f"table.branch: {ident} has no branch {branch!r} yet (its first batch creates it)")
     main = table.metadata.current_snapshot_id
     lineage = _ancestors(table, head.snapshot_id)

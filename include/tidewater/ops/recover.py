@@ -151,8 +151,8 @@ def compare(p: Proposal) -> None:
             continue
         for part, upto in sorted(parts.items()):
             start = p.last_starts.get(topic, {}).get(part, 0)
-            reached = p.rows.get(topic, {}).get(part)
-            if upto > start and (reached is None or reached <= start):
+            row_reach = p.rows.get(topic, {}).get(part)
+            if upto > start and (row_reach is None or row_reach <= start):
                 p.disagreements.append(
                     f"{topic}[{part}]: the ledger's last range [{start}, {upto}) has no rows in the "
                     "table (rolled back or deleted, or all dead letters or skipped)"
