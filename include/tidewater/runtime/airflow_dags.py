@@ -656,7 +656,7 @@ def build_maintain_dag(path: Path, spec: PipelineSpec):
     return maintain()
 
 
-# The builder of each kind of DAG (config.spec.DAG_KINDS; tests/dags/test_dagbag.py holds the two equal): a DAG id
+# The builder of each kind of DAG (config.sections.airflow.DAG_KINDS; tests/dags/test_dagbag.py holds the two equal): a DAG id
 # is ``<airflow.dag_id_prefix><kind>_<pipeline name>`` (PipelineSpec.dag_ids, build_pipeline_dags), and a file that
 # does not load makes ``ingest_invalid_<file stem>`` (build_invalid_dag).
 BUILDERS = {

@@ -16,7 +16,7 @@ from tidewater.errors import ConfigError
 
 
 def step_args(spec: PipelineSpec, step: str) -> dict[str, Any]:
-    """The task arguments of ``step`` (a field of ``config.spec.StepsSpec``): queue, pool and executor_config, only
+    """The task arguments of ``step`` (a field of ``config.sections.airflow.StepsSpec``): queue, pool and executor_config, only
     those the step sets (the pipeline-wide ``airflow.queue`` and ``airflow.pool`` are its DAGs' default_args)."""
     settings: StepSpec = getattr(spec.airflow.steps, step)
     args: dict[str, Any] = {k: v for k, v in (("queue", settings.queue), ("pool", settings.pool)) if v}

@@ -7,7 +7,7 @@ Every error of ours says whether retrying can help (``tidewater.errors``). Each 
   task at once, with the error as the decision's reason: no retry can help, and the operator learns of it now, not
   ``retries x retry_delay`` later;
 - a transient error (an unreachable broker or catalog, a commit conflict) is retried after a growing delay:
-  ``airflow.retry_delay_seconds`` doubled at every try, at most an hour (``config.spec.doubled_delay``),
+  ``airflow.retry_delay_seconds`` doubled at every try, at most an hour (``config.sections.airflow.doubled_delay``),
   within ``airflow.retries``;
 - anything else (a bug, a killed process, spark-submit's own failure) keeps Airflow's default.
 
