@@ -216,7 +216,7 @@ test: setup test-system-deps s3-stand-in executor-env spark-connect-install rest
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # ruff: pyflakes, pycodestyle, import order, bugbear, complexity, blind excepts with their reason, no inert noqa
-# (RUF100), the formatter; mypy on the rooms [tool.mypy] lists, no unused type: ignore (all in pyproject.toml)
+# (RUF100), the formatter; mypy over the whole package, no unused type: ignore (all in pyproject.toml)
 lint: venv
 	$(VENV)/bin/ruff check include dags plugins spark_apps scripts tests
 	$(VENV)/bin/ruff format --check include dags plugins spark_apps scripts tests

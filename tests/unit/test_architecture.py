@@ -288,9 +288,9 @@ def test_the_spark_submit_driver_starts_without_the_task_libraries():
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
-# make lint runs mypy on the files [tool.mypy] lists in pyproject.toml (the rest of the package still has errors to
-# mend). The count only grows; the first five areas stay in.
-MIN_TYPED_MODULES = 123
+# make lint runs mypy on the files [tool.mypy] lists in pyproject.toml: the whole package. The count only grows; the
+# first five areas stay in.
+MIN_TYPED_MODULES = 151
 FIRST_TYPED = ("tidewater.batch", "tidewater.commit", "tidewater.table", "tidewater.config", "tidewater.decode")
 
 

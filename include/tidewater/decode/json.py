@@ -347,7 +347,7 @@ def decode_json_lenient(
         if problem is not None:
             bad[i] = BadRecord(i, *problem)
         else:
-            clean[i] = v.replace(b"\r", b" ").replace(b"\n", b" ")  # type: ignore[union-attr]
+            clean[i] = v.replace(b"\r", b" ").replace(b"\n", b" ")  # type: ignore[union-attr]  # screen refuses a null
     candidates = list(clean)
     block_size = max([MIN_BLOCK_SIZE, *(2 * len(v) + 1 for v in clean.values())])
     schema = readable_schema(explicit) if explicit is not None else None

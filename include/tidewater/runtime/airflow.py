@@ -49,11 +49,19 @@ def fail_task(e: TidewaterError, prefix: str = "") -> NoReturn:
 
     if e.transient or retries.supported():
         raise e
+    raise _fail_exception()(f"{prefix}{type(e).__name__}: {e}") from e
+
+
+def _fail_exception() -> type[Exception]:
+    """Airflow's exception that fails a task without a retry, where this Airflow keeps it."""
     try:
         from airflow.sdk.exceptions import AirflowFailException
+
+        return AirflowFailException
     except ImportError:  # pragma: no cover - older Airflow
-        from airflow.exceptions import AirflowFailException
-    raise AirflowFailException(f"{prefix}{type(e).__name__}: {e}") from e
+        from airflow.exceptions import AirflowFailException as older
+
+        return older
 
 
 def fail_fast(fn: F) -> F:
@@ -67,7 +75,7 @@ def fail_fast(fn: F) -> F:
         except TidewaterError as e:
             fail_task(e)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # fn's own signature (functools.wraps), which F names
 
 
 @fail_fast

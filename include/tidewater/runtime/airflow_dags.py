@@ -117,7 +117,7 @@ def _batch_tasks(pipeline_path: str, spec: PipelineSpec, plan_fn) -> None:
 
         return data_docs_task(pipeline_path, planned)
 
-    planned = plan()
+    planned: Any = plan()  # an XComArg: TaskFlow hands the plan's result to each task below
     checked = validate(planned)
     committed = commit(planned)
     planned >> write >> checked >> committed
@@ -213,12 +213,13 @@ ISO_TIME = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]\d{2}:?
 def build_replay_dag(path: Path, spec: PipelineSpec):
     """``replay_<name>``: triggered from the UI with a form; re-reads an offset or time range into the table."""
     pipeline_path = str(path)
+    choices: dict[str, Any] = {"enum": list(spec.topics)} if spec.topics and not spec.topic_pattern else {}
     topic = Param(
         spec.topics[0] if spec.topics else "",
         type="string",
         title="Topic",
         description="A topic of the pipeline" + (f" (or one matching `{spec.topic_pattern}`)" if spec.topic_pattern else ""),
-        **({"enum": list(spec.topics)} if spec.topics and not spec.topic_pattern else {}),
+        **choices,
     )
 
     @dag(
@@ -351,15 +352,21 @@ def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body, ou
 QUARANTINE_RUNS = 16  # decision runs may wait side by side (runtime/decisions.py), beside the form's runs
 
 
+def _hitl_operator() -> Any:
+    """Airflow's human-in-the-loop operator (3.1+), or None on Airflow 3.0 (the quarantine DAG's form alone)."""
+    try:
+        from airflow.providers.standard.operators.hitl import HITLOperator
+    except ImportError:
+        return None
+    return HITLOperator
+
+
 def build_quarantine_dag(path: Path, spec: PipelineSpec):
     """``quarantine_<name>``: list, publish or drop batches the quality gate quarantined (triggered with a form), and,
     where Airflow has human-in-the-loop tasks (3.1+), the decision a quarantined batch opens: a run whose ``decide``
     task waits in Airflow's Required actions for Publish or Drop, then ``apply`` does it (runtime/decisions.py)."""
     pipeline_path = str(path)
-    try:
-        from airflow.providers.standard.operators.hitl import HITLOperator
-    except ImportError:  # Airflow 3.0: the form alone
-        HITLOperator = None
+    hitl_operator = _hitl_operator()
     kwargs = {**_dag_kwargs(spec, "quarantine"), "max_active_runs": QUARANTINE_RUNS}
 
     @dag(
@@ -379,7 +386,7 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):
                 pipeline_path, dict(context["params"]), outlet_events=context.get("outlet_events"), by=str(user) if user else None
             )
 
-        if HITLOperator is None:
+        if hitl_operator is None:
             form()
             return
 
@@ -387,7 +394,7 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):
         def route(**context) -> str:
             return "decide" if (context["dag_run"].conf or {}).get("decision") else "quarantine"
 
-        decide = HITLOperator(
+        decide = hitl_operator(
             task_id="decide",
             options=[PUBLISH, DROP],
             execution_timeout=None,

@@ -88,9 +88,9 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 
     spec = load_pipeline(args.pipeline)
     say = None if args.json else print
-    common = {"error_class": args.error_class or None, "batch": args.batch or None}
+    error_class, batch = args.error_class or None, args.batch or None
     if args.action == "list":
-        result = listing(spec, state=args.state, limit=args.limit, **common)
+        result = listing(spec, state=args.state, limit=args.limit, error_class=error_class, batch=batch)
         if not args.json:
             print(", ".join(f"{n} {s}" for s, n in result["counts"].items()) + " dead letters")
             for r in result["letters"]:
@@ -101,9 +101,9 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
             if result["matching"] > len(result["letters"]):
                 print(f"... {result['matching'] - len(result['letters'])} more (--limit)")
     elif args.action == "retry":
-        result = dead_letters.retry(spec, dry_run=args.dry_run, out=say, **common)
+        result = dead_letters.retry(spec, dry_run=args.dry_run, out=say, error_class=error_class, batch=batch)
     else:
-        result = dead_letters.drop(spec, reason=args.reason, dry_run=args.dry_run, out=say, **common)
+        result = dead_letters.drop(spec, reason=args.reason, dry_run=args.dry_run, out=say, error_class=error_class, batch=batch)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     return 0

@@ -152,12 +152,13 @@ def reference(commands: dict[str, argparse.ArgumentParser], summaries: dict[str,
 
 def _argument(action: argparse.Action) -> str:
     """One row of a command's arguments table: the argument as typed, its help, its choices and default."""
+    shown = " ".join(action.metavar) if isinstance(action.metavar, tuple) else action.metavar  # a tuple: one per value
     if action.option_strings:
         name = ", ".join(action.option_strings)
         if action.nargs != 0:
-            name += " " + (action.metavar or action.dest.upper())
+            name += " " + (shown or action.dest.upper())
     else:
-        name = action.metavar or "{" + ",".join(action.choices or []) + "}"
+        name = shown or "{" + ",".join(action.choices or []) + "}"
     text = (action.help or "").replace("%(default)s", str(action.default)).replace("|", "\\|")
     if action.choices and action.option_strings:
         text += f" (one of: {', '.join(map(str, action.choices))})"

@@ -60,9 +60,10 @@ def attach(complete: Any = None, failure: Any = None) -> None:
 
     task = get_current_context()["task"]
     # the provider picks its DefaultExtractor by the _on_start or _on_complete method alone, also for a FAIL event
-    task.get_openlineage_facets_on_complete = lambda task_instance: complete
+    # (typed as a mapped or unmapped operator: the running task's is always the unmapped one, an instance)
+    task.get_openlineage_facets_on_complete = lambda task_instance: complete  # type: ignore[union-attr]
     if failure is not None:
-        task.get_openlineage_facets_on_failure = lambda task_instance: failure
+        task.get_openlineage_facets_on_failure = lambda task_instance: failure  # type: ignore[union-attr]
 
 
 def guarded(build: Any) -> Any:
@@ -218,7 +219,7 @@ def table_dataset(
         facets["dataQualityAssertions"] = data_quality_assertions_dataset.DataQualityAssertionsDatasetFacet(assertions=assertions)
     if not output:
         return InputDataset(namespace=namespace, name=name, facets=facets)
-    out_facets = {}
+    out_facets: dict[str, Any] = {}
     if stats is not None:
         out_facets["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
             rowCount=stats["rows"], size=stats["bytes"], fileCount=stats["files"]
@@ -317,8 +318,7 @@ def maintenance_lineage(spec: PipelineSpec, reports: list[Any]) -> Any:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     catalog = load_catalog(spec)
-    tables = [(r, load_table(catalog, r.table)) for r in reports]
-    tables = [(r, t) for r, t in tables if t is not None]
+    tables = [(r, t) for r in reports if (t := load_table(catalog, r.table)) is not None]
     facet = _facets()["Maintenance"]
     return OperatorLineage(
         inputs=[table_dataset(spec, t, r.table, output=False) for r, t in tables],

@@ -127,7 +127,10 @@ def letter_classes(spec: Any, manifest: Any) -> dict[str, int]:
 
     counts: Counter[str] = Counter()
     try:
-        io = load_table(load_catalog(spec), spec.dead_letter_table()).io
+        dlq = load_table(load_catalog(spec), spec.dead_letter_table())
+        if dlq is None:
+            raise LookupError(f"{spec.dead_letter_table()} does not exist")
+        io = dlq.io
         for f in manifest.dead_letter_files:
             with io.new_input(f.file_path).open() as fh:
                 counts.update(pq.read_table(fh, columns=["error_class"]).column("error_class").to_pylist())

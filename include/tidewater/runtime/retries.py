@@ -67,7 +67,7 @@ def _policy_class(base: type) -> type:
     exists, so this module also loads on older Airflow)."""
     from airflow.sdk.definitions.retry_policy import RetryDecision
 
-    class ErrorClassRetryPolicy(base):  # type: ignore[misc, valid-type]
+    class ErrorClassRetryPolicy(base):
         """Terminal errors fail at once; transient ones retry with a growing delay; others keep the default."""
 
         def __init__(self, base_delay: timedelta) -> None:
@@ -96,7 +96,7 @@ def _policy_class(base: type) -> type:
             return cls(timedelta(seconds=float(data["base_delay"])))
 
         def __eq__(self, other: object) -> bool:  # DAG-version comparisons: equal settings, same policy
-            return type(other) is type(self) and other.base_delay == self.base_delay  # type: ignore[attr-defined]
+            return type(other) is type(self) and other.base_delay == self.base_delay
 
         def __hash__(self) -> int:
             return hash(self.base_delay)

@@ -76,7 +76,7 @@ class WriteJob:
             remove_properties_file(self.secrets_file)  # read by spark-submit when it started
         if self.proc.returncode is None:  # the manifest is there and Spark is stopping: reaped by the caller
             proc, logs = self.proc, (self.log_path, self.staged_log)
-            background.append(lambda: _reap(proc, *logs))  # type: ignore[union-attr]
+            background.append(lambda: _reap(proc, *logs))  # type: ignore[union-attr]  # set: the loop left early for it
             return
         shown = _publish_log(self.log_path, self.staged_log)
         if self.proc.returncode != 0:
