@@ -78,7 +78,8 @@ def main() -> int:
         f"Produced by `{command_line('make bench-broker')}` on {when} (UTC), Apache Kafka "
         f"{embedded.kafka_version()} in KRaft mode (one node, controller and broker; heap {' '.join(embedded.HEAP)}), "
         f"{n:,} pizza events over 6 partitions. The broker it replaces (Tansu 0.6.0, memory storage) was measured "
-        "by `make bench` of 2026-11-26 (the Throughput table above: its `limit` and `tidewater run` rows) and, "
+        "by `make bench` of 2026-11-26 (its Throughput table's `limit` and `tidewater run` rows, in git history: "
+        "the table above is from Kafka since 2026-11-29) and, "
         "for its start and memory, in the project's stack notes; those are other runs: compare the two brokers' "
         "figures loosely, not as ratios.",
         "",
