@@ -281,11 +281,13 @@ def _outcome(
     the reason), refused (a change table's commit stamped it), skipped (the retry skipped records, and no table holds
     this one's offset), else resolved (pointing to the retry's ``snapshots``)."""
     again: dict[tuple[str, int, int], str] = {}
-    for f in manifest.dead_letter_files:  # the error path: the letters that failed again
-        with _dead_letter_io(catalog, spec, plan).new_input(f.file_path).open() as fh:
-            t = pq.read_table(fh, columns=["topic", "partition", "offset", "error_class", "error_message"])
-        for r in t.to_pylist():
-            again[(r["topic"], r["partition"], r["offset"])] = f"{r['error_class']}: {r['error_message']}"
+    if manifest.dead_letter_files:  # the error path: the letters that failed again
+        io = _dead_letter_io(catalog, spec, plan)
+        for f in manifest.dead_letter_files:
+            with io.new_input(f.file_path).open() as fh:
+                t = pq.read_table(fh, columns=["topic", "partition", "offset", "error_class", "error_message"])
+            for r in t.to_pylist():
+                again[(r["topic"], r["partition"], r["offset"])] = f"{r['error_class']}: {r['error_message']}"
     refused: dict[tuple[str | None, int, int], str] = {}
     for ident, snap_id in snapshots.items():
         target = load_table(catalog, ident)

@@ -112,9 +112,7 @@ def check_request(spec: PipelineSpec, req: ReplayRequest) -> None:
             "format.metadata: replay needs the source of every row: set format.metadata to prefixed or "
             "struct (rows written before that cannot be matched to their offsets)"
         )
-    if req.mode not in MODES:
-        raise ConfigError(f"mode: {req.mode!r} is not one of {', '.join(MODES)}")
-    if req.mode not in spec.replay_modes:
+    if req.mode not in spec.replay_modes:  # one of MODES: ReplayRequest refuses any other when it is made
         raise ConfigError(
             "mode: a change table (table.upsert / op_field) is replayed with mode reapply (each change is "
             "applied again where it is still its key's latest)"
