@@ -213,3 +213,40 @@ def test_avro_time_nanosecond_timestamps_and_unions_land_typed(broker, home, top
     assert rows[0]["value"] == {"member0": 42, "member1": None}
     assert rows[1]["value"] == {"member0": None, "member1": "forty-two"} and rows[2]["value"] is None
     assert rows[0]["tags"] == [{"member0": 1, "member1": None}, {"member0": None, "member1": True}]
+
+
+def test_schema_ids_interleaved_in_a_chunk_join_in_chunk_order_under_their_union(registry_url, topic):
+    """The registry formats' skeleton (decode/framed.py) on Avro: one chunk whose records interleave two schema ids
+    (the later id first), a tombstone, a value named by GUID and an id the registry does not know. Each id is
+    looked up once, its records decoded together, and the rows come back in chunk order under the union of both
+    schemas, in the order the ids first appear; a long that became a double in the later version joins as a
+    double (Arrow's permissive promotion, as Avro's rows always joined)."""
+    from tidewater.decode.avro import decode_avro
+    from tidewater.decode.registry_client import RegistryClient
+    from tidewater.source.kafka import Chunk
+
+    narrow = {"type": "record", "name": "Reading", "fields": [{"name": "id", "type": "string"}, {"name": "amount", "type": "long"}]}
+    wide = {**narrow, "fields": [*narrow["fields"][:1], {"name": "amount", "type": "double"}, {"name": "unit", "type": "string"}]}
+    ids = registered_avro(registry_url, f"{topic}-value", {1: narrow, 2: wide})
+    values = [
+        framed(ids[2], {"id": "a", "amount": 1.5, "unit": "kg"}, wide),
+        framed(ids[1], {"id": "b", "amount": 2}, narrow),
+        None,
+        b"\x01" + bytes(16) + b"\x02",
+        framed(UNKNOWN_SCHEMA_ID, {"id": "x", "amount": 0}, narrow),
+        framed(ids[2], {"id": "c", "amount": 3.25, "unit": "g"}, wide),
+        framed(ids[1], {"id": "d", "amount": 4}, narrow),
+    ]
+    chunk = Chunk(topic, 0, values, list(range(len(values))), [0] * len(values))
+    rows, bad = decode_avro(chunk, RegistryClient(registry_url))
+    assert rows.column_names == ["id", "amount", "unit"]
+    assert rows.schema.field("amount").type == "double"
+    assert rows.to_pylist() == [
+        {"id": "a", "amount": 1.5, "unit": "kg"},
+        {"id": "b", "amount": 2.0, "unit": None},
+        {"id": "c", "amount": 3.25, "unit": "g"},
+        {"id": "d", "amount": 4.0, "unit": None},
+    ]
+    assert [(b.index, b.error_class) for b in bad] == [(2, "Tombstone"), (3, "NotConfluentAvro"), (4, "UnknownSchemaId")]
+    assert "GUID (magic byte 1)" in bad[1].message
+    assert all(b.error_class != "InvalidAvro" for b in bad) and len(rows) + len(bad) == len(values)

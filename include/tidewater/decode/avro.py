@@ -12,10 +12,12 @@ import io
 import logging
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
-from tidewater.decode.records import BadRecord, DecodeContext
-from tidewater.decode.registry_client import RegistryClient, UnknownSchemaId
+from tidewater.decode.framed import Part, SchemaGroup, by_schema_id
+from tidewater.decode.records import BadRecord, DecodeContext, in_chunk_order
+from tidewater.decode.registry_client import RegistryClient
 from tidewater.errors import TerminalError
 from tidewater.source.kafka import Chunk
 
@@ -177,58 +179,60 @@ def to_micros(t: pa.DataType) -> pa.DataType:
 
 
 def decode_avro(chunk: Chunk, registry: RegistryClient) -> tuple[pa.Table, list[BadRecord]]:
-    """Decode Confluent-framed Avro values. Unknown schema ids and unreadable bodies are bad records;
-    an unreachable registry fails the batch (TransientError: nothing is committed, retrying is safe)."""
+    """Decode Confluent-framed Avro values (the framing and the per-schema-id loop: ``decode/framed.py``). Unknown
+    schema ids and unreadable bodies are bad records; an unreachable registry fails the batch (TransientError:
+    nothing is committed, retrying is safe).
+
+    Unlike the other registry formats, Avro's columns do not carry the schema id they were decoded with, and its
+    schema ids' rows join under the union of their schemas with Arrow's permissive promotion (a long that became a
+    double in a later version is a double), as they always did: what lands on disk stays the same."""
     import fastavro
 
-    rows: list[dict[str, Any]] = []
-    bad: list[BadRecord] = []
-    types: dict[int, pa.StructType] = {}
-    converters: dict[int, Any] = {}
-    unknown: dict[int, str] = {}
-    for i, v in enumerate(chunk.values):
-        if v is None:
-            bad.append(BadRecord(i, "Tombstone", "record has a null value (tombstone)"))
-            continue
-        if len(v) < 5 or v[0] != 0:
-            bad.append(BadRecord(i, "NotConfluentAvro", f"value does not start with magic byte 0 and a schema id; starts with {v[:16]!r}"))
-            continue
-        schema_id = int.from_bytes(v[1:5], "big")
-        if schema_id in unknown:
-            bad.append(BadRecord(i, "UnknownSchemaId", unknown[schema_id]))
-            continue
+    decoded: list[int] = []  # the schema ids with rows, for the error when they do not fit one table schema
+
+    def rows_of(group: SchemaGroup, writer: Any, bad: dict[int, BadRecord]) -> list[Part]:
+        sid = group.schema_id
+        rows: list[Any] = []
+        kept: list[int] = []
+        for i, body in zip(group.at.tolist(), group.bodies.to_pylist(), strict=True):
+            try:
+                record = fastavro.schemaless_reader(io.BytesIO(body), writer, None)
+            except Exception as e:  # noqa: BLE001 - fastavro's many kinds for a truncated or corrupt body: a dead letter
+                bad[i] = BadRecord(i, "InvalidAvro", f"schema id {sid}: {type(e).__name__}: {e}")
+                continue
+            if not isinstance(record, dict):
+                bad[i] = BadRecord(i, "InvalidAvro", f"schema id {sid} is not a record schema")
+                continue
+            rows.append(record)
+            kept.append(i)
+        if not rows:
+            return []
+        decoded.append(sid)
+        convert = union_converter(writer)
+        schema = pa.schema(list(arrow_type(writer)))
         try:
-            writer = registry.schema(schema_id)
-        except UnknownSchemaId as e:
-            unknown[schema_id] = str(e)
-            bad.append(BadRecord(i, "UnknownSchemaId", str(e)))
-            continue
-        try:
-            record = fastavro.schemaless_reader(io.BytesIO(v[5:]), writer, None)
-        except Exception as e:  # noqa: BLE001 - fastavro's many kinds for a truncated or corrupt body: a dead letter
-            bad.append(BadRecord(i, "InvalidAvro", f"schema id {schema_id}: {type(e).__name__}: {e}"))
-            continue
-        if not isinstance(record, dict):
-            bad.append(BadRecord(i, "InvalidAvro", f"schema id {schema_id} is not a record schema"))
-            continue
-        if schema_id not in types:
-            types[schema_id] = arrow_type(writer)
-            converters[schema_id] = union_converter(writer)
-        rows.append(converters[schema_id](record) if converters[schema_id] else record)
-    if not rows:
-        return pa.table({}), bad
-    schema = pa.unify_schemas([pa.schema(list(t)) for t in types.values()], promote_options="permissive")
-    try:
-        table = pa.Table.from_pylist(rows, schema=schema)
+            table = pa.Table.from_pylist([convert(r) for r in rows] if convert else rows, schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise _unfit(chunk, [sid], e) from e
         micros = pa.schema([pa.field(f.name, to_micros(f.type), f.nullable) for f in schema])
-        return (table if micros == schema else table.cast(micros, safe=False)), bad
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise TerminalError(
-            f"Avro records of schema ids {sorted(types)} do not fit one table schema: {e}",
-            topic=chunk.topic,
-            partition=chunk.partition,
-            offset=chunk.offsets[0],
-        ) from e
+        return [Part(table if micros == schema else table.cast(micros, safe=False), np.array(kept, dtype=np.int64), f"schema id {sid}")]
+
+    def joined(parts: list[pa.Table], positions: list[np.ndarray], labels: list[str]) -> pa.Table:
+        try:
+            return in_chunk_order(parts, positions, labels, check=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise _unfit(chunk, sorted(decoded), e) from e
+
+    return by_schema_id(chunk, "NotConfluentAvro", registry.schema, rows_of, mark=False, join=joined)
+
+
+def _unfit(chunk: Chunk, schema_ids: list[int], e: Exception) -> TerminalError:
+    return TerminalError(
+        f"Avro records of schema ids {schema_ids} do not fit one table schema: {e}",
+        topic=chunk.topic,
+        partition=chunk.partition,
+        offset=chunk.offsets[0],
+    )
 
 
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:

@@ -8,7 +8,8 @@ does not name are ignored, as Confluent's converter ignores them), then the date
 and the required paths checked, column by column. A record that breaks its schema (a value of another type, a date
 that is not one, a required field missing) is a dead letter of class ``SchemaViolation`` naming the path; a value
 without the framing is ``NotConfluentJsonSchema``, an id the registry does not know (or not a JSON Schema)
-``UnknownSchemaId``. A registered schema that cannot be a table's columns stops the batch (``TerminalError``).
+``UnknownSchemaId``; a registered schema that cannot be a table's columns ``UnmappableSchema`` (below). The framing
+and the per-schema-id loop are the registry formats' skeleton (``decode/framed.py``).
 
 The mapping (Confluent's JSON Schema converter maps the same way where both define one):
 
@@ -48,9 +49,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tidewater.decode.framed import Part, SchemaGroup, SchemaRefused, by_schema_id
 from tidewater.decode.json import decode_json_lenient
-from tidewater.decode.records import BadRecord, DecodeContext, in_chunk_order, refuse_conflicts, with_schema_id
-from tidewater.decode.registry_client import UnknownSchemaId
+from tidewater.decode.records import BadRecord, DecodeContext
 from tidewater.errors import TerminalError
 from tidewater.source.kafka import Chunk
 
@@ -308,55 +309,20 @@ UNMAPPABLE = "UnmappableSchema"
 def decode(chunk: Chunk, ctx: DecodeContext) -> tuple[pa.Table, list[BadRecord]]:
     """Registry entry for ``json_schema`` (see the module docstring). Rows come back in chunk order, the bad records
     apart; an unreachable registry fails the batch (``TransientError``: nothing is committed, retrying is safe)."""
-    values = pa.array(chunk.values, pa.binary())
-    framed = pc.fill_null(pc.and_(pc.greater_equal(pc.binary_length(values), 5), pc.equal(pc.binary_slice(values, 0, 1), b"\x00")), False)
-    bad = {i: _unframed(i, chunk.values[i]) for i in pc.indices_nonzero(pc.invert(framed)).to_pylist()}
-    where = pc.indices_nonzero(framed)
-    heads = values.take(where)
-    ids = _schema_ids(pc.binary_slice(heads, 1, 5))
-    # an explicit stop: pyarrow 26's binary_slice without one sizes its output buffer wrongly (ArrowInvalid,
-    # "Negative buffer resize") when values differ in length
-    longest = pc.max(pc.binary_length(heads)).as_py() if len(heads) else 0
-    bodies = pc.binary_slice(heads, 5, max(5, longest or 0))
-    where_np = where.to_numpy()
-    parts: list[pa.Table] = []
-    positions: list[np.ndarray] = []
-    labels: list[str] = []
-    for schema_id in np.unique(ids).tolist():
-        mine = np.flatnonzero(ids == schema_id)
-        at = where_np[mine]
+
+    def look_up(schema_id: int) -> Columns:
+        doc = ctx.registry.json_schema(schema_id)  # refused credentials stay terminal: they are no schema's fault
         try:
-            doc = ctx.registry.json_schema(schema_id)  # refused credentials stay terminal: they are no schema's fault
-        except UnknownSchemaId as e:
-            bad.update({int(i): BadRecord(int(i), "UnknownSchemaId", str(e)) for i in at})
-            continue
-        try:
-            cols = columns(doc)
+            return columns(doc)
         except TerminalError as e:  # this id's records wait as dead letters; the topic's others go on
-            why = f"schema id {schema_id} cannot be a table's columns: {e}"
-            bad.update({int(i): BadRecord(int(i), UNMAPPABLE, why) for i in at})
-            continue
-        rows, kept, found = _parsed(chunk, at, bodies.take(pa.array(mine)), cols, schema_id, ctx)
-        rows, label = with_schema_id(rows, schema_id), f"schema id {schema_id}"
-        refuse_conflicts(ctx, rows, label)
+            raise SchemaRefused(UNMAPPABLE, f"schema id {schema_id} cannot be a table's columns: {e}") from None
+
+    def rows_of(group: SchemaGroup, cols: Columns, bad: dict[int, BadRecord]) -> list[Part]:
+        rows, kept, found = _parsed(chunk, group.at, group.bodies, cols, group.schema_id, ctx)
         bad.update(found)
-        parts.append(rows)
-        positions.append(kept)
-        labels.append(label)
-    return in_chunk_order(parts, positions, labels), [bad[i] for i in sorted(bad)]  # several ids interleave
+        return [Part(rows, kept, f"schema id {group.schema_id}")]
 
-
-def _unframed(i: int, v: bytes | None) -> BadRecord:
-    if v is None:
-        return BadRecord(i, "Tombstone", "record has a null value (tombstone)")
-    return BadRecord(i, NOT_FRAMED, f"value does not start with magic byte 0 and a schema id; starts with {v[:16]!r}")
-
-
-def _schema_ids(heads: pa.Array) -> np.ndarray:
-    """The big-endian schema ids of 4-byte slices, read from the Arrow buffer at once."""
-    fixed = heads.cast(pa.binary(4))
-    data = fixed.buffers()[1]
-    return np.frombuffer(data, dtype=">u4", count=len(fixed), offset=fixed.offset * 4).astype(np.int64)
+    return by_schema_id(chunk, NOT_FRAMED, look_up, rows_of, table=ctx)
 
 
 def _parsed(

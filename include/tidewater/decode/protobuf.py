@@ -2,7 +2,8 @@
 pick a message type in the schema's file, the message), with schemas fetched from the schema registry by id
 (``schemaType: PROTOBUF``, the files they import by their subject and version) and cached for the task's life.
 
-The framing is read by confluent-kafka's ``SchemaId`` (the deserializer's own reader), each message by protobuf's
+The framing is read once for the chunk by the registry formats' skeleton (``decode/framed.py``), the message indexes
+by confluent-kafka's ``SchemaId`` reader (the deserializer's own), each message by protobuf's
 parser into a class built from the registry's descriptors (``message_factory``), and each schema id's messages are
 converted to Arrow at once by protarrow (``messages_to_table``, field numbers kept as field metadata). Parsing is the
 per-record step, as Avro's is (protobuf has no batch parser); the conversions below are Arrow kernels over columns.
@@ -28,14 +29,15 @@ from __future__ import annotations
 
 import io
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewater.decode.records import FIELD_NUMBER, BadRecord, DecodeContext, in_chunk_order, refuse_conflicts, with_schema_id
-from tidewater.decode.registry_client import UnknownSchemaId
+from tidewater.decode.framed import Part, SchemaGroup, by_schema_id
+from tidewater.decode.records import FIELD_NUMBER, BadRecord, DecodeContext
 from tidewater.source.kafka import Chunk
 
 NOT_FRAMED = "NotConfluentProtobuf"
@@ -79,61 +81,50 @@ def decode_protobuf(
     """Rows in chunk order and the bad records apart; an unreachable registry fails the batch (``TransientError``:
     nothing is committed, retrying is safe). ``message``: the message type to read (``format.message``) instead of
     the message indexes'. ``table``: the context whose table each message type's columns are checked against (None:
-    the messages are envelopes, not rows)."""
-    bad: dict[int, BadRecord] = {}
-    groups = _framed(chunk, bad)
-    parts: list[pa.Table] = []
-    positions: list[np.ndarray] = []
-    labels: list[str] = []
-    for (schema_id, indexes), items in groups.items():
-        try:
-            pool, file = registry.protobuf(schema_id)
-            desc = message_type(file, indexes) if message is None else named_type(pool, message)
-        except UnknownSchemaId as e:
-            bad.update({i: BadRecord(i, "UnknownSchemaId", str(e)) for i, _ in items})
-            continue
-        except IndexError as e:
-            bad.update({i: BadRecord(i, INDEX_OUT_OF_RANGE, f"schema id {schema_id}: {e}") for i, _ in items})
-            continue
-        rows, kept = _messages(desc, items, schema_id, bad)
-        rows, label = with_schema_id(rows, schema_id), f"schema id {schema_id} ({desc.full_name})"
-        if table is not None:
-            refuse_conflicts(table, rows, label)
-        parts.append(rows)
-        positions.append(kept)
-        labels.append(label)
-    return in_chunk_order(parts, positions, labels), [bad[i] for i in sorted(bad)]
+    the messages are envelopes, not rows). The framing and the per-schema-id loop: ``decode/framed.py``."""
+
+    def rows_of(group: SchemaGroup, schema: tuple[Any, Any], bad: dict[int, BadRecord]) -> Iterator[Part]:
+        pool, file = schema
+        for indexes, items in _by_message_type(group, bad).items():
+            try:
+                desc = message_type(file, indexes) if message is None else named_type(pool, message)
+            except IndexError as e:
+                bad.update({i: BadRecord(i, INDEX_OUT_OF_RANGE, f"schema id {group.schema_id}: {e}") for i, _ in items})
+                continue
+            rows, kept = _messages(desc, items, group.schema_id, bad)
+            yield Part(rows, kept, f"schema id {group.schema_id} ({desc.full_name})")
+
+    return by_schema_id(chunk, NOT_FRAMED, registry.protobuf, rows_of, table=table)
 
 
-def _framed(chunk: Chunk, bad: dict[int, BadRecord]) -> dict[tuple[int, tuple[int, ...]], list[tuple[int, bytes]]]:
-    """Each record's message by (schema id, message indexes), read by confluent-kafka's framing reader (a few bytes
-    per record); those without the framing are set apart in ``bad``."""
+def _by_message_type(group: SchemaGroup, bad: dict[int, BadRecord]) -> dict[tuple[int, ...], list[tuple[int, bytes]]]:
+    """One schema id's records by the message indexes that open each body (most often the single byte 0: the file's
+    first message), each with its message; those whose indexes cannot be read are set apart in ``bad``. The indexes
+    are read by confluent-kafka's own reader (``SchemaId._read_index_array``, what its deserializer calls: a
+    private method, used rather than a second copy of the varint format)."""
     import struct
 
     from confluent_kafka.schema_registry.common.serde import SchemaId
     from confluent_kafka.serialization import SerializationError
 
-    groups: dict[tuple[int, tuple[int, ...]], list[tuple[int, bytes]]] = defaultdict(list)
-    for i, v in enumerate(chunk.values):
-        if v is None:
-            bad[i] = BadRecord(i, "Tombstone", "record has a null value (tombstone)")
+    out: dict[tuple[int, ...], list[tuple[int, bytes]]] = defaultdict(list)
+    for i, body in zip(group.at.tolist(), group.bodies.to_pylist(), strict=True):
+        if body[:1] == b"\x00":
+            out[(0,)].append((i, body[1:]))
             continue
-        frame = SchemaId("PROTOBUF")
+        buf = io.BytesIO(body)
         try:
-            body = frame.from_bytes(io.BytesIO(v))
-        except (SerializationError, EOFError, struct.error, ValueError) as e:  # what a frame that is not one raises
+            indexes = tuple(SchemaId._read_index_array(buf, zigzag=True))
+        except (SerializationError, EOFError, struct.error, ValueError) as e:  # what indexes that are not ones raise
             bad[i] = BadRecord(
                 i,
                 NOT_FRAMED,
-                f"value does not start with magic byte 0, a schema id and message "
-                f"indexes ({type(e).__name__}: {e}); starts with {v[:16]!r}",
+                f"value does not start with magic byte 0, a schema id and message indexes ({type(e).__name__}: {e}); "
+                f"its body starts with {body[:16]!r}",
             )
             continue
-        if frame.id is None:
-            bad[i] = BadRecord(i, NOT_FRAMED, "value names its schema by GUID (magic byte 1); schema ids are read")
-            continue
-        groups[(frame.id, tuple(frame.message_indexes or ()))].append((i, body.read()))
-    return groups
+        out[indexes].append((i, buf.read()))
+    return out
 
 
 def _messages(desc: Any, items: list[tuple[int, bytes]], schema_id: int, bad: dict[int, BadRecord]) -> tuple[pa.Table, np.ndarray]:

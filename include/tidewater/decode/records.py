@@ -25,15 +25,17 @@ def with_schema_id(rows: pa.Table, schema_id: int) -> pa.Table:
     return rows.cast(pa.schema(fields, metadata=rows.schema.metadata))
 
 
-def in_chunk_order(parts: list[pa.Table], positions: list[np.ndarray], labels: list[str] | None = None) -> pa.Table:
+def in_chunk_order(parts: list[pa.Table], positions: list[np.ndarray], labels: list[str] | None = None, check: bool = True) -> pa.Table:
     """The rows of several parts of one chunk (decoded apart: one per schema id, say) as one table in chunk order;
     ``positions``: each part's rows' chunk positions. Fields one part lacks are null in the others' rows. Two parts
-    that give a field types that do not widen into one raise TerminalError naming it and both parts (``labels``)."""
+    that give a field types that do not widen into one raise TerminalError naming it and both parts (``labels``);
+    with ``check`` False the parts join under Arrow's permissive promotion (int64 and double: double) and only
+    types it cannot join raise (Arrow's error)."""
     full = [(p, at) for p, at in zip(parts, positions, strict=True) if p.num_rows]
     if not full:
         return pa.table({})
     names = labels or [f"part {i}" for i in range(len(parts))]
-    for i in range(1, len(parts)):
+    for i in range(1, len(parts) if check else 0):
         for j in range(i):
             found = type_conflicts(parts[j].schema, parts[i].schema)
             if found:
