@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tidewater.decode.arrow_types import Rebuilt, rebuilt_schema, rebuilt_type
 from tidewater.decode.framed import Part, SchemaGroup, by_schema_id
 from tidewater.decode.records import BadRecord, DecodeContext, in_chunk_order
 from tidewater.decode.registry_client import RegistryClient
@@ -165,17 +166,14 @@ def union_converter(schema: Any) -> Any:
     return None
 
 
+class _Micros(Rebuilt):
+    def primitive(self, t: pa.DataType) -> pa.DataType:
+        return pa.timestamp("us", tz=t.tz) if pa.types.is_timestamp(t) and t.unit == "ns" else t
+
+
 def to_micros(t: pa.DataType) -> pa.DataType:
     """``t`` with nanosecond timestamps at microsecond precision (nested types included)."""
-    if pa.types.is_timestamp(t) and t.unit == "ns":
-        return pa.timestamp("us", tz=t.tz)
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, to_micros(f.type), f.nullable) for f in t])
-    if pa.types.is_list(t):
-        return pa.list_(to_micros(t.value_type))
-    if pa.types.is_map(t):
-        return pa.map_(t.key_type, to_micros(t.item_type))
-    return t
+    return rebuilt_type(t, _Micros())
 
 
 def decode_avro(chunk: Chunk, registry: RegistryClient) -> tuple[pa.Table, list[BadRecord]]:
@@ -214,7 +212,7 @@ def decode_avro(chunk: Chunk, registry: RegistryClient) -> tuple[pa.Table, list[
             table = pa.Table.from_pylist([convert(r) for r in rows] if convert else rows, schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise _unfit(chunk, [sid], e) from e
-        micros = pa.schema([pa.field(f.name, to_micros(f.type), f.nullable) for f in schema])
+        micros = rebuilt_schema(schema, _Micros())
         return [Part(table if micros == schema else table.cast(micros, safe=False), np.array(kept, dtype=np.int64), f"schema id {sid}")]
 
     def joined(parts: list[pa.Table], positions: list[np.ndarray], labels: list[str]) -> pa.Table:

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from tidewater.decode.arrow_types import Rebuilt, rebuilt_schema, visit
 from tidewater.decode.records import MAX_DEPTH_DEFAULT, BadRecord, DecodeContext
 from tidewater.errors import RecordError
 from tidewater.source.kafka import Chunk
@@ -61,36 +62,58 @@ def _parse_settled(buf: bytes, explicit: pa.Schema | None, block_size: int, extr
     return table
 
 
-def _readable_type(t: pa.DataType) -> pa.DataType:
-    """The table's type as Arrow's JSON reader can produce it (no large_* layouts); cast back on write."""
-    if pa.types.is_large_string(t):
-        return pa.string()
-    if pa.types.is_large_binary(t):
-        return pa.binary()
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return pa.list_(_readable_type(t.value_type))
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, _readable_type(f.type)) for f in t])
-    return t
+class _Readable(Rebuilt):
+    """The table's type as Arrow's JSON reader can produce it (no large_* layouts); cast back on write. Fields come
+    out nullable, and maps as they are."""
+
+    def field(self, f: pa.Field, result: pa.DataType | pa.Field | None) -> pa.Field | None:
+        return None if result is None else pa.field(f.name, result)
+
+    def list(self, t: pa.DataType, element: pa.DataType | pa.Field | None) -> pa.DataType | None:
+        return t if pa.types.is_fixed_size_list(t) else pa.list_(element)
+
+    def map(self, t: pa.MapType, key: pa.DataType | pa.Field | None, value: pa.DataType | pa.Field | None) -> pa.DataType:
+        return t
+
+    def primitive(self, t: pa.DataType) -> pa.DataType:
+        if pa.types.is_large_string(t):
+            return pa.string()
+        return pa.binary() if pa.types.is_large_binary(t) else t
 
 
 def readable_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([pa.field(f.name, _readable_type(f.type)) for f in schema])
+    return rebuilt_schema(schema, _Readable())
+
+
+class _Inferred(Rebuilt):
+    """The type to keep for an inferred field: timestamps become strings, null-only fields are dropped (a struct or
+    list left with nothing: dropped too). Fields come out nullable, and maps as they are."""
+
+    def struct(self, t: pa.StructType, fields: list[pa.DataType | pa.Field | None]) -> pa.DataType | None:
+        kept = [f for f in fields if isinstance(f, pa.Field)]
+        return pa.struct(kept) if kept else None
+
+    def field(self, f: pa.Field, result: pa.DataType | pa.Field | None) -> pa.Field | None:
+        return None if result is None else pa.field(f.name, result)
+
+    def list(self, t: pa.DataType, element: pa.DataType | pa.Field | None) -> pa.DataType | None:
+        if pa.types.is_fixed_size_list(t):
+            return t
+        return None if element is None else pa.list_(element)
+
+    def map(self, t: pa.MapType, key: pa.DataType | pa.Field | None, value: pa.DataType | pa.Field | None) -> pa.DataType:
+        return t
+
+    def primitive(self, t: pa.DataType) -> pa.DataType | None:
+        if pa.types.is_null(t):
+            return None
+        return pa.string() if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) else t
 
 
 def _inferred_type(t: pa.DataType) -> pa.DataType | None:
-    """The type to keep for an inferred field: timestamps become strings, null-only fields are dropped."""
-    if pa.types.is_null(t):
-        return None
-    if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t):
-        return pa.string()
-    if pa.types.is_struct(t):
-        fields = [pa.field(f.name, ft) for f in t if (ft := _inferred_type(f.type)) is not None]
-        return pa.struct(fields) if fields else None
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        vt = _inferred_type(t.value_type)
-        return pa.list_(vt) if vt is not None else None
-    return t
+    found = visit(t, _Inferred())
+    assert not isinstance(found, pa.Field)
+    return found
 
 
 def _merge(explicit: pa.DataType | None, decoded: pa.DataType) -> pa.DataType | None:
@@ -122,7 +145,8 @@ _NULL_LINE = r"(?m)^[ \t]*null[ \t]*$"
 
 
 def schema_depth(schema: pa.Schema) -> int:
-    """Nesting depth of a schema (1 for flat records), computed without recursion."""
+    """Nesting depth of a schema (1 for flat records), computed without recursion: the schema is inferred from the
+    records, as deep as a record can be before this check sets it apart (so not a ``decode.arrow_types`` visitor)."""
     deepest, stack = 1, [(f.type, 1) for f in schema]
     while stack:
         t, d = stack.pop()

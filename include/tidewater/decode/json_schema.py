@@ -49,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tidewater.decode.arrow_types import Rebuilt, rebuilt_schema
 from tidewater.decode.framed import Part, SchemaGroup, SchemaRefused, by_schema_id
 from tidewater.decode.json import decode_json_lenient
 from tidewater.decode.records import BadRecord, DecodeContext
@@ -69,22 +70,29 @@ class Columns:
     def reader_schema(self) -> pa.Schema:
         """The schema Arrow's JSON reader parses the values with: the ``formats`` columns as strings, the ``maps``
         left out (inferred)."""
+        return rebuilt_schema(self.schema, _ReaderColumns(self))
 
-        def walk(fields: list[pa.Field], prefix: str) -> list[pa.Field]:
-            out = []
-            for f in fields:
-                path = prefix + f.name
-                if path in self.maps:
-                    continue
-                if path in self.formats:
-                    out.append(pa.field(f.name, pa.string()))
-                elif pa.types.is_struct(f.type):
-                    out.append(pa.field(f.name, pa.struct(walk(list(f.type), path + "."))))
-                else:
-                    out.append(f)
-            return out
 
-        return pa.schema(walk(list(self.schema), ""))
+class _ReaderColumns(Rebuilt):
+    """``Columns.reader_schema``: inside structs (not lists or maps), a ``formats`` path as a string and a ``maps``
+    path left out; a rebuilt struct's field nullable, any other field as it is."""
+
+    def __init__(self, cols: Columns) -> None:
+        self.cols = cols
+
+    def field(self, f: pa.Field, result: pa.DataType | pa.Field | None) -> pa.Field | None:
+        path = ".".join(self.path)
+        if path in self.cols.maps:
+            return None
+        if path in self.cols.formats:
+            return pa.field(f.name, pa.string())
+        return pa.field(f.name, result) if pa.types.is_struct(f.type) and result is not None else f
+
+    def list(self, t: pa.DataType, element: pa.DataType | pa.Field | None) -> pa.DataType:
+        return t
+
+    def map(self, t: pa.MapType, key: pa.DataType | pa.Field | None, value: pa.DataType | pa.Field | None) -> pa.DataType:
+        return t
 
 
 def columns(doc: dict[str, Any]) -> Columns:

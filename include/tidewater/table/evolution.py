@@ -16,6 +16,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.types import StructType
 
 from tidewater.config.sections.table import TableSpec
+from tidewater.decode.arrow_types import DottedPaths, visit
 from tidewater.decode.records import FIELD_NUMBER, SCHEMA_ID
 from tidewater.errors import TerminalError, TransientError
 from tidewater.table import provisional as prov
@@ -31,19 +32,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def arrow_paths(t: pa.DataType, prefix: str = "") -> set[str]:
-    """Dotted names of every field inside a (struct) type; list elements as ``name.element``."""
-    out: set[str] = set()
-    if pa.types.is_struct(t):
-        for f in t:
-            p = f"{prefix}.{f.name}" if prefix else f.name
-            out.add(p)
-            out |= arrow_paths(f.type, p)
-    elif pa.types.is_list(t) or pa.types.is_large_list(t):
-        out |= arrow_paths(t.value_type, f"{prefix}.element")
-    elif pa.types.is_map(t):
-        out |= arrow_paths(t.key_type, f"{prefix}.key") | arrow_paths(t.item_type, f"{prefix}.value")
-    return out
+def arrow_paths(t: pa.DataType) -> set[str]:
+    """Dotted names of every field inside a (struct) type; list elements as ``name.element``, map keys and values
+    as ``name.key`` and ``name.value``."""
+    found = DottedPaths()
+    visit(t, found)
+    return found.found
 
 
 def table_arrow_schema(table: Table) -> pa.Schema:

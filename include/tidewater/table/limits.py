@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidewater.config.sections.table import SchemaLimits
+from tidewater.decode.arrow_types import Rebuilt, rebuilt_type
 
 Path = tuple[str, ...]
 
@@ -34,7 +35,10 @@ class Rejected:
 
 def field_paths(t: pa.DataType, prefix: Path = ()) -> list[Path]:
     """Every field inside a struct type, as name tuples (names may themselves contain dots). List and
-    map contents count as fields of their own (``element``, ``key``, ``value``), as Iceberg counts them."""
+    map contents count as fields of their own (``element``, ``key``, ``value``), as Iceberg counts them.
+
+    Not a ``decode.arrow_types`` visitor: its order (each struct's fields before what they hold, the last field's
+    first) decides which over-long name a dead letter's message gives, and dead letters are on disk."""
     out: list[Path] = []
     stack: list[tuple[pa.DataType, Path]] = [(t, prefix)]
     while stack:
@@ -63,15 +67,17 @@ def _carried(data: pa.Table, path: Path) -> np.ndarray:
     return valid
 
 
-def _restrict(t: pa.DataType, keep: set[Path], prefix: Path = ()) -> pa.DataType:
-    """``t`` without the struct fields whose path is not in ``keep`` (recursively)."""
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, _restrict(f.type, keep, (*prefix, f.name)), f.nullable) for f in t if (*prefix, f.name) in keep])
-    if pa.types.is_list(t):
-        return pa.list_(_restrict(t.value_type, keep, (*prefix, "element")))
-    if pa.types.is_large_list(t):
-        return pa.large_list(_restrict(t.value_type, keep, (*prefix, "element")))
-    return t
+class _Restricted(Rebuilt):
+    """A type without the struct fields whose path is not in ``keep`` (inside structs and lists; a map as it is)."""
+
+    def __init__(self, keep: set[Path]) -> None:
+        self.keep = keep
+
+    def field(self, f: pa.Field, result: pa.DataType | pa.Field | None) -> pa.Field | None:
+        return pa.field(f.name, result, f.nullable) if self.path in self.keep and result is not None else None
+
+    def map(self, t: pa.MapType, key: pa.DataType | pa.Field | None, value: pa.DataType | pa.Field | None) -> pa.DataType:
+        return t
 
 
 def check(data: pa.Table, existing: pa.Schema | None, limits: SchemaLimits, added: int) -> tuple[pa.Table, list[Rejected]]:
@@ -133,5 +139,5 @@ def _set_apart(
     kept = data.filter(pa.array(mask))
     columns = [n for n in kept.column_names if (n,) in keep_paths]
     kept = kept.select(columns)
-    target = pa.schema([pa.field(f.name, _restrict(f.type, keep_paths, (f.name,)), f.nullable) for f in kept.schema])
+    target = pa.schema([pa.field(f.name, rebuilt_type(f.type, _Restricted(keep_paths), (f.name,)), f.nullable) for f in kept.schema])
     return kept.cast(target), [rejected[r] for r in sorted(rejected)]
