@@ -36,7 +36,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_authenticated
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from tidewater.errors import ConfigError, TidewaterError
 
 log = logging.getLogger(__name__)
 
@@ -108,42 +115,6 @@ def _pipeline(name: str) -> Any:
     return _pipelines().get(name)
 
 
-def _page_route(app: Any) -> None:
-    """``GET /api/summaries``: a page of the pipelines the user may read, one line each (the navigation page and the
-    dashboard panel), asking each broker once for the page."""
-    from airflow.api_fastapi.core_api.security import get_user
-    from fastapi import Depends
-
-    @app.get("/api/summaries")
-    def page(offset: int = 0, limit: int = PAGE, user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008
-        from tidewater.ops.pipelines import summaries
-
-        specs = _pipelines()
-        readable = _readable(user, {s.dag_id for s in specs.values()})
-        shown = [specs[name] for name in sorted(specs) if specs[name].dag_id in readable]
-        offset, limit = max(0, offset), max(1, min(limit, 200))
-        chosen = shown[offset : offset + limit]
-        lines = summaries(chosen)
-        return {
-            "total": len(shown),
-            "offset": offset,
-            "limit": limit,
-            "pipelines": [{"ref": _ref(spec), "summary": line} for spec, line in zip(chosen, lines)],
-        }
-
-
-def _problem_route(app: Any) -> None:
-    """``GET /api/problems``: pipeline files that do not load on this server, for users who may read their failing DAG."""
-    from airflow.api_fastapi.core_api.security import get_user
-    from fastapi import Depends
-
-    @app.get("/api/problems")
-    def problems(user: Any = Depends(get_user)) -> list[dict[str, str]]:  # noqa: B008 - FastAPI's idiom
-        found = _problems()
-        readable = _readable(user, {p["dag_id"] for p in found})
-        return [p for p in found if p["dag_id"] in readable]
-
-
 def _readable(user: Any, dag_ids: set[str]) -> set[str]:
     """The DAG ids among ``dag_ids`` the auth manager lets ``user`` read."""
     from airflow.api_fastapi.app import get_auth_manager
@@ -151,116 +122,145 @@ def _readable(user: Any, dag_ids: set[str]) -> set[str]:
     return get_auth_manager().filter_authorized_dag_ids(dag_ids=dag_ids, user=user, method="GET")
 
 
-def create_app() -> Any:
-    """The FastAPI app (every route requires an authenticated Airflow user, and each pipeline's routes the right to
-    read its ingest DAG)."""
-    from airflow.api_fastapi.core_api.security import get_user, requires_authenticated
-    from fastapi import Depends, FastAPI, HTTPException
-    from fastapi.responses import HTMLResponse
+def readable_pipeline(name: str, user: GetUserDep) -> Any:
+    """The dependency of every route of one pipeline: the pipeline ``name``, for a user the auth manager lets read
+    its ingest DAG (404 when there is none by that name, 403 when the user may not read it)."""
+    spec = _pipeline(name)
+    if spec is None:
+        raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
+    if not _readable(user, {spec.dag_id}):
+        raise HTTPException(status_code=403, detail=f"pipeline {name!r}: no access to its DAG {spec.dag_id}")
+    return spec
 
+
+Pipeline = Annotated[Any, Depends(readable_pipeline)]
+
+api = APIRouter(prefix="/api")
+
+
+@api.get("/pipelines")
+def listed(user: GetUserDep) -> list[dict[str, Any]]:
+    specs = _pipelines().values()
+    readable = _readable(user, {s.dag_id for s in specs})
+    return [_ref(s) for s in specs if s.dag_id in readable]
+
+
+@api.get("/summaries")
+def summaries_page(user: GetUserDep, offset: int = 0, limit: int = PAGE) -> dict[str, Any]:
+    """A page of the pipelines the user may read, one line each (the navigation page and the dashboard panel),
+    asking each broker once for the page."""
+    from tidewater.ops.pipelines import summaries
+
+    specs = _pipelines()
+    readable = _readable(user, {s.dag_id for s in specs.values()})
+    shown = [specs[name] for name in sorted(specs) if specs[name].dag_id in readable]
+    offset, limit = max(0, offset), max(1, min(limit, 200))
+    chosen = shown[offset : offset + limit]
+    lines = summaries(chosen)
+    return {
+        "total": len(shown),
+        "offset": offset,
+        "limit": limit,
+        "pipelines": [{"ref": _ref(spec), "summary": line} for spec, line in zip(chosen, lines, strict=True)],
+    }
+
+
+@api.get("/problems")
+def problems(user: GetUserDep) -> list[dict[str, str]]:
+    """Pipeline files that do not load on this server, for users who may read their failing DAG."""
+    found = _problems()
+    readable = _readable(user, {p["dag_id"] for p in found})
+    return [p for p in found if p["dag_id"] in readable]
+
+
+@api.get("/pipelines/{name}")
+def overview_of(spec: Pipeline, batches: int = 20) -> dict[str, Any]:
+    from tidewater.ops.overview import overview
+
+    return overview(spec, batches=max(1, min(batches, 200)))
+
+
+@api.get("/pipelines/{name}/lag-history")
+def lag_history_of(spec: Pipeline, limit: int = 100) -> list[dict[str, Any]]:
+    from tidewater.ops.overview import lag_history
+
+    return lag_history(spec, max(1, min(limit, 1000)))
+
+
+@api.get("/pipelines/{name}/dead-letters")
+def dead_letters(spec: Pipeline, state: str = "open", error_class: str = "", batch: str = "", limit: int = 50) -> dict[str, Any]:
+    """The dead letters with their payloads: only for users who may read the pipeline's DAG (``Pipeline``)."""
+    from tidewater.table.letters import listing
+
+    return listing(spec, state=state, error_class=error_class or None, batch=batch or None, limit=max(1, min(limit, 500)))
+
+
+@api.get("/pipelines/{name}/runs/{run_id:path}")
+def run_of(spec: Pipeline, run_id: str) -> dict[str, Any]:
+    from tidewater.ops.overview import run_detail
+
+    return run_detail(spec, run_id)
+
+
+pages = APIRouter()
+
+
+@pages.get("/", response_class=HTMLResponse)
+def view() -> str:
+    return (Path(__file__).parent / "ui_page.html").read_text()
+
+
+@pages.get("/data-docs/{name}/{page:path}")
+def data_docs(spec: Pipeline, page: str) -> Any:
+    """A file of the pipeline's Data Docs site; ``<batch id>.html`` redirects to that batch's page, rendering it
+    first if the batch left it for later."""
+    from tidewater.quality.data_docs import page_of, render_pending, report_path, site_dir
+
+    missing = HTTPException(status_code=404, detail=f"no Data Docs file {page} for pipeline {spec.name}")
+    if "/" not in page and page.endswith(".html") and page != "index.html":  # <batch id>.html: that batch's page
+        batch = page.removesuffix(".html")
+        if page_of(spec, batch) is None and report_path(spec, batch).is_file():
+            render_pending(spec, batch)
+        found = page_of(spec, batch)
+        if found is None:
+            raise HTTPException(status_code=404, detail=f"no Data Docs page for batch {batch} of pipeline {spec.name}")
+        # relative, so that the page's own relative links (Home, the suite, static files) resolve in the site
+        return RedirectResponse(found.relative_to(site_dir(spec)).as_posix(), status_code=307)
+    return _site_file(site_dir(spec), page, missing)
+
+
+class Bundle(StaticFiles):
+    """The React apps' bundle (``plugin.py`` gives Airflow its URL), each file revalidated on every load
+    (``Cache-Control: no-cache``) so that an upgraded bundle is never run stale beside a new API. Mounted, it is
+    served without Airflow's sign-in, as Airflow serves its own UI's files: code that is in the package, no data."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+def tidewater_error(request: Request, e: Exception) -> JSONResponse:
+    """Tidewater's errors as HTTP errors, in FastAPI's shape (``detail``): a bad setting or parameter 400, a transient
+    error 503 (worth retrying), a terminal one 500."""
+    status = 400 if isinstance(e, ConfigError) else 503 if isinstance(e, TidewaterError) and e.transient else 500
+    return JSONResponse({"detail": str(e)}, status_code=status)
+
+
+def create_app() -> FastAPI:
+    """The FastAPI app: every route requires an authenticated Airflow user, and each pipeline's routes the right to
+    read its ingest DAG (``Pipeline``); Tidewater's errors answer as HTTP errors (``tidewater_error``)."""
     app = FastAPI(
         title="Tidewater",
         description="Lag, freshness, batches and dead letters of Tidewater pipelines",
         dependencies=[Depends(requires_authenticated())],
     )
-
-    def spec_of(name: str, user: Any) -> Any:
-        spec = _pipeline(name)
-        if spec is None:
-            raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
-        if not _readable(user, {spec.dag_id}):
-            raise HTTPException(status_code=403, detail=f"pipeline {name!r}: no access to its DAG {spec.dag_id}")
-        return spec
-
-    @app.get("/", response_class=HTMLResponse)
-    def view() -> str:
-        return (Path(__file__).parent / "ui_page.html").read_text()
-
-    @app.get("/api/pipelines")
-    def pipelines(user: Any = Depends(get_user)) -> list[dict[str, Any]]:  # noqa: B008 - FastAPI's idiom
-        specs = _pipelines().values()
-        readable = _readable(user, {s.dag_id for s in specs})
-        return [_ref(s) for s in specs if s.dag_id in readable]
-
-    _page_route(app)
-    _problem_route(app)
-
-    @app.get("/api/pipelines/{name}")
-    def pipeline(name: str, batches: int = 20, user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008
-        from tidewater.ops.overview import overview
-
-        return _answer(lambda: overview(spec_of(name, user), batches=max(1, min(batches, 200))))
-
-    _history_letters_and_runs(app, spec_of)
-    _bundle(app)
-
-    @app.get("/data-docs/{name}/{page:path}")
-    def data_docs(name: str, page: str, user: Any = Depends(get_user)) -> Any:  # noqa: B008
-        from fastapi.responses import RedirectResponse
-
-        from tidewater.quality.data_docs import page_of, render_pending, report_path, site_dir
-
-        spec = spec_of(name, user)
-        if "/" not in page and page.endswith(".html") and page != "index.html":  # <batch id>.html: that batch's page
-            batch = page.removesuffix(".html")
-            if page_of(spec, batch) is None and report_path(spec, batch).is_file():
-                render_pending(spec, batch)
-            found = page_of(spec, batch)
-            if found is None:
-                raise HTTPException(status_code=404, detail=f"no Data Docs page for batch {batch} of pipeline {name}")
-            # relative, so that the page's own relative links (Home, the suite, static files) resolve in the site
-            return RedirectResponse(found.relative_to(site_dir(spec)).as_posix(), status_code=307)
-        return _site_file(site_dir(spec), page, HTTPException(status_code=404, detail=f"no Data Docs file {page} for pipeline {name}"))
-
+    app.add_exception_handler(TidewaterError, tidewater_error)
+    app.include_router(api)
+    app.include_router(pages)
+    if STATIC.is_dir():  # built by `make setup`; without it the bundle's URLs answer 404
+        app.mount("/static", Bundle(directory=STATIC), name="static")
     return app
-
-
-def _history_letters_and_runs(app: Any, spec_of: Any) -> None:
-    """The routes of the React apps' charts, dead letters and DAG run tab."""
-    from airflow.api_fastapi.core_api.security import get_user
-    from fastapi import Depends
-
-    @app.get("/api/pipelines/{name}/lag-history")
-    def lag_history(name: str, limit: int = 100, user: Any = Depends(get_user)) -> list[dict[str, Any]]:  # noqa: B008
-        from tidewater.ops.overview import lag_history
-
-        return _answer(lambda: lag_history(spec_of(name, user), max(1, min(limit, 1000))))
-
-    @app.get("/api/pipelines/{name}/dead-letters")
-    def letters(
-        name: str,
-        state: str = "open",
-        error_class: str = "",
-        batch: str = "",
-        limit: int = 50,
-        user: Any = Depends(get_user),  # noqa: B008
-    ) -> dict[str, Any]:
-        from tidewater.table.letters import listing
-
-        spec = spec_of(name, user)  # payloads only for users who may read the pipeline's DAG
-        return _answer(
-            lambda: listing(spec, state=state, error_class=error_class or None, batch=batch or None, limit=max(1, min(limit, 500)))
-        )
-
-    @app.get("/api/pipelines/{name}/runs/{run_id:path}")
-    def run(name: str, run_id: str, user: Any = Depends(get_user)) -> dict[str, Any]:  # noqa: B008
-        from tidewater.ops.overview import run_detail
-
-        return _answer(lambda: run_detail(spec_of(name, user), run_id))
-
-
-def _bundle(app: Any) -> None:
-    """The React apps' bundle (``plugin.py`` gives Airflow its URL)."""
-    from fastapi import HTTPException
-
-    @app.get("/static/{file}")
-    def static(file: str) -> Any:
-        from fastapi.responses import FileResponse
-
-        path = STATIC / file
-        if "/" in file or not path.is_file():
-            raise HTTPException(status_code=404, detail=f"no file {file}")
-        return FileResponse(path, media_type="text/javascript" if file.endswith(".js") else None, headers={"Cache-Control": "no-cache"})
 
 
 def _ref(spec: Any) -> dict[str, Any]:
@@ -281,26 +281,11 @@ def _ref(spec: Any) -> dict[str, Any]:
     }
 
 
-def _answer(make: Any) -> Any:
-    """``make()``, with Tidewater's errors as HTTP errors: transient 503 (worth retrying), terminal 500, a bad
-    parameter 400."""
-    from fastapi import HTTPException
-
-    from tidewater.errors import ConfigError, TidewaterError
-
-    try:
-        return make()
-    except ConfigError as e:
-        raise HTTPException(status_code=400, detail=str(e)) from None
-    except TidewaterError as e:
-        raise HTTPException(status_code=503 if e.transient else 500, detail=str(e)) from None
-
-
 def _site_file(site: Any, page: str, missing: Exception) -> Any:
     """A file of a Data Docs site, local or on object storage (raises ``missing`` when absent or outside it)."""
     import mimetypes
 
-    from fastapi.responses import FileResponse, Response
+    from fastapi.responses import FileResponse
 
     if isinstance(site, Path):
         root = site.resolve()
