@@ -290,7 +290,7 @@ def test_the_spark_submit_driver_starts_without_the_task_libraries():
 
 # make lint runs mypy on the files [tool.mypy] lists in pyproject.toml: the whole package. The count only grows; the
 # first five areas stay in.
-MIN_TYPED_MODULES = 151
+MIN_TYPED_MODULES = 153
 FIRST_TYPED = ("tidewater.batch", "tidewater.commit", "tidewater.table", "tidewater.config", "tidewater.decode")
 
 
