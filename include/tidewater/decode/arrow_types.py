@@ -118,24 +118,13 @@ def rebuilt_type(t: pa.DataType, visitor: Rebuilt, path: Path = ()) -> pa.DataTy
     return out
 
 
-class DottedPaths(TypeVisitor[None]):
+class DottedPaths(Rebuilt):
     """The dotted path of every struct field inside a type, in ``found`` (list elements as ``name.element``, map
-    keys and values as ``name.key``, ``name.value``)."""
+    keys and values as ``name.key``, ``name.value``); a ``Rebuilt`` that notes each field it rebuilds."""
 
     def __init__(self) -> None:
         self.found: set[str] = set()
 
-    def field(self, f: pa.Field, result: None) -> None:
+    def field(self, f: pa.Field, result: pa.DataType | pa.Field | None) -> pa.Field | None:
         self.found.add(".".join(self.path))
-
-    def struct(self, t: pa.StructType, fields: list[None]) -> None:
-        return None
-
-    def list(self, t: pa.DataType, element: None) -> None:
-        return None
-
-    def map(self, t: pa.MapType, key: None, value: None) -> None:
-        return None
-
-    def primitive(self, t: pa.DataType) -> None:
-        return None
+        return super().field(f, result)
