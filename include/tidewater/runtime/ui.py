@@ -18,14 +18,14 @@ Airflow's own authentication (the UI's session token, or a bearer token for the 
 | | ``limit``) with a payload preview, and the counts per state (``table/letters.py``) |
 | ``GET /tidewater/api/pipelines/{name}/runs/{run id}`` | the batch a DAG run committed: ranges, counts, verdict, |
 | | snapshot and offsets, per table for routed pipelines |
-| ``GET /tidewater/static/{file}`` | the React apps' bundle (``plugin.py``) |
+| ``GET /tidewater/static/{file}`` | the React apps' bundle (``plugin.py``; static files, without the sign-in) |
 | ``GET /tidewater/data-docs/{name}/{path}`` | the pipeline's great-expectations Data Docs site (``index.html``, |
 | | its pages and static files); ``{batch id}.html`` redirects to that batch's page, rendering it on first |
 | | request if the batch left it for later |
 
-Each pipeline is shown only to users whom Airflow's auth manager lets read its ingest DAG (``GET`` on that DAG:
-the list leaves the others out, their routes answer 403), so a deployment's DAG-level access rules cover the
-view too.
+Every route but the bundle's requires Airflow's sign-in. Each pipeline is shown only to users whom Airflow's auth
+manager lets read its ingest DAG (``GET`` on that DAG: the list leaves the others out, their routes answer 403), so
+a deployment's DAG-level access rules cover the view too.
 
 Read-only itself: the view's actions are DAG runs, so every change is audited: Publish and Drop of a
 quarantined batch trigger the quarantine DAG, Retry of dead letters the retry DAG (Airflow's REST API, with the
