@@ -84,22 +84,28 @@ class Rebuilt(TypeVisitor["pa.DataType | pa.Field | None"]):
     """The type rebuilt from its parts, as it is unless a subclass changes a part: a field keeps its name and
     nullability (not its metadata); a part that comes back None is left out (a struct left with no field is kept
     empty; a list or a field of None is None); a list keeps its layout (list or large list), a fixed-size list is
-    kept as it is."""
+    kept as it is. Three settings a subclass may turn off, in place of writing the part again:"""
+
+    into_maps = True  # False: a map is kept as it is (its key and value not rebuilt)
+    large_lists = True  # False: a large list becomes a list
+    keep_nullability = True  # False: every field comes out nullable
 
     def struct(self, t: pa.StructType, fields: list[pa.DataType | pa.Field | None]) -> pa.DataType | None:
         return pa.struct([f for f in fields if isinstance(f, pa.Field)])
 
     def field(self, f: pa.Field, result: pa.DataType | pa.Field | None) -> pa.Field | None:
-        return None if result is None else pa.field(f.name, result, f.nullable)
+        return None if result is None else pa.field(f.name, result, f.nullable or not self.keep_nullability)
 
     def list(self, t: pa.DataType, element: pa.DataType | pa.Field | None) -> pa.DataType | None:
         if pa.types.is_fixed_size_list(t):
             return t
         if element is None:
             return None
-        return pa.large_list(element) if pa.types.is_large_list(t) else pa.list_(element)
+        return pa.large_list(element) if pa.types.is_large_list(t) and self.large_lists else pa.list_(element)
 
     def map(self, t: pa.MapType, key: pa.DataType | pa.Field | None, value: pa.DataType | pa.Field | None) -> pa.DataType | None:
+        if not self.into_maps:
+            return t
         return None if key is None or value is None else pa.map_(key, value)
 
     def primitive(self, t: pa.DataType) -> pa.DataType | None:

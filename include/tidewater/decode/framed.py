@@ -16,7 +16,7 @@ parts``, each part a table of rows with each row's position in the chunk and a l
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -120,7 +120,7 @@ def by_schema_id(
             rows = with_schema_id(part.rows, group.schema_id) if mark else part.rows
             if table is not None:
                 refuse_conflicts(table, rows, part.label)
-            parts.append(Part(rows, part.at, part.label))
+            parts.append(replace(part, rows=rows))
     rows = join([p.rows for p in parts], [p.at for p in parts], [p.label for p in parts])
     return rows, [bad[i] for i in sorted(bad)]  # several ids interleave
 

@@ -66,14 +66,7 @@ class _Readable(Rebuilt):
     """The table's type as Arrow's JSON reader can produce it (no large_* layouts); cast back on write. Fields come
     out nullable, and maps as they are."""
 
-    def field(self, f: pa.Field, result: pa.DataType | pa.Field | None) -> pa.Field | None:
-        return None if result is None else pa.field(f.name, result)
-
-    def list(self, t: pa.DataType, element: pa.DataType | pa.Field | None) -> pa.DataType | None:
-        return t if pa.types.is_fixed_size_list(t) else pa.list_(element)
-
-    def map(self, t: pa.MapType, key: pa.DataType | pa.Field | None, value: pa.DataType | pa.Field | None) -> pa.DataType:
-        return t
+    into_maps, large_lists, keep_nullability = False, False, False
 
     def primitive(self, t: pa.DataType) -> pa.DataType:
         if pa.types.is_large_string(t):
@@ -89,20 +82,11 @@ class _Inferred(Rebuilt):
     """The type to keep for an inferred field: timestamps become strings, null-only fields are dropped (a struct or
     list left with nothing: dropped too). Fields come out nullable, and maps as they are."""
 
+    into_maps, large_lists, keep_nullability = False, False, False
+
     def struct(self, t: pa.StructType, fields: list[pa.DataType | pa.Field | None]) -> pa.DataType | None:
         kept = [f for f in fields if isinstance(f, pa.Field)]
         return pa.struct(kept) if kept else None
-
-    def field(self, f: pa.Field, result: pa.DataType | pa.Field | None) -> pa.Field | None:
-        return None if result is None else pa.field(f.name, result)
-
-    def list(self, t: pa.DataType, element: pa.DataType | pa.Field | None) -> pa.DataType | None:
-        if pa.types.is_fixed_size_list(t):
-            return t
-        return None if element is None else pa.list_(element)
-
-    def map(self, t: pa.MapType, key: pa.DataType | pa.Field | None, value: pa.DataType | pa.Field | None) -> pa.DataType:
-        return t
 
     def primitive(self, t: pa.DataType) -> pa.DataType | None:
         if pa.types.is_null(t):

@@ -77,6 +77,8 @@ class _ReaderColumns(Rebuilt):
     """``Columns.reader_schema``: inside structs (not lists or maps), a ``formats`` path as a string and a ``maps``
     path left out; a rebuilt struct's field nullable, any other field as it is."""
 
+    into_maps = False
+
     def __init__(self, cols: Columns) -> None:
         self.cols = cols
 
@@ -89,9 +91,6 @@ class _ReaderColumns(Rebuilt):
         return pa.field(f.name, result) if pa.types.is_struct(f.type) and result is not None else f
 
     def list(self, t: pa.DataType, element: pa.DataType | pa.Field | None) -> pa.DataType:
-        return t
-
-    def map(self, t: pa.MapType, key: pa.DataType | pa.Field | None, value: pa.DataType | pa.Field | None) -> pa.DataType:
         return t
 
 

@@ -34,8 +34,15 @@ def in_chunk_order(parts: list[pa.Table], positions: list[np.ndarray], labels: l
     full = [(p, at) for p, at in zip(parts, positions, strict=True) if p.num_rows]
     if not full:
         return pa.table({})
-    names = labels or [f"part {i}" for i in range(len(parts))]
-    for i in range(1, len(parts) if check else 0):
+    if check:
+        _refuse_part_conflicts(parts, labels or [f"part {i}" for i in range(len(parts))])
+    table = pa.concat_tables([p for p, _ in full], promote_options="permissive")
+    return table.take(pa.array(np.argsort(np.concatenate([at for _, at in full]), kind="stable")))
+
+
+def _refuse_part_conflicts(parts: list[pa.Table], names: list[str]) -> None:
+    """TerminalError naming the first field two parts give types that do not widen into one, and both parts."""
+    for i in range(1, len(parts)):
         for j in range(i):
             found = type_conflicts(parts[j].schema, parts[i].schema)
             if found:
@@ -44,8 +51,6 @@ def in_chunk_order(parts: list[pa.Table], positions: list[np.ndarray], labels: l
                     f"field {path}: {names[j]} gives it type {a}, {names[i]} type {b}; a column has one "
                     "type (an incompatible schema change)"
                 )
-    table = pa.concat_tables([p for p, _ in full], promote_options="permissive")
-    return table.take(pa.array(np.argsort(np.concatenate([at for _, at in full]), kind="stable")))
 
 
 def type_conflicts(have: pa.Schema, got: pa.Schema, prefix: str = "") -> list[tuple[str, pa.DataType, pa.DataType]]:

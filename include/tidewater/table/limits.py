@@ -70,14 +70,13 @@ def _carried(data: pa.Table, path: Path) -> np.ndarray:
 class _Restricted(Rebuilt):
     """A type without the struct fields whose path is not in ``keep`` (inside structs and lists; a map as it is)."""
 
+    into_maps = False
+
     def __init__(self, keep: set[Path]) -> None:
         self.keep = keep
 
     def field(self, f: pa.Field, result: pa.DataType | pa.Field | None) -> pa.Field | None:
-        return pa.field(f.name, result, f.nullable) if self.path in self.keep and result is not None else None
-
-    def map(self, t: pa.MapType, key: pa.DataType | pa.Field | None, value: pa.DataType | pa.Field | None) -> pa.DataType:
-        return t
+        return super().field(f, result) if self.path in self.keep else None
 
 
 def check(data: pa.Table, existing: pa.Schema | None, limits: SchemaLimits, added: int) -> tuple[pa.Table, list[Rejected]]:
