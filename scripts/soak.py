@@ -8,7 +8,8 @@ on a schedule (SOAK_SCHEDULE, default every minute) while producers feed them co
 
 - ``soak_events``: JSON events, appended, written through the Spark Connect server; the quality gate quarantines
   a batch holding a record without an ``order_id`` (two such records are produced: one batch is published, one
-  dropped, each answered in its decision run's Required action through Airflow's REST API, as the UI does);
+  dropped, each answered in its decision run's Required action through Airflow's REST API, as the UI does, and
+  answered again when Airflow fails the decision task after the answer and asks again);
 - ``soak_db``: a 10-table Debezium database in one routed pipeline (upserts and deletes by key), spark-submit;
 - ``soak_avro``: Avro through the registry, appended, spark-submit.
 
@@ -17,7 +18,8 @@ server (restarted); a catalog lock held for a while; a Spark-side ``expire_snaps
 a ``rewrite_data_files`` from outside. Operations beside them: maintenance DAG runs and replays of random committed
 ranges (``soak_avro``: replace or append-missing; ``soak_db``: reapply). The scheduler's and the Connect server's
 resident memory is sampled. At the end the producers stop, the pipelines drain, and then: ``tidewater audit --deep``
-of every pipeline (no discrepancy), every table equal to the model of what was produced (rows, keys, values), lag 0.
+of every pipeline (no discrepancy), every table equal to the model of what was produced (rows, keys, values), lag 0,
+no quarantined batch waiting and every decision run a success.
 
 Writes ``report.json`` in the work folder and prints a Markdown summary (``--markdown FILE`` writes it too). Exit 0
 when every check passed. ``tests/e2e/test_soak.py`` runs the 3-minute version in ``make test``.
@@ -411,18 +413,21 @@ def trigger(svc: Services, dag_id: str, conf: dict | None = None, run_id: str | 
 
 def respond(svc: Services, dag_id: str, batch_id: str, action: str) -> bool:
     """Answer the decision run of a quarantined batch as the admin user would in Airflow's Required actions (the
-    REST call the UI's Publish and Drop buttons make). False while its ``decide`` task is not waiting yet."""
+    REST call the UI's Publish and Drop buttons make). False while its ``decide`` task is not waiting for an answer:
+    not yet, or answered already (a retry of a task Airflow failed after the answer asks again, and is answered
+    then)."""
     import urllib.error
     import urllib.request
 
     base = f"http://127.0.0.1:{svc.api_port}"
     home = Path(svc.env()["AIRFLOW_HOME"])
     password = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
+    detail = f"{base}/api/v2/dags/{dag_id}/dagRuns/decide__{batch_id}/taskInstances/decide/-1/hitlDetails"
 
-    def call(method: str, url: str, body: dict, token: str | None = None) -> dict:
+    def call(method: str, url: str, body: dict | None, token: str | None = None) -> dict:
         req = urllib.request.Request(
             url,
-            data=json.dumps(body).encode(),
+            data=None if body is None else json.dumps(body).encode(),
             method=method,
             headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})},
         )
@@ -431,12 +436,9 @@ def respond(svc: Services, dag_id: str, batch_id: str, action: str) -> bool:
 
     try:
         token = call("POST", f"{base}/auth/token", {"username": "admin", "password": password})["access_token"]
-        call(
-            "PATCH",
-            f"{base}/api/v2/dags/{dag_id}/dagRuns/decide__{batch_id}/taskInstances/decide/-1/hitlDetails",
-            {"chosen_options": [action.capitalize()], "params_input": {"reason": f"soak: {action}"}},
-            token,
-        )
+        if call("GET", detail, None, token).get("response_received"):
+            return False
+        call("PATCH", detail, {"chosen_options": [action.capitalize()], "params_input": {"reason": f"soak: {action}"}}, token)
     except (urllib.error.URLError, OSError) as e:  # not waiting yet (404), or the API server restarting
         log(f"quarantine decision on {batch_id} not answered yet: {e}")
         return False
@@ -454,6 +456,7 @@ class Chaos(threading.Thread):
         self.stopping = threading.Event()
         self.done: list[dict] = []
         self.decisions: dict[str, str] = {}  # quarantined batch id -> publish | drop
+        self.answers: collections.Counter = collections.Counter()  # quarantined batch id -> times answered
         self.dropped_ranges: list[tuple[str, int, int, int]] = []
 
     def run(self) -> None:
@@ -615,15 +618,19 @@ class Chaos(threading.Thread):
 
         spec = load_pipeline(self.files["soak_events"])
         for q in quarantine.list_all(spec):
-            if q["batch_id"] in self.decisions:
+            batch = q["batch_id"]
+            if batch in self.decisions:  # decided, and still waiting: answered again once Airflow asks again
+                if respond(self.svc, "quarantine_soak_events", batch, self.decisions[batch]):
+                    self.answers[batch] += 1
+                    log(f"quarantine_{self.decisions[batch]}: {batch} asked again (answer {self.answers[batch]})")
                 continue
             action = "drop" if list(self.decisions.values()) == ["publish"] else "publish"
             if action == "drop":  # what the model leaves out: the records of the batch's ranges
                 table = load_table(load_catalog(spec), spec.table.identifier)
                 ranges = [tuple(r) for r in json.loads(summary_dict(table.snapshot_by_name(q["branch"]))[RANGES])]
-            if not respond(self.svc, "quarantine_soak_events", q["batch_id"], action):
+            if not respond(self.svc, "quarantine_soak_events", batch, action):
                 continue
-            self.decisions[q["batch_id"]] = action
+            self.decisions[batch], self.answers[batch] = action, 1
             if action == "drop":
                 self.dropped_ranges += ranges
             if len(self.decisions) == 1:
@@ -633,11 +640,11 @@ class Chaos(threading.Thread):
                     "name": f"quarantine_{action}",
                     "at": round(time.monotonic() - self.t0),
                     "outcome": "done",
-                    "detail": q["batch_id"],
+                    "detail": batch,
                     "seconds": 0,
                 }
             )
-            log(f"quarantine_{action}: {q['batch_id']} ({q['rows']} rows)")
+            log(f"quarantine_{action}: {batch} ({q['rows']} rows)")
 
 
 def chaos_plan(start: float, seconds: float, seed: int) -> list[tuple[float, str]]:
@@ -808,6 +815,28 @@ def memory(samples: list[dict], judge_after: float = 1200) -> dict[str, dict]:
     return out
 
 
+# Each decision run of the quarantine and how often its ``decide`` task was tried: a try beyond the first is Airflow
+# failing the task after the answer (apache/airflow#72716), asked again.
+DECISION_RUNS = (
+    "SELECT r.run_id, r.state, t.try_number FROM dag_run r JOIN task_instance t ON t.dag_id = r.dag_id AND "
+    "t.run_id = r.run_id AND t.task_id = 'decide' WHERE r.dag_id = 'quarantine_soak_events' AND r.run_id LIKE 'decide%'"
+)
+
+
+def decisions(svc: Services, files: dict[str, Path], chaos: Chaos) -> dict:
+    """The quarantine after the drain: the batches still waiting (none when every decision was applied), each
+    decision run's state and tries, and how often the soak answered each batch."""
+    from tidewater.config.parse import load_pipeline
+    from tidewater.ops import quarantine
+
+    return {
+        "decided": chaos.decisions,
+        "answers": dict(chaos.answers),
+        "waiting": sorted(q["batch_id"] for q in quarantine.list_all(load_pipeline(files["soak_events"]))),
+        "runs": {run_id: {"state": state, "tries": tries} for run_id, state, tries in metadata_query(svc, DECISION_RUNS)},
+    }
+
+
 def run_states(svc: Services) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = collections.defaultdict(dict)
     for dag_id, state, n in metadata_query(svc, "SELECT dag_id, state, count(*) FROM dag_run GROUP BY dag_id, state"):
@@ -824,6 +853,8 @@ def verdict(report: dict) -> list[str]:
     ]
     bad += [f"{t} differs from its model: {c}" for t, c in report["tables"].items() if not c["equal"]]
     bad += [f"lag of {n} is {lag}" for n, lag in report["lag"].items() if lag]
+    bad += [f"quarantined batch {b} still waits after the drain" for b in report["decisions"]["waiting"]]
+    bad += [f"decision run {r} ended {d['state']}" for r, d in report["decisions"]["runs"].items() if d["state"] != "success"]
     happened = {d["name"] for d in report["events"] if d["outcome"] == "done"}
     bad += [f"{name} never happened" for name in (*FAULTS, *OPERATIONS, "quarantine_publish", "quarantine_drop") if name not in happened]
     bad += [f"{d['name']} failed: {d['detail']}" for d in report["events"] if d["outcome"] != "done"]
@@ -854,6 +885,12 @@ def markdown(report: dict) -> str:
     ]
     lines += ["", "| fault or operation | when (s) | outcome |", "| --- | ---: | --- |"]
     lines += [f"| {d['name']} | {d.get('at', '')} | {d['outcome']}: {str(d['detail'])[:160]} |" for d in report["events"]]
+    lines += ["", "| decision run | decision | state | tries of decide | answers |", "| --- | --- | --- | ---: | ---: |"]
+    lines += [
+        f"| {r} | {report['decisions']['decided'].get(r.removeprefix('decide__'), '')} | {d['state']} | {d['tries']} | "
+        f"{report['decisions']['answers'].get(r.removeprefix('decide__'), 0)} |"
+        for r, d in sorted(report["decisions"]["runs"].items())
+    ]
     lines += ["", "| DAG | runs by state |", "| --- | --- |"]
     lines += [f"| {dag} | {', '.join(f'{s} {n}' for s, n in sorted(states.items()))} |" for dag, states in sorted(report["runs"].items())]
     lines += [
@@ -900,7 +937,7 @@ def soak(work: Path, minutes: float, seed: int, schedule: str, drain_minutes: fl
         final_lag = drain(svc, files, chaos, drain_minutes * 60)
         drain_seconds = round(time.monotonic() - drained)
         monitor.stopping.set()
-        runs = run_states(svc)
+        runs, decided = run_states(svc), decisions(svc, files, chaos)
         producers.producer.flush(30)
         producers.producer = None  # its connections go before the broker does
         svc.stop_airflow()
@@ -918,6 +955,7 @@ def soak(work: Path, minutes: float, seed: int, schedule: str, drain_minutes: fl
             "producer_errors": producers.errors,
             "memory": memory(monitor.samples),
             "quarantine": chaos.decisions,
+            "decisions": decided,
             "dropped_ranges": chaos.dropped_ranges,
             "audits": audits(files, svc.env()),
             "tables": table_checks(files, producers, chaos.dropped_ranges),

@@ -171,6 +171,8 @@ def test_quarantine_dag_only_for_the_quarantine_policy(tmp_path, monkeypatch):
     assert dag.get_task("route").downstream_task_ids == {"quarantine", "decide"}
     assert dag.get_task("decide").downstream_task_ids == {"apply"}
     assert dag.get_task("decide").options == ["Publish", "Drop"] and dag.get_task("decide").execution_timeout is None
+    # a decision Airflow 3.3 fails after the answer (apache/airflow#72716) is asked again, twice, 10 s apart
+    assert (dag.get_task("decide").retries, dag.get_task("decide").retry_delay.total_seconds()) == (2, 10)
     assert dag.max_active_runs > 1  # an undecided batch does not hold up the next decision or a form run
     assert "quarantine_pizzas" not in dagbag(REPO / "include" / "pipelines", monkeypatch).dags
 

@@ -352,6 +352,10 @@ def _form_dag(spec: PipelineSpec, kind: str, doc_md: str, params: dict, body, ou
 QUARANTINE_RUNS = 16  # decision runs may wait side by side (runtime/decisions.py), beside the form's runs
 
 
+# How often a decision Airflow failed after the person answered is asked again (see the decide task).
+DECIDE_RETRIES = 2
+
+
 def _hitl_operator() -> Any:
     """Airflow's human-in-the-loop operator (3.1+), or None on Airflow 3.0 (the quarantine DAG's form alone)."""
     try:
@@ -398,7 +402,11 @@ def build_quarantine_dag(path: Path, spec: PipelineSpec):
             task_id="decide",
             options=[PUBLISH, DROP],
             execution_timeout=None,
-            retries=0,
+            # Airflow 3.3's scheduler can fail a deferred task that resumed before it handled the task's deferral
+            # (apache/airflow#72716): an answer given within seconds of the question. A retry asks again; the answer
+            # that was lost was never applied (apply runs only after decide succeeds).
+            retries=DECIDE_RETRIES,
+            retry_delay=timedelta(seconds=10),
             subject="Quarantined batch {{ dag_run.conf.get('batch_id', '') }} of " + spec.name + ": publish or drop?",
             body="{{ dag_run.conf.get('body', '') }}",
             params={
