@@ -317,6 +317,62 @@ def test_no_secret_on_the_spark_submit_command_line(broker, home, topic, monkeyp
     assert not list(Path("/tmp").glob("tidewater-spark-*/secrets.properties")), "the properties file was removed"
 
 
+# Run in a process of its own (the JVM must start there: this process's is shared by the tests) by the test below.
+_SESSION_SCRIPT = """
+import json, sys
+from tidewater.config.parse import load_pipeline
+from tidewater.spark.session import session
+spark = session(load_pipeline(sys.argv[1]), master="local[1]")
+keys = json.loads(sys.argv[2])
+print("RESULT " + json.dumps({k: spark.conf.get(k, None) for k in keys}), flush=True)
+spark.stop()
+"""
+
+
+def test_no_secret_on_the_command_line_of_a_maintenance_or_sql_session(home, tmp_path, monkeypatch):
+    """The SparkSession of `tidewater maintain` and `tidewater sql` (spark/session.py), started by pyspark in a
+    fresh process, on a pipeline with a PostgreSQL catalog's password and the secret Spark settings above, on a Spark whose
+    `spark-defaults.conf` sets a probe setting. pyspark puts every setting given before the JVM starts on
+    spark-submit's command line (it did, before: the catalog's password and every S3 key were readable with `ps`).
+    Expected: the session has every secret and the cluster's default, no process's command line seen while it
+    started holds a secret, and the private properties file is removed."""
+    import subprocess
+    import sys
+
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text("spark.tw.probe  from-the-cluster\n")
+    catalog_secret = "cat-s3cr3t-S7"  # a PostgreSQL catalog's password (the session only opens it when queried)
+    path = write_pipeline(
+        home,
+        catalog={
+            "name": "lake",
+            "properties": {
+                "type": "sql",
+                "uri": f"postgresql+psycopg2://tidewater:{catalog_secret}@127.0.0.1:5432/catalog",
+                "warehouse": f"file://{home}/warehouse",
+            },
+        },
+        spark={"conf": SPARK_SECRETS},
+    )
+    keys = ["spark.tw.probe", "spark.sql.catalog.lake.jdbc.password", *SPARK_SECRETS]
+    env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir), "TMPDIR": str(tmp_path)}
+    env.pop("PYSPARK_SUBMIT_ARGS", None)
+    done, seen = _command_lines_while(
+        lambda: subprocess.run(
+            [sys.executable, "-c", _SESSION_SCRIPT, str(path), json.dumps(keys)], capture_output=True, text=True, timeout=300, env=env
+        )
+    )
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
+    got = json.loads(lines[-1][len("RESULT ") :])
+    assert got == {"spark.tw.probe": "from-the-cluster", "spark.sql.catalog.lake.jdbc.password": catalog_secret, **SPARK_SECRETS}
+    assert any("SparkSubmit" in c and "--properties-file" in c for c in seen), "the watcher saw the JVM start"
+    secrets = [catalog_secret, *SPARK_SECRETS.values()]
+    assert [s for s in secrets if any(s in c for c in seen)] == []
+    assert not list(tmp_path.glob("tidewater-spark-*")), "the properties file was removed"
+
+
 def test_the_properties_file_keeps_the_cluster_defaults_and_lets_secrets_win(tmp_path):
     """The merged properties file as java.util.Properties reads it: the defaults file's text as it is (a
     trailing continuation line and no final newline included), then the secrets, which win over a default of

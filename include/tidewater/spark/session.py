@@ -4,28 +4,65 @@ failure means (worth retrying or not).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from tidewater.config.secrets import SPARK_REDACTION_REGEX, split_secrets
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError, TransientError
-from tidewater.spark.conf import submit_settings
+from tidewater.spark.conf import properties_file, remove_properties_file, spark_defaults_file, submit_settings
 
 
 def session(spec: PipelineSpec, app_name: str = "tidewater", master: str | None = None) -> Any:
-    """A SparkSession on the pipeline's catalog (for queries and maintenance from Python)."""
+    """A SparkSession on the pipeline's catalog (for queries and maintenance from Python).
+
+    pyspark starts the JVM with spark-submit and puts every setting given before then on its command line, where
+    any user of the host can read it (``ps``). The secret ones (``config/secrets.py``: a catalog's password or
+    token, an S3 secret key) go in a private properties file instead, named on the command line through
+    ``PYSPARK_SUBMIT_ARGS`` (as ``tidewater run``'s spark-submit does) and removed once the JVM has read it. A
+    JVM already running in this process takes them at run time, which no command line sees."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     b = SparkSession.builder.appName(app_name).master(master or spec.spark.master)
     s = submit_settings(spec, master)
-    for k, v in s["conf"].items():
+    public, secret = split_secrets({"spark.redaction.regex": SPARK_REDACTION_REGEX, **s["conf"]})
+    for k, v in public.items():
         b = b.config(k, v)
     if s["jars"]:
         b = b.config("spark.jars", s["jars"])
     if s["packages"]:
         b = b.config("spark.jars.packages", s["packages"])
-    spark = b.getOrCreate()
+    if SparkContext._active_spark_context is not None or not secret:
+        for k, v in secret.items():
+            b = b.config(k, v)
+        spark = b.getOrCreate()
+    else:
+        with _secrets_for_the_jvm(secret):
+            spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+@contextlib.contextmanager
+def _secrets_for_the_jvm(secret: dict[str, str]) -> Iterator[Path]:
+    """``secret`` in a private properties file that the JVM pyspark starts in this block reads (the cluster's
+    spark-defaults.conf copied in first, as ``tidewater run`` does: spark-submit reads one properties file)."""
+    path = properties_file(secret, spark_defaults_file())
+    before = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(str(path))} {before or 'pyspark-shell'}"
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = before
+        remove_properties_file(path)
 
 
 def release_catalog(spark: Any, spec: PipelineSpec) -> None:
