@@ -138,11 +138,11 @@ $(REGISTRY_BUILD)/.installed: jvm/schema-registry/pom.xml $(KAFKA_LIBS)/.install
 # environment) pins 4.0.0: the same constraints with dateutil and boto3 taken from constraints-moto.txt.
 # tests/integration/test_glue_catalog.py runs the package from the checkout (PYTHONPATH) with it.
 glue-env: $(DATA)/glue-venv/.installed
-$(DATA)/glue-venv/.installed: requirements-executor.txt constraints.txt constraints-moto.txt
+$(DATA)/glue-venv/.installed: requirements-executor.txt requirements-glue.txt constraints.txt constraints-moto.txt
 	@rm -rf $(DATA)/glue-venv
 	python3 -m venv $(DATA)/glue-venv
 	(grep -v '^python-dateutil==' constraints.txt; grep -E '^(python-dateutil|boto3|botocore|s3transfer|jmespath)==' constraints-moto.txt) > $(DATA)/glue-constraints.txt
-	$(DATA)/glue-venv/bin/python -m pip install -q -r requirements-executor.txt "great-expectations>=1,<2" boto3 -c $(DATA)/glue-constraints.txt
+	$(DATA)/glue-venv/bin/python -m pip install -q -r requirements-executor.txt -r requirements-glue.txt -c $(DATA)/glue-constraints.txt
 	@touch $@
 
 # The peers of `make bench-peers` (not part of setup): a Kafka Connect worker with the Apache Iceberg sink

@@ -11,6 +11,9 @@ moto server.
 - ``batch-twice``: the same, then its commit step again (a retry after success); prints both summaries.
 - ``write-then-hang``: plans and writes a batch (its manifest staged as the write step stages it), prints
   ``written`` and sleeps, for the test to SIGKILL it before validation and commit.
+- ``maintain``: the maintenance DAG's actions (``tidewater.ops.maintenance.maintain``: compaction, then snapshot expiry)
+  through Spark's Glue catalog (Iceberg's runtime and AWS bundle from Maven: ``spark.iceberg_packages``), the role's
+  temporary keys in the driver JVM's environment; prints the files before and after and the actions' reports.
 - ``report``: the table's rows, offsets, columns, the Glue table's metadata location and the deep audit, as JSON.
 """
 
@@ -24,6 +27,8 @@ from types import SimpleNamespace
 import yaml
 
 ROLE = "arn:aws:iam::123456789012:role/tidewater-ingest"
+# Spark's Glue catalog: Iceberg's runtime and its AWS bundle (the AWS SDK), as the production page says to set them
+SPARK_PACKAGES = "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.12.0,org.apache.iceberg:iceberg-aws-bundle:1.12.0"
 
 
 def properties(cfg: dict) -> dict[str, str]:
@@ -61,7 +66,8 @@ def pipeline(cfg: dict):
                 "table": {"identifier": cfg["bucket"].replace("-", "_") + ".orders"},
                 "batch": {"max_records": 100000, "chunk_records": 400},
                 "validation": {"not_null": ["order_id"]},
-                "spark": {"master": "local[2]"},
+                "spark": {"master": "local[1]", "iceberg_packages": SPARK_PACKAGES},
+                "maintenance": {"rewrite_data_files": {"min_input_files": 2}},
                 "catalog": {"name": "glue", "properties": properties(cfg)},
             }
         )
@@ -111,6 +117,23 @@ def write_then_hang(cfg: dict) -> dict:
     return {}
 
 
+def maintain(cfg: dict) -> dict:
+    from tidewater.ops.maintenance import maintain as run_maintenance
+    from tidewater.table.catalog import load_catalog, load_table
+
+    spec = pipeline(cfg)
+    before = len(load_table(load_catalog(spec), spec.table.identifier).inspect.files())
+    reports = run_maintenance(spec, actions=["rewrite_data_files", "expire_snapshots"])
+    after = load_table(load_catalog(spec), spec.table.identifier)
+    return {
+        "files_before": before,
+        "files_after": len(after.inspect.files()),
+        "operation": after.current_snapshot().summary.operation.value,
+        "snapshots": len(after.snapshots()),
+        "reports": [r.metadata() for r in reports],
+    }
+
+
 def report(cfg: dict) -> dict:
     from tidewater.audit.pipeline import audit
     from tidewater.table.catalog import load_catalog, load_table
@@ -137,7 +160,10 @@ if __name__ == "__main__":
     print(
         "RESULT "
         + json.dumps(
-            {"batch": batch, "batch-twice": batch_twice, "write-then-hang": write_then_hang, "report": report}[command](config), default=str
+            {"batch": batch, "batch-twice": batch_twice, "write-then-hang": write_then_hang, "maintain": maintain, "report": report}[
+                command
+            ](config),
+            default=str,
         ),
         flush=True,
     )

@@ -334,6 +334,15 @@ def test_catalog_properties_from_an_airflow_connection(monkeypatch, tmp_path):
         "client.secret-access-key": "aws-secret",
         "client.region": "eu-west-1",
     }
+    # Spark's Glue catalog: Iceberg's GlueCatalog on the same region; the keys, which Iceberg's Glue client does not
+    # read from settings, in the driver JVM's environment and in no setting
+    from tidewater.spark.conf import catalog_conf, jvm_env
+
+    assert {k: v for k, v in catalog_conf(glue).items() if "access-key" in k or "secret" in k} == {}
+    assert catalog_conf(glue)[f"spark.sql.catalog.{glue.catalog.name}.catalog-impl"] == "org.apache.iceberg.aws.glue.GlueCatalog"
+    assert catalog_conf(glue)[f"spark.sql.catalog.{glue.catalog.name}.client.region"] == "eu-west-1"
+    assert jvm_env(glue) == {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEEXAMPLE00", "AWS_SECRET_ACCESS_KEY": "aws-secret"}
+    assert jvm_env(rest) == {} and jvm_env(pg) == {}
     missing = parse_pipeline({**BASE, "catalog": {"conn_id": "nope"}})  # parsed and validated without asking
     with pytest.raises(ConfigError, match="catalog.conn_id: Airflow connection 'nope' not found"):
         missing.catalog_properties()

@@ -48,16 +48,11 @@ def catalog_conf(spec: PipelineSpec) -> dict[str, str]:
             raise ConfigError(f"catalog.properties.uri: Spark cannot use a {parsed.scheme} SQL catalog")
         conf.update({f"{pre}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog", f"{pre}.uri": jdbc})
         conf[f"{pre}.jdbc.schema-version"] = "V1"
-    elif ctype in ("rest", "hive", "glue"):
-        if ctype == "glue":
-            conf[f"{pre}.catalog-impl"] = "org.apache.iceberg.aws.glue.GlueCatalog"
-        else:
-            conf[f"{pre}.type"] = ctype
-        if "uri" in props:
-            conf[f"{pre}.uri"] = props["uri"]
-        for k, v in props.items():
-            if k not in ("type", "uri", "warehouse"):
-                conf[f"{pre}.{k}"] = v
+    elif ctype == "glue":
+        conf.update(_glue_conf(pre, props))
+    elif ctype in ("rest", "hive"):
+        conf[f"{pre}.type"] = ctype
+        conf.update({f"{pre}.{k}": v for k, v in props.items() if k not in ("type", "warehouse")})
     else:
         raise ConfigError(f"catalog.properties.type: {ctype!r} has no Spark equivalent")
     if warehouse:
@@ -69,6 +64,38 @@ def catalog_conf(spec: PipelineSpec) -> dict[str, str]:
 
 
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+
+
+# pyiceberg's Glue catalog credentials -> the AWS SDK's environment variables. Iceberg Java's Glue client takes no keys
+# as catalog properties (AwsClientProperties: a credentials provider class, else the SDK's default chain, whose first
+# link is the environment), so the Spark driver's JVM gets them in its environment (``jvm_env``).
+_GLUE_ENV = {
+    "AWS_ACCESS_KEY_ID": ("glue.access-key-id", "client.access-key-id"),
+    "AWS_SECRET_ACCESS_KEY": ("glue.secret-access-key", "client.secret-access-key"),
+    "AWS_SESSION_TOKEN": ("glue.session-token", "client.session-token"),
+}
+
+
+def _glue_conf(pre: str, props: dict[str, str]) -> dict[str, str]:
+    """Iceberg's GlueCatalog with the pyiceberg catalog's properties (Iceberg Java reads the same ``glue.endpoint``,
+    ``glue.id``, ``client.region``; pyiceberg's ``glue.region`` becomes ``client.region``), less the credentials,
+    which the JVM takes from its environment (``jvm_env``)."""
+    conf = {f"{pre}.catalog-impl": "org.apache.iceberg.aws.glue.GlueCatalog"}
+    if "client.region" not in props and "glue.region" in props:
+        conf[f"{pre}.client.region"] = props["glue.region"]
+    credentials = {k for keys in _GLUE_ENV.values() for k in keys}
+    conf.update({f"{pre}.{k}": v for k, v in props.items() if k not in ("type", "warehouse", *credentials)})
+    return conf
+
+
+def jvm_env(spec: PipelineSpec) -> dict[str, str]:
+    """Environment variables the Spark driver's JVM needs for the pipeline's catalog: a Glue catalog's credentials
+    (the role's temporary keys where the connection names one), nothing for other catalogs."""
+    props = spec.catalog_properties()
+    if catalog_type(props) != "glue":
+        return {}
+    found = {var: next((props[k] for k in keys if props.get(k)), None) for var, keys in _GLUE_ENV.items()}
+    return {var: str(v) for var, v in found.items() if v}
 
 
 AWS_BUNDLE = "org.apache.iceberg:iceberg-aws-bundle:1.10.2"

@@ -8,13 +8,12 @@ import contextlib
 import os
 import shlex
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from tidewater.config.secrets import SPARK_REDACTION_REGEX, split_secrets
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError, TransientError
-from tidewater.spark.conf import properties_file, remove_properties_file, spark_defaults_file, submit_settings
+from tidewater.spark.conf import jvm_env, properties_file, remove_properties_file, spark_defaults_file, submit_settings
 
 
 def session(spec: PipelineSpec, app_name: str = "tidewater", master: str | None = None) -> Any:
@@ -24,7 +23,9 @@ def session(spec: PipelineSpec, app_name: str = "tidewater", master: str | None 
     any user of the host can read it (``ps``). The secret ones (``config/secrets.py``: a catalog's password or
     token, an S3 secret key) go in a private properties file instead, named on the command line through
     ``PYSPARK_SUBMIT_ARGS`` (as ``tidewater run``'s spark-submit does) and removed once the JVM has read it. A
-    JVM already running in this process takes them at run time, which no command line sees."""
+    JVM already running in this process takes them at run time, which no command line sees. A Glue catalog's
+    credentials reach the JVM in its environment (``jvm_env``): Iceberg's Glue client reads no keys from settings;
+    a JVM already running keeps the environment it started with."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
@@ -37,31 +38,38 @@ def session(spec: PipelineSpec, app_name: str = "tidewater", master: str | None 
         b = b.config("spark.jars", s["jars"])
     if s["packages"]:
         b = b.config("spark.jars.packages", s["packages"])
-    if SparkContext._active_spark_context is not None or not secret:
+    env = jvm_env(spec)
+    if SparkContext._active_spark_context is not None or not (secret or env):
         for k, v in secret.items():
             b = b.config(k, v)
         spark = b.getOrCreate()
     else:
-        with _secrets_for_the_jvm(secret):
+        with _secrets_for_the_jvm(secret, env):
             spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
 @contextlib.contextmanager
-def _secrets_for_the_jvm(secret: dict[str, str]) -> Iterator[Path]:
+def _secrets_for_the_jvm(secret: dict[str, str], env: dict[str, str]) -> Iterator[None]:
     """``secret`` in a private properties file that the JVM pyspark starts in this block reads (the cluster's
-    spark-defaults.conf copied in first, as ``tidewater run`` does: spark-submit reads one properties file)."""
-    path = properties_file(secret, spark_defaults_file())
-    before = os.environ.get("PYSPARK_SUBMIT_ARGS")
-    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(str(path))} {before or 'pyspark-shell'}"
+    spark-defaults.conf copied in first, as ``tidewater run`` does: spark-submit reads one properties file), and
+    ``env`` in its environment; this process's environment is as it was afterwards."""
+    path = properties_file(secret, spark_defaults_file()) if secret else None
+    changed = dict(env)
+    if path is not None:
+        given = os.environ.get("PYSPARK_SUBMIT_ARGS") or "pyspark-shell"
+        changed["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(str(path))} {given}"
+    before = {k: os.environ.get(k) for k in changed}
+    os.environ.update(changed)
     try:
-        yield path
+        yield
     finally:
-        if before is None:
-            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
-        else:
-            os.environ["PYSPARK_SUBMIT_ARGS"] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         remove_properties_file(path)
 
 
