@@ -411,11 +411,17 @@ def trigger(svc: Services, dag_id: str, conf: dict | None = None, run_id: str | 
     )
 
 
+# How long the soak's "person" reads a decision before answering it. An answer within a second or two of the question
+# meets Airflow 3.3's race (apache/airflow#72716: the scheduler fails the resumed task), which the decide task's
+# retries absorb; a person takes longer than that, and the soak decides as one would. Answers given again are counted.
+READING_SECONDS = 20
+
+
 def respond(svc: Services, dag_id: str, batch_id: str, action: str) -> bool:
     """Answer the decision run of a quarantined batch as the admin user would in Airflow's Required actions (the
-    REST call the UI's Publish and Drop buttons make). False while its ``decide`` task is not waiting for an answer:
-    not yet, or answered already (a retry of a task Airflow failed after the answer asks again, and is answered
-    then)."""
+    REST call the UI's Publish and Drop buttons make), once it has waited READING_SECONDS. False while its ``decide``
+    task is not waiting for an answer (not yet, or answered already: a retry of a task Airflow failed after the
+    answer asks again, and is answered then) or was asked less than READING_SECONDS ago."""
     import urllib.error
     import urllib.request
 
@@ -436,8 +442,11 @@ def respond(svc: Services, dag_id: str, batch_id: str, action: str) -> bool:
 
     try:
         token = call("POST", f"{base}/auth/token", {"username": "admin", "password": password})["access_token"]
-        if call("GET", detail, None, token).get("response_received"):
+        asked = call("GET", detail, None, token)
+        if asked.get("response_received") or (asked.get("task_instance") or {}).get("state") != "deferred":
             return False
+        if (datetime.now(timezone.utc) - datetime.fromisoformat(asked["created_at"])).total_seconds() < READING_SECONDS:
+            return False  # a person reads the question first
         call("PATCH", detail, {"chosen_options": [action.capitalize()], "params_input": {"reason": f"soak: {action}"}}, token)
     except (urllib.error.URLError, OSError) as e:  # not waiting yet (404), or the API server restarting
         log(f"quarantine decision on {batch_id} not answered yet: {e}")
