@@ -171,7 +171,8 @@ def test_a_quarantined_batch_waits_in_required_actions_and_a_drop_there_is_appli
     """`validation.on_failure: quarantine` with a suite the batch fails, under `airflow standalone`: the scheduled
     ingest run fails (its commit put the batch on a quarantine branch, main empty, offsets moved) and opens run
     `decide__<batch>` of quarantine_orders, whose `decide` task waits in Airflow's Required actions with the failed
-    expectation, the rows, the ranges and the Data Docs link. In Chromium, logged in as admin, the person enters a
+    expectation, the rows, the ranges and the Data Docs link. In Chromium, logged in as admin, the Tidewater view on
+    the ingest DAG's tab shows the batch's decision as open, linking to it; the person enters a
     reason and presses Drop on the task's Required action; `apply` then drops the batch once: the branch is gone,
     main has no rows and records the drop with the reason and the user, the offsets stay where the batch left them.
     A screenshot of the Required action is kept in the test artifacts."""
@@ -229,6 +230,14 @@ def test_a_quarantined_batch_waits_in_required_actions_and_a_drop_there_is_appli
             try:
                 password = json.loads((Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated").read_text())
                 _login(page, base, "admin", password["admin"])
+                # the Tidewater view on the ingest DAG's tab shows the open decision and links to it
+                page.goto(f"{base}/dags/ingest_orders/plugin/tidewater-pipeline")
+                decision = page.locator(".decision[data-state=running]")
+                decision.wait_for(timeout=60_000)
+                assert decision.inner_text() == "open in Required actions"
+                assert decision.get_attribute("href", timeout=10_000).endswith(
+                    f"/dags/quarantine_orders/runs/{run_id}/tasks/decide/required_actions"
+                )
                 page.goto(f"{base}/dags/quarantine_orders/runs/{run_id}/tasks/decide/required_actions")
                 page.get_by_text("Publish or drop?", exact=False).first.wait_for(timeout=60_000)
                 page.locator("input[name=element_reason]").fill("store ids out of range")

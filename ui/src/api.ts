@@ -58,6 +58,16 @@ export async function get<T>(path: string): Promise<T> {
   return body as T;
 }
 
+/** A DAG run's state (Airflow's REST API), or null when the DAG has no run of that id. */
+export async function runState(dagId: string, runId: string): Promise<string | null> {
+  const r = await fetch(root(`api/v2/dags/${encodeURIComponent(dagId)}/dagRuns/${encodeURIComponent(runId)}`),
+    { credentials: "same-origin" });
+  if (r.status === 404) return null;
+  const body = await r.json().catch(() => ({}));
+  if (!r.ok) throw new ApiError(r.status, typeof body.detail === "string" ? body.detail : r.statusText);
+  return body.state as string;
+}
+
 /** Trigger a DAG run (Airflow's REST API): every action of the view is an audited run. */
 export async function trigger(dagId: string, conf: Record<string, unknown>): Promise<string> {
   const r = await fetch(root(`api/v2/dags/${encodeURIComponent(dagId)}/dagRuns`), {

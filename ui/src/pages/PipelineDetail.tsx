@@ -3,7 +3,7 @@
 // quarantined batches (Publish / Drop through the quarantine DAG), maintenance, and the replay and skip forms.
 import { Box, HStack, Link, Stack, Text } from "@chakra-ui/react";
 
-import { get, type LagPoint, type Overview, type PipelineRef } from "../api";
+import { get, runState, type LagPoint, type Overview, type PipelineRef } from "../api";
 import { DocsLink, LagChart, Loading, Rows, RunButton, Section, Verdict, airflowLink, useLoad } from "../parts";
 import { DeadLetters } from "./DeadLetters";
 
@@ -46,15 +46,18 @@ export function PipelineDetail({ pipeline, nonce }: { pipeline: PipelineRef; non
         <DeadLetters pipeline={pipeline} classes={v.dead_letters} counts={v.letters} />
       </Section>
       <Section title="Quarantined batches">
-        <Rows head={["batch", "table", "rows", "files", "validation", ""]} rows={v.quarantined.map((q) => [
+        <Rows head={["batch", "table", "rows", "files", "validation", "decision", ""]} rows={v.quarantined.map((q) => [
           q.batch_id, q.table, q.rows, q.files,
           q.validation ? `${q.validation.failed ?? "?"} of ${q.validation.checks ?? "?"} checks failed` : "-",
+          pipeline.quarantine_dag_id ? <Decision dagId={pipeline.quarantine_dag_id} batchId={q.batch_id} nonce={nonce} /> : "-",
           <HStack>{pipeline.quarantine_dag_id && (["publish", "drop"] as const).map((action) =>
             <RunButton key={action} label={action === "publish" ? "Publish" : "Drop"} dagId={pipeline.quarantine_dag_id!}
               className="quarantine" action={action} resultId="quarantine-run"
               conf={{ action, batch_id: q.batch_id, ...(v.routed ? { table: q.table } : {}) }} />)}</HStack>])} />
         {v.quarantined.length ? <Text fontSize="sm" color="fg.muted">Publish appends the batch to main once; Drop
-          discards it. Each is a run of {pipeline.quarantine_dag_id}, recorded with who asked.</Text> : null}
+          discards it. Each is a run of {pipeline.quarantine_dag_id}, recorded with who asked. The decision is the
+          batch's question in Airflow's Required actions, where Airflow 3.1+ asks it; when its run failed, decide here.
+          </Text> : null}
       </Section>
       <Section title="Maintenance">
         {v.maintenance ? <Rows head={["data files", "delete files", "snapshots", "last compaction"]}
@@ -74,4 +77,18 @@ export function PipelineDetail({ pipeline, nonce }: { pipeline: PipelineRef; non
       </Box>
     </Stack>
   );
+}
+
+/** The decision run a quarantined batch opened (``decide__<batch>`` of the quarantine DAG, Airflow 3.1+): waiting in
+ * Required actions (a link to it; open until applied), answered, or failed (Airflow lost the answer after its retries: decide with the
+ * buttons beside it); "-" where there is none (older Airflow, or the batch was committed outside Airflow). */
+function Decision({ dagId, batchId, nonce }: { dagId: string; batchId: string; nonce?: number }) {
+  const runId = `decide__${batchId}`;
+  const s = useLoad(() => runState(dagId, runId), [dagId, runId, nonce]);
+  if (s.error) return <Text as="span" color="fg.muted" className="decision" data-state="unknown">?</Text>;
+  if (s.data === undefined) return <Loading what="the decision" />;
+  if (s.data === null) return <span className="decision" data-state="none">-</span>;
+  const text = s.data === "failed" ? "failed: decide here" : s.data === "success" ? "answered" : "open in Required actions";
+  return <Link href={airflowLink(`dags/${dagId}/runs/${runId}/tasks/decide/required_actions`)} className="decision"
+    data-state={s.data} colorPalette={s.data === "failed" ? "red" : "blue"}>{text}</Link>;
 }
