@@ -138,7 +138,7 @@ def test_cluster_mode_on_kubernetes_without_a_secret_and_on_yarn_is_refused_nami
 
 
 def test_process_env_gives_a_child_the_values_and_puts_the_previous_ones_back(monkeypatch):
-    from tidewater.runtime.airflow import process_env
+    from tidewater.spark.conf import process_env
 
     monkeypatch.setenv("TW_KEPT", "before")
     monkeypatch.delenv("TW_NEW", raising=False)

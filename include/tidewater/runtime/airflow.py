@@ -5,12 +5,11 @@ XCom carries a small document (batch id, plan path, counts), never data or secre
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from airflow.sdk import BaseOperator
@@ -409,7 +408,7 @@ class IngestSparkSubmitOperator(BaseOperator):
     def execute(self, context: Any) -> None:
         from airflow.sdk import BaseHook
 
-        from tidewater.spark.conf import remove_properties_file, write_submit_settings
+        from tidewater.spark.conf import process_env, remove_properties_file, write_submit_settings
         from tidewater.spark.submit import write_job_args
 
         planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
@@ -555,22 +554,6 @@ def yarn_cluster_refused(resolved: dict[str, str]) -> str:
         "shows an application's settings. Use client deploy mode: the driver then gets them in spark-submit's "
         "environment"
     )
-
-
-@contextlib.contextmanager
-def process_env(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment while the block runs (so a child such as spark-submit inherits them
-    without their appearing on any command line), the previous values put back after."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def spark_master(conn_id: str, default: str) -> str:

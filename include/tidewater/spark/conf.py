@@ -5,13 +5,14 @@ executors' Python, and the spark-submit command with its secrets in a private pr
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -213,6 +214,22 @@ def launcher_env() -> dict[str, str]:
     """Environment for spark-submit's launcher JVM (it only builds the command line): the same fast-start
     options, unless SPARK_LAUNCHER_OPTS is set already."""
     return {} if "SPARK_LAUNCHER_OPTS" in os.environ else {"SPARK_LAUNCHER_OPTS": WRITE_DRIVER_JAVA_OPTIONS}
+
+
+@contextlib.contextmanager
+def process_env(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment while the block runs (so a child such as spark-submit inherits them
+    without their appearing on any command line), the previous values put back after."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def local_master(master: str) -> bool:

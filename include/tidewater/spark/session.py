@@ -13,7 +13,7 @@ from typing import Any
 from tidewater.config.secrets import SPARK_REDACTION_REGEX, split_secrets
 from tidewater.config.spec import PipelineSpec
 from tidewater.errors import TerminalError, TransientError
-from tidewater.spark.conf import jvm_env, properties_file, remove_properties_file, spark_defaults_file, submit_settings
+from tidewater.spark.conf import jvm_env, process_env, properties_file, remove_properties_file, spark_defaults_file, submit_settings
 
 
 def session(spec: PipelineSpec, app_name: str = "tidewater", master: str | None = None) -> Any:
@@ -60,16 +60,10 @@ def _secrets_for_the_jvm(secret: dict[str, str], env: dict[str, str]) -> Iterato
     if path is not None:
         given = os.environ.get("PYSPARK_SUBMIT_ARGS") or "pyspark-shell"
         changed["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(str(path))} {given}"
-    before = {k: os.environ.get(k) for k in changed}
-    os.environ.update(changed)
     try:
-        yield
+        with process_env(changed):
+            yield
     finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         remove_properties_file(path)
 
 
