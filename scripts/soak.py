@@ -415,6 +415,8 @@ def trigger(svc: Services, dag_id: str, conf: dict | None = None, run_id: str | 
 # meets Airflow 3.3's race (apache/airflow#72716: the scheduler fails the resumed task), which the decide task's
 # retries absorb; a person takes longer than that, and the soak decides as one would. Answers given again are counted.
 READING_SECONDS = 20
+# a decide task waiting for its answer: awaiting_input on Airflow 3.3, deferred before
+WAITING_STATES = ("awaiting_input", "deferred")
 
 
 def respond(svc: Services, dag_id: str, batch_id: str, action: str) -> bool:
@@ -443,7 +445,7 @@ def respond(svc: Services, dag_id: str, batch_id: str, action: str) -> bool:
     try:
         token = call("POST", f"{base}/auth/token", {"username": "admin", "password": password})["access_token"]
         asked = call("GET", detail, None, token)
-        if asked.get("response_received") or (asked.get("task_instance") or {}).get("state") != "deferred":
+        if asked.get("response_received") or (asked.get("task_instance") or {}).get("state") not in WAITING_STATES:
             return False
         if (datetime.now(timezone.utc) - datetime.fromisoformat(asked["created_at"])).total_seconds() < READING_SECONDS:
             return False  # a person reads the question first
