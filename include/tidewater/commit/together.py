@@ -123,11 +123,39 @@ def post(catalog: Catalog, requests: list[Any]) -> None:
         )
 
 
+def discard_refused(catalog: Catalog, requests: list[Any]) -> int:
+    """Delete what a refused transaction (409: the catalog applied none of it) wrote for its tables' new snapshots:
+    each snapshot's manifest list and the manifests it added, as Iceberg Java's snapshot producer cleans up after a
+    CommitFailedException. The data files stay: the next attempt commits them. Never after an unknown outcome (a
+    5xx), whose snapshots may have landed. A file that cannot be deleted is left for orphan removal, with a warning.
+    Returns how many files were deleted."""
+    from pyiceberg.table.update import AddSnapshotUpdate
+
+    deleted = 0
+    for request in requests:
+        snapshots = [u.snapshot for u in request.updates if isinstance(u, AddSnapshotUpdate)]
+        ident = ".".join((*request.identifier.namespace.root, request.identifier.name))
+        table = load_table(catalog, ident) if snapshots else None
+        if table is None:
+            continue
+        for snapshot in snapshots:
+            try:
+                added = [m.manifest_path for m in snapshot.manifests(table.io) if m.added_snapshot_id == snapshot.snapshot_id]
+                for path in (*added, snapshot.manifest_list):
+                    table.io.delete(path)
+                    deleted += 1
+            except OSError as e:
+                log.warning("%s: the refused snapshot %s's metadata files are left for orphan removal: %s", ident, snapshot.snapshot_id, e)
+    return deleted
+
+
 def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: str, max_attempts: int) -> tuple[int, set[str]]:
     """Commit every part's change in one catalog transaction, once: the last part's table carrying ``marker`` says it
     landed. Returns the attempts it took and the parts' tables that carried ``marker`` before anything was posted
     (left as they were). Raises ``OffsetsMovedError`` when a part's offsets requirement fails, ``TransientError``
     when the catalog kept refusing or failing (nothing of it committed)."""
+    from pyiceberg.exceptions import CommitFailedException
+
     last = parts[-1].ident
     carried: set[str] | None = None
     for attempt in range(1, max_attempts + 1):
@@ -146,6 +174,8 @@ def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: s
         try:
             post(catalog, requests)
         except Exception as e:
+            if isinstance(e, CommitFailedException):  # a 409: the catalog applied nothing of it
+                discard_refused(catalog, requests)
             if not retried_after(catalog, e, what, last, attempt):
                 raise
             continue
