@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -369,4 +370,26 @@ def race(*calls):
         t.start()
     for t in threads:
         t.join(120)
+    return out
+
+
+def unreferenced_metadata(spec: Any, idents: list[str]) -> dict[str, set[str]]:
+    """Per table, the Avro files (manifests, manifest lists) in its metadata folder, on this machine's disk, that no
+    snapshot references."""
+    from urllib.parse import urlparse
+
+    from tidewater.table.catalog import load_catalog, load_table
+
+    catalog, out = load_catalog(spec), {}
+    for ident in idents:
+        table = load_table(catalog, ident)
+        referenced = set()
+        for s in table.snapshots():
+            referenced |= {
+                Path(urlparse(s.manifest_list).path).name,
+                *(Path(urlparse(m.manifest_path).path).name for m in s.manifests(table.io)),
+            }
+        folder = Path(urlparse(table.metadata.location).path) / "metadata"
+        assert folder.is_dir(), f"{ident}'s metadata folder is not on this machine's disk: {folder}"
+        out[ident] = {f.name for f in folder.glob("*.avro")} - referenced
     return out

@@ -9,11 +9,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, commit_as_airflow_would, rest_catalog_properties, stage_inline
+from tests.conftest import REPO, commit_as_airflow_would, rest_catalog_properties, stage_inline, unreferenced_metadata
 from tests.integration.test_routed_changes import Source, assert_equals_source, database_pipeline
 from tidewater.audit.pipeline import audit
 from tidewater.batch import PLAN_NAME, BatchManifest, BatchPlan, batch_dir, manifest_path
@@ -63,24 +62,6 @@ def _all_equal_sources(spec, sources: list[Source]) -> None:
         assert_equals_source(spec, f"rpc.src{i}", s)
     offsets = committed_state(load_table(load_catalog(spec), spec.checkpoint_table())).offsets
     assert {t: sum(ps.values()) for t, ps in offsets.items()} == {s.topic: s.records for s in sources}
-
-
-def _unreferenced_metadata(spec, idents: list[str]) -> dict[str, set[str]]:
-    """Per table, the Avro files (manifests, manifest lists) in its metadata folder that no snapshot references."""
-    from urllib.parse import urlparse
-
-    catalog, out = load_catalog(spec), {}
-    for ident in idents:
-        table = load_table(catalog, ident)
-        referenced = set()
-        for s in table.snapshots():
-            referenced |= {
-                Path(urlparse(s.manifest_list).path).name,
-                *(Path(urlparse(m.manifest_path).path).name for m in s.manifests(table.io)),
-            }
-        folder = Path(urlparse(table.metadata.location).path) / "metadata"
-        out[ident] = {f.name for f in folder.glob("*.avro")} - referenced
-    return out
 
 
 def _wait(what: str, done, seconds: float = 60) -> None:
@@ -138,13 +119,13 @@ def test_a_routed_batch_is_one_rest_transaction_whole_when_its_committer_is_kill
     #    lands it once
     plan, manifest = _batch(broker, spec, sources, 2)
     idents = [f"rpc.src{i}" for i in range(len(sources))] + [spec.checkpoint_table()]
-    leftovers = _unreferenced_metadata(spec, idents)
+    leftovers = unreferenced_metadata(spec, idents)
     rest_catalog.fail_commits(DEFAULT_ATTEMPTS)  # every attempt of the commit step
     with pytest.raises(TransientError, match="nothing of it is committed"):
         commit_step(spec, plan, manifest)
     assert _carrying(spec, sources, plan.batch_id) == []
     # each refused attempt's manifests and manifest lists were deleted, not left for orphan removal
-    assert _unreferenced_metadata(spec, idents) == leftovers
+    assert unreferenced_metadata(spec, idents) == leftovers
     assert commit_as_airflow_would(spec, plan, manifest).status == "committed"
     _all_equal_sources(spec, sources)
     report = audit(load_pipeline(spec.source_path), deep=True)

@@ -123,30 +123,34 @@ def post(catalog: Catalog, requests: list[Any]) -> None:
         )
 
 
-def discard_refused(catalog: Catalog, requests: list[Any]) -> int:
-    """Delete what a refused transaction (409: the catalog applied none of it) wrote for its tables' new snapshots:
-    each snapshot's manifest list and the manifests it added, as Iceberg Java's snapshot producer cleans up after a
-    CommitFailedException. The data files stay: the next attempt commits them. Never after an unknown outcome (a
-    5xx), whose snapshots may have landed. A file that cannot be deleted is left for orphan removal, with a warning.
-    Returns how many files were deleted."""
+def discard_refused(io: Any, updates: Any, ident: str) -> int:
+    """Delete what a refused commit wrote for its new snapshots (``updates``: its staged updates): each snapshot's
+    manifest list and the manifests it added, as Iceberg Java's snapshot producer cleans up after a
+    CommitFailedException. Data files stay: the next attempt commits the batch's files again. Never after an unknown
+    outcome (a 5xx), whose snapshots may have landed. A file that cannot be deleted is left for orphan removal, with a
+    warning. Returns how many files were deleted."""
     from pyiceberg.table.update import AddSnapshotUpdate
 
     deleted = 0
-    for request in requests:
-        snapshots = [u.snapshot for u in request.updates if isinstance(u, AddSnapshotUpdate)]
-        ident = ".".join((*request.identifier.namespace.root, request.identifier.name))
-        table = load_table(catalog, ident) if snapshots else None
-        if table is None:
-            continue
-        for snapshot in snapshots:
-            try:
-                added = [m.manifest_path for m in snapshot.manifests(table.io) if m.added_snapshot_id == snapshot.snapshot_id]
-                for path in (*added, snapshot.manifest_list):
-                    table.io.delete(path)
-                    deleted += 1
-            except OSError as e:
-                log.warning("%s: the refused snapshot %s's metadata files are left for orphan removal: %s", ident, snapshot.snapshot_id, e)
+    for snapshot in (u.snapshot for u in updates if isinstance(u, AddSnapshotUpdate)):
+        try:
+            added = [m.manifest_path for m in snapshot.manifests(io) if m.added_snapshot_id == snapshot.snapshot_id]
+            for path in (*added, snapshot.manifest_list):
+                io.delete(path)
+                deleted += 1
+        except OSError as e:
+            log.warning("%s: the refused snapshot %s's metadata files are left for orphan removal: %s", ident, snapshot.snapshot_id, e)
     return deleted
+
+
+def discard_refused_requests(catalog: Catalog, requests: list[Any]) -> None:
+    """After a refused transaction (409: the catalog applied none of it), each table's new manifests and manifest
+    lists deleted (``discard_refused``); never after an unknown outcome (a 5xx), which may have landed."""
+    for request in requests:
+        ident = ".".join((*request.identifier.namespace.root, request.identifier.name))
+        table = load_table(catalog, ident)
+        if table is not None:
+            discard_refused(table.io, request.updates, ident)
 
 
 def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: str, max_attempts: int) -> tuple[int, set[str]]:
@@ -175,7 +179,7 @@ def commit_together(catalog: Catalog, parts: list[Part], *, marker: str, what: s
             post(catalog, requests)
         except Exception as e:
             if isinstance(e, CommitFailedException):  # a 409: the catalog applied nothing of it
-                discard_refused(catalog, requests)
+                discard_refused_requests(catalog, requests)
             if not retried_after(catalog, e, what, last, attempt):
                 raise
             continue
