@@ -43,7 +43,7 @@ help:
 	@echo "make ui-bundle - build the Tidewater apps for Airflow's UI (TypeScript, npm; part of make setup)"
 	@echo "make executor-env - pack a virtualenv for Spark executors that lack the packages (spark.python_env)"
 	@echo "make s3-stand-in  - the local S3 endpoint the tests use (moto's server, its own virtualenv)"
-	@echo "make glue-env - the Glue catalog's test environment (boto3 in its own virtualenv: its botocore needs python-dateutil<3)"
+	@echo "make glue-env - the Glue catalog's test environment (boto3 in its own virtualenv: its botocore needs python-dateutil<3; pyspark for maintenance through Glue)"
 	@echo "make rest-catalog - the Iceberg REST catalog server the tests use (Iceberg 1.12 handlers from Maven Central, .data/rest-catalog)"
 	@echo "make schema-registry - the schema registry the tests use (Apicurio Registry 2.4.2, built from Maven Central into .data/schema-registry)"
 	@echo "make spark-connect - install (pyspark 4.0.x distribution, its own folder) and start a Spark Connect server on 127.0.0.1:15002; make spark-connect-stop stops it"
