@@ -427,10 +427,12 @@ def respond(svc: Services, dag_id: str, batch_id: str, action: str) -> bool:
     import urllib.error
     import urllib.request
 
+    from tidewater.ops.quarantine import decision_run_id
+
     base = f"http://127.0.0.1:{svc.api_port}"
     home = Path(svc.env()["AIRFLOW_HOME"])
     password = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
-    detail = f"{base}/api/v2/dags/{dag_id}/dagRuns/decide__{batch_id}/taskInstances/decide/-1/hitlDetails"
+    detail = f"{base}/api/v2/dags/{dag_id}/dagRuns/{decision_run_id(batch_id)}/taskInstances/decide/-1/hitlDetails"
 
     def call(method: str, url: str, body: dict | None, token: str | None = None) -> dict:
         req = urllib.request.Request(

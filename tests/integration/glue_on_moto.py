@@ -129,7 +129,6 @@ def maintain(cfg: dict) -> dict:
         "files_before": before,
         "files_after": len(after.inspect.files()),
         "operation": after.current_snapshot().summary.operation.value,
-        "snapshots": len(after.snapshots()),
         "reports": [r.metadata() for r in reports],
     }
 

@@ -329,7 +329,7 @@ spark.stop()
 """
 
 
-def test_no_secret_on_the_command_line_of_a_maintenance_or_sql_session(home, tmp_path, monkeypatch):
+def test_no_secret_on_the_command_line_of_a_maintenance_or_sql_session(home, tmp_path):
     """The SparkSession of `tidewater maintain` and `tidewater sql` (spark/session.py), started by pyspark in a
     fresh process, on a pipeline with a PostgreSQL catalog's password and the secret Spark settings above, on a Spark whose
     `spark-defaults.conf` sets a probe setting. pyspark puts every setting given before the JVM starts on

@@ -10,7 +10,7 @@ export type Batch = {
 };
 export type LetterClass = { error_class: string; count: number };
 export type Quarantined = { batch_id: string; table: string; rows: number; files: number;
-  validation: { failed?: number; checks?: number } | null };
+  validation: { failed?: number; checks?: number } | null; decision_run_id: string };
 export type Overview = {
   pipeline: string; dag_id: string; table: string; routed: boolean;
   status: { total_lag: number; valid_through: string | null; dead_letters: number; partitions: Partition[];
@@ -58,23 +58,26 @@ export async function get<T>(path: string): Promise<T> {
   return body as T;
 }
 
-/** A DAG run's state (Airflow's REST API), or null when the DAG has no run of that id. */
-export async function runState(dagId: string, runId: string): Promise<string | null> {
-  const r = await fetch(root(`api/v2/dags/${encodeURIComponent(dagId)}/dagRuns/${encodeURIComponent(runId)}`),
-    { credentials: "same-origin" });
-  if (r.status === 404) return null;
+/** A call to Airflow's REST API with the UI's session: the JSON body, or null for a 404 when ``missingOk``. */
+async function airflowApi(path: string, init: RequestInit = {}, missingOk = false): Promise<Record<string, unknown> | null> {
+  const r = await fetch(root(`api/v2/${path}`), { credentials: "same-origin", ...init });
+  if (missingOk && r.status === 404) return null;
   const body = await r.json().catch(() => ({}));
   if (!r.ok) throw new ApiError(r.status, typeof body.detail === "string" ? body.detail : r.statusText);
-  return body.state as string;
+  return body as Record<string, unknown>;
+}
+
+/** A DAG run's state (Airflow's REST API), or null when the DAG has no run of that id. */
+export async function runState(dagId: string, runId: string): Promise<string | null> {
+  const run = await airflowApi(`dags/${encodeURIComponent(dagId)}/dagRuns/${encodeURIComponent(runId)}`, {}, true);
+  return run === null ? null : (run.state as string);
 }
 
 /** Trigger a DAG run (Airflow's REST API): every action of the view is an audited run. */
 export async function trigger(dagId: string, conf: Record<string, unknown>): Promise<string> {
-  const r = await fetch(root(`api/v2/dags/${encodeURIComponent(dagId)}/dagRuns`), {
-    method: "POST", credentials: "same-origin", headers: { "Content-Type": "application/json" },
+  const run = await airflowApi(`dags/${encodeURIComponent(dagId)}/dagRuns`, {
+    method: "POST", headers: { "Content-Type": "application/json" },
     body: JSON.stringify({ logical_date: null, conf }),
   });
-  const body = await r.json().catch(() => ({}));
-  if (!r.ok) throw new ApiError(r.status, typeof body.detail === "string" ? body.detail : r.statusText);
-  return body.dag_run_id as string;
+  return run!.dag_run_id as string;
 }

@@ -129,7 +129,10 @@ def overview(spec: PipelineSpec, batches: int = 20) -> dict[str, Any]:
         "freshness_s": round(freshness, 1) if freshness is not None else None,
         "batches": recent_batches(spec, table, batches) if table is not None else [],
         "dead_letters": dead_letter_classes(spec, catalog),
-        "quarantined": [] if own and table is None else quarantine.list_all(spec),  # own: not created yet
+        "quarantined": [  # own: not created yet
+            {**q, "decision_run_id": quarantine.decision_run_id(q["batch_id"])}
+            for q in ([] if own and table is None else quarantine.list_all(spec))
+        ],
         "maintenance": maintenance_state(table) if table is not None else None,
         "audit": _last_audit(spec, catalog),
         "letters": letter_counts(spec, catalog),

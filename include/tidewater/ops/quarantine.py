@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 DROP_PREFIX = "drop-"  # the batch id of the snapshot recording a drop: drop-<the quarantined batch's id>
 
 
+def decision_run_id(batch_id: str) -> str:
+    """The run of the quarantine DAG that asks a person about a quarantined batch (runtime/decisions.py)."""
+    return f"decide__{batch_id}"
+
+
 def list_quarantined(spec: PipelineSpec, table: Table) -> list[dict[str, Any]]:
     """The batches waiting on a quarantine branch: batch id, branch, rows, files, the gate's verdict."""
     out = []

@@ -29,10 +29,6 @@ log = logging.getLogger(__name__)
 PUBLISH, DROP = "Publish", "Drop"
 
 
-def run_id(batch_id: str) -> str:
-    return f"decide__{batch_id}"
-
-
 def supported() -> bool:
     """Airflow has human-in-the-loop tasks (3.1+) and the task runs under Airflow's supervisor."""
     try:
@@ -56,7 +52,9 @@ def open_decision(spec: PipelineSpec, batch_id: str, tables: tuple[str, ...], bo
     from airflow.sdk.execution_time.comms import ErrorResponse, TriggerDagRun
     from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
 
-    dag_id, rid = spec.dag_ids()["quarantine"], run_id(batch_id)
+    from tidewater.ops.quarantine import decision_run_id
+
+    dag_id, rid = spec.dag_ids()["quarantine"], decision_run_id(batch_id)
     conf = {"decision": True, "batch_id": batch_id, "tables": list(tables), "body": body}
     reply = SUPERVISOR_COMMS.send(TriggerDagRun(dag_id=dag_id, run_id=rid, conf=conf))
     if isinstance(reply, ErrorResponse):

@@ -49,7 +49,7 @@ export function PipelineDetail({ pipeline, nonce }: { pipeline: PipelineRef; non
         <Rows head={["batch", "table", "rows", "files", "validation", "decision", ""]} rows={v.quarantined.map((q) => [
           q.batch_id, q.table, q.rows, q.files,
           q.validation ? `${q.validation.failed ?? "?"} of ${q.validation.checks ?? "?"} checks failed` : "-",
-          pipeline.quarantine_dag_id ? <Decision dagId={pipeline.quarantine_dag_id} batchId={q.batch_id} nonce={nonce} /> : "-",
+          pipeline.quarantine_dag_id ? <Decision dagId={pipeline.quarantine_dag_id} runId={q.decision_run_id} nonce={nonce} /> : "-",
           <HStack>{pipeline.quarantine_dag_id && (["publish", "drop"] as const).map((action) =>
             <RunButton key={action} label={action === "publish" ? "Publish" : "Drop"} dagId={pipeline.quarantine_dag_id!}
               className="quarantine" action={action} resultId="quarantine-run"
@@ -79,11 +79,10 @@ export function PipelineDetail({ pipeline, nonce }: { pipeline: PipelineRef; non
   );
 }
 
-/** The decision run a quarantined batch opened (``decide__<batch>`` of the quarantine DAG, Airflow 3.1+): waiting in
- * Required actions (a link to it; open until applied), answered, or failed (Airflow lost the answer after its retries: decide with the
- * buttons beside it); "-" where there is none (older Airflow, or the batch was committed outside Airflow). */
-function Decision({ dagId, batchId, nonce }: { dagId: string; batchId: string; nonce?: number }) {
-  const runId = `decide__${batchId}`;
+/** The decision run a quarantined batch opened (``decision_run_id``, a run of the quarantine DAG, Airflow 3.1+): open
+ * in Required actions (a link to it) until applied, answered, or failed (Airflow lost the answer after its retries:
+ * decide with the buttons beside it); "-" where there is none (older Airflow, or a batch committed outside Airflow). */
+function Decision({ dagId, runId, nonce }: { dagId: string; runId: string; nonce?: number }) {
   const s = useLoad(() => runState(dagId, runId), [dagId, runId, nonce]);
   if (s.error) return <Text as="span" color="fg.muted" className="decision" data-state="unknown">?</Text>;
   if (s.data === undefined) return <Loading what="the decision" />;
