@@ -36,7 +36,7 @@ help:
 	@echo "make demo   - set up, start the embedded broker, ingest pizza events through Airflow, show the result"
 	@echo "make test   - set up and run the test suite"
 	@echo "make release VERSION=X.Y.Z - version, CHANGELOG, the wheel and sdist in dist/, an annotated tag; nothing pushed"
-	@echo "make install-check - the wheel installed into Airflow 3.1.x, 3.2.x and 3.3.x without our constraints: no downgrade, provider, plugin and DAGs load (make test runs it too, in tests/e2e/test_install.py)"
+	@echo "make install-check - the wheel installed into Airflow 3.1.x, 3.2.x and 3.3.x without our constraints: no downgrade, provider, plugin and DAGs load (make test runs 3.1.x and 3.3.x, in tests/e2e/test_install.py; make release runs it all)"
 	@echo "make ui     - start the Airflow UI (api-server, scheduler, ...) on http://127.0.0.1:8080"
 	@echo "make docs   - regenerate docs/configuration.md from the code and build the documentation site into site/ (MkDocs, strict)"
 	@echo "make lint   - ruff (checks and formatter) and mypy (part of make test)"
@@ -306,13 +306,16 @@ bench-dag: setup test-system-deps s3-stand-in executor-env spark-connect-install
 # How many pipelines one Airflow carries: Airflow's CPU for 1, 20 and 50 caught-up pipelines on a one-minute
 # schedule (LocalExecutor on PostgreSQL), and one routed pipeline over 20 topics (about 25 minutes).
 # The package in Airflows it did not choose (scripts/install_range.py): about two minutes of dependency resolution
-# a release. make test runs the same check (tests/e2e/test_install.py); this runs it alone. INSTALL_ARGS="--airflow 3.2.2".
+# a release. make test runs the same check on the oldest and newest release (tests/e2e/test_install.py); this runs
+# every release, and make release runs it before anything is versioned. INSTALL_ARGS="--airflow 3.2.2".
 install-check: setup
 	$(PY) scripts/install_range.py $(INSTALL_ARGS)
 
-# Cut a release: make release VERSION=0.3.0 (scripts/release.py: version, CHANGELOG, dist/, tag; nothing pushed)
+# Cut a release: make release VERSION=0.3.0 (scripts/release.py: version, CHANGELOG, dist/, tag; nothing pushed),
+# after the install check over every supported Airflow release (make test covers only the range's ends)
 release: setup
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=X.Y.Z [NEXT=X.Y.Z.dev0]"; exit 2; }
+	$(MAKE) install-check
 	$(PY) scripts/release.py $(VERSION) $(if $(NEXT),--next $(NEXT))
 
 # CeleryExecutor across test hosts (network namespaces; needs root): docs/explanation/sizing.md, BENCHMARKS.md

@@ -7,7 +7,8 @@ plugins folder. The broker is the session's embedded one; nothing of this checko
 Airflow's own constraint files (constraints-3.x.y/constraints-3.11.txt) are served from GitHub, which these machines
 do not reach (only the package registries): the virtualenv takes Airflow's versions from constraints.txt, which pins
 the Airflow release and providers that make test runs with, instead. The last test installs without any constraints,
-as into an Airflow the user chose: Airflow 3.1, 3.2 and 3.3 with the newest Spark provider, then the wheel."""
+as into an Airflow the user chose: Airflow 3.1 and 3.3 with the newest Spark provider, then the wheel (3.2 and
+every other release of the range: `make install-check`, which `make release` runs)."""
 
 from __future__ import annotations
 
@@ -297,8 +298,15 @@ def _view_served(bin_: Path, env: dict[str, str], tmp_path: Path) -> None:
         log.close()
 
 
+def _version(release: str):
+    from packaging.version import Version
+
+    return Version(release)
+
+
 def test_the_wheel_installs_into_the_supported_airflows_without_moving_them(dist, tmp_path, broker):
-    """The support range, as a user's Airflow has it: for each of the newest Airflow 3.1.x, 3.2.x and 3.3.x, a fresh
+    """The ends of the support range, as a user's Airflow has it (the minors between: `make install-check`, run by
+    `make release`; scripts/install_range.py's SUITE_RELEASES says why): for each of the newest Airflow 3.1.x and 3.3.x, a fresh
     virtualenv gets Airflow and the newest Spark provider first, WITHOUT this project's constraints (Airflow's own
     constraint files are not reachable from these machines), then the wheel with its `airflow` extra (the
     scheduler's and api-server's install) and with `airflow,spark` (a worker's). Expected for every release: pip
@@ -319,7 +327,8 @@ def test_the_wheel_installs_into_the_supported_airflows_without_moving_them(dist
     failed, results = [], []
     artifacts = Path(os.environ.get("TIDEWATER_TEST_ARTIFACTS", REPO / ".data" / "test-artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
-    for release in install_range.RELEASES:
+    assert install_range.SUITE_RELEASES == (min(install_range.RELEASES, key=_version), max(install_range.RELEASES, key=_version))
+    for release in install_range.SUITE_RELEASES:
         kafka = (broker.bootstrap, topic) if release == install_range.RELEASES[-1] else None
         r = install_range.check_release(release, wheel, tmp_path / release, kafka)
         results.append(r)  # what each release installed and loaded, kept for reading a failure or the docs
