@@ -304,6 +304,80 @@ def test_a_new_pipeline_starts_at_its_start_time_and_a_plan_without_records_lose
     assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
 
 
+# A batch's plan and write (the Spark task code, inline), then it waits to be killed: a process that dies after
+# its write, before its commit
+PLAN_WRITE_THEN_HANG = """
+import sys, time
+from tidewater.batch import manifest_path, write_json_atomic
+from tidewater.config.parse import load_pipeline
+from tidewater.plan.ingest import plan_batch
+from tidewater.source.kafka import kafka_settings
+from tidewater.write.job import run_inline
+spec = load_pipeline(sys.argv[1])
+plan, path = plan_batch(spec)
+write_json_atomic(manifest_path(path), run_inline(plan, spec, kafka_settings(spec)).to_json())
+print(" ".join(f"{r.partition}:{r.start}-{r.end}" for r in plan.ranges), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_latest_pipeline_pins_the_log_end_and_reads_everything_after_it_once_through_a_kill(broker, home, topic):
+    """``kafka.start_from: latest`` on the real broker: records already in the topic are not read. The first plan
+    finds nothing and pins each partition's log end in the staging area; records produced after it land with the
+    next batch (without the pin, that plan's "log end" would have moved past them). That batch's process is SIGKILLed
+    after its write, before its commit: nothing committed; the rerun plans from the pin again and commits every new
+    record once. A partition the topic gains later is read from its log start. ``audit --deep`` is clean: the
+    records before the pin were never committed, so they are no hole."""
+    import os
+    import signal
+
+    from confluent_kafka.admin import NewPartitions
+
+    from tidewater.plan.ingest import START_PIN
+
+    _create(broker.bootstrap, topic, 2)
+    for partition in (0, 1):
+        produce_to_partition(broker.bootstrap, topic, partition, _events(3, 80 + partition, f"old{partition}"))
+    path = write_pipeline(home, topics=[topic], kafka={"bootstrap_servers": broker.bootstrap, "start_from": "latest"})
+    spec = load_pipeline(path)
+    plan, staged = plan_batch(spec)
+    assert plan.is_empty and staged is None and table_of(path) is None
+    pin = home / "staging" / spec.name / START_PIN
+    assert json.loads(pin.read_text())["offsets"] == {topic: {"0": 3, "1": 3}}
+
+    produce_to_partition(broker.bootstrap, topic, 0, _events(4, 82, "new0"))
+    produce_to_partition(broker.bootstrap, topic, 1, _events(1, 83, "new1"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PLAN_WRITE_THEN_HANG, str(path)],
+        env={**os.environ, "TIDEWATER_HOME": str(home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().split() == ["0:3-7", "1:3-4"]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert table_of(path) is None or table_of(path).snapshots() == [], "nothing committed before the kill"
+
+    produce_to_partition(broker.bootstrap, topic, 1, _events(2, 84, "later1"))
+    assert ingest_inline(spec).records == 7
+    table = table_of(path)
+    assert _order_ids(table) == sorted([f"new0-{i}" for i in range(4)] + ["new1-0", "later1-0", "later1-1"])
+    assert committed_state(table).offsets == {topic: {0: 7, 1: 6}}
+    assert _accounting(table) == (7, 0, 0)
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result(30)
+    produce_to_partition(broker.bootstrap, topic, 2, _events(2, 85, "gained2"))
+    assert ingest_inline(spec).records == 2
+    table = table_of(path)
+    assert committed_state(table).offsets == {topic: {0: 7, 1: 6, 2: 2}}
+    assert table.scan().to_arrow().num_rows == 9 and len(set(_order_ids(table))) == 9
+    assert json.loads(pin.read_text())["offsets"] == {topic: {"0": 3, "1": 3}}  # pinned once
+    report = audit(spec, deep=True)
+    assert report.clean, [f.text() for f in report.findings if f.severity == "error"]
+
+
 def test_a_topic_deleted_and_created_again_is_refused_naming_the_offsets(broker, home, topic):
     """The topic is deleted and created again under the same name with fewer records than were committed. Expected:
     the plan is refused (terminal) naming the partition, the committed offset and the new end offset; nothing is

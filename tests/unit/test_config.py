@@ -749,14 +749,12 @@ def test_a_rest_catalogs_warehouse_is_a_name_not_a_folder():
     check_hosts(parse_pipeline(untyped), "CeleryExecutor")
 
 
-def test_kafka_start_from_is_earliest_or_a_time_and_anything_else_is_refused_naming_it():
+def test_kafka_start_from_is_earliest_latest_or_a_time_and_anything_else_is_refused_naming_it():
     assert parse_pipeline(BASE).kafka.start_from == "earliest"
-    assert (
-        parse_pipeline({**BASE, "kafka": {**BASE["kafka"], "start_from": "2026-11-01T00:00:00Z"}}).kafka.start_from
-        == "2026-11-01T00:00:00Z"
-    )
-    for bad in ("latest", "yesterday", "2026-13-01"):
-        with pytest.raises(ConfigError, match=rf"kafka.start_from \(earliest, or an ISO-8601 time\): '{bad}' is not"):
+    for good in ("latest", "2026-11-01T00:00:00Z"):
+        assert parse_pipeline({**BASE, "kafka": {**BASE["kafka"], "start_from": good}}).kafka.start_from == good
+    for bad in ("Latest", "end", "yesterday", "2026-13-01"):
+        with pytest.raises(ConfigError, match=rf"kafka.start_from \(earliest, latest, or an ISO-8601 time\): '{bad}' is not"):
             parse_pipeline({**BASE, "kafka": {**BASE["kafka"], "start_from": bad}})
 
 

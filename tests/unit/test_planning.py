@@ -148,3 +148,35 @@ def test_batch_ids_sort_in_planning_order_within_one_second():
     t = datetime(2026, 11, 23, 0, 38, 53, 4000, tzinfo=timezone.utc)
     for _ in range(200):
         assert new_batch_id(t) < new_batch_id(t + timedelta(milliseconds=1)) < new_batch_id(t + timedelta(seconds=1))
+
+
+def test_latest_pins_each_topic_at_its_log_end_once_and_later_plans_start_there(tmp_path, monkeypatch):
+    """``kafka.start_from: latest`` (``plan.ingest.pinned_starts``, on a local staging area): the first plan pins each
+    partition at its log end in ``<staging>/<pipeline>/start-offsets.json``; later plans, with the log ends moved on,
+    start there (nothing produced in between is skipped); a partition the topic gained since starts at its log start;
+    a topic first seen later is pinned at its log end then; a topic the table already holds offsets of is not pinned
+    (its new partition starts at its log start)."""
+    import json
+
+    from tidewater.config.parse import parse_pipeline
+    from tidewater.plan.ingest import START_PIN, pinned_starts
+
+    monkeypatch.setenv("TIDEWATER_HOME", str(tmp_path))
+    spec = parse_pipeline(
+        {
+            "name": "orders",
+            "topics": ["a", "b", "c"],
+            "kafka": {"bootstrap_servers": "127.0.0.1:9", "start_from": "latest"},
+            "table": {"identifier": "rpc.orders"},
+        }
+    )
+    pin = tmp_path / "staging" / "orders" / START_PIN
+    assert pinned_starts(spec, [("a", 0), ("a", 1)], {("a", 0): (0, 5), ("a", 1): (2, 9)}, {}) == {("a", 0): 5, ("a", 1): 9}
+    assert json.loads(pin.read_text())["offsets"] == {"a": {"0": 5, "1": 9}}
+    later = {("a", 0): (0, 12), ("a", 1): (2, 15), ("a", 2): (0, 4), ("b", 0): (3, 7), ("c", 0): (0, 6)}
+    starts = pinned_starts(spec, [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("c", 0)], later, {"c": {1: 10}})
+    assert starts == {("a", 0): 5, ("a", 1): 9, ("a", 2): 0, ("b", 0): 7, ("c", 0): 0}
+    assert json.loads(pin.read_text())["offsets"] == {"a": {"0": 5, "1": 9}, "b": {"0": 7}}
+    moved = {("a", 0): (0, 30), ("a", 1): (2, 31), ("b", 0): (3, 40)}
+    assert pinned_starts(spec, [("a", 1), ("b", 0)], moved, {"a": {0: 12}}) == {("a", 1): 9, ("b", 0): 7}
+    assert set(json.loads(pin.read_text())["pinned_at"]) == {"a", "b"}

@@ -74,8 +74,8 @@ def _check_kafka(spec: PipelineSpec) -> None:
             raise ConfigError(f"kafka.settings.{key}: managed by Tidewater (offsets live in the table); remove it")
     if spec.kafka.read_timeout_seconds <= 0:
         raise ConfigError("kafka.read_timeout_seconds: must be positive")
-    if spec.kafka.start_from != "earliest":
-        parse_time(spec.kafka.start_from, "kafka.start_from (earliest, or an ISO-8601 time)")
+    if spec.kafka.start_from not in ("earliest", "latest"):
+        parse_time(spec.kafka.start_from, "kafka.start_from (earliest, latest, or an ISO-8601 time)")
 
 
 def _check_format(spec: PipelineSpec) -> None:

@@ -14,6 +14,7 @@ from tidewater.batch import (
     Offsets,
     TopicPartition,
     batch_dir,
+    utc_now_iso,
     write_json_atomic,
 )
 from tidewater.config.spec import PipelineSpec
@@ -22,6 +23,7 @@ from tidewater.errors import TerminalError
 from tidewater.plan.planner import plan_ranges
 from tidewater.source import kafka  # called through the module: the broker's answers are one seam (stand-ins in tests)
 from tidewater.source.timestamps import KafkaOffsetLookup
+from tidewater.staging import read_json, write_json
 from tidewater.table.catalog import load_catalog, load_table
 from tidewater.table.summary import quarantined_batches
 from tidewater.table.targets import holder_state, quarantine_candidates, target_role, target_spec
@@ -59,22 +61,28 @@ def refuse_while_a_change_table_is_quarantined(spec: PipelineSpec, catalog: Cata
             refuse_while_quarantined(view, table)
 
 
+START_PIN = "start-offsets.json"  # `kafka.start_from: latest`'s pinned starts, in <staging>/<pipeline>/
+
+
 def first_offsets(
-    spec: PipelineSpec, settings: dict[str, str], committed: Offsets, parts: list[TopicPartition]
+    spec: PipelineSpec, settings: dict[str, str], committed: Offsets, watermarks: dict[TopicPartition, tuple[int, int]]
 ) -> dict[TopicPartition, int]:
     """Where the partitions without committed offsets start under ``kafka.start_from`` (none asked for
-    ``earliest``: the planner starts them at their log start)."""
+    ``earliest``: the planner starts them at their log start). ``watermarks``: (log start, log end) per partition."""
     if spec.kafka.start_from == "earliest":
         return {}
-    new = [(t, p) for t, p in parts if p not in committed.get(t, {})]
+    new = [(t, p) for t, p in watermarks if p not in committed.get(t, {})]
     if not new:
         return {}
-    ms = parse_time(spec.kafka.start_from, "kafka.start_from")
-    lookup = KafkaOffsetLookup(settings)
     out: dict[TopicPartition, int] = {}
-    for topic in sorted({t for t, _ in new}):
-        found = lookup.offsets_for_times(topic, sorted(p for t, p in new if t == topic), ms)
-        out.update({(topic, p): o for p, o in found.items()})
+    if spec.kafka.start_from == "latest":
+        out = pinned_starts(spec, new, watermarks, committed)
+    else:
+        ms = parse_time(spec.kafka.start_from, "kafka.start_from")
+        lookup = KafkaOffsetLookup(settings)
+        for topic in sorted({t for t, _ in new}):
+            found = lookup.offsets_for_times(topic, sorted(p for t, p in new if t == topic), ms)
+            out.update({(topic, p): o for p, o in found.items()})
     log.info(
         "pipeline %s: partitions without committed offsets start at %s (kafka.start_from): %s",
         spec.name,
@@ -82,6 +90,35 @@ def first_offsets(
         ", ".join(f"{t}[{p}] {o}" for (t, p), o in sorted(out.items())),
     )
     return out
+
+
+def pinned_starts(
+    spec: PipelineSpec, new: list[TopicPartition], watermarks: dict[TopicPartition, tuple[int, int]], committed: Offsets
+) -> dict[TopicPartition, int]:
+    """``kafka.start_from: latest``: the log end each of a topic's partitions had when a plan of this pipeline
+    first saw the topic, pinned in the staging area (``<staging>/<pipeline>/start-offsets.json``, written before
+    the plan is) and read by every later plan, so that records produced between an empty plan and the next are
+    never skipped. A pipeline's offsets live in its table, and a plan without records commits nothing: without
+    the pin, "the log end" would move with every plan until the first batch committed.
+
+    A partition of a pinned topic that the pin does not hold (the topic gained it later) starts at its log start:
+    all its records came after the pipeline went live; so does a new partition of a topic the table already holds
+    offsets of (a pipeline that started ``earliest`` or at a time). A topic first seen later (a new ``topics`` entry, a topic a
+    ``topic_pattern`` picks up) is pinned at its log end then. Two first plans at once (the ingest DAG plans one
+    batch at a time; by hand, two ``tidewater run`` started together) each write a pin, and every plan after them
+    reads the one written last: no record is read twice (the table's offsets decide once a batch
+    commits), and what the two first plans saw arrive between their pins is not read, as with any start at "now"."""
+    path = spec.staging_dir() / spec.name / START_PIN
+    doc: dict[str, Any] = read_json(path) if path.is_file() else {"pipeline": spec.name, "offsets": {}}
+    pinned: dict[str, dict[str, int]] = doc["offsets"]
+    unseen = sorted({t for t, _ in new} - set(pinned) - set(committed))  # a committed topic is not new
+    if unseen:
+        for topic in unseen:
+            pinned[topic] = {str(p): high for (t, p), (_, high) in sorted(watermarks.items()) if t == topic}
+            log.info("pipeline %s: topic %s pinned at its log end (kafka.start_from: latest): %s", spec.name, topic, pinned[topic])
+        write_json(path, {**doc, "offsets": pinned, "pinned_at": {**doc.get("pinned_at", {}), **dict.fromkeys(unseen, utc_now_iso())}})
+        pinned = read_json(path)["offsets"]  # what every later plan reads (see the race above)
+    return {(t, p): int(pinned.get(t, {}).get(str(p), watermarks[(t, p)][0])) for t, p in new}
 
 
 def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None) -> tuple[BatchPlan, Path | None]:
@@ -97,7 +134,7 @@ def plan_batch(spec: PipelineSpec, data_interval: tuple[str, str] | None = None)
     settings = kafka.kafka_settings(spec)
     parts = kafka.list_partitions(settings, kafka.resolve_topics(settings, spec))
     wm = kafka.watermarks(settings, parts)
-    ranges = plan_ranges(committed, wm, spec.batch.max_records, first_offsets(spec, settings, committed, parts))
+    ranges = plan_ranges(committed, wm, spec.batch.max_records, first_offsets(spec, settings, committed, wm))
     plan = BatchPlan.new(spec, ranges, committed, state.snapshot_id if state else None, data_interval=data_interval)
     if plan.is_empty:
         log.info("pipeline %s: nothing to ingest (%d partitions caught up)", spec.name, len(parts))

@@ -42,12 +42,12 @@ class KafkaSpec:
     )
     start_from: str = doc(
         "Where a partition without committed offsets starts (the pipeline's first batch, a partition a topic gains, "
-        "a topic a `topic_pattern` picks up later): `earliest` (its log start) or a time in ISO 8601 "
+        "a topic a `topic_pattern` picks up later): `earliest` (its log start); `latest`: the log end the partition "
+        "had when a plan first saw its topic, pinned in the staging area (`<staging>/<pipeline>/start-offsets.json`) "
+        "so that no record produced after it is skipped, however many plans find nothing before the first batch "
+        "commits (partitions a pinned topic gains later start at their log start); or a time in ISO 8601 "
         "(`2026-11-01T00:00:00Z`; without a zone, UTC): the first record whose timestamp is at or after it, the log "
-        "end when there is none. Partitions with committed offsets continue from them. There is no `latest`: a "
-        "pipeline's offsets live in its table, which a plan without records does not commit, so the log end would "
-        "move with every plan until records came and what arrived in between would be skipped; give the time the "
-        "pipeline goes live instead.",
+        "end when there is none. Partitions with committed offsets continue from them.",
         default="earliest",
     )
 
