@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.version import Version
 
 from tests.conftest import REPO
 from tests.e2e.conftest import call_api, free_port, stop_group
@@ -298,12 +299,6 @@ def _view_served(bin_: Path, env: dict[str, str], tmp_path: Path) -> None:
         log.close()
 
 
-def _version(release: str):
-    from packaging.version import Version
-
-    return Version(release)
-
-
 def test_the_wheel_installs_into_the_supported_airflows_without_moving_them(dist, tmp_path, broker):
     """The ends of the support range, as a user's Airflow has it (the minors between: `make install-check`, run by
     `make release`; scripts/install_range.py's SUITE_RELEASES says why): for each of the newest Airflow 3.1.x and 3.3.x, a fresh
@@ -327,7 +322,7 @@ def test_the_wheel_installs_into_the_supported_airflows_without_moving_them(dist
     failed, results = [], []
     artifacts = Path(os.environ.get("TIDEWATER_TEST_ARTIFACTS", REPO / ".data" / "test-artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
-    assert install_range.SUITE_RELEASES == (min(install_range.RELEASES, key=_version), max(install_range.RELEASES, key=_version))
+    assert install_range.SUITE_RELEASES == (min(install_range.RELEASES, key=Version), max(install_range.RELEASES, key=Version))
     for release in install_range.SUITE_RELEASES:
         kafka = (broker.bootstrap, topic) if release == install_range.RELEASES[-1] else None
         r = install_range.check_release(release, wheel, tmp_path / release, kafka)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidewater.batch import BatchPlan, PartitionRange
+from tidewater.config.parse import parse_pipeline
 from tidewater.errors import OffsetGapError
+from tidewater.plan.ingest import START_PIN, pinned_starts
 from tidewater.plan.planner import allocate, merge_offsets, plan_ranges
 
 
@@ -156,11 +160,6 @@ def test_latest_pins_each_topic_at_its_log_end_once_and_later_plans_start_there(
     start there (nothing produced in between is skipped); a partition the topic gained since starts at its log start;
     a topic first seen later is pinned at its log end then; a topic the table already holds offsets of is not pinned
     (its new partition starts at its log start)."""
-    import json
-
-    from tidewater.config.parse import parse_pipeline
-    from tidewater.plan.ingest import START_PIN, pinned_starts
-
     monkeypatch.setenv("TIDEWATER_HOME", str(tmp_path))
     spec = parse_pipeline(
         {

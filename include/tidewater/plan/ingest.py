@@ -103,11 +103,13 @@ def pinned_starts(
 
     A partition of a pinned topic that the pin does not hold (the topic gained it later) starts at its log start:
     all its records came after the pipeline went live; so does a new partition of a topic the table already holds
-    offsets of (a pipeline that started ``earliest`` or at a time). A topic first seen later (a new ``topics`` entry, a topic a
-    ``topic_pattern`` picks up) is pinned at its log end then. Two first plans at once (the ingest DAG plans one
-    batch at a time; by hand, two ``tidewater run`` started together) each write a pin, and every plan after them
-    reads the one written last: no record is read twice (the table's offsets decide once a batch
-    commits), and what the two first plans saw arrive between their pins is not read, as with any start at "now"."""
+    offsets of (a pipeline that started ``earliest`` or at a time). A topic first seen later (a new ``topics``
+    entry, a topic a ``topic_pattern`` picks up) is pinned at its log end then.
+
+    Two first plans at once (the ingest DAG plans one batch at a time; by hand, two ``tidewater run`` started
+    together) each write a pin, and every plan after them reads the one written last: no record is read twice (the
+    table's offsets decide once a batch commits), and what arrived between the two pins is not read, as with any
+    start at "now"."""
     path = spec.staging_dir() / spec.name / START_PIN
     doc: dict[str, Any] = read_json(path) if path.is_file() else {"pipeline": spec.name, "offsets": {}}
     pinned: dict[str, dict[str, int]] = doc["offsets"]
@@ -116,7 +118,8 @@ def pinned_starts(
         for topic in unseen:
             pinned[topic] = {str(p): high for (t, p), (_, high) in sorted(watermarks.items()) if t == topic}
             log.info("pipeline %s: topic %s pinned at its log end (kafka.start_from: latest): %s", spec.name, topic, pinned[topic])
-        write_json(path, {**doc, "offsets": pinned, "pinned_at": {**doc.get("pinned_at", {}), **dict.fromkeys(unseen, utc_now_iso())}})
+        pinned_at = {**doc.get("pinned_at", {}), **dict.fromkeys(unseen, utc_now_iso())}
+        write_json(path, {**doc, "offsets": pinned, "pinned_at": pinned_at})
         pinned = read_json(path)["offsets"]  # what every later plan reads (see the race above)
     return {(t, p): int(pinned.get(t, {}).get(str(p), watermarks[(t, p)][0])) for t, p in new}
 
