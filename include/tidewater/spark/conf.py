@@ -99,7 +99,7 @@ def jvm_env(spec: PipelineSpec) -> dict[str, str]:
     return {var: str(v) for var, v in found.items() if v}
 
 
-AWS_BUNDLE = "org.apache.iceberg:iceberg-aws-bundle:1.10.2"
+AWS_BUNDLE = "org.apache.iceberg:iceberg-aws-bundle:1.12.0"  # the pair the Glue and REST tests run
 
 
 # pyiceberg's S3 properties -> Iceberg Java's (S3FileIO); the others keep their names
@@ -132,7 +132,7 @@ def check_object_storage_jars(spec: PipelineSpec, conf: dict[str, str]) -> None:
         raise ConfigError(
             f"catalog.properties: the warehouse is on object storage, and Spark reaches it through "
             f"Iceberg's S3FileIO, which needs {AWS_BUNDLE}: add it to spark.iceberg_packages (with the "
-            "Iceberg runtime, e.g. 'org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2,"
+            "Iceberg runtime, e.g. 'org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.12.0,"
             + AWS_BUNDLE
             + "') or its jar to spark.conf spark.jars. Ingest does not need it (pyiceberg writes the files)."
         )
