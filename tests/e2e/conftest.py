@@ -177,7 +177,7 @@ def standalone(env: dict[str, str], tmp_path: Path):
 def list_runs(env: dict[str, str], dag_id: str) -> list[dict]:
     """(run_id, state) of each of the DAG's runs, oldest first, read from Airflow's database (SQLite or PostgreSQL).
     Not through `airflow dags list-runs`: each CLI call imports Airflow (about 4 CPU-seconds), and polled every 5 s
-    it took a core's half from the scheduler the test waits for."""
+    it took half a core from the scheduler the test waits for."""
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], poolclass=sqlalchemy.pool.NullPool)
