@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -67,16 +66,31 @@ def through_spark_connect(env: dict[str, str], server: object) -> dict[str, str]
     return {**env, "AIRFLOW_CONN_TIDEWATER_SPARK": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)})}
 
 
+def metadata_rows(env: dict[str, str], sql: str, **params: object) -> list[tuple]:
+    """The rows of one query of Airflow's metadata database (SQLite or PostgreSQL, from the environment's
+    connection string). Read directly, not through Airflow's CLI: each CLI call imports Airflow (about 4
+    CPU-seconds), and polled every 5 s it took half a core from the scheduler a test waits for."""
+    import sqlalchemy
+
+    url = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    connect_args = {"timeout": 30} if url.startswith("sqlite") else {}  # wait out the scheduler's write lock
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool, connect_args=connect_args)
+    try:
+        with engine.connect() as c:
+            return [tuple(row) for row in c.execute(sqlalchemy.text(sql), params).fetchall()]
+    finally:
+        engine.dispose()
+
+
 def task_tries(env: dict[str, str], dag_id: str) -> dict[str, tuple[str, int]]:
     """(state, try number) of each task of the DAG's latest run, from Airflow's database."""
-    db = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")
-    with contextlib.closing(sqlite3.connect(db, timeout=30)) as c:
-        rows = c.execute(
-            "SELECT task_id, state, try_number FROM task_instance WHERE dag_id = ? AND run_id = "
-            "(SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)",
-            (dag_id, dag_id),
-        )
-        return {task: (state, tries) for task, state, tries in rows.fetchall()}
+    rows = metadata_rows(
+        env,
+        "SELECT task_id, state, try_number FROM task_instance WHERE dag_id = :dag AND run_id = "
+        "(SELECT run_id FROM dag_run WHERE dag_id = :dag ORDER BY id DESC LIMIT 1)",
+        dag=dag_id,
+    )
+    return {task: (state, tries) for task, state, tries in rows}
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -175,19 +189,8 @@ def standalone(env: dict[str, str], tmp_path: Path):
 
 
 def list_runs(env: dict[str, str], dag_id: str) -> list[dict]:
-    """(run_id, state) of each of the DAG's runs, oldest first, read from Airflow's database (SQLite or PostgreSQL).
-    Not through `airflow dags list-runs`: each CLI call imports Airflow (about 4 CPU-seconds), and polled every 5 s
-    it took half a core from the scheduler the test waits for."""
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], poolclass=sqlalchemy.pool.NullPool)
-    try:
-        with engine.connect() as c:
-            rows = c.execute(
-                sqlalchemy.text("SELECT run_id, state FROM dag_run WHERE dag_id = :dag ORDER BY id"), {"dag": dag_id}
-            ).fetchall()
-    finally:
-        engine.dispose()
+    """(run_id, state) of each of the DAG's runs, oldest first, from Airflow's database."""
+    rows = metadata_rows(env, "SELECT run_id, state FROM dag_run WHERE dag_id = :dag ORDER BY id", dag=dag_id)
     return [{"run_id": run_id, "state": state} for run_id, state in rows]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, table_of, write_pipeline
-from tests.e2e.conftest import list_runs, standalone, task_tries, through_spark_connect, wait_for_runs
+from tests.e2e.conftest import list_runs, metadata_rows, standalone, task_tries, through_spark_connect, wait_for_runs
 from tidewater.config.parse import load_pipeline
 from tidewater.table.summary import DAG_RUN_ID, OFFSETS, committed_state
 from tidewater_dev.sample_data import pizza_events, produce
@@ -31,13 +31,7 @@ def dags_test(env: dict[str, str], dag_id: str, conf: dict | None = None, expect
 
 def asset_events(env: dict[str, str]) -> list[tuple[str, dict, str]]:
     """(asset uri, extra, source DAG) of every asset event in the Airflow database, oldest first."""
-    import sqlite3
-
-    db = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")
-    with sqlite3.connect(db) as c:
-        rows = c.execute(
-            "SELECT a.uri, e.extra, e.source_dag_id FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
-        ).fetchall()
+    rows = metadata_rows(env, "SELECT a.uri, e.extra, e.source_dag_id FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id")
     return [(uri, json.loads(extra or "{}"), dag) for uri, extra, dag in rows]
 
 
@@ -78,15 +72,13 @@ def test_dag_runs_twice_with_new_events_between_then_short_circuits(broker, topi
     assert events[-1]["offsets"] == {topic: {"0": 240, "1": 240}} and events[-1]["dead_letters"] == 0
     assert events[-1]["snapshot_id"] == str(snaps[-1].snapshot_id) and events[-1]["valid_through"]
     # the commit task's XCom carries the snapshot id as a string (the UI would round a number above 2^53)
-    import sqlite3
-
-    with sqlite3.connect(airflow_env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")) as c:
-        xcoms = [
-            json.loads(v)
-            for (v,) in c.execute(
-                "SELECT value FROM xcom WHERE dag_id = 'ingest_orders' AND task_id = 'commit' AND key = 'return_value' ORDER BY timestamp"
-            )
-        ]
+    xcoms = [
+        json.loads(v)
+        for (v,) in metadata_rows(
+            airflow_env,
+            "SELECT value FROM xcom WHERE dag_id = 'ingest_orders' AND task_id = 'commit' AND key = 'return_value' ORDER BY timestamp",
+        )
+    ]
     assert [x["snapshot_id"] for x in xcoms] == [str(s.snapshot_id) for s in snaps]
     out = dags_test(airflow_env, "ingest_orders")
     assert "Skipping downstream tasks" in out
